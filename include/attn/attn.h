@@ -1,0 +1,10 @@
+// attn/attn.h - everything: tensors, PyTorch's random numbers, the reference
+// maths, the fused kernels and the modules.
+#pragma once
+
+#include "attn/functional.h"
+#include "attn/nn.h"
+#include "attn/ops.h"
+#include "attn/print.h"
+#include "attn/random.h"
+#include "attn/tensor.h"

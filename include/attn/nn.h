@@ -1,0 +1,292 @@
+// attn/nn.h - thin modules mirroring the PyTorch classes of the chapter.
+//
+// A module owns its parameters, buffers and options and calls the maths in
+// attn/functional.h (the reference path) or attn/kernels.h (the fused path).
+// Every module is trainable by hand:
+//   Tensor y  = m.forward(x);      // keeps what backward needs
+//   Tensor dx = m.backward(dy);    // returns dL/dx, accumulates p.grad += dL/dp
+// backward() uses the state of the most recent forward() and throws if there
+// was none. Parameters are created in PyTorch's attribute order from a
+// Generator (default: attn::default_generator()), so the same seed gives the
+// same weights as PyTorch, and are reachable by PyTorch's names
+// ("W_query.weight", "out_proj.bias", "heads.0.W_key.weight").
+// Modules start in training mode (dropout active), as in PyTorch.
+// Modules hold pointers to their own members, so they are neither copyable nor
+// movable; keep them in place or in a std::unique_ptr.
+//
+// Layout: batched inputs are (B, T, d_in); per-head tensors (B, H, T, hd).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "attn/functional.h"
+#include "attn/random.h"
+#include "attn/tensor.h"
+
+namespace attn::nn {
+
+struct Parameter {
+  Tensor value;
+  Tensor grad;  // same shape as value, zero until backward accumulates into it
+};
+
+class Module {
+ public:
+  Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+  virtual ~Module() = default;
+
+  // Training mode (dropout active) or evaluation mode, for this module and all below it.
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+
+  // All parameters, depth first in registration order, with dotted PyTorch names.
+  std::vector<std::pair<std::string, Parameter*>> named_parameters();
+  // One parameter by name; throws std::out_of_range naming it and listing the known names.
+  Parameter& parameter(const std::string& name);
+  int64_t num_parameters();
+  void zero_grad();
+
+ protected:
+  void register_parameter(std::string name, Parameter* p);
+  void register_module(std::string name, Module* m);
+  // Throws std::logic_error("<Module>: backward() called before forward()") when !ok.
+  static void require_forward(bool ok, const char* module);
+
+ private:
+  bool training_ = true;
+  std::vector<std::pair<std::string, Parameter*>> parameters_;
+  std::vector<std::pair<std::string, Module*>> children_;
+};
+
+// ---- building blocks ---------------------------------------------------------------
+
+struct LinearOptions {
+  int64_t in_features = 0;
+  int64_t out_features = 0;
+  bool bias = true;
+};
+// nn.Linear: y = x Wᵀ + b, weight (out, in), bias (out). Input (..., in).
+class Linear : public Module {
+ public:
+  explicit Linear(const LinearOptions& options, Generator& gen = default_generator());
+  Tensor forward(const Tensor& x);
+  Tensor backward(const Tensor& dy);
+  const LinearOptions& options() const { return options_; }
+  Parameter weight;  // (out, in)
+  Parameter bias;    // (out), empty when options.bias is false
+ private:
+  LinearOptions options_;
+  Tensor x_;  // saved input (..., in)
+  bool has_forward_ = false;
+};
+
+struct DropoutOptions {
+  float p = 0.5f;  // probability of zeroing; must be in [0, 1]
+};
+// nn.Dropout: in training mode keep each element with probability 1-p and scale
+// kept ones by 1/(1-p); identity in evaluation mode or with p = 0.
+class Dropout : public Module {
+ public:
+  explicit Dropout(const DropoutOptions& options = {}, Generator& gen = default_generator());
+  Tensor forward(const Tensor& x);
+  Tensor backward(const Tensor& dy);
+  const DropoutOptions& options() const { return options_; }
+ private:
+  DropoutOptions options_;
+  Generator* gen_;
+  Tensor noise_;  // the mask of the last forward (empty when it was the identity)
+  bool has_forward_ = false;
+};
+
+struct EmbeddingOptions {
+  int64_t num_embeddings = 0;
+  int64_t embedding_dim = 0;
+};
+// nn.Embedding: weight (num_embeddings, embedding_dim) ~ N(0, 1).
+class Embedding : public Module {
+ public:
+  explicit Embedding(const EmbeddingOptions& options, Generator& gen = default_generator());
+  // indices (any shape, integral values stored as float or given as int64) -> (..., dim).
+  Tensor forward(const std::vector<int64_t>& indices);  // (N) -> (N, dim)
+  Tensor forward(const std::vector<int64_t>& indices, const Shape& shape);  // shape + (dim)
+  // Accumulates weight.grad rows; there is no input gradient for indices.
+  void backward(const Tensor& dy);
+  Parameter weight;  // (num_embeddings, embedding_dim)
+ private:
+  EmbeddingOptions options_;
+  std::vector<int64_t> indices_;
+  bool has_forward_ = false;
+};
+
+// ---- 2. self-attention with trainable weights ----------------------------------------
+
+struct SelfAttentionOptions {
+  int64_t d_in = 0;
+  int64_t d_out = 0;     // query/key width d_k (and value width unless d_v is set)
+  int64_t d_v = 0;       // value width; 0 means d_out
+  bool qkv_bias = false; // v2 only
+};
+// SelfAttention_v1: W_query, W_key (d_in, d_out), W_value (d_in, d_v) plain
+// parameters from torch.rand, drawn in that order; Q = X W_query etc.
+// Input (T, d_in) or (B, T, d_in); output (..., T, d_v).
+class SelfAttentionV1 : public Module {
+ public:
+  explicit SelfAttentionV1(const SelfAttentionOptions& options, Generator& gen = default_generator());
+  Tensor forward(const Tensor& x);
+  Tensor backward(const Tensor& dy);
+  Parameter W_query, W_key, W_value;
+ private:
+  SelfAttentionOptions options_;
+  Tensor x_, q_, k_, v_;
+  ref::AttentionSaved saved_;
+  bool has_forward_ = false;
+};
+
+// SelfAttention_v2: nn.Linear layers W_query, W_key (d_in -> d_out), W_value
+// (d_in -> d_v), optional bias, created in that order.
+class SelfAttentionV2 : public Module {
+ public:
+  explicit SelfAttentionV2(const SelfAttentionOptions& options, Generator& gen = default_generator());
+  Tensor forward(const Tensor& x);
+  Tensor backward(const Tensor& dy);
+  Linear W_query, W_key, W_value;
+ private:
+  SelfAttentionOptions options_;
+  Tensor q_, k_, v_;
+  ref::AttentionSaved saved_;
+  bool has_forward_ = false;
+};
+
+// ---- 3. causal attention with dropout --------------------------------------------------
+
+struct CausalAttentionOptions {
+  int64_t d_in = 0;
+  int64_t d_out = 0;
+  int64_t context_length = 0;
+  float dropout = 0.0f;
+  bool qkv_bias = false;
+  int64_t softmax_dim = -1;  // 1 reproduces the early printing's softmax-over-queries bug
+};
+// CausalAttention: W_query, W_key, W_value linear (d_in -> d_out), a
+// (context_length, context_length) future mask buffer, dropout on the weights.
+// Input (B, T, d_in) with T <= context_length; output (B, T, d_out).
+class CausalAttention : public Module {
+ public:
+  explicit CausalAttention(const CausalAttentionOptions& options, Generator& gen = default_generator());
+  Tensor forward(const Tensor& x);
+  Tensor backward(const Tensor& dy);
+  const CausalAttentionOptions& options() const { return options_; }
+  Linear W_query, W_key, W_value;
+  Dropout dropout;
+  Tensor mask;  // (context_length, context_length), 1 above the diagonal
+ private:
+  CausalAttentionOptions options_;
+  Tensor q_, k_, v_;
+  ref::AttentionSaved saved_;
+  bool has_forward_ = false;
+};
+
+// ---- 4. multi-head attention, two ways -------------------------------------------------
+
+struct MultiHeadAttentionOptions {
+  int64_t d_in = 0;
+  int64_t d_out = 0;  // wrapper: width of each head; module: total width (H * head_dim)
+  int64_t context_length = 0;
+  float dropout = 0.0f;
+  int64_t num_heads = 1;
+  bool qkv_bias = false;
+};
+// MultiHeadAttentionWrapper: num_heads CausalAttention heads ("heads.0" ...),
+// outputs concatenated on the last axis: (B, T, num_heads * d_out).
+class MultiHeadAttentionWrapper : public Module {
+ public:
+  explicit MultiHeadAttentionWrapper(const MultiHeadAttentionOptions& options,
+                                     Generator& gen = default_generator());
+  Tensor forward(const Tensor& x);
+  Tensor backward(const Tensor& dy);
+  std::vector<std::unique_ptr<CausalAttention>> heads;
+ private:
+  MultiHeadAttentionOptions options_;
+  bool has_forward_ = false;
+};
+
+// MultiHeadAttention with weight splits: W_query, W_key, W_value (d_in -> d_out),
+// views (B, T, H, hd) -> (B, H, T, hd), causal attention per head with scale
+// 1/sqrt(hd), dropout on the weights, heads merged to (B, T, d_out), then
+// out_proj (d_out -> d_out, with bias). d_out % num_heads must be 0.
+class MultiHeadAttention : public Module {
+ public:
+  explicit MultiHeadAttention(const MultiHeadAttentionOptions& options,
+                              Generator& gen = default_generator());
+  Tensor forward(const Tensor& x);
+  Tensor backward(const Tensor& dy);
+  const MultiHeadAttentionOptions& options() const { return options_; }
+  int64_t head_dim() const { return options_.d_out / options_.num_heads; }
+  Linear W_query, W_key, W_value, out_proj;
+  Dropout dropout;
+  Tensor mask;  // (context_length, context_length), 1 above the diagonal
+ private:
+  MultiHeadAttentionOptions options_;
+  Tensor q_, k_, v_;  // (B, H, T, hd)
+  ref::AttentionSaved saved_;
+  bool has_forward_ = false;
+};
+
+// ---- 5. the character-level GPT's head -----------------------------------------------
+
+struct HeadOptions {
+  int64_t n_embd = 0;      // C, the input width
+  int64_t head_size = 0;
+  int64_t block_size = 0;  // context_length
+  float dropout = 0.0f;
+  bool causal = true;      // decoder head (mask the future) or encoder head
+};
+// Head: key, query, value = Linear(n_embd, head_size, bias=False) created in that
+// order; weights = q kᵀ · head_size^-0.5, future masked when causal, softmax,
+// dropout, times v. Input (B, T, n_embd) -> (B, T, head_size).
+class Head : public Module {
+ public:
+  explicit Head(const HeadOptions& options, Generator& gen = default_generator());
+  Tensor forward(const Tensor& x);
+  Tensor backward(const Tensor& dy);
+  Linear key, query, value;
+  Dropout dropout;
+ private:
+  HeadOptions options_;
+  Tensor q_, k_, v_;
+  ref::AttentionSaved saved_;
+  bool has_forward_ = false;
+};
+
+struct MultiHeadOptions {
+  int64_t n_embd = 0;
+  int64_t num_heads = 1;
+  int64_t head_size = 0;
+  int64_t block_size = 0;
+  float dropout = 0.0f;
+  bool causal = true;
+};
+// The lecture's multi-head form: num_heads Head modules ("heads.0" ...)
+// concatenated to (B, T, num_heads * head_size), then proj Linear(num_heads *
+// head_size -> n_embd, with bias) and dropout.
+class MultiHead : public Module {
+ public:
+  explicit MultiHead(const MultiHeadOptions& options, Generator& gen = default_generator());
+  Tensor forward(const Tensor& x);
+  Tensor backward(const Tensor& dy);
+  std::vector<std::unique_ptr<Head>> heads;
+  Linear proj;
+  Dropout dropout;
+ private:
+  MultiHeadOptions options_;
+  bool has_forward_ = false;
+};
+
+}  // namespace attn::nn

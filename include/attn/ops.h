@@ -1,0 +1,88 @@
+// attn/ops.h - the tensor operations the chapter uses, with PyTorch semantics.
+//
+// All ops take contiguous row-major tensors (attn/tensor.h) and return new
+// ones. Negative dims count from the end, as in PyTorch. Binary element-wise
+// ops broadcast with NumPy/PyTorch rules (trailing dims aligned, size-1 dims
+// stretched). Every op checks its arguments and throws std::invalid_argument
+// whose message names the op and the shapes involved, e.g.
+//   "matmul: inner dims differ: (6, 3) @ (2, 3)".
+// Matrix products go to BLAS (cblas_sgemm).
+#pragma once
+
+#include <vector>
+
+#include "attn/tensor.h"
+
+namespace attn {
+
+// ---- element-wise, broadcasting ----------------------------------------------
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, float s);
+Tensor mul(const Tensor& a, float s);
+Tensor div(const Tensor& a, float s);
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator+(const Tensor& a, float s);
+Tensor operator-(const Tensor& a, float s);
+Tensor operator*(const Tensor& a, float s);
+Tensor operator*(float s, const Tensor& a);
+Tensor operator/(const Tensor& a, float s);
+Tensor operator-(const Tensor& a);
+Tensor& operator+=(Tensor& a, const Tensor& b);  // b must broadcast to a's shape
+Tensor exp(const Tensor& a);
+Tensor sqrt(const Tensor& a);
+
+// ---- reductions ---------------------------------------------------------------
+Tensor sum(const Tensor& a, int64_t dim, bool keepdim = false);
+Tensor mean(const Tensor& a, int64_t dim, bool keepdim = false);
+Tensor max(const Tensor& a, int64_t dim, bool keepdim = false);  // values only
+float sum_all(const Tensor& a);
+
+// ---- matrix products ------------------------------------------------------------
+// PyTorch's torch.matmul for dim >= 1 operands: 1-D x 1-D is a dot product
+// (shape ()), 2-D x 2-D a matrix product, and N-D operands are batched over the
+// leading dims with broadcasting, e.g. (B, H, T, hd) @ (B, H, hd, T) -> (B, H, T, T)
+// and (B, T, d_in) @ (d_in, d_out) -> (B, T, d_out). A 1-D operand is treated as
+// a row (left) or column (right) vector and that dim is removed from the result.
+Tensor matmul(const Tensor& a, const Tensor& b);
+// Dot product of two 1-D tensors of equal length, as a float.
+float dot(const Tensor& a, const Tensor& b);
+
+// ---- shape ------------------------------------------------------------------------
+// Swap two dims (a copy, PyTorch's transpose(d0, d1).contiguous()).
+Tensor transpose(const Tensor& a, int64_t dim0, int64_t dim1);
+// The matrix transpose of a 2-D tensor, a.T.
+Tensor t(const Tensor& a);
+// Index dim 0 (a[i]): shape loses its first dim. Negative i counts from the end.
+Tensor select(const Tensor& a, int64_t i);
+// Index any dim: a.select(dim, i).
+Tensor select(const Tensor& a, int64_t dim, int64_t i);
+// a.narrow / slicing a[..., start:end, ...] on one dim (end exclusive, clamped like Python).
+Tensor slice(const Tensor& a, int64_t dim, int64_t start, int64_t end);
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim);
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+Tensor unsqueeze(const Tensor& a, int64_t dim);
+Tensor squeeze(const Tensor& a, int64_t dim);
+
+// ---- masks and normalisations ----------------------------------------------------
+// Lower / upper triangle of a 2-D (or batched, last two dims) tensor:
+// tril keeps j <= i + diagonal, triu keeps j >= i + diagonal, the rest is 0.
+Tensor tril(const Tensor& a, int64_t diagonal = 0);
+Tensor triu(const Tensor& a, int64_t diagonal = 0);
+// Where mask != 0, put value; mask broadcasts to a's shape.
+Tensor masked_fill(const Tensor& a, const Tensor& mask, float value);
+// Stable softmax over dim: exp(x - max) / sum(exp(x - max)). A row of all -inf
+// gives NaN, as in PyTorch.
+Tensor softmax(const Tensor& a, int64_t dim);
+// Naive softmax over dim: exp(x) / sum(exp(x)); overflows to inf/NaN for large x,
+// which is the point of showing it.
+Tensor softmax_naive(const Tensor& a, int64_t dim);
+// Plain normalisation: x / sum(x) over dim.
+Tensor normalize_sum(const Tensor& a, int64_t dim);
+
+}  // namespace attn

@@ -1,0 +1,32 @@
+// attn/print.h - PyTorch-style printing of tensors.
+//
+// to_string(t) gives exactly what print(t) gives in PyTorch 1.13 with default
+// print options (precision 4, linewidth 80, threshold 1000, edgeitems 3):
+//   tensor([[0.4300, 0.1500, 0.8900],
+//           [0.5500, 0.8700, 0.6600]])
+// including PyTorch's choice between fixed and scientific notation, integer
+// style ("tensor([1., 2.])"), common column width, line wrapping at linewidth,
+// and summarisation with "..." for tensors over the threshold.
+#pragma once
+
+#include <ostream>
+#include <string>
+
+#include "attn/tensor.h"
+
+namespace attn {
+
+struct PrintOptions {
+  int precision = 4;
+  int linewidth = 80;
+  int64_t threshold = 1000;  // more elements than this are summarised
+  int64_t edgeitems = 3;
+  // Appended inside the parentheses, e.g. "grad_fn=<MmBackward0>" gives
+  // "tensor([...], grad_fn=<MmBackward0>)".
+  std::string suffix;
+};
+
+std::string to_string(const Tensor& t, const PrintOptions& options = {});
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+}  // namespace attn
