@@ -1,0 +1,472 @@
+// Fused scaled-dot-product attention, forward and backward (FlashAttention-2
+// style), SIMD via Highway's dynamic dispatch. The maths, the layouts and the
+// dropout rule are described in attn/kernels.h; this file is how.
+//
+// Every matrix product here is one small GEMM shape,
+//   C[r, 0:W] (+)= Σ_k A[r·ars + k·aks] · B[k·bs + 0:W],
+// computed by a register-blocked micro-kernel: kMR rows of A broadcast against
+// up to kNV vectors of a row of B. A is read through strides, so the
+// transposed operands (Pᵀ, dSᵀ) cost nothing; B rows must be contiguous.
+//
+// Forward, per (b, h, query tile of Br = kNV·N rows), keys in tiles of kBc:
+//   Sᵀ (keys, Br)  = K_tile · (c·Q_tileᵀ)       c = scale·log2(e): the scores in base 2
+//   online softmax down the key axis of Sᵀ (vector lanes = queries, no shuffles)
+//   O (Br, hd)     = α ⊙ O + Pᵀᵀ · V_tile         α = 2^(m_old − m_new)
+// Backward, per (b, h): key tiles of Bc = kNV·N keys outside, query tiles of
+// kBrBwd rows inside, dK and dV accumulated in the thread's buffers, dQ
+// accumulated in place; one thread owns a whole head, which keeps every sum in
+// a fixed order (bit-identical for any thread count) without atomics.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "attn/kernels.h"
+#include "kernels/philox.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+// SSSE3 and AVX3_DL add nothing for fp32 over SSE4 and AVX3: fewer copies to compile.
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_AVX3_DL)
+#endif
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/flash_attention.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/aligned_allocator.h>
+#include <hwy/highway.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace attn::kernels {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+constexpr size_t kN = hn::MaxLanes(DF());  // floats per vector
+constexpr size_t kNV = 4;                  // vectors per micro-kernel row
+#if HWY_TARGET <= HWY_AVX3
+constexpr size_t kMR = 6;  // 32 registers: 6·4 accumulators + 6 broadcasts + 1 load
+#else
+constexpr size_t kMR = 3;  // 16 registers: 3·4 accumulators + 3 broadcasts + 1 load
+#endif
+constexpr size_t kBr = kNV * kN;  // forward query tile: one micro-kernel row width
+constexpr size_t kBcFwd = 64;     // forward key tile (a multiple of 4 for Philox)
+constexpr size_t kBc = kNV * kN;  // backward key tile
+constexpr size_t kBrBwd = 64;     // backward query tile
+constexpr float kLog2e = 1.44269504088896340736f;
+constexpr float kLn2 = 0.69314718055994530942f;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// 2^x with a relative error below 2e-7 (Cephes exp2f's minimax polynomial on
+// [-1/2, 1/2], then the exponent bits); x < -126 (and -inf) gives exactly 0.
+HWY_INLINE VF Exp2(DF d, VF x) {
+  const auto underflow = hn::Lt(x, hn::Set(d, -126.0f));
+  x = hn::Min(hn::Max(x, hn::Set(d, -126.0f)), hn::Set(d, 126.0f));
+  const VF n = hn::Round(x);
+  const VF f = hn::Sub(x, n);  // [-1/2, 1/2]
+  VF p = hn::Set(d, 1.535336188319500e-4f);
+  p = hn::MulAdd(p, f, hn::Set(d, 1.339887440266574e-3f));
+  p = hn::MulAdd(p, f, hn::Set(d, 9.618437357674640e-3f));
+  p = hn::MulAdd(p, f, hn::Set(d, 5.550332471162809e-2f));
+  p = hn::MulAdd(p, f, hn::Set(d, 2.402264791363012e-1f));
+  p = hn::MulAdd(p, f, hn::Set(d, 6.931472028550421e-1f));
+  p = hn::MulAdd(p, f, hn::Set(d, 1.0f));
+  const hn::RebindToSigned<DF> di;
+  const auto two_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n),
+                                                                hn::Set(di, 127))));
+  return hn::IfThenZeroElse(underflow, hn::Mul(p, two_n));
+}
+
+// ---- the micro-kernel and its driver ------------------------------------------------------
+
+enum Mode { kOverwrite = 0, kAccumulate = 1, kScaleAccumulate = 2 };
+
+// C[r, 0:V·N] = init + Σ_{k<K} A[r·ars + k·aks] · B[k·bs + 0:V·N] for r < R, where init is
+// 0, C, or c_scale[r]·C by Mode.
+template <int kMode, size_t R, size_t V>
+void MicroKernel(const float* HWY_RESTRICT A, size_t ars, size_t aks,
+                 const float* HWY_RESTRICT Bm, size_t bs, size_t K, float* HWY_RESTRICT C,
+                 size_t cs, const float* HWY_RESTRICT c_scale) {
+  const DF d;
+  VF acc[R][V];
+  for (size_t r = 0; r < R; ++r) {
+    const VF cr = kMode == kScaleAccumulate ? hn::Set(d, c_scale[r]) : hn::Zero(d);
+    for (size_t v = 0; v < V; ++v) {
+      if constexpr (kMode == kOverwrite) {
+        acc[r][v] = hn::Zero(d);
+      } else if constexpr (kMode == kAccumulate) {
+        acc[r][v] = hn::LoadU(d, C + r * cs + v * kN);
+      } else {
+        acc[r][v] = hn::Mul(cr, hn::LoadU(d, C + r * cs + v * kN));
+      }
+    }
+  }
+  for (size_t k = 0; k < K; ++k) {
+    VF a[R];
+    for (size_t r = 0; r < R; ++r) a[r] = hn::Set(d, A[r * ars + k * aks]);
+    const float* HWY_RESTRICT b_row = Bm + k * bs;
+    for (size_t v = 0; v < V; ++v) {
+      const VF bv = hn::LoadU(d, b_row + v * kN);
+      for (size_t r = 0; r < R; ++r) acc[r][v] = hn::MulAdd(a[r], bv, acc[r][v]);
+    }
+  }
+  for (size_t r = 0; r < R; ++r)
+    for (size_t v = 0; v < V; ++v) hn::StoreU(acc[r][v], d, C + r * cs + v * kN);
+}
+
+using MicroFn = void (*)(const float*, size_t, size_t, const float*, size_t, size_t, float*,
+                         size_t, const float*);
+
+template <int kMode, size_t... I>
+constexpr std::array<MicroFn, sizeof...(I)> MicroTable(std::index_sequence<I...>) {
+  return {&MicroKernel<kMode, I / kNV + 1, I % kNV + 1>...};
+}
+
+// C (M, W) op= A (M, K) · B (K, W); W a multiple of N. Rows of A at stride ars,
+// its columns at stride aks; rows of B at stride bs; rows of C at stride cs.
+template <int kMode>
+void Gemm(size_t M, size_t W, size_t K, const float* A, size_t ars, size_t aks,
+          const float* Bm, size_t bs, float* C, size_t cs, const float* c_scale = nullptr) {
+  static constexpr auto table = MicroTable<kMode>(std::make_index_sequence<kMR * kNV>());
+  for (size_t w0 = 0; w0 < W; w0 += kNV * kN) {
+    const size_t nv = std::min(kNV, (W - w0) / kN);
+    for (size_t r0 = 0; r0 < M; r0 += kMR) {
+      const size_t nr = std::min(kMR, M - r0);
+      table[(nr - 1) * kNV + (nv - 1)](A + r0 * ars, ars, aks, Bm + w0, bs, K, C + r0 * cs + w0,
+                                       cs, c_scale ? c_scale + r0 : nullptr);
+    }
+  }
+}
+
+size_t RoundUp(size_t x, size_t m) { return (x + m - 1) / m * m; }
+
+// ---- forward ------------------------------------------------------------------------------
+
+struct ForwardScratch {
+  hwy::AlignedFreeUniquePtr<float[]> qT;     // (hd, Br)   c·Qᵀ of the query tile
+  hwy::AlignedFreeUniquePtr<float[]> sT;     // (Bc, Br)   scores, then weights, key-major
+  hwy::AlignedFreeUniquePtr<float[]> o;      // (Br, hdp)  unnormalised output
+  hwy::AlignedFreeUniquePtr<float[]> v_pad;  // (Bc, hdp)  V tile padded to hdp (hd % N != 0)
+  hwy::AlignedFreeUniquePtr<float[]> m, l, alpha;  // (Br) running max, sum, rescale
+  explicit ForwardScratch(size_t hd, size_t hdp)
+      : qT(hwy::AllocateAligned<float>(hd * kBr)),
+        sT(hwy::AllocateAligned<float>(kBcFwd * kBr)),
+        o(hwy::AllocateAligned<float>(kBr * hdp)),
+        v_pad(hwy::AllocateAligned<float>(kBcFwd * hdp)),
+        m(hwy::AllocateAligned<float>(kBr)),
+        l(hwy::AllocateAligned<float>(kBr)),
+        alpha(hwy::AllocateAligned<float>(kBr)) {}
+};
+
+void ForwardTile(float* out, float* lse, const float* q, const float* k, const float* v,
+                 const FlashAttentionParams& p, int64_t b, int64_t h, size_t i0,
+                 ForwardScratch& s) {
+  const DF d;
+  const size_t T = size_t(p.T), hd = size_t(p.hd), hdp = RoundUp(hd, kN);
+  const size_t in = std::min(kBr, T - i0);  // valid queries in this tile
+  const float c = p.scale * kLog2e;
+  float* HWY_RESTRICT qT = s.qT.get();
+  float* HWY_RESTRICT sT = s.sT.get();
+  float* HWY_RESTRICT o = s.o.get();
+  float* HWY_RESTRICT m = s.m.get();
+  float* HWY_RESTRICT l = s.l.get();
+  float* HWY_RESTRICT alpha = s.alpha.get();
+
+  // qT (hd, Br) = c · Q_tileᵀ, zero columns past T.
+  for (size_t i = 0; i < kBr; ++i) {
+    const float* qi = q + (size_t(b) * T + i0 + i) * p.q_stride + size_t(h) * hd;
+    for (size_t dd = 0; dd < hd; ++dd) qT[dd * kBr + i] = i < in ? c * qi[dd] : 0.0f;
+  }
+  std::fill(m, m + kBr, kNegInf);
+  std::fill(l, l + kBr, 0.0f);
+  std::fill(o, o + kBr * hdp, 0.0f);
+
+  const bool pad_v = hdp != hd;
+  const DropoutRule rule(p.dropout_p);
+  const size_t key_end = p.causal ? i0 + in : T;  // keys j >= key_end are masked for every row
+  for (size_t j0 = 0; j0 < key_end; j0 += kBcFwd) {
+    const size_t jn = std::min(kBcFwd, key_end - j0);
+    // Sᵀ (jn, Br) = K_tile · qT
+    Gemm<kOverwrite>(jn, kBr, hd, k + (size_t(b) * T + j0) * p.k_stride + size_t(h) * hd,
+                     p.k_stride, 1, qT, kBr, sT, kBr);
+    if (p.causal && j0 + jn - 1 > i0) {  // the tile crosses the diagonal: -inf where j > i
+      for (size_t jj = 0; jj < jn; ++jj) {
+        const size_t j = j0 + jj;
+        for (size_t v0 = 0; v0 < kBr && i0 + v0 < j; v0 += kN) {
+          const auto future = hn::Lt(hn::Iota(d, float(i0 + v0)), hn::Set(d, float(j)));
+          float* sp = sT + jj * kBr + v0;
+          hn::Store(hn::IfThenElse(future, hn::Set(d, kNegInf), hn::Load(d, sp)), d, sp);
+        }
+      }
+    }
+    // Online softmax down the key axis, N queries per vector.
+    for (size_t v0 = 0; v0 < kBr; v0 += kN) {
+      VF tile_max = hn::Set(d, kNegInf);
+      for (size_t jj = 0; jj < jn; ++jj) tile_max = hn::Max(tile_max, hn::Load(d, sT + jj * kBr + v0));
+      const VF m_old = hn::Load(d, m + v0);
+      const VF m_new = hn::Max(m_old, tile_max);
+      VF sum = hn::Zero(d);
+      for (size_t jj = 0; jj < jn; ++jj) {
+        float* sp = sT + jj * kBr + v0;
+        const VF pv = Exp2(d, hn::Sub(hn::Load(d, sp), m_new));
+        hn::Store(pv, d, sp);
+        sum = hn::Add(sum, pv);
+      }
+      const VF a = Exp2(d, hn::Sub(m_old, m_new));  // 0 on the first tile (m_old = -inf)
+      hn::Store(a, d, alpha + v0);
+      hn::Store(m_new, d, m + v0);
+      hn::Store(hn::MulAdd(a, hn::Load(d, l + v0), sum), d, l + v0);
+    }
+    if (rule.threshold != 0) {  // P ⊙ Z after the sums: l stays the softmax denominator
+      for (size_t i = 0; i < in; ++i)
+        for (size_t jj = 0; jj < jn; jj += 4) {
+          const PhiloxBlock r = philox_dropout_block(p.dropout_seed, b, h, int64_t(i0 + i),
+                                                     int64_t(j0 + jj));
+          for (size_t t = 0; t < 4 && jj + t < jn; ++t) sT[(jj + t) * kBr + i] *= rule.noise(r.x[t]);
+        }
+    }
+    // O (in, hdp) = α ⊙ O + P (in, jn) · V_tile (jn, hdp), P read from Sᵀ.
+    const float* v_tile = v + (size_t(b) * T + j0) * p.v_stride + size_t(h) * hd;
+    size_t v_tile_stride = p.v_stride;
+    if (pad_v) {
+      for (size_t jj = 0; jj < jn; ++jj) {
+        std::copy(v_tile + jj * p.v_stride, v_tile + jj * p.v_stride + hd, s.v_pad.get() + jj * hdp);
+        std::fill(s.v_pad.get() + jj * hdp + hd, s.v_pad.get() + (jj + 1) * hdp, 0.0f);
+      }
+      v_tile = s.v_pad.get();
+      v_tile_stride = hdp;
+    }
+    Gemm<kScaleAccumulate>(in, hdp, jn, sT, 1, kBr, v_tile, v_tile_stride, o, hdp, alpha);
+  }
+  // O /= l; lse = ln(2^m · l) = (m + log2 l) · ln 2.
+  for (size_t i = 0; i < in; ++i) {
+    const float inv_l = 1.0f / l[i];
+    float* oi = out + (size_t(b) * T + i0 + i) * p.o_stride + size_t(h) * hd;
+    for (size_t dd = 0; dd < hd; ++dd) oi[dd] = o[i * hdp + dd] * inv_l;
+    lse[(size_t(b) * p.H + h) * T + i0 + i] = (m[i] + std::log2(l[i])) * kLn2;
+  }
+}
+
+void Forward(float* out, float* lse, const float* q, const float* k, const float* v,
+             const FlashAttentionParams& p) {
+  const size_t hd = size_t(p.hd), hdp = RoundUp(hd, kN);
+  const int64_t n_qt = (p.T + int64_t(kBr) - 1) / int64_t(kBr);
+  const int64_t BH = p.B * p.H;
+  const int64_t n_items = BH * n_qt;
+#pragma omp parallel
+  {
+    ForwardScratch scratch(hd, hdp);
+    // Heaviest tiles first (causal: the last query tiles), then dynamic
+    // scheduling: the greedy longest-first rule balances the triangle.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < n_items; ++item) {
+      const int64_t qt = n_qt - 1 - item / BH;
+      const int64_t bh = item % BH;
+      ForwardTile(out, lse, q, k, v, p, bh / p.H, bh % p.H, size_t(qt) * kBr, scratch);
+    }
+  }
+}
+
+// ---- backward -----------------------------------------------------------------------------
+
+struct BackwardScratch {
+  size_t T, hd, hdp;
+  hwy::AlignedFreeUniquePtr<float[]> D, lse2;     // (T) rowsum(dO ⊙ O), log2-domain lse
+  hwy::AlignedFreeUniquePtr<float[]> kT, vT;      // (hd, Bc)  c·K_tileᵀ, V_tileᵀ
+  hwy::AlignedFreeUniquePtr<float[]> S, dP, Pz;   // (BrBwd, Bc)
+  hwy::AlignedFreeUniquePtr<float[]> dK, dV;      // (Bc, hdp)
+  hwy::AlignedFreeUniquePtr<float[]> z;           // (Bc) one row of dropout noise
+  // Padded copies of one head, (T, hdp) each, only when hd % N != 0.
+  hwy::AlignedFreeUniquePtr<float[]> q_pad, k_pad, do_pad, dq_pad;
+  BackwardScratch(size_t T_, size_t hd_, size_t hdp_)
+      : T(T_), hd(hd_), hdp(hdp_),
+        D(hwy::AllocateAligned<float>(T)),
+        lse2(hwy::AllocateAligned<float>(T)),
+        kT(hwy::AllocateAligned<float>(hd * kBc)),
+        vT(hwy::AllocateAligned<float>(hd * kBc)),
+        S(hwy::AllocateAligned<float>(kBrBwd * kBc)),
+        dP(hwy::AllocateAligned<float>(kBrBwd * kBc)),
+        Pz(hwy::AllocateAligned<float>(kBrBwd * kBc)),
+        dK(hwy::AllocateAligned<float>(kBc * hdp)),
+        dV(hwy::AllocateAligned<float>(kBc * hdp)),
+        z(hwy::AllocateAligned<float>(kBc)) {
+    if (hdp != hd) {
+      q_pad = hwy::AllocateAligned<float>(T * hdp);
+      k_pad = hwy::AllocateAligned<float>(T * hdp);
+      do_pad = hwy::AllocateAligned<float>(T * hdp);
+      dq_pad = hwy::AllocateAligned<float>(T * hdp);
+    }
+  }
+};
+
+// A (T, hd) strided head copied into a (T, hdp) zero-padded buffer.
+void PadHead(float* dst, const float* src, size_t stride, size_t T, size_t hd, size_t hdp) {
+  for (size_t t = 0; t < T; ++t) {
+    std::copy(src + t * stride, src + t * stride + hd, dst + t * hdp);
+    std::fill(dst + t * hdp + hd, dst + (t + 1) * hdp, 0.0f);
+  }
+}
+
+void BackwardHead(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                  const float* k, const float* v, const float* out, const float* lse,
+                  const FlashAttentionParams& p, int64_t b, int64_t h, BackwardScratch& s) {
+  const DF d;
+  const size_t T = s.T, hd = s.hd, hdp = s.hdp;
+  const float c = p.scale * kLog2e;
+  const size_t head = size_t(h) * hd;
+  // Row r of head (b, h) of a token-major buffer with the given stride.
+  auto row = [&](auto* base, size_t stride, size_t t) { return base + (size_t(b) * T + t) * stride + head; };
+
+  // D[i] = Σ_d dO[i, d] O[i, d]; lse in base 2, to match the base-2 scores.
+  for (size_t i = 0; i < T; ++i) {
+    const float* doi = row(dout, p.o_stride, i);
+    const float* oi = row(out, p.o_stride, i);
+    float sum = 0.0f;
+    for (size_t dd = 0; dd < hd; ++dd) sum += doi[dd] * oi[dd];
+    s.D[i] = sum;
+    s.lse2[i] = lse[(size_t(b) * p.H + h) * T + i] * kLog2e;
+  }
+  // The B operands (rows of Q, K, dO) and the dQ accumulator: in place when
+  // hd is a whole number of vectors, else zero-padded copies.
+  const float *qB = row(q, p.q_stride, 0), *kB = row(k, p.k_stride, 0), *doB = row(dout, p.o_stride, 0);
+  size_t qBs = p.q_stride, kBs = p.k_stride, doBs = p.o_stride;
+  float* dQ = row(dq, p.q_stride, 0);
+  size_t dQs = p.q_stride;
+  if (hdp != hd) {
+    PadHead(s.q_pad.get(), qB, qBs, T, hd, hdp);
+    PadHead(s.k_pad.get(), kB, kBs, T, hd, hdp);
+    PadHead(s.do_pad.get(), doB, doBs, T, hd, hdp);
+    qB = s.q_pad.get(), kB = s.k_pad.get(), doB = s.do_pad.get();
+    qBs = kBs = doBs = hdp;
+    dQ = s.dq_pad.get();
+    dQs = hdp;
+  }
+  for (size_t i = 0; i < T; ++i) std::fill(dQ + i * dQs, dQ + i * dQs + hdp, 0.0f);
+
+  const DropoutRule rule(p.dropout_p);
+  const float scale = p.scale;
+  float* HWY_RESTRICT kT = s.kT.get();
+  float* HWY_RESTRICT vT = s.vT.get();
+  float* HWY_RESTRICT S = s.S.get();
+  float* HWY_RESTRICT dP = s.dP.get();
+  float* HWY_RESTRICT Pz = s.Pz.get();
+  float* HWY_RESTRICT dK = s.dK.get();
+  float* HWY_RESTRICT dV = s.dV.get();
+  for (size_t j0 = 0; j0 < T; j0 += kBc) {
+    const size_t jn = std::min(kBc, T - j0);
+    // kT (hd, Bc) = c · K_tileᵀ, vT (hd, Bc) = V_tileᵀ, zero columns past T.
+    for (size_t jj = 0; jj < kBc; ++jj) {
+      const float* kj = row(k, p.k_stride, j0 + jj);
+      const float* vj = row(v, p.v_stride, j0 + jj);
+      for (size_t dd = 0; dd < hd; ++dd) {
+        kT[dd * kBc + jj] = jj < jn ? c * kj[dd] : 0.0f;
+        vT[dd * kBc + jj] = jj < jn ? vj[dd] : 0.0f;
+      }
+    }
+    std::fill(dK, dK + kBc * hdp, 0.0f);
+    std::fill(dV, dV + kBc * hdp, 0.0f);
+    // Causal: query tiles whose last row is before j0 see none of these keys.
+    const size_t i_start = p.causal ? j0 / kBrBwd * kBrBwd : 0;
+    for (size_t i0 = i_start; i0 < T; i0 += kBrBwd) {
+      const size_t in = std::min(kBrBwd, T - i0);
+      // S (in, Bc) = c · Q Kᵀ (base-2 scores);  dP (in, Bc) = dO Vᵀ.
+      Gemm<kOverwrite>(in, kBc, hd, row(q, p.q_stride, i0), p.q_stride, 1, kT, kBc, S, kBc);
+      Gemm<kOverwrite>(in, kBc, hd, row(dout, p.o_stride, i0), p.o_stride, 1, vT, kBc, dP, kBc);
+      // P = 2^(S − lse2); Pz = P ⊙ Z; dS = scale · P ⊙ (dP ⊙ Z − D), stored in dP.
+      const bool masked = jn < kBc || (p.causal && j0 + jn - 1 > i0);
+      for (size_t ii = 0; ii < in; ++ii) {
+        const size_t i = i0 + ii;
+        const VF lse_i = hn::Set(d, s.lse2[i]);
+        const VF D_i = hn::Set(d, s.D[i]);
+        const VF scale_v = hn::Set(d, scale);
+        if (rule.threshold != 0) {
+          for (size_t jj = 0; jj < kBc; jj += 4) {
+            const PhiloxBlock r = philox_dropout_block(p.dropout_seed, b, h, int64_t(i), int64_t(j0 + jj));
+            for (size_t t = 0; t < 4; ++t) s.z[jj + t] = rule.noise(r.x[t]);
+          }
+        }
+        // Keys j valid for query i: j < T and (causal) j <= i.
+        const size_t j_lim = std::min(jn, p.causal ? (i + 1 > j0 ? i + 1 - j0 : 0) : jn);
+        for (size_t v0 = 0; v0 < kBc; v0 += kN) {
+          const size_t at = ii * kBc + v0;
+          VF pv = Exp2(d, hn::Sub(hn::Load(d, S + at), lse_i));
+          VF dpv = hn::Load(d, dP + at);
+          if (rule.threshold != 0) {
+            const VF zv = hn::Load(d, s.z.get() + v0);
+            dpv = hn::Mul(dpv, zv);
+            hn::Store(hn::Mul(pv, zv), d, Pz + at);
+          } else {
+            hn::Store(pv, d, Pz + at);
+          }
+          VF ds = hn::Mul(hn::Mul(pv, hn::Sub(dpv, D_i)), scale_v);
+          if (masked) {
+            const auto valid = hn::Lt(hn::Iota(d, float(v0)), hn::Set(d, float(j_lim)));
+            ds = hn::IfThenElseZero(valid, ds);
+            hn::Store(hn::IfThenElseZero(valid, hn::Load(d, Pz + at)), d, Pz + at);
+          }
+          hn::Store(ds, d, dP + at);
+        }
+      }
+      // dV (Bc, hdp) += Pzᵀ dO;  dK (Bc, hdp) += dSᵀ Q;  dQ (in, hdp) += dS K.
+      Gemm<kAccumulate>(jn, hdp, in, Pz, 1, kBc, doB + i0 * doBs, doBs, dV, hdp);
+      Gemm<kAccumulate>(jn, hdp, in, dP, 1, kBc, qB + i0 * qBs, qBs, dK, hdp);
+      Gemm<kAccumulate>(in, hdp, jn, dP, kBc, 1, kB + j0 * kBs, kBs, dQ + i0 * dQs, dQs);
+    }
+    for (size_t jj = 0; jj < jn; ++jj) {
+      std::copy(dK + jj * hdp, dK + jj * hdp + hd, row(dk, p.k_stride, j0 + jj));
+      std::copy(dV + jj * hdp, dV + jj * hdp + hd, row(dv, p.v_stride, j0 + jj));
+    }
+  }
+  if (hdp != hd)
+    for (size_t i = 0; i < T; ++i) std::copy(dQ + i * hdp, dQ + i * hdp + hd, row(dq, p.q_stride, i));
+}
+
+void Backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+              const float* v, const float* out, const float* lse, const FlashAttentionParams& p) {
+  const size_t hd = size_t(p.hd), hdp = RoundUp(hd, kN);
+  const int64_t BH = p.B * p.H;
+#pragma omp parallel
+  {
+    BackwardScratch scratch(size_t(p.T), hd, hdp);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bh = 0; bh < BH; ++bh)
+      BackwardHead(dq, dk, dv, dout, q, k, v, out, lse, p, bh / p.H, bh % p.H, scratch);
+  }
+}
+
+const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace attn::kernels
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attn::kernels {
+
+HWY_EXPORT(Forward);
+HWY_EXPORT(Backward);
+HWY_EXPORT(TargetName);
+
+void flash_attention_forward(float* out, float* lse, const float* q, const float* k,
+                             const float* v, const FlashAttentionParams& params) {
+  const FlashAttentionParams p = validated(params);
+  HWY_DYNAMIC_DISPATCH(Forward)(out, lse, q, k, v, p);
+}
+
+void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout,
+                              const float* q, const float* k, const float* v, const float* out,
+                              const float* lse, const FlashAttentionParams& params) {
+  const FlashAttentionParams p = validated(params);
+  HWY_DYNAMIC_DISPATCH(Backward)(dq, dk, dv, dout, q, k, v, out, lse, p);
+}
+
+const char* flash_attention_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
+
+}  // namespace attn::kernels
+#endif  // HWY_ONCE
