@@ -94,8 +94,10 @@ void MicroKernel(const float* HWY_RESTRICT A, size_t ars, size_t aks,
                  size_t cs, const float* HWY_RESTRICT c_scale) {
   const DF d;
   VF acc[R][V];
+#pragma GCC unroll 8
   for (size_t r = 0; r < R; ++r) {
     const VF cr = kMode == kScaleAccumulate ? hn::Set(d, c_scale[r]) : hn::Zero(d);
+#pragma GCC unroll 4
     for (size_t v = 0; v < V; ++v) {
       if constexpr (kMode == kOverwrite) {
         acc[r][v] = hn::Zero(d);
@@ -108,14 +110,19 @@ void MicroKernel(const float* HWY_RESTRICT A, size_t ars, size_t aks,
   }
   for (size_t k = 0; k < K; ++k) {
     VF a[R];
+#pragma GCC unroll 8
     for (size_t r = 0; r < R; ++r) a[r] = hn::Set(d, A[r * ars + k * aks]);
     const float* HWY_RESTRICT b_row = Bm + k * bs;
+#pragma GCC unroll 4
     for (size_t v = 0; v < V; ++v) {
       const VF bv = hn::LoadU(d, b_row + v * kN);
+#pragma GCC unroll 8
       for (size_t r = 0; r < R; ++r) acc[r][v] = hn::MulAdd(a[r], bv, acc[r][v]);
     }
   }
+#pragma GCC unroll 8
   for (size_t r = 0; r < R; ++r)
+#pragma GCC unroll 4
     for (size_t v = 0; v < V; ++v) hn::StoreU(acc[r][v], d, C + r * cs + v * kN);
 }
 
