@@ -134,20 +134,42 @@ constexpr std::array<MicroFn, sizeof...(I)> MicroTable(std::index_sequence<I...>
   return {&MicroKernel<kMode, I / kNV + 1, I % kNV + 1>...};
 }
 
+// The part of a block of rows [r0, r0 + nr) that a causal tile needs: the sum
+// over k in [k0, k1) and the vectors [v0, v1) of the first width chunk.
+struct Span {
+  size_t k0, k1, v0, v1;
+};
+
 // C (M, W) op= A (M, K) · B (K, W); W a multiple of N. Rows of A at stride ars,
 // its columns at stride aks; rows of B at stride bs; rows of C at stride cs.
-template <int kMode>
-void Gemm(size_t M, size_t W, size_t K, const float* A, size_t ars, size_t aks,
-          const float* Bm, size_t bs, float* C, size_t cs, const float* c_scale = nullptr) {
+// span(r0, nr) narrows the work of each block of rows: on tiles that cross the
+// causal diagonal the products with masked entries are skipped (an overwritten
+// C keeps stale values there, which the caller masks).
+template <int kMode, class SpanFn>
+void GemmSpans(size_t M, size_t W, const float* A, size_t ars, size_t aks, const float* Bm,
+               size_t bs, float* C, size_t cs, const float* c_scale, SpanFn span) {
   static constexpr auto table = MicroTable<kMode>(std::make_index_sequence<kMR * kNV>());
   for (size_t w0 = 0; w0 < W; w0 += kNV * kN) {
     const size_t nv = std::min(kNV, (W - w0) / kN);
     for (size_t r0 = 0; r0 < M; r0 += kMR) {
       const size_t nr = std::min(kMR, M - r0);
-      table[(nr - 1) * kNV + (nv - 1)](A + r0 * ars, ars, aks, Bm + w0, bs, K, C + r0 * cs + w0,
-                                       cs, c_scale ? c_scale + r0 : nullptr);
+      const Span sp = span(r0, nr);
+      const size_t v0 = w0 == 0 ? sp.v0 : 0, v1 = w0 == 0 ? std::min(nv, sp.v1) : nv;
+      const size_t K = sp.k1 > sp.k0 ? sp.k1 - sp.k0 : 0;
+      if (v0 >= v1 || (K == 0 && kMode == kAccumulate)) continue;
+      table[(nr - 1) * kNV + (v1 - v0 - 1)](A + r0 * ars + sp.k0 * aks, ars, aks,
+                                            Bm + sp.k0 * bs + w0 + v0 * kN, bs, K,
+                                            C + r0 * cs + w0 + v0 * kN, cs,
+                                            c_scale ? c_scale + r0 : nullptr);
     }
   }
+}
+
+template <int kMode>
+void Gemm(size_t M, size_t W, size_t K, const float* A, size_t ars, size_t aks,
+          const float* Bm, size_t bs, float* C, size_t cs, const float* c_scale = nullptr) {
+  GemmSpans<kMode>(M, W, A, ars, aks, Bm, bs, C, cs, c_scale,
+                   [K](size_t, size_t) { return Span{0, K, 0, kNV}; });
 }
 
 size_t RoundUp(size_t x, size_t m) { return (x + m - 1) / m * m; }
@@ -198,10 +220,15 @@ void ForwardTile(float* out, float* lse, const float* q, const float* k, const f
   const size_t key_end = p.causal ? i0 + in : T;  // keys j >= key_end are masked for every row
   for (size_t j0 = 0; j0 < key_end; j0 += kBcFwd) {
     const size_t jn = std::min(kBcFwd, key_end - j0);
-    // Sᵀ (jn, Br) = K_tile · qT
-    Gemm<kOverwrite>(jn, kBr, hd, k + (size_t(b) * T + j0) * p.k_stride + size_t(h) * hd,
-                     p.k_stride, 1, qT, kBr, sT, kBr);
-    if (p.causal && j0 + jn - 1 > i0) {  // the tile crosses the diagonal: -inf where j > i
+    // Sᵀ (jn, Br) = K_tile · qT; on the diagonal, keys j0+r0.. skip the query
+    // vectors that lie wholly before them.
+    const bool diagonal = p.causal && j0 + jn - 1 > i0;
+    GemmSpans<kOverwrite>(jn, kBr, k + (size_t(b) * T + j0) * p.k_stride + size_t(h) * hd,
+                          p.k_stride, 1, qT, kBr, sT, kBr, nullptr, [&](size_t r0, size_t) {
+                            const size_t j = j0 + r0;
+                            return Span{0, hd, diagonal && j > i0 ? (j - i0) / kN : 0, kNV};
+                          });
+    if (diagonal) {  // -inf where j > i
       for (size_t jj = 0; jj < jn; ++jj) {
         const size_t j = j0 + jj;
         for (size_t v0 = 0; v0 < kBr && i0 + v0 < j; v0 += kN) {
@@ -248,7 +275,12 @@ void ForwardTile(float* out, float* lse, const float* q, const float* k, const f
       v_tile = s.v_pad.get();
       v_tile_stride = hdp;
     }
-    Gemm<kScaleAccumulate>(in, hdp, jn, sT, 1, kBr, v_tile, v_tile_stride, o, hdp, alpha);
+    // On the diagonal, queries up to i stop at key i.
+    GemmSpans<kScaleAccumulate>(in, hdp, sT, 1, kBr, v_tile, v_tile_stride, o, hdp, alpha,
+                                [&](size_t r0, size_t nr) {
+                                  const size_t i_end = i0 + r0 + nr;  // one past the last query
+                                  return Span{0, diagonal ? std::min(jn, i_end - j0) : jn, 0, kNV};
+                                });
   }
   // O /= l; lse = ln(2^m · l) = (m + log2 l) · ln 2.
   for (size_t i = 0; i < in; ++i) {
@@ -382,10 +414,19 @@ void BackwardHead(float* dq, float* dk, float* dv, const float* dout, const floa
     for (size_t i0 = i_start; i0 < T; i0 += kBrBwd) {
       const size_t in = std::min(kBrBwd, T - i0);
       // S (in, Bc) = c · Q Kᵀ (base-2 scores);  dP (in, Bc) = dO Vᵀ.
-      Gemm<kOverwrite>(in, kBc, hd, row(q, p.q_stride, i0), p.q_stride, 1, kT, kBc, S, kBc);
-      Gemm<kOverwrite>(in, kBc, hd, row(dout, p.o_stride, i0), p.o_stride, 1, vT, kBc, dP, kBc);
+      // On the diagonal a block of queries ending at i_end - 1 needs keys < i_end only.
+      const bool diagonal = p.causal && j0 + jn - 1 > i0;
+      const bool masked = jn < kBc || diagonal;
+      auto key_vectors = [&](size_t r0, size_t nr) {
+        const size_t i_end = i0 + r0 + nr;
+        const size_t v1 = !diagonal ? kNV : i_end > j0 ? (i_end - j0 + kN - 1) / kN : 0;
+        return Span{0, hd, 0, v1};
+      };
+      GemmSpans<kOverwrite>(in, kBc, row(q, p.q_stride, i0), p.q_stride, 1, kT, kBc, S, kBc,
+                            nullptr, key_vectors);
+      GemmSpans<kOverwrite>(in, kBc, row(dout, p.o_stride, i0), p.o_stride, 1, vT, kBc, dP,
+                            kBc, nullptr, key_vectors);
       // P = 2^(S − lse2); Pz = P ⊙ Z; dS = scale · P ⊙ (dP ⊙ Z − D), stored in dP.
-      const bool masked = jn < kBc || (p.causal && j0 + jn - 1 > i0);
       for (size_t ii = 0; ii < in; ++ii) {
         const size_t i = i0 + ii;
         const VF lse_i = hn::Set(d, s.lse2[i]);
@@ -420,9 +461,20 @@ void BackwardHead(float* dq, float* dk, float* dv, const float* dout, const floa
         }
       }
       // dV (Bc, hdp) += Pzᵀ dO;  dK (Bc, hdp) += dSᵀ Q;  dQ (in, hdp) += dS K.
-      Gemm<kAccumulate>(jn, hdp, in, Pz, 1, kBc, doB + i0 * doBs, doBs, dV, hdp);
-      Gemm<kAccumulate>(jn, hdp, in, dP, 1, kBc, qB + i0 * qBs, qBs, dK, hdp);
-      Gemm<kAccumulate>(in, hdp, jn, dP, kBc, 1, kB + j0 * kBs, kBs, dQ + i0 * dQs, dQs);
+      // On the diagonal, keys from j see queries from i = j only, and queries up
+      // to i see keys up to i only.
+      auto from_query = [&](size_t r0, size_t) {
+        const size_t j = j0 + r0;
+        return Span{diagonal && j > i0 ? j - i0 : 0, in, 0, kNV};
+      };
+      auto to_key = [&](size_t r0, size_t nr) {
+        const size_t i_end = i0 + r0 + nr;
+        return Span{0, !diagonal ? jn : i_end > j0 ? std::min(jn, i_end - j0) : 0, 0, kNV};
+      };
+      GemmSpans<kAccumulate>(jn, hdp, Pz, 1, kBc, doB + i0 * doBs, doBs, dV, hdp, nullptr, from_query);
+      GemmSpans<kAccumulate>(jn, hdp, dP, 1, kBc, qB + i0 * qBs, qBs, dK, hdp, nullptr, from_query);
+      GemmSpans<kAccumulate>(in, hdp, dP, kBc, 1, kB + j0 * kBs, kBs, dQ + i0 * dQs, dQs, nullptr,
+                             to_key);
     }
     for (size_t jj = 0; jj < jn; ++jj) {
       std::copy(dK + jj * hdp, dK + jj * hdp + hd, row(dk, p.k_stride, j0 + jj));
