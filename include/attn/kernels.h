@@ -39,6 +39,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace attn::kernels {
 
@@ -74,6 +76,13 @@ void philox4x32(uint32_t out[4], const uint32_t counter[4], uint64_t key);
 
 // The SIMD target chosen at run time, e.g. "AVX3" or "AVX2".
 const char* flash_attention_target();
+// For tests and benchmarks: the targets compiled in that this CPU can run,
+// best first (e.g. {"AVX3", "AVX2", "SSE4", "EMU128"}), and a way to run the
+// kernels with one of them. Returns false for a name not in that list, and
+// nullptr, like an unknown name, restores the automatic choice. This changes
+// Highway's process-wide target choice: not for use while kernels run.
+std::vector<std::string> flash_attention_targets();
+bool flash_attention_use_target(const char* name);
 
 // Throws std::invalid_argument naming the offending value; fills the
 // defaulted strides and scale. Called by every function above.

@@ -21,7 +21,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "attn/kernels.h"
 #include "kernels/philox.h"
@@ -526,6 +528,24 @@ void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout
 }
 
 const char* flash_attention_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
+
+std::vector<std::string> flash_attention_targets() {
+  std::vector<std::string> names;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) names.push_back(hwy::TargetName(target));
+  return names;
+}
+
+bool flash_attention_use_target(const char* name) {
+  hwy::SetSupportedTargetsForTest(0);  // the CPU's own list again
+  if (name == nullptr) return true;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    if (std::string(hwy::TargetName(target)) == name) {
+      hwy::SetSupportedTargetsForTest(target);
+      return true;
+    }
+  }
+  return false;
+}
 
 }  // namespace attn::kernels
 #endif  // HWY_ONCE

@@ -153,6 +153,28 @@ TEST(FlashAttention, ReportsTarget) {
   std::printf("flash attention SIMD target: %s\n", target.c_str());
 }
 
+TEST(FlashAttention, EverySimdTargetMatchesReference) {
+  // The same kernels compiled for each instruction set this CPU runs (register
+  // blocking and tile sizes differ: 16 lanes and 6-row blocks on AVX-512, 8 and
+  // 3 on AVX2, 4 and 3 on SSE4, 1 and 3 on the scalar fallback).
+  const auto targets = kn::flash_attention_targets();
+  ASSERT_FALSE(targets.empty());
+  EXPECT_EQ(targets.front(), std::string(kn::flash_attention_target()));
+  EXPECT_FALSE(kn::flash_attention_use_target("NO_SUCH_TARGET"));
+  uint32_t seed = 700;
+  for (const std::string& target : targets) {
+    ASSERT_TRUE(kn::flash_attention_use_target(target.c_str()));
+    EXPECT_EQ(std::string(kn::flash_attention_target()), target);
+    for (int64_t T : {1, 17, 70})
+      for (int64_t hd : {16, 24, 64})
+        for (bool causal : {true, false}) expect_close({2, T, 2, hd, causal}, seed++);
+    expect_close({1, 50, 2, 64, true, 0.2f}, seed++);
+    std::printf("target %s: ok\n", target.c_str());
+  }
+  ASSERT_TRUE(kn::flash_attention_use_target(nullptr));
+  EXPECT_EQ(std::string(kn::flash_attention_target()), targets.front());
+}
+
 TEST(FlashAttention, TileEdgesMatchReference) {
   uint32_t seed = 1;
   for (int64_t T : {1, 15, 16, 17, 31, 33, 63, 64, 65, 127, 129})
