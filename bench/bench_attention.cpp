@@ -2,6 +2,7 @@
 // sgemm, measured in the same run so the ratio can be read off directly.
 //
 //   ./build/bench/bench_attention --benchmark_min_time=1
+//   ./build/bench/bench_attention --memory_check    (T = 16384: time and peak extra memory)
 //
 // FLOPs counted (the usual "useful" attention FLOPs, as FlashAttention reports):
 //   forward  = 4 · B · H · T² · hd    (Q Kᵀ and P V, 2 FLOPs per multiply-add),
@@ -20,7 +21,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
+
+#include <sys/resource.h>
 
 #include "attn/kernels.h"
 
@@ -76,6 +80,8 @@ kn::FlashAttentionParams params_of(const benchmark::State& state) {
   kn::FlashAttentionParams p;
   p.B = state.range(0), p.H = state.range(1), p.T = state.range(2), p.hd = state.range(3);
   p.causal = state.range(4) != 0;
+  p.dropout_p = float(state.range(5)) / 100.0f;
+  p.dropout_seed = 2024;
   return p;
 }
 
@@ -127,14 +133,15 @@ void BM_Sgemm(benchmark::State& state) {
   add_counters(state, 2.0 * double(n) * n * n);
 }
 
-// (B, H, T, hd, causal)
+// (B, H, T, hd, causal, dropout in percent)
 void attention_args(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"B", "H", "T", "hd", "causal"});
-  for (int64_t T : {256, 1024, 4096}) b->Args({1, 12, T, 64, 1});
-  b->Args({1, 6, 1024, 128, 1});
-  b->Args({1, 6, 4096, 128, 1});
-  b->Args({8, 12, 1024, 64, 1});
-  b->Args({1, 12, 1024, 64, 0});
+  b->ArgNames({"B", "H", "T", "hd", "causal", "drop%"});
+  for (int64_t T : {256, 1024, 4096}) b->Args({1, 12, T, 64, 1, 0});
+  b->Args({1, 6, 1024, 128, 1, 0});
+  b->Args({1, 6, 4096, 128, 1, 0});
+  b->Args({8, 12, 1024, 64, 1, 0});
+  b->Args({1, 12, 1024, 64, 0, 0});
+  b->Args({1, 12, 1024, 64, 1, 10});  // dropout 0.1 inside the kernel
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 
@@ -194,10 +201,42 @@ double measure_sgemm_gflops() {
   return median_min_stat(rates, true);
 }
 
+double max_rss_mb() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return double(usage.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
+}
+
+// --memory_check: B=1, T=16384, 12 heads of 64, causal, forward + backward once.
+// The extra memory is the growth of the peak resident set while the kernels
+// run, after every input and output has been written (run first, so no earlier
+// peak hides it). Passes when it is under 64 MB.
+int memory_check() {
+  kn::FlashAttentionParams p;
+  p.B = 1, p.T = 16384, p.H = 12, p.hd = 64, p.causal = true;
+  Problem pr(p);
+  const double before = max_rss_mb();
+  const auto t0 = std::chrono::steady_clock::now();
+  pr.forward();
+  const auto t1 = std::chrono::steady_clock::now();
+  pr.backward();
+  const auto t2 = std::chrono::steady_clock::now();
+  const double extra = max_rss_mb() - before;
+  const double fwd_s = std::chrono::duration<double>(t1 - t0).count();
+  const double bwd_s = std::chrono::duration<double>(t2 - t1).count();
+  std::printf("T=16384 B=1 H=12 hd=64 causal: inputs+outputs %.0f MB resident; forward %.2f s (%.1f GFLOP/s), "
+              "backward %.2f s (%.1f GFLOP/s); peak extra memory %.1f MB (limit 64 MB); finite: %s\n",
+              before, fwd_s, forward_flops(p) / fwd_s * 1e-9, bwd_s, 2.5 * forward_flops(p) / bwd_s * 1e-9,
+              extra, pr.finite() ? "yes" : "NO");
+  return extra < 64.0 && pr.finite() ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
+  for (int a = 1; a < argc; ++a)
+    if (std::string(argv[a]) == "--memory_check") return memory_check();
   std::printf("flash attention SIMD target: %s\n", kn::flash_attention_target());
   if (!check_against_reference()) {
     std::fprintf(stderr, "fused kernel disagrees with the reference; not timing it\n");

@@ -176,6 +176,16 @@ void Gemm(size_t M, size_t W, size_t K, const float* A, size_t ars, size_t aks,
 
 size_t RoundUp(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
+// Asks for rows [t0, t1) of one head of a token-major buffer (hd floats each,
+// rows a stride apart) to be brought towards L2 while the current tile is
+// computed: with long sequences the next tile lives in L3 or memory, and rows
+// a few KB apart defeat the hardware prefetchers.
+void PrefetchRows(const float* base, size_t stride, size_t t0, size_t t1, size_t hd) {
+  constexpr size_t kLine = 64 / sizeof(float);
+  for (size_t t = t0; t < t1; ++t)
+    for (size_t dd = 0; dd < hd; dd += kLine) __builtin_prefetch(base + t * stride + dd, 0, 2);
+}
+
 // ---- forward ------------------------------------------------------------------------------
 
 struct ForwardScratch {
@@ -220,8 +230,13 @@ void ForwardTile(float* out, float* lse, const float* q, const float* k, const f
   const bool pad_v = hdp != hd;
   const DropoutRule rule(p.dropout_p);
   const size_t key_end = p.causal ? i0 + in : T;  // keys j >= key_end are masked for every row
+  const float* k_head = k + size_t(b) * T * p.k_stride + size_t(h) * hd;  // (T, hd), rows k_stride apart
+  const float* v_head = v + size_t(b) * T * p.v_stride + size_t(h) * hd;
   for (size_t j0 = 0; j0 < key_end; j0 += kBcFwd) {
     const size_t jn = std::min(kBcFwd, key_end - j0);
+    const size_t next_end = std::min(key_end, j0 + 2 * kBcFwd);
+    PrefetchRows(k_head, p.k_stride, j0 + jn, next_end, hd);
+    PrefetchRows(v_head, p.v_stride, j0 + jn, next_end, hd);
     // Sᵀ (jn, Br) = K_tile · qT; on the diagonal, keys j0+r0.. skip the query
     // vectors that lie wholly before them.
     const bool diagonal = p.causal && j0 + jn - 1 > i0;
@@ -415,6 +430,10 @@ void BackwardHead(float* dq, float* dk, float* dv, const float* dout, const floa
     const size_t i_start = p.causal ? j0 / kBrBwd * kBrBwd : 0;
     for (size_t i0 = i_start; i0 < T; i0 += kBrBwd) {
       const size_t in = std::min(kBrBwd, T - i0);
+      const size_t next_end = std::min(T, i0 + in + kBrBwd);
+      PrefetchRows(row(q, p.q_stride, 0), p.q_stride, i0 + in, next_end, hd);
+      PrefetchRows(row(dout, p.o_stride, 0), p.o_stride, i0 + in, next_end, hd);
+      PrefetchRows(dQ, dQs, i0 + in, next_end, hd);
       // S (in, Bc) = c · Q Kᵀ (base-2 scores);  dP (in, Bc) = dO Vᵀ.
       // On the diagonal a block of queries ending at i_end - 1 needs keys < i_end only.
       const bool diagonal = p.causal && j0 + jn - 1 > i0;
