@@ -84,6 +84,31 @@ HWY_INLINE VF Exp2(DF d, VF x) {
   return hn::IfThenZeroElse(underflow, hn::Mul(p, two_n));
 }
 
+// Philox4x32-10 (kernels/philox.h) for L counters at once, one per lane of
+// plain arrays, written so that the compiler vectorises it for this target
+// (32 x 32 -> 64-bit multiplies: vpmuludq). Same bits as philox4x32_10.
+template <size_t L>
+HWY_INLINE void PhiloxLanes(uint32_t* HWY_RESTRICT x0, uint32_t* HWY_RESTRICT x1,
+                            uint32_t* HWY_RESTRICT x2, uint32_t* HWY_RESTRICT x3, uint64_t key) {
+  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
+  constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+  uint32_t k0 = uint32_t(key), k1 = uint32_t(key >> 32);
+  for (int round = 0; round < 10; ++round) {
+    for (size_t m = 0; m < L; ++m) {
+      const uint64_t p0 = uint64_t{kM0} * x0[m];
+      const uint64_t p1 = uint64_t{kM1} * x2[m];
+      const uint32_t y0 = uint32_t(p1 >> 32) ^ x1[m] ^ k0;
+      const uint32_t y2 = uint32_t(p0 >> 32) ^ x3[m] ^ k1;
+      x0[m] = y0;
+      x1[m] = uint32_t(p1);
+      x2[m] = y2;
+      x3[m] = uint32_t(p0);
+    }
+    k0 += kW0;
+    k1 += kW1;
+  }
+}
+
 // ---- the micro-kernel and its driver ------------------------------------------------------
 
 enum Mode { kOverwrite = 0, kAccumulate = 1, kScaleAccumulate = 2 };
@@ -274,12 +299,19 @@ void ForwardTile(float* out, float* lse, const float* q, const float* k, const f
       hn::Store(hn::MulAdd(a, hn::Load(d, l + v0), sum), d, l + v0);
     }
     if (rule.threshold != 0) {  // P ⊙ Z after the sums: l stays the softmax denominator
-      for (size_t i = 0; i < in; ++i)
-        for (size_t jj = 0; jj < jn; jj += 4) {
-          const PhiloxBlock r = philox_dropout_block(p.dropout_seed, b, h, int64_t(i0 + i),
-                                                     int64_t(j0 + jj));
-          for (size_t t = 0; t < 4 && jj + t < jn; ++t) sT[(jj + t) * kBr + i] *= rule.noise(r.x[t]);
+      // One Philox block per query lane serves 4 keys: rows jj..jj+3 of Sᵀ.
+      alignas(64) uint32_t x[4][kBr];
+      for (size_t jj = 0; jj < jn; jj += 4) {
+        for (size_t lane = 0; lane < kBr; ++lane) {
+          x[0][lane] = uint32_t((j0 + jj) >> 2), x[1][lane] = uint32_t(i0 + lane);
+          x[2][lane] = uint32_t(h), x[3][lane] = uint32_t(b);
         }
+        PhiloxLanes<kBr>(x[0], x[1], x[2], x[3], p.dropout_seed);
+        for (size_t t = 0; t < 4 && jj + t < jn; ++t) {
+          float* HWY_RESTRICT row = sT + (jj + t) * kBr;
+          for (size_t lane = 0; lane < kBr; ++lane) row[lane] *= x[t][lane] >= rule.threshold ? rule.scale : 0.0f;
+        }
+      }
     }
     // O (in, hdp) = α ⊙ O + P (in, jn) · V_tile (jn, hdp), P read from Sᵀ.
     const float* v_tile = v + (size_t(b) * T + j0) * p.v_stride + size_t(h) * hd;
@@ -453,11 +485,17 @@ void BackwardHead(float* dq, float* dk, float* dv, const float* dout, const floa
         const VF lse_i = hn::Set(d, s.lse2[i]);
         const VF D_i = hn::Set(d, s.D[i]);
         const VF scale_v = hn::Set(d, scale);
-        if (rule.threshold != 0) {
-          for (size_t jj = 0; jj < kBc; jj += 4) {
-            const PhiloxBlock r = philox_dropout_block(p.dropout_seed, b, h, int64_t(i), int64_t(j0 + jj));
-            for (size_t t = 0; t < 4; ++t) s.z[jj + t] = rule.noise(r.x[t]);
+        if (rule.threshold != 0) {  // z (Bc): Philox block m serves keys 4m .. 4m+3
+          constexpr size_t kBlocks = kBc / 4;
+          alignas(64) uint32_t x[4][kBlocks];
+          for (size_t m = 0; m < kBlocks; ++m) {
+            x[0][m] = uint32_t(j0 / 4 + m), x[1][m] = uint32_t(i);
+            x[2][m] = uint32_t(h), x[3][m] = uint32_t(b);
           }
+          PhiloxLanes<kBlocks>(x[0], x[1], x[2], x[3], p.dropout_seed);
+          for (size_t m = 0; m < kBlocks; ++m)
+            for (size_t t = 0; t < 4; ++t)
+              s.z[4 * m + t] = x[t][m] >= rule.threshold ? rule.scale : 0.0f;
         }
         // Keys j valid for query i: j < T and (causal) j <= i.
         const size_t j_lim = std::min(jn, p.causal ? (i + 1 > j0 ? i + 1 - j0 : 0) : jn);
