@@ -97,6 +97,11 @@ class Dropout : public Module {
   explicit Dropout(const DropoutOptions& options = {}, Generator& gen = default_generator());
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
+  // The noise forward(x) would multiply an x of this shape by, drawn now from
+  // the generator (attn::dropout_noise); empty, with no draws, when dropout is
+  // the identity (evaluation mode or p = 0). The attention modules use it to
+  // drop attention weights inside ref::attention_forward.
+  Tensor sample_noise(const Shape& shape);
   const DropoutOptions& options() const { return options_; }
  private:
   DropoutOptions options_;
