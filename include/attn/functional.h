@@ -58,7 +58,8 @@ Tensor attention_scores_loops(const Tensor& inputs);
 // ---- 2./3. scaled dot-product attention, causal masking and dropout -------------------
 struct AttentionOptions {
   bool causal = false;     // mask keys j > i with -inf before the softmax
-  float scale = -1.0f;     // multiplies the scores; < 0 means 1/sqrt(d_k)
+  float scale = -1.0f;     // multiplies the scores; < 0 means 1/sqrt(d_k), applied as the
+                           // chapter writes it, scores / sqrt(d_k) (same bits as PyTorch)
   int64_t softmax_dim = -1;  // -1 (keys) is right; 1 reproduces an early printing's bug
 };
 struct AttentionSaved {

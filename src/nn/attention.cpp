@@ -57,15 +57,15 @@ const MultiHeadAttentionOptions& checked_split(const MultiHeadAttentionOptions& 
 
 // SelfAttention takes one sequence (T, d_in) or a batch (B, T, d_in).
 void check_sequence(const char* module, const Tensor& x, int64_t d_in) {
-  if (x.dim() != 2 && x.dim() != 3) {
+  if (x.dim() == 3) return check_btd(module, x, {"d_in", d_in});
+  if (x.dim() != 2) {
     throw std::invalid_argument(fmt::format("{}: expected input of shape (T, d_in) or (B, T, d_in), got {}",
                                             module, shape_str(x.shape())));
   }
-  if (x.dim() == 2) {
-    check_btd(module, x.reshape({1, x.size(0), x.size(1)}), {"d_in", d_in});
-  } else {
-    check_btd(module, x, {"d_in", d_in});
+  if (x.size(1) != d_in) {
+    throw std::invalid_argument(fmt::format("{}: input last dim {} does not match d_in {}", module, x.size(1), d_in));
   }
+  if (x.size(0) < 1) throw std::invalid_argument(fmt::format("{}: input has {} tokens", module, x.size(0)));
 }
 
 // The output shape of an attention over q (..., T, d_k) with values (..., T, d_v).

@@ -91,6 +91,28 @@ TEST(Reference, TwoCausalRoutesAgree) {
   EXPECT_LE(max_abs_diff(saved.weights, ref::causal_weights_masked(scores, 1.0f / std::sqrt(3.0f))), 1e-6f);
 }
 
+// softmax_dim = 1 reproduces the early printing's bug: on (B, T, T) weights
+// the columns (queries) sum to 1 instead of the rows (keys).
+TEST(Reference, SoftmaxOverQueriesNormalisesColumns) {
+  const Tensor q = random_tensor({2, 5, 3}, 41), k = random_tensor({2, 5, 3}, 42), v = random_tensor({2, 5, 2}, 43);
+  for (bool causal : {false, true}) {
+    ref::AttentionSaved saved;
+    const Tensor out = ref::attention_forward(q, k, v, {.causal = causal, .softmax_dim = 1}, nullptr, &saved);
+    EXPECT_FALSE(has_non_finite(out));
+    const Tensor column_sums = sum(saved.weights, 1);  // (B, T_k)
+    for (float s : column_sums.values()) EXPECT_NEAR(s, 1.0f, 1e-6f);
+    const Tensor scores = matmul(q, transpose(k, -2, -1)) / std::sqrt(3.0f);
+    const Tensor expected =
+        softmax(causal ? masked_fill(scores, ref::future_mask(5), -INFINITY) : scores, 1);
+    EXPECT_LE(max_abs_diff(saved.weights, expected), 1e-6f);
+  }
+  // Causal softmax over queries needs every key column to keep a query.
+  EXPECT_THROW(ref::attention_forward(random_tensor({1, 3, 2}, 1), random_tensor({1, 4, 2}, 2),
+                                      random_tensor({1, 4, 2}, 3), {.causal = true, .softmax_dim = 1}, nullptr,
+                                      nullptr),
+               std::invalid_argument);
+}
+
 TEST(Reference, Masks) {
   const Tensor tril = ref::tril_ones(4);
   const Tensor future = ref::future_mask(4);
