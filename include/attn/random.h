@@ -68,6 +68,8 @@ void normal_(Tensor& t, float mean, float std, Generator& gen = default_generato
 // order one double uniform u, value = (u < 1 - p) ? 1 / (float)(1 - p) : 0.
 // p must be in [0, 1]. p == 0 gives all ones and p == 1 all zeros, with no draws
 // (as nn.Dropout). This is the "noise" tensor that dropout multiplies by.
+// 1 - p is computed in double from the shortest decimal that reads back as p
+// (0.1f counts as 0.1), which is the double Python hands to torch.
 Tensor dropout_noise(const Shape& shape, float p, Generator& gen = default_generator());
 
 // The default initialisation of nn.Linear(in_features, out_features):
