@@ -109,8 +109,8 @@ double Generator::uniform_double(double from, double to) {
 // ---- section 4: the scalar normal -----------------------------------------------
 
 // The final `* std + mean` is a fused multiply-add, as in PyTorch's AVX2
-// build; after the cast to float the unfused form gives the same bits in all
-// but about one value in 2^29.
+// build (after the cast to float the unfused form gave the same bits on the
+// 45,000 values of normal_(0.3, 2.7) tried, so this one is not pinned down).
 double Generator::normal_double(double mean, double std) {
   if (cached_normal_) {
     const double cached = *cached_normal_;
