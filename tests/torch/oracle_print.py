@@ -1,10 +1,11 @@
 """Reference strings for attn::to_string: str(t) of PyTorch 1.13 with default
 print options, for tensors that cover every branch of torch/_tensor_str.py.
 
-Writes print.json: {"cases": [{"name", "tensor", "suffix", "str"}]}, tensors as
+Writes print.json: {"cases": [{"name", "tensor", "suffix", "options"?, "str"}]}, tensors as
 float32 bit patterns (tensor_bits_json) so inf, NaN and -0.0 survive. "suffix"
 is what to_string must append (grad_fn=<...> or requires_grad=True), taken
-from the tensor itself.
+from the tensor itself; "options", where present, are the non-default
+torch.set_printoptions the string was made with.
 """
 import math
 
@@ -181,5 +182,27 @@ def generate(out_dir):
         else:
             suffix = "requires_grad=True"
         out.append({"name": name, "tensor": tensor_bits_json(tensor), "suffix": suffix, "str": str(tensor)})
+
+    # Non-default options: torch.set_printoptions, restored afterwards.
+    option_cases = [
+        ("opt_precision_2", dict(precision=2), rand(3, 4)),
+        ("opt_precision_6", dict(precision=6), randn(2, 3)),
+        ("opt_precision_2_sci", dict(precision=2), rand(4) * 1e-6),
+        ("opt_precision_0", dict(precision=0), randn(5) * 10),
+        ("opt_linewidth_40", dict(linewidth=40), rand(20)),
+        ("opt_linewidth_120", dict(linewidth=120), randn(3, 20)),
+        ("opt_linewidth_10", dict(linewidth=10), rand(2, 3)),
+        ("opt_threshold_10", dict(threshold=10), rand(4, 5)),
+        ("opt_threshold_10_edge_1", dict(threshold=10, edgeitems=1), randn(3, 4, 5)),
+        ("opt_edgeitems_5", dict(edgeitems=5), rand(1200)),
+        ("opt_short_profile", dict(precision=2, edgeitems=2), randn(40, 40)),
+    ]
+    for name, options, tensor in option_cases:
+        torch.set_printoptions(**options)
+        try:
+            text = str(tensor)
+        finally:
+            torch.set_printoptions(profile="default")
+        out.append({"name": name, "tensor": tensor_bits_json(tensor), "suffix": "", "options": options, "str": text})
 
     write_json(out_dir / "print.json", {"torch": torch.__version__, "cases": out})

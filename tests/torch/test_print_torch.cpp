@@ -1,5 +1,6 @@
 // attn::to_string against str(t) of PyTorch 1.13 (tests/torch/oracle_print.py):
-// every case must match byte for byte.
+// every case must match byte for byte, with default print options and with
+// the non-default ones some cases name (torch.set_printoptions).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -20,6 +21,13 @@ TEST(PrintTorch, MatchesStrOfEveryOracleTensor) {
     const Tensor t = attn::test::tensor_from_bits_json(c.at("tensor"));
     attn::PrintOptions options;
     options.suffix = c.at("suffix").get<std::string>();
+    if (c.contains("options")) {
+      const auto& o = c.at("options");
+      options.precision = o.value("precision", options.precision);
+      options.linewidth = o.value("linewidth", options.linewidth);
+      options.threshold = o.value("threshold", options.threshold);
+      options.edgeitems = o.value("edgeitems", options.edgeitems);
+    }
     const std::string got = attn::to_string(t, options);
     const std::string expected = c.at("str");
     if (got == expected) {
