@@ -12,6 +12,7 @@
 #include "attn/ops.h"
 
 #include <cblas.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
@@ -19,8 +20,6 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
-
-#include <fmt/format.h>
 
 namespace attn {
 namespace {
@@ -30,8 +29,8 @@ namespace {
 int64_t wrap_dim(const char* op, int64_t dim, const Shape& shape) {
   const int64_t ndim = std::max<int64_t>(static_cast<int64_t>(shape.size()), 1);
   if (dim < -ndim || dim >= ndim) {
-    throw std::out_of_range(fmt::format("{}: dim {} out of range for shape {} (expected {} to {})", op, dim,
-                                        shape_str(shape), -ndim, ndim - 1));
+    throw std::out_of_range(fmt::format("{}: dim {} out of range for shape {} (expected {} to {})",
+                                        op, dim, shape_str(shape), -ndim, ndim - 1));
   }
   return dim < 0 ? dim + ndim : dim;
 }
@@ -61,9 +60,9 @@ Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b) {
     const int64_t sa = i < a.size() ? a[a.size() - 1 - i] : 1;
     const int64_t sb = i < b.size() ? b[b.size() - 1 - i] : 1;
     if (sa != sb && sa != 1 && sb != 1) {
-      throw std::invalid_argument(fmt::format("{}: shapes {} and {} cannot be broadcast (size {} vs {} at dim {})",
-                                              op, shape_str(a), shape_str(b), sa, sb,
-                                              static_cast<int64_t>(nd - 1 - i)));
+      throw std::invalid_argument(
+          fmt::format("{}: shapes {} and {} cannot be broadcast (size {} vs {} at dim {})", op,
+                      shape_str(a), shape_str(b), sa, sb, static_cast<int64_t>(nd - 1 - i)));
     }
     out[nd - 1 - i] = sa == 1 ? sb : sa;
   }
@@ -87,7 +86,8 @@ std::vector<int64_t> broadcast_strides(const Shape& shape, const Shape& out) {
 // Calls f(out_index, a_offset, b_offset) for every element of `out`, in
 // row-major order, with the offsets given by the two stride vectors.
 template <class F>
-void for_each_broadcast(const Shape& out, const std::vector<int64_t>& sa, const std::vector<int64_t>& sb, F f) {
+void for_each_broadcast(const Shape& out, const std::vector<int64_t>& sa,
+                        const std::vector<int64_t>& sb, F f) {
   const int64_t total = shape_numel(out);
   if (total == 0) return;
   const size_t nd = out.size();
@@ -129,7 +129,8 @@ Tensor binary(const char* op, const Tensor& a, const Tensor& b, F f) {
   const float* pa = a.data();
   const float* pb = b.data();
   float* po = out.data();
-  for_each_broadcast(shape, broadcast_strides(a.shape(), shape), broadcast_strides(b.shape(), shape),
+  for_each_broadcast(shape, broadcast_strides(a.shape(), shape),
+                     broadcast_strides(b.shape(), shape),
                      [&](int64_t i, int64_t ia, int64_t ib) { po[i] = f(pa[ia], pb[ib]); });
   return out;
 }
@@ -207,12 +208,14 @@ Tensor& operator+=(Tensor& a, const Tensor& b) {
   }
   const Shape shape = broadcast_shapes("add_", a.shape(), b.shape());
   if (shape != a.shape()) {
-    throw std::invalid_argument(fmt::format("add_: {} does not broadcast to the shape {} of the tensor added to",
-                                            shape_str(b.shape()), shape_str(a.shape())));
+    throw std::invalid_argument(
+        fmt::format("add_: {} does not broadcast to the shape {} of the tensor added to",
+                    shape_str(b.shape()), shape_str(a.shape())));
   }
   float* pa = a.data();
   const float* pb = b.data();
-  for_each_broadcast(shape, broadcast_strides(a.shape(), shape), broadcast_strides(b.shape(), shape),
+  for_each_broadcast(shape, broadcast_strides(a.shape(), shape),
+                     broadcast_strides(b.shape(), shape),
                      [&](int64_t i, int64_t, int64_t ib) { pa[i] += pb[ib]; });
   return a;
 }
@@ -287,8 +290,9 @@ float sum_all(const Tensor& a) {
 
 float dot(const Tensor& a, const Tensor& b) {
   if (a.dim() != 1 || b.dim() != 1 || a.numel() != b.numel()) {
-    throw std::invalid_argument(fmt::format("dot: expects two 1-D tensors of equal length, got {} and {}",
-                                            shape_str(a.shape()), shape_str(b.shape())));
+    throw std::invalid_argument(
+        fmt::format("dot: expects two 1-D tensors of equal length, got {} and {}",
+                    shape_str(a.shape()), shape_str(b.shape())));
   }
   return cblas_sdot(static_cast<blasint>(a.numel()), a.data(), 1, b.data(), 1);
 }
@@ -301,21 +305,22 @@ void gemm(float* c, const float* a, const float* b, int64_t m, int64_t k, int64_
     std::fill(c, c + m * n, 0.0f);
     return;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
-              static_cast<blasint>(k), 1.0f, a, static_cast<blasint>(k), b, static_cast<blasint>(n), 0.0f, c,
-              static_cast<blasint>(n));
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(m),
+              static_cast<blasint>(n), static_cast<blasint>(k), 1.0f, a, static_cast<blasint>(k), b,
+              static_cast<blasint>(n), 0.0f, c, static_cast<blasint>(n));
 }
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   if (a.dim() == 0 || b.dim() == 0) {
-    throw std::invalid_argument(fmt::format("matmul: both arguments need at least 1 dim, got {} @ {}",
-                                            shape_str(a.shape()), shape_str(b.shape())));
+    throw std::invalid_argument(
+        fmt::format("matmul: both arguments need at least 1 dim, got {} @ {}", shape_str(a.shape()),
+                    shape_str(b.shape())));
   }
   if (a.dim() == 1 && b.dim() == 1) {
     if (a.numel() != b.numel()) {
-      throw std::invalid_argument(
-          fmt::format("matmul: inner dims differ: {} @ {}", shape_str(a.shape()), shape_str(b.shape())));
+      throw std::invalid_argument(fmt::format("matmul: inner dims differ: {} @ {}",
+                                              shape_str(a.shape()), shape_str(b.shape())));
     }
     return Tensor(Shape{}, std::vector<float>{dot(a, b)});
   }
@@ -326,8 +331,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   const int64_t kb = b_vec ? b.size(0) : b.size(-2);
   const int64_t n = b_vec ? 1 : b.size(-1);
   if (k != kb) {
-    throw std::invalid_argument(
-        fmt::format("matmul: inner dims differ: {} @ {}", shape_str(a.shape()), shape_str(b.shape())));
+    throw std::invalid_argument(fmt::format("matmul: inner dims differ: {} @ {}",
+                                            shape_str(a.shape()), shape_str(b.shape())));
   }
   const Shape batch_a(a.shape().begin(), a.shape().end() - std::min<int64_t>(a.dim(), 2));
   const Shape batch_b(b.shape().begin(), b.shape().end() - std::min<int64_t>(b.dim(), 2));
@@ -335,9 +340,9 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   try {
     batch = broadcast_shapes("matmul", batch_a, batch_b);
   } catch (const std::invalid_argument&) {
-    throw std::invalid_argument(fmt::format("matmul: batch dims {} and {} cannot be broadcast: {} @ {}",
-                                            shape_str(batch_a), shape_str(batch_b), shape_str(a.shape()),
-                                            shape_str(b.shape())));
+    throw std::invalid_argument(
+        fmt::format("matmul: batch dims {} and {} cannot be broadcast: {} @ {}", shape_str(batch_a),
+                    shape_str(batch_b), shape_str(a.shape()), shape_str(b.shape())));
   }
   Shape out_shape = batch;
   if (!a_vec) out_shape.push_back(m);
@@ -395,7 +400,8 @@ Tensor transpose(const Tensor& a, int64_t dim0, int64_t dim1) {
 // torch.t: a 0-D or 1-D tensor is returned as it is, a 2-D one transposed.
 Tensor t(const Tensor& a) {
   if (a.dim() > 2) {
-    throw std::invalid_argument(fmt::format("t: expects a tensor with <= 2 dims, got {}", shape_str(a.shape())));
+    throw std::invalid_argument(
+        fmt::format("t: expects a tensor with <= 2 dims, got {}", shape_str(a.shape())));
   }
   return a.dim() < 2 ? a : transpose(a, 0, 1);
 }
@@ -404,13 +410,15 @@ Tensor select(const Tensor& a, int64_t i) { return select(a, 0, i); }
 
 Tensor select(const Tensor& a, int64_t dim, int64_t i) {
   if (a.dim() == 0) {
-    throw std::invalid_argument(fmt::format("select: cannot index a 0-d tensor (shape {})", shape_str(a.shape())));
+    throw std::invalid_argument(
+        fmt::format("select: cannot index a 0-d tensor (shape {})", shape_str(a.shape())));
   }
   const int64_t d = wrap_dim("select", dim, a.shape());
   const auto [outer, n, inner] = split_at(a.shape(), d);
   if (i < -n || i >= n) {
-    throw std::out_of_range(fmt::format("select: index {} out of range for dim {} of size {} (shape {})", i, dim,
-                                        n, shape_str(a.shape())));
+    throw std::out_of_range(
+        fmt::format("select: index {} out of range for dim {} of size {} (shape {})", i, dim, n,
+                    shape_str(a.shape())));
   }
   const int64_t idx = i < 0 ? i + n : i;
   Shape out_shape = a.shape();
@@ -427,7 +435,8 @@ Tensor select(const Tensor& a, int64_t dim, int64_t i) {
 // from the end, out-of-range bounds are clamped, start >= end gives size 0).
 Tensor slice(const Tensor& a, int64_t dim, int64_t start, int64_t end) {
   if (a.dim() == 0) {
-    throw std::invalid_argument(fmt::format("slice: cannot slice a 0-d tensor (shape {})", shape_str(a.shape())));
+    throw std::invalid_argument(
+        fmt::format("slice: cannot slice a 0-d tensor (shape {})", shape_str(a.shape())));
   }
   const int64_t d = wrap_dim("slice", dim, a.shape());
   const auto [outer, n, inner] = split_at(a.shape(), d);
@@ -467,10 +476,12 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   for (size_t p = 0; p < parts.size(); ++p) {
     const Shape& s = parts[p]->shape();
     bool fits = s.size() == first.size();
-    for (size_t k = 0; fits && k < s.size(); ++k) fits = k == static_cast<size_t>(d) || s[k] == first[k];
+    for (size_t k = 0; fits && k < s.size(); ++k)
+      fits = k == static_cast<size_t>(d) || s[k] == first[k];
     if (!fits) {
-      throw std::invalid_argument(fmt::format("cat: sizes must match except in dim {}: {} (tensor 0) and {} (tensor {})",
-                                              dim, shape_str(first), shape_str(s), p));
+      throw std::invalid_argument(
+          fmt::format("cat: sizes must match except in dim {}: {} (tensor 0) and {} (tensor {})",
+                      dim, shape_str(first), shape_str(s), p));
     }
     out_shape[static_cast<size_t>(d)] += s[static_cast<size_t>(d)];
   }
@@ -493,8 +504,9 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
   const Shape& first = tensors.front().shape();
   for (size_t p = 1; p < tensors.size(); ++p) {
     if (tensors[p].shape() != first) {
-      throw std::invalid_argument(fmt::format("stack: expects tensors of equal shape, got {} (tensor 0) and {} (tensor {})",
-                                              shape_str(first), shape_str(tensors[p].shape()), p));
+      throw std::invalid_argument(
+          fmt::format("stack: expects tensors of equal shape, got {} (tensor 0) and {} (tensor {})",
+                      shape_str(first), shape_str(tensors[p].shape()), p));
     }
   }
   // The new dim may be anywhere in [-(ndim + 1), ndim].
@@ -512,8 +524,9 @@ Tensor unsqueeze(const Tensor& a, int64_t dim) {
   grown.push_back(1);
   const int64_t ndim = static_cast<int64_t>(grown.size());
   if (dim < -ndim || dim >= ndim) {
-    throw std::out_of_range(fmt::format("unsqueeze: dim {} out of range for shape {} (expected {} to {})", dim,
-                                        shape_str(a.shape()), -ndim, ndim - 1));
+    throw std::out_of_range(
+        fmt::format("unsqueeze: dim {} out of range for shape {} (expected {} to {})", dim,
+                    shape_str(a.shape()), -ndim, ndim - 1));
   }
   const int64_t d = dim < 0 ? dim + ndim : dim;
   Shape out_shape = a.shape();
@@ -537,8 +550,8 @@ namespace {
 template <class Keep>
 Tensor triangle(const char* op, const Tensor& a, Keep keep) {
   if (a.dim() < 2) {
-    throw std::invalid_argument(fmt::format("{}: expects a tensor with at least 2 dims, got {}", op,
-                                            shape_str(a.shape())));
+    throw std::invalid_argument(
+        fmt::format("{}: expects a tensor with at least 2 dims, got {}", op, shape_str(a.shape())));
   }
   const int64_t rows = a.size(-2), cols = a.size(-1);
   const int64_t mats = rows * cols == 0 ? 0 : a.numel() / (rows * cols);
@@ -566,13 +579,15 @@ Tensor masked_fill(const Tensor& a, const Tensor& mask, float value) {
     fits = sm == 1 || sm == a.shape()[static_cast<size_t>(a.dim() - i)];
   }
   if (!fits) {
-    throw std::invalid_argument(fmt::format("masked_fill: mask of shape {} does not broadcast to the shape {}",
-                                            shape_str(mask.shape()), shape_str(a.shape())));
+    throw std::invalid_argument(
+        fmt::format("masked_fill: mask of shape {} does not broadcast to the shape {}",
+                    shape_str(mask.shape()), shape_str(a.shape())));
   }
   Tensor out = a;
   float* po = out.data();
   const float* pm = mask.data();
-  for_each_broadcast(a.shape(), broadcast_strides(a.shape(), a.shape()), broadcast_strides(mask.shape(), a.shape()),
+  for_each_broadcast(a.shape(), broadcast_strides(a.shape(), a.shape()),
+                     broadcast_strides(mask.shape(), a.shape()),
                      [&](int64_t i, int64_t, int64_t im) {
                        if (pm[im] != 0.0f) po[i] = value;
                      });

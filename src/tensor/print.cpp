@@ -24,13 +24,13 @@
 //     line.
 #include "attn/print.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <ostream>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
 
 namespace attn {
 namespace {
@@ -95,7 +95,8 @@ class Formatter {
     } else {
       s = format_fixed(v, precision_);
     }
-    if (static_cast<int>(s.size()) < max_width_) s.insert(0, static_cast<size_t>(max_width_) - s.size(), ' ');
+    if (static_cast<int>(s.size()) < max_width_)
+      s.insert(0, static_cast<size_t>(max_width_) - s.size(), ' ');
     return s;
   }
 
@@ -110,7 +111,10 @@ class Formatter {
 class Printer {
  public:
   Printer(const Tensor& t, const PrintOptions& options)
-      : t_(t), opts_(options), summarize_(t.numel() > options.threshold), strides_(t.shape().size(), 1) {
+      : t_(t),
+        opts_(options),
+        summarize_(t.numel() > options.threshold),
+        strides_(t.shape().size(), 1) {
     const Shape& s = t.shape();
     for (size_t d = s.size(); d-- > 1;) strides_[d - 1] = strides_[d] * s[d];
   }
@@ -167,10 +171,12 @@ class Printer {
   }
 
   // _vector_str: one row, wrapped at linewidth.
-  std::string vector_str(const Formatter& f, int64_t offset, int64_t n, bool cut, int indent) const {
+  std::string vector_str(const Formatter& f, int64_t offset, int64_t n, bool cut,
+                         int indent) const {
     const int element_length = f.width() + 2;  // ", " between elements
-    const int per_line = std::max(
-        1, static_cast<int>(std::floor(static_cast<double>(opts_.linewidth - indent) / element_length)));
+    const int per_line =
+        std::max(1, static_cast<int>(std::floor(static_cast<double>(opts_.linewidth - indent) /
+                                                element_length)));
     std::vector<std::string> data;
     const int64_t edge = opts_.edgeitems;
     for (int64_t i = 0; i < n; ++i) {
@@ -211,7 +217,8 @@ class Printer {
 
 // _add_suffixes: ", suffix" on the last line, or on a new line indented under
 // the first "[" when it would pass linewidth.
-std::string add_suffixes(std::string text, const std::vector<std::string>& suffixes, int indent, int linewidth) {
+std::string add_suffixes(std::string text, const std::vector<std::string>& suffixes, int indent,
+                         int linewidth) {
   const auto newline = text.rfind('\n');
   // Python: len(s) - s.rfind("\n") + 1, where rfind gives -1 when there is none.
   int64_t last_line_len = static_cast<int64_t>(text.size()) -

@@ -36,7 +36,9 @@ const json& cases() {
   return all;
 }
 
-Tensor input(const json& c, size_t i) { return attn::test::tensor_from_bits_json(c.at("inputs").at(i)); }
+Tensor input(const json& c, size_t i) {
+  return attn::test::tensor_from_bits_json(c.at("inputs").at(i));
+}
 
 std::vector<Tensor> all_inputs(const json& c) {
   std::vector<Tensor> out;
@@ -72,7 +74,8 @@ Tensor run(const json& c) {
   if (op == "max") return attn::max(input(c, 0), dim(), keepdim());
   if (op == "sum_all") return Tensor(attn::Shape{}, std::vector<float>{attn::sum_all(input(c, 0))});
   if (op == "matmul") return attn::matmul(input(c, 0), input(c, 1));
-  if (op == "dot") return Tensor(attn::Shape{}, std::vector<float>{attn::dot(input(c, 0), input(c, 1))});
+  if (op == "dot")
+    return Tensor(attn::Shape{}, std::vector<float>{attn::dot(input(c, 0), input(c, 1))});
   if (op == "transpose") return attn::transpose(input(c, 0), args.at("dim0"), args.at("dim1"));
   if (op == "t") return attn::t(input(c, 0));
   if (op == "select") return attn::select(input(c, 0), dim(), args.at("i").get<int64_t>());
@@ -134,21 +137,22 @@ void check_ops(const std::set<std::string>& ops) {
         w.abs = std::max(w.abs, err);
         if (y != 0.0f) w.rel = std::max(w.rel, err / std::fabs(static_cast<double>(y)));
       }
-      if (!ok && reported++ < 5) ADD_FAILURE() << "element " << i << ": attn " << x << ", torch " << y;
+      if (!ok && reported++ < 5)
+        ADD_FAILURE() << "element " << i << ": attn " << x << ", torch " << y;
     }
   }
   EXPECT_GT(n, 0) << "no oracle cases for these ops";
   for (const auto& [op, w] : worst) {
-    std::printf("  %-14s %3d cases, largest error: %.3g relative, %.3g absolute\n", op.c_str(), w.cases, w.rel,
-                w.abs);
+    std::printf("  %-14s %3d cases, largest error: %.3g relative, %.3g absolute\n", op.c_str(),
+                w.cases, w.rel, w.abs);
   }
 }
 
 }  // namespace
 
 TEST(OpsTorch, ElementwiseAndBroadcasting) {
-  check_ops({"add", "sub", "mul", "div", "add_scalar", "sub_scalar", "mul_scalar", "div_scalar", "neg", "exp", "sqrt",
-             "iadd"});
+  check_ops({"add", "sub", "mul", "div", "add_scalar", "sub_scalar", "mul_scalar", "div_scalar",
+             "neg", "exp", "sqrt", "iadd"});
 }
 
 TEST(OpsTorch, ReductionsOverEveryDim) { check_ops({"sum", "mean", "max", "sum_all"}); }

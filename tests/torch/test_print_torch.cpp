@@ -13,7 +13,8 @@
 using attn::Tensor;
 
 TEST(PrintTorch, MatchesStrOfEveryOracleTensor) {
-  const nlohmann::json cases = attn::test::read_json(attn::test::oracle_path("print.json")).at("cases");
+  const nlohmann::json cases =
+      attn::test::read_json(attn::test::oracle_path("print.json")).at("cases");
   ASSERT_GE(cases.size(), 80u);
   size_t matched = 0;
   for (const auto& c : cases) {
@@ -36,12 +37,14 @@ TEST(PrintTorch, MatchesStrOfEveryOracleTensor) {
       ADD_FAILURE() << "case " << name << "\n--- torch:\n" << expected << "\n--- attn:\n" << got;
     }
   }
-  std::printf("  %zu of %zu tensors print exactly as PyTorch 1.13 prints them\n", matched, cases.size());
+  std::printf("  %zu of %zu tensors print exactly as PyTorch 1.13 prints them\n", matched,
+              cases.size());
   EXPECT_EQ(matched, cases.size());
 }
 
 TEST(PrintTorch, StreamOperatorUsesDefaultOptions) {
-  const nlohmann::json cases = attn::test::read_json(attn::test::oracle_path("print.json")).at("cases");
+  const nlohmann::json cases =
+      attn::test::read_json(attn::test::oracle_path("print.json")).at("cases");
   for (const auto& c : cases) {
     if (c.at("name") != "spec_inputs") continue;
     std::ostringstream os;

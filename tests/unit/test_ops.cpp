@@ -27,7 +27,8 @@ void expect_error(F call, const std::string& message) {
   }
 }
 
-void expect_values(const Tensor& t, const Shape& shape, const std::vector<float>& values, float tol = 0.0f) {
+void expect_values(const Tensor& t, const Shape& shape, const std::vector<float>& values,
+                   float tol = 0.0f) {
   ASSERT_EQ(t.shape(), shape) << attn::shape_str(t.shape());
   ASSERT_EQ(t.numel(), static_cast<int64_t>(values.size()));
   for (size_t i = 0; i < values.size(); ++i) {
@@ -38,8 +39,8 @@ void expect_values(const Tensor& t, const Shape& shape, const std::vector<float>
 
 // The 6x3 example input of the SPEC.
 Tensor inputs() {
-  return Tensor::of({6, 3}, {0.43f, 0.15f, 0.89f, 0.55f, 0.87f, 0.66f, 0.57f, 0.85f, 0.64f, 0.22f, 0.58f, 0.33f,
-                             0.77f, 0.25f, 0.10f, 0.05f, 0.80f, 0.55f});
+  return Tensor::of({6, 3}, {0.43f, 0.15f, 0.89f, 0.55f, 0.87f, 0.66f, 0.57f, 0.85f, 0.64f, 0.22f,
+                             0.58f, 0.33f, 0.77f, 0.25f, 0.10f, 0.05f, 0.80f, 0.55f});
 }
 
 }  // namespace
@@ -85,10 +86,14 @@ TEST(Ops, BroadcastingFollowsNumPyRules) {
 
 TEST(Ops, BroadcastingErrorsNameTheShapes) {
   expect_error<std::invalid_argument>(
-      [] { attn::add(Tensor({2, 3}), Tensor({4})); },
+      [] {
+        attn::add(Tensor({2, 3}), Tensor({4}));
+      },
       "add: shapes (2, 3) and (4,) cannot be broadcast (size 3 vs 4 at dim 1)");
   expect_error<std::invalid_argument>(
-      [] { attn::mul(Tensor({2, 3, 4}), Tensor({5, 1})); },
+      [] {
+        attn::mul(Tensor({2, 3, 4}), Tensor({5, 1}));
+      },
       "mul: shapes (2, 3, 4) and (5, 1) cannot be broadcast (size 3 vs 5 at dim 1)");
   expect_error<std::invalid_argument>(
       [] {
@@ -121,8 +126,11 @@ TEST(Ops, Reductions) {
                                   "sum: dim 2 out of range for shape (2, 3) (expected -2 to 1)");
   expect_error<std::out_of_range>([&] { attn::mean(a, -3); },
                                   "mean: dim -3 out of range for shape (2, 3) (expected -2 to 1)");
-  expect_error<std::invalid_argument>([] { attn::max(Tensor({2, 0}), 1); },
-                                      "max: cannot reduce dim 1 of size 0 in shape (2, 0)");
+  expect_error<std::invalid_argument>(
+      [] {
+        attn::max(Tensor({2, 0}), 1);
+      },
+      "max: cannot reduce dim 1 of size 0 in shape (2, 0)");
 }
 
 TEST(Ops, MatmulShapes) {
@@ -157,17 +165,25 @@ TEST(Ops, MatmulShapes) {
 }
 
 TEST(Ops, MatmulErrorsNameTheShapes) {
-  expect_error<std::invalid_argument>([] { attn::matmul(Tensor({6, 3}), Tensor({2, 3})); },
-                                      "matmul: inner dims differ: (6, 3) @ (2, 3)");
+  expect_error<std::invalid_argument>(
+      [] {
+        attn::matmul(Tensor({6, 3}), Tensor({2, 3}));
+      },
+      "matmul: inner dims differ: (6, 3) @ (2, 3)");
   expect_error<std::invalid_argument>([] { attn::matmul(Tensor({3}), Tensor({4})); },
                                       "matmul: inner dims differ: (3,) @ (4,)");
   expect_error<std::invalid_argument>(
-      [] { attn::matmul(Tensor({2, 6, 3}), Tensor({3, 3, 2})); },
+      [] {
+        attn::matmul(Tensor({2, 6, 3}), Tensor({3, 3, 2}));
+      },
       "matmul: batch dims (2,) and (3,) cannot be broadcast: (2, 6, 3) @ (3, 3, 2)");
   expect_error<std::invalid_argument>([] { attn::matmul(Tensor(Shape{}), Tensor({3})); },
                                       "matmul: both arguments need at least 1 dim, got () @ (3,)");
-  expect_error<std::invalid_argument>([] { attn::dot(Tensor({3}), Tensor({2, 3})); },
-                                      "dot: expects two 1-D tensors of equal length, got (3,) and (2, 3)");
+  expect_error<std::invalid_argument>(
+      [] {
+        attn::dot(Tensor({3}), Tensor({2, 3}));
+      },
+      "dot: expects two 1-D tensors of equal length, got (3,) and (2, 3)");
 }
 
 TEST(Ops, TransposeAndT) {
@@ -185,10 +201,14 @@ TEST(Ops, TransposeAndT) {
         for (int64_t d = 0; d < 5; ++d) EXPECT_EQ(y.at({b, h, t, d}), x.at({b, t, h, d}));
   // Transposing twice gives the input back.
   EXPECT_EQ(attn::transpose(attn::transpose(x, 0, 3), 0, 3).values(), x.values());
-  expect_error<std::invalid_argument>([] { attn::t(Tensor({2, 2, 2})); },
-                                      "t: expects a tensor with <= 2 dims, got (2, 2, 2)");
-  expect_error<std::out_of_range>([&] { attn::transpose(a, 0, 2); },
-                                  "transpose: dim 2 out of range for shape (2, 3) (expected -2 to 1)");
+  expect_error<std::invalid_argument>(
+      [] {
+        attn::t(Tensor({2, 2, 2}));
+      },
+      "t: expects a tensor with <= 2 dims, got (2, 2, 2)");
+  expect_error<std::out_of_range>(
+      [&] { attn::transpose(a, 0, 2); },
+      "transpose: dim 2 out of range for shape (2, 3) (expected -2 to 1)");
 }
 
 TEST(Ops, SelectSliceCatStack) {
@@ -199,8 +219,9 @@ TEST(Ops, SelectSliceCatStack) {
   expect_values(attn::slice(x, 0, 4, 100), {2, 3}, {0.77f, 0.25f, 0.10f, 0.05f, 0.80f, 0.55f});
   expect_values(attn::slice(x, 1, -1, 3), {6, 1}, {0.89f, 0.66f, 0.64f, 0.33f, 0.10f, 0.55f});
   EXPECT_EQ(attn::slice(x, 0, 3, 1).shape(), (Shape{0, 3}));
-  expect_error<std::out_of_range>([&] { attn::select(x, 6); },
-                                  "select: index 6 out of range for dim 0 of size 6 (shape (6, 3))");
+  expect_error<std::out_of_range>(
+      [&] { attn::select(x, 6); },
+      "select: index 6 out of range for dim 0 of size 6 (shape (6, 3))");
   expect_error<std::out_of_range>([&] { attn::select(x, 2, 0); },
                                   "select: dim 2 out of range for shape (6, 3) (expected -2 to 1)");
 
@@ -210,26 +231,35 @@ TEST(Ops, SelectSliceCatStack) {
   expect_values(attn::cat({a, attn::t(b)}, 0), {3, 2}, {1, 2, 3, 4, 5, 6});
   expect_values(attn::cat({Tensor(), a}, -1), {2, 2}, {1, 2, 3, 4});  // (0,) is skipped
   expect_error<std::invalid_argument>(
-      [&] { attn::cat({a, b}, 0); },
+      [&] {
+        attn::cat({a, b}, 0);
+      },
       "cat: sizes must match except in dim 0: (2, 2) (tensor 0) and (2, 1) (tensor 1)");
-  expect_error<std::invalid_argument>([] { attn::cat({}, 0); }, "cat: expects a non-empty list of tensors");
+  expect_error<std::invalid_argument>([] { attn::cat({}, 0); },
+                                      "cat: expects a non-empty list of tensors");
 
   expect_values(attn::stack({a, a * 10.0f}), {2, 2, 2}, {1, 2, 3, 4, 10, 20, 30, 40});
   expect_values(attn::stack({a, a * 10.0f}, -1), {2, 2, 2}, {1, 10, 2, 20, 3, 30, 4, 40});
   expect_values(attn::stack({a, a * 10.0f}, 1), {2, 2, 2}, {1, 2, 10, 20, 3, 4, 30, 40});
   expect_error<std::invalid_argument>(
-      [&] { attn::stack({a, b}); },
+      [&] {
+        attn::stack({a, b});
+      },
       "stack: expects tensors of equal shape, got (2, 2) (tensor 0) and (2, 1) (tensor 1)");
-  expect_error<std::out_of_range>([&] { attn::stack({a, a}, 3); },
-                                  "stack: dim 3 out of range for shape (2, 2, 1) (expected -3 to 2)");
+  expect_error<std::out_of_range>(
+      [&] {
+        attn::stack({a, a}, 3);
+      },
+      "stack: dim 3 out of range for shape (2, 2, 1) (expected -3 to 2)");
 
   EXPECT_EQ(attn::unsqueeze(a, 0).shape(), (Shape{1, 2, 2}));
   EXPECT_EQ(attn::unsqueeze(a, -1).shape(), (Shape{2, 2, 1}));
   EXPECT_EQ(attn::unsqueeze(a, 1).shape(), (Shape{2, 1, 2}));
   EXPECT_EQ(attn::squeeze(attn::unsqueeze(a, 1), 1).shape(), (Shape{2, 2}));
   EXPECT_EQ(attn::squeeze(a, 0).shape(), (Shape{2, 2}));  // size 2: unchanged
-  expect_error<std::out_of_range>([&] { attn::unsqueeze(a, 3); },
-                                  "unsqueeze: dim 3 out of range for shape (2, 2) (expected -3 to 2)");
+  expect_error<std::out_of_range>(
+      [&] { attn::unsqueeze(a, 3); },
+      "unsqueeze: dim 3 out of range for shape (2, 2) (expected -3 to 2)");
 }
 
 TEST(Ops, TrilTriuMaskedFill) {
@@ -248,18 +278,25 @@ TEST(Ops, TrilTriuMaskedFill) {
   Tensor mask = attn::triu(Tensor::ones({2, 2}), 1);
   Tensor filled = attn::masked_fill(scores, mask, -kInf);
   expect_values(filled, {2, 2, 2}, {0, -kInf, 2, 3, 4, -kInf, 6, 7});
-  expect_error<std::invalid_argument>([&] { attn::masked_fill(scores, Tensor({3, 3}), 0.0f); },
-                                      "masked_fill: mask of shape (3, 3) does not broadcast to the shape (2, 2, 2)");
-  expect_error<std::invalid_argument>([&] { attn::masked_fill(Tensor({2, 2}), Tensor({2, 2, 2}), 0.0f); },
-                                      "masked_fill: mask of shape (2, 2, 2) does not broadcast to the shape (2, 2)");
+  expect_error<std::invalid_argument>(
+      [&] {
+        attn::masked_fill(scores, Tensor({3, 3}), 0.0f);
+      },
+      "masked_fill: mask of shape (3, 3) does not broadcast to the shape (2, 2, 2)");
+  expect_error<std::invalid_argument>(
+      [&] {
+        attn::masked_fill(Tensor({2, 2}), Tensor({2, 2, 2}), 0.0f);
+      },
+      "masked_fill: mask of shape (2, 2, 2) does not broadcast to the shape (2, 2)");
 }
 
 TEST(Ops, SoftmaxAndNormalisations) {
   // softmax([1, 2, 3]) = e^(x - 3) / (e^-2 + e^-1 + 1).
   const double z = std::exp(-2.0) + std::exp(-1.0) + 1.0;
   Tensor s = attn::softmax(Tensor::of({3}, {1, 2, 3}), 0);
-  expect_values(s, {3}, {static_cast<float>(std::exp(-2.0) / z), static_cast<float>(std::exp(-1.0) / z),
-                         static_cast<float>(1.0 / z)},
+  expect_values(s, {3},
+                {static_cast<float>(std::exp(-2.0) / z), static_cast<float>(std::exp(-1.0) / z),
+                 static_cast<float>(1.0 / z)},
                 1e-7f);
   // Over dim 0 of a (2, 2): columns sum to 1.
   Tensor c = attn::softmax(Tensor::of({2, 2}, {0, 5, 0, 5}), 0);
@@ -276,7 +313,11 @@ TEST(Ops, SoftmaxAndNormalisations) {
   Tensor all_masked = attn::softmax(Tensor::of({2, 2}, {-kInf, -kInf, 1, 1}), 1);
   EXPECT_TRUE(std::isnan(all_masked[0]) && std::isnan(all_masked[1]));
   EXPECT_EQ(all_masked[2], 0.5f);
-  expect_values(attn::normalize_sum(Tensor::of({2, 2}, {1, 3, 2, 2}), 1), {2, 2}, {0.25f, 0.75f, 0.5f, 0.5f});
-  expect_error<std::out_of_range>([] { attn::softmax(Tensor({2, 3}), 2); },
-                                  "softmax: dim 2 out of range for shape (2, 3) (expected -2 to 1)");
+  expect_values(attn::normalize_sum(Tensor::of({2, 2}, {1, 3, 2, 2}), 1), {2, 2},
+                {0.25f, 0.75f, 0.5f, 0.5f});
+  expect_error<std::out_of_range>(
+      [] {
+        attn::softmax(Tensor({2, 3}), 2);
+      },
+      "softmax: dim 2 out of range for shape (2, 3) (expected -2 to 1)");
 }
