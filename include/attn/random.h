@@ -33,7 +33,7 @@ class Generator {
   uint32_t random();    // one tempered MT19937 output
   uint64_t random64();  // (first << 32) | second
 
-  float uniform_float(float from = 0.0f, float to = 1.0f);  // one draw
+  float uniform_float(float from = 0.0f, float to = 1.0f);    // one draw
   double uniform_double(double from = 0.0, double to = 1.0);  // two draws
   // PyTorch's scalar normal (at::normal_distribution<double>): Box-Muller with
   // the second value cached until used or until manual_seed.

@@ -4,7 +4,7 @@
 // refer to it. Built with -ffp-contract=off: a multiply-add that PyTorch's
 // build fuses is written as std::fma / std::fmaf, every other one is rounded
 // twice, as in PyTorch.
-#include "attn/random.h"
+#include <fmt/format.h>
 
 #include <charconv>
 #include <cmath>
@@ -12,16 +12,15 @@
 #include <stdexcept>
 #include <vector>
 
-#include <fmt/format.h>
-
+#include "attn/random.h"
 #include "random/cephes.h"
 
 namespace attn {
 
 namespace {
 
-constexpr int kM = 397;                      // MT19937's middle offset
-constexpr uint32_t kMatrixA = 0x9908b0dfu;   // the twist matrix
+constexpr int kM = 397;                     // MT19937's middle offset
+constexpr uint32_t kMatrixA = 0x9908b0dfu;  // the twist matrix
 constexpr uint32_t kUpperMask = 0x80000000u;
 constexpr uint32_t kLowerMask = 0x7fffffffu;
 constexpr uint32_t kLow24 = (1u << 24) - 1;
@@ -29,7 +28,7 @@ constexpr uint64_t kLow53 = (uint64_t{1} << 53) - 1;
 constexpr float kTwoPow24Inv = 1.0f / static_cast<float>(1u << 24);
 constexpr double kTwoPow53Inv = 1.0 / static_cast<double>(uint64_t{1} << 53);
 constexpr double kTwoPi = 2.0 * 3.14159265358979323846;  // c10::pi<double> * 2
-constexpr int64_t kNormalBlock = 16;  // normal_fill_16: 8 (radius, angle) pairs
+constexpr int64_t kNormalBlock = 16;                     // normal_fill_16: 8 (radius, angle) pairs
 
 // The double a user most likely meant by float p: the shortest decimal that
 // reads back as p (0.1f -> 0.1), as Python would hand it to torch. This keeps
@@ -148,8 +147,8 @@ Tensor randn(const Shape& shape, Generator& gen) {
 
 void uniform_(Tensor& t, float from, float to, Generator& gen) {
   if (!(from <= to)) {
-    throw std::invalid_argument(
-        fmt::format("uniform_: expects a [from, to) range with from <= to, got from={} and to={}", from, to));
+    throw std::invalid_argument(fmt::format(
+        "uniform_: expects a [from, to) range with from <= to, got from={} and to={}", from, to));
   }
   if (!std::isfinite(to - from)) {
     throw std::invalid_argument(
@@ -167,14 +166,16 @@ void normal_(Tensor& t, float mean, float std, Generator& gen) {
   if (n < kNormalBlock) {
     // PyTorch's element-wise path: Box-Muller in double with a cached second value.
     for (int64_t i = 0; i < n; ++i) {
-      x[i] = static_cast<float>(gen.normal_double(static_cast<double>(mean), static_cast<double>(std)));
+      x[i] = static_cast<float>(
+          gen.normal_double(static_cast<double>(mean), static_cast<double>(std)));
     }
     return;
   }
   // normal_fill_AVX2: all uniforms first, then 16 at a time in place; a ragged
   // tail redraws the last 16 and transforms them again.
   for (int64_t i = 0; i < n; ++i) x[i] = gen.uniform_float();
-  for (int64_t i = 0; i + kNormalBlock <= n; i += kNormalBlock) detail::normal_fill16(x + i, mean, std);
+  for (int64_t i = 0; i + kNormalBlock <= n; i += kNormalBlock)
+    detail::normal_fill16(x + i, mean, std);
   if (n % kNormalBlock != 0) {
     float* tail = x + n - kNormalBlock;  // (16)
     for (int64_t i = 0; i < kNormalBlock; ++i) tail[i] = gen.uniform_float();
@@ -186,7 +187,8 @@ void normal_(Tensor& t, float mean, float std, Generator& gen) {
 
 Tensor dropout_noise(const Shape& shape, float p, Generator& gen) {
   if (!(p >= 0.0f && p <= 1.0f)) {
-    throw std::invalid_argument(fmt::format("dropout: probability p must be in [0, 1], got p={}", p));
+    throw std::invalid_argument(
+        fmt::format("dropout: probability p must be in [0, 1], got p={}", p));
   }
   if (p == 0.0f) return Tensor(shape, 1.0f);
   if (p == 1.0f) return Tensor(shape, 0.0f);
@@ -203,14 +205,16 @@ Tensor dropout_noise(const Shape& shape, float p, Generator& gen) {
 
 void init_linear_(Tensor& weight, Tensor* bias, Generator& gen) {
   if (weight.dim() != 2) {
-    throw std::invalid_argument(fmt::format(
-        "init_linear_: weight must be 2-D (out_features, in_features), got shape {}", shape_str(weight.shape())));
+    throw std::invalid_argument(
+        fmt::format("init_linear_: weight must be 2-D (out_features, in_features), got shape {}",
+                    shape_str(weight.shape())));
   }
   const int64_t d_out = weight.size(0);
   const int64_t d_in = weight.size(1);
   if (bias != nullptr && (bias->dim() != 1 || bias->size(0) != d_out)) {
-    throw std::invalid_argument(fmt::format("init_linear_: bias shape {} does not match weight shape {} (expected ({},))",
-                                            shape_str(bias->shape()), shape_str(weight.shape()), d_out));
+    throw std::invalid_argument(
+        fmt::format("init_linear_: bias shape {} does not match weight shape {} (expected ({},))",
+                    shape_str(bias->shape()), shape_str(weight.shape()), d_out));
   }
   // kaiming_uniform_(weight, a=sqrt(5)) in Python's double arithmetic:
   // gain = sqrt(2 / (1 + a^2)), bound = sqrt(3) * gain / sqrt(fan_in),

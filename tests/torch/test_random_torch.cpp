@@ -2,6 +2,7 @@
 // sequences of rand / randn / uniform_ / normal_ / nn.Linear / nn.Embedding /
 // dropout calls after torch.manual_seed and stores every value exactly; this
 // test replays each sequence and compares the bits of every value.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -9,8 +10,6 @@
 #include <iostream>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "attn/random.h"
 #include "oracle.h"
@@ -73,7 +72,8 @@ Output run_op(const json& op, Generator& gen) {
     attn::normal_(weight, 0.0f, 1.0f, gen);
     out.f32 = weight.values();
   } else if (kind == "dropout") {
-    out.f32 = attn::dropout_noise({op.at("n").get<int64_t>()}, op.at("p").get<float>(), gen).values();
+    out.f32 =
+        attn::dropout_noise({op.at("n").get<int64_t>()}, op.at("p").get<float>(), gen).values();
   } else {
     throw std::invalid_argument("random.json: unknown op " + kind);
   }
@@ -127,10 +127,12 @@ TEST(RandomTorch, EverySequenceBitExact) {
         }
         ++compared;
         if (!same && ++mismatches <= 3) {
-          ADD_FAILURE() << name << ", op " << k << " (" << op.dump() << "), value " << i << ": " << detail;
+          ADD_FAILURE() << name << ", op " << k << " (" << op.dump() << "), value " << i << ": "
+                        << detail;
         }
       }
-      EXPECT_EQ(mismatches, 0) << name << ", op " << k << ": " << mismatches << " of " << n << " values differ";
+      EXPECT_EQ(mismatches, 0) << name << ", op " << k << ": " << mismatches << " of " << n
+                               << " values differ";
     }
   }
   std::cout << "[ RandomTorch ] " << compared << " values bit-exact against torch "

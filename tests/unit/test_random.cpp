@@ -49,9 +49,11 @@ int64_t expect_golden(const json& vec, const Tensor& got, const std::string& wha
   for (size_t i = 0; i < hex.size() && i < static_cast<size_t>(got.numel()); ++i) {
     const auto want = static_cast<uint32_t>(std::stoul(hex[i].get<std::string>(), nullptr, 16));
     // The %.9g text and the bit pattern in the file must agree.
-    EXPECT_EQ(bits_of(std::strtof(text[i].get<std::string>().c_str(), nullptr)), want) << what << " value " << i;
+    EXPECT_EQ(bits_of(std::strtof(text[i].get<std::string>().c_str(), nullptr)), want)
+        << what << " value " << i;
     EXPECT_EQ(bits_of(got[static_cast<int64_t>(i)]), want)
-        << what << " value " << i << ": got " << got[static_cast<int64_t>(i)] << ", torch " << text[i];
+        << what << " value " << i << ": got " << got[static_cast<int64_t>(i)] << ", torch "
+        << text[i];
     ++compared;
   }
   return compared;
@@ -85,7 +87,10 @@ TEST(RandomGolden, EveryVectorBitExact) {
   using Replay = std::function<Tensor(Generator&)>;
   const std::map<std::string, Replay> tensor_vectors = {
       {"rand_20", [](Generator& g) { return attn::rand({20}, g); }},
-      {"rand_3x2", [](Generator& g) { return attn::rand({3, 2}, g); }},
+      {"rand_3x2",
+       [](Generator& g) {
+         return attn::rand({3, 2}, g);
+       }},
       {"rand_3x2_three_times",
        [](Generator& g) {
          std::vector<Tensor> w;
@@ -115,8 +120,14 @@ TEST(RandomGolden, EveryVectorBitExact) {
          for (Tensor& t : w) attn::init_linear_(t, nullptr, g);
          return concat(w, {3, 2, 3});
        }},
-      {"dropout_0.5_ones_6x6", [](Generator& g) { return attn::dropout_noise({6, 6}, 0.5f, g); }},
-      {"dropout_0.1_ones_4x5", [](Generator& g) { return attn::dropout_noise({4, 5}, 0.1f, g); }},
+      {"dropout_0.5_ones_6x6",
+       [](Generator& g) {
+         return attn::dropout_noise({6, 6}, 0.5f, g);
+       }},
+      {"dropout_0.1_ones_4x5",
+       [](Generator& g) {
+         return attn::dropout_noise({4, 5}, 0.1f, g);
+       }},
   };
 
   int64_t compared = 0;
@@ -137,7 +148,8 @@ TEST(RandomGolden, EveryVectorBitExact) {
         for (const json& want : vec.at("values")) {
           // 17 significant digits read back to the exact double.
           const double w = std::strtod(want.get<std::string>().c_str(), nullptr);
-          EXPECT_EQ(std::bit_cast<uint64_t>(g.uniform_double()), std::bit_cast<uint64_t>(w)) << what;
+          EXPECT_EQ(std::bit_cast<uint64_t>(g.uniform_double()), std::bit_cast<uint64_t>(w))
+              << what;
           ++compared;
         }
       } else if (key == "linear_3_2") {
@@ -176,8 +188,10 @@ TEST(RandomGolden, EveryVectorBitExact) {
       ADD_FAILURE() << "golden vector without a check: " << key;
     }
   }
-  EXPECT_EQ(compared, golden_value_count(golden)) << "some values of the golden file were not compared";
-  std::cout << "[ RandomGolden ] " << compared << " values in " << vectors << " vectors bit-exact\n";
+  EXPECT_EQ(compared, golden_value_count(golden))
+      << "some values of the golden file were not compared";
+  std::cout << "[ RandomGolden ] " << compared << " values in " << vectors
+            << " vectors bit-exact\n";
 }
 
 // ---- seeding and the engine ----------------------------------------------------------
@@ -230,7 +244,9 @@ TEST(Random, FreeFunctionsUseTheDefaultGenerator) {
 // ---- draw counts ---------------------------------------------------------------
 
 // Whether a and b are at the same point of their streams (same seed assumed).
-bool same_position(Generator& a, Generator& b) { return a.random() == b.random() && a.random() == b.random(); }
+bool same_position(Generator& a, Generator& b) {
+  return a.random() == b.random() && a.random() == b.random();
+}
 
 TEST(Random, DrawCounts) {
   Generator g(5);
@@ -371,7 +387,8 @@ TEST(Random, CephesLogIsAccurate) {
   for (uint32_t k = 1; k <= (1u << 24); k += 997) {
     const float x = static_cast<float>(k) * 0x1p-24f;
     const double exact = std::log(static_cast<double>(x));
-    const double err = std::fabs(attn::detail::cephes_logf(x) - exact) / std::max(std::fabs(exact), 1e-30);
+    const double err =
+        std::fabs(attn::detail::cephes_logf(x) - exact) / std::max(std::fabs(exact), 1e-30);
     worst = std::max(worst, err);
   }
   EXPECT_LT(worst, 4e-7);
@@ -416,8 +433,9 @@ TEST(Random, BadInputNamesTheValues) {
             "dropout: probability p must be in [0, 1], got p=-0.1");
   EXPECT_EQ(message_of([&] { attn::dropout_noise({3}, 1.5f, g); }),
             "dropout: probability p must be in [0, 1], got p=1.5");
-  EXPECT_EQ(message_of([&] { attn::dropout_noise({3}, std::numeric_limits<float>::quiet_NaN(), g); }),
-            "dropout: probability p must be in [0, 1], got p=nan");
+  EXPECT_EQ(
+      message_of([&] { attn::dropout_noise({3}, std::numeric_limits<float>::quiet_NaN(), g); }),
+      "dropout: probability p must be in [0, 1], got p=nan");
 
   Tensor v({6});
   EXPECT_EQ(message_of([&] { attn::init_linear_(v, nullptr, g); }),
@@ -437,7 +455,8 @@ TEST(Random, BadInputNamesTheValues) {
             "uniform_: expects a [from, to) range with from <= to, got from=1 and to=0.5");
   EXPECT_EQ(message_of([&] { attn::uniform_(w, -3e38f, 3e38f, g); }),
             "uniform_: to - from must be finite, got from=-3e+38 and to=3e+38");
-  EXPECT_EQ(message_of([&] { attn::normal_(w, 0.0f, -1.0f, g); }), "normal_: expects std >= 0, got std=-1");
+  EXPECT_EQ(message_of([&] { attn::normal_(w, 0.0f, -1.0f, g); }),
+            "normal_: expects std >= 0, got std=-1");
   EXPECT_THROW(attn::rand({-1, 2}, g), std::invalid_argument);
 }
 
