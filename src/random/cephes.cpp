@@ -82,7 +82,7 @@ float cephes_logf(float x) {
   y = std::fmaf(y, z, e * kLogQ1);  // y * x * z + e * q1, fused as GCC fuses it
   y = y - z * 0.5f;                 // z * 0.5 is exact: fused or not, same bits
   x = x + y;
-  x = x + e * kLogQ2;               // e * q2 is exact
+  x = x + e * kLogQ2;  // e * q2 is exact
 
   if (invalid) return from_bits(0xffffffffu);  // x | all-ones mask: a NaN
   return x;
