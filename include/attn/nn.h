@@ -103,6 +103,7 @@ class Dropout : public Module {
   // drop attention weights inside ref::attention_forward.
   Tensor sample_noise(const Shape& shape);
   const DropoutOptions& options() const { return options_; }
+
  private:
   DropoutOptions options_;
   Generator* gen_;
@@ -119,7 +120,7 @@ class Embedding : public Module {
  public:
   explicit Embedding(const EmbeddingOptions& options, Generator& gen = default_generator());
   // indices (any shape, integral values stored as float or given as int64) -> (..., dim).
-  Tensor forward(const std::vector<int64_t>& indices);  // (N) -> (N, dim)
+  Tensor forward(const std::vector<int64_t>& indices);                      // (N) -> (N, dim)
   Tensor forward(const std::vector<int64_t>& indices, const Shape& shape);  // shape + (dim)
   // Accumulates weight.grad rows; there is no input gradient for indices.
   void backward(const Tensor& dy);
@@ -134,19 +135,21 @@ class Embedding : public Module {
 
 struct SelfAttentionOptions {
   int64_t d_in = 0;
-  int64_t d_out = 0;     // query/key width d_k (and value width unless d_v is set)
-  int64_t d_v = 0;       // value width; 0 means d_out
-  bool qkv_bias = false; // v2 only
+  int64_t d_out = 0;      // query/key width d_k (and value width unless d_v is set)
+  int64_t d_v = 0;        // value width; 0 means d_out
+  bool qkv_bias = false;  // v2 only
 };
 // SelfAttention_v1: W_query, W_key (d_in, d_out), W_value (d_in, d_v) plain
 // parameters from torch.rand, drawn in that order; Q = X W_query etc.
 // Input (T, d_in) or (B, T, d_in); output (..., T, d_v).
 class SelfAttentionV1 : public Module {
  public:
-  explicit SelfAttentionV1(const SelfAttentionOptions& options, Generator& gen = default_generator());
+  explicit SelfAttentionV1(const SelfAttentionOptions& options,
+                           Generator& gen = default_generator());
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
   Parameter W_query, W_key, W_value;
+
  private:
   SelfAttentionOptions options_;
   Tensor x_, q_, k_, v_;
@@ -158,10 +161,12 @@ class SelfAttentionV1 : public Module {
 // (d_in -> d_v), optional bias, created in that order.
 class SelfAttentionV2 : public Module {
  public:
-  explicit SelfAttentionV2(const SelfAttentionOptions& options, Generator& gen = default_generator());
+  explicit SelfAttentionV2(const SelfAttentionOptions& options,
+                           Generator& gen = default_generator());
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
   Linear W_query, W_key, W_value;
+
  private:
   SelfAttentionOptions options_;
   Tensor q_, k_, v_;
@@ -184,7 +189,8 @@ struct CausalAttentionOptions {
 // Input (B, T, d_in) with T <= context_length; output (B, T, d_out).
 class CausalAttention : public Module {
  public:
-  explicit CausalAttention(const CausalAttentionOptions& options, Generator& gen = default_generator());
+  explicit CausalAttention(const CausalAttentionOptions& options,
+                           Generator& gen = default_generator());
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
   const CausalAttentionOptions& options() const { return options_; }
@@ -217,6 +223,7 @@ class MultiHeadAttentionWrapper : public Module {
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
   std::vector<std::unique_ptr<CausalAttention>> heads;
+
  private:
   MultiHeadAttentionOptions options_;
   bool has_forward_ = false;
@@ -247,11 +254,11 @@ class MultiHeadAttention : public Module {
 // ---- 5. the character-level GPT's head -----------------------------------------------
 
 struct HeadOptions {
-  int64_t n_embd = 0;      // C, the input width
+  int64_t n_embd = 0;  // C, the input width
   int64_t head_size = 0;
   int64_t block_size = 0;  // context_length
   float dropout = 0.0f;
-  bool causal = true;      // decoder head (mask the future) or encoder head
+  bool causal = true;  // decoder head (mask the future) or encoder head
 };
 // Head: key, query, value = Linear(n_embd, head_size, bias=False) created in that
 // order; weights = q kᵀ · head_size^-0.5, future masked when causal, softmax,
@@ -263,6 +270,7 @@ class Head : public Module {
   Tensor backward(const Tensor& dy);
   Linear key, query, value;
   Dropout dropout;
+
  private:
   HeadOptions options_;
   Tensor q_, k_, v_;
@@ -289,6 +297,7 @@ class MultiHead : public Module {
   std::vector<std::unique_ptr<Head>> heads;
   Linear proj;
   Dropout dropout;
+
  private:
   MultiHeadOptions options_;
   bool has_forward_ = false;

@@ -1,8 +1,8 @@
 // The character-level GPT's attention head and its multi-head form (section 5).
+#include <fmt/format.h>
+
 #include <cmath>
 #include <stdexcept>
-
-#include <fmt/format.h>
 
 #include "attn/nn.h"
 #include "attn/ops.h"
@@ -32,15 +32,18 @@ const MultiHeadOptions& checked(const MultiHeadOptions& o) {
 
 // weights = q kᵀ · head_size^-0.5, the future masked for a decoder head.
 ref::AttentionOptions head_attention(const HeadOptions& o) {
-  return {.causal = o.causal, .scale = static_cast<float>(std::pow(static_cast<double>(o.head_size), -0.5))};
+  return {.causal = o.causal,
+          .scale = static_cast<float>(std::pow(static_cast<double>(o.head_size), -0.5))};
 }
 
 std::vector<std::unique_ptr<Head>> make_heads(const MultiHeadOptions& o, Generator& gen) {
   checked(o);
   std::vector<std::unique_ptr<Head>> heads;
   for (int64_t h = 0; h < o.num_heads; ++h) {
-    heads.push_back(std::make_unique<Head>(HeadOptions{.n_embd = o.n_embd, .head_size = o.head_size,
-                                                       .block_size = o.block_size, .dropout = o.dropout,
+    heads.push_back(std::make_unique<Head>(HeadOptions{.n_embd = o.n_embd,
+                                                       .head_size = o.head_size,
+                                                       .block_size = o.block_size,
+                                                       .dropout = o.dropout,
                                                        .causal = o.causal},
                                            gen));
   }
@@ -65,21 +68,24 @@ Head::Head(const HeadOptions& options, Generator& gen)
 
 Tensor Head::forward(const Tensor& x) {
   // Only a decoder head is limited by its tril buffer of block_size tokens.
-  check_btd("Head", x, {"n_embd", options_.n_embd}, {"block_size", options_.causal ? options_.block_size : 0});
+  check_btd("Head", x, {"n_embd", options_.n_embd},
+            {"block_size", options_.causal ? options_.block_size : 0});
   const int64_t B = x.size(0), T = x.size(1);
-  k_ = key.forward(x);    // (B, T, head_size)
-  q_ = query.forward(x);  // (B, T, head_size)
-  v_ = value.forward(x);  // (B, T, head_size)
+  k_ = key.forward(x);                                   // (B, T, head_size)
+  q_ = query.forward(x);                                 // (B, T, head_size)
+  v_ = value.forward(x);                                 // (B, T, head_size)
   const Tensor noise = dropout.sample_noise({B, T, T});  // (B, T, T), empty when off
   has_forward_ = true;
-  return ref::attention_forward(q_, k_, v_, head_attention(options_), noise.empty() ? nullptr : &noise,
+  return ref::attention_forward(q_, k_, v_, head_attention(options_),
+                                noise.empty() ? nullptr : &noise,
                                 &saved_);  // (B, T, head_size)
 }
 
 Tensor Head::backward(const Tensor& dy) {
   require_forward(has_forward_, "Head");
   check_grad("Head", dy, q_.shape());
-  const ref::AttentionGrads g = ref::attention_backward(dy, q_, k_, v_, saved_, head_attention(options_));
+  const ref::AttentionGrads g =
+      ref::attention_backward(dy, q_, k_, v_, saved_, head_attention(options_));
   Tensor dx = key.backward(g.dk);
   dx += query.backward(g.dq);
   dx += value.backward(g.dv);
@@ -93,7 +99,8 @@ MultiHead::MultiHead(const MultiHeadOptions& options, Generator& gen)
       proj({options.num_heads * options.head_size, options.n_embd, true}, gen),
       dropout({options.dropout}, gen),
       options_(options) {
-  for (size_t h = 0; h < heads.size(); ++h) register_module(fmt::format("heads.{}", h), heads[h].get());
+  for (size_t h = 0; h < heads.size(); ++h)
+    register_module(fmt::format("heads.{}", h), heads[h].get());
   register_module("proj", &proj);
   register_module("dropout", &dropout);
 }

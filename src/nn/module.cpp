@@ -1,9 +1,9 @@
 // The Module base (modes, named parameters) and the building blocks Linear,
 // Dropout and Embedding.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <stdexcept>
-
-#include <fmt/format.h>
 
 #include "attn/nn.h"
 #include "attn/ops.h"
@@ -76,7 +76,7 @@ const LinearOptions& checked(const LinearOptions& o) {
 
 Linear::Linear(const LinearOptions& options, Generator& gen) : options_(checked(options)) {
   weight.value = Tensor({options_.out_features, options_.in_features});  // (out, in)
-  if (options_.bias) bias.value = Tensor({options_.out_features});      // (out)
+  if (options_.bias) bias.value = Tensor({options_.out_features});       // (out)
   init_linear_(weight.value, options_.bias ? &bias.value : nullptr, gen);
   register_parameter("weight", &weight);
   if (options_.bias) register_parameter("bias", &bias);
@@ -84,8 +84,9 @@ Linear::Linear(const LinearOptions& options, Generator& gen) : options_(checked(
 
 Tensor Linear::forward(const Tensor& x) {
   if (x.dim() < 1 || x.size(-1) != options_.in_features) {
-    throw std::invalid_argument(fmt::format("Linear: input last dim {} does not match in_features {}",
-                                            x.dim() < 1 ? 0 : x.size(-1), options_.in_features));
+    throw std::invalid_argument(
+        fmt::format("Linear: input last dim {} does not match in_features {}",
+                    x.dim() < 1 ? 0 : x.size(-1), options_.in_features));
   }
   x_ = x;
   has_forward_ = true;
@@ -97,7 +98,8 @@ Tensor Linear::backward(const Tensor& dy) {
   Shape y_shape = x_.shape();
   y_shape.back() = options_.out_features;
   detail::check_grad("Linear", dy, y_shape);
-  return ref::linear_backward(dy, x_, weight.value, weight.grad, options_.bias ? &bias.grad : nullptr);
+  return ref::linear_backward(dy, x_, weight.value, weight.grad,
+                              options_.bias ? &bias.grad : nullptr);
 }
 
 // ---- Dropout ------------------------------------------------------------------------
@@ -111,7 +113,8 @@ const DropoutOptions& checked(const DropoutOptions& o) {
 }
 }  // namespace
 
-Dropout::Dropout(const DropoutOptions& options, Generator& gen) : options_(checked(options)), gen_(&gen) {}
+Dropout::Dropout(const DropoutOptions& options, Generator& gen)
+    : options_(checked(options)), gen_(&gen) {}
 
 Tensor Dropout::sample_noise(const Shape& shape) {
   if (!is_training() || options_.p == 0.0f) return Tensor();
@@ -154,14 +157,15 @@ Tensor Embedding::forward(const std::vector<int64_t>& indices) {
 
 Tensor Embedding::forward(const std::vector<int64_t>& indices, const Shape& shape) {
   if (shape_numel(shape) != static_cast<int64_t>(indices.size())) {
-    throw std::invalid_argument(fmt::format("Embedding: {} indices do not fill shape {}", indices.size(),
-                                            shape_str(shape)));
+    throw std::invalid_argument(fmt::format("Embedding: {} indices do not fill shape {}",
+                                            indices.size(), shape_str(shape)));
   }
   const int64_t dim = options_.embedding_dim;
   for (int64_t idx : indices) {
     if (idx < 0 || idx >= options_.num_embeddings) {
-      throw std::invalid_argument(fmt::format("Embedding: index {} is out of range for num_embeddings {}", idx,
-                                              options_.num_embeddings));
+      throw std::invalid_argument(
+          fmt::format("Embedding: index {} is out of range for num_embeddings {}", idx,
+                      options_.num_embeddings));
     }
   }
   Shape out_shape = shape;
@@ -182,8 +186,9 @@ void Embedding::backward(const Tensor& dy) {
   const int64_t dim = options_.embedding_dim;
   const int64_t n_rows = static_cast<int64_t>(indices_.size());
   if (dy.dim() < 1 || dy.size(-1) != dim || dy.numel() != n_rows * dim) {
-    throw std::invalid_argument(fmt::format("Embedding: gradient shape {} does not match {} rows of width {}",
-                                            shape_str(dy.shape()), n_rows, dim));
+    throw std::invalid_argument(
+        fmt::format("Embedding: gradient shape {} does not match {} rows of width {}",
+                    shape_str(dy.shape()), n_rows, dim));
   }
   for (int64_t n = 0; n < n_rows; ++n) {
     float* grad_row = weight.grad.data() + indices_[static_cast<size_t>(n)] * dim;

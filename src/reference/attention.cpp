@@ -4,11 +4,11 @@
 //   S_ij = -inf for j > i when causal     (top-left corner, as triu(ones, 1)[:T_q, :T_k])
 //   A = softmax(S, softmax_dim)           saved for backward
 //   out = (A ⊙ noise) v                   (..., T_q, d_v)
+#include <fmt/format.h>
+
 #include <cmath>
 #include <limits>
 #include <stdexcept>
-
-#include <fmt/format.h>
 
 #include "attn/functional.h"
 #include "attn/ops.h"
@@ -33,18 +33,21 @@ Shape leading(const Tensor& a) { return Shape(a.shape().begin(), a.shape().end()
 int64_t weights_dim(const AttentionOptions& options, int64_t rank) {
   const int64_t dim = options.softmax_dim < 0 ? options.softmax_dim + rank : options.softmax_dim;
   if (dim < 0 || dim >= rank) {
-    throw std::invalid_argument(fmt::format("attention: softmax_dim {} out of range for weights of rank {}",
-                                            options.softmax_dim, rank));
+    throw std::invalid_argument(
+        fmt::format("attention: softmax_dim {} out of range for weights of rank {}",
+                    options.softmax_dim, rank));
   }
   return dim;
 }
 
 void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v) {
   const auto fail = [&](const char* why) {
-    throw std::invalid_argument(fmt::format("attention: {}: q {}, k {}, v {}", why, shape_str(q.shape()),
-                                            shape_str(k.shape()), shape_str(v.shape())));
+    throw std::invalid_argument(fmt::format("attention: {}: q {}, k {}, v {}", why,
+                                            shape_str(q.shape()), shape_str(k.shape()),
+                                            shape_str(v.shape())));
   };
-  if (q.dim() < 2 || k.dim() != q.dim() || v.dim() != q.dim()) fail("q, k, v must have the same rank >= 2");
+  if (q.dim() < 2 || k.dim() != q.dim() || v.dim() != q.dim())
+    fail("q, k, v must have the same rank >= 2");
   if (leading(q) != leading(k) || leading(q) != leading(v)) fail("leading dims differ");
   if (q.size(-1) != k.size(-1)) fail("q and k widths differ");
   if (k.size(-2) != v.size(-2)) fail("k and v token counts differ");
@@ -60,16 +63,17 @@ Tensor apply_scale(const Tensor& scores, const AttentionOptions& options, int64_
 
 }  // namespace
 
-Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
-                         const Tensor* dropout_noise, AttentionSaved* saved) {
+Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                         const AttentionOptions& options, const Tensor* dropout_noise,
+                         AttentionSaved* saved) {
   check_qkv(q, k, v);
   const int64_t T_q = q.size(-2), T_k = k.size(-2), d_k = q.size(-1);
   const int64_t dim = weights_dim(options, q.dim());
   if (options.causal && dim != q.dim() - 1 && T_q < T_k) {
     // Softmax over queries leaves keys j >= T_q with no unmasked entry: all -inf, NaN.
-    throw std::invalid_argument(fmt::format(
-        "attention: causal softmax over dim {} needs T_q >= T_k, got T_q {} and T_k {}", options.softmax_dim,
-        T_q, T_k));
+    throw std::invalid_argument(
+        fmt::format("attention: causal softmax over dim {} needs T_q >= T_k, got T_q {} and T_k {}",
+                    options.softmax_dim, T_q, T_k));
   }
   Tensor scores = apply_scale(matmul(q, transpose(k, -2, -1)), options, d_k);  // (..., T_q, T_k)
   if (options.causal) scores = masked_fill(scores, future_mask_rect(T_q, T_k), kNegInf);
@@ -77,8 +81,9 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
   Tensor out;
   if (dropout_noise != nullptr) {
     if (dropout_noise->shape() != weights.shape()) {
-      throw std::invalid_argument(fmt::format("attention: dropout noise shape {} does not match weights {}",
-                                              shape_str(dropout_noise->shape()), shape_str(weights.shape())));
+      throw std::invalid_argument(
+          fmt::format("attention: dropout noise shape {} does not match weights {}",
+                      shape_str(dropout_noise->shape()), shape_str(weights.shape())));
     }
     out = matmul(weights * *dropout_noise, v);  // (..., T_q, d_v)
   } else {
@@ -91,15 +96,17 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
   return out;
 }
 
-AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                                  const AttentionSaved& saved, const AttentionOptions& options) {
+AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                  const Tensor& v, const AttentionSaved& saved,
+                                  const AttentionOptions& options) {
   check_qkv(q, k, v);
   const int64_t T_q = q.size(-2), T_k = k.size(-2), d_k = q.size(-1);
   Shape out_shape = q.shape();
   out_shape.back() = v.size(-1);
   if (dout.shape() != out_shape) {
-    throw std::invalid_argument(fmt::format("attention_backward: dout shape {} does not match output {}",
-                                            shape_str(dout.shape()), shape_str(out_shape)));
+    throw std::invalid_argument(
+        fmt::format("attention_backward: dout shape {} does not match output {}",
+                    shape_str(dout.shape()), shape_str(out_shape)));
   }
   Shape w_shape = leading(q);
   w_shape.push_back(T_q);
@@ -118,8 +125,8 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Ten
   // out = D v with D = A ⊙ noise:  dD = dout vᵀ,  dv = Dᵀ dout.
   const Tensor D = dropped ? saved.weights * saved.noise : saved.weights;  // (..., T_q, T_k)
   AttentionGrads g;
-  g.dv = matmul(transpose(D, -2, -1), dout);                              // (..., T_k, d_v)
-  Tensor dA = matmul(dout, transpose(v, -2, -1));                         // (..., T_q, T_k)
+  g.dv = matmul(transpose(D, -2, -1), dout);       // (..., T_k, d_v)
+  Tensor dA = matmul(dout, transpose(v, -2, -1));  // (..., T_q, T_k)
   if (dropped) dA = dA * saved.noise;
   // Masked scores have A = 0, so softmax_backward gives them no gradient.
   Tensor dS = softmax_backward(dA, saved.weights, dim);  // (..., T_q, T_k)
@@ -132,17 +139,18 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Ten
 Tensor causal_weights_renormalized(const Tensor& scores, float scale) {
   if (scores.dim() < 2) {
     throw std::invalid_argument(
-        fmt::format("causal_weights_renormalized: scores must be (..., T, T), got {}", shape_str(scores.shape())));
+        fmt::format("causal_weights_renormalized: scores must be (..., T, T), got {}",
+                    shape_str(scores.shape())));
   }
-  const Tensor weights = softmax(scores * scale, -1);        // every key, future included
-  const Tensor masked = tril(weights);                        // zero j > i
-  return masked / sum(masked, -1, /*keepdim=*/true);          // rows sum to 1 again
+  const Tensor weights = softmax(scores * scale, -1);  // every key, future included
+  const Tensor masked = tril(weights);                 // zero j > i
+  return masked / sum(masked, -1, /*keepdim=*/true);   // rows sum to 1 again
 }
 
 Tensor causal_weights_masked(const Tensor& scores, float scale) {
   if (scores.dim() < 2) {
-    throw std::invalid_argument(
-        fmt::format("causal_weights_masked: scores must be (..., T, T), got {}", shape_str(scores.shape())));
+    throw std::invalid_argument(fmt::format(
+        "causal_weights_masked: scores must be (..., T, T), got {}", shape_str(scores.shape())));
   }
   const Tensor mask = future_mask_rect(scores.size(-2), scores.size(-1));  // (T_q, T_k)
   return softmax(masked_fill(scores * scale, mask, kNegInf), -1);          // exp(-inf) = 0

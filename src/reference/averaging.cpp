@@ -1,10 +1,10 @@
 // 5. Averaging the past, the step before attention in a character-level GPT:
 // xbow[b, t] = mean(x[b, 0..t]), by loops, by a normalised lower-triangular
 // matrix, and by softmax over zero scores masked with -inf above the diagonal.
+#include <fmt/format.h>
+
 #include <limits>
 #include <stdexcept>
-
-#include <fmt/format.h>
 
 #include "attn/functional.h"
 #include "attn/ops.h"
@@ -14,8 +14,8 @@ namespace {
 
 void check_btc(const char* fn, const Tensor& x) {
   if (x.dim() < 2 || x.numel() == 0) {
-    throw std::invalid_argument(
-        fmt::format("{}: expected input (B, T, C) or (T, C), got shape {}", fn, shape_str(x.shape())));
+    throw std::invalid_argument(fmt::format("{}: expected input (B, T, C) or (T, C), got shape {}",
+                                            fn, shape_str(x.shape())));
   }
 }
 
@@ -43,9 +43,9 @@ Tensor xbow_loops(const Tensor& x) {
 Tensor xbow_matmul(const Tensor& x) {
   check_btc("xbow_matmul", x);
   const int64_t T = x.size(-2);
-  Tensor wei = tril_ones(T);                       // (T, T)
-  wei = wei / sum(wei, 1, /*keepdim=*/true);       // row t holds 1/(t+1) for s <= t
-  return matmul(wei, x);                           // (T, T) @ (B, T, C) -> (B, T, C)
+  Tensor wei = tril_ones(T);                  // (T, T)
+  wei = wei / sum(wei, 1, /*keepdim=*/true);  // row t holds 1/(t+1) for s <= t
+  return matmul(wei, x);                      // (T, T) @ (B, T, C) -> (B, T, C)
 }
 
 Tensor xbow_softmax(const Tensor& x) {

@@ -1,8 +1,8 @@
 // 1. Simplified self-attention: no trainable weights, scores are plain dot
 // products of the inputs, W = X Xᵀ, A = normalise(W) row-wise, Z = A X.
-#include <stdexcept>
-
 #include <fmt/format.h>
+
+#include <stdexcept>
 
 #include "attn/functional.h"
 #include "attn/ops.h"
@@ -13,17 +13,20 @@ namespace {
 // The three normalisations of the lesson, along the last dim.
 Tensor normalise(const Tensor& scores, Normalization norm) {
   switch (norm) {
-    case Normalization::kSum: return normalize_sum(scores, -1);
-    case Normalization::kSoftmaxNaive: return softmax_naive(scores, -1);
-    case Normalization::kSoftmax: return softmax(scores, -1);
+    case Normalization::kSum:
+      return normalize_sum(scores, -1);
+    case Normalization::kSoftmaxNaive:
+      return softmax_naive(scores, -1);
+    case Normalization::kSoftmax:
+      return softmax(scores, -1);
   }
   throw std::invalid_argument("simplified_attention: unknown normalization");
 }
 
 void check_inputs(const char* fn, const Tensor& inputs) {
   if (inputs.dim() != 2 || inputs.size(0) < 1 || inputs.size(1) < 1) {
-    throw std::invalid_argument(fmt::format("{}: inputs must be (T, d) with T, d >= 1, got shape {}", fn,
-                                            shape_str(inputs.shape())));
+    throw std::invalid_argument(fmt::format(
+        "{}: inputs must be (T, d) with T, d >= 1, got shape {}", fn, shape_str(inputs.shape())));
   }
 }
 
@@ -32,9 +35,9 @@ void check_inputs(const char* fn, const Tensor& inputs) {
 SimplifiedAttention simplified_attention(const Tensor& inputs, Normalization norm) {
   check_inputs("simplified_attention", inputs);
   SimplifiedAttention r;
-  r.scores = matmul(inputs, t(inputs));      // (T, T)  w_ij = x_i · x_j
-  r.weights = normalise(r.scores, norm);     // (T, T)  rows sum to 1
-  r.context = matmul(r.weights, inputs);     // (T, d)  z_i = Σ_j a_ij x_j
+  r.scores = matmul(inputs, t(inputs));   // (T, T)  w_ij = x_i · x_j
+  r.weights = normalise(r.scores, norm);  // (T, T)  rows sum to 1
+  r.context = matmul(r.weights, inputs);  // (T, d)  z_i = Σ_j a_ij x_j
   return r;
 }
 
@@ -42,8 +45,9 @@ SimplifiedAttention simplified_attention_query(const Tensor& inputs, const Tenso
                                                Normalization norm) {
   check_inputs("simplified_attention_query", inputs);
   if (x_query.shape() != Shape{inputs.size(1)}) {
-    throw std::invalid_argument(fmt::format("simplified_attention_query: query shape {} is not ({},)",
-                                            shape_str(x_query.shape()), inputs.size(1)));
+    throw std::invalid_argument(
+        fmt::format("simplified_attention_query: query shape {} is not ({},)",
+                    shape_str(x_query.shape()), inputs.size(1)));
   }
   SimplifiedAttention r;
   r.scores = matmul(inputs, x_query);     // (T)  w_i = x_i · x_q

@@ -1,7 +1,7 @@
 // The gradients of softmax and dropout, the two non-linear steps of attention.
-#include <stdexcept>
-
 #include <fmt/format.h>
+
+#include <stdexcept>
 
 #include "attn/functional.h"
 #include "attn/ops.h"
@@ -12,12 +12,13 @@ namespace attn::ref {
 // dx = y ⊙ (dy − Σ_dim dy ⊙ y).
 Tensor softmax_backward(const Tensor& dy, const Tensor& y, int64_t dim) {
   if (dy.shape() != y.shape()) {
-    throw std::invalid_argument(fmt::format("softmax_backward: dy shape {} does not match y shape {}",
-                                            shape_str(dy.shape()), shape_str(y.shape())));
+    throw std::invalid_argument(
+        fmt::format("softmax_backward: dy shape {} does not match y shape {}",
+                    shape_str(dy.shape()), shape_str(y.shape())));
   }
   if (dim < -y.dim() || dim >= y.dim()) {
-    throw std::invalid_argument(
-        fmt::format("softmax_backward: dim {} out of range for shape {}", dim, shape_str(y.shape())));
+    throw std::invalid_argument(fmt::format("softmax_backward: dim {} out of range for shape {}",
+                                            dim, shape_str(y.shape())));
   }
   if (y.numel() == 0) return Tensor(y.shape());
   const Tensor dot_dy_y = sum(dy * y, dim, /*keepdim=*/true);  // Σ_dim dy ⊙ y, size 1 on dim
@@ -26,8 +27,9 @@ Tensor softmax_backward(const Tensor& dy, const Tensor& y, int64_t dim) {
 
 Tensor dropout_forward(const Tensor& x, const Tensor& noise) {
   if (x.shape() != noise.shape()) {
-    throw std::invalid_argument(fmt::format("dropout_forward: noise shape {} does not match input shape {}",
-                                            shape_str(noise.shape()), shape_str(x.shape())));
+    throw std::invalid_argument(
+        fmt::format("dropout_forward: noise shape {} does not match input shape {}",
+                    shape_str(noise.shape()), shape_str(x.shape())));
   }
   return x * noise;
 }
@@ -35,8 +37,9 @@ Tensor dropout_forward(const Tensor& x, const Tensor& noise) {
 // y = x ⊙ noise, so dx = dy ⊙ noise (dropped elements get no gradient).
 Tensor dropout_backward(const Tensor& dy, const Tensor& noise) {
   if (dy.shape() != noise.shape()) {
-    throw std::invalid_argument(fmt::format("dropout_backward: noise shape {} does not match dy shape {}",
-                                            shape_str(noise.shape()), shape_str(dy.shape())));
+    throw std::invalid_argument(
+        fmt::format("dropout_backward: noise shape {} does not match dy shape {}",
+                    shape_str(noise.shape()), shape_str(dy.shape())));
   }
   return dy * noise;
 }

@@ -8,6 +8,8 @@
 // Forward passes run in float32; the loss is summed in double.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -15,8 +17,6 @@
 #include <iostream>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "attn/nn.h"
 #include "attn/random.h"
@@ -56,15 +56,16 @@ inline double check_tensor_grad(const std::string& what, Tensor& value, const Te
     value.data()[i] = down;
     const double loss_down = loss();
     value.data()[i] = v;
-    const double numerical = (loss_up - loss_down) / (static_cast<double>(up) - static_cast<double>(down));
+    const double numerical =
+        (loss_up - loss_down) / (static_cast<double>(up) - static_cast<double>(down));
     const double err = std::fabs(numerical - analytic.data()[i]);
     worst = std::max(worst, err);
     ++checked;
     EXPECT_LE(err, tol.abs_tol + tol.rel_tol * std::fabs(numerical))
         << what << "[" << i << "]: numerical " << numerical << " analytic " << analytic.data()[i];
   }
-  std::cout << "[gradcheck] " << what << ": max abs err " << worst << " over " << checked << " of " << n
-            << " entries\n";
+  std::cout << "[gradcheck] " << what << ": max abs err " << worst << " over " << checked << " of "
+            << n << " entries\n";
   return worst;
 }
 
@@ -78,8 +79,9 @@ inline Tensor random_tensor(const Shape& shape, uint64_t seed) {
 // backward(dy). `before_forward` runs before every forward (e.g. to reseed the
 // generator so dropout draws the same noise each time).
 template <class M>
-void gradcheck_module(const std::string& name, M& m, Tensor x, const GradTolerance& tol = {},
-                      const std::function<void()>& before_forward = [] {}) {
+void gradcheck_module(
+    const std::string& name, M& m, Tensor x, const GradTolerance& tol = {},
+    const std::function<void()>& before_forward = [] {}) {
   before_forward();
   const Tensor y0 = m.forward(x);
   const Tensor R = random_tensor(y0.shape(), 4242);
@@ -98,7 +100,8 @@ void gradcheck_module(const std::string& name, M& m, Tensor x, const GradToleran
   auto params = m.named_parameters();
   ASSERT_EQ(params.size(), grads.size());
   for (size_t i = 0; i < params.size(); ++i) {
-    check_tensor_grad(name + " " + params[i].first, params[i].second->value, grads[i].second, loss, tol);
+    check_tensor_grad(name + " " + params[i].first, params[i].second->value, grads[i].second, loss,
+                      tol);
   }
 }
 

@@ -22,8 +22,8 @@ TEST(GradcheckReference, SoftmaxBackwardEveryDim) {
     Tensor x = random_tensor({3, 4, 5}, 11);
     const Tensor R = random_tensor({3, 4, 5}, 12);
     const Tensor dx = ref::softmax_backward(R, softmax(x, dim), dim);
-    check_tensor_grad("softmax dim " + std::to_string(dim), x, dx, [&] { return dot_loss(softmax(x, dim), R); },
-                      {});
+    check_tensor_grad("softmax dim " + std::to_string(dim), x, dx,
+                      [&] { return dot_loss(softmax(x, dim), R); }, {});
   }
 }
 
@@ -81,12 +81,15 @@ TEST(GradcheckReference, AttentionBackwardAllOptions) {
     Tensor v = random_tensor(shape(c.T_k, c.d_v), ++seed);
     const Tensor R = random_tensor(shape(c.T_q, c.d_v), ++seed);
     Generator gen(++seed);
-    const Tensor noise = dropout_noise(shape(c.T_q, c.T_k), c.p, gen);  // fixed for every evaluation
+    const Tensor noise =
+        dropout_noise(shape(c.T_q, c.T_k), c.p, gen);  // fixed for every evaluation
     const Tensor* noise_ptr = c.p > 0.0f ? &noise : nullptr;
     ref::AttentionSaved saved;
     ref::attention_forward(q, k, v, c.options, noise_ptr, &saved);
     const ref::AttentionGrads g = ref::attention_backward(R, q, k, v, saved, c.options);
-    const auto loss = [&] { return dot_loss(ref::attention_forward(q, k, v, c.options, noise_ptr, nullptr), R); };
+    const auto loss = [&] {
+      return dot_loss(ref::attention_forward(q, k, v, c.options, noise_ptr, nullptr), R);
+    };
     check_tensor_grad("attention " + c.name + " dq", q, g.dq, loss, {});
     check_tensor_grad("attention " + c.name + " dk", k, g.dk, loss, {});
     check_tensor_grad("attention " + c.name + " dv", v, g.dv, loss, {});
@@ -124,7 +127,10 @@ TEST(GradcheckModules, Embedding) {
   m.backward(R);
   const Tensor analytic = m.weight.grad;
   check_tensor_grad("Embedding weight", m.weight.value, analytic,
-                    [&] { return dot_loss(m.forward(indices, {2, 3}), R); }, {});
+                    [&] {
+                      return dot_loss(m.forward(indices, {2, 3}), R);
+                    },
+                    {});
 }
 
 TEST(GradcheckModules, SelfAttentionV1) {
@@ -156,7 +162,8 @@ TEST(GradcheckModules, CausalAttention) {
     gradcheck_module("CausalAttention T=" + std::to_string(T), m, random_tensor({2, T, 3}, 14));
   }
   Generator gen(123);
-  CausalAttention drop({.d_in = 4, .d_out = 3, .context_length = 8, .dropout = 0.3f, .qkv_bias = true}, gen);
+  CausalAttention drop(
+      {.d_in = 4, .d_out = 3, .context_length = 8, .dropout = 0.3f, .qkv_bias = true}, gen);
   gradcheck_module("CausalAttention dropout 0.3", drop, random_tensor({2, 5, 4}, 15), {},
                    [&] { gen.manual_seed(2024); });
   Generator gen2(123);
@@ -166,8 +173,10 @@ TEST(GradcheckModules, CausalAttention) {
 
 TEST(GradcheckModules, MultiHeadAttentionWrapper) {
   Generator gen(123);
-  MultiHeadAttentionWrapper m({.d_in = 3, .d_out = 2, .context_length = 6, .dropout = 0.2f, .num_heads = 2}, gen);
-  gradcheck_module("MultiHeadAttentionWrapper", m, random_tensor({2, 6, 3}, 17), {}, [&] { gen.manual_seed(5); });
+  MultiHeadAttentionWrapper m(
+      {.d_in = 3, .d_out = 2, .context_length = 6, .dropout = 0.2f, .num_heads = 2}, gen);
+  gradcheck_module("MultiHeadAttentionWrapper", m, random_tensor({2, 6, 3}, 17), {},
+                   [&] { gen.manual_seed(5); });
   Generator gen1(1);
   MultiHeadAttentionWrapper one({.d_in = 4, .d_out = 3, .context_length = 3, .num_heads = 3}, gen1);
   gradcheck_module("MultiHeadAttentionWrapper T=1", one, random_tensor({1, 1, 4}, 18));
@@ -180,10 +189,15 @@ TEST(GradcheckModules, MultiHeadAttention) {
   for (int64_t T : {1, 2}) {
     Generator g(7);
     MultiHeadAttention small({.d_in = 3, .d_out = 2, .context_length = 6, .num_heads = 2}, g);
-    gradcheck_module("MultiHeadAttention T=" + std::to_string(T), small, random_tensor({2, T, 3}, 20));
+    gradcheck_module("MultiHeadAttention T=" + std::to_string(T), small,
+                     random_tensor({2, T, 3}, 20));
   }
   Generator gen_d(9);
-  MultiHeadAttention drop({.d_in = 4, .d_out = 4, .context_length = 5, .dropout = 0.25f, .num_heads = 2,
+  MultiHeadAttention drop({.d_in = 4,
+                           .d_out = 4,
+                           .context_length = 5,
+                           .dropout = 0.25f,
+                           .num_heads = 2,
                            .qkv_bias = true},
                           gen_d);
   gradcheck_module("MultiHeadAttention dropout 0.25 bias", drop, random_tensor({2, 5, 4}, 21), {},
@@ -195,25 +209,30 @@ TEST(GradcheckModules, Head) {
     for (int64_t T : {1, 5}) {
       Generator gen(1337);
       Head m({.n_embd = 6, .head_size = 4, .block_size = 8, .causal = causal}, gen);
-      gradcheck_module(std::string(causal ? "Head decoder" : "Head encoder") + " T=" + std::to_string(T), m,
-                       random_tensor({2, T, 6}, 22));
+      gradcheck_module(
+          std::string(causal ? "Head decoder" : "Head encoder") + " T=" + std::to_string(T), m,
+          random_tensor({2, T, 6}, 22));
     }
   }
   Generator gen(1337);
   Head drop({.n_embd = 6, .head_size = 4, .block_size = 8, .dropout = 0.3f}, gen);
-  gradcheck_module("Head dropout 0.3", drop, random_tensor({2, 5, 6}, 23), {}, [&] { gen.manual_seed(3); });
+  gradcheck_module("Head dropout 0.3", drop, random_tensor({2, 5, 6}, 23), {},
+                   [&] { gen.manual_seed(3); });
 }
 
 TEST(GradcheckModules, MultiHead) {
   for (bool causal : {true, false}) {
     Generator gen(1337);
-    MultiHead m({.n_embd = 6, .num_heads = 2, .head_size = 3, .block_size = 8, .causal = causal}, gen);
-    gradcheck_module(std::string("MultiHead ") + (causal ? "decoder" : "encoder"), m, random_tensor({2, 5, 6}, 24));
+    MultiHead m({.n_embd = 6, .num_heads = 2, .head_size = 3, .block_size = 8, .causal = causal},
+                gen);
+    gradcheck_module(std::string("MultiHead ") + (causal ? "decoder" : "encoder"), m,
+                     random_tensor({2, 5, 6}, 24));
   }
   Generator gen(1337);
-  MultiHead drop({.n_embd = 4, .num_heads = 3, .head_size = 2, .block_size = 4, .dropout = 0.2f}, gen);
-  gradcheck_module("MultiHead dropout 0.2 (weights and output)", drop, random_tensor({2, 4, 4}, 25), {},
-                   [&] { gen.manual_seed(8); });
+  MultiHead drop({.n_embd = 4, .num_heads = 3, .head_size = 2, .block_size = 4, .dropout = 0.2f},
+                 gen);
+  gradcheck_module("MultiHead dropout 0.2 (weights and output)", drop, random_tensor({2, 4, 4}, 25),
+                   {}, [&] { gen.manual_seed(8); });
   Generator gen1(2);
   MultiHead one({.n_embd = 4, .num_heads = 2, .head_size = 2, .block_size = 4}, gen1);
   gradcheck_module("MultiHead T=1", one, random_tensor({1, 1, 4}, 26));

@@ -1,13 +1,13 @@
 // Behaviour of the modules (attn/nn.h): causality, dropout modes, parameter
 // names, counts, shapes and creation order, the maths they must equal, and
 // every error message.
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <functional>
 #include <set>
 #include <stdexcept>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "attn/functional.h"
 #include "attn/nn.h"
@@ -21,8 +21,8 @@ namespace {
 using namespace attn::nn;
 
 Tensor example_inputs() {  // "Your journey starts with one step"
-  return Tensor::of({6, 3}, {0.43f, 0.15f, 0.89f, 0.55f, 0.87f, 0.66f, 0.57f, 0.85f, 0.64f,
-                             0.22f, 0.58f, 0.33f, 0.77f, 0.25f, 0.10f, 0.05f, 0.80f, 0.55f});
+  return Tensor::of({6, 3}, {0.43f, 0.15f, 0.89f, 0.55f, 0.87f, 0.66f, 0.57f, 0.85f, 0.64f, 0.22f,
+                             0.58f, 0.33f, 0.77f, 0.25f, 0.10f, 0.05f, 0.80f, 0.55f});
 }
 Tensor example_batch() { return stack({example_inputs(), example_inputs()}); }  // (2, 6, 3)
 
@@ -72,7 +72,8 @@ TEST(Modules, FutureTokensDoNotChangeThePast) {
     Generator gen(123);
     CausalAttention ca({.d_in = 3, .d_out = 2, .context_length = 6}, gen);
     EXPECT_EQ(past_change(ca, x3, from), 0.0f) << "CausalAttention from " << from;
-    MultiHeadAttentionWrapper wrapper({.d_in = 3, .d_out = 2, .context_length = 6, .num_heads = 2}, gen);
+    MultiHeadAttentionWrapper wrapper({.d_in = 3, .d_out = 2, .context_length = 6, .num_heads = 2},
+                                      gen);
     EXPECT_EQ(past_change(wrapper, x3, from), 0.0f) << "MultiHeadAttentionWrapper from " << from;
     MultiHeadAttention mha({.d_in = 3, .d_out = 4, .context_length = 6, .num_heads = 2}, gen);
     EXPECT_EQ(past_change(mha, x3, from), 0.0f) << "MultiHeadAttention from " << from;
@@ -142,12 +143,13 @@ TEST(Modules, AttentionDropoutOnlyInTraining) {
   EXPECT_EQ(max_abs_diff(dropped.forward(batch), expected), 0.0f);
   EXPECT_FALSE(dropped.dropout.is_training());
 
-  MultiHeadAttention mha({.d_in = 3, .d_out = 2, .context_length = 6, .dropout = 0.5f, .num_heads = 2}, g0);
+  MultiHeadAttention mha(
+      {.d_in = 3, .d_out = 2, .context_length = 6, .dropout = 0.5f, .num_heads = 2}, g0);
   mha.eval();
   EXPECT_FALSE(mha.dropout.is_training());
   EXPECT_FALSE(mha.W_query.is_training());
-  MultiHeadAttentionWrapper wrapper({.d_in = 3, .d_out = 2, .context_length = 6, .dropout = 0.5f, .num_heads = 2},
-                                    g0);
+  MultiHeadAttentionWrapper wrapper(
+      {.d_in = 3, .d_out = 2, .context_length = 6, .dropout = 0.5f, .num_heads = 2}, g0);
   wrapper.eval();
   EXPECT_FALSE(wrapper.heads[1]->dropout.is_training());
   wrapper.train();
@@ -188,7 +190,8 @@ TEST(Modules, SelfAttentionV1ByHand) {
   Generator gen(123);
   SelfAttentionV1 m({.d_in = 3, .d_out = 2}, gen);
   const Tensor x = example_inputs();
-  const Tensor q = matmul(x, m.W_query.value), k = matmul(x, m.W_key.value), v = matmul(x, m.W_value.value);
+  const Tensor q = matmul(x, m.W_query.value), k = matmul(x, m.W_key.value),
+               v = matmul(x, m.W_value.value);
   const Tensor weights = softmax(matmul(q, t(k)) / std::sqrt(2.0f), -1);
   EXPECT_LE(max_abs_diff(m.forward(x), matmul(weights, v)), 1e-6f);
   // A batch gives each sequence the same result.
@@ -199,13 +202,16 @@ TEST(Modules, SelfAttentionV1ByHand) {
 TEST(Modules, MultiHeadAttentionEqualsPerHeadLoop) {
   Generator gen(123);
   const int64_t H = 3, hd = 2, d_out = H * hd;
-  MultiHeadAttention m({.d_in = 5, .d_out = d_out, .context_length = 8, .num_heads = H, .qkv_bias = true}, gen);
+  MultiHeadAttention m(
+      {.d_in = 5, .d_out = d_out, .context_length = 8, .num_heads = H, .qkv_bias = true}, gen);
   const Tensor x = random_tensor({2, 7, 5}, 9);
-  const Tensor q = m.W_query.forward(x), k = m.W_key.forward(x), v = m.W_value.forward(x);  // (B, T, d_out)
+  const Tensor q = m.W_query.forward(x), k = m.W_key.forward(x),
+               v = m.W_value.forward(x);  // (B, T, d_out)
   std::vector<Tensor> heads;
   for (int64_t h = 0; h < H; ++h) {
     const auto cols = [&](const Tensor& a) { return slice(a, -1, h * hd, (h + 1) * hd); };
-    heads.push_back(ref::attention_forward(cols(q), cols(k), cols(v), {.causal = true, .scale = 1.0f / std::sqrt(2.0f)},
+    heads.push_back(ref::attention_forward(cols(q), cols(k), cols(v),
+                                           {.causal = true, .scale = 1.0f / std::sqrt(2.0f)},
                                            nullptr, nullptr));
   }
   const Tensor expected = m.out_proj.forward(cat(heads, -1));
@@ -240,20 +246,24 @@ TEST(Modules, ParameterNamesAndShapes) {
   EXPECT_EQ(names(v1), (std::vector<std::string>{"W_query", "W_key", "W_value"}));
   EXPECT_EQ(v1.W_value.value.shape(), (Shape{3, 4}));
   SelfAttentionV2 v2({.d_in = 3, .d_out = 2, .qkv_bias = true}, gen);
-  EXPECT_EQ(names(v2), (std::vector<std::string>{"W_query.weight", "W_query.bias", "W_key.weight", "W_key.bias",
-                                                 "W_value.weight", "W_value.bias"}));
+  EXPECT_EQ(names(v2), (std::vector<std::string>{"W_query.weight", "W_query.bias", "W_key.weight",
+                                                 "W_key.bias", "W_value.weight", "W_value.bias"}));
   EXPECT_EQ(v2.parameter("W_key.weight").value.shape(), (Shape{2, 3}));
   CausalAttention ca({.d_in = 3, .d_out = 2, .context_length = 6}, gen);
-  EXPECT_EQ(names(ca), (std::vector<std::string>{"W_query.weight", "W_key.weight", "W_value.weight"}));
+  EXPECT_EQ(names(ca),
+            (std::vector<std::string>{"W_query.weight", "W_key.weight", "W_value.weight"}));
   EXPECT_EQ(ca.mask.shape(), (Shape{6, 6}));
   EXPECT_EQ(max_abs_diff(ca.mask, ref::future_mask(6)), 0.0f);
-  MultiHeadAttentionWrapper wrapper({.d_in = 3, .d_out = 2, .context_length = 6, .num_heads = 2}, gen);
-  EXPECT_EQ(names(wrapper), (std::vector<std::string>{"heads.0.W_query.weight", "heads.0.W_key.weight",
-                                                      "heads.0.W_value.weight", "heads.1.W_query.weight",
-                                                      "heads.1.W_key.weight", "heads.1.W_value.weight"}));
+  MultiHeadAttentionWrapper wrapper({.d_in = 3, .d_out = 2, .context_length = 6, .num_heads = 2},
+                                    gen);
+  EXPECT_EQ(names(wrapper),
+            (std::vector<std::string>{"heads.0.W_query.weight", "heads.0.W_key.weight",
+                                      "heads.0.W_value.weight", "heads.1.W_query.weight",
+                                      "heads.1.W_key.weight", "heads.1.W_value.weight"}));
   MultiHeadAttention mha({.d_in = 3, .d_out = 4, .context_length = 6, .num_heads = 2}, gen);
-  EXPECT_EQ(names(mha), (std::vector<std::string>{"W_query.weight", "W_key.weight", "W_value.weight",
-                                                  "out_proj.weight", "out_proj.bias"}));
+  EXPECT_EQ(names(mha),
+            (std::vector<std::string>{"W_query.weight", "W_key.weight", "W_value.weight",
+                                      "out_proj.weight", "out_proj.bias"}));
   EXPECT_EQ(mha.out_proj.weight.value.shape(), (Shape{4, 4}));
   EXPECT_EQ(mha.parameter("out_proj.bias").value.shape(), (Shape{4}));
   EXPECT_EQ(mha.head_dim(), 2);
@@ -262,8 +272,8 @@ TEST(Modules, ParameterNamesAndShapes) {
   MultiHead multi({.n_embd = 8, .num_heads = 2, .head_size = 4, .block_size = 8}, gen);
   EXPECT_EQ(names(multi), (std::vector<std::string>{"heads.0.key.weight", "heads.0.query.weight",
                                                     "heads.0.value.weight", "heads.1.key.weight",
-                                                    "heads.1.query.weight", "heads.1.value.weight", "proj.weight",
-                                                    "proj.bias"}));
+                                                    "heads.1.query.weight", "heads.1.value.weight",
+                                                    "proj.weight", "proj.bias"}));
   EXPECT_EQ(multi.proj.weight.value.shape(), (Shape{8, 8}));
   Embedding emb({.num_embeddings = 6, .embedding_dim = 16}, gen);
   EXPECT_EQ(names(emb), (std::vector<std::string>{"weight"}));
@@ -281,7 +291,8 @@ TEST(Modules, GptTwoSizedMultiHeadAttention) {
   EXPECT_EQ(y.shape(), (Shape{1, 4, 768}));
   EXPECT_FALSE(has_non_finite(y));
   Generator gen2(1);
-  MultiHeadAttention largest({.d_in = 1600, .d_out = 1600, .context_length = 8, .num_heads = 25}, gen2);
+  MultiHeadAttention largest({.d_in = 1600, .d_out = 1600, .context_length = 8, .num_heads = 25},
+                             gen2);
   EXPECT_EQ(largest.head_dim(), 64);
   EXPECT_EQ(largest.num_parameters(), 4 * 1600 * 1600 + 1600);
 }
@@ -289,10 +300,10 @@ TEST(Modules, GptTwoSizedMultiHeadAttention) {
 TEST(Modules, UnknownParameterNameListsKnownOnes) {
   Generator gen(1);
   MultiHeadAttention mha({.d_in = 3, .d_out = 2, .context_length = 6, .num_heads = 2}, gen);
-  expect_message<std::out_of_range>(
-      [&] { mha.parameter("W_q.weight"); },
-      "Module: no parameter named 'W_q.weight'; known: W_query.weight, W_key.weight, W_value.weight, "
-      "out_proj.weight, out_proj.bias");
+  expect_message<std::out_of_range>([&] { mha.parameter("W_q.weight"); },
+                                    "Module: no parameter named 'W_q.weight'; known: "
+                                    "W_query.weight, W_key.weight, W_value.weight, "
+                                    "out_proj.weight, out_proj.bias");
 }
 
 TEST(Modules, CreationOrderFollowsPyTorch) {
@@ -323,10 +334,12 @@ TEST(Modules, CreationOrderFollowsPyTorch) {
 
   // The wrapper's second head comes after all of the first.
   Generator h(123), i(123);
-  MultiHeadAttentionWrapper wrapper({.d_in = 3, .d_out = 2, .context_length = 6, .num_heads = 2}, h);
+  MultiHeadAttentionWrapper wrapper({.d_in = 3, .d_out = 2, .context_length = 6, .num_heads = 2},
+                                    h);
   CausalAttention first({.d_in = 3, .d_out = 2, .context_length = 6}, i);
   CausalAttention second({.d_in = 3, .d_out = 2, .context_length = 6}, i);
-  EXPECT_EQ(max_abs_diff(wrapper.heads[1]->W_query.weight.value, second.W_query.weight.value), 0.0f);
+  EXPECT_EQ(max_abs_diff(wrapper.heads[1]->W_query.weight.value, second.W_query.weight.value),
+            0.0f);
 
   // Head: key, query, value; MultiHead: all heads, then proj.
   Generator j(1337), l(1337);
@@ -345,7 +358,8 @@ TEST(Modules, CreationOrderFollowsPyTorch) {
 TEST(Modules, EmbeddingLooksUpRows) {
   Generator gen(123), ref_gen(123);
   Embedding emb({.num_embeddings = 6, .embedding_dim = 16}, gen);
-  EXPECT_EQ(max_abs_diff(emb.weight.value, randn({6, 16}, ref_gen)), 0.0f);  // normal_ == randn(6·16)
+  EXPECT_EQ(max_abs_diff(emb.weight.value, randn({6, 16}, ref_gen)),
+            0.0f);  // normal_ == randn(6·16)
   const std::vector<int64_t> sentence = {0, 4, 5, 2, 1, 3};
   const Tensor x = emb.forward(sentence);
   ASSERT_EQ(x.shape(), (Shape{6, 16}));
@@ -373,7 +387,8 @@ TEST(Modules, SingleTokenWorksEverywhere) {
   Generator gen(5);
   const Tensor x = random_tensor({1, 1, 4}, 6);
   CausalAttention ca({.d_in = 4, .d_out = 3, .context_length = 4}, gen);
-  MultiHeadAttentionWrapper wrapper({.d_in = 4, .d_out = 3, .context_length = 4, .num_heads = 2}, gen);
+  MultiHeadAttentionWrapper wrapper({.d_in = 4, .d_out = 3, .context_length = 4, .num_heads = 2},
+                                    gen);
   MultiHeadAttention mha({.d_in = 4, .d_out = 4, .context_length = 4, .num_heads = 2}, gen);
   Head head({.n_embd = 4, .head_size = 2, .block_size = 4}, gen);
   MultiHead multi({.n_embd = 4, .num_heads = 2, .head_size = 2, .block_size = 4}, gen);
@@ -391,12 +406,14 @@ TEST(Modules, BackwardBeforeForwardThrows) {
   Generator gen(1);
   const Tensor dy({1, 1, 2});
   CausalAttention ca({.d_in = 3, .d_out = 2, .context_length = 6}, gen);
-  expect_message<std::logic_error>([&] { ca.backward(dy); }, "CausalAttention: backward() called before forward()");
+  expect_message<std::logic_error>([&] { ca.backward(dy); },
+                                   "CausalAttention: backward() called before forward()");
   MultiHeadAttention mha({.d_in = 3, .d_out = 2, .context_length = 6, .num_heads = 2}, gen);
   expect_message<std::logic_error>([&] { mha.backward(dy); },
                                    "MultiHeadAttention: backward() called before forward()");
   Linear lin({.in_features = 3, .out_features = 2}, gen);
-  expect_message<std::logic_error>([&] { lin.backward(dy); }, "Linear: backward() called before forward()");
+  expect_message<std::logic_error>([&] { lin.backward(dy); },
+                                   "Linear: backward() called before forward()");
   Dropout drop({.p = 0.1f}, gen);
   EXPECT_THROW(drop.backward(dy), std::logic_error);
   SelfAttentionV1 v1({.d_in = 3, .d_out = 2}, gen);
@@ -416,64 +433,125 @@ TEST(Modules, BackwardBeforeForwardThrows) {
 TEST(Modules, ErrorMessagesNameTheValues) {
   Generator gen(1);
   using IA = std::invalid_argument;
-  expect_message<IA>([&] { MultiHeadAttention m({.d_in = 768, .d_out = 770, .context_length = 8, .num_heads = 12}, gen); },
-                     "MultiHeadAttention: d_out (770) must be divisible by num_heads (12)");
-  expect_message<IA>([&] { MultiHeadAttention m({.d_in = 4, .d_out = 4, .context_length = 8, .num_heads = 0}, gen); },
-                     "MultiHeadAttention: num_heads must be positive, got 0");
+  expect_message<IA>(
+      [&] {
+        MultiHeadAttention m({.d_in = 768, .d_out = 770, .context_length = 8, .num_heads = 12},
+                             gen);
+      },
+      "MultiHeadAttention: d_out (770) must be divisible by num_heads (12)");
+  expect_message<IA>(
+      [&] {
+        MultiHeadAttention m({.d_in = 4, .d_out = 4, .context_length = 8, .num_heads = 0}, gen);
+      },
+      "MultiHeadAttention: num_heads must be positive, got 0");
   expect_message<IA>([&] { Dropout d({.p = 1.5f}, gen); }, "Dropout: p must be in [0, 1], got 1.5");
-  expect_message<IA>([&] { Dropout d({.p = -0.1f}, gen); }, "Dropout: p must be in [0, 1], got -0.1");
+  expect_message<IA>([&] { Dropout d({.p = -0.1f}, gen); },
+                     "Dropout: p must be in [0, 1], got -0.1");
   expect_message<IA>([&] { Dropout d({.p = NAN}, gen); }, "Dropout: p must be in [0, 1], got nan");
-  expect_message<IA>([&] { CausalAttention m({.d_in = 3, .d_out = 2, .context_length = 6, .dropout = 2.0f}, gen); },
-                     "Dropout: p must be in [0, 1], got 2");
+  expect_message<IA>(
+      [&] {
+        CausalAttention m({.d_in = 3, .d_out = 2, .context_length = 6, .dropout = 2.0f}, gen);
+      },
+      "Dropout: p must be in [0, 1], got 2");
   expect_message<IA>([&] { CausalAttention m({.d_in = 3, .d_out = 2, .context_length = 0}, gen); },
                      "CausalAttention: context_length must be positive, got 0");
 
   CausalAttention ca({.d_in = 3, .d_out = 2, .context_length = 6}, gen);
-  expect_message<IA>([&] { ca.forward(random_tensor({2, 7, 3}, 1)); },
-                     "CausalAttention: input has 7 tokens but context_length is 6");
-  expect_message<IA>([&] { ca.forward(random_tensor({2, 6, 4}, 1)); },
-                     "CausalAttention: input last dim 4 does not match d_in 3");
+  expect_message<IA>(
+      [&] {
+        ca.forward(random_tensor({2, 7, 3}, 1));
+      },
+      "CausalAttention: input has 7 tokens but context_length is 6");
+  expect_message<IA>(
+      [&] {
+        ca.forward(random_tensor({2, 6, 4}, 1));
+      },
+      "CausalAttention: input last dim 4 does not match d_in 3");
   expect_message<IA>([&] { ca.forward(example_inputs()); },
                      "CausalAttention: expected input of shape (B, T, d_in), got (6, 3)");
   expect_message<IA>([&] { ca.forward(Tensor({2, 0, 3})); }, "CausalAttention: input has 0 tokens");
-  expect_message<IA>([&] { ca.forward(Tensor({0, 2, 3})); }, "CausalAttention: input has batch size 0");
+  expect_message<IA>(
+      [&] {
+        ca.forward(Tensor({0, 2, 3}));
+      },
+      "CausalAttention: input has batch size 0");
   ca.forward(example_batch());
-  expect_message<IA>([&] { ca.backward(Tensor({2, 6, 3})); },
-                     "CausalAttention: gradient shape (2, 6, 3) does not match output shape (2, 6, 2)");
+  expect_message<IA>(
+      [&] {
+        ca.backward(Tensor({2, 6, 3}));
+      },
+      "CausalAttention: gradient shape (2, 6, 3) does not match output shape (2, 6, 2)");
 
   MultiHeadAttention mha({.d_in = 3, .d_out = 2, .context_length = 6, .num_heads = 2}, gen);
-  expect_message<IA>([&] { mha.forward(random_tensor({1, 7, 3}, 1)); },
-                     "MultiHeadAttention: input has 7 tokens but context_length is 6");
-  MultiHeadAttentionWrapper wrapper({.d_in = 3, .d_out = 2, .context_length = 6, .num_heads = 2}, gen);
-  expect_message<IA>([&] { wrapper.forward(random_tensor({1, 7, 3}, 1)); },
-                     "MultiHeadAttentionWrapper: input has 7 tokens but context_length is 6");
+  expect_message<IA>(
+      [&] {
+        mha.forward(random_tensor({1, 7, 3}, 1));
+      },
+      "MultiHeadAttention: input has 7 tokens but context_length is 6");
+  MultiHeadAttentionWrapper wrapper({.d_in = 3, .d_out = 2, .context_length = 6, .num_heads = 2},
+                                    gen);
+  expect_message<IA>(
+      [&] {
+        wrapper.forward(random_tensor({1, 7, 3}, 1));
+      },
+      "MultiHeadAttentionWrapper: input has 7 tokens but context_length is 6");
 
   Linear lin({.in_features = 3, .out_features = 2}, gen);
-  expect_message<IA>([&] { lin.forward(random_tensor({4, 5}, 1)); },
-                     "Linear: input last dim 5 does not match in_features 3");
+  expect_message<IA>(
+      [&] {
+        lin.forward(random_tensor({4, 5}, 1));
+      },
+      "Linear: input last dim 5 does not match in_features 3");
   expect_message<IA>([&] { Linear l({.in_features = 0, .out_features = 2}, gen); },
                      "Linear: in_features must be positive, got 0");
 
   Head head({.n_embd = 8, .head_size = 4, .block_size = 8}, gen);
-  expect_message<IA>([&] { head.forward(random_tensor({1, 9, 8}, 1)); }, "Head: input has 9 tokens but block_size is 8");
-  expect_message<IA>([&] { head.forward(random_tensor({1, 4, 6}, 1)); },
-                     "Head: input last dim 6 does not match n_embd 8");
+  expect_message<IA>(
+      [&] {
+        head.forward(random_tensor({1, 9, 8}, 1));
+      },
+      "Head: input has 9 tokens but block_size is 8");
+  expect_message<IA>(
+      [&] {
+        head.forward(random_tensor({1, 4, 6}, 1));
+      },
+      "Head: input last dim 6 does not match n_embd 8");
   Head encoder({.n_embd = 8, .head_size = 4, .block_size = 8, .causal = false}, gen);
-  EXPECT_EQ(encoder.forward(random_tensor({1, 9, 8}, 1)).shape(), (Shape{1, 9, 4}));  // no mask, no limit
+  EXPECT_EQ(encoder.forward(random_tensor({1, 9, 8}, 1)).shape(),
+            (Shape{1, 9, 4}));  // no mask, no limit
   MultiHead multi({.n_embd = 8, .num_heads = 2, .head_size = 4, .block_size = 8}, gen);
-  expect_message<IA>([&] { multi.forward(random_tensor({1, 9, 8}, 1)); },
-                     "MultiHead: input has 9 tokens but block_size is 8");
+  expect_message<IA>(
+      [&] {
+        multi.forward(random_tensor({1, 9, 8}, 1));
+      },
+      "MultiHead: input has 9 tokens but block_size is 8");
 
   SelfAttentionV1 v1({.d_in = 3, .d_out = 2}, gen);
-  expect_message<IA>([&] { v1.forward(random_tensor({6, 4}, 1)); },
-                     "SelfAttentionV1: input last dim 4 does not match d_in 3");
-  expect_message<IA>([&] { v1.forward(random_tensor({6}, 1)); },
-                     "SelfAttentionV1: expected input of shape (T, d_in) or (B, T, d_in), got (6,)");
+  expect_message<IA>(
+      [&] {
+        v1.forward(random_tensor({6, 4}, 1));
+      },
+      "SelfAttentionV1: input last dim 4 does not match d_in 3");
+  expect_message<IA>(
+      [&] { v1.forward(random_tensor({6}, 1)); },
+      "SelfAttentionV1: expected input of shape (T, d_in) or (B, T, d_in), got (6,)");
 
   Embedding emb({.num_embeddings = 6, .embedding_dim = 4}, gen);
-  expect_message<IA>([&] { emb.forward({0, 6}); }, "Embedding: index 6 is out of range for num_embeddings 6");
-  expect_message<IA>([&] { emb.forward({0, -1}); }, "Embedding: index -1 is out of range for num_embeddings 6");
-  expect_message<IA>([&] { emb.forward({0, 1, 2}, {2, 2}); }, "Embedding: 3 indices do not fill shape (2, 2)");
+  expect_message<IA>(
+      [&] {
+        emb.forward({0, 6});
+      },
+      "Embedding: index 6 is out of range for num_embeddings 6");
+  expect_message<IA>(
+      [&] {
+        emb.forward({0, -1});
+      },
+      "Embedding: index -1 is out of range for num_embeddings 6");
+  expect_message<IA>(
+      [&] {
+        emb.forward({0, 1, 2}, {2, 2});
+      },
+      "Embedding: 3 indices do not fill shape (2, 2)");
 }
 
 }  // namespace

@@ -1,9 +1,9 @@
 // The reference maths (attn/functional.h): routes that must agree, the three
 // normalisations of simplified attention, and softmax_backward by finite
 // differences.
-#include <cmath>
-
 #include <gtest/gtest.h>
+
+#include <cmath>
 
 #include "attn/functional.h"
 #include "attn/ops.h"
@@ -14,8 +14,8 @@ namespace attn::test {
 namespace {
 
 Tensor example_inputs() {  // "Your journey starts with one step"
-  return Tensor::of({6, 3}, {0.43f, 0.15f, 0.89f, 0.55f, 0.87f, 0.66f, 0.57f, 0.85f, 0.64f,
-                             0.22f, 0.58f, 0.33f, 0.77f, 0.25f, 0.10f, 0.05f, 0.80f, 0.55f});
+  return Tensor::of({6, 3}, {0.43f, 0.15f, 0.89f, 0.55f, 0.87f, 0.66f, 0.57f, 0.85f, 0.64f, 0.22f,
+                             0.58f, 0.33f, 0.77f, 0.25f, 0.10f, 0.05f, 0.80f, 0.55f});
 }
 
 TEST(Reference, ScoresLoopsEqualMatmul) {
@@ -32,7 +32,8 @@ TEST(Reference, ScoresLoopsEqualMatmul) {
 
 TEST(Reference, SimplifiedNormalisationsSumToOne) {
   const Tensor inputs = example_inputs();
-  for (auto norm : {ref::Normalization::kSum, ref::Normalization::kSoftmaxNaive, ref::Normalization::kSoftmax}) {
+  for (auto norm : {ref::Normalization::kSum, ref::Normalization::kSoftmaxNaive,
+                    ref::Normalization::kSoftmax}) {
     const auto all = ref::simplified_attention(inputs, norm);
     ASSERT_EQ(all.weights.shape(), (Shape{6, 6}));
     ASSERT_EQ(all.context.shape(), (Shape{6, 3}));
@@ -88,16 +89,19 @@ TEST(Reference, TwoCausalRoutesAgree) {
   ref::AttentionSaved saved;
   ref::attention_forward(q, k, random_tensor({2, 5, 2}, 8), {.causal = true}, nullptr, &saved);
   const Tensor scores = matmul(q, transpose(k, -2, -1));
-  EXPECT_LE(max_abs_diff(saved.weights, ref::causal_weights_masked(scores, 1.0f / std::sqrt(3.0f))), 1e-6f);
+  EXPECT_LE(max_abs_diff(saved.weights, ref::causal_weights_masked(scores, 1.0f / std::sqrt(3.0f))),
+            1e-6f);
 }
 
 // softmax_dim = 1 reproduces the early printing's bug: on (B, T, T) weights
 // the columns (queries) sum to 1 instead of the rows (keys).
 TEST(Reference, SoftmaxOverQueriesNormalisesColumns) {
-  const Tensor q = random_tensor({2, 5, 3}, 41), k = random_tensor({2, 5, 3}, 42), v = random_tensor({2, 5, 2}, 43);
+  const Tensor q = random_tensor({2, 5, 3}, 41), k = random_tensor({2, 5, 3}, 42),
+               v = random_tensor({2, 5, 2}, 43);
   for (bool causal : {false, true}) {
     ref::AttentionSaved saved;
-    const Tensor out = ref::attention_forward(q, k, v, {.causal = causal, .softmax_dim = 1}, nullptr, &saved);
+    const Tensor out =
+        ref::attention_forward(q, k, v, {.causal = causal, .softmax_dim = 1}, nullptr, &saved);
     EXPECT_FALSE(has_non_finite(out));
     const Tensor column_sums = sum(saved.weights, 1);  // (B, T_k)
     for (float s : column_sums.values()) EXPECT_NEAR(s, 1.0f, 1e-6f);
@@ -108,8 +112,8 @@ TEST(Reference, SoftmaxOverQueriesNormalisesColumns) {
   }
   // Causal softmax over queries needs every key column to keep a query.
   EXPECT_THROW(ref::attention_forward(random_tensor({1, 3, 2}, 1), random_tensor({1, 4, 2}, 2),
-                                      random_tensor({1, 4, 2}, 3), {.causal = true, .softmax_dim = 1}, nullptr,
-                                      nullptr),
+                                      random_tensor({1, 4, 2}, 3),
+                                      {.causal = true, .softmax_dim = 1}, nullptr, nullptr),
                std::invalid_argument);
 }
 
@@ -145,7 +149,8 @@ TEST(Reference, SoftmaxBackwardMatchesFiniteDifferences) {
     const Tensor R = random_tensor({4, 6}, 22);
     const Tensor dx = ref::softmax_backward(R, softmax(x, dim), dim);
     check_tensor_grad("softmax_backward dim " + std::to_string(dim), x, dx,
-                      [&] { return dot_loss(softmax(x, dim), R); }, {.eps = 1e-3f, .abs_tol = 1e-3, .rel_tol = 1e-2});
+                      [&] { return dot_loss(softmax(x, dim), R); },
+                      {.eps = 1e-3f, .abs_tol = 1e-3, .rel_tol = 1e-2});
   }
 }
 
@@ -169,7 +174,8 @@ TEST(Reference, AttentionRejectsBadShapes) {
                std::invalid_argument);
   EXPECT_THROW(ref::attention_forward(q, q, random_tensor({2, 5, 3}, 3), {}, nullptr, nullptr),
                std::invalid_argument);
-  EXPECT_THROW(ref::attention_forward(q, q, q, {.softmax_dim = 3}, nullptr, nullptr), std::invalid_argument);
+  EXPECT_THROW(ref::attention_forward(q, q, q, {.softmax_dim = 3}, nullptr, nullptr),
+               std::invalid_argument);
   const Tensor bad_noise({2, 4, 5});
   EXPECT_THROW(ref::attention_forward(q, q, q, {}, &bad_noise, nullptr), std::invalid_argument);
 }
