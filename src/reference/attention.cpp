@@ -27,6 +27,19 @@ Tensor future_mask_rect(int64_t T_q, int64_t T_k) {
   return mask;
 }
 
+// scores[..., i, j] = -inf for j > i in every (T_q, T_k) matrix, in place
+// (what masked_fill(scores, future_mask_rect(T_q, T_k), -inf) gives).
+void mask_future(Tensor& scores) {
+  const int64_t T_q = scores.size(-2), T_k = scores.size(-1);
+  const int64_t matrices = scores.numel() / (T_q * T_k);
+  for (int64_t m = 0; m < matrices; ++m) {
+    float* s = scores.data() + m * T_q * T_k;
+    for (int64_t i = 0; i < T_q; ++i) {
+      for (int64_t j = i + 1; j < T_k; ++j) s[i * T_k + j] = kNegInf;
+    }
+  }
+}
+
 Shape leading(const Tensor& a) { return Shape(a.shape().begin(), a.shape().end() - 2); }
 
 // The softmax dim as a non-negative index into the (..., T_q, T_k) weights.
@@ -76,7 +89,7 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                     options.softmax_dim, T_q, T_k));
   }
   Tensor scores = apply_scale(matmul(q, transpose(k, -2, -1)), options, d_k);  // (..., T_q, T_k)
-  if (options.causal) scores = masked_fill(scores, future_mask_rect(T_q, T_k), kNegInf);
+  if (options.causal) mask_future(scores);
   Tensor weights = softmax(scores, dim);  // (..., T_q, T_k)
   Tensor out;
   if (dropout_noise != nullptr) {

@@ -20,9 +20,25 @@ Tensor softmax_backward(const Tensor& dy, const Tensor& y, int64_t dim) {
     throw std::invalid_argument(fmt::format("softmax_backward: dim {} out of range for shape {}",
                                             dim, shape_str(y.shape())));
   }
-  if (y.numel() == 0) return Tensor(y.shape());
-  const Tensor dot_dy_y = sum(dy * y, dim, /*keepdim=*/true);  // Σ_dim dy ⊙ y, size 1 on dim
-  return y * (dy - dot_dy_y);
+  // View y as (outer, n, inner) with n = y.size(dim): one softmax per (outer, inner).
+  const int64_t d = dim < 0 ? dim + y.dim() : dim;
+  const int64_t n = y.shape()[d];
+  int64_t outer = 1, inner = 1;
+  for (int64_t i = 0; i < d; ++i) outer *= y.shape()[i];
+  for (int64_t i = d + 1; i < y.dim(); ++i) inner *= y.shape()[i];
+  Tensor dx(y.shape());
+  for (int64_t o = 0; o < outer; ++o) {
+    const int64_t base = o * n * inner;
+    for (int64_t i = 0; i < inner; ++i) {
+      const float* yv = y.data() + base + i;
+      const float* dyv = dy.data() + base + i;
+      float* dxv = dx.data() + base + i;
+      float dot_dy_y = 0.0f;  // Σ_j dy_j y_j
+      for (int64_t j = 0; j < n; ++j) dot_dy_y += dyv[j * inner] * yv[j * inner];
+      for (int64_t j = 0; j < n; ++j) dxv[j * inner] = yv[j * inner] * (dyv[j * inner] - dot_dy_y);
+    }
+  }
+  return dx;
 }
 
 Tensor dropout_forward(const Tensor& x, const Tensor& noise) {
