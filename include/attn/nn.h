@@ -119,7 +119,7 @@ struct EmbeddingOptions {
 class Embedding : public Module {
  public:
   explicit Embedding(const EmbeddingOptions& options, Generator& gen = default_generator());
-  // indices (any shape, integral values stored as float or given as int64) -> (..., dim).
+  // Row lookup: indices (int64, laid out row-major in `shape`) -> shape + (dim).
   Tensor forward(const std::vector<int64_t>& indices);                      // (N) -> (N, dim)
   Tensor forward(const std::vector<int64_t>& indices, const Shape& shape);  // shape + (dim)
   // Accumulates weight.grad rows; there is no input gradient for indices.

@@ -105,6 +105,11 @@ TEST(Modules, DropoutOnOnesKeepsZeroOrTwo) {
   }
   EXPECT_GT(zeros, 5);
   EXPECT_GT(twos, 5);
+  // The mask PyTorch 1.13 (no MKL) prints for torch.manual_seed(123);
+  // nn.Dropout(0.5)(torch.ones(6, 6)), as in the book.
+  const Tensor book = Tensor::of({6, 6}, {2, 2, 0, 2, 2, 0, 0, 0, 0, 2, 0, 2, 2, 2, 2, 2, 0, 2,
+                                          0, 2, 2, 0, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 2, 2, 2, 0});
+  EXPECT_EQ(max_abs_diff(y, book), 0.0f);
   // The same seed gives the same mask as attn::dropout_noise.
   Generator gen2(123);
   EXPECT_EQ(max_abs_diff(y, dropout_noise({6, 6}, 0.5f, gen2)), 0.0f);
@@ -184,6 +189,69 @@ TEST(Modules, SelfAttentionV1WorkedExample) {
   ASSERT_EQ(y.shape(), (Shape{6, 2}));
   EXPECT_NEAR(y.at({1, 0}), 0.3061f, 5e-5f);
   EXPECT_NEAR(y.at({1, 1}), 0.8210f, 5e-5f);
+}
+
+// Worked example 6 (SPEC.md): seed 123, d_in 3, d_out 2, context_length 6,
+// dropout 0, on the example batch. Expected values from PyTorch 1.13 (%.6f),
+// first sequence; the second is identical.
+TEST(Modules, WorkedExamplesMatchPyTorch) {
+  const Tensor batch = example_batch();
+  const auto expect_first = [&](const Tensor& y, const std::vector<float>& expected) {
+    const Tensor first = select(y, 0);
+    ASSERT_EQ(first.numel(), static_cast<int64_t>(expected.size()));
+    for (size_t i = 0; i < expected.size(); ++i) {
+      EXPECT_NEAR(first[static_cast<int64_t>(i)], expected[i], 2e-6f) << i;
+    }
+    EXPECT_EQ(max_abs_diff(select(y, 0), select(y, 1)), 0.0f);
+  };
+  manual_seed(123);
+  CausalAttention ca({.d_in = 3, .d_out = 2, .context_length = 6});
+  expect_first(ca.forward(batch),
+               {-0.451920f, 0.221605f, -0.587435f, 0.005776f, -0.630023f, -0.063183f, -0.567457f,
+                -0.084253f, -0.552562f, -0.098068f, -0.529901f, -0.108068f});
+  manual_seed(123);
+  MultiHeadAttentionWrapper wrapper({.d_in = 3, .d_out = 2, .context_length = 6, .num_heads = 2});
+  const Tensor yw = wrapper.forward(batch);
+  ASSERT_EQ(yw.shape(), (Shape{2, 6, 4}));
+  expect_first(yw, {-0.451920f, 0.221605f,  0.477196f,  0.106348f,  -0.587435f, 0.005776f,
+                    0.589073f,  0.325660f,  -0.630023f, -0.063183f, 0.620196f,  0.385963f,
+                    -0.567457f, -0.084253f, 0.547769f,  0.358925f,  -0.552562f, -0.098068f,
+                    0.532089f,  0.342797f,  -0.529901f, -0.108068f, 0.507653f,  0.349348f});
+  manual_seed(123);
+  MultiHeadAttention mha({.d_in = 3, .d_out = 2, .context_length = 6, .num_heads = 2});
+  expect_first(mha.forward(batch),
+               {0.319018f, 0.485763f, 0.294346f, 0.389676f, 0.285575f, 0.359278f, 0.269264f,
+                0.387327f, 0.263871f, 0.392796f, 0.257474f, 0.402783f});
+}
+
+// Dropout on the weights draws at forward time from the module's generator in
+// PyTorch's order, and backward agrees with autograd: torch.manual_seed(123);
+// MultiHeadAttention(3, 4, 6, 0.5, num_heads=2, qkv_bias=True);
+// y = m(batch); x, r = rand(2, 6, 3), rand(2, 6, 4); torch.manual_seed(5);
+// (m(x) * r).sum().backward(); y[0, :2] and W_query.weight.grad.
+TEST(Modules, DropoutAndBackwardMatchPyTorch) {
+  manual_seed(123);
+  MultiHeadAttention m({.d_in = 3,
+                        .d_out = 4,
+                        .context_length = 6,
+                        .dropout = 0.5f,
+                        .num_heads = 2,
+                        .qkv_bias = true});
+  const Tensor y = m.forward(example_batch());  // draws (2, 2, 6, 6) dropout noise
+  const std::vector<float> expected_y = {0.094087f,  -0.306712f, -1.017126f, -0.124680f,
+                                         -0.217540f, -0.192353f, -0.337902f, -0.030345f};
+  for (int64_t i = 0; i < 8; ++i) EXPECT_NEAR(y[i], expected_y[static_cast<size_t>(i)], 2e-6f);
+  const Tensor x = rand({2, 6, 3});
+  const Tensor r = rand({2, 6, 4});
+  manual_seed(5);
+  m.forward(x);
+  m.backward(r);
+  const std::vector<float> expected = {-0.003645f, 0.010903f,  -0.002625f, -0.070370f,
+                                       -0.049166f, -0.070473f, 0.018393f,  0.008563f,
+                                       0.011948f,  0.004049f,  0.013718f,  0.011755f};
+  ASSERT_EQ(m.W_query.weight.grad.numel(), 12);
+  for (int64_t i = 0; i < 12; ++i)
+    EXPECT_NEAR(m.W_query.weight.grad[i], expected[static_cast<size_t>(i)], 5e-6f);
 }
 
 TEST(Modules, SelfAttentionV1ByHand) {
