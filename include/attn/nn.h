@@ -149,6 +149,8 @@ class SelfAttentionV1 : public Module {
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
   Parameter W_query, W_key, W_value;
+  // The softmax weights of the last forward, before dropout: (..., T, T).
+  const Tensor& attention_weights() const { return saved_.weights; }
 
  private:
   SelfAttentionOptions options_;
@@ -166,6 +168,8 @@ class SelfAttentionV2 : public Module {
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
   Linear W_query, W_key, W_value;
+  // The softmax weights of the last forward, before dropout: (..., T, T).
+  const Tensor& attention_weights() const { return saved_.weights; }
 
  private:
   SelfAttentionOptions options_;
@@ -197,6 +201,9 @@ class CausalAttention : public Module {
   Linear W_query, W_key, W_value;
   Dropout dropout;
   Tensor mask;  // (context_length, context_length), 1 above the diagonal
+  // The softmax weights of the last forward, before dropout: (B, T, T).
+  const Tensor& attention_weights() const { return saved_.weights; }
+
  private:
   CausalAttentionOptions options_;
   Tensor q_, k_, v_;
@@ -244,6 +251,9 @@ class MultiHeadAttention : public Module {
   Linear W_query, W_key, W_value, out_proj;
   Dropout dropout;
   Tensor mask;  // (context_length, context_length), 1 above the diagonal
+  // The softmax weights of the last forward, before dropout: (B, H, T, T).
+  const Tensor& attention_weights() const { return saved_.weights; }
+
  private:
   MultiHeadAttentionOptions options_;
   Tensor q_, k_, v_;  // (B, H, T, hd)
@@ -270,6 +280,8 @@ class Head : public Module {
   Tensor backward(const Tensor& dy);
   Linear key, query, value;
   Dropout dropout;
+  // The softmax weights of the last forward, before dropout: (B, T, T).
+  const Tensor& attention_weights() const { return saved_.weights; }
 
  private:
   HeadOptions options_;

@@ -254,6 +254,20 @@ TEST(Modules, DropoutAndBackwardMatchPyTorch) {
     EXPECT_NEAR(m.W_query.weight.grad[i], expected[static_cast<size_t>(i)], 5e-6f);
 }
 
+TEST(Modules, AttentionWeightsOfTheLastForward) {
+  Generator gen(789);
+  CausalAttention ca({.d_in = 3, .d_out = 2, .context_length = 6, .dropout = 0.5f}, gen);
+  ca.forward(example_batch());
+  const Tensor& w = ca.attention_weights();  // before dropout
+  ASSERT_EQ(w.shape(), (Shape{2, 6, 6}));
+  const Tensor row_sums = sum(w, -1);
+  for (float s : row_sums.values()) EXPECT_NEAR(s, 1.0f, 1e-6f);
+  EXPECT_EQ(w.at({0, 1, 2}), 0.0f);  // the future
+  MultiHeadAttention mha({.d_in = 3, .d_out = 4, .context_length = 6, .num_heads = 2}, gen);
+  mha.forward(example_batch());
+  EXPECT_EQ(mha.attention_weights().shape(), (Shape{2, 2, 6, 6}));
+}
+
 TEST(Modules, SelfAttentionV1ByHand) {
   Generator gen(123);
   SelfAttentionV1 m({.d_in = 3, .d_out = 2}, gen);
