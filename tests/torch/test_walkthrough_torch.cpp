@@ -5,6 +5,7 @@
 // tolerance too (|ours - torch| <= 1e-5 + 1e-4 |torch|, non-finite values equal).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <string>
@@ -45,6 +46,20 @@ bool value_close(const json& ours, const json& theirs) {
   return std::fabs(a - b) <= kAtol + kRtol * std::fabs(b);
 }
 
+// The first line where two printed tensors differ, both versions.
+std::string first_difference(const std::string& ours, const std::string& torch) {
+  const auto a = attn::test::lines_of(ours);
+  const auto b = attn::test::lines_of(torch);
+  for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+    const std::string la = i < a.size() ? a[i] : "(no line)";
+    const std::string lb = i < b.size() ? b[i] : "(no line)";
+    if (la != lb) {
+      return "line " + std::to_string(i + 1) + "\n  attn:  " + la + "\n  torch: " + lb;
+    }
+  }
+  return "(same lines, different line endings)";
+}
+
 // Compares tensor by tensor; returns how many print exactly as torch prints them.
 int compare(const json& ours, const json& torch, const std::string& label) {
   EXPECT_EQ(ours.size(), torch.size()) << label << ": number of printed tensors";
@@ -61,9 +76,12 @@ int compare(const json& ours, const json& torch, const std::string& label) {
     EXPECT_EQ(a.at("shape"), b.at("shape")) << where;
     const std::string text = a.at("text").get<std::string>();
     const std::string torch_text = b.at("text").get<std::string>();
-    EXPECT_EQ(text, torch_text) << where << "\nattn prints:\n" << text << "\ntorch prints:\n"
-                                << torch_text;
-    if (text == torch_text) ++same_text;
+    if (text == torch_text) {
+      ++same_text;
+    } else {
+      ADD_FAILURE() << where << ": printed text differs from torch's\n"
+                    << first_difference(text, torch_text);
+    }
     const json& va = a.at("values");
     const json& vb = b.at("values");
     if (va.size() != vb.size()) {

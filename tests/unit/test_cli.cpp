@@ -93,6 +93,25 @@ TEST(Cli, NonNumberSeedIsOneLine) {
   EXPECT_NE(r.err.find("abc"), std::string::npos) << r.err;
 }
 
+TEST(Cli, OutOfRangeSeedIsOneLine) {
+  ATTN_REQUIRE_CLI();
+  // torch.manual_seed takes [-2^63, 2^64 - 1]; one more is "Overflow when unpacking long".
+  const auto r = run_cli("walkthrough --seed 18446744073709551616");
+  expect_one_line_error(r);
+  EXPECT_NE(r.err.find("'18446744073709551616'"), std::string::npos) << r.err;
+  expect_one_line_error(run_cli("walkthrough --seed 0x10"));
+  expect_one_line_error(run_cli("walkthrough --seed 7.5"));
+}
+
+TEST(Cli, NegativeSeedWrapsLikeTorch) {
+  ATTN_REQUIRE_CLI();
+  const auto minus_one = run_cli("walkthrough --json --section trainable --seed -1");
+  const auto max = run_cli("walkthrough --json --section trainable --seed 18446744073709551615");
+  ASSERT_EQ(minus_one.exit_code, 0) << minus_one.err;
+  ASSERT_EQ(max.exit_code, 0) << max.err;
+  EXPECT_EQ(minus_one.out, max.out);
+}
+
 TEST(Cli, UnknownCommandIsOneLine) {
   ATTN_REQUIRE_CLI();
   const auto r = run_cli("frobnicate");

@@ -60,8 +60,11 @@ int main(int argc, char** argv) {
 
   try {
     app.parse(argc, argv);
+  } catch (const CLI::CallForVersion& e) {
+    std::cout << e.what() << std::endl;
+    return 0;
   } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version: to stdout, exit 0
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help: to stdout, exit 0
     const bool no_command = app.get_subcommands().empty();
     if (no_command && !app.remaining().empty()) {
       return fail(kUsage, fmt::format("unknown command '{}' (known: {})", app.remaining().front(),

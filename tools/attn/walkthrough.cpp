@@ -6,6 +6,7 @@
 #include "walkthrough.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <iostream>
 #include <limits>
@@ -46,13 +47,13 @@ float sqrt_of(int64_t d_k) { return static_cast<float>(std::sqrt(static_cast<dou
 // Collects the tensors of one section and does its seeding.
 class Steps {
  public:
-  Steps(std::string section, std::optional<int64_t> seed_override, std::vector<Shown>* out)
+  Steps(std::string section, std::optional<uint64_t> seed_override, std::vector<Shown>* out)
       : section_(std::move(section)), seed_override_(seed_override), out_(out) {}
 
   // torch.manual_seed(spec_seed), or the --seed override; returns the seed used, for the text.
-  int64_t seed(int64_t spec_seed) {
-    const int64_t s = seed_override_.value_or(spec_seed);
-    manual_seed(static_cast<uint64_t>(s));
+  uint64_t seed(uint64_t spec_seed) {
+    const uint64_t s = seed_override_.value_or(spec_seed);
+    manual_seed(s);
     return s;
   }
 
@@ -71,7 +72,7 @@ class Steps {
 
  private:
   std::string section_;
-  std::optional<int64_t> seed_override_;
+  std::optional<uint64_t> seed_override_;
   std::vector<Shown>* out_;
 };
 
@@ -132,7 +133,7 @@ void trainable(Steps& s) {
   const int64_t d_in = inputs.size(1);
   const int64_t d_out = 2;
 
-  const int64_t seed = s.seed(123);
+  const uint64_t seed = s.seed(123);
   const Tensor W_query = rand({d_in, d_out});  // (3, 2)
   const Tensor W_key = rand({d_in, d_out});
   const Tensor W_value = rand({d_in, d_out});
@@ -172,7 +173,7 @@ void self_attention(Steps& s) {
   const int64_t d_in = inputs.size(1);
   const int64_t d_out = 2;
 
-  int64_t seed = s.seed(123);
+  uint64_t seed = s.seed(123);
   nn::SelfAttentionV1 sa_v1({.d_in = d_in, .d_out = d_out});
   s.show("sa_v1(inputs)", sa_v1.forward(inputs),
          "SelfAttention_v1 (rand parameters): all six context vectors",
@@ -191,7 +192,7 @@ void self_attention(Steps& s) {
 // Step 4 on the seed-789 SelfAttention_v2 of step 3; returns the causal weights (6, 6).
 Tensor causal_weights(Steps& s) {
   const Tensor inputs = example_inputs();
-  const int64_t seed = s.seed(789);
+  const uint64_t seed = s.seed(789);
   nn::SelfAttentionV2 sa_v2({.d_in = inputs.size(1), .d_out = 2});
   const Tensor queries = sa_v2.W_query.forward(inputs);  // (6, 2)
   const Tensor keys = sa_v2.W_key.forward(inputs);       // (6, 2)
@@ -234,7 +235,7 @@ void dropout_section(Steps& s) {
   Steps step4 = s.quiet();
   const Tensor attn_weights = causal_weights(step4);  // (6, 6), shown in the causal section
 
-  int64_t seed = s.seed(123);
+  uint64_t seed = s.seed(123);
   nn::Dropout dropout({.p = 0.5f});
   const Tensor example = Tensor::ones({6, 6});
   s.show("dropout(example)", dropout.forward(example),
@@ -259,7 +260,7 @@ void multihead(Steps& s) {
   const int64_t d_out = 2;
   const int64_t context_length = batch.size(1);
 
-  int64_t seed = s.seed(123);
+  uint64_t seed = s.seed(123);
   nn::CausalAttention ca(
       {.d_in = d_in, .d_out = d_out, .context_length = context_length, .dropout = 0.0f});
   s.show("ca(batch)", ca.forward(batch), "CausalAttention: one context vector per token",
@@ -291,7 +292,7 @@ void multihead(Steps& s) {
 // ---- 7. averaging the past, and one head ------------------------------------------------------
 
 void averaging(Steps& s) {
-  int64_t seed = s.seed(1337);
+  uint64_t seed = s.seed(1337);
   const int64_t B = 4, T = 8, C = 2;
   const Tensor x = randn({B, T, C});
   s.show("x[0]", select(x, 0), "the first of four random sequences of 8 tokens, 2 channels",
@@ -359,7 +360,7 @@ const char* const kSentence = "Life is short, eat dessert first";
 void embedding(Steps& s) {
   const Sentence sentence = sentence_indices(kSentence);
   const int64_t d = 16;
-  int64_t seed = s.seed(123);
+  uint64_t seed = s.seed(123);
   nn::Embedding embed({.num_embeddings = sentence.vocab_size, .embedding_dim = d});
   const Tensor embedded_sentence = embed.forward(sentence.indices);  // (6, 16)
   s.show("embedded_sentence", embedded_sentence,
@@ -485,7 +486,7 @@ std::string to_json(const std::vector<Shown>& shown) {
   return out;
 }
 
-std::string to_text(const std::vector<Shown>& shown, const std::optional<int64_t>& seed) {
+std::string to_text(const std::vector<Shown>& shown, const std::optional<uint64_t>& seed) {
   std::string out = fmt::format(
       "attn walkthrough: the attention chapter's worked examples on \"Your journey starts with "
       "one step\".\nEvery tensor prints as PyTorch 1.13 prints it; the line above it says what "
@@ -533,10 +534,27 @@ std::vector<Shown> run_walkthrough(const WalkthroughOptions& options) {
   return shown;
 }
 
+uint64_t parse_seed(const std::string& text) {
+  const char* first = text.data();
+  const char* last = text.data() + text.size();
+  if (!text.empty() && text[0] == '-') {
+    int64_t v = 0;
+    const auto [end, ec] = std::from_chars(first, last, v);
+    if (ec == std::errc() && end == last) return static_cast<uint64_t>(v);  // wraps, as in torch
+  } else {
+    uint64_t v = 0;
+    const auto [end, ec] = std::from_chars(first, last, v);
+    if (ec == std::errc() && end == last) return v;
+  }
+  throw UsageError(fmt::format(
+      "--seed: '{}' is not an integer in [{}, {}] (what torch.manual_seed accepts)", text,
+      std::numeric_limits<int64_t>::min(), std::numeric_limits<uint64_t>::max()));
+}
+
 Command add_walkthrough_command(CLI::App& app) {
   struct Flags {
     std::vector<std::string> sections;
-    int64_t seed = 0;
+    std::string seed;
     bool json = false;
     std::string json_out;
   };
@@ -570,7 +588,7 @@ Command add_walkthrough_command(CLI::App& app) {
   auto run = [flags, seed_opt]() -> int {
     WalkthroughOptions options;
     options.sections = flags->sections;
-    if (seed_opt->count() > 0) options.seed = flags->seed;
+    if (seed_opt->count() > 0) options.seed = parse_seed(flags->seed);
     for (const auto& name : options.sections) {
       try {
         find_section(name);

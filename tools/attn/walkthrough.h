@@ -36,8 +36,13 @@ struct Shown {
 
 struct WalkthroughOptions {
   std::vector<std::string> sections;  // names in the order to run them; empty: all
-  std::optional<int64_t> seed;        // replaces every torch.manual_seed of the examples
+  std::optional<uint64_t> seed;       // replaces every torch.manual_seed of the examples
 };
+
+// Parses a seed as torch.manual_seed takes it: a decimal integer in
+// [-2^63, 2^64 - 1], negative values wrapping to uint64 as in PyTorch.
+// Throws UsageError naming the text otherwise.
+uint64_t parse_seed(const std::string& text);
 
 // Runs the chosen sections (each recomputes what it needs from earlier ones, so any
 // subset works). Throws std::invalid_argument for an unknown section name.
