@@ -48,6 +48,24 @@ TEST(Cli, WalkthroughPrintsEverySection) {
   EXPECT_NE(r.out.find("# "), std::string::npos);
 }
 
+// The text form shows every tensor of the JSON form, each under its explanation line,
+// with a blank line before each step.
+TEST(Cli, TextShowsEveryTensorUnderItsExplanation) {
+  ATTN_REQUIRE_CLI();
+  const auto text = run_cli("walkthrough --section causal --section averaging");
+  const auto json = run_cli("walkthrough --section causal --section averaging --json");
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  for (const auto& t : nlohmann::json::parse(json.out)) {
+    const std::string block = "\n\n# " + t.at("explanation").get<std::string>() + "\n" +
+                              t.at("text").get<std::string>() + "\n";
+    EXPECT_NE(text.out.find(block), std::string::npos) << block;
+  }
+  EXPECT_NE(text.out.find("== 4. "), std::string::npos);
+  EXPECT_NE(text.out.find("== 7. "), std::string::npos);
+  EXPECT_EQ(text.out.find("== 1. "), std::string::npos);
+}
+
 TEST(Cli, HelpGoesToStdoutAndListsCommandsAndSections) {
   ATTN_REQUIRE_CLI();
   const auto top = run_cli("--help");
