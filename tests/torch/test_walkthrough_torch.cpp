@@ -8,9 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <iostream>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "cli.h"
 #include "oracle.h"

@@ -4,10 +4,9 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "cli.h"
 
@@ -232,8 +231,8 @@ TEST(Cli, JsonOutWritesTheFileWhole) {
   EXPECT_EQ(entries, 1);
   std::filesystem::remove_all(dir);
 
-  const auto bad = run_cli("walkthrough --section simplified --json-out '" + dir +
-                           "/no/such/folder/walk.json'");
+  const auto bad =
+      run_cli("walkthrough --section simplified --json-out '" + dir + "/no/such/folder/walk.json'");
   expect_one_line_error(bad);
   EXPECT_NE(bad.err.find("no/such/folder/walk.json"), std::string::npos) << bad.err;
 }

@@ -1,6 +1,7 @@
 // command.cpp - helpers the subcommands share.
 #include "command.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -9,8 +10,6 @@
 #include <filesystem>
 #include <fstream>
 #include <system_error>
-
-#include <fmt/format.h>
 
 namespace attn::cli {
 
@@ -22,8 +21,7 @@ void write_file_atomically(const std::string& path, const std::string& text) {
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) {
-      throw std::runtime_error(
-          fmt::format("cannot write '{}': {}", path, std::strerror(errno)));
+      throw std::runtime_error(fmt::format("cannot write '{}': {}", path, std::strerror(errno)));
     }
     out << text;
     out.flush();

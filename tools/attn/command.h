@@ -7,11 +7,10 @@
 // a failure: one line, exit code 1.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <functional>
 #include <stdexcept>
 #include <string>
-
-#include <CLI/CLI.hpp>
 
 namespace attn::cli {
 

@@ -3,14 +3,14 @@
 //
 // Exit codes: 0 success (and --help, --version); 1 the command failed; 2 a usage
 // error (unknown command, option or value). Help goes to stdout.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <CLI/CLI.hpp>
 #include <exception>
 #include <iostream>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include "command.h"
 #include "walkthrough.h"

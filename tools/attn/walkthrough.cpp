@@ -5,19 +5,19 @@
 // tensor with attn::to_string, which prints exactly what PyTorch prints.
 #include "walkthrough.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <iostream>
 #include <limits>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
 #include <utility>
-
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 
 #include "attn/functional.h"
 #include "attn/nn.h"
@@ -61,10 +61,9 @@ class Steps {
   void show(std::string name, const Tensor& value, const std::string& what,
             const std::string& torch_line) {
     if (out_ == nullptr) return;
-    out_->push_back(Shown{section_, std::move(name),
-                          fmt::format("{}: {}   shape {}", what, torch_line,
-                                      shape_str(value.shape())),
-                          value});
+    out_->push_back(
+        Shown{section_, std::move(name),
+              fmt::format("{}: {}   shape {}", what, torch_line, shape_str(value.shape())), value});
   }
 
   // The same seeds, nothing shown: a section recomputing an earlier one's result.
@@ -111,8 +110,7 @@ void simplified(Steps& s) {
          "context_vec_2 += attn_weights_2[i] * x_i for i, x_i in enumerate(inputs)");
 
   s.show("attn_scores_loops", ref::attention_scores_loops(inputs),
-         "all scores by two loops over the tokens",
-         "attn_scores[i, j] = torch.dot(x_i, x_j)");
+         "all scores by two loops over the tokens", "attn_scores[i, j] = torch.dot(x_i, x_j)");
   const ref::SimplifiedAttention all =
       ref::simplified_attention(inputs, ref::Normalization::kSoftmax);
   s.show("attn_scores", all.scores, "all scores as one matrix product",
@@ -166,7 +164,7 @@ void trainable(Steps& s) {
          "context_vec_2 = attn_weights_2 @ values");
 }
 
-// ---- 3. the compact classes ----------------------------------------------------------------
+// ---- 3. the compact classes -------------------------------------------------------------
 
 void self_attention(Steps& s) {
   const Tensor inputs = example_inputs();
@@ -187,7 +185,7 @@ void self_attention(Steps& s) {
                      seed));
 }
 
-// ---- 4. causal attention ----------------------------------------------------------------------
+// ---- 4. causal attention ----------------------------------------------------------------
 
 // Step 4 on the seed-789 SelfAttention_v2 of step 3; returns the causal weights (6, 6).
 Tensor causal_weights(Steps& s) {
@@ -229,7 +227,7 @@ Tensor causal_weights(Steps& s) {
 
 void causal(Steps& s) { causal_weights(s); }
 
-// ---- 5. dropout ----------------------------------------------------------------------------------
+// ---- 5. dropout -------------------------------------------------------------------------
 
 void dropout_section(Steps& s) {
   Steps step4 = s.quiet();
@@ -249,7 +247,7 @@ void dropout_section(Steps& s) {
          fmt::format("torch.manual_seed({}); dropout(attn_weights)", seed));
 }
 
-// ---- 6. batched causal attention and multi-head attention -----------------------------------
+// ---- 6. batched causal attention and multi-head attention -------------------------------
 
 void multihead(Steps& s) {
   const Tensor inputs = example_inputs();
@@ -289,7 +287,7 @@ void multihead(Steps& s) {
                      seed));
 }
 
-// ---- 7. averaging the past, and one head ------------------------------------------------------
+// ---- 7. averaging the past, and one head ------------------------------------------------
 
 void averaging(Steps& s) {
   uint64_t seed = s.seed(1337);
@@ -331,7 +329,7 @@ void averaging(Steps& s) {
          "v = value(x); out = wei @ v");
 }
 
-// ---- 8. embedding a sentence ---------------------------------------------------------------------
+// ---- 8. embedding a sentence ------------------------------------------------------------
 
 // "Life is short, eat dessert first" without the comma: the words, and each word's
 // index in the sorted vocabulary.
@@ -363,12 +361,13 @@ void embedding(Steps& s) {
   uint64_t seed = s.seed(123);
   nn::Embedding embed({.num_embeddings = sentence.vocab_size, .embedding_dim = d});
   const Tensor embedded_sentence = embed.forward(sentence.indices);  // (6, 16)
-  s.show("embedded_sentence", embedded_sentence,
-         fmt::format("the sentence as indices [{}], each mapped to a row of a standard normal table",
-                     fmt::join(sentence.indices, ", ")),
-         fmt::format("torch.manual_seed({}); embed = torch.nn.Embedding({}, {}); "
-                     "embedded_sentence = embed(sentence_int).detach()",
-                     seed, sentence.vocab_size, d));
+  s.show(
+      "embedded_sentence", embedded_sentence,
+      fmt::format("the sentence as indices [{}], each mapped to a row of a standard normal table",
+                  fmt::join(sentence.indices, ", ")),
+      fmt::format("torch.manual_seed({}); embed = torch.nn.Embedding({}, {}); "
+                  "embedded_sentence = embed(sentence_int).detach()",
+                  seed, sentence.vocab_size, d));
 
   seed = s.seed(123);
   const int64_t d_q = 24, d_k = 24, d_v = 28;
@@ -390,7 +389,8 @@ void embedding(Steps& s) {
   const Tensor omega_2 = matmul(query_2, t(keys));  // (6)
   s.show("omega_2", omega_2, "all scores of query 2", "omega_2 = query_2.matmul(keys.T)");
   const Tensor attention_weights_2 = softmax(div(omega_2, sqrt_of(d_k)), 0);
-  s.show("attention_weights_2", attention_weights_2, "scaled by 1/sqrt(d_k) = 1/sqrt(24), softmaxed",
+  s.show("attention_weights_2", attention_weights_2,
+         "scaled by 1/sqrt(d_k) = 1/sqrt(24), softmaxed",
          "attention_weights_2 = F.softmax(omega_2 / d_k**0.5, dim=0)");
   s.show("context_vector_2", matmul(attention_weights_2, values),
          "the context vector of the second token, d_v = 28 wide",
@@ -453,7 +453,7 @@ const SectionEntry& find_section(const std::string& name) {
       fmt::format("unknown section '{}' (known: {})", name, known_sections()));
 }
 
-// ---- output -----------------------------------------------------------------------------------
+// ---- output -----------------------------------------------------------------------------
 
 nlohmann::json json_values(const Tensor& t) {
   nlohmann::json values = nlohmann::json::array();
@@ -474,12 +474,9 @@ std::string to_json(const std::vector<Shown>& shown) {
   std::string out = "[";
   for (size_t i = 0; i < shown.size(); ++i) {
     const Shown& s = shown[i];
-    const nlohmann::json j = {{"section", s.section},
-                              {"name", s.name},
-                              {"explanation", s.explanation},
-                              {"shape", s.value.shape()},
-                              {"values", json_values(s.value)},
-                              {"text", to_string(s.value)}};
+    const nlohmann::json j = {{"section", s.section},           {"name", s.name},
+                              {"explanation", s.explanation},   {"shape", s.value.shape()},
+                              {"values", json_values(s.value)}, {"text", to_string(s.value)}};
     out += (i == 0 ? "\n" : ",\n") + j.dump();
   }
   out += "\n]\n";
@@ -546,9 +543,9 @@ uint64_t parse_seed(const std::string& text) {
     const auto [end, ec] = std::from_chars(first, last, v);
     if (ec == std::errc() && end == last) return v;
   }
-  throw UsageError(fmt::format(
-      "--seed: '{}' is not an integer in [{}, {}] (what torch.manual_seed accepts)", text,
-      std::numeric_limits<int64_t>::min(), std::numeric_limits<uint64_t>::max()));
+  throw UsageError(
+      fmt::format("--seed: '{}' is not an integer in [{}, {}] (what torch.manual_seed accepts)",
+                  text, std::numeric_limits<int64_t>::min(), std::numeric_limits<uint64_t>::max()));
 }
 
 Command add_walkthrough_command(CLI::App& app) {
@@ -571,16 +568,15 @@ Command add_walkthrough_command(CLI::App& app) {
   cmd->footer(sections_help);
   CLI::Option* section_opt =
       cmd->add_option("--section", flags->sections,
-                      "Run only this section (repeatable, or comma-separated): " +
-                          known_sections())
+                      "Run only this section (repeatable, or comma-separated): " + known_sections())
           ->delimiter(',')
           ->type_name("NAME");
   CLI::Option* seed_opt =
       cmd->add_option("--seed", flags->seed, "Use this seed for every torch.manual_seed")
           ->type_name("N");
   cmd->add_flag("--json", flags->json,
-                "Print a JSON array of every tensor: section, name, explanation, shape, values, "
-                "text");
+                "Print a JSON array of every tensor: section, name, explanation, shape, values "
+                "(row-major; inf, -inf, nan as strings), text (as PyTorch prints it)");
   cmd->add_option("--json-out", flags->json_out, "Also write that JSON array to FILE (atomically)")
       ->type_name("FILE");
   (void)section_opt;
