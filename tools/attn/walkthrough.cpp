@@ -566,11 +566,10 @@ Command add_walkthrough_command(CLI::App& app) {
       "The chapter's worked examples on \"Your journey starts with one step\", every tensor "
       "printed the way PyTorch 1.13 prints it");
   cmd->footer(sections_help);
-  CLI::Option* section_opt =
-      cmd->add_option("--section", flags->sections,
-                      "Run only this section (repeatable, or comma-separated): " + known_sections())
-          ->delimiter(',')
-          ->type_name("NAME");
+  cmd->add_option("--section", flags->sections,
+                  "Run only this section (repeatable, or comma-separated): " + known_sections())
+      ->delimiter(',')
+      ->type_name("NAME");
   CLI::Option* seed_opt =
       cmd->add_option("--seed", flags->seed, "Use this seed for every torch.manual_seed")
           ->type_name("N");
@@ -579,7 +578,6 @@ Command add_walkthrough_command(CLI::App& app) {
                 "(row-major; inf, -inf, nan as strings), text (as PyTorch prints it)");
   cmd->add_option("--json-out", flags->json_out, "Also write that JSON array to FILE (atomically)")
       ->type_name("FILE");
-  (void)section_opt;
 
   auto run = [flags, seed_opt]() -> int {
     WalkthroughOptions options;
