@@ -129,6 +129,21 @@ TEST(Cli, NegativeSeedWrapsLikeTorch) {
   EXPECT_EQ(minus_one.out, max.out);
 }
 
+// Only the low 32 bits of a seed reach MT19937 (RNG.md): 2^32 draws what 0 draws.
+TEST(Cli, SeedUsesItsLow32BitsLikeTorch) {
+  ATTN_REQUIRE_CLI();
+  const auto zero = run_cli("walkthrough --json --seed 0");
+  const auto two_to_32 = run_cli("walkthrough --json --seed 4294967296");
+  ASSERT_EQ(zero.exit_code, 0) << zero.err;
+  ASSERT_EQ(two_to_32.exit_code, 0) << two_to_32.err;
+  const auto a = nlohmann::json::parse(zero.out);
+  const auto b = nlohmann::json::parse(two_to_32.out);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].at("text"), b[i].at("text")) << a[i].at("name");
+  }
+}
+
 TEST(Cli, UnknownCommandIsOneLine) {
   ATTN_REQUIRE_CLI();
   const auto r = run_cli("frobnicate");
