@@ -15,6 +15,27 @@
 // movable; keep them in place or in a std::unique_ptr.
 //
 // Layout: batched inputs are (B, T, d_in); per-head tensors (B, H, T, hd).
+//
+// Two paths compute CausalAttention and MultiHeadAttention (and the heads of
+// MultiHeadAttentionWrapper); the options' `backend` and `exact_dropout` choose:
+//
+//   path        code                               keeps for backward     dropout masks
+//   kReference  attn::ref (attn/functional.h)      weights (B, H, T, T)   PyTorch's: MT19937
+//   stream,
+//                                                                         bit for bit (RNG.md §5)
+//   kFused      attn::fused (attn/fused.h): BLAS   qkv, context and the   Philox, keyed by a seed
+//               projections + flash kernel         log-sum-exp (B, H, T)  drawn from the module's
+//                                                                         generator (RNG.md §6)
+//
+// kAuto (the default) takes the fused path whenever its results may differ
+// from the reference only by float rounding (about 1e-7 relative): in
+// evaluation mode or with dropout p = 0, or when exact_dropout is false; it
+// takes the reference path when training with dropout and exact_dropout is
+// true (masks that follow PyTorch's stream), and for what the kernel does not
+// do (head_dim > 256, p = 1, CausalAttention's softmax_dim = 1). last_backend()
+// tells which path the last forward took. With dropout on the fused path each
+// forward draws one random64() from the module's generator as the Philox seed,
+// so a seeded run is reproducible; kernels::flash_dropout_noise gives its mask.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +45,7 @@
 #include <vector>
 
 #include "attn/functional.h"
+#include "attn/fused.h"
 #include "attn/random.h"
 #include "attn/tensor.h"
 
@@ -97,6 +119,11 @@ class Dropout : public Module {
   explicit Dropout(const DropoutOptions& options = {}, Generator& gen = default_generator());
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
+  // True when forward applies noise: training mode and p > 0.
+  bool is_active() const { return is_training() && options_.p > 0.0f; }
+  // One random64() from the generator: the seed of the fused kernel's
+  // counter-based noise, drawn once per forward of an attention module.
+  uint64_t draw_seed() { return gen_->random64(); }
   // The noise forward(x) would multiply an x of this shape by, drawn now from
   // the generator (attn::dropout_noise); empty, with no draws, when dropout is
   // the identity (evaluation mode or p = 0). The attention modules use it to
@@ -180,6 +207,15 @@ class SelfAttentionV2 : public Module {
 
 // ---- 3. causal attention with dropout --------------------------------------------------
 
+// Which code computes the attention of a module (see the table at the top).
+enum class AttentionBackend {
+  kAuto,       // fused unless PyTorch-exact dropout masks are asked for (or it cannot)
+  kReference,  // attn::ref: the plain maths, PyTorch's dropout masks, keeps the weights
+  kFused,      // attn::fused: BLAS projections + flash kernel, Philox dropout masks
+};
+// "auto", "reference", "fused".
+const char* to_string(AttentionBackend backend);
+
 struct CausalAttentionOptions {
   int64_t d_in = 0;
   int64_t d_out = 0;
@@ -187,6 +223,10 @@ struct CausalAttentionOptions {
   float dropout = 0.0f;
   bool qkv_bias = false;
   int64_t softmax_dim = -1;  // 1 reproduces the early printing's softmax-over-queries bug
+  AttentionBackend backend = AttentionBackend::kAuto;
+  // Dropout masks follow PyTorch's MT19937 stream; only the reference path can
+  // do that, so kAuto keeps the reference path while training with dropout.
+  bool exact_dropout = true;
 };
 // CausalAttention: W_query, W_key, W_value linear (d_in -> d_out), a
 // (context_length, context_length) future mask buffer, dropout on the weights.
@@ -201,13 +241,20 @@ class CausalAttention : public Module {
   Linear W_query, W_key, W_value;
   Dropout dropout;
   Tensor mask;  // (context_length, context_length), 1 above the diagonal
-  // The softmax weights of the last forward, before dropout: (B, T, T).
-  const Tensor& attention_weights() const { return saved_.weights; }
+  // The softmax weights of the last forward, before dropout: (B, T, T). The
+  // fused path keeps only the log-sum-exp, so after a fused forward they are
+  // recomputed (reference maths) from the saved q and k on the first call.
+  const Tensor& attention_weights() const;
+  // The path the last forward took (kReference or kFused); kAuto before any forward.
+  AttentionBackend last_backend() const { return last_backend_; }
 
  private:
+  AttentionBackend choose_backend() const;
   CausalAttentionOptions options_;
   Tensor q_, k_, v_;
-  ref::AttentionSaved saved_;
+  mutable ref::AttentionSaved saved_;  // fused path: weights filled by attention_weights()
+  fused::AttentionBlockSaved fused_saved_;
+  AttentionBackend last_backend_ = AttentionBackend::kAuto;
   bool has_forward_ = false;
 };
 
@@ -220,6 +267,8 @@ struct MultiHeadAttentionOptions {
   float dropout = 0.0f;
   int64_t num_heads = 1;
   bool qkv_bias = false;
+  AttentionBackend backend = AttentionBackend::kAuto;  // as CausalAttentionOptions
+  bool exact_dropout = true;                           // as CausalAttentionOptions
 };
 // MultiHeadAttentionWrapper: num_heads CausalAttention heads ("heads.0" ...),
 // outputs concatenated on the last axis: (B, T, num_heads * d_out).
@@ -251,13 +300,21 @@ class MultiHeadAttention : public Module {
   Linear W_query, W_key, W_value, out_proj;
   Dropout dropout;
   Tensor mask;  // (context_length, context_length), 1 above the diagonal
-  // The softmax weights of the last forward, before dropout: (B, H, T, T).
-  const Tensor& attention_weights() const { return saved_.weights; }
+  // The softmax weights of the last forward, before dropout: (B, H, T, T). The
+  // fused path keeps only the log-sum-exp, so after a fused forward they are
+  // recomputed (reference maths) from the saved q and k on the first call.
+  const Tensor& attention_weights() const;
+  // The path the last forward took (kReference or kFused); kAuto before any forward.
+  AttentionBackend last_backend() const { return last_backend_; }
 
  private:
+  AttentionBackend choose_backend() const;
+  fused::ProjectionWeights projection_weights() const;
   MultiHeadAttentionOptions options_;
-  Tensor q_, k_, v_;  // (B, H, T, hd)
-  ref::AttentionSaved saved_;
+  Tensor q_, k_, v_;                   // (B, H, T, hd)
+  mutable ref::AttentionSaved saved_;  // fused path: weights filled by attention_weights()
+  fused::AttentionBlockSaved fused_saved_;
+  AttentionBackend last_backend_ = AttentionBackend::kAuto;
   bool has_forward_ = false;
 };
 

@@ -1,6 +1,8 @@
 // The chapter's attention modules: SelfAttention v1/v2, CausalAttention and the
 // two multi-head forms. Each owns its parameters and options and calls
-// ref::attention_forward / attention_backward for the maths.
+// ref::attention_forward / attention_backward for the maths, or, for
+// CausalAttention and MultiHeadAttention on the fused path (attn/nn.h says
+// when), fused::attention_block_forward / attention_block_backward.
 #include <fmt/format.h>
 
 #include <stdexcept>
@@ -15,6 +17,29 @@ namespace {
 using detail::check_btd;
 using detail::check_grad;
 using detail::check_positive;
+
+constexpr int64_t kFusedMaxHeadDim = 256;  // the flash kernel's limit
+
+// kFused asked for what the kernel cannot do: an error at construction.
+void check_fused_request(const char* module, AttentionBackend backend, int64_t head_dim,
+                         float dropout, int64_t softmax_dim) {
+  if (backend != AttentionBackend::kFused) return;
+  if (head_dim > kFusedMaxHeadDim) {
+    throw std::invalid_argument(
+        fmt::format("{}: backend = kFused needs head_dim <= {}, got {}; use kAuto or kReference",
+                    module, kFusedMaxHeadDim, head_dim));
+  }
+  if (dropout >= 1.0f) {
+    throw std::invalid_argument(
+        fmt::format("{}: backend = kFused needs dropout < 1, got {}; use kAuto or kReference",
+                    module, dropout));
+  }
+  if (softmax_dim != -1 && softmax_dim != 2) {
+    throw std::invalid_argument(fmt::format(
+        "{}: backend = kFused computes the softmax over the keys only, got softmax_dim = {}",
+        module, softmax_dim));
+  }
+}
 
 // ---- option checks, run before any parameter is drawn ----
 
@@ -37,6 +62,7 @@ const CausalAttentionOptions& checked(const CausalAttentionOptions& o) {
         fmt::format("CausalAttention: softmax_dim must be -1 or 2 (keys) or 1 (queries), got {}",
                     o.softmax_dim));
   }
+  check_fused_request("CausalAttention", o.backend, o.d_out, o.dropout, o.softmax_dim);
   return o;
 }
 
@@ -55,6 +81,7 @@ const MultiHeadAttentionOptions& checked_split(const MultiHeadAttentionOptions& 
         fmt::format("MultiHeadAttention: d_out ({}) must be divisible by num_heads ({})", o.d_out,
                     o.num_heads));
   }
+  check_fused_request("MultiHeadAttention", o.backend, o.d_out / o.num_heads, o.dropout, -1);
   return o;
 }
 
@@ -83,7 +110,88 @@ Shape output_shape(const Tensor& q, const Tensor& v) {
 
 const Tensor* noise_or_null(const Tensor& noise) { return noise.empty() ? nullptr : &noise; }
 
+// ---- choosing the path: reference or fused (the table in attn/nn.h) ----
+
+// kAuto: fused whenever the results may differ from the reference only by
+// rounding, or the caller allows other dropout masks; reference otherwise.
+AttentionBackend choose(AttentionBackend requested, const Dropout& dropout, bool exact_dropout,
+                        bool kernel_can) {
+  if (requested != AttentionBackend::kAuto) return requested;
+  if (!kernel_can) return AttentionBackend::kReference;
+  if (dropout.is_active() && (exact_dropout || dropout.options().p >= 1.0f))
+    return AttentionBackend::kReference;
+  return AttentionBackend::kFused;
+}
+
+// The fused block's dropout for this forward: one seed from the module's
+// generator when dropout is active, nothing drawn otherwise.
+fused::AttentionBlockOptions fused_options(int64_t num_heads, Dropout& dropout) {
+  fused::AttentionBlockOptions o{.num_heads = num_heads, .causal = true};
+  if (dropout.is_active()) {
+    o.dropout_p = dropout.options().p;
+    o.dropout_seed = dropout.draw_seed();
+  }
+  return o;
+}
+
+fused::ProjectionGrads projection_grads(Linear& W_query, Linear& W_key, Linear& W_value,
+                                        Linear* out_proj) {
+  const auto bias_grad = [](Linear& l) { return l.options().bias ? &l.bias.grad : nullptr; };
+  fused::ProjectionGrads g{.W_query = &W_query.weight.grad,
+                           .W_key = &W_key.weight.grad,
+                           .W_value = &W_value.weight.grad,
+                           .b_query = bias_grad(W_query),
+                           .b_key = bias_grad(W_key),
+                           .b_value = bias_grad(W_value)};
+  if (out_proj != nullptr) {
+    g.W_out = &out_proj->weight.grad;
+    g.b_out = bias_grad(*out_proj);
+  }
+  return g;
+}
+
+fused::ProjectionWeights projection_weights(const Linear& W_query, const Linear& W_key,
+                                            const Linear& W_value, const Linear* out_proj) {
+  const auto bias = [](const Linear& l) { return l.options().bias ? &l.bias.value : nullptr; };
+  fused::ProjectionWeights w{.W_query = &W_query.weight.value,
+                             .W_key = &W_key.weight.value,
+                             .W_value = &W_value.weight.value,
+                             .b_query = bias(W_query),
+                             .b_key = bias(W_key),
+                             .b_value = bias(W_value)};
+  if (out_proj != nullptr) {
+    w.W_out = &out_proj->weight.value;
+    w.b_out = bias(*out_proj);
+  }
+  return w;
+}
+
+// The softmax weights (B, H, T, T) of a fused forward, recomputed with the
+// reference maths from the q and k it saved in qkv (B, T, 3·d_out).
+Tensor recomputed_weights(const fused::AttentionBlockSaved& s) {
+  const int64_t B = s.params.B, T = s.params.T, H = s.params.H, hd = s.params.hd;
+  const Tensor qkv = s.qkv.reshape({B, T, 3 * H, hd});        // (B, T, 3·H, hd)
+  const Tensor q = transpose(slice(qkv, 2, 0, H), 1, 2);      // (B, H, T, hd)
+  const Tensor k = transpose(slice(qkv, 2, H, 2 * H), 1, 2);  // (B, H, T, hd)
+  ref::AttentionSaved saved;
+  ref::attention_forward(q, k, k, {.causal = s.params.causal, .scale = s.params.scale}, nullptr,
+                         &saved);
+  return saved.weights;  // (B, H, T, T)
+}
+
 }  // namespace
+
+const char* to_string(AttentionBackend backend) {
+  switch (backend) {
+    case AttentionBackend::kAuto:
+      return "auto";
+    case AttentionBackend::kReference:
+      return "reference";
+    case AttentionBackend::kFused:
+      return "fused";
+  }
+  return "unknown";
+}
 
 // ---- SelfAttention_v1 ------------------------------------------------------------------
 
@@ -168,9 +276,33 @@ CausalAttention::CausalAttention(const CausalAttentionOptions& options, Generato
   register_module("dropout", &dropout);
 }
 
+AttentionBackend CausalAttention::choose_backend() const {
+  const bool kernel_can = options_.d_out <= kFusedMaxHeadDim &&
+                          (options_.softmax_dim == -1 || options_.softmax_dim == 2);
+  return choose(options_.backend, dropout, options_.exact_dropout, kernel_can);
+}
+
+const Tensor& CausalAttention::attention_weights() const {
+  if (last_backend_ == AttentionBackend::kFused && saved_.weights.empty()) {
+    const Tensor& x = fused_saved_.x;
+    saved_.weights = recomputed_weights(fused_saved_).reshape({x.size(0), x.size(1), x.size(1)});
+  }
+  return saved_.weights;  // (B, T, T)
+}
+
 Tensor CausalAttention::forward(const Tensor& x) {
   check_btd("CausalAttention", x, {"d_in", options_.d_in},
             {"context_length", options_.context_length});
+  last_backend_ = choose_backend();
+  has_forward_ = true;
+  if (last_backend_ == AttentionBackend::kFused) {
+    q_ = k_ = v_ = Tensor();
+    saved_ = {};
+    // One head of width d_out, no output projection.
+    return fused::attention_block_forward(x, projection_weights(W_query, W_key, W_value, nullptr),
+                                          fused_options(1, dropout), &fused_saved_);
+  }
+  fused_saved_ = {};
   const int64_t B = x.size(0), T = x.size(1);
   q_ = W_query.forward(x);  // (B, T, d_out)
   k_ = W_key.forward(x);    // (B, T, d_out)
@@ -178,13 +310,19 @@ Tensor CausalAttention::forward(const Tensor& x) {
   // mask[:T, :T] is the j > i pattern that causal = true applies.
   const ref::AttentionOptions attention{.causal = true, .softmax_dim = options_.softmax_dim};
   const Tensor noise = dropout.sample_noise({B, T, T});  // (B, T, T), empty when off
-  has_forward_ = true;
   return ref::attention_forward(q_, k_, v_, attention, noise_or_null(noise),
                                 &saved_);  // (B, T, d_out)
 }
 
 Tensor CausalAttention::backward(const Tensor& dy) {
   require_forward(has_forward_, "CausalAttention");
+  if (last_backend_ == AttentionBackend::kFused) {
+    const Tensor& x = fused_saved_.x;
+    check_grad("CausalAttention", dy, {x.size(0), x.size(1), options_.d_out});
+    return fused::attention_block_backward(dy, projection_weights(W_query, W_key, W_value, nullptr),
+                                           fused_saved_,
+                                           projection_grads(W_query, W_key, W_value, nullptr));
+  }
   check_grad("CausalAttention", dy, output_shape(q_, v_));
   const ref::AttentionOptions attention{.causal = true, .softmax_dim = options_.softmax_dim};
   const ref::AttentionGrads g = ref::attention_backward(dy, q_, k_, v_, saved_, attention);
@@ -207,7 +345,9 @@ std::vector<std::unique_ptr<CausalAttention>> make_causal_heads(const MultiHeadA
                                                                  .d_out = o.d_out,
                                                                  .context_length = o.context_length,
                                                                  .dropout = o.dropout,
-                                                                 .qkv_bias = o.qkv_bias},
+                                                                 .qkv_bias = o.qkv_bias,
+                                                                 .backend = o.backend,
+                                                                 .exact_dropout = o.exact_dropout},
                                           gen));
   }
   return heads;
@@ -270,9 +410,33 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& options,
   register_module("dropout", &dropout);
 }
 
+AttentionBackend MultiHeadAttention::choose_backend() const {
+  return choose(options_.backend, dropout, options_.exact_dropout, head_dim() <= kFusedMaxHeadDim);
+}
+
+fused::ProjectionWeights MultiHeadAttention::projection_weights() const {
+  return nn::projection_weights(W_query, W_key, W_value, &out_proj);
+}
+
+const Tensor& MultiHeadAttention::attention_weights() const {
+  if (last_backend_ == AttentionBackend::kFused && saved_.weights.empty())
+    saved_.weights = recomputed_weights(fused_saved_);
+  return saved_.weights;  // (B, H, T, T)
+}
+
 Tensor MultiHeadAttention::forward(const Tensor& x) {
   check_btd("MultiHeadAttention", x, {"d_in", options_.d_in},
             {"context_length", options_.context_length});
+  last_backend_ = choose_backend();
+  has_forward_ = true;
+  if (last_backend_ == AttentionBackend::kFused) {
+    q_ = k_ = v_ = Tensor();
+    saved_ = {};
+    // qkv (B, T, 3·d_out) in one buffer, heads read in place, out_proj on BLAS.
+    return fused::attention_block_forward(
+        x, projection_weights(), fused_options(options_.num_heads, dropout), &fused_saved_);
+  }
+  fused_saved_ = {};
   const int64_t B = x.size(0), T = x.size(1), H = options_.num_heads, hd = head_dim();
   // (B, T, d_out) viewed as (B, T, H, hd), heads to the front: (B, H, T, hd).
   q_ = transpose(W_query.forward(x).reshape({B, T, H, hd}), 1, 2);
@@ -282,13 +446,18 @@ Tensor MultiHeadAttention::forward(const Tensor& x) {
   const Tensor noise = dropout.sample_noise({B, H, T, T});  // (B, H, T, T), empty when off
   const Tensor context =
       ref::attention_forward(q_, k_, v_, attention, noise_or_null(noise), &saved_);
-  has_forward_ = true;
   // (B, H, T, hd) -> (B, T, H, hd) -> (B, T, d_out), then the output projection.
   return out_proj.forward(transpose(context, 1, 2).reshape({B, T, options_.d_out}));
 }
 
 Tensor MultiHeadAttention::backward(const Tensor& dy) {
   require_forward(has_forward_, "MultiHeadAttention");
+  if (last_backend_ == AttentionBackend::kFused) {
+    const Tensor& x = fused_saved_.x;
+    check_grad("MultiHeadAttention", dy, {x.size(0), x.size(1), options_.d_out});
+    return fused::attention_block_backward(dy, projection_weights(), fused_saved_,
+                                           projection_grads(W_query, W_key, W_value, &out_proj));
+  }
   const int64_t B = q_.size(0), H = q_.size(1), T = q_.size(2), hd = q_.size(3);
   check_grad("MultiHeadAttention", dy, {B, T, options_.d_out});
   const Tensor dcontext =

@@ -1,0 +1,253 @@
+// The fast path of the attention modules (attn/fused.h): four projections on
+// OpenBLAS sgemm around the flash kernel, all in the token-major layout
+// (B·T rows), so nothing is transposed or split into per-head copies.
+#include <cblas.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <stdexcept>
+#include <vector>
+
+#include "attn/fused.h"
+
+namespace attn::fused {
+namespace {
+
+constexpr int kQKV = 3;  // q, k, v: the column blocks of qkv
+
+blasint as_blas(int64_t n) { return static_cast<blasint>(n); }
+
+// C (M, N; ldc) = beta·C + A (M, K; lda) · Bᵀ where B is (N, K; ldb): y = x Wᵀ.
+void gemm_nt(float* C, int64_t ldc, const float* A, int64_t lda, const float* Bm, int64_t ldb,
+             int64_t M, int64_t N, int64_t K, float beta) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, as_blas(M), as_blas(N), as_blas(K), 1.0f, A,
+              as_blas(lda), Bm, as_blas(ldb), beta, C, as_blas(ldc));
+}
+// C (M, N; ldc) = beta·C + A (M, K; lda) · B (K, N; ldb): dx = dy W.
+void gemm_nn(float* C, int64_t ldc, const float* A, int64_t lda, const float* Bm, int64_t ldb,
+             int64_t M, int64_t N, int64_t K, float beta) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, as_blas(M), as_blas(N), as_blas(K), 1.0f,
+              A, as_blas(lda), Bm, as_blas(ldb), beta, C, as_blas(ldc));
+}
+// C (M, N; ldc) += Aᵀ · B where A is (K, M; lda) and B (K, N; ldb): dW += dyᵀ x.
+void gemm_tn_accumulate(float* C, int64_t ldc, const float* A, int64_t lda, const float* Bm,
+                        int64_t ldb, int64_t M, int64_t N, int64_t K) {
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, as_blas(M), as_blas(N), as_blas(K), 1.0f, A,
+              as_blas(lda), Bm, as_blas(ldb), 1.0f, C, as_blas(ldc));
+}
+// db (N) += Σ_rows A (M, N; lda), as Aᵀ · ones.
+void column_sums_accumulate(float* db, const float* A, int64_t lda, int64_t M, int64_t N) {
+  const std::vector<float> ones(static_cast<size_t>(M), 1.0f);
+  cblas_sgemv(CblasRowMajor, CblasTrans, as_blas(M), as_blas(N), 1.0f, A, as_blas(lda), ones.data(),
+              1, 1.0f, db, 1);
+}
+// Every row of C (M, N; ldc) set to b (N), or to 0 without a bias: the
+// starting value of y = x Wᵀ + b.
+void fill_rows(float* C, int64_t ldc, const Tensor* b, int64_t M, int64_t N) {
+  for (int64_t r = 0; r < M; ++r) {
+    float* row = C + r * ldc;
+    if (b != nullptr) {
+      std::copy(b->data(), b->data() + N, row);
+    } else {
+      std::fill(row, row + N, 0.0f);
+    }
+  }
+}
+
+void check_shape(const char* what, const Tensor* t, const Shape& expected) {
+  if (t != nullptr && t->shape() != expected) {
+    throw std::invalid_argument(fmt::format("attention_block: {} has shape {}, expected {}", what,
+                                            shape_str(t->shape()), shape_str(expected)));
+  }
+}
+
+// Checks the weights against each other and returns (d_in, d_out).
+std::array<int64_t, 2> checked_widths(const ProjectionWeights& w) {
+  if (w.W_query == nullptr || w.W_key == nullptr || w.W_value == nullptr) {
+    throw std::invalid_argument("attention_block: W_query, W_key and W_value are required");
+  }
+  if (w.W_query->dim() != 2) {
+    throw std::invalid_argument(fmt::format(
+        "attention_block: W_query must be (d_out, d_in), got {}", shape_str(w.W_query->shape())));
+  }
+  const int64_t d_out = w.W_query->size(0), d_in = w.W_query->size(1);
+  check_shape("W_key", w.W_key, {d_out, d_in});
+  check_shape("W_value", w.W_value, {d_out, d_in});
+  check_shape("b_query", w.b_query, {d_out});
+  check_shape("b_key", w.b_key, {d_out});
+  check_shape("b_value", w.b_value, {d_out});
+  check_shape("W_out", w.W_out, {d_out, d_out});
+  if (w.W_out == nullptr && w.b_out != nullptr) {
+    throw std::invalid_argument("attention_block: b_out given without W_out");
+  }
+  check_shape("b_out", w.b_out, {d_out});
+  return {d_in, d_out};
+}
+
+std::array<const Tensor*, kQKV> weights_of(const ProjectionWeights& w) {
+  return {w.W_query, w.W_key, w.W_value};
+}
+std::array<const Tensor*, kQKV> biases_of(const ProjectionWeights& w) {
+  return {w.b_query, w.b_key, w.b_value};
+}
+
+// Gradient slots must exist exactly where the weights do, with their shapes.
+void check_grads(const ProjectionWeights& w, const ProjectionGrads& g) {
+  const std::array<std::pair<const Tensor*, const Tensor*>, 8> pairs = {{{w.W_query, g.W_query},
+                                                                         {w.W_key, g.W_key},
+                                                                         {w.W_value, g.W_value},
+                                                                         {w.b_query, g.b_query},
+                                                                         {w.b_key, g.b_key},
+                                                                         {w.b_value, g.b_value},
+                                                                         {w.W_out, g.W_out},
+                                                                         {w.b_out, g.b_out}}};
+  constexpr std::array<const char*, 8> names = {"W_query", "W_key",   "W_value", "b_query",
+                                                "b_key",   "b_value", "W_out",   "b_out"};
+  for (size_t n = 0; n < pairs.size(); ++n) {
+    const auto [value, grad] = pairs[n];
+    if ((value == nullptr) != (grad == nullptr)) {
+      throw std::invalid_argument(fmt::format(
+          "attention_block_backward: the gradient of {} is {} but the weight is {}", names[n],
+          grad == nullptr ? "missing" : "given", value == nullptr ? "absent" : "present"));
+    }
+    if (value != nullptr) check_shape(names[n], grad, value->shape());
+  }
+}
+
+}  // namespace
+
+Tensor attention_block_forward(const Tensor& x, const ProjectionWeights& w,
+                               const AttentionBlockOptions& options, AttentionBlockSaved* saved) {
+  const auto [d_in, d_out] = checked_widths(w);
+  if (x.dim() != 3 || x.size(2) != d_in || x.size(0) < 1 || x.size(1) < 1) {
+    throw std::invalid_argument(
+        fmt::format("attention_block_forward: expected x of shape (B, T, d_in = {}), got {}", d_in,
+                    shape_str(x.shape())));
+  }
+  if (options.num_heads < 1 || d_out % options.num_heads != 0) {
+    throw std::invalid_argument(
+        fmt::format("attention_block_forward: d_out ({}) must be divisible by num_heads ({})",
+                    d_out, options.num_heads));
+  }
+  const int64_t B = x.size(0), T = x.size(1), N = B * T, H = options.num_heads;
+  kernels::FlashAttentionParams p;
+  p.B = B, p.T = T, p.H = H, p.hd = d_out / H;
+  p.causal = options.causal;
+  p.scale = options.scale;
+  p.dropout_p = options.dropout_p;
+  p.dropout_seed = options.dropout_seed;
+  p.q_stride = p.k_stride = p.v_stride = kQKV * d_out;
+  p.o_stride = d_out;
+  p = kernels::validated(p);  // throws for head_dim > 256, p outside [0, 1), ...
+
+  // qkv = x [W_query; W_key; W_value]ᵀ + b: one column block per projection.
+  Tensor qkv({B, T, kQKV * d_out});  // (B, T, 3·d_out)
+  const auto weights = weights_of(w);
+  const auto biases = biases_of(w);
+  for (int j = 0; j < kQKV; ++j) {
+    float* block = qkv.data() + j * d_out;
+    fill_rows(block, kQKV * d_out, biases[j], N, d_out);
+    gemm_nt(block, kQKV * d_out, x.data(), d_in, weights[j]->data(), d_in, N, d_out, d_in, 1.0f);
+  }
+  const float* q = qkv.data();
+  Tensor context({B, T, d_out});  // (B, T, H, hd) = (B, T, d_out)
+  Tensor lse({B, H, T});          // (B, H, T)
+  kernels::flash_attention_forward(context.data(), lse.data(), q, q + d_out, q + 2 * d_out, p);
+
+  Tensor y;
+  if (w.W_out != nullptr) {
+    y = Tensor({B, T, d_out});  // (B, T, d_out) = context W_outᵀ + b_out
+    fill_rows(y.data(), d_out, w.b_out, N, d_out);
+    gemm_nt(y.data(), d_out, context.data(), d_out, w.W_out->data(), d_out, N, d_out, d_out, 1.0f);
+  } else if (saved == nullptr) {
+    y = std::move(context);
+  } else {
+    y = context;
+  }
+  if (saved != nullptr) {
+    saved->x = x;
+    saved->qkv = std::move(qkv);
+    saved->context = std::move(context);
+    saved->lse = std::move(lse);
+    saved->params = p;
+  }
+  return y;
+}
+
+Tensor attention_block_backward(const Tensor& dy, const ProjectionWeights& w,
+                                const AttentionBlockSaved& saved, const ProjectionGrads& grads) {
+  const auto [d_in, d_out] = checked_widths(w);
+  check_grads(w, grads);
+  const kernels::FlashAttentionParams& p = saved.params;
+  const int64_t B = p.B, T = p.T, N = B * T;
+  if (saved.qkv.shape() != Shape{B, T, kQKV * d_out} || saved.x.shape() != Shape{B, T, d_in}) {
+    throw std::invalid_argument(fmt::format(
+        "attention_block_backward: saved state (x {}, qkv {}) does not fit these weights "
+        "(d_in {}, d_out {})",
+        shape_str(saved.x.shape()), shape_str(saved.qkv.shape()), d_in, d_out));
+  }
+  if (dy.shape() != Shape{B, T, d_out}) {
+    throw std::invalid_argument(
+        fmt::format("attention_block_backward: gradient shape {} does not match output shape {}",
+                    shape_str(dy.shape()), shape_str(Shape{B, T, d_out})));
+  }
+
+  // Through out_proj: dcontext = dy W_out, dW_out += dyᵀ context, db_out += Σ_rows dy.
+  Tensor dcontext_buffer;
+  const float* dcontext = dy.data();
+  if (w.W_out != nullptr) {
+    dcontext_buffer = Tensor({B, T, d_out});  // (B, T, d_out)
+    gemm_nn(dcontext_buffer.data(), d_out, dy.data(), d_out, w.W_out->data(), d_out, N, d_out,
+            d_out, 0.0f);
+    gemm_tn_accumulate(grads.W_out->data(), d_out, dy.data(), d_out, saved.context.data(), d_out,
+                       d_out, d_out, N);
+    if (grads.b_out != nullptr)
+      column_sums_accumulate(grads.b_out->data(), dy.data(), d_out, N, d_out);
+    dcontext = dcontext_buffer.data();
+  }
+
+  // Through the kernel: dq, dk, dv in the column blocks of one (B, T, 3·d_out) buffer.
+  Tensor dqkv({B, T, kQKV * d_out});  // (B, T, 3·d_out)
+  const float* qkv = saved.qkv.data();
+  float* dq = dqkv.data();
+  kernels::flash_attention_backward(dq, dq + d_out, dq + 2 * d_out, dcontext, qkv, qkv + d_out,
+                                    qkv + 2 * d_out, saved.context.data(), saved.lse.data(), p);
+
+  // Through the projections: dx = Σ_j dqkv_j W_j, dW_j += dqkv_jᵀ x, db_j += Σ_rows dqkv_j.
+  const auto weights = weights_of(w);
+  const std::array<Tensor*, kQKV> dweights = {grads.W_query, grads.W_key, grads.W_value};
+  const std::array<Tensor*, kQKV> dbiases = {grads.b_query, grads.b_key, grads.b_value};
+  Tensor dx({B, T, d_in});  // (B, T, d_in)
+  for (int j = 0; j < kQKV; ++j) {
+    const float* dblock = dqkv.data() + j * d_out;
+    gemm_nn(dx.data(), d_in, dblock, kQKV * d_out, weights[j]->data(), d_in, N, d_in, d_out,
+            j == 0 ? 0.0f : 1.0f);
+    gemm_tn_accumulate(dweights[j]->data(), d_in, dblock, kQKV * d_out, saved.x.data(), d_in, d_out,
+                       d_in, N);
+    if (dbiases[j] != nullptr)
+      column_sums_accumulate(dbiases[j]->data(), dblock, kQKV * d_out, N, d_out);
+  }
+  return dx;
+}
+
+double attention_block_forward_flops(int64_t B, int64_t T, int64_t d_in, int64_t d_out, bool causal,
+                                     bool out_proj) {
+  const double rows = double(B) * double(T);
+  const double projections = 3.0 * 2.0 * rows * double(d_in) * double(d_out) +
+                             (out_proj ? 2.0 * rows * double(d_out) * double(d_out) : 0.0);
+  // 4·B·H·T²·hd = 4·B·T²·d_out (Q Kᵀ and P V), halved when causal.
+  const double core =
+      4.0 * double(B) * double(T) * double(T) * double(d_out) / (causal ? 2.0 : 1.0);
+  return projections + core;
+}
+
+double attention_block_backward_flops(int64_t B, int64_t T, int64_t d_in, int64_t d_out,
+                                      bool causal, bool out_proj) {
+  const double core =
+      4.0 * double(B) * double(T) * double(T) * double(d_out) / (causal ? 2.0 : 1.0);
+  const double all = attention_block_forward_flops(B, T, d_in, d_out, causal, out_proj);
+  return 2.0 * (all - core) + 2.5 * core;
+}
+
+}  // namespace attn::fused
