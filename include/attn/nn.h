@@ -19,13 +19,13 @@
 // Two paths compute CausalAttention and MultiHeadAttention (and the heads of
 // MultiHeadAttentionWrapper); the options' `backend` and `exact_dropout` choose:
 //
-//   path        code                               keeps for backward     dropout masks
-//   kReference  attn::ref (attn/functional.h)      weights (B, H, T, T)   PyTorch's: MT19937
-//   stream,
-//                                                                         bit for bit (RNG.md §5)
-//   kFused      attn::fused (attn/fused.h): BLAS   qkv, context and the   Philox, keyed by a seed
-//               projections + flash kernel         log-sum-exp (B, H, T)  drawn from the module's
-//                                                                         generator (RNG.md §6)
+// - kReference: attn::ref (attn/functional.h), the plain maths. Keeps the
+//   weights (B, H, T, T) for backward. Dropout masks are PyTorch's, bit for
+//   bit (the MT19937 stream, RNG.md §5).
+// - kFused: attn::fused (attn/fused.h), BLAS projections into one qkv buffer
+//   around the flash kernel. Keeps qkv, the context and the log-sum-exp
+//   (B, H, T), never a (T, T) tensor. Dropout masks come from Philox keyed by
+//   a seed drawn from the module's generator (RNG.md §6): not PyTorch's.
 //
 // kAuto (the default) takes the fused path whenever its results may differ
 // from the reference only by float rounding (about 1e-7 relative): in
