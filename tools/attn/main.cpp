@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "bench.h"
 #include "command.h"
 #include "walkthrough.h"
 
@@ -57,6 +58,7 @@ int main(int argc, char** argv) {
 
   std::vector<attn::cli::Command> commands;
   commands.push_back(attn::cli::add_walkthrough_command(app));
+  commands.push_back(attn::cli::add_bench_command(app));
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,521 @@
+// bench.cpp - `attn bench`: the table of docs/performance.md, the JSON rows
+// bench/compare_torch.py reads, and the T = 16384 memory check (bench.h says
+// what is timed and how FLOPs are counted).
+#include "bench.h"
+
+#include <cblas.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "attn/fused.h"
+#include "attn/kernels.h"
+#include "attn/nn.h"
+#include "attn/random.h"
+
+namespace attn::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const std::vector<std::string> kDefaultShapes = {"1x256x768x12",  "1x1024x768x12", "1x4096x768x12",
+                                                 "8x1024x768x12", "1x1024x768x6",  "1x4096x768x6"};
+const std::vector<std::string> kQuickShapes = {"1x256x768x12", "1x1024x768x12", "1x1024x768x6"};
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::vector<float> normal_values(int64_t n, uint64_t seed) {
+  Generator gen(seed);
+  const Tensor t = randn({n}, gen);
+  return t.values();
+}
+
+bool all_finite(const float* p, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(p[i])) return false;
+  return true;
+}
+
+int64_t head_dim_of(const BenchCase& c) { return c.d_model / c.heads; }
+
+void check_case(const BenchCase& c) {
+  if (c.kind != "core" && c.kind != "module")
+    throw UsageError(fmt::format("bench: --kind must be core or module, got '{}'", c.kind));
+  if (c.mode != "fwd" && c.mode != "fwdbwd")
+    throw UsageError(fmt::format("bench: --mode must be fwd or fwdbwd, got '{}'", c.mode));
+  if (c.B < 1 || c.T < 1 || c.d_model < 1 || c.heads < 1 || c.d_model % c.heads != 0) {
+    throw UsageError(fmt::format(
+        "bench: need B, T, d_model, heads >= 1 and d_model divisible by heads, got B={} T={} "
+        "d_model={} heads={}",
+        c.B, c.T, c.d_model, c.heads));
+  }
+}
+
+// The useful causal FLOPs of one repeat (bench.h).
+double case_flops(const BenchCase& c) {
+  const bool fwd = c.mode == "fwd";
+  if (c.kind == "core") {
+    const double core = 4.0 * double(c.B) * double(c.T) * double(c.T) * double(c.d_model) / 2.0;
+    return fwd ? core : 3.5 * core;
+  }
+  const double f = fused::attention_block_forward_flops(c.B, c.T, c.d_model, c.d_model, true, true);
+  return fwd ? f
+             : f + fused::attention_block_backward_flops(c.B, c.T, c.d_model, c.d_model, true,
+                                                         true);
+}
+
+// ---- the two things timed ---------------------------------------------------------------
+
+// The flash kernel alone on packed (B, T, H, hd) buffers.
+struct CoreProblem {
+  kernels::FlashAttentionParams p;
+  std::vector<float> q, k, v, out, lse, dout, dq, dk, dv;
+  explicit CoreProblem(const BenchCase& c) {
+    p.B = c.B, p.T = c.T, p.H = c.heads, p.hd = head_dim_of(c), p.causal = true;
+    const int64_t n = c.B * c.T * c.d_model;
+    q = normal_values(n, 1), k = normal_values(n, 2), v = normal_values(n, 3);
+    dout = normal_values(n, 4);
+    out.assign(size_t(n), 0.0f), dq = dk = dv = out;
+    lse.assign(size_t(c.B * c.heads * c.T), 0.0f);
+  }
+  void forward() {
+    kernels::flash_attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), p);
+  }
+  void backward() {
+    kernels::flash_attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(),
+                                      k.data(), v.data(), out.data(), lse.data(), p);
+  }
+};
+
+nn::AttentionBackend parse_backend(const std::string& name) {
+  if (name == "auto") return nn::AttentionBackend::kAuto;
+  if (name == "reference") return nn::AttentionBackend::kReference;
+  if (name == "fused") return nn::AttentionBackend::kFused;
+  throw UsageError(
+      fmt::format("bench: --backend must be auto, reference or fused, got '{}'", name));
+}
+
+std::unique_ptr<nn::MultiHeadAttention> make_module(const BenchCase& c,
+                                                    const std::string& backend) {
+  Generator gen(0);
+  return std::make_unique<nn::MultiHeadAttention>(
+      nn::MultiHeadAttentionOptions{.d_in = c.d_model,
+                                    .d_out = c.d_model,
+                                    .context_length = c.T,
+                                    .dropout = 0.0f,
+                                    .num_heads = c.heads,
+                                    .backend = parse_backend(backend)},
+      gen);
+}
+
+// ---- machine facts for the header ----
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(colon + 2);
+    }
+  }
+  return "unknown CPU";
+}
+
+int omp_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+void set_threads(int n) {
+#ifdef _OPENMP
+  omp_set_num_threads(n);
+#endif
+  openblas_set_num_threads(n);
+}
+
+// One cblas_sgemm of n³, median GFLOP/s of `repeats` after a warm-up.
+double sgemm_gflops(int n, int repeats) {
+  const auto a = normal_values(int64_t(n) * n, 5), b = normal_values(int64_t(n) * n, 6);
+  std::vector<float> c(size_t(n) * size_t(n));
+  std::vector<double> rates;
+  for (int rep = 0; rep <= repeats; ++rep) {
+    const auto t0 = Clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
+                0.0f, c.data(), n);
+    const double ms = ms_since(t0);
+    if (rep > 0) rates.push_back(2.0 * double(n) * n * n / (ms * 1e-3) * 1e-9);
+  }
+  if (!all_finite(c.data(), int64_t(c.size())))
+    throw std::runtime_error("sgemm: non-finite result");
+  return median(rates);
+}
+
+// ---- memory: the peak resident set while one forward+backward runs ----
+
+// "VmHWM:   123 kB" style fields of /proc/self/status, in bytes; -1 if absent.
+int64_t status_field_bytes(const char* field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field, 0) == 0) {
+      std::istringstream s(line.substr(std::string(field).size()));
+      int64_t kb = -1;
+      s >> kb;
+      return kb * 1024;
+    }
+  }
+  return -1;
+}
+
+// Resets the peak resident set to the current one (Linux: "5" into
+// /proc/self/clear_refs). Returns false where that is not possible; the peak
+// is then the process's lifetime peak (getrusage), which the memory mode
+// keeps meaningful by running before anything else is allocated.
+bool reset_peak_rss() {
+  std::ofstream out("/proc/self/clear_refs");
+  if (!out) return false;
+  out << "5";
+  out.flush();
+  return static_cast<bool>(out);
+}
+
+int64_t peak_rss_bytes() {
+  const int64_t hwm = status_field_bytes("VmHWM:");
+  if (hwm >= 0) return hwm;
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return int64_t(usage.ru_maxrss) * 1024;  // KiB on Linux
+}
+
+int64_t current_rss_bytes() { return status_field_bytes("VmRSS:"); }
+
+struct MemoryResult {
+  std::string what;
+  double seconds = 0;
+  double extra_mb = 0;     // peak beyond inputs, outputs, gradients
+  double saved_mb = 0;     // of which: what forward keeps for backward
+  double baseline_mb = 0;  // resident before the run (inputs, outputs, gradients, weights)
+  bool finite = false;
+  bool peak_was_reset = false;
+};
+
+constexpr double kMB = 1024.0 * 1024.0;
+
+MemoryResult memory_core(const BenchCase& c) {
+  CoreProblem pr(c);  // inputs q, k, v, dout; outputs out, dq, dk, dv: allocated and written
+  pr.lse.clear();
+  pr.lse.shrink_to_fit();
+  MemoryResult r{
+      .what = fmt::format("core fwd+bwd {}x{} H={} hd={}", c.B, c.T, c.heads, head_dim_of(c))};
+  r.peak_was_reset = reset_peak_rss();
+  const int64_t before = r.peak_was_reset ? current_rss_bytes() : peak_rss_bytes();
+  const auto t0 = Clock::now();
+  pr.lse.assign(size_t(c.B * c.heads * c.T), 0.0f);  // (B, H, T): kept for backward, counted
+  pr.forward();
+  pr.backward();
+  r.seconds = ms_since(t0) * 1e-3;
+  r.extra_mb = double(peak_rss_bytes() - before) / kMB;
+  r.saved_mb = double(pr.lse.size() * sizeof(float)) / kMB;
+  r.baseline_mb = double(before) / kMB;
+  r.finite = all_finite(pr.out.data(), int64_t(pr.out.size())) &&
+             all_finite(pr.dq.data(), int64_t(pr.dq.size())) &&
+             all_finite(pr.dk.data(), int64_t(pr.dk.size())) &&
+             all_finite(pr.dv.data(), int64_t(pr.dv.size()));
+  return r;
+}
+
+MemoryResult memory_module(const BenchCase& c) {
+  auto m = make_module(c, "auto");  // weights and their gradients
+  const Tensor x({c.B, c.T, c.d_model}, normal_values(c.B * c.T * c.d_model, 7));
+  const Tensor dy({c.B, c.T, c.d_model}, normal_values(c.B * c.T * c.d_model, 8));
+  MemoryResult r{.what = fmt::format("module fwd+bwd {}x{}x{} H={}", c.B, c.T, c.d_model, c.heads)};
+  r.peak_was_reset = reset_peak_rss();
+  const int64_t before = r.peak_was_reset ? current_rss_bytes() : peak_rss_bytes();
+  const auto t0 = Clock::now();
+  const Tensor y = m->forward(x);
+  const Tensor dx = m->backward(dy);
+  r.seconds = ms_since(t0) * 1e-3;
+  // y (output) and dx (gradient) are allocated during the run: not extra.
+  const double io = double((y.numel() + dx.numel()) * int64_t(sizeof(float)));
+  r.extra_mb = (double(peak_rss_bytes() - before) - io) / kMB;
+  // x copy, qkv (3·d), context (d), lse: what the fused forward keeps.
+  const double rows = double(c.B * c.T);
+  r.saved_mb = (rows * double(c.d_model) * 5.0 + double(c.B * c.heads * c.T)) * 4.0 / kMB;
+  r.baseline_mb = double(before) / kMB;
+  r.finite = !has_non_finite(y) && !has_non_finite(dx);
+  return r;
+}
+
+// ---- printing ----
+
+std::string shape_text(const BenchCase& c) {
+  return fmt::format("{}x{}x{}x{}", c.B, c.T, c.d_model, c.heads);
+}
+
+nlohmann::json to_json(const BenchResult& r, int repeats) {
+  nlohmann::json j = {{"kind", r.c.kind},
+                      {"mode", r.c.mode},
+                      {"shape", shape_text(r.c)},
+                      {"B", r.c.B},
+                      {"T", r.c.T},
+                      {"d_model", r.c.d_model},
+                      {"heads", r.c.heads},
+                      {"head_dim", head_dim_of(r.c)},
+                      {"backend", r.backend},
+                      {"ms_median", r.ms_median},
+                      {"ms_min", r.ms_min},
+                      {"flops", r.flops},
+                      {"gflops", r.gflops},
+                      {"repeats", repeats},
+                      {"omp_threads", omp_threads()},
+                      {"simd_target", kernels::flash_attention_target()}};
+  j["pct_sgemm"] = r.pct_sgemm >= 0 ? nlohmann::json(r.pct_sgemm) : nlohmann::json(nullptr);
+  return j;
+}
+
+void print_table_header() {
+  fmt::print("{:<7} {:<7} {:>15} {:>4} {:<10} {:>10} {:>9} {:>9} {:>8}\n", "kind", "mode",
+             "B x T x d x H", "hd", "path", "ms median", "ms min", "GFLOP/s", "% sgemm");
+  fmt::print("{}\n", std::string(86, '-'));
+}
+
+void print_table_row(const BenchResult& r) {
+  fmt::print("{:<7} {:<7} {:>15} {:>4} {:<10} {:>10.2f} {:>9.2f} {:>9.1f} {:>8}\n", r.c.kind,
+             r.c.mode, shape_text(r.c), head_dim_of(r.c), r.backend, r.ms_median, r.ms_min,
+             r.gflops, r.pct_sgemm >= 0 ? fmt::format("{:.1f}", r.pct_sgemm) : std::string("-"));
+  std::fflush(stdout);
+}
+
+constexpr const char* kFooter =
+    "Useful causal FLOPs: core forward 4*B*H*T^2*hd/2, core backward 2.5x forward;\n"
+    "projections 2*B*T*d_in*d_out per linear (q, k, v, out_proj), x3 for forward+backward.\n"
+    "GFLOP/s = FLOPs / median; % sgemm = GFLOP/s / the cblas_sgemm rate measured above.\n";
+
+}  // namespace
+
+BenchCase parse_bench_shape(const std::string& text) {
+  BenchCase c;
+  char x1 = 0, x2 = 0, x3 = 0;
+  std::istringstream s(text);
+  if (!(s >> c.B >> x1 >> c.T >> x2 >> c.d_model >> x3 >> c.heads) || x1 != 'x' || x2 != 'x' ||
+      x3 != 'x' || !s.eof()) {
+    throw UsageError(fmt::format("bench: a shape is BxTxDxH, e.g. 1x1024x768x12; got '{}'", text));
+  }
+  c.kind = "core", c.mode = "fwd";
+  check_case(c);
+  return c;
+}
+
+BenchResult run_bench_case(const BenchCase& c, int repeats, const std::string& backend) {
+  check_case(c);
+  if (repeats < 1) throw UsageError(fmt::format("bench: --repeats must be >= 1, got {}", repeats));
+  const bool backward = c.mode == "fwdbwd";
+  BenchResult r{.c = c, .backend = "fused"};
+  std::vector<double> ms;
+  if (c.kind == "core") {
+    CoreProblem pr(c);
+    for (int rep = 0; rep <= repeats; ++rep) {  // repeat 0: warm-up and check
+      const auto t0 = Clock::now();
+      pr.forward();
+      if (backward) pr.backward();
+      ms.push_back(ms_since(t0));
+      if (rep == 0) {
+        const bool ok = all_finite(pr.out.data(), int64_t(pr.out.size())) &&
+                        (!backward || all_finite(pr.dq.data(), int64_t(pr.dq.size())));
+        if (!ok) throw std::runtime_error("bench: the core gave a non-finite result");
+      }
+    }
+  } else {
+    auto m = make_module(c, backend);
+    const Tensor x({c.B, c.T, c.d_model}, normal_values(c.B * c.T * c.d_model, 7));
+    const Tensor dy({c.B, c.T, c.d_model}, normal_values(c.B * c.T * c.d_model, 8));
+    for (int rep = 0; rep <= repeats; ++rep) {
+      const auto t0 = Clock::now();
+      const Tensor y = m->forward(x);
+      const Tensor dx = backward ? m->backward(dy) : Tensor();
+      ms.push_back(ms_since(t0));
+      if (rep == 0 && (has_non_finite(y) || has_non_finite(dx)))
+        throw std::runtime_error("bench: the module gave a non-finite result");
+    }
+    r.backend = nn::to_string(m->last_backend());
+  }
+  ms.erase(ms.begin());  // the warm-up
+  r.ms_median = median(ms);
+  r.ms_min = *std::min_element(ms.begin(), ms.end());
+  r.flops = case_flops(c);
+  r.gflops = r.flops / (r.ms_median * 1e-3) * 1e-9;
+  return r;
+}
+
+Command add_bench_command(CLI::App& app) {
+  struct Flags {
+    std::vector<std::string> shapes;
+    std::string kind = "all", mode = "all", backend = "auto";
+    int64_t batch = 0, tokens = 0, d_model = 0, heads = 0;
+    int repeats = 0, threads = 0, sgemm_n = 0;
+    bool quick = false, json = false, memory = false, sgemm = false;
+    int64_t memory_tokens = 16384;
+  };
+  auto f = std::make_shared<Flags>();
+  CLI::App* cmd = app.add_subcommand(
+      "bench",
+      "Time the fused attention core and the MultiHeadAttention module (forward, "
+      "forward+backward) beside this machine's sgemm rate");
+  cmd->footer(std::string(kFooter) +
+              "Examples:\n  attn bench                      the table of docs/performance.md\n"
+              "  attn bench --memory             T=16384: time and peak memory\n"
+              "  attn bench --json --kind module --batch 1 --tokens 1024 --d-model 768 "
+              "--heads 12 --mode fwdbwd --repeats 5");
+  cmd->add_option("--shapes", f->shapes,
+                  "Shapes BxTxDxH (comma-separated); default: " +
+                      fmt::format("{}", fmt::join(kDefaultShapes, ",")))
+      ->delimiter(',')
+      ->type_name("LIST");
+  cmd->add_option("--kind", f->kind, "core, module or all")->capture_default_str();
+  cmd->add_option("--mode", f->mode, "fwd, fwdbwd or all")->capture_default_str();
+  cmd->add_option("--backend", f->backend, "The module's path: auto, reference or fused")
+      ->capture_default_str();
+  cmd->add_option("--batch", f->batch, "One shape: B (default 1)")->type_name("B");
+  cmd->add_option("--tokens", f->tokens, "One shape: T (default 1024)")->type_name("T");
+  cmd->add_option("--d-model", f->d_model, "One shape: d_in = d_out (default 768)")->type_name("D");
+  cmd->add_option("--heads", f->heads, "One shape: H (default 12)")->type_name("H");
+  cmd->add_option("--repeats", f->repeats,
+                  "Timed repeats per case after one warm-up (default 5, "
+                  "--quick 3)");
+  cmd->add_option("--threads", f->threads,
+                  "OpenMP and OpenBLAS threads (default: OpenMP's default, OMP_NUM_THREADS)");
+  cmd->add_flag("--quick", f->quick, "Fewer shapes and repeats, sgemm of 2048^3");
+  cmd->add_flag("--json", f->json,
+                "Print a JSON array of the results (ms_median, ms_min, gflops, ...) instead of "
+                "the table; skips the sgemm measurement unless --sgemm is given");
+  cmd->add_flag("--sgemm", f->sgemm, "With --json: measure sgemm too (pct_sgemm)");
+  cmd->add_option("--sgemm-n", f->sgemm_n, "Size n of the sgemm n^3 (default 4096, --quick 2048)");
+  cmd->add_flag("--memory", f->memory,
+                "Memory mode: one forward+backward of the core and of the module at B=1, "
+                "T=--memory-tokens, 12 heads of 64; peak memory beyond inputs, outputs and "
+                "gradients");
+  cmd->add_option("--memory-tokens", f->memory_tokens, "T for --memory")->capture_default_str();
+
+  auto run = [f]() -> int {
+    if (f->threads < 0)
+      throw UsageError(fmt::format("bench: --threads must be >= 1, got {}", f->threads));
+    if (f->threads > 0) set_threads(f->threads);
+    const int repeats = f->repeats > 0 ? f->repeats : (f->quick ? 3 : 5);
+    const std::string target = kernels::flash_attention_target();
+
+    if (f->memory) {
+      BenchCase c{.kind = "core", .mode = "fwdbwd", .B = 1, .T = f->memory_tokens, .heads = 12};
+      check_case(c);
+      fmt::print("attn bench --memory: {}, {} CPUs, SIMD target {}, {} OpenMP threads\n",
+                 cpu_model(), std::thread::hardware_concurrency(), target, omp_threads());
+      fmt::print("{:<36} {:>8} {:>12} {:>14} {:>10} {:>7}\n", "what", "seconds", "extra MB",
+                 "of which saved", "base MB", "finite");
+      bool ok = true;
+      for (const auto& r : {memory_core(c), memory_module(c)}) {
+        fmt::print("{:<36} {:>8.2f} {:>12.1f} {:>14.1f} {:>10.1f} {:>7}\n", r.what, r.seconds,
+                   r.extra_mb, r.saved_mb, r.baseline_mb, r.finite ? "yes" : "NO");
+        ok = ok && r.finite;
+        if (!r.peak_was_reset)
+          fmt::print("  (peak from getrusage: /proc/self/clear_refs failed)\n");
+        if (r.what.rfind("core", 0) == 0) {
+          fmt::print("  core target: extra < 64 MB: {}\n", r.extra_mb < 64.0 ? "met" : "NOT met");
+          ok = ok && r.extra_mb < 64.0;
+        }
+      }
+      fmt::print(
+          "extra = peak resident set during the run - resident set before it (inputs, outputs,\n"
+          "gradients, weights, the module's mask buffer), minus the module's output and dx.\n"
+          "'saved' is what forward keeps for backward (core: lse; module: x, qkv, context, "
+          "lse).\n");
+      return ok ? 0 : 1;
+    }
+
+    std::vector<BenchCase> shapes;
+    if (f->batch || f->tokens || f->d_model || f->heads) {
+      BenchCase c{.B = f->batch ? f->batch : 1,
+                  .T = f->tokens ? f->tokens : 1024,
+                  .d_model = f->d_model ? f->d_model : 768,
+                  .heads = f->heads ? f->heads : 12};
+      c.kind = "core", c.mode = "fwd";
+      check_case(c);
+      shapes.push_back(c);
+    } else {
+      for (const auto& s :
+           f->shapes.empty() ? (f->quick ? kQuickShapes : kDefaultShapes) : f->shapes)
+        shapes.push_back(parse_bench_shape(s));
+    }
+    std::vector<std::string> kinds = {"core", "module"}, modes = {"fwd", "fwdbwd"};
+    if (f->kind != "all") kinds = {f->kind};
+    if (f->mode != "all") modes = {f->mode};
+    parse_backend(f->backend);
+
+    double sgemm = -1;
+    const int sgemm_n = f->sgemm_n > 0 ? f->sgemm_n : (f->quick ? 2048 : 4096);
+    if (!f->json || f->sgemm) sgemm = sgemm_gflops(sgemm_n, f->quick ? 3 : 5);
+    if (!f->json) {
+      fmt::print(
+          "attn bench: {}, {} CPUs, SIMD target {}, {} OpenMP threads, {} OpenBLAS threads\n",
+          cpu_model(), std::thread::hardware_concurrency(), target, omp_threads(),
+          openblas_get_num_threads());
+      fmt::print(
+          "sgemm {}^3 (OpenBLAS, median of {}): {:.1f} GFLOP/s; {} repeats per case after "
+          "a warm-up\n\n",
+          sgemm_n, f->quick ? 3 : 5, sgemm, repeats);
+      print_table_header();
+    }
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& shape : shapes) {
+      for (const auto& kind : kinds) {
+        for (const auto& mode : modes) {
+          BenchCase c = shape;
+          c.kind = kind, c.mode = mode;
+          BenchResult r = run_bench_case(c, repeats, f->backend);
+          if (sgemm > 0) r.pct_sgemm = 100.0 * r.gflops / sgemm;
+          if (f->json) {
+            rows.push_back(to_json(r, repeats));
+          } else {
+            print_table_row(r);
+          }
+        }
+      }
+    }
+    if (f->json) {
+      std::cout << rows.dump(1) << std::endl;
+    } else {
+      fmt::print("\n{}", kFooter);
+    }
+    return 0;
+  };
+  return Command{cmd, run};
+}
+
+}  // namespace attn::cli
