@@ -1,0 +1,153 @@
+// Benchmarks of the whole MultiHeadAttention module (attn/nn.h), forward and
+// forward+backward, on the fused path (kAuto at p = 0) and on the reference
+// path, beside OpenBLAS sgemm measured in the same run.
+//
+//   ./build/bench/bench_module --benchmark_min_time=1
+//   ./build/bench/bench_module --benchmark_filter=fused
+//
+// Useful causal FLOPs (attn/fused.h):
+//   projections     2 · B · T · d_in · d_out per linear (q, k, v, out_proj)
+//   core forward    4 · B · H · T² · hd / 2;  core backward 2.5 × core forward
+//   forward         projections + core forward
+//   forward+backward 3 × projections + 3.5 × core forward
+// Counters: GFLOP/s, and pct_of_sgemm = that rate over the sgemm 4096³ rate
+// measured at start-up (median of 5).
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attn/fused.h"
+#include "attn/kernels.h"
+#include "attn/nn.h"
+#include "attn/random.h"
+
+namespace {
+
+using attn::Generator;
+using attn::Tensor;
+namespace nn = attn::nn;
+
+double g_sgemm_gflops = 1.0;
+
+struct Problem {
+  std::unique_ptr<nn::MultiHeadAttention> m;
+  Tensor x, dy;
+  Problem(const benchmark::State& state, nn::AttentionBackend backend) {
+    const int64_t B = state.range(0), T = state.range(1), d = state.range(2), H = state.range(3);
+    Generator gen(0);
+    m = std::make_unique<nn::MultiHeadAttention>(
+        nn::MultiHeadAttentionOptions{
+            .d_in = d, .d_out = d, .context_length = T, .num_heads = H, .backend = backend},
+        gen);
+    x = attn::randn({B, T, d}, gen);
+    dy = attn::randn({B, T, d}, gen);
+  }
+};
+
+double flops(const benchmark::State& state, bool backward) {
+  const int64_t B = state.range(0), T = state.range(1), d = state.range(2);
+  const double f = attn::fused::attention_block_forward_flops(B, T, d, d, true, true);
+  return backward ? f + attn::fused::attention_block_backward_flops(B, T, d, d, true, true) : f;
+}
+
+void add_counters(benchmark::State& state, double flops_per_iter) {
+  state.counters["GFLOP"] =
+      benchmark::Counter(flops_per_iter * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["pct_of_sgemm"] =
+      benchmark::Counter(flops_per_iter * 1e-9 * 100.0 / g_sgemm_gflops,
+                         benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_ModuleForward(benchmark::State& state, nn::AttentionBackend backend) {
+  Problem pr(state, backend);
+  if (attn::has_non_finite(pr.m->forward(pr.x))) state.SkipWithError("non-finite output");
+  for (auto _ : state) {
+    Tensor y = pr.m->forward(pr.x);
+    benchmark::DoNotOptimize(y.data());
+  }
+  add_counters(state, flops(state, false));
+}
+
+void BM_ModuleForwardBackward(benchmark::State& state, nn::AttentionBackend backend) {
+  Problem pr(state, backend);
+  pr.m->forward(pr.x);
+  if (attn::has_non_finite(pr.m->backward(pr.dy))) state.SkipWithError("non-finite gradient");
+  for (auto _ : state) {
+    Tensor y = pr.m->forward(pr.x);
+    Tensor dx = pr.m->backward(pr.dy);
+    benchmark::DoNotOptimize(dx.data());
+  }
+  add_counters(state, flops(state, true));
+}
+
+// (B, T, d, H): the shapes, causal, plus head_dim 128.
+void module_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"B", "T", "d", "H"});
+  for (int64_t T : {256, 1024, 4096}) b->Args({1, T, 768, 12});
+  b->Args({8, 1024, 768, 12});
+  b->Args({1, 1024, 768, 6});
+  b->Args({1, 4096, 768, 6});
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+// The reference path materialises (B, H, T, T): only the smaller shapes.
+void reference_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"B", "T", "d", "H"});
+  b->Args({1, 256, 768, 12});
+  b->Args({1, 1024, 768, 12});
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+
+double measure_sgemm_gflops() {
+  const int n = 4096;
+  Generator gen(5);
+  const Tensor a = attn::randn({n, n}, gen), b = attn::randn({n, n}, gen);
+  std::vector<float> c(size_t(n) * n);
+  std::vector<double> rates;
+  for (int rep = 0; rep < 6; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
+                0.0f, c.data(), n);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rep > 0) rates.push_back(2.0 * double(n) * n * n / s * 1e-9);  // rep 0 warms up
+  }
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  std::printf("flash attention SIMD target: %s\n", attn::kernels::flash_attention_target());
+  // ATTN_BENCH_SKIP_SGEMM=1 skips the reference measurement (pct_of_sgemm is then against 1
+  // GFLOP/s).
+  const char* skip = std::getenv("ATTN_BENCH_SKIP_SGEMM");
+  if (!(skip && *skip == '1')) g_sgemm_gflops = measure_sgemm_gflops();
+  std::printf("sgemm 4096^3 (OpenBLAS, median of 5): %.1f GFLOP/s\n", g_sgemm_gflops);
+  using enum nn::AttentionBackend;
+  const auto stats = [](benchmark::internal::Benchmark* b) {
+    b->Repetitions(5)->ReportAggregatesOnly(true);
+    b->ComputeStatistics(
+        "min", [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); });
+  };
+  stats(benchmark::RegisterBenchmark("module_forward/fused", BM_ModuleForward, kAuto)
+            ->Apply(module_args));
+  stats(
+      benchmark::RegisterBenchmark("module_forward_backward/fused", BM_ModuleForwardBackward, kAuto)
+          ->Apply(module_args));
+  stats(benchmark::RegisterBenchmark("module_forward/reference", BM_ModuleForward, kReference)
+            ->Apply(reference_args));
+  stats(benchmark::RegisterBenchmark("module_forward_backward/reference", BM_ModuleForwardBackward,
+                                     kReference)
+            ->Apply(reference_args));
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
