@@ -14,6 +14,7 @@
 // measured at start-up by this program (median of 5 runs of 4096³).
 #include <benchmark/benchmark.h>
 #include <cblas.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -23,8 +24,6 @@
 #include <random>
 #include <string>
 #include <vector>
-
-#include <sys/resource.h>
 
 #include "attn/kernels.h"
 
@@ -50,8 +49,9 @@ double forward_flops(const kn::FlashAttentionParams& p) {
 void add_counters(benchmark::State& state, double flops_per_iter) {
   state.counters["GFLOP"] =
       benchmark::Counter(flops_per_iter * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["pct_of_sgemm"] = benchmark::Counter(
-      flops_per_iter * 1e-9 * 100.0 / g_sgemm_gflops, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["pct_of_sgemm"] =
+      benchmark::Counter(flops_per_iter * 1e-9 * 100.0 / g_sgemm_gflops,
+                         benchmark::Counter::kIsIterationInvariantRate);
 }
 
 struct Problem {
@@ -63,7 +63,9 @@ struct Problem {
     out.resize(n), dq.resize(n), dk.resize(n), dv.resize(n);
     lse.resize(size_t(p.B * p.H * p.T));
   }
-  void forward() { kn::flash_attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), p); }
+  void forward() {
+    kn::flash_attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), p);
+  }
   void backward() {
     kn::flash_attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(),
                                  v.data(), out.data(), lse.data(), p);
@@ -154,12 +156,17 @@ double median_min_stat(const std::vector<double>& v, bool median) {
 void register_all() {
   auto stats = [](benchmark::internal::Benchmark* b) {
     b->Repetitions(5)->ReportAggregatesOnly(true);
-    b->ComputeStatistics("min", [](const std::vector<double>& v) { return median_min_stat(v, false); });
+    b->ComputeStatistics("min",
+                         [](const std::vector<double>& v) { return median_min_stat(v, false); });
   };
-  stats(benchmark::RegisterBenchmark("sgemm", BM_Sgemm)->Arg(4096)->Unit(benchmark::kMillisecond)->UseRealTime());
+  stats(benchmark::RegisterBenchmark("sgemm", BM_Sgemm)
+            ->Arg(4096)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime());
   stats(benchmark::RegisterBenchmark("flash_forward", BM_FlashForward)->Apply(attention_args));
   stats(benchmark::RegisterBenchmark("flash_backward", BM_FlashBackward)->Apply(attention_args));
-  stats(benchmark::RegisterBenchmark("flash_forward_backward", BM_FlashForwardBackward)->Apply(attention_args));
+  stats(benchmark::RegisterBenchmark("flash_forward_backward", BM_FlashForwardBackward)
+            ->Apply(attention_args));
 }
 
 // The fused kernel against the plain loops on a small case, before any timing.
@@ -169,8 +176,10 @@ bool check_against_reference() {
   Problem pr(p);
   pr.forward();
   pr.backward();
-  std::vector<float> out(pr.out.size()), lse(pr.lse.size()), dq(pr.dq.size()), dk(dq.size()), dv(dq.size());
-  kn::attention_reference_forward(out.data(), lse.data(), pr.q.data(), pr.k.data(), pr.v.data(), nullptr, p);
+  std::vector<float> out(pr.out.size()), lse(pr.lse.size()), dq(pr.dq.size()), dk(dq.size()),
+      dv(dq.size());
+  kn::attention_reference_forward(out.data(), lse.data(), pr.q.data(), pr.k.data(), pr.v.data(),
+                                  nullptr, p);
   kn::attention_reference_backward(dq.data(), dk.data(), dv.data(), pr.dout.data(), pr.q.data(),
                                    pr.k.data(), pr.v.data(), nullptr, p);
   auto rel = [](const std::vector<float>& a, const std::vector<float>& b) {
@@ -224,10 +233,12 @@ int memory_check() {
   const double extra = max_rss_mb() - before;
   const double fwd_s = std::chrono::duration<double>(t1 - t0).count();
   const double bwd_s = std::chrono::duration<double>(t2 - t1).count();
-  std::printf("T=16384 B=1 H=12 hd=64 causal: inputs+outputs %.0f MB resident; forward %.2f s (%.1f GFLOP/s), "
-              "backward %.2f s (%.1f GFLOP/s); peak extra memory %.1f MB (limit 64 MB); finite: %s\n",
-              before, fwd_s, forward_flops(p) / fwd_s * 1e-9, bwd_s, 2.5 * forward_flops(p) / bwd_s * 1e-9,
-              extra, pr.finite() ? "yes" : "NO");
+  std::printf(
+      "T=16384 B=1 H=12 hd=64 causal: inputs+outputs %.0f MB resident; forward %.2f s (%.1f "
+      "GFLOP/s), "
+      "backward %.2f s (%.1f GFLOP/s); peak extra memory %.1f MB (limit 64 MB); finite: %s\n",
+      before, fwd_s, forward_flops(p) / fwd_s * 1e-9, bwd_s, 2.5 * forward_flops(p) / bwd_s * 1e-9,
+      extra, pr.finite() ? "yes" : "NO");
   return extra < 64.0 && pr.finite() ? 0 : 1;
 }
 
@@ -242,7 +253,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fused kernel disagrees with the reference; not timing it\n");
     return 1;
   }
-  // ATTN_BENCH_SKIP_SGEMM=1 skips the reference measurement (pct_of_sgemm is then against 1 GFLOP/s).
+  // ATTN_BENCH_SKIP_SGEMM=1 skips the reference measurement (pct_of_sgemm is then against 1
+  // GFLOP/s).
   const char* skip = std::getenv("ATTN_BENCH_SKIP_SGEMM");
   g_sgemm_gflops = skip && *skip == '1' ? 1.0 : measure_sgemm_gflops();
   std::printf("sgemm 4096^3 (OpenBLAS, median of 5): %.1f GFLOP/s\n", g_sgemm_gflops);

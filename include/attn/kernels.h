@@ -10,7 +10,8 @@
 // normalises O once at the end and keeps only lse (B, H, T) for backward: the
 // extra memory is O(tile) per thread, never T x T. Backward recomputes P from
 // lse, uses D[i] = Σ_d dO[i, d] O[i, d], and produces
-//   dV = (P ⊙ Z)ᵀ dO,  dP = (dO Vᵀ) ⊙ Z,  dS = P ⊙ (dP − D),  dQ = scale · dS K,  dK = scale · dSᵀ Q.
+//   dV = (P ⊙ Z)ᵀ dO,  dP = (dO Vᵀ) ⊙ Z,  dS = P ⊙ (dP − D),  dQ = scale · dS K,  dK = scale · dSᵀ
+//   Q.
 //
 // Layout: q, k, v, out (and dq, dk, dv, dout) are token-major, as a projection
 // writes them and as the output projection reads them: token t of batch b
@@ -50,22 +51,22 @@ struct FlashAttentionParams {
   int64_t H = 1;    // heads
   int64_t hd = 64;  // head_dim, 1 .. 256
   bool causal = true;
-  float scale = -1.0f;       // multiplies Q Kᵀ; < 0 means 1/sqrt(hd)
-  float dropout_p = 0.0f;    // in [0, 1); 0 turns dropout off
+  float scale = -1.0f;     // multiplies Q Kᵀ; < 0 means 1/sqrt(hd)
+  float dropout_p = 0.0f;  // in [0, 1); 0 turns dropout off
   uint64_t dropout_seed = 0;
   // Floats between consecutive tokens of each buffer; 0 means H · hd (packed).
   int64_t q_stride = 0, k_stride = 0, v_stride = 0, o_stride = 0;
 };
 
 // out (B, T, ·) with o_stride, lse (B, H, T). Throws std::invalid_argument on bad params.
-void flash_attention_forward(float* out, float* lse, const float* q, const float* k,
-                             const float* v, const FlashAttentionParams& params);
+void flash_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                             const FlashAttentionParams& params);
 
 // dq, dk, dv are written (not accumulated) with the strides of q, k, v;
 // dout has the stride of out. out and lse are the forward's outputs.
-void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout,
-                              const float* q, const float* k, const float* v, const float* out,
-                              const float* lse, const FlashAttentionParams& params);
+void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                              const float* k, const float* v, const float* out, const float* lse,
+                              const FlashAttentionParams& params);
 
 // The dropout noise the kernels apply, materialised: noise (B, H, T, T), each
 // 0 or 1/(1-p) (all ones when p = 0). Causal entries j > i are filled too.

@@ -38,8 +38,8 @@
 #endif
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/flash_attention.cpp"
-#include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/aligned_allocator.h>
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
 HWY_BEFORE_NAMESPACE();
@@ -79,8 +79,8 @@ HWY_INLINE VF Exp2(DF d, VF x) {
   p = hn::MulAdd(p, f, hn::Set(d, 6.931472028550421e-1f));
   p = hn::MulAdd(p, f, hn::Set(d, 1.0f));
   const hn::RebindToSigned<DF> di;
-  const auto two_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n),
-                                                                hn::Set(di, 127))));
+  const auto two_n =
+      hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127))));
   return hn::IfThenZeroElse(underflow, hn::Mul(p, two_n));
 }
 
@@ -116,9 +116,9 @@ enum Mode { kOverwrite = 0, kAccumulate = 1, kScaleAccumulate = 2 };
 // C[r, 0:V·N] = init + Σ_{k<K} A[r·ars + k·aks] · B[k·bs + 0:V·N] for r < R, where init is
 // 0, C, or c_scale[r]·C by Mode.
 template <int kMode, size_t R, size_t V>
-void MicroKernel(const float* HWY_RESTRICT A, size_t ars, size_t aks,
-                 const float* HWY_RESTRICT Bm, size_t bs, size_t K, float* HWY_RESTRICT C,
-                 size_t cs, const float* HWY_RESTRICT c_scale) {
+void MicroKernel(const float* HWY_RESTRICT A, size_t ars, size_t aks, const float* HWY_RESTRICT Bm,
+                 size_t bs, size_t K, float* HWY_RESTRICT C, size_t cs,
+                 const float* HWY_RESTRICT c_scale) {
   const DF d;
   VF acc[R][V];
 #pragma GCC unroll 8
@@ -153,8 +153,8 @@ void MicroKernel(const float* HWY_RESTRICT A, size_t ars, size_t aks,
     for (size_t v = 0; v < V; ++v) hn::StoreU(acc[r][v], d, C + r * cs + v * kN);
 }
 
-using MicroFn = void (*)(const float*, size_t, size_t, const float*, size_t, size_t, float*,
-                         size_t, const float*);
+using MicroFn = void (*)(const float*, size_t, size_t, const float*, size_t, size_t, float*, size_t,
+                         const float*);
 
 template <int kMode, size_t... I>
 constexpr std::array<MicroFn, sizeof...(I)> MicroTable(std::index_sequence<I...>) {
@@ -184,19 +184,19 @@ void GemmSpans(size_t M, size_t W, const float* A, size_t ars, size_t aks, const
       const size_t v0 = w0 == 0 ? sp.v0 : 0, v1 = w0 == 0 ? std::min(nv, sp.v1) : nv;
       const size_t K = sp.k1 > sp.k0 ? sp.k1 - sp.k0 : 0;
       if (v0 >= v1 || (K == 0 && kMode == kAccumulate)) continue;
-      table[(nr - 1) * kNV + (v1 - v0 - 1)](A + r0 * ars + sp.k0 * aks, ars, aks,
-                                            Bm + sp.k0 * bs + w0 + v0 * kN, bs, K,
-                                            C + r0 * cs + w0 + v0 * kN, cs,
-                                            c_scale ? c_scale + r0 : nullptr);
+      table[(nr - 1) * kNV + (v1 - v0 - 1)](
+          A + r0 * ars + sp.k0 * aks, ars, aks, Bm + sp.k0 * bs + w0 + v0 * kN, bs, K,
+          C + r0 * cs + w0 + v0 * kN, cs, c_scale ? c_scale + r0 : nullptr);
     }
   }
 }
 
 template <int kMode>
-void Gemm(size_t M, size_t W, size_t K, const float* A, size_t ars, size_t aks,
-          const float* Bm, size_t bs, float* C, size_t cs, const float* c_scale = nullptr) {
-  GemmSpans<kMode>(M, W, A, ars, aks, Bm, bs, C, cs, c_scale,
-                   [K](size_t, size_t) { return Span{0, K, 0, kNV}; });
+void Gemm(size_t M, size_t W, size_t K, const float* A, size_t ars, size_t aks, const float* Bm,
+          size_t bs, float* C, size_t cs, const float* c_scale = nullptr) {
+  GemmSpans<kMode>(M, W, A, ars, aks, Bm, bs, C, cs, c_scale, [K](size_t, size_t) {
+    return Span{0, K, 0, kNV};
+  });
 }
 
 size_t RoundUp(size_t x, size_t m) { return (x + m - 1) / m * m; }
@@ -214,10 +214,10 @@ void PrefetchRows(const float* base, size_t stride, size_t t0, size_t t1, size_t
 // ---- forward ------------------------------------------------------------------------------
 
 struct ForwardScratch {
-  hwy::AlignedFreeUniquePtr<float[]> qT;     // (hd, Br)   c·Qᵀ of the query tile
-  hwy::AlignedFreeUniquePtr<float[]> sT;     // (Bc, Br)   scores, then weights, key-major
-  hwy::AlignedFreeUniquePtr<float[]> o;      // (Br, hdp)  unnormalised output
-  hwy::AlignedFreeUniquePtr<float[]> v_pad;  // (Bc, hdp)  V tile padded to hdp (hd % N != 0)
+  hwy::AlignedFreeUniquePtr<float[]> qT;           // (hd, Br)   c·Qᵀ of the query tile
+  hwy::AlignedFreeUniquePtr<float[]> sT;           // (Bc, Br)   scores, then weights, key-major
+  hwy::AlignedFreeUniquePtr<float[]> o;            // (Br, hdp)  unnormalised output
+  hwy::AlignedFreeUniquePtr<float[]> v_pad;        // (Bc, hdp)  V tile padded to hdp (hd % N != 0)
   hwy::AlignedFreeUniquePtr<float[]> m, l, alpha;  // (Br) running max, sum, rescale
   explicit ForwardScratch(size_t hd, size_t hdp)
       : qT(hwy::AllocateAligned<float>(hd * kBr)),
@@ -255,7 +255,8 @@ void ForwardTile(float* out, float* lse, const float* q, const float* k, const f
   const bool pad_v = hdp != hd;
   const DropoutRule rule(p.dropout_p);
   const size_t key_end = p.causal ? i0 + in : T;  // keys j >= key_end are masked for every row
-  const float* k_head = k + size_t(b) * T * p.k_stride + size_t(h) * hd;  // (T, hd), rows k_stride apart
+  const float* k_head =
+      k + size_t(b) * T * p.k_stride + size_t(h) * hd;  // (T, hd), rows k_stride apart
   const float* v_head = v + size_t(b) * T * p.v_stride + size_t(h) * hd;
   for (size_t j0 = 0; j0 < key_end; j0 += kBcFwd) {
     const size_t jn = std::min(kBcFwd, key_end - j0);
@@ -283,7 +284,8 @@ void ForwardTile(float* out, float* lse, const float* q, const float* k, const f
     // Online softmax down the key axis, N queries per vector.
     for (size_t v0 = 0; v0 < kBr; v0 += kN) {
       VF tile_max = hn::Set(d, kNegInf);
-      for (size_t jj = 0; jj < jn; ++jj) tile_max = hn::Max(tile_max, hn::Load(d, sT + jj * kBr + v0));
+      for (size_t jj = 0; jj < jn; ++jj)
+        tile_max = hn::Max(tile_max, hn::Load(d, sT + jj * kBr + v0));
       const VF m_old = hn::Load(d, m + v0);
       const VF m_new = hn::Max(m_old, tile_max);
       VF sum = hn::Zero(d);
@@ -309,7 +311,8 @@ void ForwardTile(float* out, float* lse, const float* q, const float* k, const f
         PhiloxLanes<kBr>(x[0], x[1], x[2], x[3], p.dropout_seed);
         for (size_t t = 0; t < 4 && jj + t < jn; ++t) {
           float* HWY_RESTRICT row = sT + (jj + t) * kBr;
-          for (size_t lane = 0; lane < kBr; ++lane) row[lane] *= x[t][lane] >= rule.threshold ? rule.scale : 0.0f;
+          for (size_t lane = 0; lane < kBr; ++lane)
+            row[lane] *= x[t][lane] >= rule.threshold ? rule.scale : 0.0f;
         }
       }
     }
@@ -318,7 +321,8 @@ void ForwardTile(float* out, float* lse, const float* q, const float* k, const f
     size_t v_tile_stride = p.v_stride;
     if (pad_v) {
       for (size_t jj = 0; jj < jn; ++jj) {
-        std::copy(v_tile + jj * p.v_stride, v_tile + jj * p.v_stride + hd, s.v_pad.get() + jj * hdp);
+        std::copy(v_tile + jj * p.v_stride, v_tile + jj * p.v_stride + hd,
+                  s.v_pad.get() + jj * hdp);
         std::fill(s.v_pad.get() + jj * hdp + hd, s.v_pad.get() + (jj + 1) * hdp, 0.0f);
       }
       v_tile = s.v_pad.get();
@@ -364,15 +368,17 @@ void Forward(float* out, float* lse, const float* q, const float* k, const float
 
 struct BackwardScratch {
   size_t T, hd, hdp;
-  hwy::AlignedFreeUniquePtr<float[]> D, lse2;     // (T) rowsum(dO ⊙ O), log2-domain lse
-  hwy::AlignedFreeUniquePtr<float[]> kT, vT;      // (hd, Bc)  c·K_tileᵀ, V_tileᵀ
-  hwy::AlignedFreeUniquePtr<float[]> S, dP, Pz;   // (BrBwd, Bc)
-  hwy::AlignedFreeUniquePtr<float[]> dK, dV;      // (Bc, hdp)
-  hwy::AlignedFreeUniquePtr<float[]> z;           // (Bc) one row of dropout noise
+  hwy::AlignedFreeUniquePtr<float[]> D, lse2;    // (T) rowsum(dO ⊙ O), log2-domain lse
+  hwy::AlignedFreeUniquePtr<float[]> kT, vT;     // (hd, Bc)  c·K_tileᵀ, V_tileᵀ
+  hwy::AlignedFreeUniquePtr<float[]> S, dP, Pz;  // (BrBwd, Bc)
+  hwy::AlignedFreeUniquePtr<float[]> dK, dV;     // (Bc, hdp)
+  hwy::AlignedFreeUniquePtr<float[]> z;          // (Bc) one row of dropout noise
   // Padded copies of one head, (T, hdp) each, only when hd % N != 0.
   hwy::AlignedFreeUniquePtr<float[]> q_pad, k_pad, do_pad, dq_pad;
   BackwardScratch(size_t T_, size_t hd_, size_t hdp_)
-      : T(T_), hd(hd_), hdp(hdp_),
+      : T(T_),
+        hd(hd_),
+        hdp(hdp_),
         D(hwy::AllocateAligned<float>(T)),
         lse2(hwy::AllocateAligned<float>(T)),
         kT(hwy::AllocateAligned<float>(hd * kBc)),
@@ -408,7 +414,9 @@ void BackwardHead(float* dq, float* dk, float* dv, const float* dout, const floa
   const float c = p.scale * kLog2e;
   const size_t head = size_t(h) * hd;
   // Row r of head (b, h) of a token-major buffer with the given stride.
-  auto row = [&](auto* base, size_t stride, size_t t) { return base + (size_t(b) * T + t) * stride + head; };
+  auto row = [&](auto* base, size_t stride, size_t t) {
+    return base + (size_t(b) * T + t) * stride + head;
+  };
 
   // D[i] = Σ_d dO[i, d] O[i, d]; lse in base 2, to match the base-2 scores.
   for (size_t i = 0; i < T; ++i) {
@@ -421,7 +429,8 @@ void BackwardHead(float* dq, float* dk, float* dv, const float* dout, const floa
   }
   // The B operands (rows of Q, K, dO) and the dQ accumulator: in place when
   // hd is a whole number of vectors, else zero-padded copies.
-  const float *qB = row(q, p.q_stride, 0), *kB = row(k, p.k_stride, 0), *doB = row(dout, p.o_stride, 0);
+  const float *qB = row(q, p.q_stride, 0), *kB = row(k, p.k_stride, 0),
+              *doB = row(dout, p.o_stride, 0);
   size_t qBs = p.q_stride, kBs = p.k_stride, doBs = p.o_stride;
   float* dQ = row(dq, p.q_stride, 0);
   size_t dQs = p.q_stride;
@@ -477,8 +486,8 @@ void BackwardHead(float* dq, float* dk, float* dv, const float* dout, const floa
       };
       GemmSpans<kOverwrite>(in, kBc, row(q, p.q_stride, i0), p.q_stride, 1, kT, kBc, S, kBc,
                             nullptr, key_vectors);
-      GemmSpans<kOverwrite>(in, kBc, row(dout, p.o_stride, i0), p.o_stride, 1, vT, kBc, dP,
-                            kBc, nullptr, key_vectors);
+      GemmSpans<kOverwrite>(in, kBc, row(dout, p.o_stride, i0), p.o_stride, 1, vT, kBc, dP, kBc,
+                            nullptr, key_vectors);
       // P = 2^(S − lse2); Pz = P ⊙ Z; dS = scale · P ⊙ (dP ⊙ Z − D), stored in dP.
       for (size_t ii = 0; ii < in; ++ii) {
         const size_t i = i0 + ii;
@@ -530,7 +539,8 @@ void BackwardHead(float* dq, float* dk, float* dv, const float* dout, const floa
         const size_t i_end = i0 + r0 + nr;
         return Span{0, !diagonal ? jn : i_end > j0 ? std::min(jn, i_end - j0) : 0, 0, kNV};
       };
-      GemmSpans<kAccumulate>(jn, hdp, Pz, 1, kBc, doB + i0 * doBs, doBs, dV, hdp, nullptr, from_query);
+      GemmSpans<kAccumulate>(jn, hdp, Pz, 1, kBc, doB + i0 * doBs, doBs, dV, hdp, nullptr,
+                             from_query);
       GemmSpans<kAccumulate>(jn, hdp, dP, 1, kBc, qB + i0 * qBs, qBs, dK, hdp, nullptr, from_query);
       GemmSpans<kAccumulate>(in, hdp, dP, kBc, 1, kB + j0 * kBs, kBs, dQ + i0 * dQs, dQs, nullptr,
                              to_key);
@@ -541,7 +551,8 @@ void BackwardHead(float* dq, float* dk, float* dv, const float* dout, const floa
     }
   }
   if (hdp != hd)
-    for (size_t i = 0; i < T; ++i) std::copy(dQ + i * hdp, dQ + i * hdp + hd, row(dq, p.q_stride, i));
+    for (size_t i = 0; i < T; ++i)
+      std::copy(dQ + i * hdp, dQ + i * hdp + hd, row(dq, p.q_stride, i));
 }
 
 void Backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
@@ -571,15 +582,15 @@ HWY_EXPORT(Forward);
 HWY_EXPORT(Backward);
 HWY_EXPORT(TargetName);
 
-void flash_attention_forward(float* out, float* lse, const float* q, const float* k,
-                             const float* v, const FlashAttentionParams& params) {
+void flash_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                             const FlashAttentionParams& params) {
   const FlashAttentionParams p = validated(params);
   HWY_DYNAMIC_DISPATCH(Forward)(out, lse, q, k, v, p);
 }
 
-void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout,
-                              const float* q, const float* k, const float* v, const float* out,
-                              const float* lse, const FlashAttentionParams& params) {
+void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                              const float* k, const float* v, const float* out, const float* lse,
+                              const FlashAttentionParams& params) {
   const FlashAttentionParams p = validated(params);
   HWY_DYNAMIC_DISPATCH(Backward)(dq, dk, dv, dout, q, k, v, out, lse, p);
 }
@@ -588,7 +599,8 @@ const char* flash_attention_target() { return HWY_DYNAMIC_DISPATCH(TargetName)()
 
 std::vector<std::string> flash_attention_targets() {
   std::vector<std::string> names;
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) names.push_back(hwy::TargetName(target));
+  for (int64_t target : hwy::SupportedAndGeneratedTargets())
+    names.push_back(hwy::TargetName(target));
   return names;
 }
 
