@@ -32,11 +32,19 @@
 // 1/(1-p). The masks therefore differ from torch.nn.Dropout's (RNG.md §6);
 // flash_dropout_noise materialises exactly the mask the kernels apply.
 //
-// SIMD: one source compiled for AVX-512, AVX2, SSE4 and a portable fallback
+// SIMD: one source compiled for AVX-512, AVX2, SSE4 and a scalar fallback
 // (Highway dynamic dispatch); the best one for the running CPU is chosen on
-// first use (flash_attention_target() names it). Threads: OpenMP, over
-// (batch, head, query tile) in forward, heaviest tiles first, and over
-// (batch, head) in backward.
+// first use (flash_attention_target() names it). Threads: OpenMP. Forward
+// runs (batch, head, query tile) items, heaviest first. Backward gives each
+// thread whole heads when there are at least two per thread; with fewer it
+// splits every head into key-tile tasks (dK, dV) and query-tile tasks (dQ),
+// recomputing the scores (seven T×T×hd products instead of five). Both ways
+// visit every sum in the same order, so they give the same bits.
+//
+// Memory: forward keeps O(tile) per thread (about 70 KB at hd = 64); backward
+// adds two (B, H, T) arrays (D and lse in base 2) and about 60 KB per thread,
+// plus, only when hd is not a multiple of the vector width, four (T, hd)
+// padded copies of one head per thread.
 #pragma once
 
 #include <cstdint>

@@ -367,21 +367,14 @@ void Forward(float* out, float* lse, const float* q, const float* k, const float
 // ---- backward -----------------------------------------------------------------------------
 
 struct BackwardScratch {
-  size_t T, hd, hdp;
-  hwy::AlignedFreeUniquePtr<float[]> D, lse2;    // (T) rowsum(dO ⊙ O), log2-domain lse
   hwy::AlignedFreeUniquePtr<float[]> kT, vT;     // (hd, Bc)  c·K_tileᵀ, V_tileᵀ
   hwy::AlignedFreeUniquePtr<float[]> S, dP, Pz;  // (BrBwd, Bc)
   hwy::AlignedFreeUniquePtr<float[]> dK, dV;     // (Bc, hdp)
   hwy::AlignedFreeUniquePtr<float[]> z;          // (Bc) one row of dropout noise
   // Padded copies of one head, (T, hdp) each, only when hd % N != 0.
   hwy::AlignedFreeUniquePtr<float[]> q_pad, k_pad, do_pad, dq_pad;
-  BackwardScratch(size_t T_, size_t hd_, size_t hdp_)
-      : T(T_),
-        hd(hd_),
-        hdp(hdp_),
-        D(hwy::AllocateAligned<float>(T)),
-        lse2(hwy::AllocateAligned<float>(T)),
-        kT(hwy::AllocateAligned<float>(hd * kBc)),
+  BackwardScratch(size_t T, size_t hd, size_t hdp)
+      : kT(hwy::AllocateAligned<float>(hd * kBc)),
         vT(hwy::AllocateAligned<float>(hd * kBc)),
         S(hwy::AllocateAligned<float>(kBrBwd * kBc)),
         dP(hwy::AllocateAligned<float>(kBrBwd * kBc)),
@@ -406,165 +399,272 @@ void PadHead(float* dst, const float* src, size_t stride, size_t T, size_t hd, s
   }
 }
 
-void BackwardHead(float* dq, float* dk, float* dv, const float* dout, const float* q,
-                  const float* k, const float* v, const float* out, const float* lse,
-                  const FlashAttentionParams& p, int64_t b, int64_t h, BackwardScratch& s) {
-  const DF d;
-  const size_t T = s.T, hd = s.hd, hdp = s.hdp;
+// One head (b, h) as the tile pairs read it. Row t of q starts at q + t · q_stride
+// (likewise k, v, dout); the B operands of the products (rows of Q, K, dO) and
+// the dQ accumulator are the buffers themselves when hd is a whole number of
+// vectors, else zero-padded copies with stride hdp.
+struct HeadView {
+  int64_t b, h;
+  const float *q, *k, *v, *dout;
+  const float *qB, *kB, *doB;
+  size_t qBs, kBs, doBs;
+  float* dQ;
+  size_t dQs;
+  const float* D;     // (T) rowsum(dO ⊙ O)
+  const float* lse2;  // (T) lse in base 2, to match the base-2 scores
+};
+
+HeadView MakeHeadView(float* dq, const float* dout, const float* q, const float* k, const float* v,
+                      const float* D, const float* lse2, const FlashAttentionParams& p, int64_t b,
+                      int64_t h) {
+  const size_t T = size_t(p.T), head = size_t(h) * size_t(p.hd), bh = size_t(b * p.H + h);
+  HeadView hv{};
+  hv.b = b, hv.h = h;
+  hv.q = q + size_t(b) * T * p.q_stride + head;
+  hv.k = k + size_t(b) * T * p.k_stride + head;
+  hv.v = v + size_t(b) * T * p.v_stride + head;
+  hv.dout = dout + size_t(b) * T * p.o_stride + head;
+  hv.qB = hv.q, hv.kB = hv.k, hv.doB = hv.dout;
+  hv.qBs = p.q_stride, hv.kBs = p.k_stride, hv.doBs = p.o_stride;
+  hv.dQ = dq + size_t(b) * T * p.q_stride + head;
+  hv.dQs = p.q_stride;
+  hv.D = D + bh * T;
+  hv.lse2 = lse2 + bh * T;
+  return hv;
+}
+
+// kT (hd, Bc) = c · K_tileᵀ, vT (hd, Bc) = V_tileᵀ for keys [j0, j0 + jn), zero columns past T.
+void PackKeyTile(float* HWY_RESTRICT kT, float* HWY_RESTRICT vT, const HeadView& hv,
+                 const FlashAttentionParams& p, size_t j0, size_t jn) {
+  const size_t hd = size_t(p.hd);
   const float c = p.scale * kLog2e;
-  const size_t head = size_t(h) * hd;
-  // Row r of head (b, h) of a token-major buffer with the given stride.
-  auto row = [&](auto* base, size_t stride, size_t t) {
-    return base + (size_t(b) * T + t) * stride + head;
-  };
-
-  // D[i] = Σ_d dO[i, d] O[i, d]; lse in base 2, to match the base-2 scores.
-  for (size_t i = 0; i < T; ++i) {
-    const float* doi = row(dout, p.o_stride, i);
-    const float* oi = row(out, p.o_stride, i);
-    float sum = 0.0f;
-    for (size_t dd = 0; dd < hd; ++dd) sum += doi[dd] * oi[dd];
-    s.D[i] = sum;
-    s.lse2[i] = lse[(size_t(b) * p.H + h) * T + i] * kLog2e;
+  for (size_t jj = 0; jj < kBc; ++jj) {
+    if (jj < jn) {
+      const float* kj = hv.k + (j0 + jj) * p.k_stride;
+      const float* vj = hv.v + (j0 + jj) * p.v_stride;
+      for (size_t dd = 0; dd < hd; ++dd) {
+        kT[dd * kBc + jj] = c * kj[dd];
+        vT[dd * kBc + jj] = vj[dd];
+      }
+    } else {
+      for (size_t dd = 0; dd < hd; ++dd) kT[dd * kBc + jj] = vT[dd * kBc + jj] = 0.0f;
+    }
   }
-  // The B operands (rows of Q, K, dO) and the dQ accumulator: in place when
-  // hd is a whole number of vectors, else zero-padded copies.
-  const float *qB = row(q, p.q_stride, 0), *kB = row(k, p.k_stride, 0),
-              *doB = row(dout, p.o_stride, 0);
-  size_t qBs = p.q_stride, kBs = p.k_stride, doBs = p.o_stride;
-  float* dQ = row(dq, p.q_stride, 0);
-  size_t dQs = p.q_stride;
-  if (hdp != hd) {
-    PadHead(s.q_pad.get(), qB, qBs, T, hd, hdp);
-    PadHead(s.k_pad.get(), kB, kBs, T, hd, hdp);
-    PadHead(s.do_pad.get(), doB, doBs, T, hd, hdp);
-    qB = s.q_pad.get(), kB = s.k_pad.get(), doB = s.do_pad.get();
-    qBs = kBs = doBs = hdp;
-    dQ = s.dq_pad.get();
-    dQs = hdp;
-  }
-  for (size_t i = 0; i < T; ++i) std::fill(dQ + i * dQs, dQ + i * dQs + hdp, 0.0f);
+}
 
+// One pair (keys [j0, j0 + jn) packed in s.kT/s.vT, queries [i0, i0 + in)):
+// recompute P and dS, then accumulate whichever of dK, dV (Bc, hdp) and the
+// head's dQ rows are given (nullptr skips). Every caller visits the pairs of an
+// output in the same order, so the sums are the same bits however the pairs
+// are spread over threads.
+void TilePair(const HeadView& hv, const FlashAttentionParams& p, size_t j0, size_t jn, size_t i0,
+              size_t in, BackwardScratch& s, float* dK, float* dV, float* dQ) {
+  const DF d;
+  const size_t hd = size_t(p.hd), hdp = RoundUp(hd, kN);
   const DropoutRule rule(p.dropout_p);
-  const float scale = p.scale;
-  float* HWY_RESTRICT kT = s.kT.get();
-  float* HWY_RESTRICT vT = s.vT.get();
   float* HWY_RESTRICT S = s.S.get();
   float* HWY_RESTRICT dP = s.dP.get();
   float* HWY_RESTRICT Pz = s.Pz.get();
-  float* HWY_RESTRICT dK = s.dK.get();
-  float* HWY_RESTRICT dV = s.dV.get();
-  for (size_t j0 = 0; j0 < T; j0 += kBc) {
-    const size_t jn = std::min(kBc, T - j0);
-    // kT (hd, Bc) = c · K_tileᵀ, vT (hd, Bc) = V_tileᵀ, zero columns past T.
-    for (size_t jj = 0; jj < kBc; ++jj) {
-      const float* kj = row(k, p.k_stride, j0 + jj);
-      const float* vj = row(v, p.v_stride, j0 + jj);
-      for (size_t dd = 0; dd < hd; ++dd) {
-        kT[dd * kBc + jj] = jj < jn ? c * kj[dd] : 0.0f;
-        vT[dd * kBc + jj] = jj < jn ? vj[dd] : 0.0f;
+  // S (in, Bc) = c · Q Kᵀ (base-2 scores);  dP (in, Bc) = dO Vᵀ.
+  // On the diagonal a block of queries ending at i_end - 1 needs keys < i_end only.
+  const bool diagonal = p.causal && j0 + jn - 1 > i0;
+  const bool masked = jn < kBc || diagonal;
+  auto key_vectors = [&](size_t r0, size_t nr) {
+    const size_t i_end = i0 + r0 + nr;
+    const size_t v1 = !diagonal ? kNV : i_end > j0 ? (i_end - j0 + kN - 1) / kN : 0;
+    return Span{0, hd, 0, v1};
+  };
+  GemmSpans<kOverwrite>(in, kBc, hv.q + i0 * p.q_stride, p.q_stride, 1, s.kT.get(), kBc, S, kBc,
+                        nullptr, key_vectors);
+  GemmSpans<kOverwrite>(in, kBc, hv.dout + i0 * p.o_stride, p.o_stride, 1, s.vT.get(), kBc, dP,
+                        kBc, nullptr, key_vectors);
+  // P = 2^(S − lse2); Pz = P ⊙ Z; dS = scale · P ⊙ (dP ⊙ Z − D), stored in dP.
+  const VF scale_v = hn::Set(d, p.scale);
+  for (size_t ii = 0; ii < in; ++ii) {
+    const size_t i = i0 + ii;
+    const VF lse_i = hn::Set(d, hv.lse2[i]);
+    const VF D_i = hn::Set(d, hv.D[i]);
+    if (rule.threshold != 0) {  // z (Bc): Philox block m serves keys 4m .. 4m+3
+      constexpr size_t kBlocks = kBc / 4;
+      alignas(64) uint32_t x[4][kBlocks];
+      for (size_t m = 0; m < kBlocks; ++m) {
+        x[0][m] = uint32_t(j0 / 4 + m), x[1][m] = uint32_t(i);
+        x[2][m] = uint32_t(hv.h), x[3][m] = uint32_t(hv.b);
       }
+      PhiloxLanes<kBlocks>(x[0], x[1], x[2], x[3], p.dropout_seed);
+      for (size_t m = 0; m < kBlocks; ++m)
+        for (size_t t = 0; t < 4; ++t)
+          s.z[4 * m + t] = x[t][m] >= rule.threshold ? rule.scale : 0.0f;
     }
-    std::fill(dK, dK + kBc * hdp, 0.0f);
-    std::fill(dV, dV + kBc * hdp, 0.0f);
-    // Causal: query tiles whose last row is before j0 see none of these keys.
-    const size_t i_start = p.causal ? j0 / kBrBwd * kBrBwd : 0;
-    for (size_t i0 = i_start; i0 < T; i0 += kBrBwd) {
-      const size_t in = std::min(kBrBwd, T - i0);
-      const size_t next_end = std::min(T, i0 + in + kBrBwd);
-      PrefetchRows(row(q, p.q_stride, 0), p.q_stride, i0 + in, next_end, hd);
-      PrefetchRows(row(dout, p.o_stride, 0), p.o_stride, i0 + in, next_end, hd);
-      PrefetchRows(dQ, dQs, i0 + in, next_end, hd);
-      // S (in, Bc) = c · Q Kᵀ (base-2 scores);  dP (in, Bc) = dO Vᵀ.
-      // On the diagonal a block of queries ending at i_end - 1 needs keys < i_end only.
-      const bool diagonal = p.causal && j0 + jn - 1 > i0;
-      const bool masked = jn < kBc || diagonal;
-      auto key_vectors = [&](size_t r0, size_t nr) {
-        const size_t i_end = i0 + r0 + nr;
-        const size_t v1 = !diagonal ? kNV : i_end > j0 ? (i_end - j0 + kN - 1) / kN : 0;
-        return Span{0, hd, 0, v1};
-      };
-      GemmSpans<kOverwrite>(in, kBc, row(q, p.q_stride, i0), p.q_stride, 1, kT, kBc, S, kBc,
-                            nullptr, key_vectors);
-      GemmSpans<kOverwrite>(in, kBc, row(dout, p.o_stride, i0), p.o_stride, 1, vT, kBc, dP, kBc,
-                            nullptr, key_vectors);
-      // P = 2^(S − lse2); Pz = P ⊙ Z; dS = scale · P ⊙ (dP ⊙ Z − D), stored in dP.
-      for (size_t ii = 0; ii < in; ++ii) {
-        const size_t i = i0 + ii;
-        const VF lse_i = hn::Set(d, s.lse2[i]);
-        const VF D_i = hn::Set(d, s.D[i]);
-        const VF scale_v = hn::Set(d, scale);
-        if (rule.threshold != 0) {  // z (Bc): Philox block m serves keys 4m .. 4m+3
-          constexpr size_t kBlocks = kBc / 4;
-          alignas(64) uint32_t x[4][kBlocks];
-          for (size_t m = 0; m < kBlocks; ++m) {
-            x[0][m] = uint32_t(j0 / 4 + m), x[1][m] = uint32_t(i);
-            x[2][m] = uint32_t(h), x[3][m] = uint32_t(b);
-          }
-          PhiloxLanes<kBlocks>(x[0], x[1], x[2], x[3], p.dropout_seed);
-          for (size_t m = 0; m < kBlocks; ++m)
-            for (size_t t = 0; t < 4; ++t)
-              s.z[4 * m + t] = x[t][m] >= rule.threshold ? rule.scale : 0.0f;
-        }
-        // Keys j valid for query i: j < T and (causal) j <= i.
-        const size_t j_lim = std::min(jn, p.causal ? (i + 1 > j0 ? i + 1 - j0 : 0) : jn);
-        for (size_t v0 = 0; v0 < kBc; v0 += kN) {
-          const size_t at = ii * kBc + v0;
-          VF pv = Exp2(d, hn::Sub(hn::Load(d, S + at), lse_i));
-          VF dpv = hn::Load(d, dP + at);
-          if (rule.threshold != 0) {
-            const VF zv = hn::Load(d, s.z.get() + v0);
-            dpv = hn::Mul(dpv, zv);
-            hn::Store(hn::Mul(pv, zv), d, Pz + at);
-          } else {
-            hn::Store(pv, d, Pz + at);
-          }
-          VF ds = hn::Mul(hn::Mul(pv, hn::Sub(dpv, D_i)), scale_v);
-          if (masked) {
-            const auto valid = hn::Lt(hn::Iota(d, float(v0)), hn::Set(d, float(j_lim)));
-            ds = hn::IfThenElseZero(valid, ds);
-            hn::Store(hn::IfThenElseZero(valid, hn::Load(d, Pz + at)), d, Pz + at);
-          }
-          hn::Store(ds, d, dP + at);
-        }
+    // Keys j valid for query i: j < T and (causal) j <= i.
+    const size_t j_lim = std::min(jn, p.causal ? (i + 1 > j0 ? i + 1 - j0 : 0) : jn);
+    for (size_t v0 = 0; v0 < kBc; v0 += kN) {
+      const size_t at = ii * kBc + v0;
+      VF pv = Exp2(d, hn::Sub(hn::Load(d, S + at), lse_i));
+      VF dpv = hn::Load(d, dP + at);
+      if (rule.threshold != 0) {
+        const VF zv = hn::Load(d, s.z.get() + v0);
+        dpv = hn::Mul(dpv, zv);
+        hn::Store(hn::Mul(pv, zv), d, Pz + at);
+      } else {
+        hn::Store(pv, d, Pz + at);
       }
-      // dV (Bc, hdp) += Pzᵀ dO;  dK (Bc, hdp) += dSᵀ Q;  dQ (in, hdp) += dS K.
-      // On the diagonal, keys from j see queries from i = j only, and queries up
-      // to i see keys up to i only.
-      auto from_query = [&](size_t r0, size_t) {
-        const size_t j = j0 + r0;
-        return Span{diagonal && j > i0 ? j - i0 : 0, in, 0, kNV};
-      };
-      auto to_key = [&](size_t r0, size_t nr) {
-        const size_t i_end = i0 + r0 + nr;
-        return Span{0, !diagonal ? jn : i_end > j0 ? std::min(jn, i_end - j0) : 0, 0, kNV};
-      };
-      GemmSpans<kAccumulate>(jn, hdp, Pz, 1, kBc, doB + i0 * doBs, doBs, dV, hdp, nullptr,
-                             from_query);
-      GemmSpans<kAccumulate>(jn, hdp, dP, 1, kBc, qB + i0 * qBs, qBs, dK, hdp, nullptr, from_query);
-      GemmSpans<kAccumulate>(in, hdp, dP, kBc, 1, kB + j0 * kBs, kBs, dQ + i0 * dQs, dQs, nullptr,
-                             to_key);
-    }
-    for (size_t jj = 0; jj < jn; ++jj) {
-      std::copy(dK + jj * hdp, dK + jj * hdp + hd, row(dk, p.k_stride, j0 + jj));
-      std::copy(dV + jj * hdp, dV + jj * hdp + hd, row(dv, p.v_stride, j0 + jj));
+      VF ds = hn::Mul(hn::Mul(pv, hn::Sub(dpv, D_i)), scale_v);
+      if (masked) {
+        const auto valid = hn::Lt(hn::Iota(d, float(v0)), hn::Set(d, float(j_lim)));
+        ds = hn::IfThenElseZero(valid, ds);
+        hn::Store(hn::IfThenElseZero(valid, hn::Load(d, Pz + at)), d, Pz + at);
+      }
+      hn::Store(ds, d, dP + at);
     }
   }
-  if (hdp != hd)
+  // dV (Bc, hdp) += Pzᵀ dO;  dK (Bc, hdp) += dSᵀ Q;  dQ (in, hdp) += dS K.
+  // On the diagonal, keys from j see queries from i = j only, and queries up
+  // to i see keys up to i only.
+  auto from_query = [&](size_t r0, size_t) {
+    const size_t j = j0 + r0;
+    return Span{diagonal && j > i0 ? j - i0 : 0, in, 0, kNV};
+  };
+  auto to_key = [&](size_t r0, size_t nr) {
+    const size_t i_end = i0 + r0 + nr;
+    return Span{0, !diagonal ? jn : i_end > j0 ? std::min(jn, i_end - j0) : 0, 0, kNV};
+  };
+  if (dV)
+    GemmSpans<kAccumulate>(jn, hdp, Pz, 1, kBc, hv.doB + i0 * hv.doBs, hv.doBs, dV, hdp, nullptr,
+                           from_query);
+  if (dK)
+    GemmSpans<kAccumulate>(jn, hdp, dP, 1, kBc, hv.qB + i0 * hv.qBs, hv.qBs, dK, hdp, nullptr,
+                           from_query);
+  if (dQ)
+    GemmSpans<kAccumulate>(in, hdp, dP, kBc, 1, hv.kB + j0 * hv.kBs, hv.kBs, dQ + i0 * hv.dQs,
+                           hv.dQs, nullptr, to_key);
+}
+
+// Query tiles [i0, ...) that see key tile j0: causal skips those whose last row is before j0.
+size_t FirstQueryTile(const FlashAttentionParams& p, size_t j0) {
+  return p.causal ? j0 / kBrBwd * kBrBwd : 0;
+}
+
+// dK, dV of key tile j0 (all its query tiles, in order), written out; dQ
+// accumulated too when given.
+void KeyTileTask(float* dk, float* dv, float* dQ, const HeadView& hv, const FlashAttentionParams& p,
+                 size_t j0, BackwardScratch& s) {
+  const size_t T = size_t(p.T), hd = size_t(p.hd), hdp = RoundUp(hd, kN);
+  const size_t jn = std::min(kBc, T - j0);
+  PackKeyTile(s.kT.get(), s.vT.get(), hv, p, j0, jn);
+  float* dK = s.dK.get();
+  float* dV = s.dV.get();
+  std::fill(dK, dK + kBc * hdp, 0.0f);
+  std::fill(dV, dV + kBc * hdp, 0.0f);
+  for (size_t i0 = FirstQueryTile(p, j0); i0 < T; i0 += kBrBwd) {
+    const size_t in = std::min(kBrBwd, T - i0);
+    const size_t next_end = std::min(T, i0 + in + kBrBwd);
+    PrefetchRows(hv.q, p.q_stride, i0 + in, next_end, hd);
+    PrefetchRows(hv.dout, p.o_stride, i0 + in, next_end, hd);
+    if (dQ) PrefetchRows(dQ, hv.dQs, i0 + in, next_end, hd);
+    TilePair(hv, p, j0, jn, i0, in, s, dK, dV, dQ);
+  }
+  const size_t head = size_t(hv.h) * hd;
+  for (size_t jj = 0; jj < jn; ++jj) {
+    const size_t t = size_t(hv.b) * T + j0 + jj;
+    std::copy(dK + jj * hdp, dK + jj * hdp + hd, dk + t * p.k_stride + head);
+    std::copy(dV + jj * hdp, dV + jj * hdp + hd, dv + t * p.v_stride + head);
+  }
+}
+
+// dQ of query tile i0: its key tiles in order, the same pairs as KeyTileTask's.
+void QueryTileTask(const HeadView& hv, const FlashAttentionParams& p, size_t i0,
+                   BackwardScratch& s) {
+  const size_t T = size_t(p.T), hd = size_t(p.hd);
+  const size_t in = std::min(kBrBwd, T - i0);
+  for (size_t i = i0; i < i0 + in; ++i) std::fill(hv.dQ + i * hv.dQs, hv.dQ + i * hv.dQs + hd, 0.0f);
+  for (size_t j0 = 0; j0 < T && FirstQueryTile(p, j0) <= i0; j0 += kBc) {
+    const size_t jn = std::min(kBc, T - j0);
+    PackKeyTile(s.kT.get(), s.vT.get(), hv, p, j0, jn);
+    TilePair(hv, p, j0, jn, i0, in, s, nullptr, nullptr, hv.dQ);
+  }
+}
+
+// The whole head in one pass: key tiles outside, dQ accumulated in place.
+void BackwardHead(float* dq, float* dk, float* dv, HeadView hv, const FlashAttentionParams& p,
+                  BackwardScratch& s) {
+  const size_t T = size_t(p.T), hd = size_t(p.hd), hdp = RoundUp(hd, kN);
+  if (hdp != hd) {
+    PadHead(s.q_pad.get(), hv.q, p.q_stride, T, hd, hdp);
+    PadHead(s.k_pad.get(), hv.k, p.k_stride, T, hd, hdp);
+    PadHead(s.do_pad.get(), hv.dout, p.o_stride, T, hd, hdp);
+    hv.qB = s.q_pad.get(), hv.kB = s.k_pad.get(), hv.doB = s.do_pad.get();
+    hv.qBs = hv.kBs = hv.doBs = hdp;
+    hv.dQ = s.dq_pad.get();
+    hv.dQs = hdp;
+  }
+  for (size_t i = 0; i < T; ++i) std::fill(hv.dQ + i * hv.dQs, hv.dQ + i * hv.dQs + hdp, 0.0f);
+  for (size_t j0 = 0; j0 < T; j0 += kBc) KeyTileTask(dk, dv, hv.dQ, hv, p, j0, s);
+  if (hdp != hd) {
+    float* dq_head = dq + size_t(hv.b) * T * p.q_stride + size_t(hv.h) * hd;
     for (size_t i = 0; i < T; ++i)
-      std::copy(dQ + i * hdp, dQ + i * hdp + hd, row(dq, p.q_stride, i));
+      std::copy(hv.dQ + i * hdp, hv.dQ + i * hdp + hd, dq_head + i * p.q_stride);
+  }
+}
+
+int MaxThreads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
 }
 
 void Backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
               const float* v, const float* out, const float* lse, const FlashAttentionParams& p) {
-  const size_t hd = size_t(p.hd), hdp = RoundUp(hd, kN);
+  const size_t T = size_t(p.T), hd = size_t(p.hd), hdp = RoundUp(hd, kN);
   const int64_t BH = p.B * p.H;
+  // D = rowsum(dO ⊙ O) and lse · log2(e), (B, H, T) each: the O(T) per head that backward keeps.
+  auto D = hwy::AllocateAligned<float>(size_t(BH) * T);
+  auto lse2 = hwy::AllocateAligned<float>(size_t(BH) * T);
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < BH; ++bh) {
+    const int64_t b = bh / p.H, h = bh % p.H;
+    for (size_t i = 0; i < T; ++i) {
+      const size_t at = (size_t(b) * T + i) * p.o_stride + size_t(h) * hd;
+      float sum = 0.0f;
+      for (size_t dd = 0; dd < hd; ++dd) sum += dout[at + dd] * out[at + dd];
+      D[size_t(bh) * T + i] = sum;
+      lse2[size_t(bh) * T + i] = lse[size_t(bh) * T + i] * kLog2e;
+    }
+  }
+  auto view = [&](int64_t bh) {
+    return MakeHeadView(dq, dout, q, k, v, D.get(), lse2.get(), p, bh / p.H, bh % p.H);
+  };
+  // With at least two heads per thread, one thread per head: five products per
+  // tile pair. With fewer, split every head: dK, dV over key tiles, then dQ
+  // over query tiles (recomputing S and dP: seven products per pair). Both
+  // visit each output's pairs in the same order, so the bits are the same.
+  const bool split = hdp == hd && BH < 2 * int64_t(MaxThreads());
+  if (!split) {
+#pragma omp parallel
+    {
+      BackwardScratch scratch(T, hd, hdp);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t bh = 0; bh < BH; ++bh) BackwardHead(dq, dk, dv, view(bh), p, scratch);
+    }
+    return;
+  }
+  const int64_t n_kt = int64_t((T + kBc - 1) / kBc), n_qt = int64_t((T + kBrBwd - 1) / kBrBwd);
 #pragma omp parallel
   {
-    BackwardScratch scratch(size_t(p.T), hd, hdp);
+    BackwardScratch scratch(T, hd, hdp);
+    // Causal: the first key tiles and the last query tiles are the longest; start with them.
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < BH; ++bh)
-      BackwardHead(dq, dk, dv, dout, q, k, v, out, lse, p, bh / p.H, bh % p.H, scratch);
+    for (int64_t item = 0; item < BH * n_kt; ++item) {
+      const int64_t kt = item / BH, bh = item % BH;
+      KeyTileTask(dk, dv, nullptr, view(bh), p, size_t(kt) * kBc, scratch);
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < BH * n_qt; ++item) {
+      const int64_t qt = n_qt - 1 - item / BH, bh = item % BH;
+      QueryTileTask(view(bh), p, size_t(qt) * kBrBwd, scratch);
+    }
   }
 }
 

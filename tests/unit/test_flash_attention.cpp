@@ -334,32 +334,40 @@ TEST(FlashAttention, PhiloxKnownAnswers) {
 
 #ifdef _OPENMP
 TEST(FlashAttention, SameBitsForAnyThreadCount) {
-  for (float dropout : {0.0f, 0.2f})
-    for (bool causal : {true, false}) {
-      FlashAttentionParams p;
-      p.B = 2, p.T = 333, p.H = 3, p.hd = 64, p.causal = causal;
-      p.dropout_p = dropout, p.dropout_seed = 7;
-      const size_t n = size_t(p.B * p.T * p.H * p.hd);
-      const auto q = randn(n, 1), k = randn(n, 2), v = randn(n, 3), dout = randn(n, 4);
-      std::vector<std::vector<float>> results;
-      const int saved = omp_get_max_threads();
-      for (int threads : {1, 2, 3}) {
-        omp_set_num_threads(threads);
-        std::vector<float> out(n), lse(size_t(p.B * p.H * p.T)), dq(n), dk(n), dv(n);
-        kn::flash_attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), p);
-        kn::flash_attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(),
-                                     k.data(), v.data(), out.data(), lse.data(), p);
-        std::vector<float> all;
-        for (const auto* part : {&out, &lse, &dq, &dk, &dv})
-          all.insert(all.end(), part->begin(), part->end());
-        results.push_back(std::move(all));
+  // B·H = 6 runs backward one head per thread for 1..3 threads; B·H = 2 runs
+  // it whole-head on 1 thread and split into key-tile and query-tile tasks on
+  // 2 and 3: the bits must not change either way.
+  struct Shape {
+    int64_t B, H, T, hd;
+  };
+  for (const Shape& shape : {Shape{2, 3, 333, 64}, Shape{1, 2, 333, 64}, Shape{1, 2, 100, 24}})
+    for (float dropout : {0.0f, 0.2f})
+      for (bool causal : {true, false}) {
+        FlashAttentionParams p;
+        p.B = shape.B, p.T = shape.T, p.H = shape.H, p.hd = shape.hd, p.causal = causal;
+        p.dropout_p = dropout, p.dropout_seed = 7;
+        const size_t n = size_t(p.B * p.T * p.H * p.hd);
+        const auto q = randn(n, 1), k = randn(n, 2), v = randn(n, 3), dout = randn(n, 4);
+        std::vector<std::vector<float>> results;
+        const int saved = omp_get_max_threads();
+        for (int threads : {1, 2, 3}) {
+          omp_set_num_threads(threads);
+          std::vector<float> out(n), lse(size_t(p.B * p.H * p.T)), dq(n), dk(n), dv(n);
+          kn::flash_attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), p);
+          kn::flash_attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(),
+                                       k.data(), v.data(), out.data(), lse.data(), p);
+          std::vector<float> all;
+          for (const auto* part : {&out, &lse, &dq, &dk, &dv})
+            all.insert(all.end(), part->begin(), part->end());
+          results.push_back(std::move(all));
+        }
+        omp_set_num_threads(saved);
+        for (size_t r = 1; r < results.size(); ++r)
+          EXPECT_EQ(0, std::memcmp(results[0].data(), results[r].data(),
+                                   results[0].size() * sizeof(float)))
+              << "threads differ: B=" << p.B << " H=" << p.H << " hd=" << p.hd
+              << " causal=" << causal << " p=" << dropout << " (1 vs " << r + 1 << " threads)";
       }
-      omp_set_num_threads(saved);
-      for (size_t r = 1; r < results.size(); ++r)
-        EXPECT_EQ(
-            0, std::memcmp(results[0].data(), results[r].data(), results[0].size() * sizeof(float)))
-            << "threads differ, causal=" << causal << " p=" << dropout;
-    }
 }
 #endif
 
