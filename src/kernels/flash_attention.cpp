@@ -213,113 +213,134 @@ void PrefetchRows(const float* base, size_t stride, size_t t0, size_t t1, size_t
 
 // ---- forward ------------------------------------------------------------------------------
 
+// Query tiles per work item: they share every K and V tile while it is in
+// cache, so long sequences stream K and V (and walk their pages) once per kGroup tiles.
+constexpr size_t kGroup = 4;
+
 struct ForwardScratch {
-  hwy::AlignedFreeUniquePtr<float[]> qT;           // (hd, Br)   c·Qᵀ of the query tile
-  hwy::AlignedFreeUniquePtr<float[]> sT;           // (Bc, Br)   scores, then weights, key-major
-  hwy::AlignedFreeUniquePtr<float[]> o;            // (Br, hdp)  unnormalised output
-  hwy::AlignedFreeUniquePtr<float[]> v_pad;        // (Bc, hdp)  V tile padded to hdp (hd % N != 0)
-  hwy::AlignedFreeUniquePtr<float[]> m, l, alpha;  // (Br) running max, sum, rescale
+  hwy::AlignedFreeUniquePtr<float[]> qT;           // (G, hd, Br)   c·Qᵀ of each query tile
+  hwy::AlignedFreeUniquePtr<float[]> sT;           // (Bc, Br)      scores, then weights, key-major
+  hwy::AlignedFreeUniquePtr<float[]> o;            // (G, Br, hdp)  unnormalised outputs
+  hwy::AlignedFreeUniquePtr<float[]> v_pad;        // (Bc, hdp)     V tile padded (hd % N != 0)
+  hwy::AlignedFreeUniquePtr<float[]> m, l, alpha;  // (G, Br) running max, sum, rescale
   explicit ForwardScratch(size_t hd, size_t hdp)
-      : qT(hwy::AllocateAligned<float>(hd * kBr)),
+      : qT(hwy::AllocateAligned<float>(kGroup * hd * kBr)),
         sT(hwy::AllocateAligned<float>(kBcFwd * kBr)),
-        o(hwy::AllocateAligned<float>(kBr * hdp)),
+        o(hwy::AllocateAligned<float>(kGroup * kBr * hdp)),
         v_pad(hwy::AllocateAligned<float>(kBcFwd * hdp)),
-        m(hwy::AllocateAligned<float>(kBr)),
-        l(hwy::AllocateAligned<float>(kBr)),
-        alpha(hwy::AllocateAligned<float>(kBr)) {}
+        m(hwy::AllocateAligned<float>(kGroup * kBr)),
+        l(hwy::AllocateAligned<float>(kGroup * kBr)),
+        alpha(hwy::AllocateAligned<float>(kGroup * kBr)) {}
 };
 
-void ForwardTile(float* out, float* lse, const float* q, const float* k, const float* v,
-                 const FlashAttentionParams& p, int64_t b, int64_t h, size_t i0,
-                 ForwardScratch& s) {
+// One query tile [i0, i0 + in) against keys [j0, j0 + jn): scores, online
+// softmax, O update. qT, o, m, l, alpha are the tile's own state.
+void ForwardStep(const FlashAttentionParams& p, int64_t b, int64_t h, size_t i0, size_t in,
+                 size_t j0, size_t jn, const float* k_tile, const float* v_tile,
+                 size_t v_tile_stride, const float* HWY_RESTRICT qT, float* HWY_RESTRICT sT,
+                 float* HWY_RESTRICT o, float* HWY_RESTRICT m, float* HWY_RESTRICT l,
+                 float* HWY_RESTRICT alpha) {
   const DF d;
-  const size_t T = size_t(p.T), hd = size_t(p.hd), hdp = RoundUp(hd, kN);
-  const size_t in = std::min(kBr, T - i0);  // valid queries in this tile
-  const float c = p.scale * kLog2e;
-  float* HWY_RESTRICT qT = s.qT.get();
-  float* HWY_RESTRICT sT = s.sT.get();
-  float* HWY_RESTRICT o = s.o.get();
-  float* HWY_RESTRICT m = s.m.get();
-  float* HWY_RESTRICT l = s.l.get();
-  float* HWY_RESTRICT alpha = s.alpha.get();
-
-  // qT (hd, Br) = c · Q_tileᵀ, zero columns past T.
-  for (size_t i = 0; i < kBr; ++i) {
-    const float* qi = q + (size_t(b) * T + i0 + i) * p.q_stride + size_t(h) * hd;
-    for (size_t dd = 0; dd < hd; ++dd) qT[dd * kBr + i] = i < in ? c * qi[dd] : 0.0f;
-  }
-  std::fill(m, m + kBr, kNegInf);
-  std::fill(l, l + kBr, 0.0f);
-  std::fill(o, o + kBr * hdp, 0.0f);
-
-  const bool pad_v = hdp != hd;
+  const size_t hd = size_t(p.hd), hdp = RoundUp(hd, kN);
   const DropoutRule rule(p.dropout_p);
-  const size_t key_end = p.causal ? i0 + in : T;  // keys j >= key_end are masked for every row
-  const float* k_head =
-      k + size_t(b) * T * p.k_stride + size_t(h) * hd;  // (T, hd), rows k_stride apart
-  const float* v_head = v + size_t(b) * T * p.v_stride + size_t(h) * hd;
-  for (size_t j0 = 0; j0 < key_end; j0 += kBcFwd) {
-    const size_t jn = std::min(kBcFwd, key_end - j0);
-    const size_t next_end = std::min(key_end, j0 + 2 * kBcFwd);
-    PrefetchRows(k_head, p.k_stride, j0 + jn, next_end, hd);
-    PrefetchRows(v_head, p.v_stride, j0 + jn, next_end, hd);
-    // Sᵀ (jn, Br) = K_tile · qT; on the diagonal, keys j0+r0.. skip the query
-    // vectors that lie wholly before them.
-    const bool diagonal = p.causal && j0 + jn - 1 > i0;
-    GemmSpans<kOverwrite>(jn, kBr, k + (size_t(b) * T + j0) * p.k_stride + size_t(h) * hd,
-                          p.k_stride, 1, qT, kBr, sT, kBr, nullptr, [&](size_t r0, size_t) {
-                            const size_t j = j0 + r0;
-                            return Span{0, hd, diagonal && j > i0 ? (j - i0) / kN : 0, kNV};
-                          });
-    if (diagonal) {  // -inf where j > i
-      for (size_t jj = 0; jj < jn; ++jj) {
-        const size_t j = j0 + jj;
-        for (size_t v0 = 0; v0 < kBr && i0 + v0 < j; v0 += kN) {
-          const auto future = hn::Lt(hn::Iota(d, float(i0 + v0)), hn::Set(d, float(j)));
-          float* sp = sT + jj * kBr + v0;
-          hn::Store(hn::IfThenElse(future, hn::Set(d, kNegInf), hn::Load(d, sp)), d, sp);
-        }
-      }
-    }
-    // Online softmax down the key axis, N queries per vector.
-    for (size_t v0 = 0; v0 < kBr; v0 += kN) {
-      VF tile_max = hn::Set(d, kNegInf);
-      for (size_t jj = 0; jj < jn; ++jj)
-        tile_max = hn::Max(tile_max, hn::Load(d, sT + jj * kBr + v0));
-      const VF m_old = hn::Load(d, m + v0);
-      const VF m_new = hn::Max(m_old, tile_max);
-      VF sum = hn::Zero(d);
-      for (size_t jj = 0; jj < jn; ++jj) {
+  // Sᵀ (jn, Br) = K_tile · qT; on the diagonal, keys j0+r0.. skip the query
+  // vectors that lie wholly before them.
+  const bool diagonal = p.causal && j0 + jn - 1 > i0;
+  GemmSpans<kOverwrite>(jn, kBr, k_tile, p.k_stride, 1, qT, kBr, sT, kBr, nullptr,
+                        [&](size_t r0, size_t) {
+                          const size_t j = j0 + r0;
+                          return Span{0, hd, diagonal && j > i0 ? (j - i0) / kN : 0, kNV};
+                        });
+  if (diagonal) {  // -inf where j > i
+    for (size_t jj = 0; jj < jn; ++jj) {
+      const size_t j = j0 + jj;
+      for (size_t v0 = 0; v0 < kBr && i0 + v0 < j; v0 += kN) {
+        const auto future = hn::Lt(hn::Iota(d, float(i0 + v0)), hn::Set(d, float(j)));
         float* sp = sT + jj * kBr + v0;
-        const VF pv = Exp2(d, hn::Sub(hn::Load(d, sp), m_new));
-        hn::Store(pv, d, sp);
-        sum = hn::Add(sum, pv);
-      }
-      const VF a = Exp2(d, hn::Sub(m_old, m_new));  // 0 on the first tile (m_old = -inf)
-      hn::Store(a, d, alpha + v0);
-      hn::Store(m_new, d, m + v0);
-      hn::Store(hn::MulAdd(a, hn::Load(d, l + v0), sum), d, l + v0);
-    }
-    if (rule.threshold != 0) {  // P ⊙ Z after the sums: l stays the softmax denominator
-      // One Philox block per query lane serves 4 keys: rows jj..jj+3 of Sᵀ.
-      alignas(64) uint32_t x[4][kBr];
-      for (size_t jj = 0; jj < jn; jj += 4) {
-        for (size_t lane = 0; lane < kBr; ++lane) {
-          x[0][lane] = uint32_t((j0 + jj) >> 2), x[1][lane] = uint32_t(i0 + lane);
-          x[2][lane] = uint32_t(h), x[3][lane] = uint32_t(b);
-        }
-        PhiloxLanes<kBr>(x[0], x[1], x[2], x[3], p.dropout_seed);
-        for (size_t t = 0; t < 4 && jj + t < jn; ++t) {
-          float* HWY_RESTRICT row = sT + (jj + t) * kBr;
-          for (size_t lane = 0; lane < kBr; ++lane)
-            row[lane] *= x[t][lane] >= rule.threshold ? rule.scale : 0.0f;
-        }
+        hn::Store(hn::IfThenElse(future, hn::Set(d, kNegInf), hn::Load(d, sp)), d, sp);
       }
     }
-    // O (in, hdp) = α ⊙ O + P (in, jn) · V_tile (jn, hdp), P read from Sᵀ.
-    const float* v_tile = v + (size_t(b) * T + j0) * p.v_stride + size_t(h) * hd;
+  }
+  // Online softmax down the key axis, N queries per vector.
+  for (size_t v0 = 0; v0 < kBr; v0 += kN) {
+    VF tile_max = hn::Set(d, kNegInf);
+    for (size_t jj = 0; jj < jn; ++jj)
+      tile_max = hn::Max(tile_max, hn::Load(d, sT + jj * kBr + v0));
+    const VF m_old = hn::Load(d, m + v0);
+    const VF m_new = hn::Max(m_old, tile_max);
+    VF sum = hn::Zero(d);
+    for (size_t jj = 0; jj < jn; ++jj) {
+      float* sp = sT + jj * kBr + v0;
+      const VF pv = Exp2(d, hn::Sub(hn::Load(d, sp), m_new));
+      hn::Store(pv, d, sp);
+      sum = hn::Add(sum, pv);
+    }
+    const VF a = Exp2(d, hn::Sub(m_old, m_new));  // 0 on the first tile (m_old = -inf)
+    hn::Store(a, d, alpha + v0);
+    hn::Store(m_new, d, m + v0);
+    hn::Store(hn::MulAdd(a, hn::Load(d, l + v0), sum), d, l + v0);
+  }
+  if (rule.threshold != 0) {  // P ⊙ Z after the sums: l stays the softmax denominator
+    // One Philox block per query lane serves 4 keys: rows jj..jj+3 of Sᵀ.
+    alignas(64) uint32_t x[4][kBr];
+    for (size_t jj = 0; jj < jn; jj += 4) {
+      for (size_t lane = 0; lane < kBr; ++lane) {
+        x[0][lane] = uint32_t((j0 + jj) >> 2), x[1][lane] = uint32_t(i0 + lane);
+        x[2][lane] = uint32_t(h), x[3][lane] = uint32_t(b);
+      }
+      PhiloxLanes<kBr>(x[0], x[1], x[2], x[3], p.dropout_seed);
+      for (size_t t = 0; t < 4 && jj + t < jn; ++t) {
+        float* HWY_RESTRICT row = sT + (jj + t) * kBr;
+        for (size_t lane = 0; lane < kBr; ++lane)
+          row[lane] *= x[t][lane] >= rule.threshold ? rule.scale : 0.0f;
+      }
+    }
+  }
+  // O (in, hdp) = α ⊙ O + P (in, jn) · V_tile (jn, hdp), P read from Sᵀ; on the
+  // diagonal, queries up to i stop at key i.
+  GemmSpans<kScaleAccumulate>(in, hdp, sT, 1, kBr, v_tile, v_tile_stride, o, hdp, alpha,
+                              [&](size_t r0, size_t nr) {
+                                const size_t i_end = i0 + r0 + nr;  // one past the last query
+                                return Span{0, diagonal ? std::min(jn, i_end - j0) : jn, 0, kNV};
+                              });
+}
+
+// Query tiles i_first, i_first + Br, ... (ng of them) of head (b, h): each key
+// tile is visited once for all of them.
+void ForwardGroup(float* out, float* lse, const float* q, const float* k, const float* v,
+                  const FlashAttentionParams& p, int64_t b, int64_t h, size_t i_first, size_t ng,
+                  ForwardScratch& s) {
+  const size_t T = size_t(p.T), hd = size_t(p.hd), hdp = RoundUp(hd, kN);
+  const float c = p.scale * kLog2e;
+  const size_t head = size_t(h) * hd;
+  auto tile_i0 = [&](size_t g) { return i_first + g * kBr; };
+  auto tile_in = [&](size_t g) { return std::min(kBr, T - tile_i0(g)); };
+  for (size_t g = 0; g < ng; ++g) {
+    // qT (hd, Br) = c · Q_tileᵀ, zero columns past T.
+    float* HWY_RESTRICT qT = s.qT.get() + g * hd * kBr;
+    const size_t i0 = tile_i0(g), in = tile_in(g);
+    for (size_t i = 0; i < kBr; ++i) {
+      const float* qi = i < in ? q + (size_t(b) * T + i0 + i) * p.q_stride + head : nullptr;
+      for (size_t dd = 0; dd < hd; ++dd) qT[dd * kBr + i] = qi ? c * qi[dd] : 0.0f;
+    }
+  }
+  std::fill(s.m.get(), s.m.get() + ng * kBr, kNegInf);
+  std::fill(s.l.get(), s.l.get() + ng * kBr, 0.0f);
+  std::fill(s.o.get(), s.o.get() + ng * kBr * hdp, 0.0f);
+
+  // Keys j >= key_end(g) are masked for every row of tile g.
+  auto key_end = [&](size_t g) { return p.causal ? tile_i0(g) + tile_in(g) : T; };
+  const size_t group_key_end = key_end(ng - 1);
+  const float* k_head = k + size_t(b) * T * p.k_stride + head;  // (T, hd), rows k_stride apart
+  const float* v_head = v + size_t(b) * T * p.v_stride + head;
+  for (size_t j0 = 0; j0 < group_key_end; j0 += kBcFwd) {
+    const size_t next_end = std::min(group_key_end, j0 + 2 * kBcFwd);
+    PrefetchRows(k_head, p.k_stride, std::min(j0 + kBcFwd, next_end), next_end, hd);
+    PrefetchRows(v_head, p.v_stride, std::min(j0 + kBcFwd, next_end), next_end, hd);
+    const float* v_tile = v_head + j0 * p.v_stride;
     size_t v_tile_stride = p.v_stride;
-    if (pad_v) {
+    if (hdp != hd) {  // B rows must hold whole vectors: a zero-padded copy
+      const size_t jn = std::min(kBcFwd, group_key_end - j0);
       for (size_t jj = 0; jj < jn; ++jj) {
         std::copy(v_tile + jj * p.v_stride, v_tile + jj * p.v_stride + hd,
                   s.v_pad.get() + jj * hdp);
@@ -328,19 +349,26 @@ void ForwardTile(float* out, float* lse, const float* q, const float* k, const f
       v_tile = s.v_pad.get();
       v_tile_stride = hdp;
     }
-    // On the diagonal, queries up to i stop at key i.
-    GemmSpans<kScaleAccumulate>(in, hdp, sT, 1, kBr, v_tile, v_tile_stride, o, hdp, alpha,
-                                [&](size_t r0, size_t nr) {
-                                  const size_t i_end = i0 + r0 + nr;  // one past the last query
-                                  return Span{0, diagonal ? std::min(jn, i_end - j0) : jn, 0, kNV};
-                                });
+    for (size_t g = 0; g < ng; ++g) {
+      if (j0 >= key_end(g)) continue;
+      const size_t jn = std::min(kBcFwd, key_end(g) - j0);
+      ForwardStep(p, b, h, tile_i0(g), tile_in(g), j0, jn, k_head + j0 * p.k_stride, v_tile,
+                  v_tile_stride, s.qT.get() + g * hd * kBr, s.sT.get(), s.o.get() + g * kBr * hdp,
+                  s.m.get() + g * kBr, s.l.get() + g * kBr, s.alpha.get() + g * kBr);
+    }
   }
   // O /= l; lse = ln(2^m · l) = (m + log2 l) · ln 2.
-  for (size_t i = 0; i < in; ++i) {
-    const float inv_l = 1.0f / l[i];
-    float* oi = out + (size_t(b) * T + i0 + i) * p.o_stride + size_t(h) * hd;
-    for (size_t dd = 0; dd < hd; ++dd) oi[dd] = o[i * hdp + dd] * inv_l;
-    lse[(size_t(b) * p.H + h) * T + i0 + i] = (m[i] + std::log2(l[i])) * kLn2;
+  for (size_t g = 0; g < ng; ++g) {
+    const float* o = s.o.get() + g * kBr * hdp;
+    const float* m = s.m.get() + g * kBr;
+    const float* l = s.l.get() + g * kBr;
+    for (size_t i = 0; i < tile_in(g); ++i) {
+      const size_t t = tile_i0(g) + i;
+      const float inv_l = 1.0f / l[i];
+      float* oi = out + (size_t(b) * T + t) * p.o_stride + head;
+      for (size_t dd = 0; dd < hd; ++dd) oi[dd] = o[i * hdp + dd] * inv_l;
+      lse[(size_t(b) * p.H + h) * T + t] = (m[i] + std::log2(l[i])) * kLn2;
+    }
   }
 }
 
@@ -348,18 +376,21 @@ void Forward(float* out, float* lse, const float* q, const float* k, const float
              const FlashAttentionParams& p) {
   const size_t hd = size_t(p.hd), hdp = RoundUp(hd, kN);
   const int64_t n_qt = (p.T + int64_t(kBr) - 1) / int64_t(kBr);
+  const int64_t n_groups = (n_qt + int64_t(kGroup) - 1) / int64_t(kGroup);
   const int64_t BH = p.B * p.H;
-  const int64_t n_items = BH * n_qt;
+  const int64_t n_items = BH * n_groups;
 #pragma omp parallel
   {
     ForwardScratch scratch(hd, hdp);
-    // Heaviest tiles first (causal: the last query tiles), then dynamic
+    // Heaviest groups first (causal: the last query tiles), then dynamic
     // scheduling: the greedy longest-first rule balances the triangle.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < n_items; ++item) {
-      const int64_t qt = n_qt - 1 - item / BH;
+      const int64_t group = n_groups - 1 - item / BH;
       const int64_t bh = item % BH;
-      ForwardTile(out, lse, q, k, v, p, bh / p.H, bh % p.H, size_t(qt) * kBr, scratch);
+      const int64_t first = group * int64_t(kGroup);
+      const size_t ng = size_t(std::min(int64_t(kGroup), n_qt - first));
+      ForwardGroup(out, lse, q, k, v, p, bh / p.H, bh % p.H, size_t(first) * kBr, ng, scratch);
     }
   }
 }
