@@ -41,8 +41,8 @@
 // recomputing the scores (seven T×T×hd products instead of five). Both ways
 // visit every sum in the same order, so they give the same bits.
 //
-// Memory: forward keeps O(tile) per thread (about 70 KB at hd = 64); backward
-// adds two (B, H, T) arrays (D and lse in base 2) and about 110 KB per thread,
+// Memory: forward keeps O(tile) per thread (about 160 KB at hd = 64); backward
+// adds two (B, H, T) arrays (D and lse in base 2) and about 310 KB per thread,
 // plus, only when hd is not a multiple of the vector width, four (T, hd)
 // padded copies of one head per thread.
 #pragma once

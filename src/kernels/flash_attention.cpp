@@ -398,20 +398,20 @@ void Forward(float* out, float* lse, const float* q, const float* k, const float
 // ---- backward -----------------------------------------------------------------------------
 
 struct BackwardScratch {
-  hwy::AlignedFreeUniquePtr<float[]> kT, vT;     // (hd, Bc)  c·K_tileᵀ, V_tileᵀ
+  hwy::AlignedFreeUniquePtr<float[]> kT, vT;     // (G, hd, Bc)  c·K_tileᵀ, V_tileᵀ
   hwy::AlignedFreeUniquePtr<float[]> S, dP, Pz;  // (BrBwd, Bc)
-  hwy::AlignedFreeUniquePtr<float[]> dK, dV;     // (Bc, hdp)
+  hwy::AlignedFreeUniquePtr<float[]> dK, dV;     // (G, Bc, hdp)
   hwy::AlignedFreeUniquePtr<float[]> z;          // (Bc) one row of dropout noise
   // Padded copies of one head, (T, hdp) each, only when hd % N != 0.
   hwy::AlignedFreeUniquePtr<float[]> q_pad, k_pad, do_pad, dq_pad;
   BackwardScratch(size_t T, size_t hd, size_t hdp)
-      : kT(hwy::AllocateAligned<float>(hd * kBc)),
-        vT(hwy::AllocateAligned<float>(hd * kBc)),
+      : kT(hwy::AllocateAligned<float>(kGroup * hd * kBc)),
+        vT(hwy::AllocateAligned<float>(kGroup * hd * kBc)),
         S(hwy::AllocateAligned<float>(kBrBwd * kBc)),
         dP(hwy::AllocateAligned<float>(kBrBwd * kBc)),
         Pz(hwy::AllocateAligned<float>(kBrBwd * kBc)),
-        dK(hwy::AllocateAligned<float>(kBc * hdp)),
-        dV(hwy::AllocateAligned<float>(kBc * hdp)),
+        dK(hwy::AllocateAligned<float>(kGroup * kBc * hdp)),
+        dV(hwy::AllocateAligned<float>(kGroup * kBc * hdp)),
         z(hwy::AllocateAligned<float>(kBc)) {
     if (hdp != hd) {
       q_pad = hwy::AllocateAligned<float>(T * hdp);
@@ -489,7 +489,8 @@ void PackKeyTile(float* HWY_RESTRICT kT, float* HWY_RESTRICT vT, const HeadView&
 // output in the same order, so the sums are the same bits however the pairs
 // are spread over threads.
 void TilePair(const HeadView& hv, const FlashAttentionParams& p, size_t j0, size_t jn, size_t i0,
-              size_t in, BackwardScratch& s, float* dK, float* dV, float* dQ) {
+              size_t in, const float* kT, const float* vT, BackwardScratch& s, float* dK, float* dV,
+              float* dQ) {
   const DF d;
   const size_t hd = size_t(p.hd), hdp = RoundUp(hd, kN);
   const DropoutRule rule(p.dropout_p);
@@ -505,10 +506,10 @@ void TilePair(const HeadView& hv, const FlashAttentionParams& p, size_t j0, size
     const size_t v1 = !diagonal ? kNV : i_end > j0 ? (i_end - j0 + kN - 1) / kN : 0;
     return Span{0, hd, 0, v1};
   };
-  GemmSpans<kOverwrite>(in, kBc, hv.q + i0 * p.q_stride, p.q_stride, 1, s.kT.get(), kBc, S, kBc,
+  GemmSpans<kOverwrite>(in, kBc, hv.q + i0 * p.q_stride, p.q_stride, 1, kT, kBc, S, kBc, nullptr,
+                        key_vectors);
+  GemmSpans<kOverwrite>(in, kBc, hv.dout + i0 * p.o_stride, p.o_stride, 1, vT, kBc, dP, kBc,
                         nullptr, key_vectors);
-  GemmSpans<kOverwrite>(in, kBc, hv.dout + i0 * p.o_stride, p.o_stride, 1, s.vT.get(), kBc, dP,
-                        kBc, nullptr, key_vectors);
   // P = 2^(S − lse2); Pz = P ⊙ Z; dS = scale · P ⊙ (dP ⊙ Z − D), stored in dP.
   const VF scale_v = hn::Set(d, p.scale);
   for (size_t ii = 0; ii < in; ++ii) {
@@ -576,43 +577,54 @@ size_t FirstQueryTile(const FlashAttentionParams& p, size_t j0) {
   return p.causal ? j0 / kBrBwd * kBrBwd : 0;
 }
 
-// dK, dV of key tile j0 (all its query tiles, in order), written out; dQ
-// accumulated too when given.
-void KeyTileTask(float* dk, float* dv, float* dQ, const HeadView& hv, const FlashAttentionParams& p,
-                 size_t j0, BackwardScratch& s) {
+// dK, dV of key tiles j_first, j_first + Bc, ... (ng of them; all their query
+// tiles, in order), written out; dQ accumulated too when given. The group
+// shares each query tile's rows of Q, dO and dQ while they are in cache.
+void KeyGroupTask(float* dk, float* dv, float* dQ, const HeadView& hv,
+                  const FlashAttentionParams& p, size_t j_first, size_t ng, BackwardScratch& s) {
   const size_t T = size_t(p.T), hd = size_t(p.hd), hdp = RoundUp(hd, kN);
-  const size_t jn = std::min(kBc, T - j0);
-  PackKeyTile(s.kT.get(), s.vT.get(), hv, p, j0, jn);
-  float* dK = s.dK.get();
-  float* dV = s.dV.get();
-  std::fill(dK, dK + kBc * hdp, 0.0f);
-  std::fill(dV, dV + kBc * hdp, 0.0f);
-  for (size_t i0 = FirstQueryTile(p, j0); i0 < T; i0 += kBrBwd) {
+  auto tile_j0 = [&](size_t g) { return j_first + g * kBc; };
+  auto tile_jn = [&](size_t g) { return std::min(kBc, T - tile_j0(g)); };
+  for (size_t g = 0; g < ng; ++g)
+    PackKeyTile(s.kT.get() + g * hd * kBc, s.vT.get() + g * hd * kBc, hv, p, tile_j0(g),
+                tile_jn(g));
+  std::fill(s.dK.get(), s.dK.get() + ng * kBc * hdp, 0.0f);
+  std::fill(s.dV.get(), s.dV.get() + ng * kBc * hdp, 0.0f);
+  for (size_t i0 = FirstQueryTile(p, j_first); i0 < T; i0 += kBrBwd) {
     const size_t in = std::min(kBrBwd, T - i0);
     const size_t next_end = std::min(T, i0 + in + kBrBwd);
     PrefetchRows(hv.q, p.q_stride, i0 + in, next_end, hd);
     PrefetchRows(hv.dout, p.o_stride, i0 + in, next_end, hd);
     if (dQ) PrefetchRows(dQ, hv.dQs, i0 + in, next_end, hd);
-    TilePair(hv, p, j0, jn, i0, in, s, dK, dV, dQ);
+    for (size_t g = 0; g < ng; ++g) {
+      if (FirstQueryTile(p, tile_j0(g)) > i0) break;  // later key tiles start later still
+      TilePair(hv, p, tile_j0(g), tile_jn(g), i0, in, s.kT.get() + g * hd * kBc,
+               s.vT.get() + g * hd * kBc, s, s.dK.get() + g * kBc * hdp, s.dV.get() + g * kBc * hdp,
+               dQ);
+    }
   }
   const size_t head = size_t(hv.h) * hd;
-  for (size_t jj = 0; jj < jn; ++jj) {
-    const size_t t = size_t(hv.b) * T + j0 + jj;
-    std::copy(dK + jj * hdp, dK + jj * hdp + hd, dk + t * p.k_stride + head);
-    std::copy(dV + jj * hdp, dV + jj * hdp + hd, dv + t * p.v_stride + head);
-  }
+  for (size_t g = 0; g < ng; ++g)
+    for (size_t jj = 0; jj < tile_jn(g); ++jj) {
+      const size_t t = size_t(hv.b) * T + tile_j0(g) + jj;
+      const float* dK = s.dK.get() + (g * kBc + jj) * hdp;
+      const float* dV = s.dV.get() + (g * kBc + jj) * hdp;
+      std::copy(dK, dK + hd, dk + t * p.k_stride + head);
+      std::copy(dV, dV + hd, dv + t * p.v_stride + head);
+    }
 }
 
-// dQ of query tile i0: its key tiles in order, the same pairs as KeyTileTask's.
+// dQ of query tile i0: its key tiles in order, the same pairs as KeyGroupTask's.
 void QueryTileTask(const HeadView& hv, const FlashAttentionParams& p, size_t i0,
                    BackwardScratch& s) {
   const size_t T = size_t(p.T), hd = size_t(p.hd);
   const size_t in = std::min(kBrBwd, T - i0);
-  for (size_t i = i0; i < i0 + in; ++i) std::fill(hv.dQ + i * hv.dQs, hv.dQ + i * hv.dQs + hd, 0.0f);
+  for (size_t i = i0; i < i0 + in; ++i)
+    std::fill(hv.dQ + i * hv.dQs, hv.dQ + i * hv.dQs + hd, 0.0f);
   for (size_t j0 = 0; j0 < T && FirstQueryTile(p, j0) <= i0; j0 += kBc) {
     const size_t jn = std::min(kBc, T - j0);
     PackKeyTile(s.kT.get(), s.vT.get(), hv, p, j0, jn);
-    TilePair(hv, p, j0, jn, i0, in, s, nullptr, nullptr, hv.dQ);
+    TilePair(hv, p, j0, jn, i0, in, s.kT.get(), s.vT.get(), s, nullptr, nullptr, hv.dQ);
   }
 }
 
@@ -630,7 +642,8 @@ void BackwardHead(float* dq, float* dk, float* dv, HeadView hv, const FlashAtten
     hv.dQs = hdp;
   }
   for (size_t i = 0; i < T; ++i) std::fill(hv.dQ + i * hv.dQs, hv.dQ + i * hv.dQs + hdp, 0.0f);
-  for (size_t j0 = 0; j0 < T; j0 += kBc) KeyTileTask(dk, dv, hv.dQ, hv, p, j0, s);
+  for (size_t j0 = 0; j0 < T; j0 += kGroup * kBc)
+    KeyGroupTask(dk, dv, hv.dQ, hv, p, j0, std::min(kGroup, (T - j0 + kBc - 1) / kBc), s);
   if (hdp != hd) {
     float* dq_head = dq + size_t(hv.b) * T * p.q_stride + size_t(hv.h) * hd;
     for (size_t i = 0; i < T; ++i)
@@ -682,14 +695,17 @@ void Backward(float* dq, float* dk, float* dv, const float* dout, const float* q
     return;
   }
   const int64_t n_kt = int64_t((T + kBc - 1) / kBc), n_qt = int64_t((T + kBrBwd - 1) / kBrBwd);
+  const int64_t n_kg = (n_kt + int64_t(kGroup) - 1) / int64_t(kGroup);
 #pragma omp parallel
   {
     BackwardScratch scratch(T, hd, hdp);
     // Causal: the first key tiles and the last query tiles are the longest; start with them.
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < BH * n_kt; ++item) {
-      const int64_t kt = item / BH, bh = item % BH;
-      KeyTileTask(dk, dv, nullptr, view(bh), p, size_t(kt) * kBc, scratch);
+    for (int64_t item = 0; item < BH * n_kg; ++item) {
+      const int64_t kg = item / BH, bh = item % BH;
+      const int64_t first = kg * int64_t(kGroup);
+      KeyGroupTask(dk, dv, nullptr, view(bh), p, size_t(first) * kBc,
+                   size_t(std::min(int64_t(kGroup), n_kt - first)), scratch);
     }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < BH * n_qt; ++item) {
