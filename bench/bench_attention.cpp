@@ -11,8 +11,14 @@
 //   backward = 2.5 · forward          (five T×T×hd products instead of two);
 //   forward + backward = 3.5 · forward.
 //   sgemm    = 2 · M · N · K.
-// Counters: GFLOP/s, and pct_sgemm = GFLOP/s as a percentage of the sgemm rate
-// measured at start-up by this program (median of 5 runs of 4096³).
+// Counters (Google Benchmark prints rates with a "/s" suffix): GFLOP, the rate
+// in GFLOP/s, and pct_of_sgemm, that rate as a percentage of the sgemm rate
+// measured at start-up by this program (median of 5 runs of 4096³, threads as
+// OpenBLAS chooses; the kernels use OpenMP's). Each case runs 5 repetitions and
+// reports mean, median, stddev, cv and min; the min row holds the fastest time
+// but, for the rate counters, the slowest repetition's rate.
+// Before any timing, the kernels are checked against the plain reference and
+// every benchmark checks its outputs are finite.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 #include <sys/resource.h>
