@@ -8,14 +8,18 @@
 // up to kNV vectors of a row of B. A is read through strides, so the
 // transposed operands (Pᵀ, dSᵀ) cost nothing; B rows must be contiguous.
 //
-// Forward, per (b, h, query tile of Br = kNV·N rows), keys in tiles of kBc:
+// Forward, per (b, h, group of kGroup query tiles of Br = kNV·N rows), keys in
+// tiles of kBcFwd, each K/V tile used by the whole group while it is in cache:
 //   Sᵀ (keys, Br)  = K_tile · (c·Q_tileᵀ)       c = scale·log2(e): the scores in base 2
 //   online softmax down the key axis of Sᵀ (vector lanes = queries, no shuffles)
 //   O (Br, hd)     = α ⊙ O + Pᵀᵀ · V_tile         α = 2^(m_old − m_new)
-// Backward, per (b, h): key tiles of Bc = kNV·N keys outside, query tiles of
-// kBrBwd rows inside, dK and dV accumulated in the thread's buffers, dQ
-// accumulated in place; one thread owns a whole head, which keeps every sum in
-// a fixed order (bit-identical for any thread count) without atomics.
+// Backward, per (b, h): groups of key tiles of Bc = kNV·N keys outside, query
+// tiles of kBrBwd rows inside; dK and dV accumulate in the thread's buffers, dQ
+// in place. A thread owns a whole head, or (few heads) the key-tile and then
+// the query-tile tasks of a head: every sum runs in one fixed order either way,
+// so the bits do not depend on the thread count, and no atomics are needed.
+// Causal tiles above the diagonal are never visited; tiles on it skip the
+// masked triangle at micro-kernel granularity.
 #include <algorithm>
 #include <array>
 #include <cmath>
