@@ -3,6 +3,7 @@
 //
 //   ./build/bench/bench_attention --benchmark_min_time=1
 //   ./build/bench/bench_attention --memory_check    (T = 16384: time and peak extra memory)
+//   ATTN_FLASH_TARGET=AVX2 ./build/bench/bench_attention    (another SIMD target)
 //
 // FLOPs counted (the usual "useful" attention FLOPs, as FlashAttention reports):
 //   forward  = 4 · B · H · T² · hd    (Q Kᵀ and P V, 2 FLOPs per multiply-add),
@@ -10,21 +11,27 @@
 //   backward = 2.5 · forward          (five T×T×hd products instead of two);
 //   forward + backward = 3.5 · forward.
 //   sgemm    = 2 · M · N · K.
-// Counters: GFLOP/s, and pct_sgemm = GFLOP/s as a percentage of the sgemm rate
-// measured at start-up by this program (median of 5 runs of 4096³).
+// Counters (Google Benchmark prints rates with a "/s" suffix): GFLOP, the rate
+// in GFLOP/s, and pct_of_sgemm, that rate as a percentage of the sgemm rate
+// measured at start-up by this program (median of 5 runs of 4096³, threads as
+// OpenBLAS chooses; the kernels use OpenMP's). Each case runs 5 repetitions and
+// reports mean, median, stddev, cv and min; the min row holds the fastest time
+// but, for the rate counters, the slowest repetition's rate.
+// Before any timing, the kernels are checked against the plain reference and
+// every benchmark checks its outputs are finite.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <sys/resource.h>
 
 #include "attn/kernels.h"
 
@@ -50,8 +57,9 @@ double forward_flops(const kn::FlashAttentionParams& p) {
 void add_counters(benchmark::State& state, double flops_per_iter) {
   state.counters["GFLOP"] =
       benchmark::Counter(flops_per_iter * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["pct_of_sgemm"] = benchmark::Counter(
-      flops_per_iter * 1e-9 * 100.0 / g_sgemm_gflops, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["pct_of_sgemm"] =
+      benchmark::Counter(flops_per_iter * 1e-9 * 100.0 / g_sgemm_gflops,
+                         benchmark::Counter::kIsIterationInvariantRate);
 }
 
 struct Problem {
@@ -63,7 +71,9 @@ struct Problem {
     out.resize(n), dq.resize(n), dk.resize(n), dv.resize(n);
     lse.resize(size_t(p.B * p.H * p.T));
   }
-  void forward() { kn::flash_attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), p); }
+  void forward() {
+    kn::flash_attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), p);
+  }
   void backward() {
     kn::flash_attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(),
                                  v.data(), out.data(), lse.data(), p);
@@ -142,6 +152,7 @@ void attention_args(benchmark::internal::Benchmark* b) {
   b->Args({8, 12, 1024, 64, 1, 0});
   b->Args({1, 12, 1024, 64, 0, 0});
   b->Args({1, 12, 1024, 64, 1, 10});  // dropout 0.1 inside the kernel
+  b->Args({1, 1, 4096, 64, 1, 0});    // one head: backward splits it over key and query tiles
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 
@@ -154,12 +165,17 @@ double median_min_stat(const std::vector<double>& v, bool median) {
 void register_all() {
   auto stats = [](benchmark::internal::Benchmark* b) {
     b->Repetitions(5)->ReportAggregatesOnly(true);
-    b->ComputeStatistics("min", [](const std::vector<double>& v) { return median_min_stat(v, false); });
+    b->ComputeStatistics("min",
+                         [](const std::vector<double>& v) { return median_min_stat(v, false); });
   };
-  stats(benchmark::RegisterBenchmark("sgemm", BM_Sgemm)->Arg(4096)->Unit(benchmark::kMillisecond)->UseRealTime());
+  stats(benchmark::RegisterBenchmark("sgemm", BM_Sgemm)
+            ->Arg(4096)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime());
   stats(benchmark::RegisterBenchmark("flash_forward", BM_FlashForward)->Apply(attention_args));
   stats(benchmark::RegisterBenchmark("flash_backward", BM_FlashBackward)->Apply(attention_args));
-  stats(benchmark::RegisterBenchmark("flash_forward_backward", BM_FlashForwardBackward)->Apply(attention_args));
+  stats(benchmark::RegisterBenchmark("flash_forward_backward", BM_FlashForwardBackward)
+            ->Apply(attention_args));
 }
 
 // The fused kernel against the plain loops on a small case, before any timing.
@@ -169,8 +185,10 @@ bool check_against_reference() {
   Problem pr(p);
   pr.forward();
   pr.backward();
-  std::vector<float> out(pr.out.size()), lse(pr.lse.size()), dq(pr.dq.size()), dk(dq.size()), dv(dq.size());
-  kn::attention_reference_forward(out.data(), lse.data(), pr.q.data(), pr.k.data(), pr.v.data(), nullptr, p);
+  std::vector<float> out(pr.out.size()), lse(pr.lse.size()), dq(pr.dq.size()), dk(dq.size()),
+      dv(dq.size());
+  kn::attention_reference_forward(out.data(), lse.data(), pr.q.data(), pr.k.data(), pr.v.data(),
+                                  nullptr, p);
   kn::attention_reference_backward(dq.data(), dk.data(), dv.data(), pr.dout.data(), pr.q.data(),
                                    pr.k.data(), pr.v.data(), nullptr, p);
   auto rel = [](const std::vector<float>& a, const std::vector<float>& b) {
@@ -217,17 +235,26 @@ int memory_check() {
   Problem pr(p);
   const double before = max_rss_mb();
   const auto t0 = std::chrono::steady_clock::now();
+  const std::clock_t c0 = std::clock();
   pr.forward();
   const auto t1 = std::chrono::steady_clock::now();
+  const std::clock_t c1 = std::clock();
   pr.backward();
   const auto t2 = std::chrono::steady_clock::now();
+  const std::clock_t c2 = std::clock();
+  // CPU seconds of all threads: with one thread, a time that excludes waiting for the core.
+  const double fwd_cpu = double(c1 - c0) / CLOCKS_PER_SEC,
+               bwd_cpu = double(c2 - c1) / CLOCKS_PER_SEC;
   const double extra = max_rss_mb() - before;
   const double fwd_s = std::chrono::duration<double>(t1 - t0).count();
   const double bwd_s = std::chrono::duration<double>(t2 - t1).count();
-  std::printf("T=16384 B=1 H=12 hd=64 causal: inputs+outputs %.0f MB resident; forward %.2f s (%.1f GFLOP/s), "
-              "backward %.2f s (%.1f GFLOP/s); peak extra memory %.1f MB (limit 64 MB); finite: %s\n",
-              before, fwd_s, forward_flops(p) / fwd_s * 1e-9, bwd_s, 2.5 * forward_flops(p) / bwd_s * 1e-9,
-              extra, pr.finite() ? "yes" : "NO");
+  std::printf(
+      "T=16384 B=1 H=12 hd=64 causal: inputs+outputs %.0f MB resident\n"
+      "  forward  %.2f s (%.1f GFLOP/s), CPU %.2f s\n"
+      "  backward %.2f s (%.1f GFLOP/s), CPU %.2f s\n"
+      "  peak extra memory %.1f MB (limit 64 MB); finite: %s\n",
+      before, fwd_s, forward_flops(p) / fwd_s * 1e-9, fwd_cpu, bwd_s,
+      2.5 * forward_flops(p) / bwd_s * 1e-9, bwd_cpu, extra, pr.finite() ? "yes" : "NO");
   return extra < 64.0 && pr.finite() ? 0 : 1;
 }
 
@@ -237,12 +264,20 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   for (int a = 1; a < argc; ++a)
     if (std::string(argv[a]) == "--memory_check") return memory_check();
+  // ATTN_FLASH_TARGET=AVX2 (or SSE4, SCALAR) times another compiled-in SIMD target.
+  if (const char* target = std::getenv("ATTN_FLASH_TARGET")) {
+    if (!kn::flash_attention_use_target(target)) {
+      std::fprintf(stderr, "SIMD target %s is not available here\n", target);
+      return 1;
+    }
+  }
   std::printf("flash attention SIMD target: %s\n", kn::flash_attention_target());
   if (!check_against_reference()) {
     std::fprintf(stderr, "fused kernel disagrees with the reference; not timing it\n");
     return 1;
   }
-  // ATTN_BENCH_SKIP_SGEMM=1 skips the reference measurement (pct_of_sgemm is then against 1 GFLOP/s).
+  // ATTN_BENCH_SKIP_SGEMM=1 skips the reference measurement (pct_of_sgemm is then against 1
+  // GFLOP/s).
   const char* skip = std::getenv("ATTN_BENCH_SKIP_SGEMM");
   g_sgemm_gflops = skip && *skip == '1' ? 1.0 : measure_sgemm_gflops();
   std::printf("sgemm 4096^3 (OpenBLAS, median of 5): %.1f GFLOP/s\n", g_sgemm_gflops);

@@ -10,7 +10,8 @@
 // normalises O once at the end and keeps only lse (B, H, T) for backward: the
 // extra memory is O(tile) per thread, never T x T. Backward recomputes P from
 // lse, uses D[i] = Σ_d dO[i, d] O[i, d], and produces
-//   dV = (P ⊙ Z)ᵀ dO,  dP = (dO Vᵀ) ⊙ Z,  dS = P ⊙ (dP − D),  dQ = scale · dS K,  dK = scale · dSᵀ Q.
+//   dV = (P ⊙ Z)ᵀ dO,  dP = (dO Vᵀ) ⊙ Z,  dS = P ⊙ (dP − D),  dQ = scale · dS K,  dK = scale · dSᵀ
+//   Q.
 //
 // Layout: q, k, v, out (and dq, dk, dv, dout) are token-major, as a projection
 // writes them and as the output projection reads them: token t of batch b
@@ -31,11 +32,19 @@
 // 1/(1-p). The masks therefore differ from torch.nn.Dropout's (RNG.md §6);
 // flash_dropout_noise materialises exactly the mask the kernels apply.
 //
-// SIMD: one source compiled for AVX-512, AVX2, SSE4 and a portable fallback
+// SIMD: one source compiled for AVX-512, AVX2, SSE4 and a scalar fallback
 // (Highway dynamic dispatch); the best one for the running CPU is chosen on
-// first use (flash_attention_target() names it). Threads: OpenMP, over
-// (batch, head, query tile) in forward, heaviest tiles first, and over
-// (batch, head) in backward.
+// first use (flash_attention_target() names it). Threads: OpenMP. Forward
+// runs (batch, head, query tile) items, heaviest first. Backward gives each
+// thread whole heads when there are at least two per thread; with fewer it
+// splits every head into key-tile tasks (dK, dV) and query-tile tasks (dQ),
+// recomputing the scores (seven T×T×hd products instead of five). Both ways
+// visit every sum in the same order, so they give the same bits.
+//
+// Memory: forward keeps O(tile) per thread (about 160 KB at hd = 64); backward
+// adds two (B, H, T) arrays (D and lse in base 2) and about 310 KB per thread,
+// plus, only when hd is not a multiple of the vector width, four (T, hd)
+// padded copies of one head per thread.
 #pragma once
 
 #include <cstdint>
@@ -50,22 +59,22 @@ struct FlashAttentionParams {
   int64_t H = 1;    // heads
   int64_t hd = 64;  // head_dim, 1 .. 256
   bool causal = true;
-  float scale = -1.0f;       // multiplies Q Kᵀ; < 0 means 1/sqrt(hd)
-  float dropout_p = 0.0f;    // in [0, 1); 0 turns dropout off
+  float scale = -1.0f;     // multiplies Q Kᵀ; < 0 means 1/sqrt(hd)
+  float dropout_p = 0.0f;  // in [0, 1); 0 turns dropout off
   uint64_t dropout_seed = 0;
   // Floats between consecutive tokens of each buffer; 0 means H · hd (packed).
   int64_t q_stride = 0, k_stride = 0, v_stride = 0, o_stride = 0;
 };
 
 // out (B, T, ·) with o_stride, lse (B, H, T). Throws std::invalid_argument on bad params.
-void flash_attention_forward(float* out, float* lse, const float* q, const float* k,
-                             const float* v, const FlashAttentionParams& params);
+void flash_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                             const FlashAttentionParams& params);
 
 // dq, dk, dv are written (not accumulated) with the strides of q, k, v;
 // dout has the stride of out. out and lse are the forward's outputs.
-void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout,
-                              const float* q, const float* k, const float* v, const float* out,
-                              const float* lse, const FlashAttentionParams& params);
+void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                              const float* k, const float* v, const float* out, const float* lse,
+                              const FlashAttentionParams& params);
 
 // The dropout noise the kernels apply, materialised: noise (B, H, T, T), each
 // 0 or 1/(1-p) (all ones when p = 0). Causal entries j > i are filled too.

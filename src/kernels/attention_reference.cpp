@@ -34,8 +34,7 @@ FlashAttentionParams validated(const FlashAttentionParams& params) {
     throw std::invalid_argument(where + "dropout_p (" + std::to_string(p.dropout_p) +
                                 ") must be in [0, 1)");
   if (!std::isfinite(p.scale))
-    throw std::invalid_argument(where + "scale (" + std::to_string(p.scale) +
-                                ") must be finite");
+    throw std::invalid_argument(where + "scale (" + std::to_string(p.scale) + ") must be finite");
   if (p.scale < 0.0f) p.scale = 1.0f / std::sqrt(static_cast<float>(p.hd));
   const int64_t width = p.H * p.hd;  // d_out
   auto check_stride = [&](int64_t& s, const char* name) {
@@ -115,7 +114,7 @@ void attention_reference_backward(float* dq, float* dk, float* dv, const float* 
                                   const float* noise, const FlashAttentionParams& params) {
   const FlashAttentionParams p = validated(params);
   const int64_t T = p.T, H = p.H, hd = p.hd;
-  std::vector<double> P(T), dP(T);                    // (T) one query's weights, their grads
+  std::vector<double> P(T), dP(T);  // (T) one query's weights, their grads
   std::vector<double> dq_h(T * hd), dk_h(T * hd), dv_h(T * hd);  // (T, hd) one head
   for (int64_t b = 0; b < p.B; ++b)
     for (int64_t h = 0; h < H; ++h) {

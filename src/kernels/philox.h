@@ -35,8 +35,8 @@ inline PhiloxBlock philox4x32_10(PhiloxBlock c, uint64_t key) {
 // The four draws for keys j0 .. j0+3 (j0 a multiple of 4) of query i in head (b, h).
 inline PhiloxBlock philox_dropout_block(uint64_t seed, int64_t b, int64_t h, int64_t i,
                                         int64_t j0) {
-  return philox4x32_10(
-      PhiloxBlock{{uint32_t(j0 >> 2), uint32_t(i), uint32_t(h), uint32_t(b)}}, seed);
+  return philox4x32_10(PhiloxBlock{{uint32_t(j0 >> 2), uint32_t(i), uint32_t(h), uint32_t(b)}},
+                       seed);
 }
 
 // Keep a weight when its draw r >= threshold = p · 2^32 (probability 1 - p);

@@ -18,7 +18,9 @@
 #include <string>
 #include <vector>
 
+#include "attn/functional.h"
 #include "attn/kernels.h"
+#include "attn/tensor.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -122,7 +124,8 @@ Errors compare_with_reference(const Case& c, uint32_t seed) {
   e.out = rel_err(out, out_ref);  // includes the gaps: sentinel == sentinel
   e.lse = 0.0;
   for (size_t n = 0; n < lse.size(); ++n)
-    e.lse = std::max(e.lse, std::abs(double(lse[n]) - lse_ref[n]) / std::max(1.0, std::abs(double(lse_ref[n]))));
+    e.lse = std::max(
+        e.lse, std::abs(double(lse[n]) - lse_ref[n]) / std::max(1.0, std::abs(double(lse_ref[n]))));
   e.dq = rel_err(gather(dq_p, in_stride), gather(dq_r, in_stride));
   e.dk = rel_err(gather(dk_p, in_stride), gather(dk_r, in_stride));
   e.dv = rel_err(gather(dv_p, in_stride), gather(dv_r, in_stride));
@@ -231,6 +234,54 @@ TEST(FlashAttention, DropoutMatchesReferenceWithSameNoise) {
   expect_close(c, seed++);
 }
 
+TEST(FlashAttention, MatchesTheLibraryReference) {
+  // The third opinion: attn::ref::attention_forward/backward (Tensor API,
+  // heads as a leading dim (B, H, T, hd)), fed the kernel's dropout noise.
+  const int64_t B = 2, H = 3, T = 37, hd = 16;
+  for (float dropout : {0.0f, 0.3f})
+    for (bool causal : {true, false}) {
+      FlashAttentionParams p;
+      p.B = B, p.T = T, p.H = H, p.hd = hd, p.causal = causal;
+      p.dropout_p = dropout, p.dropout_seed = 99;
+      const size_t n = size_t(B * T * H * hd);
+      const auto q = randn(n, 31), k = randn(n, 32), v = randn(n, 33), dout = randn(n, 34);
+      std::vector<float> out(n), lse(size_t(B * H * T)), dq(n), dk(n), dv(n);
+      kn::flash_attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), p);
+      kn::flash_attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(),
+                                   v.data(), out.data(), lse.data(), p);
+      // (B, T, H, hd) <-> (B, H, T, hd)
+      auto to_bhtd = [&](const std::vector<float>& x) {
+        attn::Tensor t({B, H, T, hd});
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t h = 0; h < H; ++h)
+            for (int64_t i = 0; i < T; ++i)
+              for (int64_t d = 0; d < hd; ++d)
+                t.at({b, h, i, d}) = x[size_t(((b * T + i) * H + h) * hd + d)];
+        return t;
+      };
+      attn::ref::AttentionOptions options;
+      options.causal = causal;
+      attn::Tensor noise;
+      if (dropout > 0.0f) {
+        noise = attn::Tensor({B, H, T, T});
+        kn::flash_dropout_noise(noise.data(), p);
+      }
+      attn::ref::AttentionSaved saved;
+      const attn::Tensor ref_out = attn::ref::attention_forward(
+          to_bhtd(q), to_bhtd(k), to_bhtd(v), options, dropout > 0.0f ? &noise : nullptr, &saved);
+      const attn::ref::AttentionGrads g = attn::ref::attention_backward(
+          to_bhtd(dout), to_bhtd(q), to_bhtd(k), to_bhtd(v), saved, options);
+      auto rel = [](const attn::Tensor& a, const attn::Tensor& r) {
+        return attn::max_abs_diff(a, r) /
+               std::max(attn::max_abs_diff(r, attn::Tensor(r.shape())), 1e-30f);
+      };
+      EXPECT_LE(rel(to_bhtd(out), ref_out), kRelTol) << causal << " " << dropout;
+      EXPECT_LE(rel(to_bhtd(dq), g.dq), kRelTol) << causal << " " << dropout;
+      EXPECT_LE(rel(to_bhtd(dk), g.dk), kRelTol) << causal << " " << dropout;
+      EXPECT_LE(rel(to_bhtd(dv), g.dv), kRelTol) << causal << " " << dropout;
+    }
+}
+
 TEST(FlashAttention, DropoutNoiseIsCounterBased) {
   FlashAttentionParams p;
   p.B = 2, p.T = 300, p.H = 3, p.hd = 16, p.dropout_p = 0.25f, p.dropout_seed = 42;
@@ -283,30 +334,40 @@ TEST(FlashAttention, PhiloxKnownAnswers) {
 
 #ifdef _OPENMP
 TEST(FlashAttention, SameBitsForAnyThreadCount) {
-  for (float dropout : {0.0f, 0.2f})
-    for (bool causal : {true, false}) {
-      FlashAttentionParams p;
-      p.B = 2, p.T = 333, p.H = 3, p.hd = 64, p.causal = causal;
-      p.dropout_p = dropout, p.dropout_seed = 7;
-      const size_t n = size_t(p.B * p.T * p.H * p.hd);
-      const auto q = randn(n, 1), k = randn(n, 2), v = randn(n, 3), dout = randn(n, 4);
-      std::vector<std::vector<float>> results;
-      const int saved = omp_get_max_threads();
-      for (int threads : {1, 2, 3}) {
-        omp_set_num_threads(threads);
-        std::vector<float> out(n), lse(size_t(p.B * p.H * p.T)), dq(n), dk(n), dv(n);
-        kn::flash_attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), p);
-        kn::flash_attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(),
-                                     k.data(), v.data(), out.data(), lse.data(), p);
-        std::vector<float> all;
-        for (const auto* part : {&out, &lse, &dq, &dk, &dv}) all.insert(all.end(), part->begin(), part->end());
-        results.push_back(std::move(all));
+  // B·H = 6 runs backward one head per thread for 1..3 threads; B·H = 2 runs
+  // it whole-head on 1 thread and split into key-tile and query-tile tasks on
+  // 2 and 3: the bits must not change either way.
+  struct Shape {
+    int64_t B, H, T, hd;
+  };
+  for (const Shape& shape : {Shape{2, 3, 333, 64}, Shape{1, 2, 333, 64}, Shape{1, 2, 100, 24}})
+    for (float dropout : {0.0f, 0.2f})
+      for (bool causal : {true, false}) {
+        FlashAttentionParams p;
+        p.B = shape.B, p.T = shape.T, p.H = shape.H, p.hd = shape.hd, p.causal = causal;
+        p.dropout_p = dropout, p.dropout_seed = 7;
+        const size_t n = size_t(p.B * p.T * p.H * p.hd);
+        const auto q = randn(n, 1), k = randn(n, 2), v = randn(n, 3), dout = randn(n, 4);
+        std::vector<std::vector<float>> results;
+        const int saved = omp_get_max_threads();
+        for (int threads : {1, 2, 3}) {
+          omp_set_num_threads(threads);
+          std::vector<float> out(n), lse(size_t(p.B * p.H * p.T)), dq(n), dk(n), dv(n);
+          kn::flash_attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), p);
+          kn::flash_attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(),
+                                       k.data(), v.data(), out.data(), lse.data(), p);
+          std::vector<float> all;
+          for (const auto* part : {&out, &lse, &dq, &dk, &dv})
+            all.insert(all.end(), part->begin(), part->end());
+          results.push_back(std::move(all));
+        }
+        omp_set_num_threads(saved);
+        for (size_t r = 1; r < results.size(); ++r)
+          EXPECT_EQ(0, std::memcmp(results[0].data(), results[r].data(),
+                                   results[0].size() * sizeof(float)))
+              << "threads differ: B=" << p.B << " H=" << p.H << " hd=" << p.hd
+              << " causal=" << causal << " p=" << dropout << " (1 vs " << r + 1 << " threads)";
       }
-      omp_set_num_threads(saved);
-      for (size_t r = 1; r < results.size(); ++r)
-        EXPECT_EQ(0, std::memcmp(results[0].data(), results[r].data(), results[0].size() * sizeof(float)))
-            << "threads differ, causal=" << causal << " p=" << dropout;
-    }
 }
 #endif
 
@@ -324,16 +385,19 @@ TEST(FlashAttention, CausalNeverReadsFutureKeys) {
     k_bad[x] = v_bad[x] = dout_bad[x] = std::numeric_limits<float>::quiet_NaN();
   std::vector<float> out(n), out_bad(n), lse(size_t(p.H * p.T)), lse_bad(lse.size());
   kn::flash_attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), p);
-  kn::flash_attention_forward(out_bad.data(), lse_bad.data(), q.data(), k_bad.data(), v_bad.data(), p);
+  kn::flash_attention_forward(out_bad.data(), lse_bad.data(), q.data(), k_bad.data(), v_bad.data(),
+                              p);
   const size_t clean = size_t(t0 * w);
   EXPECT_EQ(0, std::memcmp(out.data(), out_bad.data(), clean * sizeof(float)));
   std::vector<float> dq(n), dk(n), dv(n), dq_bad(n), dk_bad(n), dv_bad(n);
   kn::flash_attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(),
                                v.data(), out.data(), lse.data(), p);
-  kn::flash_attention_backward(dq_bad.data(), dk_bad.data(), dv_bad.data(), dout_bad.data(), q.data(),
-                               k_bad.data(), v_bad.data(), out_bad.data(), lse_bad.data(), p);
+  kn::flash_attention_backward(dq_bad.data(), dk_bad.data(), dv_bad.data(), dout_bad.data(),
+                               q.data(), k_bad.data(), v_bad.data(), out_bad.data(), lse_bad.data(),
+                               p);
   EXPECT_EQ(0, std::memcmp(dq.data(), dq_bad.data(), clean * sizeof(float)));
-  for (size_t x = 0; x < clean; ++x) ASSERT_TRUE(std::isfinite(out_bad[x]) && std::isfinite(dq_bad[x]));
+  for (size_t x = 0; x < clean; ++x)
+    ASSERT_TRUE(std::isfinite(out_bad[x]) && std::isfinite(dq_bad[x]));
 }
 
 TEST(FlashAttention, CausalRowsIgnoreLaterTokens) {
@@ -372,7 +436,11 @@ void expect_invalid(const FlashAttentionParams& p, const std::string& message) {
 TEST(FlashAttention, ErrorsNameTheValues) {
   FlashAttentionParams p;
   p.T = 4, p.H = 2, p.hd = 8;
-  auto with = [&](auto change) { FlashAttentionParams c = p; change(c); return c; };
+  auto with = [&](auto change) {
+    FlashAttentionParams c = p;
+    change(c);
+    return c;
+  };
   expect_invalid(with([](auto& c) { c.T = 0; }), "flash_attention: T (0) must be >= 1");
   expect_invalid(with([](auto& c) { c.B = -1; }), "flash_attention: B (-1) must be >= 1");
   expect_invalid(with([](auto& c) { c.H = 0; }), "flash_attention: H (0) must be >= 1");
@@ -388,9 +456,10 @@ TEST(FlashAttention, ErrorsNameTheValues) {
                  "flash_attention: scale (inf) must be finite");
   std::vector<float> buf(1024);
   FlashAttentionParams bad = with([](auto& c) { c.o_stride = 3; });
-  EXPECT_THROW(kn::flash_attention_backward(buf.data(), buf.data(), buf.data(), buf.data(), buf.data(),
-                                            buf.data(), buf.data(), buf.data(), buf.data(), bad),
-               std::invalid_argument);
+  EXPECT_THROW(
+      kn::flash_attention_backward(buf.data(), buf.data(), buf.data(), buf.data(), buf.data(),
+                                   buf.data(), buf.data(), buf.data(), buf.data(), bad),
+      std::invalid_argument);
   EXPECT_THROW(kn::flash_dropout_noise(buf.data(), bad), std::invalid_argument);
 }
 
