@@ -216,8 +216,8 @@ Tensor causal_weights(Steps& s) {
   const Tensor mask = ref::future_mask(context_length);  // 1 where j > i
   const Tensor masked = masked_fill(attn_scores, mask, -kInf);
   s.show("masked", masked, "the efficient way: scores above the diagonal set to -inf",
-         "masked = attn_scores.masked_fill(torch.triu(torch.ones(6, 6), diagonal=1).bool(), "
-         "-torch.inf)");
+         "mask = torch.triu(torch.ones(context_length, context_length), diagonal=1); "
+         "masked = attn_scores.masked_fill(mask.bool(), -torch.inf)");
   const Tensor attn_weights_causal = softmax(div(masked, sqrt_d_k), 1);
   s.show("attn_weights_causal", attn_weights_causal,
          "their softmax: the same causal weights in one step",
