@@ -216,8 +216,8 @@ Tensor causal_weights(Steps& s) {
   const Tensor mask = ref::future_mask(context_length);  // 1 where j > i
   const Tensor masked = masked_fill(attn_scores, mask, -kInf);
   s.show("masked", masked, "the efficient way: scores above the diagonal set to -inf",
-         "masked = attn_scores.masked_fill(torch.triu(torch.ones(6, 6), diagonal=1).bool(), "
-         "-torch.inf)");
+         "mask = torch.triu(torch.ones(context_length, context_length), diagonal=1); "
+         "masked = attn_scores.masked_fill(mask.bool(), -torch.inf)");
   const Tensor attn_weights_causal = softmax(div(masked, sqrt_d_k), 1);
   s.show("attn_weights_causal", attn_weights_causal,
          "their softmax: the same causal weights in one step",
@@ -314,18 +314,14 @@ void averaging(Steps& s) {
   const int64_t n_embd = 32, head_size = 16;
   const Tensor x32 = randn({B, T, n_embd});  // (4, 8, 32)
   nn::Head head({.n_embd = n_embd, .head_size = head_size, .block_size = T, .causal = true});
-  const Tensor k = head.key.forward(x32);    // (B, T, 16)
-  const Tensor q = head.query.forward(x32);  // (B, T, 16)
-  const float inv_sqrt_head_size = 1.0f / sqrt_of(head_size);
-  Tensor head_wei = mul(matmul(q, transpose(k, -2, -1)), inv_sqrt_head_size);  // (B, T, T)
-  head_wei = softmax(masked_fill(head_wei, ref::future_mask(T), -kInf), -1);
-  s.show("wei[0]", select(head_wei, 0),
+  const Tensor out = head.forward(x32);                  // (B, T, head_size)
+  s.show("wei[0]", select(head.attention_weights(), 0),  // (T, T) of (B, T, T)
          "a decoder head's weights for the first sequence: no token sees the future",
          fmt::format("torch.manual_seed({}); x = torch.randn(4, 8, 32); key, query, value = "
                      "nn.Linear(32, 16, bias=False) x3; wei = F.softmax((q @ k.transpose(-2, "
                      "-1) * 16**-0.5).masked_fill(tril == 0, float('-inf')), dim=-1)",
                      seed));
-  s.show("out[0]", select(head.forward(x32), 0), "the head's output for the first sequence",
+  s.show("out[0]", select(out, 0), "the head's output for the first sequence",
          "v = value(x); out = wei @ v");
 }
 
