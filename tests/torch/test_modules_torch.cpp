@@ -31,6 +31,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <iomanip>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -150,7 +151,7 @@ double max_abs(const Tensor& t) {
 
 std::string head_str(const Tensor& t, int64_t n = 4) {
   std::ostringstream s;
-  s << "[";
+  s << std::setprecision(9) << "[";
   for (int64_t i = 0; i < std::min(n, t.numel()); ++i) s << (i ? ", " : "") << t[i];
   s << "]";
   return s.str();
