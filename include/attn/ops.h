@@ -5,7 +5,12 @@
 // ops broadcast with NumPy/PyTorch rules (trailing dims aligned, size-1 dims
 // stretched). Every op checks its arguments and throws std::invalid_argument
 // whose message names the op and the shapes involved, e.g.
-//   "matmul: inner dims differ: (6, 3) @ (2, 3)".
+//   "matmul: inner dims differ: (6, 3) @ (2, 3)",
+// or, for a dim or index outside its range, std::out_of_range, e.g.
+//   "softmax: dim 2 out of range for shape (2, 3) (expected -2 to 1)".
+// Element-wise ops round exactly as PyTorch's CPU kernels do (x / s is a true
+// division); sums accumulate in double, so they may differ from PyTorch's float
+// sums in the last bits.
 // Matrix products go to BLAS (cblas_sgemm).
 #pragma once
 

@@ -26,7 +26,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     here = pathlib.Path(__file__).resolve().parent
     sys.path.insert(0, str(here))
-    # oracle_util.py is the shared helper, not an oracle.
+    # oracle_util.py is the shared helper module, not an oracle script.
     scripts = sorted(s for s in here.glob("oracle_*.py") if s.stem != "oracle_util")
     if args.only:
         scripts = [s for s in scripts if s.stem == "oracle_" + args.only]

@@ -21,3 +21,12 @@ def write_json(path: pathlib.Path, payload) -> None:
     with os.fdopen(fd, "w") as f:
         json.dump(payload, f)
     os.replace(tmp, path)
+
+
+def tensor_bits_json(t: torch.Tensor) -> dict:
+    """A float32 tensor as {"shape": [...], "bits": [...]}: each value's IEEE-754
+    bit pattern as an unsigned integer, so that inf, NaN and -0.0 survive JSON
+    (read in C++ with attn::test::tensor_from_bits_json)."""
+    t = t.detach().to(torch.float32).contiguous()
+    bits = t.reshape(-1).view(torch.int32).tolist()
+    return {"shape": list(t.shape), "bits": [b & 0xFFFFFFFF for b in bits]}
