@@ -33,7 +33,7 @@ class Generator {
   uint32_t random();    // one tempered MT19937 output
   uint64_t random64();  // (first << 32) | second
 
-  float uniform_float(float from = 0.0f, float to = 1.0f);  // one draw
+  float uniform_float(float from = 0.0f, float to = 1.0f);    // one draw
   double uniform_double(double from = 0.0, double to = 1.0);  // two draws
   // PyTorch's scalar normal (at::normal_distribution<double>): Box-Muller with
   // the second value cached until used or until manual_seed.
@@ -68,6 +68,8 @@ void normal_(Tensor& t, float mean, float std, Generator& gen = default_generato
 // order one double uniform u, value = (u < 1 - p) ? 1 / (float)(1 - p) : 0.
 // p must be in [0, 1]. p == 0 gives all ones and p == 1 all zeros, with no draws
 // (as nn.Dropout). This is the "noise" tensor that dropout multiplies by.
+// 1 - p is computed in double from the shortest decimal that reads back as p
+// (0.1f counts as 0.1), which is the double Python hands to torch.
 Tensor dropout_noise(const Shape& shape, float p, Generator& gen = default_generator());
 
 // The default initialisation of nn.Linear(in_features, out_features):
