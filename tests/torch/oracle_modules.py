@@ -27,11 +27,20 @@ B in {1,2,3,4,8}, T and widths in {1,3,15,16,17,33,64}, num_heads in
 cases. Most cases are small (see SMALL_CAP) so that the files stay a few MB; about
 one in ten is larger.
 
+torch's randn (numel >= 16) depends on the CPU kernel it dispatches to; attn
+follows the AVX2 one. As in oracle_random.py, if torch picked another, this
+script reruns itself with ATEN_CPU_CAPABILITY=avx2, and every file records the
+capability it ran with ("cpu_capability"); the C++ test skips otherwise.
+
 Writes modules_<kind>.json for each kind in KINDS.
 """
 import base64
+import os
 import pathlib
 import random
+import re
+import subprocess
+import sys
 import zlib
 
 import torch
@@ -276,6 +285,11 @@ def run_protocol(kind: str, cfg: dict, dtype: torch.dtype):
     return params0, x, y.detach(), dy, grads
 
 
+def cpu_capability() -> str:
+    m = re.search(r"CPU capability usage: (\w+)", torch.__config__.show())
+    return m.group(1) if m else "unknown"
+
+
 def generate_kind(kind: str) -> dict:
     drawer, stream_seed = KINDS[kind]
     rng = random.Random(stream_seed)
@@ -303,20 +317,23 @@ def generate_kind(kind: str) -> dict:
         if x is not None:
             case["x"] = fingerprint(x)
         cases.append(case)
-    return {"kind": kind, "torch": torch.__version__, "cases": cases}
+    return {"kind": kind, "torch": torch.__version__, "cpu_capability": cpu_capability(), "cases": cases}
 
 
-def generate(out_dir: pathlib.Path) -> None:
+def compute(out_dir: pathlib.Path) -> None:
     out_dir = pathlib.Path(out_dir)
     for kind in KINDS:
         write_json(out_dir / f"modules_{kind}.json", generate_kind(kind))
 
 
-if __name__ == "__main__":
-    import sys
-    import time
+def generate(out_dir) -> None:
+    if cpu_capability() == "AVX2" or os.environ.get("ATEN_CPU_CAPABILITY"):
+        compute(out_dir)
+        return
+    env = dict(os.environ, ATEN_CPU_CAPABILITY="avx2")
+    subprocess.run([sys.executable, __file__, str(out_dir)], env=env, check=True)
 
+
+if __name__ == "__main__":
     torch.set_num_threads(1)
-    start = time.time()
-    generate(pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "oracle_out"))
-    print(f"{time.time() - start:.1f} s")
+    compute(pathlib.Path(sys.argv[1]))

@@ -387,6 +387,12 @@ TEST_P(ModulesVsTorch, SameSeedSameNumbers) {
   const std::string kind = GetParam();
   const Json file = read_kind(kind);
   ASSERT_EQ(file.at("kind").get<std::string>(), kind);
+  // attn's randn follows torch's AVX2 kernel; the oracle asks torch for it, which
+  // fails only on a CPU without AVX2, where x and dy would differ from the start.
+  const std::string capability = file.at("cpu_capability").get<std::string>();
+  if (capability != "AVX2") {
+    GTEST_SKIP() << "torch ran its " << capability << " kernels, not the AVX2 ones attn reproduces";
+  }
   const Json& cases = file.at("cases");
   ASSERT_GE(static_cast<int>(cases.size()), kMinCasesPerKind);
   const auto& run = runners().at(kind);
