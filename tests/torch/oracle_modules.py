@@ -9,6 +9,8 @@ Protocol per configuration (identical in tests/torch/test_modules_torch.cpp):
     y = module(x)                      # dropout draws here
     dy = torch.randn(y.shape)
     y.backward(dy)
+    (in about 15% of cases, "passes": 2, the last four lines run twice without
+    zero_grad: parameter grads accumulate, as attn's backward must += them)
 Recorded: the configuration; y, x.grad and every parameter's grad (by PyTorch
 name) in full; and, as exact fingerprints (CRC-32 of the float32 bytes), the
 tensors the C++ side regenerates from the seed: the initial parameters, x and
@@ -262,22 +264,26 @@ KINDS = {
 
 
 def run_protocol(kind: str, cfg: dict, dtype: torch.dtype):
-    """The seeded protocol; returns (initial params, x, y, dy, grads) in dtype."""
+    """The seeded protocol; returns (initial params, x, y, dy, grads) in dtype.
+    With "passes": 2 the forward/backward step runs twice without zero_grad, so
+    parameter grads are the sum of both (PyTorch accumulates); x, y, dy and
+    x.grad are those of the last pass."""
     torch.manual_seed(cfg["seed"])
     module = build(kind, cfg)
     params0 = {name: p.detach().clone() for name, p in module.named_parameters()}
     module = module.to(dtype)
     if cfg.get("eval", False):
         module.eval()
-    if kind == "embedding":
-        x = None
-        idx = torch.tensor(cfg["indices"], dtype=torch.long).view(cfg["B"], cfg["T"])
-        y = module(idx)
-    else:
-        x = torch.randn(*cfg["x_shape"]).to(dtype).requires_grad_(True)
-        y = module(x)
-    dy = torch.randn(y.shape).to(dtype)
-    y.backward(dy)
+    for _ in range(cfg.get("passes", 1)):
+        if kind == "embedding":
+            x = None
+            idx = torch.tensor(cfg["indices"], dtype=torch.long).view(cfg["B"], cfg["T"])
+            y = module(idx)
+        else:
+            x = torch.randn(*cfg["x_shape"]).to(dtype).requires_grad_(True)
+            y = module(x)
+        dy = torch.randn(y.shape).to(dtype)
+        y.backward(dy)
     grads = {name: p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
              for name, p in module.named_parameters()}
     if x is not None:
@@ -303,6 +309,7 @@ def generate_kind(kind: str) -> dict:
             continue
         # A few of the chapter's seeds, then arbitrary 64-bit ones (only the low 32 bits seed MT19937).
         cfg["seed"] = [123, 789, 1337][len(cases)] if len(cases) < 3 else rng.randrange(2**63)
+        cfg["passes"] = 2 if rng.random() < 0.15 else 1  # 2: grads accumulate over two steps
         params0, x, y, dy, grads = run_protocol(kind, cfg, torch.float32)
         _, _, y64, _, grads64 = run_protocol(kind, cfg, torch.float64)
         case = {
