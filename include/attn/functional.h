@@ -22,8 +22,8 @@ namespace attn::ref {
 // y = x Wᵀ + b: x (..., in), weight (out, in), bias (out) or nullptr -> (..., out).
 Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor* bias);
 // Returns dx (..., in); dweight (out, in) += dyᵀ x; dbias (out) += Σ dy.
-Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
-                       Tensor& dweight, Tensor* dbias);
+Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, Tensor& dweight,
+                       Tensor* dbias);
 // y = x W for a plain parameter W (in, out) (SelfAttention_v1):
 // returns dx = dy Wᵀ; dweight (in, out) += xᵀ dy.
 Tensor matmul_param_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
@@ -57,8 +57,9 @@ Tensor attention_scores_loops(const Tensor& inputs);
 
 // ---- 2./3. scaled dot-product attention, causal masking and dropout -------------------
 struct AttentionOptions {
-  bool causal = false;     // mask keys j > i with -inf before the softmax
-  float scale = -1.0f;     // multiplies the scores; < 0 means 1/sqrt(d_k)
+  bool causal = false;       // mask keys j > i with -inf before the softmax
+  float scale = -1.0f;       // multiplies the scores; < 0 means 1/sqrt(d_k), applied as the
+                             // chapter writes it, scores / sqrt(d_k) (same bits as PyTorch)
   int64_t softmax_dim = -1;  // -1 (keys) is right; 1 reproduces an early printing's bug
 };
 struct AttentionSaved {

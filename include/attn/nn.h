@@ -97,7 +97,13 @@ class Dropout : public Module {
   explicit Dropout(const DropoutOptions& options = {}, Generator& gen = default_generator());
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
+  // The noise forward(x) would multiply an x of this shape by, drawn now from
+  // the generator (attn::dropout_noise); empty, with no draws, when dropout is
+  // the identity (evaluation mode or p = 0). The attention modules use it to
+  // drop attention weights inside ref::attention_forward.
+  Tensor sample_noise(const Shape& shape);
   const DropoutOptions& options() const { return options_; }
+
  private:
   DropoutOptions options_;
   Generator* gen_;
@@ -113,8 +119,8 @@ struct EmbeddingOptions {
 class Embedding : public Module {
  public:
   explicit Embedding(const EmbeddingOptions& options, Generator& gen = default_generator());
-  // indices (any shape, integral values stored as float or given as int64) -> (..., dim).
-  Tensor forward(const std::vector<int64_t>& indices);  // (N) -> (N, dim)
+  // Row lookup: indices (int64, laid out row-major in `shape`) -> shape + (dim).
+  Tensor forward(const std::vector<int64_t>& indices);                      // (N) -> (N, dim)
   Tensor forward(const std::vector<int64_t>& indices, const Shape& shape);  // shape + (dim)
   // Accumulates weight.grad rows; there is no input gradient for indices.
   void backward(const Tensor& dy);
@@ -129,19 +135,23 @@ class Embedding : public Module {
 
 struct SelfAttentionOptions {
   int64_t d_in = 0;
-  int64_t d_out = 0;     // query/key width d_k (and value width unless d_v is set)
-  int64_t d_v = 0;       // value width; 0 means d_out
-  bool qkv_bias = false; // v2 only
+  int64_t d_out = 0;      // query/key width d_k (and value width unless d_v is set)
+  int64_t d_v = 0;        // value width; 0 means d_out
+  bool qkv_bias = false;  // v2 only
 };
 // SelfAttention_v1: W_query, W_key (d_in, d_out), W_value (d_in, d_v) plain
 // parameters from torch.rand, drawn in that order; Q = X W_query etc.
 // Input (T, d_in) or (B, T, d_in); output (..., T, d_v).
 class SelfAttentionV1 : public Module {
  public:
-  explicit SelfAttentionV1(const SelfAttentionOptions& options, Generator& gen = default_generator());
+  explicit SelfAttentionV1(const SelfAttentionOptions& options,
+                           Generator& gen = default_generator());
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
   Parameter W_query, W_key, W_value;
+  // The softmax weights of the last forward, before dropout: (..., T, T).
+  const Tensor& attention_weights() const { return saved_.weights; }
+
  private:
   SelfAttentionOptions options_;
   Tensor x_, q_, k_, v_;
@@ -153,10 +163,14 @@ class SelfAttentionV1 : public Module {
 // (d_in -> d_v), optional bias, created in that order.
 class SelfAttentionV2 : public Module {
  public:
-  explicit SelfAttentionV2(const SelfAttentionOptions& options, Generator& gen = default_generator());
+  explicit SelfAttentionV2(const SelfAttentionOptions& options,
+                           Generator& gen = default_generator());
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
   Linear W_query, W_key, W_value;
+  // The softmax weights of the last forward, before dropout: (..., T, T).
+  const Tensor& attention_weights() const { return saved_.weights; }
+
  private:
   SelfAttentionOptions options_;
   Tensor q_, k_, v_;
@@ -179,13 +193,17 @@ struct CausalAttentionOptions {
 // Input (B, T, d_in) with T <= context_length; output (B, T, d_out).
 class CausalAttention : public Module {
  public:
-  explicit CausalAttention(const CausalAttentionOptions& options, Generator& gen = default_generator());
+  explicit CausalAttention(const CausalAttentionOptions& options,
+                           Generator& gen = default_generator());
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
   const CausalAttentionOptions& options() const { return options_; }
   Linear W_query, W_key, W_value;
   Dropout dropout;
   Tensor mask;  // (context_length, context_length), 1 above the diagonal
+  // The softmax weights of the last forward, before dropout: (B, T, T).
+  const Tensor& attention_weights() const { return saved_.weights; }
+
  private:
   CausalAttentionOptions options_;
   Tensor q_, k_, v_;
@@ -212,6 +230,7 @@ class MultiHeadAttentionWrapper : public Module {
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
   std::vector<std::unique_ptr<CausalAttention>> heads;
+
  private:
   MultiHeadAttentionOptions options_;
   bool has_forward_ = false;
@@ -232,6 +251,9 @@ class MultiHeadAttention : public Module {
   Linear W_query, W_key, W_value, out_proj;
   Dropout dropout;
   Tensor mask;  // (context_length, context_length), 1 above the diagonal
+  // The softmax weights of the last forward, before dropout: (B, H, T, T).
+  const Tensor& attention_weights() const { return saved_.weights; }
+
  private:
   MultiHeadAttentionOptions options_;
   Tensor q_, k_, v_;  // (B, H, T, hd)
@@ -242,11 +264,11 @@ class MultiHeadAttention : public Module {
 // ---- 5. the character-level GPT's head -----------------------------------------------
 
 struct HeadOptions {
-  int64_t n_embd = 0;      // C, the input width
+  int64_t n_embd = 0;  // C, the input width
   int64_t head_size = 0;
   int64_t block_size = 0;  // context_length
   float dropout = 0.0f;
-  bool causal = true;      // decoder head (mask the future) or encoder head
+  bool causal = true;  // decoder head (mask the future) or encoder head
 };
 // Head: key, query, value = Linear(n_embd, head_size, bias=False) created in that
 // order; weights = q kᵀ · head_size^-0.5, future masked when causal, softmax,
@@ -258,6 +280,9 @@ class Head : public Module {
   Tensor backward(const Tensor& dy);
   Linear key, query, value;
   Dropout dropout;
+  // The softmax weights of the last forward, before dropout: (B, T, T).
+  const Tensor& attention_weights() const { return saved_.weights; }
+
  private:
   HeadOptions options_;
   Tensor q_, k_, v_;
@@ -284,6 +309,7 @@ class MultiHead : public Module {
   std::vector<std::unique_ptr<Head>> heads;
   Linear proj;
   Dropout dropout;
+
  private:
   MultiHeadOptions options_;
   bool has_forward_ = false;

@@ -1,0 +1,200 @@
+// The Module base (modes, named parameters) and the building blocks Linear,
+// Dropout and Embedding.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "attn/nn.h"
+#include "attn/ops.h"
+#include "nn/checks.h"
+
+namespace attn::nn {
+
+// ---- Module -------------------------------------------------------------------------
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [name, child] : children_) child->train(on);
+}
+
+// As PyTorch: this module's own parameters first, then each child's, depth first.
+std::vector<std::pair<std::string, Parameter*>> Module::named_parameters() {
+  std::vector<std::pair<std::string, Parameter*>> all = parameters_;
+  for (auto& [prefix, child] : children_) {
+    for (auto& [name, p] : child->named_parameters()) all.emplace_back(prefix + "." + name, p);
+  }
+  return all;
+}
+
+Parameter& Module::parameter(const std::string& name) {
+  const auto all = named_parameters();
+  for (const auto& [n, p] : all) {
+    if (n == name) return *p;
+  }
+  std::string known;
+  for (const auto& [n, p] : all) known += (known.empty() ? "" : ", ") + n;
+  throw std::out_of_range(fmt::format("Module: no parameter named '{}'; known: {}", name,
+                                      known.empty() ? "(none)" : known));
+}
+
+int64_t Module::num_parameters() {
+  int64_t n = 0;
+  for (const auto& [name, p] : named_parameters()) n += p->value.numel();
+  return n;
+}
+
+void Module::zero_grad() {
+  for (auto& [name, p] : named_parameters()) {
+    for (float& g : p->grad.values()) g = 0.0f;
+  }
+}
+
+void Module::register_parameter(std::string name, Parameter* p) {
+  if (p->grad.shape() != p->value.shape()) p->grad = Tensor(p->value.shape());
+  parameters_.emplace_back(std::move(name), p);
+}
+
+void Module::register_module(std::string name, Module* m) {
+  m->train(training_);
+  children_.emplace_back(std::move(name), m);
+}
+
+void Module::require_forward(bool ok, const char* module) {
+  if (!ok) throw std::logic_error(fmt::format("{}: backward() called before forward()", module));
+}
+
+// ---- Linear -------------------------------------------------------------------------
+
+namespace {
+const LinearOptions& checked(const LinearOptions& o) {
+  detail::check_positive("Linear", "in_features", o.in_features);
+  detail::check_positive("Linear", "out_features", o.out_features);
+  return o;
+}
+}  // namespace
+
+Linear::Linear(const LinearOptions& options, Generator& gen) : options_(checked(options)) {
+  weight.value = Tensor({options_.out_features, options_.in_features});  // (out, in)
+  if (options_.bias) bias.value = Tensor({options_.out_features});       // (out)
+  init_linear_(weight.value, options_.bias ? &bias.value : nullptr, gen);
+  register_parameter("weight", &weight);
+  if (options_.bias) register_parameter("bias", &bias);
+}
+
+Tensor Linear::forward(const Tensor& x) {
+  if (x.dim() < 1 || x.size(-1) != options_.in_features) {
+    throw std::invalid_argument(
+        fmt::format("Linear: input last dim {} does not match in_features {}",
+                    x.dim() < 1 ? 0 : x.size(-1), options_.in_features));
+  }
+  x_ = x;
+  has_forward_ = true;
+  return ref::linear_forward(x, weight.value, options_.bias ? &bias.value : nullptr);
+}
+
+Tensor Linear::backward(const Tensor& dy) {
+  require_forward(has_forward_, "Linear");
+  Shape y_shape = x_.shape();
+  y_shape.back() = options_.out_features;
+  detail::check_grad("Linear", dy, y_shape);
+  return ref::linear_backward(dy, x_, weight.value, weight.grad,
+                              options_.bias ? &bias.grad : nullptr);
+}
+
+// ---- Dropout ------------------------------------------------------------------------
+
+namespace {
+const DropoutOptions& checked(const DropoutOptions& o) {
+  if (!(o.p >= 0.0f && o.p <= 1.0f)) {
+    throw std::invalid_argument(fmt::format("Dropout: p must be in [0, 1], got {}", o.p));
+  }
+  return o;
+}
+}  // namespace
+
+Dropout::Dropout(const DropoutOptions& options, Generator& gen)
+    : options_(checked(options)), gen_(&gen) {}
+
+Tensor Dropout::sample_noise(const Shape& shape) {
+  if (!is_training() || options_.p == 0.0f) return Tensor();
+  return dropout_noise(shape, options_.p, *gen_);  // p == 1 gives zeros without draws
+}
+
+Tensor Dropout::forward(const Tensor& x) {
+  noise_ = x.numel() == 0 ? Tensor() : sample_noise(x.shape());
+  has_forward_ = true;
+  if (noise_.empty()) return x;  // the identity
+  return ref::dropout_forward(x, noise_);
+}
+
+Tensor Dropout::backward(const Tensor& dy) {
+  require_forward(has_forward_, "Dropout");
+  if (noise_.empty()) return dy;
+  detail::check_grad("Dropout", dy, noise_.shape());
+  return ref::dropout_backward(dy, noise_);
+}
+
+// ---- Embedding ----------------------------------------------------------------------
+
+namespace {
+const EmbeddingOptions& checked(const EmbeddingOptions& o) {
+  detail::check_positive("Embedding", "num_embeddings", o.num_embeddings);
+  detail::check_positive("Embedding", "embedding_dim", o.embedding_dim);
+  return o;
+}
+}  // namespace
+
+Embedding::Embedding(const EmbeddingOptions& options, Generator& gen) : options_(checked(options)) {
+  weight.value = Tensor({options_.num_embeddings, options_.embedding_dim});  // (num, dim)
+  normal_(weight.value, 0.0f, 1.0f, gen);  // torch.randn(num * dim)
+  register_parameter("weight", &weight);
+}
+
+Tensor Embedding::forward(const std::vector<int64_t>& indices) {
+  return forward(indices, Shape{static_cast<int64_t>(indices.size())});
+}
+
+Tensor Embedding::forward(const std::vector<int64_t>& indices, const Shape& shape) {
+  if (shape_numel(shape) != static_cast<int64_t>(indices.size())) {
+    throw std::invalid_argument(fmt::format("Embedding: {} indices do not fill shape {}",
+                                            indices.size(), shape_str(shape)));
+  }
+  const int64_t dim = options_.embedding_dim;
+  for (int64_t idx : indices) {
+    if (idx < 0 || idx >= options_.num_embeddings) {
+      throw std::invalid_argument(
+          fmt::format("Embedding: index {} is out of range for num_embeddings {}", idx,
+                      options_.num_embeddings));
+    }
+  }
+  Shape out_shape = shape;
+  out_shape.push_back(dim);
+  Tensor out(out_shape);  // (..., dim): row n is weight[indices[n]]
+  for (size_t n = 0; n < indices.size(); ++n) {
+    const float* row = weight.value.data() + indices[n] * dim;
+    std::copy(row, row + dim, out.data() + static_cast<int64_t>(n) * dim);
+  }
+  indices_ = indices;
+  has_forward_ = true;
+  return out;
+}
+
+// Each output row is a copy of one weight row, so its gradient adds to that row.
+void Embedding::backward(const Tensor& dy) {
+  require_forward(has_forward_, "Embedding");
+  const int64_t dim = options_.embedding_dim;
+  const int64_t n_rows = static_cast<int64_t>(indices_.size());
+  if (dy.dim() < 1 || dy.size(-1) != dim || dy.numel() != n_rows * dim) {
+    throw std::invalid_argument(
+        fmt::format("Embedding: gradient shape {} does not match {} rows of width {}",
+                    shape_str(dy.shape()), n_rows, dim));
+  }
+  for (int64_t n = 0; n < n_rows; ++n) {
+    float* grad_row = weight.grad.data() + indices_[static_cast<size_t>(n)] * dim;
+    const float* dy_row = dy.data() + n * dim;
+    for (int64_t c = 0; c < dim; ++c) grad_row[c] += dy_row[c];
+  }
+}
+
+}  // namespace attn::nn

@@ -1,0 +1,95 @@
+// Linear maps and their gradients: y = x Wᵀ + b (nn.Linear) and y = x W (a plain
+// parameter, SelfAttention_v1). Leading dims of x are flattened to N rows.
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+#include "attn/functional.h"
+#include "attn/ops.h"
+
+namespace attn::ref {
+namespace {
+
+// (..., features) -> (N, features), the rows every linear map works on.
+Tensor as_rows(const Tensor& x) { return x.reshape({-1, x.size(-1)}); }
+
+// The input shape with its last dim replaced by `features`.
+Shape with_last_dim(Shape shape, int64_t features) {
+  shape.back() = features;
+  return shape;
+}
+
+void check_matrix(const char* fn, const char* what, const Tensor& w) {
+  if (w.dim() != 2) {
+    throw std::invalid_argument(
+        fmt::format("{}: {} must be 2-D, got shape {}", fn, what, shape_str(w.shape())));
+  }
+}
+
+// dst += src, shapes equal (parameter-gradient accumulation).
+void accumulate(Tensor& dst, const Tensor& src, const char* fn, const char* what) {
+  if (dst.shape() != src.shape()) {
+    throw std::invalid_argument(fmt::format("{}: {} has shape {}, expected {}", fn, what,
+                                            shape_str(dst.shape()), shape_str(src.shape())));
+  }
+  float* d = dst.data();
+  const float* s = src.data();
+  for (int64_t i = 0; i < dst.numel(); ++i) d[i] += s[i];
+}
+
+}  // namespace
+
+Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor* bias) {
+  check_matrix("linear_forward", "weight", weight);
+  const int64_t out = weight.size(0), in = weight.size(1);
+  if (x.dim() < 1 || x.size(-1) != in) {
+    throw std::invalid_argument(fmt::format(
+        "linear_forward: input shape {} does not end in in_features {}", shape_str(x.shape()), in));
+  }
+  if (bias != nullptr && bias->shape() != Shape{out}) {
+    throw std::invalid_argument(
+        fmt::format("linear_forward: bias shape {} is not ({},)", shape_str(bias->shape()), out));
+  }
+  const Shape y_shape = with_last_dim(x.shape(), out);
+  if (x.numel() == 0 || out == 0) return Tensor(y_shape);
+  Tensor y = matmul(as_rows(x), t(weight));  // (N, in) @ (in, out) -> (N, out)
+  if (bias != nullptr) y += *bias;           // broadcast over rows
+  return y.reshape(y_shape);
+}
+
+Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, Tensor& dweight,
+                       Tensor* dbias) {
+  check_matrix("linear_backward", "weight", weight);
+  const int64_t out = weight.size(0);
+  if (dy.shape() != with_last_dim(x.shape(), out)) {
+    throw std::invalid_argument(
+        fmt::format("linear_backward: dy shape {} does not match output shape {}",
+                    shape_str(dy.shape()), shape_str(with_last_dim(x.shape(), out))));
+  }
+  if (x.numel() == 0 || out == 0) return Tensor(x.shape());
+  const Tensor dy2 = as_rows(dy);                                         // (N, out)
+  const Tensor x2 = as_rows(x);                                           // (N, in)
+  accumulate(dweight, matmul(t(dy2), x2), "linear_backward", "dweight");  // (out, in) += dyᵀ x
+  if (dbias != nullptr)
+    accumulate(*dbias, sum(dy2, 0), "linear_backward", "dbias");  // (out) += Σ_rows dy
+  return matmul(dy2, weight).reshape(x.shape());                  // (N, out) @ (out, in) -> (N, in)
+}
+
+Tensor matmul_param_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                             Tensor& dweight) {
+  check_matrix("matmul_param_backward", "weight", weight);
+  const int64_t out = weight.size(1);
+  if (x.dim() < 1 || x.size(-1) != weight.size(0) || dy.shape() != with_last_dim(x.shape(), out)) {
+    throw std::invalid_argument(
+        fmt::format("matmul_param_backward: shapes x {}, weight {}, dy {} do not fit",
+                    shape_str(x.shape()), shape_str(weight.shape()), shape_str(dy.shape())));
+  }
+  if (x.numel() == 0 || out == 0) return Tensor(x.shape());
+  const Tensor dy2 = as_rows(dy);  // (N, out)
+  const Tensor x2 = as_rows(x);    // (N, in)
+  accumulate(dweight, matmul(t(x2), dy2), "matmul_param_backward",
+             "dweight");                             // (in, out) += xᵀ dy
+  return matmul(dy2, t(weight)).reshape(x.shape());  // (N, out) @ (out, in) -> (N, in)
+}
+
+}  // namespace attn::ref
