@@ -34,7 +34,9 @@ follows the AVX2 one. As in oracle_random.py, if torch picked another, this
 script reruns itself with ATEN_CPU_CAPABILITY=avx2, and every file records the
 capability it ran with ("cpu_capability"); the C++ test skips otherwise.
 
-Writes modules_<kind>.json for each kind in KINDS.
+Writes modules_<kind>.json for each kind in KINDS, and
+modules_multi_head_attention_gpt2.json: MultiHeadAttention at GPT-2 sizes
+(768/12 and 1600/25), with its large weight gradients stored as samples.
 """
 import base64
 import os
@@ -310,27 +312,71 @@ def generate_kind(kind: str) -> dict:
         # A few of the chapter's seeds, then arbitrary 64-bit ones (only the low 32 bits seed MT19937).
         cfg["seed"] = [123, 789, 1337][len(cases)] if len(cases) < 3 else rng.randrange(2**63)
         cfg["passes"] = 2 if rng.random() < 0.15 else 1  # 2: grads accumulate over two steps
-        params0, x, y, dy, grads = run_protocol(kind, cfg, torch.float32)
-        _, _, y64, _, grads64 = run_protocol(kind, cfg, torch.float64)
-        case = {
-            "name": f"{kind}#{len(cases)}",
-            "config": cfg,
-            "params": {n: fingerprint(p) for n, p in params0.items()},
-            "y": packed(y),
-            "dy": fingerprint(dy),
-            "grads": {n: packed(g) for n, g in grads.items()},
-            "err64": {"y": max_diff(y, y64), **{n: max_diff(g, grads64[n]) for n, g in grads.items()}},
-        }
-        if x is not None:
-            case["x"] = fingerprint(x)
-        cases.append(case)
+        cases.append(run_case(kind, cfg, f"{kind}#{len(cases)}"))
     return {"kind": kind, "torch": torch.__version__, "cpu_capability": cpu_capability(), "cases": cases}
+
+
+def run_case(kind: str, cfg: dict, name: str, stored=None) -> dict:
+    """Runs the protocol in float32 and float64 and returns the case record.
+    stored(t) writes a reference tensor (packed, or sampled for GPT-2 sizes)."""
+    stored = stored or packed
+    params0, x, y, dy, grads = run_protocol(kind, cfg, torch.float32)
+    _, _, y64, _, grads64 = run_protocol(kind, cfg, torch.float64)
+    case = {
+        "name": name,
+        "config": cfg,
+        "params": {n: fingerprint(p) for n, p in params0.items()},
+        "y": stored(y),
+        "dy": fingerprint(dy),
+        "grads": {n: stored(g) for n, g in grads.items()},
+        "err64": {"y": max_diff(y, y64), **{n: max_diff(g, grads64[n]) for n, g in grads.items()}},
+    }
+    if x is not None:
+        case["x"] = fingerprint(x)
+    return case
+
+
+# GPT-2 sizes (SPEC section 4): small, 768 wide with 12 heads, and the largest,
+# 1600 wide with 25 heads (head_dim 64), on short sequences.
+GPT2_CASES = [
+    dict(B=2, T=16, d_in=768, d_out=768, num_heads=12, context_length=1024, dropout=0.1, eval=False,
+         qkv_bias=False, seed=123, passes=1),
+    dict(B=1, T=8, d_in=1600, d_out=1600, num_heads=25, context_length=1024, dropout=0.0, eval=False,
+         qkv_bias=True, seed=789, passes=1),
+    dict(B=1, T=64, d_in=768, d_out=768, num_heads=12, context_length=64, dropout=0.1, eval=True,
+         qkv_bias=True, seed=1337, passes=1),
+]
+SAMPLE_ABOVE = 65536  # tensors larger than this are stored as every SAMPLE_STRIDE-th value
+SAMPLE_STRIDE = 1009  # a prime, so the samples walk across rows and columns
+
+
+def packed_or_sampled(t: torch.Tensor) -> dict:
+    """packed(t), or for a large tensor {"shape", "stride", "absmax", "f32le", "crc32"} of
+    t.flatten()[::stride]: enough to check every weight matrix of a GPT-2 layer
+    without writing tens of MB."""
+    if t.numel() <= SAMPLE_ABOVE:
+        return packed(t)
+    record = packed(t.detach().reshape(-1)[::SAMPLE_STRIDE])
+    record["shape"] = list(t.shape)
+    record["stride"] = SAMPLE_STRIDE
+    record["absmax"] = float(t.detach().abs().max())  # of the whole tensor, for the tolerance
+    return record
+
+
+def generate_gpt2() -> dict:
+    cases = []
+    for cfg in GPT2_CASES:
+        cfg = dict(cfg, x_shape=[cfg["B"], cfg["T"], cfg["d_in"]])
+        cases.append(run_case("multi_head_attention", cfg, f"gpt2#{len(cases)}", packed_or_sampled))
+    return {"kind": "multi_head_attention_gpt2", "torch": torch.__version__,
+            "cpu_capability": cpu_capability(), "cases": cases}
 
 
 def compute(out_dir: pathlib.Path) -> None:
     out_dir = pathlib.Path(out_dir)
     for kind in KINDS:
         write_json(out_dir / f"modules_{kind}.json", generate_kind(kind))
+    write_json(out_dir / "modules_multi_head_attention_gpt2.json", generate_gpt2())
 
 
 def generate(out_dir) -> None:

@@ -2,7 +2,9 @@
 //
 // tests/torch/oracle_modules.py runs the chapter's PyTorch classes
 // (tests/torch/book_modules.py) on 60 random configurations per module kind and
-// writes modules_<kind>.json. Here attn runs the identical protocol:
+// writes modules_<kind>.json (plus three MultiHeadAttention cases at GPT-2 sizes,
+// 768/12 and 1600/25, whose weight gradients are stored as every 1009th value). Here attn runs the
+// identical protocol:
 //   manual_seed(seed); construct the module (draws its parameters);
 //   eval() if the case says so; x = randn(x_shape); y = forward(x) (dropout draws);
 //   dy = randn(y.shape); dx = backward(dy)
@@ -109,20 +111,35 @@ std::vector<unsigned char> base64_decode(const std::string& text) {
   return out;
 }
 
-// {"shape", "f32le" (base64 of float32 little-endian), "crc32"} -> Tensor, checked.
-Tensor packed_tensor(const Json& j) {
-  Shape shape = j.at("shape").get<Shape>();
+// {"shape", "f32le" (base64 of float32 little-endian), "crc32"} -> the reference.
+// A GPT-2-sized tensor is stored as every stride-th value of its flat form
+// (with "stride" and "absmax", the largest |value| of the whole tensor).
+struct Reference {
+  Shape shape;
+  Tensor values;       // (numel) when stride == 1 reshaped to shape; else the samples
+  int64_t stride = 1;  // values[i] is element i * stride of the flat tensor
+  double absmax = 0.0;
+};
+
+Reference packed_tensor(const Json& j) {
+  Reference r;
+  r.shape = j.at("shape").get<Shape>();
+  r.stride = j.value("stride", int64_t{1});
+  const int64_t total = attn::shape_numel(r.shape);
+  const int64_t n = r.stride == 1 ? total : (total + r.stride - 1) / r.stride;
   const std::vector<unsigned char> bytes = base64_decode(j.at("f32le").get<std::string>());
-  const int64_t n = attn::shape_numel(shape);
   if (static_cast<int64_t>(bytes.size()) != n * static_cast<int64_t>(sizeof(float)))
-    throw std::runtime_error("oracle tensor of shape " + attn::shape_str(shape) + " holds " +
+    throw std::runtime_error("oracle tensor of shape " + attn::shape_str(r.shape) + " holds " +
                              std::to_string(bytes.size()) + " bytes");
   std::vector<float> values(static_cast<size_t>(n));
   if (n > 0) std::memcpy(values.data(), bytes.data(), bytes.size());
-  Tensor t(std::move(shape), std::move(values));
-  if (crc32(t) != j.at("crc32").get<uint32_t>())
+  r.values = Tensor(r.stride == 1 ? r.shape : Shape{n}, std::move(values));
+  if (crc32(r.values) != j.at("crc32").get<uint32_t>())
     throw std::runtime_error("oracle tensor fails its CRC-32: the file is damaged");
-  return t;
+  for (float v : r.values.values())
+    r.absmax = std::max(r.absmax, static_cast<double>(std::fabs(v)));
+  r.absmax = std::max(r.absmax, j.value("absmax", 0.0));
+  return r;
 }
 
 Json read_kind(const std::string& kind) {
@@ -145,12 +162,6 @@ struct Summary {
   double worst_base_ratio = 0.0;  // largest difference / 1e-5 * max(1, max|torch|)
   std::string worst_where;
 };
-
-double max_abs(const Tensor& t) {
-  double m = 0.0;
-  for (float v : t.values()) m = std::max(m, static_cast<double>(std::fabs(v)));
-  return m;
-}
 
 std::string head_str(const Tensor& t, int64_t n = 4) {
   std::ostringstream s;
@@ -181,18 +192,19 @@ bool same_draws(const Tensor& got, const Json& fp, const std::string& what) {
 // Step 2: close to PyTorch's tensor within the stated tolerance.
 void expect_close(const Tensor& got, const Json& ref_json, double err64, const std::string& what,
                   double& max_seen, Summary& summary) {
-  const Tensor ref = packed_tensor(ref_json);
-  ASSERT_EQ(attn::shape_str(got.shape()), attn::shape_str(ref.shape())) << what << ": shape";
+  const Reference ref = packed_tensor(ref_json);
+  ASSERT_EQ(attn::shape_str(got.shape()), attn::shape_str(ref.shape)) << what << ": shape";
   double diff = 0.0;
-  int64_t where = 0;
-  for (int64_t i = 0; i < ref.numel(); ++i) {
-    const double d = std::fabs(static_cast<double>(got[i]) - static_cast<double>(ref[i]));
+  int64_t where = 0;  // flat index into got
+  for (int64_t i = 0; i < ref.values.numel(); ++i) {
+    const int64_t at = i * ref.stride;
+    const double d = std::fabs(static_cast<double>(got[at]) - static_cast<double>(ref.values[i]));
     if (!(d <= diff)) {  // also catches NaN
       diff = std::isnan(d) ? INFINITY : d;
       where = i;
     }
   }
-  const double base = kTolerance * std::max(1.0, max_abs(ref));
+  const double base = kTolerance * std::max(1.0, ref.absmax);
   const double tol = std::max(base, kErr64Factor * err64);
   if (tol > base) ++summary.widened;
   summary.worst_base_ratio = std::max(summary.worst_base_ratio, diff / base);
@@ -201,9 +213,10 @@ void expect_close(const Tensor& got, const Json& ref_json, double err64, const s
     summary.worst_ratio = diff / tol;
     summary.worst_where = what;
   }
-  EXPECT_LE(diff, tol) << what << ": max |attn - torch| = " << diff << " at flat index " << where
-                       << " (attn " << got[where] << ", torch " << ref[where] << "), tolerance "
-                       << tol << " (1e-5 * max(1, max|torch| = " << max_abs(ref)
+  EXPECT_LE(diff, tol) << what << ": max |attn - torch| = " << diff << " at flat index "
+                       << where * ref.stride << " (attn " << got[where * ref.stride] << ", torch "
+                       << ref.values[where] << "), tolerance " << tol
+                       << " (1e-5 * max(1, max|torch| = " << ref.absmax
                        << "), or 4 * torch's own fp32-vs-fp64 error " << err64 << ")";
 }
 
@@ -405,12 +418,11 @@ std::string fmt_g(double v) {
   return buf;
 }
 
-class ModulesVsTorch : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(ModulesVsTorch, SameSeedSameNumbers) {
-  const std::string kind = GetParam();
-  const Json file = read_kind(kind);
-  ASSERT_EQ(file.at("kind").get<std::string>(), kind);
+// Runs every case of modules_<file_kind>.json with run and prints the summary.
+void run_file(const std::string& file_kind, const std::function<void(const Json&, Summary&)>& run,
+              int min_cases) {
+  const Json file = read_kind(file_kind);
+  ASSERT_EQ(file.at("kind").get<std::string>(), file_kind);
   // attn's randn follows torch's AVX2 kernel; the oracle asks torch for it, which
   // fails only on a CPU without AVX2, where x and dy would differ from the start.
   const std::string capability = file.at("cpu_capability").get<std::string>();
@@ -418,8 +430,7 @@ TEST_P(ModulesVsTorch, SameSeedSameNumbers) {
     GTEST_SKIP() << "torch ran its " << capability << " kernels, not the AVX2 ones attn reproduces";
   }
   const Json& cases = file.at("cases");
-  ASSERT_GE(static_cast<int>(cases.size()), kMinCasesPerKind);
-  const auto& run = runners().at(kind);
+  ASSERT_GE(static_cast<int>(cases.size()), min_cases);
   Summary s;
   for (const Json& c : cases) {
     Json shown = c.at("config");
@@ -436,16 +447,28 @@ TEST_P(ModulesVsTorch, SameSeedSameNumbers) {
       "[  TORCH   ] %s: %d configs, max |attn - torch|: y %s, dx %s, dparam %s; "
       "worst diff/tolerance %s (%s); worst diff/(1e-5 * max(1, max|torch|)) %s; "
       "%d tensors on the fp64-based tolerance; %d random-number mismatches\n",
-      kind.c_str(), s.cases, fmt_g(s.max_y).c_str(), fmt_g(s.max_dx).c_str(),
+      file_kind.c_str(), s.cases, fmt_g(s.max_y).c_str(), fmt_g(s.max_dx).c_str(),
       fmt_g(s.max_dparam).c_str(), fmt_g(s.worst_ratio).c_str(), s.worst_where.c_str(),
       fmt_g(s.worst_base_ratio).c_str(), s.widened, s.rng_mismatches);
-  RecordProperty("configs", s.cases);
-  RecordProperty("max_diff_y", fmt_g(s.max_y));
-  RecordProperty("max_diff_dx", fmt_g(s.max_dx));
-  RecordProperty("max_diff_dparam", fmt_g(s.max_dparam));
-  RecordProperty("worst_ratio", fmt_g(s.worst_ratio));
-  RecordProperty("worst_base_ratio", fmt_g(s.worst_base_ratio));
-  RecordProperty("rng_mismatches", s.rng_mismatches);
+  ::testing::Test::RecordProperty("configs", s.cases);
+  ::testing::Test::RecordProperty("max_diff_y", fmt_g(s.max_y));
+  ::testing::Test::RecordProperty("max_diff_dx", fmt_g(s.max_dx));
+  ::testing::Test::RecordProperty("max_diff_dparam", fmt_g(s.max_dparam));
+  ::testing::Test::RecordProperty("worst_ratio", fmt_g(s.worst_ratio));
+  ::testing::Test::RecordProperty("worst_base_ratio", fmt_g(s.worst_base_ratio));
+  ::testing::Test::RecordProperty("rng_mismatches", s.rng_mismatches);
+}
+
+class ModulesVsTorch : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ModulesVsTorch, SameSeedSameNumbers) {
+  run_file(GetParam(), runners().at(GetParam()), kMinCasesPerKind);
+}
+
+// MultiHeadAttention at GPT-2 sizes: 768 wide with 12 heads, 1600 with 25 heads
+// (head_dim 64); weight gradients compared on every 1009th value.
+TEST(ModulesVsTorchGpt2, MultiHeadAttention) {
+  run_file("multi_head_attention_gpt2", runners().at("multi_head_attention"), 3);
 }
 
 INSTANTIATE_TEST_SUITE_P(Torch, ModulesVsTorch,
