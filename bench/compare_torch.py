@@ -176,8 +176,8 @@ def main():
                     r = run_torch(impl, shape, mode, args.repeats, threads, spin)
                     r.update(threads=threads, spincount=spin)
                     results.append(r)
-                best[impl] = min(results, key=lambda r: r["ms_median"])
-                best[impl]["all"] = results
+                best[impl] = dict(min(results, key=lambda r: r["ms_median"]))
+                best[impl]["all"] = [dict(r) for r in results]  # copies: no circular reference
             module = best_attn(args.attn, "module", shape, mode, args.repeats, envs)
             core = best_attn(args.attn, "core", shape, mode, args.repeats, envs)
             row = {"shape": s, "mode": mode, "attn_module": module, "attn_core": core, "torch": best}
