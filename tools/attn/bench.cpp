@@ -428,6 +428,11 @@ Command add_bench_command(CLI::App& app) {
   auto run = [f]() -> int {
     if (f->threads < 0)
       throw UsageError(fmt::format("bench: --threads must be >= 1, got {}", f->threads));
+    if (f->kind != "all" && f->kind != "core" && f->kind != "module")
+      throw UsageError(fmt::format("bench: --kind must be core, module or all, got '{}'", f->kind));
+    if (f->mode != "all" && f->mode != "fwd" && f->mode != "fwdbwd")
+      throw UsageError(fmt::format("bench: --mode must be fwd, fwdbwd or all, got '{}'", f->mode));
+    parse_backend(f->backend);
     if (f->threads > 0) set_threads(f->threads);
     const int repeats = f->repeats > 0 ? f->repeats : (f->quick ? 3 : 5);
     const std::string target = kernels::flash_attention_target();
@@ -476,7 +481,6 @@ Command add_bench_command(CLI::App& app) {
     std::vector<std::string> kinds = {"core", "module"}, modes = {"fwd", "fwdbwd"};
     if (f->kind != "all") kinds = {f->kind};
     if (f->mode != "all") modes = {f->mode};
-    parse_backend(f->backend);
 
     double sgemm = -1;
     const int sgemm_n = f->sgemm_n > 0 ? f->sgemm_n : (f->quick ? 2048 : 4096);

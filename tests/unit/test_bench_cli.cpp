@@ -1,0 +1,88 @@
+// `attn bench` as scripts meet it: the JSON rows bench/compare_torch.py reads,
+// the table's columns, and one-line usage errors that name the bad value.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli.h"
+
+using attn::test::lines_of;
+using attn::test::run_cli;
+
+namespace {
+
+TEST(BenchCli, JsonRowsHaveTheFieldsCompareTorchReads) {
+  ATTN_REQUIRE_CLI();
+  for (const std::string kind : {"core", "module"}) {
+    const auto r = run_cli("bench --json --kind " + kind +
+                           " --batch 2 --tokens 33 --d-model 48 --heads 3 --mode fwdbwd "
+                           "--repeats 2");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto rows = nlohmann::json::parse(r.out);
+    ASSERT_TRUE(rows.is_array());
+    ASSERT_EQ(rows.size(), 1u);
+    const auto& row = rows[0];
+    EXPECT_EQ(row["kind"], kind);
+    EXPECT_EQ(row["mode"], "fwdbwd");
+    EXPECT_EQ(row["B"], 2);
+    EXPECT_EQ(row["T"], 33);
+    EXPECT_EQ(row["head_dim"], 16);
+    EXPECT_EQ(row["backend"], "fused");
+    const double median = row["ms_median"], min = row["ms_min"];
+    EXPECT_GT(median, 0.0);
+    EXPECT_LE(min, median);
+    EXPECT_TRUE(row["pct_sgemm"].is_null());  // --json skips sgemm unless --sgemm
+    // FLOPs: module fwd+bwd = 3 × projections + 3.5 × causal core forward.
+    const double B = 2, T = 33, d = 48;
+    const double core = 4.0 * B * T * T * d / 2.0;
+    const double expected =
+        kind == "core" ? 3.5 * core : 3.0 * 4.0 * 2.0 * B * T * d * d + 3.5 * core;
+    EXPECT_NEAR(double(row["flops"]), expected, 1e-6 * expected);
+  }
+}
+
+TEST(BenchCli, ReferenceBackendIsTimedWhenAskedFor) {
+  ATTN_REQUIRE_CLI();
+  const auto r = run_cli(
+      "bench --json --kind module --backend reference --shapes 1x20x32x2 --mode fwd --repeats 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)[0]["backend"], "reference");
+}
+
+TEST(BenchCli, TablePrintsEveryCaseAndTheFormula) {
+  ATTN_REQUIRE_CLI();
+  const auto r = run_cli("bench --shapes 1x40x32x2 --repeats 1 --sgemm-n 128");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  int rows = 0;
+  for (const auto& line : lines_of(r.out)) {
+    if (line.find("1x40x32x2") != std::string::npos) ++rows;
+  }
+  EXPECT_EQ(rows, 4) << r.out;  // core and module, fwd and fwdbwd
+  EXPECT_NE(r.out.find("% sgemm"), std::string::npos);
+  EXPECT_NE(r.out.find("4*B*H*T^2*hd/2"), std::string::npos);
+}
+
+TEST(BenchCli, BadValuesAreOneLineUsageErrors) {
+  ATTN_REQUIRE_CLI();
+  struct Case {
+    std::string args, message;
+  };
+  for (const auto& c :
+       {Case{"bench --kind nosuch", "--kind must be core, module or all, got 'nosuch'"},
+        Case{"bench --mode back", "--mode must be fwd, fwdbwd or all, got 'back'"},
+        Case{"bench --shapes 1x2x3", "a shape is BxTxDxH, e.g. 1x1024x768x12; got '1x2x3'"},
+        Case{"bench --shapes 1x8x10x3",
+             "d_model divisible by heads, got B=1 T=8 d_model=10 heads=3"},
+        Case{"bench --backend gpu", "--backend must be auto, reference or fused, got 'gpu'"}}) {
+    const auto r = run_cli(c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.err;
+    EXPECT_EQ(r.out, "") << c.args;
+    const auto lines = lines_of(r.err);
+    ASSERT_EQ(lines.size(), 1u) << c.args << "\n" << r.err;
+    EXPECT_NE(lines[0].find(c.message), std::string::npos) << lines[0];
+  }
+}
+
+}  // namespace
