@@ -39,11 +39,21 @@
 namespace attn {
 namespace ref {
 
-// The plain maths of cached causal attention (src/reference/cached_attention.cpp).
+// The plain maths under the cache (src/reference/cached_attention.cpp).
+
+// y = x Wᵀ + b, as linear_forward, for the few rows of new tokens: x (..., in),
+// weight (out, in), bias (out) or nullptr -> (..., out). Reads W in place (one
+// sgemm with Wᵀ as its operand) instead of copying Wᵀ, a copy that costs more
+// than the product itself when x is a single token. Equal to linear_forward up
+// to the rounding of the BLAS kernel.
+Tensor linear_forward_direct(const Tensor& x, const Tensor& weight, const Tensor* bias);
+
+// Cached causal attention.
 // T_new queries at absolute positions offset .. offset + T_new - 1 attend over
 // the first offset + T_new rows of the key and value buffers, query i seeing
 // rows 0 .. offset + i:
-//   out[b, h, i] = Σ_{j <= offset+i} softmax_j(q[b, h, i] · keys[b, h, j] / sqrt(hd)) values[b, h, j]
+//   out[b, h, i] = Σ_{j <= offset+i} softmax_j(q[b, h, i] · keys[b, h, j] / sqrt(hd)) values[b, h,
+//   j]
 // q (B, H, T_new, hd); keys, values (B, H, capacity, hd) with capacity >= offset + T_new
 // -> (B, H, T_new, hd). Scores are divided by sqrt(hd) in float, as the chapter's
 // `attn_scores / keys.shape[-1]**0.5`; dot products and softmax sums in double.

@@ -20,12 +20,13 @@ const Tensor* bias_or_null(const Linear& layer) {
 }
 
 // x (B, T, d_in) through one projection, heads to the front: (B, H, T, hd).
-// The parameters are read directly (ref::linear_forward), so the Linear keeps
-// the input its last forward() saved for backward().
+// The parameters are read directly (ref::linear_forward_direct), so the Linear
+// keeps the input its last forward() saved for backward().
 Tensor project_heads(const Linear& layer, const Tensor& x, int64_t H, int64_t hd) {
   const int64_t B = x.size(0), T = x.size(1);
-  const Tensor y = ref::linear_forward(x, layer.weight.value, bias_or_null(layer));  // (B, T, d_out)
-  return transpose(y.reshape({B, T, H, hd}), 1, 2);                                  // (B, H, T, hd)
+  const Tensor y =
+      ref::linear_forward_direct(x, layer.weight.value, bias_or_null(layer));  // (B, T, d_out)
+  return transpose(y.reshape({B, T, H, hd}), 1, 2);                            // (B, H, T, hd)
 }
 
 // Copies rows [0, T_new) of src (B, H, T_new, hd) into rows [start, start + T_new)
@@ -52,10 +53,9 @@ void check_cache_matches(const MultiHeadAttention& mha, const KVCache& cache) {
   }
   const Shape expected{cache.batch, cache.num_heads, cache.context_length, cache.head_dim};
   if (cache.keys.shape() != expected || cache.values.shape() != expected) {
-    throw std::invalid_argument(
-        fmt::format("forward_cached: cache buffers keys {}, values {} are not the {} of its sizes",
-                    shape_str(cache.keys.shape()), shape_str(cache.values.shape()),
-                    shape_str(expected)));
+    throw std::invalid_argument(fmt::format(
+        "forward_cached: cache buffers keys {}, values {} are not the {} of its sizes",
+        shape_str(cache.keys.shape()), shape_str(cache.values.shape()), shape_str(expected)));
   }
   if (cache.length < 0 || cache.length > cache.context_length) {
     throw std::invalid_argument(
@@ -105,18 +105,19 @@ Tensor forward_cached(const MultiHeadAttention& mha, const Tensor& x_new, KVCach
     throw std::invalid_argument(fmt::format(
         "forward_cached: {} new token{} at positions {}..{} would exceed context_length {} "
         "(the cache holds {})",
-        T_new, T_new == 1 ? "" : "s", cache.length, cache.length + T_new - 1, cache.context_length, cache.length));
+        T_new, T_new == 1 ? "" : "s", cache.length, cache.length + T_new - 1, cache.context_length,
+        cache.length));
   }
 
   const Tensor q = project_heads(mha.W_query, x_new, H, hd);  // (B, H, T_new, hd)
   write_rows(cache.keys, project_heads(mha.W_key, x_new, H, hd), cache.length);
   write_rows(cache.values, project_heads(mha.W_value, x_new, H, hd), cache.length);
-  const Tensor context =
-      ref::cached_attention_forward(q, cache.keys, cache.values, cache.length);  // (B, H, T_new, hd)
+  const Tensor context = ref::cached_attention_forward(q, cache.keys, cache.values,
+                                                       cache.length);  // (B, H, T_new, hd)
   cache.length += T_new;
   // (B, H, T_new, hd) -> (B, T_new, H, hd) -> (B, T_new, d_out), then the output projection.
   const Tensor merged = transpose(context, 1, 2).reshape({B, T_new, o.d_out});
-  return ref::linear_forward(merged, mha.out_proj.weight.value, bias_or_null(mha.out_proj));
+  return ref::linear_forward_direct(merged, mha.out_proj.weight.value, bias_or_null(mha.out_proj));
 }
 
 }  // namespace attn::nn
