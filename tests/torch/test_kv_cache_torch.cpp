@@ -93,7 +93,9 @@ TEST(KVCacheTorch, TokenByTokenMatchesTorchOnWholeSequences) {
     const Tensor x = tensor_from_bits_json(c.at("x"));  // (B, T, d_in)
     ASSERT_EQ(x.shape(), (Shape{B, T, d_in}));
     const Tensor x_attn = randn({B, T, d_in}) * cfg.at("x_scale").get<float>();
-    if (avx2) EXPECT_EQ(max_abs_diff(x_attn, x), 0.0f) << "random-number mismatch in x";
+    if (avx2) {
+      EXPECT_EQ(max_abs_diff(x_attn, x), 0.0f) << "random-number mismatch in x";
+    }
     mha.eval();
 
     // 3. Generation, every position against torch's whole-sequence output.
