@@ -1,0 +1,71 @@
+// tests/cli.h - running the built `attn` executable (ATTN_CLI_PATH) from a test and
+// capturing its exit code, stdout and stderr.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace attn::test {
+
+struct CliResult {
+  int exit_code = -1;  // -1 when the process did not exit normally (a crash)
+  std::string out;
+  std::string err;
+};
+
+inline std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A fresh path in the test's temporary folder.
+inline std::string temp_path(const std::string& stem) {
+  static std::atomic<int> counter{0};
+  return ::testing::TempDir() + "attn_" + std::to_string(::getpid()) + "_" +
+         std::to_string(counter++) + "_" + stem;
+}
+
+// Runs `attn <args>` through the shell; args are passed as written (quote them yourself).
+inline CliResult run_cli(const std::string& args) {
+  CliResult r;
+#ifdef ATTN_CLI_PATH
+  const std::string out = temp_path("stdout"), err = temp_path("stderr");
+  const std::string command =
+      "'" + std::string(ATTN_CLI_PATH) + "' " + args + " >'" + out + "' 2>'" + err + "'";
+  const int status = std::system(command.c_str());
+  if (status != -1 && WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+  r.out = read_text(out);
+  r.err = read_text(err);
+  std::remove(out.c_str());
+  std::remove(err.c_str());
+#else
+  (void)args;
+#endif
+  return r;
+}
+
+inline std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+}  // namespace attn::test
+
+// Skips a test when the build has no `attn` executable.
+#ifdef ATTN_CLI_PATH
+#define ATTN_REQUIRE_CLI() (void)0
+#else
+#define ATTN_REQUIRE_CLI() GTEST_SKIP() << "built without the attn CLI (ATTN_CLI_PATH unset)"
+#endif

@@ -1,0 +1,91 @@
+// main.cpp - the `attn` command line: parses, dispatches to one subcommand, and
+// turns every error into one line on stderr.
+//
+// Exit codes: 0 success (and --help, --version); 1 the command failed; 2 a usage
+// error (unknown command, option or value). Help goes to stdout.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <CLI/CLI.hpp>
+#include <exception>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "command.h"
+#include "walkthrough.h"
+
+#ifndef ATTN_VERSION
+#define ATTN_VERSION "unknown"
+#endif
+
+namespace {
+
+constexpr int kFailure = 1;
+constexpr int kUsage = 2;
+
+// CLI11 messages may span lines; an error here is always one line.
+std::string one_line(std::string message) {
+  for (char& c : message) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  while (!message.empty() && message.back() == ' ') message.pop_back();
+  return message;
+}
+
+int fail(int code, const std::string& message) {
+  std::cerr << "attn: " << one_line(message) << std::endl;
+  return code;
+}
+
+std::string command_names(const std::vector<attn::cli::Command>& commands) {
+  std::vector<std::string> names;
+  for (const auto& c : commands) names.push_back(c.app->get_name());
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "attn: the attention mechanisms of GPT-style models as readable C++, printing the same "
+      "numbers PyTorch 1.13 prints for the same seed.",
+      "attn"};
+  app.set_version_flag("--version", "attn " ATTN_VERSION);
+  app.require_subcommand(1);
+  app.footer("Run 'attn COMMAND --help' for the options of a command.");
+
+  std::vector<attn::cli::Command> commands;
+  commands.push_back(attn::cli::add_walkthrough_command(app));
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForVersion& e) {
+    std::cout << e.what() << std::endl;
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help: to stdout, exit 0
+    const bool no_command = app.get_subcommands().empty();
+    if (no_command && !app.remaining().empty()) {
+      return fail(kUsage, fmt::format("unknown command '{}' (known: {})", app.remaining().front(),
+                                      command_names(commands)));
+    }
+    if (no_command && dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) {
+      return fail(kUsage, fmt::format("no command given (known: {}); see 'attn --help'",
+                                      command_names(commands)));
+    }
+    return fail(kUsage, e.what());
+  }
+
+  for (const auto& command : commands) {
+    if (!command.app->parsed()) continue;
+    try {
+      return command.run();
+    } catch (const attn::cli::UsageError& e) {
+      return fail(kUsage, e.what());
+    } catch (const std::exception& e) {
+      return fail(kFailure, fmt::format("{}: {}", command.app->get_name(), e.what()));
+    }
+  }
+  return fail(kUsage, "no command given; see 'attn --help'");
+}
