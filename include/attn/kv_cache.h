@@ -41,13 +41,6 @@ namespace ref {
 
 // The plain maths under the cache (src/reference/cached_attention.cpp).
 
-// y = x Wᵀ + b, as linear_forward, for the few rows of new tokens: x (..., in),
-// weight (out, in), bias (out) or nullptr -> (..., out). Reads W in place (one
-// sgemm with Wᵀ as its operand) instead of copying Wᵀ, a copy that costs more
-// than the product itself when x is a single token. Equal to linear_forward up
-// to the rounding of the BLAS kernel.
-Tensor linear_forward_direct(const Tensor& x, const Tensor& weight, const Tensor* bias);
-
 // Cached causal attention.
 // T_new queries at absolute positions offset .. offset + T_new - 1 attend over
 // the first offset + T_new rows of the key and value buffers, query i seeing

@@ -20,12 +20,12 @@ const Tensor* bias_or_null(const Linear& layer) {
 }
 
 // x (B, T, d_in) through one projection, heads to the front: (B, H, T, hd).
-// The parameters are read directly (ref::linear_forward_direct), so the Linear
-// keeps the input its last forward() saved for backward().
+// The parameters are read directly (ref::linear_forward, not Linear::forward),
+// so the Linear keeps the input its last forward() saved for backward().
 Tensor project_heads(const Linear& layer, const Tensor& x, int64_t H, int64_t hd) {
   const int64_t B = x.size(0), T = x.size(1);
   const Tensor y =
-      ref::linear_forward_direct(x, layer.weight.value, bias_or_null(layer));  // (B, T, d_out)
+      ref::linear_forward(x, layer.weight.value, bias_or_null(layer));  // (B, T, d_out)
   return transpose(y.reshape({B, T, H, hd}), 1, 2);                            // (B, H, T, hd)
 }
 
@@ -117,7 +117,7 @@ Tensor forward_cached(const MultiHeadAttention& mha, const Tensor& x_new, KVCach
   cache.length += T_new;
   // (B, H, T_new, hd) -> (B, T_new, H, hd) -> (B, T_new, d_out), then the output projection.
   const Tensor merged = transpose(context, 1, 2).reshape({B, T_new, o.d_out});
-  return ref::linear_forward_direct(merged, mha.out_proj.weight.value, bias_or_null(mha.out_proj));
+  return ref::linear_forward(merged, mha.out_proj.weight.value, bias_or_null(mha.out_proj));
 }
 
 }  // namespace attn::nn

@@ -5,7 +5,6 @@
 //   a_j = exp(s_j - max s) / Σ exp(s - max s)
 //   out_i = Σ_j a_j v_j
 // One query costs O((offset + i) · hd): linear in the number of cached tokens.
-#include <cblas.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -37,39 +36,6 @@ void check_cached(const Tensor& q, const Tensor& keys, const Tensor& values, int
 }
 
 }  // namespace
-
-Tensor linear_forward_direct(const Tensor& x, const Tensor& weight, const Tensor* bias) {
-  if (weight.dim() != 2) {
-    throw std::invalid_argument(fmt::format(
-        "linear_forward_direct: weight must be 2-D, got shape {}", shape_str(weight.shape())));
-  }
-  const int64_t out = weight.size(0), in = weight.size(1);
-  if (x.dim() < 1 || x.size(-1) != in) {
-    throw std::invalid_argument(
-        fmt::format("linear_forward_direct: input shape {} does not end in in_features {}",
-                    shape_str(x.shape()), in));
-  }
-  if (bias != nullptr && bias->shape() != Shape{out}) {
-    throw std::invalid_argument(fmt::format("linear_forward_direct: bias shape {} is not ({},)",
-                                            shape_str(bias->shape()), out));
-  }
-  Shape y_shape = x.shape();
-  y_shape.back() = out;
-  Tensor y(y_shape);  // (..., out)
-  const int64_t N = x.numel() / std::max<int64_t>(in, 1);
-  if (N == 0 || out == 0) return y;
-  // (N, in) @ (out, in)ᵀ -> (N, out)
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(N),
-              static_cast<blasint>(out), static_cast<blasint>(in), 1.0f, x.data(),
-              static_cast<blasint>(in), weight.data(), static_cast<blasint>(in), 0.0f, y.data(),
-              static_cast<blasint>(out));
-  if (bias != nullptr) {
-    for (int64_t n = 0; n < N; ++n) {
-      for (int64_t o = 0; o < out; ++o) y.data()[n * out + o] += bias->data()[o];
-    }
-  }
-  return y;
-}
 
 Tensor cached_attention_forward(const Tensor& q, const Tensor& keys, const Tensor& values,
                                 int64_t offset) {

@@ -232,41 +232,6 @@ TEST(KVCache, ReferenceMatchesAttentionForwardWhenTheCacheIsFull) {
   EXPECT_LE(max_abs_diff(head, slice(expected, 2, 5, 9)), 1e-6f);
 }
 
-TEST(KVCache, DirectLinearEqualsLinearForward) {
-  manual_seed(21);
-  for (const Shape& x_shape : {Shape{5}, Shape{1, 1, 16}, Shape{3, 4, 17}, Shape{2, 33}}) {
-    for (const int64_t out : {1, 15, 64}) {
-      for (const bool with_bias : {false, true}) {
-        SCOPED_TRACE(shape_str(x_shape) + " out " + std::to_string(out));
-        const Tensor x = randn(x_shape);
-        const Tensor w = randn({out, x_shape.back()});
-        const Tensor b = randn({out});
-        const Tensor* bias = with_bias ? &b : nullptr;
-        const Tensor expected = ref::linear_forward(x, w, bias);
-        const Tensor y = ref::linear_forward_direct(x, w, bias);
-        ASSERT_EQ(y.shape(), expected.shape());
-        EXPECT_LE(max_abs_diff(y, expected), 1e-5f);
-      }
-    }
-  }
-  expect_message<std::invalid_argument>(
-      [] {
-        ref::linear_forward_direct(Tensor::zeros({2, 3}), Tensor::zeros({4, 2}), nullptr);
-      },
-      "linear_forward_direct: input shape (2, 3) does not end in in_features 2");
-  expect_message<std::invalid_argument>(
-      [] {
-        ref::linear_forward_direct(Tensor::zeros({2, 3}), Tensor::zeros({3}), nullptr);
-      },
-      "linear_forward_direct: weight must be 2-D, got shape (3,)");
-  const Tensor bias = Tensor::zeros({3});
-  expect_message<std::invalid_argument>(
-      [&] {
-        ref::linear_forward_direct(Tensor::zeros({2, 3}), Tensor::zeros({4, 3}), &bias);
-      },
-      "linear_forward_direct: bias shape (3,) is not (4,)");
-}
-
 TEST(KVCache, ReferenceErrors) {
   const Tensor q = Tensor::zeros({1, 2, 3, 4});
   const Tensor kv = Tensor::zeros({1, 2, 5, 4});

@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""Times attn against PyTorch 1.13 on the same shapes, side by side in one run.
+
+Run with Debian's torch:  /usr/bin/python3 bench/compare_torch.py --attn build/attn
+
+For every shape (B, T, d, H; causal) and mode (forward, forward+backward) it
+times, each in its own process, median of --repeats after a warm-up:
+  torch-mha   torch.nn.MultiheadAttention(d, H, batch_first=True) with a causal mask
+  torch-book  the chapter's MultiHeadAttention class (weight splits, out_proj)
+  torch-sdpa  PyTorch's built-in causal scaled-dot-product core alone
+  attn        `attn bench --json` for the module (and the core)
+PyTorch is timed in several environments (OMP threads 1 and 2; GOMP_SPINCOUNT
+unset and 0, since PyTorch's OpenMP threads and OpenBLAS's contend on small
+machines) and the best of them is the figure attn is compared with.
+The table it prints goes into docs/performance.md.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+DEFAULT_SHAPES = ["1x256x768x12", "1x1024x768x12", "1x4096x768x12", "8x1024x768x12", "1x1024x768x6"]
+
+
+def parse_shape(s):
+    b, t, d, h = (int(x) for x in s.split("x"))
+    return b, t, d, h
+
+
+# ---------------------------------------------------------------- worker side
+def book_mha_class(torch):
+    nn = torch.nn
+
+    class MultiHeadAttention(nn.Module):
+        def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+            super().__init__()
+            assert d_out % num_heads == 0
+            self.d_out, self.num_heads, self.head_dim = d_out, num_heads, d_out // num_heads
+            self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+            self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+            self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+            self.out_proj = nn.Linear(d_out, d_out)
+            self.dropout = nn.Dropout(dropout)
+            self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1))
+
+        def forward(self, x):
+            b, num_tokens, _ = x.shape
+            keys = self.W_key(x).view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
+            queries = self.W_query(x).view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
+            values = self.W_value(x).view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
+            attn_scores = queries @ keys.transpose(2, 3)
+            mask_bool = self.mask.bool()[:num_tokens, :num_tokens]
+            attn_scores.masked_fill_(mask_bool, -torch.inf)
+            attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)
+            attn_weights = self.dropout(attn_weights)
+            context = (attn_weights @ values).transpose(1, 2).contiguous().view(b, num_tokens, self.d_out)
+            return self.out_proj(context)
+
+    return MultiHeadAttention
+
+
+def worker(impl, shape, mode, repeats, threads):
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    b, t, d, h = shape
+    hd = d // h
+    backward = mode == "fwdbwd"
+    x = torch.randn(b, t, d, requires_grad=backward)
+    if impl == "torch-mha":
+        m = torch.nn.MultiheadAttention(d, h, batch_first=True)
+        mask = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
+
+        def run():
+            return m(x, x, x, attn_mask=mask, need_weights=False)[0]
+    elif impl == "torch-book":
+        m = book_mha_class(torch)(d, d, t, 0.0, h)
+
+        def run():
+            return m(x)
+    elif impl == "torch-sdpa":
+        q, k, v = (torch.randn(b, h, t, hd, requires_grad=backward) for _ in range(3))
+
+        def run():
+            return torch.nn.functional._scaled_dot_product_attention(q, k, v, None, 0.0, False, True)[0]
+    else:
+        raise SystemExit(f"unknown impl {impl}")
+    times = []
+    for i in range(repeats + 1):  # the first run is the warm-up
+        start = time.perf_counter()
+        y = run()
+        if backward:
+            y.backward(torch.ones_like(y))
+        elapsed = (time.perf_counter() - start) * 1e3
+        if i > 0:
+            times.append(elapsed)
+    print(json.dumps({"ms_median": statistics.median(times), "ms_min": min(times)}))
+
+
+# ---------------------------------------------------------------- driver side
+def run_torch(impl, shape, mode, repeats, threads, spincount):
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    env.pop("GOMP_SPINCOUNT", None)
+    if spincount is not None:
+        env["GOMP_SPINCOUNT"] = spincount
+    cmd = [sys.executable, __file__, "--worker", impl, "--shape", "x".join(map(str, shape)), "--mode", mode,
+           "--repeats", str(repeats), "--threads", str(threads)]
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def run_attn(attn, kind, shape, mode, repeats):
+    b, t, d, h = shape
+    cmd = [attn, "bench", "--json", "--kind", kind, "--batch", str(b), "--tokens", str(t), "--d-model", str(d),
+           "--heads", str(h), "--mode", mode, "--repeats", str(repeats)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    rows = json.loads(out)
+    return rows[0]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--attn", default="build/attn", help="path of the attn executable")
+    p.add_argument("--shapes", default=",".join(DEFAULT_SHAPES), help="BxTxDxH,... (causal)")
+    p.add_argument("--modes", default="fwd,fwdbwd")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--skip-book-above", type=int, default=4096,
+                   help="skip the book class above this T (it materialises B*H*T*T floats)")
+    p.add_argument("--json-out", default="")
+    p.add_argument("--worker", default="")
+    p.add_argument("--shape", default="")
+    p.add_argument("--mode", default="fwd")
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    if args.worker:
+        worker(args.worker, parse_shape(args.shape), args.mode, args.repeats, args.threads)
+        return 0
+
+    envs = [(1, None), (2, None), (2, "0")]
+    rows = []
+    header = (f"{'shape BxTxDxH':>15} {'mode':>7} {'attn module':>12} {'torch MHA':>10} {'book MHA':>10} "
+              f"{'x vs MHA':>9} {'x vs book':>9} {'attn core':>10} {'torch core':>11} {'x core':>7}")
+    print(header)
+    print("-" * len(header))
+    for s in args.shapes.split(","):
+        shape = parse_shape(s)
+        for mode in args.modes.split(","):
+            best = {}
+            for impl in ("torch-mha", "torch-book", "torch-sdpa"):
+                if impl == "torch-book" and shape[1] > args.skip_book_above:
+                    continue
+                results = []
+                for threads, spin in envs:
+                    r = run_torch(impl, shape, mode, args.repeats, threads, spin)
+                    r.update(threads=threads, spincount=spin)
+                    results.append(r)
+                best[impl] = min(results, key=lambda r: r["ms_median"])
+                best[impl]["all"] = results
+            module = run_attn(args.attn, "module", shape, mode, args.repeats)
+            core = run_attn(args.attn, "core", shape, mode, args.repeats)
+            row = {"shape": s, "mode": mode, "attn_module": module, "attn_core": core, "torch": best}
+            rows.append(row)
+
+            def ms(r):
+                return f"{r['ms_median']:10.1f}" if r else f"{'-':>10}"
+
+            book = best.get("torch-book")
+            ratio_book = f"{book['ms_median'] / module['ms_median']:9.2f}" if book else f"{'-':>9}"
+            print(f"{s:>15} {mode:>7} {module['ms_median']:12.1f} {ms(best['torch-mha'])} {ms(book)} "
+                  f"{best['torch-mha']['ms_median'] / module['ms_median']:9.2f} {ratio_book} "
+                  f"{core['ms_median']:10.1f} {best['torch-sdpa']['ms_median']:11.1f} "
+                  f"{best['torch-sdpa']['ms_median'] / core['ms_median']:7.2f}", flush=True)
+    print("\nms are medians; torch figures are the best over OMP_NUM_THREADS in {1, 2} and "
+          "GOMP_SPINCOUNT in {unset, 0}; x = torch ms / attn ms.")
+    if args.json_out:
+        tmp = args.json_out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(rows, f, indent=1)
+        os.replace(tmp, args.json_out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
