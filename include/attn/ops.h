@@ -9,8 +9,9 @@
 // or, for a dim or index outside its range, std::out_of_range, e.g.
 //   "softmax: dim 2 out of range for shape (2, 3) (expected -2 to 1)".
 // Element-wise ops round exactly as PyTorch's CPU kernels do (x / s is a true
-// division); sums accumulate in double, so they may differ from PyTorch's float
-// sums in the last bits.
+// division); a sum over the last (contiguous) dim, and normalize_sum over it, add
+// in PyTorch's own float order and give its bits; sums over other dims accumulate in
+// double, so they may differ from PyTorch's float sums in the last bits.
 // Matrix products go to BLAS (cblas_sgemm).
 #pragma once
 

@@ -1,5 +1,6 @@
 // Linear maps and their gradients: y = x Wᵀ + b (nn.Linear) and y = x W (a plain
 // parameter, SelfAttention_v1). Leading dims of x are flattened to N rows.
+#include <cblas.h>
 #include <fmt/format.h>
 
 #include <stdexcept>
@@ -52,8 +53,16 @@ Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor* bias)
   }
   const Shape y_shape = with_last_dim(x.shape(), out);
   if (x.numel() == 0 || out == 0) return Tensor(y_shape);
-  Tensor y = matmul(as_rows(x), t(weight));  // (N, in) @ (in, out) -> (N, out)
-  if (bias != nullptr) y += *bias;           // broadcast over rows
+  // y (N, out) = x (N, in) Wᵀ with W handed to sgemm as transposed, as torch's
+  // mm(x, weight.t()) does: a contiguous copy of Wᵀ makes OpenBLAS sum in another
+  // order, which changes last bits (and a printed 5th digit of out[0] in the walkthrough).
+  const int64_t N = x.numel() / in;
+  Tensor y({N, out});
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(N),
+              static_cast<blasint>(out), static_cast<blasint>(in), 1.0f, x.data(),
+              static_cast<blasint>(in), weight.data(), static_cast<blasint>(in), 0.0f, y.data(),
+              static_cast<blasint>(out));
+  if (bias != nullptr) y += *bias;  // broadcast over rows
   return y.reshape(y_shape);
 }
 

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -22,6 +23,89 @@
 #include <string>
 
 namespace attn {
+// ---- PyTorch's float sum order -----------------------------------------------------
+// torch 1.13's CPU sum of n contiguous floats (aten/src/ATen/native/cpu/SumKernel.cpp,
+// cascade_sum, inner reduction) accumulates in float in a fixed order: 4 interleaved
+// accumulators ("ilp"), each a 4-level cascade of blocks of 16 rows; for n >= 8 the
+// same over 8-float vectors (AVX2 lanes), then the scalar tail, then the 8 lanes in
+// order. Reproducing the order reproduces its bits (checked against torch for n = 1 ..
+// 20000), so a printed sum such as tensor(1.0000) versus tensor(1.) agrees too.
+namespace torch_order {
+
+struct Vec8 {
+  std::array<float, 8> v{};
+  Vec8& operator+=(const Vec8& o) {
+    for (int l = 0; l < 8; ++l) v[l] += o.v[l];
+    return *this;
+  }
+};
+inline void add_to(float& a, float b) { a += b; }
+inline void add_to(Vec8& a, const Vec8& b) { a += b; }
+
+inline int64_t ceil_log2(int64_t x) {
+  int64_t r = 0;
+  while ((int64_t{1} << r) < x) ++r;
+  return r;
+}
+
+// multi_row_sum with nrows = 4: rows of 4 consecutive items, item(i) for i in [0, 4 * size).
+template <typename Acc, typename Item>
+std::array<Acc, 4> multi_row_sum(const Item& item, int64_t size) {
+  constexpr int64_t kLevels = 4, kRows = 4;
+  const int64_t level_power = std::max<int64_t>(4, ceil_log2(size) / kLevels);
+  const int64_t level_step = int64_t{1} << level_power;
+  const int64_t level_mask = level_step - 1;
+  Acc acc[kLevels][kRows] = {};
+  int64_t i = 0;
+  while (i + level_step <= size) {
+    for (int64_t j = 0; j < level_step; ++j, ++i) {
+      for (int64_t k = 0; k < kRows; ++k) add_to(acc[0][k], item(i * kRows + k));
+    }
+    for (int64_t j = 1; j < kLevels; ++j) {
+      for (int64_t k = 0; k < kRows; ++k) {
+        add_to(acc[j][k], acc[j - 1][k]);
+        acc[j - 1][k] = Acc{};
+      }
+      if ((i & (level_mask << (j * level_power))) != 0) break;
+    }
+  }
+  for (; i < size; ++i) {
+    for (int64_t k = 0; k < kRows; ++k) add_to(acc[0][k], item(i * kRows + k));
+  }
+  for (int64_t j = 1; j < kLevels; ++j) {
+    for (int64_t k = 0; k < kRows; ++k) add_to(acc[0][k], acc[j][k]);
+  }
+  return {acc[0][0], acc[0][1], acc[0][2], acc[0][3]};
+}
+
+// row_sum: n items as (n / 4, 4) partial sums, the tail into the first, then the four.
+template <typename Acc, typename Item>
+Acc row_sum(const Item& item, int64_t n) {
+  const int64_t size_ilp = n / 4;
+  std::array<Acc, 4> p = multi_row_sum<Acc>(item, size_ilp);
+  for (int64_t i = size_ilp * 4; i < n; ++i) add_to(p[0], item(i));
+  for (int k = 1; k < 4; ++k) add_to(p[0], p[k]);
+  return p[0];
+}
+
+inline float sum(const float* x, int64_t n) {
+  if (n < 8) return row_sum<float>([x](int64_t i) { return x[i]; }, n);
+  const int64_t vec_size = n / 8;
+  const Vec8 lanes = row_sum<Vec8>(
+      [x](int64_t i) {
+        Vec8 v;
+        for (int l = 0; l < 8; ++l) v.v[l] = x[i * 8 + l];
+        return v;
+      },
+      vec_size);
+  float acc = 0.0f;
+  for (int64_t k = vec_size * 8; k < n; ++k) acc += x[k];
+  for (int l = 0; l < 8; ++l) acc += lanes.v[l];
+  return acc;
+}
+
+}  // namespace torch_order
+
 namespace {
 
 // A dim in [-ndim, ndim) made non-negative. A 0-d tensor accepts dim 0 and -1,
@@ -238,6 +322,10 @@ Tensor sum(const Tensor& a, int64_t dim, bool keepdim) {
   const float* pa = a.data();
   float* po = out.data();
   for (int64_t o = 0; o < outer; ++o) {
+    if (inner == 1) {  // the reduced dim is contiguous: PyTorch's own order and bits
+      po[o] = torch_order::sum(pa + o * n, n);
+      continue;
+    }
     for (int64_t j = 0; j < inner; ++j) {
       double s = 0.0;
       for (int64_t i = 0; i < n; ++i) s += pa[(o * n + i) * inner + j];
@@ -641,9 +729,14 @@ Tensor softmax_naive(const Tensor& a, int64_t dim) {
 // PyTorch's x / x.sum(dim, keepdim=True) does.
 Tensor normalize_sum(const Tensor& a, int64_t dim) {
   return along_dim("normalize_sum", a, dim, [](float* x, int64_t stride, int64_t n) {
-    double s = 0.0;
-    for (int64_t i = 0; i < n; ++i) s += x[i * stride];
-    const float sf = static_cast<float>(s);
+    float sf = 0.0f;
+    if (stride == 1) {
+      sf = torch_order::sum(x, n);
+    } else {
+      double s = 0.0;
+      for (int64_t i = 0; i < n; ++i) s += x[i * stride];
+      sf = static_cast<float>(s);
+    }
     for (int64_t i = 0; i < n; ++i) x[i * stride] /= sf;
   });
 }

@@ -98,7 +98,7 @@ void simplified(Steps& s) {
   const Tensor attn_weights_2_naive = softmax_naive(attn_scores_2, 0);
   s.show("attn_weights_2_naive", attn_weights_2_naive,
          "weights by the naive softmax (overflows for large scores)",
-         "torch.exp(x) / torch.exp(x).sum(dim=0)");
+         "attn_weights_2_naive = torch.exp(attn_scores_2) / torch.exp(attn_scores_2).sum(dim=0)");
   const Tensor attn_weights_2 = softmax(attn_scores_2, 0);
   s.show("attn_weights_2", attn_weights_2, "weights by the stable softmax, exp(w - max) / sum",
          "attn_weights_2 = torch.softmax(attn_scores_2, dim=0)");

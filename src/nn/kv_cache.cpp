@@ -1,0 +1,123 @@
+// The key/value cache of MultiHeadAttention for generating one token at a time
+// (attn/kv_cache.h): a thin layer that projects the new tokens, appends their
+// keys and values, and calls ref::cached_attention_forward.
+#include "attn/kv_cache.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "attn/functional.h"
+#include "attn/ops.h"
+#include "nn/checks.h"
+
+namespace attn::nn {
+namespace {
+
+const Tensor* bias_or_null(const Linear& layer) {
+  return layer.options().bias ? &layer.bias.value : nullptr;
+}
+
+// x (B, T, d_in) through one projection, heads to the front: (B, H, T, hd).
+// The parameters are read directly (ref::linear_forward, not Linear::forward),
+// so the Linear keeps the input its last forward() saved for backward().
+Tensor project_heads(const Linear& layer, const Tensor& x, int64_t H, int64_t hd) {
+  const int64_t B = x.size(0), T = x.size(1);
+  const Tensor y =
+      ref::linear_forward(x, layer.weight.value, bias_or_null(layer));  // (B, T, d_out)
+  return transpose(y.reshape({B, T, H, hd}), 1, 2);                            // (B, H, T, hd)
+}
+
+// Copies rows [0, T_new) of src (B, H, T_new, hd) into rows [start, start + T_new)
+// of dst (B, H, capacity, hd).
+void write_rows(Tensor& dst, const Tensor& src, int64_t start) {
+  const int64_t B = src.size(0), H = src.size(1), T_new = src.size(2), hd = src.size(3);
+  const int64_t capacity = dst.size(2);
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    const float* from = src.data() + bh * T_new * hd;
+    float* to = dst.data() + (bh * capacity + start) * hd;
+    std::copy(from, from + T_new * hd, to);
+  }
+}
+
+void check_cache_matches(const MultiHeadAttention& mha, const KVCache& cache) {
+  const MultiHeadAttentionOptions& o = mha.options();
+  if (cache.num_heads != o.num_heads || cache.head_dim != mha.head_dim() ||
+      cache.context_length != o.context_length) {
+    throw std::invalid_argument(fmt::format(
+        "forward_cached: cache made for num_heads {}, head_dim {}, context_length {} but the "
+        "module has num_heads {}, head_dim {}, context_length {}",
+        cache.num_heads, cache.head_dim, cache.context_length, o.num_heads, mha.head_dim(),
+        o.context_length));
+  }
+  const Shape expected{cache.batch, cache.num_heads, cache.context_length, cache.head_dim};
+  if (cache.keys.shape() != expected || cache.values.shape() != expected) {
+    throw std::invalid_argument(fmt::format(
+        "forward_cached: cache buffers keys {}, values {} are not the {} of its sizes",
+        shape_str(cache.keys.shape()), shape_str(cache.values.shape()), shape_str(expected)));
+  }
+  if (cache.length < 0 || cache.length > cache.context_length) {
+    throw std::invalid_argument(
+        fmt::format("forward_cached: cache length {} outside 0 .. context_length {}", cache.length,
+                    cache.context_length));
+  }
+}
+
+}  // namespace
+
+void KVCache::reset() {
+  length = 0;
+  std::fill(keys.values().begin(), keys.values().end(), 0.0f);
+  std::fill(values.values().begin(), values.values().end(), 0.0f);
+}
+
+KVCache make_kv_cache(const MultiHeadAttention& mha, int64_t batch) {
+  detail::check_positive("make_kv_cache", "batch", batch);
+  const MultiHeadAttentionOptions& o = mha.options();
+  KVCache cache;
+  cache.batch = batch;
+  cache.num_heads = o.num_heads;
+  cache.head_dim = mha.head_dim();
+  cache.context_length = o.context_length;
+  const Shape shape{batch, o.num_heads, o.context_length, mha.head_dim()};
+  cache.keys = Tensor::zeros(shape);    // (B, H, context_length, hd)
+  cache.values = Tensor::zeros(shape);  // (B, H, context_length, hd)
+  return cache;
+}
+
+Tensor forward_cached(const MultiHeadAttention& mha, const Tensor& x_new, KVCache& cache) {
+  const MultiHeadAttentionOptions& o = mha.options();
+  check_cache_matches(mha, cache);
+  if (mha.is_training() && mha.dropout.options().p > 0.0f) {
+    throw std::invalid_argument(
+        fmt::format("forward_cached: the module is in training mode with dropout {}; call eval() "
+                    "first (generation applies no dropout)",
+                    mha.dropout.options().p));
+  }
+  detail::check_btd("forward_cached", x_new, {"d_in", o.d_in});
+  const int64_t B = x_new.size(0), T_new = x_new.size(1), H = o.num_heads, hd = mha.head_dim();
+  if (B != cache.batch) {
+    throw std::invalid_argument(fmt::format(
+        "forward_cached: input batch {} does not match the cache's batch {}", B, cache.batch));
+  }
+  if (cache.length + T_new > cache.context_length) {
+    throw std::invalid_argument(fmt::format(
+        "forward_cached: {} new token{} at positions {}..{} would exceed context_length {} "
+        "(the cache holds {})",
+        T_new, T_new == 1 ? "" : "s", cache.length, cache.length + T_new - 1, cache.context_length,
+        cache.length));
+  }
+
+  const Tensor q = project_heads(mha.W_query, x_new, H, hd);  // (B, H, T_new, hd)
+  write_rows(cache.keys, project_heads(mha.W_key, x_new, H, hd), cache.length);
+  write_rows(cache.values, project_heads(mha.W_value, x_new, H, hd), cache.length);
+  const Tensor context = ref::cached_attention_forward(q, cache.keys, cache.values,
+                                                       cache.length);  // (B, H, T_new, hd)
+  cache.length += T_new;
+  // (B, H, T_new, hd) -> (B, T_new, H, hd) -> (B, T_new, d_out), then the output projection.
+  const Tensor merged = transpose(context, 1, 2).reshape({B, T_new, o.d_out});
+  return ref::linear_forward(merged, mha.out_proj.weight.value, bias_or_null(mha.out_proj));
+}
+
+}  // namespace attn::nn
