@@ -82,7 +82,12 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
   check_qkv(q, k, v);
   const int64_t T_q = q.size(-2), T_k = k.size(-2), d_k = q.size(-1);
   const int64_t dim = weights_dim(options, q.dim());
-  if (options.causal && dim != q.dim() - 1 && T_q < T_k) {
+  if (options.causal && dim < q.dim() - 2) {
+    // A softmax across matrices meets masked entries that are -inf everywhere: NaN.
+    throw std::invalid_argument(fmt::format(
+        "attention: causal softmax over dim {} must be over keys or queries", options.softmax_dim));
+  }
+  if (options.causal && dim == q.dim() - 2 && T_q < T_k) {
     // Softmax over queries leaves keys j >= T_q with no unmasked entry: all -inf, NaN.
     throw std::invalid_argument(
         fmt::format("attention: causal softmax over dim {} needs T_q >= T_k, got T_q {} and T_k {}",

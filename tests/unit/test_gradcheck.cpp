@@ -204,6 +204,16 @@ TEST(GradcheckModules, MultiHeadAttention) {
                    [&] { gen_d.manual_seed(31); });
 }
 
+// Head width 16 and T = 17, 15: on both sides of a 16-wide vector; entries sampled.
+TEST(GradcheckModules, MultiHeadAttentionWiderHeads) {
+  for (int64_t T : {15, 17}) {
+    Generator gen(123);
+    MultiHeadAttention m({.d_in = 16, .d_out = 32, .context_length = 32, .num_heads = 2}, gen);
+    gradcheck_module("MultiHeadAttention hd=16 T=" + std::to_string(T), m,
+                     random_tensor({1, T, 16}, 27), {.max_coords = 120});
+  }
+}
+
 TEST(GradcheckModules, Head) {
   for (bool causal : {true, false}) {
     for (int64_t T : {1, 5}) {

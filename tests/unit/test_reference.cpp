@@ -110,6 +110,10 @@ TEST(Reference, SoftmaxOverQueriesNormalisesColumns) {
         softmax(causal ? masked_fill(scores, ref::future_mask(5), -INFINITY) : scores, 1);
     EXPECT_LE(max_abs_diff(saved.weights, expected), 1e-6f);
   }
+  // A causal softmax over the batch would be NaN: refused.
+  EXPECT_THROW(
+      ref::attention_forward(q, k, v, {.causal = true, .softmax_dim = 0}, nullptr, nullptr),
+      std::invalid_argument);
   // Causal softmax over queries needs every key column to keep a query.
   EXPECT_THROW(ref::attention_forward(random_tensor({1, 3, 2}, 1), random_tensor({1, 4, 2}, 2),
                                       random_tensor({1, 4, 2}, 3),
