@@ -3,6 +3,7 @@
 #pragma once
 
 #include "attn/functional.h"
+#include "attn/kernels.h"
 #include "attn/nn.h"
 #include "attn/ops.h"
 #include "attn/print.h"
