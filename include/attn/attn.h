@@ -3,6 +3,8 @@
 #pragma once
 
 #include "attn/functional.h"
+#include "attn/fused.h"
+#include "attn/kernels.h"
 #include "attn/kv_cache.h"
 #include "attn/nn.h"
 #include "attn/ops.h"

@@ -688,7 +688,8 @@ void Backward(float* dq, float* dk, float* dv, const float* dout, const float* q
   // tile pair. With fewer, split every head: dK, dV over key tiles, then dQ
   // over query tiles (recomputing S and dP: seven products per pair). Both
   // visit each output's pairs in the same order, so the bits are the same.
-  const bool split = hdp == hd && BH < 2 * int64_t(MaxThreads());
+  const int64_t threads = MaxThreads();
+  const bool split = hdp == hd && threads > 1 && BH < 2 * threads;
   if (!split) {
 #pragma omp parallel
     {
