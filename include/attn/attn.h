@@ -3,6 +3,7 @@
 #pragma once
 
 #include "attn/functional.h"
+#include "attn/kernels.h"
 #include "attn/kv_cache.h"
 #include "attn/nn.h"
 #include "attn/ops.h"

@@ -1,0 +1,111 @@
+// attn/kernels.h - fused scaled-dot-product attention for the CPU (FlashAttention-2 style).
+//
+// What it computes, per batch b and head h (the same maths as
+// attn::ref::attention_forward, and as attention_reference_* below):
+//   S = scale · Q Kᵀ                        (T, T)   never stored whole
+//   S[i, j] = -inf for j > i                (causal only)
+//   P = softmax(S) row-wise, lse[i] = log Σ_j exp(S[i, j])
+//   O = (P ⊙ Z) V                           Z = dropout noise, 0 or 1/(1-p); Z = 1 without dropout
+// Forward walks tiles of queries against tiles of keys with an online softmax,
+// normalises O once at the end and keeps only lse (B, H, T) for backward: the
+// extra memory is O(tile) per thread, never T x T. Backward recomputes P from
+// lse, uses D[i] = Σ_d dO[i, d] O[i, d], and produces
+//   dV = (P ⊙ Z)ᵀ dO,  dP = (dO Vᵀ) ⊙ Z,  dS = P ⊙ (dP − D),  dQ = scale · dS K,  dK = scale · dSᵀ
+//   Q.
+//
+// Layout: q, k, v, out (and dq, dk, dv, dout) are token-major, as a projection
+// writes them and as the output projection reads them: token t of batch b
+// starts at  ptr + (b · T + t) · stride  and head h occupies the hd floats
+// starting at column h · hd. With stride = H · hd that is (B, T, H, hd) =
+// (B, T, d_out); a fused QKV projection output (B, T, 3 · d_out) is read in
+// place with q = qkv, k = qkv + d_out, v = qkv + 2 · d_out and strides 3 · d_out.
+// No transposes are made. lse is (B, H, T), natural log.
+//
+// Determinism: every output element is produced by one thread in a fixed
+// order, so results are bit-identical for any OpenMP thread count.
+//
+// Dropout: the kernel cannot follow PyTorch's sequential MT19937 stream (tiles
+// run in parallel), so it draws its own noise from a counter-based generator,
+// Philox4x32-10 keyed by dropout_seed with counter (j / 4, i, h, b); the four
+// 32-bit outputs serve keys 4·(j/4) .. 4·(j/4)+3 of query i. A weight is kept
+// when its 32-bit draw is >= p · 2^32 and kept weights are scaled by
+// 1/(1-p). The masks therefore differ from torch.nn.Dropout's (RNG.md §6);
+// flash_dropout_noise materialises exactly the mask the kernels apply.
+//
+// SIMD: one source compiled for AVX-512, AVX2, SSE4 and a scalar fallback
+// (Highway dynamic dispatch); the best one for the running CPU is chosen on
+// first use (flash_attention_target() names it). Threads: OpenMP. Forward
+// runs (batch, head, query tile) items, heaviest first. Backward gives each
+// thread whole heads when there are at least two per thread; with fewer it
+// splits every head into key-tile tasks (dK, dV) and query-tile tasks (dQ),
+// recomputing the scores (seven T×T×hd products instead of five). Both ways
+// visit every sum in the same order, so they give the same bits.
+//
+// Memory: forward keeps O(tile) per thread (about 160 KB at hd = 64); backward
+// adds two (B, H, T) arrays (D and lse in base 2) and about 310 KB per thread,
+// plus, only when hd is not a multiple of the vector width, four (T, hd)
+// padded copies of one head per thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace attn::kernels {
+
+struct FlashAttentionParams {
+  int64_t B = 1;    // batch
+  int64_t T = 1;    // tokens (queries = keys = T)
+  int64_t H = 1;    // heads
+  int64_t hd = 64;  // head_dim, 1 .. 256
+  bool causal = true;
+  float scale = -1.0f;     // multiplies Q Kᵀ; < 0 means 1/sqrt(hd)
+  float dropout_p = 0.0f;  // in [0, 1); 0 turns dropout off
+  uint64_t dropout_seed = 0;
+  // Floats between consecutive tokens of each buffer; 0 means H · hd (packed).
+  int64_t q_stride = 0, k_stride = 0, v_stride = 0, o_stride = 0;
+};
+
+// out (B, T, ·) with o_stride, lse (B, H, T). Throws std::invalid_argument on bad params.
+void flash_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                             const FlashAttentionParams& params);
+
+// dq, dk, dv are written (not accumulated) with the strides of q, k, v;
+// dout has the stride of out. out and lse are the forward's outputs.
+void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                              const float* k, const float* v, const float* out, const float* lse,
+                              const FlashAttentionParams& params);
+
+// The dropout noise the kernels apply, materialised: noise (B, H, T, T), each
+// 0 or 1/(1-p) (all ones when p = 0). Causal entries j > i are filled too.
+void flash_dropout_noise(float* noise, const FlashAttentionParams& params);
+
+// Philox4x32-10: the four 32-bit outputs for a 128-bit counter and 64-bit key.
+void philox4x32(uint32_t out[4], const uint32_t counter[4], uint64_t key);
+
+// The SIMD target chosen at run time, e.g. "AVX3" or "AVX2".
+const char* flash_attention_target();
+// For tests and benchmarks: the targets compiled in that this CPU can run,
+// best first (e.g. {"AVX3", "AVX2", "SSE4", "EMU128"}), and a way to run the
+// kernels with one of them. Returns false for a name not in that list, and
+// nullptr, like an unknown name, restores the automatic choice. This changes
+// Highway's process-wide target choice: not for use while kernels run.
+std::vector<std::string> flash_attention_targets();
+bool flash_attention_use_target(const char* name);
+
+// Throws std::invalid_argument naming the offending value; fills the
+// defaulted strides and scale. Called by every function above.
+FlashAttentionParams validated(const FlashAttentionParams& params);
+
+// ---- the plain version of the same maths: loops, one (b, h, i) at a time ----
+// Same layouts and parameters as the kernels, fp64 accumulation; noise is
+// nullptr (no dropout) or a (B, H, T, T) tensor from flash_dropout_noise.
+// The fused kernels are tested against these.
+void attention_reference_forward(float* out, float* lse, const float* q, const float* k,
+                                 const float* v, const float* noise,
+                                 const FlashAttentionParams& params);
+void attention_reference_backward(float* dq, float* dk, float* dv, const float* dout,
+                                  const float* q, const float* k, const float* v,
+                                  const float* noise, const FlashAttentionParams& params);
+
+}  // namespace attn::kernels
