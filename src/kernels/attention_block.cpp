@@ -42,17 +42,14 @@ void column_sums_accumulate(float* db, const float* A, int64_t lda, int64_t M, i
   cblas_sgemv(CblasRowMajor, CblasTrans, as_blas(M), as_blas(N), 1.0f, A, as_blas(lda), ones.data(),
               1, 1.0f, db, 1);
 }
-// Every row of C (M, N; ldc) set to b (N), or to 0 without a bias: the
-// starting value of y = x Wᵀ + b.
-void fill_rows(float* C, int64_t ldc, const Tensor* b, int64_t M, int64_t N) {
-  for (int64_t r = 0; r < M; ++r) {
-    float* row = C + r * ldc;
-    if (b != nullptr) {
-      std::copy(b->data(), b->data() + N, row);
-    } else {
-      std::fill(row, row + N, 0.0f);
-    }
+// y = x Wᵀ + b into C (M, N; ldc): every row of C set to b, then the sgemm
+// accumulates onto it (beta = 1); without a bias the sgemm overwrites (beta = 0).
+void linear_into(float* C, int64_t ldc, const float* x, int64_t d_in, const Tensor& W,
+                 const Tensor* b, int64_t M, int64_t N) {
+  if (b != nullptr) {
+    for (int64_t r = 0; r < M; ++r) std::copy(b->data(), b->data() + N, C + r * ldc);
   }
+  gemm_nt(C, ldc, x, d_in, W.data(), d_in, M, N, d_in, b != nullptr ? 1.0f : 0.0f);
 }
 
 void check_shape(const char* what, const Tensor* t, const Shape& expected) {
@@ -145,11 +142,9 @@ Tensor attention_block_forward(const Tensor& x, const ProjectionWeights& w,
   Tensor qkv({B, T, kQKV * d_out});  // (B, T, 3·d_out)
   const auto weights = weights_of(w);
   const auto biases = biases_of(w);
-  for (int j = 0; j < kQKV; ++j) {
-    float* block = qkv.data() + j * d_out;
-    fill_rows(block, kQKV * d_out, biases[j], N, d_out);
-    gemm_nt(block, kQKV * d_out, x.data(), d_in, weights[j]->data(), d_in, N, d_out, d_in, 1.0f);
-  }
+  for (int j = 0; j < kQKV; ++j)
+    linear_into(qkv.data() + j * d_out, kQKV * d_out, x.data(), d_in, *weights[j], biases[j], N,
+                d_out);
   const float* q = qkv.data();
   Tensor context({B, T, d_out});  // (B, T, H, hd) = (B, T, d_out)
   Tensor lse({B, H, T});          // (B, H, T)
@@ -158,8 +153,7 @@ Tensor attention_block_forward(const Tensor& x, const ProjectionWeights& w,
   Tensor y;
   if (w.W_out != nullptr) {
     y = Tensor({B, T, d_out});  // (B, T, d_out) = context W_outᵀ + b_out
-    fill_rows(y.data(), d_out, w.b_out, N, d_out);
-    gemm_nt(y.data(), d_out, context.data(), d_out, w.W_out->data(), d_out, N, d_out, d_out, 1.0f);
+    linear_into(y.data(), d_out, context.data(), d_out, *w.W_out, w.b_out, N, d_out);
   } else if (saved == nullptr) {
     y = std::move(context);
   } else {
