@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -145,6 +146,14 @@ std::string cpu_model() {
     }
   }
   return "unknown CPU";
+}
+
+// The variables that decide whether idle OpenMP threads spin (bench.h).
+std::string wait_policy() {
+  const char* spin = std::getenv("GOMP_SPINCOUNT");
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  return fmt::format("GOMP_SPINCOUNT={}, OMP_WAIT_POLICY={}", spin ? spin : "unset",
+                     policy ? policy : "unset");
 }
 
 int omp_threads() {
@@ -490,6 +499,7 @@ Command add_bench_command(CLI::App& app) {
           "attn bench: {}, {} CPUs, SIMD target {}, {} OpenMP threads, {} OpenBLAS threads\n",
           cpu_model(), std::thread::hardware_concurrency(), target, omp_threads(),
           openblas_get_num_threads());
+      fmt::print("{}\n", wait_policy());
       fmt::print(
           "sgemm {}^3 (OpenBLAS, median of {}): {:.1f} GFLOP/s; {} repeats per case after "
           "a warm-up\n\n",

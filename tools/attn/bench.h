@@ -15,6 +15,10 @@
 //   module fwd+bwd    3 × projections + 3.5 × core forward
 // GFLOP/s = useful FLOPs / median time; % sgemm = that rate over the rate of
 // one cblas_sgemm of n³ (n = 4096, --quick 2048) timed at the start of the run.
+// The module alternates OpenBLAS's threads (projections) and OpenMP's (the
+// kernel); on a machine with few cores, idle OpenMP threads that spin slow
+// the next sgemm down, so the header prints GOMP_SPINCOUNT / OMP_WAIT_POLICY
+// (GOMP_SPINCOUNT=0 is usually faster for the module there).
 #pragma once
 
 #include <cstdint>
