@@ -493,7 +493,12 @@ Command add_bench_command(CLI::App& app) {
 
     double sgemm = -1;
     const int sgemm_n = f->sgemm_n > 0 ? f->sgemm_n : (f->quick ? 2048 : 4096);
-    if (!f->json || f->sgemm) sgemm = sgemm_gflops(sgemm_n, f->quick ? 3 : 5);
+    if (!f->json || f->sgemm) {
+      sgemm = sgemm_gflops(sgemm_n, f->quick ? 3 : 5);
+      // OpenBLAS's threads spin for a while after a call; let them go idle so
+      // they do not slow the first case down.
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
     if (!f->json) {
       fmt::print(
           "attn bench: {}, {} CPUs, SIMD target {}, {} OpenMP threads, {} OpenBLAS threads\n",
