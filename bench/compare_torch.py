@@ -32,33 +32,10 @@ def parse_shape(s):
 
 
 # ---------------------------------------------------------------- worker side
-def book_mha_class(torch):
-    nn = torch.nn
-
-    class MultiHeadAttention(nn.Module):
-        def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
-            super().__init__()
-            assert d_out % num_heads == 0
-            self.d_out, self.num_heads, self.head_dim = d_out, num_heads, d_out // num_heads
-            self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-            self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-            self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
-            self.out_proj = nn.Linear(d_out, d_out)
-            self.dropout = nn.Dropout(dropout)
-            self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1))
-
-        def forward(self, x):
-            b, num_tokens, _ = x.shape
-            keys = self.W_key(x).view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
-            queries = self.W_query(x).view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
-            values = self.W_value(x).view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
-            attn_scores = queries @ keys.transpose(2, 3)
-            mask_bool = self.mask.bool()[:num_tokens, :num_tokens]
-            attn_scores.masked_fill_(mask_bool, -torch.inf)
-            attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)
-            attn_weights = self.dropout(attn_weights)
-            context = (attn_weights @ values).transpose(1, 2).contiguous().view(b, num_tokens, self.d_out)
-            return self.out_proj(context)
+def book_mha_class():
+    """The chapter's MultiHeadAttention, as the differential tests run it."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "torch"))
+    from book_modules import MultiHeadAttention
 
     return MultiHeadAttention
 
@@ -79,7 +56,7 @@ def worker(impl, shape, mode, repeats, threads):
         def run():
             return m(x, x, x, attn_mask=mask, need_weights=False)[0]
     elif impl == "torch-book":
-        m = book_mha_class(torch)(d, d, t, 0.0, h)
+        m = book_mha_class()(d, d, t, 0.0, h)
 
         def run():
             return m(x)
