@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "expect.h"
 #include "attn/functional.h"
 #include "attn/kv_cache.h"
 #include "attn/nn.h"
@@ -25,18 +26,6 @@ namespace {
 using namespace attn::nn;
 
 constexpr float kTolerance = 1e-5f;  // absolute; the outputs here are O(1)
-
-template <class Ex>
-void expect_message(const std::function<void()>& f, const std::string& message) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception, expected: " << message;
-  } catch (const Ex& e) {
-    EXPECT_EQ(std::string(e.what()), message);
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "wrong exception type: " << e.what() << "; expected: " << message;
-  }
-}
 
 struct Config {
   int64_t B, T, d_in, num_heads, head_dim, context_length;

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "expect.h"
 #include "attn/functional.h"
 #include "attn/nn.h"
 #include "attn/ops.h"
@@ -25,18 +26,6 @@ Tensor example_inputs() {  // "Your journey starts with one step"
                              0.58f, 0.33f, 0.77f, 0.25f, 0.10f, 0.05f, 0.80f, 0.55f});
 }
 Tensor example_batch() { return stack({example_inputs(), example_inputs()}); }  // (2, 6, 3)
-
-template <class Ex>
-void expect_message(const std::function<void()>& f, const std::string& message) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception, expected: " << message;
-  } catch (const Ex& e) {
-    EXPECT_EQ(std::string(e.what()), message);
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "wrong exception type: " << e.what() << "; expected: " << message;
-  }
-}
 
 std::vector<std::string> names(Module& m) {
   std::vector<std::string> out;
