@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "attn/kernels.h"
+#include "sgemm_rate.h"
 
 namespace {
 
@@ -204,21 +205,6 @@ bool check_against_reference() {
   return std::isfinite(worst) && worst <= 2e-5;
 }
 
-double measure_sgemm_gflops() {
-  const int n = 4096;
-  const auto a = randn(size_t(n) * n, 5), b = randn(size_t(n) * n, 6);
-  std::vector<float> c(size_t(n) * n);
-  std::vector<double> rates;
-  for (int rep = 0; rep < 6; ++rep) {
-    const auto t0 = std::chrono::steady_clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
-                0.0f, c.data(), n);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (rep > 0) rates.push_back(2.0 * double(n) * n * n / s * 1e-9);  // rep 0 warms up
-  }
-  return median_min_stat(rates, true);
-}
-
 double max_rss_mb() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
@@ -279,7 +265,7 @@ int main(int argc, char** argv) {
   // ATTN_BENCH_SKIP_SGEMM=1 skips the reference measurement (pct_of_sgemm is then against 1
   // GFLOP/s).
   const char* skip = std::getenv("ATTN_BENCH_SKIP_SGEMM");
-  g_sgemm_gflops = skip && *skip == '1' ? 1.0 : measure_sgemm_gflops();
+  g_sgemm_gflops = skip && *skip == '1' ? 1.0 : attn::bench::sgemm_gflops();
   std::printf("sgemm 4096^3 (OpenBLAS, median of 5): %.1f GFLOP/s\n", g_sgemm_gflops);
   register_all();
   benchmark::RunSpecifiedBenchmarks();

@@ -27,6 +27,7 @@
 #include "attn/kernels.h"
 #include "attn/nn.h"
 #include "attn/random.h"
+#include "sgemm_rate.h"
 
 namespace {
 
@@ -104,23 +105,6 @@ void reference_args(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 
-double measure_sgemm_gflops() {
-  const int n = 4096;
-  Generator gen(5);
-  const Tensor a = attn::randn({n, n}, gen), b = attn::randn({n, n}, gen);
-  std::vector<float> c(size_t(n) * n);
-  std::vector<double> rates;
-  for (int rep = 0; rep < 6; ++rep) {
-    const auto t0 = std::chrono::steady_clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
-                0.0f, c.data(), n);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (rep > 0) rates.push_back(2.0 * double(n) * n * n / s * 1e-9);  // rep 0 warms up
-  }
-  std::sort(rates.begin(), rates.end());
-  return rates[rates.size() / 2];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -129,7 +113,7 @@ int main(int argc, char** argv) {
   // ATTN_BENCH_SKIP_SGEMM=1 skips the reference measurement (pct_of_sgemm is then against 1
   // GFLOP/s).
   const char* skip = std::getenv("ATTN_BENCH_SKIP_SGEMM");
-  if (!(skip && *skip == '1')) g_sgemm_gflops = measure_sgemm_gflops();
+  if (!(skip && *skip == '1')) g_sgemm_gflops = attn::bench::sgemm_gflops();
   std::printf("sgemm 4096^3 (OpenBLAS, median of 5): %.1f GFLOP/s\n", g_sgemm_gflops);
   using enum nn::AttentionBackend;
   const auto stats = [](benchmark::internal::Benchmark* b) {

@@ -336,6 +336,15 @@ std::function<void(const Json&, Summary&)> with(Factory<M> make) {
 
 int64_t i64(const Json& cfg, const char* key) { return cfg.at(key).get<int64_t>(); }
 float f32(const Json& cfg, const char* key) { return cfg.at(key).get<float>(); }
+// The options of MultiHeadAttention and of the wrapper, which share one struct.
+attn::nn::MultiHeadAttentionOptions mha_options(const Json& c) {
+  return {.d_in = i64(c, "d_in"),
+          .d_out = i64(c, "d_out"),
+          .context_length = i64(c, "context_length"),
+          .dropout = f32(c, "dropout"),
+          .num_heads = i64(c, "num_heads"),
+          .qkv_bias = c.at("qkv_bias").get<bool>()};
+}
 
 // The C++ twin of oracle_modules.build(): kind -> how to run one case.
 const std::map<std::string, std::function<void(const Json&, Summary&)>>& runners() {
@@ -376,21 +385,11 @@ const std::map<std::string, std::function<void(const Json&, Summary&)>>& runners
        })},
       {"multi_head_attention_wrapper", with<nn::MultiHeadAttentionWrapper>([](const Json& c) {
          return std::make_unique<nn::MultiHeadAttentionWrapper>(
-             nn::MultiHeadAttentionOptions{.d_in = i64(c, "d_in"),
-                                           .d_out = i64(c, "d_out"),
-                                           .context_length = i64(c, "context_length"),
-                                           .dropout = f32(c, "dropout"),
-                                           .num_heads = i64(c, "num_heads"),
-                                           .qkv_bias = c.at("qkv_bias").get<bool>()});
+             mha_options(c));
        })},
       {"multi_head_attention", with<nn::MultiHeadAttention>([](const Json& c) {
          return std::make_unique<nn::MultiHeadAttention>(
-             nn::MultiHeadAttentionOptions{.d_in = i64(c, "d_in"),
-                                           .d_out = i64(c, "d_out"),
-                                           .context_length = i64(c, "context_length"),
-                                           .dropout = f32(c, "dropout"),
-                                           .num_heads = i64(c, "num_heads"),
-                                           .qkv_bias = c.at("qkv_bias").get<bool>()});
+             mha_options(c));
        })},
       {"head", with<nn::Head>([](const Json& c) {
          return std::make_unique<nn::Head>(nn::HeadOptions{.n_embd = i64(c, "n_embd"),

@@ -30,6 +30,7 @@
 #include "attn/kernels.h"
 #include "attn/nn.h"
 #include "attn/random.h"
+#include "sgemm_rate.h"
 
 namespace attn::cli {
 namespace {
@@ -169,23 +170,6 @@ void set_threads(int n) {
   omp_set_num_threads(n);
 #endif
   openblas_set_num_threads(n);
-}
-
-// One cblas_sgemm of n³, median GFLOP/s of `repeats` after a warm-up.
-double sgemm_gflops(int n, int repeats) {
-  const auto a = normal_values(int64_t(n) * n, 5), b = normal_values(int64_t(n) * n, 6);
-  std::vector<float> c(size_t(n) * size_t(n));
-  std::vector<double> rates;
-  for (int rep = 0; rep <= repeats; ++rep) {
-    const auto t0 = Clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
-                0.0f, c.data(), n);
-    const double ms = ms_since(t0);
-    if (rep > 0) rates.push_back(2.0 * double(n) * n * n / (ms * 1e-3) * 1e-9);
-  }
-  if (!all_finite(c.data(), int64_t(c.size())))
-    throw std::runtime_error("sgemm: non-finite result");
-  return median(rates);
 }
 
 // ---- memory: the peak resident set while one forward+backward runs ----
@@ -494,7 +478,7 @@ Command add_bench_command(CLI::App& app) {
     double sgemm = -1;
     const int sgemm_n = f->sgemm_n > 0 ? f->sgemm_n : (f->quick ? 2048 : 4096);
     if (!f->json || f->sgemm) {
-      sgemm = sgemm_gflops(sgemm_n, f->quick ? 3 : 5);
+      sgemm = attn::bench::sgemm_gflops(sgemm_n, f->quick ? 3 : 5);
       // OpenBLAS's threads spin for a while after a call; let them go idle so
       // they do not slow the first case down.
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
