@@ -12,9 +12,10 @@
 //   forward + backward = 3.5 · forward.
 //   sgemm    = 2 · M · N · K.
 // Counters (Google Benchmark prints rates with a "/s" suffix): GFLOP, the rate
-// in GFLOP/s, and pct_of_sgemm, that rate as a percentage of the sgemm rate
+// in GFLOP/s, pct_of_sgemm, that rate as a percentage of the sgemm rate
 // measured at start-up by this program (median of 5 runs of 4096³, threads as
-// OpenBLAS chooses; the kernels use OpenMP's). Each case runs 5 repetitions and
+// OpenBLAS chooses; the kernels use OpenMP's), and pct_of_peak, the same
+// against the CPU's fp32 FMA peak (bench/yardsticks.h). Each case runs 5 repetitions and
 // reports mean, median, stddev, cv and min; the min row holds the fastest time
 // but, for the rate counters, the slowest repetition's rate.
 // Before any timing, the kernels are checked against the plain reference and
@@ -34,13 +35,11 @@
 #include <vector>
 
 #include "attn/kernels.h"
-#include "sgemm_rate.h"
+#include "yardsticks.h"
 
 namespace {
 
 namespace kn = attn::kernels;
-
-double g_sgemm_gflops = 0.0;  // measured once in main, before the benchmarks
 
 std::vector<float> randn(size_t n, uint32_t seed) {
   std::mt19937 gen(seed);
@@ -53,14 +52,6 @@ std::vector<float> randn(size_t n, uint32_t seed) {
 double forward_flops(const kn::FlashAttentionParams& p) {
   const double f = 4.0 * double(p.B) * double(p.H) * double(p.T) * double(p.T) * double(p.hd);
   return p.causal ? f / 2.0 : f;
-}
-
-void add_counters(benchmark::State& state, double flops_per_iter) {
-  state.counters["GFLOP"] =
-      benchmark::Counter(flops_per_iter * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["pct_of_sgemm"] =
-      benchmark::Counter(flops_per_iter * 1e-9 * 100.0 / g_sgemm_gflops,
-                         benchmark::Counter::kIsIterationInvariantRate);
 }
 
 struct Problem {
@@ -104,7 +95,7 @@ void BM_FlashForward(benchmark::State& state) {
     pr.forward();
     benchmark::DoNotOptimize(pr.out.data());
   }
-  add_counters(state, forward_flops(pr.p));
+  attn::bench::add_rate_counters(state, forward_flops(pr.p));
 }
 
 void BM_FlashBackward(benchmark::State& state) {
@@ -116,7 +107,7 @@ void BM_FlashBackward(benchmark::State& state) {
     pr.backward();
     benchmark::DoNotOptimize(pr.dq.data());
   }
-  add_counters(state, 2.5 * forward_flops(pr.p));
+  attn::bench::add_rate_counters(state, 2.5 * forward_flops(pr.p));
 }
 
 void BM_FlashForwardBackward(benchmark::State& state) {
@@ -129,7 +120,7 @@ void BM_FlashForwardBackward(benchmark::State& state) {
     pr.backward();
     benchmark::DoNotOptimize(pr.dq.data());
   }
-  add_counters(state, 3.5 * forward_flops(pr.p));
+  attn::bench::add_rate_counters(state, 3.5 * forward_flops(pr.p));
 }
 
 void BM_Sgemm(benchmark::State& state) {
@@ -141,7 +132,7 @@ void BM_Sgemm(benchmark::State& state) {
                 0.0f, c.data(), n);
     benchmark::DoNotOptimize(c.data());
   }
-  add_counters(state, 2.0 * double(n) * n * n);
+  attn::bench::add_rate_counters(state, 2.0 * double(n) * n * n);
 }
 
 // (B, H, T, hd, causal, dropout in percent)
@@ -262,11 +253,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fused kernel disagrees with the reference; not timing it\n");
     return 1;
   }
-  // ATTN_BENCH_SKIP_SGEMM=1 skips the reference measurement (pct_of_sgemm is then against 1
-  // GFLOP/s).
-  const char* skip = std::getenv("ATTN_BENCH_SKIP_SGEMM");
-  g_sgemm_gflops = skip && *skip == '1' ? 1.0 : attn::bench::sgemm_gflops();
-  std::printf("sgemm 4096^3 (OpenBLAS, median of 5): %.1f GFLOP/s\n", g_sgemm_gflops);
+  attn::bench::measure_yardsticks();
   register_all();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -10,8 +10,9 @@
 //   core forward    4 · B · H · T² · hd / 2;  core backward 2.5 × core forward
 //   forward         projections + core forward
 //   forward+backward 3 × projections + 3.5 × core forward
-// Counters: GFLOP/s, and pct_of_sgemm = that rate over the sgemm 4096³ rate
-// measured at start-up (median of 5).
+// Counters: GFLOP/s, pct_of_sgemm = that rate over the sgemm 4096³ rate and
+// pct_of_peak = that rate over the fp32 FMA peak, both measured at start-up
+// (bench/yardsticks.h).
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
@@ -27,15 +28,13 @@
 #include "attn/kernels.h"
 #include "attn/nn.h"
 #include "attn/random.h"
-#include "sgemm_rate.h"
+#include "yardsticks.h"
 
 namespace {
 
 using attn::Generator;
 using attn::Tensor;
 namespace nn = attn::nn;
-
-double g_sgemm_gflops = 1.0;
 
 struct Problem {
   std::unique_ptr<nn::MultiHeadAttention> m;
@@ -58,14 +57,6 @@ double flops(const benchmark::State& state, bool backward) {
   return backward ? f + attn::fused::attention_block_backward_flops(B, T, d, d, true, true) : f;
 }
 
-void add_counters(benchmark::State& state, double flops_per_iter) {
-  state.counters["GFLOP"] =
-      benchmark::Counter(flops_per_iter * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["pct_of_sgemm"] =
-      benchmark::Counter(flops_per_iter * 1e-9 * 100.0 / g_sgemm_gflops,
-                         benchmark::Counter::kIsIterationInvariantRate);
-}
-
 void BM_ModuleForward(benchmark::State& state, nn::AttentionBackend backend) {
   Problem pr(state, backend);
   if (attn::has_non_finite(pr.m->forward(pr.x))) state.SkipWithError("non-finite output");
@@ -73,7 +64,7 @@ void BM_ModuleForward(benchmark::State& state, nn::AttentionBackend backend) {
     Tensor y = pr.m->forward(pr.x);
     benchmark::DoNotOptimize(y.data());
   }
-  add_counters(state, flops(state, false));
+  attn::bench::add_rate_counters(state, flops(state, false));
 }
 
 void BM_ModuleForwardBackward(benchmark::State& state, nn::AttentionBackend backend) {
@@ -85,7 +76,7 @@ void BM_ModuleForwardBackward(benchmark::State& state, nn::AttentionBackend back
     Tensor dx = pr.m->backward(pr.dy);
     benchmark::DoNotOptimize(dx.data());
   }
-  add_counters(state, flops(state, true));
+  attn::bench::add_rate_counters(state, flops(state, true));
 }
 
 // (B, T, d, H): the shapes, causal, plus head_dim 128.
@@ -110,11 +101,7 @@ void reference_args(benchmark::internal::Benchmark* b) {
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   std::printf("flash attention SIMD target: %s\n", attn::kernels::flash_attention_target());
-  // ATTN_BENCH_SKIP_SGEMM=1 skips the reference measurement (pct_of_sgemm is then against 1
-  // GFLOP/s).
-  const char* skip = std::getenv("ATTN_BENCH_SKIP_SGEMM");
-  if (!(skip && *skip == '1')) g_sgemm_gflops = attn::bench::sgemm_gflops();
-  std::printf("sgemm 4096^3 (OpenBLAS, median of 5): %.1f GFLOP/s\n", g_sgemm_gflops);
+  attn::bench::measure_yardsticks();
   using enum nn::AttentionBackend;
   const auto stats = [](benchmark::internal::Benchmark* b) {
     b->Repetitions(5)->ReportAggregatesOnly(true);

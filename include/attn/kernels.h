@@ -85,6 +85,11 @@ void philox4x32(uint32_t out[4], const uint32_t counter[4], uint64_t key);
 
 // The SIMD target chosen at run time, e.g. "AVX3" or "AVX2".
 const char* flash_attention_target();
+// The machine's fp32 multiply-add peak in GFLOP/s on that target, over all
+// OpenMP threads: independent FMA chains, median of `repeats` runs of about
+// 20 ms (src/kernels/fma_peak.cpp). The hard ceiling for any fp32 kernel here;
+// benchmarks report against it beside the sgemm rate. Throws for repeats < 1.
+double fma_peak_gflops(int repeats = 5);
 // For tests and benchmarks: the targets compiled in that this CPU can run,
 // best first (e.g. {"AVX3", "AVX2", "SSE4", "EMU128"}), and a way to run the
 // kernels with one of them. Returns false for a name not in that list, and

@@ -34,6 +34,7 @@ TEST(BenchCli, JsonRowsHaveTheFieldsCompareTorchReads) {
     EXPECT_GT(median, 0.0);
     EXPECT_LE(min, median);
     EXPECT_TRUE(row["pct_sgemm"].is_null());  // --json skips sgemm unless --sgemm
+    EXPECT_TRUE(row["pct_peak"].is_null());   // and the FMA peak
     // FLOPs: module fwd+bwd = 3 × projections + 3.5 × causal core forward.
     const double B = 2, T = 33, d = 48;
     const double core = 4.0 * B * T * T * d / 2.0;
@@ -41,6 +42,19 @@ TEST(BenchCli, JsonRowsHaveTheFieldsCompareTorchReads) {
         kind == "core" ? 3.5 * core : 3.0 * 4.0 * 2.0 * B * T * d * d + 3.5 * core;
     EXPECT_NEAR(double(row["flops"]), expected, 1e-6 * expected);
   }
+}
+
+TEST(BenchCli, SgemmFlagAddsBothYardsticks) {
+  ATTN_REQUIRE_CLI();
+  const auto r = run_cli(
+      "bench --json --sgemm --sgemm-n 64 --kind core --shapes 1x20x32x2 --mode fwd --repeats 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto row = nlohmann::json::parse(r.out)[0];
+  ASSERT_TRUE(row["pct_sgemm"].is_number()) << r.out;
+  ASSERT_TRUE(row["pct_peak"].is_number()) << r.out;
+  // Both are the same GFLOP/s over a positive rate.
+  EXPECT_GT(double(row["pct_sgemm"]), 0.0);
+  EXPECT_GT(double(row["pct_peak"]), 0.0);
 }
 
 TEST(BenchCli, ReferenceBackendIsTimedWhenAskedFor) {
@@ -61,6 +75,8 @@ TEST(BenchCli, TablePrintsEveryCaseAndTheFormula) {
   }
   EXPECT_EQ(rows, 4) << r.out;  // core and module, fwd and fwdbwd
   EXPECT_NE(r.out.find("% sgemm"), std::string::npos);
+  EXPECT_NE(r.out.find("% peak"), std::string::npos);
+  EXPECT_NE(r.out.find("fp32 FMA peak"), std::string::npos);
   EXPECT_NE(r.out.find("4*B*H*T^2*hd/2"), std::string::npos);
 }
 

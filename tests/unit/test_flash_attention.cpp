@@ -156,6 +156,21 @@ TEST(FlashAttention, ReportsTarget) {
   std::printf("flash attention SIMD target: %s\n", target.c_str());
 }
 
+TEST(FlashAttention, FmaPeakIsMeasuredOnTheKernelsTarget) {
+  // A rate, not a duration: only that it is a positive finite number, and
+  // that a bad argument is refused with its value named.
+  const double peak = kn::fma_peak_gflops(1);
+  EXPECT_TRUE(std::isfinite(peak));
+  EXPECT_GT(peak, 0.0);
+  std::printf("fp32 FMA peak on %s: %.1f GFLOP/s\n", kn::flash_attention_target(), peak);
+  try {
+    kn::fma_peak_gflops(0);
+    ADD_FAILURE() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "fma_peak_gflops: repeats must be >= 1, got 0");
+  }
+}
+
 TEST(FlashAttention, EverySimdTargetMatchesReference) {
   // The same kernels compiled for each instruction set this CPU runs (register
   // blocking and tile sizes differ: 16 lanes and 6-row blocks on AVX-512, 8 and

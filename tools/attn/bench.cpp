@@ -292,26 +292,31 @@ nlohmann::json to_json(const BenchResult& r, int repeats) {
                       {"omp_threads", omp_threads()},
                       {"simd_target", kernels::flash_attention_target()}};
   j["pct_sgemm"] = r.pct_sgemm >= 0 ? nlohmann::json(r.pct_sgemm) : nlohmann::json(nullptr);
+  j["pct_peak"] = r.pct_peak >= 0 ? nlohmann::json(r.pct_peak) : nlohmann::json(nullptr);
   return j;
 }
 
 void print_table_header() {
-  fmt::print("{:<7} {:<7} {:>15} {:>4} {:<10} {:>10} {:>9} {:>9} {:>8}\n", "kind", "mode",
-             "B x T x d x H", "hd", "path", "ms median", "ms min", "GFLOP/s", "% sgemm");
-  fmt::print("{}\n", std::string(86, '-'));
+  fmt::print("{:<7} {:<7} {:>15} {:>4} {:<10} {:>10} {:>9} {:>9} {:>8} {:>7}\n", "kind", "mode",
+             "B x T x d x H", "hd", "path", "ms median", "ms min", "GFLOP/s", "% sgemm",
+             "% peak");
+  fmt::print("{}\n", std::string(94, '-'));
 }
 
+std::string percent(double pct) { return pct >= 0 ? fmt::format("{:.1f}", pct) : "-"; }
+
 void print_table_row(const BenchResult& r) {
-  fmt::print("{:<7} {:<7} {:>15} {:>4} {:<10} {:>10.2f} {:>9.2f} {:>9.1f} {:>8}\n", r.c.kind,
-             r.c.mode, shape_text(r.c), head_dim_of(r.c), r.backend, r.ms_median, r.ms_min,
-             r.gflops, r.pct_sgemm >= 0 ? fmt::format("{:.1f}", r.pct_sgemm) : std::string("-"));
+  fmt::print("{:<7} {:<7} {:>15} {:>4} {:<10} {:>10.2f} {:>9.2f} {:>9.1f} {:>8} {:>7}\n",
+             r.c.kind, r.c.mode, shape_text(r.c), head_dim_of(r.c), r.backend, r.ms_median,
+             r.ms_min, r.gflops, percent(r.pct_sgemm), percent(r.pct_peak));
   std::fflush(stdout);
 }
 
 constexpr const char* kFooter =
     "Useful causal FLOPs: core forward 4*B*H*T^2*hd/2, core backward 2.5x forward;\n"
     "projections 2*B*T*d_in*d_out per linear (q, k, v, out_proj), x3 for forward+backward.\n"
-    "GFLOP/s = FLOPs / median; % sgemm = GFLOP/s / the cblas_sgemm rate measured above.\n";
+    "GFLOP/s = FLOPs / median; % sgemm = GFLOP/s / the cblas_sgemm rate measured above;\n"
+    "% peak = GFLOP/s / the fp32 FMA peak measured above (the ceiling of any fp32 code).\n";
 
 }  // namespace
 
@@ -409,8 +414,9 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_flag("--quick", f->quick, "Fewer shapes and repeats, sgemm of 2048^3");
   cmd->add_flag("--json", f->json,
                 "Print a JSON array of the results (ms_median, ms_min, gflops, ...) instead of "
-                "the table; skips the sgemm measurement unless --sgemm is given");
-  cmd->add_flag("--sgemm", f->sgemm, "With --json: measure sgemm too (pct_sgemm)");
+                "the table; skips the sgemm and peak measurements unless --sgemm is given");
+  cmd->add_flag("--sgemm", f->sgemm,
+                "With --json: measure sgemm and the FMA peak too (pct_sgemm, pct_peak)");
   cmd->add_option("--sgemm-n", f->sgemm_n, "Size n of the sgemm n^3 (default 4096, --quick 2048)");
   cmd->add_flag("--memory", f->memory,
                 "Memory mode: one forward+backward of the core and of the module at B=1, "
@@ -475,9 +481,10 @@ Command add_bench_command(CLI::App& app) {
     if (f->kind != "all") kinds = {f->kind};
     if (f->mode != "all") modes = {f->mode};
 
-    double sgemm = -1;
+    double sgemm = -1, peak = -1;
     const int sgemm_n = f->sgemm_n > 0 ? f->sgemm_n : (f->quick ? 2048 : 4096);
     if (!f->json || f->sgemm) {
+      peak = kernels::fma_peak_gflops(5);
       sgemm = attn::bench::sgemm_gflops(sgemm_n, f->quick ? 3 : 5);
       // OpenBLAS's threads spin for a while after a call; let them go idle so
       // they do not slow the first case down.
@@ -489,10 +496,12 @@ Command add_bench_command(CLI::App& app) {
           cpu_model(), std::thread::hardware_concurrency(), target, omp_threads(),
           openblas_get_num_threads());
       fmt::print("{}\n", wait_policy());
+      fmt::print("fp32 FMA peak ({}, {} threads, median of 5): {:.1f} GFLOP/s\n", target,
+                 omp_threads(), peak);
       fmt::print(
-          "sgemm {}^3 (OpenBLAS, median of {}): {:.1f} GFLOP/s; {} repeats per case after "
-          "a warm-up\n\n",
-          sgemm_n, f->quick ? 3 : 5, sgemm, repeats);
+          "sgemm {}^3 (OpenBLAS, median of {}): {:.1f} GFLOP/s = {:.1f}% of peak; {} repeats "
+          "per case after a warm-up\n\n",
+          sgemm_n, f->quick ? 3 : 5, sgemm, 100.0 * sgemm / peak, repeats);
       print_table_header();
     }
     nlohmann::json rows = nlohmann::json::array();
@@ -503,6 +512,7 @@ Command add_bench_command(CLI::App& app) {
           c.kind = kind, c.mode = mode;
           BenchResult r = run_bench_case(c, repeats, f->backend);
           if (sgemm > 0) r.pct_sgemm = 100.0 * r.gflops / sgemm;
+          if (peak > 0) r.pct_peak = 100.0 * r.gflops / peak;
           if (f->json) {
             rows.push_back(to_json(r, repeats));
           } else {

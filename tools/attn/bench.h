@@ -14,7 +14,10 @@
 //   module forward    projections + core forward
 //   module fwd+bwd    3 × projections + 3.5 × core forward
 // GFLOP/s = useful FLOPs / median time; % sgemm = that rate over the rate of
-// one cblas_sgemm of n³ (n = 4096, --quick 2048) timed at the start of the run.
+// one cblas_sgemm of n³ (n = 4096, --quick 2048) timed at the start of the run;
+// % peak = that rate over the CPU's fp32 multiply-add peak on the kernel's SIMD
+// target (kernels::fma_peak_gflops), timed at the start too: no fp32 code
+// here can exceed it, and sgemm itself reaches 85-95% of it.
 // The module alternates OpenBLAS's threads (projections) and OpenMP's (the
 // kernel); on a machine with few cores, idle OpenMP threads that spin slow
 // the next sgemm down, so the header prints GOMP_SPINCOUNT / OMP_WAIT_POLICY
@@ -42,6 +45,7 @@ struct BenchResult {
   double flops = 0;       // useful FLOPs of one repeat
   double gflops = 0;      // flops / median
   double pct_sgemm = -1;  // < 0 when sgemm was not measured
+  double pct_peak = -1;   // < 0 when the FMA peak was not measured
 };
 
 // Parses "BxTxDxH" (e.g. "1x1024x768x12"); throws UsageError naming the text.

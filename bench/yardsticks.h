@@ -1,0 +1,53 @@
+// bench/yardsticks.h - what the Google Benchmark programs report their rates
+// against, measured once at start-up: OpenBLAS's sgemm (bench/sgemm_rate.h)
+// and the CPU's fp32 multiply-add peak on the kernel's SIMD target
+// (kernels::fma_peak_gflops). Counters per benchmark:
+//   GFLOP         useful GFLOP/s (iteration-invariant rate)
+//   pct_of_sgemm  that rate as a percentage of the sgemm rate
+//   pct_of_peak   that rate as a percentage of the FMA peak
+// ATTN_BENCH_SKIP_SGEMM=1 skips both measurements (the percentages are then
+// against 1 GFLOP/s).
+#pragma once
+
+#include <benchmark/benchmark.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "attn/kernels.h"
+#include "sgemm_rate.h"
+
+namespace attn::bench {
+
+struct Yardsticks {
+  double sgemm_gflops = 1.0;
+  double peak_gflops = 1.0;
+};
+
+inline Yardsticks& yardsticks() {
+  static Yardsticks y;
+  return y;
+}
+
+// Measures both (unless ATTN_BENCH_SKIP_SGEMM=1) and prints them.
+inline void measure_yardsticks() {
+  const char* skip = std::getenv("ATTN_BENCH_SKIP_SGEMM");
+  if (!(skip && *skip == '1')) {
+    yardsticks().peak_gflops = kernels::fma_peak_gflops();
+    yardsticks().sgemm_gflops = sgemm_gflops();
+  }
+  std::printf("fp32 FMA peak (%s, median of 5): %.1f GFLOP/s\n", kernels::flash_attention_target(),
+              yardsticks().peak_gflops);
+  std::printf("sgemm 4096^3 (OpenBLAS, median of 5): %.1f GFLOP/s\n", yardsticks().sgemm_gflops);
+}
+
+inline void add_rate_counters(benchmark::State& state, double flops_per_iter) {
+  const double gflop = flops_per_iter * 1e-9;
+  constexpr auto kRate = benchmark::Counter::kIsIterationInvariantRate;
+  state.counters["GFLOP"] = benchmark::Counter(gflop, kRate);
+  state.counters["pct_of_sgemm"] =
+      benchmark::Counter(gflop * 100.0 / yardsticks().sgemm_gflops, kRate);
+  state.counters["pct_of_peak"] = benchmark::Counter(gflop * 100.0 / yardsticks().peak_gflops, kRate);
+}
+
+}  // namespace attn::bench
