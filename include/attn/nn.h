@@ -16,8 +16,9 @@
 //
 // Layout: batched inputs are (B, T, d_in); per-head tensors (B, H, T, hd).
 //
-// Two paths compute CausalAttention and MultiHeadAttention (and the heads of
-// MultiHeadAttentionWrapper); the options' `backend` and `exact_dropout` choose:
+// Two paths compute CausalAttention, MultiHeadAttention and Head (and the
+// heads of MultiHeadAttentionWrapper and MultiHead); the options' `backend`
+// and `exact_dropout` choose:
 //
 // - kReference: attn::ref (attn/functional.h), the plain maths. Keeps the
 //   weights (B, H, T, T) for backward. Dropout masks are PyTorch's, bit for
@@ -26,16 +27,19 @@
 //   around the flash kernel. Keeps qkv, the context and the log-sum-exp
 //   (B, H, T), never a (T, T) tensor. Dropout masks come from Philox keyed by
 //   a seed drawn from the module's generator (RNG.md §6): not PyTorch's.
+//   Head is the block with one head, no biases and no output projection,
+//   its scale head_size^-0.5 and, for an encoder head, no causal mask.
 //
 // kAuto (the default) takes the fused path whenever its results may differ
 // from the reference only by float rounding (about 1e-7 relative): in
 // evaluation mode or with dropout p = 0, or when exact_dropout is false; it
 // takes the reference path when training with dropout and exact_dropout is
 // true (masks that follow PyTorch's stream), and for what the kernel does not
-// do (head_dim > 256, p = 1, CausalAttention's softmax_dim = 1). last_backend()
-// tells which path the last forward took. With dropout on the fused path each
-// forward draws one random64() from the module's generator as the Philox seed,
-// so a seeded run is reproducible; kernels::flash_dropout_noise gives its mask.
+// do (head_dim or head_size > 256, p = 1, CausalAttention's softmax_dim = 1).
+// last_backend() tells which path the last forward took. With dropout on the
+// fused path each forward draws one random64() from the module's generator as
+// the Philox seed, so a seeded run is reproducible; kernels::flash_dropout_noise
+// gives its mask.
 #pragma once
 
 #include <cstdint>
@@ -326,10 +330,15 @@ struct HeadOptions {
   int64_t block_size = 0;  // context_length
   float dropout = 0.0f;
   bool causal = true;  // decoder head (mask the future) or encoder head
+  AttentionBackend backend = AttentionBackend::kAuto;  // as CausalAttentionOptions
+  bool exact_dropout = true;                           // as CausalAttentionOptions
 };
 // Head: key, query, value = Linear(n_embd, head_size, bias=False) created in that
 // order; weights = q kᵀ · head_size^-0.5, future masked when causal, softmax,
-// dropout, times v. Input (B, T, n_embd) -> (B, T, head_size).
+// dropout, times v. Input (B, T, n_embd) -> (B, T, head_size); a decoder head
+// takes T <= block_size (its tril buffer), an encoder head any T. The fused
+// path is the fused block with one head of width head_size, no biases and no
+// output projection, causal or not as the head is.
 class Head : public Module {
  public:
   explicit Head(const HeadOptions& options, Generator& gen = default_generator());
@@ -337,13 +346,20 @@ class Head : public Module {
   Tensor backward(const Tensor& dy);
   Linear key, query, value;
   Dropout dropout;
-  // The softmax weights of the last forward, before dropout: (B, T, T).
-  const Tensor& attention_weights() const { return saved_.weights; }
+  // The softmax weights of the last forward, before dropout: (B, T, T). The
+  // fused path keeps only the log-sum-exp, so after a fused forward they are
+  // recomputed (reference maths) from the saved q and k on the first call.
+  const Tensor& attention_weights() const;
+  // The path the last forward took (kReference or kFused); kAuto before any forward.
+  AttentionBackend last_backend() const { return last_backend_; }
 
  private:
+  AttentionBackend choose_backend() const;
   HeadOptions options_;
-  Tensor q_, k_, v_;
-  ref::AttentionSaved saved_;
+  Tensor q_, k_, v_;                   // (B, T, head_size)
+  mutable ref::AttentionSaved saved_;  // fused path: weights filled by attention_weights()
+  fused::AttentionBlockSaved fused_saved_;
+  AttentionBackend last_backend_ = AttentionBackend::kAuto;
   bool has_forward_ = false;
 };
 
@@ -354,10 +370,13 @@ struct MultiHeadOptions {
   int64_t block_size = 0;
   float dropout = 0.0f;
   bool causal = true;
+  AttentionBackend backend = AttentionBackend::kAuto;  // of every head, as CausalAttentionOptions
+  bool exact_dropout = true;                           // as CausalAttentionOptions
 };
 // The lecture's multi-head form: num_heads Head modules ("heads.0" ...)
 // concatenated to (B, T, num_heads * head_size), then proj Linear(num_heads *
-// head_size -> n_embd, with bias) and dropout.
+// head_size -> n_embd, with bias) and dropout. Each head takes its own path
+// (heads[h]->last_backend()); proj and the output dropout are the plain layers.
 class MultiHead : public Module {
  public:
   explicit MultiHead(const MultiHeadOptions& options, Generator& gen = default_generator());

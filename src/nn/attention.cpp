@@ -9,37 +9,21 @@
 
 #include "attn/nn.h"
 #include "attn/ops.h"
+#include "nn/backend.h"
 #include "nn/checks.h"
 
 namespace attn::nn {
 namespace {
 
 using detail::check_btd;
+using detail::check_fused_request;
 using detail::check_grad;
 using detail::check_positive;
-
-constexpr int64_t kFusedMaxHeadDim = 256;  // the flash kernel's limit
-
-// kFused asked for what the kernel cannot do: an error at construction.
-void check_fused_request(const char* module, AttentionBackend backend, int64_t head_dim,
-                         float dropout, int64_t softmax_dim) {
-  if (backend != AttentionBackend::kFused) return;
-  if (head_dim > kFusedMaxHeadDim) {
-    throw std::invalid_argument(
-        fmt::format("{}: backend = kFused needs head_dim <= {}, got {}; use kAuto or kReference",
-                    module, kFusedMaxHeadDim, head_dim));
-  }
-  if (dropout >= 1.0f) {
-    throw std::invalid_argument(
-        fmt::format("{}: backend = kFused needs dropout < 1, got {}; use kAuto or kReference",
-                    module, dropout));
-  }
-  if (softmax_dim != -1 && softmax_dim != 2) {
-    throw std::invalid_argument(fmt::format(
-        "{}: backend = kFused computes the softmax over the keys only, got softmax_dim = {}",
-        module, softmax_dim));
-  }
-}
+using detail::choose;
+using detail::fused_options;
+using detail::kFusedMaxHeadDim;
+using detail::projection_grads;
+using detail::projection_weights;
 
 // ---- option checks, run before any parameter is drawn ----
 
@@ -109,75 +93,6 @@ Shape output_shape(const Tensor& q, const Tensor& v) {
 }
 
 const Tensor* noise_or_null(const Tensor& noise) { return noise.empty() ? nullptr : &noise; }
-
-// ---- choosing the path: reference or fused (the table in attn/nn.h) ----
-
-// kAuto: fused whenever the results may differ from the reference only by
-// rounding, or the caller allows other dropout masks; reference otherwise.
-AttentionBackend choose(AttentionBackend requested, const Dropout& dropout, bool exact_dropout,
-                        bool kernel_can) {
-  if (requested != AttentionBackend::kAuto) return requested;
-  if (!kernel_can) return AttentionBackend::kReference;
-  if (dropout.is_active() && (exact_dropout || dropout.options().p >= 1.0f))
-    return AttentionBackend::kReference;
-  return AttentionBackend::kFused;
-}
-
-// The fused block's dropout for this forward: one seed from the module's
-// generator when dropout is active, nothing drawn otherwise.
-fused::AttentionBlockOptions fused_options(int64_t num_heads, Dropout& dropout) {
-  fused::AttentionBlockOptions o{.num_heads = num_heads, .causal = true};
-  if (dropout.is_active()) {
-    o.dropout_p = dropout.options().p;
-    o.dropout_seed = dropout.draw_seed();
-  }
-  return o;
-}
-
-fused::ProjectionGrads projection_grads(Linear& W_query, Linear& W_key, Linear& W_value,
-                                        Linear* out_proj) {
-  const auto bias_grad = [](Linear& l) { return l.options().bias ? &l.bias.grad : nullptr; };
-  fused::ProjectionGrads g{.W_query = &W_query.weight.grad,
-                           .W_key = &W_key.weight.grad,
-                           .W_value = &W_value.weight.grad,
-                           .b_query = bias_grad(W_query),
-                           .b_key = bias_grad(W_key),
-                           .b_value = bias_grad(W_value)};
-  if (out_proj != nullptr) {
-    g.W_out = &out_proj->weight.grad;
-    g.b_out = bias_grad(*out_proj);
-  }
-  return g;
-}
-
-fused::ProjectionWeights projection_weights(const Linear& W_query, const Linear& W_key,
-                                            const Linear& W_value, const Linear* out_proj) {
-  const auto bias = [](const Linear& l) { return l.options().bias ? &l.bias.value : nullptr; };
-  fused::ProjectionWeights w{.W_query = &W_query.weight.value,
-                             .W_key = &W_key.weight.value,
-                             .W_value = &W_value.weight.value,
-                             .b_query = bias(W_query),
-                             .b_key = bias(W_key),
-                             .b_value = bias(W_value)};
-  if (out_proj != nullptr) {
-    w.W_out = &out_proj->weight.value;
-    w.b_out = bias(*out_proj);
-  }
-  return w;
-}
-
-// The softmax weights (B, H, T, T) of a fused forward, recomputed with the
-// reference maths from the q and k it saved in qkv (B, T, 3·d_out).
-Tensor recomputed_weights(const fused::AttentionBlockSaved& s) {
-  const int64_t B = s.params.B, T = s.params.T, H = s.params.H, hd = s.params.hd;
-  const Tensor qkv = s.qkv.reshape({B, T, 3 * H, hd});        // (B, T, 3·H, hd)
-  const Tensor q = transpose(slice(qkv, 2, 0, H), 1, 2);      // (B, H, T, hd)
-  const Tensor k = transpose(slice(qkv, 2, H, 2 * H), 1, 2);  // (B, H, T, hd)
-  ref::AttentionSaved saved;
-  ref::attention_forward(q, k, k, {.causal = s.params.causal, .scale = s.params.scale}, nullptr,
-                         &saved);
-  return saved.weights;  // (B, H, T, T)
-}
 
 }  // namespace
 
@@ -283,10 +198,8 @@ AttentionBackend CausalAttention::choose_backend() const {
 }
 
 const Tensor& CausalAttention::attention_weights() const {
-  if (last_backend_ == AttentionBackend::kFused && saved_.weights.empty()) {
-    const Tensor& x = fused_saved_.x;
-    saved_.weights = recomputed_weights(fused_saved_).reshape({x.size(0), x.size(1), x.size(1)});
-  }
+  if (last_backend_ == AttentionBackend::kFused && saved_.weights.empty())
+    saved_.weights = detail::recomputed_head_weights(fused_saved_);
   return saved_.weights;  // (B, T, T)
 }
 
@@ -300,7 +213,8 @@ Tensor CausalAttention::forward(const Tensor& x) {
     saved_ = {};
     // One head of width d_out, no output projection.
     return fused::attention_block_forward(x, projection_weights(W_query, W_key, W_value, nullptr),
-                                          fused_options(1, dropout), &fused_saved_);
+                                          fused_options(1, dropout, {.causal = true}),
+                                          &fused_saved_);
   }
   fused_saved_ = {};
   const int64_t B = x.size(0), T = x.size(1);
@@ -415,12 +329,12 @@ AttentionBackend MultiHeadAttention::choose_backend() const {
 }
 
 fused::ProjectionWeights MultiHeadAttention::projection_weights() const {
-  return nn::projection_weights(W_query, W_key, W_value, &out_proj);
+  return detail::projection_weights(W_query, W_key, W_value, &out_proj);
 }
 
 const Tensor& MultiHeadAttention::attention_weights() const {
   if (last_backend_ == AttentionBackend::kFused && saved_.weights.empty())
-    saved_.weights = recomputed_weights(fused_saved_);
+    saved_.weights = detail::recomputed_weights(fused_saved_);
   return saved_.weights;  // (B, H, T, T)
 }
 
@@ -434,7 +348,8 @@ Tensor MultiHeadAttention::forward(const Tensor& x) {
     saved_ = {};
     // qkv (B, T, 3·d_out) in one buffer, heads read in place, out_proj on BLAS.
     return fused::attention_block_forward(
-        x, projection_weights(), fused_options(options_.num_heads, dropout), &fused_saved_);
+        x, projection_weights(), fused_options(options_.num_heads, dropout, {.causal = true}),
+        &fused_saved_);
   }
   fused_saved_ = {};
   const int64_t B = x.size(0), T = x.size(1), H = options_.num_heads, hd = head_dim();

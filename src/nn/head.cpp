@@ -1,4 +1,7 @@
 // The character-level GPT's attention head and its multi-head form (section 5).
+// A Head calls ref::attention_forward / attention_backward for the maths, or,
+// on the fused path (attn/nn.h says when), fused::attention_block_forward /
+// attention_block_backward with one head and no output projection.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -6,19 +9,27 @@
 
 #include "attn/nn.h"
 #include "attn/ops.h"
+#include "nn/backend.h"
 #include "nn/checks.h"
 
 namespace attn::nn {
 namespace {
 
 using detail::check_btd;
+using detail::check_fused_request;
 using detail::check_grad;
 using detail::check_positive;
+using detail::choose;
+using detail::fused_options;
+using detail::kFusedMaxHeadDim;
+using detail::projection_grads;
+using detail::projection_weights;
 
 const HeadOptions& checked(const HeadOptions& o) {
   check_positive("Head", "n_embd", o.n_embd);
   check_positive("Head", "head_size", o.head_size);
   if (o.causal) check_positive("Head", "block_size", o.block_size);
+  check_fused_request("Head", o.backend, o.head_size, o.dropout);
   return o;
 }
 
@@ -27,6 +38,7 @@ const MultiHeadOptions& checked(const MultiHeadOptions& o) {
   check_positive("MultiHead", "num_heads", o.num_heads);
   check_positive("MultiHead", "head_size", o.head_size);
   if (o.causal) check_positive("MultiHead", "block_size", o.block_size);
+  check_fused_request("MultiHead", o.backend, o.head_size, o.dropout);
   return o;
 }
 
@@ -44,7 +56,9 @@ std::vector<std::unique_ptr<Head>> make_heads(const MultiHeadOptions& o, Generat
                                                        .head_size = o.head_size,
                                                        .block_size = o.block_size,
                                                        .dropout = o.dropout,
-                                                       .causal = o.causal},
+                                                       .causal = o.causal,
+                                                       .backend = o.backend,
+                                                       .exact_dropout = o.exact_dropout},
                                            gen));
   }
   return heads;
@@ -66,16 +80,37 @@ Head::Head(const HeadOptions& options, Generator& gen)
   register_module("dropout", &dropout);
 }
 
+AttentionBackend Head::choose_backend() const {
+  return choose(options_.backend, dropout, options_.exact_dropout,
+                options_.head_size <= kFusedMaxHeadDim);
+}
+
+const Tensor& Head::attention_weights() const {
+  if (last_backend_ == AttentionBackend::kFused && saved_.weights.empty())
+    saved_.weights = detail::recomputed_head_weights(fused_saved_);
+  return saved_.weights;  // (B, T, T)
+}
+
 Tensor Head::forward(const Tensor& x) {
   // Only a decoder head is limited by its tril buffer of block_size tokens.
   check_btd("Head", x, {"n_embd", options_.n_embd},
             {"block_size", options_.causal ? options_.block_size : 0});
+  last_backend_ = choose_backend();
+  has_forward_ = true;
+  if (last_backend_ == AttentionBackend::kFused) {
+    q_ = k_ = v_ = Tensor();
+    saved_ = {};
+    // One head of width head_size, no biases, no output projection: y = context.
+    return fused::attention_block_forward(x, projection_weights(query, key, value, nullptr),
+                                          fused_options(1, dropout, head_attention(options_)),
+                                          &fused_saved_);
+  }
+  fused_saved_ = {};
   const int64_t B = x.size(0), T = x.size(1);
   k_ = key.forward(x);                                   // (B, T, head_size)
   q_ = query.forward(x);                                 // (B, T, head_size)
   v_ = value.forward(x);                                 // (B, T, head_size)
   const Tensor noise = dropout.sample_noise({B, T, T});  // (B, T, T), empty when off
-  has_forward_ = true;
   return ref::attention_forward(q_, k_, v_, head_attention(options_),
                                 noise.empty() ? nullptr : &noise,
                                 &saved_);  // (B, T, head_size)
@@ -83,6 +118,13 @@ Tensor Head::forward(const Tensor& x) {
 
 Tensor Head::backward(const Tensor& dy) {
   require_forward(has_forward_, "Head");
+  if (last_backend_ == AttentionBackend::kFused) {
+    const Tensor& x = fused_saved_.x;
+    check_grad("Head", dy, {x.size(0), x.size(1), options_.head_size});
+    return fused::attention_block_backward(dy, projection_weights(query, key, value, nullptr),
+                                           fused_saved_,
+                                           projection_grads(query, key, value, nullptr));
+  }
   check_grad("Head", dy, q_.shape());
   const ref::AttentionGrads g =
       ref::attention_backward(dy, q_, k_, v_, saved_, head_attention(options_));

@@ -1,7 +1,8 @@
-// The fused path of CausalAttention and MultiHeadAttention (attn/fused.h)
-// against the reference path: outputs and every gradient on many shapes, with
-// and without dropout (the reference fed the kernel's Philox mask), causality,
-// the choice kAuto makes, finite differences, and the error messages.
+// The fused path of CausalAttention, MultiHeadAttention, Head and MultiHead
+// (attn/fused.h) against the reference path: outputs and every gradient on
+// many shapes, with and without dropout (the reference fed the kernel's Philox
+// mask), causality, the choice kAuto makes, the recomputed attention weights,
+// finite differences, and the error messages.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include "attn/nn.h"
 #include "attn/ops.h"
 #include "attn/random.h"
+#include "expect.h"
 #include "gradcheck.h"
 
 namespace attn::test {
@@ -153,45 +155,47 @@ TEST(FusedModules, WrapperHeadsTakeTheBackend) {
 
 // ---- dropout on the fused path: the kernel's Philox mask, fed to the reference maths ----
 
-// The reference maths of MultiHeadAttention with a given (B, H, T, T) noise:
-// returns y, dx and the gradients in named_parameters() order (W_query.weight,
-// [W_query.bias,] W_key..., W_value..., out_proj.weight, out_proj.bias).
-std::vector<Tensor> reference_with_noise(MultiHeadAttention& m, const Tensor& x, const Tensor& R,
-                                         const Tensor& noise) {
-  const int64_t B = x.size(0), T = x.size(1), H = m.options().num_heads, hd = m.head_dim();
-  const int64_t d_out = m.options().d_out;
+// The reference maths of the fused block (attn/fused.h) on a module's own
+// Linear layers, with a given (B, H, T, T) dropout noise: returns y, dx and the
+// parameter gradients in named_parameters() order (accumulated from zero into
+// the module's grads). out_proj may be nullptr (y = context).
+template <class M>
+std::vector<Tensor> reference_block_with_noise(M& m, Linear& W_query, Linear& W_key,
+                                               Linear& W_value, Linear* out_proj, int64_t H,
+                                               const ref::AttentionOptions& attention,
+                                               const Tensor& x, const Tensor& R,
+                                               const Tensor& noise) {
+  const int64_t B = x.size(0), T = x.size(1), d_out = W_query.weight.value.size(0), hd = d_out / H;
   const auto bias = [](Linear& l) { return l.options().bias ? &l.bias.value : nullptr; };
+  const auto bias_grad = [](Linear& l) { return l.options().bias ? &l.bias.grad : nullptr; };
   const auto heads = [&](const Tensor& y) {  // (B, T, d_out) -> (B, H, T, hd)
     return transpose(y.reshape({B, T, H, hd}), 1, 2);
   };
   const auto merge = [&](const Tensor& y) {  // (B, H, T, hd) -> (B, T, d_out)
     return transpose(y, 1, 2).reshape({B, T, d_out});
   };
-  const Tensor q = heads(ref::linear_forward(x, m.W_query.weight.value, bias(m.W_query)));
-  const Tensor k = heads(ref::linear_forward(x, m.W_key.weight.value, bias(m.W_key)));
-  const Tensor v = heads(ref::linear_forward(x, m.W_value.weight.value, bias(m.W_value)));
+  Linear* lin[3] = {&W_query, &W_key, &W_value};
+  Tensor qkv[3];  // q, k, v (B, H, T, hd)
+  for (int j = 0; j < 3; ++j)
+    qkv[j] = heads(ref::linear_forward(x, lin[j]->weight.value, bias(*lin[j])));
   ref::AttentionSaved saved;
-  const ref::AttentionOptions causal{.causal = true};
-  const Tensor context = merge(ref::attention_forward(q, k, v, causal, &noise, &saved));
-  const Tensor y = ref::linear_forward(context, m.out_proj.weight.value, &m.out_proj.bias.value);
+  const Tensor context =
+      merge(ref::attention_forward(qkv[0], qkv[1], qkv[2], attention, &noise, &saved));
 
-  std::vector<Tensor> grads;
-  for (auto& [name, p] : m.named_parameters()) grads.push_back(Tensor::zeros(p->value.shape()));
-  // grads: [Wq, (bq), Wk, (bk), Wv, (bv), Wo, bo]
-  const bool b = m.options().qkv_bias;
-  const size_t per = b ? 2 : 1;
-  Tensor& dWo = grads[3 * per];
-  Tensor& dbo = grads[3 * per + 1];
-  const Tensor dcontext =
-      heads(ref::linear_backward(R, context, m.out_proj.weight.value, dWo, &dbo));
-  const ref::AttentionGrads g = ref::attention_backward(dcontext, q, k, v, saved, causal);
-  Tensor dx;
+  m.zero_grad();
+  Tensor y = context, dcontext = R;  // (B, T, d_out)
+  if (out_proj != nullptr) {
+    y = ref::linear_forward(context, out_proj->weight.value, bias(*out_proj));
+    dcontext = ref::linear_backward(R, context, out_proj->weight.value, out_proj->weight.grad,
+                                    bias_grad(*out_proj));
+  }
+  const ref::AttentionGrads g =
+      ref::attention_backward(heads(dcontext), qkv[0], qkv[1], qkv[2], saved, attention);
   const Tensor* dproj[3] = {&g.dq, &g.dk, &g.dv};
-  Linear* lin[3] = {&m.W_query, &m.W_key, &m.W_value};
+  Tensor dx;
   for (int j = 0; j < 3; ++j) {
-    Tensor* db = b ? &grads[j * per + 1] : nullptr;
-    const Tensor dxj =
-        ref::linear_backward(merge(*dproj[j]), x, lin[j]->weight.value, grads[j * per], db);
+    const Tensor dxj = ref::linear_backward(merge(*dproj[j]), x, lin[j]->weight.value,
+                                            lin[j]->weight.grad, bias_grad(*lin[j]));
     if (j == 0) {
       dx = dxj;
     } else {
@@ -199,8 +203,19 @@ std::vector<Tensor> reference_with_noise(MultiHeadAttention& m, const Tensor& x,
     }
   }
   std::vector<Tensor> out = {y, dx};
-  for (auto& gr : grads) out.push_back(gr);
+  for (auto& [name, p] : m.named_parameters()) out.push_back(p->grad);
   return out;
+}
+
+// The kernel's Philox mask for one forward, as a (B, H, T, T) tensor.
+Tensor philox_noise(int64_t B, int64_t H, int64_t T, int64_t hd, bool causal, float p,
+                    uint64_t seed) {
+  kernels::FlashAttentionParams params;
+  params.B = B, params.T = T, params.H = H, params.hd = hd;
+  params.causal = causal, params.dropout_p = p, params.dropout_seed = seed;
+  Tensor noise({B, H, T, T});  // (B, H, T, T)
+  kernels::flash_dropout_noise(noise.data(), params);
+  return noise;
 }
 
 TEST(FusedModules, DropoutUsesThePhiloxMaskSeededFromTheGenerator) {
@@ -218,13 +233,10 @@ TEST(FusedModules, DropoutUsesThePhiloxMaskSeededFromTheGenerator) {
       EXPECT_EQ(m.last_backend(), AttentionBackend::kFused);
       EXPECT_EQ(gen.random(), probe.random()) << "exactly one random64() per forward";
 
-      kernels::FlashAttentionParams params;
-      params.B = s.B, params.T = s.T, params.H = s.H, params.hd = s.hd;
-      params.causal = true, params.dropout_p = p, params.dropout_seed = seed;
-      Tensor noise({s.B, s.H, s.T, s.T});  // (B, H, T, T)
-      kernels::flash_dropout_noise(noise.data(), params);
-      const auto b = reference_with_noise(m, x, R, noise);
+      const Tensor noise = philox_noise(s.B, s.H, s.T, s.hd, /*causal=*/true, p, seed);
       const auto names = result_names(m);
+      const auto b = reference_block_with_noise(m, m.W_query, m.W_key, m.W_value, &m.out_proj, s.H,
+                                                {.causal = true}, x, R, noise);
       ASSERT_EQ(a.size(), b.size());
       for (size_t n = 0; n < a.size(); ++n)
         EXPECT_LE(rel_err(a[n], b[n], max_abs(b[0])), kRelTol)
@@ -423,6 +435,346 @@ TEST(FusedModules, GradcheckReferencePathStillCovered) {
       {.d_in = 4, .d_out = 3, .context_length = 8, .backend = AttentionBackend::kReference}, gen);
   gradcheck_module("reference CausalAttention", ca, random_tensor({2, 8, 4}, 90));
   EXPECT_EQ(m.last_backend(), AttentionBackend::kReference);
+  for (bool causal : {true, false}) {
+    Head head({.n_embd = 6,
+               .head_size = 4,
+               .block_size = 8,
+               .causal = causal,
+               .backend = AttentionBackend::kReference},
+              gen);
+    gradcheck_module(std::string("reference Head ") + (causal ? "decoder" : "encoder"), head,
+                     random_tensor({2, 5, 6}, 91));
+    EXPECT_EQ(head.last_backend(), AttentionBackend::kReference);
+  }
+}
+
+// ---- Head and MultiHead (section 5): one head of width head_size, no biases,
+// no output projection, scale head_size^-0.5, causal or not ----
+
+struct HeadShape {
+  int64_t B, T, n_embd, head_size;
+  bool causal;
+};
+std::string name_of(const HeadShape& s) {
+  return "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) +
+         " n_embd=" + std::to_string(s.n_embd) + " head_size=" + std::to_string(s.head_size) +
+         (s.causal ? " decoder" : " encoder");
+}
+
+HeadOptions head_options(const HeadShape& s, AttentionBackend backend, float dropout = 0.0f,
+                         bool exact_dropout = true) {
+  return {.n_embd = s.n_embd,
+          .head_size = s.head_size,
+          .block_size = s.T + 3,
+          .dropout = dropout,
+          .causal = s.causal,
+          .backend = backend,
+          .exact_dropout = exact_dropout};
+}
+
+// The reference path's attention options of a Head: the same scale expression.
+ref::AttentionOptions head_attention(const HeadShape& s) {
+  return {.causal = s.causal,
+          .scale = static_cast<float>(std::pow(static_cast<double>(s.head_size), -0.5))};
+}
+
+TEST(FusedModules, HeadMatchesReference) {
+  // T = 1, odd T and both sides of the kernel's widths; head_size 1 .. 256.
+  const std::vector<HeadShape> all = {
+      {1, 1, 8, 16, true},    {1, 1, 5, 3, false},     {2, 15, 16, 16, true},
+      {2, 17, 24, 32, false}, {1, 64, 32, 64, true},   {1, 65, 96, 64, false},
+      {3, 33, 20, 24, true},  {2, 6, 3, 1, false},     {1, 31, 48, 48, true},
+      {2, 63, 64, 17, false}, {1, 129, 64, 128, true}, {1, 200, 40, 128, false},
+      {1, 40, 32, 256, true}, {2, 7, 9, 5, false},
+  };
+  for (const HeadShape& s : all) {
+    Generator g_fused(14), g_ref(14);
+    Head fused(head_options(s, AttentionBackend::kFused), g_fused);
+    Head reference(head_options(s, AttentionBackend::kReference), g_ref);
+    const Tensor x = random_tensor({s.B, s.T, s.n_embd}, 27);
+    const Tensor R = random_tensor({s.B, s.T, s.head_size}, 28);
+    const auto a = forward_backward(fused, x, R);
+    const auto b = forward_backward(reference, x, R);
+    EXPECT_EQ(fused.last_backend(), AttentionBackend::kFused);
+    EXPECT_EQ(reference.last_backend(), AttentionBackend::kReference);
+    const auto names = result_names(fused);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t n = 0; n < a.size(); ++n)
+      EXPECT_LE(rel_err(a[n], b[n], max_abs(b[0])), kRelTol) << name_of(s) << " " << names[n];
+  }
+}
+
+TEST(FusedModules, MultiHeadHeadsTakeTheBackend) {
+  for (bool causal : {true, false}) {
+    for (int64_t T : {1, 9, 17}) {
+      const MultiHeadOptions o = {
+          .n_embd = 12, .num_heads = 3, .head_size = 5, .block_size = 17, .causal = causal};
+      MultiHeadOptions of = o, orf = o;
+      of.backend = AttentionBackend::kFused;
+      orf.backend = AttentionBackend::kReference;
+      Generator g_fused(15), g_ref(15);
+      MultiHead fused(of, g_fused);
+      MultiHead reference(orf, g_ref);
+      const Tensor x = random_tensor({2, T, 12}, 29), R = random_tensor({2, T, 12}, 30);
+      const auto a = forward_backward(fused, x, R);
+      const auto b = forward_backward(reference, x, R);
+      for (const auto& head : fused.heads)
+        EXPECT_EQ(head->last_backend(), AttentionBackend::kFused);
+      for (const auto& head : reference.heads)
+        EXPECT_EQ(head->last_backend(), AttentionBackend::kReference);
+      const auto names = result_names(fused);
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t n = 0; n < a.size(); ++n)
+        EXPECT_LE(rel_err(a[n], b[n], max_abs(b[0])), kRelTol)
+            << (causal ? "decoder" : "encoder") << " T=" << T << " " << names[n];
+    }
+  }
+}
+
+TEST(FusedModules, HeadDropoutUsesThePhiloxMaskSeededFromTheGenerator) {
+  for (const HeadShape& s : {HeadShape{2, 17, 24, 32, true}, HeadShape{1, 65, 16, 16, false},
+                             HeadShape{1, 1, 8, 8, true}, HeadShape{2, 9, 6, 3, false}}) {
+    for (float p : {0.1f, 0.5f}) {
+      Generator gen(35);
+      Head m(head_options(s, AttentionBackend::kAuto, p, /*exact_dropout=*/false), gen);
+      const Tensor x = random_tensor({s.B, s.T, s.n_embd}, 36);
+      const Tensor R = random_tensor({s.B, s.T, s.head_size}, 37);
+      Generator probe = gen;  // the head draws one random64() per forward
+      const uint64_t seed = probe.random64();
+      const auto a = forward_backward(m, x, R);
+      EXPECT_EQ(m.last_backend(), AttentionBackend::kFused);
+      EXPECT_EQ(gen.random(), probe.random()) << "exactly one random64() per forward";
+
+      const Tensor noise = philox_noise(s.B, 1, s.T, s.head_size, s.causal, p, seed);
+      const auto names = result_names(m);
+      const auto b = reference_block_with_noise(m, m.query, m.key, m.value, nullptr, 1,
+                                                head_attention(s), x, R, noise);
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t n = 0; n < a.size(); ++n)
+        EXPECT_LE(rel_err(a[n], b[n], max_abs(b[0])), kRelTol)
+            << name_of(s) << " p=" << p << " " << names[n];
+    }
+  }
+}
+
+TEST(FusedModules, FusedDecoderHeadDoesNotSeeTheFuture) {
+  const Tensor x = random_tensor({2, 24, 8}, 43);
+  for (bool causal : {true, false}) {
+    Generator gen(44);
+    Head head({.n_embd = 8,
+               .head_size = 16,
+               .block_size = 24,
+               .causal = causal,
+               .backend = AttentionBackend::kFused},
+              gen);
+    for (int64_t from : {1, 7, 16, 17, 23}) {
+      Tensor changed = x;
+      for (int64_t b = 0; b < 2; ++b)
+        for (int64_t t = from; t < 24; ++t)
+          for (int64_t c = 0; c < 8; ++c) changed.at({b, t, c}) += 2.0f + float(c);
+      const float past = max_abs_diff(slice(head.forward(x), 1, 0, from),
+                                      slice(head.forward(changed), 1, 0, from));
+      if (causal) {
+        EXPECT_EQ(past, 0.0f) << from;
+      } else {
+        EXPECT_GT(past, 1e-3f) << "an encoder head sees the future, from " << from;
+      }
+    }
+  }
+}
+
+TEST(FusedModules, HeadAutoPicksTheExpectedPath) {
+  const HeadShape s{1, 5, 4, 3, true};
+  const Tensor x = random_tensor({1, 5, 4}, 53);
+  const auto path = [&](Head& m) {
+    m.forward(x);
+    return m.last_backend();
+  };
+  using enum AttentionBackend;
+  Generator gen(54);
+  Head p0(head_options(s, kAuto, 0.0f), gen);
+  EXPECT_EQ(p0.last_backend(), kAuto);  // before any forward
+  EXPECT_EQ(path(p0), kFused);          // training, p = 0: same maths
+  Head exact(head_options(s, kAuto, 0.1f), gen);
+  EXPECT_EQ(path(exact), kReference);  // training with PyTorch's dropout stream
+  exact.eval();
+  EXPECT_EQ(path(exact), kFused);  // evaluation: dropout is off
+  exact.train();
+  EXPECT_EQ(path(exact), kReference);
+  Head philox(head_options(s, kAuto, 0.1f, false), gen);
+  EXPECT_EQ(path(philox), kFused);  // other masks allowed
+  Head all(head_options(s, kAuto, 1.0f, false), gen);
+  EXPECT_EQ(path(all), kReference);  // p = 1: the kernel needs p < 1
+  Head forced_ref(head_options(s, kReference), gen);
+  forced_ref.eval();
+  EXPECT_EQ(path(forced_ref), kReference);
+  Head forced_fused(head_options(s, kFused, 0.1f), gen);
+  EXPECT_EQ(path(forced_fused), kFused);
+  Head wide(head_options({1, 5, 4, 300, false}, kAuto), gen);
+  EXPECT_EQ(path(wide), kReference);  // head_size 300 > 256
+  Head encoder(head_options({1, 5, 4, 3, false}, kAuto), gen);
+  EXPECT_EQ(path(encoder), kFused);
+
+  // MultiHead: every head chooses as a Head would; proj and the output dropout are plain.
+  MultiHead multi({.n_embd = 4, .num_heads = 2, .head_size = 3, .block_size = 5, .dropout = 0.1f},
+                  gen);
+  multi.forward(x);
+  for (const auto& head : multi.heads) EXPECT_EQ(head->last_backend(), kReference);
+  multi.eval();
+  multi.forward(x);
+  for (const auto& head : multi.heads) EXPECT_EQ(head->last_backend(), kFused);
+  MultiHead philox_multi({.n_embd = 4,
+                          .num_heads = 2,
+                          .head_size = 3,
+                          .block_size = 5,
+                          .dropout = 0.1f,
+                          .exact_dropout = false},
+                         gen);
+  philox_multi.forward(x);
+  for (const auto& head : philox_multi.heads) EXPECT_EQ(head->last_backend(), kFused);
+}
+
+TEST(FusedModules, HeadAttentionWeightsAreRecomputedAfterAFusedForward) {
+  for (bool causal : {true, false}) {
+    const HeadShape s{2, 9, 6, 4, causal};
+    Generator g1(64), g2(64);
+    Head fused(head_options(s, AttentionBackend::kFused), g1);
+    Head reference(head_options(s, AttentionBackend::kReference), g2);
+    const Tensor x = random_tensor({s.B, s.T, s.n_embd}, 65);
+    fused.forward(x);
+    reference.forward(x);
+    ASSERT_EQ(fused.attention_weights().shape(), (Shape{2, 9, 9}));
+    EXPECT_LE(max_abs_diff(fused.attention_weights(), reference.attention_weights()), 1e-6f)
+        << (causal ? "decoder" : "encoder");
+    // A new forward (a reference one in between) replaces them.
+    fused.eval();
+    const Tensor x2 = random_tensor({1, 4, s.n_embd}, 66);
+    fused.forward(x2);
+    reference.forward(x2);
+    EXPECT_EQ(fused.last_backend(), AttentionBackend::kFused);
+    ASSERT_EQ(fused.attention_weights().shape(), (Shape{1, 4, 4}));
+    EXPECT_LE(max_abs_diff(fused.attention_weights(), reference.attention_weights()), 1e-6f);
+  }
+  // Switching paths on one module: a reference forward after a fused one keeps its own weights.
+  Generator g3(67), g4(67);
+  Head h({.n_embd = 6, .head_size = 4, .block_size = 9, .dropout = 0.2f}, g3);
+  Head expected({.n_embd = 6, .head_size = 4, .block_size = 9, .dropout = 0.2f}, g4);
+  const Tensor x = random_tensor({2, 9, 6}, 68);
+  h.eval();
+  h.forward(x);  // fused
+  EXPECT_EQ(h.last_backend(), AttentionBackend::kFused);
+  h.attention_weights();
+  h.train();
+  expected.train();
+  h.forward(x);  // reference, PyTorch's dropout stream
+  expected.forward(x);
+  EXPECT_EQ(h.last_backend(), AttentionBackend::kReference);
+  EXPECT_EQ(max_abs_diff(h.attention_weights(), expected.attention_weights()), 0.0f);
+}
+
+TEST(FusedModules, HeadFusedRequestsAndInputsAreChecked) {
+  using IA = std::invalid_argument;
+  expect_message<IA>(
+      [] {
+        Head m(
+            {.n_embd = 4, .head_size = 300, .block_size = 5, .backend = AttentionBackend::kFused});
+      },
+      "Head: backend = kFused needs head_dim <= 256, got 300; use kAuto or kReference");
+  expect_message<IA>(
+      [] {
+        Head m({.n_embd = 4,
+                .head_size = 2,
+                .block_size = 5,
+                .dropout = 1.0f,
+                .backend = AttentionBackend::kFused});
+      },
+      "Head: backend = kFused needs dropout < 1, got 1; use kAuto or kReference");
+  expect_message<IA>(
+      [] {
+        MultiHead m({.n_embd = 4,
+                     .num_heads = 2,
+                     .head_size = 257,
+                     .block_size = 5,
+                     .backend = AttentionBackend::kFused});
+      },
+      "MultiHead: backend = kFused needs head_dim <= 256, got 257; use kAuto or kReference");
+
+  // A decoder head keeps its block_size limit on the fused path; an encoder head has none.
+  Generator gen(73);
+  Head decoder({.n_embd = 8, .head_size = 4, .block_size = 8, .backend = AttentionBackend::kFused},
+               gen);
+  expect_message<IA>(
+      [&] {
+        decoder.forward(random_tensor({1, 9, 8}, 74));
+      },
+      "Head: input has 9 tokens but block_size is 8");
+  expect_message<IA>(
+      [&] {
+        decoder.forward(random_tensor({1, 4, 6}, 74));
+      },
+      "Head: input last dim 6 does not match n_embd 8");
+  Head encoder({.n_embd = 8,
+                .head_size = 4,
+                .block_size = 8,
+                .causal = false,
+                .backend = AttentionBackend::kFused},
+               gen);
+  EXPECT_EQ(encoder.forward(random_tensor({1, 9, 8}, 75)).shape(), (Shape{1, 9, 4}));
+  EXPECT_EQ(encoder.last_backend(), AttentionBackend::kFused);
+  expect_message<IA>(
+      [&] {
+        encoder.backward(Tensor({1, 9, 5}));
+      },
+      "Head: gradient shape (1, 9, 5) does not match output shape (1, 9, 4)");
+  Head fresh({.n_embd = 8, .head_size = 4, .block_size = 8, .backend = AttentionBackend::kFused},
+             gen);
+  expect_message<std::logic_error>(
+      [&] {
+        fresh.backward(Tensor({1, 1, 4}));
+      },
+      "Head: backward() called before forward()");
+}
+
+TEST(FusedModules, GradcheckHead) {
+  for (bool causal : {true, false}) {
+    for (int64_t T : {1, 6}) {
+      Generator gen(92);
+      Head m({.n_embd = 5,
+              .head_size = 3,
+              .block_size = 8,
+              .causal = causal,
+              .backend = AttentionBackend::kFused},
+             gen);
+      const std::string name =
+          std::string("fused Head ") + (causal ? "decoder" : "encoder") + " T=" + std::to_string(T);
+      gradcheck_module(name, m, random_tensor({2, T, 5}, 93));
+      EXPECT_EQ(m.last_backend(), AttentionBackend::kFused);
+    }
+  }
+  // With Philox dropout: reseeding before each forward gives the same mask.
+  Generator drop_gen(94);
+  Head drop({.n_embd = 4,
+             .head_size = 3,
+             .block_size = 6,
+             .dropout = 0.25f,
+             .causal = false,
+             .exact_dropout = false},
+            drop_gen);
+  gradcheck_module("fused Head encoder dropout 0.25", drop, random_tensor({2, 6, 4}, 95), {},
+                   [&] { drop_gen.manual_seed(96); });
+  EXPECT_EQ(drop.last_backend(), AttentionBackend::kFused);
+}
+
+TEST(FusedModules, GradcheckMultiHead) {
+  Generator gen(97);
+  MultiHead m({.n_embd = 6,
+               .num_heads = 2,
+               .head_size = 3,
+               .block_size = 8,
+               .backend = AttentionBackend::kFused},
+              gen);
+  gradcheck_module("fused MultiHead", m, random_tensor({2, 5, 6}, 98));
+  for (const auto& head : m.heads) EXPECT_EQ(head->last_backend(), AttentionBackend::kFused);
 }
 
 }  // namespace
