@@ -73,13 +73,19 @@ struct AttentionBlockOptions {
   uint64_t dropout_seed = 0;
 };
 
-// What the forward keeps for the backward.
+// What the forward keeps for the backward, and the backward's own buffers.
+// Both calls write into these tensors, reusing their storage when the shapes
+// match the previous step's (a training loop allocates nothing after its
+// first step: fresh buffers of tens of MB cost a page fault per 4 KB);
+// assigning {} releases everything.
 struct AttentionBlockSaved {
   Tensor x;        // (B, T, d_in)
   Tensor qkv;      // (B, T, 3·d_out)  q | k | v
   Tensor context;  // (B, T, d_out)    the kernel's output, out_proj's input
   Tensor lse;      // (B, H, T)        natural-log log-sum-exp of each score row
   kernels::FlashAttentionParams params;
+  Tensor dcontext;  // (B, T, d_out)    backward: dy W_out (empty without W_out)
+  Tensor dqkv;      // (B, T, 3·d_out)  backward: dq | dk | dv from the kernel
 };
 
 // x (B, T, d_in) -> y (B, T, d_out). Throws std::invalid_argument naming the
@@ -88,8 +94,9 @@ Tensor attention_block_forward(const Tensor& x, const ProjectionWeights& w,
                                const AttentionBlockOptions& options, AttentionBlockSaved* saved);
 
 // dy (B, T, d_out) -> dx (B, T, d_in); accumulates the parameter gradients.
+// Writes its scratch into saved.dcontext and saved.dqkv.
 Tensor attention_block_backward(const Tensor& dy, const ProjectionWeights& w,
-                                const AttentionBlockSaved& saved, const ProjectionGrads& grads);
+                                AttentionBlockSaved& saved, const ProjectionGrads& grads);
 
 // The useful floating-point operations of one forward, for benchmarks: the
 // four projections 2·B·T·d_in·d_out each (out_proj: d_out·d_out), plus the core

@@ -85,6 +85,15 @@ void linear_into(float* C, int64_t ldc, const float* x, int64_t d_in, const Tens
   gemm_nt(C, ldc, x, d_in, W.data(), d_in, M, N, d_in, b != nullptr ? 1.0f : 0.0f);
 }
 
+// t itself when it already has this shape (its values stale: the caller
+// overwrites every element), else a new zeroed tensor of the shape. Reusing the
+// buffers of the previous step matters for long sequences: a fresh buffer of
+// tens of MB costs a page fault per 4 KB and a zeroing pass before any work.
+Tensor& reuse(Tensor& t, const Shape& shape) {
+  if (t.shape() != shape) t = Tensor(shape);
+  return t;
+}
+
 void check_shape(const char* what, const Tensor* t, const Shape& expected) {
   if (t != nullptr && t->shape() != expected) {
     throw std::invalid_argument(fmt::format("attention_block: {} has shape {}, expected {}", what,
@@ -171,16 +180,21 @@ Tensor attention_block_forward(const Tensor& x, const ProjectionWeights& w,
   p.o_stride = d_out;
   p = kernels::validated(p);  // throws for head_dim > 256, p outside [0, 1), ...
 
+  // With saved, the buffers live in it, reused from the previous step when the
+  // shapes match; without, they are this call's own.
+  AttentionBlockSaved local;
+  AttentionBlockSaved& s = saved != nullptr ? *saved : local;
+
   // qkv = x [W_query; W_key; W_value]ᵀ + b: one column block per projection.
-  Tensor qkv({B, T, kQKV * d_out});  // (B, T, 3·d_out)
+  Tensor& qkv = reuse(s.qkv, {B, T, kQKV * d_out});  // (B, T, 3·d_out)
   const auto weights = weights_of(w);
   const auto biases = biases_of(w);
   for (int j = 0; j < kQKV; ++j)
     linear_into(qkv.data() + j * d_out, kQKV * d_out, x.data(), d_in, *weights[j], biases[j], N,
                 d_out);
   const float* q = qkv.data();
-  Tensor context({B, T, d_out});  // (B, T, H, hd) = (B, T, d_out)
-  Tensor lse({B, H, T});          // (B, H, T)
+  Tensor& context = reuse(s.context, {B, T, d_out});  // (B, T, H, hd) = (B, T, d_out)
+  Tensor& lse = reuse(s.lse, {B, H, T});              // (B, H, T)
   kernels::flash_attention_forward(context.data(), lse.data(), q, q + d_out, q + 2 * d_out, p);
 
   Tensor y;
@@ -193,17 +207,14 @@ Tensor attention_block_forward(const Tensor& x, const ProjectionWeights& w,
     y = context;
   }
   if (saved != nullptr) {
-    saved->x = x;
-    saved->qkv = std::move(qkv);
-    saved->context = std::move(context);
-    saved->lse = std::move(lse);
+    saved->x = x;  // a copy into the storage of the previous x when it fits
     saved->params = p;
   }
   return y;
 }
 
 Tensor attention_block_backward(const Tensor& dy, const ProjectionWeights& w,
-                                const AttentionBlockSaved& saved, const ProjectionGrads& grads) {
+                                AttentionBlockSaved& saved, const ProjectionGrads& grads) {
   const auto [d_in, d_out] = checked_widths(w);
   check_grads(w, grads);
   const kernels::FlashAttentionParams& p = saved.params;
@@ -221,10 +232,9 @@ Tensor attention_block_backward(const Tensor& dy, const ProjectionWeights& w,
   }
 
   // Through out_proj: dcontext = dy W_out, dW_out += dyᵀ context, db_out += Σ_rows dy.
-  Tensor dcontext_buffer;
   const float* dcontext = dy.data();
   if (w.W_out != nullptr) {
-    dcontext_buffer = Tensor({B, T, d_out});  // (B, T, d_out)
+    Tensor& dcontext_buffer = reuse(saved.dcontext, {B, T, d_out});  // (B, T, d_out)
     gemm_nn(dcontext_buffer.data(), d_out, dy.data(), d_out, w.W_out->data(), d_out, N, d_out,
             d_out, 0.0f);
     gemm_tn_accumulate(grads.W_out->data(), d_out, dy.data(), d_out, saved.context.data(), d_out,
@@ -235,7 +245,7 @@ Tensor attention_block_backward(const Tensor& dy, const ProjectionWeights& w,
   }
 
   // Through the kernel: dq, dk, dv in the column blocks of one (B, T, 3·d_out) buffer.
-  Tensor dqkv({B, T, kQKV * d_out});  // (B, T, 3·d_out)
+  Tensor& dqkv = reuse(saved.dqkv, {B, T, kQKV * d_out});  // (B, T, 3·d_out)
   const float* qkv = saved.qkv.data();
   float* dq = dqkv.data();
   kernels::flash_attention_backward(dq, dq + d_out, dq + 2 * d_out, dcontext, qkv, qkv + d_out,

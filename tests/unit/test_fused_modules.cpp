@@ -112,6 +112,32 @@ TEST(FusedModules, MultiHeadAttentionMatchesReference) {
   }
 }
 
+TEST(FusedModules, StepsReuseTheirBuffersWithoutCarryingValuesOver) {
+  // One module stepped through shapes that grow, shrink and repeat (its fused
+  // buffers are reused whenever a shape repeats, reallocated otherwise)
+  // gives at each step the same bits as a fresh module with the same weights.
+  // Without qkv biases, so every product must overwrite, not accumulate.
+  const std::vector<Shape4> steps = {{2, 17, 24, 3, 8, false}, {2, 17, 24, 3, 8, false},
+                                     {1, 40, 24, 3, 8, false}, {2, 17, 24, 3, 8, false},
+                                     {2, 5, 24, 3, 8, false}};
+  const auto options = mha_options(steps[2], AttentionBackend::kFused);  // the longest T
+  Generator g_stepped(5);
+  MultiHeadAttention stepped(options, g_stepped);
+  uint64_t seed = 40;
+  for (const Shape4& s : steps) {
+    Generator g_fresh(5);
+    MultiHeadAttention fresh(options, g_fresh);
+    const Tensor x = random_tensor({s.B, s.T, s.d_in}, seed++);
+    const Tensor R = random_tensor({s.B, s.T, s.H * s.hd}, seed++);
+    const auto a = forward_backward(stepped, x, R);
+    const auto b = forward_backward(fresh, x, R);
+    const auto names = result_names(stepped);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t n = 0; n < a.size(); ++n)
+      EXPECT_EQ(a[n].values(), b[n].values()) << name_of(s) << " " << names[n];
+  }
+}
+
 TEST(FusedModules, CausalAttentionMatchesReference) {
   // CausalAttention is one head of width d_out without an output projection.
   for (const Shape4& s : shapes()) {
