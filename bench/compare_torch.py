@@ -13,6 +13,9 @@ PyTorch and attn are each timed in the same environments (OMP threads 1 and 2;
 GOMP_SPINCOUNT unset and 0, since OpenMP's spinning threads and OpenBLAS's
 contend on small machines) and the best of them is the figure of each that is
 compared (OMP_NUM_THREADS also sets OpenBLAS's thread count).
+With --rounds N the whole set (every implementation in every environment) is
+measured N times, interleaved, and the best median of each side over all of
+them counts: a load that passes over the shared machine then hits both sides.
 The table it prints goes into docs/performance.md.
 """
 import argparse
@@ -125,6 +128,9 @@ def main():
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--skip-book-above", type=int, default=4096,
                    help="skip the book class above this T (it materialises B*H*T*T floats)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="passes over every implementation and environment, interleaved; each side's best median "
+                        "over all of them counts (a passing load on the shared machine then hits both sides alike)")
     p.add_argument("--json-out", default="")
     p.add_argument("--worker", default="")
     p.add_argument("--shape", default="")
@@ -144,19 +150,23 @@ def main():
     for s in args.shapes.split(","):
         shape = parse_shape(s)
         for mode in args.modes.split(","):
+            impls = [i for i in ("torch-mha", "torch-book", "torch-sdpa")
+                     if not (i == "torch-book" and shape[1] > args.skip_book_above)]
+            torch_runs = {impl: [] for impl in impls}
+            attn_runs = {"module": [], "core": []}
+            for _ in range(args.rounds):
+                for impl in impls:
+                    for threads, spin in envs:
+                        r = run_torch(impl, shape, mode, args.repeats, threads, spin)
+                        r.update(threads=threads, spincount=spin)
+                        torch_runs[impl].append(r)
+                for kind in attn_runs:
+                    attn_runs[kind].append(best_attn(args.attn, kind, shape, mode, args.repeats, envs))
             best = {}
-            for impl in ("torch-mha", "torch-book", "torch-sdpa"):
-                if impl == "torch-book" and shape[1] > args.skip_book_above:
-                    continue
-                results = []
-                for threads, spin in envs:
-                    r = run_torch(impl, shape, mode, args.repeats, threads, spin)
-                    r.update(threads=threads, spincount=spin)
-                    results.append(r)
+            for impl, results in torch_runs.items():
                 best[impl] = dict(min(results, key=lambda r: r["ms_median"]))
                 best[impl]["all"] = [dict(r) for r in results]  # copies: no circular reference
-            module = best_attn(args.attn, "module", shape, mode, args.repeats, envs)
-            core = best_attn(args.attn, "core", shape, mode, args.repeats, envs)
+            module, core = (min(attn_runs[kind], key=lambda r: r["ms_median"]) for kind in ("module", "core"))
             row = {"shape": s, "mode": mode, "attn_module": module, "attn_core": core, "torch": best}
             rows.append(row)
 
@@ -170,7 +180,7 @@ def main():
                   f"{core['ms_median']:10.1f} {best['torch-sdpa']['ms_median']:11.1f} "
                   f"{best['torch-sdpa']['ms_median'] / core['ms_median']:7.2f}", flush=True)
     print("\nms are medians; torch and attn figures are each the best over OMP_NUM_THREADS in {1, 2} and "
-          "GOMP_SPINCOUNT in {unset, 0}; x = torch ms / attn ms.")
+          f"GOMP_SPINCOUNT in {{unset, 0}} ({args.rounds} interleaved round(s)); x = torch ms / attn ms.")
     if args.json_out:
         tmp = args.json_out + ".tmp"
         with open(tmp, "w") as f:
