@@ -51,8 +51,9 @@ struct BenchResult {
 // Parses "BxTxDxH" (e.g. "1x1024x768x12"); throws UsageError naming the text.
 BenchCase parse_bench_shape(const std::string& text);
 
-// Runs one case: a warm-up repeat whose outputs are checked to be finite
-// (std::runtime_error otherwise), then `repeats` timed repeats.
+// Runs one case: warm-up repeats for at least 250 ms (the first one's outputs
+// checked to be finite, std::runtime_error otherwise), then `repeats` timed
+// repeats.
 BenchResult run_bench_case(const BenchCase& c, int repeats, const std::string& backend);
 
 // Registers the `bench` subcommand on the app.
