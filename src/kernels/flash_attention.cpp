@@ -36,10 +36,7 @@
 #include <omp.h>
 #endif
 
-// SSSE3 and AVX3_DL add nothing for fp32 over SSE4 and AVX3: fewer copies to compile.
-#ifndef HWY_DISABLED_TARGETS
-#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_AVX3_DL)
-#endif
+#include "kernels/hwy_targets.h"
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/flash_attention.cpp"
 #include <hwy/aligned_allocator.h>

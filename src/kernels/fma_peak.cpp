@@ -22,10 +22,7 @@
 #include <omp.h>
 #endif
 
-// The same targets as the flash kernel (flash_attention.cpp says why).
-#ifndef HWY_DISABLED_TARGETS
-#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_AVX3_DL)
-#endif
+#include "kernels/hwy_targets.h"  // the same targets as the flash kernel
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/fma_peak.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
