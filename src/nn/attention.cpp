@@ -20,8 +20,10 @@ using detail::check_fused_request;
 using detail::check_grad;
 using detail::check_positive;
 using detail::choose;
+using detail::fused_backward;
 using detail::fused_options;
 using detail::kFusedMaxHeadDim;
+using detail::noise_or_null;
 using detail::projection_grads;
 using detail::projection_weights;
 
@@ -91,8 +93,6 @@ Shape output_shape(const Tensor& q, const Tensor& v) {
   s.back() = v.size(-1);
   return s;
 }
-
-const Tensor* noise_or_null(const Tensor& noise) { return noise.empty() ? nullptr : &noise; }
 
 }  // namespace
 
@@ -231,11 +231,9 @@ Tensor CausalAttention::forward(const Tensor& x) {
 Tensor CausalAttention::backward(const Tensor& dy) {
   require_forward(has_forward_, "CausalAttention");
   if (last_backend_ == AttentionBackend::kFused) {
-    const Tensor& x = fused_saved_.x;
-    check_grad("CausalAttention", dy, {x.size(0), x.size(1), options_.d_out});
-    return fused::attention_block_backward(dy, projection_weights(W_query, W_key, W_value, nullptr),
-                                           fused_saved_,
-                                           projection_grads(W_query, W_key, W_value, nullptr));
+    return fused_backward("CausalAttention", dy, options_.d_out,
+                          projection_weights(W_query, W_key, W_value, nullptr), fused_saved_,
+                          projection_grads(W_query, W_key, W_value, nullptr));
   }
   check_grad("CausalAttention", dy, output_shape(q_, v_));
   const ref::AttentionOptions attention{.causal = true, .softmax_dim = options_.softmax_dim};
@@ -368,10 +366,8 @@ Tensor MultiHeadAttention::forward(const Tensor& x) {
 Tensor MultiHeadAttention::backward(const Tensor& dy) {
   require_forward(has_forward_, "MultiHeadAttention");
   if (last_backend_ == AttentionBackend::kFused) {
-    const Tensor& x = fused_saved_.x;
-    check_grad("MultiHeadAttention", dy, {x.size(0), x.size(1), options_.d_out});
-    return fused::attention_block_backward(dy, projection_weights(), fused_saved_,
-                                           projection_grads(W_query, W_key, W_value, &out_proj));
+    return fused_backward("MultiHeadAttention", dy, options_.d_out, projection_weights(),
+                          fused_saved_, projection_grads(W_query, W_key, W_value, &out_proj));
   }
   const int64_t B = q_.size(0), H = q_.size(1), T = q_.size(2), hd = q_.size(3);
   check_grad("MultiHeadAttention", dy, {B, T, options_.d_out});

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "attn/ops.h"
+#include "nn/checks.h"
 
 namespace attn::nn::detail {
 
@@ -80,6 +81,14 @@ fused::ProjectionGrads projection_grads(Linear& W_query, Linear& W_key, Linear& 
     g.b_out = bias_grad(*out_proj);
   }
   return g;
+}
+
+Tensor fused_backward(const char* module, const Tensor& dy, int64_t width,
+                      const fused::ProjectionWeights& w, fused::AttentionBlockSaved& saved,
+                      const fused::ProjectionGrads& grads) {
+  const Tensor& x = saved.x;  // (B, T, d_in)
+  check_grad(module, dy, {x.size(0), x.size(1), width});
+  return fused::attention_block_backward(dy, w, saved, grads);
 }
 
 Tensor recomputed_weights(const fused::AttentionBlockSaved& s) {

@@ -43,6 +43,17 @@ fused::ProjectionWeights projection_weights(const Linear& W_query, const Linear&
 fused::ProjectionGrads projection_grads(Linear& W_query, Linear& W_key, Linear& W_value,
                                         Linear* out_proj);
 
+// The backward of a fused forward: dy must be (B, T, width) for the B and T of
+// the saved x (the module's gradient-shape error otherwise); accumulates the
+// parameter gradients and returns dx (B, T, d_in).
+Tensor fused_backward(const char* module, const Tensor& dy, int64_t width,
+                      const fused::ProjectionWeights& w, fused::AttentionBlockSaved& saved,
+                      const fused::ProjectionGrads& grads);
+
+// The reference path's dropout noise as ref::attention_forward takes it:
+// nullptr when dropout is off (Dropout::sample_noise gave an empty tensor).
+inline const Tensor* noise_or_null(const Tensor& noise) { return noise.empty() ? nullptr : &noise; }
+
 // The softmax weights (B, H, T, T) of a fused forward, recomputed with the
 // reference maths (the saved causal flag and scale) from the q and k it saved
 // in qkv (B, T, 3·d_out).

@@ -20,8 +20,10 @@ using detail::check_fused_request;
 using detail::check_grad;
 using detail::check_positive;
 using detail::choose;
+using detail::fused_backward;
 using detail::fused_options;
 using detail::kFusedMaxHeadDim;
+using detail::noise_or_null;
 using detail::projection_grads;
 using detail::projection_weights;
 
@@ -111,19 +113,16 @@ Tensor Head::forward(const Tensor& x) {
   q_ = query.forward(x);                                 // (B, T, head_size)
   v_ = value.forward(x);                                 // (B, T, head_size)
   const Tensor noise = dropout.sample_noise({B, T, T});  // (B, T, T), empty when off
-  return ref::attention_forward(q_, k_, v_, head_attention(options_),
-                                noise.empty() ? nullptr : &noise,
+  return ref::attention_forward(q_, k_, v_, head_attention(options_), noise_or_null(noise),
                                 &saved_);  // (B, T, head_size)
 }
 
 Tensor Head::backward(const Tensor& dy) {
   require_forward(has_forward_, "Head");
   if (last_backend_ == AttentionBackend::kFused) {
-    const Tensor& x = fused_saved_.x;
-    check_grad("Head", dy, {x.size(0), x.size(1), options_.head_size});
-    return fused::attention_block_backward(dy, projection_weights(query, key, value, nullptr),
-                                           fused_saved_,
-                                           projection_grads(query, key, value, nullptr));
+    return fused_backward("Head", dy, options_.head_size,
+                          projection_weights(query, key, value, nullptr), fused_saved_,
+                          projection_grads(query, key, value, nullptr));
   }
   check_grad("Head", dy, q_.shape());
   const ref::AttentionGrads g =
