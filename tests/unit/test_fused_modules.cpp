@@ -82,6 +82,58 @@ std::vector<std::string> result_names(M& m) {
   return names;
 }
 
+// One module built twice from the same seed, once per path (options(backend)
+// gives its options), run forward and backward on x with output gradient R:
+// each path is the one asked for, and the output, dx and every parameter
+// gradient agree within kRelTol of the output's scale.
+template <class M, class Options>
+void expect_paths_agree(Options options, uint64_t seed, const Tensor& x, const Tensor& R,
+                        const std::string& what) {
+  Generator g_fused(seed), g_ref(seed);  // the same weights in both
+  M fused(options(AttentionBackend::kFused), g_fused);
+  M reference(options(AttentionBackend::kReference), g_ref);
+  const auto a = forward_backward(fused, x, R);
+  const auto b = forward_backward(reference, x, R);
+  EXPECT_EQ(fused.last_backend(), AttentionBackend::kFused) << what;
+  EXPECT_EQ(reference.last_backend(), AttentionBackend::kReference) << what;
+  const auto names = result_names(fused);
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t n = 0; n < a.size(); ++n)
+    EXPECT_LE(rel_err(a[n], b[n], max_abs(b[0])), kRelTol) << what << " " << names[n];
+}
+
+// The path a module's forward on x takes.
+template <class M>
+AttentionBackend path_of(M& m, const Tensor& x) {
+  m.forward(x);
+  return m.last_backend();
+}
+
+// The kAuto rule of attn/nn.h, the same for every module with two paths;
+// options(backend, p, exact_dropout) gives the module's options.
+template <class M, class Options>
+void expect_auto_rule(Options options, const Tensor& x, Generator& gen) {
+  using enum AttentionBackend;
+  M p0(options(kAuto, 0.0f, true), gen);
+  EXPECT_EQ(p0.last_backend(), kAuto);  // before any forward
+  EXPECT_EQ(path_of(p0, x), kFused);    // training, p = 0: same maths
+  M exact(options(kAuto, 0.1f, true), gen);
+  EXPECT_EQ(path_of(exact, x), kReference);  // training with PyTorch's dropout stream
+  exact.eval();
+  EXPECT_EQ(path_of(exact, x), kFused);  // evaluation: dropout is off
+  exact.train();
+  EXPECT_EQ(path_of(exact, x), kReference);
+  M philox(options(kAuto, 0.1f, false), gen);
+  EXPECT_EQ(path_of(philox, x), kFused);  // other masks allowed
+  M all(options(kAuto, 1.0f, false), gen);
+  EXPECT_EQ(path_of(all, x), kReference);  // p = 1: the kernel needs p < 1
+  M forced_ref(options(kReference, 0.0f, true), gen);
+  forced_ref.eval();
+  EXPECT_EQ(path_of(forced_ref, x), kReference);
+  M forced_fused(options(kFused, 0.1f, true), gen);
+  EXPECT_EQ(path_of(forced_fused, x), kFused);
+}
+
 MultiHeadAttentionOptions mha_options(const Shape4& s, AttentionBackend backend,
                                       float dropout = 0.0f, bool exact_dropout = true) {
   return {.d_in = s.d_in,
@@ -96,19 +148,10 @@ MultiHeadAttentionOptions mha_options(const Shape4& s, AttentionBackend backend,
 
 TEST(FusedModules, MultiHeadAttentionMatchesReference) {
   for (const Shape4& s : shapes()) {
-    Generator g_fused(11), g_ref(11);  // the same weights in both
-    MultiHeadAttention fused(mha_options(s, AttentionBackend::kFused), g_fused);
-    MultiHeadAttention reference(mha_options(s, AttentionBackend::kReference), g_ref);
-    const Tensor x = random_tensor({s.B, s.T, s.d_in}, 21);
-    const Tensor R = random_tensor({s.B, s.T, s.H * s.hd}, 22);
-    const auto a = forward_backward(fused, x, R);
-    const auto b = forward_backward(reference, x, R);
-    EXPECT_EQ(fused.last_backend(), AttentionBackend::kFused);
-    EXPECT_EQ(reference.last_backend(), AttentionBackend::kReference);
-    const auto names = result_names(fused);
-    ASSERT_EQ(a.size(), b.size());
-    for (size_t n = 0; n < a.size(); ++n)
-      EXPECT_LE(rel_err(a[n], b[n], max_abs(b[0])), kRelTol) << name_of(s) << " " << names[n];
+    expect_paths_agree<MultiHeadAttention>(
+        [&](AttentionBackend backend) { return mha_options(s, backend); }, 11,
+        random_tensor({s.B, s.T, s.d_in}, 21), random_tensor({s.B, s.T, s.H * s.hd}, 22),
+        name_of(s));
   }
 }
 
@@ -150,17 +193,9 @@ TEST(FusedModules, CausalAttentionMatchesReference) {
                                     .qkv_bias = s.bias,
                                     .backend = backend};
     };
-    Generator g_fused(12), g_ref(12);
-    CausalAttention fused(options(AttentionBackend::kFused), g_fused);
-    CausalAttention reference(options(AttentionBackend::kReference), g_ref);
-    const Tensor x = random_tensor({s.B, s.T, s.d_in}, 23);
-    const Tensor R = random_tensor({s.B, s.T, d_out}, 24);
-    const auto a = forward_backward(fused, x, R);
-    const auto b = forward_backward(reference, x, R);
-    const auto names = result_names(fused);
-    for (size_t n = 0; n < a.size(); ++n)
-      EXPECT_LE(rel_err(a[n], b[n], max_abs(b[0])), kRelTol)
-          << "d_out=" << d_out << " " << name_of(s) << " " << names[n];
+    expect_paths_agree<CausalAttention>(options, 12, random_tensor({s.B, s.T, s.d_in}, 23),
+                                        random_tensor({s.B, s.T, d_out}, 24),
+                                        "d_out=" + std::to_string(d_out) + " " + name_of(s));
   }
 }
 
@@ -322,37 +357,20 @@ TEST(FusedModules, FutureTokensDoNotChangeEarlierOutputs) {
 TEST(FusedModules, AutoPicksTheExpectedPath) {
   const Shape4 s{1, 5, 4, 2, 4, false};
   const Tensor x = random_tensor({1, 5, 4}, 51);
-  const auto path = [&](MultiHeadAttention& m) {
-    m.forward(x);
-    return m.last_backend();
-  };
   using enum AttentionBackend;
   Generator gen(52);
-  MultiHeadAttention p0(mha_options(s, kAuto, 0.0f), gen);
-  EXPECT_EQ(p0.last_backend(), kAuto);  // before any forward
-  EXPECT_EQ(path(p0), kFused);          // training, p = 0: same maths
-  MultiHeadAttention exact(mha_options(s, kAuto, 0.1f), gen);
-  EXPECT_EQ(path(exact), kReference);  // training with PyTorch's dropout stream
-  exact.eval();
-  EXPECT_EQ(path(exact), kFused);  // evaluation: dropout is off
-  MultiHeadAttention philox(mha_options(s, kAuto, 0.1f, false), gen);
-  EXPECT_EQ(path(philox), kFused);  // other masks allowed
-  MultiHeadAttention all(mha_options(s, kAuto, 1.0f, false), gen);
-  EXPECT_EQ(path(all), kReference);  // p = 1: the kernel needs p < 1
-  MultiHeadAttention forced_ref(mha_options(s, kReference), gen);
-  forced_ref.eval();
-  EXPECT_EQ(path(forced_ref), kReference);
-  MultiHeadAttention forced_fused(mha_options(s, kFused, 0.1f), gen);
-  EXPECT_EQ(path(forced_fused), kFused);
+  expect_auto_rule<MultiHeadAttention>(
+      [&](AttentionBackend backend, float p, bool exact) {
+        return mha_options(s, backend, p, exact);
+      },
+      x, gen);
   MultiHeadAttention wide({.d_in = 4, .d_out = 300, .context_length = 5, .num_heads = 1}, gen);
-  EXPECT_EQ(path(wide), kReference);  // head_dim 300 > 256
+  EXPECT_EQ(path_of(wide, x), kReference);  // head_dim 300 > 256
 
   CausalAttention bug({.d_in = 4, .d_out = 2, .context_length = 5, .softmax_dim = 1}, gen);
-  bug.forward(x);
-  EXPECT_EQ(bug.last_backend(), kReference);  // the softmax-over-queries bug
+  EXPECT_EQ(path_of(bug, x), kReference);  // the softmax-over-queries bug
   CausalAttention ca({.d_in = 4, .d_out = 2, .context_length = 5}, gen);
-  ca.forward(x);
-  EXPECT_EQ(ca.last_backend(), kFused);
+  EXPECT_EQ(path_of(ca, x), kFused);
 }
 
 TEST(FusedModules, AttentionWeightsAreRecomputedAfterAFusedForward) {
@@ -514,19 +532,9 @@ TEST(FusedModules, HeadMatchesReference) {
       {1, 40, 32, 256, true}, {2, 7, 9, 5, false},
   };
   for (const HeadShape& s : all) {
-    Generator g_fused(14), g_ref(14);
-    Head fused(head_options(s, AttentionBackend::kFused), g_fused);
-    Head reference(head_options(s, AttentionBackend::kReference), g_ref);
-    const Tensor x = random_tensor({s.B, s.T, s.n_embd}, 27);
-    const Tensor R = random_tensor({s.B, s.T, s.head_size}, 28);
-    const auto a = forward_backward(fused, x, R);
-    const auto b = forward_backward(reference, x, R);
-    EXPECT_EQ(fused.last_backend(), AttentionBackend::kFused);
-    EXPECT_EQ(reference.last_backend(), AttentionBackend::kReference);
-    const auto names = result_names(fused);
-    ASSERT_EQ(a.size(), b.size());
-    for (size_t n = 0; n < a.size(); ++n)
-      EXPECT_LE(rel_err(a[n], b[n], max_abs(b[0])), kRelTol) << name_of(s) << " " << names[n];
+    expect_paths_agree<Head>([&](AttentionBackend backend) { return head_options(s, backend); },
+                             14, random_tensor({s.B, s.T, s.n_embd}, 27),
+                             random_tensor({s.B, s.T, s.head_size}, 28), name_of(s));
   }
 }
 
@@ -612,34 +620,17 @@ TEST(FusedModules, FusedDecoderHeadDoesNotSeeTheFuture) {
 TEST(FusedModules, HeadAutoPicksTheExpectedPath) {
   const HeadShape s{1, 5, 4, 3, true};
   const Tensor x = random_tensor({1, 5, 4}, 53);
-  const auto path = [&](Head& m) {
-    m.forward(x);
-    return m.last_backend();
-  };
   using enum AttentionBackend;
   Generator gen(54);
-  Head p0(head_options(s, kAuto, 0.0f), gen);
-  EXPECT_EQ(p0.last_backend(), kAuto);  // before any forward
-  EXPECT_EQ(path(p0), kFused);          // training, p = 0: same maths
-  Head exact(head_options(s, kAuto, 0.1f), gen);
-  EXPECT_EQ(path(exact), kReference);  // training with PyTorch's dropout stream
-  exact.eval();
-  EXPECT_EQ(path(exact), kFused);  // evaluation: dropout is off
-  exact.train();
-  EXPECT_EQ(path(exact), kReference);
-  Head philox(head_options(s, kAuto, 0.1f, false), gen);
-  EXPECT_EQ(path(philox), kFused);  // other masks allowed
-  Head all(head_options(s, kAuto, 1.0f, false), gen);
-  EXPECT_EQ(path(all), kReference);  // p = 1: the kernel needs p < 1
-  Head forced_ref(head_options(s, kReference), gen);
-  forced_ref.eval();
-  EXPECT_EQ(path(forced_ref), kReference);
-  Head forced_fused(head_options(s, kFused, 0.1f), gen);
-  EXPECT_EQ(path(forced_fused), kFused);
+  expect_auto_rule<Head>(
+      [&](AttentionBackend backend, float p, bool exact) {
+        return head_options(s, backend, p, exact);
+      },
+      x, gen);
   Head wide(head_options({1, 5, 4, 300, false}, kAuto), gen);
-  EXPECT_EQ(path(wide), kReference);  // head_size 300 > 256
+  EXPECT_EQ(path_of(wide, x), kReference);  // head_size 300 > 256
   Head encoder(head_options({1, 5, 4, 3, false}, kAuto), gen);
-  EXPECT_EQ(path(encoder), kFused);
+  EXPECT_EQ(path_of(encoder, x), kFused);
 
   // MultiHead: every head chooses as a Head would; proj and the output dropout are plain.
   MultiHead multi({.n_embd = 4, .num_heads = 2, .head_size = 3, .block_size = 5, .dropout = 0.1f},
