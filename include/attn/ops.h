@@ -1,7 +1,9 @@
 // attn/ops.h - the tensor operations the chapter uses, with PyTorch semantics.
 //
-// All ops take contiguous row-major tensors (attn/tensor.h) and return new
-// ones. Negative dims count from the end, as in PyTorch. Binary element-wise
+// The ops take float32 tensors of any layout (a strided view is read through
+// contiguous()) and return new contiguous tensors, except the shape ops below,
+// which return views sharing the input's storage, as PyTorch's do. Another
+// dtype is an std::invalid_argument naming it. Negative dims count from the end, as in PyTorch. Binary element-wise
 // ops broadcast with NumPy/PyTorch rules (trailing dims aligned, size-1 dims
 // stretched). Every op checks its arguments and throws std::invalid_argument
 // whose message names the op and the shapes involved, e.g.
@@ -9,9 +11,10 @@
 // or, for a dim or index outside its range, std::out_of_range, e.g.
 //   "softmax: dim 2 out of range for shape (2, 3) (expected -2 to 1)".
 // Element-wise ops round exactly as PyTorch's CPU kernels do (x / s is a true
-// division); a sum over the last (contiguous) dim, and normalize_sum over it, add
-// in PyTorch's own float order and give its bits; sums over other dims accumulate in
-// double, so they may differ from PyTorch's float sums in the last bits.
+// division); a sum over the last dim, and normalize_sum over it, add in
+// PyTorch's own float order and give its bits; sums over other dims and sum_all
+// accumulate in double, so they may differ from PyTorch's float sums in the
+// last bits.
 // Matrix products go to BLAS (cblas_sgemm).
 #pragma once
 
@@ -39,6 +42,7 @@ Tensor operator*(const Tensor& a, float s);
 Tensor operator*(float s, const Tensor& a);
 Tensor operator/(const Tensor& a, float s);
 Tensor operator-(const Tensor& a);
+// In place: writes into a's storage, seen by every tensor sharing it (add_).
 Tensor& operator+=(Tensor& a, const Tensor& b);  // b must broadcast to a's shape
 Tensor exp(const Tensor& a);
 Tensor sqrt(const Tensor& a);
@@ -59,9 +63,11 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // Dot product of two 1-D tensors of equal length, as a float.
 float dot(const Tensor& a, const Tensor& b);
 
-// ---- shape ------------------------------------------------------------------------
-// Swap two dims (a copy, PyTorch's transpose(d0, d1).contiguous()).
+// ---- shape: views sharing a's storage (Tensor's members of the same names) ----------
+// Swap two dims: a view with the two strides swapped (not contiguous).
 Tensor transpose(const Tensor& a, int64_t dim0, int64_t dim1);
+// Reorder all dims: result dim i is a's dim dims[i].
+Tensor permute(const Tensor& a, const Shape& dims);
 // The matrix transpose of a 2-D tensor, a.T.
 Tensor t(const Tensor& a);
 // Index dim 0 (a[i]): shape loses its first dim. Negative i counts from the end.
@@ -70,10 +76,11 @@ Tensor select(const Tensor& a, int64_t i);
 Tensor select(const Tensor& a, int64_t dim, int64_t i);
 // a.narrow / slicing a[..., start:end, ...] on one dim (end exclusive, clamped like Python).
 Tensor slice(const Tensor& a, int64_t dim, int64_t start, int64_t end);
-Tensor cat(const std::vector<Tensor>& tensors, int64_t dim);
-Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
 Tensor unsqueeze(const Tensor& a, int64_t dim);
 Tensor squeeze(const Tensor& a, int64_t dim);
+// New contiguous tensors from several.
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim);
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
 
 // ---- masks and normalisations ----------------------------------------------------
 // Lower / upper triangle of a 2-D (or batched, last two dims) tensor:

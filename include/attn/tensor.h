@@ -1,76 +1,233 @@
-// attn/tensor.h - the row-major float32 tensor every part of attn speaks.
+// attn/tensor.h - the tensor every part of attn speaks: a handle on shared
+// storage with a dtype, a shape, strides and an offset, as torch.Tensor is.
 //
-// A Tensor owns a contiguous buffer of float32 values in row-major (C) order
-// and a shape. Element (i0, i1, ..., in) lives at offset
-//   ((i0 * s1 + i1) * s2 + i2) ... * sn + in.
-// Tensors have value semantics: copying a Tensor copies its values. Every op in
-// attn/ops.h returns a new contiguous Tensor; there are no strided views in the
-// reference path (the fused kernels in attn/kernels.h take raw pointers and
-// strides instead).
+//   Storage   one aligned, reference-counted byte buffer
+//   Tensor    (storage, dtype, shape, strides, offset): element (i0, ..., in)
+//             lives at  offset + i0·strides[0] + ... + in·strides[n]
+//             elements into the storage
+//
+// Copying a Tensor copies the handle, not the values: `Tensor b = a;` and every
+// view (reshape when the layout allows, view, transpose, permute, slice, select,
+// unsqueeze, squeeze) share a's storage, so a write through one is seen by all,
+// as in PyTorch. clone() copies the values into new storage; contiguous()
+// returns the tensor itself when it is already row-major and dense, else such a
+// copy.
+//
+// Layouts: a tensor is contiguous when its strides are the row-major strides of
+// its shape. Raw element access (data(), values()) needs a contiguous float32
+// tensor and throws otherwise, so nothing reads a strided view as if it were
+// dense; data_ptr<T>() is the strided escape hatch for kernels that take
+// strides. Every op in attn/ops.h and attn/functional.h accepts any layout (it
+// reads its inputs through contiguous()) and returns contiguous tensors; the
+// view functions return views.
+//
+// dtypes: float32 (the maths), bfloat16 (the storage format of the bf16 path:
+// the high 16 bits of a float32, converted with round-to-nearest-even as
+// PyTorch's .to(torch.bfloat16)) and int64 (token ids). Ops compute in float32
+// and say so when given another dtype; to(dtype) converts.
 //
 // Dimension vocabulary used across attn:
 //   B batch, T tokens, d_in / d_out embedding widths, H num_heads,
 //   hd head_dim = d_out / H, context_length the longest causal input.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
+#include <memory>
+#include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace attn {
 
 using Shape = std::vector<int64_t>;
 
-// "(2, 6, 3)" - the form every error message uses for a shape.
+// "(2, 6, 3)" - the form every error message uses for a shape (and strides).
 std::string shape_str(const Shape& shape);
 int64_t shape_numel(const Shape& shape);
+// The row-major (contiguous) strides of a shape, in elements.
+Shape contiguous_strides(const Shape& shape);
+
+// ---- dtypes ---------------------------------------------------------------------------
+
+enum class DType : uint8_t { kFloat32, kBFloat16, kInt64 };
+// "float32", "bfloat16", "int64" (PyTorch's torch.float32 etc. without "torch.").
+const char* dtype_name(DType dtype);
+int64_t element_size(DType dtype);  // bytes: 4, 2, 8
+
+// A bfloat16 value as PyTorch stores it: the high half of a float32's bits.
+struct BFloat16 {
+  uint16_t bits = 0;
+};
+// float32 -> bfloat16 with round-to-nearest-even; a NaN becomes the quiet NaN
+// 0x7FC0 (c10::BFloat16's round_to_nearest_even).
+inline BFloat16 to_bfloat16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu) != 0) return {0x7FC0};
+  const uint32_t rounding_bias = 0x7FFFu + ((u >> 16) & 1u);
+  return {static_cast<uint16_t>((u + rounding_bias) >> 16)};
+}
+// bfloat16 -> float32 is exact.
+inline float to_float(BFloat16 b) {
+  const uint32_t u = static_cast<uint32_t>(b.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// The dtype that stores a C++ type: float, BFloat16, int64_t.
+template <class T>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>) {
+    return DType::kFloat32;
+  } else if constexpr (std::is_same_v<T, BFloat16>) {
+    return DType::kBFloat16;
+  } else {
+    static_assert(std::is_same_v<T, int64_t>, "attn tensors hold float, BFloat16 or int64_t");
+    return DType::kInt64;
+  }
+}
+
+// ---- storage ----------------------------------------------------------------------------
+
+// One 64-byte-aligned buffer, shared by every tensor that views it.
+class Storage {
+ public:
+  // nbytes >= 0; zero-filled unless zero is false.
+  explicit Storage(int64_t nbytes, bool zero = true);
+  std::byte* data() { return data_.get(); }
+  const std::byte* data() const { return data_.get(); }
+  int64_t nbytes() const { return nbytes_; }
+
+ private:
+  struct Free {
+    void operator()(std::byte* p) const;
+  };
+  std::unique_ptr<std::byte, Free> data_;
+  int64_t nbytes_;
+};
+
+// ---- the tensor -------------------------------------------------------------------------
 
 class Tensor {
  public:
-  Tensor() = default;  // an empty tensor of shape (0)
+  Tensor() = default;  // an empty float32 tensor of shape (0), no storage
+  // Zero-filled (or `fill`) float32, contiguous.
   explicit Tensor(Shape shape, float fill = 0.0f);
-  Tensor(Shape shape, std::vector<float> values);  // throws if sizes differ
+  Tensor(Shape shape, const std::vector<float>& values);  // throws if sizes differ
 
-  static Tensor zeros(Shape shape) { return Tensor(std::move(shape), 0.0f); }
+  static Tensor zeros(Shape shape, DType dtype = DType::kFloat32);
   static Tensor ones(Shape shape) { return Tensor(std::move(shape), 1.0f); }
   static Tensor full(Shape shape, float value) { return Tensor(std::move(shape), value); }
-  // Tensor::of({6, 3}, {0.43f, 0.15f, ...}): a literal, row-major.
+  // Uninitialised storage, for outputs the caller overwrites completely.
+  static Tensor empty(Shape shape, DType dtype = DType::kFloat32);
+  // Tensor::of({6, 3}, {0.43f, 0.15f, ...}): a float32 literal, row-major.
   static Tensor of(Shape shape, std::initializer_list<float> values);
-  // 0, 1, ..., n-1 as float.
+  // An int64 tensor (token ids), row-major; throws if sizes differ.
+  static Tensor from_int64(Shape shape, const std::vector<int64_t>& values);
+  // 0, 1, ..., n-1 as float32.
   static Tensor arange(int64_t n);
 
+  // ---- metadata ----
+  DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }
+  const Shape& strides() const { return strides_; }  // in elements
+  int64_t storage_offset() const { return offset_; }  // in elements
   int64_t dim() const { return static_cast<int64_t>(shape_.size()); }
   // size(-1) is the last dimension; throws std::out_of_range naming the dims.
   int64_t size(int64_t d) const;
-  int64_t numel() const { return static_cast<int64_t>(values_.size()); }
-  bool empty() const { return values_.empty(); }
+  int64_t stride(int64_t d) const;
+  int64_t numel() const { return numel_; }
+  bool empty() const { return numel_ == 0; }
+  bool is_contiguous() const { return contiguous_; }
+  // True when both handles view the same storage (the same buffer, whatever
+  // their offsets): a write through one may be seen through the other.
+  bool shares_storage_with(const Tensor& other) const {
+    return storage_ != nullptr && storage_ == other.storage_;
+  }
+  // How many tensors hold this storage (1: this handle is the only one).
+  int64_t storage_use_count() const { return storage_ ? storage_.use_count() : 0; }
 
-  float* data() { return values_.data(); }
-  const float* data() const { return values_.data(); }
-  std::vector<float>& values() { return values_; }
-  const std::vector<float>& values() const { return values_; }
+  // ---- raw access ----
+  // The first element of a contiguous float32 tensor. Throws std::logic_error
+  // for another dtype or a strided view (call contiguous() first).
+  float* data();
+  const float* data() const;
+  // The same elements as a span (row-major order): for loops and algorithms.
+  std::span<float> values();
+  std::span<const float> values() const;
+  // The element at offset 0 of a tensor of dtype T, for code that follows the
+  // strides itself. Throws std::logic_error when T is not the dtype.
+  template <class T>
+  T* data_ptr() {
+    check_dtype(dtype_of<T>(), "data_ptr");
+    return storage_ ? reinterpret_cast<T*>(storage_->data()) + offset_ : nullptr;
+  }
+  template <class T>
+  const T* data_ptr() const {
+    check_dtype(dtype_of<T>(), "data_ptr");
+    return storage_ ? reinterpret_cast<const T*>(storage_->data()) + offset_ : nullptr;
+  }
+  // The values in row-major order, converted to float (any dtype, any layout).
+  std::vector<float> to_vector() const;
+  // The values of an int64 tensor in row-major order.
+  std::vector<int64_t> to_int64_vector() const;
 
-  // Flat element access (row-major offset), bounds-checked.
+  // Element access by row-major position (any layout), float32, bounds-checked.
   float& operator[](int64_t i);
   float operator[](int64_t i) const;
-  // Multi-index access, bounds-checked: t.at({b, i, j}).
+  // Multi-index access (any layout), float32, bounds-checked: t.at({b, i, j}).
   float& at(std::initializer_list<int64_t> index);
   float at(std::initializer_list<int64_t> index) const;
-
-  // Same values, new shape; one entry may be -1 (inferred). Throws if numel differs.
-  Tensor reshape(Shape shape) const;
-  // The scalar value of a one-element tensor; throws otherwise.
+  // The scalar value of a one-element tensor as float (any dtype); throws otherwise.
   float item() const;
 
+  // ---- views: share the storage ----
+  // The same elements in a new shape (one entry may be -1); throws when the
+  // strides cannot express it (a transposed tensor viewed as 1-D), naming both.
+  Tensor view(Shape shape) const;
+  // A view when the layout allows, else a contiguous copy (torch.reshape).
+  Tensor reshape(Shape shape) const;
+  Tensor transpose(int64_t dim0, int64_t dim1) const;
+  Tensor permute(const Shape& dims) const;
+  // a[..., start:end, ...] on one dim; Python's clamping of the bounds.
+  Tensor slice(int64_t dim, int64_t start, int64_t end) const;
+  // a.select(dim, i): dim removed; negative i counts from the end.
+  Tensor select(int64_t dim, int64_t i) const;
+  Tensor unsqueeze(int64_t dim) const;
+  Tensor squeeze(int64_t dim) const;  // no-op unless size(dim) == 1
+
+  // ---- copies ----
+  Tensor contiguous() const;  // *this when contiguous, else a row-major copy
+  Tensor clone() const;       // always new storage, row-major
+  Tensor to(DType dtype) const;  // *this when the dtype matches, else converted values
+  // Writes `value` into every element (float32, any layout).
+  Tensor& fill_(float value);
+  // Writes src's values (same shape; converted to this dtype) into this tensor's elements.
+  Tensor& copy_(const Tensor& src);
+
  private:
-  int64_t offset(std::initializer_list<int64_t> index) const;
+  Tensor(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape strides,
+         int64_t offset);
+  void check_dtype(DType want, const char* what) const;
+  void check_dense_float(const char* what) const;
+  int64_t element_offset(int64_t flat) const;  // row-major position -> storage element
+  int64_t wrap(const char* op, int64_t dim) const;
+
+  std::shared_ptr<Storage> storage_;
+  DType dtype_ = DType::kFloat32;
   Shape shape_{0};
-  std::vector<float> values_;
+  Shape strides_{1};
+  int64_t offset_ = 0;
+  int64_t numel_ = 0;
+  bool contiguous_ = true;
 };
 
-// Element-wise comparison helpers for tests and checks.
+// Element-wise comparison helpers for tests and checks (float32, any layout).
 float max_abs_diff(const Tensor& a, const Tensor& b);  // throws on shape mismatch
 bool allclose(const Tensor& a, const Tensor& b, float rtol = 1e-5f, float atol = 1e-8f);
 bool has_non_finite(const Tensor& t);

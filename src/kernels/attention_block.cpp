@@ -85,12 +85,14 @@ void linear_into(float* C, int64_t ldc, const float* x, int64_t d_in, const Tens
   gemm_nt(C, ldc, x, d_in, W.data(), d_in, M, N, d_in, b != nullptr ? 1.0f : 0.0f);
 }
 
-// t itself when it already has this shape (its values stale: the caller
-// overwrites every element), else a new zeroed tensor of the shape. Reusing the
-// buffers of the previous step matters for long sequences: a fresh buffer of
-// tens of MB costs a page fault per 4 KB and a zeroing pass before any work.
+// t itself when it already has this shape and no other tensor holds its
+// storage (its values stale: the caller overwrites every element), else a new
+// zeroed tensor of the shape. Reusing the buffers of the previous step
+// matters for long sequences: a fresh buffer of tens of MB costs a page fault
+// per 4 KB before any work. A storage someone else still holds (a y handed out
+// as the context, say) is never overwritten.
 Tensor& reuse(Tensor& t, const Shape& shape) {
-  if (t.shape() != shape) t = Tensor(shape);
+  if (t.shape() != shape || !t.is_contiguous() || t.storage_use_count() != 1) t = Tensor(shape);
   return t;
 }
 
@@ -156,8 +158,9 @@ void check_grads(const ProjectionWeights& w, const ProjectionGrads& g) {
 
 }  // namespace
 
-Tensor attention_block_forward(const Tensor& x, const ProjectionWeights& w,
+Tensor attention_block_forward(const Tensor& x_in, const ProjectionWeights& w,
                                const AttentionBlockOptions& options, AttentionBlockSaved* saved) {
+  const Tensor x = x_in.contiguous();  // the projections read it row-major
   const auto [d_in, d_out] = checked_widths(w);
   if (x.dim() != 3 || x.size(2) != d_in || x.size(0) < 1 || x.size(1) < 1) {
     throw std::invalid_argument(
@@ -207,14 +210,15 @@ Tensor attention_block_forward(const Tensor& x, const ProjectionWeights& w,
     y = context;
   }
   if (saved != nullptr) {
-    saved->x = x;  // a copy into the storage of the previous x when it fits
+    saved->x = x;  // shares x's storage: nothing is copied
     saved->params = p;
   }
   return y;
 }
 
-Tensor attention_block_backward(const Tensor& dy, const ProjectionWeights& w,
+Tensor attention_block_backward(const Tensor& dy_in, const ProjectionWeights& w,
                                 AttentionBlockSaved& saved, const ProjectionGrads& grads) {
+  const Tensor dy = dy_in.contiguous();  // the products read it row-major
   const auto [d_in, d_out] = checked_widths(w);
   check_grads(w, grads);
   const kernels::FlashAttentionParams& p = saved.params;

@@ -32,13 +32,7 @@ Tensor project_heads(const Linear& layer, const Tensor& x, int64_t H, int64_t hd
 // Copies rows [0, T_new) of src (B, H, T_new, hd) into rows [start, start + T_new)
 // of dst (B, H, capacity, hd).
 void write_rows(Tensor& dst, const Tensor& src, int64_t start) {
-  const int64_t B = src.size(0), H = src.size(1), T_new = src.size(2), hd = src.size(3);
-  const int64_t capacity = dst.size(2);
-  for (int64_t bh = 0; bh < B * H; ++bh) {
-    const float* from = src.data() + bh * T_new * hd;
-    float* to = dst.data() + (bh * capacity + start) * hd;
-    std::copy(from, from + T_new * hd, to);
-  }
+  dst.slice(2, start, start + src.size(2)).copy_(src);  // a strided view of the cache, written in place
 }
 
 void check_cache_matches(const MultiHeadAttention& mha, const KVCache& cache) {

@@ -190,9 +190,10 @@ void Embedding::backward(const Tensor& dy) {
         fmt::format("Embedding: gradient shape {} does not match {} rows of width {}",
                     shape_str(dy.shape()), n_rows, dim));
   }
+  const Tensor dense_dy = dy.contiguous();  // (N, dim) row-major
   for (int64_t n = 0; n < n_rows; ++n) {
     float* grad_row = weight.grad.data() + indices_[static_cast<size_t>(n)] * dim;
-    const float* dy_row = dy.data() + n * dim;
+    const float* dy_row = dense_dy.data() + n * dim;
     for (int64_t c = 0; c < dim; ++c) grad_row[c] += dy_row[c];
   }
 }

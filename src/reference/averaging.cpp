@@ -21,8 +21,9 @@ void check_btc(const char* fn, const Tensor& x) {
 
 }  // namespace
 
-Tensor xbow_loops(const Tensor& x) {
-  check_btc("xbow_loops", x);
+Tensor xbow_loops(const Tensor& x_in) {
+  check_btc("xbow_loops", x_in);
+  const Tensor x = x_in.contiguous();  // read row-major below
   const int64_t T = x.size(-2), C = x.size(-1);
   const int64_t B = x.numel() / (T * C);  // every leading dim counts as batch
   Tensor xbow(x.shape());                 // (B, T, C)

@@ -37,9 +37,11 @@ void check_cached(const Tensor& q, const Tensor& keys, const Tensor& values, int
 
 }  // namespace
 
-Tensor cached_attention_forward(const Tensor& q, const Tensor& keys, const Tensor& values,
+Tensor cached_attention_forward(const Tensor& q_in, const Tensor& keys_in, const Tensor& values_in,
                                 int64_t offset) {
-  check_cached(q, keys, values, offset);
+  check_cached(q_in, keys_in, values_in, offset);
+  // Read row-major below.
+  const Tensor q = q_in.contiguous(), keys = keys_in.contiguous(), values = values_in.contiguous();
   const int64_t B = q.size(0), H = q.size(1), T_new = q.size(2), hd = q.size(3);
   const int64_t capacity = keys.size(2);
   // The divisor of the chapter's `attn_scores / keys.shape[-1]**0.5`, rounded to float.

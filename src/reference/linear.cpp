@@ -40,7 +40,8 @@ void accumulate(Tensor& dst, const Tensor& src, const char* fn, const char* what
 
 }  // namespace
 
-Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor* bias) {
+Tensor linear_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor* bias) {
+  const Tensor x = x_in.contiguous(), weight = weight_in.contiguous();  // sgemm reads them dense
   check_matrix("linear_forward", "weight", weight);
   const int64_t out = weight.size(0), in = weight.size(1);
   if (x.dim() < 1 || x.size(-1) != in) {

@@ -59,7 +59,8 @@ SimplifiedAttention simplified_attention_query(const Tensor& inputs, const Tenso
 Tensor attention_scores_loops(const Tensor& inputs) {
   check_inputs("attention_scores_loops", inputs);
   const int64_t T = inputs.size(0), d = inputs.size(1);
-  const float* x = inputs.data();
+  const Tensor dense = inputs.contiguous();
+  const float* x = dense.data();  // (T, d) row-major
   Tensor scores({T, T});  // (T, T)
   for (int64_t i = 0; i < T; ++i) {
     for (int64_t j = 0; j < T; ++j) {

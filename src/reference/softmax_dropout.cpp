@@ -10,7 +10,8 @@ namespace attn::ref {
 
 // y = softmax(x) along dim: dy_i/dx_j = y_i (δ_ij − y_j), so
 // dx = y ⊙ (dy − Σ_dim dy ⊙ y).
-Tensor softmax_backward(const Tensor& dy, const Tensor& y, int64_t dim) {
+Tensor softmax_backward(const Tensor& dy_in, const Tensor& y_in, int64_t dim) {
+  const Tensor dy = dy_in.contiguous(), y = y_in.contiguous();  // read row-major below
   if (dy.shape() != y.shape()) {
     throw std::invalid_argument(
         fmt::format("softmax_backward: dy shape {} does not match y shape {}",

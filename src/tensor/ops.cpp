@@ -1,6 +1,7 @@
 // The tensor operations of attn/ops.h, with PyTorch semantics.
 //
-// Layout: every Tensor is contiguous row-major, so an op on dim d sees the
+// Layout: every op reads its inputs through float_input (contiguous float32,
+// copied from a strided view when needed), so an op on dim d sees the
 // tensor as (outer, n, inner) with outer = prod(shape[:d]), n = shape[d],
 // inner = prod(shape[d+1:]); element (o, i, j) sits at (o * n + i) * inner + j.
 // Broadcasting maps an output index to each operand through strides that are 0
@@ -108,6 +109,18 @@ inline float sum(const float* x, int64_t n) {
 
 namespace {
 
+// Every op reads float32 values in row-major order: a strided view is copied
+// into a contiguous tensor first (a contiguous one is used as it is), and
+// another dtype is an error that names the op.
+Tensor float_input(const char* op, const Tensor& t) {
+  if (t.dtype() != DType::kFloat32) {
+    throw std::invalid_argument(fmt::format("{}: expected a float32 tensor, got {} of shape {}; convert it with "
+                                            "to(DType::kFloat32)",
+                                            op, dtype_name(t.dtype()), shape_str(t.shape())));
+  }
+  return t.contiguous();
+}
+
 // A dim in [-ndim, ndim) made non-negative. A 0-d tensor accepts dim 0 and -1,
 // as in PyTorch (it behaves like a 1-element vector there).
 int64_t wrap_dim(const char* op, int64_t dim, const Shape& shape) {
@@ -199,7 +212,8 @@ void for_each_broadcast(const Shape& out, const std::vector<int64_t>& sa,
 }
 
 template <class F>
-Tensor binary(const char* op, const Tensor& a, const Tensor& b, F f) {
+Tensor binary(const char* op, const Tensor& a_in, const Tensor& b_in, F f) {
+  const Tensor a = float_input(op, a_in), b = float_input(op, b_in);
   if (a.shape() == b.shape()) {
     Tensor out(a.shape());
     const float* pa = a.data();
@@ -220,8 +234,9 @@ Tensor binary(const char* op, const Tensor& a, const Tensor& b, F f) {
 }
 
 template <class F>
-Tensor unary(const Tensor& a, F f) {
-  Tensor out(a.shape());
+Tensor unary(const char* op, const Tensor& a_in, F f) {
+  const Tensor a = float_input(op, a_in);
+  Tensor out = Tensor::empty(a.shape());
   const float* pa = a.data();
   float* po = out.data();
   for (int64_t i = 0; i < a.numel(); ++i) po[i] = f(pa[i]);
@@ -257,15 +272,15 @@ Tensor div(const Tensor& a, const Tensor& b) {
   return binary("div", a, b, [](float x, float y) { return x / y; });
 }
 Tensor add(const Tensor& a, float s) {
-  return unary(a, [s](float x) { return x + s; });
+  return unary("add", a, [s](float x) { return x + s; });
 }
 Tensor mul(const Tensor& a, float s) {
-  return unary(a, [s](float x) { return x * s; });
+  return unary("mul", a, [s](float x) { return x * s; });
 }
 // A true division, not a multiplication by 1/s: PyTorch 1.13 on CPU divides,
 // and x / s and x * (1/s) differ in the last bit for some x.
 Tensor div(const Tensor& a, float s) {
-  return unary(a, [s](float x) { return x / s; });
+  return unary("div", a, [s](float x) { return x / s; });
 }
 
 Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
@@ -274,16 +289,21 @@ Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
 Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
 Tensor operator+(const Tensor& a, float s) { return add(a, s); }
 Tensor operator-(const Tensor& a, float s) {
-  return unary(a, [s](float x) { return x - s; });
+  return unary("sub", a, [s](float x) { return x - s; });
 }
 Tensor operator*(const Tensor& a, float s) { return mul(a, s); }
 Tensor operator*(float s, const Tensor& a) { return mul(a, s); }
 Tensor operator/(const Tensor& a, float s) { return div(a, s); }
 Tensor operator-(const Tensor& a) {
-  return unary(a, [](float x) { return -x; });
+  return unary("neg", a, [](float x) { return -x; });
 }
 
-Tensor& operator+=(Tensor& a, const Tensor& b) {
+// In place on a's storage (every tensor sharing it sees the sum, as with
+// PyTorch's add_); a strided a is written through its strides.
+Tensor& operator+=(Tensor& a, const Tensor& b_in) {
+  if (!a.is_contiguous()) return a.copy_(a + b_in);
+  if (a.dtype() != DType::kFloat32) (void)float_input("add_", a);  // throws, naming the dtype
+  const Tensor b = float_input("add_", b_in);
   if (a.shape() == b.shape()) {
     float* pa = a.data();
     const float* pb = b.data();
@@ -305,17 +325,21 @@ Tensor& operator+=(Tensor& a, const Tensor& b) {
 }
 
 Tensor exp(const Tensor& a) {
-  return unary(a, [](float x) { return std::exp(x); });
+  return unary("exp", a, [](float x) { return std::exp(x); });
 }
 Tensor sqrt(const Tensor& a) {
-  return unary(a, [](float x) { return std::sqrt(x); });
+  return unary("sqrt", a, [](float x) { return std::sqrt(x); });
 }
 
 // ---- reductions ---------------------------------------------------------------
-// Sums accumulate in double and round once, so they are within half an ulp of
-// the exact sum (PyTorch's float cascade sum is within a few ulps of it).
+// A sum over the last (contiguous) dim adds in PyTorch's own float order
+// (torch_order::sum above) and gives its bits. A sum over any other dim, and
+// sum_all, accumulate in double and round once: within half an ulp of the exact
+// sum, where PyTorch's float cascade is within a few ulps of it, so the two may
+// differ in the last bits.
 
-Tensor sum(const Tensor& a, int64_t dim, bool keepdim) {
+Tensor sum(const Tensor& a_in, int64_t dim, bool keepdim) {
+  const Tensor a = float_input("sum", a_in);
   const int64_t d = wrap_dim("sum", dim, a.shape());
   const auto [outer, n, inner] = split_at(a.shape(), d);
   Tensor out(reduced_shape(a.shape(), d, keepdim));
@@ -345,7 +369,8 @@ Tensor mean(const Tensor& a, int64_t dim, bool keepdim) {
 }
 
 // The largest value along dim; a NaN anywhere in the row gives NaN (PyTorch).
-Tensor max(const Tensor& a, int64_t dim, bool keepdim) {
+Tensor max(const Tensor& a_in, int64_t dim, bool keepdim) {
+  const Tensor a = float_input("max", a_in);
   const int64_t d = wrap_dim("max", dim, a.shape());
   const auto [outer, n, inner] = split_at(a.shape(), d);
   if (n == 0) {
@@ -368,7 +393,8 @@ Tensor max(const Tensor& a, int64_t dim, bool keepdim) {
   return out;
 }
 
-float sum_all(const Tensor& a) {
+float sum_all(const Tensor& a_in) {
+  const Tensor a = float_input("sum_all", a_in);
   double s = 0.0;
   for (float x : a.values()) s += x;
   return static_cast<float>(s);
@@ -376,7 +402,8 @@ float sum_all(const Tensor& a) {
 
 // ---- matrix products ------------------------------------------------------------
 
-float dot(const Tensor& a, const Tensor& b) {
+float dot(const Tensor& a_in, const Tensor& b_in) {
+  const Tensor a = float_input("dot", a_in), b = float_input("dot", b_in);
   if (a.dim() != 1 || b.dim() != 1 || a.numel() != b.numel()) {
     throw std::invalid_argument(
         fmt::format("dot: expects two 1-D tensors of equal length, got {} and {}",
@@ -399,7 +426,8 @@ void gemm(float* c, const float* a, const float* b, int64_t m, int64_t k, int64_
 }
 }  // namespace
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  const Tensor a = float_input("matmul", a_in), b = float_input("matmul", b_in);
   if (a.dim() == 0 || b.dim() == 0) {
     throw std::invalid_argument(
         fmt::format("matmul: both arguments need at least 1 dim, got {} @ {}", shape_str(a.shape()),
@@ -457,33 +485,10 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 // ---- shape ------------------------------------------------------------------------
 
-Tensor transpose(const Tensor& a, int64_t dim0, int64_t dim1) {
-  int64_t d0 = wrap_dim("transpose", dim0, a.shape());
-  int64_t d1 = wrap_dim("transpose", dim1, a.shape());
-  if (d0 == d1 || a.dim() < 2) return a;
-  if (d0 > d1) std::swap(d0, d1);
-  // View a as (pre, A, mid, B, post) and write (pre, B, mid, A, post).
-  const Shape& s = a.shape();
-  const int64_t pre = prod(s, 0, static_cast<size_t>(d0));
-  const int64_t A = s[static_cast<size_t>(d0)];
-  const int64_t mid = prod(s, static_cast<size_t>(d0) + 1, static_cast<size_t>(d1));
-  const int64_t B = s[static_cast<size_t>(d1)];
-  const int64_t post = prod(s, static_cast<size_t>(d1) + 1, s.size());
-  Shape out_shape = s;
-  std::swap(out_shape[static_cast<size_t>(d0)], out_shape[static_cast<size_t>(d1)]);
-  Tensor out(out_shape);
-  const float* src = a.data();
-  float* dst = out.data();
-  for (int64_t p = 0; p < pre; ++p)
-    for (int64_t bi = 0; bi < B; ++bi)
-      for (int64_t mi = 0; mi < mid; ++mi)
-        for (int64_t ai = 0; ai < A; ++ai) {
-          const int64_t from = (((p * A + ai) * mid + mi) * B + bi) * post;
-          const int64_t to = (((p * B + bi) * mid + mi) * A + ai) * post;
-          std::copy(src + from, src + from + post, dst + to);
-        }
-  return out;
-}
+// The view ops share a's storage (attn/tensor.h); they are PyTorch's views.
+Tensor transpose(const Tensor& a, int64_t dim0, int64_t dim1) { return a.transpose(dim0, dim1); }
+
+Tensor permute(const Tensor& a, const Shape& dims) { return a.permute(dims); }
 
 // torch.t: a 0-D or 1-D tensor is returned as it is, a 2-D one transposed.
 Tensor t(const Tensor& a) {
@@ -491,69 +496,25 @@ Tensor t(const Tensor& a) {
     throw std::invalid_argument(
         fmt::format("t: expects a tensor with <= 2 dims, got {}", shape_str(a.shape())));
   }
-  return a.dim() < 2 ? a : transpose(a, 0, 1);
+  return a.dim() < 2 ? a : a.transpose(0, 1);
 }
 
-Tensor select(const Tensor& a, int64_t i) { return select(a, 0, i); }
-
-Tensor select(const Tensor& a, int64_t dim, int64_t i) {
-  if (a.dim() == 0) {
-    throw std::invalid_argument(
-        fmt::format("select: cannot index a 0-d tensor (shape {})", shape_str(a.shape())));
-  }
-  const int64_t d = wrap_dim("select", dim, a.shape());
-  const auto [outer, n, inner] = split_at(a.shape(), d);
-  if (i < -n || i >= n) {
-    throw std::out_of_range(
-        fmt::format("select: index {} out of range for dim {} of size {} (shape {})", i, dim, n,
-                    shape_str(a.shape())));
-  }
-  const int64_t idx = i < 0 ? i + n : i;
-  Shape out_shape = a.shape();
-  out_shape.erase(out_shape.begin() + d);
-  Tensor out(out_shape);
-  for (int64_t o = 0; o < outer; ++o) {
-    const float* src = a.data() + (o * n + idx) * inner;
-    std::copy(src, src + inner, out.data() + o * inner);
-  }
-  return out;
-}
-
-// a[..., start:end, ...] on dim: Python's slice rules (negative bounds count
-// from the end, out-of-range bounds are clamped, start >= end gives size 0).
-Tensor slice(const Tensor& a, int64_t dim, int64_t start, int64_t end) {
-  if (a.dim() == 0) {
-    throw std::invalid_argument(
-        fmt::format("slice: cannot slice a 0-d tensor (shape {})", shape_str(a.shape())));
-  }
-  const int64_t d = wrap_dim("slice", dim, a.shape());
-  const auto [outer, n, inner] = split_at(a.shape(), d);
-  auto clamp = [n](int64_t x) {
-    if (x < 0) x += n;
-    return std::clamp<int64_t>(x, 0, n);
-  };
-  const int64_t lo = clamp(start);
-  const int64_t hi = std::max(lo, clamp(end));
-  const int64_t len = hi - lo;
-  Shape out_shape = a.shape();
-  out_shape[static_cast<size_t>(d)] = len;
-  Tensor out(out_shape);
-  for (int64_t o = 0; o < outer; ++o) {
-    const float* src = a.data() + (o * n + lo) * inner;
-    std::copy(src, src + len * inner, out.data() + o * len * inner);
-  }
-  return out;
-}
+Tensor select(const Tensor& a, int64_t i) { return a.select(0, i); }
+Tensor select(const Tensor& a, int64_t dim, int64_t i) { return a.select(dim, i); }
+Tensor slice(const Tensor& a, int64_t dim, int64_t start, int64_t end) { return a.slice(dim, start, end); }
 
 // torch.cat: equal shapes except on dim. As in PyTorch, 1-D empty tensors of
 // shape (0,) are skipped whatever the others' shapes are.
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   if (tensors.empty()) throw std::invalid_argument("cat: expects a non-empty list of tensors");
-  std::vector<const Tensor*> parts;
+  std::vector<Tensor> dense;  // the parts, each contiguous float32
+  dense.reserve(tensors.size());
   for (const Tensor& x : tensors) {
-    if (!(x.dim() == 1 && x.numel() == 0)) parts.push_back(&x);
+    if (!(x.dim() == 1 && x.numel() == 0)) dense.push_back(float_input("cat", x));
   }
-  if (parts.empty()) return tensors.front();
+  std::vector<const Tensor*> parts;
+  for (const Tensor& x : dense) parts.push_back(&x);
+  if (parts.empty()) return tensors.front().clone();
   const Shape& first = parts.front()->shape();
   if (first.empty()) {
     throw std::invalid_argument("cat: zero-dimensional tensor cannot be concatenated");
@@ -607,43 +568,23 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
   return cat(parts, d);
 }
 
-Tensor unsqueeze(const Tensor& a, int64_t dim) {
-  Shape grown = a.shape();
-  grown.push_back(1);
-  const int64_t ndim = static_cast<int64_t>(grown.size());
-  if (dim < -ndim || dim >= ndim) {
-    throw std::out_of_range(
-        fmt::format("unsqueeze: dim {} out of range for shape {} (expected {} to {})", dim,
-                    shape_str(a.shape()), -ndim, ndim - 1));
-  }
-  const int64_t d = dim < 0 ? dim + ndim : dim;
-  Shape out_shape = a.shape();
-  out_shape.insert(out_shape.begin() + d, 1);
-  return a.reshape(out_shape);
-}
-
-// torch.squeeze(dim): removes dim if its size is 1, else returns a copy as it is.
-Tensor squeeze(const Tensor& a, int64_t dim) {
-  const int64_t d = wrap_dim("squeeze", dim, a.shape());
-  if (a.dim() == 0 || a.shape()[static_cast<size_t>(d)] != 1) return a;
-  Shape out_shape = a.shape();
-  out_shape.erase(out_shape.begin() + d);
-  return a.reshape(out_shape);
-}
+Tensor unsqueeze(const Tensor& a, int64_t dim) { return a.unsqueeze(dim); }
+Tensor squeeze(const Tensor& a, int64_t dim) { return a.squeeze(dim); }
 
 // ---- masks and normalisations ----------------------------------------------------
 
 namespace {
 // Keeps (i, j) of every matrix in the last two dims where keep(j - i) holds.
 template <class Keep>
-Tensor triangle(const char* op, const Tensor& a, Keep keep) {
+Tensor triangle(const char* op, const Tensor& a_in, Keep keep) {
+  const Tensor a = float_input(op, a_in);
   if (a.dim() < 2) {
     throw std::invalid_argument(
         fmt::format("{}: expects a tensor with at least 2 dims, got {}", op, shape_str(a.shape())));
   }
   const int64_t rows = a.size(-2), cols = a.size(-1);
   const int64_t mats = rows * cols == 0 ? 0 : a.numel() / (rows * cols);
-  Tensor out = a;
+  Tensor out = a.clone();
   float* p = out.data();
   for (int64_t b = 0; b < mats; ++b)
     for (int64_t i = 0; i < rows; ++i)
@@ -660,7 +601,8 @@ Tensor triu(const Tensor& a, int64_t diagonal) {
   return triangle("triu", a, [diagonal](int64_t j_minus_i) { return j_minus_i >= diagonal; });
 }
 
-Tensor masked_fill(const Tensor& a, const Tensor& mask, float value) {
+Tensor masked_fill(const Tensor& a_in, const Tensor& mask_in, float value) {
+  const Tensor a = float_input("masked_fill", a_in), mask = float_input("masked_fill", mask_in);
   bool fits = mask.dim() <= a.dim();
   for (int64_t i = 1; fits && i <= mask.dim(); ++i) {
     const int64_t sm = mask.shape()[static_cast<size_t>(mask.dim() - i)];
@@ -671,7 +613,7 @@ Tensor masked_fill(const Tensor& a, const Tensor& mask, float value) {
         fmt::format("masked_fill: mask of shape {} does not broadcast to the shape {}",
                     shape_str(mask.shape()), shape_str(a.shape())));
   }
-  Tensor out = a;
+  Tensor out = a.clone();
   float* po = out.data();
   const float* pm = mask.data();
   for_each_broadcast(a.shape(), broadcast_strides(a.shape(), a.shape()),
@@ -689,7 +631,7 @@ template <class F>
 Tensor along_dim(const char* op, const Tensor& a, int64_t dim, F f) {
   const int64_t d = wrap_dim(op, dim, a.shape());
   const auto [outer, n, inner] = split_at(a.shape(), d);
-  Tensor out = a;
+  Tensor out = float_input(op, a).clone();
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t j = 0; j < inner; ++j) f(out.data() + o * n * inner + j, inner, n);
   return out;

@@ -1,5 +1,5 @@
 // PyTorch-exact printing: a port of torch/_tensor_str.py (PyTorch 1.13) for
-// float32 tensors.
+// float32, bfloat16 and int64 tensors of any layout.
 //
 // How PyTorch prints a float tensor:
 //  1. A _Formatter looks at the finite non-zero values (of the summarised
@@ -22,6 +22,11 @@
 //  4. "tensor(" + that + suffixes + ")", where empty tensors that are not 1-D
 //     get "size=(0, 3)" and a suffix that would pass linewidth goes on a new
 //     line.
+// A bfloat16 tensor is printed as its float32 values (_tensor_str calls
+// self.float()) with the suffix "dtype=torch.bfloat16". An int64 tensor is
+// printed with str() of each value, right-aligned to the longest, and no dtype
+// suffix unless it is empty (int64 is a default dtype, but an empty list
+// shows no values to tell).
 #include "attn/print.h"
 
 #include <fmt/format.h>
@@ -45,6 +50,24 @@ std::string format_sci(float v, int precision) {
   if (std::isnan(v)) return "nan";
   return fmt::format("{:.{}e}", static_cast<double>(v), precision);
 }
+
+// torch._tensor_str._Formatter for an integer tensor: '{}'.format(value),
+// right-aligned to the widest value the formatter sees.
+class IntFormatter {
+ public:
+  explicit IntFormatter(const std::vector<int64_t>& values) {
+    for (int64_t v : values) max_width_ = std::max(max_width_, static_cast<int>(fmt::format("{}", v).size()));
+  }
+  int width() const { return max_width_; }
+  std::string format(int64_t v) const {
+    std::string s = fmt::format("{}", v);
+    if (static_cast<int>(s.size()) < max_width_) s.insert(0, static_cast<size_t>(max_width_) - s.size(), ' ');
+    return s;
+  }
+
+ private:
+  int max_width_ = 1;
+};
 
 // torch._tensor_str._Formatter for a floating-point tensor.
 class Formatter {
@@ -107,30 +130,33 @@ class Formatter {
   int max_width_ = 1;
 };
 
-// The printer walks the row-major buffer; a sub-tensor is (offset, first dim).
+// The printer walks the row-major values (T is float or int64_t); a
+// sub-tensor is (offset, first dim).
+template <class T>
 class Printer {
  public:
-  Printer(const Tensor& t, const PrintOptions& options)
-      : t_(t),
+  Printer(const Shape& shape, std::vector<T> values, const PrintOptions& options)
+      : shape_(shape),
+        values_(std::move(values)),
         opts_(options),
-        summarize_(t.numel() > options.threshold),
-        strides_(t.shape().size(), 1) {
-    const Shape& s = t.shape();
-    for (size_t d = s.size(); d-- > 1;) strides_[d - 1] = strides_[d] * s[d];
+        summarize_(static_cast<int64_t>(values_.size()) > options.threshold),
+        strides_(shape.size(), 1) {
+    for (size_t d = shape_.size(); d-- > 1;) strides_[d - 1] = strides_[d] * shape_[d];
   }
 
   // get_summarized_data: the values the formatter sees.
-  std::vector<float> formatter_values() const {
-    if (!summarize_) return t_.values();
-    std::vector<float> out;
+  std::vector<T> formatter_values() const {
+    if (!summarize_) return values_;
+    std::vector<T> out;
     collect(0, 0, out);
     return out;
   }
 
   // _tensor_str_with_formatter for the sub-tensor at `offset` from dim d.
-  std::string str(const Formatter& f, size_t d, int64_t offset, int indent) const {
-    const Shape& s = t_.shape();
-    if (s.empty()) return f.format(t_.data()[0]);
+  template <class F>
+  std::string str(const F& f, size_t d, int64_t offset, int indent) const {
+    const Shape& s = shape_;
+    if (s.empty()) return f.format(values_[0]);
     const int64_t n = s[d];
     const int64_t edge = opts_.edgeitems;
     const bool cut = summarize_ && n > 2 * edge;
@@ -152,10 +178,10 @@ class Printer {
   }
 
  private:
-  void collect(size_t d, int64_t offset, std::vector<float>& out) const {
-    const Shape& s = t_.shape();
+  void collect(size_t d, int64_t offset, std::vector<T>& out) const {
+    const Shape& s = shape_;
     if (s.empty()) {
-      out.push_back(t_.data()[0]);
+      out.push_back(values_[0]);
       return;
     }
     const int64_t n = s[d];
@@ -163,7 +189,7 @@ class Printer {
     for (int64_t i = 0; i < n; ++i) {
       if (n > 2 * edge && i == edge) i = n - edge;
       if (d + 1 == s.size()) {
-        out.push_back(t_.data()[offset + i]);
+        out.push_back(values_[static_cast<size_t>(offset + i)]);
       } else {
         collect(d + 1, offset + i * strides_[d], out);
       }
@@ -171,7 +197,8 @@ class Printer {
   }
 
   // _vector_str: one row, wrapped at linewidth.
-  std::string vector_str(const Formatter& f, int64_t offset, int64_t n, bool cut,
+  template <class F>
+  std::string vector_str(const F& f, int64_t offset, int64_t n, bool cut,
                          int indent) const {
     const int element_length = f.width() + 2;  // ", " between elements
     const int per_line =
@@ -184,7 +211,7 @@ class Printer {
         data.emplace_back(" ...");
         i = n - edge;
       }
-      data.push_back(f.format(t_.data()[offset + i]));
+      data.push_back(f.format(values_[static_cast<size_t>(offset + i)]));
     }
     // Elements on one line are separated by ", ", lines by ",\n" + indent.
     std::string line_break(",\n");
@@ -209,7 +236,8 @@ class Printer {
     return out;
   }
 
-  const Tensor& t_;
+  const Shape& shape_;
+  std::vector<T> values_;  // row-major
   const PrintOptions& opts_;
   bool summarize_;
   std::vector<int64_t> strides_;  // row-major element strides of t_
@@ -247,14 +275,21 @@ std::string to_string(const Tensor& t, const PrintOptions& options) {
   const int indent = static_cast<int>(prefix.size());
   std::vector<std::string> suffixes;
   std::string body;
+  const std::string dtype_suffix = fmt::format("dtype=torch.{}", dtype_name(t.dtype()));
   if (t.numel() == 0) {
     // NumPy's habit: the shape is shown unless it is (0,).
     if (t.dim() != 1) suffixes.push_back("size=" + shape_str(t.shape()));
+    if (t.dtype() != DType::kFloat32) suffixes.push_back(dtype_suffix);
     body = "[]";
+  } else if (t.dtype() == DType::kInt64) {
+    const Printer<int64_t> printer(t.shape(), t.to_int64_vector(), options);
+    const IntFormatter formatter(printer.formatter_values());
+    body = printer.str(formatter, 0, 0, indent);
   } else {
-    Printer printer(t, options);
+    const Printer<float> printer(t.shape(), t.to_vector(), options);  // bfloat16 as float32
     const Formatter formatter(printer.formatter_values(), options.precision);
     body = printer.str(formatter, 0, 0, indent);
+    if (t.dtype() == DType::kBFloat16) suffixes.push_back(dtype_suffix);
   }
   if (!options.suffix.empty()) suffixes.push_back(options.suffix);
   return add_suffixes(prefix + body, suffixes, indent, options.linewidth);

@@ -32,7 +32,7 @@ Output run_op(const json& op, Generator& gen) {
   const std::string kind = op.at("op").get<std::string>();
   Output out;
   if (kind == "rand") {
-    out.f32 = attn::rand(op.at("shape").get<Shape>(), gen).values();
+    out.f32 = attn::rand(op.at("shape").get<Shape>(), gen).to_vector();
   } else if (kind == "randn") {
     const Tensor x = attn::randn(op.at("shape").get<Shape>(), gen);
     if (op.contains("keep")) {
@@ -42,16 +42,16 @@ Output run_op(const json& op, Generator& gen) {
         for (int64_t i = start; i < end; ++i) out.f32.push_back(x[i]);
       }
     } else {
-      out.f32 = x.values();
+      out.f32 = x.to_vector();
     }
   } else if (kind == "uniform") {
     Tensor t({op.at("n").get<int64_t>()});
     attn::uniform_(t, op.at("from").get<float>(), op.at("to").get<float>(), gen);
-    out.f32 = t.values();
+    out.f32 = t.to_vector();
   } else if (kind == "normal") {
     Tensor t({op.at("n").get<int64_t>()});
     attn::normal_(t, op.at("mean").get<float>(), op.at("std").get<float>(), gen);
-    out.f32 = t.values();
+    out.f32 = t.to_vector();
   } else if (kind == "rand64" || kind == "uniform64") {
     const int64_t n = op.at("n").get<int64_t>();
     const double from = kind == "rand64" ? 0.0 : op.at("from").get<double>();
@@ -65,15 +65,15 @@ Output run_op(const json& op, Generator& gen) {
     Tensor bias({d_out});
     const bool has_bias = op.at("bias").get<bool>();
     attn::init_linear_(weight, has_bias ? &bias : nullptr, gen);
-    out.f32 = weight.values();
+    out.f32 = weight.to_vector();
     if (has_bias) out.f32.insert(out.f32.end(), bias.values().begin(), bias.values().end());
   } else if (kind == "embedding") {
     Tensor weight({op.at("num").get<int64_t>(), op.at("dim").get<int64_t>()});
     attn::normal_(weight, 0.0f, 1.0f, gen);
-    out.f32 = weight.values();
+    out.f32 = weight.to_vector();
   } else if (kind == "dropout") {
     out.f32 =
-        attn::dropout_noise({op.at("n").get<int64_t>()}, op.at("p").get<float>(), gen).values();
+        attn::dropout_noise({op.at("n").get<int64_t>()}, op.at("p").get<float>(), gen).to_vector();
   } else {
     throw std::invalid_argument("random.json: unknown op " + kind);
   }

@@ -290,7 +290,7 @@ TEST(KVCache, Errors) {
       "holds 0)");
   // Fill to 5, then 2 more do not fit but 1 does; a full cache refuses even one.
   forward_cached(mha, randn({2, 5, 3}), cache);
-  const Tensor keys_before = cache.keys;
+  const Tensor keys_before = cache.keys.clone();
   expect_message<std::invalid_argument>(
       [&] {
         forward_cached(mha, Tensor::zeros({2, 2, 3}), cache);

@@ -35,7 +35,7 @@ std::vector<std::string> names(Module& m) {
 
 // x with tokens from `from` on replaced by other numbers.
 Tensor change_future(const Tensor& x, int64_t from) {
-  Tensor y = x;
+  Tensor y = x.clone();
   const int64_t T = x.size(1), C = x.size(2);
   for (int64_t b = 0; b < x.size(0); ++b) {
     for (int64_t t = from; t < T; ++t) {
@@ -445,7 +445,7 @@ TEST(Modules, ZeroGradAndAccumulation) {
   const Tensor dy = random_tensor({2, 6, 2}, 4);
   m.forward(x);
   m.backward(dy);
-  const Tensor once = m.W_key.weight.grad;
+  const Tensor once = m.W_key.weight.grad.clone();
   m.backward(dy);  // accumulates
   EXPECT_LE(max_abs_diff(m.W_key.weight.grad, once * 2.0f), 1e-6f);
   m.zero_grad();

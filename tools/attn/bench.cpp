@@ -54,7 +54,7 @@ double median(std::vector<double> v) {
 std::vector<float> normal_values(int64_t n, uint64_t seed) {
   Generator gen(seed);
   const Tensor t = randn({n}, gen);
-  return t.values();
+  return t.to_vector();
 }
 
 bool all_finite(const float* p, int64_t n) {

@@ -467,7 +467,7 @@ const SectionEntry& find_section(const std::string& name) {
 
 nlohmann::json json_values(const Tensor& t) {
   nlohmann::json values = nlohmann::json::array();
-  for (float v : t.values()) {
+  for (float v : t.to_vector()) {
     if (std::isnan(v)) {
       values.push_back("nan");  // JSON has no non-finite numbers
     } else if (std::isinf(v)) {
