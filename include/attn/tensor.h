@@ -62,12 +62,14 @@ int64_t element_size(DType dtype);  // bytes: 4, 2, 8
 struct BFloat16 {
   uint16_t bits = 0;
 };
-// float32 -> bfloat16 with round-to-nearest-even; a NaN becomes the quiet NaN
-// 0x7FC0 (c10::BFloat16's round_to_nearest_even).
+// float32 -> bfloat16 with round-to-nearest-even, as PyTorch's vectorised CPU
+// cast (.to(torch.bfloat16) of a tensor) rounds; every NaN becomes 0xFFFF, as
+// that cast writes it (c10's scalar round_to_nearest_even, which PyTorch uses
+// for a 0-d tensor, writes 0x7FC0 instead: both are NaN).
 inline BFloat16 to_bfloat16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu) != 0) return {0x7FC0};
+  if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu) != 0) return {0xFFFF};
   const uint32_t rounding_bias = 0x7FFFu + ((u >> 16) & 1u);
   return {static_cast<uint16_t>((u + rounding_bias) >> 16)};
 }
