@@ -1,9 +1,16 @@
-// tests/oracle.h - reading the reference values that PyTorch wrote
-// (tests/torch/oracle.py) and the shared golden files.
+// tests/oracle.h - reading the shared golden files (both test binaries) and the
+// reference values that PyTorch wrote (tests/torch/oracle.py; attn_torch_tests only).
+//
+// A file that cannot be opened fails with a message that names the file, the full
+// path it was looked for at, and what puts it there: ../shared beside the checkout
+// (CMake cache variable ATTN_SHARED_DIR) for golden files, the oracle script and the
+// torch_oracle test for oracle outputs. The messages are built by plain functions
+// so that tests/unit/test_oracle_messages.cpp can check them without PyTorch.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <stdexcept>
 #include <string>
@@ -14,18 +21,82 @@
 
 namespace attn::test {
 
-inline std::string oracle_path(const std::string& name) {
-  return std::string(ATTN_ORACLE_DIR) + "/" + name;
+// path made absolute, with "." and ".." resolved: the path a reader can look at.
+inline std::string full_path(const std::string& path) {
+  return std::filesystem::absolute(std::filesystem::path(path)).lexically_normal().string();
 }
+
+// "does not exist" or, for a file that is there, "cannot be read".
+inline std::string why_unreadable(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::exists(path, ec) ? "cannot be read" : "does not exist";
+}
+
+// The message for golden file `name` (relative to the shared folder) looked for
+// under `shared_dir` (ATTN_SHARED_DIR) in the checkout at `checkout_dir`.
+inline std::string missing_shared_message(const std::string& name, const std::string& shared_dir,
+                                          const std::string& checkout_dir) {
+  const std::string path = full_path(shared_dir + "/" + name);
+  return "cannot open the golden file " + name + ": " + path + " " + why_unreadable(path) +
+         ". The shared/ folder (golden vectors and data) must sit beside the checkout, as " +
+         full_path(checkout_dir + "/../shared") +
+         ", or the CMake cache variable ATTN_SHARED_DIR (now " + full_path(shared_dir) +
+         ") must name it: cmake --preset release -DATTN_SHARED_DIR=/path/to/shared";
+}
+
+// The message for oracle output `name` looked for under `oracle_dir`; `script`
+// (e.g. "oracle_ops.py") is the tests/torch script that writes it.
+inline std::string missing_oracle_message(const std::string& name, const std::string& oracle_dir,
+                                          const std::string& script,
+                                          const std::string& python = "/usr/bin/python3") {
+  const std::string path = full_path(oracle_dir + "/" + name);
+  std::string only = script;
+  if (only.rfind("oracle_", 0) == 0) only.erase(0, 7);
+  if (only.size() > 3 && only.compare(only.size() - 3, 3, ".py") == 0) only.resize(only.size() - 3);
+  return "cannot open the oracle output " + name + ": " + path + " " + why_unreadable(path) +
+         ". tests/torch/" + script +
+         " writes it when the torch_oracle test runs (ctest --preset release -L torch runs it "
+         "before these tests; by hand: " +
+         python + " tests/torch/oracle.py --out " + full_path(oracle_dir) + " --only " + only + ")";
+}
+
+// Parses the JSON file at path; throws std::runtime_error(missing()) when it cannot
+// be opened. Json is nlohmann::json or nlohmann::ordered_json.
+template <class Json = nlohmann::json, class Message>
+Json read_json_file(const std::string& path, const Message& missing) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(missing());
+  return Json::parse(in);
+}
+
+// ---- golden files in ../shared (ATTN_SHARED_DIR) -----------------------------------
+#ifdef ATTN_SHARED_DIR
 inline std::string shared_path(const std::string& name) {
   return std::string(ATTN_SHARED_DIR) + "/" + name;
 }
 
-inline nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("cannot open " + path + " (did the torch_oracle test run?)");
-  return nlohmann::json::parse(in);
+// The golden file `name` (e.g. "golden/rng_vectors.json") of the shared folder.
+inline nlohmann::json read_shared_json(const std::string& name) {
+  return read_json_file(shared_path(name), [&] {
+    return missing_shared_message(name, ATTN_SHARED_DIR, std::string(ATTN_TESTS_DIR) + "/..");
+  });
 }
+#endif
+
+// ---- PyTorch's reference outputs (attn_torch_tests only) ---------------------------
+#ifdef ATTN_ORACLE_DIR
+inline std::string oracle_path(const std::string& name) {
+  return std::string(ATTN_ORACLE_DIR) + "/" + name;
+}
+
+// The oracle output `name` (e.g. "ops.json"), written by tests/torch/<script>.
+template <class Json = nlohmann::json>
+Json read_oracle_json(const std::string& name, const std::string& script) {
+  return read_json_file<Json>(oracle_path(name), [&] {
+    return missing_oracle_message(name, ATTN_ORACLE_DIR, script, ATTN_TORCH_PYTHON);
+  });
+}
+#endif
 
 // {"shape": [...], "values": [...]} -> Tensor.
 inline Tensor tensor_from_json(const nlohmann::json& j) {

@@ -63,7 +63,7 @@ float max_abs(const Tensor& t) {
 }
 
 TEST(KVCacheTorch, TokenByTokenMatchesTorchOnWholeSequences) {
-  const Json file = read_json(oracle_path("kv_cache.json"));
+  const Json file = attn::test::read_oracle_json<Json>("kv_cache.json", "oracle_kv_cache.py");
   const bool avx2 = file.at("cpu_capability").get<std::string>() == "AVX2";
   const Json& cases = file.at("cases");
   ASSERT_GE(cases.size(), 10u);

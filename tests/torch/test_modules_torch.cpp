@@ -143,10 +143,7 @@ Reference packed_tensor(const Json& j) {
 }
 
 Json read_kind(const std::string& kind) {
-  const std::string path = attn::test::oracle_path("modules_" + kind + ".json");
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("cannot open " + path + " (did the torch_oracle test run?)");
-  return Json::parse(in);
+  return attn::test::read_oracle_json<Json>("modules_" + kind + ".json", "oracle_modules.py");
 }
 
 // ---- comparison and the per-kind summary ---------------------------------------------

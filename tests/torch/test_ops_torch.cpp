@@ -32,7 +32,7 @@ constexpr double kRtol = 1e-6;
 constexpr double kAtolOfMax = 1e-6;
 
 const json& cases() {
-  static const json all = attn::test::read_json(attn::test::oracle_path("ops.json")).at("cases");
+  static const json all = attn::test::read_oracle_json("ops.json", "oracle_ops.py").at("cases");
   return all;
 }
 
@@ -142,6 +142,8 @@ void check_ops(const std::set<std::string>& ops) {
     }
   }
   EXPECT_GT(n, 0) << "no oracle cases for these ops";
+  for (const std::string& op : ops)  // an op without a case would pass unchecked
+    EXPECT_EQ(worst.count(op), 1u) << "no oracle case for op " << op;
   for (const auto& [op, w] : worst) {
     std::printf("  %-14s %3d cases, largest error: %.3g relative, %.3g absolute\n", op.c_str(),
                 w.cases, w.rel, w.abs);

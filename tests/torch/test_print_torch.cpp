@@ -14,7 +14,7 @@ using attn::Tensor;
 
 TEST(PrintTorch, MatchesStrOfEveryOracleTensor) {
   const nlohmann::json cases =
-      attn::test::read_json(attn::test::oracle_path("print.json")).at("cases");
+      attn::test::read_oracle_json("print.json", "oracle_print.py").at("cases");
   ASSERT_GE(cases.size(), 80u);
   size_t matched = 0;
   for (const auto& c : cases) {
@@ -44,7 +44,7 @@ TEST(PrintTorch, MatchesStrOfEveryOracleTensor) {
 
 TEST(PrintTorch, StreamOperatorUsesDefaultOptions) {
   const nlohmann::json cases =
-      attn::test::read_json(attn::test::oracle_path("print.json")).at("cases");
+      attn::test::read_oracle_json("print.json", "oracle_print.py").at("cases");
   for (const auto& c : cases) {
     if (c.at("name") != "spec_inputs") continue;
     std::ostringstream os;

@@ -81,7 +81,7 @@ Output run_op(const json& op, Generator& gen) {
 }
 
 TEST(RandomTorch, EverySequenceBitExact) {
-  const json oracle = attn::test::read_json(attn::test::oracle_path("random.json"));
+  const json oracle = attn::test::read_oracle_json("random.json", "oracle_random.py");
   // attn follows torch's AVX2 kernels (with their fused multiply-adds and the
   // Cephes normal); the oracle asks torch for them, which fails only on a CPU
   // without AVX2, where torch's values come from other kernels.
@@ -141,7 +141,7 @@ TEST(RandomTorch, EverySequenceBitExact) {
 
 // torch.Generator() without a seed: PyTorch's default seed 67280421310721.
 TEST(RandomTorch, UnseededGeneratorMatchesTorch) {
-  const json oracle = attn::test::read_json(attn::test::oracle_path("random.json"));
+  const json oracle = attn::test::read_oracle_json("random.json", "oracle_random.py");
   const json& fresh = oracle.at("unseeded_generator");
   Generator gen;
   EXPECT_EQ(gen.initial_seed(), fresh.at("initial_seed").get<uint64_t>());

@@ -24,7 +24,7 @@ int count_bit_differences(const attn::Tensor& a, const attn::Tensor& b) {
 }
 
 TEST(SumOrderTorch, LastDimSumsAreBitIdentical) {
-  const auto cases = attn::test::read_json(attn::test::oracle_path("sum_order.json")).at("cases");
+  const auto cases = attn::test::read_oracle_json("sum_order.json", "oracle_sum_order.py").at("cases");
   ASSERT_GT(cases.size(), 100u);
   for (const auto& c : cases) {
     const attn::Tensor x = attn::test::tensor_from_bits_json(c.at("x"));

@@ -91,7 +91,8 @@ TEST(BenchCli, BadValuesAreOneLineUsageErrors) {
         Case{"bench --shapes 1x2x3", "a shape is BxTxDxH, e.g. 1x1024x768x12; got '1x2x3'"},
         Case{"bench --shapes 1x8x10x3",
              "d_model divisible by heads, got B=1 T=8 d_model=10 heads=3"},
-        Case{"bench --backend gpu", "--backend must be auto, reference or fused, got 'gpu'"}}) {
+        Case{"bench --backend gpu", "--backend must be auto, reference or fused, got 'gpu'"},
+        Case{"bench --threads -3", "bench: --threads must be >= 1, got -3"}}) {
     const auto r = run_cli(c.args);
     EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.err;
     EXPECT_EQ(r.out, "") << c.args;
@@ -99,6 +100,38 @@ TEST(BenchCli, BadValuesAreOneLineUsageErrors) {
     ASSERT_EQ(lines.size(), 1u) << c.args << "\n" << r.err;
     EXPECT_NE(lines[0].find(c.message), std::string::npos) << lines[0];
   }
+}
+
+// A count of 0 is refused, not read as "use the default" (exit 2, one line
+// naming the option and the value), and so is a negative one.
+TEST(BenchCli, ZeroCountsAreUsageErrorsNotDefaults) {
+  ATTN_REQUIRE_CLI();
+  for (const std::string option : {"--tokens", "--repeats", "--threads", "--batch", "--d-model",
+                                   "--heads", "--sgemm-n", "--memory-tokens"}) {
+    for (const std::string value : {"0", "-1"}) {
+      // The rest would be a quick valid run, so only the bad value can fail it.
+      const std::string args =
+          "bench --json --kind core --mode fwd --shapes 1x8x16x2 " + option + " " + value;
+      const auto r = run_cli(args);
+      EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
+      EXPECT_EQ(r.out, "") << args;
+      EXPECT_EQ(r.err, "attn: bench: " + option + " must be >= 1, got " + value + "\n") << args;
+    }
+  }
+}
+
+TEST(BenchCli, ExplicitCountsAreUsed) {
+  // The values that used to be the only way to say "default" must not be
+  // confused with it now: --tokens 1, --repeats 1 and --threads 1 run as given.
+  ATTN_REQUIRE_CLI();
+  const auto r = run_cli("bench --json --kind core --mode fwd --tokens 1 --d-model 16 --heads 2 "
+                         "--repeats 1 --threads 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto row = nlohmann::json::parse(r.out).at(0);
+  EXPECT_EQ(row["T"], 1);
+  EXPECT_EQ(row["B"], 1);  // not given: the default
+  EXPECT_EQ(row["repeats"], 1);
+  EXPECT_EQ(row["omp_threads"], 1);
 }
 
 }  // namespace

@@ -77,8 +77,9 @@ int64_t golden_value_count(const json& j) {
 }
 
 TEST(RandomGolden, EveryVectorBitExact) {
-  // read_json throws (and so fails the test) if the file cannot be read.
-  const json golden = attn::test::read_json(attn::test::shared_path("golden/rng_vectors.json"));
+  // read_shared_json throws (and so fails the test) if the file cannot be read,
+  // naming the path it looked for (tests/oracle.h).
+  const json golden = attn::test::read_shared_json("golden/rng_vectors.json");
   const json& seeds = golden.at("seeds");
   ASSERT_GE(seeds.size(), 3u);
 

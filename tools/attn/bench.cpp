@@ -20,6 +20,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #ifdef _OPENMP
@@ -385,8 +386,9 @@ Command add_bench_command(CLI::App& app) {
   struct Flags {
     std::vector<std::string> shapes;
     std::string kind = "all", mode = "all", backend = "auto";
-    int64_t batch = 0, tokens = 0, d_model = 0, heads = 0;
-    int repeats = 0, threads = 0, sgemm_n = 0;
+    // Defaults; each applies only when its option is not given (an explicit 0 is an error).
+    int64_t batch = 1, tokens = 1024, d_model = 768, heads = 12;
+    int repeats = 5, threads = 0, sgemm_n = 4096;  // --quick: 3 repeats, sgemm of 2048
     bool quick = false, json = false, memory = false, sgemm = false;
     int64_t memory_tokens = 16384;
   };
@@ -431,16 +433,24 @@ Command add_bench_command(CLI::App& app) {
                 "gradients");
   cmd->add_option("--memory-tokens", f->memory_tokens, "T for --memory")->capture_default_str();
 
-  auto run = [f]() -> int {
-    if (f->threads < 0)
-      throw UsageError(fmt::format("bench: --threads must be >= 1, got {}", f->threads));
+  auto run = [f, cmd]() -> int {
+    const auto given = [cmd](const char* option) { return cmd->count(option) > 0; };
+    // A count given as 0 (or less) is a usage error, not a request for the default.
+    for (const auto& [option, value] :
+         {std::pair<const char*, int64_t>{"--batch", f->batch}, {"--tokens", f->tokens},
+          {"--d-model", f->d_model}, {"--heads", f->heads}, {"--repeats", f->repeats},
+          {"--threads", f->threads}, {"--sgemm-n", f->sgemm_n},
+          {"--memory-tokens", f->memory_tokens}}) {
+      if (given(option) && value < 1)
+        throw UsageError(fmt::format("bench: {} must be >= 1, got {}", option, value));
+    }
     if (f->kind != "all" && f->kind != "core" && f->kind != "module")
       throw UsageError(fmt::format("bench: --kind must be core, module or all, got '{}'", f->kind));
     if (f->mode != "all" && f->mode != "fwd" && f->mode != "fwdbwd")
       throw UsageError(fmt::format("bench: --mode must be fwd, fwdbwd or all, got '{}'", f->mode));
     parse_backend(f->backend);
-    if (f->threads > 0) set_threads(f->threads);
-    const int repeats = f->repeats > 0 ? f->repeats : (f->quick ? 3 : 5);
+    if (given("--threads")) set_threads(f->threads);
+    const int repeats = given("--repeats") ? f->repeats : (f->quick ? 3 : 5);
     const std::string target = kernels::flash_attention_target();
 
     if (f->memory) {
@@ -471,11 +481,8 @@ Command add_bench_command(CLI::App& app) {
     }
 
     std::vector<BenchCase> shapes;
-    if (f->batch || f->tokens || f->d_model || f->heads) {
-      BenchCase c{.B = f->batch ? f->batch : 1,
-                  .T = f->tokens ? f->tokens : 1024,
-                  .d_model = f->d_model ? f->d_model : 768,
-                  .heads = f->heads ? f->heads : 12};
+    if (given("--batch") || given("--tokens") || given("--d-model") || given("--heads")) {
+      BenchCase c{.B = f->batch, .T = f->tokens, .d_model = f->d_model, .heads = f->heads};
       c.kind = "core", c.mode = "fwd";
       check_case(c);
       shapes.push_back(c);
@@ -489,7 +496,7 @@ Command add_bench_command(CLI::App& app) {
     if (f->mode != "all") modes = {f->mode};
 
     double sgemm = -1, peak = -1;
-    const int sgemm_n = f->sgemm_n > 0 ? f->sgemm_n : (f->quick ? 2048 : 4096);
+    const int sgemm_n = given("--sgemm-n") ? f->sgemm_n : (f->quick ? 2048 : 4096);
     if (!f->json || f->sgemm) {
       peak = kernels::fma_peak_gflops(5);
       sgemm = attn::bench::sgemm_gflops(sgemm_n, f->quick ? 3 : 5);

@@ -13,15 +13,26 @@
 //   projections       2·B·T·d_in·d_out per linear (4 linears: q, k, v, out_proj)
 //   module forward    projections + core forward
 //   module fwd+bwd    3 × projections + 3.5 × core forward
-// GFLOP/s = useful FLOPs / median time; % sgemm = that rate over the rate of
-// one cblas_sgemm of n³ (n = 4096, --quick 2048) timed at the start of the run;
-// % peak = that rate over the CPU's fp32 multiply-add peak on the kernel's SIMD
-// target (kernels::fma_peak_gflops), timed at the start too: no fp32 code
-// here can exceed it, and sgemm itself reaches 85-95% of it.
-// The module alternates OpenBLAS's threads (projections) and OpenMP's (the
-// kernel); on a machine with few cores, idle OpenMP threads that spin slow
-// the next sgemm down, so the header prints GOMP_SPINCOUNT / OMP_WAIT_POLICY
-// (GOMP_SPINCOUNT=0 is usually faster for the module there).
+// GFLOP/s = useful FLOPs / median time. Two yardsticks, measured at the start
+// of the run (always for the table; with --json only when --sgemm is given,
+// otherwise pct_sgemm and pct_peak are null):
+//   % sgemm  that rate over the median rate of cblas_sgemm of n³ (n = 4096,
+//            --quick 2048, or --sgemm-n; median of 5 timings, --quick 3)
+//   % peak   that rate over the CPU's fp32 multiply-add peak on the kernel's
+//            SIMD target (kernels::fma_peak_gflops, median of 5): no fp32 code
+//            here can exceed it. sgemm does not reach it either: the header
+//            prints sgemm's own share of the peak, measured in the same run
+//            (80% on the machine of docs/performance.md).
+// Threads (--threads n sets both OpenMP's and OpenBLAS's count): the core and
+// the fused module run on OpenMP's threads only: the flash kernel, and the
+// module's four projections too, each thread calling a single-threaded sgemm
+// on its own block of rows (src/kernels/attention_block.cpp). The sgemm
+// yardstick and the reference path (--backend reference) use OpenBLAS's own
+// threads. Those spin for a while after a call (and right after start-up), so
+// the run sleeps 500 ms after the yardsticks and warms each case up for at
+// least 250 ms before timing it. The header prints GOMP_SPINCOUNT and
+// OMP_WAIT_POLICY, which decide whether idle OpenMP threads spin between the
+// kernel's parallel regions.
 #pragma once
 
 #include <cstdint>
