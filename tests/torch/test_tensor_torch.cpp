@@ -21,7 +21,7 @@ using nlohmann::json;
 namespace {
 
 const json& tensor_oracle() {
-  static const json j = attn::test::read_json(attn::test::oracle_path("tensor.json"));
+  static const json j = attn::test::read_oracle_json("tensor.json", "oracle_tensor.py");
   return j;
 }
 
