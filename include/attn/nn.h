@@ -43,6 +43,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -55,9 +56,45 @@
 
 namespace attn::nn {
 
+// A trainable tensor and its gradient. Both are Tensor handles, so two
+// modules can hold one parameter (weight tying, as GPT-2 ties tok_emb and
+// out_head): tie(a, b) makes a share b's value and grad storage, and every
+// backward accumulates into that one grad in place.
 struct Parameter {
   Tensor value;
   Tensor grad;  // same shape as value, zero until backward accumulates into it
+  // True when this and other are one parameter (tied, or the same object).
+  bool is(const Parameter& other) const;
+};
+// Makes `param` the parameter `source` is: param.value and param.grad become
+// handles on source's storage. Throws std::invalid_argument naming the shapes
+// when they differ (GPT-2: out_head.weight (vocab, emb) and tok_emb.weight).
+void tie(Parameter& param, Parameter& source);
+
+// A buffer (PyTorch's register_buffer): module state that is not trained, such
+// as the chapter's causal mask. Its value is made by `make` on the first read,
+// so a (context_length, context_length) mask that the fused path never reads is
+// never allocated. Persistent buffers appear in state_dict(), as in PyTorch.
+class Buffer {
+ public:
+  explicit Buffer(std::function<Tensor()> make, bool persistent = true)
+      : make_(std::move(make)), persistent_(persistent) {}
+  const Tensor& get() const {
+    if (!made_) {
+      value_ = make_();
+      made_ = true;
+    }
+    return value_;
+  }
+  // Whether the value has been made (read) yet.
+  bool materialized() const { return made_; }
+  bool persistent() const { return persistent_; }
+
+ private:
+  std::function<Tensor()> make_;
+  bool persistent_;
+  mutable Tensor value_;
+  mutable bool made_ = false;
 };
 
 class Module {
@@ -72,22 +109,38 @@ class Module {
   void eval() { train(false); }
   bool is_training() const { return training_; }
 
-  // All parameters, depth first in registration order, with dotted PyTorch names.
+  // All parameters, depth first in registration order, with dotted PyTorch
+  // names; a tied parameter appears once, under its first name (PyTorch's
+  // remove_duplicate).
   std::vector<std::pair<std::string, Parameter*>> named_parameters();
-  // One parameter by name; throws std::out_of_range naming it and listing the known names.
+  // One parameter by name (any of a tied parameter's names); throws
+  // std::out_of_range naming it and listing the known names.
   Parameter& parameter(const std::string& name);
+  // The number of trainable values, each tied parameter counted once.
   int64_t num_parameters();
   void zero_grad();
+  // All buffers, depth first, with dotted names ("heads.0.mask"); reading
+  // them here makes (materialises) the lazy ones.
+  std::vector<std::pair<std::string, const Tensor*>> named_buffers();
+  // PyTorch's state_dict(): for each module, its own parameters, then its
+  // persistent buffers, then each child's entries under "child." - the keys
+  // and order torch.nn.Module.state_dict() gives (tied parameters under every
+  // name). The tensors are handles on the module's storage, not copies.
+  std::vector<std::pair<std::string, Tensor>> state_dict();
 
  protected:
   void register_parameter(std::string name, Parameter* p);
+  void register_buffer(std::string name, const Buffer* b);
   void register_module(std::string name, Module* m);
   // Throws std::logic_error("<Module>: backward() called before forward()") when !ok.
   static void require_forward(bool ok, const char* module);
 
  private:
   bool training_ = true;
+  // Every parameter with its name, tied ones under each of their names.
+  std::vector<std::pair<std::string, Parameter*>> all_named_parameters();
   std::vector<std::pair<std::string, Parameter*>> parameters_;
+  std::vector<std::pair<std::string, const Buffer*>> buffers_;
   std::vector<std::pair<std::string, Module*>> children_;
 };
 

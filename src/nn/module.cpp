@@ -18,17 +18,66 @@ void Module::train(bool on) {
   for (auto& [name, child] : children_) child->train(on);
 }
 
+// ---- Parameter and tying ---------------------------------------------------------
+
+bool Parameter::is(const Parameter& other) const {
+  return this == &other ||
+         (value.shares_storage_with(other.value) && value.storage_offset() == other.value.storage_offset() &&
+          value.shape() == other.value.shape() && value.strides() == other.value.strides());
+}
+
+void tie(Parameter& param, Parameter& source) {
+  if (param.value.shape() != source.value.shape()) {
+    throw std::invalid_argument(fmt::format("tie: the parameter has shape {} but the source has shape {}",
+                                            shape_str(param.value.shape()), shape_str(source.value.shape())));
+  }
+  param.value = source.value;  // handles: one storage for both
+  param.grad = source.grad;
+}
+
+// ---- Module -------------------------------------------------------------------------
+
 // As PyTorch: this module's own parameters first, then each child's, depth first.
-std::vector<std::pair<std::string, Parameter*>> Module::named_parameters() {
+std::vector<std::pair<std::string, Parameter*>> Module::all_named_parameters() {
   std::vector<std::pair<std::string, Parameter*>> all = parameters_;
   for (auto& [prefix, child] : children_) {
-    for (auto& [name, p] : child->named_parameters()) all.emplace_back(prefix + "." + name, p);
+    for (auto& [name, p] : child->all_named_parameters()) all.emplace_back(prefix + "." + name, p);
+  }
+  return all;
+}
+
+std::vector<std::pair<std::string, Parameter*>> Module::named_parameters() {
+  std::vector<std::pair<std::string, Parameter*>> unique;
+  for (auto& [name, p] : all_named_parameters()) {
+    const bool seen = std::any_of(unique.begin(), unique.end(), [&](const auto& u) { return u.second->is(*p); });
+    if (!seen) unique.emplace_back(name, p);
+  }
+  return unique;
+}
+
+std::vector<std::pair<std::string, const Tensor*>> Module::named_buffers() {
+  std::vector<std::pair<std::string, const Tensor*>> all;
+  for (const auto& [name, b] : buffers_) all.emplace_back(name, &b->get());
+  for (auto& [prefix, child] : children_) {
+    for (auto& [name, t] : child->named_buffers()) all.emplace_back(prefix + "." + name, t);
+  }
+  return all;
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::state_dict() {
+  std::vector<std::pair<std::string, Tensor>> all;
+  for (const auto& [name, p] : parameters_) all.emplace_back(name, p->value);
+  for (const auto& [name, b] : buffers_) {
+    if (b->persistent()) all.emplace_back(name, b->get());
+  }
+  for (auto& [prefix, child] : children_) {
+    for (auto& [name, t] : child->state_dict()) all.emplace_back(prefix + "." + name, t);
   }
   return all;
 }
 
 Parameter& Module::parameter(const std::string& name) {
-  const auto all = named_parameters();
+  const auto all = all_named_parameters();
   for (const auto& [n, p] : all) {
     if (n == name) return *p;
   }
@@ -45,15 +94,15 @@ int64_t Module::num_parameters() {
 }
 
 void Module::zero_grad() {
-  for (auto& [name, p] : named_parameters()) {
-    for (float& g : p->grad.values()) g = 0.0f;
-  }
+  for (auto& [name, p] : named_parameters()) p->grad.fill_(0.0f);
 }
 
 void Module::register_parameter(std::string name, Parameter* p) {
   if (p->grad.shape() != p->value.shape()) p->grad = Tensor(p->value.shape());
   parameters_.emplace_back(std::move(name), p);
 }
+
+void Module::register_buffer(std::string name, const Buffer* b) { buffers_.emplace_back(std::move(name), b); }
 
 void Module::register_module(std::string name, Module* m) {
   m->train(training_);
