@@ -12,7 +12,7 @@
 // division); a sum over the last (contiguous) dim, and normalize_sum over it, add
 // in PyTorch's own float order and give its bits; sums over other dims accumulate in
 // double, so they may differ from PyTorch's float sums in the last bits.
-// Matrix products go to BLAS (cblas_sgemm).
+// Matrix products go to BLAS (gemm::sgemm and gemm::sdot, attn/gemm.h).
 #pragma once
 
 #include <vector>

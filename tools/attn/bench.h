@@ -14,7 +14,7 @@
 //   module forward    projections + core forward
 //   module fwd+bwd    3 × projections + 3.5 × core forward
 // GFLOP/s = useful FLOPs / median time; % sgemm = that rate over the rate of
-// one cblas_sgemm of n³ (n = 4096, --quick 2048) timed at the start of the run;
+// one sgemm of n³ (attn/gemm.h) (n = 4096, --quick 2048) timed at the start of the run;
 // % peak = that rate over the CPU's fp32 multiply-add peak on the kernel's SIMD
 // target (kernels::fma_peak_gflops), timed at the start too: no fp32 code
 // here can exceed it, and sgemm itself reaches 85-95% of it.
