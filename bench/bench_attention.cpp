@@ -1,5 +1,5 @@
-// Benchmarks of the fused attention kernel (attn/kernels.h) beside OpenBLAS
-// sgemm, measured in the same run so the ratio can be read off directly.
+// Benchmarks of the fused attention kernel (attn/kernels.h) beside BLAS
+// sgemm (attn/gemm.h), measured in the same run so the ratio can be read off directly.
 //
 //   ./build/bench/bench_attention --benchmark_min_time=1
 //   ./build/bench/bench_attention --memory_check    (T = 16384: time and peak extra memory)
@@ -14,14 +14,13 @@
 // Counters (Google Benchmark prints rates with a "/s" suffix): GFLOP, the rate
 // in GFLOP/s, pct_of_sgemm, that rate as a percentage of the sgemm rate
 // measured at start-up by this program (median of 5 runs of 4096³, threads as
-// OpenBLAS chooses; the kernels use OpenMP's), and pct_of_peak, the same
+// the BLAS chooses; the kernels use OpenMP's), and pct_of_peak, the same
 // against the CPU's fp32 FMA peak (bench/yardsticks.h). Each case runs 5 repetitions and
 // reports mean, median, stddev, cv and min; the min row holds the fastest time
 // but, for the rate counters, the slowest repetition's rate.
 // Before any timing, the kernels are checked against the plain reference and
 // every benchmark checks its outputs are finite.
 #include <benchmark/benchmark.h>
-#include <cblas.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -34,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/gemm.h"
 #include "attn/kernels.h"
 #include "yardsticks.h"
 
@@ -128,8 +128,8 @@ void BM_Sgemm(benchmark::State& state) {
   const auto a = randn(size_t(n) * n, 5), b = randn(size_t(n) * n, 6);
   std::vector<float> c(size_t(n) * n);
   for (auto _ : state) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
-                0.0f, c.data(), n);
+    attn::gemm::sgemm(attn::gemm::Trans::kNo, attn::gemm::Trans::kNo, n, n, n, 1.0f, a.data(), n,
+                      b.data(), n, 0.0f, c.data(), n);
     benchmark::DoNotOptimize(c.data());
   }
   attn::bench::add_rate_counters(state, 2.0 * double(n) * n * n);

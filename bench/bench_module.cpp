@@ -14,7 +14,6 @@
 // pct_of_peak = that rate over the fp32 FMA peak, both measured at start-up
 // (bench/yardsticks.h).
 #include <benchmark/benchmark.h>
-#include <cblas.h>
 
 #include <algorithm>
 #include <chrono>

@@ -3,20 +3,19 @@
 // Google Benchmark programs here and by `attn bench`.
 #pragma once
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <stdexcept>
 #include <vector>
 
+#include "attn/gemm.h"
 #include "attn/random.h"
 #include "attn/tensor.h"
 
 namespace attn::bench {
 
-// GFLOP/s of one cblas_sgemm of n x n x n (2·n³ FLOPs): the median of `repeats`
+// GFLOP/s of one gemm::sgemm of n x n x n (2·n³ FLOPs): the median of `repeats`
 // timings after one warm-up. Throws if the product is not finite.
 inline double sgemm_gflops(int n = 4096, int repeats = 5) {
   Generator gen(5);
@@ -25,8 +24,8 @@ inline double sgemm_gflops(int n = 4096, int repeats = 5) {
   std::vector<double> rates;
   for (int rep = 0; rep <= repeats; ++rep) {
     const auto t0 = std::chrono::steady_clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
-                0.0f, c.data(), n);
+    gemm::sgemm(gemm::Trans::kNo, gemm::Trans::kNo, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f,
+                c.data(), n);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (rep > 0) rates.push_back(2.0 * double(n) * n * n / s * 1e-9);  // rep 0 warms up
   }

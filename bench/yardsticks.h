@@ -1,5 +1,5 @@
 // bench/yardsticks.h - what the Google Benchmark programs report their rates
-// against, measured once at start-up: OpenBLAS's sgemm (bench/sgemm_rate.h)
+// against, measured once at start-up: the BLAS's sgemm (bench/sgemm_rate.h)
 // and the CPU's fp32 multiply-add peak on the kernel's SIMD target
 // (kernels::fma_peak_gflops). Counters per benchmark:
 //   GFLOP         useful GFLOP/s (iteration-invariant rate)
@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "attn/gemm.h"
 #include "attn/kernels.h"
 #include "sgemm_rate.h"
 
@@ -38,7 +39,8 @@ inline void measure_yardsticks() {
   }
   std::printf("fp32 FMA peak (%s, median of 5): %.1f GFLOP/s\n", kernels::flash_attention_target(),
               yardsticks().peak_gflops);
-  std::printf("sgemm 4096^3 (OpenBLAS, median of 5): %.1f GFLOP/s\n", yardsticks().sgemm_gflops);
+  std::printf("sgemm 4096^3 (%s, median of 5): %.1f GFLOP/s\n", gemm::blas_name(),
+              yardsticks().sgemm_gflops);
 }
 
 inline void add_rate_counters(benchmark::State& state, double flops_per_iter) {

@@ -1,9 +1,10 @@
 // attn/attn.h - everything: tensors, PyTorch's random numbers, the reference
-// maths, the fused kernels and the modules.
+// maths, the fused kernels, the BLAS seam and the modules.
 #pragma once
 
 #include "attn/functional.h"
 #include "attn/fused.h"
+#include "attn/gemm.h"
 #include "attn/kernels.h"
 #include "attn/kv_cache.h"
 #include "attn/nn.h"

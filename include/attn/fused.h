@@ -1,5 +1,5 @@
 // attn/fused.h - the fast path of the attention modules: projections on BLAS
-// (OpenBLAS sgemm) around the fused flash-attention kernel (attn/kernels.h).
+// (sgemm, attn/gemm.h) around the fused flash-attention kernel (attn/kernels.h).
 //
 // The same maths as MultiHeadAttention's reference path (and, with one head
 // and no output projection, CausalAttention's), computed without a (T, T)
@@ -18,13 +18,13 @@
 //   dcontext = dy W_out,  dW_out += dyᵀ context,  db_out += Σ_rows dy
 //   dqkv     = flash backward (same layout and strides as qkv)           (B·T, 3·d_out)
 //   dx       = Σ_j dqkv_j W_j,  dW_j += dqkv_jᵀ x,  db_j += Σ_rows dqkv_j   (j = q, k, v)
-// Each projection is a cblas_sgemm on a column block of qkv / dqkv (leading
-// dimension 3·d_out), so the three weights never need to be copied into one
-// concatenated matrix. The products run on the OpenMP threads that run the
-// kernel, each a single-threaded sgemm on its own block of rows; OpenBLAS's
-// thread count is set to 1 for the duration and restored after (a
-// process-wide setting: BLAS calls made concurrently from other threads run
-// single-threaded meanwhile).
+// Each projection is one sgemm (attn/gemm.h) on a column block of qkv / dqkv
+// (leading dimension 3·d_out), so the three weights never need to be copied
+// into one concatenated matrix. The products run on the OpenMP threads that
+// run the kernel, each a single-threaded sgemm on its own block of rows
+// (gemm::sgemm_rows_parallel); the BLAS's thread count is set to 1 for the
+// duration and restored after (a process-wide setting: BLAS calls made
+// concurrently from other threads run single-threaded meanwhile).
 //
 // Dropout uses the kernel's counter-based Philox noise (attn/kernels.h): the
 // masks are a function of dropout_seed and the coordinates (b, h, i, j), not

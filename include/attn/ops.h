@@ -15,7 +15,7 @@
 // PyTorch's own float order and give its bits; sums over other dims and sum_all
 // accumulate in double, so they may differ from PyTorch's float sums in the
 // last bits.
-// Matrix products go to BLAS (cblas_sgemm).
+// Matrix products go to BLAS (gemm::sgemm and gemm::sdot, attn/gemm.h).
 #pragma once
 
 #include <vector>

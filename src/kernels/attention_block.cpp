@@ -1,9 +1,7 @@
 // The fast path of the attention modules (attn/fused.h): four projections on
-// OpenBLAS sgemm around the flash kernel, all in the token-major layout
+// BLAS sgemm (attn/gemm.h) around the flash kernel, all in the token-major layout
 // (B·T rows), so nothing is transposed or split into per-head copies.
-#include <cblas.h>
 #include <fmt/format.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <array>
@@ -11,69 +9,38 @@
 #include <vector>
 
 #include "attn/fused.h"
+#include "attn/gemm.h"
 
 namespace attn::fused {
 namespace {
 
 constexpr int kQKV = 3;  // q, k, v: the column blocks of qkv
 
-blasint as_blas(int64_t n) { return static_cast<blasint>(n); }
-
 // Every product below runs on the OpenMP threads that also run the flash
-// kernel: each thread calls a single-threaded sgemm on its own block of output
-// rows. Handing the product to OpenBLAS's own threads instead makes two thread
-// pools take turns on the same cores, and each spins while the other works.
-// Splits smaller than kMinRowsPerThread rows are not worth a thread.
-constexpr int64_t kMinRowsPerThread = 64;
-
-// Runs block(r0, r1) over [0, M) split into one contiguous block per thread.
-template <class Block>
-void split_rows(int64_t M, Block block) {
-  const int64_t max_threads = std::max<int64_t>(1, omp_get_max_threads());
-  const int64_t n = std::clamp<int64_t>(M / kMinRowsPerThread, 1, max_threads);
-  if (n == 1 || omp_in_parallel()) {
-    block(int64_t{0}, M);
-    return;
-  }
-  const int saved_blas_threads = openblas_get_num_threads();
-  openblas_set_num_threads(1);
-#pragma omp parallel for num_threads(static_cast<int>(n)) schedule(static)
-  for (int64_t i = 0; i < n; ++i) block(M * i / n, M * (i + 1) / n);
-  openblas_set_num_threads(saved_blas_threads);
-}
+// kernel, split by rows of C (gemm::sgemm_rows_parallel): handing it to the
+// BLAS's own threads instead makes two thread pools take turns on the same
+// cores, and each spins while the other works.
+using gemm::Trans;
 
 // C (M, N; ldc) = beta·C + A (M, K; lda) · Bᵀ where B is (N, K; ldb): y = x Wᵀ.
 void gemm_nt(float* C, int64_t ldc, const float* A, int64_t lda, const float* Bm, int64_t ldb,
              int64_t M, int64_t N, int64_t K, float beta) {
-  split_rows(M, [&](int64_t r0, int64_t r1) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, as_blas(r1 - r0), as_blas(N), as_blas(K),
-                1.0f, A + r0 * lda, as_blas(lda), Bm, as_blas(ldb), beta, C + r0 * ldc,
-                as_blas(ldc));
-  });
+  gemm::sgemm_rows_parallel(Trans::kNo, Trans::kYes, M, N, K, 1.0f, A, lda, Bm, ldb, beta, C, ldc);
 }
 // C (M, N; ldc) = beta·C + A (M, K; lda) · B (K, N; ldb): dx = dy W.
 void gemm_nn(float* C, int64_t ldc, const float* A, int64_t lda, const float* Bm, int64_t ldb,
              int64_t M, int64_t N, int64_t K, float beta) {
-  split_rows(M, [&](int64_t r0, int64_t r1) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, as_blas(r1 - r0), as_blas(N),
-                as_blas(K), 1.0f, A + r0 * lda, as_blas(lda), Bm, as_blas(ldb), beta,
-                C + r0 * ldc, as_blas(ldc));
-  });
+  gemm::sgemm_rows_parallel(Trans::kNo, Trans::kNo, M, N, K, 1.0f, A, lda, Bm, ldb, beta, C, ldc);
 }
 // C (M, N; ldc) += Aᵀ · B where A is (K, M; lda) and B (K, N; ldb): dW += dyᵀ x.
-// Rows r of C are columns r of A, so the row blocks of C split A by columns.
 void gemm_tn_accumulate(float* C, int64_t ldc, const float* A, int64_t lda, const float* Bm,
                         int64_t ldb, int64_t M, int64_t N, int64_t K) {
-  split_rows(M, [&](int64_t r0, int64_t r1) {
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, as_blas(r1 - r0), as_blas(N), as_blas(K),
-                1.0f, A + r0, as_blas(lda), Bm, as_blas(ldb), 1.0f, C + r0 * ldc, as_blas(ldc));
-  });
+  gemm::sgemm_rows_parallel(Trans::kYes, Trans::kNo, M, N, K, 1.0f, A, lda, Bm, ldb, 1.0f, C, ldc);
 }
 // db (N) += Σ_rows A (M, N; lda), as Aᵀ · ones.
 void column_sums_accumulate(float* db, const float* A, int64_t lda, int64_t M, int64_t N) {
   const std::vector<float> ones(static_cast<size_t>(M), 1.0f);
-  cblas_sgemv(CblasRowMajor, CblasTrans, as_blas(M), as_blas(N), 1.0f, A, as_blas(lda), ones.data(),
-              1, 1.0f, db, 1);
+  gemm::sgemv(Trans::kYes, M, N, 1.0f, A, lda, ones.data(), 1.0f, db);
 }
 // y = x Wᵀ + b into C (M, N; ldc): every row of C set to b, then the sgemm
 // accumulates onto it (beta = 1); without a bias the sgemm overwrites (beta = 0).

@@ -1,11 +1,11 @@
 // Linear maps and their gradients: y = x Wᵀ + b (nn.Linear) and y = x W (a plain
 // parameter, SelfAttention_v1). Leading dims of x are flattened to N rows.
-#include <cblas.h>
 #include <fmt/format.h>
 
 #include <stdexcept>
 
 #include "attn/functional.h"
+#include "attn/gemm.h"
 #include "attn/ops.h"
 
 namespace attn::ref {
@@ -59,10 +59,8 @@ Tensor linear_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor*
   // order, which changes last bits (and a printed 5th digit of out[0] in the walkthrough).
   const int64_t N = x.numel() / in;
   Tensor y({N, out});
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(N),
-              static_cast<blasint>(out), static_cast<blasint>(in), 1.0f, x.data(),
-              static_cast<blasint>(in), weight.data(), static_cast<blasint>(in), 0.0f, y.data(),
-              static_cast<blasint>(out));
+  gemm::sgemm(gemm::Trans::kNo, gemm::Trans::kYes, N, out, in, 1.0f, x.data(), in, weight.data(),
+              in, 0.0f, y.data(), out);
   if (bias != nullptr) y += *bias;  // broadcast over rows
   return y.reshape(y_shape);
 }

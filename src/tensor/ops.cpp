@@ -12,7 +12,6 @@
 // shapes.
 #include "attn/ops.h"
 
-#include <cblas.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -22,6 +21,8 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+
+#include "attn/gemm.h"
 
 namespace attn {
 // ---- PyTorch's float sum order -----------------------------------------------------
@@ -409,20 +410,13 @@ float dot(const Tensor& a_in, const Tensor& b_in) {
         fmt::format("dot: expects two 1-D tensors of equal length, got {} and {}",
                     shape_str(a.shape()), shape_str(b.shape())));
   }
-  return cblas_sdot(static_cast<blasint>(a.numel()), a.data(), 1, b.data(), 1);
+  return gemm::sdot(a.numel(), a.data(), b.data());
 }
 
 namespace {
-// C (m, n) = A (m, k) @ B (k, n), all row-major and contiguous.
-void gemm(float* c, const float* a, const float* b, int64_t m, int64_t k, int64_t n) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    std::fill(c, c + m * n, 0.0f);
-    return;
-  }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(m),
-              static_cast<blasint>(n), static_cast<blasint>(k), 1.0f, a, static_cast<blasint>(k), b,
-              static_cast<blasint>(n), 0.0f, c, static_cast<blasint>(n));
+// C (m, n) = A (m, k) @ B (k, n), all row-major and contiguous (k == 0: C = 0).
+void mm(float* c, const float* a, const float* b, int64_t m, int64_t k, int64_t n) {
+  gemm::sgemm(gemm::Trans::kNo, gemm::Trans::kNo, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n);
 }
 }  // namespace
 
@@ -469,7 +463,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
 
   if (shape_numel(batch_b) == 1 && batch_a == batch) {
     // (..., m, k) @ (k, n): one product with all leading dims folded into the rows.
-    gemm(out.data(), a.data(), b.data(), num_batches * m, k, n);
+    mm(out.data(), a.data(), b.data(), num_batches * m, k, n);
     return out;
   }
   // One product per batch index; the operands' matrices are found through
@@ -478,7 +472,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   const auto sa = broadcast_strides(batch_a.empty() ? Shape{1} : batch_a, batch_idx_shape);
   const auto sb = broadcast_strides(batch_b.empty() ? Shape{1} : batch_b, batch_idx_shape);
   for_each_broadcast(batch_idx_shape, sa, sb, [&](int64_t i, int64_t ia, int64_t ib) {
-    gemm(out.data() + i * m * n, a.data() + ia * m * k, b.data() + ib * k * n, m, k, n);
+    mm(out.data() + i * m * n, a.data() + ia * m * k, b.data() + ib * k * n, m, k, n);
   });
   return out;
 }

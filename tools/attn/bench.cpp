@@ -3,7 +3,6 @@
 // what is timed and how FLOPs are counted).
 #include "bench.h"
 
-#include <cblas.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <sys/resource.h>
@@ -28,6 +27,7 @@
 #endif
 
 #include "attn/fused.h"
+#include "attn/gemm.h"
 #include "attn/kernels.h"
 #include "attn/nn.h"
 #include "attn/random.h"
@@ -170,7 +170,7 @@ void set_threads(int n) {
 #ifdef _OPENMP
   omp_set_num_threads(n);
 #endif
-  openblas_set_num_threads(n);
+  gemm::set_blas_threads(n);
 }
 
 // ---- memory: the peak resident set while one forward+backward runs ----
@@ -316,7 +316,7 @@ void print_table_row(const BenchResult& r) {
 constexpr const char* kFooter =
     "Useful causal FLOPs: core forward 4*B*H*T^2*hd/2, core backward 2.5x forward;\n"
     "projections 2*B*T*d_in*d_out per linear (q, k, v, out_proj), x3 for forward+backward.\n"
-    "GFLOP/s = FLOPs / median; % sgemm = GFLOP/s / the cblas_sgemm rate measured above;\n"
+    "GFLOP/s = FLOPs / median; % sgemm = GFLOP/s / the sgemm rate measured above;\n"
     "% peak = GFLOP/s / the fp32 FMA peak measured above (the ceiling of any fp32 code).\n";
 
 }  // namespace
@@ -419,7 +419,7 @@ Command add_bench_command(CLI::App& app) {
                   "Timed repeats per case after the warm-up (at least one repeat and 250 ms; "
                   "default 5, --quick 3)");
   cmd->add_option("--threads", f->threads,
-                  "OpenMP and OpenBLAS threads (default: OpenMP's default, OMP_NUM_THREADS)");
+                  "OpenMP and BLAS threads (default: OpenMP's default, OMP_NUM_THREADS)");
   cmd->add_flag("--quick", f->quick, "Fewer shapes and repeats, sgemm of 2048^3");
   cmd->add_flag("--json", f->json,
                 "Print a JSON array of the results (ms_median, ms_min, gflops, ...) instead of "
@@ -506,16 +506,16 @@ Command add_bench_command(CLI::App& app) {
     }
     if (!f->json) {
       fmt::print(
-          "attn bench: {}, {} CPUs, SIMD target {}, {} OpenMP threads, {} OpenBLAS threads\n",
+          "attn bench: {}, {} CPUs, SIMD target {}, {} OpenMP threads, {} BLAS threads\n",
           cpu_model(), std::thread::hardware_concurrency(), target, omp_threads(),
-          openblas_get_num_threads());
+          gemm::blas_threads());
       fmt::print("{}\n", wait_policy());
       fmt::print("fp32 FMA peak ({}, {} threads, median of 5): {:.1f} GFLOP/s\n", target,
                  omp_threads(), peak);
       fmt::print(
-          "sgemm {}^3 (OpenBLAS, median of {}): {:.1f} GFLOP/s = {:.1f}% of peak; {} repeats "
+          "sgemm {}^3 ({}, median of {}): {:.1f} GFLOP/s = {:.1f}% of peak; {} repeats "
           "per case after a warm-up of 250 ms\n\n",
-          sgemm_n, f->quick ? 3 : 5, sgemm, 100.0 * sgemm / peak, repeats);
+          sgemm_n, gemm::blas_name(), f->quick ? 3 : 5, sgemm, 100.0 * sgemm / peak, repeats);
       print_table_header();
     }
     nlohmann::json rows = nlohmann::json::array();

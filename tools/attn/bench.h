@@ -16,7 +16,7 @@
 // GFLOP/s = useful FLOPs / median time. Two yardsticks, measured at the start
 // of the run (always for the table; with --json only when --sgemm is given,
 // otherwise pct_sgemm and pct_peak are null):
-//   % sgemm  that rate over the median rate of cblas_sgemm of n³ (n = 4096,
+//   % sgemm  that rate over the median rate of one sgemm of n³ (gemm::sgemm, attn/gemm.h) (n = 4096,
 //            --quick 2048, or --sgemm-n; median of 5 timings, --quick 3)
 //   % peak   that rate over the CPU's fp32 multiply-add peak on the kernel's
 //            SIMD target (kernels::fma_peak_gflops, median of 5): no fp32 code

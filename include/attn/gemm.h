@@ -1,0 +1,85 @@
+// attn/gemm.h - the one seam between attn and a BLAS. Every matrix product of
+// the library (ops' matmul and dot, Linear, the fused attention block), of the
+// CLI and of the benchmarks goes through here, and so do the BLAS's thread
+// count and name. Which BLAS is linked (OpenBLAS today, through CBLAS) and how
+// its threads are set is known only to src/gemm/gemm.cpp.
+//
+// Conventions:
+// - Row-major throughout. A matrix X of r rows and c columns "(r, c; ldx)"
+//   has element (i, j) at X[i·ldx + j], with ldx >= c.
+// - op(X) = X for Trans::kNo, Xᵀ for Trans::kYes. The sizes M, N, K are those
+//   of the product: op(A) is (M, K), op(B) is (K, N), C is (M, N). So A is
+//   stored (M, K; lda) when not transposed and (K, M; lda) when transposed.
+// - beta == 0 overwrites C without reading it (NaN or Inf there do not
+//   survive), as BLAS does; K == 0 makes the product empty: C = beta·C.
+// - M, N or K == 0 are valid and touch nothing they need not.
+// - Arguments are checked before anything runs: a negative size, a leading
+//   dimension shorter than its matrix's rows, or a value too large for the
+//   BLAS's integer throws std::invalid_argument naming the function and the
+//   values, e.g. "gemm::sgemm: lda = 3 < K = 4 (A is (M, K) = (2, 4))".
+//   The pointers are not checked; they must cover the matrices described.
+// - The same call gives the same bits: each wrapper is one CBLAS call (or one
+//   per row block) with exactly the arguments given. The BLAS's thread count
+//   can change the last bits (OpenBLAS splits a product by rows too).
+//
+// bf16 goes here next, beside sgemm: an entry point taking bf16 A and B with
+// fp32 C (and fp32 alpha, beta), the same (Trans, M, N, K, ld) conventions and
+// checks, and a rows-parallel variant. It will take a bf16 storage type in
+// attn/tensor.h and a product to run: OpenBLAS's cblas_sbgemm needs a build
+// with BUILD_BFLOAT16 (Debian's 0.3.21 declares it in cblas.h but its library
+// does not export it), else a kernel of our own (AVX512-BF16 on Zen 4),
+// chosen in gemm.cpp like the fp32 BLAS is.
+#pragma once
+
+#include <cstdint>
+
+namespace attn::gemm {
+
+enum class Trans { kNo, kYes };
+
+// C (M, N; ldc) = alpha · op(A) · op(B) + beta · C, op(A) (M, K), op(B) (K, N),
+// i.e. C[i, j] = alpha · Σ_k op(A)[i, k] · op(B)[k, j] + beta · C[i, j].
+// One BLAS call, run on the BLAS's own threads (set_blas_threads).
+void sgemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+// The same product, with the rows of C split over OpenMP threads: a new
+// parallel region of up to omp_get_max_threads() threads, thread t computing
+// the rows [M·t/n, M·(t+1)/n) of C with one single-threaded BLAS call (the
+// BLAS's thread count is set to 1 meanwhile and restored after; a process-wide
+// setting, so BLAS calls made concurrently from other threads run
+// single-threaded meanwhile). Each thread gets at least 64 rows; with fewer, or
+// when called inside a parallel region already, it is exactly sgemm().
+// For code whose other work runs on OpenMP threads (the flash kernel): handing
+// the product to the BLAS's own thread pool instead makes two pools take turns
+// on the same cores, each spinning while the other works.
+// Bits: exactly those of sgemm called on each row block in turn, so they are
+// fixed by M and the thread count; they can differ from one sgemm over all M
+// rows in the last place (a BLAS may sum a row in another order depending on
+// where it falls in M: OpenBLAS's Haswell kernels do for the rows of an M
+// remainder).
+void sgemm_rows_parallel(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,
+                         const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+                         float* C, int64_t ldc);
+
+// y = alpha · op(A) · x + beta · y with A stored (M, N; lda), x and y
+// contiguous: op = kNo: x (N), y (M), y[i] = alpha · Σ_j A[i, j] · x[j] + beta · y[i];
+//               kYes: x (M), y (N), y[j] = alpha · Σ_i A[i, j] · x[i] + beta · y[j].
+// An empty sum (x of length 0) gives y = beta·y. One BLAS call.
+void sgemv(Trans ta, int64_t M, int64_t N, float alpha, const float* A, int64_t lda, const float* x,
+           float beta, float* y);
+
+// Σ_i x[i] · y[i] over n contiguous floats (0 for n == 0), in the BLAS's order.
+float sdot(int64_t n, const float* x, const float* y);
+
+// The BLAS's own thread count (what sgemm runs on), and setting it for the
+// whole process. set_blas_threads throws std::invalid_argument for n < 1.
+// A BLAS without a thread setting reports 1 and ignores the call.
+int blas_threads();
+void set_blas_threads(int n);
+
+// The BLAS and its kernels, for benchmarks to print, e.g.
+// "OpenBLAS 0.3.21, Haswell kernels". A static string.
+const char* blas_name();
+
+}  // namespace attn::gemm
