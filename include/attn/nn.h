@@ -203,7 +203,9 @@ struct EmbeddingOptions {
 class Embedding : public Module {
  public:
   explicit Embedding(const EmbeddingOptions& options, Generator& gen = default_generator());
-  // Row lookup: indices (int64, laid out row-major in `shape`) -> shape + (dim).
+  // Row lookup: token ids, an int64 tensor of any shape (B, T) -> (B, T, dim).
+  Tensor forward(const Tensor& indices);
+  // The same from ids laid out row-major in `shape` -> shape + (dim).
   Tensor forward(const std::vector<int64_t>& indices);                      // (N) -> (N, dim)
   Tensor forward(const std::vector<int64_t>& indices, const Shape& shape);  // shape + (dim)
   // Accumulates weight.grad rows; there is no input gradient for indices.

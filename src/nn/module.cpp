@@ -200,6 +200,14 @@ Embedding::Embedding(const EmbeddingOptions& options, Generator& gen) : options_
   register_parameter("weight", &weight);
 }
 
+Tensor Embedding::forward(const Tensor& indices) {
+  if (indices.dtype() != DType::kInt64) {
+    throw std::invalid_argument(fmt::format("Embedding: indices must be int64, got {} of shape {}",
+                                            dtype_name(indices.dtype()), shape_str(indices.shape())));
+  }
+  return forward(indices.to_int64_vector(), indices.shape());
+}
+
 Tensor Embedding::forward(const std::vector<int64_t>& indices) {
   return forward(indices, Shape{static_cast<int64_t>(indices.size())});
 }
