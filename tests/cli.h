@@ -40,8 +40,10 @@ inline CliResult run_cli(const std::string& args) {
   CliResult r;
 #ifdef ATTN_CLI_PATH
   const std::string out = temp_path("stdout"), err = temp_path("stderr");
+  // (std::string("'") + ... rather than "'" + std::string(...): the latter
+  // trips GCC 12's false -Wrestrict warning at -O3.)
   const std::string command =
-      "'" + std::string(ATTN_CLI_PATH) + "' " + args + " >'" + out + "' 2>'" + err + "'";
+      std::string("'") + ATTN_CLI_PATH + "' " + args + " >'" + out + "' 2>'" + err + "'";
   const int status = std::system(command.c_str());
   if (status != -1 && WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
   r.out = read_text(out);
