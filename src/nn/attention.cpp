@@ -25,6 +25,8 @@ using detail::concat_heads_backward;
 using detail::concat_heads_forward;
 
 // ---- option checks, run before any parameter is drawn ----
+// (dropout p included: the modules check it before their Linear layers draw,
+// so a bad option throws with the generator untouched.)
 
 const SelfAttentionOptions& checked(const char* module, const SelfAttentionOptions& o) {
   check_positive(module, "d_in", o.d_in);

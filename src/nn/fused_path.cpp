@@ -6,6 +6,7 @@
 // shape. Dropout: one random64() from the module's generator per forward,
 // the Philox seed of the kernel's masks (not PyTorch's).
 #include <memory>
+#include <utility>
 
 #include "attn/fused.h"
 #include "nn/attention_core.h"
@@ -75,7 +76,7 @@ class FusedPath final : public AttentionPath {
     ref::AttentionSaved saved;
     ref::attention_forward(q, k, k, {.causal = saved_.params.causal, .scale = saved_.params.scale},
                            nullptr, &saved);
-    weights_ = s_.head_axis ? saved.weights                      // (B, H, T, T)
+    weights_ = s_.head_axis ? std::move(saved.weights)           // (B, H, T, T)
                             : saved.weights.reshape({B, T, T});  // (B, 1, T, T) -> (B, T, T)
     return weights_;
   }
