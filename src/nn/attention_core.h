@@ -12,8 +12,8 @@
 //                                             └─ FusedPath      fused::attention_block_*
 //                                                               (BLAS + flash kernel, Philox masks)
 //
-// A further path (bf16, a GPU) is one more AttentionPath and one more case in
-// AttentionCore::path(). The wrapper modules (MultiHeadAttentionWrapper,
+// A further path (bf16, a GPU) is one more AttentionPath, an AttentionBackend
+// value, and its case in choose() and AttentionCore::path(). The wrapper modules (MultiHeadAttentionWrapper,
 // MultiHead) run whole modules side by side: concat_heads_forward/_backward.
 #pragma once
 
