@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/functional.h"
 #include "attn/gemm.h"
 #include "attn/kernels.h"
 #include "yardsticks.h"
@@ -179,9 +180,9 @@ bool check_against_reference() {
   pr.backward();
   std::vector<float> out(pr.out.size()), lse(pr.lse.size()), dq(pr.dq.size()), dk(dq.size()),
       dv(dq.size());
-  kn::attention_reference_forward(out.data(), lse.data(), pr.q.data(), pr.k.data(), pr.v.data(),
+  attn::ref::strided_attention_forward(out.data(), lse.data(), pr.q.data(), pr.k.data(), pr.v.data(),
                                   nullptr, p);
-  kn::attention_reference_backward(dq.data(), dk.data(), dv.data(), pr.dout.data(), pr.q.data(),
+  attn::ref::strided_attention_backward(dq.data(), dk.data(), dv.data(), pr.dout.data(), pr.q.data(),
                                    pr.k.data(), pr.v.data(), nullptr, p);
   auto rel = [](const std::vector<float>& a, const std::vector<float>& b) {
     double diff = 0, ref = 0;

@@ -16,6 +16,10 @@
 #include "attn/random.h"
 #include "attn/tensor.h"
 
+namespace attn::kernels {
+struct FlashAttentionParams;  // attn/kernels.h
+}  // namespace attn::kernels
+
 namespace attn::ref {
 
 // ---- linear maps ----------------------------------------------------------------
@@ -78,6 +82,32 @@ struct AttentionGrads {
 AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                                   const Tensor& v, const AttentionSaved& saved,
                                   const AttentionOptions& options);
+
+// The same maths in the fused kernels' layout and parameters (attn/kernels.h):
+// token t of batch b at ptr + (b·T + t)·stride, head h at columns h·hd ..
+// h·hd + hd - 1, lse (B, H, T); loops one (b, h, i) at a time with fp64 sums.
+// noise is nullptr (no dropout) or a (B, H, T, T) array from
+// kernels::flash_dropout_noise. kernels::flash_attention_forward / _backward
+// are tested against these (src/reference/strided_attention.cpp).
+void strided_attention_forward(float* out, float* lse, const float* q, const float* k,
+                               const float* v, const float* noise,
+                               const kernels::FlashAttentionParams& params);
+// dq, dk, dv are written (not accumulated) with the strides of q, k, v.
+void strided_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                                const float* k, const float* v, const float* noise,
+                                const kernels::FlashAttentionParams& params);
+
+// Cached causal attention, the maths of incremental decoding (attn/kv_cache.h;
+// src/reference/cached_attention.cpp). T_new queries at absolute positions
+// offset .. offset + T_new - 1 attend over the first offset + T_new rows of the
+// key and value buffers, query i seeing rows 0 .. offset + i:
+//   out[b, h, i] = Σ_{j <= offset+i} softmax_j(q[b, h, i] · keys[b, h, j] / sqrt(hd))
+//                  values[b, h, j]
+// q (B, H, T_new, hd); keys, values (B, H, capacity, hd) with capacity >= offset + T_new
+// -> (B, H, T_new, hd). Scores are divided by sqrt(hd) in float, as the chapter's
+// `attn_scores / keys.shape[-1]**0.5`; dot products and softmax sums in double.
+Tensor cached_attention_forward(const Tensor& q, const Tensor& keys, const Tensor& values,
+                                int64_t offset);
 
 // The two routes to causal weights, equal up to rounding:
 // softmax first, then zero j > i and renormalise each row to sum 1 ...

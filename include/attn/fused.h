@@ -66,7 +66,7 @@ struct ProjectionGrads {
 };
 
 struct AttentionBlockOptions {
-  int64_t num_heads = 1;   // H; head_dim = d_out / H must be in 1 .. 256
+  int64_t num_heads = 1;   // H; head_dim = d_out / H must be in 1 .. kernels::kMaxHeadDim
   bool causal = true;      // mask keys j > i
   float scale = -1.0f;     // < 0 means 1/sqrt(head_dim)
   float dropout_p = 0.0f;  // in [0, 1); 0 is no dropout

@@ -1,7 +1,7 @@
 // attn/kernels.h - fused scaled-dot-product attention for the CPU (FlashAttention-2 style).
 //
 // What it computes, per batch b and head h (the same maths as
-// attn::ref::attention_forward, and as attention_reference_* below):
+// attn::ref::attention_forward, and as ref::strided_attention_* in attn/functional.h):
 //   S = scale · Q Kᵀ                        (T, T)   never stored whole
 //   S[i, j] = -inf for j > i                (causal only)
 //   P = softmax(S) row-wise, lse[i] = log Σ_j exp(S[i, j])
@@ -53,11 +53,16 @@
 
 namespace attn::kernels {
 
+// The widest head the kernels take: validated() rejects a wider one, the
+// fused block and backend = kFused refuse it, and kAuto takes the reference
+// path above it (attn/nn.h).
+inline constexpr int64_t kMaxHeadDim = 256;
+
 struct FlashAttentionParams {
   int64_t B = 1;    // batch
   int64_t T = 1;    // tokens (queries = keys = T)
   int64_t H = 1;    // heads
-  int64_t hd = 64;  // head_dim, 1 .. 256
+  int64_t hd = 64;  // head_dim, 1 .. kMaxHeadDim
   bool causal = true;
   float scale = -1.0f;     // multiplies Q Kᵀ; < 0 means 1/sqrt(hd)
   float dropout_p = 0.0f;  // in [0, 1); 0 turns dropout off
@@ -101,16 +106,5 @@ bool flash_attention_use_target(const char* name);
 // Throws std::invalid_argument naming the offending value; fills the
 // defaulted strides and scale. Called by every function above.
 FlashAttentionParams validated(const FlashAttentionParams& params);
-
-// ---- the plain version of the same maths: loops, one (b, h, i) at a time ----
-// Same layouts and parameters as the kernels, fp64 accumulation; noise is
-// nullptr (no dropout) or a (B, H, T, T) tensor from flash_dropout_noise.
-// The fused kernels are tested against these.
-void attention_reference_forward(float* out, float* lse, const float* q, const float* k,
-                                 const float* v, const float* noise,
-                                 const FlashAttentionParams& params);
-void attention_reference_backward(float* dq, float* dk, float* dv, const float* dout,
-                                  const float* q, const float* k, const float* v,
-                                  const float* noise, const FlashAttentionParams& params);
 
 }  // namespace attn::kernels

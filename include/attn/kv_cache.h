@@ -33,29 +33,11 @@
 
 #include <cstdint>
 
+#include "attn/functional.h"
 #include "attn/nn.h"
 #include "attn/tensor.h"
 
-namespace attn {
-namespace ref {
-
-// The plain maths under the cache (src/reference/cached_attention.cpp).
-
-// Cached causal attention.
-// T_new queries at absolute positions offset .. offset + T_new - 1 attend over
-// the first offset + T_new rows of the key and value buffers, query i seeing
-// rows 0 .. offset + i:
-//   out[b, h, i] = Σ_{j <= offset+i} softmax_j(q[b, h, i] · keys[b, h, j] / sqrt(hd)) values[b, h,
-//   j]
-// q (B, H, T_new, hd); keys, values (B, H, capacity, hd) with capacity >= offset + T_new
-// -> (B, H, T_new, hd). Scores are divided by sqrt(hd) in float, as the chapter's
-// `attn_scores / keys.shape[-1]**0.5`; dot products and softmax sums in double.
-Tensor cached_attention_forward(const Tensor& q, const Tensor& keys, const Tensor& values,
-                                int64_t offset);
-
-}  // namespace ref
-
-namespace nn {
+namespace attn::nn {
 
 // The keys and values of the tokens a MultiHeadAttention has seen, for one
 // batch of B sequences that advance together. Made by make_kv_cache for one
@@ -92,5 +74,4 @@ KVCache make_kv_cache(const MultiHeadAttention& mha, int64_t batch);
 // training mode with dropout p > 0 (call eval(): generation applies no dropout).
 Tensor forward_cached(const MultiHeadAttention& mha, const Tensor& x_new, KVCache& cache);
 
-}  // namespace nn
-}  // namespace attn
+}  // namespace attn::nn

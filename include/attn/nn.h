@@ -18,7 +18,11 @@
 //
 // Two paths compute CausalAttention, MultiHeadAttention and Head (and the
 // heads of MultiHeadAttentionWrapper and MultiHead); the options' `backend`
-// and `exact_dropout` choose:
+// and `exact_dropout` choose. Each of these modules describes itself once
+// (heads, scale, causal, its Linear layers, output projection or not, its
+// weights layout) to one dispatcher, detail::AttentionCore
+// (src/nn/attention_core.h), which picks the path per forward and keeps what
+// that path saved for backward:
 //
 // - kReference: attn::ref (attn/functional.h), the plain maths. Keeps the
 //   weights (B, H, T, T) for backward. Dropout masks are PyTorch's, bit for
@@ -35,7 +39,8 @@
 // evaluation mode or with dropout p = 0, or when exact_dropout is false; it
 // takes the reference path when training with dropout and exact_dropout is
 // true (masks that follow PyTorch's stream), and for what the kernel does not
-// do (head_dim or head_size > 256, p = 1, CausalAttention's softmax_dim = 1).
+// do (head_dim or head_size > kernels::kMaxHeadDim = 256, p = 1,
+// CausalAttention's softmax_dim = 1).
 // last_backend() tells which path the last forward took. With dropout on the
 // fused path each forward draws one random64() from the module's generator as
 // the Philox seed, so a seeded run is reproducible; kernels::flash_dropout_noise
@@ -50,11 +55,14 @@
 #include <vector>
 
 #include "attn/functional.h"
-#include "attn/fused.h"
 #include "attn/random.h"
 #include "attn/tensor.h"
 
 namespace attn::nn {
+
+namespace detail {
+class AttentionCore;  // src/nn/attention_core.h: the reference and fused paths behind one interface
+}  // namespace detail
 
 // A trainable tensor and its gradient. Both are Tensor handles, so two
 // modules can hold one parameter (weight tying, as GPT-2 ties tok_emb and
@@ -305,16 +313,12 @@ class CausalAttention : public Module {
   // recomputed (reference maths) from the saved q and k on the first call.
   const Tensor& attention_weights() const;
   // The path the last forward took (kReference or kFused); kAuto before any forward.
-  AttentionBackend last_backend() const { return last_backend_; }
+  AttentionBackend last_backend() const;
+  ~CausalAttention() override;
 
  private:
-  AttentionBackend choose_backend() const;
   CausalAttentionOptions options_;
-  Tensor q_, k_, v_;
-  mutable ref::AttentionSaved saved_;  // fused path: weights filled by attention_weights()
-  fused::AttentionBlockSaved fused_saved_;
-  AttentionBackend last_backend_ = AttentionBackend::kAuto;
-  bool has_forward_ = false;
+  std::unique_ptr<detail::AttentionCore> core_;  // the paths and what the last forward saved
 };
 
 // ---- 4. multi-head attention, two ways -------------------------------------------------
@@ -364,17 +368,12 @@ class MultiHeadAttention : public Module {
   // recomputed (reference maths) from the saved q and k on the first call.
   const Tensor& attention_weights() const;
   // The path the last forward took (kReference or kFused); kAuto before any forward.
-  AttentionBackend last_backend() const { return last_backend_; }
+  AttentionBackend last_backend() const;
+  ~MultiHeadAttention() override;
 
  private:
-  AttentionBackend choose_backend() const;
-  fused::ProjectionWeights projection_weights() const;
   MultiHeadAttentionOptions options_;
-  Tensor q_, k_, v_;                   // (B, H, T, hd)
-  mutable ref::AttentionSaved saved_;  // fused path: weights filled by attention_weights()
-  fused::AttentionBlockSaved fused_saved_;
-  AttentionBackend last_backend_ = AttentionBackend::kAuto;
-  bool has_forward_ = false;
+  std::unique_ptr<detail::AttentionCore> core_;  // the paths and what the last forward saved
 };
 
 // ---- 5. the character-level GPT's head -----------------------------------------------
@@ -406,16 +405,12 @@ class Head : public Module {
   // recomputed (reference maths) from the saved q and k on the first call.
   const Tensor& attention_weights() const;
   // The path the last forward took (kReference or kFused); kAuto before any forward.
-  AttentionBackend last_backend() const { return last_backend_; }
+  AttentionBackend last_backend() const;
+  ~Head() override;
 
  private:
-  AttentionBackend choose_backend() const;
   HeadOptions options_;
-  Tensor q_, k_, v_;                   // (B, T, head_size)
-  mutable ref::AttentionSaved saved_;  // fused path: weights filled by attention_weights()
-  fused::AttentionBlockSaved fused_saved_;
-  AttentionBackend last_backend_ = AttentionBackend::kAuto;
-  bool has_forward_ = false;
+  std::unique_ptr<detail::AttentionCore> core_;  // the paths and what the last forward saved
 };
 
 struct MultiHeadOptions {

@@ -148,7 +148,7 @@ Tensor attention_block_forward(const Tensor& x_in, const ProjectionWeights& w,
   p.dropout_seed = options.dropout_seed;
   p.q_stride = p.k_stride = p.v_stride = kQKV * d_out;
   p.o_stride = d_out;
-  p = kernels::validated(p);  // throws for head_dim > 256, p outside [0, 1), ...
+  p = kernels::validated(p);  // throws for head_dim > kMaxHeadDim, p outside [0, 1), ...
 
   // With saved, the buffers live in it, reused from the previous step when the
   // shapes match; without, they are this call's own.

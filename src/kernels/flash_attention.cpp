@@ -91,22 +91,11 @@ HWY_INLINE VF Exp2(DF d, VF x) {
 template <size_t L>
 HWY_INLINE void PhiloxLanes(uint32_t* HWY_RESTRICT x0, uint32_t* HWY_RESTRICT x1,
                             uint32_t* HWY_RESTRICT x2, uint32_t* HWY_RESTRICT x3, uint64_t key) {
-  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
-  constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
-  uint32_t k0 = uint32_t(key), k1 = uint32_t(key >> 32);
-  for (int round = 0; round < 10; ++round) {
-    for (size_t m = 0; m < L; ++m) {
-      const uint64_t p0 = uint64_t{kM0} * x0[m];
-      const uint64_t p1 = uint64_t{kM1} * x2[m];
-      const uint32_t y0 = uint32_t(p1 >> 32) ^ x1[m] ^ k0;
-      const uint32_t y2 = uint32_t(p0 >> 32) ^ x3[m] ^ k1;
-      x0[m] = y0;
-      x1[m] = uint32_t(p1);
-      x2[m] = y2;
-      x3[m] = uint32_t(p0);
-    }
-    k0 += kW0;
-    k1 += kW1;
+  uint32_t k0, k1;
+  philox_key(key, k0, k1);
+  for (int round = 0; round < kPhiloxRounds; ++round) {
+    for (size_t m = 0; m < L; ++m) philox_round(x0[m], x1[m], x2[m], x3[m], k0, k1);
+    philox_bump_key(k0, k1);
   }
 }
 
@@ -281,7 +270,7 @@ void ForwardStep(const FlashAttentionParams& p, int64_t b, int64_t h, size_t i0,
     hn::Store(m_new, d, m + v0);
     hn::Store(hn::MulAdd(a, hn::Load(d, l + v0), sum), d, l + v0);
   }
-  if (rule.threshold != 0) {  // P ⊙ Z after the sums: l stays the softmax denominator
+  if (rule.active()) {  // P ⊙ Z after the sums: l stays the softmax denominator
     // One Philox block per query lane serves 4 keys: rows jj..jj+3 of Sᵀ.
     alignas(64) uint32_t x[4][kBr];
     for (size_t jj = 0; jj < jn; jj += 4) {
@@ -293,7 +282,7 @@ void ForwardStep(const FlashAttentionParams& p, int64_t b, int64_t h, size_t i0,
       for (size_t t = 0; t < 4 && jj + t < jn; ++t) {
         float* HWY_RESTRICT row = sT + (jj + t) * kBr;
         for (size_t lane = 0; lane < kBr; ++lane)
-          row[lane] *= x[t][lane] >= rule.threshold ? rule.scale : 0.0f;
+          row[lane] *= rule.noise(x[t][lane]);
       }
     }
   }
@@ -517,7 +506,7 @@ void TilePair(const HeadView& hv, const FlashAttentionParams& p, size_t j0, size
     const size_t i = i0 + ii;
     const VF lse_i = hn::Set(d, hv.lse2[i]);
     const VF D_i = hn::Set(d, hv.D[i]);
-    if (rule.threshold != 0) {  // z (Bc): Philox block m serves keys 4m .. 4m+3
+    if (rule.active()) {  // z (Bc): Philox block m serves keys 4m .. 4m+3
       constexpr size_t kBlocks = kBc / 4;
       alignas(64) uint32_t x[4][kBlocks];
       for (size_t m = 0; m < kBlocks; ++m) {
@@ -527,7 +516,7 @@ void TilePair(const HeadView& hv, const FlashAttentionParams& p, size_t j0, size
       PhiloxLanes<kBlocks>(x[0], x[1], x[2], x[3], p.dropout_seed);
       for (size_t m = 0; m < kBlocks; ++m)
         for (size_t t = 0; t < 4; ++t)
-          s.z[4 * m + t] = x[t][m] >= rule.threshold ? rule.scale : 0.0f;
+          s.z[4 * m + t] = rule.noise(x[t][m]);
     }
     // Keys j valid for query i: j < T and (causal) j <= i.
     const size_t j_lim = std::min(jn, p.causal ? (i + 1 > j0 ? i + 1 - j0 : 0) : jn);
@@ -535,7 +524,7 @@ void TilePair(const HeadView& hv, const FlashAttentionParams& p, size_t j0, size
       const size_t at = ii * kBc + v0;
       VF pv = Exp2(d, hn::Sub(hn::Load(d, S + at), lse_i));
       VF dpv = hn::Load(d, dP + at);
-      if (rule.threshold != 0) {
+      if (rule.active()) {
         const VF zv = hn::Load(d, s.z.get() + v0);
         dpv = hn::Mul(dpv, zv);
         hn::Store(hn::Mul(pv, zv), d, Pz + at);

@@ -1,33 +1,32 @@
 // The chapter's attention modules: SelfAttention v1/v2, CausalAttention and the
-// two multi-head forms. Each owns its parameters and options and calls
-// ref::attention_forward / attention_backward for the maths, or, for
-// CausalAttention and MultiHeadAttention on the fused path (attn/nn.h says
-// when), fused::attention_block_forward / attention_block_backward.
+// two multi-head forms. SelfAttention calls ref::attention_forward /
+// attention_backward itself; CausalAttention and MultiHeadAttention describe
+// themselves once (detail::AttentionSpec) and hand forward and backward to
+// their detail::AttentionCore, which takes the reference or the fused path
+// (src/nn/attention_core.h; attn/nn.h says when).
 #include <fmt/format.h>
 
 #include <stdexcept>
 
 #include "attn/nn.h"
 #include "attn/ops.h"
-#include "nn/backend.h"
+#include "nn/attention_core.h"
 #include "nn/checks.h"
 
 namespace attn::nn {
 namespace {
 
 using detail::check_btd;
+using detail::check_dropout;
 using detail::check_fused_request;
 using detail::check_grad;
 using detail::check_positive;
-using detail::choose;
-using detail::fused_backward;
-using detail::fused_options;
-using detail::kFusedMaxHeadDim;
-using detail::noise_or_null;
-using detail::projection_grads;
-using detail::projection_weights;
+using detail::concat_heads_backward;
+using detail::concat_heads_forward;
 
 // ---- option checks, run before any parameter is drawn ----
+// (dropout p included: the modules check it before their Linear layers draw,
+// so a bad option throws with the generator untouched.)
 
 const SelfAttentionOptions& checked(const char* module, const SelfAttentionOptions& o) {
   check_positive(module, "d_in", o.d_in);
@@ -49,6 +48,7 @@ const CausalAttentionOptions& checked(const CausalAttentionOptions& o) {
                     o.softmax_dim));
   }
   check_fused_request("CausalAttention", o.backend, o.d_out, o.dropout, o.softmax_dim);
+  check_dropout(o.dropout);
   return o;
 }
 
@@ -68,6 +68,7 @@ const MultiHeadAttentionOptions& checked_split(const MultiHeadAttentionOptions& 
                     o.num_heads));
   }
   check_fused_request("MultiHeadAttention", o.backend, o.d_out / o.num_heads, o.dropout, -1);
+  check_dropout(o.dropout);
   return o;
 }
 
@@ -184,64 +185,45 @@ CausalAttention::CausalAttention(const CausalAttentionOptions& options, Generato
       W_value({options.d_in, options.d_out, options.qkv_bias}, gen),
       dropout({options.dropout}, gen),
       mask(ref::future_mask(options.context_length)),  // (context_length, context_length)
-      options_(options) {
+      options_(options),
+      // One head of width d_out, no output projection; mask[:T, :T] is the
+      // j > i pattern that causal = true applies.
+      core_(std::make_unique<detail::AttentionCore>(
+          detail::AttentionSpec{.module = "CausalAttention",
+                                .num_heads = 1,
+                                .width = options.d_out,
+                                .head_axis = false,  // weights (B, T, T)
+                                .attention = {.causal = true, .softmax_dim = options.softmax_dim},
+                                .W_query = &W_query,
+                                .W_key = &W_key,
+                                .W_value = &W_value,
+                                .out_proj = nullptr,
+                                .dropout = &dropout,
+                                .backend = options.backend,
+                                .exact_dropout = options.exact_dropout})) {
   register_module("W_query", &W_query);
   register_module("W_key", &W_key);
   register_module("W_value", &W_value);
   register_module("dropout", &dropout);
 }
 
-AttentionBackend CausalAttention::choose_backend() const {
-  const bool kernel_can = options_.d_out <= kFusedMaxHeadDim &&
-                          (options_.softmax_dim == -1 || options_.softmax_dim == 2);
-  return choose(options_.backend, dropout, options_.exact_dropout, kernel_can);
-}
+CausalAttention::~CausalAttention() = default;
+
+AttentionBackend CausalAttention::last_backend() const { return core_->last_backend(); }
 
 const Tensor& CausalAttention::attention_weights() const {
-  if (last_backend_ == AttentionBackend::kFused && saved_.weights.empty())
-    saved_.weights = detail::recomputed_head_weights(fused_saved_);
-  return saved_.weights;  // (B, T, T)
+  return core_->attention_weights();  // (B, T, T)
 }
 
 Tensor CausalAttention::forward(const Tensor& x) {
   check_btd("CausalAttention", x, {"d_in", options_.d_in},
             {"context_length", options_.context_length});
-  last_backend_ = choose_backend();
-  has_forward_ = true;
-  if (last_backend_ == AttentionBackend::kFused) {
-    q_ = k_ = v_ = Tensor();
-    saved_ = {};
-    // One head of width d_out, no output projection.
-    return fused::attention_block_forward(x, projection_weights(W_query, W_key, W_value, nullptr),
-                                          fused_options(1, dropout, {.causal = true}),
-                                          &fused_saved_);
-  }
-  fused_saved_ = {};
-  const int64_t B = x.size(0), T = x.size(1);
-  q_ = W_query.forward(x);  // (B, T, d_out)
-  k_ = W_key.forward(x);    // (B, T, d_out)
-  v_ = W_value.forward(x);  // (B, T, d_out)
-  // mask[:T, :T] is the j > i pattern that causal = true applies.
-  const ref::AttentionOptions attention{.causal = true, .softmax_dim = options_.softmax_dim};
-  const Tensor noise = dropout.sample_noise({B, T, T});  // (B, T, T), empty when off
-  return ref::attention_forward(q_, k_, v_, attention, noise_or_null(noise),
-                                &saved_);  // (B, T, d_out)
+  return core_->forward(x);  // (B, T, d_out)
 }
 
 Tensor CausalAttention::backward(const Tensor& dy) {
-  require_forward(has_forward_, "CausalAttention");
-  if (last_backend_ == AttentionBackend::kFused) {
-    return fused_backward("CausalAttention", dy, options_.d_out,
-                          projection_weights(W_query, W_key, W_value, nullptr), fused_saved_,
-                          projection_grads(W_query, W_key, W_value, nullptr));
-  }
-  check_grad("CausalAttention", dy, output_shape(q_, v_));
-  const ref::AttentionOptions attention{.causal = true, .softmax_dim = options_.softmax_dim};
-  const ref::AttentionGrads g = ref::attention_backward(dy, q_, k_, v_, saved_, attention);
-  Tensor dx = W_query.backward(g.dq);
-  dx += W_key.backward(g.dk);
-  dx += W_value.backward(g.dv);
-  return dx;
+  require_forward(core_->has_forward(), "CausalAttention");
+  return core_->backward(dy);  // (B, T, d_in)
 }
 
 // ---- MultiHeadAttentionWrapper ---------------------------------------------------------
@@ -249,7 +231,7 @@ Tensor CausalAttention::backward(const Tensor& dy) {
 namespace {
 std::vector<std::unique_ptr<CausalAttention>> make_causal_heads(const MultiHeadAttentionOptions& o,
                                                                 Generator& gen) {
-  checked("MultiHeadAttentionWrapper", o);
+  checked("MultiHeadAttentionWrapper", o);  // each head checks the rest before it draws
   std::vector<std::unique_ptr<CausalAttention>> heads;
   for (int64_t h = 0; h < o.num_heads; ++h) {  // one after another: query, key, value each
     heads.push_back(
@@ -276,11 +258,9 @@ MultiHeadAttentionWrapper::MultiHeadAttentionWrapper(const MultiHeadAttentionOpt
 Tensor MultiHeadAttentionWrapper::forward(const Tensor& x) {
   check_btd("MultiHeadAttentionWrapper", x, {"d_in", options_.d_in},
             {"context_length", options_.context_length});
-  std::vector<Tensor> outs;
-  outs.reserve(heads.size());
-  for (auto& head : heads) outs.push_back(head->forward(x));  // (B, T, d_out) each
+  const Tensor y = concat_heads_forward(heads, x);  // (B, T, num_heads * d_out)
   has_forward_ = true;
-  return cat(outs, -1);  // (B, T, num_heads * d_out)
+  return y;
 }
 
 Tensor MultiHeadAttentionWrapper::backward(const Tensor& dy) {
@@ -291,18 +271,7 @@ Tensor MultiHeadAttentionWrapper::backward(const Tensor& dy) {
         "MultiHeadAttentionWrapper: gradient shape {} does not end in num_heads * d_out = {}",
         shape_str(dy.shape()), width));
   }
-  Tensor dx;
-  for (size_t h = 0; h < heads.size(); ++h) {
-    const int64_t begin = static_cast<int64_t>(h) * options_.d_out;
-    const Tensor dx_h =
-        heads[h]->backward(slice(dy, -1, begin, begin + options_.d_out));  // (B, T, d_in)
-    if (h == 0) {
-      dx = dx_h;
-    } else {
-      dx += dx_h;
-    }
-  }
-  return dx;
+  return concat_heads_backward(heads, dy, options_.d_out);  // (B, T, d_in)
 }
 
 // ---- MultiHeadAttention (weight splits) ------------------------------------------------
@@ -314,7 +283,22 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& options,
       out_proj({options.d_out, options.d_out, true}, gen),
       dropout({options.dropout}, gen),
       mask(ref::future_mask(options.context_length)),  // (context_length, context_length)
-      options_(options) {
+      options_(options),
+      // num_heads heads of width head_dim = d_out / num_heads, scale
+      // 1/sqrt(head_dim), then out_proj.
+      core_(std::make_unique<detail::AttentionCore>(
+          detail::AttentionSpec{.module = "MultiHeadAttention",
+                                .num_heads = options.num_heads,
+                                .width = options.d_out,
+                                .head_axis = true,  // (B, H, T, hd), weights (B, H, T, T)
+                                .attention = {.causal = true},
+                                .W_query = &W_query,
+                                .W_key = &W_key,
+                                .W_value = &W_value,
+                                .out_proj = &out_proj,
+                                .dropout = &dropout,
+                                .backend = options.backend,
+                                .exact_dropout = options.exact_dropout})) {
   register_module("W_query", &W_query);
   register_module("W_key", &W_key);
   register_module("W_value", &W_value);
@@ -322,67 +306,23 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& options,
   register_module("dropout", &dropout);
 }
 
-AttentionBackend MultiHeadAttention::choose_backend() const {
-  return choose(options_.backend, dropout, options_.exact_dropout, head_dim() <= kFusedMaxHeadDim);
-}
+MultiHeadAttention::~MultiHeadAttention() = default;
 
-fused::ProjectionWeights MultiHeadAttention::projection_weights() const {
-  return detail::projection_weights(W_query, W_key, W_value, &out_proj);
-}
+AttentionBackend MultiHeadAttention::last_backend() const { return core_->last_backend(); }
 
 const Tensor& MultiHeadAttention::attention_weights() const {
-  if (last_backend_ == AttentionBackend::kFused && saved_.weights.empty())
-    saved_.weights = detail::recomputed_weights(fused_saved_);
-  return saved_.weights;  // (B, H, T, T)
+  return core_->attention_weights();  // (B, H, T, T)
 }
 
 Tensor MultiHeadAttention::forward(const Tensor& x) {
   check_btd("MultiHeadAttention", x, {"d_in", options_.d_in},
             {"context_length", options_.context_length});
-  last_backend_ = choose_backend();
-  has_forward_ = true;
-  if (last_backend_ == AttentionBackend::kFused) {
-    q_ = k_ = v_ = Tensor();
-    saved_ = {};
-    // qkv (B, T, 3·d_out) in one buffer, heads read in place, out_proj on BLAS.
-    return fused::attention_block_forward(
-        x, projection_weights(), fused_options(options_.num_heads, dropout, {.causal = true}),
-        &fused_saved_);
-  }
-  fused_saved_ = {};
-  const int64_t B = x.size(0), T = x.size(1), H = options_.num_heads, hd = head_dim();
-  // (B, T, d_out) viewed as (B, T, H, hd), heads to the front: (B, H, T, hd).
-  q_ = transpose(W_query.forward(x).reshape({B, T, H, hd}), 1, 2);
-  k_ = transpose(W_key.forward(x).reshape({B, T, H, hd}), 1, 2);
-  v_ = transpose(W_value.forward(x).reshape({B, T, H, hd}), 1, 2);
-  const ref::AttentionOptions attention{.causal = true};    // scale 1/sqrt(hd)
-  const Tensor noise = dropout.sample_noise({B, H, T, T});  // (B, H, T, T), empty when off
-  const Tensor context =
-      ref::attention_forward(q_, k_, v_, attention, noise_or_null(noise), &saved_);
-  // (B, H, T, hd) -> (B, T, H, hd) -> (B, T, d_out), then the output projection.
-  return out_proj.forward(transpose(context, 1, 2).reshape({B, T, options_.d_out}));
+  return core_->forward(x);  // (B, T, d_out)
 }
 
 Tensor MultiHeadAttention::backward(const Tensor& dy) {
-  require_forward(has_forward_, "MultiHeadAttention");
-  if (last_backend_ == AttentionBackend::kFused) {
-    return fused_backward("MultiHeadAttention", dy, options_.d_out, projection_weights(),
-                          fused_saved_, projection_grads(W_query, W_key, W_value, &out_proj));
-  }
-  const int64_t B = q_.size(0), H = q_.size(1), T = q_.size(2), hd = q_.size(3);
-  check_grad("MultiHeadAttention", dy, {B, T, options_.d_out});
-  const Tensor dcontext =
-      transpose(out_proj.backward(dy).reshape({B, T, H, hd}), 1, 2);  // (B, H, T, hd)
-  const ref::AttentionOptions attention{.causal = true};
-  const ref::AttentionGrads g = ref::attention_backward(dcontext, q_, k_, v_, saved_, attention);
-  // (B, H, T, hd) -> (B, T, d_out), back through each projection.
-  const auto merge = [&](const Tensor& d) {
-    return transpose(d, 1, 2).reshape({B, T, options_.d_out});
-  };
-  Tensor dx = W_query.backward(merge(g.dq));
-  dx += W_key.backward(merge(g.dk));
-  dx += W_value.backward(merge(g.dv));
-  return dx;
+  require_forward(core_->has_forward(), "MultiHeadAttention");
+  return core_->backward(dy);  // (B, T, d_in)
 }
 
 }  // namespace attn::nn

@@ -47,6 +47,13 @@ inline void check_positive(const char* module, const char* name, int64_t value) 
         fmt::format("{}: {} must be positive, got {}", module, name, value));
 }
 
+// A dropout probability: Dropout's own check, which the attention modules run
+// before their Linear layers draw ("Dropout: p must be in [0, 1], got 1.5").
+inline void check_dropout(float p) {
+  if (!(p >= 0.0f && p <= 1.0f))
+    throw std::invalid_argument(fmt::format("Dropout: p must be in [0, 1], got {}", p));
+}
+
 // An output gradient of the shape the last forward produced.
 inline void check_grad(const char* module, const Tensor& dy, const Shape& expected) {
   if (dy.shape() != expected) {

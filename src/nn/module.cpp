@@ -155,9 +155,7 @@ Tensor Linear::backward(const Tensor& dy) {
 
 namespace {
 const DropoutOptions& checked(const DropoutOptions& o) {
-  if (!(o.p >= 0.0f && o.p <= 1.0f)) {
-    throw std::invalid_argument(fmt::format("Dropout: p must be in [0, 1], got {}", o.p));
-  }
+  detail::check_dropout(o.p);
   return o;
 }
 }  // namespace

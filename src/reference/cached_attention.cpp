@@ -1,4 +1,5 @@
-// Cached causal attention, the maths of incremental decoding (attn/kv_cache.h):
+// Cached causal attention, the maths of incremental decoding (attn/functional.h,
+// used by attn/kv_cache.h):
 // T_new queries at absolute positions offset + i attend over key/value rows
 // 0 .. offset + i of preallocated (B, H, capacity, hd) buffers.
 //   s_j = (q_i · k_j) / sqrt(hd)              j = 0 .. offset + i
@@ -13,7 +14,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "attn/kv_cache.h"
+#include "attn/functional.h"
 
 namespace attn::ref {
 namespace {

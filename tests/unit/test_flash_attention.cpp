@@ -1,5 +1,5 @@
 // The fused attention kernel (attn/kernels.h) against the plain loops of the
-// same maths (attention_reference_*), forward and all three gradients, over
+// same maths (ref::strided_attention_*), forward and all three gradients, over
 // sizes on both sides of every vector and tile width; dropout against the
 // plain path fed the kernel's materialised noise; strided (fused QKV) inputs;
 // bit-identical results for any thread count; no reads of future keys; errors.
@@ -100,7 +100,7 @@ Errors compare_with_reference(const Case& c, uint32_t seed) {
   std::vector<float> out(n_out, sentinel), out_ref(n_out, sentinel);
   std::vector<float> lse(size_t(c.B * c.H * c.T)), lse_ref(lse.size());
   kn::flash_attention_forward(out.data(), lse.data(), q, k, v, p);
-  kn::attention_reference_forward(out_ref.data(), lse_ref.data(), q, k, v, noise_ptr, p);
+  attn::ref::strided_attention_forward(out_ref.data(), lse_ref.data(), q, k, v, noise_ptr, p);
 
   std::vector<float> dq(n_in, sentinel), dk(n_in, sentinel), dv(n_in, sentinel);
   std::vector<float> dq_ref(n_in, sentinel), dk_ref(n_in, sentinel), dv_ref(n_in, sentinel);
@@ -111,7 +111,7 @@ Errors compare_with_reference(const Case& c, uint32_t seed) {
   float* dq_r = dq_ref.data();
   float* dk_r = c.fused_qkv ? dq_ref.data() + d_out : dk_ref.data();
   float* dv_r = c.fused_qkv ? dq_ref.data() + 2 * d_out : dv_ref.data();
-  kn::attention_reference_backward(dq_r, dk_r, dv_r, dout.data(), q, k, v, noise_ptr, p);
+  attn::ref::strided_attention_backward(dq_r, dk_r, dv_r, dout.data(), q, k, v, noise_ptr, p);
 
   // Gather one gradient (B, T, H·hd) out of its strided buffer.
   auto gather = [&](const float* base, int64_t stride) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "attn/functional.h"
+#include "attn/fused.h"
 #include "attn/kernels.h"
 #include "attn/nn.h"
 #include "attn/ops.h"

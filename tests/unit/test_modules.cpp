@@ -625,5 +625,44 @@ TEST(Modules, ErrorMessagesNameTheValues) {
       "Embedding: 3 indices do not fill shape (2, 2)");
 }
 
+// A bad option throws before any parameter is drawn: the generator is where it was.
+TEST(Modules, OptionErrorsComeBeforeAnyDraw) {
+  const auto expect_no_draw = [](const std::function<void(Generator&)>& make,
+                                 const std::string& message) {
+    Generator gen(5), untouched(5);
+    expect_message<std::invalid_argument>([&] { make(gen); }, message);
+    EXPECT_EQ(gen.random64(), untouched.random64()) << message;
+  };
+  const std::string bad_p = "Dropout: p must be in [0, 1], got 1.5";
+  expect_no_draw(
+      [](Generator& g) {
+        CausalAttention m({.d_in = 3, .d_out = 2, .context_length = 6, .dropout = 1.5f}, g);
+      },
+      bad_p);
+  expect_no_draw(
+      [](Generator& g) {
+        MultiHeadAttention m(
+            {.d_in = 4, .d_out = 4, .context_length = 6, .dropout = 1.5f, .num_heads = 2}, g);
+      },
+      bad_p);
+  expect_no_draw(
+      [](Generator& g) {
+        MultiHeadAttentionWrapper m(
+            {.d_in = 4, .d_out = 2, .context_length = 6, .dropout = 1.5f, .num_heads = 2}, g);
+      },
+      bad_p);
+  expect_no_draw(
+      [](Generator& g) {
+        Head m({.n_embd = 4, .head_size = 2, .block_size = 6, .dropout = 1.5f}, g);
+      },
+      bad_p);
+  expect_no_draw(
+      [](Generator& g) {
+        MultiHead m({.n_embd = 4, .num_heads = 2, .head_size = 2, .block_size = 6, .dropout = 1.5f},
+                    g);
+      },
+      bad_p);
+}
+
 }  // namespace
 }  // namespace attn::test
