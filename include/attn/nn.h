@@ -130,6 +130,9 @@ class Module {
   // All buffers, depth first, with dotted names ("heads.0.mask"); reading
   // them here makes (materialises) the lazy ones.
   std::vector<std::pair<std::string, const Tensor*>> named_buffers();
+  // Whether the buffer of that dotted name has been made (read) yet, without
+  // making it; throws std::out_of_range for a name that is not a buffer.
+  bool buffer_materialized(const std::string& name);
   // PyTorch's state_dict(): for each module, its own parameters, then its
   // persistent buffers, then each child's entries under "child." - the keys
   // and order torch.nn.Module.state_dict() gives (tied parameters under every
@@ -307,7 +310,9 @@ class CausalAttention : public Module {
   const CausalAttentionOptions& options() const { return options_; }
   Linear W_query, W_key, W_value;
   Dropout dropout;
-  Tensor mask;  // (context_length, context_length), 1 above the diagonal
+  // The buffer "mask": (context_length, context_length), 1 above the diagonal.
+  // Made on the first read (the fused path never reads it).
+  const Tensor& mask() const { return mask_.get(); }
   // The softmax weights of the last forward, before dropout: (B, T, T). The
   // fused path keeps only the log-sum-exp, so after a fused forward they are
   // recomputed (reference maths) from the saved q and k on the first call.
@@ -318,6 +323,7 @@ class CausalAttention : public Module {
 
  private:
   CausalAttentionOptions options_;
+  Buffer mask_;
   std::unique_ptr<detail::AttentionCore> core_;  // the paths and what the last forward saved
 };
 
@@ -362,7 +368,9 @@ class MultiHeadAttention : public Module {
   int64_t head_dim() const { return options_.d_out / options_.num_heads; }
   Linear W_query, W_key, W_value, out_proj;
   Dropout dropout;
-  Tensor mask;  // (context_length, context_length), 1 above the diagonal
+  // The buffer "mask": (context_length, context_length), 1 above the diagonal.
+  // Made on the first read (the fused path never reads it).
+  const Tensor& mask() const { return mask_.get(); }
   // The softmax weights of the last forward, before dropout: (B, H, T, T). The
   // fused path keeps only the log-sum-exp, so after a fused forward they are
   // recomputed (reference maths) from the saved q and k on the first call.
@@ -373,6 +381,7 @@ class MultiHeadAttention : public Module {
 
  private:
   MultiHeadAttentionOptions options_;
+  Buffer mask_;
   std::unique_ptr<detail::AttentionCore> core_;  // the paths and what the last forward saved
 };
 
@@ -400,6 +409,10 @@ class Head : public Module {
   Tensor backward(const Tensor& dy);
   Linear key, query, value;
   Dropout dropout;
+  // The buffer "tril": (block_size, block_size) lower-triangular ones, made on
+  // the first read; a head with block_size 0 (an encoder head may have one)
+  // has no buffer and throws here.
+  const Tensor& tril() const;
   // The softmax weights of the last forward, before dropout: (B, T, T). The
   // fused path keeps only the log-sum-exp, so after a fused forward they are
   // recomputed (reference maths) from the saved q and k on the first call.
@@ -410,6 +423,7 @@ class Head : public Module {
 
  private:
   HeadOptions options_;
+  Buffer tril_;
   std::unique_ptr<detail::AttentionCore> core_;  // the paths and what the last forward saved
 };
 

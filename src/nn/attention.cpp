@@ -184,8 +184,8 @@ CausalAttention::CausalAttention(const CausalAttentionOptions& options, Generato
       W_key({options.d_in, options.d_out, options.qkv_bias}, gen),
       W_value({options.d_in, options.d_out, options.qkv_bias}, gen),
       dropout({options.dropout}, gen),
-      mask(ref::future_mask(options.context_length)),  // (context_length, context_length)
       options_(options),
+      mask_([n = options.context_length] { return ref::future_mask(n); }),
       // One head of width d_out, no output projection; mask[:T, :T] is the
       // j > i pattern that causal = true applies.
       core_(std::make_unique<detail::AttentionCore>(
@@ -205,6 +205,7 @@ CausalAttention::CausalAttention(const CausalAttentionOptions& options, Generato
   register_module("W_key", &W_key);
   register_module("W_value", &W_value);
   register_module("dropout", &dropout);
+  register_buffer("mask", &mask_);
 }
 
 CausalAttention::~CausalAttention() = default;
@@ -282,8 +283,8 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& options,
       W_value({options.d_in, options.d_out, options.qkv_bias}, gen),
       out_proj({options.d_out, options.d_out, true}, gen),
       dropout({options.dropout}, gen),
-      mask(ref::future_mask(options.context_length)),  // (context_length, context_length)
       options_(options),
+      mask_([n = options.context_length] { return ref::future_mask(n); }),
       // num_heads heads of width head_dim = d_out / num_heads, scale
       // 1/sqrt(head_dim), then out_proj.
       core_(std::make_unique<detail::AttentionCore>(
@@ -304,6 +305,7 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& options,
   register_module("W_value", &W_value);
   register_module("out_proj", &out_proj);
   register_module("dropout", &dropout);
+  register_buffer("mask", &mask_);
 }
 
 MultiHeadAttention::~MultiHeadAttention() = default;

@@ -73,6 +73,7 @@ Head::Head(const HeadOptions& options, Generator& gen)
       value({options.n_embd, options.head_size, false}, gen),
       dropout({options.dropout}, gen),
       options_(options),
+      tril_([n = options.block_size] { return ref::tril_ones(n); }),
       core_(std::make_unique<detail::AttentionCore>(
           detail::AttentionSpec{.module = "Head",
                                 .num_heads = 1,
@@ -90,11 +91,18 @@ Head::Head(const HeadOptions& options, Generator& gen)
   register_module("query", &query);
   register_module("value", &value);
   register_module("dropout", &dropout);
+  if (options_.block_size > 0) register_buffer("tril", &tril_);
 }
 
 Head::~Head() = default;
 
 AttentionBackend Head::last_backend() const { return core_->last_backend(); }
+
+const Tensor& Head::tril() const {
+  if (options_.block_size < 1)
+    throw std::logic_error("Head: an encoder head with block_size 0 has no tril buffer");
+  return tril_.get();  // (block_size, block_size)
+}
 
 const Tensor& Head::attention_weights() const {
   return core_->attention_weights();  // (B, T, T)

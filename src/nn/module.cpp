@@ -64,6 +64,15 @@ std::vector<std::pair<std::string, const Tensor*>> Module::named_buffers() {
   return all;
 }
 
+bool Module::buffer_materialized(const std::string& name) {
+  for (const auto& [own, b] : buffers_)
+    if (own == name) return b->materialized();
+  for (auto& [prefix, child] : children_) {
+    if (name.rfind(prefix + ".", 0) == 0) return child->buffer_materialized(name.substr(prefix.size() + 1));
+  }
+  throw std::out_of_range(fmt::format("Module: no buffer named '{}'", name));
+}
+
 std::vector<std::pair<std::string, Tensor>> Module::state_dict() {
   std::vector<std::pair<std::string, Tensor>> all;
   for (const auto& [name, p] : parameters_) all.emplace_back(name, p->value);

@@ -119,3 +119,32 @@ TEST(ModuleState, EmbeddingTakesInt64Ids) {
     EXPECT_STREQ(e.what(), "Embedding: indices must be int64, got float32 of shape (2,)");
   }
 }
+
+// The causal mask is a buffer made on its first read: a module used on the
+// fused path (or not at all) never allocates (context_length, context_length).
+TEST(ModuleState, CausalMaskIsMadeOnlyWhenRead) {
+  Generator gen(4);
+  MultiHeadAttention mha({.d_in = 8, .d_out = 8, .context_length = 4096, .num_heads = 2}, gen);
+  mha.eval();
+  EXPECT_FALSE(mha.buffer_materialized("mask"));
+  mha.forward(attn::randn({1, 5, 8}, gen));  // the fused path: no mask read
+  EXPECT_EQ(mha.last_backend(), AttentionBackend::kFused);
+  EXPECT_FALSE(mha.buffer_materialized("mask"));
+  const auto materialized = [&] {
+    for (const auto& [name, t] : mha.state_dict())
+      if (name == "mask") return t.shape();
+    return Shape{};
+  };
+  EXPECT_EQ(materialized(), (Shape{4096, 4096}));  // state_dict reads (and so makes) it
+  EXPECT_TRUE(mha.buffer_materialized("mask"));
+  MultiHeadAttentionWrapper wrapper({.d_in = 4, .d_out = 2, .context_length = 3, .num_heads = 2}, gen);
+  EXPECT_FALSE(wrapper.buffer_materialized("heads.1.mask"));
+  EXPECT_EQ(wrapper.named_buffers().size(), 2u);
+  EXPECT_TRUE(wrapper.buffer_materialized("heads.1.mask"));
+  EXPECT_THROW((void)wrapper.buffer_materialized("heads.2.mask"), std::out_of_range);
+  EXPECT_EQ(mha.mask().at({0, 1}), 1.0f);
+  EXPECT_EQ(mha.mask().at({1, 0}), 0.0f);
+  Head encoder({.n_embd = 4, .head_size = 2, .block_size = 0, .causal = false}, gen);
+  EXPECT_TRUE(encoder.named_buffers().empty());
+  EXPECT_THROW((void)encoder.tril(), std::logic_error);
+}

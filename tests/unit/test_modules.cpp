@@ -323,8 +323,8 @@ TEST(Modules, ParameterNamesAndShapes) {
   CausalAttention ca({.d_in = 3, .d_out = 2, .context_length = 6}, gen);
   EXPECT_EQ(names(ca),
             (std::vector<std::string>{"W_query.weight", "W_key.weight", "W_value.weight"}));
-  EXPECT_EQ(ca.mask.shape(), (Shape{6, 6}));
-  EXPECT_EQ(max_abs_diff(ca.mask, ref::future_mask(6)), 0.0f);
+  EXPECT_EQ(ca.mask().shape(), (Shape{6, 6}));
+  EXPECT_EQ(max_abs_diff(ca.mask(), ref::future_mask(6)), 0.0f);
   MultiHeadAttentionWrapper wrapper({.d_in = 3, .d_out = 2, .context_length = 6, .num_heads = 2},
                                     gen);
   EXPECT_EQ(names(wrapper),
