@@ -9,6 +9,7 @@
 #include "attn/nn.h"
 #include "attn/ops.h"
 #include "attn/random.h"
+#include "expect.h"
 
 using attn::Generator;
 using attn::Shape;
@@ -75,12 +76,8 @@ TEST(ModuleState, TieChecksShapes) {
   Generator gen(1);
   Linear a({.in_features = 3, .out_features = 2}, gen);
   Linear b({.in_features = 2, .out_features = 3}, gen);
-  try {
-    tie(a.weight, b.weight);
-    FAIL() << "expected std::invalid_argument";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_STREQ(e.what(), "tie: the parameter has shape (2, 3) but the source has shape (3, 2)");
-  }
+  attn::test::expect_message<std::invalid_argument>(
+      [&] { tie(a.weight, b.weight); }, "tie: the parameter has shape (2, 3) but the source has shape (3, 2)");
 }
 
 // A module keeps what backward needs as handles on the caller's storage: the
@@ -112,12 +109,8 @@ TEST(ModuleState, EmbeddingTakesInt64Ids) {
   EXPECT_EQ(attn::max_abs_diff(y.select(0, 0).select(0, 0), emb.weight.value.select(0, 4)), 0.0f);
   // A strided view of ids works too.
   EXPECT_EQ(attn::max_abs_diff(emb.forward(ids.transpose(0, 1)), emb.forward(ids).transpose(0, 1)), 0.0f);
-  try {
-    emb.forward(Tensor::of({2}, {1, 2}));
-    FAIL() << "expected std::invalid_argument";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_STREQ(e.what(), "Embedding: indices must be int64, got float32 of shape (2,)");
-  }
+  attn::test::expect_message<std::invalid_argument>([&] { emb.forward(Tensor::of({2}, {1, 2})); },
+                                                    "Embedding: indices must be int64, got float32 of shape (2,)");
 }
 
 // The causal mask is a buffer made on its first read: a module used on the

@@ -10,6 +10,7 @@
 
 #include "attn/ops.h"
 #include "attn/tensor.h"
+#include "expect.h"
 
 using attn::Shape;
 using attn::Tensor;
@@ -62,17 +63,7 @@ TEST(Tensor, Comparisons) {
 
 // ---- shared storage, views, dtypes -------------------------------------------------------
 
-namespace {
-template <class E, class F>
-void expect_message(F f, const std::string& message) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an exception: " << message;
-  } catch (const E& e) {
-    EXPECT_EQ(std::string(e.what()), message);
-  }
-}
-}  // namespace
+using attn::test::expect_message;
 
 TEST(Tensor, CopiesAreHandlesAndCloneCopiesValues) {
   Tensor a = Tensor::arange(4);
