@@ -6,7 +6,9 @@
 //           [0.5500, 0.8700, 0.6600]])
 // including PyTorch's choice between fixed and scientific notation, integer
 // style ("tensor([1., 2.])"), common column width, line wrapping at linewidth,
-// and summarisation with "..." for tensors over the threshold.
+// and summarisation with "..." for tensors over the threshold. Any layout;
+// bfloat16 prints as PyTorch prints it (its float values, then
+// "dtype=torch.bfloat16"), int64 as integers ("tensor([ 40, 367])").
 #pragma once
 
 #include <ostream>

@@ -240,7 +240,7 @@ class Printer {
   std::vector<T> values_;  // row-major
   const PrintOptions& opts_;
   bool summarize_;
-  std::vector<int64_t> strides_;  // row-major element strides of t_
+  std::vector<int64_t> strides_;  // row-major element strides of shape_
 };
 
 // _add_suffixes: ", suffix" on the last line, or on a new line indented under

@@ -571,14 +571,34 @@ Tensor& Tensor::copy_(const Tensor& src) {
     const Tensor staged = src.clone();
     return copy_(staged);
   }
-  // Source offsets in row-major order, then destination offsets in the same order.
-  std::vector<int64_t> src_offsets;
-  src_offsets.reserve(static_cast<size_t>(numel_));
-  for_each_offset(src.shape_, src.strides_, src.offset_, [&](int64_t off) { src_offsets.push_back(off); });
-  size_t k = 0;
-  for_each_offset(shape_, strides_, offset_, [&](int64_t off) {
-    convert_element(dst_base, dtype_, off, src_base, src.dtype_, src_offsets[k++]);
-  });
+  if (shape_.empty()) {  // one element
+    convert_element(dst_base, dtype_, offset_, src_base, src.dtype_, src.offset_);
+    return *this;
+  }
+  // Walk both in row-major order, one row (the last dim) at a time.
+  const size_t last = shape_.size() - 1;
+  const int64_t row_len = shape_[last], dst_step = strides_[last], src_step = src.strides_[last];
+  std::vector<int64_t> idx(last, 0);  // the index over the leading dims
+  int64_t dst_row = offset_, src_row = src.offset_;
+  for (int64_t r = 0, rows = numel_ / row_len; r < rows; ++r) {
+    if (dtype_ == DType::kFloat32 && src.dtype_ == DType::kFloat32) {  // the common case: a strided float copy
+      float* d = reinterpret_cast<float*>(dst_base) + dst_row;
+      const float* from = reinterpret_cast<const float*>(src_base) + src_row;
+      for (int64_t j = 0; j < row_len; ++j) d[j * dst_step] = from[j * src_step];
+    } else {
+      for (int64_t j = 0; j < row_len; ++j)
+        convert_element(dst_base, dtype_, dst_row + j * dst_step, src_base, src.dtype_, src_row + j * src_step);
+    }
+    for (size_t d = last; d-- > 0;) {
+      ++idx[d];
+      dst_row += strides_[d];
+      src_row += src.strides_[d];
+      if (idx[d] < shape_[d]) break;
+      dst_row -= strides_[d] * shape_[d];
+      src_row -= src.strides_[d] * shape_[d];
+      idx[d] = 0;
+    }
+  }
   return *this;
 }
 
