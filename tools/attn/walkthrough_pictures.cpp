@@ -199,7 +199,7 @@ h2{font-size:1.3rem;margin:2.5rem 0 .25rem;padding-top:.5rem;border-top:2px soli
 h3{font-size:1rem;margin:1.5rem 0 .25rem}
 p{margin:.25rem 0}
 .intro{color:var(--muted)}
-nav ol{display:flex;flex-wrap:wrap;gap:.25rem 1rem;padding-left:1.2rem;margin:.5rem 0}
+nav ol{columns:2 20rem;column-gap:2rem;padding-left:1.6rem;margin:.5rem 0}
 pre{background:var(--code);border-radius:6px;padding:.5rem .75rem;overflow-x:auto;margin:.4rem 0;font:13px/1.45 ui-monospace,"DejaVu Sans Mono",monospace}
 pre.torch{border-left:3px solid var(--accent)}
 .shape{color:var(--muted);font-size:.9rem}
