@@ -16,12 +16,12 @@ namespace {
 
 // Sizes in px.
 constexpr double kMargin = 16;
-constexpr double kGap = 28;            // between panels, and before the colour bar
-constexpr double kCaption = 16;        // the "keys" / "queries" captions
-constexpr double kTitleBand = 26;      // the figure's title
+constexpr double kGap = 28;        // between panels, and before the colour bar
+constexpr double kCaption = 16;    // the "keys" / "queries" captions
+constexpr double kTitleBand = 26;  // the figure's title
 constexpr double kPanelTitleBand = 20;
-constexpr double kWrittenCell = 48;    // a cell with its value written in it
-constexpr double kGridSpan = 480;      // a larger matrix fills about this much
+constexpr double kWrittenCell = 48;  // a cell with its value written in it
+constexpr double kGridSpan = 480;    // a larger matrix fills about this much
 constexpr double kBarWidth = 16;
 constexpr double kBarMinHeight = 150;
 constexpr double kSwatch = 16;
@@ -63,7 +63,9 @@ struct Measure {
   }
 };
 
-void set_colour(cairo_t* cr, Rgb c) { cairo_set_source_rgb(cr, c.r / 255.0, c.g / 255.0, c.b / 255.0); }
+void set_colour(cairo_t* cr, Rgb c) {
+  cairo_set_source_rgb(cr, c.r / 255.0, c.g / 255.0, c.b / 255.0);
+}
 
 // Text with its baseline centre, left end or right end at (x, y).
 enum class Align { kLeft, kCentre, kRight };
@@ -96,21 +98,23 @@ Geometry geometry(const Figure& f) {
   }
   Layout& L = g.layout;
   L.values_written = side <= kMaxWrittenSide;
-  L.cell = L.values_written ? kWrittenCell : std::max(4.0, std::floor(kGridSpan / static_cast<double>(side)));
+  L.cell = L.values_written ? kWrittenCell
+                            : std::max(4.0, std::floor(kGridSpan / static_cast<double>(side)));
 
   set_font(m.cr, kLabelFont);
   double max_col_label = 0;
   for (const Panel& p : f.panels) {
-    for (const auto& s : p.row_labels) g.row_label_width = std::max(g.row_label_width, text_width(m.cr, s));
+    for (const auto& s : p.row_labels)
+      g.row_label_width = std::max(g.row_label_width, text_width(m.cr, s));
     for (const auto& s : p.col_labels) max_col_label = std::max(max_col_label, text_width(m.cr, s));
   }
   g.row_label_width = std::ceil(g.row_label_width);
   g.vertical_col_labels = max_col_label > L.cell - 4;
   g.col_label_band = g.vertical_col_labels ? std::ceil(max_col_label) + 8 : kLabelFont + 8;
   set_font(m.cr, kCaptionFont);
-  g.tick_width = std::ceil(std::max({text_width(m.cr, tick_text(f.vmin)), text_width(m.cr, tick_text(f.vmax)),
-                                     text_width(m.cr, tick_text((f.vmin + f.vmax) / 2)),
-                                     text_width(m.cr, "masked")}));
+  g.tick_width = std::ceil(
+      std::max({text_width(m.cr, tick_text(f.vmin)), text_width(m.cr, tick_text(f.vmax)),
+                text_width(m.cr, tick_text((f.vmin + f.vmax) / 2)), text_width(m.cr, "masked")}));
 
   bool any_panel_title = false, any_masked = false;
   for (const Panel& p : f.panels) {
@@ -123,7 +127,8 @@ Geometry geometry(const Figure& f) {
   double x = kMargin;
   for (const Panel& p : f.panels) {
     x += kCaption + g.row_label_width + 8;
-    L.grids.push_back({x, grid_top, static_cast<double>(p.cols) * L.cell, static_cast<double>(p.rows) * L.cell});
+    L.grids.push_back(
+        {x, grid_top, static_cast<double>(p.cols) * L.cell, static_cast<double>(p.rows) * L.cell});
     x += static_cast<double>(p.cols) * L.cell + kGap;
   }
   const double grid_height = static_cast<double>(max_rows) * L.cell;
@@ -227,7 +232,8 @@ void draw(cairo_t* cr, const Figure& f, const Geometry& g) {
   constexpr int kStops = static_cast<int>(std::size(kScaleTable));
   for (int k = 0; k < kStops; ++k) {
     const Rgb c = kScaleTable[k];
-    cairo_pattern_add_color_stop_rgb(gradient, k / double(kStops - 1), c.r / 255.0, c.g / 255.0, c.b / 255.0);
+    cairo_pattern_add_color_stop_rgb(gradient, k / double(kStops - 1), c.r / 255.0, c.g / 255.0,
+                                     c.b / 255.0);
   }
   cairo_set_source(cr, gradient);
   cairo_rectangle(cr, bar.x, bar.y, bar.w, bar.h);
@@ -242,7 +248,8 @@ void draw(cairo_t* cr, const Figure& f, const Geometry& g) {
     cairo_move_to(cr, bar.x + bar.w, std::round(y) + 0.5);
     cairo_line_to(cr, bar.x + bar.w + 4, std::round(y) + 0.5);
     cairo_stroke(cr);
-    const double text_y = std::clamp(baseline_for(y, kCaptionFont), bar.y + kCaptionFont, bar.y + bar.h);
+    const double text_y =
+        std::clamp(baseline_for(y, kCaptionFont), bar.y + kCaptionFont, bar.y + bar.h);
     draw_text(cr, tick_text(v), bar.x + bar.w + 6, text_y, Align::kLeft);
   }
   if (L.masked_swatch.w > 0) {
@@ -283,10 +290,12 @@ Rgb scale_colour(double t) {
 }
 
 void check(const Figure& f) {
-  if (f.panels.empty()) throw std::invalid_argument(fmt::format("heatmap '{}': no panels", f.title));
+  if (f.panels.empty())
+    throw std::invalid_argument(fmt::format("heatmap '{}': no panels", f.title));
   if (!std::isfinite(f.vmin) || !std::isfinite(f.vmax) || !(f.vmin < f.vmax)) {
-    throw std::invalid_argument(fmt::format("heatmap '{}': the scale [{}, {}] must be finite with vmin < vmax",
-                                            f.title, f.vmin, f.vmax));
+    throw std::invalid_argument(
+        fmt::format("heatmap '{}': the scale [{}, {}] must be finite with vmin < vmax", f.title,
+                    f.vmin, f.vmax));
   }
   for (size_t p = 0; p < f.panels.size(); ++p) {
     const Panel& panel = f.panels[p];
@@ -298,17 +307,18 @@ void check(const Figure& f) {
     if (panel.values.size() != n || (!panel.masked.empty() && panel.masked.size() != n) ||
         panel.row_labels.size() != static_cast<size_t>(panel.rows) ||
         panel.col_labels.size() != static_cast<size_t>(panel.cols)) {
-      throw std::invalid_argument(fmt::format(
-          "heatmap '{}' panel {}: shape ({}, {}) but {} values, {} mask entries, {} row labels, {} column labels",
-          f.title, p, panel.rows, panel.cols, panel.values.size(), panel.masked.size(), panel.row_labels.size(),
-          panel.col_labels.size()));
+      throw std::invalid_argument(
+          fmt::format("heatmap '{}' panel {}: shape ({}, {}) but {} values, {} mask entries, {} "
+                      "row labels, {} column labels",
+                      f.title, p, panel.rows, panel.cols, panel.values.size(), panel.masked.size(),
+                      panel.row_labels.size(), panel.col_labels.size()));
     }
     for (int64_t i = 0; i < panel.rows; ++i) {
       for (int64_t j = 0; j < panel.cols; ++j) {
         const float v = panel.values[static_cast<size_t>(i * panel.cols + j)];
         if (!panel.is_masked(i, j) && !std::isfinite(v)) {
-          throw std::invalid_argument(fmt::format("heatmap '{}' panel {}: cell ({}, {}) is {} and not masked",
-                                                  f.title, p, i, j, v));
+          throw std::invalid_argument(fmt::format(
+              "heatmap '{}' panel {}: cell ({}, {}) is {} and not masked", f.title, p, i, j, v));
         }
       }
     }
@@ -356,8 +366,8 @@ Layout layout(const Figure& figure) { return geometry(figure).layout; }
 std::string render_svg(const Figure& figure) {
   const Geometry g = geometry(figure);
   std::string out;
-  cairo_surface_t* surface = cairo_svg_surface_create_for_stream(append_to_string, &out, g.layout.width,
-                                                                 g.layout.height);
+  cairo_surface_t* surface =
+      cairo_svg_surface_create_for_stream(append_to_string, &out, g.layout.width, g.layout.height);
   cairo_svg_surface_set_document_unit(surface, CAIRO_SVG_UNIT_PX);
   cairo_t* cr = cairo_create(surface);
   draw(cr, figure, g);
@@ -373,7 +383,8 @@ std::string render_svg(const Figure& figure) {
 
 std::string render_png(const Figure& figure) {
   const Geometry g = geometry(figure);
-  cairo_surface_t* surface = cairo_image_surface_create(CAIRO_FORMAT_RGB24, g.layout.width, g.layout.height);
+  cairo_surface_t* surface =
+      cairo_image_surface_create(CAIRO_FORMAT_RGB24, g.layout.width, g.layout.height);
   cairo_t* cr = cairo_create(surface);
   draw(cr, figure, g);
   const cairo_status_t drawn = cairo_status(cr);
@@ -397,9 +408,12 @@ std::string fit(const std::string& s, size_t n) {
   for (size_t k = 0; k < s.size() && chars < n;) {
     size_t len = 1;
     const auto c = static_cast<unsigned char>(s[k]);
-    if (c >= 0xF0) len = 4;
-    else if (c >= 0xE0) len = 3;
-    else if (c >= 0xC0) len = 2;
+    if (c >= 0xF0)
+      len = 4;
+    else if (c >= 0xE0)
+      len = 3;
+    else if (c >= 0xC0)
+      len = 2;
     out += s.substr(k, len);
     k += len;
     ++chars;
@@ -455,8 +469,8 @@ std::string terminal_heatmap(const Figure& f, bool colour) {
           out += kReset;
         } else {
           out += masked ? std::string(cell - 1, ' ') + "·"
-                        : fmt::format("{:>{}.2f}", panel.values[static_cast<size_t>(i * panel.cols + j)],
-                                      cell);
+                        : fmt::format("{:>{}.2f}",
+                                      panel.values[static_cast<size_t>(i * panel.cols + j)], cell);
         }
       }
       out += "\n";

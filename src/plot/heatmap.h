@@ -53,8 +53,8 @@ inline constexpr int64_t kMaxWrittenSide = 12;
 struct Panel {
   std::string title;
   int64_t rows = 0, cols = 0;
-  std::vector<float> values;           // (rows, cols)
-  std::vector<bool> masked;            // (rows, cols); empty: nothing masked
+  std::vector<float> values;            // (rows, cols)
+  std::vector<bool> masked;             // (rows, cols); empty: nothing masked
   std::vector<std::string> row_labels;  // rows
   std::vector<std::string> col_labels;  // cols
   bool is_masked(int64_t i, int64_t j) const {

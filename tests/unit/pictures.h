@@ -38,7 +38,8 @@ inline Image load_png(const std::string& path) {
       const int stride = cairo_image_surface_get_stride(s);
       const unsigned char* data = cairo_image_surface_get_data(s);
       for (int y = 0; y < image.height; ++y) {
-        const auto* row = reinterpret_cast<const uint32_t*>(data + static_cast<ptrdiff_t>(y) * stride);
+        const auto* row =
+            reinterpret_cast<const uint32_t*>(data + static_cast<ptrdiff_t>(y) * stride);
         for (int x = 0; x < image.width; ++x) {
           const uint32_t p = row[x];  // premultiplied ARGB; our pictures are opaque
           image.pixels.push_back({static_cast<uint8_t>(p >> 16), static_cast<uint8_t>(p >> 8),
@@ -113,15 +114,17 @@ inline int wrong_cells(const Image& image, const plot::Figure& figure, int toler
         const int x = static_cast<int>(r.x) + 4, y = static_cast<int>(r.y) + 4;
         const plot::Rgb want = plot::cell_colour(figure, static_cast<int64_t>(p), i, j);
         if (x >= image.width || y >= image.height) {
-          ADD_FAILURE() << what << ": cell (" << p << ", " << i << ", " << j << ") at (" << x << ", " << y
-                        << ") lies outside the " << image.width << "x" << image.height << " picture";
+          ADD_FAILURE() << what << ": cell (" << p << ", " << i << ", " << j << ") at (" << x
+                        << ", " << y << ") lies outside the " << image.width << "x" << image.height
+                        << " picture";
           ++wrong;
           continue;
         }
         const plot::Rgb got = image.at(x, y);
         if (colour_distance(got, want) > tolerance) {
-          ADD_FAILURE() << what << ": cell (panel " << p << ", query " << i << ", key " << j << ") at (" << x
-                        << ", " << y << ") is " << rgb_str(got) << ", the scale gives " << rgb_str(want)
+          ADD_FAILURE() << what << ": cell (panel " << p << ", query " << i << ", key " << j
+                        << ") at (" << x << ", " << y << ") is " << rgb_str(got)
+                        << ", the scale gives " << rgb_str(want)
                         << (panel.is_masked(i, j) ? " (masked)" : "");
           ++wrong;
         }

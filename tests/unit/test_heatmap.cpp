@@ -34,8 +34,9 @@ Figure two_head_causal() {
         const bool future = j > i;
         // Row i spreads its weight over keys 0..i; head 1 favours the last key.
         float v = 0.0f;
-        if (!future) v = h == 0 ? (i == 0 ? 1.0f : (j == 0 ? 0.7f : 0.3f / static_cast<float>(i)))
-                                : (j == i ? 0.9f : (i == 0 ? 0.1f : 0.1f / static_cast<float>(i)));
+        if (!future)
+          v = h == 0 ? (i == 0 ? 1.0f : (j == 0 ? 0.7f : 0.3f / static_cast<float>(i)))
+                     : (j == i ? 0.9f : (i == 0 ? 0.1f : 0.1f / static_cast<float>(i)));
         if (i == 0 && j == 0) v = 1.0f;
         p.values.push_back(v);
         p.masked.push_back(future);
@@ -60,7 +61,8 @@ std::string write_bytes(const std::string& stem, const std::string& bytes) {
 }
 
 TEST(Heatmap, ScaleColourIsTheTableAtItsSamplesAndInterpolatesBetween) {
-  for (int k = 0; k < 9; ++k) EXPECT_EQ(attn::plot::scale_colour(k / 8.0), attn::plot::kScaleTable[k]) << k;
+  for (int k = 0; k < 9; ++k)
+    EXPECT_EQ(attn::plot::scale_colour(k / 8.0), attn::plot::kScaleTable[k]) << k;
   // Halfway between samples 0 (68, 1, 84) and 1 (71, 44, 122): rounded means.
   EXPECT_EQ(attn::plot::scale_colour(1.0 / 16), (Rgb{70, 23, 103}));
   EXPECT_EQ(attn::plot::scale_colour(-3.0), attn::plot::kScaleTable[0]);
@@ -91,7 +93,8 @@ TEST(Heatmap, BadFiguresAreRefusedNamingTheValues) {
     attn::plot::check(f);
     FAIL() << "a short panel was accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("shape (4, 4) but 15 values"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("shape (4, 4) but 15 values"), std::string::npos)
+        << e.what();
   }
   f = two_head_causal();
   f.vmin = f.vmax = 0.5;
@@ -126,7 +129,8 @@ TEST(Heatmap, PngCellsHaveTheScaleColours) {
   EXPECT_TRUE(layout.values_written);
   EXPECT_EQ(attn::test::wrong_cells(png, f, 0, "render_png"), 0);
   const attn::plot::Rect big = layout.cell_rect(0, 0, 0);
-  EXPECT_EQ(png.at(static_cast<int>(big.x) + 4, static_cast<int>(big.y) + 4), attn::plot::kScaleTable[8]);
+  EXPECT_EQ(png.at(static_cast<int>(big.x) + 4, static_cast<int>(big.y) + 4),
+            attn::plot::kScaleTable[8]);
   const attn::plot::Rect future = layout.cell_rect(1, 0, 3);
   EXPECT_EQ(png.at(static_cast<int>(future.x) + 4, static_cast<int>(future.y) + 4),
             attn::plot::kMaskedColour);
@@ -134,7 +138,8 @@ TEST(Heatmap, PngCellsHaveTheScaleColours) {
   int other = 0;
   for (int dy = -6; dy <= 6; ++dy) {
     for (int dx = -14; dx <= 14; ++dx) {
-      const Rgb c = png.at(static_cast<int>(big.x + big.w / 2) + dx, static_cast<int>(big.y + big.h / 2) + dy);
+      const Rgb c = png.at(static_cast<int>(big.x + big.w / 2) + dx,
+                           static_cast<int>(big.y + big.h / 2) + dy);
       other += attn::test::colour_distance(c, attn::plot::kScaleTable[8]) > 60 ? 1 : 0;
     }
   }
@@ -162,7 +167,8 @@ TEST(Heatmap, SvgRenderedByRsvgMatchesTheScaleAndThePng) {
     differ += attn::test::colour_distance(png.pixels[k], rendered.pixels[k]) > 48 ? 1 : 0;
   }
   EXPECT_LT(static_cast<double>(differ), 0.01 * static_cast<double>(png.pixels.size()))
-      << differ << " of " << png.pixels.size() << " pixels differ between attn's PNG and the rendered SVG";
+      << differ << " of " << png.pixels.size()
+      << " pixels differ between attn's PNG and the rendered SVG";
 }
 
 TEST(Heatmap, LargeMatricesAreDrawnWithoutValues) {
@@ -188,7 +194,7 @@ TEST(Heatmap, TerminalColourIsTruecolourBlocksAndPlainHasNoEscapes) {
   const std::string colour = attn::plot::terminal_heatmap(f, true);
   EXPECT_NE(colour.find("\x1b[48;2;253;231;37m"), std::string::npos) << colour;  // weight 1.0
   EXPECT_NE(colour.find("\x1b[48;2;208;208;208m"), std::string::npos);           // masked
-  const Rgb c = attn::plot::scale_colour(0.7);                                     // head 0, (1, 0)
+  const Rgb c = attn::plot::scale_colour(0.7);                                   // head 0, (1, 0)
   EXPECT_NE(colour.find("\x1b[48;2;" + std::to_string(c.r) + ";" + std::to_string(c.g) + ";" +
                         std::to_string(c.b) + "m"),
             std::string::npos);

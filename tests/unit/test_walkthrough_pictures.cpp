@@ -29,17 +29,25 @@ using attn::test::run_cli;
 const std::vector<std::string> kTokens = {"Your", "journey", "starts", "with", "one", "step"};
 
 // The 19 attention matrices of the walkthrough, in order, as --plot names them.
-const std::vector<std::string> kPictures = {
-    "01-simplified-attn_weights_2",     "02-simplified-attn_scores_loops",
-    "03-simplified-attn_scores",        "04-simplified-attn_weights",
-    "05-trainable-attn_weights_2",      "06-self-attention-sa_v1_inputs",
-    "07-self-attention-sa_v2_inputs",   "08-causal-attn_weights",
-    "09-causal-masked_simple",          "10-causal-masked_simple_norm",
-    "11-causal-masked",                 "12-causal-attn_weights_causal",
-    "13-dropout-dropout_attn_weights",  "14-multihead-ca_batch",
-    "15-multihead-mha_wrapper_batch",   "16-multihead-mha_batch",
-    "17-averaging-wei",                 "18-averaging-wei_0",
-    "19-embedding-attention_weights_2"};
+const std::vector<std::string> kPictures = {"01-simplified-attn_weights_2",
+                                            "02-simplified-attn_scores_loops",
+                                            "03-simplified-attn_scores",
+                                            "04-simplified-attn_weights",
+                                            "05-trainable-attn_weights_2",
+                                            "06-self-attention-sa_v1_inputs",
+                                            "07-self-attention-sa_v2_inputs",
+                                            "08-causal-attn_weights",
+                                            "09-causal-masked_simple",
+                                            "10-causal-masked_simple_norm",
+                                            "11-causal-masked",
+                                            "12-causal-attn_weights_causal",
+                                            "13-dropout-dropout_attn_weights",
+                                            "14-multihead-ca_batch",
+                                            "15-multihead-mha_wrapper_batch",
+                                            "16-multihead-mha_batch",
+                                            "17-averaging-wei",
+                                            "18-averaging-wei_0",
+                                            "19-embedding-attention_weights_2"};
 
 // The walkthrough's tensors as --json gives them.
 nlohmann::json walkthrough_json() {
@@ -48,7 +56,8 @@ nlohmann::json walkthrough_json() {
   return nlohmann::json::parse(r.out);
 }
 
-const nlohmann::json& entry(const nlohmann::json& all, const std::string& section, const std::string& name) {
+const nlohmann::json& entry(const nlohmann::json& all, const std::string& section,
+                            const std::string& name) {
   for (const auto& e : all) {
     if (e["section"] == section && e["name"] == name) return e;
   }
@@ -123,14 +132,16 @@ void check_picture(const std::string& stem, const Figure& expected) {
     total += d;
   }
   const auto n = static_cast<double>(png.pixels.size());
-  EXPECT_LT(static_cast<double>(differ), 0.03 * n) << differ << " pixels differ between the PNG and the rendered SVG";
+  EXPECT_LT(static_cast<double>(differ), 0.03 * n)
+      << differ << " pixels differ between the PNG and the rendered SVG";
   EXPECT_LT(total / n, 3.0) << "mean difference between the PNG and the rendered SVG";
 }
 
 TEST(WalkthroughPictures, PlotWritesEveryAttentionMatrixAndAnIndex) {
   ATTN_REQUIRE_CLI();
   std::set<std::string> files;
-  for (const auto& f : fs::directory_iterator(plot_dir())) files.insert(f.path().filename().string());
+  for (const auto& f : fs::directory_iterator(plot_dir()))
+    files.insert(f.path().filename().string());
   std::set<std::string> want = {"index.html"};
   for (const auto& stem : kPictures) want.insert({stem + ".svg", stem + ".png"});
   EXPECT_EQ(files, want);
@@ -157,14 +168,16 @@ TEST(WalkthroughPictures, CausalWeightsAreDrawnWithTheScaleAndTheMask) {
 TEST(WalkthroughPictures, BothMaskingRoutesAndDropoutAreDrawn) {
   ATTN_REQUIRE_CLI();
   const nlohmann::json all = walkthrough_json();
-  check_picture("08-causal-attn_weights", expected_figure(entry(all, "causal", "attn_weights"), false, false));
+  check_picture("08-causal-attn_weights",
+                expected_figure(entry(all, "causal", "attn_weights"), false, false));
   check_picture("10-causal-masked_simple_norm",
                 expected_figure(entry(all, "causal", "masked_simple_norm"), true, false));
   // -inf scores: masked, and the scale spans the finite scores.
   const Figure masked = expected_figure(entry(all, "causal", "masked"), true, true);
   check_picture("11-causal-masked", masked);
   // Dropout doubles the kept weights: the scale reaches 2.
-  const Figure dropped = expected_figure(entry(all, "dropout", "dropout(attn_weights)"), true, false);
+  const Figure dropped =
+      expected_figure(entry(all, "dropout", "dropout(attn_weights)"), true, false);
   EXPECT_EQ(dropped.vmax, 2.0);
   check_picture("13-dropout-dropout_attn_weights", dropped);
   check_picture("04-simplified-attn_weights",
@@ -207,7 +220,8 @@ TEST(WalkthroughPictures, EachHeadIsAPanelOnOneScale) {
         } else {
           int best = 255;
           for (int k = 0; k <= 2048; ++k) {
-            best = std::min(best, attn::test::colour_distance(got, attn::plot::scale_colour(k / 2048.0)));
+            best = std::min(best,
+                            attn::test::colour_distance(got, attn::plot::scale_colour(k / 2048.0)));
           }
           EXPECT_LE(best, 2) << "head " << h << " cell (" << i << ", " << j << ") is "
                              << attn::test::rgb_str(got) << ", not a colour of the scale";
@@ -226,8 +240,9 @@ std::string chromium() {
   const std::string path;
 #endif
   if (path.empty() || path.find("NOTFOUND") != std::string::npos) {
-    ADD_FAILURE() << "chromium was not found when the build was configured: run ./scripts/bootstrap "
-                     "(it installs Debian's chromium), then cmake again";
+    ADD_FAILURE()
+        << "chromium was not found when the build was configured: run ./scripts/bootstrap "
+           "(it installs Debian's chromium), then cmake again";
     return "";
   }
   return path;
@@ -243,7 +258,8 @@ struct PageLoad {
 
 // Loads a local page in headless Chromium, offline: every host name resolves to
 // nothing, background services are off, and the net log records every request.
-PageLoad load_page(const std::string& html_path, bool dump_dom, int width = 1280, int height = 2400) {
+PageLoad load_page(const std::string& html_path, bool dump_dom, int width = 1280,
+                   int height = 2400) {
   PageLoad load;
   const std::string browser = chromium();
   if (browser.empty()) return load;
@@ -251,15 +267,17 @@ PageLoad load_page(const std::string& html_path, bool dump_dom, int width = 1280
   const std::string netlog = attn::test::temp_path("netlog.json");
   const std::string shot = attn::test::temp_path("screenshot.png");
   const std::string dom = attn::test::temp_path("dom.html");
-  std::string command =
-      "timeout 120 '" + browser +
-      "' --headless --no-sandbox --disable-gpu --no-first-run --hide-scrollbars "
-      "--user-data-dir='" + profile + "' --enable-logging=stderr --v=0 "
-      "--host-resolver-rules='MAP * ~NOTFOUND' --disable-background-networking "
-      "--disable-component-update --disable-sync --disable-default-apps "
-      "--disable-features=Translate,OptimizationHints,MediaRouter,SpellCheck "
-      "--log-net-log='" + netlog + "' --window-size=" + std::to_string(width) + "," +
-      std::to_string(height) + " ";
+  std::string command = "timeout 120 '" + browser +
+                        "' --headless --no-sandbox --disable-gpu --no-first-run --hide-scrollbars "
+                        "--user-data-dir='" +
+                        profile +
+                        "' --enable-logging=stderr --v=0 "
+                        "--host-resolver-rules='MAP * ~NOTFOUND' --disable-background-networking "
+                        "--disable-component-update --disable-sync --disable-default-apps "
+                        "--disable-features=Translate,OptimizationHints,MediaRouter,SpellCheck "
+                        "--log-net-log='" +
+                        netlog + "' --window-size=" + std::to_string(width) + "," +
+                        std::to_string(height) + " ";
   command += dump_dom ? "--dump-dom" : "--screenshot='" + shot + "'";
   command += " 'file://" + html_path + "'";
   if (dump_dom) command = "( " + command + " >'" + dom + "' )";
@@ -283,8 +301,10 @@ PageLoad load_page(const std::string& html_path, bool dump_dom, int width = 1280
   } catch (const std::exception& ex) {
     ADD_FAILURE() << "cannot read Chromium's net log " << netlog << ": " << ex.what();
   }
-  if (dump_dom) load.dom = attn::test::read_text(dom);
-  else load.screenshot = attn::test::load_png(shot);
+  if (dump_dom)
+    load.dom = attn::test::read_text(dom);
+  else
+    load.screenshot = attn::test::load_png(shot);
   std::error_code ignored;
   fs::remove_all(profile, ignored);
   fs::remove(netlog, ignored);
@@ -325,8 +345,10 @@ TEST(WalkthroughHtml, LoadsOfflineWithoutErrorsAndShowsEveryTensorAndHeatmap) {
 
   const PageLoad shot = load_page(page, /*dump_dom=*/false);
   EXPECT_EQ(shot.exit_code, 0);
-  EXPECT_TRUE(shot.console.empty()) << "console: " << (shot.console.empty() ? "" : shot.console.front());
-  EXPECT_TRUE(shot.requests.empty()) << "the page requested " << (shot.requests.empty() ? "" : shot.requests.front());
+  EXPECT_TRUE(shot.console.empty())
+      << "console: " << (shot.console.empty() ? "" : shot.console.front());
+  EXPECT_TRUE(shot.requests.empty())
+      << "the page requested " << (shot.requests.empty() ? "" : shot.requests.front());
   ASSERT_EQ(shot.screenshot.width, 1280);
   // Not blank: many pixels are not the background, and the heatmaps' colours are there.
   size_t ink = 0, on_scale = 0;
@@ -373,7 +395,8 @@ TEST(WalkthroughHtml, FitsAPhoneScreen) {
   EXPECT_TRUE(shot.console.empty());
   ASSERT_EQ(shot.screenshot.width, 390);
   size_t ink = 0;
-  for (const Rgb& c : shot.screenshot.pixels) ink += attn::test::colour_distance(c, {255, 255, 255}) > 40 ? 1 : 0;
+  for (const Rgb& c : shot.screenshot.pixels)
+    ink += attn::test::colour_distance(c, {255, 255, 255}) > 40 ? 1 : 0;
   EXPECT_GT(ink, shot.screenshot.pixels.size() / 50);
 }
 
@@ -394,7 +417,7 @@ TEST(WalkthroughHeatmap, PseudoTerminalGetsTruecolourPipeAndNoColorGetPlainText)
             0)
       << tty;
   EXPECT_NE(tty.find(cell), std::string::npos) << "no cell of colour " << attn::test::rgb_str(c);
-  EXPECT_NE(tty.find("\x1b[48;2;253;231;37m"), std::string::npos);  // weight 1.0
+  EXPECT_NE(tty.find("\x1b[48;2;253;231;37m"), std::string::npos);   // weight 1.0
   EXPECT_NE(tty.find("\x1b[48;2;208;208;208m"), std::string::npos);  // masked
   EXPECT_NE(tty.find("journey"), std::string::npos);
   EXPECT_EQ(count_of(tty, "# "), 5u);  // the causal section's five matrices
@@ -409,7 +432,8 @@ TEST(WalkthroughHeatmap, PseudoTerminalGetsTruecolourPipeAndNoColorGetPlainText)
   const attn::test::CliResult piped = run_cli("walkthrough --heatmap --section causal");
   EXPECT_EQ(piped.exit_code, 0);
   EXPECT_EQ(piped.out.find('\x1b'), std::string::npos);
-  EXPECT_NE(piped.out.find("   Your   1.00     ·     ·     ·     ·     ·"), std::string::npos) << piped.out;
+  EXPECT_NE(piped.out.find("   Your   1.00     ·     ·     ·     ·     ·"), std::string::npos)
+      << piped.out;
   // The same text as NO_COLOR in a terminal, apart from the terminal's line ends.
   std::string crlf = no_color;
   crlf.erase(std::remove(crlf.begin(), crlf.end(), '\r'), crlf.end());
@@ -453,7 +477,8 @@ TEST(WalkthroughPictures, UnwritablePathsFailInOneLineAndWriteNothing) {
 
   // Nothing else was left behind: no temporary file, no partial output.
   std::set<std::string> left;
-  for (const auto& f : fs::recursive_directory_iterator(dir)) left.insert(f.path().lexically_relative(dir).string());
+  for (const auto& f : fs::recursive_directory_iterator(dir))
+    left.insert(f.path().lexically_relative(dir).string());
   EXPECT_EQ(left, (std::set<std::string>{"a-file", "folder.html"}));
   EXPECT_EQ(attn::test::read_text(file), "x");
 }

@@ -1,8 +1,8 @@
 // command.cpp - helpers the subcommands share.
 #include "command.h"
 
-#include <fmt/format.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -24,7 +24,8 @@ void write_file_atomically(const std::string& path, const std::string& text) {
     return std::runtime_error(fmt::format("cannot write '{}': {}", path, std::strerror(err)));
   };
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw std::runtime_error(fmt::format("cannot write '{}': {}", path, std::strerror(errno)));
+  if (fd < 0)
+    throw std::runtime_error(fmt::format("cannot write '{}': {}", path, std::strerror(errno)));
   // Write it all, then fsync: after the rename the file is whole, even after a crash.
   for (size_t done = 0; done < text.size();) {
     const ssize_t n = ::write(fd, text.data() + done, text.size() - done);

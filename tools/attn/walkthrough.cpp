@@ -180,8 +180,12 @@ void trainable(Steps& s) {
   const Tensor attn_weights_2 = softmax(div(attn_scores_2, sqrt_of(d_k)), -1);
   s.show("attn_weights_2", attn_weights_2, "scaled by 1/sqrt(d_k) and softmaxed",
          "attn_weights_2 = torch.softmax(attn_scores_2 / d_k**0.5, dim=-1)");
-  s.attention({attn_weights_2.reshape({1, attn_weights_2.size(0)}), {kTokens[1]}, kTokens, false,
-               false, ""});
+  s.attention({attn_weights_2.reshape({1, attn_weights_2.size(0)}),
+               {kTokens[1]},
+               kTokens,
+               false,
+               false,
+               ""});
   s.show("context_vec_2", matmul(attn_weights_2, values), "the context vector of x_2",
          "context_vec_2 = attn_weights_2 @ values");
 }
@@ -321,7 +325,8 @@ void multihead(Steps& s) {
                      "context_length, 0.0, num_heads=2); mha_wrapper(batch)",
                      seed));
   std::vector<Tensor> head_weights;  // H of (T, T)
-  for (const auto& head : mha_wrapper.heads) head_weights.push_back(select(head->attention_weights(), 0));
+  for (const auto& head : mha_wrapper.heads)
+    head_weights.push_back(select(head->attention_weights(), 0));
   s.attention({stack(head_weights, 0), kTokens, kTokens, true, false,
                "each head's causal attention weights for batch[0]"});
   seed = s.seed(123);
@@ -644,14 +649,16 @@ Command add_walkthrough_command(CLI::App& app) {
   cmd->add_option("--json-out", flags->json_out, "Also write that JSON array to FILE (atomically)")
       ->type_name("FILE");
   CLI::Option* plot_opt =
-      cmd->add_option("--plot", flags->plot_dir,
-                      "Write every attention matrix as a heatmap, NN-section-name.svg and .png, and "
-                      "index.html listing them, into DIR (created if missing)")
+      cmd->add_option(
+             "--plot", flags->plot_dir,
+             "Write every attention matrix as a heatmap, NN-section-name.svg and .png, and "
+             "index.html listing them, into DIR (created if missing)")
           ->type_name("DIR");
   CLI::Option* html_opt =
-      cmd->add_option("--html", flags->html_out,
-                      "Write the whole walkthrough as one self-contained HTML page: every step, its "
-                      "PyTorch line, its tensor and its heatmap")
+      cmd->add_option(
+             "--html", flags->html_out,
+             "Write the whole walkthrough as one self-contained HTML page: every step, its "
+             "PyTorch line, its tensor and its heatmap")
           ->type_name("FILE");
   CLI::Option* heatmap_opt = cmd->add_flag(
       "--heatmap", flags->heatmap,

@@ -22,12 +22,23 @@ std::string escape_html(const std::string& text) {
   out.reserve(text.size());
   for (char c : text) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -93,8 +104,9 @@ plot::Figure attention_figure(const Shown& entry) {
   const AttentionMatrix& a = *entry.attention;
   const Tensor& w = a.weights;
   if (w.dim() != 2 && w.dim() != 3) {
-    throw std::invalid_argument(fmt::format("attention matrix '{}': shape {} is not (T_q, T_k) or (H, T_q, T_k)",
-                                            entry.name, shape_str(w.shape())));
+    throw std::invalid_argument(
+        fmt::format("attention matrix '{}': shape {} is not (T_q, T_k) or (H, T_q, T_k)",
+                    entry.name, shape_str(w.shape())));
   }
   const int64_t heads = w.dim() == 3 ? w.size(0) : 1;
   const int64_t rows = w.size(-2), cols = w.size(-1);
@@ -145,7 +157,8 @@ std::vector<std::string> write_plots(const std::vector<Shown>& shown, const std:
   for (const Shown& s : shown) {
     if (!s.attention) continue;
     const plot::Figure f = attention_figure(s);
-    pictures.push_back({picture_stem(pictures.size() + 1, s), plot::render_svg(f), plot::render_png(f), &s});
+    pictures.push_back(
+        {picture_stem(pictures.size() + 1, s), plot::render_svg(f), plot::render_png(f), &s});
   }
   std::string index = fmt::format(
       "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
@@ -159,8 +172,10 @@ std::vector<std::string> write_plots(const std::vector<Shown>& shown, const std:
     index += fmt::format(
         "<li id=\"{0}\"><p><code>{1}</code> ({2}): {3}{4}<br><a href=\"{0}.svg\">{0}.svg</a> "
         "<a href=\"{0}.png\">{0}.png</a></p><img src=\"{0}.svg\" alt=\"{1}\"></li>\n",
-        p.stem, escape_html(p.entry->name), escape_html(p.entry->section), escape_html(p.entry->what),
-        p.entry->attention->note.empty() ? "" : " &mdash; " + escape_html(p.entry->attention->note));
+        p.stem, escape_html(p.entry->name), escape_html(p.entry->section),
+        escape_html(p.entry->what),
+        p.entry->attention->note.empty() ? ""
+                                         : " &mdash; " + escape_html(p.entry->attention->note));
   }
   index += "</ol>\n</body>\n</html>\n";
 
@@ -246,7 +261,9 @@ const char* const kScript = R"(
 })();
 )";
 
-std::string percent(double part, double whole) { return fmt::format("{:.4f}%", 100.0 * part / whole); }
+std::string percent(double part, double whole) {
+  return fmt::format("{:.4f}%", 100.0 * part / whole);
+}
 
 std::string heatmap_html(const Shown& entry) {
   const plot::Figure f = attention_figure(entry);
@@ -259,8 +276,8 @@ std::string heatmap_html(const Shown& entry) {
     cells += fmt::format(
         "<div class=\"cells\" style=\"left:{};top:{};width:{};height:{};"
         "grid-template-columns:repeat({},1fr);grid-template-rows:repeat({},1fr)\">",
-        percent(g.x, L.width), percent(g.y, L.height), percent(g.w, L.width), percent(g.h, L.height),
-        panel.cols, panel.rows);
+        percent(g.x, L.width), percent(g.y, L.height), percent(g.w, L.width),
+        percent(g.h, L.height), panel.cols, panel.rows);
     const std::string head = f.panels.size() > 1 ? fmt::format("head {}, ", p) : "";
     for (int64_t i = 0; i < panel.rows; ++i) {
       for (int64_t j = 0; j < panel.cols; ++j) {
@@ -280,7 +297,8 @@ std::string heatmap_html(const Shown& entry) {
                   a.causal ? ", the future masked" : "", f.vmin, f.vmax);
   return fmt::format(
       "<figure class=\"heatmap\"><div class=\"plot\"><img src=\"data:image/svg+xml;base64,{}\" "
-      "width=\"{}\" height=\"{}\" alt=\"heatmap of {}\">{}</div><figcaption>{}</figcaption></figure>\n",
+      "width=\"{}\" height=\"{}\" alt=\"heatmap of "
+      "{}\">{}</div><figcaption>{}</figcaption></figure>\n",
       base64(svg), L.width, L.height, escape_html(entry.name), cells, escape_html(caption));
 }
 
@@ -295,9 +313,10 @@ std::string walkthrough_html(const std::vector<Shown>& shown, const std::optiona
     if (s.section != section) {
       section = s.section;
       const WalkthroughSection& info = section_info(section);
-      body += fmt::format("<section id=\"{}\">\n<h2>{}</h2>\n<p class=\"intro\">{}</p>\n", info.name,
-                          escape_html(info.title), escape_html(info.intro));
-      nav += fmt::format("<li><a href=\"#{}\">{}</a></li>", info.name, escape_html(info.title.substr(3)));
+      body += fmt::format("<section id=\"{}\">\n<h2>{}</h2>\n<p class=\"intro\">{}</p>\n",
+                          info.name, escape_html(info.title), escape_html(info.intro));
+      nav += fmt::format("<li><a href=\"#{}\">{}</a></li>", info.name,
+                         escape_html(info.title.substr(3)));
     }
     body += fmt::format(
         "<article class=\"step\" id=\"step-{}\">\n<h3><code>{}</code></h3>\n<p>{} "
