@@ -101,9 +101,9 @@ inline Image render_svg_file(const std::string& svg_path) {
 // Checks every cell of a figure drawn in `image`: a pixel 4 px inside the cell's
 // top-left corner (clear of the value written at its centre) has the colour the
 // scale gives for the cell's value, or the masked colour. Returns the number of
-// cells that are wrong (each one reported).
+// cells that are wrong (each one reported as a test failure when report is true).
 inline int wrong_cells(const Image& image, const plot::Figure& figure, int tolerance,
-                       const std::string& what) {
+                       const std::string& what, bool report = true) {
   const plot::Layout layout = plot::layout(figure);
   int wrong = 0;
   for (size_t p = 0; p < figure.panels.size(); ++p) {
@@ -122,10 +122,11 @@ inline int wrong_cells(const Image& image, const plot::Figure& figure, int toler
         }
         const plot::Rgb got = image.at(x, y);
         if (colour_distance(got, want) > tolerance) {
-          ADD_FAILURE() << what << ": cell (panel " << p << ", query " << i << ", key " << j
-                        << ") at (" << x << ", " << y << ") is " << rgb_str(got)
-                        << ", the scale gives " << rgb_str(want)
-                        << (panel.is_masked(i, j) ? " (masked)" : "");
+          if (report)
+            ADD_FAILURE() << what << ": cell (panel " << p << ", query " << i << ", key " << j
+                          << ") at (" << x << ", " << y << ") is " << rgb_str(got)
+                          << ", the scale gives " << rgb_str(want)
+                          << (panel.is_masked(i, j) ? " (masked)" : "");
           ++wrong;
         }
       }

@@ -1,6 +1,7 @@
 // Heatmaps (src/plot, attn_plot): the colour scale, the checks on a figure, the
 // PNG and SVG pictures read back pixel by pixel (the SVG rendered by librsvg's
 // rsvg-convert), and the terminal form.
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -169,6 +170,21 @@ TEST(Heatmap, SvgRenderedByRsvgMatchesTheScaleAndThePng) {
   EXPECT_LT(static_cast<double>(differ), 0.01 * static_cast<double>(png.pixels.size()))
       << differ << " of " << png.pixels.size()
       << " pixels differ between attn's PNG and the rendered SVG";
+}
+
+// The pixel check itself: a picture drawn with another scale, or with a cell
+// unmasked, is caught cell by cell.
+TEST(Heatmap, TheCellCheckCatchesAWrongScaleAndAWrongMask) {
+  const Figure f = two_head_causal();
+  const Image png = attn::test::load_png(write_bytes("heatmap.png", attn::plot::render_png(f)));
+  Figure other_scale = f;
+  other_scale.vmax = 2.0;
+  // Every unmasked cell but the zeros changes colour: 2 panels x 10 cells.
+  EXPECT_EQ(attn::test::wrong_cells(png, other_scale, 1, "other scale", /*report=*/false), 20);
+  Figure unmasked = f;
+  unmasked.panels[1].masked[3] = false;  // head 1, query 0, key 3
+  EXPECT_NONFATAL_FAILURE(EXPECT_EQ(attn::test::wrong_cells(png, unmasked, 1, "unmasked"), 1),
+                          "panel 1, query 0, key 3");
 }
 
 TEST(Heatmap, LargeMatricesAreDrawnWithoutValues) {
