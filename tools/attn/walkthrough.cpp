@@ -660,11 +660,10 @@ Command add_walkthrough_command(CLI::App& app) {
              "Write the whole walkthrough as one self-contained HTML page: every step, its "
              "PyTorch line, its tensor and its heatmap")
           ->type_name("FILE");
-  CLI::Option* heatmap_opt = cmd->add_flag(
+  cmd->add_flag(
       "--heatmap", flags->heatmap,
       "Print every attention matrix as a heatmap: truecolour blocks on a terminal, numbers when "
       "stdout is not a terminal or NO_COLOR is set");
-  heatmap_opt->excludes("--json");
 
   auto run = [flags, seed_opt, plot_opt, html_opt]() -> int {
     WalkthroughOptions options;
@@ -676,6 +675,9 @@ Command add_walkthrough_command(CLI::App& app) {
       } catch (const std::invalid_argument& e) {
         throw UsageError(e.what());
       }
+    }
+    if (flags->json && flags->heatmap) {
+      throw UsageError("--json and --heatmap both choose what stdout prints: give one of them");
     }
     for (const CLI::Option* path : {plot_opt, html_opt}) {
       if (path->count() > 0 && path->as<std::string>().empty()) {

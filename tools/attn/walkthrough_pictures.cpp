@@ -216,7 +216,7 @@ p{margin:.25rem 0}
 .intro{color:var(--muted)}
 nav ol{columns:2 20rem;column-gap:2rem;padding-left:1.6rem;margin:.5rem 0}
 pre{background:var(--code);border-radius:6px;padding:.5rem .75rem;overflow-x:auto;margin:.4rem 0;font:13px/1.45 ui-monospace,"DejaVu Sans Mono",monospace}
-pre.torch{border-left:3px solid var(--accent)}
+pre.torch{border-left:3px solid var(--accent);white-space:pre-wrap;overflow-wrap:anywhere}
 .shape{color:var(--muted);font-size:.9rem}
 figure{margin:.75rem 0}
 figcaption{color:var(--muted);font-size:.9rem}
