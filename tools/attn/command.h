@@ -24,8 +24,8 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Writes text to path atomically: a temporary file in the same folder, then rename,
-// so a reader never sees half a file. Throws std::runtime_error naming the path.
+// Writes text (or bytes) to path atomically: a temporary file in the same folder,
+// fsync, then rename, so a reader never sees half a file. Throws std::runtime_error naming the path.
 void write_file_atomically(const std::string& path, const std::string& text);
 
 }  // namespace attn::cli

@@ -24,6 +24,7 @@
 #include "attn/ops.h"
 #include "attn/print.h"
 #include "attn/random.h"
+#include "walkthrough_pictures.h"
 
 namespace attn::cli {
 namespace {
@@ -39,6 +40,8 @@ Tensor example_inputs() {
                              0.77f, 0.25f, 0.10f,    // one      (x^5)
                              0.05f, 0.80f, 0.55f});  // step     (x^6)
 }
+
+const std::vector<std::string> kTokens = {"Your", "journey", "starts", "with", "one", "step"};
 
 // Python's `d_k**0.5` for an int d_k: a double square root, then the float the
 // tensor op uses.
@@ -63,7 +66,19 @@ class Steps {
     if (out_ == nullptr) return;
     out_->push_back(
         Shown{section_, std::move(name),
-              fmt::format("{}: {}   shape {}", what, torch_line, shape_str(value.shape())), value});
+              fmt::format("{}: {}   shape {}", what, torch_line, shape_str(value.shape())), value,
+              what, torch_line, std::nullopt});
+  }
+
+  // Marks the tensor shown last as an attention matrix (or attaches its module's
+  // weights) for the pictures.
+  void attention(AttentionMatrix matrix) {
+    if (out_ != nullptr && !out_->empty()) out_->back().attention = std::move(matrix);
+  }
+  // The common case: the shown (T, T) matrix itself, tokens on both axes.
+  void attention_square(const Tensor& matrix, const std::vector<std::string>& tokens, bool causal,
+                        bool scores = false) {
+    attention(AttentionMatrix{matrix, tokens, tokens, causal, scores, ""});
   }
 
   // The same seeds, nothing shown: a section recomputing an earlier one's result.
@@ -102,6 +117,7 @@ void simplified(Steps& s) {
   const Tensor attn_weights_2 = softmax(attn_scores_2, 0);
   s.show("attn_weights_2", attn_weights_2, "weights by the stable softmax, exp(w - max) / sum",
          "attn_weights_2 = torch.softmax(attn_scores_2, dim=0)");
+  s.attention({attn_weights_2.reshape({1, T}), {kTokens[1]}, kTokens, false, false, ""});
   s.show("attn_weights_2.sum()", sum(attn_weights_2, 0), "their sum", "attn_weights_2.sum()");
 
   Tensor context_vec_2 = Tensor::zeros(query.shape());
@@ -109,14 +125,18 @@ void simplified(Steps& s) {
   s.show("context_vec_2", context_vec_2, "context vector of x_2, the weighted sum of all tokens",
          "context_vec_2 += attn_weights_2[i] * x_i for i, x_i in enumerate(inputs)");
 
-  s.show("attn_scores_loops", ref::attention_scores_loops(inputs),
-         "all scores by two loops over the tokens", "attn_scores[i, j] = torch.dot(x_i, x_j)");
+  const Tensor attn_scores_loops = ref::attention_scores_loops(inputs);
+  s.show("attn_scores_loops", attn_scores_loops, "all scores by two loops over the tokens",
+         "attn_scores[i, j] = torch.dot(x_i, x_j)");
+  s.attention_square(attn_scores_loops, kTokens, false, /*scores=*/true);
   const ref::SimplifiedAttention all =
       ref::simplified_attention(inputs, ref::Normalization::kSoftmax);
   s.show("attn_scores", all.scores, "all scores as one matrix product",
          "attn_scores = inputs @ inputs.T");
+  s.attention_square(all.scores, kTokens, false, /*scores=*/true);
   s.show("attn_weights", all.weights, "each row softmaxed",
          "attn_weights = torch.softmax(attn_scores, dim=-1)");
+  s.attention_square(all.weights, kTokens, false);
   s.show("attn_weights.sum(dim=-1)", sum(all.weights, -1), "every row sums to 1",
          "attn_weights.sum(dim=-1)");
   s.show("all_context_vecs", all.context, "all six context vectors",
@@ -160,6 +180,12 @@ void trainable(Steps& s) {
   const Tensor attn_weights_2 = softmax(div(attn_scores_2, sqrt_of(d_k)), -1);
   s.show("attn_weights_2", attn_weights_2, "scaled by 1/sqrt(d_k) and softmaxed",
          "attn_weights_2 = torch.softmax(attn_scores_2 / d_k**0.5, dim=-1)");
+  s.attention({attn_weights_2.reshape({1, attn_weights_2.size(0)}),
+               {kTokens[1]},
+               kTokens,
+               false,
+               false,
+               ""});
   s.show("context_vec_2", matmul(attn_weights_2, values), "the context vector of x_2",
          "context_vec_2 = attn_weights_2 @ values");
 }
@@ -177,12 +203,16 @@ void self_attention(Steps& s) {
          "SelfAttention_v1 (rand parameters): all six context vectors",
          fmt::format("torch.manual_seed({}); sa_v1 = SelfAttention_v1(d_in, d_out); sa_v1(inputs)",
                      seed));
+  s.attention({sa_v1.attention_weights(), kTokens, kTokens, false, false,
+               "the module's attention weights, softmax(Q K^T / sqrt(d_k))"});
   seed = s.seed(789);
   nn::SelfAttentionV2 sa_v2({.d_in = d_in, .d_out = d_out});
   s.show("sa_v2(inputs)", sa_v2.forward(inputs),
          "SelfAttention_v2 (nn.Linear, no bias): all six context vectors",
          fmt::format("torch.manual_seed({}); sa_v2 = SelfAttention_v2(d_in, d_out); sa_v2(inputs)",
                      seed));
+  s.attention({sa_v2.attention_weights(), kTokens, kTokens, false, false,
+               "the module's attention weights, softmax(Q K^T / sqrt(d_k))"});
 }
 
 // ---- 4. causal attention ----------------------------------------------------------------
@@ -200,6 +230,7 @@ Tensor causal_weights(Steps& s) {
   s.show("attn_weights", attn_weights,
          fmt::format("unmasked weights of SelfAttention_v2 (seed {})", seed),
          "attn_weights = torch.softmax(attn_scores / keys.shape[-1]**0.5, dim=-1)");
+  s.attention_square(attn_weights, kTokens, false);
 
   const int64_t context_length = attn_scores.size(0);
   const Tensor mask_simple = ref::tril_ones(context_length);
@@ -208,20 +239,24 @@ Tensor causal_weights(Steps& s) {
   const Tensor masked_simple = mul(attn_weights, mask_simple);
   s.show("masked_simple", masked_simple, "the future zeroed",
          "masked_simple = attn_weights * mask_simple");
+  s.attention_square(masked_simple, kTokens, true);
   const Tensor row_sums = sum(masked_simple, -1, /*keepdim=*/true);  // (6, 1)
   const Tensor masked_simple_norm = div(masked_simple, row_sums);
   s.show("masked_simple_norm", masked_simple_norm, "each row renormalised to sum 1",
          "masked_simple_norm = masked_simple / masked_simple.sum(dim=-1, keepdim=True)");
+  s.attention_square(masked_simple_norm, kTokens, true);
 
   const Tensor mask = ref::future_mask(context_length);  // 1 where j > i
   const Tensor masked = masked_fill(attn_scores, mask, -kInf);
   s.show("masked", masked, "the efficient way: scores above the diagonal set to -inf",
          "mask = torch.triu(torch.ones(context_length, context_length), diagonal=1); "
          "masked = attn_scores.masked_fill(mask.bool(), -torch.inf)");
+  s.attention_square(masked, kTokens, true, /*scores=*/true);
   const Tensor attn_weights_causal = softmax(div(masked, sqrt_d_k), 1);
   s.show("attn_weights_causal", attn_weights_causal,
          "their softmax: the same causal weights in one step",
          "attn_weights = torch.softmax(masked / keys.shape[-1]**0.5, dim=1)");
+  s.attention_square(attn_weights_causal, kTokens, true);
   return attn_weights_causal;
 }
 
@@ -242,9 +277,10 @@ void dropout_section(Steps& s) {
                      "dropout(torch.ones(6, 6))",
                      seed));
   seed = s.seed(123);
-  s.show("dropout(attn_weights)", dropout.forward(attn_weights),
-         "the same dropout on the causal weights of step 4",
+  const Tensor dropped = dropout.forward(attn_weights);
+  s.show("dropout(attn_weights)", dropped, "the same dropout on the causal weights of step 4",
          fmt::format("torch.manual_seed({}); dropout(attn_weights)", seed));
+  s.attention_square(dropped, kTokens, true);
 }
 
 // ---- 6. batched causal attention and multi-head attention -------------------------------
@@ -272,6 +308,8 @@ void multihead(Steps& s) {
          fmt::format("torch.manual_seed({}); ca = CausalAttention(d_in, d_out, context_length, "
                      "0.0); ca(batch)",
                      seed));
+  s.attention({select(ca.attention_weights(), 0), kTokens, kTokens, true, false,
+               "the module's causal attention weights for batch[0]"});
 
   const nn::MultiHeadAttentionOptions two_heads = {.d_in = d_in,
                                                    .d_out = d_out,
@@ -286,6 +324,11 @@ void multihead(Steps& s) {
          fmt::format("torch.manual_seed({}); mha_wrapper = MultiHeadAttentionWrapper(d_in, d_out, "
                      "context_length, 0.0, num_heads=2); mha_wrapper(batch)",
                      seed));
+  std::vector<Tensor> head_weights;  // H of (T, T)
+  for (const auto& head : mha_wrapper.heads)
+    head_weights.push_back(select(head->attention_weights(), 0));
+  s.attention({stack(head_weights, 0), kTokens, kTokens, true, false,
+               "each head's causal attention weights for batch[0]"});
   seed = s.seed(123);
   nn::MultiHeadAttention mha(two_heads);
   s.show("mha(batch)", mha.forward(batch),
@@ -293,6 +336,8 @@ void multihead(Steps& s) {
          fmt::format("torch.manual_seed({}); mha = MultiHeadAttention(d_in, d_out, "
                      "context_length, 0.0, num_heads=2); mha(batch)",
                      seed));
+  s.attention({select(mha.attention_weights(), 0), kTokens, kTokens, true, false,
+               "each head's causal attention weights for batch[0]"});
 }
 
 // ---- 7. averaging the past, and one head ------------------------------------------------
@@ -310,6 +355,9 @@ void averaging(Steps& s) {
   const Tensor wei = div(tril, sum(tril, 1, /*keepdim=*/true));  // (T, T)
   s.show("wei", wei, "a lower-triangular matrix with rows summing to 1",
          "wei = torch.tril(torch.ones(T, T)); wei = wei / wei.sum(1, keepdim=True)");
+  std::vector<std::string> positions;
+  for (int64_t i = 0; i < T; ++i) positions.push_back(std::to_string(i));
+  s.attention_square(wei, positions, true);
   s.show("xbow2[0]", select(ref::xbow_matmul(x), 0), "route 2: the same means as one product",
          "xbow2 = wei @ x");
   s.show("xbow3[0]", select(ref::xbow_softmax(x), 0),
@@ -335,6 +383,7 @@ void averaging(Steps& s) {
                      "nn.Linear(32, 16, bias=False) x3; wei = F.softmax((q @ k.transpose(-2, "
                      "-1) * 16**-0.5).masked_fill(tril == 0, float('-inf')), dim=-1)",
                      seed));
+  s.attention_square(select(head.attention_weights(), 0), positions, true);
   s.show("out[0]", select(out, 0), "the head's output for the first sequence",
          "v = value(x); out = wei @ v");
 }
@@ -402,6 +451,12 @@ void embedding(Steps& s) {
   s.show("attention_weights_2", attention_weights_2,
          "scaled by 1/sqrt(d_k) = 1/sqrt(24), softmaxed",
          "attention_weights_2 = F.softmax(omega_2 / d_k**0.5, dim=0)");
+  s.attention({attention_weights_2.reshape({1, attention_weights_2.size(0)}),
+               {sentence.words[1]},
+               sentence.words,
+               false,
+               false,
+               ""});
   s.show("context_vector_2", matmul(attention_weights_2, values),
          "the context vector of the second token, d_v = 28 wide",
          "context_vector_2 = attention_weights_2.matmul(values)");
@@ -514,6 +569,8 @@ std::string to_text(const std::vector<Shown>& shown, const std::optional<uint64_
 
 }  // namespace
 
+const std::vector<std::string>& walkthrough_tokens() { return kTokens; }
+
 const std::vector<WalkthroughSection>& walkthrough_sections() {
   static const std::vector<WalkthroughSection> sections = [] {
     std::vector<WalkthroughSection> v;
@@ -564,6 +621,9 @@ Command add_walkthrough_command(CLI::App& app) {
     std::string seed;
     bool json = false;
     std::string json_out;
+    std::string plot_dir;
+    std::string html_out;
+    bool heatmap = false;
   };
   auto flags = std::make_shared<Flags>();
 
@@ -588,8 +648,24 @@ Command add_walkthrough_command(CLI::App& app) {
                 "(row-major; inf, -inf, nan as strings), text (as PyTorch prints it)");
   cmd->add_option("--json-out", flags->json_out, "Also write that JSON array to FILE (atomically)")
       ->type_name("FILE");
+  CLI::Option* plot_opt =
+      cmd->add_option(
+             "--plot", flags->plot_dir,
+             "Write every attention matrix as a heatmap, NN-section-name.svg and .png, and "
+             "index.html listing them, into DIR (created if missing)")
+          ->type_name("DIR");
+  CLI::Option* html_opt =
+      cmd->add_option(
+             "--html", flags->html_out,
+             "Write the whole walkthrough as one self-contained HTML page: every step, its "
+             "PyTorch line, its tensor and its heatmap")
+          ->type_name("FILE");
+  cmd->add_flag(
+      "--heatmap", flags->heatmap,
+      "Print every attention matrix as a heatmap: truecolour blocks on a terminal, numbers when "
+      "stdout is not a terminal or NO_COLOR is set");
 
-  auto run = [flags, seed_opt]() -> int {
+  auto run = [flags, seed_opt, plot_opt, html_opt]() -> int {
     WalkthroughOptions options;
     options.sections = flags->sections;
     if (seed_opt->count() > 0) options.seed = parse_seed(flags->seed);
@@ -600,9 +676,36 @@ Command add_walkthrough_command(CLI::App& app) {
         throw UsageError(e.what());
       }
     }
+    if (flags->json && flags->heatmap) {
+      throw UsageError("--json and --heatmap both choose what stdout prints: give one of them");
+    }
+    for (const CLI::Option* path : {plot_opt, html_opt}) {
+      if (path->count() > 0 && path->as<std::string>().empty()) {
+        throw UsageError(fmt::format("{}: the path is empty", path->get_name()));
+      }
+    }
     const std::vector<Shown> shown = run_walkthrough(options);
     if (!flags->json_out.empty()) write_file_atomically(flags->json_out, to_json(shown));
-    std::cout << (flags->json ? to_json(shown) : to_text(shown, options.seed)) << std::flush;
+    std::string report;  // what --plot and --html wrote
+    if (!flags->html_out.empty()) {
+      write_file_atomically(flags->html_out, walkthrough_html(shown, options.seed));
+      report += fmt::format("wrote {}\n", flags->html_out);
+    }
+    if (!flags->plot_dir.empty()) {
+      const std::vector<std::string> files = write_plots(shown, flags->plot_dir);
+      report += fmt::format("wrote {} files to {} (index.html lists them)\n", files.size(),
+                            flags->plot_dir);
+    }
+    if (flags->json) {
+      std::cout << to_json(shown);
+    } else if (flags->heatmap) {
+      std::cout << walkthrough_heatmaps(shown, stdout_wants_colour());
+    } else if (!report.empty()) {
+      std::cout << report;
+    } else {
+      std::cout << to_text(shown, options.seed);
+    }
+    std::cout << std::flush;
     return 0;
   };
   return Command{cmd, run};

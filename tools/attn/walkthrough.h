@@ -26,12 +26,27 @@ struct WalkthroughSection {
 // The eight sections in the SPEC's order.
 const std::vector<WalkthroughSection>& walkthrough_sections();
 
+// The attention matrix a shown tensor is, or comes with (a module's weights):
+// what the pictures (--plot, --html, --heatmap) draw. Set only on query-by-key
+// matrices: scores and weights, masked or not, and the heads of the modules.
+struct AttentionMatrix {
+  Tensor weights;                    // (T_q, T_k), or (H, T_q, T_k): one panel per head
+  std::vector<std::string> queries;  // T_q labels: the query tokens
+  std::vector<std::string> keys;     // T_k labels
+  bool causal = false;  // key j after query i (j > i) is masked; -inf cells are masked anyway
+  bool scores = false;  // raw scores: the scale spans their range (weights: [0, max(1, max)])
+  std::string note;     // what the picture shows when it is not the tensor itself
+};
+
 // One printed tensor.
 struct Shown {
   std::string section;
   std::string name;         // the PyTorch expression or variable, e.g. "sa_v1(inputs)"
   std::string explanation;  // "<what it is>: <PyTorch line>   shape (6, 2)"
   Tensor value;
+  std::string what;        // the explanation's two parts
+  std::string torch_line;  //
+  std::optional<AttentionMatrix> attention;
 };
 
 struct WalkthroughOptions {
@@ -47,6 +62,9 @@ uint64_t parse_seed(const std::string& text);
 // Runs the chosen sections (each recomputes what it needs from earlier ones, so any
 // subset works). Throws std::invalid_argument for an unknown section name.
 std::vector<Shown> run_walkthrough(const WalkthroughOptions& options);
+
+// The tokens of the example sentence, in order.
+const std::vector<std::string>& walkthrough_tokens();
 
 // Registers the `walkthrough` subcommand on the app.
 Command add_walkthrough_command(CLI::App& app);
