@@ -171,9 +171,9 @@ float cross_entropy_forward(const Tensor& logits_in, const Tensor& targets, Cros
     throw std::invalid_argument(fmt::format("cross_entropy_forward: targets must be int64, got {} of shape {}",
                                             dtype_name(targets.dtype()), shape_str(targets.shape())));
   }
-  if (logits_in.dim() < 2) {
+  if (logits_in.dim() < 2 || logits_in.size(-1) < 1) {
     throw std::invalid_argument(fmt::format(
-        "cross_entropy_forward: logits must be (..., V) with at least 2 dims, got {}",
+        "cross_entropy_forward: logits must be (..., V) with at least 2 dims and V >= 1, got {}",
         shape_str(logits_in.shape())));
   }
   Shape expected = logits_in.shape();
@@ -183,7 +183,7 @@ float cross_entropy_forward(const Tensor& logits_in, const Tensor& targets, Cros
         "cross_entropy_forward: targets shape {} does not match logits shape {} without its last dim",
         shape_str(targets.shape()), shape_str(logits_in.shape())));
   }
-  const int64_t V = logits_in.size(-1), N = logits_in.numel() / std::max<int64_t>(V, 1);
+  const int64_t V = logits_in.size(-1), N = logits_in.numel() / V;
   const std::vector<int64_t> t = targets.to_int64_vector();
   for (int64_t n = 0; n < N; ++n) {
     const int64_t target = t[static_cast<size_t>(n)];
