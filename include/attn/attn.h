@@ -3,11 +3,14 @@
 #pragma once
 
 #include "attn/functional.h"
+#include "attn/functional_gpt.h"
 #include "attn/fused.h"
 #include "attn/gemm.h"
+#include "attn/gpt.h"
 #include "attn/kernels.h"
 #include "attn/kv_cache.h"
 #include "attn/nn.h"
+#include "attn/optim.h"
 #include "attn/ops.h"
 #include "attn/print.h"
 #include "attn/random.h"

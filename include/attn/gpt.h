@@ -1,0 +1,187 @@
+// attn/gpt.h - the book's GPT model (Raschka, "Build a Large Language Model
+// from Scratch", chapter 4) as modules with forward and backward, and its loss.
+//
+//   GPTModel            tok_emb, pos_emb, drop_emb, trf_blocks, final_norm, out_head
+//     TransformerBlock  x + drop_shortcut(att(norm1(x))), then x + drop_shortcut(ff(norm2(x)))
+//       att             nn::MultiHeadAttention (d_in = d_out = emb_dim, causal)
+//       ff              FeedForward: layers.0 Linear(E, 4E), layers.1 GELU, layers.2 Linear(4E, E)
+//       norm1, norm2    LayerNorm: scale, shift, eps 1e-5, biased variance
+//
+// Parameters are created in the book's (PyTorch's) order with PyTorch's default
+// initialisation, so manual_seed(123) and GPTModel(cfg) give the book's
+// model's weights bit for bit, under the book's state_dict names
+// ("tok_emb.weight", "trf_blocks.0.att.W_query.weight",
+// "trf_blocks.0.ff.layers.0.weight", "trf_blocks.0.norm1.scale",
+// "final_norm.shift", "out_head.weight"). out_head is not tied to tok_emb (the
+// book counts 163,009,536 parameters for GPT_CONFIG_124M); nn::tie can tie them.
+//
+// Dropout: in training mode with drop_rate > 0 every dropout draws from the
+// model's generator in the book's order (drop_emb; per block the attention
+// weights, then drop_shortcut twice), so with the attention on its reference
+// path the masks are PyTorch's. The attention picks its path by itself
+// (GPTOptions::attention_backend, kAuto by default): the fused kernel whenever
+// the result can differ from the reference only by rounding (evaluation mode,
+// drop_rate 0) and, in training with dropout, the reference path unless
+// exact_dropout is false (then the fused kernel with its Philox masks: fast,
+// not PyTorch's masks).
+//
+// Layout: token ids (B, T) int64, activations (B, T, E) with E = emb_dim,
+// logits (B, T, V) with V = vocab_size.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attn/functional_gpt.h"
+#include "attn/nn.h"
+#include "attn/random.h"
+#include "attn/tensor.h"
+
+namespace attn::nn {
+
+// The book's configuration dictionary, same names.
+struct GPTConfig {
+  int64_t vocab_size = 0;
+  int64_t context_length = 0;
+  int64_t emb_dim = 0;
+  int64_t n_heads = 1;
+  int64_t n_layers = 1;
+  float drop_rate = 0.0f;
+  bool qkv_bias = false;
+};
+// GPT-2 small as the book configures it (50257, 1024, 768, 12, 12, 0.1, false).
+inline constexpr GPTConfig GPT_CONFIG_124M{.vocab_size = 50257, .context_length = 1024,
+                                           .emb_dim = 768, .n_heads = 12, .n_layers = 12,
+                                           .drop_rate = 0.1f, .qkv_bias = false};
+
+// How the attention of every block computes (not part of the book's config).
+struct GPTOptions {
+  AttentionBackend attention_backend = AttentionBackend::kAuto;
+  // Training with dropout: PyTorch's masks (the reference path) when true, the
+  // fused kernel with Philox masks when false.
+  bool exact_dropout = true;
+};
+
+// A container whose children are named "0", "1", ... as in nn.Sequential; it
+// only names them (the owner runs them).
+class Sequential : public Module {
+ public:
+  void append(Module* m) { register_module(std::to_string(size_++), m); }
+  int64_t size() const { return size_; }
+
+ private:
+  int64_t size_ = 0;
+};
+
+// LayerNorm(emb_dim): scale (E) = 1, shift (E) = 0. Input (..., E).
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(int64_t emb_dim, float eps = 1e-5f);
+  Tensor forward(const Tensor& x);
+  Tensor backward(const Tensor& dy);
+  Parameter scale;  // (E)
+  Parameter shift;  // (E)
+ private:
+  int64_t emb_dim_;
+  float eps_;
+  Tensor x_;  // saved input (..., E)
+  ref::LayerNormSaved saved_;
+  bool has_forward_ = false;
+};
+
+// GELU, the tanh approximation. Any shape.
+class GELU : public Module {
+ public:
+  Tensor forward(const Tensor& x);
+  Tensor backward(const Tensor& dy);
+
+ private:
+  Tensor x_;
+  bool has_forward_ = false;
+};
+
+// FeedForward(cfg): layers = Sequential(Linear(E, 4E), GELU(), Linear(4E, E)).
+// Input (..., E) -> (..., E).
+class FeedForward : public Module {
+ public:
+  explicit FeedForward(const GPTConfig& cfg, Generator& gen = default_generator());
+  Tensor forward(const Tensor& x);
+  Tensor backward(const Tensor& dy);
+  Sequential layers;  // "layers.0", "layers.1", "layers.2"
+  Linear fc;          // layers.0: (E -> 4E)
+  GELU gelu;          // layers.1
+  Linear proj;        // layers.2: (4E -> E)
+};
+
+// TransformerBlock(cfg): att, ff, norm1, norm2, drop_shortcut, created in that
+// order. Input (B, T, E) with T <= context_length -> (B, T, E).
+class TransformerBlock : public Module {
+ public:
+  explicit TransformerBlock(const GPTConfig& cfg, const GPTOptions& options = {},
+                            Generator& gen = default_generator());
+  Tensor forward(const Tensor& x);
+  Tensor backward(const Tensor& dy);
+  MultiHeadAttention att;
+  FeedForward ff;
+  LayerNorm norm1, norm2;
+  Dropout drop_shortcut;  // used twice per forward, each with its own mask
+
+ private:
+  Tensor noise_att_, noise_ff_;  // (B, T, E) the two masks of drop_shortcut, empty when off
+  bool has_forward_ = false;
+};
+
+// The n_layers blocks, named "0", "1", ... (the book's nn.Sequential trf_blocks).
+class TransformerBlocks : public Module {
+ public:
+  TransformerBlocks(const GPTConfig& cfg, const GPTOptions& options, Generator& gen);
+  Tensor forward(const Tensor& x);
+  Tensor backward(const Tensor& dy);
+  int64_t size() const { return static_cast<int64_t>(blocks_.size()); }
+  TransformerBlock& operator[](int64_t i) { return *blocks_.at(static_cast<size_t>(i)); }
+
+ private:
+  std::vector<std::unique_ptr<TransformerBlock>> blocks_;
+};
+
+// GPTModel(cfg): token ids (B, T) int64 with T <= context_length -> logits (B, T, V).
+class GPTModel : public Module {
+ public:
+  explicit GPTModel(const GPTConfig& cfg, const GPTOptions& options = {},
+                    Generator& gen = default_generator());
+  Tensor forward(const Tensor& in_idx);
+  // dlogits (B, T, V); accumulates every parameter's gradient (token ids have none).
+  void backward(const Tensor& dlogits);
+  const GPTConfig& config() const { return cfg_; }
+  Embedding tok_emb;           // (V, E)
+  Embedding pos_emb;           // (context_length, E)
+  Dropout drop_emb;
+  TransformerBlocks trf_blocks;
+  LayerNorm final_norm;
+  Linear out_head;             // (V, E), no bias
+
+ private:
+  GPTConfig cfg_;
+  int64_t B_ = 0, T_ = 0;
+  bool has_forward_ = false;
+};
+
+// F.cross_entropy(logits.flatten(0, 1), targets.flatten()): the mean over the
+// tokens whose target is not ignore_index (-100, PyTorch's default).
+// logits (B, T, V) float32, targets (B, T) int64.
+class CrossEntropyLoss {
+ public:
+  explicit CrossEntropyLoss(int64_t ignore_index = ref::kIgnoreIndex) : ignore_index_(ignore_index) {}
+  float forward(const Tensor& logits, const Tensor& targets);
+  // dL/dlogits (B, T, V) for dL/dloss = dloss.
+  Tensor backward(float dloss = 1.0f);
+
+ private:
+  int64_t ignore_index_;
+  ref::CrossEntropySaved saved_;
+  bool has_forward_ = false;
+};
+
+}  // namespace attn::nn

@@ -1,0 +1,231 @@
+// The book's GPT model (attn/gpt.h): LayerNorm, GELU, FeedForward,
+// TransformerBlock, GPTModel and the cross-entropy loss. The maths is in
+// src/reference/gpt.cpp (attn/functional_gpt.h); the modules own parameters and
+// the state of the last forward, and run their children in the book's order.
+#include "attn/gpt.h"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+#include "attn/functional.h"
+#include "attn/ops.h"
+#include "nn/checks.h"
+
+namespace attn::nn {
+namespace {
+
+const GPTConfig& checked(const GPTConfig& cfg) {
+  detail::check_positive("GPTModel", "vocab_size", cfg.vocab_size);
+  detail::check_positive("GPTModel", "context_length", cfg.context_length);
+  detail::check_positive("GPTModel", "emb_dim", cfg.emb_dim);
+  detail::check_positive("GPTModel", "n_heads", cfg.n_heads);
+  detail::check_positive("GPTModel", "n_layers", cfg.n_layers);
+  if (cfg.emb_dim % cfg.n_heads != 0) {
+    throw std::invalid_argument(fmt::format("GPTModel: emb_dim ({}) must be divisible by n_heads ({})",
+                                            cfg.emb_dim, cfg.n_heads));
+  }
+  if (!(cfg.drop_rate >= 0.0f && cfg.drop_rate <= 1.0f)) {
+    throw std::invalid_argument(fmt::format("GPTModel: drop_rate must be in [0, 1], got {}", cfg.drop_rate));
+  }
+  return cfg;
+}
+
+// x ⊙ noise, or x itself when the noise is empty (dropout off).
+Tensor apply_noise(const Tensor& x, const Tensor& noise) {
+  return noise.empty() ? x : ref::dropout_forward(x, noise);
+}
+
+}  // namespace
+
+// ---- LayerNorm ------------------------------------------------------------------------
+
+LayerNorm::LayerNorm(int64_t emb_dim, float eps) : emb_dim_(emb_dim), eps_(eps) {
+  detail::check_positive("LayerNorm", "emb_dim", emb_dim);
+  scale.value = Tensor::ones({emb_dim});   // (E)
+  shift.value = Tensor::zeros({emb_dim});  // (E)
+  register_parameter("scale", &scale);
+  register_parameter("shift", &shift);
+}
+
+Tensor LayerNorm::forward(const Tensor& x) {
+  if (x.dim() < 1 || x.size(-1) != emb_dim_) {
+    throw std::invalid_argument(fmt::format("LayerNorm: input shape {} does not end in emb_dim {}",
+                                            shape_str(x.shape()), emb_dim_));
+  }
+  x_ = x;
+  has_forward_ = true;
+  return ref::layer_norm_forward(x, scale.value, shift.value, eps_, &saved_);
+}
+
+Tensor LayerNorm::backward(const Tensor& dy) {
+  require_forward(has_forward_, "LayerNorm");
+  detail::check_grad("LayerNorm", dy, x_.shape());
+  return ref::layer_norm_backward(dy, x_, scale.value, saved_, scale.grad, shift.grad);
+}
+
+// ---- GELU ---------------------------------------------------------------------------------
+
+Tensor GELU::forward(const Tensor& x) {
+  x_ = x;
+  has_forward_ = true;
+  return ref::gelu_forward(x);
+}
+
+Tensor GELU::backward(const Tensor& dy) {
+  require_forward(has_forward_, "GELU");
+  detail::check_grad("GELU", dy, x_.shape());
+  return ref::gelu_backward(dy, x_);
+}
+
+// ---- FeedForward ----------------------------------------------------------------------
+
+FeedForward::FeedForward(const GPTConfig& cfg, Generator& gen)
+    : fc({cfg.emb_dim, 4 * cfg.emb_dim, true}, gen), proj({4 * cfg.emb_dim, cfg.emb_dim, true}, gen) {
+  layers.append(&fc);
+  layers.append(&gelu);
+  layers.append(&proj);
+  register_module("layers", &layers);
+}
+
+Tensor FeedForward::forward(const Tensor& x) { return proj.forward(gelu.forward(fc.forward(x))); }
+
+Tensor FeedForward::backward(const Tensor& dy) {
+  return fc.backward(gelu.backward(proj.backward(dy)));
+}
+
+// ---- TransformerBlock -----------------------------------------------------------------
+
+TransformerBlock::TransformerBlock(const GPTConfig& cfg, const GPTOptions& options, Generator& gen)
+    : att({.d_in = checked(cfg).emb_dim,
+           .d_out = cfg.emb_dim,
+           .context_length = cfg.context_length,
+           .dropout = cfg.drop_rate,
+           .num_heads = cfg.n_heads,
+           .qkv_bias = cfg.qkv_bias,
+           .backend = options.attention_backend,
+           .exact_dropout = options.exact_dropout},
+          gen),
+      ff(cfg, gen),
+      norm1(cfg.emb_dim),
+      norm2(cfg.emb_dim),
+      drop_shortcut({cfg.drop_rate}, gen) {
+  register_module("att", &att);
+  register_module("ff", &ff);
+  register_module("norm1", &norm1);
+  register_module("norm2", &norm2);
+  register_module("drop_shortcut", &drop_shortcut);
+}
+
+// The draws happen in the book's order: the attention's mask inside att, then
+// drop_shortcut after att, then drop_shortcut after ff.
+Tensor TransformerBlock::forward(const Tensor& x) {
+  // x (B, T, E); att checks the shape and T <= context_length.
+  const Tensor a = att.forward(norm1.forward(x));          // (B, T, E)
+  noise_att_ = drop_shortcut.sample_noise(a.shape());     // empty when off
+  const Tensor x1 = add(apply_noise(a, noise_att_), x);    // (B, T, E)
+  const Tensor f = ff.forward(norm2.forward(x1));          // (B, T, E)
+  noise_ff_ = drop_shortcut.sample_noise(f.shape());
+  has_forward_ = true;
+  return add(apply_noise(f, noise_ff_), x1);
+}
+
+Tensor TransformerBlock::backward(const Tensor& dy) {
+  require_forward(has_forward_, "TransformerBlock");
+  // out = x1 + drop(ff(norm2(x1))): dx1 = dy + norm2ᵀ ffᵀ (dy ⊙ noise_ff)
+  const Tensor dff = noise_ff_.empty() ? dy : ref::dropout_backward(dy, noise_ff_);
+  const Tensor dx1 = add(dy, norm2.backward(ff.backward(dff)));
+  // x1 = x + drop(att(norm1(x))): dx = dx1 + norm1ᵀ attᵀ (dx1 ⊙ noise_att)
+  const Tensor datt = noise_att_.empty() ? dx1 : ref::dropout_backward(dx1, noise_att_);
+  return add(dx1, norm1.backward(att.backward(datt)));
+}
+
+// ---- TransformerBlocks ----------------------------------------------------------------
+
+TransformerBlocks::TransformerBlocks(const GPTConfig& cfg, const GPTOptions& options, Generator& gen) {
+  for (int64_t i = 0; i < cfg.n_layers; ++i) {
+    blocks_.push_back(std::make_unique<TransformerBlock>(cfg, options, gen));
+    register_module(std::to_string(i), blocks_.back().get());
+  }
+}
+
+Tensor TransformerBlocks::forward(const Tensor& x) {
+  Tensor h = x;
+  for (auto& block : blocks_) h = block->forward(h);
+  return h;
+}
+
+Tensor TransformerBlocks::backward(const Tensor& dy) {
+  Tensor d = dy;
+  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) d = (*it)->backward(d);
+  return d;
+}
+
+// ---- GPTModel -------------------------------------------------------------------------
+
+GPTModel::GPTModel(const GPTConfig& cfg, const GPTOptions& options, Generator& gen)
+    : tok_emb({checked(cfg).vocab_size, cfg.emb_dim}, gen),
+      pos_emb({cfg.context_length, cfg.emb_dim}, gen),
+      drop_emb({cfg.drop_rate}, gen),
+      trf_blocks(cfg, options, gen),
+      final_norm(cfg.emb_dim),
+      out_head({cfg.emb_dim, cfg.vocab_size, false}, gen),
+      cfg_(cfg) {
+  register_module("tok_emb", &tok_emb);
+  register_module("pos_emb", &pos_emb);
+  register_module("drop_emb", &drop_emb);
+  register_module("trf_blocks", &trf_blocks);
+  register_module("final_norm", &final_norm);
+  register_module("out_head", &out_head);
+}
+
+Tensor GPTModel::forward(const Tensor& in_idx) {
+  if (in_idx.dtype() != DType::kInt64 || in_idx.dim() != 2) {
+    throw std::invalid_argument(fmt::format("GPTModel: expected token ids (B, T) of int64, got {} of shape {}",
+                                            dtype_name(in_idx.dtype()), shape_str(in_idx.shape())));
+  }
+  const int64_t B = in_idx.size(0), T = in_idx.size(1);
+  if (B < 1 || T < 1) {
+    throw std::invalid_argument(fmt::format("GPTModel: token ids of shape {} are empty", shape_str(in_idx.shape())));
+  }
+  if (T > cfg_.context_length) {
+    throw std::invalid_argument(fmt::format("GPTModel: input has {} tokens but context_length is {}", T,
+                                            cfg_.context_length));
+  }
+  std::vector<int64_t> positions(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) positions[static_cast<size_t>(t)] = t;  // torch.arange(T)
+  const Tensor tok_embeds = tok_emb.forward(in_idx);    // (B, T, E)
+  const Tensor pos_embeds = pos_emb.forward(positions);  // (T, E)
+  Tensor x = drop_emb.forward(add(tok_embeds, pos_embeds));  // (B, T, E)
+  x = trf_blocks.forward(x);
+  x = final_norm.forward(x);
+  B_ = B;
+  T_ = T;
+  has_forward_ = true;
+  return out_head.forward(x);  // (B, T, V)
+}
+
+void GPTModel::backward(const Tensor& dlogits) {
+  require_forward(has_forward_, "GPTModel");
+  detail::check_grad("GPTModel", dlogits, {B_, T_, cfg_.vocab_size});
+  Tensor dx = out_head.backward(dlogits);  // (B, T, E)
+  dx = final_norm.backward(dx);
+  dx = trf_blocks.backward(dx);
+  dx = drop_emb.backward(dx);
+  tok_emb.backward(dx);
+  pos_emb.backward(sum(dx, 0));  // the (T, E) positions were broadcast over B
+}
+
+// ---- CrossEntropyLoss -----------------------------------------------------------------
+
+float CrossEntropyLoss::forward(const Tensor& logits, const Tensor& targets) {
+  has_forward_ = true;
+  return ref::cross_entropy_forward(logits, targets, &saved_, ignore_index_);
+}
+
+Tensor CrossEntropyLoss::backward(float dloss) {
+  if (!has_forward_) throw std::logic_error("CrossEntropyLoss: backward() called before forward()");
+  return ref::cross_entropy_backward(dloss, saved_);
+}
+
+}  // namespace attn::nn
