@@ -14,7 +14,8 @@ safetensors_dtypes.safetensors
     written with an indented header.
 safetensors.json
     x (2, 5, 8) and y = model(x) in eval mode, every parameter's bits, and every
-    tensor of the dtype file as bits (int64 as integers).
+    tensor of the dtype file as bits (int64 as integers), and the float32
+    values the BF16 tensor was cast from.
 """
 import pathlib
 
@@ -42,7 +43,8 @@ def generate(out_dir):
 
     f32 = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e-45, -1e-40,
                         3.4028235e38, -1.1754944e-38, 1.0, -2.5, 0.1], dtype=torch.float32)
-    bf16 = (torch.linspace(-3.0, 3.0, 24) ** 3).reshape(2, 3, 4).to(torch.bfloat16)
+    bf16_source = (torch.linspace(-3.0, 3.0, 24) ** 3).reshape(2, 3, 4)
+    bf16 = bf16_source.to(torch.bfloat16)
     i64 = torch.tensor([-(2 ** 63), 2 ** 63 - 1, 0, -1, 1, 123456789012345], dtype=torch.int64)
     dtypes = [
         ("f32 special", f32.reshape(3, 4)),
@@ -61,6 +63,7 @@ def generate(out_dir):
     for name, t in dtypes:
         dtype, array = stn.torch_to_numpy(t)
         expected[name] = {"dtype": dtype, "shape": list(t.shape), "bits": stn.bits_of(array)}
+    expected["bf16 cube"]["from_f32"] = tensor_bits_json(bf16_source)
     write_json(out / "safetensors.json", {
         "mha": {"x": tensor_bits_json(x), "y": tensor_bits_json(y),
                 "state_dict": {name: tensor_bits_json(t) for name, t in state.items()},
