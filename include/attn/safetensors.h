@@ -100,8 +100,9 @@ SafetensorsHeader parse_safetensors_header(std::span<const std::byte> bytes,
 SafetensorsFile parse_safetensors(std::span<const std::byte> bytes, const std::string& name = "<memory>");
 
 // The bytes of a safetensors file holding `tensors` (any layout; F32, BF16 or
-// I64) and `metadata`. Throws std::invalid_argument for an empty, duplicate or
-// non-UTF-8 name, or the name "__metadata__".
+// I64) and `metadata`. Throws std::invalid_argument for a duplicate or
+// non-UTF-8 name or metadata string, or the name "__metadata__". (Any other
+// string names a tensor, "" included, as in the reference implementation.)
 std::string serialize_safetensors(const std::vector<std::pair<std::string, Tensor>>& tensors,
                                   const std::map<std::string, std::string>& metadata = {});
 // serialize_safetensors written to path atomically (temporary file, fsync,

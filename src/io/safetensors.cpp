@@ -382,7 +382,6 @@ Plan plan(const std::vector<std::pair<std::string, Tensor>>& tensors,
           const std::map<std::string, std::string>& metadata) {
   std::set<std::string> seen;
   for (const auto& [name, t] : tensors) {
-    if (name.empty()) throw std::invalid_argument("safetensors: a tensor name is empty");
     if (name == "__metadata__") {
       throw std::invalid_argument("safetensors: '__metadata__' is reserved and cannot name a tensor");
     }
