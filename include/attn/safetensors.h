@@ -80,7 +80,7 @@ struct SafetensorsHeader {
 struct SafetensorsFile {
   std::vector<std::pair<std::string, Tensor>> tensors;  // in data-offset order, contiguous
   std::map<std::string, std::string> metadata;
-  std::string path;  // where it was read from ("" for bytes in memory); names it in errors
+  std::string path;  // where it was read from (parse_safetensors: the name given); names it in errors
 };
 
 // The safetensors name of an attn dtype ("F32", "BF16", "I64") and back;

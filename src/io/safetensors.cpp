@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
+#include <tuple>
 
 static_assert(std::endian::native == std::endian::little,
               "attn's safetensors reader copies little-endian data as it is");
