@@ -80,7 +80,8 @@ struct SafetensorsHeader {
 struct SafetensorsFile {
   std::vector<std::pair<std::string, Tensor>> tensors;  // in data-offset order, contiguous
   std::map<std::string, std::string> metadata;
-  std::string path;  // where it was read from (parse_safetensors: the name given); names it in errors
+  std::string
+      path;  // where it was read from (parse_safetensors: the name given); names it in errors
 };
 
 // The safetensors name of an attn dtype ("F32", "BF16", "I64") and back;
@@ -97,7 +98,8 @@ SafetensorsFile read_safetensors(const std::string& path);
 // file in error messages.
 SafetensorsHeader parse_safetensors_header(std::span<const std::byte> bytes,
                                            const std::string& name = "<memory>");
-SafetensorsFile parse_safetensors(std::span<const std::byte> bytes, const std::string& name = "<memory>");
+SafetensorsFile parse_safetensors(std::span<const std::byte> bytes,
+                                  const std::string& name = "<memory>");
 
 // The bytes of a safetensors file holding `tensors` (any layout; F32, BF16 or
 // I64) and `metadata`. Throws std::invalid_argument for a duplicate or
@@ -108,7 +110,8 @@ std::string serialize_safetensors(const std::vector<std::pair<std::string, Tenso
 // serialize_safetensors written to path atomically (temporary file, fsync,
 // rename, fsync of the folder). Throws std::runtime_error naming the path and
 // the system's reason when it cannot.
-void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+void write_safetensors(const std::string& path,
+                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
 // ---- modules -------------------------------------------------------------------------------

@@ -65,10 +65,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   // The header alone agrees with the full read.
   const attn::io::SafetensorsHeader header = attn::io::parse_safetensors_header(bytes, "fuzz");
-  if (header.entries.size() != file.tensors.size()) finding("header and file disagree on the tensor count");
+  if (header.entries.size() != file.tensors.size())
+    finding("header and file disagree on the tensor count");
   const std::string again = attn::io::serialize_safetensors(file.tensors, file.metadata);
   const attn::io::SafetensorsFile reread = attn::io::parse_safetensors(
-      std::span<const std::byte>(reinterpret_cast<const std::byte*>(again.data()), again.size()), "rewritten");
+      std::span<const std::byte>(reinterpret_cast<const std::byte*>(again.data()), again.size()),
+      "rewritten");
   if (!same(file, reread)) finding("a file read, written and read again changed");
   return 0;
 }

@@ -24,7 +24,8 @@ namespace {
 void write(const fs::path& dir, int& count, const std::string& bytes) {
   std::ofstream out(dir / (std::string("seed_") + std::to_string(count++)), std::ios::binary);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  if (!out) throw std::runtime_error(std::string("cannot write the seed corpus under ") + dir.string());
+  if (!out)
+    throw std::runtime_error(std::string("cannot write the seed corpus under ") + dir.string());
 }
 
 std::string with_length(const std::string& header, const std::string& data = "") {
@@ -52,18 +53,20 @@ int main(int argc, char** argv) {
     const std::vector<attn::Shape> shapes = {{}, {0}, {1}, {3}, {2, 2}, {2, 0, 3}, {1, 2, 3}};
     for (size_t i = 0; i < shapes.size(); ++i) {
       const Tensor f = attn::randn(shapes[i]);
-      const std::vector<std::pair<std::string, Tensor>> one = {{std::string("w") + std::to_string(i), f}};
+      const std::vector<std::pair<std::string, Tensor>> one = {
+          {std::string("w") + std::to_string(i), f}};
       write(seeds, count, attn::io::serialize_safetensors(one));
       write(seeds, count, attn::io::serialize_safetensors({{"b", f.to(DType::kBFloat16)}}));
       std::vector<int64_t> ids(static_cast<size_t>(f.numel()));
       for (size_t k = 0; k < ids.size(); ++k) ids[k] = static_cast<int64_t>(k) - 3;
-      write(seeds, count, attn::io::serialize_safetensors({{"ids", Tensor::from_int64(shapes[i], ids)}}));
+      write(seeds, count,
+            attn::io::serialize_safetensors({{"ids", Tensor::from_int64(shapes[i], ids)}}));
     }
-    const std::string mixed = attn::io::serialize_safetensors(
-        {{"W_query.weight", attn::randn({2, 3})},
-         {"tok_emb", attn::randn({4}).to(DType::kBFloat16)},
-         {"ids", Tensor::from_int64({2}, {5, -1})}},
-        {{"format", "pt"}, {"note", "seed"}});
+    const std::string mixed =
+        attn::io::serialize_safetensors({{"W_query.weight", attn::randn({2, 3})},
+                                         {"tok_emb", attn::randn({4}).to(DType::kBFloat16)},
+                                         {"ids", Tensor::from_int64({2}, {5, -1})}},
+                                        {{"format", "pt"}, {"note", "seed"}});
     write(seeds, count, mixed);
     write(seeds, count, attn::io::serialize_safetensors({}, {{"k", "v"}}));
     write(seeds, count, attn::io::serialize_safetensors({}));
@@ -76,12 +79,19 @@ int main(int argc, char** argv) {
     damaged[0] = static_cast<char>(damaged[0] + 1);
     write(seeds, count, damaged);
     // Other dtypes, holes, overlaps, overflowing shapes.
-    write(seeds, count, with_length(R"({"h":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}})", "abcd"));
-    write(seeds, count, with_length(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
-                                    R"("b":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}})", "abc"));
-    write(seeds, count, with_length(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})"));
-    write(seeds, count, with_length(R"({"__metadata__":{"a":"b"},"x":{"dtype":"I64","shape":[],"data_offsets":[0,8]}})",
-                                    "12345678"));
+    write(seeds, count,
+          with_length(R"({"h":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}})", "abcd"));
+    write(seeds, count,
+          with_length(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
+                      R"("b":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}})",
+                      "abc"));
+    write(seeds, count,
+          with_length(
+              R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})"));
+    write(seeds, count,
+          with_length(
+              R"({"__metadata__":{"a":"b"},"x":{"dtype":"I64","shape":[],"data_offsets":[0,8]}})",
+              "12345678"));
     std::printf("attn_fuzz_corpus: %d seeds in %s\n", count, seeds.c_str());
     return 0;
   } catch (const std::exception& e) {

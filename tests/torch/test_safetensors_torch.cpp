@@ -39,8 +39,14 @@ namespace {
 
 constexpr double kTolerance = 1e-5;  // relative to max(1, max|torch|), as the module tests
 
-attn::nn::MultiHeadAttentionOptions mha_options() {  // the oracle's MultiHeadAttention(8, 12, 10, 0.0, 3, True)
-  return {.d_in = 8, .d_out = 12, .context_length = 10, .dropout = 0.0f, .num_heads = 3, .qkv_bias = true};
+attn::nn::MultiHeadAttentionOptions
+mha_options() {  // the oracle's MultiHeadAttention(8, 12, 10, 0.0, 3, True)
+  return {.d_in = 8,
+          .d_out = 12,
+          .context_length = 10,
+          .dropout = 0.0f,
+          .num_heads = 3,
+          .qkv_bias = true};
 }
 
 // Every element's bit pattern (int64 as its value), row-major.
@@ -79,7 +85,8 @@ void expect_close(const Tensor& got, const Tensor& want, const std::string& what
   for (float v : want.values()) scale = std::max(scale, std::fabs(v));
   const float diff = attn::max_abs_diff(got, want);
   EXPECT_LE(diff, kTolerance * scale) << what;
-  std::printf("%s: max |attn - torch| = %.3g (bound %.3g)\n", what.c_str(), diff, kTolerance * scale);
+  std::printf("%s: max |attn - torch| = %.3g (bound %.3g)\n", what.c_str(), diff,
+              kTolerance * scale);
 }
 
 // The tensors of every dtype and shape that both sides write (the oracle's list).
@@ -107,9 +114,11 @@ std::vector<std::pair<std::string, Tensor>> dtype_tensors_from(const Json& expec
 
 // Runs /usr/bin/python3 tests/torch/safetensors_numpy.py with args; its stdout as JSON.
 Json run_python_reader(const std::string& args) {
-  const std::string out = attn::test::temp_path("py_stdout"), err = attn::test::temp_path("py_stderr");
+  const std::string out = attn::test::temp_path("py_stdout"),
+                    err = attn::test::temp_path("py_stderr");
   const std::string command = std::string("'") + ATTN_TORCH_PYTHON + "' '" + ATTN_TESTS_DIR +
-                              "/torch/safetensors_numpy.py' " + args + " >'" + out + "' 2>'" + err + "'";
+                              "/torch/safetensors_numpy.py' " + args + " >'" + out + "' 2>'" + err +
+                              "'";
   const int status = std::system(command.c_str());
   const std::string text = attn::test::read_text(out), error = attn::test::read_text(err);
   std::remove(out.c_str());
@@ -124,8 +133,10 @@ Json run_python_reader(const std::string& args) {
 }  // namespace
 
 TEST(SafetensorsTorch, LoadsTheBookMultiHeadAttentionWrittenByPython) {
-  const Json oracle = attn::test::read_oracle_json("safetensors.json", "oracle_safetensors.py").at("mha");
-  const io::SafetensorsFile file = io::read_safetensors(attn::test::oracle_path("safetensors_mha.safetensors"));
+  const Json oracle =
+      attn::test::read_oracle_json("safetensors.json", "oracle_safetensors.py").at("mha");
+  const io::SafetensorsFile file =
+      io::read_safetensors(attn::test::oracle_path("safetensors_mha.safetensors"));
   EXPECT_EQ(file.metadata, oracle.at("metadata").get<decltype(file.metadata)>());
   ASSERT_EQ(file.tensors.size(), oracle.at("state_dict").size());
   for (const auto& [name, t] : file.tensors) {
@@ -163,13 +174,16 @@ TEST(SafetensorsTorch, LoadsTheBookMultiHeadAttentionWrittenByPython) {
 }
 
 TEST(SafetensorsTorch, ReadsEveryDTypeWrittenByPython) {
-  const Json expected = attn::test::read_oracle_json("safetensors.json", "oracle_safetensors.py").at("dtypes");
-  const io::SafetensorsFile file = io::read_safetensors(attn::test::oracle_path("safetensors_dtypes.safetensors"));
+  const Json expected =
+      attn::test::read_oracle_json("safetensors.json", "oracle_safetensors.py").at("dtypes");
+  const io::SafetensorsFile file =
+      io::read_safetensors(attn::test::oracle_path("safetensors_dtypes.safetensors"));
   EXPECT_EQ(file.metadata.at("what"), "every dtype attn reads");
   ASSERT_EQ(file.tensors.size(), expected.size());
   for (const auto& [name, t] : file.tensors) {
     const Json& e = expected.at(name);
-    EXPECT_STREQ(io::safetensors_dtype_name(t.dtype()), e.at("dtype").get<std::string>().c_str()) << name;
+    EXPECT_STREQ(io::safetensors_dtype_name(t.dtype()), e.at("dtype").get<std::string>().c_str())
+        << name;
     EXPECT_EQ(t.shape(), e.at("shape").get<Shape>()) << name;
     EXPECT_EQ(bits_of(t), json_bits(e)) << name;
   }
@@ -185,14 +199,16 @@ TEST(SafetensorsTorch, ReadsEveryDTypeWrittenByPython) {
 
 TEST(SafetensorsTorch, PythonReadsWhatAttnWrites) {
   // Every dtype: the oracle's tensors written by attn, read back by numpy.
-  const Json expected = attn::test::read_oracle_json("safetensors.json", "oracle_safetensors.py").at("dtypes");
+  const Json expected =
+      attn::test::read_oracle_json("safetensors.json", "oracle_safetensors.py").at("dtypes");
   const std::string dtypes_path = attn::test::temp_path("dtypes.safetensors");
   io::write_safetensors(dtypes_path, dtype_tensors_from(expected), {{"writer", "attn"}});
   const Json dumped = run_python_reader("dump '" + dtypes_path + "'");
   ASSERT_FALSE(dumped.is_null());
   EXPECT_EQ(dumped.at("metadata"), Json({{"writer", "attn"}}));
-  EXPECT_EQ(dumped.at("writer_checks"),
-            Json({{"header_padded_to_8", true}, {"ordered_by_size_then_name", true}, {"metadata_first", true}}));
+  EXPECT_EQ(dumped.at("writer_checks"), Json({{"header_padded_to_8", true},
+                                              {"ordered_by_size_then_name", true},
+                                              {"metadata_first", true}}));
   ASSERT_EQ(dumped.at("tensors").size(), expected.size());
   for (const auto& [name, e] : expected.items()) {
     const Json& got = dumped.at("tensors").at(name);
@@ -219,7 +235,8 @@ TEST(SafetensorsTorch, PythonReadsWhatAttnWrites) {
   EXPECT_EQ(result.at("missing_keys"), want_missing);
   m.eval();
   Json y_json = result.at("y");
-  expect_close(m.forward(x), attn::test::tensor_from_bits_json(y_json), "attn forward vs torch on attn's file");
+  expect_close(m.forward(x), attn::test::tensor_from_bits_json(y_json),
+               "attn forward vs torch on attn's file");
   std::remove(dtypes_path.c_str());
   std::remove(weights.c_str());
   std::remove(input.c_str());

@@ -100,13 +100,15 @@ Tensor random_i64(const Shape& shape, uint32_t seed) {
 std::string file_of(const std::string& header, const std::string& data = "") {
   std::string out(8, '\0');
   const uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xFF);
+  for (int i = 0; i < 8; ++i)
+    out[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xFF);
   return out + header + data;
 }
 
 std::string prefix_of(uint64_t n) {
   std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xFF);
+  for (int i = 0; i < 8; ++i)
+    out[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xFF);
   return out;
 }
 
@@ -119,7 +121,8 @@ void expect_rejected(const std::string& bytes, const std::string& needle) {
   } catch (const std::runtime_error& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("safetensors file 'bad.safetensors': "), std::string::npos) << what;
-    EXPECT_NE(what.find(needle), std::string::npos) << "message: " << what << "\nexpected: " << needle;
+    EXPECT_NE(what.find(needle), std::string::npos)
+        << "message: " << what << "\nexpected: " << needle;
   }
 }
 
@@ -149,7 +152,8 @@ Named every_dtype_and_shape() {
 
 TEST(Safetensors, RoundTripEveryDTypeAndShapeThroughAFile) {
   const Named tensors = every_dtype_and_shape();
-  const std::map<std::string, std::string> metadata = {{"format", "pt"}, {"note", "ünïcode, \"quotes\"\n"}};
+  const std::map<std::string, std::string> metadata = {{"format", "pt"},
+                                                       {"note", "ünïcode, \"quotes\"\n"}};
   const std::string path = temp_dir() + "/all.safetensors";
   io::write_safetensors(path, tensors, metadata);
   const io::SafetensorsFile file = io::read_safetensors(path);
@@ -167,7 +171,8 @@ TEST(Safetensors, RoundTripEveryDTypeAndShapeThroughAFile) {
 
 TEST(Safetensors, RoundTripInMemoryAndEmptyFile) {
   const Named tensors = every_dtype_and_shape();
-  const io::SafetensorsFile file = io::parse_safetensors(as_bytes(io::serialize_safetensors(tensors)));
+  const io::SafetensorsFile file =
+      io::parse_safetensors(as_bytes(io::serialize_safetensors(tensors)));
   EXPECT_TRUE(file.metadata.empty());
   ASSERT_EQ(file.tensors.size(), tensors.size());
   // No tensors at all: the header "{}" padded to 8 bytes, no data.
@@ -192,7 +197,8 @@ TEST(Safetensors, WriterOutputIsExactAndDeterministic) {
   const Tensor a = Tensor::of({2}, {1.0f, -2.0f});
   const Tensor ids = Tensor::from_int64({1}, {7});
   const Tensor h = Tensor::of({1}, {1.0f}).to(DType::kBFloat16);
-  const std::string bytes = io::serialize_safetensors({{"b", a}, {"h", h}, {"a", a}, {"ids", ids}}, {{"k", "v"}});
+  const std::string bytes =
+      io::serialize_safetensors({{"b", a}, {"h", h}, {"a", a}, {"ids", ids}}, {{"k", "v"}});
   const std::string header =
       R"({"__metadata__":{"k":"v"},"ids":{"dtype":"I64","shape":[1],"data_offsets":[0,8]},)"
       R"("a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]},)"
@@ -203,7 +209,8 @@ TEST(Safetensors, WriterOutputIsExactAndDeterministic) {
   const std::string data = raw_bytes(ids) + raw_bytes(a) + raw_bytes(a) + raw_bytes(h);
   EXPECT_EQ(bytes, prefix_of(padded.size()) + padded + data);
   // The same tensors in another order give the same bytes.
-  EXPECT_EQ(io::serialize_safetensors({{"ids", ids}, {"a", a}, {"h", h}, {"b", a}}, {{"k", "v"}}), bytes);
+  EXPECT_EQ(io::serialize_safetensors({{"ids", ids}, {"a", a}, {"h", h}, {"b", a}}, {{"k", "v"}}),
+            bytes);
 }
 
 TEST(Safetensors, WriterRefusesBadNames) {
@@ -217,10 +224,12 @@ TEST(Safetensors, WriterRefusesBadNames) {
     return std::string("(accepted)");
   };
   EXPECT_EQ(message({{"w", t}, {"w", t}}), "safetensors: the tensor name 'w' appears twice");
-  EXPECT_EQ(message({{"__metadata__", t}}), "safetensors: '__metadata__' is reserved and cannot name a tensor");
+  EXPECT_EQ(message({{"__metadata__", t}}),
+            "safetensors: '__metadata__' is reserved and cannot name a tensor");
   EXPECT_EQ(message({{"", t}}), "(accepted)");  // as the reference: any string names a tensor
   EXPECT_EQ(message({{"bad\xff", t}}), "safetensors: the tensor name 'bad\xff' is not valid UTF-8");
-  EXPECT_EQ(message({{"w", t}}, {{"k", "\xc3"}}), "safetensors: the metadata value of 'k' is not valid UTF-8");
+  EXPECT_EQ(message({{"w", t}}, {{"k", "\xc3"}}),
+            "safetensors: the metadata value of 'k' is not valid UTF-8");
 }
 
 TEST(Safetensors, WriteIsAtomicAndReplacesTheTarget) {
@@ -233,7 +242,8 @@ TEST(Safetensors, WriteIsAtomicAndReplacesTheTarget) {
   EXPECT_EQ(file.tensors[0].first, "y");
   // Nothing else is left in the folder (no temporary file).
   std::vector<std::string> names;
-  for (const auto& entry : fs::directory_iterator(dir)) names.push_back(entry.path().filename().string());
+  for (const auto& entry : fs::directory_iterator(dir))
+    names.push_back(entry.path().filename().string());
   EXPECT_EQ(names, std::vector<std::string>{"w.safetensors"});
   // A folder that does not exist: an error naming the path and the reason.
   const std::string missing = dir + "/no/such/folder/w.safetensors";
@@ -241,8 +251,10 @@ TEST(Safetensors, WriteIsAtomicAndReplacesTheTarget) {
     io::write_safetensors(missing, {{"x", Tensor::ones({3})}});
     ADD_FAILURE() << "wrote into a missing folder";
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("cannot write '" + missing + "'"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("No such file or directory"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cannot write '" + missing + "'"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("No such file or directory"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -260,9 +272,12 @@ TEST(Safetensors, DTypeNames) {
 TEST(SafetensorsMalformed, TruncatedLengthAndHeader) {
   expect_rejected("", "truncated: 0 bytes, fewer than the 8 of the header length");
   expect_rejected(std::string(7, '\0'), "truncated: 7 bytes");
-  expect_rejected(prefix_of(100), "header length 100 goes beyond the end of the file (8 bytes: at most 0 for");
-  expect_rejected(prefix_of(10) + "{}", "header length 10 goes beyond the end of the file (10 bytes");
-  expect_rejected(prefix_of(100'000'001) + "{}", "header length 100000001 exceeds the limit of 100000000 bytes");
+  expect_rejected(prefix_of(100),
+                  "header length 100 goes beyond the end of the file (8 bytes: at most 0 for");
+  expect_rejected(prefix_of(10) + "{}",
+                  "header length 10 goes beyond the end of the file (10 bytes");
+  expect_rejected(prefix_of(100'000'001) + "{}",
+                  "header length 100000001 exceeds the limit of 100000000 bytes");
   expect_rejected(prefix_of(UINT64_MAX), "header length 18446744073709551615 exceeds the limit");
   expect_rejected(prefix_of(0), "the header (length 0) does not start with '{'");
 }
@@ -283,87 +298,120 @@ TEST(SafetensorsMalformed, HeaderIsNotAJsonObject) {
 
 TEST(SafetensorsMalformed, EntriesAndMetadata) {
   expect_rejected(file_of(R"({"a": 5})"), "tensor 'a': expected an object, got number");
-  expect_rejected(file_of(R"({"a": {"shape": [], "data_offsets": [0, 4]}})"), "tensor 'a': no \"dtype\"");
-  expect_rejected(file_of(R"({"a": {"dtype": "F32", "data_offsets": [0, 4]}})"), "tensor 'a': no \"shape\"");
-  expect_rejected(file_of(R"({"a": {"dtype": "F32", "shape": []}})"), "tensor 'a': no \"data_offsets\"");
-  expect_rejected(file_of(R"({"a": {"dtype": "F32", "shape": [], "data_offsets": [0, 4], "x": 1}})", "1234"),
-                  "tensor 'a': unexpected key 'x'");
-  expect_rejected(file_of(R"({"a": {"dtype": "F33", "shape": [], "data_offsets": [0, 4]}})", "1234"),
-                  "tensor 'a': unknown dtype \"F33\" (safetensors dtypes: BOOL, U8");
+  expect_rejected(file_of(R"({"a": {"shape": [], "data_offsets": [0, 4]}})"),
+                  "tensor 'a': no \"dtype\"");
+  expect_rejected(file_of(R"({"a": {"dtype": "F32", "data_offsets": [0, 4]}})"),
+                  "tensor 'a': no \"shape\"");
+  expect_rejected(file_of(R"({"a": {"dtype": "F32", "shape": []}})"),
+                  "tensor 'a': no \"data_offsets\"");
+  expect_rejected(
+      file_of(R"({"a": {"dtype": "F32", "shape": [], "data_offsets": [0, 4], "x": 1}})", "1234"),
+      "tensor 'a': unexpected key 'x'");
+  expect_rejected(
+      file_of(R"({"a": {"dtype": "F33", "shape": [], "data_offsets": [0, 4]}})", "1234"),
+      "tensor 'a': unknown dtype \"F33\" (safetensors dtypes: BOOL, U8");
   expect_rejected(file_of(R"({"a": {"dtype": 4, "shape": [], "data_offsets": [0, 4]}})", "1234"),
                   "tensor 'a': dtype must be a string, got 4");
   expect_rejected(file_of(R"({"a": {"dtype": "F32", "shape": 3, "data_offsets": [0, 4]}})", "1234"),
                   "tensor 'a': shape must be an array, got 3");
-  expect_rejected(file_of(R"({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})", "1234"),
-                  "tensor 'a': shape[0] must be a non-negative integer, got -1");
-  expect_rejected(file_of(R"({"a": {"dtype": "F32", "shape": [1.0], "data_offsets": [0, 4]}})", "1234"),
-                  "tensor 'a': shape[0] must be a non-negative integer, got 1.0");
-  expect_rejected(file_of(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4, 8]}})", "1234"),
-                  "tensor 'a': data_offsets must be [begin, end], got [0,4,8]");
-  expect_rejected(file_of(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": ["0", 4]}})", "1234"),
-                  "tensor 'a': data_offsets[0] must be a non-negative integer, got \"0\"");
-  expect_rejected(file_of(R"({"a": {"dtype": "F32", "shape": [0], "data_offsets": [4, 0]}})", "1234"),
-                  "tensor 'a': data_offsets [4, 0] end before they begin");
   expect_rejected(
-      file_of(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 18446744073709551615]}})", "1234"),
+      file_of(R"({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})", "1234"),
+      "tensor 'a': shape[0] must be a non-negative integer, got -1");
+  expect_rejected(
+      file_of(R"({"a": {"dtype": "F32", "shape": [1.0], "data_offsets": [0, 4]}})", "1234"),
+      "tensor 'a': shape[0] must be a non-negative integer, got 1.0");
+  expect_rejected(
+      file_of(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4, 8]}})", "1234"),
+      "tensor 'a': data_offsets must be [begin, end], got [0,4,8]");
+  expect_rejected(
+      file_of(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": ["0", 4]}})", "1234"),
+      "tensor 'a': data_offsets[0] must be a non-negative integer, got \"0\"");
+  expect_rejected(
+      file_of(R"({"a": {"dtype": "F32", "shape": [0], "data_offsets": [4, 0]}})", "1234"),
+      "tensor 'a': data_offsets [4, 0] end before they begin");
+  expect_rejected(
+      file_of(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 18446744073709551615]}})",
+              "1234"),
       "tensor 'a': data_offsets[1] (18446744073709551615) is too large");
-  expect_rejected(file_of(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "a": 1})", "1234"),
-                  "the header names 'a' twice");
-  expect_rejected(file_of(R"({"a": {"dtype": "F32", "dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})", "1234"),
-                  "the header repeats the key 'dtype' inside one entry");
+  expect_rejected(
+      file_of(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "a": 1})", "1234"),
+      "the header names 'a' twice");
+  expect_rejected(
+      file_of(R"({"a": {"dtype": "F32", "dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})",
+              "1234"),
+      "the header repeats the key 'dtype' inside one entry");
   expect_rejected(file_of(R"({"__metadata__": [1]})"), "__metadata__ must be an object, got array");
-  expect_rejected(file_of(R"({"__metadata__": {"k": 1}})"), "__metadata__ 'k' must be a string, got 1");
+  expect_rejected(file_of(R"({"__metadata__": {"k": 1}})"),
+                  "__metadata__ 'k' must be a string, got 1");
 }
 
 TEST(SafetensorsMalformed, SizesThatDisagreeOrOverflow) {
-  expect_rejected(file_of(R"({"a": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 20]}})", std::string(20, 'x')),
-                  "tensor 'a': shape (2, 3) of F32 needs 24 bytes but data_offsets [0, 20] hold 20");
+  expect_rejected(
+      file_of(R"({"a": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 20]}})",
+              std::string(20, 'x')),
+      "tensor 'a': shape (2, 3) of F32 needs 24 bytes but data_offsets [0, 20] hold 20");
   expect_rejected(file_of(R"({"a": {"dtype": "F32", "shape": [], "data_offsets": [0, 0]}})"),
                   "shape () of F32 needs 4 bytes but data_offsets [0, 0] hold 0");
   // 2^62 elements of 4 bytes: the byte count overflows int64.
-  expect_rejected(file_of(R"({"a": {"dtype": "F32", "shape": [4611686018427387904], "data_offsets": [0, 0]}})"),
-                  "tensor 'a': shape (4611686018427387904,) of F32 needs more bytes than int64 can count");
   expect_rejected(
-      file_of(R"({"a": {"dtype": "I64", "shape": [1099511627776, 1099511627776], "data_offsets": [0, 8]}})"),
+      file_of(R"({"a": {"dtype": "F32", "shape": [4611686018427387904], "data_offsets": [0, 0]}})"),
+      "tensor 'a': shape (4611686018427387904,) of F32 needs more bytes than int64 can count");
+  expect_rejected(
+      file_of(
+          R"({"a": {"dtype": "I64", "shape": [1099511627776, 1099511627776], "data_offsets": [0, 8]}})"),
       "tensor 'a': shape (1099511627776, 1099511627776) has more elements than int64 can count");
   // Products that wrap to a small number in 64 bits: 2^32 · 2^32 · 4 = 0 mod 2^64.
-  expect_rejected(file_of(R"({"a": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}})"),
-                  "has more elements than int64 can count");
+  expect_rejected(
+      file_of(
+          R"({"a": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}})"),
+      "has more elements than int64 can count");
   // Empty, but its row-major strides would overflow.
-  expect_rejected(file_of(R"({"a": {"dtype": "U8", "shape": [0, 4294967296, 4294967296], "data_offsets": [0, 0]}})"),
-                  "has more elements than int64 can count");
-  expect_rejected(file_of(R"({"a": {"dtype": "F32", "shape": [9223372036854775808], "data_offsets": [0, 0]}})"),
-                  "tensor 'a': shape[0] (9223372036854775808) is too large");
+  expect_rejected(
+      file_of(
+          R"({"a": {"dtype": "U8", "shape": [0, 4294967296, 4294967296], "data_offsets": [0, 0]}})"),
+      "has more elements than int64 can count");
+  expect_rejected(
+      file_of(R"({"a": {"dtype": "F32", "shape": [9223372036854775808], "data_offsets": [0, 0]}})"),
+      "tensor 'a': shape[0] (9223372036854775808) is too large");
 }
 
 TEST(SafetensorsMalformed, OffsetsWithHolesOverlapsOrOutOfRange) {
   const std::string f32 = R"({"dtype": "F32", "shape": [2], "data_offsets": )";
-  expect_rejected(file_of("{\"a\": " + f32 + "[0, 8]}, \"b\": " + f32 + "[12, 20]}}", std::string(20, 'x')),
-                  "bytes [8, 12) of the data section belong to no tensor (a hole before 'b')");
+  expect_rejected(
+      file_of("{\"a\": " + f32 + "[0, 8]}, \"b\": " + f32 + "[12, 20]}}", std::string(20, 'x')),
+      "bytes [8, 12) of the data section belong to no tensor (a hole before 'b')");
   expect_rejected(file_of("{\"a\": " + f32 + "[4, 12]}}", std::string(12, 'x')),
                   "bytes [0, 4) of the data section belong to no tensor (a hole before 'a')");
-  expect_rejected(file_of("{\"a\": " + f32 + "[0, 8]}, \"b\": " + f32 + "[4, 12]}}", std::string(12, 'x')),
-                  "tensor 'b' at data_offsets [4, 12] overlaps 'a' at [0, 8]");
-  expect_rejected(file_of("{\"a\": " + f32 + "[0, 8]}, \"b\": " + f32 + "[0, 8]}}", std::string(16, 'x')),
-                  "tensor 'b' at data_offsets [0, 8] overlaps 'a' at [0, 8]");
+  expect_rejected(
+      file_of("{\"a\": " + f32 + "[0, 8]}, \"b\": " + f32 + "[4, 12]}}", std::string(12, 'x')),
+      "tensor 'b' at data_offsets [4, 12] overlaps 'a' at [0, 8]");
+  expect_rejected(
+      file_of("{\"a\": " + f32 + "[0, 8]}, \"b\": " + f32 + "[0, 8]}}", std::string(16, 'x')),
+      "tensor 'b' at data_offsets [0, 8] overlaps 'a' at [0, 8]");
   expect_rejected(file_of("{\"a\": " + f32 + "[0, 8]}}", std::string(4, 'x')),
                   "tensor 'a' at data_offsets [0, 8] goes beyond the data section's 4 bytes");
-  expect_rejected(file_of("{\"a\": " + f32 + "[0, 8]}}", std::string(12, 'x')),
-                  "the tensors end at byte 8 of the data section, but it has 12 bytes (4 bytes after the last");
-  expect_rejected(file_of("{}", "x"), "the tensors end at byte 0 of the data section, but it has 1 bytes");
+  expect_rejected(
+      file_of("{\"a\": " + f32 + "[0, 8]}}", std::string(12, 'x')),
+      "the tensors end at byte 8 of the data section, but it has 12 bytes (4 bytes after the last");
+  expect_rejected(file_of("{}", "x"),
+                  "the tensors end at byte 0 of the data section, but it has 1 bytes");
   // Offsets far past the end, with sizes that agree.
-  expect_rejected(file_of(R"({"a": {"dtype": "U8", "shape": [8], "data_offsets": [9223372036854775799, 9223372036854775807]}})"),
-                  "belong to no tensor");
+  expect_rejected(
+      file_of(
+          R"({"a": {"dtype": "U8", "shape": [8], "data_offsets": [9223372036854775799, 9223372036854775807]}})"),
+      "belong to no tensor");
 }
 
 TEST(SafetensorsMalformed, DTypesAttnDoesNotRead) {
   // A valid file with an F16 tensor: the header reads, the tensors do not.
-  const std::string bytes = file_of(R"({"h": {"dtype": "F16", "shape": [2], "data_offsets": [0, 4]}})", "abcd");
+  const std::string bytes =
+      file_of(R"({"h": {"dtype": "F16", "shape": [2], "data_offsets": [0, 4]}})", "abcd");
   const auto header = io::parse_safetensors_header(as_bytes(bytes), "half.safetensors");
   ASSERT_EQ(header.entries.size(), 1u);
   EXPECT_EQ(header.entries[0].dtype, "F16");
   EXPECT_EQ(header.entries[0].element_size, 2);
-  expect_rejected(bytes, "tensor 'h' has dtype F16, which attn does not read (it reads F32, BF16, I64)");
+  expect_rejected(bytes,
+                  "tensor 'h' has dtype F16, which attn does not read (it reads F32, BF16, I64)");
 }
 
 TEST(SafetensorsMalformed, FilesThatCannotBeRead) {
@@ -373,17 +421,20 @@ TEST(SafetensorsMalformed, FilesThatCannotBeRead) {
         try {
           (void)io::read_safetensors(dir + "/missing.safetensors");
         } catch (const std::runtime_error& e) {
-          EXPECT_NE(std::string(e.what()).find("missing.safetensors': cannot open: No such file"), std::string::npos)
+          EXPECT_NE(std::string(e.what()).find("missing.safetensors': cannot open: No such file"),
+                    std::string::npos)
               << e.what();
           throw;
         }
       },
       std::runtime_error);
-  EXPECT_THROW((void)io::read_safetensors(dir), std::runtime_error);  // a folder: not a regular file
+  EXPECT_THROW((void)io::read_safetensors(dir),
+               std::runtime_error);  // a folder: not a regular file
   // A truncated file on disk: every proper prefix of a valid file is refused.
   const std::string valid = io::serialize_safetensors(every_dtype_and_shape(), {{"k", "v"}});
   const std::string path = dir + "/cut.safetensors";
-  for (size_t cut : {size_t{0}, size_t{5}, size_t{8}, size_t{100}, valid.size() / 2, valid.size() - 1}) {
+  for (size_t cut :
+       {size_t{0}, size_t{5}, size_t{8}, size_t{100}, valid.size() / 2, valid.size() - 1}) {
     std::FILE* f = std::fopen(path.c_str(), "wb");
     ASSERT_NE(f, nullptr);
     std::fwrite(valid.data(), 1, cut, f);
@@ -396,9 +447,11 @@ TEST(SafetensorsMalformed, FilesThatCannotBeRead) {
 // std::runtime_error, never a crash, another exception or a read out of bounds
 // (the asan preset runs this too).
 TEST(SafetensorsMalformed, RandomBytesAndMutationsNeverCrash) {
-  const std::string valid = io::serialize_safetensors(
-      {{"w", attn::randn({3, 4})}, {"ids", Tensor::from_int64({2}, {1, 2})}, {"h", Tensor::ones({2}).to(DType::kBFloat16)}},
-      {{"k", "v"}});
+  const std::string valid =
+      io::serialize_safetensors({{"w", attn::randn({3, 4})},
+                                 {"ids", Tensor::from_int64({2}, {1, 2})},
+                                 {"h", Tensor::ones({2}).to(DType::kBFloat16)}},
+                                {{"k", "v"}});
   int accepted = 0, refused = 0;
   auto attempt = [&](const std::string& bytes) {
     try {
@@ -411,7 +464,8 @@ TEST(SafetensorsMalformed, RandomBytesAndMutationsNeverCrash) {
   };
   // Every proper prefix of a valid file is refused.
   for (size_t cut = 0; cut < valid.size(); ++cut) {
-    EXPECT_THROW((void)io::parse_safetensors(as_bytes(valid.substr(0, cut))), std::runtime_error) << cut;
+    EXPECT_THROW((void)io::parse_safetensors(as_bytes(valid.substr(0, cut))), std::runtime_error)
+        << cut;
   }
   for (uint32_t seed = 0; seed < 2000; ++seed) {
     std::mt19937 rng(seed);
@@ -436,7 +490,12 @@ TEST(SafetensorsMalformed, RandomBytesAndMutationsNeverCrash) {
 namespace {
 
 attn::nn::MultiHeadAttentionOptions mha_options() {
-  return {.d_in = 8, .d_out = 12, .context_length = 10, .dropout = 0.0f, .num_heads = 3, .qkv_bias = true};
+  return {.d_in = 8,
+          .d_out = 12,
+          .context_length = 10,
+          .dropout = 0.0f,
+          .num_heads = 3,
+          .qkv_bias = true};
 }
 
 struct TiedLm : attn::nn::Module {
@@ -499,15 +558,20 @@ TEST(SafetensorsModules, NamesTheModuleDoesNotHaveAndMissingNames) {
   extra.tensors.emplace_back("W_gate.weight", Tensor::ones({2}));
   extra.tensors.emplace_back("blocks.0.bias", Tensor::ones({2}));
   EXPECT_EQ(load_error(m, extra),
-            "load_state_dict: 'm.safetensors': 2 tensor(s) the module does not have: W_gate.weight, blocks.0.bias");
+            "load_state_dict: 'm.safetensors': 2 tensor(s) the module does not have: "
+            "W_gate.weight, blocks.0.bias");
 
   io::SafetensorsFile fewer = file;
-  std::erase_if(fewer.tensors, [](const auto& e) { return e.first == "W_query.bias" || e.first == "out_proj.weight"; });
+  std::erase_if(fewer.tensors, [](const auto& e) {
+    return e.first == "W_query.bias" || e.first == "out_proj.weight";
+  });
   EXPECT_EQ(load_error(m, fewer),
-            "load_state_dict: 'm.safetensors': 2 of the module's tensor(s) missing from the file: W_query.bias, out_proj.weight");
+            "load_state_dict: 'm.safetensors': 2 of the module's tensor(s) missing from the file: "
+            "W_query.bias, out_proj.weight");
   std::erase_if(extra.tensors, [](const auto& e) { return e.first == "W_query.weight"; });
   EXPECT_EQ(load_error(m, extra),
-            "load_state_dict: 'm.safetensors': 2 tensor(s) the module does not have: W_gate.weight, blocks.0.bias; "
+            "load_state_dict: 'm.safetensors': 2 tensor(s) the module does not have: "
+            "W_gate.weight, blocks.0.bias; "
             "1 of the module's tensor(s) missing from the file: W_query.weight");
 
   // Not strict: the common names load, the others are returned.
@@ -527,7 +591,8 @@ TEST(SafetensorsModules, DTypeAndShapeMismatchesWriteNothing) {
   attn::nn::MultiHeadAttention m(mha_options());
   io::SafetensorsFile file;
   file.path = "m.safetensors";
-  for (const auto& [name, t] : m.state_dict()) file.tensors.emplace_back(name, Tensor::zeros(t.shape()));
+  for (const auto& [name, t] : m.state_dict())
+    file.tensors.emplace_back(name, Tensor::zeros(t.shape()));
   const Tensor before = m.parameter("W_query.weight").value.clone();
 
   // out_proj.bias is the module's last state_dict() entry: every other tensor
@@ -542,11 +607,13 @@ TEST(SafetensorsModules, DTypeAndShapeMismatchesWriteNothing) {
   io::SafetensorsFile wrong_dtype = file;
   bias_of(wrong_dtype) = bias_of(wrong_dtype).to(DType::kBFloat16);
   EXPECT_EQ(load_error(m, wrong_dtype),
-            "load_state_dict: 'm.safetensors': tensor 'out_proj.bias' has dtype bfloat16 but the module's is float32");
+            "load_state_dict: 'm.safetensors': tensor 'out_proj.bias' has dtype bfloat16 but the "
+            "module's is float32");
   io::SafetensorsFile wrong_shape = file;
   bias_of(wrong_shape) = Tensor::zeros({13});
   EXPECT_EQ(load_error(m, wrong_shape),
-            "load_state_dict: 'm.safetensors': tensor 'out_proj.bias' has shape (13,) but the module's is (12,)");
+            "load_state_dict: 'm.safetensors': tensor 'out_proj.bias' has shape (13,) but the "
+            "module's is (12,)");
   // Nothing was copied.
   EXPECT_EQ(raw_bytes(m.parameter("W_query.weight").value), raw_bytes(before));
 }
@@ -614,7 +681,8 @@ TEST(SafetensorsCli, InspectOfAMalformedFileIsOneLineAndExitOne) {
       {"short", "abc"},
       {"beyond", prefix_of(1000) + "{}"},
       {"json", file_of("{\"a\":\n")},
-      {"hole", file_of(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})", "12345678")},
+      {"hole",
+       file_of(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})", "12345678")},
   };
   const std::vector<std::string> needles = {"truncated: 3 bytes", "header length 1000 goes beyond",
                                             "not valid JSON", "belong to no tensor"};
@@ -629,12 +697,14 @@ TEST(SafetensorsCli, InspectOfAMalformedFileIsOneLineAndExitOne) {
     EXPECT_EQ(r.out, "");
     const auto lines = attn::test::lines_of(r.err);
     ASSERT_EQ(lines.size(), 1u) << r.err;
-    EXPECT_EQ(lines[0].rfind("attn: inspect: safetensors file '" + path + "': ", 0), 0u) << lines[0];
+    EXPECT_EQ(lines[0].rfind("attn: inspect: safetensors file '" + path + "': ", 0), 0u)
+        << lines[0];
     EXPECT_NE(lines[0].find(needles[i]), std::string::npos) << lines[0];
   }
   const auto missing = attn::test::run_cli("inspect '" + dir + "/none.safetensors'");
   EXPECT_EQ(missing.exit_code, 1);
-  EXPECT_NE(missing.err.find("cannot open: No such file or directory"), std::string::npos) << missing.err;
+  EXPECT_NE(missing.err.find("cannot open: No such file or directory"), std::string::npos)
+      << missing.err;
   const auto usage = attn::test::run_cli("inspect");
   EXPECT_EQ(usage.exit_code, 2);
 }

@@ -29,9 +29,11 @@ std::string printable(const std::string& s) {
 std::string inspect_text(const std::string& path, const io::SafetensorsHeader& header) {
   int64_t elements = 0;
   for (const auto& e : header.entries) elements += e.nbytes() / e.element_size;
-  std::string out = fmt::format("{}: {} tensors, {} elements; {} bytes of header, {} bytes of data\n", path,
-                                header.entries.size(), elements, header.header_bytes, header.data_bytes);
-  std::vector<std::vector<std::string>> rows = {{"name", "dtype", "shape", "bytes", "data_offsets"}};
+  std::string out =
+      fmt::format("{}: {} tensors, {} elements; {} bytes of header, {} bytes of data\n", path,
+                  header.entries.size(), elements, header.header_bytes, header.data_bytes);
+  std::vector<std::vector<std::string>> rows = {
+      {"name", "dtype", "shape", "bytes", "data_offsets"}};
   for (const auto& e : header.entries) {
     rows.push_back({printable(e.name), e.dtype, shape_str(e.shape), std::to_string(e.nbytes()),
                     fmt::format("[{}, {})", e.begin, e.end)});
@@ -51,8 +53,11 @@ std::string inspect_text(const std::string& path, const io::SafetensorsHeader& h
     }
     out += line + "\n";
   }
-  out += fmt::format("metadata: {}\n", header.metadata.empty() ? "(none)" : std::to_string(header.metadata.size()) + " entries");
-  for (const auto& [key, value] : header.metadata) out += fmt::format("  {}: {}\n", printable(key), printable(value));
+  out += fmt::format("metadata: {}\n", header.metadata.empty()
+                                           ? "(none)"
+                                           : std::to_string(header.metadata.size()) + " entries");
+  for (const auto& [key, value] : header.metadata)
+    out += fmt::format("  {}: {}\n", printable(key), printable(value));
   return out;
 }
 
@@ -80,14 +85,17 @@ Command add_inspect_command(CLI::App& app) {
   };
   auto flags = std::make_shared<Flags>();
   CLI::App* cmd = app.add_subcommand(
-      "inspect", "List a safetensors file's tensors (name, dtype, shape, bytes) and metadata, after checking "
-                 "every offset, size, dtype and shape in its header against the file");
-  cmd->footer("Examples:\n  attn inspect model.safetensors\n  attn inspect --json model.safetensors");
+      "inspect",
+      "List a safetensors file's tensors (name, dtype, shape, bytes) and metadata, after checking "
+      "every offset, size, dtype and shape in its header against the file");
+  cmd->footer(
+      "Examples:\n  attn inspect model.safetensors\n  attn inspect --json model.safetensors");
   cmd->add_option("file", flags->file, "The safetensors file")->required()->type_name("FILE");
   cmd->add_flag("--json", flags->json, "Print one JSON object instead of the table");
   auto run = [flags]() -> int {
     const io::SafetensorsHeader header = io::read_safetensors_header(flags->file);
-    std::cout << (flags->json ? inspect_json(flags->file, header) : inspect_text(flags->file, header));
+    std::cout << (flags->json ? inspect_json(flags->file, header)
+                              : inspect_text(flags->file, header));
     std::cout.flush();
     return std::cout ? 0 : 1;
   };
