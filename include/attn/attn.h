@@ -14,4 +14,5 @@
 #include "attn/ops.h"
 #include "attn/print.h"
 #include "attn/random.h"
+#include "attn/safetensors.h"
 #include "attn/tensor.h"

@@ -14,6 +14,7 @@
 
 #include "bench.h"
 #include "command.h"
+#include "inspect.h"
 #include "walkthrough.h"
 
 #ifndef ATTN_VERSION
@@ -59,6 +60,7 @@ int main(int argc, char** argv) {
   std::vector<attn::cli::Command> commands;
   commands.push_back(attn::cli::add_walkthrough_command(app));
   commands.push_back(attn::cli::add_bench_command(app));
+  commands.push_back(attn::cli::add_inspect_command(app));
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,140 @@
+// attn/safetensors.h - weights in and out: the safetensors file format.
+//
+// A safetensors file (the format of Hugging Face's `safetensors` package):
+//
+//   bytes [0, 8)          N, the header's length in bytes: uint64, little-endian
+//   bytes [8, 8 + N)      the header: a UTF-8 JSON object
+//                           {"__metadata__": {"key": "value", ...},      (optional)
+//                            "name": {"dtype": "F32", "shape": [2, 3],
+//                                     "data_offsets": [begin, end]}, ...}
+//   bytes [8 + N, size)   the data section: every tensor's values, row-major,
+//                         little-endian, at [begin, end) relative to its start
+//
+// The reader trusts nothing in a file: before a byte of data is read it checks
+// that N is at most 100,000,000 (the reference reader's limit) and inside the
+// file, that the header is a JSON object (no duplicate names) whose entries
+// have exactly the keys dtype, shape and data_offsets, that every dtype is a
+// safetensors dtype and every shape and offset a non-negative integer, that
+// shape product × element size equals end - begin without overflowing int64,
+// that the tensors, taken in offset order, tile the data section from 0 with
+// no hole and no overlap, and that the data ends exactly at the end of the
+// file. Every failure throws std::runtime_error naming the file and, where one
+// is at fault, the tensor and the values.
+//
+// dtypes: attn reads and writes F32, BF16 and I64 (DType kFloat32, kBFloat16,
+// kInt64). The header reader (read_safetensors_header, `attn inspect`) also
+// accepts the other safetensors dtypes (F64, F16, F8_E4M3, F8_E5M2, I32, I16,
+// I8, U64, U32, U16, U8, BOOL) and checks their sizes; read_safetensors
+// refuses a tensor of one of them, naming it.
+//
+// The writer is deterministic: tensors ordered by element size, largest first
+// (so every tensor's data is aligned to its element size), then by name, as the
+// reference writer orders them; metadata keys sorted; the JSON written
+// compactly and padded with spaces so that the data starts at a multiple of 8.
+// It writes atomically: a temporary file in the target's folder, fsync, rename
+// over the target, fsync of the folder; a reader never sees half a file.
+//
+// Modules: save_state_dict writes a module's state_dict() (parameters and
+// persistent buffers by their PyTorch names; a tied parameter once, under its
+// first name); load_state_dict copies a file's tensors into a module by name,
+// checking dtype and shape, and lists the missing and unexpected names.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "attn/tensor.h"
+
+namespace attn::nn {
+class Module;
+}
+
+namespace attn::io {
+
+// The reference reader's limit on the header length N.
+inline constexpr uint64_t kSafetensorsMaxHeaderBytes = 100'000'000;
+
+// One tensor as the header describes it (validated against the file).
+struct SafetensorsEntry {
+  std::string name;
+  std::string dtype;         // the safetensors name: "F32", "BF16", "I64", "F16", ...
+  int64_t element_size = 0;  // bytes per element of that dtype
+  Shape shape;
+  int64_t begin = 0;  // data_offsets, relative to the data section: bytes [begin, end)
+  int64_t end = 0;
+  int64_t nbytes() const { return end - begin; }
+};
+
+struct SafetensorsHeader {
+  std::vector<SafetensorsEntry> entries;  // in data-offset order
+  std::map<std::string, std::string> metadata;
+  int64_t header_bytes = 0;  // N
+  int64_t data_bytes = 0;    // the data section: file size - 8 - N
+};
+
+struct SafetensorsFile {
+  std::vector<std::pair<std::string, Tensor>> tensors;  // in data-offset order, contiguous
+  std::map<std::string, std::string> metadata;
+  std::string
+      path;  // where it was read from (parse_safetensors: the name given); names it in errors
+};
+
+// The safetensors name of an attn dtype ("F32", "BF16", "I64") and back;
+// dtype_from_safetensors throws std::invalid_argument naming an unknown or
+// unsupported name.
+const char* safetensors_dtype_name(DType dtype);
+DType dtype_from_safetensors(const std::string& name);
+
+// Reads and validates the header of the file at path (reads no tensor data).
+SafetensorsHeader read_safetensors_header(const std::string& path);
+// Reads the whole file: every tensor into its own storage.
+SafetensorsFile read_safetensors(const std::string& path);
+// The same from bytes in memory (what the fuzzer feeds); `name` stands for the
+// file in error messages.
+SafetensorsHeader parse_safetensors_header(std::span<const std::byte> bytes,
+                                           const std::string& name = "<memory>");
+SafetensorsFile parse_safetensors(std::span<const std::byte> bytes,
+                                  const std::string& name = "<memory>");
+
+// The bytes of a safetensors file holding `tensors` (any layout; F32, BF16 or
+// I64) and `metadata`. Throws std::invalid_argument for a duplicate or
+// non-UTF-8 name or metadata string, or the name "__metadata__". (Any other
+// string names a tensor, "" included, as in the reference implementation.)
+std::string serialize_safetensors(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                  const std::map<std::string, std::string>& metadata = {});
+// serialize_safetensors written to path atomically (temporary file, fsync,
+// rename, fsync of the folder). Throws std::runtime_error naming the path and
+// the system's reason when it cannot.
+void write_safetensors(const std::string& path,
+                       const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+// ---- modules -------------------------------------------------------------------------------
+
+// PyTorch's load_state_dict result: state_dict() names the file lacks, and
+// file names the module does not have (sorted).
+struct LoadResult {
+  std::vector<std::string> missing;
+  std::vector<std::string> unexpected;
+};
+
+// Copies the file's tensors into the module's parameters and persistent
+// buffers (module.state_dict()) by name. Every name present on both sides must
+// agree in dtype and shape (std::invalid_argument naming the file, the tensor
+// and both values, otherwise). strict: missing or unexpected names are an
+// error (std::invalid_argument listing them); not strict: they are returned.
+// A name missing from the file is not missing when it is a tied parameter whose
+// other name is in the file. Nothing is written unless every check passes.
+LoadResult load_state_dict(nn::Module& module, const SafetensorsFile& file, bool strict = true);
+LoadResult load_state_dict(nn::Module& module, const std::string& path, bool strict = true);
+// Writes module.state_dict() to path (write_safetensors); a tied parameter is
+// written once, under its first name.
+void save_state_dict(nn::Module& module, const std::string& path,
+                     const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace attn::io

@@ -1,0 +1,605 @@
+// The safetensors reader and writer (attn/safetensors.h).
+//
+// Reading goes through a Source (a file read with pread, or bytes in memory),
+// so the file and the fuzzer take the same path: the length prefix, the header,
+// every entry and the tiling of the data section are checked before the first
+// byte of tensor data is read, and every read stays inside what was checked.
+#include "attn/safetensors.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <stdexcept>
+#include <tuple>
+
+static_assert(std::endian::native == std::endian::little,
+              "attn's safetensors reader copies little-endian data as it is");
+
+namespace attn::io {
+
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+constexpr int64_t kLengthPrefixBytes = 8;
+
+// ---- dtypes -----------------------------------------------------------------------------
+
+struct DTypeInfo {
+  const char* name;
+  int64_t element_size;
+};
+// Every dtype of the safetensors format, with its element size in bytes.
+constexpr std::array<DTypeInfo, 15> kSafetensorsDTypes = {{{"BOOL", 1},
+                                                           {"U8", 1},
+                                                           {"I8", 1},
+                                                           {"F8_E5M2", 1},
+                                                           {"F8_E4M3", 1},
+                                                           {"I16", 2},
+                                                           {"U16", 2},
+                                                           {"F16", 2},
+                                                           {"BF16", 2},
+                                                           {"I32", 4},
+                                                           {"U32", 4},
+                                                           {"F32", 4},
+                                                           {"F64", 8},
+                                                           {"I64", 8},
+                                                           {"U64", 8}}};
+
+const DTypeInfo* find_dtype(const std::string& name) {
+  for (const auto& info : kSafetensorsDTypes) {
+    if (name == info.name) return &info;
+  }
+  return nullptr;
+}
+
+std::string known_dtype_names() {
+  std::string names;
+  for (const auto& info : kSafetensorsDTypes)
+    names += (names.empty() ? "" : ", ") + std::string(info.name);
+  return names;
+}
+
+// ---- errors -----------------------------------------------------------------------------
+
+// "safetensors file 'model.safetensors': <what>"
+[[noreturn]] void fail(const std::string& file, const std::string& what) {
+  throw std::runtime_error(fmt::format("safetensors file '{}': {}", file, what));
+}
+
+// ---- where the bytes come from ------------------------------------------------------------
+
+class Source {
+ public:
+  explicit Source(std::string name) : name_(std::move(name)) {}
+  virtual ~Source() = default;
+  virtual uint64_t size() const = 0;
+  // Exactly n bytes at offset into dst; the caller has checked the range.
+  virtual void read(uint64_t offset, void* dst, size_t n) const = 0;
+  const std::string& name() const { return name_; }
+
+ private:
+  std::string name_;
+};
+
+class MemorySource : public Source {
+ public:
+  MemorySource(std::span<const std::byte> bytes, std::string name)
+      : Source(std::move(name)), bytes_(bytes) {}
+  uint64_t size() const override { return bytes_.size(); }
+  void read(uint64_t offset, void* dst, size_t n) const override {
+    if (offset > bytes_.size() ||
+        n > bytes_.size() - offset) {  // an invariant: callers check first
+      throw std::logic_error(fmt::format("safetensors: read of {} bytes at {} beyond {} bytes", n,
+                                         offset, bytes_.size()));
+    }
+    if (n > 0) std::memcpy(dst, bytes_.data() + offset, n);
+  }
+
+ private:
+  std::span<const std::byte> bytes_;
+};
+
+class FileSource : public Source {
+ public:
+  explicit FileSource(const std::string& path) : Source(path) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) fail(path, fmt::format("cannot open: {}", std::strerror(errno)));
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0) {
+      const int err = errno;
+      ::close(fd_);
+      fail(path, fmt::format("cannot stat: {}", std::strerror(err)));
+    }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd_);
+      fail(path, "not a regular file");
+    }
+    size_ = static_cast<uint64_t>(st.st_size);
+  }
+  ~FileSource() override { ::close(fd_); }
+  FileSource(const FileSource&) = delete;
+  FileSource& operator=(const FileSource&) = delete;
+
+  uint64_t size() const override { return size_; }
+  void read(uint64_t offset, void* dst, size_t n) const override {
+    auto* out = static_cast<char*>(dst);
+    while (n > 0) {
+      const ssize_t got = ::pread(fd_, out, n, static_cast<off_t>(offset));
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0)
+        fail(name(), fmt::format("read of {} bytes at offset {} failed: {}", n, offset,
+                                 std::strerror(errno)));
+      if (got == 0)
+        fail(name(), fmt::format("ended at offset {}, before the {} bytes it had when opened "
+                                 "(changed while being read?)",
+                                 offset, size_));
+      out += got;
+      n -= static_cast<size_t>(got);
+      offset += static_cast<uint64_t>(got);
+    }
+  }
+
+ private:
+  int fd_ = -1;
+  uint64_t size_ = 0;
+};
+
+// ---- the header ---------------------------------------------------------------------------
+
+// A JSON value that must be an integer in [0, int64 max]: shapes and offsets.
+int64_t non_negative_integer(const Json& j, const std::string& file, const std::string& what) {
+  if (!j.is_number_unsigned())
+    fail(file, fmt::format("{} must be a non-negative integer, got {}", what, j.dump()));
+  const uint64_t v = j.get<uint64_t>();
+  if (v > static_cast<uint64_t>(kInt64Max))
+    fail(file, fmt::format("{} ({}) is too large", what, v));
+  return static_cast<int64_t>(v);
+}
+
+SafetensorsEntry parse_entry(const std::string& name, const Json& info, const std::string& file) {
+  const std::string tensor = fmt::format("tensor '{}'", name);
+  if (!info.is_object())
+    fail(file, fmt::format("{}: expected an object, got {}", tensor, info.type_name()));
+  for (const auto& [key, value] : info.items()) {
+    if (key != "dtype" && key != "shape" && key != "data_offsets") {
+      fail(file, fmt::format("{}: unexpected key '{}' (an entry has dtype, shape and data_offsets)",
+                             tensor, key));
+    }
+  }
+  for (const char* key : {"dtype", "shape", "data_offsets"}) {
+    if (!info.contains(key)) fail(file, fmt::format("{}: no \"{}\"", tensor, key));
+  }
+
+  SafetensorsEntry e;
+  e.name = name;
+  const Json& dtype = info.at("dtype");
+  if (!dtype.is_string())
+    fail(file, fmt::format("{}: dtype must be a string, got {}", tensor, dtype.dump()));
+  e.dtype = dtype.get<std::string>();
+  const DTypeInfo* dinfo = find_dtype(e.dtype);
+  if (dinfo == nullptr) {
+    fail(file, fmt::format("{}: unknown dtype {} (safetensors dtypes: {})", tensor, dtype.dump(),
+                           known_dtype_names()));
+  }
+  e.element_size = dinfo->element_size;
+
+  const Json& shape = info.at("shape");
+  if (!shape.is_array())
+    fail(file, fmt::format("{}: shape must be an array, got {}", tensor, shape.dump()));
+  for (size_t d = 0; d < shape.size(); ++d) {
+    e.shape.push_back(
+        non_negative_integer(shape[d], file, fmt::format("{}: shape[{}]", tensor, d)));
+  }
+
+  const Json& offsets = info.at("data_offsets");
+  if (!offsets.is_array() || offsets.size() != 2) {
+    fail(file,
+         fmt::format("{}: data_offsets must be [begin, end], got {}", tensor, offsets.dump()));
+  }
+  e.begin = non_negative_integer(offsets[0], file, tensor + ": data_offsets[0]");
+  e.end = non_negative_integer(offsets[1], file, tensor + ": data_offsets[1]");
+  if (e.end < e.begin) {
+    fail(file,
+         fmt::format("{}: data_offsets [{}, {}] end before they begin", tensor, e.begin, e.end));
+  }
+
+  // numel × element size, checked for overflow; so is the product of the
+  // non-zero sizes, which bounds every row-major stride of the shape.
+  int64_t strides_bound = 1, numel = 1, nbytes = 0;
+  for (int64_t s : e.shape) {
+    if (__builtin_mul_overflow(strides_bound, std::max<int64_t>(s, 1), &strides_bound) ||
+        __builtin_mul_overflow(numel, s, &numel)) {
+      fail(file, fmt::format("{}: shape {} has more elements than int64 can count", tensor,
+                             shape_str(e.shape)));
+    }
+  }
+  if (__builtin_mul_overflow(numel, e.element_size, &nbytes)) {
+    fail(file, fmt::format("{}: shape {} of {} needs more bytes than int64 can count", tensor,
+                           shape_str(e.shape), e.dtype));
+  }
+  if (nbytes != e.end - e.begin) {
+    fail(file,
+         fmt::format("{}: shape {} of {} needs {} bytes but data_offsets [{}, {}] hold {}", tensor,
+                     shape_str(e.shape), e.dtype, nbytes, e.begin, e.end, e.end - e.begin));
+  }
+  return e;
+}
+
+// Parses the JSON text of a header: an object, no duplicate names, nothing
+// nested deeper than an entry's arrays.
+Json parse_header_json(const std::string& text, const std::string& file) {
+  std::set<std::string> names, entry_keys;
+  auto check = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    if ((event == Json::parse_event_t::object_start || event == Json::parse_event_t::array_start) &&
+        depth >= 3) {
+      fail(file, "the header nests deeper than {\"name\": {\"shape\": [...]}}");
+    }
+    if (event == Json::parse_event_t::object_start && depth == 1) entry_keys.clear();
+    if (event == Json::parse_event_t::key && depth == 1 &&
+        !names.insert(parsed.get<std::string>()).second) {
+      fail(file, fmt::format("the header names '{}' twice", parsed.get<std::string>()));
+    }
+    if (event == Json::parse_event_t::key && depth == 2 &&
+        !entry_keys.insert(parsed.get<std::string>()).second) {
+      fail(file, fmt::format("the header repeats the key '{}' inside one entry",
+                             parsed.get<std::string>()));
+    }
+    return true;
+  };
+  try {
+    return Json::parse(text, check);
+  } catch (const Json::exception& e) {
+    fail(file, fmt::format("the header is not valid JSON: {}", e.what()));
+  }
+}
+
+SafetensorsHeader parse_header(const Source& src) {
+  const std::string& file = src.name();
+  const uint64_t file_size = src.size();
+  if (file_size < kLengthPrefixBytes) {
+    fail(file,
+         fmt::format("truncated: {} bytes, fewer than the 8 of the header length", file_size));
+  }
+  std::array<unsigned char, kLengthPrefixBytes> prefix{};
+  src.read(0, prefix.data(), prefix.size());
+  uint64_t n = 0;
+  for (size_t i = prefix.size(); i-- > 0;) n = (n << 8) | prefix[i];  // little-endian
+  if (n > kSafetensorsMaxHeaderBytes) {
+    fail(file, fmt::format("header length {} exceeds the limit of {} bytes", n,
+                           kSafetensorsMaxHeaderBytes));
+  }
+  if (n > file_size - kLengthPrefixBytes) {
+    fail(file, fmt::format("header length {} goes beyond the end of the file ({} bytes: at most {} "
+                           "for the header)",
+                           n, file_size, file_size - kLengthPrefixBytes));
+  }
+  std::string text(n, '\0');
+  src.read(kLengthPrefixBytes, text.data(), text.size());
+  if (text.empty() || text.front() != '{') {
+    fail(file,
+         fmt::format("the header (length {}) does not start with '{{': not a JSON object", n));
+  }
+  // nlohmann's parser stops at a NUL byte as at the end of its input, so a NUL
+  // would hide whatever follows it; JSON has no place for one.
+  if (const size_t nul = text.find('\0'); nul != std::string::npos) {
+    fail(file, fmt::format("the header is not valid JSON: a NUL byte at offset {} of {}", nul, n));
+  }
+  const Json root = parse_header_json(text, file);
+  if (!root.is_object())
+    fail(file, fmt::format("the header is a JSON {}, not an object", root.type_name()));
+
+  SafetensorsHeader header;
+  header.header_bytes = static_cast<int64_t>(n);
+  header.data_bytes = static_cast<int64_t>(file_size - kLengthPrefixBytes - n);
+  for (const auto& [key, value] : root.items()) {
+    if (key == "__metadata__") {
+      if (!value.is_object())
+        fail(file, fmt::format("__metadata__ must be an object, got {}", value.type_name()));
+      for (const auto& [mkey, mvalue] : value.items()) {
+        if (!mvalue.is_string()) {
+          fail(file,
+               fmt::format("__metadata__ '{}' must be a string, got {}", mkey, mvalue.dump()));
+        }
+        header.metadata.emplace(mkey, mvalue.get<std::string>());
+      }
+      continue;
+    }
+    header.entries.push_back(parse_entry(key, value, file));
+  }
+
+  // In offset order the tensors must tile [0, data_bytes): each begins where
+  // the one before ended and the last ends where the file does.
+  std::sort(header.entries.begin(), header.entries.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
+  });
+  int64_t expected = 0;
+  const SafetensorsEntry* previous = nullptr;
+  for (const auto& e : header.entries) {
+    if (e.begin > expected) {
+      fail(file, fmt::format(
+                     "bytes [{}, {}) of the data section belong to no tensor (a hole before '{}')",
+                     expected, e.begin, e.name));
+    }
+    if (e.begin < expected) {
+      fail(file,
+           fmt::format("tensor '{}' at data_offsets [{}, {}] overlaps '{}' at [{}, {}]", e.name,
+                       e.begin, e.end, previous->name, previous->begin, previous->end));
+    }
+    if (e.end > header.data_bytes) {
+      fail(file, fmt::format(
+                     "tensor '{}' at data_offsets [{}, {}] goes beyond the data section's {} bytes "
+                     "(file of {} bytes, header {})",
+                     e.name, e.begin, e.end, header.data_bytes, file_size, n));
+    }
+    expected = e.end;
+    previous = &e;
+  }
+  if (expected != header.data_bytes) {
+    fail(file,
+         fmt::format(
+             "the tensors end at byte {} of the data section, but it has {} bytes ({} bytes after "
+             "the last tensor)",
+             expected, header.data_bytes, header.data_bytes - expected));
+  }
+  return header;
+}
+
+std::byte* tensor_bytes(Tensor& t) {
+  switch (t.dtype()) {
+    case DType::kFloat32:
+      return reinterpret_cast<std::byte*>(t.data_ptr<float>());
+    case DType::kBFloat16:
+      return reinterpret_cast<std::byte*>(t.data_ptr<BFloat16>());
+    case DType::kInt64:
+      return reinterpret_cast<std::byte*>(t.data_ptr<int64_t>());
+  }
+  throw std::logic_error("safetensors: unknown dtype");
+}
+
+SafetensorsFile read_all(const Source& src) {
+  const SafetensorsHeader header = parse_header(src);
+  // Every dtype first, so that a file attn cannot read fails before any allocation.
+  std::vector<DType> dtypes;
+  for (const auto& e : header.entries) {
+    try {
+      dtypes.push_back(dtype_from_safetensors(e.dtype));
+    } catch (const std::invalid_argument&) {
+      fail(src.name(),
+           fmt::format(
+               "tensor '{}' has dtype {}, which attn does not read (it reads F32, BF16, I64)",
+               e.name, e.dtype));
+    }
+  }
+  SafetensorsFile out;
+  out.metadata = header.metadata;
+  out.path = src.name();
+  const uint64_t data_start = kLengthPrefixBytes + static_cast<uint64_t>(header.header_bytes);
+  for (size_t i = 0; i < header.entries.size(); ++i) {
+    const auto& e = header.entries[i];
+    Tensor t = Tensor::empty(e.shape, dtypes[i]);  // e.nbytes() bytes, checked above
+    if (e.nbytes() > 0)
+      src.read(data_start + static_cast<uint64_t>(e.begin), tensor_bytes(t),
+               static_cast<size_t>(e.nbytes()));
+    out.tensors.emplace_back(e.name, std::move(t));
+  }
+  return out;
+}
+
+// ---- writing ------------------------------------------------------------------------------
+
+// The header text (padded) and the tensors in the order of their data.
+struct Plan {
+  std::string header;        // JSON, padded with spaces to a multiple of 8
+  std::vector<Tensor> data;  // contiguous, in data order
+};
+
+void check_utf8(const std::string& s, const std::string& what) {
+  try {
+    (void)Json(s).dump();  // the strict handler throws on invalid UTF-8
+  } catch (const Json::exception&) {
+    throw std::invalid_argument(fmt::format("safetensors: {} is not valid UTF-8", what));
+  }
+}
+
+Plan plan(const std::vector<std::pair<std::string, Tensor>>& tensors,
+          const std::map<std::string, std::string>& metadata) {
+  std::set<std::string> seen;
+  for (const auto& [name, t] : tensors) {
+    if (name == "__metadata__") {
+      throw std::invalid_argument(
+          "safetensors: '__metadata__' is reserved and cannot name a tensor");
+    }
+    if (!seen.insert(name).second) {
+      throw std::invalid_argument(
+          fmt::format("safetensors: the tensor name '{}' appears twice", name));
+    }
+    check_utf8(name, fmt::format("the tensor name '{}'", name));
+  }
+  for (const auto& [key, value] : metadata) {
+    check_utf8(key, fmt::format("the metadata key '{}'", key));
+    check_utf8(value, fmt::format("the metadata value of '{}'", key));
+  }
+
+  // Larger elements first, then by name: every tensor starts at a multiple of
+  // its element size (the data section starts at a multiple of 8).
+  std::vector<size_t> order(tensors.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const int64_t ea = element_size(tensors[a].second.dtype()),
+                  eb = element_size(tensors[b].second.dtype());
+    if (ea != eb) return ea > eb;
+    return tensors[a].first < tensors[b].first;
+  });
+
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+    for (const auto& [key, value] : metadata) meta[key] = value;
+    header["__metadata__"] = std::move(meta);
+  }
+  Plan p;
+  int64_t offset = 0;
+  for (size_t i : order) {
+    const auto& [name, t] = tensors[i];
+    const int64_t nbytes = t.numel() * element_size(t.dtype());
+    header[name] = {{"dtype", safetensors_dtype_name(t.dtype())},
+                    {"shape", t.shape()},
+                    {"data_offsets", {offset, offset + nbytes}}};
+    offset += nbytes;
+    p.data.push_back(t.contiguous());
+  }
+  p.header = header.dump();
+  p.header.append((8 - p.header.size() % 8) % 8, ' ');
+  return p;
+}
+
+std::string length_prefix(uint64_t n) {
+  std::string prefix(kLengthPrefixBytes, '\0');
+  for (size_t i = 0; i < prefix.size(); ++i) prefix[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
+  return prefix;
+}
+
+const std::byte* tensor_bytes(const Tensor& t) {
+  switch (t.dtype()) {
+    case DType::kFloat32:
+      return reinterpret_cast<const std::byte*>(t.data_ptr<float>());
+    case DType::kBFloat16:
+      return reinterpret_cast<const std::byte*>(t.data_ptr<BFloat16>());
+    case DType::kInt64:
+      return reinterpret_cast<const std::byte*>(t.data_ptr<int64_t>());
+  }
+  throw std::logic_error("safetensors: unknown dtype");
+}
+
+void write_all(int fd, const void* data, size_t n, const std::string& path) {
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t put = ::write(fd, p, n);
+    if (put < 0 && errno == EINTR) continue;
+    if (put < 0)
+      throw std::runtime_error(fmt::format("cannot write '{}': {}", path, std::strerror(errno)));
+    p += put;
+    n -= static_cast<size_t>(put);
+  }
+}
+
+}  // namespace
+
+// ---- public -------------------------------------------------------------------------------
+
+const char* safetensors_dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return "F32";
+    case DType::kBFloat16:
+      return "BF16";
+    case DType::kInt64:
+      return "I64";
+  }
+  throw std::invalid_argument("safetensors: unknown attn dtype");
+}
+
+DType dtype_from_safetensors(const std::string& name) {
+  if (name == "F32") return DType::kFloat32;
+  if (name == "BF16") return DType::kBFloat16;
+  if (name == "I64") return DType::kInt64;
+  if (find_dtype(name) != nullptr) {
+    throw std::invalid_argument(
+        fmt::format("safetensors dtype {} has no attn dtype (attn has F32, BF16, I64)", name));
+  }
+  throw std::invalid_argument(fmt::format("unknown safetensors dtype '{}'", name));
+}
+
+SafetensorsHeader read_safetensors_header(const std::string& path) {
+  return parse_header(FileSource(path));
+}
+
+SafetensorsFile read_safetensors(const std::string& path) { return read_all(FileSource(path)); }
+
+SafetensorsHeader parse_safetensors_header(std::span<const std::byte> bytes,
+                                           const std::string& name) {
+  return parse_header(MemorySource(bytes, name));
+}
+
+SafetensorsFile parse_safetensors(std::span<const std::byte> bytes, const std::string& name) {
+  return read_all(MemorySource(bytes, name));
+}
+
+std::string serialize_safetensors(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                  const std::map<std::string, std::string>& metadata) {
+  const Plan p = plan(tensors, metadata);
+  std::string out = length_prefix(p.header.size()) + p.header;
+  for (const Tensor& t : p.data) {
+    const auto* bytes = reinterpret_cast<const char*>(tensor_bytes(t));
+    if (t.numel() > 0) out.append(bytes, static_cast<size_t>(t.numel() * element_size(t.dtype())));
+  }
+  return out;
+}
+
+void write_safetensors(const std::string& path,
+                       const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  const Plan p = plan(tensors, metadata);
+  const std::filesystem::path target(path);
+  const std::filesystem::path folder = target.parent_path().empty() ? "." : target.parent_path();
+  static std::atomic<int> counter{0};
+  // Next to the target, so that rename() stays on one file system.
+  const std::filesystem::path tmp =
+      folder / fmt::format(".{}.tmp.{}.{}", target.filename().string(), ::getpid(), counter++);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  if (fd < 0) {
+    throw std::runtime_error(fmt::format("cannot write '{}': cannot create '{}': {}", path,
+                                         tmp.string(), std::strerror(errno)));
+  }
+  bool fd_open = true;
+  try {
+    const std::string prefix = length_prefix(p.header.size());
+    write_all(fd, prefix.data(), prefix.size(), path);
+    write_all(fd, p.header.data(), p.header.size(), path);
+    for (const Tensor& t : p.data) {
+      if (t.numel() > 0)
+        write_all(fd, tensor_bytes(t), static_cast<size_t>(t.numel() * element_size(t.dtype())),
+                  path);
+    }
+    if (::fsync(fd) != 0)
+      throw std::runtime_error(fmt::format("cannot fsync '{}': {}", path, std::strerror(errno)));
+    fd_open = false;  // close() releases the descriptor even when it reports an error
+    if (::close(fd) != 0)
+      throw std::runtime_error(fmt::format("cannot close '{}': {}", path, std::strerror(errno)));
+  } catch (...) {
+    if (fd_open) ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (::rename(tmp.c_str(), target.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw std::runtime_error(fmt::format("cannot write '{}': rename from '{}' failed: {}", path,
+                                         tmp.string(), std::strerror(err)));
+  }
+  // The rename itself is durable once the folder is synced.
+  const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0 || ::fsync(dir) != 0) {
+    const int err = errno;
+    if (dir >= 0) ::close(dir);
+    throw std::runtime_error(fmt::format("wrote '{}' but cannot fsync its folder '{}': {}", path,
+                                         folder.string(), std::strerror(err)));
+  }
+  ::close(dir);
+}
+
+}  // namespace attn::io
