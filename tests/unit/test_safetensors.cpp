@@ -73,7 +73,7 @@ Tensor random_bits_f32(const Shape& shape, uint32_t seed) {
   std::mt19937 rng(seed);
   float* p = t.data_ptr<float>();
   for (int64_t i = 0; i < t.numel(); ++i) {
-    const uint32_t u = rng();
+    const auto u = static_cast<uint32_t>(rng());  // mt19937 draws 32 bits
     std::memcpy(&p[i], &u, sizeof u);
   }
   return t;
