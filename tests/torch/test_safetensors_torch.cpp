@@ -146,14 +146,11 @@ TEST(SafetensorsTorch, LoadsTheBookMultiHeadAttentionWrittenByPython) {
 
   attn::manual_seed(999);  // other weights, replaced by the file's
   attn::nn::MultiHeadAttention m(mha_options());
-  // torch's module has the causal mask as a persistent buffer; attn's keeps
-  // it out of state_dict() unless it registers it, and then it must load too.
-  const bool attn_has_mask = has_name(m, "mask");
-  const io::LoadResult r = io::load_state_dict(m, file, /*strict=*/attn_has_mask);
+  // Both modules have the causal mask as a persistent buffer: every name loads.
+  ASSERT_TRUE(has_name(m, "mask"));
+  const io::LoadResult r = io::load_state_dict(m, file, /*strict=*/true);
   EXPECT_TRUE(r.missing.empty());
-  if (!attn_has_mask) {
-    EXPECT_EQ(r.unexpected, std::vector<std::string>{"mask"});
-  }
+  EXPECT_TRUE(r.unexpected.empty());
 
   // Every weight bit for bit: against the file, and against attn's own module
   // made from the same seed (attn's generator is torch's).
@@ -230,9 +227,7 @@ TEST(SafetensorsTorch, PythonReadsWhatAttnWrites) {
   ASSERT_FALSE(result.is_null());
   EXPECT_TRUE(result.at("equal_to_seed_123").get<bool>()) << result.at("mismatches");
   EXPECT_EQ(result.at("unexpected_keys"), Json::array());
-  // Only torch's mask buffer may be missing, when attn does not save one.
-  const Json want_missing = has_name(m, "mask") ? Json::array() : Json({"mask"});
-  EXPECT_EQ(result.at("missing_keys"), want_missing);
+  EXPECT_EQ(result.at("missing_keys"), Json::array());  // the mask buffer too
   m.eval();
   Json y_json = result.at("y");
   expect_close(m.forward(x), attn::test::tensor_from_bits_json(y_json),
