@@ -56,11 +56,14 @@ class ReferencePath final : public AttentionPath {
     dx += s_.W_value->backward(merge_heads(std::move(g.dv)));
     return dx;
   }
-  // (B, T, width) viewed as (B, T, H, hd), heads to the front: (B, H, T, hd);
-  // a one-head module keeps (B, T, hd). Taken by value: no copy when it stays.
+  // (B, T, width) viewed as (B, T, H, hd), heads to the front: (B, H, T, hd),
+  // made contiguous once here (q, k and v are each read several times by the
+  // products of forward and backward, which would otherwise each copy the
+  // strided view); a one-head module keeps (B, T, hd). Taken by value: no
+  // copy when it stays.
   Tensor split_heads(Tensor t) const {
     if (!s_.head_axis) return t;
-    return transpose(t.reshape({B_, T_, s_.num_heads, s_.width / s_.num_heads}), 1, 2);
+    return transpose(t.reshape({B_, T_, s_.num_heads, s_.width / s_.num_heads}), 1, 2).contiguous();
   }
   // (B, H, T, hd) -> (B, T, H, hd) -> (B, T, width).
   Tensor merge_heads(Tensor t) const {
