@@ -27,6 +27,22 @@ import safetensors_numpy as stn
 from oracle_util import tensor_bits_json, write_json
 
 
+def generate_gpt(out):
+    """The book's GPTModel (safetensors_numpy.GPT_CONFIG, seed 123) as
+    safetensors_gpt.safetensors, and its eval-mode logits for fixed ids."""
+    import book_gpt
+    torch.manual_seed(123)
+    model = book_gpt.GPTModel(stn.GPT_CONFIG)
+    stn.write(out / "safetensors_gpt.safetensors",
+              [(name, stn.torch_to_numpy(t)) for name, t in model.state_dict().items()],
+              metadata={"format": "pt", "source": "oracle_safetensors.py"})
+    ids = torch.tensor([[3, 14, 15, 9, 26, 5, 35, 8, 9, 7], [0, 36, 1, 2, 33, 4, 12, 6, 21, 9]])
+    model.eval()
+    with torch.no_grad():
+        logits = model(ids)
+    return {"config": stn.GPT_CONFIG, "ids": ids.tolist(), "logits": tensor_bits_json(logits)}
+
+
 def generate(out_dir):
     out = pathlib.Path(out_dir)
 
@@ -69,4 +85,5 @@ def generate(out_dir):
                 "state_dict": {name: tensor_bits_json(t) for name, t in state.items()},
                 "metadata": {"format": "pt", "source": "oracle_safetensors.py"}},
         "dtypes": expected,
+        "gpt": generate_gpt(out),
     })

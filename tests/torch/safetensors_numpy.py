@@ -182,12 +182,43 @@ def mha(path, input_path):
             "y": {"shape": list(y.shape), "bits": bits_of(y.numpy().astype("<f4"))}}
 
 
+# The small GPT of the weight-exchange test (test_safetensors_torch.cpp):
+# the book's config names.
+GPT_CONFIG = {"vocab_size": 37, "context_length": 12, "emb_dim": 16, "n_heads": 4,
+              "n_layers": 2, "drop_rate": 0.0, "qkv_bias": True}
+
+
+def gpt(path, ids_path):
+    """Loads a GPTModel state_dict written by attn into the book's GPTModel
+    (strictly: every key, the mask buffers included) and returns its logits
+    for the int64 ids in ids_path, in eval mode."""
+    import torch
+    import book_gpt
+    tensors, _, _, _, _ = read(path)
+    state = {}
+    for name, (dtype, array) in tensors.items():
+        if dtype != "F32":
+            raise FormatError(f"{name}: dtype {dtype}, expected F32")
+        state[name] = torch.from_numpy(array.astype(np.float32))
+    torch.manual_seed(0)
+    model = book_gpt.GPTModel(GPT_CONFIG)
+    model.load_state_dict(state, strict=True)
+    model.eval()
+    inputs, _, _, _, _ = read(ids_path)
+    ids = torch.from_numpy(inputs["ids"][1].astype(np.int64))
+    with torch.no_grad():
+        logits = model(ids)
+    return {"logits": {"shape": list(logits.shape), "bits": bits_of(logits.numpy().astype("<f4"))}}
+
+
 def main(argv):
     try:
         if len(argv) == 3 and argv[1] == "dump":
             result = dump(argv[2])
         elif len(argv) == 4 and argv[1] == "mha":
             result = mha(argv[2], argv[3])
+        elif len(argv) == 4 and argv[1] == "gpt":
+            result = gpt(argv[2], argv[3])
         else:
             print(__doc__, file=sys.stderr)
             return 2

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/gpt.h"
 #include "attn/nn.h"
 #include "attn/random.h"
 #include "attn/safetensors.h"
@@ -233,6 +234,51 @@ TEST(SafetensorsTorch, PythonReadsWhatAttnWrites) {
   expect_close(m.forward(x), attn::test::tensor_from_bits_json(y_json),
                "attn forward vs torch on attn's file");
   std::remove(dtypes_path.c_str());
+  std::remove(weights.c_str());
+  std::remove(input.c_str());
+}
+
+// The book's whole GPTModel both ways: a state_dict written by Python loads
+// strictly into attn's GPTModel (every key, the attention's mask buffers
+// included) and gives torch's logits; attn's model, saved, loads strictly into
+// the book's class in Python and gives attn's logits.
+TEST(SafetensorsTorch, GptWeightsGoBothWaysWithTheSameLogits) {
+  const Json oracle = attn::test::read_oracle_json("safetensors.json", "oracle_safetensors.py").at("gpt");
+  const Json& c = oracle.at("config");
+  const attn::nn::GPTConfig cfg{.vocab_size = c.at("vocab_size"),
+                                .context_length = c.at("context_length"),
+                                .emb_dim = c.at("emb_dim"),
+                                .n_heads = c.at("n_heads"),
+                                .n_layers = c.at("n_layers"),
+                                .drop_rate = c.at("drop_rate"),
+                                .qkv_bias = c.at("qkv_bias")};
+  const auto rows = oracle.at("ids").get<std::vector<std::vector<int64_t>>>();
+  std::vector<int64_t> flat;
+  for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
+  const Tensor ids = Tensor::from_int64({static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows[0].size())}, flat);
+
+  attn::manual_seed(5);  // other weights, all replaced by the file's
+  attn::nn::GPTModel model(cfg);
+  const io::LoadResult r =
+      io::load_state_dict(model, attn::test::oracle_path("safetensors_gpt.safetensors"), /*strict=*/true);
+  EXPECT_TRUE(r.missing.empty());
+  EXPECT_TRUE(r.unexpected.empty());
+  model.eval();
+  expect_close(model.forward(ids), attn::test::tensor_from_bits_json(oracle.at("logits")),
+               "attn GPTModel on the book's weights vs torch");
+
+  // And back: attn's own model (another seed) read by the book's class.
+  attn::manual_seed(11);
+  attn::nn::GPTModel mine(cfg);
+  mine.eval();
+  const std::string weights = attn::test::temp_path("gpt.safetensors"),
+                    input = attn::test::temp_path("ids.safetensors");
+  io::save_state_dict(mine, weights, {{"model", "GPTModel"}});
+  io::write_safetensors(input, {{"ids", ids}});
+  const Json result = run_python_reader("gpt '" + weights + "' '" + input + "'");
+  ASSERT_FALSE(result.is_null());
+  expect_close(mine.forward(ids), attn::test::tensor_from_bits_json(result.at("logits")),
+               "attn GPTModel vs the book's GPTModel on attn's file");
   std::remove(weights.c_str());
   std::remove(input.c_str());
 }
