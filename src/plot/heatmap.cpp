@@ -149,7 +149,7 @@ Geometry geometry(const Figure& f) {
   double bottom = std::max(top + grid_height, L.colour_bar.y + L.colour_bar.h);
   if (any_masked) {
     L.masked_swatch = {x, L.colour_bar.y + L.colour_bar.h + 12, kSwatch, kSwatch};
-    bottom = L.masked_swatch.y + L.masked_swatch.h;
+    bottom = std::max(bottom, L.masked_swatch.y + L.masked_swatch.h);
   }
   double right = x + kBarWidth + 6 + g.tick_width;
   if (!f.title.empty()) {
