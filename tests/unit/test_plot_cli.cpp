@@ -86,6 +86,23 @@ struct Checkpoint {
   }
 };
 
+// The text's characters (UTF-8 code points) and their visible labels.
+TEST(PlotCli, CharactersSplitByCodePointAndLabelledVisibly) {
+  EXPECT_EQ(attn::plot::utf8_characters("a\u00e9\u2423\U0001F600b"),
+            (std::vector<std::string>{"a", "\u00e9", "\u2423", "\U0001F600", "b"}));
+  EXPECT_THROW(attn::plot::utf8_characters("ab\xC3"), std::invalid_argument);     // cut short
+  EXPECT_THROW(attn::plot::utf8_characters("ab\xC3" "a"), std::invalid_argument);  // bad continuation
+  EXPECT_THROW(attn::plot::utf8_characters("\xFF"), std::invalid_argument);
+  EXPECT_EQ(attn::plot::visible_label(" "), "\u2423");
+  EXPECT_EQ(attn::plot::visible_label("\n"), "\u23CE");
+  EXPECT_EQ(attn::plot::visible_label("\t"), "\u21E5");
+  EXPECT_EQ(attn::plot::visible_label(std::string(1, '\0')), "\u2400");
+  EXPECT_EQ(attn::plot::visible_label("\x1b"), "\u241B");
+  EXPECT_EQ(attn::plot::visible_label("\x7f"), "\u2421");
+  EXPECT_EQ(attn::plot::visible_label("x"), "x");
+  EXPECT_EQ(attn::plot::visible_label("\u00e9"), "\u00e9");
+}
+
 TEST(PlotCli, AttentionOfAllLayersHasEveryHeadWithTheModelsWeights) {
   ATTN_REQUIRE_CLI();
   Checkpoint ck;
