@@ -124,19 +124,32 @@ Geometry geometry(const Figure& f) {
   }
   const double grid_top = kMargin + (f.title.empty() ? 0 : kTitleBand) +
                           (any_panel_title ? kPanelTitleBand : 0) + kCaption + g.col_label_band;
-  double x = kMargin;
-  for (const Panel& p : f.panels) {
+  // Panels left to right, panels_per_row to a row (all in one row when 0); each
+  // further row starts below the previous one's grids, with its own title band.
+  const size_t per_row = f.panels_per_row > 0 ? static_cast<size_t>(f.panels_per_row)
+                                               : f.panels.size();
+  const double grid_height = static_cast<double>(max_rows) * L.cell;
+  const double row_stride = grid_height + kGap + (any_panel_title ? kPanelTitleBand : 0) +
+                            kCaption + g.col_label_band;
+  double x = kMargin, x_max = kMargin, top = grid_top;
+  for (size_t n = 0; n < f.panels.size(); ++n) {
+    const Panel& p = f.panels[n];
+    if (n > 0 && n % per_row == 0) {
+      x = kMargin;
+      top += row_stride;
+    }
     x += kCaption + g.row_label_width + 8;
     L.grids.push_back(
-        {x, grid_top, static_cast<double>(p.cols) * L.cell, static_cast<double>(p.rows) * L.cell});
+        {x, top, static_cast<double>(p.cols) * L.cell, static_cast<double>(p.rows) * L.cell});
     x += static_cast<double>(p.cols) * L.cell + kGap;
+    x_max = std::max(x_max, x);
   }
-  const double grid_height = static_cast<double>(max_rows) * L.cell;
+  x = x_max;
   L.colour_bar = {x, grid_top, kBarWidth, std::max(grid_height, kBarMinHeight)};
-  double bottom = std::max(grid_top + grid_height, L.colour_bar.y + L.colour_bar.h);
+  double bottom = std::max(top + grid_height, L.colour_bar.y + L.colour_bar.h);
   if (any_masked) {
     L.masked_swatch = {x, L.colour_bar.y + L.colour_bar.h + 12, kSwatch, kSwatch};
-    bottom = L.masked_swatch.y + L.masked_swatch.h;
+    bottom = std::max(bottom, L.masked_swatch.y + L.masked_swatch.h);
   }
   double right = x + kBarWidth + 6 + g.tick_width;
   if (!f.title.empty()) {

@@ -62,11 +62,14 @@ struct Panel {
   }
 };
 
-// Panels side by side on one scale [vmin, vmax] (vmin < vmax).
+// Panels side by side (or in rows, panels_per_row) on one scale [vmin, vmax] (vmin < vmax).
 struct Figure {
   std::string title;
   std::vector<Panel> panels;
   double vmin = 0.0, vmax = 1.0;
+  // Panels per row: 0 puts them all in one row; n > 0 wraps them into rows of n
+  // (e.g. one row per layer, one panel per head), the colour bar beside the first.
+  int64_t panels_per_row = 0;
 };
 
 // Throws std::invalid_argument naming the values when a figure cannot be drawn:

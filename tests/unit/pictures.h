@@ -57,7 +57,9 @@ inline int colour_distance(plot::Rgb a, plot::Rgb b) {
 }
 
 inline std::string rgb_str(plot::Rgb c) {
-  return "(" + std::to_string(c.r) + ", " + std::to_string(c.g) + ", " + std::to_string(c.b) + ")";
+  // (std::string("(") + ...: "(" + std::string(...) trips GCC 12's false -Wrestrict at -O3.)
+  return std::string("(") + std::to_string(c.r) + ", " + std::to_string(c.g) + ", " +
+         std::to_string(c.b) + ")";
 }
 
 // Runs a shell command; returns its exit status (-1 if it did not exit) and its

@@ -1,0 +1,206 @@
+// `attn plot attention` and `attn plot loss` (plot.h).
+#include "plot.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "attn/random.h"
+#include "attn/safetensors.h"
+#include "plot/line_chart.h"
+#include "plot/picture_file.h"
+
+namespace attn::cli {
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+int64_t config_int(const nlohmann::json& config, const char* key, const std::string& path) {
+  const auto it = config.find(key);
+  if (it == config.end() || !it->is_number_integer())
+    throw std::invalid_argument(
+        fmt::format("'{}': the metadata \"config\" has no integer \"{}\"", path, key));
+  return it->get<int64_t>();
+}
+
+}  // namespace
+
+LoadedModel load_checkpoint(const std::string& dir) {
+  const std::string path = dir + "/checkpoint.safetensors";
+  io::SafetensorsFile file = io::read_safetensors(path);
+  auto meta = [&](const char* key) -> const std::string& {
+    const auto it = file.metadata.find(key);
+    if (it == file.metadata.end())
+      throw std::invalid_argument(fmt::format("'{}': no metadata \"{}\" (not a checkpoint of "
+                                              "`attn train`?)",
+                                              path, key));
+    return it->second;
+  };
+  if (meta("format") != "attn-checkpoint-1")
+    throw std::invalid_argument(fmt::format("'{}': format \"{}\", expected \"attn-checkpoint-1\"",
+                                            path, meta("format")));
+  nlohmann::json config, vocab;
+  try {
+    config = nlohmann::json::parse(meta("config"));
+    vocab = nlohmann::json::parse(meta("vocab"));
+  } catch (const nlohmann::json::parse_error& e) {
+    throw std::invalid_argument(
+        fmt::format("'{}': the metadata \"config\" or \"vocab\" is not valid JSON (at byte {})",
+                    path, e.byte));
+  }
+  if (!config.is_object())
+    throw std::invalid_argument(fmt::format("'{}': the metadata \"config\" is not an object", path));
+  nn::GPTConfig cfg;
+  cfg.vocab_size = config_int(config, "vocab_size", path);
+  cfg.context_length = config_int(config, "context_length", path);
+  cfg.emb_dim = config_int(config, "emb_dim", path);
+  cfg.n_heads = config_int(config, "n_heads", path);
+  cfg.n_layers = config_int(config, "n_layers", path);
+  if (config.contains("drop_rate") && config["drop_rate"].is_number())
+    cfg.drop_rate = config["drop_rate"].get<float>();
+  if (config.contains("qkv_bias") && config["qkv_bias"].is_boolean())
+    cfg.qkv_bias = config["qkv_bias"].get<bool>();
+
+  LoadedModel loaded;
+  if (!vocab.is_array() || static_cast<int64_t>(vocab.size()) != cfg.vocab_size)
+    throw std::invalid_argument(fmt::format(
+        "'{}': the metadata \"vocab\" must be an array of vocab_size = {} strings", path,
+        cfg.vocab_size));
+  for (const auto& v : vocab) {
+    if (!v.is_string())
+      throw std::invalid_argument(
+          fmt::format("'{}': the metadata \"vocab\" holds {}, not a string", path, v.dump()));
+    loaded.vocab.push_back(v.get<std::string>());
+  }
+
+  Generator gen;  // the weights are all replaced; the default generator is left alone
+  loaded.model = std::make_unique<nn::GPTModel>(cfg, nn::GPTOptions{}, gen);
+  // The optimizer's state is not the model's.
+  std::erase_if(file.tensors, [](const auto& t) { return t.first.rfind("optim.", 0) == 0; });
+  const io::LoadResult r = io::load_state_dict(*loaded.model, file, /*strict=*/false);
+  std::vector<std::string> missing;
+  for (const auto& name : r.missing)  // the causal mask is a constant, made when absent
+    if (!ends_with(name, ".att.mask")) missing.push_back(name);
+  if (!missing.empty() || !r.unexpected.empty())
+    throw std::invalid_argument(fmt::format(
+        "'{}' does not fit its config: {} tensor(s) missing (first: {}), {} unexpected (first: {})",
+        path, missing.size(), missing.empty() ? "-" : missing.front(), r.unexpected.size(),
+        r.unexpected.empty() ? "-" : r.unexpected.front()));
+  loaded.model->eval();
+  return loaded;
+}
+
+std::vector<int64_t> encode_characters(const std::vector<std::string>& characters,
+                                       const std::vector<std::string>& vocab) {
+  std::vector<int64_t> ids;
+  for (size_t i = 0; i < characters.size(); ++i) {
+    const auto it = std::find(vocab.begin(), vocab.end(), characters[i]);
+    if (it == vocab.end()) {
+      throw std::invalid_argument(fmt::format(
+          "character {} ({} at position {}) is not in the checkpoint's vocabulary of {}",
+          nlohmann::json(characters[i]).dump(), plot::visible_label(characters[i]), i,
+          vocab.size()));
+    }
+    ids.push_back(static_cast<int64_t>(it - vocab.begin()));
+  }
+  return ids;
+}
+
+std::vector<plot::LayerAttention> model_attention(LoadedModel& loaded,
+                                                  const std::vector<std::string>& characters,
+                                                  std::optional<int64_t> layer) {
+  nn::GPTModel& model = *loaded.model;
+  const nn::GPTConfig& cfg = model.config();
+  if (layer && (*layer < 0 || *layer >= cfg.n_layers))
+    throw std::invalid_argument(fmt::format("unknown layer {}: the model has {} layers (0 to {})",
+                                            *layer, cfg.n_layers, cfg.n_layers - 1));
+  const auto T = static_cast<int64_t>(characters.size());
+  if (T == 0) throw std::invalid_argument("the text is empty");
+  if (T > cfg.context_length)
+    throw std::invalid_argument(fmt::format(
+        "the text is {} characters long, longer than the model's context of {}", T,
+        cfg.context_length));
+  const std::vector<int64_t> ids = encode_characters(characters, loaded.vocab);
+  model.eval();
+  model.forward(Tensor::from_int64({1, T}, ids));
+  std::vector<plot::LayerAttention> out;
+  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    if (layer && l != *layer) continue;
+    const Tensor w = model.trf_blocks[l].att.attention_weights().contiguous();  // (1, H, T, T)
+    const auto v = w.values();
+    out.push_back({l, cfg.n_heads, T, std::vector<float>(v.begin(), v.end())});
+  }
+  return out;
+}
+
+Command add_plot_command(CLI::App& app) {
+  struct Flags {
+    std::string checkpoint, text, out, metrics, loss_out;
+    int64_t layer = 0;
+  };
+  auto flags = std::make_shared<Flags>();
+  CLI::App* cmd = app.add_subcommand("plot", "Draw a trained model's attention or loss curve");
+  cmd->require_subcommand(1);
+  cmd->footer(
+      "Examples:\n  attn plot attention --checkpoint run/ --text 'to be' --out att.svg\n"
+      "  attn plot loss run/metrics.jsonl --out loss.png");
+
+  CLI::App* att = cmd->add_subcommand(
+      "attention",
+      "Draw every head of a layer (or of all layers) for a text, from a checkpoint of `attn train`");
+  att->add_option("--checkpoint", flags->checkpoint, "The folder holding checkpoint.safetensors")
+      ->required()
+      ->type_name("DIR");
+  att->add_option("--text", flags->text, "The text, at most the model's context long")
+      ->required()
+      ->type_name("TEXT");
+  CLI::Option* layer_opt =
+      att->add_option("--layer", flags->layer, "Only this layer (0-based; default: all layers)")
+          ->type_name("L");
+  att->add_option("--out", flags->out, "The picture: a .svg or .png file")
+      ->required()
+      ->type_name("FILE");
+
+  CLI::App* loss = cmd->add_subcommand(
+      "loss", "Draw train and validation loss against iterations from a metrics.jsonl");
+  loss->add_option("metrics", flags->metrics, "The metrics.jsonl of a training run")
+      ->required()
+      ->type_name("METRICS");
+  loss->add_option("--out", flags->loss_out, "The picture: a .svg or .png file")
+      ->required()
+      ->type_name("FILE");
+
+  auto run = [flags, att, loss, layer_opt]() -> int {
+    if (att->parsed()) {
+      const plot::PictureFormat format = plot::picture_format(flags->out);
+      LoadedModel loaded = load_checkpoint(flags->checkpoint);
+      const std::vector<std::string> characters = plot::utf8_characters(flags->text);
+      std::optional<int64_t> layer;
+      if (layer_opt->count() > 0) layer = flags->layer;
+      const auto layers = model_attention(loaded, characters, layer);
+      const std::string title =
+          layer ? fmt::format("attention weights, layer {}", *layer)
+                : fmt::format("attention weights, {} layers", layers.size());
+      const plot::Figure figure = plot::model_attention_figure(layers, characters, title);
+      plot::write_picture_atomically(flags->out, format == plot::PictureFormat::kSvg
+                                                     ? plot::render_svg(figure)
+                                                     : plot::render_png(figure));
+      return 0;
+    }
+    if (loss->parsed()) {
+      plot::write_loss_curve(flags->metrics, flags->loss_out);
+      return 0;
+    }
+    throw UsageError("plot: give 'attention' or 'loss'");
+  };
+  return Command{cmd, run};
+}
+
+}  // namespace attn::cli
