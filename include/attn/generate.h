@@ -92,8 +92,7 @@ struct GenerateOptions {
 // prefilled once and each step feeds one token (sliding window beyond
 // context_length as described above). `on_step(step, logits)`, when given, sees
 // each step's last-position logits (B, V) before sampling.
-Tensor generate(GPTModel& model, const Tensor& idx, const GenerateOptions& options,
-                Generator& gen,
+Tensor generate(GPTModel& model, const Tensor& idx, const GenerateOptions& options, Generator& gen,
                 const std::function<void(int64_t, const Tensor&)>& on_step = nullptr);
 
 // A GPT checkpoint directory (docs/generation.md, "Checkpoints"):

@@ -64,16 +64,20 @@ std::vector<std::string> utf8_chars(const std::string& text) {
   size_t i = 0;
   while (i < text.size()) {
     const auto c = static_cast<unsigned char>(text[i]);
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    size_t len = c < 0x80           ? 1
+                 : (c >> 5) == 0x6  ? 2
+                 : (c >> 4) == 0xe  ? 3
+                 : (c >> 3) == 0x1e ? 4
+                                    : 0;
     if (len == 0 || i + len > text.size()) {
       throw std::invalid_argument(
           fmt::format("the text is not valid UTF-8 (byte 0x{:02x} at offset {})", c, i));
     }
     for (size_t k = 1; k < len; ++k) {
       if ((static_cast<unsigned char>(text[i + k]) >> 6) != 0x2) {
-        throw std::invalid_argument(fmt::format(
-            "the text is not valid UTF-8 (byte 0x{:02x} at offset {})",
-            static_cast<unsigned char>(text[i + k]), i + k));
+        throw std::invalid_argument(
+            fmt::format("the text is not valid UTF-8 (byte 0x{:02x} at offset {})",
+                        static_cast<unsigned char>(text[i + k]), i + k));
       }
     }
     out.push_back(text.substr(i, len));
@@ -86,7 +90,8 @@ uint32_t code_point(const std::string& ch) {
   const auto c0 = static_cast<unsigned char>(ch[0]);
   if (ch.size() == 1) return c0;
   uint32_t cp = c0 & (0x7fu >> ch.size());
-  for (size_t k = 1; k < ch.size(); ++k) cp = (cp << 6) | (static_cast<unsigned char>(ch[k]) & 0x3fu);
+  for (size_t k = 1; k < ch.size(); ++k)
+    cp = (cp << 6) | (static_cast<unsigned char>(ch[k]) & 0x3fu);
   return cp;
 }
 
@@ -169,8 +174,8 @@ Tensor forward_cached(GPTModel& model, const Tensor& ids, GPTKVCache& cache) {
                                               kLayerNormEps, nullptr);
     const Tensor a = forward_cached(block.att, h1, cache.layers[static_cast<size_t>(i)]);
     const Tensor x1 = add(a, x);  // (B, T, E)
-    const Tensor h2 = ref::layer_norm_forward(x1, block.norm2.scale.value,
-                                              block.norm2.shift.value, kLayerNormEps, nullptr);
+    const Tensor h2 = ref::layer_norm_forward(x1, block.norm2.scale.value, block.norm2.shift.value,
+                                              kLayerNormEps, nullptr);
     const Tensor u = ref::linear_forward(h2, block.ff.fc.weight.value, bias_or_null(block.ff.fc));
     const Tensor f = ref::linear_forward(ref::gelu_forward(u), block.ff.proj.weight.value,
                                          bias_or_null(block.ff.proj));  // (B, T, E)
@@ -186,9 +191,9 @@ Tensor forward_cached(GPTModel& model, const Tensor& ids, GPTKVCache& cache) {
 std::vector<int64_t> sample_next(const Tensor& logits_in, float temperature, int64_t top_k,
                                  Generator& gen) {
   if (logits_in.dtype() != DType::kFloat32 || logits_in.dim() != 2 || logits_in.size(1) < 1) {
-    throw std::invalid_argument(fmt::format(
-        "sample_next: expected logits (B, V) of float32, got {} of shape {}",
-        dtype_name(logits_in.dtype()), shape_str(logits_in.shape())));
+    throw std::invalid_argument(
+        fmt::format("sample_next: expected logits (B, V) of float32, got {} of shape {}",
+                    dtype_name(logits_in.dtype()), shape_str(logits_in.shape())));
   }
   const int64_t B = logits_in.size(0), V = logits_in.size(1);
   if (!(temperature >= 0.0f) || !std::isfinite(temperature)) {
@@ -292,7 +297,8 @@ Tensor generate(GPTModel& model, const Tensor& idx, const GenerateOptions& optio
     }
     if (on_step) on_step(step, last);
     const std::vector<int64_t> next = sample_next(last, options.temperature, options.top_k, gen);
-    for (int64_t b = 0; b < B; ++b) rows[static_cast<size_t>(b)].push_back(next[static_cast<size_t>(b)]);
+    for (int64_t b = 0; b < B; ++b)
+      rows[static_cast<size_t>(b)].push_back(next[static_cast<size_t>(b)]);
   }
   std::vector<int64_t> out;
   for (const auto& r : rows) out.insert(out.end(), r.begin(), r.end());
@@ -324,9 +330,10 @@ Checkpoint load_checkpoint(const std::string& dir, std::unique_ptr<GPTModel>& mo
   }
   const std::string path = (fs::path(dir) / "checkpoint.safetensors").string();
   if (!fs::exists(path)) {
-    throw std::invalid_argument(fmt::format("'{}' does not exist (a checkpoint directory holds "
-                                            "checkpoint.safetensors)",
-                                            path));
+    throw std::invalid_argument(
+        fmt::format("'{}' does not exist (a checkpoint directory holds "
+                    "checkpoint.safetensors)",
+                    path));
   }
   const io::SafetensorsFile file = io::read_safetensors(path);
   Checkpoint ck;
@@ -339,8 +346,9 @@ Checkpoint load_checkpoint(const std::string& dir, std::unique_ptr<GPTModel>& mo
     return it->second;
   };
   if (meta("format") != "attn-checkpoint-1") {
-    throw std::invalid_argument(fmt::format(
-        "'{}': metadata \"format\" is \"{}\", expected \"attn-checkpoint-1\"", path, meta("format")));
+    throw std::invalid_argument(
+        fmt::format("'{}': metadata \"format\" is \"{}\", expected \"attn-checkpoint-1\"", path,
+                    meta("format")));
   }
   nlohmann::json cfg;
   try {
@@ -350,7 +358,8 @@ Checkpoint load_checkpoint(const std::string& dir, std::unique_ptr<GPTModel>& mo
         fmt::format("'{}': metadata \"config\" is not valid JSON: {}", path, e.what()));
   }
   if (!cfg.is_object()) {
-    throw std::invalid_argument(fmt::format("'{}': metadata \"config\" is not a JSON object", path));
+    throw std::invalid_argument(
+        fmt::format("'{}': metadata \"config\" is not a JSON object", path));
   }
   ck.config.vocab_size = config_int(cfg, "vocab_size", path);
   ck.config.context_length = config_int(cfg, "context_length", path);
@@ -380,8 +389,8 @@ Checkpoint load_checkpoint(const std::string& dir, std::unique_ptr<GPTModel>& mo
   }
   for (const auto& tok : vocab) {
     if (!tok.is_string() || utf8_chars(tok.get<std::string>()).size() != 1) {
-      throw std::invalid_argument(fmt::format(
-          "'{}': vocab entry {} is not a one-character string", path, tok.dump()));
+      throw std::invalid_argument(
+          fmt::format("'{}': vocab entry {} is not a one-character string", path, tok.dump()));
     }
     ck.vocab.push_back(tok.get<std::string>());
   }
@@ -404,8 +413,9 @@ Checkpoint load_checkpoint(const std::string& dir, std::unique_ptr<GPTModel>& mo
                                             path, r.missing.size(), r.missing.front()));
   }
   if (!unexpected.empty()) {
-    throw std::invalid_argument(fmt::format("'{}': {} tensor(s) the model does not have, first '{}'",
-                                            path, unexpected.size(), unexpected.front()));
+    throw std::invalid_argument(
+        fmt::format("'{}': {} tensor(s) the model does not have, first '{}'", path,
+                    unexpected.size(), unexpected.front()));
   }
   model->eval();
   return ck;
@@ -418,9 +428,9 @@ std::vector<int64_t> encode_text(const std::vector<std::string>& vocab, const st
   for (const std::string& ch : utf8_chars(text)) {
     const auto it = index.find(ch);
     if (it == index.end()) {
-      throw std::invalid_argument(fmt::format(
-          "the character {} at position {} is not in the vocabulary ({} characters)",
-          printable(ch), ids.size(), vocab.size()));
+      throw std::invalid_argument(
+          fmt::format("the character {} at position {} is not in the vocabulary ({} characters)",
+                      printable(ch), ids.size(), vocab.size()));
     }
     ids.push_back(it->second);
   }

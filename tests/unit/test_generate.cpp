@@ -55,16 +55,51 @@ struct Case {
 
 std::vector<Case> cases() {
   return {
-      {{.vocab_size = 11, .context_length = 8, .emb_dim = 4, .n_heads = 1, .n_layers = 1,
-        .drop_rate = 0.1f, .qkv_bias = false}, 1, 1},
-      {{.vocab_size = 17, .context_length = 12, .emb_dim = 8, .n_heads = 2, .n_layers = 2,
-        .drop_rate = 0.0f, .qkv_bias = true}, 2, 3},
-      {{.vocab_size = 50, .context_length = 20, .emb_dim = 24, .n_heads = 3, .n_layers = 3,
-        .drop_rate = 0.1f, .qkv_bias = false}, 1, 5},
-      {{.vocab_size = 33, .context_length = 16, .emb_dim = 32, .n_heads = 4, .n_layers = 2,
-        .drop_rate = 0.0f, .qkv_bias = true}, 2, 7},
-      {{.vocab_size = 65, .context_length = 32, .emb_dim = 64, .n_heads = 8, .n_layers = 2,
-        .drop_rate = 0.1f, .qkv_bias = false}, 2, 16},
+      {{.vocab_size = 11,
+        .context_length = 8,
+        .emb_dim = 4,
+        .n_heads = 1,
+        .n_layers = 1,
+        .drop_rate = 0.1f,
+        .qkv_bias = false},
+       1,
+       1},
+      {{.vocab_size = 17,
+        .context_length = 12,
+        .emb_dim = 8,
+        .n_heads = 2,
+        .n_layers = 2,
+        .drop_rate = 0.0f,
+        .qkv_bias = true},
+       2,
+       3},
+      {{.vocab_size = 50,
+        .context_length = 20,
+        .emb_dim = 24,
+        .n_heads = 3,
+        .n_layers = 3,
+        .drop_rate = 0.1f,
+        .qkv_bias = false},
+       1,
+       5},
+      {{.vocab_size = 33,
+        .context_length = 16,
+        .emb_dim = 32,
+        .n_heads = 4,
+        .n_layers = 2,
+        .drop_rate = 0.0f,
+        .qkv_bias = true},
+       2,
+       7},
+      {{.vocab_size = 65,
+        .context_length = 32,
+        .emb_dim = 64,
+        .n_heads = 8,
+        .n_layers = 2,
+        .drop_rate = 0.1f,
+        .qkv_bias = false},
+       2,
+       16},
   };
 }
 
@@ -72,8 +107,8 @@ std::vector<Case> cases() {
 // logits of every new position equal forward() over the whole prefix.
 TEST(GenerateCache, EveryStepMatchesFullForward) {
   for (const Case& c : cases()) {
-    SCOPED_TRACE(::testing::Message() << "V " << c.cfg.vocab_size << " E " << c.cfg.emb_dim
-                                      << " L " << c.cfg.n_layers << " B " << c.B);
+    SCOPED_TRACE(::testing::Message() << "V " << c.cfg.vocab_size << " E " << c.cfg.emb_dim << " L "
+                                      << c.cfg.n_layers << " B " << c.B);
     auto model = make_model(c.cfg, 7);
     Generator gen(11);
     const int64_t C = c.cfg.context_length;
@@ -113,12 +148,14 @@ TEST(GenerateCache, CachedAndUncachedAgree) {
                                           << temperature << " k " << top_k);
         std::vector<Tensor> logits_cached, logits_full;
         Generator g1(42), g2(42);
-        const Tensor a = generate(*model, prompt, {.max_new_tokens = n, .temperature = temperature,
-                                                   .top_k = top_k, .use_cache = true},
-                                  g1, [&](int64_t, const Tensor& l) { logits_cached.push_back(l); });
-        const Tensor b = generate(*model, prompt, {.max_new_tokens = n, .temperature = temperature,
-                                                   .top_k = top_k, .use_cache = false},
-                                  g2, [&](int64_t, const Tensor& l) { logits_full.push_back(l); });
+        const Tensor a = generate(
+            *model, prompt,
+            {.max_new_tokens = n, .temperature = temperature, .top_k = top_k, .use_cache = true},
+            g1, [&](int64_t, const Tensor& l) { logits_cached.push_back(l); });
+        const Tensor b = generate(
+            *model, prompt,
+            {.max_new_tokens = n, .temperature = temperature, .top_k = top_k, .use_cache = false},
+            g2, [&](int64_t, const Tensor& l) { logits_full.push_back(l); });
         EXPECT_EQ(a.shape(), (Shape{c.B, c.prompt_len + n}));
         EXPECT_EQ(a.to_int64_vector(), b.to_int64_vector());
         ASSERT_EQ(logits_cached.size(), static_cast<size_t>(n));
@@ -134,8 +171,8 @@ TEST(GenerateCache, CachedAndUncachedAgree) {
 // A prompt longer than context_length is cropped to its last context_length
 // tokens, as the book's idx[:, -context_size:] does.
 TEST(GenerateCache, LongPromptIsCropped) {
-  const GPTConfig cfg{.vocab_size = 13, .context_length = 6, .emb_dim = 8, .n_heads = 2,
-                      .n_layers = 1};
+  const GPTConfig cfg{
+      .vocab_size = 13, .context_length = 6, .emb_dim = 8, .n_heads = 2, .n_layers = 1};
   auto model = make_model(cfg, 1);
   Generator ids_gen(2);
   const std::vector<int64_t> ids = random_ids(10, 13, ids_gen);
@@ -175,7 +212,8 @@ TEST(GenerateSample, ArgmaxTopKAndTemperature) {
   for (int i = 0; i < 20; ++i) EXPECT_EQ(sample_next(logits, 1e-3f, 0, cold)[1], 0);
   // The same seed draws the same tokens.
   Generator s1(77), s2(77);
-  for (int i = 0; i < 20; ++i) EXPECT_EQ(sample_next(logits, 2.0f, 0, s1), sample_next(logits, 2.0f, 0, s2));
+  for (int i = 0; i < 20; ++i)
+    EXPECT_EQ(sample_next(logits, 2.0f, 0, s1), sample_next(logits, 2.0f, 0, s2));
 }
 
 // The draw is torch.multinomial's: argmax(probs / q), q = -log(1 - u) from one
@@ -187,40 +225,54 @@ TEST(GenerateSample, MultinomialDrawIsExponentialRace) {
     Generator g(seed), ref(seed);
     const double q0 = -std::log(1.0 - ref.uniform_double());
     const double q1 = -std::log(1.0 - ref.uniform_double());
-    EXPECT_EQ(sample_next(logits, 1.0f, 0, g)[0], static_cast<float>(q1) < static_cast<float>(q0) ? 1 : 0);
+    EXPECT_EQ(sample_next(logits, 1.0f, 0, g)[0],
+              static_cast<float>(q1) < static_cast<float>(q0) ? 1 : 0);
   }
 }
 
 TEST(GenerateErrors, Messages) {
-  const GPTConfig cfg{.vocab_size = 7, .context_length = 4, .emb_dim = 4, .n_heads = 2,
-                      .n_layers = 2, .drop_rate = 0.1f};
+  const GPTConfig cfg{.vocab_size = 7,
+                      .context_length = 4,
+                      .emb_dim = 4,
+                      .n_heads = 2,
+                      .n_layers = 2,
+                      .drop_rate = 0.1f};
   auto model = make_model(cfg, 1);
   Generator gen(0);
   const Tensor logits = Tensor::zeros({1, 7});
-  expect_message<std::invalid_argument>([&] { sample_next(logits, -1.0f, 0, gen); },
-                                        "sample_next: temperature must be a finite number >= 0, got -1");
-  expect_message<std::invalid_argument>([&] { sample_next(logits, 1.0f, 8, gen); },
-                                        "sample_next: top_k must be in 1..7 (the vocabulary size), got 8");
-  const Tensor ids = Tensor::from_int64({1, 3}, {1, 2, 3});
   expect_message<std::invalid_argument>(
-      [&] { generate(*model, ids, {.max_new_tokens = -1}, gen); },
-      "generate: max_new_tokens must be >= 0, got -1");
+      [&] { sample_next(logits, -1.0f, 0, gen); },
+      "sample_next: temperature must be a finite number >= 0, got -1");
+  expect_message<std::invalid_argument>(
+      [&] { sample_next(logits, 1.0f, 8, gen); },
+      "sample_next: top_k must be in 1..7 (the vocabulary size), got 8");
+  const Tensor ids = Tensor::from_int64({1, 3}, {1, 2, 3});
+  expect_message<std::invalid_argument>([&] { generate(*model, ids, {.max_new_tokens = -1}, gen); },
+                                        "generate: max_new_tokens must be >= 0, got -1");
   GPTKVCache cache = make_gpt_kv_cache(*model, 1);
   forward_cached(*model, ids, cache);
   expect_message<std::invalid_argument>(
-      [&] { forward_cached(*model, Tensor::from_int64({1, 2}, {1, 2}), cache); },
+      [&] {
+        forward_cached(*model, Tensor::from_int64({1, 2}, {1, 2}), cache);
+      },
       "forward_cached: 2 new tokens at positions 3..4 would exceed context_length 4 (the cache "
       "holds 3)");
   EXPECT_EQ(cache.length(), 3);
   expect_message<std::invalid_argument>(
-      [&] { forward_cached(*model, Tensor::from_int64({2, 1}, {1, 2}), cache); },
+      [&] {
+        forward_cached(*model, Tensor::from_int64({2, 1}, {1, 2}), cache);
+      },
       "forward_cached: input batch 2 does not match the cache's batch 1");
   expect_message<std::invalid_argument>(
-      [&] { forward_cached(*model, Tensor::from_int64({1, 1}, {7}), cache); },
+      [&] {
+        forward_cached(*model, Tensor::from_int64({1, 1}, {7}), cache);
+      },
       "forward_cached: token id 7 is out of range for vocab_size 7");
   model->train();
   expect_message<std::invalid_argument>(
-      [&] { forward_cached(*model, Tensor::from_int64({1, 1}, {1}), cache); },
+      [&] {
+        forward_cached(*model, Tensor::from_int64({1, 1}, {1}), cache);
+      },
       "forward_cached: the model is in training mode with drop_rate 0.1; call eval() first "
       "(generation applies no dropout)");
   EXPECT_EQ(cache.length(), 3);
@@ -242,8 +294,13 @@ TEST(GenerateText, EncodeDecode) {
 
 // A checkpoint written here in the shared format loads into the same model.
 TEST(GenerateCheckpoint, RoundTrip) {
-  const GPTConfig cfg{.vocab_size = 5, .context_length = 8, .emb_dim = 4, .n_heads = 2,
-                      .n_layers = 2, .drop_rate = 0.1f, .qkv_bias = true};
+  const GPTConfig cfg{.vocab_size = 5,
+                      .context_length = 8,
+                      .emb_dim = 4,
+                      .n_heads = 2,
+                      .n_layers = 2,
+                      .drop_rate = 0.1f,
+                      .qkv_bias = true};
   auto model = make_model(cfg, 9);
   const std::string dir = temp_path("ckpt");
   std::filesystem::create_directories(dir);
@@ -261,9 +318,8 @@ TEST(GenerateCheckpoint, RoundTrip) {
   EXPECT_FALSE(loaded->is_training());
   const Tensor ids = Tensor::from_int64({1, 4}, {1, 2, 3, 4});
   EXPECT_EQ(largest_diff(loaded->forward(ids), model->forward(ids)), 0.0f);
-  expect_message<std::invalid_argument>(
-      [&] { load_checkpoint(dir + "/nope", loaded); },
-      "checkpoint directory '" + dir + "/nope' does not exist");
+  expect_message<std::invalid_argument>([&] { load_checkpoint(dir + "/nope", loaded); },
+                                        "checkpoint directory '" + dir + "/nope' does not exist");
   std::filesystem::remove_all(dir);
 }
 

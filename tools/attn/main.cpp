@@ -14,6 +14,7 @@
 
 #include "bench.h"
 #include "command.h"
+#include "generate.h"
 #include "inspect.h"
 #include "walkthrough.h"
 
@@ -61,6 +62,7 @@ int main(int argc, char** argv) {
   commands.push_back(attn::cli::add_walkthrough_command(app));
   commands.push_back(attn::cli::add_bench_command(app));
   commands.push_back(attn::cli::add_inspect_command(app));
+  commands.push_back(attn::cli::add_generate_command(app));
 
   try {
     app.parse(argc, argv);
