@@ -33,6 +33,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -84,14 +85,17 @@ struct GenerateOptions {
   float temperature = 0.0f;  // 0: greedy (argmax)
   int64_t top_k = 0;         // 0: no top-k filtering
   bool use_cache = true;     // false: a full forward over the (cropped) prefix every step
+  // The book's eos_id: stop, without appending it, when the sampled token is
+  // eos_id (for B > 1: when every row's token is).
+  std::optional<int64_t> eos_id = std::nullopt;
 };
 
 // The book's generate: for max_new_tokens steps, the logits of the last
 // position of the last context_length tokens, sample_next, append.
-// idx (B, T) int64 -> (B, T + max_new_tokens). With use_cache the prompt is
-// prefilled once and each step feeds one token (sliding window beyond
-// context_length as described above). `on_step(step, logits)`, when given, sees
-// each step's last-position logits (B, V) before sampling.
+// idx (B, T) int64 -> (B, T + max_new_tokens), fewer when eos_id stopped it. With use_cache the
+// prompt is prefilled once and each step feeds one token (sliding window beyond context_length as
+// described above). `on_step(step, logits)`, when given, sees each step's last-position logits (B,
+// V) before sampling.
 Tensor generate(GPTModel& model, const Tensor& idx, const GenerateOptions& options, Generator& gen,
                 const std::function<void(int64_t, const Tensor&)>& on_step = nullptr);
 

@@ -297,12 +297,17 @@ Tensor generate(GPTModel& model, const Tensor& idx, const GenerateOptions& optio
     }
     if (on_step) on_step(step, last);
     const std::vector<int64_t> next = sample_next(last, options.temperature, options.top_k, gen);
+    // if idx_next == eos_id: break
+    if (options.eos_id &&
+        std::all_of(next.begin(), next.end(), [&](int64_t id) { return id == *options.eos_id; })) {
+      break;
+    }
     for (int64_t b = 0; b < B; ++b)
       rows[static_cast<size_t>(b)].push_back(next[static_cast<size_t>(b)]);
   }
   std::vector<int64_t> out;
   for (const auto& r : rows) out.insert(out.end(), r.begin(), r.end());
-  return Tensor::from_int64({B, T0 + options.max_new_tokens}, out);
+  return Tensor::from_int64({B, static_cast<int64_t>(rows.front().size())}, out);
 }
 
 // ---- checkpoints ----------------------------------------------------------------------

@@ -11,6 +11,9 @@ Protocol per case (tests/torch/test_generate_torch.cpp repeats it):
     per run: torch.manual_seed(run_seed)
              sampled = generate(model, prompt, max_new_tokens, context_length,
                                 temperature, top_k)
+Batch-1 cases add a greedy and a sampled run with eos_id = the token the
+greedy run generates at step max_new_tokens // 2 (the book's early stop).
+
 Recorded: the configuration, the prompt ids, every parameter's float32 bits
 (the C++ side loads them, so it runs on torch's own weights whatever kernel
 torch's randn took), the greedy ids, each sampled run's ids, and the logits of
@@ -63,6 +66,14 @@ def run_case(case) -> dict:
         out = bgen.generate(model, prompt, n, c["context_length"], temperature, top_k)
         sampled.append({"seed": run_seed, "temperature": temperature, "top_k": top_k or 0,
                         "ids": out.tolist()})
+    # eos_id (batch 1): a token the greedy run generates, so that it stops early.
+    if B == 1:
+        eos = int(greedy[0, T0 + n // 2])
+        for run_seed, temperature, top_k in [(0, 0.0, None)] + list(runs[:1]):
+            torch.manual_seed(run_seed)
+            out = bgen.generate(model, prompt, n, c["context_length"], temperature, top_k, eos)
+            sampled.append({"seed": run_seed, "temperature": temperature, "top_k": top_k or 0,
+                            "eos_id": eos, "ids": out.tolist()})
     # Greedy through generate() (temperature 0) is generate_text_simple's.
     assert torch.equal(bgen.generate(model, prompt, n, c["context_length"]), greedy)
     params = [[name, tensor_bits_json(p)] for name, p in model.named_parameters()]

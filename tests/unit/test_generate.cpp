@@ -5,6 +5,7 @@
 // and argmax; the checkpoint reader and text encoding; every error message.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <memory>
@@ -184,6 +185,49 @@ TEST(GenerateCache, LongPromptIsCropped) {
   const Tensor expected = model->forward(tail).select(1, 5);
   ASSERT_EQ(seen.size(), 1u);
   EXPECT_LE(largest_diff(seen[0], expected), kTolerance);
+}
+
+// The book's eos_id: the loop stops before appending the first eos token.
+TEST(GenerateCache, EosStopsEarly) {
+  const GPTConfig cfg{
+      .vocab_size = 19, .context_length = 10, .emb_dim = 8, .n_heads = 2, .n_layers = 2};
+  auto model = make_model(cfg, 4);
+  const Tensor prompt = Tensor::from_int64({1, 2}, {3, 5});
+  for (float temperature : {0.0f, 1.0f}) {
+    Generator g0(8);
+    const std::vector<int64_t> full =
+        generate(*model, prompt, {.max_new_tokens = 12, .temperature = temperature}, g0)
+            .to_int64_vector();
+    const int64_t eos = full[6];
+    const auto first = std::find(full.begin() + 2, full.end(), eos) - full.begin();
+    for (bool use_cache : {true, false}) {
+      Generator g(8);
+      const Tensor out = generate(
+          *model, prompt,
+          {.max_new_tokens = 12, .temperature = temperature, .use_cache = use_cache, .eos_id = eos},
+          g);
+      EXPECT_EQ(out.to_int64_vector(), std::vector<int64_t>(full.begin(), full.begin() + first));
+    }
+  }
+  // With B = 2 it stops only when both rows give eos_id; 12 steps otherwise.
+  Generator g(1);
+  const Tensor two = Tensor::from_int64({2, 2}, {3, 5, 7, 1});
+  const std::vector<int64_t> ids =
+      generate(*model, two, {.max_new_tokens = 12}, g).to_int64_vector();
+  for (int64_t eos : {ids[2], ids[16], ids[9]}) {
+    int64_t steps = 12;  // the first step at which both rows give eos
+    for (int64_t s = 0; s < 12; ++s) {
+      if (ids[static_cast<size_t>(2 + s)] == eos && ids[static_cast<size_t>(16 + s)] == eos) {
+        steps = s;
+        break;
+      }
+    }
+    std::vector<int64_t> expected(ids.begin(), ids.begin() + 2 + steps);
+    expected.insert(expected.end(), ids.begin() + 14, ids.begin() + 16 + steps);
+    Generator g2(1);
+    const Tensor out = generate(*model, two, {.max_new_tokens = 12, .eos_id = eos}, g2);
+    EXPECT_EQ(out.to_int64_vector(), expected) << "eos " << eos;
+  }
 }
 
 TEST(GenerateSample, ArgmaxTopKAndTemperature) {
