@@ -6,6 +6,7 @@
 #include "attn/functional_gpt.h"
 #include "attn/fused.h"
 #include "attn/gemm.h"
+#include "attn/generate.h"
 #include "attn/gpt.h"
 #include "attn/kernels.h"
 #include "attn/kv_cache.h"

@@ -14,6 +14,7 @@
 
 #include "bench.h"
 #include "command.h"
+#include "generate.h"
 #include "inspect.h"
 #include "plot.h"
 #include "walkthrough.h"
@@ -63,6 +64,7 @@ int main(int argc, char** argv) {
   commands.push_back(attn::cli::add_bench_command(app));
   commands.push_back(attn::cli::add_inspect_command(app));
   commands.push_back(attn::cli::add_plot_command(app));
+  commands.push_back(attn::cli::add_generate_command(app));
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,122 @@
+// attn/generate.h - text generation with the chapter-4 GPT: a key/value cache
+// for the whole model, the book's sampler (chapter 5 `generate`) and the
+// checkpoint reader `attn generate` uses.
+//
+//   nn::GPTModel model(cfg);
+//   model.eval();
+//   nn::GPTKVCache cache = nn::make_gpt_kv_cache(model, /*batch=*/1);
+//   Tensor logits = nn::forward_cached(model, prompt_ids, cache);  // (1, T0, V): prefill
+//   Tensor next = nn::forward_cached(model, one_id, cache);        // (1, 1, V)
+//
+//   Generator gen(123);
+//   Tensor out = nn::generate(model, prompt_ids, {.max_new_tokens = 20,
+//                                                 .temperature = 1.0f, .top_k = 5}, gen);
+//
+// forward_cached(ids) treats the T_new new tokens as absolute positions
+// cache.length() .. cache.length() + T_new - 1 (they index pos_emb) and returns
+// the same logits GPTModel::forward gives for those rows of the whole sequence
+// (up to rounding). Evaluation only: no dropout, nothing saved for backward,
+// the modules' own state untouched.
+//
+// Beyond context_length: the cache holds at most context_length tokens. The
+// book's generate crops its input to the last context_length tokens
+// (idx[:, -context_size:]), so once a sequence is longer than that the model
+// sees a sliding window whose positions restart at 0. generate() does exactly
+// that: when the next token no longer fits, the cache is emptied and re-filled
+// from the last context_length tokens (a full prefill per generated token from
+// then on), so its tokens and logits are the book's. forward_cached itself
+// never slides: tokens that would not fit are an std::invalid_argument naming
+// the positions and context_length.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attn/gpt.h"
+#include "attn/kv_cache.h"
+#include "attn/random.h"
+#include "attn/tensor.h"
+
+namespace attn::nn {
+
+// One KVCache per transformer block, for `batch` sequences that advance together.
+struct GPTKVCache {
+  std::vector<KVCache> layers;  // layers[i]: trf_blocks.i.att
+  int64_t batch = 0;
+  int64_t context_length = 0;
+  // Tokens cached so far: the next token's position.
+  int64_t length() const { return layers.empty() ? 0 : layers.front().length; }
+  int64_t remaining() const { return context_length - length(); }
+  void reset();
+};
+
+// An empty cache for `batch` sequences through `model`. Throws
+// std::invalid_argument when batch < 1.
+GPTKVCache make_gpt_kv_cache(GPTModel& model, int64_t batch);
+
+// New token ids (B, T_new) int64, T_new >= 1 -> logits (B, T_new, V) at
+// positions cache.length() ..; appends their keys and values to every layer.
+// Throws std::invalid_argument (cache unchanged) when the ids are not (B, T_new)
+// int64 with the cache's B, an id is outside [0, vocab_size), the tokens would
+// not fit in context_length, the cache was made for another model shape, or
+// the model is in training mode with drop_rate > 0.
+Tensor forward_cached(GPTModel& model, const Tensor& ids, GPTKVCache& cache);
+
+// The book's sampling of one next token per row, from logits (B, V) float32:
+//   top_k > 0:        logits below the k-th largest of the row become -inf;
+//   temperature > 0:  probs = softmax(logits / temperature),
+//                     torch.multinomial(probs, 1): PyTorch 1.13's CPU draw
+//                     (argmax of probs / q, q ~ Exp(1), one double uniform per
+//                     element, row-major), so a seeded Generator gives torch's
+//                     tokens for torch.manual_seed with the same seed;
+//   temperature == 0: argmax (the first maximum), no draw.
+// -> (B) token ids. Throws std::invalid_argument for temperature < 0 (or not
+// finite), top_k < 0 or top_k > V.
+std::vector<int64_t> sample_next(const Tensor& logits, float temperature, int64_t top_k,
+                                 Generator& gen);
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 0;
+  float temperature = 0.0f;  // 0: greedy (argmax)
+  int64_t top_k = 0;         // 0: no top-k filtering
+  bool use_cache = true;     // false: a full forward over the (cropped) prefix every step
+  // The book's eos_id: stop, without appending it, when the sampled token is
+  // eos_id (for B > 1: when every row's token is).
+  std::optional<int64_t> eos_id = std::nullopt;
+};
+
+// The book's generate: for max_new_tokens steps, the logits of the last
+// position of the last context_length tokens, sample_next, append.
+// idx (B, T) int64 -> (B, T + max_new_tokens), fewer when eos_id stopped it. With use_cache the
+// prompt is prefilled once and each step feeds one token (sliding window beyond context_length as
+// described above). `on_step(step, logits)`, when given, sees each step's last-position logits (B,
+// V) before sampling.
+Tensor generate(GPTModel& model, const Tensor& idx, const GenerateOptions& options, Generator& gen,
+                const std::function<void(int64_t, const Tensor&)>& on_step = nullptr);
+
+// A GPT checkpoint directory (docs/generation.md, "Checkpoints"):
+// DIR/checkpoint.safetensors with the model's state_dict (F32), metadata
+// "format" = "attn-checkpoint-1", "config" (JSON object of the GPTConfig
+// fields) and "vocab" (JSON array of one-character strings, in id order);
+// optim.* tensors of a training checkpoint are ignored.
+struct Checkpoint {
+  GPTConfig config;
+  std::vector<std::string> vocab;  // id -> one UTF-8 character
+  std::map<std::string, std::string> metadata;
+};
+// Reads the metadata and loads the weights into a new model (returned through
+// `model`, made from the checkpoint's config). Throws std::invalid_argument or
+// std::runtime_error naming the file and what is wrong.
+Checkpoint load_checkpoint(const std::string& dir, std::unique_ptr<GPTModel>& model);
+
+// UTF-8 text -> ids with the vocabulary; throws std::invalid_argument naming the
+// first character that is not in it (and its code point).
+std::vector<int64_t> encode_text(const std::vector<std::string>& vocab, const std::string& text);
+std::string decode_ids(const std::vector<std::string>& vocab, const std::vector<int64_t>& ids);
+
+}  // namespace attn::nn

@@ -1,0 +1,457 @@
+// Generation with the chapter-4 GPT (attn/generate.h): the whole model's
+// key/value cache, the book's sampler and the checkpoint reader.
+#include "attn/generate.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "attn/functional.h"
+#include "attn/functional_gpt.h"
+#include "attn/ops.h"
+#include "attn/safetensors.h"
+#include "nn/checks.h"
+
+namespace attn::nn {
+namespace {
+
+constexpr float kLayerNormEps = 1e-5f;  // GPTModel's LayerNorms use the default eps
+
+const Tensor* bias_or_null(const Linear& layer) {
+  return layer.options().bias ? &layer.bias.value : nullptr;
+}
+
+// tok_emb.weight[ids[b, t]] + pos_emb.weight[start + t] -> (B, T, E), as
+// GPTModel::forward's add(tok_embeds, pos_embeds) rounds it.
+Tensor embed(GPTModel& model, const std::vector<int64_t>& ids, int64_t B, int64_t T,
+             int64_t start) {
+  const int64_t E = model.config().emb_dim;
+  const Tensor tok = model.tok_emb.weight.value.contiguous();  // (V, E)
+  const Tensor pos = model.pos_emb.weight.value.contiguous();  // (context_length, E)
+  Tensor x = Tensor::empty({B, T, E});                         // (B, T, E)
+  float* out = x.data();
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      const float* tr = tok.data() + ids[static_cast<size_t>(b * T + t)] * E;
+      const float* pr = pos.data() + (start + t) * E;
+      float* o = out + (b * T + t) * E;
+      for (int64_t e = 0; e < E; ++e) o[e] = tr[e] + pr[e];
+    }
+  }
+  return x;
+}
+
+// The last-position logits (B, V) of logits (B, T, V).
+Tensor last_position(const Tensor& logits) {
+  return logits.select(1, logits.size(1) - 1).contiguous();
+}
+
+// ids (B, n) of the last n tokens of every row.
+Tensor tail_ids(const std::vector<std::vector<int64_t>>& rows, int64_t n) {
+  std::vector<int64_t> flat;
+  for (const auto& r : rows) flat.insert(flat.end(), r.end() - n, r.end());
+  return Tensor::from_int64({static_cast<int64_t>(rows.size()), n}, flat);
+}
+
+// The UTF-8 sequences of text, one string per character.
+std::vector<std::string> utf8_chars(const std::string& text) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i < text.size()) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    size_t len = c < 0x80           ? 1
+                 : (c >> 5) == 0x6  ? 2
+                 : (c >> 4) == 0xe  ? 3
+                 : (c >> 3) == 0x1e ? 4
+                                    : 0;
+    if (len == 0 || i + len > text.size()) {
+      throw std::invalid_argument(
+          fmt::format("the text is not valid UTF-8 (byte 0x{:02x} at offset {})", c, i));
+    }
+    for (size_t k = 1; k < len; ++k) {
+      if ((static_cast<unsigned char>(text[i + k]) >> 6) != 0x2) {
+        throw std::invalid_argument(
+            fmt::format("the text is not valid UTF-8 (byte 0x{:02x} at offset {})",
+                        static_cast<unsigned char>(text[i + k]), i + k));
+      }
+    }
+    out.push_back(text.substr(i, len));
+    i += len;
+  }
+  return out;
+}
+
+uint32_t code_point(const std::string& ch) {
+  const auto c0 = static_cast<unsigned char>(ch[0]);
+  if (ch.size() == 1) return c0;
+  uint32_t cp = c0 & (0x7fu >> ch.size());
+  for (size_t k = 1; k < ch.size(); ++k)
+    cp = (cp << 6) | (static_cast<unsigned char>(ch[k]) & 0x3fu);
+  return cp;
+}
+
+std::string printable(const std::string& ch) {
+  const uint32_t cp = code_point(ch);
+  if (cp < 0x20 || cp == 0x7f) return fmt::format("U+{:04X}", cp);
+  return fmt::format("'{}' (U+{:04X})", ch, cp);
+}
+
+}  // namespace
+
+// ---- the whole model's cache ------------------------------------------------------
+
+void GPTKVCache::reset() {
+  for (KVCache& layer : layers) layer.reset();
+}
+
+GPTKVCache make_gpt_kv_cache(GPTModel& model, int64_t batch) {
+  detail::check_positive("make_gpt_kv_cache", "batch", batch);
+  GPTKVCache cache;
+  cache.batch = batch;
+  cache.context_length = model.config().context_length;
+  for (int64_t i = 0; i < model.trf_blocks.size(); ++i) {
+    cache.layers.push_back(make_kv_cache(model.trf_blocks[i].att, batch));
+  }
+  return cache;
+}
+
+Tensor forward_cached(GPTModel& model, const Tensor& ids, GPTKVCache& cache) {
+  const GPTConfig& cfg = model.config();
+  if (ids.dtype() != DType::kInt64 || ids.dim() != 2 || ids.size(0) < 1 || ids.size(1) < 1) {
+    throw std::invalid_argument(
+        fmt::format("forward_cached: expected token ids (B, T_new) of int64 with B, T_new >= 1, "
+                    "got {} of shape {}",
+                    dtype_name(ids.dtype()), shape_str(ids.shape())));
+  }
+  const int64_t B = ids.size(0), T = ids.size(1), start = cache.length();
+  if (static_cast<int64_t>(cache.layers.size()) != model.trf_blocks.size() ||
+      cache.context_length != cfg.context_length) {
+    throw std::invalid_argument(fmt::format(
+        "forward_cached: cache made for {} layers and context_length {} but the model has {} "
+        "and {}",
+        cache.layers.size(), cache.context_length, model.trf_blocks.size(), cfg.context_length));
+  }
+  for (const KVCache& layer : cache.layers) {
+    if (layer.length != start) {
+      throw std::invalid_argument(
+          fmt::format("forward_cached: the layers' caches hold different lengths ({} and {})",
+                      start, layer.length));
+    }
+  }
+  if (B != cache.batch) {
+    throw std::invalid_argument(fmt::format(
+        "forward_cached: input batch {} does not match the cache's batch {}", B, cache.batch));
+  }
+  if (start + T > cfg.context_length) {
+    throw std::invalid_argument(fmt::format(
+        "forward_cached: {} new token{} at positions {}..{} would exceed context_length {} (the "
+        "cache holds {})",
+        T, T == 1 ? "" : "s", start, start + T - 1, cfg.context_length, start));
+  }
+  if (model.is_training() && cfg.drop_rate > 0.0f) {
+    throw std::invalid_argument(
+        fmt::format("forward_cached: the model is in training mode with drop_rate {}; call "
+                    "eval() first (generation applies no dropout)",
+                    cfg.drop_rate));
+  }
+  const std::vector<int64_t> id_values = ids.to_int64_vector();
+  for (int64_t id : id_values) {
+    if (id < 0 || id >= cfg.vocab_size) {
+      throw std::invalid_argument(fmt::format(
+          "forward_cached: token id {} is out of range for vocab_size {}", id, cfg.vocab_size));
+    }
+  }
+
+  Tensor x = embed(model, id_values, B, T, start);  // (B, T, E)
+  for (int64_t i = 0; i < model.trf_blocks.size(); ++i) {
+    TransformerBlock& block = model.trf_blocks[i];
+    const Tensor h1 = ref::layer_norm_forward(x, block.norm1.scale.value, block.norm1.shift.value,
+                                              kLayerNormEps, nullptr);
+    const Tensor a = forward_cached(block.att, h1, cache.layers[static_cast<size_t>(i)]);
+    const Tensor x1 = add(a, x);  // (B, T, E)
+    const Tensor h2 = ref::layer_norm_forward(x1, block.norm2.scale.value, block.norm2.shift.value,
+                                              kLayerNormEps, nullptr);
+    const Tensor u = ref::linear_forward(h2, block.ff.fc.weight.value, bias_or_null(block.ff.fc));
+    const Tensor f = ref::linear_forward(ref::gelu_forward(u), block.ff.proj.weight.value,
+                                         bias_or_null(block.ff.proj));  // (B, T, E)
+    x = add(f, x1);
+  }
+  x = ref::layer_norm_forward(x, model.final_norm.scale.value, model.final_norm.shift.value,
+                              kLayerNormEps, nullptr);
+  return ref::linear_forward(x, model.out_head.weight.value, nullptr);  // (B, T, V)
+}
+
+// ---- sampling -------------------------------------------------------------------------
+
+std::vector<int64_t> sample_next(const Tensor& logits_in, float temperature, int64_t top_k,
+                                 Generator& gen) {
+  if (logits_in.dtype() != DType::kFloat32 || logits_in.dim() != 2 || logits_in.size(1) < 1) {
+    throw std::invalid_argument(
+        fmt::format("sample_next: expected logits (B, V) of float32, got {} of shape {}",
+                    dtype_name(logits_in.dtype()), shape_str(logits_in.shape())));
+  }
+  const int64_t B = logits_in.size(0), V = logits_in.size(1);
+  if (!(temperature >= 0.0f) || !std::isfinite(temperature)) {
+    throw std::invalid_argument(
+        fmt::format("sample_next: temperature must be a finite number >= 0, got {}", temperature));
+  }
+  if (top_k < 0 || top_k > V) {
+    throw std::invalid_argument(
+        fmt::format("sample_next: top_k must be in 1..{} (the vocabulary size), got {}", V, top_k));
+  }
+  Tensor logits = logits_in.contiguous().clone();  // (B, V), filtered in place
+  float* l = logits.data();
+  if (top_k > 0) {
+    // top_logits, _ = torch.topk(logits, top_k); min_val = top_logits[:, -1]
+    // logits = torch.where(logits < min_val, -inf, logits)
+    std::vector<float> row(static_cast<size_t>(V));
+    for (int64_t b = 0; b < B; ++b) {
+      float* r = l + b * V;
+      std::copy(r, r + V, row.begin());
+      std::nth_element(row.begin(), row.begin() + (top_k - 1), row.end(), std::greater<float>());
+      const float min_val = row[static_cast<size_t>(top_k - 1)];
+      for (int64_t v = 0; v < V; ++v) {
+        if (r[v] < min_val) r[v] = -std::numeric_limits<float>::infinity();
+      }
+    }
+  }
+  std::vector<int64_t> next(static_cast<size_t>(B));
+  if (temperature > 0.0f) {
+    // probs = torch.softmax(logits / temperature, dim=-1)
+    const Tensor probs = softmax(div(logits, temperature), -1);  // (B, V)
+    // torch.multinomial(probs, num_samples=1) on the CPU (PyTorch 1.13): with one
+    // sample it draws q = empty_like(probs).exponential_(1), row-major, each
+    // -1/lambda * log(1 - u) from one double uniform, rounded to float, and takes
+    // argmax(probs / q) per row.
+    const float* p = probs.data();
+    for (int64_t b = 0; b < B; ++b) {
+      float best = -std::numeric_limits<float>::infinity();
+      int64_t best_v = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        const double u = gen.uniform_double();
+        const auto q = static_cast<float>(-1.0 / 1.0 * std::log(1.0 - u));
+        const float score = p[b * V + v] / q;
+        if (score > best || v == 0) {
+          best = score;
+          best_v = v;
+        }
+      }
+      next[static_cast<size_t>(b)] = best_v;
+    }
+  } else {
+    // idx_next = torch.argmax(logits, dim=-1): the first maximum.
+    for (int64_t b = 0; b < B; ++b) {
+      const float* r = l + b * V;
+      next[static_cast<size_t>(b)] = std::max_element(r, r + V) - r;
+    }
+  }
+  return next;
+}
+
+Tensor generate(GPTModel& model, const Tensor& idx, const GenerateOptions& options, Generator& gen,
+                const std::function<void(int64_t, const Tensor&)>& on_step) {
+  if (idx.dtype() != DType::kInt64 || idx.dim() != 2 || idx.size(0) < 1 || idx.size(1) < 1) {
+    throw std::invalid_argument(fmt::format(
+        "generate: expected token ids (B, T) of int64 with B, T >= 1, got {} of shape {}",
+        dtype_name(idx.dtype()), shape_str(idx.shape())));
+  }
+  if (options.max_new_tokens < 0) {
+    throw std::invalid_argument(
+        fmt::format("generate: max_new_tokens must be >= 0, got {}", options.max_new_tokens));
+  }
+  const int64_t V = model.config().vocab_size, C = model.config().context_length;
+  if (!(options.temperature >= 0.0f) || !std::isfinite(options.temperature)) {
+    throw std::invalid_argument(fmt::format(
+        "generate: temperature must be a finite number >= 0, got {}", options.temperature));
+  }
+  if (options.top_k < 0 || options.top_k > V) {
+    throw std::invalid_argument(fmt::format(
+        "generate: top_k must be in 1..{} (the vocabulary size), got {}", V, options.top_k));
+  }
+  const int64_t B = idx.size(0), T0 = idx.size(1);
+  const std::vector<int64_t> flat = idx.to_int64_vector();
+  std::vector<std::vector<int64_t>> rows(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    rows[static_cast<size_t>(b)].assign(flat.begin() + b * T0, flat.begin() + (b + 1) * T0);
+  }
+  GPTKVCache cache;
+  if (options.use_cache) cache = make_gpt_kv_cache(model, B);
+  for (int64_t step = 0; step < options.max_new_tokens; ++step) {
+    const int64_t len = static_cast<int64_t>(rows.front().size());
+    Tensor last;  // (B, V)
+    if (!options.use_cache) {
+      // idx_cond = idx[:, -context_size:]; logits = model(idx_cond)[:, -1, :]
+      last = last_position(model.forward(tail_ids(rows, std::min(len, C))));
+    } else if (step > 0 && cache.length() < C) {
+      last = last_position(forward_cached(model, tail_ids(rows, 1), cache));  // one new token
+    } else {
+      // The prompt, or a sliding window once the sequence no longer fits:
+      // re-fill the cache from the last context_length tokens (positions from 0).
+      cache.reset();
+      last = last_position(forward_cached(model, tail_ids(rows, std::min(len, C)), cache));
+    }
+    if (on_step) on_step(step, last);
+    const std::vector<int64_t> next = sample_next(last, options.temperature, options.top_k, gen);
+    // if idx_next == eos_id: break
+    if (options.eos_id &&
+        std::all_of(next.begin(), next.end(), [&](int64_t id) { return id == *options.eos_id; })) {
+      break;
+    }
+    for (int64_t b = 0; b < B; ++b)
+      rows[static_cast<size_t>(b)].push_back(next[static_cast<size_t>(b)]);
+  }
+  std::vector<int64_t> out;
+  for (const auto& r : rows) out.insert(out.end(), r.begin(), r.end());
+  return Tensor::from_int64({B, static_cast<int64_t>(rows.front().size())}, out);
+}
+
+// ---- checkpoints ----------------------------------------------------------------------
+
+namespace {
+
+int64_t config_int(const nlohmann::json& cfg, const char* key, const std::string& file) {
+  if (!cfg.contains(key)) {
+    throw std::invalid_argument(fmt::format("'{}': metadata \"config\" lacks \"{}\"", file, key));
+  }
+  const nlohmann::json& v = cfg.at(key);
+  if (!v.is_number_integer()) {
+    throw std::invalid_argument(
+        fmt::format("'{}': config \"{}\" must be an integer, got {}", file, key, v.dump()));
+  }
+  return v.get<int64_t>();
+}
+
+}  // namespace
+
+Checkpoint load_checkpoint(const std::string& dir, std::unique_ptr<GPTModel>& model) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(dir)) {
+    throw std::invalid_argument(fmt::format("checkpoint directory '{}' does not exist", dir));
+  }
+  const std::string path = (fs::path(dir) / "checkpoint.safetensors").string();
+  if (!fs::exists(path)) {
+    throw std::invalid_argument(
+        fmt::format("'{}' does not exist (a checkpoint directory holds "
+                    "checkpoint.safetensors)",
+                    path));
+  }
+  const io::SafetensorsFile file = io::read_safetensors(path);
+  Checkpoint ck;
+  ck.metadata = file.metadata;
+  auto meta = [&](const char* key) -> const std::string& {
+    const auto it = file.metadata.find(key);
+    if (it == file.metadata.end()) {
+      throw std::invalid_argument(fmt::format("'{}': metadata has no \"{}\"", path, key));
+    }
+    return it->second;
+  };
+  if (meta("format") != "attn-checkpoint-1") {
+    throw std::invalid_argument(
+        fmt::format("'{}': metadata \"format\" is \"{}\", expected \"attn-checkpoint-1\"", path,
+                    meta("format")));
+  }
+  nlohmann::json cfg;
+  try {
+    cfg = nlohmann::json::parse(meta("config"));
+  } catch (const nlohmann::json::parse_error& e) {
+    throw std::invalid_argument(
+        fmt::format("'{}': metadata \"config\" is not valid JSON: {}", path, e.what()));
+  }
+  if (!cfg.is_object()) {
+    throw std::invalid_argument(
+        fmt::format("'{}': metadata \"config\" is not a JSON object", path));
+  }
+  ck.config.vocab_size = config_int(cfg, "vocab_size", path);
+  ck.config.context_length = config_int(cfg, "context_length", path);
+  ck.config.emb_dim = config_int(cfg, "emb_dim", path);
+  ck.config.n_heads = config_int(cfg, "n_heads", path);
+  ck.config.n_layers = config_int(cfg, "n_layers", path);
+  if (!cfg.contains("drop_rate") || !cfg.at("drop_rate").is_number()) {
+    throw std::invalid_argument(
+        fmt::format("'{}': config \"drop_rate\" is missing or not a number", path));
+  }
+  ck.config.drop_rate = cfg.at("drop_rate").get<float>();
+  if (!cfg.contains("qkv_bias") || !cfg.at("qkv_bias").is_boolean()) {
+    throw std::invalid_argument(
+        fmt::format("'{}': config \"qkv_bias\" is missing or not a boolean", path));
+  }
+  ck.config.qkv_bias = cfg.at("qkv_bias").get<bool>();
+
+  nlohmann::json vocab;
+  try {
+    vocab = nlohmann::json::parse(meta("vocab"));
+  } catch (const nlohmann::json::parse_error& e) {
+    throw std::invalid_argument(
+        fmt::format("'{}': metadata \"vocab\" is not valid JSON: {}", path, e.what()));
+  }
+  if (!vocab.is_array()) {
+    throw std::invalid_argument(fmt::format("'{}': metadata \"vocab\" is not a JSON array", path));
+  }
+  for (const auto& tok : vocab) {
+    if (!tok.is_string() || utf8_chars(tok.get<std::string>()).size() != 1) {
+      throw std::invalid_argument(
+          fmt::format("'{}': vocab entry {} is not a one-character string", path, tok.dump()));
+    }
+    ck.vocab.push_back(tok.get<std::string>());
+  }
+  if (static_cast<int64_t>(ck.vocab.size()) != ck.config.vocab_size) {
+    throw std::invalid_argument(fmt::format("'{}': vocab has {} tokens but config vocab_size is {}",
+                                            path, ck.vocab.size(), ck.config.vocab_size));
+  }
+  try {
+    model = std::make_unique<GPTModel>(ck.config);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(fmt::format("'{}': bad config: {}", path, e.what()));
+  }
+  const io::LoadResult r = io::load_state_dict(*model, file, /*strict=*/false);
+  std::vector<std::string> unexpected;
+  for (const auto& name : r.unexpected) {
+    if (name.rfind("optim.", 0) != 0) unexpected.push_back(name);
+  }
+  if (!r.missing.empty()) {
+    throw std::invalid_argument(fmt::format("'{}': {} of the model's tensors missing, first '{}'",
+                                            path, r.missing.size(), r.missing.front()));
+  }
+  if (!unexpected.empty()) {
+    throw std::invalid_argument(
+        fmt::format("'{}': {} tensor(s) the model does not have, first '{}'", path,
+                    unexpected.size(), unexpected.front()));
+  }
+  model->eval();
+  return ck;
+}
+
+std::vector<int64_t> encode_text(const std::vector<std::string>& vocab, const std::string& text) {
+  std::map<std::string, int64_t> index;
+  for (size_t i = 0; i < vocab.size(); ++i) index.emplace(vocab[i], static_cast<int64_t>(i));
+  std::vector<int64_t> ids;
+  for (const std::string& ch : utf8_chars(text)) {
+    const auto it = index.find(ch);
+    if (it == index.end()) {
+      throw std::invalid_argument(
+          fmt::format("the character {} at position {} is not in the vocabulary ({} characters)",
+                      printable(ch), ids.size(), vocab.size()));
+    }
+    ids.push_back(it->second);
+  }
+  return ids;
+}
+
+std::string decode_ids(const std::vector<std::string>& vocab, const std::vector<int64_t>& ids) {
+  std::string text;
+  for (int64_t id : ids) {
+    if (id < 0 || id >= static_cast<int64_t>(vocab.size())) {
+      throw std::invalid_argument(
+          fmt::format("decode: token id {} is out of range for {} tokens", id, vocab.size()));
+    }
+    text += vocab[static_cast<size_t>(id)];
+  }
+  return text;
+}
+
+}  // namespace attn::nn

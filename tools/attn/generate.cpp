@@ -1,0 +1,216 @@
+// generate.cpp - `attn generate` (generate.h): parses the flags, loads the
+// checkpoint (or builds GPT_CONFIG_124M with random weights for --benchmark)
+// and calls nn::generate; the benchmark times nn::forward_cached and
+// GPTModel::forward directly.
+#include "generate.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attn/generate.h"
+#include "attn/gpt.h"
+#include "attn/random.h"
+
+namespace attn::cli {
+namespace {
+
+struct Flags {
+  std::string checkpoint;
+  std::string config;
+  std::string prompt;
+  int64_t max_new_tokens = 50;
+  float temperature = 0.0f;
+  std::optional<int64_t> top_k;
+  uint64_t seed = 123;
+  bool no_cache = false;
+  bool benchmark = false;
+  int64_t prompt_tokens = 32;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The prompt's ids: the text through the vocabulary, or prompt_tokens random ids
+// (a model without a vocabulary).
+std::vector<int64_t> benchmark_prompt(const Flags& f, const nn::Checkpoint* ck, int64_t vocab,
+                                      Generator& gen) {
+  if (ck != nullptr && !f.prompt.empty()) return nn::encode_text(ck->vocab, f.prompt);
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < f.prompt_tokens; ++i)
+    ids.push_back(static_cast<int64_t>(gen.random() % static_cast<uint64_t>(vocab)));
+  return ids;
+}
+
+// Greedy decoding of n tokens after the prompt, timed in two parts: the prompt
+// (one prefill, or one full forward) and the n generated tokens.
+void run_benchmark(nn::GPTModel& model, const std::vector<int64_t>& prompt, int64_t n) {
+  const int64_t T0 = static_cast<int64_t>(prompt.size());
+  const int64_t C = model.config().context_length;
+  if (T0 + n > C) {
+    throw UsageError(fmt::format(
+        "--benchmark: the prompt ({} tokens) plus --max-new-tokens {} exceed context_length {}", T0,
+        n, C));
+  }
+  Generator unused(0);
+  auto argmax_last = [&](const Tensor& logits) {
+    const Tensor last = logits.select(1, logits.size(1) - 1).contiguous();  // (1, V)
+    return nn::sample_next(last, 0.0f, 0, unused)[0];
+  };
+  std::cout << fmt::format(
+      "model: vocab_size {}, context_length {}, emb_dim {}, n_heads {}, n_layers {}\n"
+      "prompt: {} tokens, then {} generated tokens (greedy), batch 1\n",
+      model.config().vocab_size, C, model.config().emb_dim, model.config().n_heads,
+      model.config().n_layers, T0, n);
+  std::vector<int64_t> cached_tokens, full_tokens;
+  for (bool use_cache : {true, false}) {
+    std::vector<int64_t> seq = prompt;
+    nn::GPTKVCache cache;
+    if (use_cache) cache = nn::make_gpt_kv_cache(model, 1);
+    auto start = std::chrono::steady_clock::now();
+    const Tensor prompt_ids = Tensor::from_int64({1, T0}, prompt);
+    int64_t next = argmax_last(use_cache ? nn::forward_cached(model, prompt_ids, cache)
+                                         : model.forward(prompt_ids));
+    const double t_prompt = seconds_since(start);
+    start = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < n; ++i) {
+      seq.push_back(next);
+      if (i + 1 == n) break;  // the last token needs no forward
+      next = argmax_last(
+          use_cache
+              ? nn::forward_cached(model, Tensor::from_int64({1, 1}, {next}), cache)
+              : model.forward(Tensor::from_int64({1, static_cast<int64_t>(seq.size())}, seq)));
+    }
+    const double t_gen = seconds_since(start);
+    // Every generated token but the first costs one forward (the first came from the prompt's).
+    const int64_t steps = n > 0 ? n - 1 : 0;
+    std::cout << fmt::format(
+        "{:<9} prompt processing {:8.1f} tokens/s ({:.3f} s)   generation {:8.2f} tokens/s "
+        "({} tokens in {:.3f} s)\n",
+        use_cache ? "cache:" : "no cache:", static_cast<double>(T0) / t_prompt, t_prompt,
+        steps > 0 ? static_cast<double>(steps) / t_gen : 0.0, steps, t_gen);
+    (use_cache ? cached_tokens : full_tokens) = seq;
+  }
+  std::cout << fmt::format("same tokens with and without the cache: {}\n",
+                           cached_tokens == full_tokens ? "yes" : "NO");
+}
+
+}  // namespace
+
+Command add_generate_command(CLI::App& app) {
+  auto flags = std::make_shared<Flags>();
+  CLI::App* cmd = app.add_subcommand(
+      "generate",
+      "Generate text from a GPT checkpoint one token at a time with a key/value cache per layer, "
+      "sampling as the book's generate does (top-k, then temperature; temperature 0 is argmax)");
+  cmd->footer(
+      "Past context_length the model sees the last context_length tokens (the book's sliding "
+      "window): the cache is re-filled from them for every further token.\n\n"
+      "Examples:\n"
+      "  attn generate --checkpoint run1 --prompt 'To be' --max-new-tokens 200 --temperature 0.8 "
+      "--top-k 10 --seed 1\n"
+      "  attn generate --config 124m --benchmark --prompt-tokens 32 --max-new-tokens 32");
+  cmd->add_option("--checkpoint", flags->checkpoint,
+                  "Checkpoint directory (DIR/checkpoint.safetensors)")
+      ->type_name("DIR");
+
+  cmd->add_option("--config", flags->config,
+                  "Instead of a checkpoint: GPT_CONFIG_124M with random weights (manual_seed "
+                  "--seed); only with --benchmark")
+      ->type_name("124m");
+  cmd->add_option("--prompt", flags->prompt, "The text to continue (characters of the vocabulary)")
+      ->type_name("TEXT");
+  cmd->add_option("--max-new-tokens", flags->max_new_tokens, "Tokens to generate (default 50)")
+      ->type_name("N");
+  cmd->add_option("--temperature", flags->temperature,
+                  "Softmax temperature; 0 (the default) takes the argmax")
+      ->type_name("T");
+  cmd->add_option("--top-k", flags->top_k, "Sample among the K largest logits only (1..vocab)")
+      ->type_name("K");
+  cmd->add_option("--seed", flags->seed, "Seed of the sampling generator (default 123)")
+      ->type_name("S");
+  cmd->add_flag("--no-cache", flags->no_cache,
+                "Recompute the whole prefix every step instead of using the cache");
+  cmd->add_flag("--benchmark", flags->benchmark,
+                "Print prompt-processing and generation tokens/s with and without the cache "
+                "(greedy)");
+  cmd->add_option("--prompt-tokens", flags->prompt_tokens,
+                  "--benchmark without --prompt: this many random token ids (default 32)")
+      ->type_name("N");
+
+  auto run = [flags]() -> int {
+    const Flags& f = *flags;
+    if (!f.checkpoint.empty() && !f.config.empty()) {
+      throw UsageError("generate: give either --checkpoint or --config, not both");
+    }
+    if (!f.config.empty() && f.config != "124m") {
+      throw UsageError(fmt::format("generate: --config must be 124m, got '{}'", f.config));
+    }
+    if (f.checkpoint.empty() && f.config.empty()) {
+      throw UsageError("generate: give --checkpoint DIR (or --config 124m with --benchmark)");
+    }
+    if (!f.config.empty() && !f.benchmark) {
+      throw UsageError(
+          "generate: --config 124m makes a random-weight model without a vocabulary; use it with "
+          "--benchmark");
+    }
+    if (f.max_new_tokens < 0) {
+      throw UsageError(
+          fmt::format("generate: --max-new-tokens must be >= 0, got {}", f.max_new_tokens));
+    }
+    if (!(f.temperature >= 0.0f) || !std::isfinite(f.temperature)) {
+      throw UsageError(fmt::format("generate: --temperature must be a finite number >= 0, got {}",
+                                   f.temperature));
+    }
+    if (f.top_k && *f.top_k < 1) {
+      throw UsageError(fmt::format("generate: --top-k must be >= 1, got {}", *f.top_k));
+    }
+    if (f.prompt_tokens < 1) {
+      throw UsageError(
+          fmt::format("generate: --prompt-tokens must be >= 1, got {}", f.prompt_tokens));
+    }
+
+    std::unique_ptr<nn::GPTModel> model;
+    std::optional<nn::Checkpoint> ck;
+    if (!f.checkpoint.empty()) {
+      ck = nn::load_checkpoint(f.checkpoint, model);
+    } else {
+      manual_seed(f.seed);
+      model = std::make_unique<nn::GPTModel>(nn::GPT_CONFIG_124M);
+      model->eval();
+    }
+    const int64_t V = model->config().vocab_size;
+    if (f.top_k && *f.top_k > V) {
+      throw UsageError(fmt::format(
+          "generate: --top-k must be at most the vocabulary size {}, got {}", V, *f.top_k));
+    }
+    if (f.benchmark) {
+      Generator gen(f.seed);
+      run_benchmark(*model, benchmark_prompt(f, ck ? &*ck : nullptr, V, gen), f.max_new_tokens);
+      return std::cout ? 0 : 1;
+    }
+    if (f.prompt.empty()) throw UsageError("generate: --prompt must have at least one character");
+    const std::vector<int64_t> ids = nn::encode_text(ck->vocab, f.prompt);
+    Generator gen(f.seed);
+    const Tensor out =
+        nn::generate(*model, Tensor::from_int64({1, static_cast<int64_t>(ids.size())}, ids),
+                     {.max_new_tokens = f.max_new_tokens,
+                      .temperature = f.temperature,
+                      .top_k = f.top_k.value_or(0),
+                      .use_cache = !f.no_cache},
+                     gen);
+    std::cout << nn::decode_ids(ck->vocab, out.to_int64_vector()) << '\n';
+    std::cout.flush();
+    return std::cout ? 0 : 1;
+  };
+  return Command{cmd, run};
+}
+
+}  // namespace attn::cli
