@@ -15,6 +15,7 @@
 #include "bench.h"
 #include "command.h"
 #include "inspect.h"
+#include "train.h"
 #include "walkthrough.h"
 
 #ifndef ATTN_VERSION
@@ -61,6 +62,7 @@ int main(int argc, char** argv) {
   commands.push_back(attn::cli::add_walkthrough_command(app));
   commands.push_back(attn::cli::add_bench_command(app));
   commands.push_back(attn::cli::add_inspect_command(app));
+  commands.push_back(attn::cli::add_train_command(app));
 
   try {
     app.parse(argc, argv);
