@@ -183,6 +183,7 @@ Command add_train_command(CLI::App& app) {
 
     struct sigaction sa {};
     sa.sa_handler = on_sigint;
+    sa.sa_flags = SA_RESETHAND;  // a second Ctrl-C kills at once (the last checkpoint stays whole)
     sigemptyset(&sa.sa_mask);
     struct sigaction old {};
     sigaction(SIGINT, &sa, &old);
@@ -193,6 +194,7 @@ Command add_train_command(CLI::App& app) {
     std::vector<double> step_ms;  // since the last evaluation
     std::vector<double> all_ms;   // this process's steps
     const int64_t first_iter = trainer.iter();
+    clock::time_point last_draw{};
     float loss = 0.0f;
     bool interrupted = false;
     const int64_t log_every = std::max<int64_t>(1, std::min<int64_t>(options.eval_interval / 5, 50));
@@ -244,7 +246,8 @@ Command add_train_command(CLI::App& app) {
       all_ms.push_back(ms);
       const int64_t done = trainer.iter();
       const double tok_s = static_cast<double>(trainer.tokens_per_step()) * 1e3 / median(all_ms);
-      if (bar) {
+      if (bar && (clock::now() - last_draw > std::chrono::milliseconds(100) || done == options.max_iters)) {
+        last_draw = clock::now();  // at most 10 redraws a second
         const int64_t width = 24;
         const int64_t filled = options.max_iters > 0 ? width * done / options.max_iters : width;
         std::cout << fmt::format("\r\033[K[{}{}] {}/{} loss {:.4f} {:.0f} tok/s ETA {}",
@@ -252,7 +255,7 @@ Command add_train_command(CLI::App& app) {
                                  std::string(static_cast<size_t>(width - filled), '.'), done, options.max_iters,
                                  loss, tok_s, duration(eta(done)));
         std::cout.flush();
-      } else if (done % log_every == 0) {
+      } else if (!bar && done % log_every == 0) {
         std::cout << fmt::format("step {}/{} loss {:.4f} {:.0f} tok/s ETA {}\n", done, options.max_iters, loss,
                                  tok_s, duration(eta(done)));
         std::cout.flush();
