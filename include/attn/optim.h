@@ -67,6 +67,13 @@ class AdamW {
   void set_lr(double lr);
   double lr() const { return options_.lr; }
   int64_t steps() const { return steps_; }
+  // The state, for checkpoints: the moments of parameter `param` of group
+  // `group` (m and v, the parameter's shape; handles on the optimizer's own
+  // storage, so copy_ into them to restore) and the step count t.
+  Tensor& exp_avg(size_t group, size_t param) { return state_.at(group).at(param).exp_avg; }
+  Tensor& exp_avg_sq(size_t group, size_t param) { return state_.at(group).at(param).exp_avg_sq; }
+  // Throws std::invalid_argument for steps < 0.
+  void set_steps(int64_t steps);
   const std::vector<ParamGroup>& groups() const { return groups_; }
 
  private:

@@ -21,6 +21,18 @@
 
 namespace attn {
 
+// Everything a Generator's future draws depend on: a Generator given a state
+// with set_state draws exactly what the one that get_state() was taken from
+// would have drawn next (torch.Generator.get_state / set_state; a different
+// layout from PyTorch's byte tensor).
+struct GeneratorState {
+  uint64_t seed = 0;                // initial_seed()
+  std::array<uint32_t, 624> mt{};   // the MT19937 state vector
+  int left = 1;                     // draws left before the next twist (1..624)
+  int next = 0;                     // index of the next word (0..623)
+  std::optional<double> cached_normal;
+};
+
 class Generator {
  public:
   static constexpr uint64_t kDefaultSeed = 67280421310721ULL;  // PyTorch's default seed
@@ -29,6 +41,9 @@ class Generator {
   // Reseed: only seed & 0xffffffff reaches MT19937; clears the cached normal.
   void manual_seed(uint64_t seed);
   uint64_t initial_seed() const { return seed_; }
+  GeneratorState get_state() const;
+  // Throws std::invalid_argument naming left or next when out of range.
+  void set_state(const GeneratorState& state);
 
   uint32_t random();    // one tempered MT19937 output
   uint64_t random64();  // (first << 32) | second

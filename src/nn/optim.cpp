@@ -59,6 +59,11 @@ void AdamW::set_lr(double lr) {
   options_.lr = lr;
 }
 
+void AdamW::set_steps(int64_t steps) {
+  if (steps < 0) throw std::invalid_argument(fmt::format("AdamW: invalid step count: {}", steps));
+  steps_ = steps;
+}
+
 void AdamW::zero_grad() {
   for (ParamGroup& g : groups_) {
     for (nn::Parameter* p : g.params) p->grad.fill_(0.0f);

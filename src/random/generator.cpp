@@ -53,6 +53,27 @@ void Generator::manual_seed(uint64_t seed) {
   cached_normal_.reset();
 }
 
+GeneratorState Generator::get_state() const {
+  return GeneratorState{.seed = seed_, .mt = state_, .left = left_, .next = next_,
+                        .cached_normal = cached_normal_};
+}
+
+void Generator::set_state(const GeneratorState& s) {
+  // random() decrements left first and twists when it reaches 0 (next = 0),
+  // then reads state_[next]: left in [1, N], next in [0, N] and
+  // left + next <= N + 1 keep that read in bounds (next = N only with left = 1).
+  if (s.left < 1 || s.left > kN || s.next < 0 || s.next > kN || s.left + s.next > kN + 1)
+    throw std::invalid_argument(fmt::format(
+        "Generator::set_state: left {} / next {} out of range (left in [1, {}], next in [0, {}], "
+        "left + next <= {})",
+        s.left, s.next, kN, kN, kN + 1));
+  seed_ = s.seed;
+  state_ = s.mt;
+  left_ = s.left;
+  next_ = s.next;
+  cached_normal_ = s.cached_normal;
+}
+
 void Generator::init_genrand(uint32_t seed) {
   state_[0] = seed;
   for (int j = 1; j < kN; ++j) {

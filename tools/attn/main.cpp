@@ -17,6 +17,7 @@
 #include "generate.h"
 #include "inspect.h"
 #include "plot.h"
+#include "train.h"
 #include "walkthrough.h"
 
 #ifndef ATTN_VERSION
@@ -65,6 +66,7 @@ int main(int argc, char** argv) {
   commands.push_back(attn::cli::add_inspect_command(app));
   commands.push_back(attn::cli::add_plot_command(app));
   commands.push_back(attn::cli::add_generate_command(app));
+  commands.push_back(attn::cli::add_train_command(app));
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,554 @@
+// Training a character-level GPT (attn/train.h).
+#include "attn/train.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <stdexcept>
+
+#include "attn/safetensors.h"
+
+namespace attn::train {
+
+using nlohmann::json;
+
+// ---- UTF-8 ---------------------------------------------------------------------------------
+
+std::vector<char32_t> decode_utf8(std::string_view text) {
+  std::vector<char32_t> out;
+  out.reserve(text.size());
+  const auto byte = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
+  size_t i = 0;
+  while (i < text.size()) {
+    const unsigned char b0 = byte(i);
+    auto bad = [&](const char* why) {
+      return std::invalid_argument(fmt::format("invalid UTF-8 at byte offset {}: {} (byte 0x{:02X})",
+                                               i, why, b0));
+    };
+    if (b0 < 0x80) {
+      out.push_back(b0);
+      ++i;
+      continue;
+    }
+    int len = 0;
+    char32_t cp = 0, min = 0;
+    if ((b0 & 0xE0) == 0xC0) {
+      len = 2, cp = b0 & 0x1F, min = 0x80;
+    } else if ((b0 & 0xF0) == 0xE0) {
+      len = 3, cp = b0 & 0x0F, min = 0x800;
+    } else if ((b0 & 0xF8) == 0xF0) {
+      len = 4, cp = b0 & 0x07, min = 0x10000;
+    } else {
+      throw bad((b0 & 0xC0) == 0x80 ? "unexpected continuation byte" : "invalid lead byte");
+    }
+    if (i + static_cast<size_t>(len) > text.size()) throw bad("sequence cut short by the end of the text");
+    for (int k = 1; k < len; ++k) {
+      const unsigned char b = byte(i + static_cast<size_t>(k));
+      if ((b & 0xC0) != 0x80) throw bad("missing continuation byte");
+      cp = (cp << 6) | (b & 0x3F);
+    }
+    if (cp < min) throw bad("overlong encoding");
+    if (cp >= 0xD800 && cp <= 0xDFFF) throw bad("surrogate code point");
+    if (cp > 0x10FFFF) throw bad("code point above U+10FFFF");
+    out.push_back(cp);
+    i += static_cast<size_t>(len);
+  }
+  return out;
+}
+
+std::string encode_utf8(char32_t cp) {
+  if ((cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF)
+    throw std::invalid_argument(fmt::format("encode_utf8: U+{:04X} is not a Unicode scalar value",
+                                            static_cast<uint32_t>(cp)));
+  std::string s;
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    s += static_cast<char>(0xC0 | (cp >> 6));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    s += static_cast<char>(0xE0 | (cp >> 12));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    s += static_cast<char>(0xF0 | (cp >> 18));
+    s += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
+// ---- CharTokenizer -------------------------------------------------------------------------
+
+CharTokenizer CharTokenizer::from_text(std::string_view text) {
+  if (text.empty()) throw std::invalid_argument("the text is empty");
+  const std::vector<char32_t> cps = decode_utf8(text);
+  const std::set<char32_t> distinct(cps.begin(), cps.end());
+  std::vector<std::string> vocab;
+  for (char32_t cp : distinct) vocab.push_back(encode_utf8(cp));
+  return CharTokenizer(std::move(vocab));
+}
+
+CharTokenizer::CharTokenizer(std::vector<std::string> vocab) : vocab_(std::move(vocab)) {
+  if (vocab_.empty()) throw std::invalid_argument("CharTokenizer: the vocabulary is empty");
+  for (size_t id = 0; id < vocab_.size(); ++id) {
+    std::vector<char32_t> cps;
+    try {
+      cps = decode_utf8(vocab_[id]);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(fmt::format("CharTokenizer: vocabulary entry {}: {}", id, e.what()));
+    }
+    if (cps.size() != 1)
+      throw std::invalid_argument(fmt::format(
+          "CharTokenizer: vocabulary entry {} ({}) is {} characters, expected exactly 1", id,
+          json(vocab_[id]).dump(), cps.size()));
+    if (!ids_.emplace(cps[0], static_cast<int64_t>(id)).second)
+      throw std::invalid_argument(fmt::format("CharTokenizer: vocabulary entry {} ({}) repeats entry {}",
+                                              id, json(vocab_[id]).dump(), ids_.at(cps[0])));
+  }
+}
+
+std::vector<int64_t> CharTokenizer::encode(std::string_view text) const {
+  const std::vector<char32_t> cps = decode_utf8(text);
+  std::vector<int64_t> ids;
+  ids.reserve(cps.size());
+  size_t offset = 0;
+  for (char32_t cp : cps) {
+    const auto it = ids_.find(cp);
+    if (it == ids_.end())
+      throw std::invalid_argument(fmt::format("character U+{:04X} at byte offset {} is not in the vocabulary",
+                                              static_cast<uint32_t>(cp), offset));
+    ids.push_back(it->second);
+    offset += encode_utf8(cp).size();
+  }
+  return ids;
+}
+
+std::string CharTokenizer::decode(const std::vector<int64_t>& ids) const {
+  std::string out;
+  for (int64_t id : ids) {
+    if (id < 0 || id >= size())
+      throw std::out_of_range(fmt::format("token id {} is outside the vocabulary [0, {})", id, size()));
+    out += vocab_[static_cast<size_t>(id)];
+  }
+  return out;
+}
+
+std::string CharTokenizer::to_json() const { return json(vocab_).dump(); }
+
+CharTokenizer CharTokenizer::from_json(const std::string& text) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw std::invalid_argument(fmt::format("vocabulary: not JSON: {}", e.what()));
+  }
+  if (!j.is_array()) throw std::invalid_argument("vocabulary: expected a JSON array of strings");
+  std::vector<std::string> vocab;
+  for (const auto& e : j) {
+    if (!e.is_string()) throw std::invalid_argument("vocabulary: expected a JSON array of strings");
+    vocab.push_back(e.get<std::string>());
+  }
+  return CharTokenizer(std::move(vocab));
+}
+
+// ---- Batcher -------------------------------------------------------------------------------
+
+Batcher::Batcher(std::vector<int64_t> data, int64_t batch_size, int64_t context_length)
+    : data_(std::move(data)), batch_size_(batch_size), context_length_(context_length) {
+  if (batch_size < 1 || context_length < 1)
+    throw std::invalid_argument(
+        fmt::format("Batcher: batch_size {} and context_length {} must be >= 1", batch_size, context_length));
+  if (static_cast<int64_t>(data_.size()) < context_length + 1)
+    throw std::invalid_argument(fmt::format("Batcher: {} tokens, need at least context_length + 1 = {}",
+                                            data_.size(), context_length + 1));
+}
+
+std::pair<Tensor, Tensor> Batcher::next(Generator& gen) const {
+  const auto B = static_cast<size_t>(batch_size_), T = static_cast<size_t>(context_length_);
+  const uint64_t range = data_.size() - T;  // offsets [0, n - T)
+  std::vector<int64_t> x(B * T), y(B * T);  // (B, T) each
+  for (size_t b = 0; b < B; ++b) {
+    // torch.randint(high) for high < 2^32: one 32-bit draw modulo the range.
+    const uint64_t i = range < (uint64_t{1} << 32) ? gen.random() % range : gen.random64() % range;
+    std::copy_n(data_.begin() + static_cast<std::ptrdiff_t>(i), T, x.begin() + static_cast<std::ptrdiff_t>(b * T));
+    std::copy_n(data_.begin() + static_cast<std::ptrdiff_t>(i + 1), T,
+                y.begin() + static_cast<std::ptrdiff_t>(b * T));
+  }
+  const Shape shape{batch_size_, context_length_};
+  return {Tensor::from_int64(shape, x), Tensor::from_int64(shape, y)};
+}
+
+// ---- TrainOptions --------------------------------------------------------------------------
+
+void TrainOptions::validate() const {
+  auto at_least = [](const char* name, int64_t v, int64_t min) {
+    if (v < min) throw std::invalid_argument(fmt::format("--{} must be >= {}, got {}", name, min, v));
+  };
+  at_least("n-layers", n_layers, 1);
+  at_least("n-heads", n_heads, 1);
+  at_least("emb-dim", emb_dim, 1);
+  at_least("context-length", context_length, 1);
+  at_least("batch-size", batch_size, 1);
+  at_least("max-iters", max_iters, 0);
+  at_least("warmup-iters", warmup_iters, 0);
+  at_least("eval-interval", eval_interval, 1);
+  at_least("eval-iters", eval_iters, 1);
+  if (emb_dim % n_heads != 0)
+    throw std::invalid_argument(
+        fmt::format("--n-heads {} must divide --emb-dim {}", n_heads, emb_dim));
+  if (!(lr > 0.0 && std::isfinite(lr))) throw std::invalid_argument(fmt::format("--lr must be > 0, got {}", lr));
+  if (!(min_lr >= 0.0 && min_lr <= lr))
+    throw std::invalid_argument(fmt::format("--min-lr must be in [0, --lr = {}], got {}", lr, min_lr));
+  if (!(weight_decay >= 0.0 && std::isfinite(weight_decay)))
+    throw std::invalid_argument(fmt::format("--weight-decay must be >= 0, got {}", weight_decay));
+  if (!(grad_clip >= 0.0 && std::isfinite(grad_clip)))
+    throw std::invalid_argument(fmt::format("--grad-clip must be >= 0 (0: off), got {}", grad_clip));
+  if (!(drop_rate >= 0.0 && drop_rate < 1.0))
+    throw std::invalid_argument(fmt::format("--drop-rate must be in [0, 1), got {}", drop_rate));
+  if (!(beta1 >= 0.0 && beta1 < 1.0 && beta2 >= 0.0 && beta2 < 1.0))
+    throw std::invalid_argument(fmt::format("betas must be in [0, 1), got ({}, {})", beta1, beta2));
+}
+
+std::string TrainOptions::to_json() const {
+  nlohmann::ordered_json j;
+  j["n_layers"] = n_layers;
+  j["n_heads"] = n_heads;
+  j["emb_dim"] = emb_dim;
+  j["context_length"] = context_length;
+  j["batch_size"] = batch_size;
+  j["max_iters"] = max_iters;
+  j["lr"] = lr;
+  j["min_lr"] = min_lr;
+  j["warmup_iters"] = warmup_iters;
+  j["weight_decay"] = weight_decay;
+  j["grad_clip"] = grad_clip;
+  j["drop_rate"] = drop_rate;
+  j["eval_interval"] = eval_interval;
+  j["eval_iters"] = eval_iters;
+  j["seed"] = seed;
+  j["beta1"] = beta1;
+  j["beta2"] = beta2;
+  return j.dump();
+}
+
+TrainOptions TrainOptions::from_json(const std::string& text, TrainOptions o) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw std::invalid_argument(fmt::format("train_args: not JSON: {}", e.what()));
+  }
+  if (!j.is_object()) throw std::invalid_argument("train_args: expected a JSON object");
+  try {
+    auto get = [&](const char* key, auto& field) {
+      if (j.contains(key)) field = j.at(key).get<std::remove_reference_t<decltype(field)>>();
+    };
+    get("n_layers", o.n_layers);
+    get("n_heads", o.n_heads);
+    get("emb_dim", o.emb_dim);
+    get("context_length", o.context_length);
+    get("batch_size", o.batch_size);
+    get("max_iters", o.max_iters);
+    get("lr", o.lr);
+    get("min_lr", o.min_lr);
+    get("warmup_iters", o.warmup_iters);
+    get("weight_decay", o.weight_decay);
+    get("grad_clip", o.grad_clip);
+    get("drop_rate", o.drop_rate);
+    get("eval_interval", o.eval_interval);
+    get("eval_iters", o.eval_iters);
+    get("seed", o.seed);
+    get("beta1", o.beta1);
+    get("beta2", o.beta2);
+  } catch (const json::exception& e) {
+    throw std::invalid_argument(fmt::format("train_args: {}", e.what()));
+  }
+  return o;
+}
+
+TrainOptions TrainOptions::from_json(const std::string& text) { return from_json(text, TrainOptions{}); }
+
+Split split_90_10(const std::vector<int64_t>& tokens) {
+  const auto n = static_cast<std::ptrdiff_t>(tokens.size() * 9 / 10);
+  return Split{std::vector<int64_t>(tokens.begin(), tokens.begin() + n),
+               std::vector<int64_t>(tokens.begin() + n, tokens.end())};
+}
+
+// ---- config and generator as JSON ----------------------------------------------------------
+
+std::string config_to_json(const nn::GPTConfig& c) {
+  nlohmann::ordered_json j;
+  j["vocab_size"] = c.vocab_size;
+  j["context_length"] = c.context_length;
+  j["emb_dim"] = c.emb_dim;
+  j["n_heads"] = c.n_heads;
+  j["n_layers"] = c.n_layers;
+  j["drop_rate"] = static_cast<double>(c.drop_rate);
+  j["qkv_bias"] = c.qkv_bias;
+  return j.dump();
+}
+
+nn::GPTConfig config_from_json(const std::string& text) {
+  try {
+    const json j = json::parse(text);
+    nn::GPTConfig c;
+    c.vocab_size = j.at("vocab_size").get<int64_t>();
+    c.context_length = j.at("context_length").get<int64_t>();
+    c.emb_dim = j.at("emb_dim").get<int64_t>();
+    c.n_heads = j.at("n_heads").get<int64_t>();
+    c.n_layers = j.at("n_layers").get<int64_t>();
+    c.drop_rate = j.at("drop_rate").get<float>();
+    c.qkv_bias = j.at("qkv_bias").get<bool>();
+    return c;
+  } catch (const json::exception& e) {
+    throw std::invalid_argument(fmt::format("config: {}", e.what()));
+  }
+}
+
+namespace {
+
+std::string generator_to_json(const GeneratorState& s) {
+  nlohmann::ordered_json j;
+  j["seed"] = s.seed;
+  j["left"] = s.left;
+  j["next"] = s.next;
+  j["mt"] = s.mt;
+  if (s.cached_normal) j["cached_normal"] = *s.cached_normal;  // doubles round-trip in JSON
+  return j.dump();
+}
+
+GeneratorState generator_from_json(const std::string& text) {
+  try {
+    const json j = json::parse(text);
+    GeneratorState s;
+    s.seed = j.at("seed").get<uint64_t>();
+    s.left = j.at("left").get<int>();
+    s.next = j.at("next").get<int>();
+    const auto mt = j.at("mt").get<std::vector<uint32_t>>();
+    if (mt.size() != s.mt.size())
+      throw std::invalid_argument(fmt::format("generator: mt has {} words, expected {}", mt.size(), s.mt.size()));
+    std::copy(mt.begin(), mt.end(), s.mt.begin());
+    if (j.contains("cached_normal")) s.cached_normal = j.at("cached_normal").get<double>();
+    return s;
+  } catch (const json::exception& e) {
+    throw std::invalid_argument(fmt::format("generator: {}", e.what()));
+  }
+}
+
+const std::string& meta(const std::map<std::string, std::string>& m, const std::string& key,
+                        const std::string& path) {
+  const auto it = m.find(key);
+  if (it == m.end())
+    throw std::invalid_argument(fmt::format("checkpoint '{}' has no metadata \"{}\"", path, key));
+  return it->second;
+}
+
+int64_t meta_int(const std::map<std::string, std::string>& m, const std::string& key, const std::string& path) {
+  const std::string& v = meta(m, key, path);
+  try {
+    size_t used = 0;
+    const int64_t x = std::stoll(v, &used);
+    if (used == v.size() && x >= -1) return x;
+  } catch (const std::exception&) {
+  }
+  throw std::invalid_argument(fmt::format("checkpoint '{}': metadata \"{}\" = \"{}\" is not an iteration count",
+                                          path, key, v));
+}
+
+}  // namespace
+
+// ---- Trainer -------------------------------------------------------------------------------
+
+namespace {
+
+const TrainOptions& validated(const TrainOptions& o) {
+  o.validate();
+  return o;
+}
+
+Split checked_split(const std::vector<int64_t>& tokens, int64_t context_length) {
+  Split s = split_90_10(tokens);
+  const auto need = static_cast<size_t>(context_length + 1);
+  if (s.train.size() < need || s.val.size() < need)
+    throw std::invalid_argument(fmt::format(
+        "the text has {} characters: its 90/10 split gives {} training and {} validation tokens, each "
+        "needs at least --context-length + 1 = {}",
+        tokens.size(), s.train.size(), s.val.size(), need));
+  return s;
+}
+
+}  // namespace
+
+Trainer::Trainer(std::string_view text, const TrainOptions& options)
+    : Trainer(validated(options), CharTokenizer::from_text(text),
+              checked_split(CharTokenizer::from_text(text).encode(text), options.context_length)) {}
+
+Trainer::Trainer(const TrainOptions& options, CharTokenizer tokenizer, Split split)
+    : options_(options),
+      tokenizer_(std::move(tokenizer)),
+      train_(std::move(split.train), options.batch_size, options.context_length),
+      val_(std::move(split.val), options.batch_size, options.context_length),
+      gen_(std::make_unique<Generator>(options.seed)) {
+  const nn::GPTConfig cfg{.vocab_size = tokenizer_.size(),
+                          .context_length = options_.context_length,
+                          .emb_dim = options_.emb_dim,
+                          .n_heads = options_.n_heads,
+                          .n_layers = options_.n_layers,
+                          .drop_rate = static_cast<float>(options_.drop_rate),
+                          .qkv_bias = false};
+  // Training uses the fused attention (with drop_rate 0 kAuto picks it anyway;
+  // with dropout its Philox masks, not PyTorch's).
+  model_ = std::make_unique<nn::GPTModel>(cfg, nn::GPTOptions{.exact_dropout = false}, *gen_);
+  model_->train();
+  optimizer_ = std::make_unique<optim::AdamW>(
+      *model_, optim::AdamWOptions{.lr = options_.lr,
+                                   .beta1 = options_.beta1,
+                                   .beta2 = options_.beta2,
+                                   .eps = 1e-8,
+                                   .weight_decay = options_.weight_decay});
+  params_ = model_->named_parameters();
+}
+
+float Trainer::step() {
+  const optim::CosineSchedule schedule{.learning_rate = options_.lr,
+                                       .min_lr = options_.min_lr,
+                                       .warmup_iters = options_.warmup_iters,
+                                       .lr_decay_iters = options_.max_iters};
+  optimizer_->set_lr(optim::get_lr(iter_, schedule));
+  auto [x, y] = train_.next(*gen_);
+  optimizer_->zero_grad();
+  nn::CrossEntropyLoss loss_fn;
+  const Tensor logits = model_->forward(x);  // (B, T, V)
+  const float loss = loss_fn.forward(logits, y);
+  model_->backward(loss_fn.backward());
+  if (options_.grad_clip > 0.0) optim::clip_grad_norm(*model_, options_.grad_clip);
+  optimizer_->step();
+  ++iter_;
+  return loss;
+}
+
+EvalResult Trainer::evaluate() {
+  model_->eval();
+  auto mean_loss = [&](const Batcher& data) {
+    double sum = 0.0;
+    for (int64_t k = 0; k < options_.eval_iters; ++k) {
+      auto [x, y] = data.next(*gen_);
+      nn::CrossEntropyLoss loss_fn;
+      sum += static_cast<double>(loss_fn.forward(model_->forward(x), y));
+    }
+    return sum / static_cast<double>(options_.eval_iters);
+  };
+  EvalResult r;
+  r.iter = iter_;
+  r.train_loss = mean_loss(train_);
+  r.val_loss = mean_loss(val_);
+  model_->train();
+  last_eval_iter_ = iter_;
+  return r;
+}
+
+std::map<std::string, std::string> Trainer::metadata() const {
+  return {{"format", kCheckpointFormat},
+          {"config", config_to_json(model_->config())},
+          {"vocab", tokenizer_.to_json()},
+          {"iter", std::to_string(iter_)},
+          {"optim_step", std::to_string(optimizer_->steps())},
+          {"train_args", options_.to_json()},
+          {"generator", generator_to_json(gen_->get_state())},
+          {"last_eval_iter", std::to_string(last_eval_iter_)}};
+}
+
+namespace {
+
+// The optimizer's moments by parameter name, in the groups' order.
+template <typename F>
+void for_each_moment(optim::AdamW& opt, const std::vector<std::pair<std::string, nn::Parameter*>>& params,
+                     F&& f) {
+  const auto& groups = opt.groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (size_t i = 0; i < groups[g].params.size(); ++i) {
+      const auto it = std::find_if(params.begin(), params.end(),
+                                   [&](const auto& np) { return np.second == groups[g].params[i]; });
+      f(it->first, opt.exp_avg(g, i), opt.exp_avg_sq(g, i));
+    }
+  }
+}
+
+}  // namespace
+
+void Trainer::save(const std::string& path) const {
+  std::vector<std::pair<std::string, Tensor>> tensors = model_->state_dict();
+  for_each_moment(*optimizer_, params_, [&](const std::string& name, const Tensor& m, const Tensor& v) {
+    tensors.emplace_back("optim." + name + ".exp_avg", m);
+    tensors.emplace_back("optim." + name + ".exp_avg_sq", v);
+  });
+  io::write_safetensors(path, tensors, metadata());
+}
+
+void Trainer::resume(const std::string& path) {
+  const io::SafetensorsFile file = io::read_safetensors(path);
+  const auto& m = file.metadata;
+  if (meta(m, "format", path) != kCheckpointFormat)
+    throw std::invalid_argument(fmt::format("checkpoint '{}' has format \"{}\", expected \"{}\"", path,
+                                            meta(m, "format", path), kCheckpointFormat));
+  const CharTokenizer vocab = CharTokenizer::from_json(meta(m, "vocab", path));
+  if (vocab.vocab() != tokenizer_.vocab())
+    throw std::invalid_argument(fmt::format(
+        "checkpoint '{}' has a vocabulary of {} characters that differs from this text's {} characters", path,
+        vocab.size(), tokenizer_.size()));
+  const nn::GPTConfig saved = config_from_json(meta(m, "config", path));
+  const nn::GPTConfig& cfg = model_->config();
+  auto check = [&](const char* name, auto a, auto b) {
+    if (a != b)
+      throw std::invalid_argument(
+          fmt::format("config mismatch: checkpoint '{}' has {} = {}, this run {}", path, name, a, b));
+  };
+  check("context_length", saved.context_length, cfg.context_length);
+  check("emb_dim", saved.emb_dim, cfg.emb_dim);
+  check("n_heads", saved.n_heads, cfg.n_heads);
+  check("n_layers", saved.n_layers, cfg.n_layers);
+  check("drop_rate", saved.drop_rate, cfg.drop_rate);
+  check("qkv_bias", saved.qkv_bias, cfg.qkv_bias);
+
+  const int64_t iter = meta_int(m, "iter", path);
+  const int64_t optim_step = meta_int(m, "optim_step", path);
+  const int64_t last_eval = meta_int(m, "last_eval_iter", path);
+  const GeneratorState gen_state = generator_from_json(meta(m, "generator", path));
+
+  // Every tensor must be there with its shape before anything is written.
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& [name, t] : file.tensors) by_name[name] = &t;
+  std::vector<std::pair<Tensor, const Tensor*>> copies;  // destination, source
+  auto want = [&](const std::string& name, const Tensor& dst) {
+    const auto it = by_name.find(name);
+    if (it == by_name.end())
+      throw std::invalid_argument(fmt::format("checkpoint '{}' has no tensor \"{}\"", path, name));
+    if (it->second->dtype() != DType::kFloat32 || it->second->shape() != dst.shape())
+      throw std::invalid_argument(fmt::format("checkpoint '{}': tensor \"{}\" is {} {}, expected F32 {}", path,
+                                              name, dtype_name(it->second->dtype()),
+                                              shape_str(it->second->shape()), shape_str(dst.shape())));
+    copies.emplace_back(dst, it->second);
+    by_name.erase(it);
+  };
+  for (auto& [name, t] : model_->state_dict()) want(name, t);
+  for_each_moment(*optimizer_, params_, [&](const std::string& name, Tensor& mo, Tensor& v) {
+    want("optim." + name + ".exp_avg", mo);
+    want("optim." + name + ".exp_avg_sq", v);
+  });
+  if (!by_name.empty())
+    throw std::invalid_argument(
+        fmt::format("checkpoint '{}' has an unexpected tensor \"{}\"", path, by_name.begin()->first));
+
+  gen_->set_state(gen_state);
+  for (auto& [dst, src] : copies) dst.copy_(*src);
+  optimizer_->set_steps(optim_step);
+  iter_ = iter;
+  last_eval_iter_ = last_eval;
+}
+
+}  // namespace attn::train

@@ -1,0 +1,503 @@
+// Training (attn/train.h) and `attn train`: UTF-8, the tokenizer, the
+// generator's state, batches, options, exact resume, SIGINT / SIGKILL, the
+// loss a small model reaches on tinyshakespeare, and bad input.
+#include <gtest/gtest.h>
+#include <omp.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "attn/gemm.h"
+#include "attn/random.h"
+#include "attn/safetensors.h"
+#include "attn/train.h"
+#include "cli.h"
+
+namespace {
+
+using attn::Generator;
+using attn::train::Batcher;
+using attn::train::CharTokenizer;
+using attn::train::Trainer;
+using attn::train::TrainOptions;
+
+std::string shared_path(const std::string& name) { return std::string(ATTN_SHARED_DIR) + "/" + name; }
+
+// The first n bytes of tinyshakespeare (ASCII, so any cut is valid UTF-8).
+std::string shakespeare(size_t n) {
+  const std::string all = attn::test::read_text(shared_path("data/tinyshakespeare.txt"));
+  if (all.empty()) ADD_FAILURE() << "cannot read " << shared_path("data/tinyshakespeare.txt");
+  return all.substr(0, n);
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+TrainOptions tiny_options() {
+  TrainOptions o;
+  o.n_layers = 1;
+  o.n_heads = 2;
+  o.emb_dim = 16;
+  o.context_length = 16;
+  o.batch_size = 4;
+  o.max_iters = 30;
+  o.warmup_iters = 5;
+  o.eval_interval = 5;
+  o.eval_iters = 2;
+  o.seed = 7;
+  return o;
+}
+
+// ---- UTF-8 and the tokenizer ---------------------------------------------------------------
+
+TEST(Utf8, DecodesAndEncodesEveryLength) {
+  const std::string text = "a\u00e9\u20ac\U0001F600";  // 1, 2, 3, 4 bytes
+  const std::vector<char32_t> cps = attn::train::decode_utf8(text);
+  EXPECT_EQ(cps, (std::vector<char32_t>{U'a', 0xE9, 0x20AC, 0x1F600}));
+  std::string back;
+  for (char32_t cp : cps) back += attn::train::encode_utf8(cp);
+  EXPECT_EQ(back, text);
+  EXPECT_THROW(attn::train::encode_utf8(0xD800), std::invalid_argument);
+  EXPECT_THROW(attn::train::encode_utf8(0x110000), std::invalid_argument);
+}
+
+TEST(Utf8, InvalidInputNamesTheByteOffset) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"abc\xff", "byte offset 3"},             // invalid lead byte
+      {"ab\x80", "byte offset 2"},              // stray continuation
+      {"a\xc3", "byte offset 1"},               // cut short
+      {"xy\xe2\x28\xa1", "byte offset 2"},      // missing continuation
+      {"\xc0\xaf", "byte offset 0"},            // overlong '/'
+      {"ok\xed\xa0\x80", "byte offset 2"},      // surrogate U+D800
+      {"\xf4\x90\x80\x80", "byte offset 0"}};   // above U+10FFFF
+  for (const auto& [bytes, where] : cases) {
+    try {
+      attn::train::decode_utf8(bytes);
+      ADD_FAILURE() << "no error for " << nlohmann::json(where).dump();
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(where), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(CharTokenizer, SortedVocabularyRoundTrips) {
+  const std::string text = "hello, w\u00f6rld\n";
+  const CharTokenizer tok = CharTokenizer::from_text(text);
+  EXPECT_EQ(tok.vocab(), (std::vector<std::string>{"\n", " ", ",", "d", "e", "h", "l", "o", "r", "w", "\u00f6"}));
+  const std::vector<int64_t> ids = tok.encode(text);
+  EXPECT_EQ(ids.size(), 13u);
+  EXPECT_EQ(ids[0], 5);  // 'h'
+  EXPECT_EQ(tok.decode(ids), text);
+  EXPECT_EQ(CharTokenizer::from_json(tok.to_json()).vocab(), tok.vocab());
+  EXPECT_THROW(tok.decode({11}), std::out_of_range);
+  try {
+    tok.encode("he!");
+    ADD_FAILURE() << "no error for a character outside the vocabulary";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("byte offset 2"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(CharTokenizer::from_text(""), std::invalid_argument);
+  EXPECT_THROW(CharTokenizer(std::vector<std::string>{"a", "bc"}), std::invalid_argument);
+  EXPECT_THROW(CharTokenizer(std::vector<std::string>{"a", "a"}), std::invalid_argument);
+}
+
+// ---- the generator's state -----------------------------------------------------------------
+
+TEST(GeneratorState, RestoredGeneratorDrawsTheSame) {
+  for (int warmup : {0, 1, 623, 624, 625, 1500}) {
+    Generator g(42);
+    for (int i = 0; i < warmup; ++i) g.random();
+    g.normal_double();  // leaves a cached second normal
+    const attn::GeneratorState s = g.get_state();
+    std::vector<double> a;
+    for (int i = 0; i < 700; ++i) a.push_back(i % 3 == 0 ? g.normal_double() : static_cast<double>(g.random()));
+    Generator h(1);
+    h.set_state(s);
+    EXPECT_EQ(h.initial_seed(), 42u);
+    std::vector<double> b;
+    for (int i = 0; i < 700; ++i) b.push_back(i % 3 == 0 ? h.normal_double() : static_cast<double>(h.random()));
+    EXPECT_EQ(a, b) << "after " << warmup << " draws";
+  }
+  attn::GeneratorState bad = Generator(1).get_state();
+  bad.left = 0;
+  EXPECT_THROW(Generator().set_state(bad), std::invalid_argument);
+  bad.left = 5;
+  bad.next = 700;
+  EXPECT_THROW(Generator().set_state(bad), std::invalid_argument);
+}
+
+// ---- batches and options -------------------------------------------------------------------
+
+TEST(Batcher, WindowsAndTargetsShiftedByOne) {
+  std::vector<int64_t> data(50);
+  for (int64_t i = 0; i < 50; ++i) data[static_cast<size_t>(i)] = i;
+  const Batcher batcher(data, 3, 8);
+  Generator g(5), h(5);
+  auto [x, y] = batcher.next(g);
+  EXPECT_EQ(x.shape(), (attn::Shape{3, 8}));
+  const int64_t* xs = x.data_ptr<int64_t>();
+  const int64_t* ys = y.data_ptr<int64_t>();
+  for (int64_t b = 0; b < 3; ++b) {
+    const auto expected = static_cast<int64_t>(h.random() % 42);  // offsets in [0, 50 - 8)
+    for (int64_t t = 0; t < 8; ++t) {
+      EXPECT_EQ(xs[b * 8 + t], expected + t);
+      EXPECT_EQ(ys[b * 8 + t], expected + t + 1);
+    }
+  }
+  EXPECT_THROW(Batcher(std::vector<int64_t>(8), 1, 8), std::invalid_argument);
+  EXPECT_NO_THROW(Batcher(std::vector<int64_t>(9), 1, 8));
+}
+
+TEST(TrainOptions, ValidatesAndRoundTrips) {
+  TrainOptions o = tiny_options();
+  o.lr = 3e-4;
+  o.seed = 99;
+  const TrainOptions back = TrainOptions::from_json(o.to_json());
+  EXPECT_EQ(back.to_json(), o.to_json());
+  EXPECT_NO_THROW(o.validate());
+  auto bad = [](auto change, const std::string& needle) {
+    TrainOptions b = tiny_options();
+    change(b);
+    try {
+      b.validate();
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  bad([](TrainOptions& b) { b.n_heads = 3; }, "--n-heads 3 must divide --emb-dim 16");
+  bad([](TrainOptions& b) { b.batch_size = 0; }, "--batch-size");
+  bad([](TrainOptions& b) { b.lr = 0; }, "--lr");
+  bad([](TrainOptions& b) { b.min_lr = 1.0; }, "--min-lr");
+  bad([](TrainOptions& b) { b.drop_rate = 1.0; }, "--drop-rate");
+  bad([](TrainOptions& b) { b.eval_iters = -1; }, "--eval-iters");
+}
+
+TEST(Trainer, RefusesTextTooShortForTheSplit) {
+  TrainOptions o = tiny_options();
+  // 100 characters: 90 train, 10 validation < context_length + 1 = 17.
+  try {
+    Trainer t(shakespeare(100), o);
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("10 validation tokens"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(Trainer(shakespeare(170), o));  // 153 / 17
+}
+
+// ---- exact resume --------------------------------------------------------------------------
+
+// The CLI's loop: evaluate at every eval_interval (once), then step.
+std::vector<double> run_losses(Trainer& t, int64_t until) {
+  std::vector<double> losses;
+  while (true) {
+    const int64_t it = t.iter();
+    if ((it % t.options().eval_interval == 0 || it == t.options().max_iters) && t.last_eval_iter() != it) {
+      const auto r = t.evaluate();
+      losses.push_back(r.train_loss);
+      losses.push_back(r.val_loss);
+    }
+    if (it >= until) break;
+    losses.push_back(t.step());
+  }
+  return losses;
+}
+
+TEST(Trainer, ResumeGivesBitIdenticalLosses) {
+  const std::string text = shakespeare(4000);
+  TrainOptions o = tiny_options();
+  o.drop_rate = 0.1;  // dropout masks come from the saved generator too
+  Trainer straight(text, o);
+  const std::vector<double> all = run_losses(straight, 30);
+
+  const std::string path = attn::test::temp_path("resume.safetensors");
+  std::vector<double> resumed;
+  {
+    Trainer first(text, o);
+    resumed = run_losses(first, 15);  // 15 % 5 == 0: its evaluation at 15 is saved as done
+    first.save(path);
+  }
+  {
+    Trainer second(text, o);
+    second.resume(path);
+    EXPECT_EQ(second.iter(), 15);
+    const std::vector<double> rest = run_losses(second, 30);
+    resumed.insert(resumed.end(), rest.begin(), rest.end());
+  }
+  ASSERT_EQ(all.size(), resumed.size());
+  for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(all[i], resumed[i]) << "loss " << i;
+
+  // Resuming in the middle of an evaluation interval (no evaluation saved at 12).
+  Trainer a(text, o);
+  run_losses(a, 12);
+  a.save(path);
+  const std::vector<double> tail_a = run_losses(a, 30);
+  Trainer b(text, o);
+  b.resume(path);
+  EXPECT_EQ(run_losses(b, 30), tail_a);
+  std::filesystem::remove(path);
+}
+
+TEST(Trainer, ResumeRefusesAnotherModelOrVocabulary) {
+  const std::string text = shakespeare(4000);
+  const std::string path = attn::test::temp_path("mismatch.safetensors");
+  Trainer t(text, tiny_options());
+  t.save(path);
+  TrainOptions other = tiny_options();
+  other.n_layers = 2;
+  Trainer u(text, other);
+  try {
+    u.resume(path);
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("config mismatch"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("n_layers = 1"), std::string::npos) << e.what();
+  }
+  Trainer v(text + "\u00e9", tiny_options());
+  EXPECT_THROW(v.resume(path), std::invalid_argument);
+  // Weights only (what `attn generate` also accepts) is not enough to resume.
+  attn::io::write_safetensors(path, t.model().state_dict(), t.metadata());
+  EXPECT_THROW(Trainer(text, tiny_options()).resume(path), std::invalid_argument);
+  std::filesystem::remove(path);
+}
+
+// ---- learning ------------------------------------------------------------------------------
+
+// A small model on the first 200,000 characters of tinyshakespeare: 500 steps
+// bring the validation loss from ln(vocab) ≈ 4.2 to below 2.45 (2.31 measured:
+// about bigram level) in about 2 s. One thread: a model this small loses more to
+// OpenMP's barriers than it gains, badly so on a loaded machine (30 s allowed).
+TEST(Trainer, LearnsTinyShakespeare) {
+  TrainOptions o;
+  o.n_layers = 1;
+  o.n_heads = 2;
+  o.emb_dim = 32;
+  o.context_length = 32;
+  o.batch_size = 16;
+  o.max_iters = 500;
+  o.lr = 1e-2;
+  o.min_lr = 1e-4;
+  o.warmup_iters = 20;
+  o.eval_iters = 10;
+  o.seed = 1337;
+  const int threads = omp_get_max_threads(), blas_threads = attn::gemm::blas_threads();
+  omp_set_num_threads(1);
+  attn::gemm::set_blas_threads(1);
+  const auto start = std::chrono::steady_clock::now();
+  Trainer t(shakespeare(200000), o);
+  const double before = t.evaluate().val_loss;
+  while (t.iter() < o.max_iters) t.step();
+  const double after = t.evaluate().val_loss;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  omp_set_num_threads(threads);
+  attn::gemm::set_blas_threads(blas_threads);
+  std::cout << "tiny model: val loss " << before << " -> " << after << " in " << seconds << " s\n";
+  EXPECT_GT(before, 3.9);
+  EXPECT_LT(after, 2.45);
+  EXPECT_LT(seconds, 30.0);
+}
+
+// ---- the CLI -------------------------------------------------------------------------------
+
+#ifdef ATTN_CLI_PATH
+// Starts `attn train <args>` with stdout and stderr to /dev/null; returns its pid.
+pid_t spawn_train(const std::vector<std::string>& args) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    std::vector<std::string> all = {ATTN_CLI_PATH, "train"};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::FILE* null = std::freopen("/dev/null", "w", stdout);
+    (void)null;
+    ::execv(ATTN_CLI_PATH, argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// Waits (up to 60 s) until path exists.
+bool wait_for(const std::string& path) {
+  for (int i = 0; i < 6000; ++i) {
+    if (std::filesystem::exists(path)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+std::vector<std::string> metric_losses(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& line : attn::test::lines_of(attn::test::read_text(dir + "/metrics.jsonl"))) {
+    const auto j = nlohmann::json::parse(line);
+    out.push_back(j.at("iter").dump() + " " + j.at("train_loss").dump() + " " + j.at("val_loss").dump());
+  }
+  return out;
+}
+#endif
+
+const std::string kCliModel =
+    "--n-layers 1 --n-heads 2 --emb-dim 16 --context-length 16 --batch-size 4 --warmup-iters 5 "
+    "--eval-interval 25 --eval-iters 2 --seed 3";
+
+TEST(TrainCli, WritesMetricsAndCheckpoint) {
+  ATTN_REQUIRE_CLI();
+  const std::string text = attn::test::temp_path("text.txt"), dir = attn::test::temp_path("run");
+  write_file(text, shakespeare(5000));
+  const auto r = attn::test::run_cli("train --text '" + text + "' --out '" + dir + "' " + kCliModel +
+                                     " --max-iters 50");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto lines = attn::test::lines_of(attn::test::read_text(dir + "/metrics.jsonl"));
+  ASSERT_EQ(lines.size(), 3u);  // iterations 0, 25, 50
+  const auto last = nlohmann::json::parse(lines.back());
+  EXPECT_EQ(last.at("iter"), 50);
+  for (const char* key : {"train_loss", "val_loss", "ms_per_iter", "tokens_per_s"})
+    EXPECT_TRUE(last.at(key).is_number()) << key;
+  EXPECT_GT(last.at("tokens_per_s").get<double>(), 0.0);
+  const auto file = attn::io::read_safetensors(dir + "/checkpoint.safetensors");
+  EXPECT_EQ(file.metadata.at("format"), "attn-checkpoint-1");
+  EXPECT_EQ(file.metadata.at("iter"), "50");
+  EXPECT_EQ(file.metadata.at("optim_step"), "50");
+  const auto cfg = nlohmann::json::parse(file.metadata.at("config"));
+  EXPECT_EQ(cfg.at("n_layers"), 1);
+  EXPECT_EQ(cfg.at("vocab_size"), nlohmann::json::parse(file.metadata.at("vocab")).size());
+  bool has_moment = false;
+  for (const auto& [name, t] : file.tensors) has_moment |= name == "optim.tok_emb.weight.exp_avg_sq";
+  EXPECT_TRUE(has_moment);
+  // The loss curve of the run, drawn at the end (the chart itself is checked
+  // pixel by pixel in test_line_chart.cpp).
+  const std::string svg = attn::test::read_text(dir + "/loss.svg");
+  EXPECT_NE(svg.find("<svg"), std::string::npos);
+  EXPECT_NE(svg.find("width=\"720\""), std::string::npos) << svg.substr(0, 300);
+  EXPECT_NE(r.out.find("loss curve " + dir + "/loss.svg"), std::string::npos) << r.out;
+  // A second run into the same folder without --resume is refused.
+  const auto again = attn::test::run_cli("train --text '" + text + "' --out '" + dir + "' " + kCliModel);
+  EXPECT_EQ(again.exit_code, 1);
+  EXPECT_NE(again.err.find("already holds a checkpoint"), std::string::npos) << again.err;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TrainCli, SigintThenResumeEqualsAnUninterruptedRun) {
+  ATTN_REQUIRE_CLI();
+#ifdef ATTN_CLI_PATH
+  const std::string text = attn::test::temp_path("text.txt");
+  write_file(text, shakespeare(20000));
+  const std::string straight = attn::test::temp_path("straight"), split = attn::test::temp_path("split");
+  const std::string iters = "200";
+  auto args = [&](const std::string& dir) {
+    std::vector<std::string> a = {"--text", text, "--out", dir, "--max-iters", iters};
+    std::istringstream in(kCliModel);
+    for (std::string w; in >> w;) a.push_back(w);
+    return a;
+  };
+  int status = 0;
+  pid_t pid = spawn_train(args(straight));
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
+  pid = spawn_train(args(split));
+  ASSERT_TRUE(wait_for(split + "/metrics.jsonl"));  // the handler is installed before the first evaluation
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ::kill(pid, SIGINT);
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by the signal instead of stopping";
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  const auto ckpt = attn::io::read_safetensors(split + "/checkpoint.safetensors");
+  const int64_t stopped = std::stoll(ckpt.metadata.at("iter"));
+  EXPECT_GT(stopped, 0);
+  EXPECT_LT(stopped, 200) << "the run finished before SIGINT; make it longer";
+
+  const auto r = attn::test::run_cli("train --text '" + text + "' --out '" + split + "' --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(metric_losses(split), metric_losses(straight));
+  EXPECT_EQ(metric_losses(straight).size(), 9u);  // 0, 25, ..., 200
+  std::filesystem::remove_all(straight);
+  std::filesystem::remove_all(split);
+#endif
+}
+
+TEST(TrainCli, SigkillLeavesALoadableCheckpoint) {
+  ATTN_REQUIRE_CLI();
+#ifdef ATTN_CLI_PATH
+  const std::string text = attn::test::temp_path("text.txt");
+  write_file(text, shakespeare(20000));
+  std::mt19937 rng(static_cast<unsigned>(std::random_device{}()));
+  for (int round = 0; round < 3; ++round) {
+    const std::string dir = attn::test::temp_path("killed");
+    std::vector<std::string> a = {"--text", text, "--out", dir, "--max-iters", "100000", "--eval-interval", "3",
+                                  "--eval-iters", "1"};
+    std::istringstream in("--n-layers 1 --n-heads 2 --emb-dim 16 --context-length 16 --batch-size 4");
+    for (std::string w; in >> w;) a.push_back(w);
+    const pid_t pid = spawn_train(a);
+    ASSERT_TRUE(wait_for(dir + "/metrics.jsonl"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 400)(rng)));
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFSIGNALED(status));
+    const auto file = attn::io::read_safetensors(dir + "/checkpoint.safetensors");
+    EXPECT_EQ(file.metadata.at("format"), "attn-checkpoint-1");
+    // It resumes: a few more iterations from where it was.
+    const int64_t at = std::stoll(file.metadata.at("iter"));
+    const auto r = attn::test::run_cli("train --text '" + text + "' --out '" + dir + "' --resume --max-iters " +
+                                       std::to_string(at + 3));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    std::filesystem::remove_all(dir);
+  }
+#endif
+}
+
+TEST(TrainCli, BadInputIsOneLineAndNonZero) {
+  ATTN_REQUIRE_CLI();
+  const std::string dir = attn::test::temp_path("bad");
+  const std::string good = attn::test::temp_path("good.txt"), empty = attn::test::temp_path("empty.txt"),
+                    invalid = attn::test::temp_path("invalid.txt"), shorter = attn::test::temp_path("short.txt");
+  write_file(good, shakespeare(3000));
+  write_file(empty, "");
+  write_file(invalid, "To be\xff or not");
+  write_file(shorter, shakespeare(100));
+  const std::string model = " --n-layers 1 --emb-dim 16 --context-length 16 --max-iters 2 ";
+  struct Case {
+    std::string args;
+    int code;
+    std::string needle;
+  };
+  const std::vector<Case> cases = {
+      {"--text /nonexistent/x.txt --out '" + dir + "'" + model, 1, "no such file"},
+      {"--text '" + empty + "' --out '" + dir + "'" + model, 1, "empty"},
+      {"--text '" + invalid + "' --out '" + dir + "'" + model, 1, "invalid UTF-8 at byte offset 5"},
+      {"--text '" + shorter + "' --out '" + dir + "'" + model, 1, "10 validation tokens"},
+      {"--text '" + good + "' --out '" + dir + "'" + model + "--n-heads 3", 2, "--n-heads 3 must divide --emb-dim 16"},
+      {"--text '" + good + "' --out '" + dir + "'" + model + "--batch-size 0", 2, "--batch-size must be >= 1"},
+      {"--text '" + good + "' --out '" + dir + "'" + model + "--lr -1", 2, "--lr must be > 0"},
+      {"--text '" + good + "' --out '" + good + "/sub'" + model, 1, "--out"},
+      {"--text '" + good + "' --out '" + dir + "'" + model + "--resume", 1, "no checkpoint"},
+  };
+  for (const Case& c : cases) {
+    const auto r = attn::test::run_cli("train " + c.args);
+    EXPECT_EQ(r.exit_code, c.code) << c.args << "\n" << r.err;
+    EXPECT_EQ(attn::test::lines_of(r.err).size(), 1u) << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.needle << " not in: " << r.err;
+  }
+  // --resume with a different model: config mismatch.
+  auto r = attn::test::run_cli("train --text '" + good + "' --out '" + dir + "'" + model);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = attn::test::run_cli("train --text '" + good + "' --out '" + dir + "' --resume --n-layers 2");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("config mismatch"), std::string::npos) << r.err;
+  EXPECT_EQ(attn::test::lines_of(r.err).size(), 1u) << r.err;
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace

@@ -1,0 +1,286 @@
+// `attn train` (train.h): flags, the loop around attn::train::Trainer, the
+// progress display, DIR/metrics.jsonl and SIGINT.
+#include "train.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attn/safetensors.h"
+#include "attn/train.h"
+#include "plot/line_chart.h"
+
+namespace attn::cli {
+
+namespace {
+
+volatile std::sig_atomic_t g_stop = 0;
+extern "C" void on_sigint(int) { g_stop = 1; }
+
+constexpr int kInterrupted = 130;  // 128 + SIGINT, as a shell reports a killed job
+
+std::string read_text_file(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw std::runtime_error(fmt::format("--text '{}': no such file", path));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(fmt::format("--text '{}': cannot be read", path));
+  std::ostringstream s;
+  s << in.rdbuf();
+  if (in.bad()) throw std::runtime_error(fmt::format("--text '{}': read error", path));
+  if (s.str().empty()) throw std::runtime_error(fmt::format("--text '{}': the file is empty", path));
+  return s.str();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::string duration(double seconds) {
+  const auto s = static_cast<int64_t>(seconds + 0.5);
+  if (s >= 3600) return fmt::format("{}h{:02}m", s / 3600, (s / 60) % 60);
+  if (s >= 60) return fmt::format("{}m{:02}s", s / 60, s % 60);
+  return fmt::format("{}s", s);
+}
+
+// The metrics lines of an earlier run kept on --resume: those up to the
+// checkpoint's last evaluation (a killed run may have written later ones).
+std::vector<std::string> kept_metrics(const std::string& path, int64_t last_eval_iter) {
+  std::vector<std::string> kept;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    try {
+      const auto j = nlohmann::json::parse(line);
+      if (j.at("iter").get<int64_t>() <= last_eval_iter) kept.push_back(line);
+    } catch (const nlohmann::json::exception&) {
+      // a line that is not a metrics object is dropped
+    }
+  }
+  return kept;
+}
+
+}  // namespace
+
+Command add_train_command(CLI::App& app) {
+  struct Flags {
+    std::string text, out;
+    bool resume = false;
+    train::TrainOptions o;
+  };
+  auto flags = std::make_shared<Flags>();
+  CLI::App* cmd = app.add_subcommand(
+      "train",
+      "Train a character-level GPT on a UTF-8 text: vocabulary from its characters, 90/10 "
+      "train/validation split, AdamW with warm-up and cosine decay; writes "
+      "DIR/checkpoint.safetensors and DIR/metrics.jsonl");
+  cmd->footer(
+      "Defaults: nanoGPT's Shakespeare-character CPU recipe (a few minutes on 2 cores).\n"
+      "SIGINT (Ctrl-C) stops after the current step, writes the checkpoint and exits with 130.\n"
+      "Examples:\n"
+      "  attn train --text input.txt --out run\n"
+      "  attn train --text input.txt --out run --resume --max-iters 4000");
+  cmd->add_option("--text", flags->text, "The training text (UTF-8)")->required()->type_name("FILE");
+  cmd->add_option("--out", flags->out, "Folder for checkpoint.safetensors and metrics.jsonl")
+      ->required()
+      ->type_name("DIR");
+  cmd->add_flag("--resume", flags->resume,
+                "Continue from DIR/checkpoint.safetensors with its flags (flags given here override "
+                "those that do not change the model)");
+  train::TrainOptions& o = flags->o;
+  // Each flag with how to copy it from one TrainOptions to another (--resume
+  // starts from the checkpoint's flags and applies the ones given).
+  std::vector<std::pair<CLI::Option*, std::function<void(train::TrainOptions&, const train::TrainOptions&)>>>
+      given;
+#define ATTN_TRAIN_FLAG(name, field, help)                                                      \
+  given.emplace_back(cmd->add_option(name, o.field, help)->capture_default_str(),               \
+                     [](train::TrainOptions& d, const train::TrainOptions& s) { d.field = s.field; })
+  ATTN_TRAIN_FLAG("--n-layers", n_layers, "Transformer blocks");
+  ATTN_TRAIN_FLAG("--n-heads", n_heads, "Attention heads (must divide --emb-dim)");
+  ATTN_TRAIN_FLAG("--emb-dim", emb_dim, "Embedding size");
+  ATTN_TRAIN_FLAG("--context-length", context_length, "Tokens per training window");
+  ATTN_TRAIN_FLAG("--batch-size", batch_size, "Windows per step");
+  ATTN_TRAIN_FLAG("--max-iters", max_iters, "Training steps (also where the cosine decay ends)");
+  ATTN_TRAIN_FLAG("--lr", lr, "Peak learning rate");
+  ATTN_TRAIN_FLAG("--min-lr", min_lr, "Learning rate at the end of the cosine decay");
+  ATTN_TRAIN_FLAG("--warmup-iters", warmup_iters, "Linear warm-up steps");
+  ATTN_TRAIN_FLAG("--weight-decay", weight_decay, "AdamW weight decay (weights and embeddings)");
+  ATTN_TRAIN_FLAG("--grad-clip", grad_clip, "Clip the gradients' global norm to this (0: off)");
+  ATTN_TRAIN_FLAG("--drop-rate", drop_rate, "Dropout probability");
+  ATTN_TRAIN_FLAG("--eval-interval", eval_interval, "Evaluate (and checkpoint) every this many steps");
+  ATTN_TRAIN_FLAG("--eval-iters", eval_iters, "Batches per split in an evaluation");
+  ATTN_TRAIN_FLAG("--seed", seed, "Seed of the weights, batches and dropout");
+#undef ATTN_TRAIN_FLAG
+
+  auto run = [flags, given]() -> int {
+    namespace fs = std::filesystem;
+    const std::string checkpoint = (fs::path(flags->out) / "checkpoint.safetensors").string();
+    const std::string metrics_path = (fs::path(flags->out) / "metrics.jsonl").string();
+
+    // The options: the flags, or on --resume the checkpoint's with the given flags applied.
+    train::TrainOptions options = flags->o;
+    std::error_code ec;
+    const bool have_checkpoint = fs::exists(checkpoint, ec);
+    if (flags->resume) {
+      if (!have_checkpoint)
+        throw std::runtime_error(fmt::format("--resume: no checkpoint at '{}'", checkpoint));
+      const auto header = io::read_safetensors_header(checkpoint);
+      const auto it = header.metadata.find("train_args");
+      if (it == header.metadata.end())
+        throw std::runtime_error(fmt::format("--resume: '{}' has no \"train_args\" metadata", checkpoint));
+      options = train::TrainOptions::from_json(it->second);
+      for (const auto& [opt, copy] : given) {
+        if (opt->count() > 0) copy(options, flags->o);
+      }
+    }
+    try {
+      options.validate();
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+    const std::string text = read_text_file(flags->text);
+
+    fs::create_directories(flags->out, ec);
+    if (ec || !fs::is_directory(flags->out))
+      throw std::runtime_error(fmt::format("--out '{}': cannot create the folder{}", flags->out,
+                                           ec ? ": " + ec.message() : ""));
+    if (::access(flags->out.c_str(), W_OK) != 0)
+      throw std::runtime_error(fmt::format("--out '{}': the folder is not writable", flags->out));
+    if (have_checkpoint && !flags->resume)
+      throw std::runtime_error(fmt::format(
+          "--out '{}' already holds a checkpoint; pass --resume to continue it or choose another folder",
+          flags->out));
+
+    train::Trainer trainer(text, options);
+    std::vector<std::string> metrics;
+    if (flags->resume) {
+      trainer.resume(checkpoint);
+      metrics = kept_metrics(metrics_path, trainer.last_eval_iter());
+    }
+
+    const bool bar = ::isatty(STDOUT_FILENO) == 1 && std::getenv("CI") == nullptr;
+    std::cout << fmt::format(
+        "attn train: {} characters, vocabulary {}, {} train / {} val tokens; {} parameters; "
+        "{} layers, {} heads, emb {}, context {}, batch {}; iterations {} -> {}\n",
+        trainer.train_tokens() + trainer.val_tokens(), trainer.tokenizer().size(), trainer.train_tokens(),
+        trainer.val_tokens(), trainer.model().num_parameters(), options.n_layers, options.n_heads,
+        options.emb_dim, options.context_length, options.batch_size, trainer.iter(), options.max_iters);
+    std::cout.flush();
+
+    struct sigaction sa {};
+    sa.sa_handler = on_sigint;
+    sa.sa_flags = SA_RESETHAND;  // a second Ctrl-C kills at once (the last checkpoint stays whole)
+    sigemptyset(&sa.sa_mask);
+    struct sigaction old {};
+    sigaction(SIGINT, &sa, &old);
+    g_stop = 0;
+
+    using clock = std::chrono::steady_clock;
+    const auto start = clock::now();
+    std::vector<double> step_ms;  // since the last evaluation
+    std::vector<double> all_ms;   // this process's steps
+    const int64_t first_iter = trainer.iter();
+    clock::time_point last_draw{};
+    float loss = 0.0f;
+    bool interrupted = false;
+    const int64_t log_every = std::max<int64_t>(1, std::min<int64_t>(options.eval_interval / 5, 50));
+
+    auto eta = [&](int64_t it) {
+      return median(all_ms) * 1e-3 * static_cast<double>(options.max_iters - it);
+    };
+    while (true) {
+      const int64_t it = trainer.iter();
+      if ((it % options.eval_interval == 0 || it == options.max_iters) && trainer.last_eval_iter() != it) {
+        const train::EvalResult r = trainer.evaluate();
+        nlohmann::ordered_json j;
+        j["iter"] = r.iter;
+        j["train_loss"] = r.train_loss;
+        j["val_loss"] = r.val_loss;
+        const double ms = median(step_ms);
+        if (step_ms.empty()) {
+          j["ms_per_iter"] = nullptr;  // no step since the last evaluation (iteration 0)
+          j["tokens_per_s"] = nullptr;
+        } else {
+          j["ms_per_iter"] = ms;
+          j["tokens_per_s"] = static_cast<double>(trainer.tokens_per_step()) * 1e3 / ms;
+        }
+        j["lr"] = it < options.max_iters ? optim::get_lr(it, {options.lr, options.min_lr, options.warmup_iters,
+                                                               options.max_iters})
+                                         : options.min_lr;
+        j["elapsed_s"] = std::chrono::duration<double>(clock::now() - start).count();
+        metrics.push_back(j.dump());
+        step_ms.clear();
+        trainer.save(checkpoint);
+        std::string all;
+        for (const auto& line : metrics) all += line + "\n";
+        write_file_atomically(metrics_path, all);
+        std::cout << (bar ? "\r\033[K" : "")
+                  << fmt::format("iter {}: train loss {:.4f}, val loss {:.4f}{}\n", r.iter, r.train_loss,
+                                 r.val_loss,
+                                 ms > 0 ? fmt::format(", {:.1f} ms/iter", ms) : std::string());
+        std::cout.flush();
+      }
+      if (it >= options.max_iters) break;
+      if (g_stop) {
+        interrupted = true;
+        break;
+      }
+      const auto t0 = clock::now();
+      loss = trainer.step();
+      const double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+      step_ms.push_back(ms);
+      all_ms.push_back(ms);
+      const int64_t done = trainer.iter();
+      const double tok_s = static_cast<double>(trainer.tokens_per_step()) * 1e3 / median(all_ms);
+      if (bar && (clock::now() - last_draw > std::chrono::milliseconds(100) || done == options.max_iters)) {
+        last_draw = clock::now();  // at most 10 redraws a second
+        const int64_t width = 24;
+        const int64_t filled = options.max_iters > 0 ? width * done / options.max_iters : width;
+        std::cout << fmt::format("\r\033[K[{}{}] {}/{} loss {:.4f} {:.0f} tok/s ETA {}",
+                                 std::string(static_cast<size_t>(filled), '#'),
+                                 std::string(static_cast<size_t>(width - filled), '.'), done, options.max_iters,
+                                 loss, tok_s, duration(eta(done)));
+        std::cout.flush();
+      } else if (!bar && done % log_every == 0) {
+        std::cout << fmt::format("step {}/{} loss {:.4f} {:.0f} tok/s ETA {}\n", done, options.max_iters, loss,
+                                 tok_s, duration(eta(done)));
+        std::cout.flush();
+      }
+    }
+    sigaction(SIGINT, &old, nullptr);
+    const double wall = std::chrono::duration<double>(clock::now() - start).count();
+    if (interrupted) {
+      trainer.save(checkpoint);
+      std::cout << (bar ? "\r\033[K" : "")
+                << fmt::format("interrupted after iteration {}: checkpoint written to {}; continue with --resume\n",
+                               trainer.iter(), checkpoint);
+      std::cout.flush();
+      return kInterrupted;
+    }
+    // The loss curve of the whole run (every evaluation in metrics.jsonl), as a picture beside it.
+    const std::string loss_curve = (fs::path(flags->out) / "loss.svg").string();
+    plot::write_loss_curve(metrics_path, loss_curve);
+    std::cout << fmt::format("done: {} iterations in {:.1f} s ({:.1f} ms/iter median); checkpoint {}; loss curve {}\n",
+                             trainer.iter() - first_iter, wall, median(all_ms), checkpoint, loss_curve);
+    std::cout.flush();
+    return std::cout ? 0 : 1;
+  };
+  return Command{cmd, run};
+}
+
+}  // namespace attn::cli
