@@ -356,7 +356,7 @@ TEST(TrainCli, WritesMetricsAndCheckpoint) {
   const std::string text = attn::test::temp_path("text.txt"), dir = attn::test::temp_path("run");
   write_file(text, shakespeare(5000));
   const auto r = attn::test::run_cli("train --text '" + text + "' --out '" + dir + "' " + kCliModel +
-                                     " --max-iters 50");
+                                     " --max-iters 50 --threads 1");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto lines = attn::test::lines_of(attn::test::read_text(dir + "/metrics.jsonl"));
   ASSERT_EQ(lines.size(), 3u);  // iterations 0, 25, 50
@@ -481,6 +481,7 @@ TEST(TrainCli, BadInputIsOneLineAndNonZero) {
       {"--text '" + good + "' --out '" + dir + "'" + model + "--n-heads 3", 2, "--n-heads 3 must divide --emb-dim 16"},
       {"--text '" + good + "' --out '" + dir + "'" + model + "--batch-size 0", 2, "--batch-size must be >= 1"},
       {"--text '" + good + "' --out '" + dir + "'" + model + "--lr -1", 2, "--lr must be > 0"},
+      {"--text '" + good + "' --out '" + dir + "'" + model + "--threads -2", 2, "--threads must be >= 1, got -2"},
       {"--text '" + good + "' --out '" + good + "/sub'" + model, 1, "--out"},
       {"--text '" + good + "' --out '" + dir + "'" + model + "--resume", 1, "no checkpoint"},
   };

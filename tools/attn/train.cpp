@@ -19,6 +19,9 @@
 #include <string>
 #include <vector>
 
+#include <omp.h>
+
+#include "attn/gemm.h"
 #include "attn/safetensors.h"
 #include "attn/train.h"
 #include "plot/line_chart.h"
@@ -81,6 +84,7 @@ Command add_train_command(CLI::App& app) {
   struct Flags {
     std::string text, out;
     bool resume = false;
+    int threads = 0;  // 0: OpenMP's default (OMP_NUM_THREADS, else every core)
     train::TrainOptions o;
   };
   auto flags = std::make_shared<Flags>();
@@ -102,6 +106,12 @@ Command add_train_command(CLI::App& app) {
   cmd->add_flag("--resume", flags->resume,
                 "Continue from DIR/checkpoint.safetensors with its flags (flags given here override "
                 "those that do not change the model)");
+  cmd->add_option("--threads", flags->threads,
+                  "OpenMP and BLAS threads (default: OMP_NUM_THREADS, else every core). On a busy "
+                  "machine, 1 is often much faster for a small model: threads that wait for each "
+                  "other lose their core. Losses are reproducible (and --resume exact) for the "
+                  "same thread count")
+      ->type_name("N");
   train::TrainOptions& o = flags->o;
   // Each flag with how to copy it from one TrainOptions to another (--resume
   // starts from the checkpoint's flags and applies the ones given).
@@ -133,6 +143,11 @@ Command add_train_command(CLI::App& app) {
     const std::string metrics_path = (fs::path(flags->out) / "metrics.jsonl").string();
 
     // The options: the flags, or on --resume the checkpoint's with the given flags applied.
+    if (flags->threads != 0) {
+      if (flags->threads < 1) throw UsageError(fmt::format("--threads must be >= 1, got {}", flags->threads));
+      omp_set_num_threads(flags->threads);
+      gemm::set_blas_threads(flags->threads);
+    }
     train::TrainOptions options = flags->o;
     std::error_code ec;
     const bool have_checkpoint = fs::exists(checkpoint, ec);
