@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -29,9 +30,13 @@ inline std::string read_text(const std::string& path) {
 }
 
 // A fresh path in the test's temporary folder.
+// Unique per process even when a pid is reused by a later test process (ctest
+// runs thousands, and a test may leave its files behind): pid, a random nonce
+// drawn once per process, and a counter.
 inline std::string temp_path(const std::string& stem) {
   static std::atomic<int> counter{0};
-  return ::testing::TempDir() + "attn_" + std::to_string(::getpid()) + "_" +
+  static const unsigned nonce = std::random_device{}();
+  return ::testing::TempDir() + "attn_" + std::to_string(::getpid()) + "_" + std::to_string(nonce) + "_" +
          std::to_string(counter++) + "_" + stem;
 }
 

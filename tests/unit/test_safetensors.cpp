@@ -128,6 +128,7 @@ void expect_rejected(const std::string& bytes, const std::string& needle) {
 
 std::string temp_dir() {
   const fs::path dir = attn::test::temp_path("safetensors_dir");
+  fs::remove_all(dir);  // empty, whatever an earlier process left there
   fs::create_directories(dir);
   return dir.string();
 }
