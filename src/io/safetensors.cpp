@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cstring>
@@ -23,6 +22,8 @@
 #include <set>
 #include <stdexcept>
 #include <tuple>
+
+#include "attn/atomic_file.h"
 
 static_assert(std::endian::native == std::endian::little,
               "attn's safetensors reader copies little-endian data as it is");
@@ -485,18 +486,6 @@ const std::byte* tensor_bytes(const Tensor& t) {
   throw std::logic_error("safetensors: unknown dtype");
 }
 
-void write_all(int fd, const void* data, size_t n, const std::string& path) {
-  const auto* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t put = ::write(fd, p, n);
-    if (put < 0 && errno == EINTR) continue;
-    if (put < 0)
-      throw std::runtime_error(fmt::format("cannot write '{}': {}", path, std::strerror(errno)));
-    p += put;
-    n -= static_cast<size_t>(put);
-  }
-}
-
 }  // namespace
 
 // ---- public -------------------------------------------------------------------------------
@@ -554,52 +543,15 @@ void write_safetensors(const std::string& path,
                        const std::vector<std::pair<std::string, Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   const Plan p = plan(tensors, metadata);
-  const std::filesystem::path target(path);
-  const std::filesystem::path folder = target.parent_path().empty() ? "." : target.parent_path();
-  static std::atomic<int> counter{0};
-  // Next to the target, so that rename() stays on one file system.
-  const std::filesystem::path tmp =
-      folder / fmt::format(".{}.tmp.{}.{}", target.filename().string(), ::getpid(), counter++);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-  if (fd < 0) {
-    throw std::runtime_error(fmt::format("cannot write '{}': cannot create '{}': {}", path,
-                                         tmp.string(), std::strerror(errno)));
-  }
-  bool fd_open = true;
-  try {
+  // Piece by piece: the header, then each tensor's bytes straight from its storage.
+  write_file_atomically(path, [&](const ByteSink& sink) {
     const std::string prefix = length_prefix(p.header.size());
-    write_all(fd, prefix.data(), prefix.size(), path);
-    write_all(fd, p.header.data(), p.header.size(), path);
+    sink(prefix.data(), prefix.size());
+    sink(p.header.data(), p.header.size());
     for (const Tensor& t : p.data) {
-      if (t.numel() > 0)
-        write_all(fd, tensor_bytes(t), static_cast<size_t>(t.numel() * element_size(t.dtype())),
-                  path);
+      if (t.numel() > 0) sink(tensor_bytes(t), static_cast<size_t>(t.numel() * element_size(t.dtype())));
     }
-    if (::fsync(fd) != 0)
-      throw std::runtime_error(fmt::format("cannot fsync '{}': {}", path, std::strerror(errno)));
-    fd_open = false;  // close() releases the descriptor even when it reports an error
-    if (::close(fd) != 0)
-      throw std::runtime_error(fmt::format("cannot close '{}': {}", path, std::strerror(errno)));
-  } catch (...) {
-    if (fd_open) ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  if (::rename(tmp.c_str(), target.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    throw std::runtime_error(fmt::format("cannot write '{}': rename from '{}' failed: {}", path,
-                                         tmp.string(), std::strerror(err)));
-  }
-  // The rename itself is durable once the folder is synced.
-  const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir < 0 || ::fsync(dir) != 0) {
-    const int err = errno;
-    if (dir >= 0) ::close(dir);
-    throw std::runtime_error(fmt::format("wrote '{}' but cannot fsync its folder '{}': {}", path,
-                                         folder.string(), std::strerror(err)));
-  }
-  ::close(dir);
+  });
 }
 
 }  // namespace attn::io

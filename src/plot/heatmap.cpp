@@ -2,7 +2,6 @@
 // routine) and as terminal text.
 #include "plot/heatmap.h"
 
-#include <cairo-svg.h>
 #include <cairo.h>
 #include <fmt/format.h>
 
@@ -11,8 +10,17 @@
 #include <memory>
 #include <stdexcept>
 
+#include "plot/cairo_draw.h"
+
 namespace attn::plot {
 namespace {
+
+using detail::Align;
+using detail::draw_text;
+using detail::Measure;
+using detail::set_colour;
+using detail::set_font;
+using detail::text_width;
 
 // Sizes in px.
 constexpr double kMargin = 16;
@@ -26,55 +34,12 @@ constexpr double kBarWidth = 16;
 constexpr double kBarMinHeight = 150;
 constexpr double kSwatch = 16;
 constexpr double kTitleFont = 15, kLabelFont = 12, kValueFont = 11, kCaptionFont = 11;
-const char* const kFontFamily = "DejaVu Sans";
 constexpr Rgb kText = {32, 32, 32};
 constexpr Rgb kCaptionText = {110, 110, 110};
 
 std::string tick_text(double v) { return fmt::format("{:.2f}", v); }
 std::string value_text(float v) { return fmt::format("{:.2f}", v); }
 
-// Text is laid out with unhinted metrics so that the SVG and the PNG (and any
-// renderer of the SVG) put every glyph in the same place.
-void set_font(cairo_t* cr, double size, bool bold = false) {
-  cairo_select_font_face(cr, kFontFamily, CAIRO_FONT_SLANT_NORMAL,
-                         bold ? CAIRO_FONT_WEIGHT_BOLD : CAIRO_FONT_WEIGHT_NORMAL);
-  cairo_set_font_size(cr, size);
-  cairo_font_options_t* options = cairo_font_options_create();
-  cairo_font_options_set_hint_style(options, CAIRO_HINT_STYLE_NONE);
-  cairo_font_options_set_hint_metrics(options, CAIRO_HINT_METRICS_OFF);
-  cairo_font_options_set_antialias(options, CAIRO_ANTIALIAS_GRAY);
-  cairo_set_font_options(cr, options);
-  cairo_font_options_destroy(options);
-}
-
-double text_width(cairo_t* cr, const std::string& text) {
-  cairo_text_extents_t e;
-  cairo_text_extents(cr, text.c_str(), &e);
-  return e.x_advance;
-}
-
-// A cairo context on a 1x1 image, for measuring text.
-struct Measure {
-  cairo_surface_t* surface = cairo_image_surface_create(CAIRO_FORMAT_RGB24, 1, 1);
-  cairo_t* cr = cairo_create(surface);
-  ~Measure() {
-    cairo_destroy(cr);
-    cairo_surface_destroy(surface);
-  }
-};
-
-void set_colour(cairo_t* cr, Rgb c) {
-  cairo_set_source_rgb(cr, c.r / 255.0, c.g / 255.0, c.b / 255.0);
-}
-
-// Text with its baseline centre, left end or right end at (x, y).
-enum class Align { kLeft, kCentre, kRight };
-void draw_text(cairo_t* cr, const std::string& text, double x, double y, Align align) {
-  const double w = text_width(cr, text);
-  const double left = align == Align::kLeft ? x : align == Align::kCentre ? x - w / 2 : x - w;
-  cairo_move_to(cr, left, y);
-  cairo_show_text(cr, text.c_str());
-}
 // Text centred vertically on y: the baseline sits a third of the font size below.
 double baseline_for(double y_centre, double font_size) { return y_centre + font_size * 0.35; }
 
@@ -275,17 +240,6 @@ void draw(cairo_t* cr, const Figure& f, const Geometry& g) {
   }
 }
 
-cairo_status_t append_to_string(void* closure, const unsigned char* data, unsigned int length) {
-  static_cast<std::string*>(closure)->append(reinterpret_cast<const char*>(data), length);
-  return CAIRO_STATUS_SUCCESS;
-}
-
-void check_status(cairo_status_t status, const char* what) {
-  if (status != CAIRO_STATUS_SUCCESS) {
-    throw std::runtime_error(fmt::format("{}: cairo: {}", what, cairo_status_to_string(status)));
-  }
-}
-
 }  // namespace
 
 Rgb scale_colour(double t) {
@@ -378,36 +332,14 @@ Layout layout(const Figure& figure) { return geometry(figure).layout; }
 
 std::string render_svg(const Figure& figure) {
   const Geometry g = geometry(figure);
-  std::string out;
-  cairo_surface_t* surface =
-      cairo_svg_surface_create_for_stream(append_to_string, &out, g.layout.width, g.layout.height);
-  cairo_svg_surface_set_document_unit(surface, CAIRO_SVG_UNIT_PX);
-  cairo_t* cr = cairo_create(surface);
-  draw(cr, figure, g);
-  const cairo_status_t drawn = cairo_status(cr);
-  cairo_destroy(cr);
-  cairo_surface_finish(surface);  // writes the document
-  const cairo_status_t finished = cairo_surface_status(surface);
-  cairo_surface_destroy(surface);
-  check_status(drawn, "render_svg");
-  check_status(finished, "render_svg");
-  return out;
+  return detail::render_svg(g.layout.width, g.layout.height, [&](cairo_t* cr) { draw(cr, figure, g); },
+                            "render_svg");
 }
 
 std::string render_png(const Figure& figure) {
   const Geometry g = geometry(figure);
-  cairo_surface_t* surface =
-      cairo_image_surface_create(CAIRO_FORMAT_RGB24, g.layout.width, g.layout.height);
-  cairo_t* cr = cairo_create(surface);
-  draw(cr, figure, g);
-  const cairo_status_t drawn = cairo_status(cr);
-  cairo_destroy(cr);
-  std::string out;
-  const cairo_status_t written = cairo_surface_write_to_png_stream(surface, append_to_string, &out);
-  cairo_surface_destroy(surface);
-  check_status(drawn, "render_png");
-  check_status(written, "render_png");
-  return out;
+  return detail::render_png(g.layout.width, g.layout.height, [&](cairo_t* cr) { draw(cr, figure, g); },
+                            "render_png");
 }
 
 // ---- the terminal ----------------------------------------------------------------------

@@ -1,7 +1,6 @@
 // line_chart.cpp - line charts with cairo, and the loss curve (line_chart.h).
 #include "plot/line_chart.h"
 
-#include <cairo-svg.h>
 #include <cairo.h>
 #include <fmt/format.h>
 
@@ -13,10 +12,19 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "attn/atomic_file.h"
+#include "plot/cairo_draw.h"
 #include "plot/picture_file.h"
 
 namespace attn::plot {
 namespace {
+
+using detail::Align;
+using detail::draw_text;
+using detail::Measure;
+using detail::set_colour;
+using detail::set_font;
+using detail::text_width;
 
 // Sizes in px.
 constexpr double kPlotLeft = 76;    // y tick labels and the y axis label
@@ -27,48 +35,10 @@ constexpr double kTitleFont = 15, kTickFont = 11, kLabelFont = 12, kLegendFont =
 constexpr double kTickLength = 5;
 constexpr double kLineWidth = 2, kMarkerRadius = 3.5;
 constexpr double kLegendSwatch = 24, kLegendRow = 18, kLegendPad = 8;
-const char* const kFontFamily = "DejaVu Sans";
 constexpr Rgb kText = {32, 32, 32};
 constexpr Rgb kAxis = {64, 64, 64};
 constexpr Rgb kGrid = {230, 230, 230};
 constexpr Rgb kLegendBorder = {190, 190, 190};
-
-void set_font(cairo_t* cr, double size, bool bold = false) {
-  cairo_select_font_face(cr, kFontFamily, CAIRO_FONT_SLANT_NORMAL,
-                         bold ? CAIRO_FONT_WEIGHT_BOLD : CAIRO_FONT_WEIGHT_NORMAL);
-  cairo_set_font_size(cr, size);
-  cairo_font_options_t* options = cairo_font_options_create();
-  cairo_font_options_set_hint_style(options, CAIRO_HINT_STYLE_NONE);
-  cairo_font_options_set_hint_metrics(options, CAIRO_HINT_METRICS_OFF);
-  cairo_font_options_set_antialias(options, CAIRO_ANTIALIAS_GRAY);
-  cairo_set_font_options(cr, options);
-  cairo_font_options_destroy(options);
-}
-
-double text_width(cairo_t* cr, const std::string& text) {
-  cairo_text_extents_t e;
-  cairo_text_extents(cr, text.c_str(), &e);
-  return e.x_advance;
-}
-
-void set_colour(cairo_t* cr, Rgb c) { cairo_set_source_rgb(cr, c.r / 255.0, c.g / 255.0, c.b / 255.0); }
-
-enum class Align { kLeft, kCentre, kRight };
-void draw_text(cairo_t* cr, const std::string& text, double x, double y, Align align) {
-  const double w = text_width(cr, text);
-  cairo_move_to(cr, align == Align::kLeft ? x : align == Align::kCentre ? x - w / 2 : x - w, y);
-  cairo_show_text(cr, text.c_str());
-}
-
-// A scratch surface for measuring text.
-struct Measure {
-  cairo_surface_t* surface = cairo_image_surface_create(CAIRO_FORMAT_RGB24, 1, 1);
-  cairo_t* cr = cairo_create(surface);
-  ~Measure() {
-    cairo_destroy(cr);
-    cairo_surface_destroy(surface);
-  }
-};
 
 // An axis over [lo, hi]: a step of 1, 2 or 5 times a power of ten giving about
 // `target` intervals (at least min_step), the range widened to whole steps.
@@ -249,16 +219,6 @@ void draw(cairo_t* cr, const LineChart& chart, const Geometry& g) {
   }
 }
 
-cairo_status_t append_to_string(void* closure, const unsigned char* data, unsigned int length) {
-  static_cast<std::string*>(closure)->append(reinterpret_cast<const char*>(data), length);
-  return CAIRO_STATUS_SUCCESS;
-}
-
-void check_status(cairo_status_t status, const char* what) {
-  if (status != CAIRO_STATUS_SUCCESS)
-    throw std::runtime_error(fmt::format("{}: cairo: {}", what, cairo_status_to_string(status)));
-}
-
 }  // namespace
 
 void check(const LineChart& chart) {
@@ -282,36 +242,14 @@ ChartLayout chart_layout(const LineChart& chart) { return geometry(chart).layout
 
 std::string render_svg(const LineChart& chart) {
   const Geometry g = geometry(chart);
-  std::string out;
-  cairo_surface_t* surface =
-      cairo_svg_surface_create_for_stream(append_to_string, &out, g.layout.width, g.layout.height);
-  cairo_svg_surface_set_document_unit(surface, CAIRO_SVG_UNIT_PX);
-  cairo_t* cr = cairo_create(surface);
-  draw(cr, chart, g);
-  const cairo_status_t drawn = cairo_status(cr);
-  cairo_destroy(cr);
-  cairo_surface_finish(surface);
-  const cairo_status_t finished = cairo_surface_status(surface);
-  cairo_surface_destroy(surface);
-  check_status(drawn, "render_svg");
-  check_status(finished, "render_svg");
-  return out;
+  return detail::render_svg(g.layout.width, g.layout.height, [&](cairo_t* cr) { draw(cr, chart, g); },
+                            "render_svg");
 }
 
 std::string render_png(const LineChart& chart) {
   const Geometry g = geometry(chart);
-  cairo_surface_t* surface =
-      cairo_image_surface_create(CAIRO_FORMAT_RGB24, g.layout.width, g.layout.height);
-  cairo_t* cr = cairo_create(surface);
-  draw(cr, chart, g);
-  const cairo_status_t drawn = cairo_status(cr);
-  cairo_destroy(cr);
-  std::string out;
-  const cairo_status_t written = cairo_surface_write_to_png_stream(surface, append_to_string, &out);
-  cairo_surface_destroy(surface);
-  check_status(drawn, "render_png");
-  check_status(written, "render_png");
-  return out;
+  return detail::render_png(g.layout.width, g.layout.height, [&](cairo_t* cr) { draw(cr, chart, g); },
+                            "render_png");
 }
 
 std::vector<LossRecord> read_metrics(const std::string& path) {
@@ -376,8 +314,7 @@ LineChart loss_chart(std::vector<LossRecord> records) {
 void write_loss_curve(const std::string& metrics_path, const std::string& out_path) {
   const PictureFormat format = picture_format(out_path);
   const LineChart chart = loss_chart(read_metrics(metrics_path));
-  write_picture_atomically(out_path,
-                           format == PictureFormat::kSvg ? render_svg(chart) : render_png(chart));
+  io::write_file_atomically(out_path, format == PictureFormat::kSvg ? render_svg(chart) : render_png(chart));
 }
 
 }  // namespace attn::plot

@@ -12,6 +12,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "attn/atomic_file.h"
+
 namespace attn::cli {
 
 struct Command {
@@ -24,8 +26,8 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Writes text (or bytes) to path atomically: a temporary file in the same folder,
-// fsync, then rename, so a reader never sees half a file. Throws std::runtime_error naming the path.
-void write_file_atomically(const std::string& path, const std::string& text);
+// Every file the subcommands write goes through attn::io's atomic writer
+// (attn/atomic_file.h: temporary file, fsync, rename, fsync of the folder).
+using io::write_file_atomically;
 
 }  // namespace attn::cli

@@ -189,9 +189,8 @@ Command add_plot_command(CLI::App& app) {
           layer ? fmt::format("attention weights, layer {}", *layer)
                 : fmt::format("attention weights, {} layers", layers.size());
       const plot::Figure figure = plot::model_attention_figure(layers, characters, title);
-      plot::write_picture_atomically(flags->out, format == plot::PictureFormat::kSvg
-                                                     ? plot::render_svg(figure)
-                                                     : plot::render_png(figure));
+      write_file_atomically(flags->out, format == plot::PictureFormat::kSvg ? plot::render_svg(figure)
+                                                                            : plot::render_png(figure));
       return 0;
     }
     if (loss->parsed()) {
