@@ -2,6 +2,7 @@
 // maths, the fused kernels, the BLAS seam and the modules.
 #pragma once
 
+#include "attn/atomic_file.h"
 #include "attn/functional.h"
 #include "attn/functional_gpt.h"
 #include "attn/fused.h"

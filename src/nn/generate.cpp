@@ -404,7 +404,10 @@ Checkpoint load_checkpoint(const std::string& dir, std::unique_ptr<GPTModel>& mo
                                             path, ck.vocab.size(), ck.config.vocab_size));
   }
   try {
-    model = std::make_unique<GPTModel>(ck.config);
+    // Every weight is replaced by the file's: draw the initial ones from a
+    // generator of their own, leaving the default generator as it was.
+    Generator scratch;
+    model = std::make_unique<GPTModel>(ck.config, GPTOptions{}, scratch);
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(fmt::format("'{}': bad config: {}", path, e.what()));
   }

@@ -189,7 +189,7 @@ TEST(PlotCli, BadInputsGiveOneLineAndNoFile) {
       {att + "--text 'hello' --out '" + out_dir + "/missing/picture.svg'", "cannot write"},
       {att + "--text 'hello' --out '" + out_dir + "/picture.jpg'", "unknown picture format '.jpg'"},
       {"plot attention --checkpoint '" + out_dir + "/nothing' --text 'hello' --out '" + out + "'",
-       "checkpoint.safetensors"},
+       "checkpoint directory '" + out_dir + "/nothing' does not exist"},
       {"plot loss '" + metrics + "' --out '" + out + "'", "line 2: not valid JSON"},
       {"plot loss '" + metrics + "' --out '" + out_dir + "/missing/loss.png'", "line 2"},
   };

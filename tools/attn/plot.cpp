@@ -9,93 +9,11 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
-#include "attn/random.h"
-#include "attn/safetensors.h"
+#include "attn/generate.h"
 #include "plot/line_chart.h"
 #include "plot/picture_file.h"
 
 namespace attn::cli {
-
-namespace {
-
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
-int64_t config_int(const nlohmann::json& config, const char* key, const std::string& path) {
-  const auto it = config.find(key);
-  if (it == config.end() || !it->is_number_integer())
-    throw std::invalid_argument(
-        fmt::format("'{}': the metadata \"config\" has no integer \"{}\"", path, key));
-  return it->get<int64_t>();
-}
-
-}  // namespace
-
-LoadedModel load_checkpoint(const std::string& dir) {
-  const std::string path = dir + "/checkpoint.safetensors";
-  io::SafetensorsFile file = io::read_safetensors(path);
-  auto meta = [&](const char* key) -> const std::string& {
-    const auto it = file.metadata.find(key);
-    if (it == file.metadata.end())
-      throw std::invalid_argument(fmt::format("'{}': no metadata \"{}\" (not a checkpoint of "
-                                              "`attn train`?)",
-                                              path, key));
-    return it->second;
-  };
-  if (meta("format") != "attn-checkpoint-1")
-    throw std::invalid_argument(fmt::format("'{}': format \"{}\", expected \"attn-checkpoint-1\"",
-                                            path, meta("format")));
-  nlohmann::json config, vocab;
-  try {
-    config = nlohmann::json::parse(meta("config"));
-    vocab = nlohmann::json::parse(meta("vocab"));
-  } catch (const nlohmann::json::parse_error& e) {
-    throw std::invalid_argument(
-        fmt::format("'{}': the metadata \"config\" or \"vocab\" is not valid JSON (at byte {})",
-                    path, e.byte));
-  }
-  if (!config.is_object())
-    throw std::invalid_argument(fmt::format("'{}': the metadata \"config\" is not an object", path));
-  nn::GPTConfig cfg;
-  cfg.vocab_size = config_int(config, "vocab_size", path);
-  cfg.context_length = config_int(config, "context_length", path);
-  cfg.emb_dim = config_int(config, "emb_dim", path);
-  cfg.n_heads = config_int(config, "n_heads", path);
-  cfg.n_layers = config_int(config, "n_layers", path);
-  if (config.contains("drop_rate") && config["drop_rate"].is_number())
-    cfg.drop_rate = config["drop_rate"].get<float>();
-  if (config.contains("qkv_bias") && config["qkv_bias"].is_boolean())
-    cfg.qkv_bias = config["qkv_bias"].get<bool>();
-
-  LoadedModel loaded;
-  if (!vocab.is_array() || static_cast<int64_t>(vocab.size()) != cfg.vocab_size)
-    throw std::invalid_argument(fmt::format(
-        "'{}': the metadata \"vocab\" must be an array of vocab_size = {} strings", path,
-        cfg.vocab_size));
-  for (const auto& v : vocab) {
-    if (!v.is_string())
-      throw std::invalid_argument(
-          fmt::format("'{}': the metadata \"vocab\" holds {}, not a string", path, v.dump()));
-    loaded.vocab.push_back(v.get<std::string>());
-  }
-
-  Generator gen;  // the weights are all replaced; the default generator is left alone
-  loaded.model = std::make_unique<nn::GPTModel>(cfg, nn::GPTOptions{}, gen);
-  // The optimizer's state is not the model's.
-  std::erase_if(file.tensors, [](const auto& t) { return t.first.rfind("optim.", 0) == 0; });
-  const io::LoadResult r = io::load_state_dict(*loaded.model, file, /*strict=*/false);
-  std::vector<std::string> missing;
-  for (const auto& name : r.missing)  // the causal mask is a constant, made when absent
-    if (!ends_with(name, ".att.mask")) missing.push_back(name);
-  if (!missing.empty() || !r.unexpected.empty())
-    throw std::invalid_argument(fmt::format(
-        "'{}' does not fit its config: {} tensor(s) missing (first: {}), {} unexpected (first: {})",
-        path, missing.size(), missing.empty() ? "-" : missing.front(), r.unexpected.size(),
-        r.unexpected.empty() ? "-" : r.unexpected.front()));
-  loaded.model->eval();
-  return loaded;
-}
 
 std::vector<int64_t> encode_characters(const std::vector<std::string>& characters,
                                        const std::vector<std::string>& vocab) {
@@ -180,7 +98,8 @@ Command add_plot_command(CLI::App& app) {
   auto run = [flags, att, loss, layer_opt]() -> int {
     if (att->parsed()) {
       const plot::PictureFormat format = plot::picture_format(flags->out);
-      LoadedModel loaded = load_checkpoint(flags->checkpoint);
+      LoadedModel loaded;  // the reader `attn generate` uses, format and all (attn/generate.h)
+      loaded.vocab = nn::load_checkpoint(flags->checkpoint, loaded.model).vocab;
       const std::vector<std::string> characters = plot::utf8_characters(flags->text);
       std::optional<int64_t> layer;
       if (layer_opt->count() > 0) layer = flags->layer;

@@ -29,13 +29,12 @@
 
 namespace attn::cli {
 
-// A model read from DIR/checkpoint.safetensors, and its vocabulary (id order).
+// A model read from DIR/checkpoint.safetensors by nn::load_checkpoint
+// (attn/generate.h), and its vocabulary (id order).
 struct LoadedModel {
   std::unique_ptr<nn::GPTModel> model;
   std::vector<std::string> vocab;
 };
-// Throws std::invalid_argument / std::runtime_error naming the file and what is wrong.
-LoadedModel load_checkpoint(const std::string& dir);
 
 // The token ids of the characters; throws naming the first character not in vocab.
 std::vector<int64_t> encode_characters(const std::vector<std::string>& characters,
