@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "attn/gemm.h"
 #include "attn/random.h"
 #include "attn/tensor.h"
 
@@ -24,10 +25,13 @@ namespace attn::ref {
 
 // ---- linear maps ----------------------------------------------------------------
 // y = x Wᵀ + b: x (..., in), weight (out, in), bias (out) or nullptr -> (..., out).
-Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor* bias);
+// engine (attn/gemm.h): kBlas sums as PyTorch does (its BLAS, its bias add and
+// column sums); kFast multiplies on the fast GEMM and sums dbias in plain row order.
+Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor* bias,
+                      gemm::Engine engine = gemm::Engine::kBlas);
 // Returns dx (..., in); dweight (out, in) += dyᵀ x; dbias (out) += Σ dy.
 Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, Tensor& dweight,
-                       Tensor* dbias);
+                       Tensor* dbias, gemm::Engine engine = gemm::Engine::kBlas);
 // y = x W for a plain parameter W (in, out) (SelfAttention_v1):
 // returns dx = dy Wᵀ; dweight (in, out) += xᵀ dy.
 Tensor matmul_param_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,

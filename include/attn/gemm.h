@@ -1,8 +1,19 @@
 // attn/gemm.h - the one seam between attn and a BLAS. Every matrix product of
 // the library (ops' matmul and dot, Linear, the fused attention block), of the
 // CLI and of the benchmarks goes through here, and so do the BLAS's thread
-// count and name. Which BLAS is linked (OpenBLAS today, through CBLAS) and how
-// its threads are set is known only to src/gemm/gemm.cpp.
+// count and name. Which libraries are linked (OpenBLAS through CBLAS, and
+// oneDNN's sgemm) and how their threads are set is known only to
+// src/gemm/gemm.cpp.
+//
+// Two engines multiply (Engine below):
+// - kBlas, the system BLAS (OpenBLAS): the library Debian's PyTorch 1.13 calls,
+//   so the reference path sums in PyTorch's order and prints PyTorch's digits.
+// - kFast, oneDNN's sgemm (Debian's libdnnl) when attn is built with it
+//   (ATTN_WITH_ONEDNN, on by default when found), else the BLAS: JIT kernels
+//   for the running CPU's widest vectors. On Zen 4, whose AVX-512 OpenBLAS
+//   0.3.21 does not use, it is about twice as fast (docs/performance.md). The
+//   fused attention block and the GPT's layers (LayerImpl::kKernel) use it.
+//   It runs on OpenMP's threads (omp_get_max_threads()).
 //
 // Conventions:
 // - Row-major throughout. A matrix X of r rows and c columns "(r, c; ldx)"
@@ -36,12 +47,15 @@
 namespace attn::gemm {
 
 enum class Trans { kNo, kYes };
+enum class Engine { kBlas, kFast };
 
 // C (M, N; ldc) = alpha · op(A) · op(B) + beta · C, op(A) (M, K), op(B) (K, N),
 // i.e. C[i, j] = alpha · Σ_k op(A)[i, k] · op(B)[k, j] + beta · C[i, j].
-// One BLAS call, run on the BLAS's own threads (set_blas_threads).
+// One call of the engine's library: the BLAS on its own threads
+// (set_blas_threads), oneDNN on OpenMP's.
 void sgemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
+           Engine engine = Engine::kBlas);
 
 // The same product, with the rows of C split over OpenMP threads: a new
 // parallel region of up to omp_get_max_threads() threads, thread t computing
@@ -58,9 +72,11 @@ void sgemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, con
 // rows in the last place (a BLAS may sum a row in another order depending on
 // where it falls in M: OpenBLAS's Haswell kernels do for the rows of an M
 // remainder).
+// With Engine::kFast and oneDNN it is one oneDNN call, which splits the work
+// over the OpenMP threads itself (inside a parallel region: one thread).
 void sgemm_rows_parallel(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,
                          const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
-                         float* C, int64_t ldc);
+                         float* C, int64_t ldc, Engine engine = Engine::kBlas);
 
 // y = alpha · op(A) · x + beta · y with A stored (M, N; lda), x and y
 // contiguous: op = kNo: x (N), y (M), y[i] = alpha · Σ_j A[i, j] · x[j] + beta · y[i];
@@ -81,5 +97,9 @@ void set_blas_threads(int n);
 // The BLAS and its kernels, for benchmarks to print, e.g.
 // "OpenBLAS 0.3.21, Haswell kernels". A static string.
 const char* blas_name();
+
+// What Engine::kFast runs on, e.g. "oneDNN 2.6.3 sgemm (avx512_core)", or the
+// BLAS's name when attn is built without oneDNN. A static string.
+const char* fast_gemm_name();
 
 }  // namespace attn::gemm

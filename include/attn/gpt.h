@@ -56,12 +56,20 @@ inline constexpr GPTConfig GPT_CONFIG_124M{.vocab_size = 50257, .context_length 
                                            .emb_dim = 768, .n_heads = 12, .n_layers = 12,
                                            .drop_rate = 0.1f, .qkv_bias = false};
 
-// How the attention of every block computes (not part of the book's config).
+// Which code computes LayerNorm and GELU: the SIMD kernels of
+// attn/layer_kernels.h (fast; within a few float ulps of the reference), or
+// attn::ref's plain loops, the specification, which follow PyTorch's float
+// order (the layer norm's mean is torch's float mean, its variance is summed in
+// double as torch's Welford reduction does).
+enum class LayerImpl { kKernel, kReference };
+
+// How the model computes (not part of the book's config).
 struct GPTOptions {
   AttentionBackend attention_backend = AttentionBackend::kAuto;
   // Training with dropout: PyTorch's masks (the reference path) when true, the
   // fused kernel with Philox masks when false.
   bool exact_dropout = true;
+  LayerImpl layers = LayerImpl::kKernel;  // every LayerNorm and GELU
 };
 
 // A container whose children are named "0", "1", ... as in nn.Sequential; it
@@ -78,7 +86,7 @@ class Sequential : public Module {
 // LayerNorm(emb_dim): scale (E) = 1, shift (E) = 0. Input (..., E).
 class LayerNorm : public Module {
  public:
-  explicit LayerNorm(int64_t emb_dim, float eps = 1e-5f);
+  explicit LayerNorm(int64_t emb_dim, float eps = 1e-5f, LayerImpl impl = LayerImpl::kKernel);
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
   Parameter scale;  // (E)
@@ -86,6 +94,7 @@ class LayerNorm : public Module {
  private:
   int64_t emb_dim_;
   float eps_;
+  LayerImpl impl_;
   Tensor x_;  // saved input (..., E)
   ref::LayerNormSaved saved_;
   bool has_forward_ = false;
@@ -94,10 +103,12 @@ class LayerNorm : public Module {
 // GELU, the tanh approximation. Any shape.
 class GELU : public Module {
  public:
+  explicit GELU(LayerImpl impl = LayerImpl::kKernel) : impl_(impl) {}
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
 
  private:
+  LayerImpl impl_;
   Tensor x_;
   bool has_forward_ = false;
 };
@@ -106,7 +117,8 @@ class GELU : public Module {
 // Input (..., E) -> (..., E).
 class FeedForward : public Module {
  public:
-  explicit FeedForward(const GPTConfig& cfg, Generator& gen = default_generator());
+  explicit FeedForward(const GPTConfig& cfg, Generator& gen = default_generator(),
+                       LayerImpl impl = LayerImpl::kKernel);
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
   Sequential layers;  // "layers.0", "layers.1", "layers.2"
@@ -155,6 +167,7 @@ class GPTModel : public Module {
   // dlogits (B, T, V); accumulates every parameter's gradient (token ids have none).
   void backward(const Tensor& dlogits);
   const GPTConfig& config() const { return cfg_; }
+  const GPTOptions& options() const { return options_; }
   Embedding tok_emb;           // (V, E)
   Embedding pos_emb;           // (context_length, E)
   Dropout drop_emb;
@@ -164,6 +177,7 @@ class GPTModel : public Module {
 
  private:
   GPTConfig cfg_;
+  GPTOptions options_;
   int64_t B_ = 0, T_ = 0;
   bool has_forward_ = false;
 };

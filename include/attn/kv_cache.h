@@ -72,6 +72,8 @@ KVCache make_kv_cache(const MultiHeadAttention& mha, int64_t batch);
 // not fit (length + T_new > context_length), when the cache was made for
 // another module shape or its buffers were changed, or when the module is in
 // training mode with dropout p > 0 (call eval(): generation applies no dropout).
-Tensor forward_cached(const MultiHeadAttention& mha, const Tensor& x_new, KVCache& cache);
+// engine: the GEMM of the four projections (attn/gemm.h); kBlas sums as PyTorch.
+Tensor forward_cached(const MultiHeadAttention& mha, const Tensor& x_new, KVCache& cache,
+                      gemm::Engine engine = gemm::Engine::kBlas);
 
 }  // namespace attn::nn

@@ -161,6 +161,9 @@ struct LinearOptions {
   int64_t in_features = 0;
   int64_t out_features = 0;
   bool bias = true;
+  // Not torch's: which GEMM the products run on (attn/gemm.h). kBlas gives
+  // PyTorch's sums (the chapter's modules); the GPT's layers use kFast.
+  gemm::Engine engine = gemm::Engine::kBlas;
 };
 // nn.Linear: y = x Wᵀ + b, weight (out, in), bias (out). Input (..., in).
 class Linear : public Module {

@@ -1,5 +1,5 @@
-// The BLAS behind attn/gemm.h: CBLAS calls and the BLAS's thread setting, the
-// only place in attn that names a BLAS. Linked against OpenBLAS (CMake's
+// The BLAS behind attn/gemm.h: CBLAS calls and the BLAS's thread setting, and
+// oneDNN's sgemm for Engine::kFast; the only place in attn that names them. Linked against OpenBLAS (CMake's
 // find_package(BLAS)); with another CBLAS the thread calls fall back to "the
 // BLAS has one thread as far as attn can tell".
 #include "attn/gemm.h"
@@ -7,6 +7,10 @@
 #include <cblas.h>
 #include <fmt/format.h>
 #include <omp.h>
+
+#ifdef ATTN_HAVE_ONEDNN
+#include <dnnl.h>
+#endif
 
 #include <algorithm>
 #include <limits>
@@ -33,6 +37,37 @@ std::string name() {
 int get_threads() { return 1; }
 void set_threads(int) {}
 std::string name() { return "CBLAS"; }
+#endif
+
+// ---- oneDNN: Engine::kFast ------------------------------------------------------------
+#ifdef ATTN_HAVE_ONEDNN
+void onednn_sgemm(const char* fn, Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,
+                  const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                  int64_t ldc) {
+  // dnnl_sgemm is row-major, as attn's convention.
+  const dnnl_status_t status = dnnl_sgemm(ta == Trans::kNo ? 'N' : 'T', tb == Trans::kNo ? 'N' : 'T', M, N,
+                                          K, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (status != dnnl_success) {
+    throw std::runtime_error(fmt::format("{}: oneDNN's dnnl_sgemm failed with status {} (M = {}, N = {}, K = {})",
+                                         fn, static_cast<int>(status), M, N, K));
+  }
+}
+
+std::string onednn_name() {
+  const dnnl_version_t* v = dnnl_version();
+  const char* isa = "";
+  switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_sse41: isa = "sse41"; break;
+    case dnnl_cpu_isa_avx: isa = "avx"; break;
+    case dnnl_cpu_isa_avx2: isa = "avx2"; break;
+    case dnnl_cpu_isa_avx512_core: isa = "avx512_core"; break;
+    case dnnl_cpu_isa_avx512_core_vnni: isa = "avx512_core_vnni"; break;
+    case dnnl_cpu_isa_avx512_core_bf16: isa = "avx512_core_bf16"; break;
+    case dnnl_cpu_isa_avx512_core_amx: isa = "avx512_core_amx"; break;
+    default: isa = "other ISA"; break;
+  }
+  return fmt::format("oneDNN {}.{}.{} sgemm ({})", v->major, v->minor, v->patch, isa);
+}
 #endif
 
 // ---- argument checks ----------------------------------------------------------------
@@ -117,18 +152,35 @@ constexpr int64_t kMinRowsPerThread = 64;
 }  // namespace
 
 void sgemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
+           Engine engine) {
   const GemmArgs g = check_gemm("gemm::sgemm", ta, tb, M, N, K, lda, ldb, ldc);
   if (empty_product(g, beta, C)) return;
+#ifdef ATTN_HAVE_ONEDNN
+  if (engine == Engine::kFast) {
+    onednn_sgemm("gemm::sgemm", ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+#else
+  (void)engine;
+#endif
   cblas_sgemm(CblasRowMajor, cblas_trans(ta), cblas_trans(tb), g.M, g.N, g.K, alpha, A, g.lda, B,
               g.ldb, beta, C, g.ldc);
 }
 
 void sgemm_rows_parallel(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,
                          const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
-                         float* C, int64_t ldc) {
+                         float* C, int64_t ldc, Engine engine) {
   const GemmArgs g = check_gemm("gemm::sgemm_rows_parallel", ta, tb, M, N, K, lda, ldb, ldc);
   if (empty_product(g, beta, C)) return;
+#ifdef ATTN_HAVE_ONEDNN
+  if (engine == Engine::kFast) {  // oneDNN splits the product over OpenMP's threads itself
+    onednn_sgemm("gemm::sgemm_rows_parallel", ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+#else
+  (void)engine;
+#endif
   // Rows [r0, r1) of C = rows [r0, r1) of op(A) times op(B): those rows start
   // at row r0 of A, or at column r0 of A when A is stored transposed.
   const auto block = [&](int64_t r0, int64_t r1) {
@@ -184,6 +236,15 @@ void set_blas_threads(int n) {
 const char* blas_name() {
   static const std::string kName = name();
   return kName.c_str();
+}
+
+const char* fast_gemm_name() {
+#ifdef ATTN_HAVE_ONEDNN
+  static const std::string kName = onednn_name();
+  return kName.c_str();
+#else
+  return blas_name();
+#endif
 }
 
 }  // namespace attn::gemm

@@ -1,5 +1,5 @@
 // The fast path of the attention modules (attn/fused.h): four projections on
-// BLAS sgemm (attn/gemm.h) around the flash kernel, all in the token-major layout
+// the fast GEMM (gemm::Engine::kFast, attn/gemm.h) around the flash kernel, all in the token-major layout
 // (B·T rows), so nothing is transposed or split into per-head copies.
 #include <fmt/format.h>
 
@@ -17,25 +17,28 @@ namespace {
 constexpr int kQKV = 3;  // q, k, v: the column blocks of qkv
 
 // Every product below runs on the OpenMP threads that also run the flash
-// kernel, split by rows of C (gemm::sgemm_rows_parallel): handing it to the
-// BLAS's own threads instead makes two thread pools take turns on the same
-// cores, and each spins while the other works.
+// kernel (gemm::sgemm_rows_parallel: oneDNN on OpenMP's threads, or the BLAS
+// split by rows of C): handing it to the BLAS's own threads instead makes two
+// thread pools take turns on the same cores, and each spins while the other works.
 using gemm::Trans;
 
 // C (M, N; ldc) = beta·C + A (M, K; lda) · Bᵀ where B is (N, K; ldb): y = x Wᵀ.
 void gemm_nt(float* C, int64_t ldc, const float* A, int64_t lda, const float* Bm, int64_t ldb,
              int64_t M, int64_t N, int64_t K, float beta) {
-  gemm::sgemm_rows_parallel(Trans::kNo, Trans::kYes, M, N, K, 1.0f, A, lda, Bm, ldb, beta, C, ldc);
+  gemm::sgemm_rows_parallel(Trans::kNo, Trans::kYes, M, N, K, 1.0f, A, lda, Bm, ldb,
+                            beta, C, ldc, gemm::Engine::kFast);
 }
 // C (M, N; ldc) = beta·C + A (M, K; lda) · B (K, N; ldb): dx = dy W.
 void gemm_nn(float* C, int64_t ldc, const float* A, int64_t lda, const float* Bm, int64_t ldb,
              int64_t M, int64_t N, int64_t K, float beta) {
-  gemm::sgemm_rows_parallel(Trans::kNo, Trans::kNo, M, N, K, 1.0f, A, lda, Bm, ldb, beta, C, ldc);
+  gemm::sgemm_rows_parallel(Trans::kNo, Trans::kNo, M, N, K, 1.0f, A, lda, Bm, ldb,
+                            beta, C, ldc, gemm::Engine::kFast);
 }
 // C (M, N; ldc) += Aᵀ · B where A is (K, M; lda) and B (K, N; ldb): dW += dyᵀ x.
 void gemm_tn_accumulate(float* C, int64_t ldc, const float* A, int64_t lda, const float* Bm,
                         int64_t ldb, int64_t M, int64_t N, int64_t K) {
-  gemm::sgemm_rows_parallel(Trans::kYes, Trans::kNo, M, N, K, 1.0f, A, lda, Bm, ldb, 1.0f, C, ldc);
+  gemm::sgemm_rows_parallel(Trans::kYes, Trans::kNo, M, N, K, 1.0f, A, lda, Bm, ldb,
+                            1.0f, C, ldc, gemm::Engine::kFast);
 }
 // db (N) += Σ_rows A (M, N; lda), as Aᵀ · ones.
 void column_sums_accumulate(float* db, const float* A, int64_t lda, int64_t M, int64_t N) {

@@ -13,6 +13,7 @@
 
 #include "attn/functional.h"
 #include "attn/functional_gpt.h"
+#include "attn/layer_kernels.h"
 #include "attn/ops.h"
 #include "attn/safetensors.h"
 #include "nn/checks.h"
@@ -167,23 +168,39 @@ Tensor forward_cached(GPTModel& model, const Tensor& ids, GPTKVCache& cache) {
     }
   }
 
+  // The layers as the model's options say (GPTOptions::layers): the SIMD
+  // kernels and the fast GEMM, or attn::ref's loops and PyTorch's sums.
+  const bool kernels = model.options().layers == LayerImpl::kKernel;
+  const gemm::Engine engine = kernels ? gemm::Engine::kFast : gemm::Engine::kBlas;
+  const auto layer_norm = [&](const Tensor& in, const LayerNorm& ln) {
+    if (!kernels) return ref::layer_norm_forward(in, ln.scale.value, ln.shift.value, kLayerNormEps, nullptr);
+    const int64_t C = in.size(-1), N = in.numel() / C;
+    Tensor y(in.shape()), mean({N}), std({N});  // (..., C); the statistics are not kept
+    const Tensor xc = in.contiguous();
+    kernels::layer_norm_forward(y.data(), mean.data(), std.data(), xc.data(), ln.scale.value.data(),
+                                ln.shift.value.data(), N, C, kLayerNormEps);
+    return y;
+  };
+  const auto gelu = [&](const Tensor& in) {
+    if (!kernels) return ref::gelu_forward(in);
+    Tensor y(in.shape());
+    kernels::gelu_forward(y.data(), in.data(), in.numel());  // in: a fresh contiguous Linear output
+    return y;
+  };
   Tensor x = embed(model, id_values, B, T, start);  // (B, T, E)
   for (int64_t i = 0; i < model.trf_blocks.size(); ++i) {
     TransformerBlock& block = model.trf_blocks[i];
-    const Tensor h1 = ref::layer_norm_forward(x, block.norm1.scale.value, block.norm1.shift.value,
-                                              kLayerNormEps, nullptr);
-    const Tensor a = forward_cached(block.att, h1, cache.layers[static_cast<size_t>(i)]);
+    const Tensor h1 = layer_norm(x, block.norm1);
+    const Tensor a = forward_cached(block.att, h1, cache.layers[static_cast<size_t>(i)], engine);
     const Tensor x1 = add(a, x);  // (B, T, E)
-    const Tensor h2 = ref::layer_norm_forward(x1, block.norm2.scale.value, block.norm2.shift.value,
-                                              kLayerNormEps, nullptr);
-    const Tensor u = ref::linear_forward(h2, block.ff.fc.weight.value, bias_or_null(block.ff.fc));
-    const Tensor f = ref::linear_forward(ref::gelu_forward(u), block.ff.proj.weight.value,
-                                         bias_or_null(block.ff.proj));  // (B, T, E)
+    const Tensor h2 = layer_norm(x1, block.norm2);
+    const Tensor u = ref::linear_forward(h2, block.ff.fc.weight.value, bias_or_null(block.ff.fc), engine);
+    const Tensor f = ref::linear_forward(gelu(u), block.ff.proj.weight.value,
+                                         bias_or_null(block.ff.proj), engine);  // (B, T, E)
     x = add(f, x1);
   }
-  x = ref::layer_norm_forward(x, model.final_norm.scale.value, model.final_norm.shift.value,
-                              kLayerNormEps, nullptr);
-  return ref::linear_forward(x, model.out_head.weight.value, nullptr);  // (B, T, V)
+  x = layer_norm(x, model.final_norm);
+  return ref::linear_forward(x, model.out_head.weight.value, nullptr, engine);  // (B, T, V)
 }
 
 // ---- sampling -------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "attn/functional.h"
+#include "attn/layer_kernels.h"
 #include "attn/ops.h"
 #include "nn/checks.h"
 
@@ -31,6 +32,11 @@ const GPTConfig& checked(const GPTConfig& cfg) {
   return cfg;
 }
 
+// The GEMM of the layers' Linear maps: the fast one with the kernels, PyTorch's sums with the reference.
+gemm::Engine engine_of(LayerImpl impl) {
+  return impl == LayerImpl::kKernel ? gemm::Engine::kFast : gemm::Engine::kBlas;
+}
+
 // x ⊙ noise, or x itself when the noise is empty (dropout off).
 Tensor apply_noise(const Tensor& x, const Tensor& noise) {
   return noise.empty() ? x : ref::dropout_forward(x, noise);
@@ -40,7 +46,8 @@ Tensor apply_noise(const Tensor& x, const Tensor& noise) {
 
 // ---- LayerNorm ------------------------------------------------------------------------
 
-LayerNorm::LayerNorm(int64_t emb_dim, float eps) : emb_dim_(emb_dim), eps_(eps) {
+LayerNorm::LayerNorm(int64_t emb_dim, float eps, LayerImpl impl)
+    : emb_dim_(emb_dim), eps_(eps), impl_(impl) {
   detail::check_positive("LayerNorm", "emb_dim", emb_dim);
   scale.value = Tensor::ones({emb_dim});   // (E)
   shift.value = Tensor::zeros({emb_dim});  // (E)
@@ -55,13 +62,32 @@ Tensor LayerNorm::forward(const Tensor& x) {
   }
   x_ = x;
   has_forward_ = true;
-  return ref::layer_norm_forward(x, scale.value, shift.value, eps_, &saved_);
+  if (impl_ == LayerImpl::kReference) return ref::layer_norm_forward(x, scale.value, shift.value, eps_, &saved_);
+  if (x.dtype() != DType::kFloat32) {
+    throw std::invalid_argument(fmt::format("LayerNorm: input must be float32, got {} of shape {}",
+                                            dtype_name(x.dtype()), shape_str(x.shape())));
+  }
+  x_ = x.contiguous();
+  const int64_t N = x.numel() / emb_dim_;
+  Tensor y(x.shape());                         // (..., E)
+  saved_ = {Tensor({N}), Tensor({N})};         // mean, std (N)
+  kernels::layer_norm_forward(y.data(), saved_.mean.data(), saved_.std.data(), x_.data(),
+                              scale.value.data(), shift.value.data(), N, emb_dim_, eps_);
+  return y;
 }
 
 Tensor LayerNorm::backward(const Tensor& dy) {
   require_forward(has_forward_, "LayerNorm");
   detail::check_grad("LayerNorm", dy, x_.shape());
-  return ref::layer_norm_backward(dy, x_, scale.value, saved_, scale.grad, shift.grad);
+  if (impl_ == LayerImpl::kReference) {
+    return ref::layer_norm_backward(dy, x_, scale.value, saved_, scale.grad, shift.grad);
+  }
+  const Tensor dyc = dy.contiguous();
+  Tensor dx(x_.shape());  // (..., E)
+  kernels::layer_norm_backward(dx.data(), scale.grad.data(), shift.grad.data(), dyc.data(), x_.data(),
+                               scale.value.data(), saved_.mean.data(), saved_.std.data(),
+                               x_.numel() / emb_dim_, emb_dim_);
+  return dx;
 }
 
 // ---- GELU ---------------------------------------------------------------------------------
@@ -69,19 +95,33 @@ Tensor LayerNorm::backward(const Tensor& dy) {
 Tensor GELU::forward(const Tensor& x) {
   x_ = x;
   has_forward_ = true;
-  return ref::gelu_forward(x);
+  if (impl_ == LayerImpl::kReference) return ref::gelu_forward(x);
+  if (x.dtype() != DType::kFloat32) {
+    throw std::invalid_argument(fmt::format("GELU: input must be float32, got {} of shape {}",
+                                            dtype_name(x.dtype()), shape_str(x.shape())));
+  }
+  x_ = x.contiguous();
+  Tensor y(x.shape());
+  kernels::gelu_forward(y.data(), x_.data(), x_.numel());
+  return y;
 }
 
 Tensor GELU::backward(const Tensor& dy) {
   require_forward(has_forward_, "GELU");
   detail::check_grad("GELU", dy, x_.shape());
-  return ref::gelu_backward(dy, x_);
+  if (impl_ == LayerImpl::kReference) return ref::gelu_backward(dy, x_);
+  const Tensor dyc = dy.contiguous();
+  Tensor dx(x_.shape());
+  kernels::gelu_backward(dx.data(), dyc.data(), x_.data(), x_.numel());
+  return dx;
 }
 
 // ---- FeedForward ----------------------------------------------------------------------
 
-FeedForward::FeedForward(const GPTConfig& cfg, Generator& gen)
-    : fc({cfg.emb_dim, 4 * cfg.emb_dim, true}, gen), proj({4 * cfg.emb_dim, cfg.emb_dim, true}, gen) {
+FeedForward::FeedForward(const GPTConfig& cfg, Generator& gen, LayerImpl impl)
+    : fc({cfg.emb_dim, 4 * cfg.emb_dim, true, engine_of(impl)}, gen),
+      gelu(impl),
+      proj({4 * cfg.emb_dim, cfg.emb_dim, true, engine_of(impl)}, gen) {
   layers.append(&fc);
   layers.append(&gelu);
   layers.append(&proj);
@@ -106,9 +146,9 @@ TransformerBlock::TransformerBlock(const GPTConfig& cfg, const GPTOptions& optio
            .backend = options.attention_backend,
            .exact_dropout = options.exact_dropout},
           gen),
-      ff(cfg, gen),
-      norm1(cfg.emb_dim),
-      norm2(cfg.emb_dim),
+      ff(cfg, gen, options.layers),
+      norm1(cfg.emb_dim, 1e-5f, options.layers),
+      norm2(cfg.emb_dim, 1e-5f, options.layers),
       drop_shortcut({cfg.drop_rate}, gen) {
   register_module("att", &att);
   register_module("ff", &ff);
@@ -168,9 +208,10 @@ GPTModel::GPTModel(const GPTConfig& cfg, const GPTOptions& options, Generator& g
       pos_emb({cfg.context_length, cfg.emb_dim}, gen),
       drop_emb({cfg.drop_rate}, gen),
       trf_blocks(cfg, options, gen),
-      final_norm(cfg.emb_dim),
-      out_head({cfg.emb_dim, cfg.vocab_size, false}, gen),
-      cfg_(cfg) {
+      final_norm(cfg.emb_dim, 1e-5f, options.layers),
+      out_head({cfg.emb_dim, cfg.vocab_size, false, engine_of(options.layers)}, gen),
+      cfg_(cfg),
+      options_(options) {
   register_module("tok_emb", &tok_emb);
   register_module("pos_emb", &pos_emb);
   register_module("drop_emb", &drop_emb);

@@ -22,10 +22,10 @@ const Tensor* bias_or_null(const Linear& layer) {
 // x (B, T, d_in) through one projection, heads to the front: (B, H, T, hd).
 // The parameters are read directly (ref::linear_forward, not Linear::forward),
 // so the Linear keeps the input its last forward() saved for backward().
-Tensor project_heads(const Linear& layer, const Tensor& x, int64_t H, int64_t hd) {
+Tensor project_heads(const Linear& layer, const Tensor& x, int64_t H, int64_t hd, gemm::Engine engine) {
   const int64_t B = x.size(0), T = x.size(1);
   const Tensor y =
-      ref::linear_forward(x, layer.weight.value, bias_or_null(layer));  // (B, T, d_out)
+      ref::linear_forward(x, layer.weight.value, bias_or_null(layer), engine);  // (B, T, d_out)
   return transpose(y.reshape({B, T, H, hd}), 1, 2);                            // (B, H, T, hd)
 }
 
@@ -80,7 +80,8 @@ KVCache make_kv_cache(const MultiHeadAttention& mha, int64_t batch) {
   return cache;
 }
 
-Tensor forward_cached(const MultiHeadAttention& mha, const Tensor& x_new, KVCache& cache) {
+Tensor forward_cached(const MultiHeadAttention& mha, const Tensor& x_new, KVCache& cache,
+                      gemm::Engine engine) {
   const MultiHeadAttentionOptions& o = mha.options();
   check_cache_matches(mha, cache);
   if (mha.is_training() && mha.dropout.options().p > 0.0f) {
@@ -103,15 +104,15 @@ Tensor forward_cached(const MultiHeadAttention& mha, const Tensor& x_new, KVCach
         cache.length));
   }
 
-  const Tensor q = project_heads(mha.W_query, x_new, H, hd);  // (B, H, T_new, hd)
-  write_rows(cache.keys, project_heads(mha.W_key, x_new, H, hd), cache.length);
-  write_rows(cache.values, project_heads(mha.W_value, x_new, H, hd), cache.length);
+  const Tensor q = project_heads(mha.W_query, x_new, H, hd, engine);  // (B, H, T_new, hd)
+  write_rows(cache.keys, project_heads(mha.W_key, x_new, H, hd, engine), cache.length);
+  write_rows(cache.values, project_heads(mha.W_value, x_new, H, hd, engine), cache.length);
   const Tensor context = ref::cached_attention_forward(q, cache.keys, cache.values,
                                                        cache.length);  // (B, H, T_new, hd)
   cache.length += T_new;
   // (B, H, T_new, hd) -> (B, T_new, H, hd) -> (B, T_new, d_out), then the output projection.
   const Tensor merged = transpose(context, 1, 2).reshape({B, T_new, o.d_out});
-  return ref::linear_forward(merged, mha.out_proj.weight.value, bias_or_null(mha.out_proj));
+  return ref::linear_forward(merged, mha.out_proj.weight.value, bias_or_null(mha.out_proj), engine);
 }
 
 }  // namespace attn::nn

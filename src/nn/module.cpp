@@ -148,7 +148,7 @@ Tensor Linear::forward(const Tensor& x) {
   }
   x_ = x;
   has_forward_ = true;
-  return ref::linear_forward(x, weight.value, options_.bias ? &bias.value : nullptr);
+  return ref::linear_forward(x, weight.value, options_.bias ? &bias.value : nullptr, options_.engine);
 }
 
 Tensor Linear::backward(const Tensor& dy) {
@@ -157,7 +157,7 @@ Tensor Linear::backward(const Tensor& dy) {
   y_shape.back() = options_.out_features;
   detail::check_grad("Linear", dy, y_shape);
   return ref::linear_backward(dy, x_, weight.value, weight.grad,
-                              options_.bias ? &bias.grad : nullptr);
+                              options_.bias ? &bias.grad : nullptr, options_.engine);
 }
 
 // ---- Dropout ------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 // parameter, SelfAttention_v1). Leading dims of x are flattened to N rows.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "attn/functional.h"
@@ -38,9 +39,17 @@ void accumulate(Tensor& dst, const Tensor& src, const char* fn, const char* what
   for (int64_t i = 0; i < dst.numel(); ++i) d[i] += s[i];
 }
 
+void check_vector_shape(const Tensor& dbias, int64_t out) {
+  if (dbias.shape() != Shape{out}) {
+    throw std::invalid_argument(fmt::format("linear_backward: dbias has shape {}, expected ({},)",
+                                            shape_str(dbias.shape()), out));
+  }
+}
+
 }  // namespace
 
-Tensor linear_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor* bias) {
+Tensor linear_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor* bias,
+                      gemm::Engine engine) {
   const Tensor x = x_in.contiguous(), weight = weight_in.contiguous();  // sgemm reads them dense
   check_matrix("linear_forward", "weight", weight);
   const int64_t out = weight.size(0), in = weight.size(1);
@@ -59,14 +68,22 @@ Tensor linear_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor*
   // order, which changes last bits (and a printed 5th digit of out[0] in the walkthrough).
   const int64_t N = x.numel() / in;
   Tensor y({N, out});
+  if (engine == gemm::Engine::kFast && bias != nullptr) {
+    // y = b (each row), then y += x Wᵀ in the GEMM (beta = 1): one pass fewer.
+    const Tensor b = bias->contiguous();
+    for (int64_t n = 0; n < N; ++n) std::copy_n(b.data(), out, y.data() + n * out);
+    gemm::sgemm(gemm::Trans::kNo, gemm::Trans::kYes, N, out, in, 1.0f, x.data(), in, weight.data(),
+                in, 1.0f, y.data(), out, engine);
+    return y.reshape(y_shape);
+  }
   gemm::sgemm(gemm::Trans::kNo, gemm::Trans::kYes, N, out, in, 1.0f, x.data(), in, weight.data(),
-              in, 0.0f, y.data(), out);
+              in, 0.0f, y.data(), out, engine);
   if (bias != nullptr) y += *bias;  // broadcast over rows
   return y.reshape(y_shape);
 }
 
 Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, Tensor& dweight,
-                       Tensor* dbias) {
+                       Tensor* dbias, gemm::Engine engine) {
   check_matrix("linear_backward", "weight", weight);
   const int64_t out = weight.size(0);
   if (dy.shape() != with_last_dim(x.shape(), out)) {
@@ -75,12 +92,33 @@ Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, 
                     shape_str(dy.shape()), shape_str(with_last_dim(x.shape(), out))));
   }
   if (x.numel() == 0 || out == 0) return Tensor(x.shape());
-  const Tensor dy2 = as_rows(dy);                                         // (N, out)
-  const Tensor x2 = as_rows(x);                                           // (N, in)
-  accumulate(dweight, matmul(t(dy2), x2), "linear_backward", "dweight");  // (out, in) += dyᵀ x
-  if (dbias != nullptr)
-    accumulate(*dbias, sum(dy2, 0), "linear_backward", "dbias");  // (out) += Σ_rows dy
-  return matmul(dy2, weight).reshape(x.shape());                  // (N, out) @ (out, in) -> (N, in)
+  const Tensor dy2 = as_rows(dy).contiguous();  // (N, out)
+  const Tensor x2 = as_rows(x).contiguous();    // (N, in)
+  const Tensor w = weight.contiguous();         // (out, in)
+  const int64_t N = x2.size(0), in = x2.size(1);
+  if (dweight.shape() != w.shape() || !dweight.is_contiguous()) {
+    throw std::invalid_argument(fmt::format("linear_backward: dweight has shape {}, expected {} (contiguous)",
+                                            shape_str(dweight.shape()), shape_str(w.shape())));
+  }
+  // (out, in) += dyᵀ x: one sgemm reading dy transposed in place (as torch's
+  // mm(dy.t(), x)), accumulating into dweight (beta = 1).
+  gemm::sgemm(gemm::Trans::kYes, gemm::Trans::kNo, out, in, N, 1.0f, dy2.data(), out, x2.data(), in,
+              1.0f, dweight.data(), in, engine);
+  if (dbias != nullptr && engine == gemm::Engine::kFast) {
+    check_vector_shape(*dbias, out);
+    float* db = dbias->data();  // (out) += Σ_rows dy, row by row (vectorises over out)
+    for (int64_t n = 0; n < N; ++n) {
+      const float* row = dy2.data() + n * out;
+      for (int64_t j = 0; j < out; ++j) db[j] += row[j];
+    }
+  } else if (dbias != nullptr) {
+    accumulate(*dbias, sum(dy2, 0), "linear_backward", "dbias");  // (out) += Σ_rows dy, torch's order
+  }
+  // dx (N, in) = dy (N, out) @ W (out, in)
+  Tensor dx(x.shape());
+  gemm::sgemm(gemm::Trans::kNo, gemm::Trans::kNo, N, in, out, 1.0f, dy2.data(), out, w.data(), in, 0.0f,
+              dx.data(), in, engine);
+  return dx;
 }
 
 Tensor matmul_param_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,

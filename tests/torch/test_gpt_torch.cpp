@@ -217,20 +217,30 @@ TEST(GptTorch, WithDropoutTheMasksArePyTorchsAndEveryGradientAgrees) {
 
 // ---- the layers ---------------------------------------------------------------------------
 
+// The reference loops (LayerImpl::kReference) repeat PyTorch's float mean and
+// meet the tight bounds in both cases. The SIMD kernel (the default) does too
+// on ordinary rows; on x = 100 + 0.01·randn PyTorch's own float mean is off by
+// ~|mean|·2⁻²⁴·few = 1e-5, i.e. 1e-3 of the row's std 0.014, which the kernel's
+// corrected mean does not repeat: there the bound is 3e-3 of max |torch|.
 TEST(GptTorch, LayerNormForwardAndBackward) {
-  for (const char* name : {"layer_norm", "layer_norm_offset"}) {
-    const Json& c = oracle().at("layers").at(name);
-    attn::nn::LayerNorm ln(32);
-    ln.scale.value = attn::test::tensor_from_bits_json(c.at("params").at("scale"));
-    ln.shift.value = attn::test::tensor_from_bits_json(c.at("params").at("shift"));
-    const Tensor x = attn::test::tensor_from_json(c.at("x"));
-    const Tensor y = ln.forward(x);
-    const Tensor dx = ln.backward(attn::test::tensor_from_json(c.at("dy")));
-    expect_close(std::string(name) + " y", y, attn::test::tensor_from_json(c.at("y")), 1e-6);
-    // x = 100 + 0.01·randn: var + eps is 2e-4 + 1e-5, so float32 itself loses
-    // digits in x − mean; the input gradient is ~20x the output's.
-    expect_close(std::string(name) + " dx", dx, attn::test::tensor_from_json(c.at("dx")), 1e-5);
-    expect_grads_close(ln, c.at("grads"), name, 1e-6);
+  for (const auto impl : {attn::nn::LayerImpl::kReference, attn::nn::LayerImpl::kKernel}) {
+    for (const char* name : {"layer_norm", "layer_norm_offset"}) {
+      const Json& c = oracle().at("layers").at(name);
+      const bool loose = impl == attn::nn::LayerImpl::kKernel && std::string(name) == "layer_norm_offset";
+      const std::string what =
+          std::string(name) + (impl == attn::nn::LayerImpl::kKernel ? " (kernel)" : " (reference)");
+      attn::nn::LayerNorm ln(32, 1e-5f, impl);
+      ln.scale.value = attn::test::tensor_from_bits_json(c.at("params").at("scale"));
+      ln.shift.value = attn::test::tensor_from_bits_json(c.at("params").at("shift"));
+      const Tensor x = attn::test::tensor_from_json(c.at("x"));
+      const Tensor y = ln.forward(x);
+      const Tensor dx = ln.backward(attn::test::tensor_from_json(c.at("dy")));
+      expect_close(what + " y", y, attn::test::tensor_from_json(c.at("y")), loose ? 3e-3 : 1e-6);
+      // x = 100 + 0.01·randn: var + eps is 2e-4 + 1e-5, so float32 itself loses
+      // digits in x − mean; the input gradient is ~20x the output's.
+      expect_close(what + " dx", dx, attn::test::tensor_from_json(c.at("dx")), loose ? 3e-3 : 1e-5);
+      expect_grads_close(ln, c.at("grads"), what, loose ? 3e-3 : 1e-6);
+    }
   }
 }
 

@@ -21,6 +21,7 @@
 namespace {
 
 using attn::gemm::Trans;
+using attn::gemm::Engine;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kPad = -12345.0f;  // marks elements between rows that nothing may write
@@ -89,13 +90,16 @@ struct Problem {
         B(tb == Trans::kNo ? K : N, tb == Trans::kNo ? N : K, (tb == Trans::kNo ? N : K) + pad,
           gen),
         C(M, N, N + pad, gen) {}
-  void run(float alpha, float beta, bool rows_parallel = false) {
+  void run(float alpha, float beta, bool rows_parallel = false, Engine engine = Engine::kBlas) {
     const auto f = rows_parallel ? attn::gemm::sgemm_rows_parallel : attn::gemm::sgemm;
-    f(ta, tb, M, N, K, alpha, A.data(), A.ld, B.data(), B.ld, beta, C.data(), C.ld);
+    f(ta, tb, M, N, K, alpha, A.data(), A.ld, B.data(), B.ld, beta, C.data(), C.ld, engine);
   }
 };
 
 const Trans kBoth[] = {Trans::kNo, Trans::kYes};
+const Engine kEngines[] = {Engine::kBlas, Engine::kFast};
+
+std::string engine_name(Engine e) { return e == Engine::kBlas ? "blas" : "fast"; }
 
 std::string combo(Trans ta, Trans tb) {
   return std::string(ta == Trans::kNo ? "N" : "T") + (tb == Trans::kNo ? "N" : "T");
@@ -124,17 +128,22 @@ TEST(Gemm, AllTransposeCombinationsMatchTheDefinition) {
   // Small (the BLAS's edge kernels) and larger than its register blocks.
   const int64_t sizes[][3] = {{1, 1, 1}, {7, 5, 9}, {3, 17, 2}, {130, 70, 97}};
   const float scalars[][2] = {{1.0f, 0.0f}, {1.5f, -0.5f}, {-2.0f, 1.0f}, {0.0f, 0.25f}};
-  for (Trans ta : kBoth) {
-    for (Trans tb : kBoth) {
-      for (const auto& s : sizes) {
-        for (const auto& ab : scalars) {
-          Problem p(ta, tb, s[0], s[1], s[2], /*pad=*/3, gen);
-          const Matrix want = naive_gemm(ta, tb, p.M, p.N, p.K, ab[0], p.A, p.B, ab[1], p.C);
-          p.run(ab[0], ab[1]);
-          expect_close(p.C, want, p.K,
-                       combo(ta, tb) + " " + std::to_string(p.M) + "x" + std::to_string(p.N) + "x" +
-                           std::to_string(p.K) + " alpha " + std::to_string(ab[0]) + " beta " +
-                           std::to_string(ab[1]));
+  for (Engine engine : kEngines) {
+    for (Trans ta : kBoth) {
+      for (Trans tb : kBoth) {
+        for (const auto& s : sizes) {
+          for (const auto& ab : scalars) {
+            for (bool rows_parallel : {false, true}) {
+              Problem p(ta, tb, s[0], s[1], s[2], /*pad=*/3, gen);
+              const Matrix want = naive_gemm(ta, tb, p.M, p.N, p.K, ab[0], p.A, p.B, ab[1], p.C);
+              p.run(ab[0], ab[1], rows_parallel, engine);
+              expect_close(p.C, want, p.K,
+                           engine_name(engine) + (rows_parallel ? " rows-parallel " : " ") +
+                               combo(ta, tb) + " " + std::to_string(p.M) + "x" + std::to_string(p.N) +
+                               "x" + std::to_string(p.K) + " alpha " + std::to_string(ab[0]) +
+                               " beta " + std::to_string(ab[1]));
+            }
+          }
         }
       }
     }
@@ -144,21 +153,24 @@ TEST(Gemm, AllTransposeCombinationsMatchTheDefinition) {
 TEST(Gemm, BetaZeroOverwritesNaN) {
   std::mt19937 gen(2);
   Problem p(Trans::kNo, Trans::kYes, 4, 6, 5, 2, gen);
-  for (int64_t i = 0; i < p.M; ++i)
-    for (int64_t j = 0; j < p.N; ++j) p.C.at(i, j) = kNaN;
-  const Matrix want = naive_gemm(p.ta, p.tb, p.M, p.N, p.K, 1.0f, p.A, p.B, 0.0f, p.C);
-  p.run(1.0f, 0.0f);
-  expect_close(p.C, want, p.K, "beta 0 over NaN");
+  for (Engine engine : kEngines) {
+    for (int64_t i = 0; i < p.M; ++i)
+      for (int64_t j = 0; j < p.N; ++j) p.C.at(i, j) = kNaN;
+    const Matrix want = naive_gemm(p.ta, p.tb, p.M, p.N, p.K, 1.0f, p.A, p.B, 0.0f, p.C);
+    p.run(1.0f, 0.0f, false, engine);
+    expect_close(p.C, want, p.K, "beta 0 over NaN, " + engine_name(engine));
+  }
 }
 
 TEST(Gemm, EmptyProducts) {
   std::mt19937 gen(3);
   for (bool rows_parallel : {false, true}) {
+  for (Engine engine : kEngines) {
     // M == 0 or N == 0: nothing to write; C's padding and values stay.
     for (const auto& mn : {std::array<int64_t, 2>{0, 4}, std::array<int64_t, 2>{3, 0}}) {
       Problem p(Trans::kNo, Trans::kNo, mn[0], mn[1], 5, 2, gen);
       const std::vector<float> before = p.C.v;
-      p.run(1.0f, 0.0f, rows_parallel);
+      p.run(1.0f, 0.0f, rows_parallel, engine);
       EXPECT_EQ(p.C.v, before);
     }
     // K == 0: C = beta·C; beta 0 overwrites (NaN included), beta 1 leaves C as it is.
@@ -167,7 +179,7 @@ TEST(Gemm, EmptyProducts) {
         Problem p(ta, Trans::kYes, 3, 4, 0, 2, gen);
         p.C.at(1, 2) = kNaN;
         const Matrix want = naive_gemm(p.ta, p.tb, p.M, p.N, p.K, 1.0f, p.A, p.B, beta, p.C);
-        p.run(1.0f, beta, rows_parallel);
+        p.run(1.0f, beta, rows_parallel, engine);
         for (int64_t i = 0; i < p.M; ++i) {
           for (int64_t j = 0; j < p.C.ld; ++j) {
             if (std::isnan(want.at(i, j))) {
@@ -182,8 +194,9 @@ TEST(Gemm, EmptyProducts) {
     // K == 0 with a leading dimension of 0 for the column-less A: valid.
     std::vector<float> c(6, 7.0f);
     attn::gemm::sgemm(Trans::kNo, Trans::kNo, 2, 3, 0, 1.0f, nullptr, 0, nullptr, 3, 0.5f, c.data(),
-                      3);
+                      3, engine);
     EXPECT_EQ(c, std::vector<float>(6, 3.5f));
+  }
   }
 }
 
@@ -291,6 +304,7 @@ TEST(Gemm, BlasThreadsAndName) {
   attn::gemm::set_blas_threads(saved);
   EXPECT_EQ(attn::gemm::blas_threads(), saved);
   EXPECT_FALSE(std::string(attn::gemm::blas_name()).empty());
+  EXPECT_FALSE(std::string(attn::gemm::fast_gemm_name()).empty());
 }
 
 TEST(Gemm, ArgumentErrors) {

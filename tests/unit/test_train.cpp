@@ -2,6 +2,8 @@
 // generator's state, batches, options, exact resume, SIGINT / SIGKILL, the
 // loss a small model reaches on tinyshakespeare, and bad input.
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <omp.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -394,11 +396,15 @@ TEST(TrainCli, SigintThenResumeEqualsAnUninterruptedRun) {
   const std::string text = attn::test::temp_path("text.txt");
   write_file(text, shakespeare(20000));
   const std::string straight = attn::test::temp_path("straight"), split = attn::test::temp_path("split");
-  const std::string iters = "200";
+  // Long enough that SIGINT, 100 ms after the first evaluation, lands mid-run
+  // however fast the machine (a step of this model takes well under a millisecond).
+  const std::string iters = "4000";
   auto args = [&](const std::string& dir) {
     std::vector<std::string> a = {"--text", text, "--out", dir, "--max-iters", iters};
     std::istringstream in(kCliModel);
     for (std::string w; in >> w;) a.push_back(w);
+    const auto at = std::find(a.begin(), a.end(), "--eval-interval");
+    *(at + 1) = "500";  // kCliModel's 25 would make 161 evaluations
     return a;
   };
   int status = 0;
@@ -416,12 +422,12 @@ TEST(TrainCli, SigintThenResumeEqualsAnUninterruptedRun) {
   const auto ckpt = attn::io::read_safetensors(split + "/checkpoint.safetensors");
   const int64_t stopped = std::stoll(ckpt.metadata.at("iter"));
   EXPECT_GT(stopped, 0);
-  EXPECT_LT(stopped, 200) << "the run finished before SIGINT; make it longer";
+  EXPECT_LT(stopped, 4000) << "the run finished before SIGINT; make it longer";
 
   const auto r = attn::test::run_cli("train --text '" + text + "' --out '" + split + "' --resume");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(metric_losses(split), metric_losses(straight));
-  EXPECT_EQ(metric_losses(straight).size(), 9u);  // 0, 25, ..., 200
+  EXPECT_EQ(metric_losses(straight).size(), 9u);  // 0, 500, ..., 4000
   std::filesystem::remove_all(straight);
   std::filesystem::remove_all(split);
 #endif

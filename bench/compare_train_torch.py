@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""Times one training step of the character-level GPT in attn and in PyTorch,
+side by side in one run (issue 8's yardstick; docs/training.md has the tables).
+
+Run with PyTorch 2.x from pip in a virtual environment (benchmarks only):
+    python3 -m venv ~/venv-torch2 && ~/venv-torch2/bin/pip install torch numpy
+    ~/venv-torch2/bin/python bench/compare_train_torch.py --attn build/attn \\
+        --text ../shared/data/tinyshakespeare.txt --recipe small --rounds 3
+or with Debian's PyTorch 1.13 (/usr/bin/python3).
+
+Recipes (nanoGPT's Shakespeare-character settings; no dropout, fp32):
+  small  4 layers, 4 heads, emb 128, context 64, batch 12
+  large  6 layers, 6 heads, emb 384, context 256, batch 64
+One step is what both trainers do per iteration: a random batch, forward,
+mean cross-entropy, backward, global-norm clipping to 1.0, the learning rate of
+the warm-up + cosine schedule, AdamW (betas 0.9, 0.99, weight decay 0.1 on the
+2-D parameters). The figure is the median step time over --iters steps after
+--warmup steps, each side in its own process.
+
+PyTorch is timed as two models and the faster one counts:
+  torch-book  the book's GPTModel (tests/torch/book_gpt.py), as the chapter writes it
+  torch-sdpa  the same parameters with nanoGPT's fast pieces: one causal
+              F.scaled_dot_product_attention, F.layer_norm, F.gelu(tanh)
+attn is `attn train` with --max-iters = warm-up + iters and one evaluation at
+the end; its metrics.jsonl gives the median time of all those steps.
+Every implementation runs with 1 and 2 threads and the faster counts; with
+--rounds N the whole set is measured N times, interleaved, and each side's
+best median counts, so a load passing over the shared machine hits both.
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+RECIPES = {
+    "small": dict(n_layers=4, n_heads=4, emb_dim=128, context_length=64, batch_size=12),
+    "large": dict(n_layers=6, n_heads=6, emb_dim=384, context_length=256, batch_size=64),
+}
+
+
+# ---------------------------------------------------------------- worker side
+def torch_worker(impl, recipe, text_path, warmup, iters, threads):
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(threads)
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, os.path.join(here, "..", "tests", "torch"))
+    import book_gpt
+
+    with open(text_path, encoding="utf-8") as f:
+        text = f.read()
+    chars = sorted(set(text))
+    stoi = {c: i for i, c in enumerate(chars)}
+    data = torch.tensor([stoi[c] for c in text], dtype=torch.long)
+    n_train = int(0.9 * len(data))
+    train = data[:n_train]
+    r = RECIPES[recipe]
+    cfg = dict(vocab_size=len(chars), context_length=r["context_length"], emb_dim=r["emb_dim"],
+               n_heads=r["n_heads"], n_layers=r["n_layers"], drop_rate=0.0, qkv_bias=False)
+    torch.manual_seed(1337)
+    model = book_gpt.GPTModel(cfg)
+    if impl == "torch-sdpa":
+        patch_fast(model, cfg)
+    model.train()
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.99), eps=1e-8)
+    B, T = r["batch_size"], r["context_length"]
+
+    def lr_at(it, max_iters=2000, warm=100, lr=1e-3, min_lr=1e-4):
+        if it < warm:
+            return lr * (it + 1) / (warm + 1)
+        ratio = (it - warm) / (max_iters - warm)
+        return min_lr + 0.5 * (1 + math.cos(math.pi * ratio)) * (lr - min_lr)
+
+    times = []
+    for it in range(warmup + iters):
+        t0 = time.perf_counter()
+        ix = torch.randint(len(train) - T, (B,))
+        x = torch.stack([train[i:i + T] for i in ix])
+        y = torch.stack([train[i + 1:i + 1 + T] for i in ix])
+        for g in opt.param_groups:
+            g["lr"] = lr_at(it)
+        logits = model(x)
+        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if it >= warmup:
+            times.append((time.perf_counter() - t0) * 1e3)
+    print(json.dumps({"ms_per_iter": statistics.median(times), "loss": float(loss)}))
+
+
+def patch_fast(model, cfg):
+    """Swaps the book's layers' forwards for PyTorch's fused ones (same parameters)."""
+    import torch.nn.functional as F
+
+    H = cfg["n_heads"]
+    for block in model.trf_blocks:
+        att = block.att
+
+        def att_forward(x, att=att):
+            b, t, d = x.shape
+            q = att.W_query(x).view(b, t, H, d // H).transpose(1, 2)
+            k = att.W_key(x).view(b, t, H, d // H).transpose(1, 2)
+            v = att.W_value(x).view(b, t, H, d // H).transpose(1, 2)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return att.out_proj(o.transpose(1, 2).reshape(b, t, d))
+
+        att.forward = att_forward
+    for norm in [m for m in model.modules() if type(m).__name__ == "LayerNorm"]:
+        norm.forward = (lambda x, n=norm: F.layer_norm(x, (x.shape[-1],), n.scale, n.shift, n.eps))
+    for gelu in [m for m in model.modules() if type(m).__name__ == "GELU"]:
+        gelu.forward = lambda x: F.gelu(x, approximate="tanh")
+
+
+# ---------------------------------------------------------------- driver side
+def time_torch(python, impl, args, threads):
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    cmd = [python, os.path.abspath(__file__), "--worker", impl, "--recipe", args.recipe,
+           "--text", args.text, "--warmup", str(args.warmup), "--iters", str(args.iters),
+           "--threads", str(threads)]
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["ms_per_iter"]
+
+
+def time_attn(args, threads):
+    r = RECIPES[args.recipe]
+    out_dir = tempfile.mkdtemp(prefix="attn_train_bench_")
+    try:
+        steps = args.warmup + args.iters
+        cmd = [args.attn, "train", "--text", args.text, "--out", out_dir, "--max-iters", str(steps),
+               "--eval-interval", str(steps), "--eval-iters", "1", "--threads", str(threads),
+               "--n-layers", str(r["n_layers"]), "--n-heads", str(r["n_heads"]),
+               "--emb-dim", str(r["emb_dim"]), "--context-length", str(r["context_length"]),
+               "--batch-size", str(r["batch_size"])]
+        env = dict(os.environ, CI="1")
+        subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+        with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+        return lines[-1]["ms_per_iter"]  # median of all steps (the few warm-up ones barely move it)
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--attn", default="build/attn")
+    p.add_argument("--python", default=sys.executable, help="the Python whose torch is timed")
+    p.add_argument("--text", default="../shared/data/tinyshakespeare.txt")
+    p.add_argument("--recipe", choices=sorted(RECIPES), default="small")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--impls", default="attn,torch-book,torch-sdpa")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.worker:
+        torch_worker(a.worker, a.recipe, a.text, a.warmup, a.iters, int(a.threads))
+        return
+    torch_version = subprocess.run([a.python, "-c", "import torch; print(torch.__version__)"],
+                                   check=True, capture_output=True, text=True).stdout.strip()
+    threads = [int(t) for t in a.threads.split(",")]
+    impls = a.impls.split(",")
+    best = {}
+    for rnd in range(a.rounds):
+        for impl in impls:
+            for t in threads:
+                ms = time_attn(a, t) if impl == "attn" else time_torch(a.python, impl, a, t)
+                print(f"round {rnd + 1} {impl:10s} threads {t}: {ms:8.1f} ms/iter", file=sys.stderr, flush=True)
+                key = impl
+                if key not in best or ms < best[key][0]:
+                    best[key] = (ms, t)
+    r = RECIPES[a.recipe]
+    tokens = r["batch_size"] * r["context_length"]
+    print(f"recipe {a.recipe} ({r}); PyTorch {torch_version}; median of {a.iters} steps, best of "
+          f"{a.rounds} round(s) x threads {a.threads}")
+    print("| implementation | ms/iter | tokens/s | threads | attn's lead |")
+    print("|---|---:|---:|---:|---:|")
+    attn_ms = best.get("attn", (None,))[0]
+    for impl in impls:
+        ms, t = best[impl]
+        lead = f"{ms / attn_ms:.2f}x" if attn_ms and impl != "attn" else ""
+        print(f"| {impl} | {ms:.1f} | {tokens / ms * 1e3:,.0f} | {t} | {lead} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+// attn/layer_kernels.h - SIMD kernels for the GPT's layers around the
+// attention: layer normalisation and GELU (tanh form), forward and backward.
+//
+// They compute the maths of attn::ref::layer_norm_* and ref::gelu_* (attn/functional_gpt.h,
+// the specification) on raw contiguous buffers, vectorised with Highway's dynamic
+// dispatch (the best of AVX-512, AVX2, SSE4 and scalar for the running CPU) and
+// split over OpenMP threads by rows (or by chunks of elements). They are what
+// nn::LayerNorm and nn::GELU run with LayerImpl::kKernel (attn/gpt.h), the default.
+//
+// How they differ from the reference loops (tests/unit/test_layer_kernels.cpp
+// states the bounds they meet):
+//   - layer norm sums in float vector lanes with a corrected two-pass mean and
+//     variance (the reference takes PyTorch's float mean and sums the variance
+//     in double); y agrees to a few float ulps when |mean| is not far above the
+//     row's std. When it is (x = 100 + 0.01·noise), PyTorch's own float mean is
+//     off by about |mean|·2⁻²⁴·log C, which moves (x − mean)/std by that over
+//     std: LayerImpl::kReference repeats PyTorch's rounding, the kernel does not;
+//   - tanh is Highway's vector Tanh (at most a few ulps from std::tanh).
+// Determinism: every output element, and every partial sum of dscale/dshift
+// (fixed chunks of kLayerNormChunkRows rows, added in chunk order), is computed
+// in one fixed order, so the bits do not depend on the thread count.
+#pragma once
+
+#include <cstdint>
+
+namespace attn::kernels {
+
+// Rows per partial sum of layer_norm_backward's dscale/dshift.
+inline constexpr int64_t kLayerNormChunkRows = 64;
+
+// x, y (N, C) rows; scale, shift (C); mean, std (N) are written:
+//   mean[n] = Σ_c x[n, c] / C,  std[n] = sqrt(Σ_c (x[n, c] − mean[n])² / C + eps)
+//   y[n, c] = scale[c] · (x[n, c] − mean[n]) / std[n] + shift[c]
+void layer_norm_forward(float* y, float* mean, float* std, const float* x, const float* scale,
+                        const float* shift, int64_t N, int64_t C, float eps);
+
+// dy, x, dx (N, C); mean, std (N) from the forward. dx is written; dscale and
+// dshift (C) are accumulated (+=):
+//   x̂ = (x − mean) / std,  g = dy ⊙ scale
+//   dx = (g − mean_c(g) − x̂ · mean_c(g ⊙ x̂)) / std
+//   dscale += Σ_n dy ⊙ x̂,  dshift += Σ_n dy
+void layer_norm_backward(float* dx, float* dscale, float* dshift, const float* dy, const float* x,
+                         const float* scale, const float* mean, const float* std, int64_t N,
+                         int64_t C);
+
+// y[i] = 0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³))), n elements.
+void gelu_forward(float* y, const float* x, int64_t n);
+
+// dx[i] = dy · (0.5 · (1 + t) + 0.5 · x · (1 − t²) · √(2/π) · (1 + 3 · 0.044715 · x²)), t = tanh(u).
+void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
+
+// The SIMD target the kernels run on ("AVX3", "AVX2", ...).
+const char* layer_kernels_target();
+
+}  // namespace attn::kernels

@@ -1,0 +1,311 @@
+// SIMD layer normalisation and GELU, forward and backward (attn/layer_kernels.h
+// states the maths and the contract; attn::ref's loops are the specification).
+// Highway dynamic dispatch; OpenMP over rows (layer norm) or over chunks of
+// elements (GELU) once there is enough work to pay for the threads.
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <vector>
+
+#include "attn/layer_kernels.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "kernels/hwy_targets.h"
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/layer_kernels.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+#include <hwy/contrib/math/math-inl.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace attn::kernels {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+// Elements (GELU) or row elements (layer norm) below which one thread does it all.
+constexpr int64_t kParallelElements = int64_t{1} << 15;
+constexpr float kGeluCubic = 0.044715f;
+
+// The last n < Lanes(d) floats at p in the first lanes, zeros after: through a
+// buffer, since Highway's MaskedLoad may read a whole (aligned) vector on
+// targets without masked loads.
+HWY_INLINE VF LoadTail(DF d, const float* p, size_t n) {
+  HWY_ALIGN float buf[hn::MaxLanes(DF())] = {};
+  std::copy_n(p, n, buf);
+  return hn::Load(d, buf);
+}
+
+// Stores the first n < Lanes(d) lanes of v to p.
+HWY_INLINE void StoreTail(DF d, VF v, float* p, size_t n) {
+  HWY_ALIGN float buf[hn::MaxLanes(DF())];
+  hn::Store(v, d, buf);
+  std::copy_n(buf, n, p);
+}
+
+// Σ of n floats in vector lanes, then across the lanes (a fixed order).
+HWY_INLINE float SumRow(DF d, const float* p, size_t n) {
+  const size_t N = hn::Lanes(d);
+  VF acc0 = hn::Zero(d), acc1 = hn::Zero(d);
+  size_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    acc0 = hn::Add(acc0, hn::LoadU(d, p + i));
+    acc1 = hn::Add(acc1, hn::LoadU(d, p + i + N));
+  }
+  for (; i + N <= n; i += N) acc0 = hn::Add(acc0, hn::LoadU(d, p + i));
+  if (i < n) acc1 = hn::Add(acc1, LoadTail(d, p + i, n - i));
+  return hn::GetLane(hn::SumOfLanes(d, hn::Add(acc0, acc1)));
+}
+
+// Σ (p[i] − mu) and Σ (p[i] − mu)² over n floats.
+HWY_INLINE void SumDeviations(DF d, const float* p, size_t n, float mu, float& sum, float& sum_sq) {
+  const size_t N = hn::Lanes(d);
+  const VF vmu = hn::Set(d, mu);
+  VF s = hn::Zero(d), sq = hn::Zero(d);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const VF dev = hn::Sub(hn::LoadU(d, p + i), vmu);
+    s = hn::Add(s, dev);
+    sq = hn::MulAdd(dev, dev, sq);
+  }
+  if (i < n) {
+    const VF dev = hn::IfThenElseZero(hn::FirstN(d, n - i), hn::Sub(LoadTail(d, p + i, n - i), vmu));
+    s = hn::Add(s, dev);
+    sq = hn::MulAdd(dev, dev, sq);
+  }
+  sum = hn::GetLane(hn::SumOfLanes(d, s));
+  sum_sq = hn::GetLane(hn::SumOfLanes(d, sq));
+}
+
+void LayerNormRows(float* y, float* mean, float* std, const float* x, const float* scale,
+                   const float* shift, int64_t n0, int64_t n1, size_t C, float eps) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  for (int64_t n = n0; n < n1; ++n) {
+    const float* row = x + n * int64_t(C);
+    float* out = y + n * int64_t(C);
+    // Corrected two-pass mean and variance: the float mean's rounding error
+    // (large when |mean| >> std) is measured by Σ (x − mu) and taken out.
+    const float mu0 = SumRow(d, row, C) / float(C);
+    float dev_sum, dev_sq;
+    SumDeviations(d, row, C, mu0, dev_sum, dev_sq);
+    const float shift_mu = dev_sum / float(C);
+    const float mu = mu0 + shift_mu;
+    const float var = std::max(0.0f, dev_sq / float(C) - shift_mu * shift_mu);
+    const float sd = std::sqrt(var + eps);
+    mean[n] = mu;
+    std[n] = sd;
+    const VF vmu = hn::Set(d, mu), vr = hn::Set(d, 1.0f / sd);
+    size_t c = 0;
+    for (; c + N <= C; c += N) {
+      const VF xhat = hn::Mul(hn::Sub(hn::LoadU(d, row + c), vmu), vr);
+      hn::StoreU(hn::MulAdd(hn::LoadU(d, scale + c), xhat, hn::LoadU(d, shift + c)), d, out + c);
+    }
+    for (; c < C; ++c) out[c] = scale[c] * ((row[c] - mu) / sd) + shift[c];
+  }
+}
+
+void LayerNormForward(float* y, float* mean, float* std, const float* x, const float* scale,
+                      const float* shift, int64_t Nrows, int64_t C, float eps) {
+  if (Nrows * C < kParallelElements) {
+    LayerNormRows(y, mean, std, x, scale, shift, 0, Nrows, size_t(C), eps);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t chunk = 0; chunk < (Nrows + 63) / 64; ++chunk) {
+    LayerNormRows(y, mean, std, x, scale, shift, chunk * 64, std::min(Nrows, chunk * 64 + 64),
+                  size_t(C), eps);
+  }
+}
+
+// dx for rows [n0, n1); dy·x̂ and dy summed over those rows into ds, db (C),
+// which the caller zeroed.
+void LayerNormBackwardRows(float* dx, float* ds, float* db, const float* dy, const float* x,
+                           const float* scale, const float* mean, const float* std, int64_t n0,
+                           int64_t n1, size_t C) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  for (int64_t n = n0; n < n1; ++n) {
+    const float* px = x + n * int64_t(C);
+    const float* pdy = dy + n * int64_t(C);
+    float* pdx = dx + n * int64_t(C);
+    const float mu = mean[n], r = 1.0f / std[n];
+    const VF vmu = hn::Set(d, mu), vr = hn::Set(d, r);
+    // Pass 1: Σ g and Σ g·x̂ over the row; dscale, dshift partial sums.
+    VF sum_g = hn::Zero(d), sum_gx = hn::Zero(d);
+    size_t c = 0;
+    for (; c + N <= C; c += N) {
+      const VF xhat = hn::Mul(hn::Sub(hn::LoadU(d, px + c), vmu), vr);
+      const VF vdy = hn::LoadU(d, pdy + c);
+      const VF g = hn::Mul(vdy, hn::LoadU(d, scale + c));
+      sum_g = hn::Add(sum_g, g);
+      sum_gx = hn::MulAdd(g, xhat, sum_gx);
+      hn::StoreU(hn::MulAdd(vdy, xhat, hn::LoadU(d, ds + c)), d, ds + c);
+      hn::StoreU(hn::Add(vdy, hn::LoadU(d, db + c)), d, db + c);
+    }
+    float sg = hn::GetLane(hn::SumOfLanes(d, sum_g));
+    float sgx = hn::GetLane(hn::SumOfLanes(d, sum_gx));
+    for (size_t t = c; t < C; ++t) {
+      const float xhat = (px[t] - mu) * r, g = pdy[t] * scale[t];
+      sg += g;
+      sgx += g * xhat;
+      ds[t] += pdy[t] * xhat;
+      db[t] += pdy[t];
+    }
+    const float mean_g = sg / float(C), mean_gx = sgx / float(C);
+    // Pass 2: dx = (g − mean_g − x̂ · mean_gx) · r.
+    const VF vmg = hn::Set(d, mean_g), vmgx = hn::Set(d, mean_gx);
+    for (c = 0; c + N <= C; c += N) {
+      const VF xhat = hn::Mul(hn::Sub(hn::LoadU(d, px + c), vmu), vr);
+      const VF g = hn::Mul(hn::LoadU(d, pdy + c), hn::LoadU(d, scale + c));
+      hn::StoreU(hn::Mul(hn::NegMulAdd(xhat, vmgx, hn::Sub(g, vmg)), vr), d, pdx + c);
+    }
+    for (; c < C; ++c) {
+      const float xhat = (px[c] - mu) * r, g = pdy[c] * scale[c];
+      pdx[c] = (g - mean_g - xhat * mean_gx) * r;
+    }
+  }
+}
+
+void LayerNormBackward(float* dx, float* dscale, float* dshift, const float* dy, const float* x,
+                       const float* scale, const float* mean, const float* std, int64_t Nrows,
+                       int64_t C) {
+  // One partial (dscale, dshift) per chunk of kLayerNormChunkRows rows, added
+  // in chunk order: the same bits for any thread count.
+  const int64_t chunks = (Nrows + kLayerNormChunkRows - 1) / kLayerNormChunkRows;
+  std::vector<float> partial(size_t(chunks * 2 * C), 0.0f);  // (chunks, 2, C)
+  const auto run = [&](int64_t k) {
+    float* ds = partial.data() + k * 2 * C;
+    LayerNormBackwardRows(dx, ds, ds + C, dy, x, scale, mean, std, k * kLayerNormChunkRows,
+                          std::min(Nrows, (k + 1) * kLayerNormChunkRows), size_t(C));
+  };
+  if (Nrows * C < kParallelElements) {
+    for (int64_t k = 0; k < chunks; ++k) run(k);
+  } else {
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < chunks; ++k) run(k);
+  }
+  for (int64_t k = 0; k < chunks; ++k) {
+    const float* ds = partial.data() + k * 2 * C;
+    for (int64_t c = 0; c < C; ++c) {
+      dscale[c] += ds[c];
+      dshift[c] += ds[C + c];
+    }
+  }
+}
+
+// u = √(2/π) (x + 0.044715 x³), written as x · (k0 + k1 x²).
+HWY_INLINE VF GeluInner(DF d, VF x) {
+  const float k0 = static_cast<float>(std::numbers::sqrt2 / std::sqrt(std::numbers::pi));
+  const VF x2 = hn::Mul(x, x);
+  return hn::Mul(x, hn::MulAdd(hn::Set(d, k0 * kGeluCubic), x2, hn::Set(d, k0)));
+}
+
+HWY_INLINE VF GeluForwardVec(DF d, VF x) {
+  const VF t = hn::Tanh(d, GeluInner(d, x));
+  const VF half_x = hn::Mul(hn::Set(d, 0.5f), x);
+  return hn::MulAdd(half_x, t, half_x);  // 0.5 x (1 + t)
+}
+
+HWY_INLINE VF GeluBackwardVec(DF d, VF dy, VF x) {
+  const float k0 = static_cast<float>(std::numbers::sqrt2 / std::sqrt(std::numbers::pi));
+  const VF t = hn::Tanh(d, GeluInner(d, x));
+  const VF half = hn::Set(d, 0.5f);
+  const VF x2 = hn::Mul(x, x);
+  // du/dx = k0 (1 + 3 · 0.044715 x²)
+  const VF du = hn::MulAdd(hn::Set(d, k0 * 3.0f * kGeluCubic), x2, hn::Set(d, k0));
+  const VF one_minus_t2 = hn::NegMulAdd(t, t, hn::Set(d, 1.0f));
+  // 0.5 (1 + t) + 0.5 x (1 − t²) du
+  const VF grad = hn::MulAdd(hn::Mul(hn::Mul(half, x), one_minus_t2), du, hn::MulAdd(half, t, half));
+  return hn::Mul(dy, grad);
+}
+
+void GeluForwardRange(float* y, const float* x, size_t n) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(GeluForwardVec(d, hn::LoadU(d, x + i)), d, y + i);
+  if (i < n) StoreTail(d, GeluForwardVec(d, LoadTail(d, x + i, n - i)), y + i, n - i);
+}
+
+void GeluBackwardRange(float* dx, const float* dy, const float* x, size_t n) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    hn::StoreU(GeluBackwardVec(d, hn::LoadU(d, dy + i), hn::LoadU(d, x + i)), d, dx + i);
+  }
+  if (i < n) {
+    const VF g = GeluBackwardVec(d, LoadTail(d, dy + i, n - i), LoadTail(d, x + i, n - i));
+    StoreTail(d, g, dx + i, n - i);
+  }
+}
+
+// Runs f(begin, count) over [0, n) in chunks, on the OpenMP threads when n is large.
+template <class F>
+void Chunked(int64_t n, const F& f) {
+  constexpr int64_t kChunk = 1 << 13;
+  if (n < kParallelElements) {
+    f(0, size_t(n));
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < (n + kChunk - 1) / kChunk; ++c) {
+    f(size_t(c * kChunk), size_t(std::min(kChunk, n - c * kChunk)));
+  }
+}
+
+void GeluForward(float* y, const float* x, int64_t n) {
+  Chunked(n, [&](size_t i, size_t count) { GeluForwardRange(y + i, x + i, count); });
+}
+
+void GeluBackward(float* dx, const float* dy, const float* x, int64_t n) {
+  Chunked(n, [&](size_t i, size_t count) { GeluBackwardRange(dx + i, dy + i, x + i, count); });
+}
+
+const char* LayerKernelsTarget() { return hwy::TargetName(HWY_TARGET); }
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace attn::kernels
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attn::kernels {
+
+HWY_EXPORT(LayerNormForward);
+HWY_EXPORT(LayerNormBackward);
+HWY_EXPORT(GeluForward);
+HWY_EXPORT(GeluBackward);
+HWY_EXPORT(LayerKernelsTarget);
+
+void layer_norm_forward(float* y, float* mean, float* std, const float* x, const float* scale,
+                        const float* shift, int64_t N, int64_t C, float eps) {
+  if (N <= 0 || C <= 0) return;
+  HWY_DYNAMIC_DISPATCH(LayerNormForward)(y, mean, std, x, scale, shift, N, C, eps);
+}
+
+void layer_norm_backward(float* dx, float* dscale, float* dshift, const float* dy, const float* x,
+                         const float* scale, const float* mean, const float* std, int64_t N,
+                         int64_t C) {
+  if (N <= 0 || C <= 0) return;
+  HWY_DYNAMIC_DISPATCH(LayerNormBackward)(dx, dscale, dshift, dy, x, scale, mean, std, N, C);
+}
+
+void gelu_forward(float* y, const float* x, int64_t n) {
+  if (n > 0) HWY_DYNAMIC_DISPATCH(GeluForward)(y, x, n);
+}
+
+void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) {
+  if (n > 0) HWY_DYNAMIC_DISPATCH(GeluBackward)(dx, dy, x, n);
+}
+
+const char* layer_kernels_target() { return HWY_DYNAMIC_DISPATCH(LayerKernelsTarget)(); }
+
+}  // namespace attn::kernels
+#endif  // HWY_ONCE

@@ -1,0 +1,219 @@
+// The SIMD layer kernels (attn/layer_kernels.h) against the reference loops of
+// attn::ref (attn/functional_gpt.h), and the fast GEMM engine of nn::Linear
+// against the BLAS one.
+// Bounds (float32, values ~ N(0, 1) scaled up to ±8):
+//   layer norm y, dx:   |kernel − ref| <= 2e-5 · (1 + |ref|)  (float vs double sums)
+//   dscale, dshift:     |kernel − ref| <= 1e-5 · N · (1 + |ref| / N)
+//   GELU y, dx:         |kernel − ref| <= 4e-6 · (1 + |ref|)  (vector tanh: a few ulps)
+// Every shape class: C below, at and above a vector (1, 3, 16, 17, 128, 771),
+// N of one row, a partial chunk and several threads' worth of chunks.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "attn/functional_gpt.h"
+#include "attn/gpt.h"
+#include "attn/kernels.h"
+#include "attn/layer_kernels.h"
+#include "attn/nn.h"
+#include "attn/ops.h"
+#include "attn/random.h"
+#include "gradcheck.h"
+
+namespace attn::test {
+namespace {
+
+void expect_near_rel(const Tensor& got, const Tensor& want, double rel, const std::string& what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  const float* g = got.data();
+  const float* w = want.data();
+  double worst = 0.0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const double err = std::fabs(double(g[i]) - double(w[i]));
+    worst = std::max(worst, err / (1.0 + std::fabs(double(w[i]))));
+    ASSERT_LE(err, rel * (1.0 + std::fabs(double(w[i])))) << what << "[" << i << "]: kernel " << g[i]
+                                                          << " reference " << w[i];
+  }
+  std::cout << "[layer kernels] " << what << ": max error / (1 + |ref|) " << worst << "\n";
+}
+
+struct NC {
+  int64_t N, C;
+};
+const NC kShapes[] = {{1, 1}, {5, 3}, {1, 16}, {7, 17}, {64, 128}, {65, 128}, {300, 771}, {768, 128}};
+
+void check_layer_norm_against_reference(const std::string& target) {
+  for (const NC s : kShapes) {
+    const std::string what = target + " N " + std::to_string(s.N) + " C " + std::to_string(s.C);
+    const Tensor x = add(mul(random_tensor({s.N, s.C}, 1), 3.0f), 0.5f);  // an offset mean
+    const Tensor scale = add(random_tensor({s.C}, 2), 1.0f);
+    const Tensor shift = random_tensor({s.C}, 3);
+    const Tensor dy = random_tensor({s.N, s.C}, 4);
+
+    ref::LayerNormSaved saved;
+    const Tensor y_ref = ref::layer_norm_forward(x, scale, shift, 1e-5f, &saved);
+    Tensor ds_ref = Tensor::zeros({s.C}), db_ref = Tensor::zeros({s.C});
+    const Tensor dx_ref = ref::layer_norm_backward(dy, x, scale, saved, ds_ref, db_ref);
+
+    Tensor y({s.N, s.C}), mean({s.N}), sd({s.N});
+    kernels::layer_norm_forward(y.data(), mean.data(), sd.data(), x.data(), scale.data(), shift.data(),
+                                s.N, s.C, 1e-5f);
+    expect_near_rel(y, y_ref, 2e-5, "layer norm y, " + what);
+    expect_near_rel(mean, saved.mean, 2e-6, "layer norm mean, " + what);
+    expect_near_rel(sd, saved.std, 2e-6, "layer norm std, " + what);
+
+    Tensor dx({s.N, s.C}), ds = Tensor::zeros({s.C}), db = Tensor::zeros({s.C});
+    kernels::layer_norm_backward(dx.data(), ds.data(), db.data(), dy.data(), x.data(), scale.data(),
+                                 mean.data(), sd.data(), s.N, s.C);
+    expect_near_rel(dx, dx_ref, 2e-5, "layer norm dx, " + what);
+    expect_near_rel(ds, ds_ref, 1e-5 * double(s.N), "layer norm dscale, " + what);
+    expect_near_rel(db, db_ref, 1e-5 * double(s.N), "layer norm dshift, " + what);
+  }
+}
+
+TEST(LayerKernels, LayerNormBackwardAccumulatesIntoDscaleAndDshift) {
+  const int64_t N = 9, C = 20;
+  const Tensor x = random_tensor({N, C}, 5), dy = random_tensor({N, C}, 6);
+  const Tensor scale = Tensor::ones({C}), shift = Tensor::zeros({C});
+  Tensor y({N, C}), mean({N}), sd({N}), dx({N, C});
+  kernels::layer_norm_forward(y.data(), mean.data(), sd.data(), x.data(), scale.data(), shift.data(), N,
+                              C, 1e-5f);
+  Tensor ds = Tensor::zeros({C}), db = Tensor::zeros({C});
+  kernels::layer_norm_backward(dx.data(), ds.data(), db.data(), dy.data(), x.data(), scale.data(),
+                               mean.data(), sd.data(), N, C);
+  Tensor ds2 = Tensor::full({C}, 1.0f), db2 = Tensor::full({C}, -2.0f);
+  kernels::layer_norm_backward(dx.data(), ds2.data(), db2.data(), dy.data(), x.data(), scale.data(),
+                               mean.data(), sd.data(), N, C);
+  for (int64_t c = 0; c < C; ++c) {
+    EXPECT_FLOAT_EQ(ds2.data()[c], ds.data()[c] + 1.0f);
+    EXPECT_FLOAT_EQ(db2.data()[c], db.data()[c] - 2.0f);
+  }
+}
+
+void check_gelu_against_reference(const std::string& target) {
+  for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{16}, int64_t{33}, int64_t{40000}}) {
+    // Spread over [-12, 12]: both tails (tanh saturates) and the curved middle.
+    const Tensor x = mul(random_tensor({n}, 7), 4.0f);
+    const Tensor dy = random_tensor({n}, 8);
+    Tensor y({n}), dx({n});
+    kernels::gelu_forward(y.data(), x.data(), n);
+    kernels::gelu_backward(dx.data(), dy.data(), x.data(), n);
+    expect_near_rel(y, ref::gelu_forward(x), 4e-6, "gelu y, " + target + " n " + std::to_string(n));
+    expect_near_rel(dx, ref::gelu_backward(dy, x), 4e-6, "gelu dx, " + target + " n " + std::to_string(n));
+  }
+}
+
+// Every SIMD target compiled in that this CPU runs (AVX3, AVX2, SSE4, scalar).
+TEST(LayerKernels, EveryTargetMatchesTheReference) {
+  for (const std::string& target : kernels::flash_attention_targets()) {
+    ASSERT_TRUE(kernels::flash_attention_use_target(target.c_str()));
+    EXPECT_EQ(std::string(kernels::layer_kernels_target()), target);
+    check_layer_norm_against_reference(target);
+    check_gelu_against_reference(target);
+  }
+  kernels::flash_attention_use_target(nullptr);
+}
+
+TEST(LayerKernels, GeluPropagatesNaNAndSaturates) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> xs = {std::nanf(""), 30.0f, -30.0f, inf, -inf, 0.0f};
+  const Tensor x({6}, xs);
+  Tensor y({6});
+  kernels::gelu_forward(y.data(), x.data(), 6);
+  EXPECT_TRUE(std::isnan(y.data()[0]));
+  EXPECT_FLOAT_EQ(y.data()[1], 30.0f);
+  EXPECT_FLOAT_EQ(y.data()[2], -0.0f);
+  EXPECT_EQ(y.data()[5], 0.0f);
+}
+
+// Every output, and every chunk's partial dscale/dshift, is computed in one
+// fixed order: 1 and 2 OpenMP threads give the same bits.
+TEST(LayerKernels, BitsDoNotDependOnTheThreadCount) {
+  const int64_t N = 1000, C = 200;  // past the parallel threshold
+  const Tensor x = random_tensor({N, C}, 9), dy = random_tensor({N, C}, 10);
+  const Tensor scale = random_tensor({C}, 11), shift = random_tensor({C}, 12);
+  std::vector<std::vector<float>> runs;
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    Tensor y({N, C}), mean({N}), sd({N}), dx({N, C}), ds = Tensor::zeros({C}), db = Tensor::zeros({C});
+    Tensor g({N, C}), gdx({N, C});
+    kernels::layer_norm_forward(y.data(), mean.data(), sd.data(), x.data(), scale.data(), shift.data(), N,
+                                C, 1e-5f);
+    kernels::layer_norm_backward(dx.data(), ds.data(), db.data(), dy.data(), x.data(), scale.data(),
+                                 mean.data(), sd.data(), N, C);
+    kernels::gelu_forward(g.data(), x.data(), N * C);
+    kernels::gelu_backward(gdx.data(), dy.data(), x.data(), N * C);
+    std::vector<float> all;
+    for (const Tensor* t : {&y, &mean, &sd, &dx, &ds, &db, &g, &gdx})
+      all.insert(all.end(), t->data(), t->data() + t->numel());
+    runs.push_back(all);
+  }
+  omp_set_num_threads(saved);
+  EXPECT_EQ(runs[0], runs[1]);
+}
+
+TEST(LayerKernels, TargetIsNamed) { EXPECT_FALSE(std::string(kernels::layer_kernels_target()).empty()); }
+
+// The modules: LayerImpl::kKernel and kReference agree within the bounds above,
+// forward and backward, on a strided (non-contiguous) input too.
+TEST(LayerKernels, ModulesAgreeOnBothImplementations) {
+  const Tensor base = mul(random_tensor({4, 6, 10}, 13), 2.0f);
+  const Tensor x = transpose(base, 0, 1);  // (6, 4, 10), strided
+  const Tensor dy = random_tensor({6, 4, 10}, 14);
+  nn::LayerNorm ln_k(10), ln_r(10, 1e-5f, nn::LayerImpl::kReference);
+  for (nn::LayerNorm* ln : {&ln_k, &ln_r}) {
+    ln->scale.value = add(random_tensor({10}, 15), 1.0f);
+    ln->shift.value = random_tensor({10}, 16);
+  }
+  expect_near_rel(ln_k.forward(x), ln_r.forward(x), 2e-5, "LayerNorm module y");
+  expect_near_rel(ln_k.backward(dy), ln_r.backward(dy), 2e-5, "LayerNorm module dx");
+  expect_near_rel(ln_k.scale.grad, ln_r.scale.grad, 1e-4, "LayerNorm module dscale");
+  expect_near_rel(ln_k.shift.grad, ln_r.shift.grad, 1e-4, "LayerNorm module dshift");
+  nn::GELU g_k, g_r(nn::LayerImpl::kReference);
+  expect_near_rel(g_k.forward(x), g_r.forward(x), 4e-6, "GELU module y");
+  expect_near_rel(g_k.backward(dy), g_r.backward(dy), 4e-6, "GELU module dx");
+}
+
+TEST(LayerKernels, ModulesRejectOtherDtypes) {
+  nn::LayerNorm ln(4);
+  nn::GELU g;
+  const Tensor x = random_tensor({2, 4}, 17).to(DType::kBFloat16);
+  EXPECT_THROW(ln.forward(x), std::invalid_argument);
+  EXPECT_THROW(g.forward(x), std::invalid_argument);
+}
+
+// nn::Linear on the fast GEMM engine against the BLAS engine: y, dx, dweight
+// and dbias within K-term float rounding, bias or not.
+TEST(LayerKernels, LinearOnTheFastEngineMatchesTheBlasEngine) {
+  for (bool bias : {true, false}) {
+    manual_seed(18);
+    nn::Linear a({.in_features = 37, .out_features = 70, .bias = bias});
+    nn::Linear b({.in_features = 37, .out_features = 70, .bias = bias, .engine = gemm::Engine::kFast});
+    b.weight.value = a.weight.value.clone();
+    if (bias) b.bias.value = a.bias.value.clone();
+    const Tensor x = random_tensor({3, 50, 37}, 19), dy = random_tensor({3, 50, 70}, 20);
+    const std::string what = bias ? "Linear with bias" : "Linear without bias";
+    expect_near_rel(b.forward(x), a.forward(x), 1e-5, what + " y");
+    expect_near_rel(b.backward(dy), a.backward(dy), 1e-5, what + " dx");
+    expect_near_rel(b.weight.grad, a.weight.grad, 1e-4, what + " dweight");
+    if (bias) expect_near_rel(b.bias.grad, a.bias.grad, 1e-4, what + " dbias");
+  }
+}
+
+// Finite differences on the reference loops too (test_gpt.cpp checks the kernels' modules).
+TEST(LayerKernels, ReferenceModulesPassGradcheck) {
+  nn::LayerNorm ln(7, 1e-5f, nn::LayerImpl::kReference);
+  ln.scale.value = add(random_tensor({7}, 1), 1.0f);
+  ln.shift.value = random_tensor({7}, 2);
+  gradcheck_module("LayerNorm (reference)", ln, random_tensor({2, 3, 7}, 3));
+  nn::GELU gelu(nn::LayerImpl::kReference);
+  gradcheck_module("GELU (reference)", gelu, mul(random_tensor({3, 4, 5}, 4), 2.0f));
+}
+
+}  // namespace
+}  // namespace attn::test
