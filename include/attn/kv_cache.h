@@ -73,6 +73,9 @@ KVCache make_kv_cache(const MultiHeadAttention& mha, int64_t batch);
 // another module shape or its buffers were changed, or when the module is in
 // training mode with dropout p > 0 (call eval(): generation applies no dropout).
 // engine: the GEMM of the four projections (attn/gemm.h); kBlas sums as PyTorch.
+// With kFast, a prefill of an empty cache (length 0, T_new > 1) computes the
+// attention with the flash kernel (attn/kernels.h), reading the projections
+// token-major in place; later tokens use ref::cached_attention_forward.
 Tensor forward_cached(const MultiHeadAttention& mha, const Tensor& x_new, KVCache& cache,
                       gemm::Engine engine = gemm::Engine::kBlas);
 

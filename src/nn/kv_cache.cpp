@@ -1,6 +1,7 @@
 // The key/value cache of MultiHeadAttention for generating one token at a time
 // (attn/kv_cache.h): a thin layer that projects the new tokens, appends their
-// keys and values, and calls ref::cached_attention_forward.
+// keys and values, and calls ref::cached_attention_forward (with the fast
+// engine, a prefill of an empty cache runs the flash kernel instead).
 #include "attn/kv_cache.h"
 
 #include <fmt/format.h>
@@ -9,6 +10,7 @@
 #include <stdexcept>
 
 #include "attn/functional.h"
+#include "attn/kernels.h"
 #include "attn/ops.h"
 #include "nn/checks.h"
 
@@ -102,6 +104,24 @@ Tensor forward_cached(const MultiHeadAttention& mha, const Tensor& x_new, KVCach
         "(the cache holds {})",
         T_new, T_new == 1 ? "" : "s", cache.length, cache.length + T_new - 1, cache.context_length,
         cache.length));
+  }
+
+  if (engine == gemm::Engine::kFast && cache.length == 0 && T_new > 1 && hd <= kernels::kMaxHeadDim) {
+    // A prefill of an empty cache is plain causal self-attention over the new
+    // tokens: the flash kernel reads q, k, v token-major (B, T_new, d_out) in
+    // place and writes the context in the layout out_proj reads.
+    const auto project = [&](const Linear& layer) {
+      return ref::linear_forward(x_new, layer.weight.value, bias_or_null(layer), engine).contiguous();
+    };
+    const Tensor q = project(mha.W_query), k = project(mha.W_key), v = project(mha.W_value);
+    write_rows(cache.keys, transpose(k.reshape({B, T_new, H, hd}), 1, 2), 0);
+    write_rows(cache.values, transpose(v.reshape({B, T_new, H, hd}), 1, 2), 0);
+    Tensor context({B, T_new, o.d_out});  // (B, T_new, H·hd)
+    Tensor lse({B, H, T_new});            // the kernel's softmax statistics, not needed here
+    kernels::flash_attention_forward(context.data(), lse.data(), q.data(), k.data(), v.data(),
+                                     {.B = B, .T = T_new, .H = H, .hd = hd, .causal = true});
+    cache.length = T_new;
+    return ref::linear_forward(context, mha.out_proj.weight.value, bias_or_null(mha.out_proj), engine);
   }
 
   const Tensor q = project_heads(mha.W_query, x_new, H, hd, engine);  // (B, H, T_new, hd)

@@ -66,12 +66,13 @@ std::unique_ptr<MultiHeadAttention> make_module(const Config& c, uint64_t seed) 
 // Feeds x (B, T, d_in) through forward_cached in chunks of the given sizes
 // (summing to T) and returns the outputs concatenated: (B, T, d_out).
 Tensor generate_in_chunks(const MultiHeadAttention& mha, const Tensor& x, KVCache& cache,
-                          const std::vector<int64_t>& chunks) {
+                          const std::vector<int64_t>& chunks,
+                          attn::gemm::Engine engine = attn::gemm::Engine::kBlas) {
   std::vector<Tensor> outs;
   int64_t start = 0;
   for (const int64_t n : chunks) {
     const int64_t before = cache.length;
-    outs.push_back(forward_cached(mha, slice(x, 1, start, start + n), cache));  // (B, n, d_out)
+    outs.push_back(forward_cached(mha, slice(x, 1, start, start + n), cache, engine));  // (B, n, d_out)
     EXPECT_EQ(cache.length, before + n);
     start += n;
   }
@@ -112,17 +113,20 @@ TEST(KVCache, GenerationEqualsForwardOnTheWholeSequence) {
         {"growing chunks", growing(c.T)},
         {"one prefill", {c.T}},
     };
-    for (const auto& [name, chunks] : schedules) {
-      SCOPED_TRACE(name);
-      KVCache cache = make_kv_cache(*mha, c.B);
-      const Tensor y_cached = generate_in_chunks(*mha, x, cache, chunks);
-      ASSERT_EQ(y_cached.shape(), y.shape());
-      const float diff = max_abs_diff(y_cached, y);
-      EXPECT_LE(diff, kTolerance);
-      worst = std::max(worst, diff);
+    // kFast: the fast GEMM, and the flash kernel for a prefill of the empty cache.
+    for (const auto engine : {attn::gemm::Engine::kBlas, attn::gemm::Engine::kFast}) {
+      for (const auto& [name, chunks] : schedules) {
+        SCOPED_TRACE(std::string(name) + (engine == attn::gemm::Engine::kFast ? ", fast engine" : ""));
+        KVCache cache = make_kv_cache(*mha, c.B);
+        const Tensor y_cached = generate_in_chunks(*mha, x, cache, chunks, engine);
+        ASSERT_EQ(y_cached.shape(), y.shape());
+        const float diff = max_abs_diff(y_cached, y);
+        EXPECT_LE(diff, kTolerance);
+        worst = std::max(worst, diff);
+      }
     }
   }
-  std::printf("[  KVCACHE ] %zu shapes x 4 schedules: max |cached - forward| = %.3g\n",
+  std::printf("[  KVCACHE ] %zu shapes x 4 schedules x 2 engines: max |cached - forward| = %.3g\n",
               configs().size(), static_cast<double>(worst));
 }
 
