@@ -15,9 +15,10 @@
 
 namespace attn::bench {
 
-// GFLOP/s of one gemm::sgemm of n x n x n (2·n³ FLOPs): the median of `repeats`
-// timings after one warm-up. Throws if the product is not finite.
-inline double sgemm_gflops(int n = 4096, int repeats = 5) {
+// GFLOP/s of one gemm::sgemm of n x n x n (2·n³ FLOPs) on the given engine
+// (attn/gemm.h): the median of `repeats` timings after one warm-up. Throws if
+// the product is not finite.
+inline double sgemm_gflops(int n = 4096, int repeats = 5, gemm::Engine engine = gemm::Engine::kBlas) {
   Generator gen(5);
   const Tensor a = randn({n, n}, gen), b = randn({n, n}, gen);
   std::vector<float> c(static_cast<size_t>(n) * static_cast<size_t>(n));
@@ -25,7 +26,7 @@ inline double sgemm_gflops(int n = 4096, int repeats = 5) {
   for (int rep = 0; rep <= repeats; ++rep) {
     const auto t0 = std::chrono::steady_clock::now();
     gemm::sgemm(gemm::Trans::kNo, gemm::Trans::kNo, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f,
-                c.data(), n);
+                c.data(), n, engine);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (rep > 0) rates.push_back(2.0 * double(n) * n * n / s * 1e-9);  // rep 0 warms up
   }

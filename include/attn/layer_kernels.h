@@ -1,5 +1,6 @@
 // attn/layer_kernels.h - SIMD kernels for the GPT's layers around the
-// attention: layer normalisation and GELU (tanh form), forward and backward.
+// attention: layer normalisation and GELU (tanh form), forward and backward;
+// and the AdamW update that trains them.
 //
 // They compute the maths of attn::ref::layer_norm_* and ref::gelu_* (attn/functional_gpt.h,
 // the specification) on raw contiguous buffers, vectorised with Highway's dynamic
@@ -48,6 +49,21 @@ void gelu_forward(float* y, const float* x, int64_t n);
 
 // dx[i] = dy · (0.5 · (1 + t) + 0.5 · x · (1 − t²) · √(2/π) · (1 + 3 · 0.044715 · x²)), t = tanh(u).
 void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
+
+// ---- AdamW's element update (attn/optim.h's AdamW::step) ----------------------------
+// The scalars of one step, as AdamW::step derives them (PyTorch 1.13's
+// _single_tensor_adamw): decay = 1 − lr·weight_decay, neg_step_size =
+// −lr / (1 − beta1^t), bias_correction2_sqrt = sqrt(1 − beta2^t).
+struct AdamWScalars {
+  float decay, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, neg_step_size,
+      bias_correction2_sqrt;
+};
+// Per element, in PyTorch's order and float rounding:
+//   w = w·decay;  m = fma(g, 1 − beta1, m·beta1);  v = v·beta2 + (1 − beta2)·g·g
+//   w = w + neg_step_size·m / (sqrt(v) / bias_correction2_sqrt + eps)
+// Element by element, so SIMD lanes and threads give the scalar loop's bits
+// (on targets with FMA; without it, Highway's MulAdd rounds the product first).
+void adamw_update(float* w, float* m, float* v, const float* g, int64_t n, const AdamWScalars& c);
 
 // The SIMD target the kernels run on ("AVX3", "AVX2", ...).
 const char* layer_kernels_target();

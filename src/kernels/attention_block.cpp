@@ -40,10 +40,14 @@ void gemm_tn_accumulate(float* C, int64_t ldc, const float* A, int64_t lda, cons
   gemm::sgemm_rows_parallel(Trans::kYes, Trans::kNo, M, N, K, 1.0f, A, lda, Bm, ldb,
                             1.0f, C, ldc, gemm::Engine::kFast);
 }
-// db (N) += Σ_rows A (M, N; lda), as Aᵀ · ones.
+// db (N) += Σ_rows A (M, N; lda), row by row (the inner loop vectorises over N).
+// Not a BLAS sgemv: that would wake the BLAS's own thread pool, which then
+// spins against the OpenMP threads of the kernels around it.
 void column_sums_accumulate(float* db, const float* A, int64_t lda, int64_t M, int64_t N) {
-  const std::vector<float> ones(static_cast<size_t>(M), 1.0f);
-  gemm::sgemv(Trans::kYes, M, N, 1.0f, A, lda, ones.data(), 1.0f, db);
+  for (int64_t r = 0; r < M; ++r) {
+    const float* row = A + r * lda;
+    for (int64_t j = 0; j < N; ++j) db[j] += row[j];
+  }
 }
 // y = x Wᵀ + b into C (M, N; ldc): every row of C set to b, then the sgemm
 // accumulates onto it (beta = 1); without a bias the sgemm overwrites (beta = 0).

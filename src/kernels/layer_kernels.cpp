@@ -1,4 +1,4 @@
-// SIMD layer normalisation and GELU, forward and backward (attn/layer_kernels.h
+// SIMD layer normalisation and GELU, forward and backward, and AdamW's update (attn/layer_kernels.h
 // states the maths and the contract; attn::ref's loops are the specification).
 // Highway dynamic dispatch; OpenMP over rows (layer norm) or over chunks of
 // elements (GELU) once there is enough work to pay for the threads.
@@ -268,6 +268,38 @@ void GeluBackward(float* dx, const float* dy, const float* x, int64_t n) {
   Chunked(n, [&](size_t i, size_t count) { GeluBackwardRange(dx + i, dy + i, x + i, count); });
 }
 
+// AdamW's element update (attn/layer_kernels.h states it), n elements from 0.
+void AdamWRange(float* w, float* m, float* v, const float* g, size_t n, const AdamWScalars& c) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  const VF decay = hn::Set(d, c.decay), beta1 = hn::Set(d, c.beta1), beta2 = hn::Set(d, c.beta2);
+  const VF omb1 = hn::Set(d, c.one_minus_beta1), omb2 = hn::Set(d, c.one_minus_beta2);
+  const VF bc2 = hn::Set(d, c.bias_correction2_sqrt), eps = hn::Set(d, c.eps);
+  const VF nss = hn::Set(d, c.neg_step_size);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const VF gi = hn::LoadU(d, g + i);
+    const VF wi = hn::Mul(hn::LoadU(d, w + i), decay);
+    const VF mi = hn::MulAdd(gi, omb1, hn::Mul(hn::LoadU(d, m + i), beta1));
+    const VF vi = hn::Add(hn::Mul(hn::LoadU(d, v + i), beta2), hn::Mul(hn::Mul(omb2, gi), gi));
+    const VF denom = hn::Add(hn::Div(hn::Sqrt(vi), bc2), eps);
+    hn::StoreU(hn::Add(wi, hn::Div(hn::Mul(nss, mi), denom)), d, w + i);
+    hn::StoreU(mi, d, m + i);
+    hn::StoreU(vi, d, v + i);
+  }
+  for (; i < n; ++i) {
+    w[i] = w[i] * c.decay;
+    m[i] = std::fma(g[i], c.one_minus_beta1, m[i] * c.beta1);
+    v[i] = v[i] * c.beta2 + c.one_minus_beta2 * g[i] * g[i];
+    const float denom = std::sqrt(v[i]) / c.bias_correction2_sqrt + c.eps;
+    w[i] = w[i] + c.neg_step_size * m[i] / denom;
+  }
+}
+
+void AdamWUpdate(float* w, float* m, float* v, const float* g, int64_t n, const AdamWScalars& c) {
+  Chunked(n, [&](size_t i, size_t count) { AdamWRange(w + i, m + i, v + i, g + i, count, c); });
+}
+
 const char* LayerKernelsTarget() { return hwy::TargetName(HWY_TARGET); }
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)
@@ -282,6 +314,7 @@ HWY_EXPORT(LayerNormForward);
 HWY_EXPORT(LayerNormBackward);
 HWY_EXPORT(GeluForward);
 HWY_EXPORT(GeluBackward);
+HWY_EXPORT(AdamWUpdate);
 HWY_EXPORT(LayerKernelsTarget);
 
 void layer_norm_forward(float* y, float* mean, float* std, const float* x, const float* scale,
@@ -303,6 +336,10 @@ void gelu_forward(float* y, const float* x, int64_t n) {
 
 void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) {
   if (n > 0) HWY_DYNAMIC_DISPATCH(GeluBackward)(dx, dy, x, n);
+}
+
+void adamw_update(float* w, float* m, float* v, const float* g, int64_t n, const AdamWScalars& c) {
+  if (n > 0) HWY_DYNAMIC_DISPATCH(AdamWUpdate)(w, m, v, g, n, c);
 }
 
 const char* layer_kernels_target() { return HWY_DYNAMIC_DISPATCH(LayerKernelsTarget)(); }

@@ -1,6 +1,8 @@
 // AdamW, gradient clipping and the learning-rate schedule (attn/optim.h).
 #include "attn/optim.h"
 
+#include "attn/layer_kernels.h"
+
 #include <fmt/format.h>
 
 #include <cmath>
@@ -94,6 +96,14 @@ void AdamW::step() {
   const auto bc2_sqrt = static_cast<float>(bias_correction2_sqrt);
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     const auto decay = static_cast<float>(1.0 - lr * groups_[gi].weight_decay);
+    const kernels::AdamWScalars scalars{.decay = decay,
+                                        .beta1 = beta1_f,
+                                        .beta2 = beta2_f,
+                                        .one_minus_beta1 = one_minus_beta1,
+                                        .one_minus_beta2 = one_minus_beta2,
+                                        .eps = eps,
+                                        .neg_step_size = neg_step_size,
+                                        .bias_correction2_sqrt = bc2_sqrt};
     for (size_t pi = 0; pi < groups_[gi].params.size(); ++pi) {
       nn::Parameter& p = *groups_[gi].params[pi];
       const Tensor grad = p.grad.contiguous();
@@ -101,13 +111,7 @@ void AdamW::step() {
       const float* g = grad.data();
       float* m = state_[gi][pi].exp_avg.data();
       float* v = state_[gi][pi].exp_avg_sq.data();
-      for (int64_t i = 0; i < p.value.numel(); ++i) {
-        w[i] = w[i] * decay;
-        m[i] = std::fma(g[i], one_minus_beta1, m[i] * beta1_f);
-        v[i] = v[i] * beta2_f + one_minus_beta2 * g[i] * g[i];
-        const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
-        w[i] = w[i] + neg_step_size * m[i] / denom;
-      }
+      kernels::adamw_update(w, m, v, g, p.value.numel(), scalars);
     }
   }
 }
@@ -119,8 +123,10 @@ float clip_grad_norm(const std::vector<nn::Parameter*>& params, double max_norm)
   if (params.empty()) return 0.0f;
   double total_sq = 0.0;
   for (const nn::Parameter* p : params) {
+    const Tensor grad = p->grad.contiguous();
+    const float* g = grad.data();
     double sq = 0.0;
-    for (float g : p->grad.to_vector()) sq += static_cast<double>(g) * g;
+    for (int64_t i = 0; i < grad.numel(); ++i) sq += static_cast<double>(g[i]) * g[i];
     const auto norm = static_cast<float>(std::sqrt(sq));  // torch.norm(p.grad): a float
     total_sq += static_cast<double>(norm) * norm;
   }
@@ -128,7 +134,8 @@ float clip_grad_norm(const std::vector<nn::Parameter*>& params, double max_norm)
   const float clip_coef = (1.0f / (total_norm + 1e-6f)) * static_cast<float>(max_norm);
   if (clip_coef < 1.0f) {
     for (nn::Parameter* p : params) {
-      for (float& g : p->grad.values()) g *= clip_coef;
+      float* g = p->grad.data();
+      for (int64_t i = 0; i < p->grad.numel(); ++i) g[i] *= clip_coef;
     }
   }
   return total_norm;

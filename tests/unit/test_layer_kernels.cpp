@@ -1,6 +1,6 @@
 // The SIMD layer kernels (attn/layer_kernels.h) against the reference loops of
-// attn::ref (attn/functional_gpt.h), and the fast GEMM engine of nn::Linear
-// against the BLAS one.
+// attn::ref (attn/functional_gpt.h) and AdamW's scalar formula, on every SIMD
+// target this CPU runs; and the fast GEMM engine of nn::Linear against the BLAS one.
 // Bounds (float32, values ~ N(0, 1) scaled up to ±8):
 //   layer norm y, dx:   |kernel − ref| <= 2e-5 · (1 + |ref|)  (float vs double sums)
 //   dscale, dshift:     |kernel − ref| <= 1e-5 · N · (1 + |ref| / N)
@@ -114,6 +114,41 @@ TEST(LayerKernels, EveryTargetMatchesTheReference) {
     EXPECT_EQ(std::string(kernels::layer_kernels_target()), target);
     check_layer_norm_against_reference(target);
     check_gelu_against_reference(target);
+  }
+  kernels::flash_attention_use_target(nullptr);
+}
+
+// AdamW's update against the scalar formula of AdamW::step (PyTorch's order):
+// bit for bit where the target has FMA (AVX2, AVX3), within float rounding elsewhere.
+TEST(LayerKernels, AdamWUpdateIsTheScalarFormulaOnEveryTarget) {
+  const kernels::AdamWScalars c{.decay = 0.9999f, .beta1 = 0.9f, .beta2 = 0.99f,
+                                .one_minus_beta1 = 0.1f, .one_minus_beta2 = 0.01f, .eps = 1e-8f,
+                                .neg_step_size = -1.3e-3f, .bias_correction2_sqrt = 0.17f};
+  const int64_t n = 40003;  // past the parallel threshold, with a tail
+  const std::vector<float> w0 = random_tensor({n}, 21).to_vector(), g = random_tensor({n}, 22).to_vector();
+  const std::vector<float> m0 = random_tensor({n}, 23).to_vector();
+  std::vector<float> v0 = random_tensor({n}, 24).to_vector();
+  for (float& x : v0) x = x * x;  // second moments are >= 0
+  std::vector<float> w_ref = w0, m_ref = m0, v_ref = v0;
+  for (size_t i = 0; i < size_t(n); ++i) {
+    w_ref[i] = w_ref[i] * c.decay;
+    m_ref[i] = std::fma(g[i], c.one_minus_beta1, m_ref[i] * c.beta1);
+    v_ref[i] = v_ref[i] * c.beta2 + c.one_minus_beta2 * g[i] * g[i];
+    const float denom = std::sqrt(v_ref[i]) / c.bias_correction2_sqrt + c.eps;
+    w_ref[i] = w_ref[i] + c.neg_step_size * m_ref[i] / denom;
+  }
+  for (const std::string& target : kernels::flash_attention_targets()) {
+    ASSERT_TRUE(kernels::flash_attention_use_target(target.c_str()));
+    std::vector<float> w = w0, m = m0, v = v0;
+    kernels::adamw_update(w.data(), m.data(), v.data(), g.data(), n, c);
+    if (target == "AVX3" || target == "AVX2") {
+      EXPECT_EQ(w, w_ref) << target;
+      EXPECT_EQ(m, m_ref) << target;
+      EXPECT_EQ(v, v_ref) << target;
+    } else {
+      expect_near_rel(Tensor({n}, w), Tensor({n}, w_ref), 1e-6, "adamw w, " + target);
+      expect_near_rel(Tensor({n}, m), Tensor({n}, m_ref), 1e-6, "adamw m, " + target);
+    }
   }
   kernels::flash_attention_use_target(nullptr);
 }
