@@ -1,0 +1,70 @@
+// The two GEMM engines of attn/gemm.h side by side: the BLAS (OpenBLAS) and
+// the fast engine (oneDNN's sgemm when built with it), on the products one
+// training step of the Shakespeare GPTs makes (docs/performance.md, "Choosing
+// the GEMM"), and on a square 2048³.
+//
+//   ./build/bench/bench_gemm --benchmark_min_time=0.5
+//   OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ./build/bench/bench_gemm
+//
+// Shapes (M, N, K, transposes) as the Linear layers call them, rows = B·T tokens:
+//   forward    y (rows, out)  = x (rows, in) · Wᵀ            NT
+//   dweight    dW (out, in)  += dyᵀ (out, rows) · x          TN
+//   dx         dx (rows, in)  = dy (rows, out) · W           NN
+// small: rows 768 (batch 12 × 64), E 128, FF 512; large: rows 16384 (64 × 256), E 384, FF 1536.
+// Counter: GFLOP/s (2·M·N·K per product).
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "attn/gemm.h"
+#include "attn/random.h"
+#include "attn/tensor.h"
+
+namespace {
+
+using attn::gemm::Engine;
+using attn::gemm::Trans;
+
+void BM_Sgemm(benchmark::State& state) {
+  const auto engine = static_cast<Engine>(state.range(0));
+  const int64_t M = state.range(1), N = state.range(2), K = state.range(3);
+  const auto ta = static_cast<Trans>(state.range(4)), tb = static_cast<Trans>(state.range(5));
+  attn::Generator gen(1);
+  const attn::Tensor A = attn::randn({M * K}, gen), B = attn::randn({K * N}, gen);
+  std::vector<float> C(static_cast<size_t>(M * N));
+  const int64_t lda = ta == Trans::kNo ? K : M, ldb = tb == Trans::kNo ? N : K;
+  for (auto _ : state) {
+    attn::gemm::sgemm(ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, C.data(), N, engine);
+    benchmark::DoNotOptimize(C.data());
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * double(M) * double(N) * double(K),
+                                                 benchmark::Counter::kIsIterationInvariantRate,
+                                                 benchmark::Counter::kIs1000);
+  state.SetLabel(engine == Engine::kBlas ? attn::gemm::blas_name() : attn::gemm::fast_gemm_name());
+}
+
+constexpr int64_t kNo = static_cast<int64_t>(Trans::kNo), kYes = static_cast<int64_t>(Trans::kYes);
+
+void Shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"engine", "M", "N", "K", "ta", "tb"});
+  const std::vector<std::vector<int64_t>> shapes = {
+      // small recipe: rows 768, E 128, FF 512
+      {768, 128, 128, kNo, kYes}, {768, 512, 128, kNo, kYes}, {768, 128, 512, kNo, kYes},
+      {128, 128, 768, kYes, kNo}, {512, 128, 768, kYes, kNo}, {768, 128, 128, kNo, kNo},
+      // large recipe: rows 16384, E 384, FF 1536
+      {16384, 384, 384, kNo, kYes}, {16384, 1536, 384, kNo, kYes}, {16384, 384, 1536, kNo, kYes},
+      {384, 384, 16384, kYes, kNo}, {1536, 384, 16384, kYes, kNo},
+      {2048, 2048, 2048, kNo, kNo}};
+  for (const auto& s : shapes) {
+    for (const Engine e : {Engine::kBlas, Engine::kFast}) {
+      b->Args({static_cast<int64_t>(e), s[0], s[1], s[2], s[3], s[4]});
+    }
+  }
+}
+
+BENCHMARK(BM_Sgemm)->Apply(Shapes)->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();
