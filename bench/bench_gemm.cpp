@@ -35,7 +35,8 @@ void BM_Sgemm(benchmark::State& state) {
   std::vector<float> C(static_cast<size_t>(M * N));
   const int64_t lda = ta == Trans::kNo ? K : M, ldb = tb == Trans::kNo ? N : K;
   for (auto _ : state) {
-    attn::gemm::sgemm(ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, C.data(), N, engine);
+    attn::gemm::sgemm(ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, C.data(), N,
+                      engine);
     benchmark::DoNotOptimize(C.data());
   }
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * double(M) * double(N) * double(K),
@@ -48,14 +49,20 @@ constexpr int64_t kNo = static_cast<int64_t>(Trans::kNo), kYes = static_cast<int
 
 void Shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"engine", "M", "N", "K", "ta", "tb"});
-  const std::vector<std::vector<int64_t>> shapes = {
-      // small recipe: rows 768, E 128, FF 512
-      {768, 128, 128, kNo, kYes}, {768, 512, 128, kNo, kYes}, {768, 128, 512, kNo, kYes},
-      {128, 128, 768, kYes, kNo}, {512, 128, 768, kYes, kNo}, {768, 128, 128, kNo, kNo},
-      // large recipe: rows 16384, E 384, FF 1536
-      {16384, 384, 384, kNo, kYes}, {16384, 1536, 384, kNo, kYes}, {16384, 384, 1536, kNo, kYes},
-      {384, 384, 16384, kYes, kNo}, {1536, 384, 16384, kYes, kNo},
-      {2048, 2048, 2048, kNo, kNo}};
+  const std::vector<std::vector<int64_t>> shapes = {// small recipe: rows 768, E 128, FF 512
+                                                    {768, 128, 128, kNo, kYes},
+                                                    {768, 512, 128, kNo, kYes},
+                                                    {768, 128, 512, kNo, kYes},
+                                                    {128, 128, 768, kYes, kNo},
+                                                    {512, 128, 768, kYes, kNo},
+                                                    {768, 128, 128, kNo, kNo},
+                                                    // large recipe: rows 16384, E 384, FF 1536
+                                                    {16384, 384, 384, kNo, kYes},
+                                                    {16384, 1536, 384, kNo, kYes},
+                                                    {16384, 384, 1536, kNo, kYes},
+                                                    {384, 384, 16384, kYes, kNo},
+                                                    {1536, 384, 16384, kYes, kNo},
+                                                    {2048, 2048, 2048, kNo, kNo}};
   for (const auto& s : shapes) {
     for (const Engine e : {Engine::kBlas, Engine::kFast}) {
       b->Args({static_cast<int64_t>(e), s[0], s[1], s[2], s[3], s[4]});

@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
-"""Times attn against PyTorch 1.13 on the same shapes, side by side in one run.
+"""Times attn against PyTorch on the same shapes, side by side in one run.
 
-Run with Debian's torch:  /usr/bin/python3 bench/compare_torch.py --attn build/attn
+Run with Debian's torch 1.13:  /usr/bin/python3 bench/compare_torch.py --attn build/attn
+or PyTorch 2.x from pip in a virtual environment (benchmarks only):
+    python3 -m venv ~/venv-torch2 && ~/venv-torch2/bin/pip install torch numpy
+    python3 bench/compare_torch.py --attn build/attn --python ~/venv-torch2/bin/python
 
 For every shape (B, T, d, H; causal) and mode (forward, forward+backward) it
 times, each in its own process, median of --repeats after a warm-up:
-  torch-mha   torch.nn.MultiheadAttention(d, H, batch_first=True) with a causal mask
-  torch-book  the chapter's MultiHeadAttention class (weight splits, out_proj)
-  torch-sdpa  PyTorch's built-in causal scaled-dot-product core alone
-  attn        `attn bench --json` for the module (and the core)
+  torch-mha          torch.nn.MultiheadAttention(d, H, batch_first=True) with a causal mask
+  torch-sdpa-module  one qkv Linear, causal scaled_dot_product_attention, out_proj
+  torch-book         the chapter's MultiHeadAttention class (weight splits, out_proj)
+  torch-sdpa         PyTorch's built-in causal scaled-dot-product core alone
+  attn               `attn bench --json` for the module (and the core)
 PyTorch and attn are each timed in the same environments (OMP threads 1 and 2;
 GOMP_SPINCOUNT unset and 0, since OpenMP's spinning threads and OpenBLAS's
 contend on small machines) and the best of them is the figure of each that is
@@ -35,6 +39,15 @@ def parse_shape(s):
 
 
 # ---------------------------------------------------------------- worker side
+def causal_sdpa(torch):
+    """PyTorch's built-in causal scaled-dot-product attention: the public
+    F.scaled_dot_product_attention of 2.x, or 1.13's private one."""
+    F = torch.nn.functional
+    if hasattr(F, "scaled_dot_product_attention"):
+        return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return lambda q, k, v: F._scaled_dot_product_attention(q, k, v, None, 0.0, False, True)[0]
+
+
 def book_mha_class():
     """The chapter's MultiHeadAttention, as the differential tests run it."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "torch"))
@@ -67,7 +80,17 @@ def worker(impl, shape, mode, repeats, threads):
         q, k, v = (torch.randn(b, h, t, hd, requires_grad=backward) for _ in range(3))
 
         def run():
-            return torch.nn.functional._scaled_dot_product_attention(q, k, v, None, 0.0, False, True)[0]
+            return causal_sdpa(torch)(q, k, v)
+    elif impl == "torch-sdpa-module":
+        # The fastest module PyTorch 2.x offers for this block: one qkv Linear,
+        # its causal SDPA (CPU flash attention), out_proj.
+        qkv = torch.nn.Linear(d, 3 * d)
+        out_proj = torch.nn.Linear(d, d)
+        sdpa = causal_sdpa(torch)
+
+        def run():
+            q, k, v = qkv(x).view(b, t, 3, h, hd).permute(2, 0, 3, 1, 4)  # 3 x (b, h, t, hd)
+            return out_proj(sdpa(q, k, v).transpose(1, 2).reshape(b, t, d))
     else:
         raise SystemExit(f"unknown impl {impl}")
     times = []
@@ -83,9 +106,9 @@ def worker(impl, shape, mode, repeats, threads):
 
 
 # ---------------------------------------------------------------- driver side
-def run_torch(impl, shape, mode, repeats, threads, spincount):
+def run_torch(python, impl, shape, mode, repeats, threads, spincount):
     env = bench_env(threads, spincount)
-    cmd = [sys.executable, __file__, "--worker", impl, "--shape", "x".join(map(str, shape)), "--mode", mode,
+    cmd = [python, os.path.abspath(__file__), "--worker", impl, "--shape", "x".join(map(str, shape)), "--mode", mode,
            "--repeats", str(repeats), "--threads", str(threads)]
     out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -123,6 +146,8 @@ def best_attn(attn, kind, shape, mode, repeats, envs):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--attn", default="build/attn", help="path of the attn executable")
+    p.add_argument("--python", default=sys.executable,
+                   help="the Python whose torch is timed (e.g. a virtual environment's with PyTorch 2.x)")
     p.add_argument("--shapes", default=",".join(DEFAULT_SHAPES), help="BxTxDxH,... (causal)")
     p.add_argument("--modes", default="fwd,fwdbwd")
     p.add_argument("--repeats", type=int, default=5)
@@ -143,21 +168,25 @@ def main():
 
     envs = [(1, None), (2, None), (2, "0")]
     rows = []
-    header = (f"{'shape BxTxDxH':>15} {'mode':>7} {'attn module':>12} {'torch MHA':>10} {'book MHA':>10} "
-              f"{'x vs MHA':>9} {'x vs book':>9} {'attn core':>10} {'torch core':>11} {'x core':>7}")
+    torch_version = subprocess.run([args.python, "-c", "import torch; print(torch.__version__)"], check=True,
+                                   capture_output=True, text=True).stdout.strip()
+    print(f"PyTorch {torch_version} ({args.python})")
+    header = (f"{'shape BxTxDxH':>15} {'mode':>7} {'attn module':>12} {'torch MHA':>10} {'sdpa mod':>9} "
+              f"{'book MHA':>10} {'x vs best':>9} {'x vs book':>9} {'attn core':>10} {'torch core':>11} "
+              f"{'x core':>7}")
     print(header)
     print("-" * len(header))
     for s in args.shapes.split(","):
         shape = parse_shape(s)
         for mode in args.modes.split(","):
-            impls = [i for i in ("torch-mha", "torch-book", "torch-sdpa")
+            impls = [i for i in ("torch-mha", "torch-sdpa-module", "torch-book", "torch-sdpa")
                      if not (i == "torch-book" and shape[1] > args.skip_book_above)]
             torch_runs = {impl: [] for impl in impls}
             attn_runs = {"module": [], "core": []}
             for _ in range(args.rounds):
                 for impl in impls:
                     for threads, spin in envs:
-                        r = run_torch(impl, shape, mode, args.repeats, threads, spin)
+                        r = run_torch(args.python, impl, shape, mode, args.repeats, threads, spin)
                         r.update(threads=threads, spincount=spin)
                         torch_runs[impl].append(r)
                 for kind in attn_runs:
@@ -175,12 +204,15 @@ def main():
 
             book = best.get("torch-book")
             ratio_book = f"{book['ms_median'] / module['ms_median']:9.2f}" if book else f"{'-':>9}"
-            print(f"{s:>15} {mode:>7} {module['ms_median']:12.1f} {ms(best['torch-mha'])} {ms(book)} "
-                  f"{best['torch-mha']['ms_median'] / module['ms_median']:9.2f} {ratio_book} "
+            best_module = min(best["torch-mha"]["ms_median"], best["torch-sdpa-module"]["ms_median"])
+            print(f"{s:>15} {mode:>7} {module['ms_median']:12.1f} {ms(best['torch-mha'])} "
+                  f"{best['torch-sdpa-module']['ms_median']:9.1f} {ms(book)} "
+                  f"{best_module / module['ms_median']:9.2f} {ratio_book} "
                   f"{core['ms_median']:10.1f} {best['torch-sdpa']['ms_median']:11.1f} "
                   f"{best['torch-sdpa']['ms_median'] / core['ms_median']:7.2f}", flush=True)
     print("\nms are medians; torch and attn figures are each the best over OMP_NUM_THREADS in {1, 2} and "
-          f"GOMP_SPINCOUNT in {{unset, 0}} ({args.rounds} interleaved round(s)); x = torch ms / attn ms.")
+          f"GOMP_SPINCOUNT in {{unset, 0}} ({args.rounds} interleaved round(s)); x = torch ms / attn ms; "
+          "'x vs best' is against the faster of torch's nn.MultiheadAttention and the SDPA module.")
     if args.json_out:
         tmp = args.json_out + ".tmp"
         with open(tmp, "w") as f:

@@ -18,7 +18,8 @@ namespace attn::bench {
 // GFLOP/s of one gemm::sgemm of n x n x n (2·n³ FLOPs) on the given engine
 // (attn/gemm.h): the median of `repeats` timings after one warm-up. Throws if
 // the product is not finite.
-inline double sgemm_gflops(int n = 4096, int repeats = 5, gemm::Engine engine = gemm::Engine::kBlas) {
+inline double sgemm_gflops(int n = 4096, int repeats = 5,
+                           gemm::Engine engine = gemm::Engine::kBlas) {
   Generator gen(5);
   const Tensor a = randn({n, n}, gen), b = randn({n, n}, gen);
   std::vector<float> c(static_cast<size_t>(n) * static_cast<size_t>(n));

@@ -47,7 +47,8 @@ void layer_norm_backward(float* dx, float* dscale, float* dshift, const float* d
 // y[i] = 0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³))), n elements.
 void gelu_forward(float* y, const float* x, int64_t n);
 
-// dx[i] = dy · (0.5 · (1 + t) + 0.5 · x · (1 − t²) · √(2/π) · (1 + 3 · 0.044715 · x²)), t = tanh(u).
+// dx[i] = dy · (0.5 · (1 + t) + 0.5 · x · (1 − t²) · √(2/π) · (1 + 3 · 0.044715 · x²)), t =
+// tanh(u).
 void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
 
 // ---- AdamW's element update (attn/optim.h's AdamW::step) ----------------------------

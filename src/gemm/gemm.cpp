@@ -1,7 +1,7 @@
 // The BLAS behind attn/gemm.h: CBLAS calls and the BLAS's thread setting, and
-// oneDNN's sgemm for Engine::kFast; the only place in attn that names them. Linked against OpenBLAS (CMake's
-// find_package(BLAS)); with another CBLAS the thread calls fall back to "the
-// BLAS has one thread as far as attn can tell".
+// oneDNN's sgemm for Engine::kFast; the only place in attn that names them. Linked against OpenBLAS
+// (CMake's find_package(BLAS)); with another CBLAS the thread calls fall back to "the BLAS has one
+// thread as far as attn can tell".
 #include "attn/gemm.h"
 
 #include <cblas.h>
@@ -45,11 +45,13 @@ void onednn_sgemm(const char* fn, Trans ta, Trans tb, int64_t M, int64_t N, int6
                   const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
                   int64_t ldc) {
   // dnnl_sgemm is row-major, as attn's convention.
-  const dnnl_status_t status = dnnl_sgemm(ta == Trans::kNo ? 'N' : 'T', tb == Trans::kNo ? 'N' : 'T', M, N,
-                                          K, alpha, A, lda, B, ldb, beta, C, ldc);
+  const dnnl_status_t status =
+      dnnl_sgemm(ta == Trans::kNo ? 'N' : 'T', tb == Trans::kNo ? 'N' : 'T', M, N, K, alpha, A, lda,
+                 B, ldb, beta, C, ldc);
   if (status != dnnl_success) {
-    throw std::runtime_error(fmt::format("{}: oneDNN's dnnl_sgemm failed with status {} (M = {}, N = {}, K = {})",
-                                         fn, static_cast<int>(status), M, N, K));
+    throw std::runtime_error(
+        fmt::format("{}: oneDNN's dnnl_sgemm failed with status {} (M = {}, N = {}, K = {})", fn,
+                    static_cast<int>(status), M, N, K));
   }
 }
 
@@ -57,14 +59,30 @@ std::string onednn_name() {
   const dnnl_version_t* v = dnnl_version();
   const char* isa = "";
   switch (dnnl_get_effective_cpu_isa()) {
-    case dnnl_cpu_isa_sse41: isa = "sse41"; break;
-    case dnnl_cpu_isa_avx: isa = "avx"; break;
-    case dnnl_cpu_isa_avx2: isa = "avx2"; break;
-    case dnnl_cpu_isa_avx512_core: isa = "avx512_core"; break;
-    case dnnl_cpu_isa_avx512_core_vnni: isa = "avx512_core_vnni"; break;
-    case dnnl_cpu_isa_avx512_core_bf16: isa = "avx512_core_bf16"; break;
-    case dnnl_cpu_isa_avx512_core_amx: isa = "avx512_core_amx"; break;
-    default: isa = "other ISA"; break;
+    case dnnl_cpu_isa_sse41:
+      isa = "sse41";
+      break;
+    case dnnl_cpu_isa_avx:
+      isa = "avx";
+      break;
+    case dnnl_cpu_isa_avx2:
+      isa = "avx2";
+      break;
+    case dnnl_cpu_isa_avx512_core:
+      isa = "avx512_core";
+      break;
+    case dnnl_cpu_isa_avx512_core_vnni:
+      isa = "avx512_core_vnni";
+      break;
+    case dnnl_cpu_isa_avx512_core_bf16:
+      isa = "avx512_core_bf16";
+      break;
+    case dnnl_cpu_isa_avx512_core_amx:
+      isa = "avx512_core_amx";
+      break;
+    default:
+      isa = "other ISA";
+      break;
   }
   return fmt::format("oneDNN {}.{}.{} sgemm ({})", v->major, v->minor, v->patch, isa);
 }

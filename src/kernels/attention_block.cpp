@@ -1,6 +1,6 @@
 // The fast path of the attention modules (attn/fused.h): four projections on
-// the fast GEMM (gemm::Engine::kFast, attn/gemm.h) around the flash kernel, all in the token-major layout
-// (B·T rows), so nothing is transposed or split into per-head copies.
+// the fast GEMM (gemm::Engine::kFast, attn/gemm.h) around the flash kernel, all in the token-major
+// layout (B·T rows), so nothing is transposed or split into per-head copies.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -25,20 +25,20 @@ using gemm::Trans;
 // C (M, N; ldc) = beta·C + A (M, K; lda) · Bᵀ where B is (N, K; ldb): y = x Wᵀ.
 void gemm_nt(float* C, int64_t ldc, const float* A, int64_t lda, const float* Bm, int64_t ldb,
              int64_t M, int64_t N, int64_t K, float beta) {
-  gemm::sgemm_rows_parallel(Trans::kNo, Trans::kYes, M, N, K, 1.0f, A, lda, Bm, ldb,
-                            beta, C, ldc, gemm::Engine::kFast);
+  gemm::sgemm_rows_parallel(Trans::kNo, Trans::kYes, M, N, K, 1.0f, A, lda, Bm, ldb, beta, C, ldc,
+                            gemm::Engine::kFast);
 }
 // C (M, N; ldc) = beta·C + A (M, K; lda) · B (K, N; ldb): dx = dy W.
 void gemm_nn(float* C, int64_t ldc, const float* A, int64_t lda, const float* Bm, int64_t ldb,
              int64_t M, int64_t N, int64_t K, float beta) {
-  gemm::sgemm_rows_parallel(Trans::kNo, Trans::kNo, M, N, K, 1.0f, A, lda, Bm, ldb,
-                            beta, C, ldc, gemm::Engine::kFast);
+  gemm::sgemm_rows_parallel(Trans::kNo, Trans::kNo, M, N, K, 1.0f, A, lda, Bm, ldb, beta, C, ldc,
+                            gemm::Engine::kFast);
 }
 // C (M, N; ldc) += Aᵀ · B where A is (K, M; lda) and B (K, N; ldb): dW += dyᵀ x.
 void gemm_tn_accumulate(float* C, int64_t ldc, const float* A, int64_t lda, const float* Bm,
                         int64_t ldb, int64_t M, int64_t N, int64_t K) {
-  gemm::sgemm_rows_parallel(Trans::kYes, Trans::kNo, M, N, K, 1.0f, A, lda, Bm, ldb,
-                            1.0f, C, ldc, gemm::Engine::kFast);
+  gemm::sgemm_rows_parallel(Trans::kYes, Trans::kNo, M, N, K, 1.0f, A, lda, Bm, ldb, 1.0f, C, ldc,
+                            gemm::Engine::kFast);
 }
 // db (N) += Σ_rows A (M, N; lda), row by row (the inner loop vectorises over N).
 // Not a BLAS sgemv: that would wake the BLAS's own thread pool, which then

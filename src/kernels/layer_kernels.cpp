@@ -1,13 +1,14 @@
-// SIMD layer normalisation and GELU, forward and backward, and AdamW's update (attn/layer_kernels.h
-// states the maths and the contract; attn::ref's loops are the specification).
-// Highway dynamic dispatch; OpenMP over rows (layer norm) or over chunks of
-// elements (GELU) once there is enough work to pay for the threads.
+// SIMD layer normalisation and GELU, forward and backward, and AdamW's update
+// (attn/layer_kernels.h states the maths and the contract; attn::ref's loops
+// are the specification). Highway dynamic dispatch; OpenMP over rows (layer
+// norm) or over chunks of elements (GELU, AdamW) once there is enough work to
+// pay for the threads.
+#include "attn/layer_kernels.h"
+
 #include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <vector>
-
-#include "attn/layer_kernels.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -18,7 +19,8 @@
 #define HWY_TARGET_INCLUDE "kernels/layer_kernels.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
-#include <hwy/contrib/math/math-inl.h>
+// After highway.h: the -inl header is compiled once per target.
+#include <hwy/contrib/math/math-inl.h>  // NOLINT(build/include_order)
 
 HWY_BEFORE_NAMESPACE();
 namespace attn::kernels {
@@ -74,7 +76,8 @@ HWY_INLINE void SumDeviations(DF d, const float* p, size_t n, float mu, float& s
     sq = hn::MulAdd(dev, dev, sq);
   }
   if (i < n) {
-    const VF dev = hn::IfThenElseZero(hn::FirstN(d, n - i), hn::Sub(LoadTail(d, p + i, n - i), vmu));
+    const VF dev =
+        hn::IfThenElseZero(hn::FirstN(d, n - i), hn::Sub(LoadTail(d, p + i, n - i), vmu));
     s = hn::Add(s, dev);
     sq = hn::MulAdd(dev, dev, sq);
   }
@@ -117,9 +120,10 @@ void LayerNormForward(float* y, float* mean, float* std, const float* x, const f
     return;
   }
 #pragma omp parallel for schedule(static)
-  for (int64_t chunk = 0; chunk < (Nrows + 63) / 64; ++chunk) {
-    LayerNormRows(y, mean, std, x, scale, shift, chunk * 64, std::min(Nrows, chunk * 64 + 64),
-                  size_t(C), eps);
+  for (int64_t chunk = 0; chunk < (Nrows + kLayerNormChunkRows - 1) / kLayerNormChunkRows;
+       ++chunk) {
+    LayerNormRows(y, mean, std, x, scale, shift, chunk * kLayerNormChunkRows,
+                  std::min(Nrows, (chunk + 1) * kLayerNormChunkRows), size_t(C), eps);
   }
 }
 
@@ -221,7 +225,8 @@ HWY_INLINE VF GeluBackwardVec(DF d, VF dy, VF x) {
   const VF du = hn::MulAdd(hn::Set(d, k0 * 3.0f * kGeluCubic), x2, hn::Set(d, k0));
   const VF one_minus_t2 = hn::NegMulAdd(t, t, hn::Set(d, 1.0f));
   // 0.5 (1 + t) + 0.5 x (1 − t²) du
-  const VF grad = hn::MulAdd(hn::Mul(hn::Mul(half, x), one_minus_t2), du, hn::MulAdd(half, t, half));
+  const VF grad =
+      hn::MulAdd(hn::Mul(hn::Mul(half, x), one_minus_t2), du, hn::MulAdd(half, t, half));
   return hn::Mul(dy, grad);
 }
 

@@ -173,7 +173,8 @@ Tensor forward_cached(GPTModel& model, const Tensor& ids, GPTKVCache& cache) {
   const bool kernels = model.options().layers == LayerImpl::kKernel;
   const gemm::Engine engine = kernels ? gemm::Engine::kFast : gemm::Engine::kBlas;
   const auto layer_norm = [&](const Tensor& in, const LayerNorm& ln) {
-    if (!kernels) return ref::layer_norm_forward(in, ln.scale.value, ln.shift.value, kLayerNormEps, nullptr);
+    if (!kernels)
+      return ref::layer_norm_forward(in, ln.scale.value, ln.shift.value, kLayerNormEps, nullptr);
     const int64_t C = in.size(-1), N = in.numel() / C;
     Tensor y(in.shape()), mean({N}), std({N});  // (..., C); the statistics are not kept
     const Tensor xc = in.contiguous();
@@ -194,7 +195,8 @@ Tensor forward_cached(GPTModel& model, const Tensor& ids, GPTKVCache& cache) {
     const Tensor a = forward_cached(block.att, h1, cache.layers[static_cast<size_t>(i)], engine);
     const Tensor x1 = add(a, x);  // (B, T, E)
     const Tensor h2 = layer_norm(x1, block.norm2);
-    const Tensor u = ref::linear_forward(h2, block.ff.fc.weight.value, bias_or_null(block.ff.fc), engine);
+    const Tensor u =
+        ref::linear_forward(h2, block.ff.fc.weight.value, bias_or_null(block.ff.fc), engine);
     const Tensor f = ref::linear_forward(gelu(u), block.ff.proj.weight.value,
                                          bias_or_null(block.ff.proj), engine);  // (B, T, E)
     x = add(f, x1);

@@ -32,7 +32,8 @@ const GPTConfig& checked(const GPTConfig& cfg) {
   return cfg;
 }
 
-// The GEMM of the layers' Linear maps: the fast one with the kernels, PyTorch's sums with the reference.
+// The GEMM of the layers' Linear maps: the fast one with the kernels, PyTorch's sums with the
+// reference.
 gemm::Engine engine_of(LayerImpl impl) {
   return impl == LayerImpl::kKernel ? gemm::Engine::kFast : gemm::Engine::kBlas;
 }
@@ -62,15 +63,16 @@ Tensor LayerNorm::forward(const Tensor& x) {
   }
   x_ = x;
   has_forward_ = true;
-  if (impl_ == LayerImpl::kReference) return ref::layer_norm_forward(x, scale.value, shift.value, eps_, &saved_);
+  if (impl_ == LayerImpl::kReference)
+    return ref::layer_norm_forward(x, scale.value, shift.value, eps_, &saved_);
   if (x.dtype() != DType::kFloat32) {
     throw std::invalid_argument(fmt::format("LayerNorm: input must be float32, got {} of shape {}",
                                             dtype_name(x.dtype()), shape_str(x.shape())));
   }
   x_ = x.contiguous();
   const int64_t N = x.numel() / emb_dim_;
-  Tensor y(x.shape());                         // (..., E)
-  saved_ = {Tensor({N}), Tensor({N})};         // mean, std (N)
+  Tensor y(x.shape());                  // (..., E)
+  saved_ = {Tensor({N}), Tensor({N})};  // mean, std (N)
   kernels::layer_norm_forward(y.data(), saved_.mean.data(), saved_.std.data(), x_.data(),
                               scale.value.data(), shift.value.data(), N, emb_dim_, eps_);
   return y;
@@ -84,8 +86,8 @@ Tensor LayerNorm::backward(const Tensor& dy) {
   }
   const Tensor dyc = dy.contiguous();
   Tensor dx(x_.shape());  // (..., E)
-  kernels::layer_norm_backward(dx.data(), scale.grad.data(), shift.grad.data(), dyc.data(), x_.data(),
-                               scale.value.data(), saved_.mean.data(), saved_.std.data(),
+  kernels::layer_norm_backward(dx.data(), scale.grad.data(), shift.grad.data(), dyc.data(),
+                               x_.data(), scale.value.data(), saved_.mean.data(), saved_.std.data(),
                                x_.numel() / emb_dim_, emb_dim_);
   return dx;
 }

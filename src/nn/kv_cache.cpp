@@ -24,7 +24,8 @@ const Tensor* bias_or_null(const Linear& layer) {
 // x (B, T, d_in) through one projection, heads to the front: (B, H, T, hd).
 // The parameters are read directly (ref::linear_forward, not Linear::forward),
 // so the Linear keeps the input its last forward() saved for backward().
-Tensor project_heads(const Linear& layer, const Tensor& x, int64_t H, int64_t hd, gemm::Engine engine) {
+Tensor project_heads(const Linear& layer, const Tensor& x, int64_t H, int64_t hd,
+                     gemm::Engine engine) {
   const int64_t B = x.size(0), T = x.size(1);
   const Tensor y =
       ref::linear_forward(x, layer.weight.value, bias_or_null(layer), engine);  // (B, T, d_out)
@@ -106,12 +107,14 @@ Tensor forward_cached(const MultiHeadAttention& mha, const Tensor& x_new, KVCach
         cache.length));
   }
 
-  if (engine == gemm::Engine::kFast && cache.length == 0 && T_new > 1 && hd <= kernels::kMaxHeadDim) {
+  if (engine == gemm::Engine::kFast && cache.length == 0 && T_new > 1 &&
+      hd <= kernels::kMaxHeadDim) {
     // A prefill of an empty cache is plain causal self-attention over the new
     // tokens: the flash kernel reads q, k, v token-major (B, T_new, d_out) in
     // place and writes the context in the layout out_proj reads.
     const auto project = [&](const Linear& layer) {
-      return ref::linear_forward(x_new, layer.weight.value, bias_or_null(layer), engine).contiguous();
+      return ref::linear_forward(x_new, layer.weight.value, bias_or_null(layer), engine)
+          .contiguous();
     };
     const Tensor q = project(mha.W_query), k = project(mha.W_key), v = project(mha.W_value);
     write_rows(cache.keys, transpose(k.reshape({B, T_new, H, hd}), 1, 2), 0);
@@ -121,7 +124,8 @@ Tensor forward_cached(const MultiHeadAttention& mha, const Tensor& x_new, KVCach
     kernels::flash_attention_forward(context.data(), lse.data(), q.data(), k.data(), v.data(),
                                      {.B = B, .T = T_new, .H = H, .hd = hd, .causal = true});
     cache.length = T_new;
-    return ref::linear_forward(context, mha.out_proj.weight.value, bias_or_null(mha.out_proj), engine);
+    return ref::linear_forward(context, mha.out_proj.weight.value, bias_or_null(mha.out_proj),
+                               engine);
   }
 
   const Tensor q = project_heads(mha.W_query, x_new, H, hd, engine);  // (B, H, T_new, hd)

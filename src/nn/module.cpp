@@ -148,7 +148,8 @@ Tensor Linear::forward(const Tensor& x) {
   }
   x_ = x;
   has_forward_ = true;
-  return ref::linear_forward(x, weight.value, options_.bias ? &bias.value : nullptr, options_.engine);
+  return ref::linear_forward(x, weight.value, options_.bias ? &bias.value : nullptr,
+                             options_.engine);
 }
 
 Tensor Linear::backward(const Tensor& dy) {

@@ -1,13 +1,13 @@
 // AdamW, gradient clipping and the learning-rate schedule (attn/optim.h).
 #include "attn/optim.h"
 
-#include "attn/layer_kernels.h"
-
 #include <fmt/format.h>
 
 #include <cmath>
 #include <numbers>
 #include <stdexcept>
+
+#include "attn/layer_kernels.h"
 
 namespace attn::optim {
 

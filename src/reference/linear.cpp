@@ -97,8 +97,9 @@ Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, 
   const Tensor w = weight.contiguous();         // (out, in)
   const int64_t N = x2.size(0), in = x2.size(1);
   if (dweight.shape() != w.shape() || !dweight.is_contiguous()) {
-    throw std::invalid_argument(fmt::format("linear_backward: dweight has shape {}, expected {} (contiguous)",
-                                            shape_str(dweight.shape()), shape_str(w.shape())));
+    throw std::invalid_argument(
+        fmt::format("linear_backward: dweight has shape {}, expected {} (contiguous)",
+                    shape_str(dweight.shape()), shape_str(w.shape())));
   }
   // (out, in) += dyᵀ x: one sgemm reading dy transposed in place (as torch's
   // mm(dy.t(), x)), accumulating into dweight (beta = 1).
@@ -112,12 +113,13 @@ Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, 
       for (int64_t j = 0; j < out; ++j) db[j] += row[j];
     }
   } else if (dbias != nullptr) {
-    accumulate(*dbias, sum(dy2, 0), "linear_backward", "dbias");  // (out) += Σ_rows dy, torch's order
+    accumulate(*dbias, sum(dy2, 0), "linear_backward",
+               "dbias");  // (out) += Σ_rows dy, torch's order
   }
   // dx (N, in) = dy (N, out) @ W (out, in)
   Tensor dx(x.shape());
-  gemm::sgemm(gemm::Trans::kNo, gemm::Trans::kNo, N, in, out, 1.0f, dy2.data(), out, w.data(), in, 0.0f,
-              dx.data(), in, engine);
+  gemm::sgemm(gemm::Trans::kNo, gemm::Trans::kNo, N, in, out, 1.0f, dy2.data(), out, w.data(), in,
+              0.0f, dx.data(), in, engine);
   return dx;
 }
 

@@ -226,7 +226,8 @@ TEST(GptTorch, LayerNormForwardAndBackward) {
   for (const auto impl : {attn::nn::LayerImpl::kReference, attn::nn::LayerImpl::kKernel}) {
     for (const char* name : {"layer_norm", "layer_norm_offset"}) {
       const Json& c = oracle().at("layers").at(name);
-      const bool loose = impl == attn::nn::LayerImpl::kKernel && std::string(name) == "layer_norm_offset";
+      const bool loose =
+          impl == attn::nn::LayerImpl::kKernel && std::string(name) == "layer_norm_offset";
       const std::string what =
           std::string(name) + (impl == attn::nn::LayerImpl::kKernel ? " (kernel)" : " (reference)");
       attn::nn::LayerNorm ln(32, 1e-5f, impl);

@@ -20,8 +20,8 @@
 
 namespace {
 
-using attn::gemm::Trans;
 using attn::gemm::Engine;
+using attn::gemm::Trans;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kPad = -12345.0f;  // marks elements between rows that nothing may write
@@ -139,9 +139,9 @@ TEST(Gemm, AllTransposeCombinationsMatchTheDefinition) {
               p.run(ab[0], ab[1], rows_parallel, engine);
               expect_close(p.C, want, p.K,
                            engine_name(engine) + (rows_parallel ? " rows-parallel " : " ") +
-                               combo(ta, tb) + " " + std::to_string(p.M) + "x" + std::to_string(p.N) +
-                               "x" + std::to_string(p.K) + " alpha " + std::to_string(ab[0]) +
-                               " beta " + std::to_string(ab[1]));
+                               combo(ta, tb) + " " + std::to_string(p.M) + "x" +
+                               std::to_string(p.N) + "x" + std::to_string(p.K) + " alpha " +
+                               std::to_string(ab[0]) + " beta " + std::to_string(ab[1]));
             }
           }
         }
@@ -165,38 +165,39 @@ TEST(Gemm, BetaZeroOverwritesNaN) {
 TEST(Gemm, EmptyProducts) {
   std::mt19937 gen(3);
   for (bool rows_parallel : {false, true}) {
-  for (Engine engine : kEngines) {
-    // M == 0 or N == 0: nothing to write; C's padding and values stay.
-    for (const auto& mn : {std::array<int64_t, 2>{0, 4}, std::array<int64_t, 2>{3, 0}}) {
-      Problem p(Trans::kNo, Trans::kNo, mn[0], mn[1], 5, 2, gen);
-      const std::vector<float> before = p.C.v;
-      p.run(1.0f, 0.0f, rows_parallel, engine);
-      EXPECT_EQ(p.C.v, before);
-    }
-    // K == 0: C = beta·C; beta 0 overwrites (NaN included), beta 1 leaves C as it is.
-    for (float beta : {0.0f, 1.0f, -3.0f}) {
-      for (Trans ta : kBoth) {
-        Problem p(ta, Trans::kYes, 3, 4, 0, 2, gen);
-        p.C.at(1, 2) = kNaN;
-        const Matrix want = naive_gemm(p.ta, p.tb, p.M, p.N, p.K, 1.0f, p.A, p.B, beta, p.C);
-        p.run(1.0f, beta, rows_parallel, engine);
-        for (int64_t i = 0; i < p.M; ++i) {
-          for (int64_t j = 0; j < p.C.ld; ++j) {
-            if (std::isnan(want.at(i, j))) {
-              EXPECT_TRUE(std::isnan(p.C.at(i, j)));
-            } else {
-              EXPECT_EQ(p.C.at(i, j), want.at(i, j)) << "beta " << beta << " at " << i << ", " << j;
+    for (Engine engine : kEngines) {
+      // M == 0 or N == 0: nothing to write; C's padding and values stay.
+      for (const auto& mn : {std::array<int64_t, 2>{0, 4}, std::array<int64_t, 2>{3, 0}}) {
+        Problem p(Trans::kNo, Trans::kNo, mn[0], mn[1], 5, 2, gen);
+        const std::vector<float> before = p.C.v;
+        p.run(1.0f, 0.0f, rows_parallel, engine);
+        EXPECT_EQ(p.C.v, before);
+      }
+      // K == 0: C = beta·C; beta 0 overwrites (NaN included), beta 1 leaves C as it is.
+      for (float beta : {0.0f, 1.0f, -3.0f}) {
+        for (Trans ta : kBoth) {
+          Problem p(ta, Trans::kYes, 3, 4, 0, 2, gen);
+          p.C.at(1, 2) = kNaN;
+          const Matrix want = naive_gemm(p.ta, p.tb, p.M, p.N, p.K, 1.0f, p.A, p.B, beta, p.C);
+          p.run(1.0f, beta, rows_parallel, engine);
+          for (int64_t i = 0; i < p.M; ++i) {
+            for (int64_t j = 0; j < p.C.ld; ++j) {
+              if (std::isnan(want.at(i, j))) {
+                EXPECT_TRUE(std::isnan(p.C.at(i, j)));
+              } else {
+                EXPECT_EQ(p.C.at(i, j), want.at(i, j))
+                    << "beta " << beta << " at " << i << ", " << j;
+              }
             }
           }
         }
       }
+      // K == 0 with a leading dimension of 0 for the column-less A: valid.
+      std::vector<float> c(6, 7.0f);
+      attn::gemm::sgemm(Trans::kNo, Trans::kNo, 2, 3, 0, 1.0f, nullptr, 0, nullptr, 3, 0.5f,
+                        c.data(), 3, engine);
+      EXPECT_EQ(c, std::vector<float>(6, 3.5f));
     }
-    // K == 0 with a leading dimension of 0 for the column-less A: valid.
-    std::vector<float> c(6, 7.0f);
-    attn::gemm::sgemm(Trans::kNo, Trans::kNo, 2, 3, 0, 1.0f, nullptr, 0, nullptr, 3, 0.5f, c.data(),
-                      3, engine);
-    EXPECT_EQ(c, std::vector<float>(6, 3.5f));
-  }
   }
 }
 

@@ -72,7 +72,8 @@ Tensor generate_in_chunks(const MultiHeadAttention& mha, const Tensor& x, KVCach
   int64_t start = 0;
   for (const int64_t n : chunks) {
     const int64_t before = cache.length;
-    outs.push_back(forward_cached(mha, slice(x, 1, start, start + n), cache, engine));  // (B, n, d_out)
+    outs.push_back(
+        forward_cached(mha, slice(x, 1, start, start + n), cache, engine));  // (B, n, d_out)
     EXPECT_EQ(cache.length, before + n);
     start += n;
   }
@@ -116,7 +117,8 @@ TEST(KVCache, GenerationEqualsForwardOnTheWholeSequence) {
     // kFast: the fast GEMM, and the flash kernel for a prefill of the empty cache.
     for (const auto engine : {attn::gemm::Engine::kBlas, attn::gemm::Engine::kFast}) {
       for (const auto& [name, chunks] : schedules) {
-        SCOPED_TRACE(std::string(name) + (engine == attn::gemm::Engine::kFast ? ", fast engine" : ""));
+        SCOPED_TRACE(std::string(name) +
+                     (engine == attn::gemm::Engine::kFast ? ", fast engine" : ""));
         KVCache cache = make_kv_cache(*mha, c.B);
         const Tensor y_cached = generate_in_chunks(*mha, x, cache, chunks, engine);
         ASSERT_EQ(y_cached.shape(), y.shape());

@@ -35,8 +35,8 @@ void expect_near_rel(const Tensor& got, const Tensor& want, double rel, const st
   for (int64_t i = 0; i < got.numel(); ++i) {
     const double err = std::fabs(double(g[i]) - double(w[i]));
     worst = std::max(worst, err / (1.0 + std::fabs(double(w[i]))));
-    ASSERT_LE(err, rel * (1.0 + std::fabs(double(w[i])))) << what << "[" << i << "]: kernel " << g[i]
-                                                          << " reference " << w[i];
+    ASSERT_LE(err, rel * (1.0 + std::fabs(double(w[i]))))
+        << what << "[" << i << "]: kernel " << g[i] << " reference " << w[i];
   }
   std::cout << "[layer kernels] " << what << ": max error / (1 + |ref|) " << worst << "\n";
 }
@@ -44,7 +44,8 @@ void expect_near_rel(const Tensor& got, const Tensor& want, double rel, const st
 struct NC {
   int64_t N, C;
 };
-const NC kShapes[] = {{1, 1}, {5, 3}, {1, 16}, {7, 17}, {64, 128}, {65, 128}, {300, 771}, {768, 128}};
+const NC kShapes[] = {{1, 1},    {5, 3},    {1, 16},    {7, 17},
+                      {64, 128}, {65, 128}, {300, 771}, {768, 128}};
 
 void check_layer_norm_against_reference(const std::string& target) {
   for (const NC s : kShapes) {
@@ -60,8 +61,8 @@ void check_layer_norm_against_reference(const std::string& target) {
     const Tensor dx_ref = ref::layer_norm_backward(dy, x, scale, saved, ds_ref, db_ref);
 
     Tensor y({s.N, s.C}), mean({s.N}), sd({s.N});
-    kernels::layer_norm_forward(y.data(), mean.data(), sd.data(), x.data(), scale.data(), shift.data(),
-                                s.N, s.C, 1e-5f);
+    kernels::layer_norm_forward(y.data(), mean.data(), sd.data(), x.data(), scale.data(),
+                                shift.data(), s.N, s.C, 1e-5f);
     expect_near_rel(y, y_ref, 2e-5, "layer norm y, " + what);
     expect_near_rel(mean, saved.mean, 2e-6, "layer norm mean, " + what);
     expect_near_rel(sd, saved.std, 2e-6, "layer norm std, " + what);
@@ -80,8 +81,8 @@ TEST(LayerKernels, LayerNormBackwardAccumulatesIntoDscaleAndDshift) {
   const Tensor x = random_tensor({N, C}, 5), dy = random_tensor({N, C}, 6);
   const Tensor scale = Tensor::ones({C}), shift = Tensor::zeros({C});
   Tensor y({N, C}), mean({N}), sd({N}), dx({N, C});
-  kernels::layer_norm_forward(y.data(), mean.data(), sd.data(), x.data(), scale.data(), shift.data(), N,
-                              C, 1e-5f);
+  kernels::layer_norm_forward(y.data(), mean.data(), sd.data(), x.data(), scale.data(),
+                              shift.data(), N, C, 1e-5f);
   Tensor ds = Tensor::zeros({C}), db = Tensor::zeros({C});
   kernels::layer_norm_backward(dx.data(), ds.data(), db.data(), dy.data(), x.data(), scale.data(),
                                mean.data(), sd.data(), N, C);
@@ -103,7 +104,8 @@ void check_gelu_against_reference(const std::string& target) {
     kernels::gelu_forward(y.data(), x.data(), n);
     kernels::gelu_backward(dx.data(), dy.data(), x.data(), n);
     expect_near_rel(y, ref::gelu_forward(x), 4e-6, "gelu y, " + target + " n " + std::to_string(n));
-    expect_near_rel(dx, ref::gelu_backward(dy, x), 4e-6, "gelu dx, " + target + " n " + std::to_string(n));
+    expect_near_rel(dx, ref::gelu_backward(dy, x), 4e-6,
+                    "gelu dx, " + target + " n " + std::to_string(n));
   }
 }
 
@@ -121,11 +123,17 @@ TEST(LayerKernels, EveryTargetMatchesTheReference) {
 // AdamW's update against the scalar formula of AdamW::step (PyTorch's order):
 // bit for bit where the target has FMA (AVX2, AVX3), within float rounding elsewhere.
 TEST(LayerKernels, AdamWUpdateIsTheScalarFormulaOnEveryTarget) {
-  const kernels::AdamWScalars c{.decay = 0.9999f, .beta1 = 0.9f, .beta2 = 0.99f,
-                                .one_minus_beta1 = 0.1f, .one_minus_beta2 = 0.01f, .eps = 1e-8f,
-                                .neg_step_size = -1.3e-3f, .bias_correction2_sqrt = 0.17f};
+  const kernels::AdamWScalars c{.decay = 0.9999f,
+                                .beta1 = 0.9f,
+                                .beta2 = 0.99f,
+                                .one_minus_beta1 = 0.1f,
+                                .one_minus_beta2 = 0.01f,
+                                .eps = 1e-8f,
+                                .neg_step_size = -1.3e-3f,
+                                .bias_correction2_sqrt = 0.17f};
   const int64_t n = 40003;  // past the parallel threshold, with a tail
-  const std::vector<float> w0 = random_tensor({n}, 21).to_vector(), g = random_tensor({n}, 22).to_vector();
+  const std::vector<float> w0 = random_tensor({n}, 21).to_vector(),
+                           g = random_tensor({n}, 22).to_vector();
   const std::vector<float> m0 = random_tensor({n}, 23).to_vector();
   std::vector<float> v0 = random_tensor({n}, 24).to_vector();
   for (float& x : v0) x = x * x;  // second moments are >= 0
@@ -175,10 +183,11 @@ TEST(LayerKernels, BitsDoNotDependOnTheThreadCount) {
   const int saved = omp_get_max_threads();
   for (int threads : {1, 2}) {
     omp_set_num_threads(threads);
-    Tensor y({N, C}), mean({N}), sd({N}), dx({N, C}), ds = Tensor::zeros({C}), db = Tensor::zeros({C});
+    Tensor y({N, C}), mean({N}), sd({N}), dx({N, C}), ds = Tensor::zeros({C}),
+                                                      db = Tensor::zeros({C});
     Tensor g({N, C}), gdx({N, C});
-    kernels::layer_norm_forward(y.data(), mean.data(), sd.data(), x.data(), scale.data(), shift.data(), N,
-                                C, 1e-5f);
+    kernels::layer_norm_forward(y.data(), mean.data(), sd.data(), x.data(), scale.data(),
+                                shift.data(), N, C, 1e-5f);
     kernels::layer_norm_backward(dx.data(), ds.data(), db.data(), dy.data(), x.data(), scale.data(),
                                  mean.data(), sd.data(), N, C);
     kernels::gelu_forward(g.data(), x.data(), N * C);
@@ -192,7 +201,9 @@ TEST(LayerKernels, BitsDoNotDependOnTheThreadCount) {
   EXPECT_EQ(runs[0], runs[1]);
 }
 
-TEST(LayerKernels, TargetIsNamed) { EXPECT_FALSE(std::string(kernels::layer_kernels_target()).empty()); }
+TEST(LayerKernels, TargetIsNamed) {
+  EXPECT_FALSE(std::string(kernels::layer_kernels_target()).empty());
+}
 
 // The modules: LayerImpl::kKernel and kReference agree within the bounds above,
 // forward and backward, on a strided (non-contiguous) input too.
@@ -228,7 +239,8 @@ TEST(LayerKernels, LinearOnTheFastEngineMatchesTheBlasEngine) {
   for (bool bias : {true, false}) {
     manual_seed(18);
     nn::Linear a({.in_features = 37, .out_features = 70, .bias = bias});
-    nn::Linear b({.in_features = 37, .out_features = 70, .bias = bias, .engine = gemm::Engine::kFast});
+    nn::Linear b(
+        {.in_features = 37, .out_features = 70, .bias = bias, .engine = gemm::Engine::kFast});
     b.weight.value = a.weight.value.clone();
     if (bias) b.bias.value = a.bias.value.clone();
     const Tensor x = random_tensor({3, 50, 37}, 19), dy = random_tensor({3, 50, 70}, 20);

@@ -2,13 +2,12 @@
 // generator's state, batches, options, exact resume, SIGINT / SIGKILL, the
 // loss a small model reaches on tinyshakespeare, and bad input.
 #include <gtest/gtest.h>
-
-#include <algorithm>
 #include <omp.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>

@@ -515,7 +515,8 @@ Command add_bench_command(CLI::App& app) {
       fmt::print("fp32 FMA peak ({}, {} threads, median of 5): {:.1f} GFLOP/s\n", target,
                  omp_threads(), peak);
       fmt::print("sgemm {}^3, BLAS engine ({}, median of {}): {:.1f} GFLOP/s = {:.1f}% of peak\n",
-                 sgemm_n, gemm::blas_name(), f->quick ? 3 : 5, sgemm_blas, 100.0 * sgemm_blas / peak);
+                 sgemm_n, gemm::blas_name(), f->quick ? 3 : 5, sgemm_blas,
+                 100.0 * sgemm_blas / peak);
       fmt::print(
           "sgemm {}^3, fast engine ({}, median of {}): {:.1f} GFLOP/s = {:.1f}% of peak; % sgemm "
           "below is of the faster; {} repeats per case after a warm-up of 250 ms\n\n",
