@@ -1,5 +1,6 @@
 // The two GEMM engines of attn/gemm.h side by side: the BLAS (OpenBLAS) and
-// the fast engine (oneDNN's sgemm when built with it), on the products one
+// the fast engine (oneDNN's sgemm when built with it), and gemm_bf16 (bf16
+// operands, fp32 result; engine 2), on the products one
 // training step of the Shakespeare GPTs makes (docs/performance.md, "Choosing
 // the GEMM"), and on a square 2048³.
 //
@@ -26,8 +27,10 @@ namespace {
 using attn::gemm::Engine;
 using attn::gemm::Trans;
 
+// engine 0: Engine::kBlas, 1: Engine::kFast, 2: gemm_bf16 (bf16 A, B; fp32 C).
 void BM_Sgemm(benchmark::State& state) {
-  const auto engine = static_cast<Engine>(state.range(0));
+  const bool bf16 = state.range(0) == 2;
+  const auto engine = bf16 ? Engine::kFast : static_cast<Engine>(state.range(0));
   const int64_t M = state.range(1), N = state.range(2), K = state.range(3);
   const auto ta = static_cast<Trans>(state.range(4)), tb = static_cast<Trans>(state.range(5));
   attn::Generator gen(1);
@@ -42,7 +45,9 @@ void BM_Sgemm(benchmark::State& state) {
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * double(M) * double(N) * double(K),
                                                  benchmark::Counter::kIsIterationInvariantRate,
                                                  benchmark::Counter::kIs1000);
-  state.SetLabel(engine == Engine::kBlas ? attn::gemm::blas_name() : attn::gemm::fast_gemm_name());
+  state.SetLabel(bf16                      ? attn::gemm::gemm_bf16_name()
+                 : engine == Engine::kBlas ? attn::gemm::blas_name()
+                                           : attn::gemm::fast_gemm_name());
 }
 
 constexpr int64_t kNo = static_cast<int64_t>(Trans::kNo), kYes = static_cast<int64_t>(Trans::kYes);
@@ -64,9 +69,7 @@ void Shapes(benchmark::internal::Benchmark* b) {
                                                     {1536, 384, 16384, kYes, kNo},
                                                     {2048, 2048, 2048, kNo, kNo}};
   for (const auto& s : shapes) {
-    for (const Engine e : {Engine::kBlas, Engine::kFast}) {
-      b->Args({static_cast<int64_t>(e), s[0], s[1], s[2], s[3], s[4]});
-    }
+    for (const int64_t engine : {0, 1, 2}) b->Args({engine, s[0], s[1], s[2], s[3], s[4]});
   }
 }
 

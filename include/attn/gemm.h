@@ -33,16 +33,17 @@
 //   per row block) with exactly the arguments given. The BLAS's thread count
 //   can change the last bits (OpenBLAS splits a product by rows too).
 //
-// bf16 goes here next, beside sgemm: an entry point taking bf16 A and B with
-// fp32 C (and fp32 alpha, beta), the same (Trans, M, N, K, ld) conventions and
-// checks, and a rows-parallel variant. It will take a bf16 storage type in
-// attn/tensor.h and a product to run: OpenBLAS's cblas_sbgemm needs a build
-// with BUILD_BFLOAT16 (Debian's 0.3.21 declares it in cblas.h but its library
-// does not export it), else a kernel of our own (AVX512-BF16 on Zen 4),
-// chosen in gemm.cpp like the fp32 BLAS is.
+// bf16: gemm_bf16 takes bf16 A and B with an fp32 C (and fp32 alpha, beta),
+// the same (Trans, M, N, K, ld) conventions and checks. It runs on oneDNN's
+// matmul (OpenBLAS's cblas_sbgemm needs a build with BUILD_BFLOAT16: Debian's
+// 0.3.21 declares it in cblas.h but its library does not export it).
 #pragma once
 
 #include <cstdint>
+
+namespace attn {
+struct BFloat16;  // attn/tensor.h: the high half of a float32's bits
+}  // namespace attn
 
 namespace attn::gemm {
 
@@ -97,6 +98,24 @@ void set_blas_threads(int n);
 // The BLAS and its kernels, for benchmarks to print, e.g.
 // "OpenBLAS 0.3.21, Haswell kernels". A static string.
 const char* blas_name();
+
+// C (M, N; ldc) = alpha · op(A) · op(B) + beta · C with A and B in bfloat16,
+// C in float32: the products of bf16 values are exact in float32 and are
+// summed in float32 (as PyTorch's bf16 matmul accumulates before it rounds;
+// here C stays float32). Conventions and argument checks as sgemm.
+// With oneDNN: its matmul primitive, which uses AVX512-BF16 dot products or
+// AMX tiles where the CPU has them (one primitive per shape, made on first use
+// and kept); where oneDNN has no bf16 kernel for the CPU, and without oneDNN,
+// A and B are widened to float32 and multiplied by sgemm (exact widening, the
+// same sums up to order). gemm_bf16_name() says which runs.
+void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const BFloat16* A,
+               int64_t lda, const BFloat16* B, int64_t ldb, float beta, float* C, int64_t ldc);
+const char* gemm_bf16_name();
+// The portable product gemm_bf16 falls back to: op(A), op(B) widened to
+// float32 (exact), then sgemm on Engine::kFast. Same contract.
+void gemm_bf16_widened(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,
+                       const BFloat16* A, int64_t lda, const BFloat16* B, int64_t ldb, float beta,
+                       float* C, int64_t ldc);
 
 // What Engine::kFast runs on, e.g. "oneDNN 2.6.3 sgemm (avx512_core)", or the
 // BLAS's name when attn is built without oneDNN. A static string.

@@ -14,9 +14,16 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <vector>
+
+#include "attn/tensor.h"
 
 namespace attn::gemm {
 namespace {
@@ -240,6 +247,183 @@ float sdot(int64_t n, const float* x, const float* y) {
   const blasint bn = to_blas("gemm::sdot", "n", n);
   if (n == 0) return 0.0f;
   return cblas_sdot(bn, x, 1, y, 1);
+}
+
+// ---- bf16 ------------------------------------------------------------------------------
+namespace {
+
+// A and B widened to float32 (exact), then sgemm on the fast engine; arguments checked.
+void widened_gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,
+                       const BFloat16* A, int64_t lda, const BFloat16* B, int64_t ldb, float beta,
+                       float* C, int64_t ldc) {
+  const int64_t a_rows = ta == Trans::kNo ? M : K, a_cols = ta == Trans::kNo ? K : M;
+  const int64_t b_rows = tb == Trans::kNo ? K : N, b_cols = tb == Trans::kNo ? N : K;
+  std::vector<float> a(static_cast<size_t>(a_rows * a_cols)),
+      b(static_cast<size_t>(b_rows * b_cols));
+  for (int64_t i = 0; i < a_rows; ++i)
+    for (int64_t j = 0; j < a_cols; ++j)
+      a[static_cast<size_t>(i * a_cols + j)] = to_float(A[i * lda + j]);
+  for (int64_t i = 0; i < b_rows; ++i)
+    for (int64_t j = 0; j < b_cols; ++j)
+      b[static_cast<size_t>(i * b_cols + j)] = to_float(B[i * ldb + j]);
+  sgemm(ta, tb, M, N, K, alpha, a.data(), a_cols, b.data(), b_cols, beta, C, ldc, Engine::kFast);
+}
+
+#ifdef ATTN_HAVE_ONEDNN
+void check_dnnl(dnnl_status_t status, const char* what) {
+  if (status != dnnl_success) {
+    throw std::runtime_error(fmt::format("gemm::gemm_bf16: oneDNN's {} failed with status {}", what,
+                                         static_cast<int>(status)));
+  }
+}
+
+// One oneDNN matmul primitive for one shape, layout and (alpha, beta); made
+// once (its JIT code is the expensive part) and kept for the process.
+class Bf16Matmul {
+ public:
+  using Key =
+      std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float>;
+
+  // nullptr when oneDNN has no bf16 matmul for this CPU.
+  static Bf16Matmul* get(const Key& key) {
+    static std::mutex mutex;
+    static std::map<Key, std::unique_ptr<Bf16Matmul>> cache;
+    const std::lock_guard<std::mutex> lock(mutex);
+    auto it = cache.find(key);
+    if (it == cache.end()) it = cache.emplace(key, make(key)).first;
+    return it->second.get();
+  }
+
+  void run(const BFloat16* A, const BFloat16* B, float* C) {
+    const std::lock_guard<std::mutex> lock(run_mutex_);  // one set of memory objects per primitive
+    check_dnnl(dnnl_memory_set_data_handle(a_, const_cast<BFloat16*>(A)), "memory_set_data_handle");
+    check_dnnl(dnnl_memory_set_data_handle(b_, const_cast<BFloat16*>(B)), "memory_set_data_handle");
+    check_dnnl(dnnl_memory_set_data_handle(c_, C), "memory_set_data_handle");
+    const dnnl_exec_arg_t args[3] = {
+        {DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, b_}, {DNNL_ARG_DST, c_}};
+    check_dnnl(dnnl_primitive_execute(primitive_, stream(), 3, args), "primitive_execute");
+    check_dnnl(dnnl_stream_wait(stream()), "stream_wait");
+  }
+
+  ~Bf16Matmul() {
+    dnnl_memory_destroy(a_);
+    dnnl_memory_destroy(b_);
+    dnnl_memory_destroy(c_);
+    dnnl_primitive_destroy(primitive_);
+  }
+  Bf16Matmul(const Bf16Matmul&) = delete;
+  Bf16Matmul& operator=(const Bf16Matmul&) = delete;
+
+ private:
+  Bf16Matmul() = default;
+
+  static dnnl_engine_t engine() {
+    static const dnnl_engine_t e = [] {
+      dnnl_engine_t made = nullptr;
+      check_dnnl(dnnl_engine_create(&made, dnnl_cpu, 0), "engine_create");
+      return made;
+    }();
+    return e;
+  }
+  static dnnl_stream_t stream() {
+    static const dnnl_stream_t s = [] {
+      dnnl_stream_t made = nullptr;
+      check_dnnl(dnnl_stream_create(&made, engine(), dnnl_stream_default_flags), "stream_create");
+      return made;
+    }();
+    return s;
+  }
+
+  static std::unique_ptr<Bf16Matmul> make(const Key& key) {
+    const auto [ta, tb, M, N, K, lda, ldb, ldc, alpha, beta] = key;
+    // Row-major (M, K) A is strides (lda, 1); stored transposed, (1, lda).
+    const dnnl_dims_t a_dims = {M, K}, b_dims = {K, N}, c_dims = {M, N};
+    const dnnl_dims_t a_strides = {ta == 0 ? lda : 1, ta == 0 ? 1 : lda};
+    const dnnl_dims_t b_strides = {tb == 0 ? ldb : 1, tb == 0 ? 1 : ldb};
+    const dnnl_dims_t c_strides = {ldc, 1};
+    dnnl_memory_desc_t a_md, b_md, c_md;
+    check_dnnl(dnnl_memory_desc_init_by_strides(&a_md, 2, a_dims, dnnl_bf16, a_strides),
+               "memory_desc");
+    check_dnnl(dnnl_memory_desc_init_by_strides(&b_md, 2, b_dims, dnnl_bf16, b_strides),
+               "memory_desc");
+    check_dnnl(dnnl_memory_desc_init_by_strides(&c_md, 2, c_dims, dnnl_f32, c_strides),
+               "memory_desc");
+    dnnl_matmul_desc_t desc;
+    check_dnnl(dnnl_matmul_desc_init(&desc, &a_md, &b_md, nullptr, &c_md), "matmul_desc_init");
+    dnnl_primitive_attr_t attr = nullptr;
+    check_dnnl(dnnl_primitive_attr_create(&attr), "primitive_attr_create");
+    dnnl_post_ops_t post_ops = nullptr;
+    if (alpha != 1.0f) {
+      check_dnnl(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &alpha), "set_output_scales");
+    }
+    if (beta != 0.0f) {  // C = alpha·AB + beta·C: a sum post-op
+      check_dnnl(dnnl_post_ops_create(&post_ops), "post_ops_create");
+      check_dnnl(dnnl_post_ops_append_sum(post_ops, beta), "post_ops_append_sum");
+      check_dnnl(dnnl_primitive_attr_set_post_ops(attr, post_ops), "set_post_ops");
+    }
+    dnnl_primitive_desc_t pd = nullptr;
+    const dnnl_status_t made = dnnl_primitive_desc_create(&pd, &desc, attr, engine(), nullptr);
+    if (post_ops != nullptr) dnnl_post_ops_destroy(post_ops);
+    dnnl_primitive_attr_destroy(attr);
+    if (made == dnnl_unimplemented) return nullptr;  // no bf16 kernel on this CPU
+    check_dnnl(made, "primitive_desc_create");
+    std::unique_ptr<Bf16Matmul> m(new Bf16Matmul());
+    const dnnl_status_t prim = dnnl_primitive_create(&m->primitive_, pd);
+    dnnl_primitive_desc_destroy(pd);
+    check_dnnl(prim, "primitive_create");
+    check_dnnl(dnnl_memory_create(&m->a_, &a_md, engine(), DNNL_MEMORY_NONE), "memory_create");
+    check_dnnl(dnnl_memory_create(&m->b_, &b_md, engine(), DNNL_MEMORY_NONE), "memory_create");
+    check_dnnl(dnnl_memory_create(&m->c_, &c_md, engine(), DNNL_MEMORY_NONE), "memory_create");
+    return m;
+  }
+
+  dnnl_primitive_t primitive_ = nullptr;
+  dnnl_memory_t a_ = nullptr, b_ = nullptr, c_ = nullptr;
+  std::mutex run_mutex_;
+};
+
+// Whether oneDNN has a bf16 matmul for this CPU (asked once, on a small product).
+bool onednn_has_bf16() {
+  static const bool has = Bf16Matmul::get({0, 0, 16, 16, 16, 16, 16, 16, 1.0f, 0.0f}) != nullptr;
+  return has;
+}
+#endif
+
+}  // namespace
+
+void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const BFloat16* A,
+               int64_t lda, const BFloat16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  const GemmArgs g = check_gemm("gemm::gemm_bf16", ta, tb, M, N, K, lda, ldb, ldc);
+  if (empty_product(g, beta, C)) return;
+#ifdef ATTN_HAVE_ONEDNN
+  if (Bf16Matmul* m = Bf16Matmul::get({ta == Trans::kNo ? 0 : 1, tb == Trans::kNo ? 0 : 1, M, N, K,
+                                       lda, ldb, ldc, alpha, beta})) {
+    m->run(A, B, C);
+    return;
+  }
+#endif
+  widened_gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void gemm_bf16_widened(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,
+                       const BFloat16* A, int64_t lda, const BFloat16* B, int64_t ldb, float beta,
+                       float* C, int64_t ldc) {
+  const GemmArgs g = check_gemm("gemm::gemm_bf16_widened", ta, tb, M, N, K, lda, ldb, ldc);
+  if (empty_product(g, beta, C)) return;
+  widened_gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+const char* gemm_bf16_name() {
+#ifdef ATTN_HAVE_ONEDNN
+  static const std::string kName =
+      onednn_has_bf16()
+          ? fmt::format("{} matmul, bf16", onednn_name().substr(0, onednn_name().find(" sgemm")))
+          : std::string("bf16 widened to fp32, then ") + fast_gemm_name();
+  return kName.c_str();
+#else
+  static const std::string kName = std::string("bf16 widened to fp32, then ") + blas_name();
+  return kName.c_str();
+#endif
 }
 
 int blas_threads() { return get_threads(); }

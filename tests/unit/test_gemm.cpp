@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "attn/gemm.h"
+#include "attn/tensor.h"
 
 namespace {
 
@@ -351,3 +352,88 @@ TEST(Gemm, ArgumentErrors) {
 }
 
 }  // namespace
+
+// ---- bf16 -------------------------------------------------------------------------------
+
+namespace bf16_test {
+
+// X's values rounded to bf16 (what gemm_bf16 reads), padding kept as bf16 kPad.
+std::vector<attn::BFloat16> to_bf16(const Matrix& X) {
+  std::vector<attn::BFloat16> out(X.v.size());
+  for (size_t i = 0; i < X.v.size(); ++i) out[i] = attn::to_bfloat16(X.v[i]);
+  return out;
+}
+
+// The matrix whose values are the bf16 ones, as floats (the exact operands).
+Matrix rounded(Matrix X) {
+  for (float& x : X.v) x = attn::to_float(attn::to_bfloat16(x));
+  return X;
+}
+
+}  // namespace bf16_test
+
+// gemm_bf16 against the definition on the bf16 operands (exact products,
+// float32 sums: the same K-term rounding bound as sgemm), every transpose,
+// sizes below and above the kernels' blocks, alpha and beta, padding untouched.
+TEST(GemmBf16, AllTransposeCombinationsMatchTheDefinition) {
+  std::mt19937 gen(11);
+  const int64_t sizes[][3] = {{1, 1, 1}, {7, 5, 9}, {3, 17, 2}, {130, 70, 97}, {64, 64, 64}};
+  const float scalars[][2] = {{1.0f, 0.0f}, {1.5f, -0.5f}, {-2.0f, 1.0f}};
+  std::printf("[ GEMM BF16 ] %s\n", attn::gemm::gemm_bf16_name());
+  for (const bool widened : {false, true}) {  // the product gemm_bf16 runs, and its fallback
+    const auto f = widened ? attn::gemm::gemm_bf16_widened : attn::gemm::gemm_bf16;
+    for (Trans ta : kBoth) {
+      for (Trans tb : kBoth) {
+        for (const auto& s : sizes) {
+          for (const auto& ab : scalars) {
+            Problem p(ta, tb, s[0], s[1], s[2], /*pad=*/3, gen);
+            const Matrix A = bf16_test::rounded(p.A), B = bf16_test::rounded(p.B);
+            const Matrix want = naive_gemm(ta, tb, p.M, p.N, p.K, ab[0], A, B, ab[1], p.C);
+            const auto a16 = bf16_test::to_bf16(p.A), b16 = bf16_test::to_bf16(p.B);
+            f(ta, tb, p.M, p.N, p.K, ab[0], a16.data(), p.A.ld, b16.data(), p.B.ld, ab[1],
+              p.C.data(), p.C.ld);
+            expect_close(p.C, want, p.K,
+                         std::string(widened ? "bf16 widened " : "bf16 ") + combo(ta, tb) + " " +
+                             std::to_string(p.M) + "x" + std::to_string(p.N) + "x" +
+                             std::to_string(p.K) + " alpha " + std::to_string(ab[0]) + " beta " +
+                             std::to_string(ab[1]));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(GemmBf16, BetaZeroOverwritesNaNAndEmptyProductsScale) {
+  std::mt19937 gen(12);
+  Problem p(Trans::kNo, Trans::kYes, 4, 6, 5, 2, gen);
+  for (int64_t i = 0; i < p.M; ++i)
+    for (int64_t j = 0; j < p.N; ++j) p.C.at(i, j) = kNaN;
+  const Matrix want = naive_gemm(p.ta, p.tb, p.M, p.N, p.K, 1.0f, bf16_test::rounded(p.A),
+                                 bf16_test::rounded(p.B), 0.0f, p.C);
+  const auto a16 = bf16_test::to_bf16(p.A), b16 = bf16_test::to_bf16(p.B);
+  attn::gemm::gemm_bf16(p.ta, p.tb, p.M, p.N, p.K, 1.0f, a16.data(), p.A.ld, b16.data(), p.B.ld,
+                        0.0f, p.C.data(), p.C.ld);
+  expect_close(p.C, want, p.K, "bf16 beta 0 over NaN");
+  std::vector<float> c(6, 7.0f);  // K == 0: C = beta·C
+  attn::gemm::gemm_bf16(Trans::kNo, Trans::kNo, 2, 3, 0, 1.0f, nullptr, 0, nullptr, 3, 0.5f,
+                        c.data(), 3);
+  EXPECT_EQ(c, std::vector<float>(6, 3.5f));
+}
+
+TEST(GemmBf16, ArgumentErrorsNameTheValues) {
+  std::vector<attn::BFloat16> a(64);
+  float c[64] = {};
+  expect_error(
+      [&] {
+        attn::gemm::gemm_bf16(Trans::kNo, Trans::kNo, 2, 3, 4, 1, a.data(), 3, a.data(), 3, 0, c,
+                              3);
+      },
+      "gemm::gemm_bf16: lda = 3 < K = 4 (A is (M, K) = (2, 4))");
+  expect_error(
+      [&] {
+        attn::gemm::gemm_bf16(Trans::kNo, Trans::kNo, -1, 3, 4, 1, a.data(), 4, a.data(), 3, 0, c,
+                              3);
+      },
+      "gemm::gemm_bf16: M = -1 is negative");
+}
