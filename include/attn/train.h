@@ -36,18 +36,15 @@
 #include "attn/optim.h"
 #include "attn/random.h"
 #include "attn/tensor.h"
+#include "attn/utf8.h"
 
 namespace attn::train {
 
 inline constexpr const char* kCheckpointFormat = "attn-checkpoint-1";
 
-// The code points of UTF-8 text. Throws std::invalid_argument("invalid UTF-8
-// at byte offset N: ...") for a malformed, overlong, surrogate or out-of-range
-// sequence, or one cut short by the end of the text.
-std::vector<char32_t> decode_utf8(std::string_view text);
-// One code point as UTF-8 (1 to 4 bytes); throws std::invalid_argument for a
-// surrogate or a value above U+10FFFF.
-std::string encode_utf8(char32_t code_point);
+// UTF-8 as attn/utf8.h decodes it (kept here under the names it had first).
+using attn::decode_utf8;
+using attn::encode_utf8;
 
 class CharTokenizer {
  public:

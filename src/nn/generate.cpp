@@ -16,6 +16,7 @@
 #include "attn/layer_kernels.h"
 #include "attn/ops.h"
 #include "attn/safetensors.h"
+#include "attn/utf8.h"
 #include "nn/checks.h"
 
 namespace attn::nn {
@@ -59,45 +60,8 @@ Tensor tail_ids(const std::vector<std::vector<int64_t>>& rows, int64_t n) {
   return Tensor::from_int64({static_cast<int64_t>(rows.size()), n}, flat);
 }
 
-// The UTF-8 sequences of text, one string per character.
-std::vector<std::string> utf8_chars(const std::string& text) {
-  std::vector<std::string> out;
-  size_t i = 0;
-  while (i < text.size()) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    size_t len = c < 0x80           ? 1
-                 : (c >> 5) == 0x6  ? 2
-                 : (c >> 4) == 0xe  ? 3
-                 : (c >> 3) == 0x1e ? 4
-                                    : 0;
-    if (len == 0 || i + len > text.size()) {
-      throw std::invalid_argument(
-          fmt::format("the text is not valid UTF-8 (byte 0x{:02x} at offset {})", c, i));
-    }
-    for (size_t k = 1; k < len; ++k) {
-      if ((static_cast<unsigned char>(text[i + k]) >> 6) != 0x2) {
-        throw std::invalid_argument(
-            fmt::format("the text is not valid UTF-8 (byte 0x{:02x} at offset {})",
-                        static_cast<unsigned char>(text[i + k]), i + k));
-      }
-    }
-    out.push_back(text.substr(i, len));
-    i += len;
-  }
-  return out;
-}
-
-uint32_t code_point(const std::string& ch) {
-  const auto c0 = static_cast<unsigned char>(ch[0]);
-  if (ch.size() == 1) return c0;
-  uint32_t cp = c0 & (0x7fu >> ch.size());
-  for (size_t k = 1; k < ch.size(); ++k)
-    cp = (cp << 6) | (static_cast<unsigned char>(ch[k]) & 0x3fu);
-  return cp;
-}
-
 std::string printable(const std::string& ch) {
-  const uint32_t cp = code_point(ch);
+  const auto cp = static_cast<uint32_t>(decode_utf8(ch).front());  // ch: one character
   if (cp < 0x20 || cp == 0x7f) return fmt::format("U+{:04X}", cp);
   return fmt::format("'{}' (U+{:04X})", ch, cp);
 }
@@ -412,7 +376,7 @@ Checkpoint load_checkpoint(const std::string& dir, std::unique_ptr<GPTModel>& mo
     throw std::invalid_argument(fmt::format("'{}': metadata \"vocab\" is not a JSON array", path));
   }
   for (const auto& tok : vocab) {
-    if (!tok.is_string() || utf8_chars(tok.get<std::string>()).size() != 1) {
+    if (!tok.is_string() || utf8_characters(tok.get<std::string>()).size() != 1) {
       throw std::invalid_argument(
           fmt::format("'{}': vocab entry {} is not a one-character string", path, tok.dump()));
     }
@@ -452,7 +416,7 @@ std::vector<int64_t> encode_text(const std::vector<std::string>& vocab, const st
   std::map<std::string, int64_t> index;
   for (size_t i = 0; i < vocab.size(); ++i) index.emplace(vocab[i], static_cast<int64_t>(i));
   std::vector<int64_t> ids;
-  for (const std::string& ch : utf8_chars(text)) {
+  for (const std::string& ch : utf8_characters(text)) {
     const auto it = index.find(ch);
     if (it == index.end()) {
       throw std::invalid_argument(

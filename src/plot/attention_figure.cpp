@@ -7,22 +7,6 @@
 
 namespace attn::plot {
 
-std::vector<std::string> utf8_characters(const std::string& text) {
-  std::vector<std::string> out;
-  for (size_t i = 0; i < text.size();) {
-    const auto b = static_cast<unsigned char>(text[i]);
-    const size_t n = b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xE ? 3 : (b >> 3) == 0x1E ? 4 : 0;
-    bool ok = n != 0 && i + n <= text.size();
-    for (size_t k = 1; ok && k < n; ++k)
-      ok = (static_cast<unsigned char>(text[i + k]) & 0xC0) == 0x80;
-    if (!ok)
-      throw std::invalid_argument(fmt::format("the text is not valid UTF-8 (at byte {})", i));
-    out.push_back(text.substr(i, n));
-    i += n;
-  }
-  return out;
-}
-
 std::string visible_label(const std::string& c) {
   if (c == " ") return "\u2423";   // ␣
   if (c == "\n") return "\u23CE";  // ⏎

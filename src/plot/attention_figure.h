@@ -11,10 +11,6 @@
 
 namespace attn::plot {
 
-// text split into its UTF-8 characters (code points), each one a string. Throws
-// std::invalid_argument naming the byte offset when text is not valid UTF-8.
-std::vector<std::string> utf8_characters(const std::string& text);
-
 // A character as a label that can be seen: ' ' -> "␣", '\n' -> "⏎", '\t' -> "⇥",
 // '\r' -> "␍", another control character c < 0x20 -> U+2400 + c ("␀".."␟"),
 // DEL -> "␡"; anything else as it is.

@@ -332,8 +332,9 @@ TEST(GenerateText, EncodeDecode) {
   expect_message<std::invalid_argument>(
       [&] { encode_text(vocab, "a\n"); },
       "the character U+000A at position 1 is not in the vocabulary (5 characters)");
-  expect_message<std::invalid_argument>([&] { encode_text(vocab, "a\xff"); },
-                                        "the text is not valid UTF-8 (byte 0xff at offset 1)");
+  expect_message<std::invalid_argument>(
+      [&] { encode_text(vocab, "a\xff"); },
+      "invalid UTF-8 at byte offset 1: invalid lead byte (byte 0xFF)");
 }
 
 // A checkpoint written here in the shared format loads into the same model.

@@ -14,6 +14,7 @@
 #include "attn/gpt.h"
 #include "attn/random.h"
 #include "attn/safetensors.h"
+#include "attn/utf8.h"
 #include "cli.h"
 #include "pictures.h"
 #include "plot/attention_figure.h"
@@ -69,7 +70,7 @@ struct Checkpoint {
 
   // The weights of every layer (or one) for the text, computed here in eval mode.
   std::vector<attn::plot::LayerAttention> attention(const std::string& text, int64_t only = -1) {
-    const auto chars = attn::plot::utf8_characters(text);
+    const auto chars = attn::utf8_characters(text);
     std::vector<int64_t> ids;
     for (const auto& c : chars)
       ids.push_back(std::find(kVocab.begin(), kVocab.end(), c) - kVocab.begin());
@@ -88,11 +89,13 @@ struct Checkpoint {
 
 // The text's characters (UTF-8 code points) and their visible labels.
 TEST(PlotCli, CharactersSplitByCodePointAndLabelledVisibly) {
-  EXPECT_EQ(attn::plot::utf8_characters("a\u00e9\u2423\U0001F600b"),
+  EXPECT_EQ(attn::utf8_characters("a\u00e9\u2423\U0001F600b"),
             (std::vector<std::string>{"a", "\u00e9", "\u2423", "\U0001F600", "b"}));
-  EXPECT_THROW(attn::plot::utf8_characters("ab\xC3"), std::invalid_argument);     // cut short
-  EXPECT_THROW(attn::plot::utf8_characters("ab\xC3" "a"), std::invalid_argument);  // bad continuation
-  EXPECT_THROW(attn::plot::utf8_characters("\xFF"), std::invalid_argument);
+  EXPECT_THROW(attn::utf8_characters("ab\xC3"), std::invalid_argument);  // cut short
+  EXPECT_THROW(attn::utf8_characters("ab\xC3"
+                                     "a"),
+               std::invalid_argument);  // bad continuation
+  EXPECT_THROW(attn::utf8_characters("\xFF"), std::invalid_argument);
   EXPECT_EQ(attn::plot::visible_label(" "), "\u2423");
   EXPECT_EQ(attn::plot::visible_label("\n"), "\u23CE");
   EXPECT_EQ(attn::plot::visible_label("\t"), "\u21E5");
@@ -115,7 +118,7 @@ TEST(PlotCli, AttentionOfAllLayersHasEveryHeadWithTheModelsWeights) {
   // The figure the CLI draws (its title: "attention weights, 2 layers"), from the
   // weights computed here: layers x heads panels, one row per layer.
   const auto layers = ck.attention(kText);
-  const auto chars = attn::plot::utf8_characters(kText);
+  const auto chars = attn::utf8_characters(kText);
   const attn::plot::Figure f =
       attn::plot::model_attention_figure(layers, chars, "attention weights, 2 layers");
   ASSERT_EQ(f.panels.size(), static_cast<size_t>(kLayers * kHeads));
@@ -157,7 +160,7 @@ TEST(PlotCli, AttentionOfOneLayerAsPng) {
                          png + "'");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const attn::plot::Figure f = attn::plot::model_attention_figure(
-      ck.attention("hello", 1), attn::plot::utf8_characters("hello"), "attention weights, layer 1");
+      ck.attention("hello", 1), attn::utf8_characters("hello"), "attention weights, layer 1");
   ASSERT_EQ(f.panels.size(), static_cast<size_t>(kHeads));
   EXPECT_EQ(f.panels[0].title, "layer 1 head 0");
   const Image image = attn::test::load_png(png);

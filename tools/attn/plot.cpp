@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "attn/generate.h"
+#include "attn/utf8.h"
 #include "plot/line_chart.h"
 #include "plot/picture_file.h"
 
@@ -100,7 +101,7 @@ Command add_plot_command(CLI::App& app) {
       const plot::PictureFormat format = plot::picture_format(flags->out);
       LoadedModel loaded;  // the reader `attn generate` uses, format and all (attn/generate.h)
       loaded.vocab = nn::load_checkpoint(flags->checkpoint, loaded.model).vocab;
-      const std::vector<std::string> characters = plot::utf8_characters(flags->text);
+      const std::vector<std::string> characters = attn::utf8_characters(flags->text);
       std::optional<int64_t> layer;
       if (layer_opt->count() > 0) layer = flags->layer;
       const auto layers = model_attention(loaded, characters, layer);
