@@ -10,8 +10,8 @@
 //   so the reference path sums in PyTorch's order and prints PyTorch's digits.
 // - kFast, oneDNN's sgemm (Debian's libdnnl) when attn is built with it
 //   (ATTN_WITH_ONEDNN, on by default when found), else the BLAS: JIT kernels
-//   for the running CPU's widest vectors. On Zen 4, whose AVX-512 OpenBLAS
-//   0.3.21 does not use, it is about twice as fast (docs/performance.md). The
+//   for the running CPU's widest vectors. On AMD Zen 4/5, whose AVX-512
+//   OpenBLAS 0.3.21 does not use, it is about twice as fast (docs/performance.md). The
 //   fused attention block and the GPT's layers (LayerImpl::kKernel) use it.
 //   It runs on OpenMP's threads (omp_get_max_threads()).
 //

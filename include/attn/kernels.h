@@ -95,6 +95,13 @@ const char* flash_attention_target();
 // 20 ms (src/kernels/fma_peak.cpp). The hard ceiling for any fp32 kernel here;
 // benchmarks report against it beside the sgemm rate. Throws for repeats < 1.
 double fma_peak_gflops(int repeats = 5);
+// Whether the CPU has AVX512-BF16 (VDPBF16PS), asked at run time.
+bool has_avx512_bf16();
+// The bf16 dot-product peak in GFLOP/s over all OpenMP threads (VDPBF16PS
+// chains: bf16 products summed in fp32; src/kernels/bf16_peak.cpp), the
+// ceiling of a bf16 kernel on a CPU without AMX; 0 when the CPU has no
+// AVX512-BF16. Throws for repeats < 1.
+double bf16_dot_peak_gflops(int repeats = 5);
 // For tests and benchmarks: the targets compiled in that this CPU can run,
 // best first (e.g. {"AVX3", "AVX2", "SSE4", "EMU128"}), and a way to run the
 // kernels with one of them. Returns false for a name not in that list, and

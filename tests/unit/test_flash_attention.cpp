@@ -168,6 +168,26 @@ TEST(FlashAttention, FmaPeakIsMeasuredOnTheKernelsTarget) {
   }
 }
 
+TEST(FlashAttention, Bf16DotPeakIsMeasuredWhereTheCpuHasIt) {
+  // Positive and finite where the CPU has AVX512-BF16, 0 where it has not
+  // (the probe's instruction is then never executed); bad argument refused.
+  const double peak = kn::bf16_dot_peak_gflops(1);
+  EXPECT_TRUE(std::isfinite(peak));
+  if (kn::has_avx512_bf16()) {
+    EXPECT_GT(peak, 0.0);
+    std::printf("bf16 dot-product peak (AVX512-BF16): %.1f GFLOP/s\n", peak);
+  } else {
+    EXPECT_EQ(peak, 0.0);
+    std::printf("no AVX512-BF16 on this CPU: the bf16 probe did not run\n");
+  }
+  try {
+    kn::bf16_dot_peak_gflops(0);
+    ADD_FAILURE() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "bf16_dot_peak_gflops: repeats must be >= 1, got 0");
+  }
+}
+
 TEST(FlashAttention, EverySimdTargetMatchesReference) {
   // The same kernels compiled for each instruction set this CPU runs (register
   // blocking and tile sizes differ: 16 lanes and 6-row blocks on AVX-512, 8 and

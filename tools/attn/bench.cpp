@@ -514,6 +514,13 @@ Command add_bench_command(CLI::App& app) {
       fmt::print("{}\n", wait_policy());
       fmt::print("fp32 FMA peak ({}, {} threads, median of 5): {:.1f} GFLOP/s\n", target,
                  omp_threads(), peak);
+      if (kernels::has_avx512_bf16()) {
+        const double bf16_peak = kernels::bf16_dot_peak_gflops(5);
+        fmt::print(
+            "bf16 dot-product peak (AVX512-BF16, {} threads, median of 5): {:.1f} GFLOP/s = "
+            "{:.2f}x the fp32 FMA peak\n",
+            omp_threads(), bf16_peak, bf16_peak / peak);
+      }
       fmt::print("sgemm {}^3, BLAS engine ({}, median of {}): {:.1f} GFLOP/s = {:.1f}% of peak\n",
                  sgemm_n, gemm::blas_name(), f->quick ? 3 : 5, sgemm_blas,
                  100.0 * sgemm_blas / peak);
