@@ -13,6 +13,7 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <memory>
@@ -396,8 +397,12 @@ void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,
   const GemmArgs g = check_gemm("gemm::gemm_bf16", ta, tb, M, N, K, lda, ldb, ldc);
   if (empty_product(g, beta, C)) return;
 #ifdef ATTN_HAVE_ONEDNN
-  if (Bf16Matmul* m = Bf16Matmul::get({ta == Trans::kNo ? 0 : 1, tb == Trans::kNo ? 0 : 1, M, N, K,
-                                       lda, ldb, ldc, alpha, beta})) {
+  // (alpha and beta are part of a primitive's key; a NaN would break the cache's ordering.)
+  const bool finite_scalars = std::isfinite(alpha) && std::isfinite(beta);
+  if (Bf16Matmul* m = !finite_scalars
+                          ? nullptr
+                          : Bf16Matmul::get({ta == Trans::kNo ? 0 : 1, tb == Trans::kNo ? 0 : 1, M,
+                                             N, K, lda, ldb, ldc, alpha, beta})) {
     m->run(A, B, C);
     return;
   }
