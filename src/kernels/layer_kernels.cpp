@@ -103,13 +103,15 @@ void LayerNormRows(float* y, float* mean, float* std, const float* x, const floa
     const float sd = std::sqrt(var + eps);
     mean[n] = mu;
     std[n] = sd;
-    const VF vmu = hn::Set(d, mu), vr = hn::Set(d, 1.0f / sd);
+    const float r = 1.0f / sd;
+    const VF vmu = hn::Set(d, mu), vr = hn::Set(d, r);
     size_t c = 0;
     for (; c + N <= C; c += N) {
       const VF xhat = hn::Mul(hn::Sub(hn::LoadU(d, row + c), vmu), vr);
       hn::StoreU(hn::MulAdd(hn::LoadU(d, scale + c), xhat, hn::LoadU(d, shift + c)), d, out + c);
     }
-    for (; c < C; ++c) out[c] = scale[c] * ((row[c] - mu) / sd) + shift[c];
+    // The tail rounds as the vector lanes do: x̂ = (x − mean)·r, one fused scale·x̂ + shift.
+    for (; c < C; ++c) out[c] = std::fma(scale[c], (row[c] - mu) * r, shift[c]);
   }
 }
 
@@ -154,11 +156,11 @@ void LayerNormBackwardRows(float* dx, float* ds, float* db, const float* dy, con
     }
     float sg = hn::GetLane(hn::SumOfLanes(d, sum_g));
     float sgx = hn::GetLane(hn::SumOfLanes(d, sum_gx));
-    for (size_t t = c; t < C; ++t) {
+    for (size_t t = c; t < C; ++t) {  // the tail, rounded as the lanes are (fused where they fuse)
       const float xhat = (px[t] - mu) * r, g = pdy[t] * scale[t];
       sg += g;
-      sgx += g * xhat;
-      ds[t] += pdy[t] * xhat;
+      sgx = std::fma(g, xhat, sgx);
+      ds[t] = std::fma(pdy[t], xhat, ds[t]);
       db[t] += pdy[t];
     }
     const float mean_g = sg / float(C), mean_gx = sgx / float(C);
@@ -171,7 +173,7 @@ void LayerNormBackwardRows(float* dx, float* ds, float* db, const float* dy, con
     }
     for (; c < C; ++c) {
       const float xhat = (px[c] - mu) * r, g = pdy[c] * scale[c];
-      pdx[c] = (g - mean_g - xhat * mean_gx) * r;
+      pdx[c] = std::fma(-xhat, mean_gx, g - mean_g) * r;
     }
   }
 }
