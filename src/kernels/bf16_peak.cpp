@@ -10,14 +10,10 @@
 //   FLOPs = 16 lanes · 2 products · 2 (multiply, add) · kChains · iters · threads.
 #include <immintrin.h>
 
-#include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <stdexcept>
-#include <string>
-#include <vector>
+#include <cstddef>
 
 #include "attn/kernels.h"
+#include "kernels/peak_rate.h"
 
 namespace attn::kernels {
 namespace {
@@ -54,34 +50,8 @@ bool has_avx512_bf16() {
 }
 
 double bf16_dot_peak_gflops(int repeats) {
-  if (repeats < 1)
-    throw std::invalid_argument("bf16_dot_peak_gflops: repeats must be >= 1, got " +
-                                std::to_string(repeats));
-  if (!has_avx512_bf16()) return 0.0;
-  using Clock = std::chrono::steady_clock;
-  auto rate = [](size_t iters) {
-    double flops = 0, sink = 0;
-    const auto t0 = Clock::now();
-#pragma omp parallel reduction(+ : flops, sink)
-    {
-      double f = 0;
-      sink += double(dot_chains(iters, &f));
-      flops += f;
-    }
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (!std::isfinite(sink)) throw std::runtime_error("bf16_dot_peak_gflops: non-finite chains");
-    return flops / s * 1e-9;
-  };
-  // Grow the run until one takes >= 20 ms, then time it (as fma_peak_gflops).
-  size_t iters = size_t{1} << 16;
-  for (auto t0 = Clock::now(); iters < (size_t{1} << 32); iters *= 2, t0 = Clock::now()) {
-    rate(iters);
-    if (std::chrono::duration<double>(Clock::now() - t0).count() >= 0.02) break;
-  }
-  std::vector<double> rates;
-  for (int rep = 0; rep < repeats; ++rep) rates.push_back(rate(iters));
-  std::sort(rates.begin(), rates.end());
-  return rates[rates.size() / 2];
+  if (repeats >= 1 && !has_avx512_bf16()) return 0.0;
+  return median_peak_gflops("bf16_dot_peak_gflops", repeats, dot_chains);
 }
 
 }  // namespace attn::kernels

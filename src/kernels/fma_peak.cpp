@@ -9,18 +9,10 @@
 //   FLOPs = 2 · lanes · kChains · iters · threads.
 // The chains start from different values so the compiler cannot merge them,
 // and their sum is returned so it cannot drop them.
-#include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <stdexcept>
-#include <string>
-#include <vector>
+#include <cstddef>
 
 #include "attn/kernels.h"
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include "kernels/peak_rate.h"
 
 #include "kernels/hwy_targets.h"  // the same targets as the flash kernel
 #undef HWY_TARGET_INCLUDE
@@ -66,34 +58,9 @@ namespace attn::kernels {
 HWY_EXPORT(FmaChains);
 
 double fma_peak_gflops(int repeats) {
-  if (repeats < 1)
-    throw std::invalid_argument("fma_peak_gflops: repeats must be >= 1, got " +
-                                std::to_string(repeats));
-  using Clock = std::chrono::steady_clock;
-  // GFLOP/s of all threads running `iters` steps at once.
-  auto rate = [](size_t iters) {
-    double flops = 0, sink = 0;
-    const auto t0 = Clock::now();
-#pragma omp parallel reduction(+ : flops, sink)
-    {
-      double f = 0;
-      sink += double(HWY_DYNAMIC_DISPATCH(FmaChains)(iters, &f));
-      flops += f;
-    }
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (!std::isfinite(sink)) throw std::runtime_error("fma_peak_gflops: non-finite chains");
-    return flops / s * 1e-9;
-  };
-  // Grow the run until one takes >= 20 ms (a few scheduler ticks), then time it.
-  size_t iters = size_t{1} << 16;
-  for (auto t0 = Clock::now(); iters < (size_t{1} << 32); iters *= 2, t0 = Clock::now()) {
-    rate(iters);
-    if (std::chrono::duration<double>(Clock::now() - t0).count() >= 0.02) break;
-  }
-  std::vector<double> rates;
-  for (int rep = 0; rep < repeats; ++rep) rates.push_back(rate(iters));
-  std::sort(rates.begin(), rates.end());
-  return rates[rates.size() / 2];
+  return median_peak_gflops("fma_peak_gflops", repeats, [](size_t iters, double* flops) {
+    return HWY_DYNAMIC_DISPATCH(FmaChains)(iters, flops);
+  });
 }
 
 }  // namespace attn::kernels
