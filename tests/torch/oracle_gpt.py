@@ -27,11 +27,8 @@ follows the AVX2 one, so, as oracle_modules.py does, this script reruns itself
 with ATEN_CPU_CAPABILITY=avx2 when torch picked another.
 """
 import math
-import os
 import pathlib
 import random
-import re
-import subprocess
 import sys
 import zlib
 
@@ -39,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 import book_gpt as bg
-from oracle_util import tensor_bits_json, tensor_json, write_json
+from oracle_util import cpu_capability, run_under_avx2, tensor_bits_json, tensor_json, write_json
 
 SMALL = {"vocab_size": 64, "context_length": 16, "emb_dim": 32, "n_heads": 4,
          "n_layers": 2, "drop_rate": 0.0, "qkv_bias": False}
@@ -47,11 +44,6 @@ SMALL = {"vocab_size": 64, "context_length": 16, "emb_dim": 32, "n_heads": 4,
 TRAIN = {"steps": 10, "batch": 4, "tokens": 16, "learning_rate": 3e-3, "min_lr": 3e-4,
          "warmup_iters": 3, "lr_decay_iters": 8, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8,
          "weight_decay": 0.1, "max_norm": 0.5}
-
-
-def cpu_capability() -> str:
-    m = re.search(r"CPU capability usage: (\w+)", torch.__config__.show())
-    return m.group(1) if m else "unknown"
 
 
 def get_lr(it, learning_rate, min_lr, warmup_iters, lr_decay_iters):
@@ -264,11 +256,7 @@ def compute(out_dir: pathlib.Path) -> None:
 
 
 def generate(out_dir) -> None:
-    if cpu_capability() == "AVX2" or os.environ.get("ATEN_CPU_CAPABILITY"):
-        compute(out_dir)
-        return
-    env = dict(os.environ, ATEN_CPU_CAPABILITY="avx2")
-    subprocess.run([sys.executable, __file__, str(out_dir)], env=env, check=True)
+    run_under_avx2(__file__, out_dir, compute)
 
 
 if __name__ == "__main__":

@@ -22,13 +22,12 @@ when a comparison fails.
 Writes kv_cache.json.
 """
 import pathlib
-import re
 import zlib
 
 import torch
 
 import book_modules as bm
-from oracle_util import tensor_bits_json, tensor_json, write_json
+from oracle_util import cpu_capability, tensor_bits_json, tensor_json, write_json
 
 # (seed, B, T, d_in, num_heads, head_dim, context_length, qkv_bias, dropout, x_scale)
 CASES = [
@@ -48,11 +47,6 @@ CASES = [
     (13, 2, 24, 16, 4, 4, 24, True, 0.1, 30.0),
     (14, 1, 48, 33, 3, 16, 48, False, 0.0, 100.0),
 ]
-
-
-def cpu_capability() -> str:
-    m = re.search(r"CPU capability usage: (\w+)", torch.__config__.show())
-    return m.group(1) if m else "unknown"
 
 
 def crc32(t: torch.Tensor) -> int:

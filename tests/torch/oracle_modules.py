@@ -39,11 +39,8 @@ modules_multi_head_attention_gpt2.json: MultiHeadAttention at GPT-2 sizes
 (768/12 and 1600/25), with its large weight gradients stored as samples.
 """
 import base64
-import os
 import pathlib
 import random
-import re
-import subprocess
 import sys
 import zlib
 
@@ -51,7 +48,7 @@ import torch
 import torch.nn as nn
 
 import book_modules as bm
-from oracle_util import write_json
+from oracle_util import cpu_capability, run_under_avx2, write_json
 
 CASES_PER_KIND = 60
 B_CHOICES = [1, 2, 3, 4, 8]
@@ -293,11 +290,6 @@ def run_protocol(kind: str, cfg: dict, dtype: torch.dtype):
     return params0, x, y.detach(), dy, grads
 
 
-def cpu_capability() -> str:
-    m = re.search(r"CPU capability usage: (\w+)", torch.__config__.show())
-    return m.group(1) if m else "unknown"
-
-
 def generate_kind(kind: str) -> dict:
     drawer, stream_seed = KINDS[kind]
     rng = random.Random(stream_seed)
@@ -380,11 +372,7 @@ def compute(out_dir: pathlib.Path) -> None:
 
 
 def generate(out_dir) -> None:
-    if cpu_capability() == "AVX2" or os.environ.get("ATEN_CPU_CAPABILITY"):
-        compute(out_dir)
-        return
-    env = dict(os.environ, ATEN_CPU_CAPABILITY="avx2")
-    subprocess.run([sys.executable, __file__, str(out_dir)], env=env, check=True)
+    run_under_avx2(__file__, out_dir, compute)
 
 
 if __name__ == "__main__":

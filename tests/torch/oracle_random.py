@@ -17,10 +17,7 @@ torch dispatches to; attn follows the AVX2 kernel. If torch picked another,
 this script reruns itself with ATEN_CPU_CAPABILITY=avx2, and records the
 capability it ended up with.
 """
-import os
 import pathlib
-import re
-import subprocess
 import sys
 import warnings
 
@@ -28,14 +25,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from oracle_util import write_json
+from oracle_util import cpu_capability, run_under_avx2, write_json
 
 U64 = (1 << 64) - 1
-
-
-def cpu_capability() -> str:
-    m = re.search(r"CPU capability usage: (\w+)", torch.__config__.show())
-    return m.group(1) if m else "unknown"
 
 
 def f32(x: float) -> float:
@@ -212,12 +204,7 @@ def compute(path: pathlib.Path) -> None:
 
 
 def generate(out_dir) -> None:
-    path = pathlib.Path(out_dir) / "random.json"
-    if cpu_capability() == "AVX2" or os.environ.get("ATEN_CPU_CAPABILITY"):
-        compute(path)
-        return
-    env = dict(os.environ, ATEN_CPU_CAPABILITY="avx2")
-    subprocess.run([sys.executable, __file__, str(path)], env=env, check=True)
+    run_under_avx2(__file__, pathlib.Path(out_dir) / "random.json", compute)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ safetensors.json
 """
 import pathlib
 
-import numpy as np
 import torch
 
 import book_modules as bm
