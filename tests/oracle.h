@@ -8,6 +8,8 @@
 // so that tests/unit/test_oracle_messages.cpp can check them without PyTorch.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -121,6 +123,29 @@ inline Tensor tensor_from_bits_json(const nlohmann::json& j) {
     values.push_back(f);
   }
   return Tensor(std::move(shape), std::move(values));
+}
+
+// zlib's CRC-32 of `size` bytes (what the oracles' zlib.crc32 computes).
+inline uint32_t crc32(const void* data, size_t size) {
+  static const std::array<uint32_t, 256> table = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1u) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  uint32_t c = 0xFFFFFFFFu;
+  for (size_t i = 0; i < size; ++i) c = table[(c ^ bytes[i]) & 0xFFu] ^ (c >> 8);
+  return c ^ 0xFFFFFFFFu;
+}
+
+// The CRC-32 of a float32 tensor's values, row-major (any layout).
+inline uint32_t crc32(const Tensor& t) {
+  const Tensor dense = t.contiguous();
+  return crc32(dense.data(), static_cast<size_t>(dense.numel()) * sizeof(float));
 }
 
 }  // namespace attn::test

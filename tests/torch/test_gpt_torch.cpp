@@ -52,23 +52,7 @@ GPTConfig config_from(const Json& c) {
           .qkv_bias = c.at("qkv_bias").get<bool>()};
 }
 
-uint32_t crc32(const Tensor& t) {  // zlib's CRC-32 of the float32 bytes
-  static const std::array<uint32_t, 256> table = [] {
-    std::array<uint32_t, 256> tab{};
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1u) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      tab[i] = c;
-    }
-    return tab;
-  }();
-  const Tensor dense = t.contiguous();
-  const auto* bytes = reinterpret_cast<const unsigned char*>(dense.data());
-  const size_t size = static_cast<size_t>(dense.numel()) * sizeof(float);
-  uint32_t c = 0xFFFFFFFFu;
-  for (size_t i = 0; i < size; ++i) c = table[(c ^ bytes[i]) & 0xFFu] ^ (c >> 8);
-  return c ^ 0xFFFFFFFFu;
-}
+using attn::test::crc32;
 
 // Same shape and the same float32 bits everywhere.
 ::testing::AssertionResult bits_equal(const Tensor& a, const Tensor& b) {

@@ -64,25 +64,7 @@ constexpr int kMinCasesPerKind = 50;
 
 // ---- decoding the oracle's tensors ----------------------------------------------------
 
-uint32_t crc32(const void* data, size_t size) {  // zlib's CRC-32
-  static const std::array<uint32_t, 256> table = [] {
-    std::array<uint32_t, 256> t{};
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1u) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      t[i] = c;
-    }
-    return t;
-  }();
-  const auto* bytes = static_cast<const unsigned char*>(data);
-  uint32_t c = 0xFFFFFFFFu;
-  for (size_t i = 0; i < size; ++i) c = table[(c ^ bytes[i]) & 0xFFu] ^ (c >> 8);
-  return c ^ 0xFFFFFFFFu;
-}
-
-uint32_t crc32(const Tensor& t) {
-  return crc32(t.data(), static_cast<size_t>(t.numel()) * sizeof(float));
-}
+using attn::test::crc32;
 
 std::vector<unsigned char> base64_decode(const std::string& text) {
   auto value = [](char ch) -> int {
