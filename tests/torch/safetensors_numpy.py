@@ -150,17 +150,24 @@ def dump(path):
     }
 
 
-def mha(path, input_path):
+def f32_state_dict(path):
+    """The tensors of a safetensors file as a torch state_dict; every one must be F32."""
     import torch
-    import book_modules as bm
-    torch.manual_seed(123)
-    reference = bm.MultiHeadAttention(8, 12, 10, 0.0, 3, qkv_bias=True)
     tensors, _, _, _, _ = read(path)
     state = {}
     for name, (dtype, array) in tensors.items():
         if dtype != "F32":
             raise FormatError(f"{name}: dtype {dtype}, expected F32")
         state[name] = torch.from_numpy(array.astype(np.float32))
+    return state
+
+
+def mha(path, input_path):
+    import torch
+    import book_modules as bm
+    torch.manual_seed(123)
+    reference = bm.MultiHeadAttention(8, 12, 10, 0.0, 3, qkv_bias=True)
+    state = f32_state_dict(path)
     reference_state = reference.state_dict()
     mismatches = [name for name, t in state.items()
                   if name not in reference_state
@@ -194,12 +201,7 @@ def gpt(path, ids_path):
     for the int64 ids in ids_path, in eval mode."""
     import torch
     import book_gpt
-    tensors, _, _, _, _ = read(path)
-    state = {}
-    for name, (dtype, array) in tensors.items():
-        if dtype != "F32":
-            raise FormatError(f"{name}: dtype {dtype}, expected F32")
-        state[name] = torch.from_numpy(array.astype(np.float32))
+    state = f32_state_dict(path)
     torch.manual_seed(0)
     model = book_gpt.GPTModel(GPT_CONFIG)
     model.load_state_dict(state, strict=True)
