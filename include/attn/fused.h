@@ -1,5 +1,6 @@
-// attn/fused.h - the fast path of the attention modules: projections on BLAS
-// (sgemm, attn/gemm.h) around the fused flash-attention kernel (attn/kernels.h).
+// attn/fused.h - the fast path of the attention modules: projections on the
+// fast GEMM (gemm::Engine::kFast, attn/gemm.h) around the fused
+// flash-attention kernel (attn/kernels.h).
 //
 // The same maths as MultiHeadAttention's reference path (and, with one head
 // and no output projection, CausalAttention's), computed without a (T, T)

@@ -27,7 +27,7 @@
 // - kReference: attn::ref (attn/functional.h), the plain maths. Keeps the
 //   weights (B, H, T, T) for backward. Dropout masks are PyTorch's, bit for
 //   bit (the MT19937 stream, RNG.md §5).
-// - kFused: attn::fused (attn/fused.h), BLAS projections into one qkv buffer
+// - kFused: attn::fused (attn/fused.h), fast-GEMM projections into one qkv buffer
 //   around the flash kernel. Keeps qkv, the context and the log-sum-exp
 //   (B, H, T), never a (T, T) tensor. Dropout masks come from Philox keyed by
 //   a seed drawn from the module's generator (RNG.md §6): not PyTorch's.
@@ -284,7 +284,7 @@ class SelfAttentionV2 : public Module {
 enum class AttentionBackend {
   kAuto,       // fused unless PyTorch-exact dropout masks are asked for (or it cannot)
   kReference,  // attn::ref: the plain maths, PyTorch's dropout masks, keeps the weights
-  kFused,      // attn::fused: BLAS projections + flash kernel, Philox dropout masks
+  kFused,      // attn::fused: fast-GEMM projections + flash kernel, Philox dropout masks
 };
 // "auto", "reference", "fused".
 const char* to_string(AttentionBackend backend);
