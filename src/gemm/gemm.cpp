@@ -63,8 +63,14 @@ void onednn_sgemm(const char* fn, Trans ta, Trans tb, int64_t M, int64_t N, int6
   }
 }
 
-std::string onednn_name() {
+// "oneDNN 2.6.3".
+std::string onednn_version() {
   const dnnl_version_t* v = dnnl_version();
+  return fmt::format("oneDNN {}.{}.{}", v->major, v->minor, v->patch);
+}
+
+// "oneDNN 2.6.3 sgemm (avx512_core)": the version and the ISA its JIT kernels use.
+std::string onednn_name() {
   const char* isa = "";
   switch (dnnl_get_effective_cpu_isa()) {
     case dnnl_cpu_isa_sse41:
@@ -92,7 +98,7 @@ std::string onednn_name() {
       isa = "other ISA";
       break;
   }
-  return fmt::format("oneDNN {}.{}.{} sgemm ({})", v->major, v->minor, v->patch, isa);
+  return fmt::format("{} sgemm ({})", onednn_version(), isa);
 }
 #endif
 
@@ -421,9 +427,8 @@ void gemm_bf16_widened(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, floa
 const char* gemm_bf16_name() {
 #ifdef ATTN_HAVE_ONEDNN
   static const std::string kName =
-      onednn_has_bf16()
-          ? fmt::format("{} matmul, bf16", onednn_name().substr(0, onednn_name().find(" sgemm")))
-          : std::string("bf16 widened to fp32, then ") + fast_gemm_name();
+      onednn_has_bf16() ? onednn_version() + " matmul, bf16"
+                        : std::string("bf16 widened to fp32, then ") + fast_gemm_name();
   return kName.c_str();
 #else
   static const std::string kName = std::string("bf16 widened to fp32, then ") + blas_name();
