@@ -20,6 +20,9 @@ compared (OMP_NUM_THREADS also sets OpenBLAS's thread count).
 With --rounds N the whole set (every implementation in every environment) is
 measured N times, interleaved, and the best median of each side over all of
 them counts: a load that passes over the shared machine then hits both sides.
+With --dtype bfloat16 the cores are compared in bf16: PyTorch's SDPA on bf16
+q, k, v (and bf16 gradients) against `attn bench --kind core --dtype bfloat16`
+(attn's bf16 kernels); the modules stay out of that table.
 The table it prints goes into docs/performance.md.
 """
 import argparse
@@ -56,9 +59,10 @@ def book_mha_class():
     return MultiHeadAttention
 
 
-def worker(impl, shape, mode, repeats, threads):
+def worker(impl, shape, mode, repeats, threads, dtype_name="float32"):
     import torch
 
+    dtype = getattr(torch, dtype_name)
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     b, t, d, h = shape
@@ -77,7 +81,7 @@ def worker(impl, shape, mode, repeats, threads):
         def run():
             return m(x)
     elif impl == "torch-sdpa":
-        q, k, v = (torch.randn(b, h, t, hd, requires_grad=backward) for _ in range(3))
+        q, k, v = (torch.randn(b, h, t, hd, dtype=dtype, requires_grad=backward) for _ in range(3))
 
         def run():
             return causal_sdpa(torch)(q, k, v)
@@ -106,10 +110,10 @@ def worker(impl, shape, mode, repeats, threads):
 
 
 # ---------------------------------------------------------------- driver side
-def run_torch(python, impl, shape, mode, repeats, threads, spincount):
+def run_torch(python, impl, shape, mode, repeats, threads, spincount, dtype="float32"):
     env = bench_env(threads, spincount)
     cmd = [python, os.path.abspath(__file__), "--worker", impl, "--shape", "x".join(map(str, shape)), "--mode", mode,
-           "--repeats", str(repeats), "--threads", str(threads)]
+           "--repeats", str(repeats), "--threads", str(threads), "--dtype", dtype]
     out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -122,25 +126,64 @@ def bench_env(threads, spincount):
     return env
 
 
-def run_attn(attn, kind, shape, mode, repeats, threads, spincount):
+def run_attn(attn, kind, shape, mode, repeats, threads, spincount, dtype="float32"):
     b, t, d, h = shape
     cmd = [attn, "bench", "--json", "--kind", kind, "--batch", str(b), "--tokens", str(t), "--d-model", str(d),
-           "--heads", str(h), "--mode", mode, "--repeats", str(repeats)]
+           "--heads", str(h), "--mode", mode, "--repeats", str(repeats), "--dtype", dtype]
     out = subprocess.run(cmd, env=bench_env(threads, spincount), check=True, capture_output=True,
                          text=True).stdout
     rows = json.loads(out)
     return rows[0]
 
 
-def best_attn(attn, kind, shape, mode, repeats, envs):
+def best_attn(attn, kind, shape, mode, repeats, envs, dtype="float32"):
     results = []
     for threads, spin in envs:
-        r = run_attn(attn, kind, shape, mode, repeats, threads, spin)
+        r = run_attn(attn, kind, shape, mode, repeats, threads, spin, dtype)
         r.update(threads=threads, spincount=spin)
         results.append(r)
     best = min(results, key=lambda r: r["ms_median"])
     best["all"] = [{k: r[k] for k in ("ms_median", "ms_min", "threads", "spincount")} for r in results]
     return best
+
+
+def compare_bf16_cores(args):
+    """attn's bf16 core against PyTorch's SDPA on bf16 tensors, and each against its own fp32 core."""
+    envs = [(1, None), (2, None), (2, "0")]
+    rows = []
+    torch_version = subprocess.run([args.python, "-c", "import torch; print(torch.__version__)"], check=True,
+                                   capture_output=True, text=True).stdout.strip()
+    print(f"PyTorch {torch_version} ({args.python}); causal cores, bf16 and fp32, ms median")
+    header = (f"{'shape BxTxDxH':>15} {'mode':>7} {'attn bf16':>10} {'torch bf16':>11} {'x bf16':>7} "
+              f"{'attn fp32':>10} {'torch fp32':>11} {'attn bf16/fp32':>15}")
+    print(header)
+    print("-" * len(header))
+    for s in args.shapes.split(","):
+        shape = parse_shape(s)
+        for mode in args.modes.split(","):
+            runs = {key: [] for key in ("attn-bf16", "attn-fp32", "torch-bf16", "torch-fp32")}
+            for _ in range(args.rounds):
+                for dtype, tag in (("bfloat16", "bf16"), ("float32", "fp32")):
+                    for threads, spin in envs:
+                        r = run_torch(args.python, "torch-sdpa", shape, mode, args.repeats, threads, spin, dtype)
+                        r.update(threads=threads, spincount=spin)
+                        runs["torch-" + tag].append(r)
+                    runs["attn-" + tag].append(best_attn(args.attn, "core", shape, mode, args.repeats, envs, dtype))
+            best = {key: min(results, key=lambda r: r["ms_median"]) for key, results in runs.items()}
+            ms = {key: r["ms_median"] for key, r in best.items()}
+            rows.append({"shape": s, "mode": mode, "best": best})
+            print(f"{s:>15} {mode:>7} {ms['attn-bf16']:10.2f} {ms['torch-bf16']:11.2f} "
+                  f"{ms['torch-bf16'] / ms['attn-bf16']:7.2f} {ms['attn-fp32']:10.2f} {ms['torch-fp32']:11.2f} "
+                  f"{ms['attn-fp32'] / ms['attn-bf16']:15.2f}", flush=True)
+    print("\nms are medians, each the best over OMP_NUM_THREADS in {1, 2} and GOMP_SPINCOUNT in {unset, 0} "
+          f"({args.rounds} interleaved round(s)); x bf16 = torch bf16 ms / attn bf16 ms; "
+          "attn bf16/fp32 = attn fp32 ms / attn bf16 ms.")
+    if args.json_out:
+        tmp = args.json_out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(rows, f, indent=1)
+        os.replace(tmp, args.json_out)
+    return 0
 
 
 def main():
@@ -161,10 +204,14 @@ def main():
     p.add_argument("--shape", default="")
     p.add_argument("--mode", default="fwd")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="bfloat16: the cores only, attn's bf16 kernels against SDPA on bf16 tensors")
     args = p.parse_args()
     if args.worker:
-        worker(args.worker, parse_shape(args.shape), args.mode, args.repeats, args.threads)
+        worker(args.worker, parse_shape(args.shape), args.mode, args.repeats, args.threads, args.dtype)
         return 0
+    if args.dtype == "bfloat16":
+        return compare_bf16_cores(args)
 
     envs = [(1, None), (2, None), (2, "0")]
     rows = []

@@ -51,6 +51,10 @@
 #include <string>
 #include <vector>
 
+namespace attn {
+struct BFloat16;  // attn/tensor.h
+}
+
 namespace attn::kernels {
 
 // The widest head the kernels take: validated() rejects a wider one, the
@@ -80,6 +84,31 @@ void flash_attention_forward(float* out, float* lse, const float* q, const float
 void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
                               const float* k, const float* v, const float* out, const float* lse,
                               const FlashAttentionParams& params);
+
+// bfloat16: the same maths on bf16 q, k, v (and dout), with bf16 out (and
+// dq, dk, dv), as PyTorch's SDPA on bf16 tensors: the products take bf16
+// operands and sum in fp32, the scores, the softmax statistics (lse stays
+// fp32) and every accumulator are fp32, and the weights P and dS are rounded
+// to bf16 where they enter a product. Results are rounded to bf16 once, at
+// the end. Params, layouts, strides, dropout noise and determinism are those
+// of the fp32 kernels; so is the memory (the dQ accumulator of a whole head,
+// T · hd floats per thread, is the one addition).
+// Paths, chosen at run time: "AVX512-BF16" (VDPBF16PS dot products, where the
+// CPU has them: AMD Zen 4 and later, Intel Cooper Lake and Sapphire Rapids
+// and later) and "widened to fp32" everywhere else (bf16 -> fp32 copies, the
+// fp32 kernels, the results rounded to bf16; its memory is the copies).
+void flash_attention_forward_bf16(BFloat16* out, float* lse, const BFloat16* q, const BFloat16* k,
+                                  const BFloat16* v, const FlashAttentionParams& params);
+void flash_attention_backward_bf16(BFloat16* dq, BFloat16* dk, BFloat16* dv, const BFloat16* dout,
+                                   const BFloat16* q, const BFloat16* k, const BFloat16* v,
+                                   const BFloat16* out, const float* lse,
+                                   const FlashAttentionParams& params);
+// The bf16 path that runs; the paths this CPU can run, best first; and, for
+// tests and benchmarks, a way to force one (false for a name not in the list;
+// nullptr restores the automatic choice; not for use while kernels run).
+const char* flash_attention_bf16_path();
+std::vector<std::string> flash_attention_bf16_paths();
+bool flash_attention_bf16_use_path(const char* name);
 
 // The dropout noise the kernels apply, materialised: noise (B, H, T, T), each
 // 0 or 1/(1-p) (all ones when p = 0). Causal entries j > i are filled too.

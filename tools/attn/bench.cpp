@@ -58,12 +58,6 @@ std::vector<float> normal_values(int64_t n, uint64_t seed) {
   return t.to_vector();
 }
 
-bool all_finite(const float* p, int64_t n) {
-  for (int64_t i = 0; i < n; ++i)
-    if (!std::isfinite(p[i])) return false;
-  return true;
-}
-
 int64_t head_dim_of(const BenchCase& c) { return c.d_model / c.heads; }
 
 void check_case(const BenchCase& c) {
@@ -71,6 +65,9 @@ void check_case(const BenchCase& c) {
     throw UsageError(fmt::format("bench: --kind must be core or module, got '{}'", c.kind));
   if (c.mode != "fwd" && c.mode != "fwdbwd")
     throw UsageError(fmt::format("bench: --mode must be fwd or fwdbwd, got '{}'", c.mode));
+  if (c.dtype != "float32" && c.dtype != "bfloat16")
+    throw UsageError(
+        fmt::format("bench: --dtype must be float32, bfloat16 or all, got '{}'", c.dtype));
   if (c.B < 1 || c.T < 1 || c.d_model < 1 || c.heads < 1 || c.d_model % c.heads != 0) {
     throw UsageError(fmt::format(
         "bench: need B, T, d_model, heads >= 1 and d_model divisible by heads, got B={} T={} "
@@ -94,24 +91,61 @@ double case_flops(const BenchCase& c) {
 
 // ---- the two things timed ---------------------------------------------------------------
 
-// The flash kernel alone on packed (B, T, H, hd) buffers.
+// The flash kernel alone on packed (B, T, H, hd) buffers, in float32 or bfloat16.
 struct CoreProblem {
   kernels::FlashAttentionParams p;
+  bool bf16 = false;
   std::vector<float> q, k, v, out, lse, dout, dq, dk, dv;
-  explicit CoreProblem(const BenchCase& c) {
+  std::vector<BFloat16> qb, kb, vb, outb, doutb, dqb, dkb, dvb;  // bf16: these instead
+  explicit CoreProblem(const BenchCase& c) : bf16(c.dtype == "bfloat16") {
     p.B = c.B, p.T = c.T, p.H = c.heads, p.hd = head_dim_of(c), p.causal = true;
     const int64_t n = c.B * c.T * c.d_model;
-    q = normal_values(n, 1), k = normal_values(n, 2), v = normal_values(n, 3);
-    dout = normal_values(n, 4);
-    out.assign(size_t(n), 0.0f), dq = dk = dv = out;
+    auto values = [&](uint64_t seed, std::vector<float>& f, std::vector<BFloat16>& b) {
+      if (!bf16) {
+        f = normal_values(n, seed);
+        return;
+      }
+      for (const float x : normal_values(n, seed)) b.push_back(to_bfloat16(x));
+    };
+    values(1, q, qb), values(2, k, kb), values(3, v, vb), values(4, dout, doutb);
+    if (bf16) {
+      outb.assign(size_t(n), BFloat16{}), dqb = dkb = dvb = outb;
+    } else {
+      out.assign(size_t(n), 0.0f), dq = dk = dv = out;
+    }
     lse.assign(size_t(c.B * c.heads * c.T), 0.0f);
   }
   void forward() {
-    kernels::flash_attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), p);
+    if (bf16)
+      kernels::flash_attention_forward_bf16(outb.data(), lse.data(), qb.data(), kb.data(),
+                                            vb.data(), p);
+    else
+      kernels::flash_attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), p);
   }
   void backward() {
-    kernels::flash_attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(),
-                                      k.data(), v.data(), out.data(), lse.data(), p);
+    if (bf16)
+      kernels::flash_attention_backward_bf16(dqb.data(), dkb.data(), dvb.data(), doutb.data(),
+                                             qb.data(), kb.data(), vb.data(), outb.data(),
+                                             lse.data(), p);
+    else
+      kernels::flash_attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(),
+                                        k.data(), v.data(), out.data(), lse.data(), p);
+  }
+  // The output and (after backward) dq are finite.
+  bool finite(bool backward) const {
+    auto ok = [](const auto& x) {
+      for (const auto& e : x) {
+        float f;
+        if constexpr (std::is_same_v<std::decay_t<decltype(e)>, BFloat16>)
+          f = to_float(e);
+        else
+          f = e;
+        if (!std::isfinite(f)) return false;
+      }
+      return true;
+    };
+    if (bf16) return ok(outb) && (!backward || (ok(dqb) && ok(dkb) && ok(dvb)));
+    return ok(out) && (!backward || (ok(dq) && ok(dk) && ok(dv)));
   }
 };
 
@@ -240,10 +274,7 @@ MemoryResult memory_core(const BenchCase& c) {
   r.extra_mb = double(peak_rss_bytes() - before) / kMB;
   r.saved_mb = double(pr.lse.size() * sizeof(float)) / kMB;
   r.baseline_mb = double(before) / kMB;
-  r.finite = all_finite(pr.out.data(), int64_t(pr.out.size())) &&
-             all_finite(pr.dq.data(), int64_t(pr.dq.size())) &&
-             all_finite(pr.dk.data(), int64_t(pr.dk.size())) &&
-             all_finite(pr.dv.data(), int64_t(pr.dv.size()));
+  r.finite = pr.finite(true);
   return r;
 }
 
@@ -285,6 +316,8 @@ nlohmann::json to_json(const BenchResult& r, int repeats) {
                       {"heads", r.c.heads},
                       {"head_dim", head_dim_of(r.c)},
                       {"backend", r.backend},
+                      {"dtype", r.c.dtype},
+                      {"bf16_path", kernels::flash_attention_bf16_path()},
                       {"ms_median", r.ms_median},
                       {"ms_min", r.ms_min},
                       {"flops", r.flops},
@@ -298,18 +331,19 @@ nlohmann::json to_json(const BenchResult& r, int repeats) {
 }
 
 void print_table_header() {
-  fmt::print("{:<7} {:<7} {:>15} {:>4} {:<10} {:>10} {:>9} {:>9} {:>8} {:>7}\n", "kind", "mode",
-             "B x T x d x H", "hd", "path", "ms median", "ms min", "GFLOP/s", "% sgemm",
-             "% peak");
-  fmt::print("{}\n", std::string(94, '-'));
+  fmt::print("{:<7} {:<7} {:<5} {:>15} {:>4} {:<10} {:>10} {:>9} {:>9} {:>8} {:>7}\n", "kind",
+             "mode", "dtype", "B x T x d x H", "hd", "path", "ms median", "ms min", "GFLOP/s",
+             "% sgemm", "% peak");
+  fmt::print("{}\n", std::string(100, '-'));
 }
 
 std::string percent(double pct) { return pct >= 0 ? fmt::format("{:.1f}", pct) : "-"; }
 
 void print_table_row(const BenchResult& r) {
-  fmt::print("{:<7} {:<7} {:>15} {:>4} {:<10} {:>10.2f} {:>9.2f} {:>9.1f} {:>8} {:>7}\n",
-             r.c.kind, r.c.mode, shape_text(r.c), head_dim_of(r.c), r.backend, r.ms_median,
-             r.ms_min, r.gflops, percent(r.pct_sgemm), percent(r.pct_peak));
+  fmt::print("{:<7} {:<7} {:<5} {:>15} {:>4} {:<10} {:>10.2f} {:>9.2f} {:>9.1f} {:>8} {:>7}\n",
+             r.c.kind, r.c.mode, r.c.dtype == "bfloat16" ? "bf16" : "fp32", shape_text(r.c),
+             head_dim_of(r.c), r.backend, r.ms_median, r.ms_min, r.gflops, percent(r.pct_sgemm),
+             percent(r.pct_peak));
   std::fflush(stdout);
 }
 
@@ -317,7 +351,8 @@ constexpr const char* kFooter =
     "Useful causal FLOPs: core forward 4*B*H*T^2*hd/2, core backward 2.5x forward;\n"
     "projections 2*B*T*d_in*d_out per linear (q, k, v, out_proj), x3 for forward+backward.\n"
     "GFLOP/s = FLOPs / median; % sgemm = GFLOP/s / the sgemm rate measured above;\n"
-    "% peak = GFLOP/s / the fp32 FMA peak measured above (the ceiling of any fp32 code).\n";
+    "% peak = GFLOP/s / the fp32 FMA peak measured above (the ceiling of any fp32 code);\n"
+    "for bf16 rows on the AVX512-BF16 path, / the bf16 dot-product peak instead.\n";
 
 }  // namespace
 
@@ -359,8 +394,7 @@ BenchResult run_bench_case(const BenchCase& c, int repeats, const std::string& b
     time_repeats([&](bool check) {
       pr.forward();
       if (backward) pr.backward();
-      const bool ok = !check || (all_finite(pr.out.data(), int64_t(pr.out.size())) &&
-                                 (!backward || all_finite(pr.dq.data(), int64_t(pr.dq.size()))));
+      const bool ok = !check || pr.finite(backward);
       if (!ok) throw std::runtime_error("bench: the core gave a non-finite result");
     });
   } else {
@@ -385,7 +419,7 @@ BenchResult run_bench_case(const BenchCase& c, int repeats, const std::string& b
 Command add_bench_command(CLI::App& app) {
   struct Flags {
     std::vector<std::string> shapes;
-    std::string kind = "all", mode = "all", backend = "auto";
+    std::string kind = "all", mode = "all", backend = "auto", dtype = "float32";
     // Defaults; each applies only when its option is not given (an explicit 0 is an error).
     int64_t batch = 1, tokens = 1024, d_model = 768, heads = 12;
     int repeats = 5, threads = 0, sgemm_n = 4096;  // --quick: 3 repeats, sgemm of 2048
@@ -409,6 +443,10 @@ Command add_bench_command(CLI::App& app) {
       ->type_name("LIST");
   cmd->add_option("--kind", f->kind, "core, module or all")->capture_default_str();
   cmd->add_option("--mode", f->mode, "fwd, fwdbwd or all")->capture_default_str();
+  cmd->add_option("--dtype", f->dtype,
+                  "float32, bfloat16 or all: the core's inputs and outputs (bfloat16: the bf16 "
+                  "kernels, path AVX512-BF16 or widened to fp32; module rows stay float32)")
+      ->capture_default_str();
   cmd->add_option("--backend", f->backend, "The module's path: auto, reference or fused")
       ->capture_default_str();
   cmd->add_option("--batch", f->batch, "One shape: B (default 1)")->type_name("B");
@@ -436,11 +474,14 @@ Command add_bench_command(CLI::App& app) {
   auto run = [f, cmd]() -> int {
     const auto given = [cmd](const char* option) { return cmd->count(option) > 0; };
     // A count given as 0 (or less) is a usage error, not a request for the default.
-    for (const auto& [option, value] :
-         {std::pair<const char*, int64_t>{"--batch", f->batch}, {"--tokens", f->tokens},
-          {"--d-model", f->d_model}, {"--heads", f->heads}, {"--repeats", f->repeats},
-          {"--threads", f->threads}, {"--sgemm-n", f->sgemm_n},
-          {"--memory-tokens", f->memory_tokens}}) {
+    for (const auto& [option, value] : {std::pair<const char*, int64_t>{"--batch", f->batch},
+                                        {"--tokens", f->tokens},
+                                        {"--d-model", f->d_model},
+                                        {"--heads", f->heads},
+                                        {"--repeats", f->repeats},
+                                        {"--threads", f->threads},
+                                        {"--sgemm-n", f->sgemm_n},
+                                        {"--memory-tokens", f->memory_tokens}}) {
       if (given(option) && value < 1)
         throw UsageError(fmt::format("bench: {} must be >= 1, got {}", option, value));
     }
@@ -448,6 +489,11 @@ Command add_bench_command(CLI::App& app) {
       throw UsageError(fmt::format("bench: --kind must be core, module or all, got '{}'", f->kind));
     if (f->mode != "all" && f->mode != "fwd" && f->mode != "fwdbwd")
       throw UsageError(fmt::format("bench: --mode must be fwd, fwdbwd or all, got '{}'", f->mode));
+    if (f->dtype != "all" && f->dtype != "float32" && f->dtype != "bfloat16")
+      throw UsageError(
+          fmt::format("bench: --dtype must be float32, bfloat16 or all, got '{}'", f->dtype));
+    std::vector<std::string> dtypes = {"float32", "bfloat16"};
+    if (f->dtype != "all") dtypes = {f->dtype};
     parse_backend(f->backend);
     if (given("--threads")) set_threads(f->threads);
     const int repeats = given("--repeats") ? f->repeats : (f->quick ? 3 : 5);
@@ -455,9 +501,13 @@ Command add_bench_command(CLI::App& app) {
 
     if (f->memory) {
       BenchCase c{.kind = "core", .mode = "fwdbwd", .B = 1, .T = f->memory_tokens, .heads = 12};
+      c.dtype = f->dtype == "bfloat16" ? "bfloat16" : "float32";
       check_case(c);
-      fmt::print("attn bench --memory: {}, {} CPUs, SIMD target {}, {} OpenMP threads\n",
-                 cpu_model(), std::thread::hardware_concurrency(), target, omp_threads());
+      fmt::print(
+          "attn bench --memory: {}, {} CPUs, SIMD target {}, {} OpenMP threads, core in {}{}\n",
+          cpu_model(), std::thread::hardware_concurrency(), target, omp_threads(), c.dtype,
+          c.dtype == "bfloat16" ? fmt::format(" ({})", kernels::flash_attention_bf16_path())
+                                : std::string());
       fmt::print("{:<36} {:>8} {:>12} {:>14} {:>10} {:>7}\n", "what", "seconds", "extra MB",
                  "of which saved", "base MB", "finite");
       bool ok = true;
@@ -495,10 +545,11 @@ Command add_bench_command(CLI::App& app) {
     if (f->kind != "all") kinds = {f->kind};
     if (f->mode != "all") modes = {f->mode};
 
-    double sgemm = -1, sgemm_blas = -1, sgemm_fast = -1, peak = -1;
+    double sgemm = -1, sgemm_blas = -1, sgemm_fast = -1, peak = -1, bf16_peak = -1;
     const int sgemm_n = given("--sgemm-n") ? f->sgemm_n : (f->quick ? 2048 : 4096);
     if (!f->json || f->sgemm) {
       peak = kernels::fma_peak_gflops(5);
+      if (kernels::has_avx512_bf16()) bf16_peak = kernels::bf16_dot_peak_gflops(5);
       sgemm_blas = attn::bench::sgemm_gflops(sgemm_n, f->quick ? 3 : 5, gemm::Engine::kBlas);
       sgemm_fast = attn::bench::sgemm_gflops(sgemm_n, f->quick ? 3 : 5, gemm::Engine::kFast);
       sgemm = std::max(sgemm_blas, sgemm_fast);  // the yardstick: the best product this build has
@@ -507,20 +558,19 @@ Command add_bench_command(CLI::App& app) {
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
     }
     if (!f->json) {
-      fmt::print(
-          "attn bench: {}, {} CPUs, SIMD target {}, {} OpenMP threads, {} BLAS threads\n",
-          cpu_model(), std::thread::hardware_concurrency(), target, omp_threads(),
-          gemm::blas_threads());
+      fmt::print("attn bench: {}, {} CPUs, SIMD target {}, {} OpenMP threads, {} BLAS threads\n",
+                 cpu_model(), std::thread::hardware_concurrency(), target, omp_threads(),
+                 gemm::blas_threads());
       fmt::print("{}\n", wait_policy());
       fmt::print("fp32 FMA peak ({}, {} threads, median of 5): {:.1f} GFLOP/s\n", target,
                  omp_threads(), peak);
       if (kernels::has_avx512_bf16()) {
-        const double bf16_peak = kernels::bf16_dot_peak_gflops(5);
         fmt::print(
             "bf16 dot-product peak (AVX512-BF16, {} threads, median of 5): {:.1f} GFLOP/s = "
             "{:.2f}x the fp32 FMA peak\n",
             omp_threads(), bf16_peak, bf16_peak / peak);
       }
+      fmt::print("bf16 attention path: {}\n", kernels::flash_attention_bf16_path());
       fmt::print("sgemm {}^3, BLAS engine ({}, median of {}): {:.1f} GFLOP/s = {:.1f}% of peak\n",
                  sgemm_n, gemm::blas_name(), f->quick ? 3 : 5, sgemm_blas,
                  100.0 * sgemm_blas / peak);
@@ -535,15 +585,22 @@ Command add_bench_command(CLI::App& app) {
     for (const auto& shape : shapes) {
       for (const auto& kind : kinds) {
         for (const auto& mode : modes) {
-          BenchCase c = shape;
-          c.kind = kind, c.mode = mode;
-          BenchResult r = run_bench_case(c, repeats, f->backend);
-          if (sgemm > 0) r.pct_sgemm = 100.0 * r.gflops / sgemm;
-          if (peak > 0) r.pct_peak = 100.0 * r.gflops / peak;
-          if (f->json) {
-            rows.push_back(to_json(r, repeats));
-          } else {
-            print_table_row(r);
+          for (const auto& dtype : dtypes) {
+            if (kind == "module" && dtype == "bfloat16") continue;  // modules: float32 only
+            BenchCase c = shape;
+            c.kind = kind, c.mode = mode, c.dtype = dtype;
+            BenchResult r = run_bench_case(c, repeats, f->backend);
+            const bool bf16_dots =
+                dtype == "bfloat16" &&
+                std::string(kernels::flash_attention_bf16_path()) == "AVX512-BF16";
+            const double ceiling = bf16_dots ? bf16_peak : peak;
+            if (sgemm > 0) r.pct_sgemm = 100.0 * r.gflops / sgemm;
+            if (ceiling > 0) r.pct_peak = 100.0 * r.gflops / ceiling;
+            if (f->json) {
+              rows.push_back(to_json(r, repeats));
+            } else {
+              print_table_row(r);
+            }
           }
         }
       }

@@ -16,7 +16,8 @@
 // GFLOP/s = useful FLOPs / median time. Two yardsticks, measured at the start
 // of the run (always for the table; with --json only when --sgemm is given,
 // otherwise pct_sgemm and pct_peak are null):
-//   % sgemm  that rate over the median rate of one sgemm of n³ (gemm::sgemm, attn/gemm.h) (n = 4096,
+//   % sgemm  that rate over the median rate of one sgemm of n³ (gemm::sgemm, attn/gemm.h) (n =
+//   4096,
 //            --quick 2048, or --sgemm-n; median of 5 timings, --quick 3)
 //   % peak   that rate over the CPU's fp32 multiply-add peak on the kernel's
 //            SIMD target (kernels::fma_peak_gflops, median of 5): no fp32 code
@@ -44,8 +45,9 @@
 namespace attn::cli {
 
 struct BenchCase {
-  std::string kind = "core";  // or "module"
-  std::string mode = "fwd";   // or "fwdbwd"
+  std::string kind = "core";      // or "module"
+  std::string mode = "fwd";       // or "fwdbwd"
+  std::string dtype = "float32";  // or "bfloat16" (core only)
   int64_t B = 1, T = 1, d_model = 768, heads = 12;
 };
 

@@ -1,0 +1,862 @@
+// Fused scaled-dot-product attention in bfloat16, forward and backward: the
+// fp32 kernel's algorithm (flash_attention.cpp, attn/kernels.h) with every
+// matrix product on AVX512-BF16 dot products (VDPBF16PS: two bf16 products
+// summed into each fp32 lane), fp32 scores, softmax statistics and
+// accumulators, as PyTorch's bf16 flash attention keeps them.
+//
+// The products. VDPBF16PS multiplies pairs along the reduction axis, so
+//   C[r, 0:W] (+)= Σ_p word(A[r, 2p], A[r, 2p+1]) · word(B[2p, 0:W], B[2p+1, 0:W])
+// where a "word" is two bf16 side by side in 32 bits (the even index in the
+// low half). The A operand is read as words through two strides (any layout
+// whose pairs lie along the reduction axis); the B operand must be "pair
+// interleaved": row p holds, for each output column w, the word
+// (B[2p, w], B[2p+1, w]). Every operand is packed into one of those layouts
+// from the token-major bf16 inputs (cheap: once per tile, reused by a group of
+// tiles), and the fp32 weights P and dS are rounded to bf16 into them (one
+// VCVTNE2PS2BF16 and one permute per 16 words).
+//
+// Forward, per (b, h, group of kGroup query tiles of Br = 64 rows), keys in tiles of 64:
+//   Sᵀ (keys, Br)  = K_tile · Q_tileᵀ          A: K rows,  B: Qᵀ (dim pairs × queries)
+//   online softmax down the key axis (vector lanes = queries), in base 2
+//   O (Br, hd)     = α ⊙ O + P · V_tile        A: P (key pairs of Sᵀ interleaved),
+//                                              B: V (key pairs × dims)
+// Backward, per (b, h): groups of key tiles outside, query tiles inside:
+//   S  (Br, Bc) = Q Kᵀ,  dP = dO Vᵀ             A: Q, dO rows;  B: Kᵀ, Vᵀ (dim pairs × keys)
+//   P = 2^(c·S − lse2),  dS = scale · P ⊙ (dP ⊙ Z − D)      (fp32)
+//   dV += (P ⊙ Z)ᵀ dO,  dK += dSᵀ Q             A: query pairs interleaved; B: dO, Q pairs
+//   dQ += dS K                                   A: dS rows;  B: K (key pairs × dims)
+// dQ, dK and dV accumulate in fp32 and are rounded to bf16 once, at the end.
+// Threads, tile order, causal skipping and the Philox dropout noise are the
+// fp32 kernel's, so the results do not depend on the thread count either.
+//
+// AVX512-BF16 is not among Highway 1.0.3's targets, so this file uses the
+// intrinsics under a target pragma (after every header: inline functions from
+// headers keep the default target and cannot be merged with AVX-512 copies)
+// and runs only when the CPU reports the feature. Elsewhere the public entry
+// points widen to fp32 and run the fp32 kernel (the "widened" path).
+#include <hwy/aligned_allocator.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "attn/kernels.h"
+#include "attn/tensor.h"
+#include "kernels/philox.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace attn::kernels {
+namespace {
+
+using Words = hwy::AlignedFreeUniquePtr<uint32_t[]>;
+using Floats = hwy::AlignedFreeUniquePtr<float[]>;
+Words words(size_t n) { return hwy::AllocateAligned<uint32_t>(std::max<size_t>(n, 1)); }
+Floats floats(size_t n) { return hwy::AllocateAligned<float>(std::max<size_t>(n, 1)); }
+
+constexpr size_t kN = 16;         // fp32 lanes of a 512-bit vector
+constexpr size_t kNV = 4;         // vectors per micro-kernel row
+constexpr size_t kMR = 6;         // micro-kernel rows: 6·4 accumulators + 6 broadcasts + 1 load
+constexpr size_t kBr = kNV * kN;  // forward query tile (64)
+constexpr size_t kBcFwd = 64;     // forward key tile (a multiple of 4 for Philox)
+constexpr size_t kBc = kNV * kN;  // backward key tile (64)
+constexpr size_t kBrBwd = 64;     // backward query tile
+constexpr size_t kGroup = 4;      // tiles sharing the other side's tile while it is in cache
+constexpr float kLog2e = 1.44269504088896340736f;
+constexpr float kLn2 = 0.69314718055994530942f;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+size_t RoundUp(size_t x, size_t m) { return (x + m - 1) / m * m; }
+size_t Pairs(size_t n) { return (n + 1) / 2; }
+
+int MaxThreads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+// Two bf16 as one word: lo at the even index (the low half), hi at the odd one.
+uint32_t Word(uint16_t lo, uint16_t hi) { return uint32_t(lo) | (uint32_t(hi) << 16); }
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")
+// GCC 12's AVX-512 headers start some intrinsics from an "undefined" vector
+// (_mm512_undefined_*), which -Wmaybe-uninitialized reports once inlined.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// 2^x with a relative error below 2e-7 for x >= -126 (the fp32 kernel's
+// polynomial: Cephes exp2f's on [-1/2, 1/2]); VSCALEFPS applies 2^n and
+// gives exactly 0 for x <= -160 (the clamp also turns NaN into -160: callers
+// mask the lanes whose scores are not to count).
+inline __m512 Exp2(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-160.0f));
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);  // [-1/2, 1/2]
+  __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// Lanes whose index i0 + lane is below `limit`.
+inline __mmask16 LanesBelow(size_t i0, size_t limit) {
+  if (limit <= i0) return 0;
+  return limit - i0 >= kN ? __mmask16(0xFFFF) : __mmask16((1u << (limit - i0)) - 1u);
+}
+
+// The permutation of 32 bf16 (a0..a15, b0..b15) into 16 words (a[w], b[w]).
+inline __m512i InterleaveIndex() {
+  return _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                          6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+}
+
+// 16 fp32 of row a and 16 of row b, rounded to bf16 (nearest even) and
+// interleaved into 16 words (a[w], b[w]).
+inline __m512i InterleaveToWords(__m512 a, __m512 b) {
+  const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(b, a);  // a0..a15, b0..b15
+  return _mm512_permutexvar_epi16(InterleaveIndex(), both);
+}
+
+// 32 fp32 of one row (lo: the first 16) rounded to bf16: 16 consecutive words.
+inline __m512i RowToWords(__m512 lo, __m512 hi) { return (__m512i)_mm512_cvtne2ps_pbh(hi, lo); }
+
+// ---- packing the bf16 inputs: O(tile) per tile (the products are O(tile²)) ----------------
+
+// Mask of the elements [c0, min(limit, c0 + 32)) of a chunk of 32.
+inline __mmask32 Elements32(size_t c0, size_t limit) {
+  if (limit <= c0) return 0;
+  return limit - c0 >= 32 ? __mmask32(0xFFFFFFFFu) : __mmask32((1u << (limit - c0)) - 1u);
+}
+
+// Rows r < n of a token-major head (hd bf16 each, `stride` apart) as words:
+// dst (rows, hd2) with word p of row r = (x[r][2p], x[r][2p+1]); zero past hd
+// and past n. Masked loads: nothing past a row's hd values is read.
+void PackRows(uint32_t* dst, const uint16_t* x, size_t stride, size_t n, size_t rows, size_t hd) {
+  const size_t width = 2 * Pairs(hd);  // bf16 per packed row
+  auto* out = reinterpret_cast<uint16_t*>(dst);
+  for (size_t r = 0; r < rows; ++r)
+    for (size_t c0 = 0; c0 < width; c0 += 32) {
+      const __m512i v = r < n ? _mm512_maskz_loadu_epi16(Elements32(c0, hd), x + r * stride + c0)
+                              : _mm512_setzero_si512();
+      _mm512_mask_storeu_epi16(out + r * width + c0, Elements32(c0, width), v);
+    }
+}
+
+// The same words transposed: dst (hd2, cols), dst[p · cols + r] = (x[r][2p], x[r][2p+1]).
+// Even hd: 16 rows at a time by gathers. Odd hd: plain loops, which read no
+// further than x[r][hd - 1].
+void PackRowsT(uint32_t* dst, const uint16_t* x, size_t stride, size_t n, size_t cols, size_t hd) {
+  const size_t hd2 = Pairs(hd);
+  if (hd % 2 == 0 && cols % kN == 0) {
+    const __m512i offsets =  // bytes from row r0 to rows r0 .. r0 + 15
+        _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                           _mm512_set1_epi32(int(2 * stride)));
+    for (size_t r0 = 0; r0 < cols; r0 += kN) {
+      const __mmask16 rows = LanesBelow(r0, n);
+      const uint16_t* base = x + r0 * stride;
+      for (size_t pr = 0; pr < hd2; ++pr)
+        _mm512_storeu_si512(
+            dst + pr * cols + r0,
+            _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows, offsets, base + 2 * pr, 1));
+    }
+    return;
+  }
+  for (size_t r = 0; r < cols; ++r)
+    for (size_t pr = 0; pr < hd2; ++pr) {
+      const uint16_t lo = r < n ? x[r * stride + 2 * pr] : 0;
+      const uint16_t hi = r < n && 2 * pr + 1 < hd ? x[r * stride + 2 * pr + 1] : 0;
+      dst[pr * cols + r] = Word(lo, hi);
+    }
+}
+
+// Pairs of rows interleaved: dst (rows/2, hdp), dst[p · hdp + d] = (x[2p][d], x[2p+1][d]);
+// zero past hd and for rows past n.
+void PackRowPairs(uint32_t* dst, const uint16_t* x, size_t stride, size_t n, size_t rows, size_t hd,
+                  size_t hdp) {
+  const __m512i idx = InterleaveIndex();
+  for (size_t pr = 0; pr < Pairs(rows); ++pr) {
+    const uint16_t* a = x + 2 * pr * stride;
+    for (size_t d0 = 0; d0 < hdp; d0 += kN) {
+      const __mmask16 dims = LanesBelow(d0, hd);
+      const __m256i va =
+          2 * pr < n ? _mm256_maskz_loadu_epi16(dims, a + d0) : _mm256_setzero_si256();
+      const __m256i vb =
+          2 * pr + 1 < n ? _mm256_maskz_loadu_epi16(dims, a + stride + d0) : _mm256_setzero_si256();
+      const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(va), vb, 1);
+      _mm512_storeu_si512(dst + pr * hdp + d0, _mm512_permutexvar_epi16(idx, both));
+    }
+  }
+}
+
+// ---- the micro-kernel and its driver (the fp32 kernel's, on words) ---------------------------
+
+enum Mode { kOverwrite = 0, kAccumulate = 1, kScaleAccumulate = 2 };
+
+// C[r, 0:V·N] = init + Σ_{p<K} A[r·ars + p·aks] · B[p·bs + 0:V·N] (words: dot products
+// of bf16 pairs) for r < R; init is 0, C, or c_scale[r]·C by Mode.
+template <int kMode, size_t R, size_t V>
+void MicroKernel(const uint32_t* __restrict A, size_t ars, size_t aks,
+                 const uint32_t* __restrict Bm, size_t bs, size_t K, float* __restrict C, size_t cs,
+                 const float* __restrict c_scale) {
+  __m512 acc[R][V];
+#pragma GCC unroll 8
+  for (size_t r = 0; r < R; ++r) {
+    const __m512 cr = kMode == kScaleAccumulate ? _mm512_set1_ps(c_scale[r]) : _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (size_t v = 0; v < V; ++v) {
+      if constexpr (kMode == kOverwrite) {
+        acc[r][v] = _mm512_setzero_ps();
+      } else if constexpr (kMode == kAccumulate) {
+        acc[r][v] = _mm512_loadu_ps(C + r * cs + v * kN);
+      } else {
+        acc[r][v] = _mm512_mul_ps(cr, _mm512_loadu_ps(C + r * cs + v * kN));
+      }
+    }
+  }
+  for (size_t k = 0; k < K; ++k) {
+    __m512bh a[R];
+#pragma GCC unroll 8
+    for (size_t r = 0; r < R; ++r) a[r] = (__m512bh)_mm512_set1_epi32(int(A[r * ars + k * aks]));
+    const uint32_t* __restrict b_row = Bm + k * bs;
+#pragma GCC unroll 4
+    for (size_t v = 0; v < V; ++v) {
+      const __m512bh bv = (__m512bh)_mm512_loadu_si512(b_row + v * kN);
+#pragma GCC unroll 8
+      for (size_t r = 0; r < R; ++r) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a[r], bv);
+    }
+  }
+#pragma GCC unroll 8
+  for (size_t r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (size_t v = 0; v < V; ++v) _mm512_storeu_ps(C + r * cs + v * kN, acc[r][v]);
+}
+
+using MicroFn = void (*)(const uint32_t*, size_t, size_t, const uint32_t*, size_t, size_t, float*,
+                         size_t, const float*);
+
+template <int kMode, size_t... I>
+constexpr std::array<MicroFn, sizeof...(I)> MicroTable(std::index_sequence<I...>) {
+  return {&MicroKernel<kMode, I / kNV + 1, I % kNV + 1>...};
+}
+
+// The part of a block of rows [r0, r0 + nr) a causal tile needs: pairs [k0, k1)
+// of the reduction, vectors [v0, v1) of the first width chunk.
+struct Span {
+  size_t k0, k1, v0, v1;
+};
+
+// C (M, W) op= A (M, 2K) · B (2K, W) on words; W a multiple of N (see MicroKernel).
+template <int kMode, class SpanFn>
+void GemmSpans(size_t M, size_t W, const uint32_t* A, size_t ars, size_t aks, const uint32_t* Bm,
+               size_t bs, float* C, size_t cs, const float* c_scale, SpanFn span) {
+  static constexpr auto table = MicroTable<kMode>(std::make_index_sequence<kMR * kNV>());
+  for (size_t w0 = 0; w0 < W; w0 += kNV * kN) {
+    const size_t nv = std::min(kNV, (W - w0) / kN);
+    for (size_t r0 = 0; r0 < M; r0 += kMR) {
+      const size_t nr = std::min(kMR, M - r0);
+      const Span sp = span(r0, nr);
+      const size_t v0 = w0 == 0 ? sp.v0 : 0, v1 = w0 == 0 ? std::min(nv, sp.v1) : nv;
+      const size_t K = sp.k1 > sp.k0 ? sp.k1 - sp.k0 : 0;
+      if (v0 >= v1 || (K == 0 && kMode == kAccumulate)) continue;
+      table[(nr - 1) * kNV + (v1 - v0 - 1)](
+          A + r0 * ars + sp.k0 * aks, ars, aks, Bm + sp.k0 * bs + w0 + v0 * kN, bs, K,
+          C + r0 * cs + w0 + v0 * kN, cs, c_scale ? c_scale + r0 : nullptr);
+    }
+  }
+}
+
+// Philox4x32-10 for L counters at once (vectorised by the compiler); same bits as philox.h.
+template <size_t L>
+void PhiloxLanes(uint32_t* __restrict x0, uint32_t* __restrict x1, uint32_t* __restrict x2,
+                 uint32_t* __restrict x3, uint64_t key) {
+  uint32_t k0, k1;
+  philox_key(key, k0, k1);
+  for (int round = 0; round < kPhiloxRounds; ++round) {
+    for (size_t m = 0; m < L; ++m) philox_round(x0[m], x1[m], x2[m], x3[m], k0, k1);
+    philox_bump_key(k0, k1);
+  }
+}
+
+// ---- forward ------------------------------------------------------------------------------
+
+struct ForwardScratch {
+  Words qT;            // (G, hd2, Br)   Q tileᵀ: dim pairs × queries
+  Words kR;            // (Bc, hd2)      K tile rows
+  Words vP;            // (Bc/2, hdp)    V tile: key pairs × dims
+  Floats sT;           // (Bc, Br)       scores, key-major
+  Words pW;            // (Bc/2, Br)     weights in bf16: key pairs × queries
+  Floats z;            // (Bc, Br)       the tile's dropout noise
+  Floats o;            // (G, Br, hdp)   unnormalised outputs
+  Floats m, l, alpha;  // (G, Br) running max (base 2), sum, rescale
+  ForwardScratch(size_t hd, size_t hdp)
+      : qT(words(kGroup * Pairs(hd) * kBr)),
+        kR(words(kBcFwd * Pairs(hd))),
+        vP(words(kBcFwd / 2 * hdp)),
+        sT(floats(kBcFwd * kBr)),
+        pW(words(kBcFwd / 2 * kBr)),
+        z(floats(kBcFwd * kBr)),
+        o(floats(kGroup * kBr * hdp)),
+        m(floats(kGroup * kBr)),
+        l(floats(kGroup * kBr)),
+        alpha(floats(kGroup * kBr)) {}
+};
+
+// One query tile [i0, i0 + in) against keys [j0, j0 + jn) (packed in kR, vP).
+void ForwardStep(const FlashAttentionParams& p, int64_t b, int64_t h, size_t i0, size_t in,
+                 size_t j0, size_t jn, const uint32_t* kR, const uint32_t* vP, const uint32_t* qT,
+                 ForwardScratch& s, float* __restrict o, float* __restrict m, float* __restrict l,
+                 float* __restrict alpha) {
+  const size_t hd = size_t(p.hd), hd2 = Pairs(hd), hdp = RoundUp(hd, kN);
+  const DropoutRule rule(p.dropout_p);
+  float* __restrict sT = s.sT.get();
+  uint32_t* __restrict pW = s.pW.get();
+  const bool diagonal = p.causal && j0 + jn - 1 > i0;
+  // Sᵀ (jn, Br) = K_tile · Q_tileᵀ; on the diagonal, key j skips the query vectors before it.
+  GemmSpans<kOverwrite>(jn, kBr, kR, hd2, 1, qT, kBr, sT, kBr, nullptr, [&](size_t r0, size_t) {
+    const size_t j = j0 + r0;
+    return Span{0, hd2, diagonal && j > i0 ? (j - i0) / kN : 0, kNV};
+  });
+  // Online softmax down the key axis, N queries per vector, in base 2
+  // (c = scale · log2 e); key j counts for lanes i >= j only.
+  const __m512 c = _mm512_set1_ps(p.scale * kLog2e);
+  const __m512 neg_inf = _mm512_set1_ps(kNegInf);
+  auto past = [&](size_t v0, size_t j) -> __mmask16 {  // lanes i0 + v0 + lane >= j
+    return diagonal ? __mmask16(~LanesBelow(i0 + v0, j)) : __mmask16(0xFFFF);
+  };
+  for (size_t v0 = 0; v0 < kBr; v0 += kN) {
+    __m512 tile_max = neg_inf;
+    for (size_t jj = 0; jj < jn; ++jj)
+      tile_max = _mm512_mask_max_ps(tile_max, past(v0, j0 + jj), tile_max,
+                                    _mm512_loadu_ps(sT + jj * kBr + v0));
+    // c · max in base 2; a lane with no key here keeps -inf (also when c = 0).
+    tile_max = _mm512_mask_mul_ps(neg_inf, _mm512_cmp_ps_mask(tile_max, neg_inf, _CMP_NEQ_OQ),
+                                  tile_max, c);
+    const __m512 m_old = _mm512_loadu_ps(m + v0);
+    const __m512 m_new = _mm512_max_ps(m_old, tile_max);
+    _mm512_storeu_ps(alpha + v0, Exp2(_mm512_sub_ps(m_old, m_new)));  // 0 on the first tile
+    _mm512_storeu_ps(m + v0, m_new);
+  }
+  if (rule.active()) {  // z (jn, Br): one Philox block per query lane serves 4 keys
+    alignas(64) uint32_t x[4][kBr];
+    for (size_t jj = 0; jj < jn; jj += 4) {
+      for (size_t lane = 0; lane < kBr; ++lane) {
+        x[0][lane] = uint32_t((j0 + jj) >> 2), x[1][lane] = uint32_t(i0 + lane);
+        x[2][lane] = uint32_t(h), x[3][lane] = uint32_t(b);
+      }
+      PhiloxLanes<kBr>(x[0], x[1], x[2], x[3], p.dropout_seed);
+      for (size_t t = 0; t < 4 && jj + t < jn; ++t)
+        for (size_t lane = 0; lane < kBr; ++lane)
+          s.z[(jj + t) * kBr + lane] = rule.noise(x[t][lane]);
+    }
+  }
+  // P = 2^(c·S − m) two keys at a time: summed into l (before dropout: l is
+  // the softmax denominator), times Z, rounded to bf16 and key pairs
+  // interleaved into pW (a missing odd key is zero).
+  for (size_t v0 = 0; v0 < kBr; v0 += kN) {
+    const __m512 m_new = _mm512_loadu_ps(m + v0);
+    __m512 sum = _mm512_setzero_ps();
+    for (size_t pr = 0; pr < Pairs(jn); ++pr) {
+      const size_t jj = 2 * pr;
+      __m512 p0 = _mm512_maskz_mov_ps(
+          past(v0, j0 + jj), Exp2(_mm512_fmsub_ps(_mm512_loadu_ps(sT + jj * kBr + v0), c, m_new)));
+      __m512 p1 = _mm512_setzero_ps();
+      if (jj + 1 < jn)
+        p1 = _mm512_maskz_mov_ps(
+            past(v0, j0 + jj + 1),
+            Exp2(_mm512_fmsub_ps(_mm512_loadu_ps(sT + (jj + 1) * kBr + v0), c, m_new)));
+      sum = _mm512_add_ps(_mm512_add_ps(sum, p0), p1);
+      if (rule.active()) {
+        p0 = _mm512_mul_ps(p0, _mm512_loadu_ps(s.z.get() + jj * kBr + v0));
+        if (jj + 1 < jn) p1 = _mm512_mul_ps(p1, _mm512_loadu_ps(s.z.get() + (jj + 1) * kBr + v0));
+      }
+      _mm512_storeu_si512(pW + pr * kBr + v0, InterleaveToWords(p0, p1));
+    }
+    _mm512_storeu_ps(l + v0,
+                     _mm512_fmadd_ps(_mm512_loadu_ps(alpha + v0), _mm512_loadu_ps(l + v0), sum));
+  }
+  // O (in, hdp) = α ⊙ O + P (in, jn) · V_tile; on the diagonal, queries up to i stop at key i.
+  GemmSpans<kScaleAccumulate>(
+      in, hdp, pW, 1, kBr, vP, hdp, o, hdp, alpha, [&](size_t r0, size_t nr) {
+        const size_t i_end = i0 + r0 + nr;
+        const size_t keys = !diagonal ? jn : i_end > j0 ? std::min(jn, i_end - j0) : 0;
+        return Span{0, Pairs(keys), 0, kNV};
+      });
+}
+
+void ForwardGroup(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k,
+                  const uint16_t* v, const FlashAttentionParams& p, int64_t b, int64_t h,
+                  size_t i_first, size_t ng, ForwardScratch& s) {
+  const size_t T = size_t(p.T), hd = size_t(p.hd), hd2 = Pairs(hd), hdp = RoundUp(hd, kN);
+  const size_t head = size_t(h) * hd;
+  auto tile_i0 = [&](size_t g) { return i_first + g * kBr; };
+  auto tile_in = [&](size_t g) { return std::min(kBr, T - tile_i0(g)); };
+  for (size_t g = 0; g < ng; ++g)
+    PackRowsT(s.qT.get() + g * hd2 * kBr, q + (size_t(b) * T + tile_i0(g)) * p.q_stride + head,
+              p.q_stride, tile_in(g), kBr, hd);
+  std::fill(s.m.get(), s.m.get() + ng * kBr, kNegInf);
+  std::fill(s.l.get(), s.l.get() + ng * kBr, 0.0f);
+  std::fill(s.o.get(), s.o.get() + ng * kBr * hdp, 0.0f);
+  auto key_end = [&](size_t g) { return p.causal ? tile_i0(g) + tile_in(g) : T; };
+  const uint16_t* k_head = k + size_t(b) * T * p.k_stride + head;
+  const uint16_t* v_head = v + size_t(b) * T * p.v_stride + head;
+  for (size_t j0 = 0; j0 < key_end(ng - 1); j0 += kBcFwd) {
+    const size_t jn_all = std::min(kBcFwd, key_end(ng - 1) - j0);
+    PackRows(s.kR.get(), k_head + j0 * p.k_stride, p.k_stride, jn_all, kBcFwd, hd);
+    PackRowPairs(s.vP.get(), v_head + j0 * p.v_stride, p.v_stride, jn_all, kBcFwd, hd, hdp);
+    for (size_t g = 0; g < ng; ++g) {
+      if (j0 >= key_end(g)) continue;
+      const size_t jn = std::min(kBcFwd, key_end(g) - j0);
+      ForwardStep(p, b, h, tile_i0(g), tile_in(g), j0, jn, s.kR.get(), s.vP.get(),
+                  s.qT.get() + g * hd2 * kBr, s, s.o.get() + g * kBr * hdp, s.m.get() + g * kBr,
+                  s.l.get() + g * kBr, s.alpha.get() + g * kBr);
+    }
+  }
+  // O /= l, rounded to bf16; lse = (m + log2 l) · ln 2.
+  for (size_t g = 0; g < ng; ++g) {
+    const float* o = s.o.get() + g * kBr * hdp;
+    const float* m = s.m.get() + g * kBr;
+    const float* l = s.l.get() + g * kBr;
+    for (size_t i = 0; i < tile_in(g); ++i) {
+      const size_t t = tile_i0(g) + i;
+      const float inv_l = 1.0f / l[i];
+      uint16_t* oi = out + (size_t(b) * T + t) * p.o_stride + head;
+      for (size_t dd = 0; dd < hd; ++dd) oi[dd] = to_bfloat16(o[i * hdp + dd] * inv_l).bits;
+      lse[(size_t(b) * p.H + h) * T + t] = (m[i] + std::log2(l[i])) * kLn2;
+    }
+  }
+}
+
+void Forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+             const FlashAttentionParams& p) {
+  const size_t hd = size_t(p.hd), hdp = RoundUp(hd, kN);
+  const int64_t n_qt = (p.T + int64_t(kBr) - 1) / int64_t(kBr);
+  const int64_t n_groups = (n_qt + int64_t(kGroup) - 1) / int64_t(kGroup);
+  const int64_t BH = p.B * p.H;
+#pragma omp parallel
+  {
+    ForwardScratch scratch(hd, hdp);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < BH * n_groups; ++item) {
+      const int64_t group = n_groups - 1 - item / BH, bh = item % BH;
+      const int64_t first = group * int64_t(kGroup);
+      const size_t ng = size_t(std::min(int64_t(kGroup), n_qt - first));
+      ForwardGroup(out, lse, q, k, v, p, bh / p.H, bh % p.H, size_t(first) * kBr, ng, scratch);
+    }
+  }
+}
+
+// ---- backward -----------------------------------------------------------------------------
+
+struct BackwardScratch {
+  Words kT, vT;    // (G, hd2, Bc)      K, V tilesᵀ: dim pairs × keys
+  Words kP;        // (G, Bc/2, hdp)    K tiles: key pairs × dims
+  Words qR, dOR;   // (BrBwd, hd2)      Q, dO tile rows
+  Words qP, dOP;   // (BrBwd/2, hdp)    Q, dO tiles: query pairs × dims
+  Floats S, dP;    // (BrBwd, Bc)       scores, dO Vᵀ
+  Words dSW;       // (BrBwd, Bc/2)     dS rows in bf16
+  Words PzT, dST;  // (BrBwd/2, Bc)     P ⊙ Z, dS: query pairs × keys
+  Floats dK, dV;   // (G, Bc, hdp)      fp32 accumulators
+  Floats dQ;       // (T, hdp) whole-head dQ, or (BrBwd, hdp) for one query tile
+  Floats z;        // (2, Bc)           two rows of dropout noise
+  BackwardScratch(size_t T, size_t hd, size_t hdp)
+      : kT(words(kGroup * Pairs(hd) * kBc)),
+        vT(words(kGroup * Pairs(hd) * kBc)),
+        kP(words(kGroup * kBc / 2 * hdp)),
+        qR(words(kBrBwd * Pairs(hd))),
+        dOR(words(kBrBwd * Pairs(hd))),
+        qP(words(kBrBwd / 2 * hdp)),
+        dOP(words(kBrBwd / 2 * hdp)),
+        S(floats(kBrBwd * kBc)),
+        dP(floats(kBrBwd * kBc)),
+        dSW(words(kBrBwd * kBc / 2)),
+        PzT(words(kBrBwd / 2 * kBc)),
+        dST(words(kBrBwd / 2 * kBc)),
+        dK(floats(kGroup * kBc * hdp)),
+        dV(floats(kGroup * kBc * hdp)),
+        dQ(floats(std::max(T, kBrBwd) * hdp)),
+        z(floats(2 * kBc)) {}
+};
+
+// One head (b, h): its rows in the token-major buffers, and its D and lse (base 2).
+struct HeadView {
+  int64_t b, h;
+  const uint16_t *q, *k, *v, *dout;
+  const float* D;     // (T) rowsum(dO ⊙ O)
+  const float* lse2;  // (T)
+};
+
+HeadView MakeHeadView(const uint16_t* dout, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                      const float* D, const float* lse2, const FlashAttentionParams& p, int64_t b,
+                      int64_t h) {
+  const size_t T = size_t(p.T), head = size_t(h) * size_t(p.hd), bh = size_t(b * p.H + h);
+  return HeadView{b,
+                  h,
+                  q + size_t(b) * T * p.q_stride + head,
+                  k + size_t(b) * T * p.k_stride + head,
+                  v + size_t(b) * T * p.v_stride + head,
+                  dout + size_t(b) * T * p.o_stride + head,
+                  D + bh * T,
+                  lse2 + bh * T};
+}
+
+// Key tile g of a group: Kᵀ, Vᵀ (for S and dP) and K's key pairs (for dQ).
+void PackKeyTile(BackwardScratch& s, size_t g, const HeadView& hv, const FlashAttentionParams& p,
+                 size_t j0, size_t jn) {
+  const size_t hd = size_t(p.hd), hd2 = Pairs(hd), hdp = RoundUp(hd, kN);
+  PackRowsT(s.kT.get() + g * hd2 * kBc, hv.k + j0 * p.k_stride, p.k_stride, jn, kBc, hd);
+  PackRowsT(s.vT.get() + g * hd2 * kBc, hv.v + j0 * p.v_stride, p.v_stride, jn, kBc, hd);
+  PackRowPairs(s.kP.get() + g * kBc / 2 * hdp, hv.k + j0 * p.k_stride, p.k_stride, jn, kBc, hd,
+               hdp);
+}
+
+// Query tile [i0, i0 + in): Q and dO as rows (for S and dP) and as query pairs (for dK, dV).
+void PackQueryTile(BackwardScratch& s, const HeadView& hv, const FlashAttentionParams& p, size_t i0,
+                   size_t in) {
+  const size_t hd = size_t(p.hd), hdp = RoundUp(hd, kN);
+  PackRows(s.qR.get(), hv.q + i0 * p.q_stride, p.q_stride, in, kBrBwd, hd);
+  PackRows(s.dOR.get(), hv.dout + i0 * p.o_stride, p.o_stride, in, kBrBwd, hd);
+  PackRowPairs(s.qP.get(), hv.q + i0 * p.q_stride, p.q_stride, in, kBrBwd, hd, hdp);
+  PackRowPairs(s.dOP.get(), hv.dout + i0 * p.o_stride, p.o_stride, in, kBrBwd, hd, hdp);
+}
+
+// One pair (key tile g of the group, keys [j0, j0 + jn); the packed query tile
+// [i0, i0 + in)): recompute P and dS, then accumulate whichever of dK, dV
+// (Bc, hdp) and dQ (in, hdp) are given. The pairs of an output are visited
+// in one order by every caller.
+void TilePair(const HeadView& hv, const FlashAttentionParams& p, size_t g, size_t j0, size_t jn,
+              size_t i0, size_t in, BackwardScratch& s, float* dK, float* dV, float* dQ) {
+  const size_t hd = size_t(p.hd), hd2 = Pairs(hd), hdp = RoundUp(hd, kN);
+  const DropoutRule rule(p.dropout_p);
+  float* __restrict S = s.S.get();
+  float* __restrict dP = s.dP.get();
+  const bool diagonal = p.causal && j0 + jn - 1 > i0;
+  const bool masked = jn < kBc || diagonal;
+  auto key_vectors = [&](size_t r0, size_t nr) {
+    const size_t i_end = i0 + r0 + nr;
+    const size_t v1 = !diagonal ? kNV : i_end > j0 ? (i_end - j0 + kN - 1) / kN : 0;
+    return Span{0, hd2, 0, v1};
+  };
+  // S (in, Bc) = Q Kᵀ;  dP (in, Bc) = dO Vᵀ.
+  GemmSpans<kOverwrite>(in, kBc, s.qR.get(), hd2, 1, s.kT.get() + g * hd2 * kBc, kBc, S, kBc,
+                        nullptr, key_vectors);
+  GemmSpans<kOverwrite>(in, kBc, s.dOR.get(), hd2, 1, s.vT.get() + g * hd2 * kBc, kBc, dP, kBc,
+                        nullptr, key_vectors);
+  // Two query rows at a time: P = 2^(c·S − lse2), Pz = P ⊙ Z, dS = scale · P ⊙
+  // (dP ⊙ Z − D), rounded to bf16 as dS rows (for dQ) and, query pairs
+  // interleaved, Pz and dS (for dV, dK); a missing odd row is zero.
+  const __m512 c = _mm512_set1_ps(p.scale * kLog2e);
+  const __m512 scale_v = _mm512_set1_ps(p.scale);
+  uint32_t* __restrict dSW = s.dSW.get();
+  uint32_t* __restrict PzT = s.PzT.get();
+  uint32_t* __restrict dST = s.dST.get();
+  for (size_t pr = 0; pr < Pairs(in); ++pr) {
+    const size_t rows = std::min<size_t>(2, in - 2 * pr);
+    __m512 lse_i[2], D_i[2];
+    __mmask16 valid[2][kNV];  // keys j valid for query i: j < T and (causal) j <= i
+    for (size_t t = 0; t < 2; ++t) {
+      const size_t ii = 2 * pr + std::min(t, rows - 1), i = i0 + ii;
+      lse_i[t] = _mm512_set1_ps(hv.lse2[i]);
+      D_i[t] = _mm512_set1_ps(hv.D[i]);
+      const size_t j_lim =
+          t < rows ? std::min(jn, p.causal ? (i + 1 > j0 ? i + 1 - j0 : 0) : jn) : 0;
+      for (size_t vv = 0; vv < kNV; ++vv)
+        valid[t][vv] = masked || t >= rows ? LanesBelow(vv * kN, j_lim) : __mmask16(0xFFFF);
+      if (rule.active() && t < rows) {  // z (2, Bc): Philox block m serves keys 4m .. 4m+3
+        constexpr size_t kBlocks = kBc / 4;
+        alignas(64) uint32_t x[4][kBlocks];
+        for (size_t m = 0; m < kBlocks; ++m) {
+          x[0][m] = uint32_t(j0 / 4 + m), x[1][m] = uint32_t(i);
+          x[2][m] = uint32_t(hv.h), x[3][m] = uint32_t(hv.b);
+        }
+        PhiloxLanes<kBlocks>(x[0], x[1], x[2], x[3], p.dropout_seed);
+        for (size_t m = 0; m < kBlocks; ++m)
+          for (size_t u = 0; u < 4; ++u) s.z[t * kBc + 4 * m + u] = rule.noise(x[u][m]);
+      }
+    }
+    __m512 pz[2][kNV], ds[2][kNV];
+    for (size_t t = 0; t < 2; ++t)
+      for (size_t vv = 0; vv < kNV; ++vv) {
+        const size_t at = (2 * pr + std::min(t, rows - 1)) * kBc + vv * kN;
+        const __m512 pv = Exp2(_mm512_fmsub_ps(_mm512_loadu_ps(S + at), c, lse_i[t]));
+        __m512 dpv = _mm512_loadu_ps(dP + at);
+        __m512 pzv = pv;
+        if (rule.active()) {
+          const __m512 zv = _mm512_loadu_ps(s.z.get() + t * kBc + vv * kN);
+          dpv = _mm512_mul_ps(dpv, zv);
+          pzv = _mm512_mul_ps(pv, zv);
+        }
+        const __m512 dsv = _mm512_mul_ps(_mm512_mul_ps(pv, _mm512_sub_ps(dpv, D_i[t])), scale_v);
+        pz[t][vv] = _mm512_maskz_mov_ps(valid[t][vv], pzv);
+        ds[t][vv] = _mm512_maskz_mov_ps(valid[t][vv], dsv);
+      }
+    for (size_t vv = 0; vv < kNV; ++vv) {
+      _mm512_storeu_si512(PzT + pr * kBc + vv * kN, InterleaveToWords(pz[0][vv], pz[1][vv]));
+      _mm512_storeu_si512(dST + pr * kBc + vv * kN, InterleaveToWords(ds[0][vv], ds[1][vv]));
+    }
+    for (size_t t = 0; t < rows; ++t)
+      for (size_t vv = 0; vv < kNV; vv += 2)
+        _mm512_storeu_si512(dSW + (2 * pr + t) * (kBc / 2) + vv * kN / 2,
+                            RowToWords(ds[t][vv], ds[t][vv + 1]));
+  }
+  // dV (Bc, hdp) += Pzᵀ dO;  dK (Bc, hdp) += dSᵀ Q;  dQ (in, hdp) += dS K.
+  // On the diagonal, keys from j see queries from i = j only (from the pair
+  // holding j), and queries up to i see keys up to i only.
+  auto from_query = [&](size_t r0, size_t) {
+    const size_t j = j0 + r0;
+    return Span{diagonal && j > i0 ? (j - i0) / 2 : 0, Pairs(in), 0, kNV};
+  };
+  auto to_key = [&](size_t r0, size_t nr) {
+    const size_t i_end = i0 + r0 + nr;
+    const size_t keys = !diagonal ? jn : i_end > j0 ? std::min(jn, i_end - j0) : 0;
+    return Span{0, Pairs(keys), 0, kNV};
+  };
+  if (dV)
+    GemmSpans<kAccumulate>(jn, hdp, PzT, 1, kBc, s.dOP.get(), hdp, dV, hdp, nullptr, from_query);
+  if (dK)
+    GemmSpans<kAccumulate>(jn, hdp, dST, 1, kBc, s.qP.get(), hdp, dK, hdp, nullptr, from_query);
+  if (dQ)
+    GemmSpans<kAccumulate>(in, hdp, dSW, kBc / 2, 1, s.kP.get() + g * kBc / 2 * hdp, hdp, dQ, hdp,
+                           nullptr, to_key);
+}
+
+size_t FirstQueryTile(const FlashAttentionParams& p, size_t j0) {
+  return p.causal ? j0 / kBrBwd * kBrBwd : 0;
+}
+
+// Rows of an fp32 (n, hdp) accumulator rounded into a token-major bf16 buffer.
+void StoreRows(uint16_t* dst, size_t stride, const float* acc, size_t n, size_t hd, size_t hdp) {
+  for (size_t r = 0; r < n; ++r)
+    for (size_t dd = 0; dd < hd; ++dd) dst[r * stride + dd] = to_bfloat16(acc[r * hdp + dd]).bits;
+}
+
+// dK, dV of key tiles j_first, j_first + Bc, ... (ng of them), written out;
+// with dQ (T, hdp) given, the head's dQ accumulates too.
+void KeyGroupTask(uint16_t* dk, uint16_t* dv, float* dQ, const HeadView& hv,
+                  const FlashAttentionParams& p, size_t j_first, size_t ng, BackwardScratch& s) {
+  const size_t T = size_t(p.T), hd = size_t(p.hd), hdp = RoundUp(hd, kN);
+  auto tile_j0 = [&](size_t g) { return j_first + g * kBc; };
+  auto tile_jn = [&](size_t g) { return std::min(kBc, T - tile_j0(g)); };
+  for (size_t g = 0; g < ng; ++g) PackKeyTile(s, g, hv, p, tile_j0(g), tile_jn(g));
+  std::fill(s.dK.get(), s.dK.get() + ng * kBc * hdp, 0.0f);
+  std::fill(s.dV.get(), s.dV.get() + ng * kBc * hdp, 0.0f);
+  for (size_t i0 = FirstQueryTile(p, j_first); i0 < T; i0 += kBrBwd) {
+    const size_t in = std::min(kBrBwd, T - i0);
+    PackQueryTile(s, hv, p, i0, in);
+    for (size_t g = 0; g < ng; ++g) {
+      if (FirstQueryTile(p, tile_j0(g)) > i0) break;
+      TilePair(hv, p, g, tile_j0(g), tile_jn(g), i0, in, s, s.dK.get() + g * kBc * hdp,
+               s.dV.get() + g * kBc * hdp, dQ ? dQ + i0 * hdp : nullptr);
+    }
+  }
+  const size_t head = size_t(hv.h) * hd;
+  for (size_t g = 0; g < ng; ++g) {
+    const size_t t = size_t(hv.b) * T + tile_j0(g);
+    StoreRows(dk + t * p.k_stride + head, p.k_stride, s.dK.get() + g * kBc * hdp, tile_jn(g), hd,
+              hdp);
+    StoreRows(dv + t * p.v_stride + head, p.v_stride, s.dV.get() + g * kBc * hdp, tile_jn(g), hd,
+              hdp);
+  }
+}
+
+// dQ of query tile i0: its key tiles in order, the same pairs as KeyGroupTask's.
+void QueryTileTask(uint16_t* dq, const HeadView& hv, const FlashAttentionParams& p, size_t i0,
+                   BackwardScratch& s) {
+  const size_t T = size_t(p.T), hd = size_t(p.hd), hdp = RoundUp(hd, kN);
+  const size_t in = std::min(kBrBwd, T - i0);
+  float* dQ = s.dQ.get();  // (in, hdp)
+  std::fill(dQ, dQ + in * hdp, 0.0f);
+  PackQueryTile(s, hv, p, i0, in);
+  for (size_t j0 = 0; j0 < T && FirstQueryTile(p, j0) <= i0; j0 += kBc) {
+    const size_t jn = std::min(kBc, T - j0);
+    PackKeyTile(s, 0, hv, p, j0, jn);
+    TilePair(hv, p, 0, j0, jn, i0, in, s, nullptr, nullptr, dQ);
+  }
+  StoreRows(dq + (size_t(hv.b) * T + i0) * p.q_stride + size_t(hv.h) * hd, p.q_stride, dQ, in, hd,
+            hdp);
+}
+
+void BackwardHead(uint16_t* dq, uint16_t* dk, uint16_t* dv, const HeadView& hv,
+                  const FlashAttentionParams& p, BackwardScratch& s) {
+  const size_t T = size_t(p.T), hd = size_t(p.hd), hdp = RoundUp(hd, kN);
+  std::fill(s.dQ.get(), s.dQ.get() + T * hdp, 0.0f);
+  for (size_t j0 = 0; j0 < T; j0 += kGroup * kBc)
+    KeyGroupTask(dk, dv, s.dQ.get(), hv, p, j0, std::min(kGroup, (T - j0 + kBc - 1) / kBc), s);
+  StoreRows(dq + size_t(hv.b) * T * p.q_stride + size_t(hv.h) * hd, p.q_stride, s.dQ.get(), T, hd,
+            hdp);
+}
+
+void Backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
+              const uint16_t* k, const uint16_t* v, const uint16_t* out, const float* lse,
+              const FlashAttentionParams& p) {
+  const size_t T = size_t(p.T), hd = size_t(p.hd), hdp = RoundUp(hd, kN);
+  const int64_t BH = p.B * p.H;
+  // D = rowsum(dO ⊙ O) from the bf16 values, and lse · log2(e): (B, H, T) each.
+  auto D = floats(size_t(BH) * T);
+  auto lse2 = floats(size_t(BH) * T);
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < BH; ++bh) {
+    const int64_t b = bh / p.H, h = bh % p.H;
+    for (size_t i = 0; i < T; ++i) {
+      const size_t at = (size_t(b) * T + i) * p.o_stride + size_t(h) * hd;
+      float sum = 0.0f;
+      for (size_t dd = 0; dd < hd; ++dd)
+        sum += to_float(BFloat16{dout[at + dd]}) * to_float(BFloat16{out[at + dd]});
+      D[size_t(bh) * T + i] = sum;
+      lse2[size_t(bh) * T + i] = lse[size_t(bh) * T + i] * kLog2e;
+    }
+  }
+  auto view = [&](int64_t bh) {
+    return MakeHeadView(dout, q, k, v, D.get(), lse2.get(), p, bh / p.H, bh % p.H);
+  };
+  const int64_t threads = MaxThreads();
+  if (!(threads > 1 && BH < 2 * threads)) {  // a whole head per thread
+#pragma omp parallel
+    {
+      BackwardScratch scratch(T, hd, hdp);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t bh = 0; bh < BH; ++bh) BackwardHead(dq, dk, dv, view(bh), p, scratch);
+    }
+    return;
+  }
+  // Few heads: dK, dV over key-tile groups, then dQ over query tiles (S and dP recomputed).
+  const int64_t n_kt = int64_t((T + kBc - 1) / kBc), n_qt = int64_t((T + kBrBwd - 1) / kBrBwd);
+  const int64_t n_kg = (n_kt + int64_t(kGroup) - 1) / int64_t(kGroup);
+#pragma omp parallel
+  {
+    BackwardScratch scratch(kBrBwd, hd, hdp);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < BH * n_kg; ++item) {
+      const int64_t kg = item / BH, bh = item % BH;
+      const int64_t first = kg * int64_t(kGroup);
+      KeyGroupTask(dk, dv, nullptr, view(bh), p, size_t(first) * kBc,
+                   size_t(std::min(int64_t(kGroup), n_kt - first)), scratch);
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < BH * n_qt; ++item) {
+      const int64_t qt = n_qt - 1 - item / BH, bh = item % BH;
+      QueryTileTask(dq, view(bh), p, size_t(qt) * kBrBwd, scratch);
+    }
+  }
+}
+
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+
+// ---- the widened path: bf16 -> fp32, the fp32 kernel, fp32 -> bf16 ---------------------
+
+// Rows of a token-major bf16 buffer (B·T of them, stride apart, width H·hd) widened
+// into a packed (B·T, H·hd) fp32 copy, and back.
+std::vector<float> Widen(const uint16_t* x, int64_t rows, int64_t width, int64_t stride) {
+  std::vector<float> w(size_t(rows * width));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < width; ++c)
+      w[size_t(r * width + c)] = to_float(BFloat16{x[r * stride + c]});
+  return w;
+}
+void Narrow(uint16_t* x, const std::vector<float>& w, int64_t rows, int64_t width, int64_t stride) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < width; ++c)
+      x[r * stride + c] = to_bfloat16(w[size_t(r * width + c)]).bits;
+}
+FlashAttentionParams Packed(const FlashAttentionParams& p) {
+  FlashAttentionParams w = p;
+  w.q_stride = w.k_stride = w.v_stride = w.o_stride = p.H * p.hd;
+  return w;
+}
+
+// The path chosen at run time, and the one a test forced.
+enum class Path { kAvx512Bf16, kWidened };
+int g_forced = -1;  // -1: automatic
+Path ChosenPath() {
+  if (g_forced >= 0) return Path(g_forced);
+  return has_avx512_bf16() ? Path::kAvx512Bf16 : Path::kWidened;
+}
+const char* PathName(Path path) {
+  return path == Path::kAvx512Bf16 ? "AVX512-BF16" : "widened to fp32";
+}
+
+const uint16_t* bits(const BFloat16* x) { return reinterpret_cast<const uint16_t*>(x); }
+uint16_t* bits(BFloat16* x) { return reinterpret_cast<uint16_t*>(x); }
+
+}  // namespace
+
+void flash_attention_forward_bf16(BFloat16* out, float* lse, const BFloat16* q, const BFloat16* k,
+                                  const BFloat16* v, const FlashAttentionParams& params) {
+  const FlashAttentionParams p = validated(params);
+  if (ChosenPath() == Path::kAvx512Bf16) {
+    Forward(bits(out), lse, bits(q), bits(k), bits(v), p);
+    return;
+  }
+  const int64_t rows = p.B * p.T, width = p.H * p.hd;
+  const std::vector<float> qw = Widen(bits(q), rows, width, p.q_stride);
+  const std::vector<float> kw = Widen(bits(k), rows, width, p.k_stride);
+  const std::vector<float> vw = Widen(bits(v), rows, width, p.v_stride);
+  std::vector<float> ow(size_t(rows * width));
+  flash_attention_forward(ow.data(), lse, qw.data(), kw.data(), vw.data(), Packed(p));
+  Narrow(bits(out), ow, rows, width, p.o_stride);
+}
+
+void flash_attention_backward_bf16(BFloat16* dq, BFloat16* dk, BFloat16* dv, const BFloat16* dout,
+                                   const BFloat16* q, const BFloat16* k, const BFloat16* v,
+                                   const BFloat16* out, const float* lse,
+                                   const FlashAttentionParams& params) {
+  const FlashAttentionParams p = validated(params);
+  if (ChosenPath() == Path::kAvx512Bf16) {
+    Backward(bits(dq), bits(dk), bits(dv), bits(dout), bits(q), bits(k), bits(v), bits(out), lse,
+             p);
+    return;
+  }
+  const int64_t rows = p.B * p.T, width = p.H * p.hd;
+  const FlashAttentionParams w = Packed(p);
+  const std::vector<float> qw = Widen(bits(q), rows, width, p.q_stride);
+  const std::vector<float> kw = Widen(bits(k), rows, width, p.k_stride);
+  const std::vector<float> vw = Widen(bits(v), rows, width, p.v_stride);
+  const std::vector<float> ow = Widen(bits(out), rows, width, p.o_stride);
+  const std::vector<float> dow = Widen(bits(dout), rows, width, p.o_stride);
+  std::vector<float> dqw(qw.size()), dkw(kw.size()), dvw(vw.size());
+  flash_attention_backward(dqw.data(), dkw.data(), dvw.data(), dow.data(), qw.data(), kw.data(),
+                           vw.data(), ow.data(), lse, w);
+  Narrow(bits(dq), dqw, rows, width, p.q_stride);
+  Narrow(bits(dk), dkw, rows, width, p.k_stride);
+  Narrow(bits(dv), dvw, rows, width, p.v_stride);
+}
+
+const char* flash_attention_bf16_path() { return PathName(ChosenPath()); }
+
+std::vector<std::string> flash_attention_bf16_paths() {
+  std::vector<std::string> names;
+  if (has_avx512_bf16()) names.emplace_back(PathName(Path::kAvx512Bf16));
+  names.emplace_back(PathName(Path::kWidened));
+  return names;
+}
+
+bool flash_attention_bf16_use_path(const char* name) {
+  g_forced = -1;
+  if (name == nullptr) return true;
+  for (const Path path : {Path::kAvx512Bf16, Path::kWidened}) {
+    if (std::string(PathName(path)) != name) continue;
+    if (path == Path::kAvx512Bf16 && !has_avx512_bf16()) return false;
+    g_forced = int(path);
+    return true;
+  }
+  return false;
+}
+
+}  // namespace attn::kernels

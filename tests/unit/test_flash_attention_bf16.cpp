@@ -1,0 +1,391 @@
+// The bf16 attention kernels (flash_attention_forward_bf16 / _backward_bf16,
+// attn/kernels.h) against the plain fp64-accumulating loops
+// (ref::strided_attention_*) run on the same bf16 values widened to fp32,
+// on every path this CPU runs ("AVX512-BF16" where it has the instructions,
+// "widened to fp32" everywhere), over the shape classes of the fp32 kernel's
+// tests: tile edges, head dims (odd ones too), long sequences, peaked
+// softmax, fused-QKV strides, dropout (the reference fed the kernel's own
+// noise), thread-count determinism, no reads of future keys, errors.
+//
+// Tolerances (bf16 has 8 significant bits: one rounding is up to 2^-9 = 0.2%):
+// max |kernel − reference| <= kOutTol · max |reference| for the output and
+// kGradTol · max |reference| for each gradient; lse within kLseTol · max(1, |lse|).
+// The output is rounded once; P is rounded where it enters P·V, and the
+// gradients see P and dS rounded and the bf16 output inside D = rowsum(dO ⊙ O).
+// That last one sets the gradients' bound: dS = P ⊙ (dP − D) is a difference
+// of near values, and with few keys (T = 2) dq and dk are small beside the
+// rounding of O inside D. Both paths (and PyTorch's bf16 SDPA, which also
+// takes D from its bf16 output) reach 2.3e-2 there (T = 2, hd = 80); with
+// T >= 16 the errors stay below 1e-2.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attn/functional.h"
+#include "attn/kernels.h"
+#include "attn/tensor.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace {
+
+using attn::BFloat16;
+using attn::kernels::FlashAttentionParams;
+namespace kn = attn::kernels;
+
+constexpr double kOutTol = 8e-3;
+constexpr double kLseTol = 1e-5;
+constexpr double kGradTol = 4e-2;
+
+// n bf16 values drawn from N(0, stddev²), and their exact fp32 widening.
+struct Bf16Buffer {
+  std::vector<BFloat16> bf;
+  std::vector<float> f;
+};
+Bf16Buffer randn_bf16(size_t n, uint32_t seed, float stddev = 1.0f) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, stddev);
+  Bf16Buffer x{std::vector<BFloat16>(n), std::vector<float>(n)};
+  for (size_t i = 0; i < n; ++i) {
+    x.bf[i] = attn::to_bfloat16(dist(gen));
+    x.f[i] = attn::to_float(x.bf[i]);
+  }
+  return x;
+}
+std::vector<float> widen(const std::vector<BFloat16>& x) {
+  std::vector<float> f(x.size());
+  for (size_t i = 0; i < x.size(); ++i) f[i] = attn::to_float(x[i]);
+  return f;
+}
+
+double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  double max_diff = 0.0, max_ref = 0.0;
+  for (size_t n = 0; n < a.size(); ++n) {
+    if (std::isnan(a[n]) != std::isnan(b[n])) return std::numeric_limits<double>::infinity();
+    max_diff = std::max(max_diff, std::abs(double(a[n]) - double(b[n])));
+    max_ref = std::max(max_ref, std::abs(double(b[n])));
+  }
+  return max_ref > 0.0 ? max_diff / max_ref : max_diff;
+}
+
+struct Case {
+  int64_t B, T, H, hd;
+  bool causal;
+  float dropout_p = 0.0f;
+  bool fused_qkv = false;  // q, k, v side by side in one (B, T, 3·H·hd) buffer
+  float input_scale = 1.0f;
+};
+
+std::string name(const Case& c) {
+  return std::string(kn::flash_attention_bf16_path()) + ": B=" + std::to_string(c.B) +
+         " T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) + " hd=" + std::to_string(c.hd) +
+         (c.causal ? " causal" : " full") + " p=" + std::to_string(c.dropout_p) +
+         (c.fused_qkv ? " qkv" : "");
+}
+
+struct Errors {
+  double out, lse, dq, dk, dv;
+};
+
+Errors compare_with_reference(const Case& c, uint32_t seed) {
+  const int64_t d_out = c.H * c.hd;
+  FlashAttentionParams p;
+  p.B = c.B, p.T = c.T, p.H = c.H, p.hd = c.hd, p.causal = c.causal;
+  p.dropout_p = c.dropout_p, p.dropout_seed = 0x5678 + seed;
+  const int64_t in_stride = c.fused_qkv ? 3 * d_out : d_out;
+  p.q_stride = p.k_stride = p.v_stride = in_stride;
+  p.o_stride = c.fused_qkv ? d_out + 3 : d_out;  // a gap after each token in the strided case
+  const size_t n_in = size_t(c.B * c.T * in_stride), n_out = size_t(c.B * c.T * p.o_stride);
+  const int64_t k_off = c.fused_qkv ? d_out : 0, v_off = c.fused_qkv ? 2 * d_out : 0;
+
+  const Bf16Buffer qb = randn_bf16(n_in, seed, c.input_scale);
+  const Bf16Buffer kb = randn_bf16(n_in, seed + 1, c.input_scale);
+  const Bf16Buffer vb = randn_bf16(n_in, seed + 2);
+  const Bf16Buffer dob = randn_bf16(n_out, seed + 3);
+  const Bf16Buffer& kk = c.fused_qkv ? qb : kb;
+  const Bf16Buffer& vv = c.fused_qkv ? qb : vb;
+
+  std::vector<float> noise;
+  if (c.dropout_p > 0.0f) {
+    noise.resize(size_t(c.B * c.H * c.T * c.T));
+    kn::flash_dropout_noise(noise.data(), p);
+  }
+  const float* noise_ptr = noise.empty() ? nullptr : noise.data();
+
+  const BFloat16 sentinel = attn::to_bfloat16(12345.0f);  // gaps must stay untouched
+  std::vector<BFloat16> out(n_out, sentinel);
+  std::vector<float> out_ref(n_out, 12345.0f);
+  std::vector<float> lse(size_t(c.B * c.H * c.T)), lse_ref(lse.size());
+  kn::flash_attention_forward_bf16(out.data(), lse.data(), qb.bf.data(), kk.bf.data() + k_off,
+                                   vv.bf.data() + v_off, p);
+  attn::ref::strided_attention_forward(out_ref.data(), lse_ref.data(), qb.f.data(),
+                                       kk.f.data() + k_off, vv.f.data() + v_off, noise_ptr, p);
+
+  std::vector<BFloat16> dq(n_in, sentinel), dk(n_in, sentinel), dv(n_in, sentinel);
+  std::vector<float> dq_ref(n_in), dk_ref(n_in), dv_ref(n_in);
+  BFloat16* dk_p = c.fused_qkv ? dq.data() + d_out : dk.data();
+  BFloat16* dv_p = c.fused_qkv ? dq.data() + 2 * d_out : dv.data();
+  kn::flash_attention_backward_bf16(dq.data(), dk_p, dv_p, dob.bf.data(), qb.bf.data(),
+                                    kk.bf.data() + k_off, vv.bf.data() + v_off, out.data(),
+                                    lse.data(), p);
+  float* dk_r = c.fused_qkv ? dq_ref.data() + d_out : dk_ref.data();
+  float* dv_r = c.fused_qkv ? dq_ref.data() + 2 * d_out : dv_ref.data();
+  attn::ref::strided_attention_backward(dq_ref.data(), dk_r, dv_r, dob.f.data(), qb.f.data(),
+                                        kk.f.data() + k_off, vv.f.data() + v_off, noise_ptr, p);
+
+  // One (B, T, H·hd) gradient out of its strided buffer.
+  auto gather = [&](const float* base, int64_t stride) {
+    std::vector<float> g(size_t(c.B * c.T * d_out));
+    for (int64_t t = 0; t < c.B * c.T; ++t)
+      std::copy(base + t * stride, base + t * stride + d_out, g.begin() + t * d_out);
+    return g;
+  };
+  const std::vector<float> dq_w = widen(dq), dk_w = widen(dk), dv_w = widen(dv);
+  Errors e{};
+  e.out = rel_err(widen(out), out_ref);  // includes the gaps: sentinel == sentinel
+  for (size_t n = 0; n < lse.size(); ++n)
+    e.lse = std::max(
+        e.lse, std::abs(double(lse[n]) - lse_ref[n]) / std::max(1.0, std::abs(double(lse_ref[n]))));
+  e.dq = rel_err(gather(dq_w.data(), in_stride), gather(dq_ref.data(), in_stride));
+  e.dk = rel_err(gather(c.fused_qkv ? dq_w.data() + d_out : dk_w.data(), in_stride),
+                 gather(dk_r, in_stride));
+  e.dv = rel_err(gather(c.fused_qkv ? dq_w.data() + 2 * d_out : dv_w.data(), in_stride),
+                 gather(dv_r, in_stride));
+  for (int64_t t = 0; t < c.B * c.T; ++t)
+    for (int64_t g = d_out; g < p.o_stride; ++g)
+      EXPECT_EQ(out[size_t(t * p.o_stride + g)].bits, sentinel.bits) << name(c);
+  return e;
+}
+
+Errors expect_close(const Case& c, uint32_t seed) {
+  const Errors e = compare_with_reference(c, seed);
+  EXPECT_LE(e.out, kOutTol) << name(c);
+  EXPECT_LE(e.lse, kLseTol) << name(c);
+  EXPECT_LE(e.dq, kGradTol) << name(c);
+  EXPECT_LE(e.dk, kGradTol) << name(c);
+  EXPECT_LE(e.dv, kGradTol) << name(c);
+  return e;
+}
+
+// Runs body once on every bf16 path this CPU has, then restores the automatic choice.
+template <class Body>
+void on_every_path(Body body) {
+  const auto paths = kn::flash_attention_bf16_paths();
+  for (const std::string& path : paths) {
+    ASSERT_TRUE(kn::flash_attention_bf16_use_path(path.c_str()));
+    ASSERT_EQ(path, kn::flash_attention_bf16_path());
+    body();
+  }
+  ASSERT_TRUE(kn::flash_attention_bf16_use_path(nullptr));
+}
+
+TEST(FlashAttentionBf16, ReportsPaths) {
+  const auto paths = kn::flash_attention_bf16_paths();
+  ASSERT_FALSE(paths.empty());
+  EXPECT_EQ(paths.back(), "widened to fp32");
+  EXPECT_EQ(paths.front(), kn::flash_attention_bf16_path());
+  EXPECT_EQ(kn::has_avx512_bf16(), paths.front() == "AVX512-BF16");
+  EXPECT_FALSE(kn::flash_attention_bf16_use_path("NO_SUCH_PATH"));
+  std::string all;
+  for (const auto& path : paths) all += " [" + path + "]";
+  std::printf("bf16 attention paths on this CPU:%s\n", all.c_str());
+}
+
+TEST(FlashAttentionBf16, TileEdgesMatchReference) {
+  on_every_path([] {
+    uint32_t seed = 1;
+    for (int64_t T : {1, 2, 15, 16, 17, 63, 64, 65, 127, 129})
+      for (int64_t hd : {16, 64, 80})
+        for (bool causal : {true, false}) expect_close({1, T, 2, hd, causal}, seed++);
+  });
+}
+
+TEST(FlashAttentionBf16, HeadDimsMatchReference) {
+  on_every_path([] {
+    uint32_t seed = 100;
+    for (int64_t hd : {1, 2, 3, 7, 24, 32, 33, 64, 96, 100, 128, 255, 256})
+      for (bool causal : {true, false}) expect_close({2, 70, 3, hd, causal}, seed++);
+  });
+}
+
+TEST(FlashAttentionBf16, LongSequenceMatchesReference) {
+  on_every_path([] {
+    expect_close({1, 1000, 2, 64, true}, 300);
+    expect_close({1, 700, 1, 128, false}, 301);
+  });
+}
+
+TEST(FlashAttentionBf16, PeakedSoftmaxMatchesReference) {
+  on_every_path([] {
+    Case c{2, 200, 2, 64, true};
+    c.input_scale = 5.0f;  // scores of magnitude ~30: the online max moves often
+    expect_close(c, 400);
+    c.causal = false;
+    expect_close(c, 401);
+  });
+}
+
+TEST(FlashAttentionBf16, FusedQkvStridesMatchReference) {
+  on_every_path([] {
+    for (bool causal : {true, false}) {
+      Case c{2, 77, 3, 64, causal};
+      c.fused_qkv = true;
+      expect_close(c, 500 + causal);
+      c.hd = 23;  // odd head dim: pairs cross into the next head
+      expect_close(c, 510 + causal);
+    }
+  });
+}
+
+TEST(FlashAttentionBf16, DropoutMatchesReferenceWithSameNoise) {
+  on_every_path([] {
+    uint32_t seed = 600;
+    for (float p : {0.1f, 0.5f})
+      for (bool causal : {true, false})
+        for (int64_t T : {17, 130}) expect_close({2, T, 2, 64, causal, p}, seed++);
+    Case c{1, 45, 2, 24, true, 0.3f};
+    c.fused_qkv = true;
+    expect_close(c, seed++);
+  });
+}
+
+TEST(FlashAttentionBf16, LargestErrorsAreWithinTheDocumentedBound) {
+  // One case of each kind; the largest error of each quantity meets the bound
+  // and is not zero (a zero would mean the comparison saw one buffer twice).
+  Case peaked{2, 200, 2, 64, true};
+  peaked.input_scale = 5.0f;
+  Case qkv{2, 77, 3, 24, false};
+  qkv.fused_qkv = true;
+  const Case cases[] = {{1, 1, 2, 16, true},
+                        {1, 65, 2, 64, true},
+                        {1, 129, 2, 80, false},
+                        {2, 70, 3, 256, true},
+                        {1, 37, 2, 7, false},
+                        {1, 300, 2, 64, true},
+                        {2, 130, 2, 64, true, 0.5f},
+                        peaked,
+                        qkv};
+  on_every_path([&] {
+    Errors worst{};
+    uint32_t seed = 900;
+    for (const Case& c : cases) {
+      const Errors e = expect_close(c, seed++);
+      worst = {std::max(worst.out, e.out), std::max(worst.lse, e.lse), std::max(worst.dq, e.dq),
+               std::max(worst.dk, e.dk), std::max(worst.dv, e.dv)};
+    }
+    std::printf(
+        "%s: largest relative errors vs the fp64 reference: out %.2e lse %.2e dq %.2e "
+        "dk %.2e dv %.2e\n",
+        kn::flash_attention_bf16_path(), worst.out, worst.lse, worst.dq, worst.dk, worst.dv);
+    for (const double err : {worst.out, worst.dq, worst.dk, worst.dv}) EXPECT_GT(err, 0.0);
+  });
+}
+
+// All of forward and backward's results as bytes.
+std::vector<uint8_t> run_all(const FlashAttentionParams& p, const Bf16Buffer& q,
+                             const Bf16Buffer& k, const Bf16Buffer& v, const Bf16Buffer& dout) {
+  const size_t n = q.bf.size();
+  std::vector<BFloat16> out(n), dq(n), dk(n), dv(n);
+  std::vector<float> lse(size_t(p.B * p.H * p.T));
+  kn::flash_attention_forward_bf16(out.data(), lse.data(), q.bf.data(), k.bf.data(), v.bf.data(),
+                                   p);
+  kn::flash_attention_backward_bf16(dq.data(), dk.data(), dv.data(), dout.bf.data(), q.bf.data(),
+                                    k.bf.data(), v.bf.data(), out.data(), lse.data(), p);
+  std::vector<uint8_t> bytes;
+  auto append = [&](const void* data, size_t size) {
+    const auto* b = static_cast<const uint8_t*>(data);
+    bytes.insert(bytes.end(), b, b + size);
+  };
+  for (const auto* part : {&out, &dq, &dk, &dv}) append(part->data(), part->size() * 2);
+  append(lse.data(), lse.size() * sizeof(float));
+  return bytes;
+}
+
+#ifdef _OPENMP
+TEST(FlashAttentionBf16, SameBitsForAnyThreadCount) {
+  // B·H = 6: one head per thread; B·H = 2: whole heads on 1 thread, key-tile
+  // and query-tile tasks on 2 and 3.
+  struct Shape {
+    int64_t B, H, T, hd;
+  };
+  on_every_path([] {
+    for (const Shape& shape : {Shape{2, 3, 333, 64}, Shape{1, 2, 333, 64}, Shape{1, 2, 100, 23}})
+      for (float dropout : {0.0f, 0.2f})
+        for (bool causal : {true, false}) {
+          FlashAttentionParams p;
+          p.B = shape.B, p.T = shape.T, p.H = shape.H, p.hd = shape.hd, p.causal = causal;
+          p.dropout_p = dropout, p.dropout_seed = 7;
+          const size_t n = size_t(p.B * p.T * p.H * p.hd);
+          const auto q = randn_bf16(n, 1), k = randn_bf16(n, 2), v = randn_bf16(n, 3);
+          const auto dout = randn_bf16(n, 4);
+          const int saved = omp_get_max_threads();
+          std::vector<std::vector<uint8_t>> results;
+          for (int threads : {1, 2, 3}) {
+            omp_set_num_threads(threads);
+            results.push_back(run_all(p, q, k, v, dout));
+          }
+          omp_set_num_threads(saved);
+          for (size_t r = 1; r < results.size(); ++r)
+            EXPECT_TRUE(results[0] == results[r])
+                << kn::flash_attention_bf16_path() << ": threads differ: B=" << p.B << " H=" << p.H
+                << " hd=" << p.hd << " causal=" << causal << " p=" << dropout << " (1 vs " << r + 1
+                << " threads)";
+        }
+  });
+}
+#endif
+
+TEST(FlashAttentionBf16, CausalNeverReadsFutureKeys) {
+  // Keys, values and output gradients of tokens >= t0 (a multiple of every
+  // tile) are NaN: rows before t0 of the output and of dq come out
+  // bit-identical to the clean run.
+  on_every_path([] {
+    FlashAttentionParams p;
+    p.B = 1, p.T = 200, p.H = 2, p.hd = 64, p.causal = true;
+    const int64_t t0 = 128, w = p.H * p.hd;
+    const size_t n = size_t(p.T * w), clean = size_t(t0 * w);
+    const auto q = randn_bf16(n, 11), k = randn_bf16(n, 12), v = randn_bf16(n, 13);
+    const auto dout = randn_bf16(n, 14);
+    auto k_bad = k, v_bad = v, dout_bad = dout;
+    for (size_t x = clean; x < n; ++x)
+      k_bad.bf[x] = v_bad.bf[x] = dout_bad.bf[x] = BFloat16{0x7FC0};  // NaN
+    const auto good = run_all(p, q, k, v, dout);
+    const auto bad = run_all(p, q, k_bad, v_bad, dout_bad);
+    // out is the first n bf16, dq the next n.
+    EXPECT_EQ(0, std::memcmp(good.data(), bad.data(), clean * 2));
+    EXPECT_EQ(0, std::memcmp(good.data() + n * 2, bad.data() + n * 2, clean * 2));
+  });
+}
+
+TEST(FlashAttentionBf16, ErrorsNameTheValues) {
+  FlashAttentionParams p;
+  p.hd = 300;
+  std::vector<BFloat16> x(1);
+  float lse = 0.0f;
+  try {
+    kn::flash_attention_forward_bf16(x.data(), &lse, x.data(), x.data(), x.data(), p);
+    FAIL() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "flash_attention: head_dim (300) must be in [1, 256]");
+  }
+  p.hd = 64;
+  p.dropout_p = 1.0f;
+  try {
+    kn::flash_attention_backward_bf16(x.data(), x.data(), x.data(), x.data(), x.data(), x.data(),
+                                      x.data(), x.data(), &lse, p);
+    FAIL() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "flash_attention: dropout_p (1.000000) must be in [0, 1)");
+  }
+}
+
+}  // namespace
