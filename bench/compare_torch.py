@@ -20,9 +20,11 @@ compared (OMP_NUM_THREADS also sets OpenBLAS's thread count).
 With --rounds N the whole set (every implementation in every environment) is
 measured N times, interleaved, and the best median of each side over all of
 them counts: a load that passes over the shared machine then hits both sides.
-With --dtype bfloat16 the cores are compared in bf16: PyTorch's SDPA on bf16
-q, k, v (and bf16 gradients) against `attn bench --kind core --dtype bfloat16`
-(attn's bf16 kernels); the modules stay out of that table.
+With --dtype bfloat16 everything runs in bf16 and beside its own fp32 figure:
+the cores (PyTorch's SDPA on bf16 q, k, v against `attn bench --kind core
+--dtype bfloat16`) and the modules (the SDPA module under
+torch.autocast("cpu", dtype=torch.bfloat16) against attn's MultiHeadAttention
+with dtype = kBFloat16: both keep fp32 weights).
 The table it prints goes into docs/performance.md.
 """
 import argparse
@@ -92,9 +94,15 @@ def worker(impl, shape, mode, repeats, threads, dtype_name="float32"):
         out_proj = torch.nn.Linear(d, d)
         sdpa = causal_sdpa(torch)
 
-        def run():
+        def module():
             q, k, v = qkv(x).view(b, t, 3, h, hd).permute(2, 0, 3, 1, 4)  # 3 x (b, h, t, hd)
             return out_proj(sdpa(q, k, v).transpose(1, 2).reshape(b, t, d))
+
+        def run():
+            if dtype == torch.float32:
+                return module()
+            with torch.autocast("cpu", dtype=dtype):  # mixed precision: fp32 weights
+                return module()
     else:
         raise SystemExit(f"unknown impl {impl}")
     times = []
@@ -147,34 +155,35 @@ def best_attn(attn, kind, shape, mode, repeats, envs, dtype="float32"):
     return best
 
 
-def compare_bf16_cores(args):
-    """attn's bf16 core against PyTorch's SDPA on bf16 tensors, and each against its own fp32 core."""
+def compare_bf16(args):
+    """attn's bf16 core and module against PyTorch's, and each against its own fp32 figure."""
     envs = [(1, None), (2, None), (2, "0")]
     rows = []
     torch_version = subprocess.run([args.python, "-c", "import torch; print(torch.__version__)"], check=True,
                                    capture_output=True, text=True).stdout.strip()
-    print(f"PyTorch {torch_version} ({args.python}); causal cores, bf16 and fp32, ms median")
-    header = (f"{'shape BxTxDxH':>15} {'mode':>7} {'attn bf16':>10} {'torch bf16':>11} {'x bf16':>7} "
+    print(f"PyTorch {torch_version} ({args.python}); causal, ms median; module = qkv Linear, SDPA, out_proj")
+    header = (f"{'shape BxTxDxH':>15} {'kind':>6} {'mode':>7} {'attn bf16':>10} {'torch bf16':>11} {'x bf16':>7} "
               f"{'attn fp32':>10} {'torch fp32':>11} {'attn bf16/fp32':>15}")
     print(header)
     print("-" * len(header))
     for s in args.shapes.split(","):
         shape = parse_shape(s)
-        for mode in args.modes.split(","):
-            runs = {key: [] for key in ("attn-bf16", "attn-fp32", "torch-bf16", "torch-fp32")}
-            for _ in range(args.rounds):
-                for dtype, tag in (("bfloat16", "bf16"), ("float32", "fp32")):
-                    for threads, spin in envs:
-                        r = run_torch(args.python, "torch-sdpa", shape, mode, args.repeats, threads, spin, dtype)
-                        r.update(threads=threads, spincount=spin)
-                        runs["torch-" + tag].append(r)
-                    runs["attn-" + tag].append(best_attn(args.attn, "core", shape, mode, args.repeats, envs, dtype))
-            best = {key: min(results, key=lambda r: r["ms_median"]) for key, results in runs.items()}
-            ms = {key: r["ms_median"] for key, r in best.items()}
-            rows.append({"shape": s, "mode": mode, "best": best})
-            print(f"{s:>15} {mode:>7} {ms['attn-bf16']:10.2f} {ms['torch-bf16']:11.2f} "
-                  f"{ms['torch-bf16'] / ms['attn-bf16']:7.2f} {ms['attn-fp32']:10.2f} {ms['torch-fp32']:11.2f} "
-                  f"{ms['attn-fp32'] / ms['attn-bf16']:15.2f}", flush=True)
+        for kind, torch_impl in (("core", "torch-sdpa"), ("module", "torch-sdpa-module")):
+            for mode in args.modes.split(","):
+                runs = {key: [] for key in ("attn-bf16", "attn-fp32", "torch-bf16", "torch-fp32")}
+                for _ in range(args.rounds):
+                    for dtype, tag in (("bfloat16", "bf16"), ("float32", "fp32")):
+                        for threads, spin in envs:
+                            r = run_torch(args.python, torch_impl, shape, mode, args.repeats, threads, spin, dtype)
+                            r.update(threads=threads, spincount=spin)
+                            runs["torch-" + tag].append(r)
+                        runs["attn-" + tag].append(best_attn(args.attn, kind, shape, mode, args.repeats, envs, dtype))
+                best = {key: min(results, key=lambda r: r["ms_median"]) for key, results in runs.items()}
+                ms = {key: r["ms_median"] for key, r in best.items()}
+                rows.append({"shape": s, "kind": kind, "mode": mode, "best": best})
+                print(f"{s:>15} {kind:>6} {mode:>7} {ms['attn-bf16']:10.2f} {ms['torch-bf16']:11.2f} "
+                      f"{ms['torch-bf16'] / ms['attn-bf16']:7.2f} {ms['attn-fp32']:10.2f} {ms['torch-fp32']:11.2f} "
+                      f"{ms['attn-fp32'] / ms['attn-bf16']:15.2f}", flush=True)
     print("\nms are medians, each the best over OMP_NUM_THREADS in {1, 2} and GOMP_SPINCOUNT in {unset, 0} "
           f"({args.rounds} interleaved round(s)); x bf16 = torch bf16 ms / attn bf16 ms; "
           "attn bf16/fp32 = attn fp32 ms / attn bf16 ms.")
@@ -211,7 +220,7 @@ def main():
         worker(args.worker, parse_shape(args.shape), args.mode, args.repeats, args.threads, args.dtype)
         return 0
     if args.dtype == "bfloat16":
-        return compare_bf16_cores(args)
+        return compare_bf16(args)
 
     envs = [(1, None), (2, None), (2, "0")]
     rows = []

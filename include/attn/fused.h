@@ -27,12 +27,21 @@
 // duration and restored after (a process-wide setting: BLAS calls made
 // concurrently from other threads run single-threaded meanwhile).
 //
+// bf16 (options.dtype = DType::kBFloat16), mixed precision as under
+// torch.autocast("cpu", dtype=torch.bfloat16): the weights stay fp32 (the
+// master copy; gradients accumulate into fp32), x, the weights and dy are
+// rounded to bf16 where they enter a product, every product sums in fp32
+// (gemm::gemm_bf16, the bf16 flash kernels), qkv, the context and the
+// kernel's gradients are kept in bf16, biases are added and summed in fp32,
+// and y and dx come out fp32 (the products' fp32 sums, not rounded).
+//
 // Dropout uses the kernel's counter-based Philox noise (attn/kernels.h): the
 // masks are a function of dropout_seed and the coordinates (b, h, i, j), not
 // PyTorch's MT19937 stream; kernels::flash_dropout_noise gives the same mask
 // as a tensor.
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #include "attn/kernels.h"
@@ -72,6 +81,7 @@ struct AttentionBlockOptions {
   float scale = -1.0f;     // < 0 means 1/sqrt(head_dim)
   float dropout_p = 0.0f;  // in [0, 1); 0 is no dropout
   uint64_t dropout_seed = 0;
+  DType dtype = DType::kFloat32;  // the compute dtype: kFloat32, or kBFloat16 (mixed precision)
 };
 
 // What the forward keeps for the backward, and the backward's own buffers.
@@ -80,13 +90,17 @@ struct AttentionBlockOptions {
 // first step: fresh buffers of tens of MB cost a page fault per 4 KB);
 // assigning {} releases everything.
 struct AttentionBlockSaved {
-  Tensor x;        // (B, T, d_in)
-  Tensor qkv;      // (B, T, 3·d_out)  q | k | v
-  Tensor context;  // (B, T, d_out)    the kernel's output, out_proj's input
-  Tensor lse;      // (B, H, T)        natural-log log-sum-exp of each score row
+  Tensor x;        // (B, T, d_in)     fp32; bf16 in bf16 mode (x rounded)
+  Tensor qkv;      // (B, T, 3·d_out)  q | k | v, in the compute dtype
+  Tensor context;  // (B, T, d_out)    the kernel's output, out_proj's input, in the compute dtype
+  std::array<Tensor, 4> weights_bf16;  // bf16 mode: W_query, W_key, W_value, W_out rounded
+  Tensor lse;                          // (B, H, T)        natural-log log-sum-exp of each score row
   kernels::FlashAttentionParams params;
   Tensor dcontext;  // (B, T, d_out)    backward: dy W_out (empty without W_out)
-  Tensor dqkv;      // (B, T, 3·d_out)  backward: dq | dk | dv from the kernel
+  Tensor dqkv;      // (B, T, 3·d_out)  backward: dq | dk | dv from the kernel (compute dtype)
+  // bf16 mode: the fp32 sums of qkv and dcontext before they are rounded,
+  // and dy rounded; scratch, kept only to be reused.
+  Tensor qkv_f32, dcontext_f32, dy_bf16;
 };
 
 // x (B, T, d_in) -> y (B, T, d_out). Throws std::invalid_argument naming the

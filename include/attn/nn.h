@@ -300,6 +300,11 @@ struct CausalAttentionOptions {
   // Dropout masks follow PyTorch's MT19937 stream; only the reference path can
   // do that, so kAuto keeps the reference path while training with dropout.
   bool exact_dropout = true;
+  // The compute dtype. kBFloat16 is mixed precision as under torch.autocast
+  // (attn/fused.h): fp32 weights and gradients, bf16 products with fp32 sums,
+  // on the fused path only (backend kAuto, which then always takes it, with
+  // Philox dropout masks, or kFused).
+  DType dtype = DType::kFloat32;
 };
 // CausalAttention: W_query, W_key, W_value linear (d_in -> d_out), a
 // (context_length, context_length) future mask buffer, dropout on the weights.
@@ -341,6 +346,7 @@ struct MultiHeadAttentionOptions {
   bool qkv_bias = false;
   AttentionBackend backend = AttentionBackend::kAuto;  // as CausalAttentionOptions
   bool exact_dropout = true;                           // as CausalAttentionOptions
+  DType dtype = DType::kFloat32;                       // as CausalAttentionOptions
 };
 // MultiHeadAttentionWrapper: num_heads CausalAttention heads ("heads.0" ...),
 // outputs concatenated on the last axis: (B, T, num_heads * d_out).

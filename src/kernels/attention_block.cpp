@@ -10,6 +10,7 @@
 
 #include "attn/fused.h"
 #include "attn/gemm.h"
+#include "attn/kernels.h"
 
 namespace attn::fused {
 namespace {
@@ -59,14 +60,35 @@ void linear_into(float* C, int64_t ldc, const float* x, int64_t d_in, const Tens
   gemm_nt(C, ldc, x, d_in, W.data(), d_in, M, N, d_in, b != nullptr ? 1.0f : 0.0f);
 }
 
+// ---- bf16 mode: the products take bf16 operands and sum in fp32 ----
+
+// dst[i] = bf16(src[i]) (nearest even), over OpenMP's threads.
+void round_to_bf16(BFloat16* dst, const float* src, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) dst[i] = to_bfloat16(src[i]);
+}
+// C (M, N; ldc) = beta·C + op(A) · op(B) on bf16 operands (gemm::gemm_bf16).
+void gemm_bf16(Trans ta, Trans tb, float* C, int64_t ldc, const BFloat16* A, int64_t lda,
+               const BFloat16* Bm, int64_t ldb, int64_t M, int64_t N, int64_t K, float beta) {
+  gemm::gemm_bf16(ta, tb, M, N, K, 1.0f, A, lda, Bm, ldb, beta, C, ldc);
+}
+// db (N) += Σ_rows A (M, N; lda) of bf16 values, summed in fp32.
+void column_sums_accumulate(float* db, const BFloat16* A, int64_t lda, int64_t M, int64_t N) {
+  for (int64_t r = 0; r < M; ++r) {
+    const BFloat16* row = A + r * lda;
+    for (int64_t j = 0; j < N; ++j) db[j] += to_float(row[j]);
+  }
+}
+
 // t itself when it already has this shape and no other tensor holds its
 // storage (its values stale: the caller overwrites every element), else a new
 // zeroed tensor of the shape. Reusing the buffers of the previous step
 // matters for long sequences: a fresh buffer of tens of MB costs a page fault
 // per 4 KB before any work. A storage someone else still holds (a y handed out
 // as the context, say) is never overwritten.
-Tensor& reuse(Tensor& t, const Shape& shape) {
-  if (t.shape() != shape || !t.is_contiguous() || t.storage_use_count() != 1) t = Tensor(shape);
+Tensor& reuse(Tensor& t, const Shape& shape, DType dtype = DType::kFloat32) {
+  if (t.shape() != shape || t.dtype() != dtype || !t.is_contiguous() || t.storage_use_count() != 1)
+    t = Tensor::zeros(shape, dtype);
   return t;
 }
 
@@ -130,6 +152,52 @@ void check_grads(const ProjectionWeights& w, const ProjectionGrads& g) {
   }
 }
 
+// attention_block_backward in bf16 mode: the same steps on the bf16 copies the
+// forward saved, the parameter gradients accumulated in fp32.
+Tensor backward_bf16(const Tensor& dy, const ProjectionWeights& w, AttentionBlockSaved& saved,
+                     const ProjectionGrads& grads) {
+  const kernels::FlashAttentionParams& p = saved.params;
+  const int64_t B = p.B, T = p.T, N = B * T, d_out = p.H * p.hd, d_in = saved.x.size(2);
+  Tensor& dyb = reuse(saved.dy_bf16, {B, T, d_out}, DType::kBFloat16);  // (B, T, d_out)
+  round_to_bf16(dyb.data_ptr<BFloat16>(), dy.data(), N * d_out);
+  // Through out_proj: dcontext = dy W_out, dW_out += dyᵀ context, db_out += Σ_rows dy.
+  const BFloat16* dcontext = dyb.data_ptr<BFloat16>();
+  if (w.W_out != nullptr) {
+    Tensor& dcontext32 = reuse(saved.dcontext_f32, {B, T, d_out});  // (B, T, d_out)
+    gemm_bf16(Trans::kNo, Trans::kNo, dcontext32.data(), d_out, dyb.data_ptr<BFloat16>(), d_out,
+              saved.weights_bf16[3].data_ptr<BFloat16>(), d_out, N, d_out, d_out, 0.0f);
+    gemm_bf16(Trans::kYes, Trans::kNo, grads.W_out->data(), d_out, dyb.data_ptr<BFloat16>(), d_out,
+              saved.context.data_ptr<BFloat16>(), d_out, d_out, d_out, N, 1.0f);
+    if (grads.b_out != nullptr)
+      column_sums_accumulate(grads.b_out->data(), dy.data(), d_out, N, d_out);
+    Tensor& dcontext_buffer = reuse(saved.dcontext, {B, T, d_out}, DType::kBFloat16);
+    round_to_bf16(dcontext_buffer.data_ptr<BFloat16>(), dcontext32.data(), N * d_out);
+    dcontext = dcontext_buffer.data_ptr<BFloat16>();
+  }
+  // Through the kernel.
+  Tensor& dqkv = reuse(saved.dqkv, {B, T, kQKV * d_out}, DType::kBFloat16);  // (B, T, 3·d_out)
+  const BFloat16* qkv = saved.qkv.data_ptr<BFloat16>();
+  BFloat16* dq = dqkv.data_ptr<BFloat16>();
+  kernels::flash_attention_backward_bf16(dq, dq + d_out, dq + 2 * d_out, dcontext, qkv, qkv + d_out,
+                                         qkv + 2 * d_out, saved.context.data_ptr<BFloat16>(),
+                                         saved.lse.data(), p);
+  // Through the projections: dx = Σ_j dqkv_j W_j, dW_j += dqkv_jᵀ x, db_j += Σ_rows dqkv_j.
+  const std::array<Tensor*, kQKV> dweights = {grads.W_query, grads.W_key, grads.W_value};
+  const std::array<Tensor*, kQKV> dbiases = {grads.b_query, grads.b_key, grads.b_value};
+  Tensor dx({B, T, d_in});  // (B, T, d_in), fp32
+  for (int j = 0; j < kQKV; ++j) {
+    const BFloat16* dblock = dq + j * d_out;
+    gemm_bf16(Trans::kNo, Trans::kNo, dx.data(), d_in, dblock, kQKV * d_out,
+              saved.weights_bf16[size_t(j)].data_ptr<BFloat16>(), d_in, N, d_in, d_out,
+              j == 0 ? 0.0f : 1.0f);
+    gemm_bf16(Trans::kYes, Trans::kNo, dweights[j]->data(), d_in, dblock, kQKV * d_out,
+              saved.x.data_ptr<BFloat16>(), d_in, d_out, d_in, N, 1.0f);
+    if (dbiases[j] != nullptr)
+      column_sums_accumulate(dbiases[j]->data(), dblock, kQKV * d_out, N, d_out);
+  }
+  return dx;
+}
+
 }  // namespace
 
 Tensor attention_block_forward(const Tensor& x_in, const ProjectionWeights& w,
@@ -157,10 +225,59 @@ Tensor attention_block_forward(const Tensor& x_in, const ProjectionWeights& w,
   p.o_stride = d_out;
   p = kernels::validated(p);  // throws for head_dim > kMaxHeadDim, p outside [0, 1), ...
 
+  if (options.dtype != DType::kFloat32 && options.dtype != DType::kBFloat16) {
+    throw std::invalid_argument(
+        fmt::format("attention_block_forward: dtype must be float32 or bfloat16, got {}",
+                    dtype_name(options.dtype)));
+  }
   // With saved, the buffers live in it, reused from the previous step when the
   // shapes match; without, they are this call's own.
   AttentionBlockSaved local;
   AttentionBlockSaved& s = saved != nullptr ? *saved : local;
+  if (options.dtype == DType::kBFloat16) {
+    // x, the weights: rounded to bf16 once per step (the weights are the fp32 master copy).
+    Tensor& xb = reuse(s.x, {B, T, d_in}, DType::kBFloat16);  // (B, T, d_in)
+    round_to_bf16(xb.data_ptr<BFloat16>(), x.data(), N * d_in);
+    const std::array<const Tensor*, 4> all = {w.W_query, w.W_key, w.W_value, w.W_out};
+    for (size_t j = 0; j < all.size(); ++j) {
+      if (all[j] == nullptr) continue;
+      Tensor& wb = reuse(s.weights_bf16[j], all[j]->shape(), DType::kBFloat16);
+      round_to_bf16(wb.data_ptr<BFloat16>(), all[j]->data(), all[j]->numel());
+    }
+    // qkv = x Wᵀ + b in fp32 sums, kept in bf16.
+    Tensor& qkv32 = reuse(s.qkv_f32, {B, T, kQKV * d_out});  // (B, T, 3·d_out)
+    const auto biases = biases_of(w);
+    for (int j = 0; j < kQKV; ++j) {
+      float* C = qkv32.data() + j * d_out;
+      if (biases[j] != nullptr)
+        for (int64_t r = 0; r < N; ++r)
+          std::copy(biases[j]->data(), biases[j]->data() + d_out, C + r * kQKV * d_out);
+      gemm_bf16(Trans::kNo, Trans::kYes, C, kQKV * d_out, xb.data_ptr<BFloat16>(), d_in,
+                s.weights_bf16[size_t(j)].data_ptr<BFloat16>(), d_in, N, d_out, d_in,
+                biases[j] != nullptr ? 1.0f : 0.0f);
+    }
+    Tensor& qkv = reuse(s.qkv, {B, T, kQKV * d_out}, DType::kBFloat16);
+    round_to_bf16(qkv.data_ptr<BFloat16>(), qkv32.data(), qkv32.numel());
+    const BFloat16* q = qkv.data_ptr<BFloat16>();
+    Tensor& context = reuse(s.context, {B, T, d_out}, DType::kBFloat16);  // (B, T, d_out)
+    Tensor& lse = reuse(s.lse, {B, H, T});                                // (B, H, T)
+    kernels::flash_attention_forward_bf16(context.data_ptr<BFloat16>(), lse.data(), q, q + d_out,
+                                          q + 2 * d_out, p);
+    Tensor y;
+    if (w.W_out != nullptr) {
+      y = Tensor({B, T, d_out});  // (B, T, d_out) = context W_outᵀ + b_out, fp32
+      if (w.b_out != nullptr)
+        for (int64_t r = 0; r < N; ++r)
+          std::copy(w.b_out->data(), w.b_out->data() + d_out, y.data() + r * d_out);
+      gemm_bf16(Trans::kNo, Trans::kYes, y.data(), d_out, context.data_ptr<BFloat16>(), d_out,
+                s.weights_bf16[3].data_ptr<BFloat16>(), d_out, N, d_out, d_out,
+                w.b_out != nullptr ? 1.0f : 0.0f);
+    } else {
+      y = context.to(DType::kFloat32);
+    }
+    if (saved != nullptr) saved->params = p;
+    return y;
+  }
 
   // qkv = x [W_query; W_key; W_value]ᵀ + b: one column block per projection.
   Tensor& qkv = reuse(s.qkv, {B, T, kQKV * d_out});  // (B, T, 3·d_out)
@@ -208,6 +325,8 @@ Tensor attention_block_backward(const Tensor& dy_in, const ProjectionWeights& w,
         fmt::format("attention_block_backward: gradient shape {} does not match output shape {}",
                     shape_str(dy.shape()), shape_str(Shape{B, T, d_out})));
   }
+
+  if (saved.qkv.dtype() == DType::kBFloat16) return backward_bf16(dy, w, saved, grads);
 
   // Through out_proj: dcontext = dy W_out, dW_out += dyᵀ context, db_out += Σ_rows dy.
   const float* dcontext = dy.data();

@@ -200,7 +200,8 @@ CausalAttention::CausalAttention(const CausalAttentionOptions& options, Generato
                                 .out_proj = nullptr,
                                 .dropout = &dropout,
                                 .backend = options.backend,
-                                .exact_dropout = options.exact_dropout})) {
+                                .exact_dropout = options.exact_dropout,
+                                .dtype = options.dtype})) {
   register_module("W_query", &W_query);
   register_module("W_key", &W_key);
   register_module("W_value", &W_value);
@@ -242,7 +243,8 @@ std::vector<std::unique_ptr<CausalAttention>> make_causal_heads(const MultiHeadA
                                                                  .dropout = o.dropout,
                                                                  .qkv_bias = o.qkv_bias,
                                                                  .backend = o.backend,
-                                                                 .exact_dropout = o.exact_dropout},
+                                                                 .exact_dropout = o.exact_dropout,
+                                                                 .dtype = o.dtype},
                                           gen));
   }
   return heads;
@@ -299,7 +301,8 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& options,
                                 .out_proj = &out_proj,
                                 .dropout = &dropout,
                                 .backend = options.backend,
-                                .exact_dropout = options.exact_dropout})) {
+                                .exact_dropout = options.exact_dropout,
+                                .dtype = options.dtype})) {
   register_module("W_query", &W_query);
   register_module("W_key", &W_key);
   register_module("W_value", &W_value);

@@ -56,7 +56,21 @@ AttentionCore::AttentionCore(const AttentionSpec& spec)
     : spec_(spec),
       kernel_can_(kernel_computes(spec)),
       reference_(make_reference_path(spec)),
-      fused_(make_fused_path(spec)) {}
+      fused_(make_fused_path(spec)) {
+  if (spec.dtype == DType::kFloat32) return;
+  if (spec.dtype != DType::kBFloat16) {
+    throw std::invalid_argument(fmt::format("{}: dtype must be float32 or bfloat16, got {}",
+                                            spec.module, dtype_name(spec.dtype)));
+  }
+  if (spec.backend == AttentionBackend::kReference || !kernel_can_) {
+    throw std::invalid_argument(fmt::format(
+        "{}: dtype = bfloat16 runs on the fused path only, which {} (head_dim {}, max {})",
+        spec.module,
+        spec.backend == AttentionBackend::kReference ? "backend = kReference excludes"
+                                                     : "cannot compute this module",
+        spec.width / spec.num_heads, kernels::kMaxHeadDim));
+  }
+}
 
 AttentionPath& AttentionCore::path(AttentionBackend backend) {
   switch (backend) {
@@ -71,7 +85,9 @@ AttentionPath& AttentionCore::path(AttentionBackend backend) {
 
 Tensor AttentionCore::forward(const Tensor& x) {
   AttentionPath& chosen =
-      path(choose(spec_.backend, *spec_.dropout, spec_.exact_dropout, kernel_can_));
+      path(spec_.dtype == DType::kBFloat16
+               ? AttentionBackend::kFused
+               : choose(spec_.backend, *spec_.dropout, spec_.exact_dropout, kernel_can_));
   for (AttentionPath* other : {reference_.get(), fused_.get()})
     if (other != &chosen) other->release();
   last_ = &chosen;

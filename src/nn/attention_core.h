@@ -13,8 +13,9 @@
 //                                                               (BLAS + flash kernel, Philox masks)
 //
 // A further path (bf16, a GPU) is one more AttentionPath, an AttentionBackend
-// value, and its case in choose() and AttentionCore::path(). The wrapper modules (MultiHeadAttentionWrapper,
-// MultiHead) run whole modules side by side: concat_heads_forward/_backward.
+// value, and its case in choose() and AttentionCore::path(). The wrapper modules
+// (MultiHeadAttentionWrapper, MultiHead) run whole modules side by side:
+// concat_heads_forward/_backward.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +46,7 @@ struct AttentionSpec {
   Dropout* dropout = nullptr;                          // on the attention weights
   AttentionBackend backend = AttentionBackend::kAuto;  // the module's options
   bool exact_dropout = true;
+  DType dtype = DType::kFloat32;  // kBFloat16: the fused path in mixed precision
 };
 
 // One way to compute the core. forward() keeps what backward() needs;

@@ -48,8 +48,10 @@ class FusedPath final : public AttentionPath {
 
   Tensor forward(const Tensor& x) override {
     weights_ = Tensor();
-    fused::AttentionBlockOptions o{
-        .num_heads = s_.num_heads, .causal = s_.attention.causal, .scale = s_.attention.scale};
+    fused::AttentionBlockOptions o{.num_heads = s_.num_heads,
+                                   .causal = s_.attention.causal,
+                                   .scale = s_.attention.scale,
+                                   .dtype = s_.dtype};
     if (s_.dropout->is_active()) {
       o.dropout_p = s_.dropout->options().p;
       o.dropout_seed = s_.dropout->draw_seed();  // one random64() per forward
@@ -70,9 +72,10 @@ class FusedPath final : public AttentionPath {
     if (!weights_.empty()) return weights_;
     const int64_t B = saved_.params.B, T = saved_.params.T, H = saved_.params.H;
     const int64_t hd = saved_.params.hd;
-    const Tensor qkv = saved_.qkv.reshape({B, T, 3 * H, hd});   // (B, T, 3·H, hd)
-    const Tensor q = transpose(slice(qkv, 2, 0, H), 1, 2);      // (B, H, T, hd)
-    const Tensor k = transpose(slice(qkv, 2, H, 2 * H), 1, 2);  // (B, H, T, hd)
+    const Tensor qkv =
+        saved_.qkv.to(DType::kFloat32).reshape({B, T, 3 * H, hd});  // (B, T, 3·H, hd)
+    const Tensor q = transpose(slice(qkv, 2, 0, H), 1, 2);          // (B, H, T, hd)
+    const Tensor k = transpose(slice(qkv, 2, H, 2 * H), 1, 2);      // (B, H, T, hd)
     ref::AttentionSaved saved;
     ref::attention_forward(q, k, k, {.causal = saved_.params.causal, .scale = saved_.params.scale},
                            nullptr, &saved);

@@ -23,11 +23,12 @@ const GPTConfig& checked(const GPTConfig& cfg) {
   detail::check_positive("GPTModel", "n_heads", cfg.n_heads);
   detail::check_positive("GPTModel", "n_layers", cfg.n_layers);
   if (cfg.emb_dim % cfg.n_heads != 0) {
-    throw std::invalid_argument(fmt::format("GPTModel: emb_dim ({}) must be divisible by n_heads ({})",
-                                            cfg.emb_dim, cfg.n_heads));
+    throw std::invalid_argument(fmt::format(
+        "GPTModel: emb_dim ({}) must be divisible by n_heads ({})", cfg.emb_dim, cfg.n_heads));
   }
   if (!(cfg.drop_rate >= 0.0f && cfg.drop_rate <= 1.0f)) {
-    throw std::invalid_argument(fmt::format("GPTModel: drop_rate must be in [0, 1], got {}", cfg.drop_rate));
+    throw std::invalid_argument(
+        fmt::format("GPTModel: drop_rate must be in [0, 1], got {}", cfg.drop_rate));
   }
   return cfg;
 }
@@ -163,10 +164,10 @@ TransformerBlock::TransformerBlock(const GPTConfig& cfg, const GPTOptions& optio
 // drop_shortcut after att, then drop_shortcut after ff.
 Tensor TransformerBlock::forward(const Tensor& x) {
   // x (B, T, E); att checks the shape and T <= context_length.
-  const Tensor a = att.forward(norm1.forward(x));          // (B, T, E)
-  noise_att_ = drop_shortcut.sample_noise(a.shape());     // empty when off
-  const Tensor x1 = add(apply_noise(a, noise_att_), x);    // (B, T, E)
-  const Tensor f = ff.forward(norm2.forward(x1));          // (B, T, E)
+  const Tensor a = att.forward(norm1.forward(x));        // (B, T, E)
+  noise_att_ = drop_shortcut.sample_noise(a.shape());    // empty when off
+  const Tensor x1 = add(apply_noise(a, noise_att_), x);  // (B, T, E)
+  const Tensor f = ff.forward(norm2.forward(x1));        // (B, T, E)
   noise_ff_ = drop_shortcut.sample_noise(f.shape());
   has_forward_ = true;
   return add(apply_noise(f, noise_ff_), x1);
@@ -184,7 +185,8 @@ Tensor TransformerBlock::backward(const Tensor& dy) {
 
 // ---- TransformerBlocks ----------------------------------------------------------------
 
-TransformerBlocks::TransformerBlocks(const GPTConfig& cfg, const GPTOptions& options, Generator& gen) {
+TransformerBlocks::TransformerBlocks(const GPTConfig& cfg, const GPTOptions& options,
+                                     Generator& gen) {
   for (int64_t i = 0; i < cfg.n_layers; ++i) {
     blocks_.push_back(std::make_unique<TransformerBlock>(cfg, options, gen));
     register_module(std::to_string(i), blocks_.back().get());
@@ -224,22 +226,24 @@ GPTModel::GPTModel(const GPTConfig& cfg, const GPTOptions& options, Generator& g
 
 Tensor GPTModel::forward(const Tensor& in_idx) {
   if (in_idx.dtype() != DType::kInt64 || in_idx.dim() != 2) {
-    throw std::invalid_argument(fmt::format("GPTModel: expected token ids (B, T) of int64, got {} of shape {}",
-                                            dtype_name(in_idx.dtype()), shape_str(in_idx.shape())));
+    throw std::invalid_argument(
+        fmt::format("GPTModel: expected token ids (B, T) of int64, got {} of shape {}",
+                    dtype_name(in_idx.dtype()), shape_str(in_idx.shape())));
   }
   const int64_t B = in_idx.size(0), T = in_idx.size(1);
   if (B < 1 || T < 1) {
-    throw std::invalid_argument(fmt::format("GPTModel: token ids of shape {} are empty", shape_str(in_idx.shape())));
+    throw std::invalid_argument(
+        fmt::format("GPTModel: token ids of shape {} are empty", shape_str(in_idx.shape())));
   }
   if (T > cfg_.context_length) {
-    throw std::invalid_argument(fmt::format("GPTModel: input has {} tokens but context_length is {}", T,
-                                            cfg_.context_length));
+    throw std::invalid_argument(fmt::format(
+        "GPTModel: input has {} tokens but context_length is {}", T, cfg_.context_length));
   }
   std::vector<int64_t> positions(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) positions[static_cast<size_t>(t)] = t;  // torch.arange(T)
-  const Tensor tok_embeds = tok_emb.forward(in_idx);    // (B, T, E)
-  const Tensor pos_embeds = pos_emb.forward(positions);  // (T, E)
-  Tensor x = drop_emb.forward(add(tok_embeds, pos_embeds));  // (B, T, E)
+  const Tensor tok_embeds = tok_emb.forward(in_idx);                      // (B, T, E)
+  const Tensor pos_embeds = pos_emb.forward(positions);                   // (T, E)
+  Tensor x = drop_emb.forward(add(tok_embeds, pos_embeds));               // (B, T, E)
   x = trf_blocks.forward(x);
   x = final_norm.forward(x);
   B_ = B;

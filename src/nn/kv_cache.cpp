@@ -29,13 +29,14 @@ Tensor project_heads(const Linear& layer, const Tensor& x, int64_t H, int64_t hd
   const int64_t B = x.size(0), T = x.size(1);
   const Tensor y =
       ref::linear_forward(x, layer.weight.value, bias_or_null(layer), engine);  // (B, T, d_out)
-  return transpose(y.reshape({B, T, H, hd}), 1, 2);                            // (B, H, T, hd)
+  return transpose(y.reshape({B, T, H, hd}), 1, 2);                             // (B, H, T, hd)
 }
 
 // Copies rows [0, T_new) of src (B, H, T_new, hd) into rows [start, start + T_new)
 // of dst (B, H, capacity, hd).
 void write_rows(Tensor& dst, const Tensor& src, int64_t start) {
-  dst.slice(2, start, start + src.size(2)).copy_(src);  // a strided view of the cache, written in place
+  dst.slice(2, start, start + src.size(2))
+      .copy_(src);  // a strided view of the cache, written in place
 }
 
 void check_cache_matches(const MultiHeadAttention& mha, const KVCache& cache) {

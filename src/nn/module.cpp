@@ -22,14 +22,16 @@ void Module::train(bool on) {
 
 bool Parameter::is(const Parameter& other) const {
   return this == &other ||
-         (value.shares_storage_with(other.value) && value.storage_offset() == other.value.storage_offset() &&
+         (value.shares_storage_with(other.value) &&
+          value.storage_offset() == other.value.storage_offset() &&
           value.shape() == other.value.shape() && value.strides() == other.value.strides());
 }
 
 void tie(Parameter& param, Parameter& source) {
   if (param.value.shape() != source.value.shape()) {
-    throw std::invalid_argument(fmt::format("tie: the parameter has shape {} but the source has shape {}",
-                                            shape_str(param.value.shape()), shape_str(source.value.shape())));
+    throw std::invalid_argument(
+        fmt::format("tie: the parameter has shape {} but the source has shape {}",
+                    shape_str(param.value.shape()), shape_str(source.value.shape())));
   }
   param.value = source.value;  // handles: one storage for both
   param.grad = source.grad;
@@ -49,7 +51,8 @@ std::vector<std::pair<std::string, Parameter*>> Module::all_named_parameters() {
 std::vector<std::pair<std::string, Parameter*>> Module::named_parameters() {
   std::vector<std::pair<std::string, Parameter*>> unique;
   for (auto& [name, p] : all_named_parameters()) {
-    const bool seen = std::any_of(unique.begin(), unique.end(), [&](const auto& u) { return u.second->is(*p); });
+    const bool seen =
+        std::any_of(unique.begin(), unique.end(), [&](const auto& u) { return u.second->is(*p); });
     if (!seen) unique.emplace_back(name, p);
   }
   return unique;
@@ -68,7 +71,8 @@ bool Module::buffer_materialized(const std::string& name) {
   for (const auto& [own, b] : buffers_)
     if (own == name) return b->materialized();
   for (auto& [prefix, child] : children_) {
-    if (name.rfind(prefix + ".", 0) == 0) return child->buffer_materialized(name.substr(prefix.size() + 1));
+    if (name.rfind(prefix + ".", 0) == 0)
+      return child->buffer_materialized(name.substr(prefix.size() + 1));
   }
   throw std::out_of_range(fmt::format("Module: no buffer named '{}'", name));
 }
@@ -111,7 +115,9 @@ void Module::register_parameter(std::string name, Parameter* p) {
   parameters_.emplace_back(std::move(name), p);
 }
 
-void Module::register_buffer(std::string name, const Buffer* b) { buffers_.emplace_back(std::move(name), b); }
+void Module::register_buffer(std::string name, const Buffer* b) {
+  buffers_.emplace_back(std::move(name), b);
+}
 
 void Module::register_module(std::string name, Module* m) {
   m->train(training_);
@@ -211,7 +217,8 @@ Embedding::Embedding(const EmbeddingOptions& options, Generator& gen) : options_
 Tensor Embedding::forward(const Tensor& indices) {
   if (indices.dtype() != DType::kInt64) {
     throw std::invalid_argument(fmt::format("Embedding: indices must be int64, got {} of shape {}",
-                                            dtype_name(indices.dtype()), shape_str(indices.shape())));
+                                            dtype_name(indices.dtype()),
+                                            shape_str(indices.shape())));
   }
   return forward(indices.to_int64_vector(), indices.shape());
 }

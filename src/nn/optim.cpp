@@ -14,21 +14,27 @@ namespace attn::optim {
 std::vector<ParamGroup> decay_groups(nn::Module& model, double weight_decay) {
   ParamGroup decay{.params = {}, .weight_decay = weight_decay};
   ParamGroup no_decay{.params = {}, .weight_decay = 0.0};
-  for (auto& [name, p] : model.named_parameters()) (p->value.dim() >= 2 ? decay : no_decay).params.push_back(p);
+  for (auto& [name, p] : model.named_parameters())
+    (p->value.dim() >= 2 ? decay : no_decay).params.push_back(p);
   return {decay, no_decay};
 }
 
 namespace {
 
 const AdamWOptions& checked(const AdamWOptions& o) {
-  if (!(o.lr >= 0.0)) throw std::invalid_argument(fmt::format("AdamW: invalid learning rate: {}", o.lr));
-  if (!(o.eps >= 0.0)) throw std::invalid_argument(fmt::format("AdamW: invalid epsilon value: {}", o.eps));
+  if (!(o.lr >= 0.0))
+    throw std::invalid_argument(fmt::format("AdamW: invalid learning rate: {}", o.lr));
+  if (!(o.eps >= 0.0))
+    throw std::invalid_argument(fmt::format("AdamW: invalid epsilon value: {}", o.eps));
   if (!(o.beta1 >= 0.0 && o.beta1 < 1.0))
-    throw std::invalid_argument(fmt::format("AdamW: invalid beta parameter at index 0: {}", o.beta1));
+    throw std::invalid_argument(
+        fmt::format("AdamW: invalid beta parameter at index 0: {}", o.beta1));
   if (!(o.beta2 >= 0.0 && o.beta2 < 1.0))
-    throw std::invalid_argument(fmt::format("AdamW: invalid beta parameter at index 1: {}", o.beta2));
+    throw std::invalid_argument(
+        fmt::format("AdamW: invalid beta parameter at index 1: {}", o.beta2));
   if (!(o.weight_decay >= 0.0))
-    throw std::invalid_argument(fmt::format("AdamW: invalid weight_decay value: {}", o.weight_decay));
+    throw std::invalid_argument(
+        fmt::format("AdamW: invalid weight_decay value: {}", o.weight_decay));
   return o;
 }
 
@@ -38,12 +44,15 @@ AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options)
     : groups_(std::move(groups)), options_(checked(options)) {
   for (const ParamGroup& g : groups_) {
     if (!(g.weight_decay >= 0.0))
-      throw std::invalid_argument(fmt::format("AdamW: invalid weight_decay value: {}", g.weight_decay));
+      throw std::invalid_argument(
+          fmt::format("AdamW: invalid weight_decay value: {}", g.weight_decay));
     std::vector<State> states;
     for (const nn::Parameter* p : g.params) {
-      if (p->value.dtype() != DType::kFloat32 || !p->value.is_contiguous() || p->grad.shape() != p->value.shape()) {
+      if (p->value.dtype() != DType::kFloat32 || !p->value.is_contiguous() ||
+          p->grad.shape() != p->value.shape()) {
         throw std::invalid_argument(fmt::format(
-            "AdamW: a parameter must be a contiguous float32 tensor with a gradient of its shape, got {} {} "
+            "AdamW: a parameter must be a contiguous float32 tensor with a gradient of its shape, "
+            "got {} {} "
             "with gradient {}",
             dtype_name(p->value.dtype()), shape_str(p->value.shape()), shape_str(p->grad.shape())));
       }
@@ -57,7 +66,8 @@ AdamW::AdamW(nn::Module& model, const AdamWOptions& options)
     : AdamW(decay_groups(model, options.weight_decay), options) {}
 
 void AdamW::set_lr(double lr) {
-  if (!(lr >= 0.0)) throw std::invalid_argument(fmt::format("AdamW: invalid learning rate: {}", lr));
+  if (!(lr >= 0.0))
+    throw std::invalid_argument(fmt::format("AdamW: invalid learning rate: {}", lr));
   options_.lr = lr;
 }
 
@@ -154,8 +164,8 @@ double get_lr(int64_t it, const CosineSchedule& s) {
   // 2) after lr_decay_iters, min_lr
   if (it > s.lr_decay_iters) return s.min_lr;
   // 3) in between, cosine decay down to min_lr
-  const double decay_ratio =
-      static_cast<double>(it - s.warmup_iters) / static_cast<double>(s.lr_decay_iters - s.warmup_iters);
+  const double decay_ratio = static_cast<double>(it - s.warmup_iters) /
+                             static_cast<double>(s.lr_decay_iters - s.warmup_iters);
   const double coeff = 0.5 * (1.0 + std::cos(std::numbers::pi * decay_ratio));  // 1 .. 0
   return s.min_lr + coeff * (s.learning_rate - s.min_lr);
 }

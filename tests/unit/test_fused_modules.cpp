@@ -156,13 +156,82 @@ TEST(FusedModules, MultiHeadAttentionMatchesReference) {
   }
 }
 
+// dtype = kBFloat16 (mixed precision, attn/fused.h) against the fp32 fused
+// path of the same module: the output and every gradient within bf16's
+// tolerance of the scale of the result or of y, whichever is larger. The
+// key bias's gradient is left out: zero in exact arithmetic (softmax ignores
+// a constant added to a row of scores), it is rounding noise in both modes,
+// larger in bf16 (the fp32 tests above check it). x, the weights, qkv,
+// the context and dy are rounded to bf16 (2^-9 each) and the kernel rounds
+// P and dS, so the bound is 3e-2 (largest seen: printed); the gradients stay
+// fp32 tensors (the master copy) and the path taken is the fused one.
+TEST(FusedModules, Bf16MixedPrecisionTracksFloat32) {
+  float worst = 0.0f;
+  uint64_t seed = 40;
+  for (const Shape4& s : shapes()) {
+    for (bool bias : {false, true}) {
+      Shape4 shape = s;
+      shape.bias = bias;
+      const Tensor x = random_tensor({s.B, s.T, s.d_in}, 31 + seed);
+      const Tensor R = random_tensor({s.B, s.T, s.H * s.hd}, 32 + seed);
+      Generator g32(seed), g16(seed);
+      MultiHeadAttention m32(mha_options(shape, AttentionBackend::kFused), g32);
+      MultiHeadAttentionOptions o16 = mha_options(shape, AttentionBackend::kAuto);
+      o16.dtype = DType::kBFloat16;
+      MultiHeadAttention m16(o16, g16);
+      const auto a = forward_backward(m16, x, R);
+      const auto b = forward_backward(m32, x, R);
+      EXPECT_EQ(m16.last_backend(), AttentionBackend::kFused);
+      const auto names = result_names(m16);
+      for (size_t n = 0; n < a.size(); ++n) {
+        EXPECT_EQ(a[n].dtype(), DType::kFloat32) << names[n];
+        if (names[n] == "W_key.bias.grad") continue;  // zero in exact maths: noise in both
+        const float err = rel_err(a[n], b[n], max_abs(b[0]));
+        worst = std::max(worst, err);
+        EXPECT_LE(err, 3e-2f) << name_of(shape) << " " << names[n];
+        if (names[n] == "out_proj.bias.grad") {  // Σ_rows dy: fp32 in both modes
+          EXPECT_EQ(max_abs_diff(a[n], b[n]), 0.0f) << name_of(shape);
+        }
+      }
+      EXPECT_GT(max_abs_diff(a[0], b[0]), 0.0f) << name_of(shape) << ": bf16 gave the fp32 bits";
+      ++seed;
+    }
+  }
+  std::printf("bf16 module vs fp32 module (%s): largest relative error %.2e\n",
+              kernels::flash_attention_bf16_path(), worst);
+}
+
+TEST(FusedModules, Bf16NeedsTheFusedPath) {
+  const Shape4 s{1, 8, 16, 2, 8, false};
+  MultiHeadAttentionOptions o = mha_options(s, AttentionBackend::kReference);
+  o.dtype = DType::kBFloat16;
+  expect_message<std::invalid_argument>(
+      [&] { MultiHeadAttention m(o); },
+      "MultiHeadAttention: dtype = bfloat16 runs on the fused path only, which "
+      "backend = kReference excludes (head_dim 8, max 256)");
+  o.backend = AttentionBackend::kAuto;
+  o.dtype = DType::kInt64;
+  expect_message<std::invalid_argument>(
+      [&] { MultiHeadAttention m(o); },
+      "MultiHeadAttention: dtype must be float32 or bfloat16, got int64");
+  // Training with dropout: kAuto would take the reference path in fp32; bf16 takes the fused one.
+  o.dtype = DType::kBFloat16;
+  o.dropout = 0.1f;
+  MultiHeadAttention m(o);
+  const Tensor x = random_tensor({1, 8, 16}, 5);
+  EXPECT_EQ(path_of(m, x), AttentionBackend::kFused);
+  EXPECT_FALSE(has_non_finite(m.backward(random_tensor({1, 8, 16}, 6))));
+}
+
 TEST(FusedModules, StepsReuseTheirBuffersWithoutCarryingValuesOver) {
   // One module stepped through shapes that grow, shrink and repeat (its fused
   // buffers are reused whenever a shape repeats, reallocated otherwise)
   // gives at each step the same bits as a fresh module with the same weights.
   // Without qkv biases, so every product must overwrite, not accumulate.
-  const std::vector<Shape4> steps = {{2, 17, 24, 3, 8, false}, {2, 17, 24, 3, 8, false},
-                                     {1, 40, 24, 3, 8, false}, {2, 17, 24, 3, 8, false},
+  const std::vector<Shape4> steps = {{2, 17, 24, 3, 8, false},
+                                     {2, 17, 24, 3, 8, false},
+                                     {1, 40, 24, 3, 8, false},
+                                     {2, 17, 24, 3, 8, false},
                                      {2, 5, 24, 3, 8, false}};
   const auto options = mha_options(steps[2], AttentionBackend::kFused);  // the longest T
   Generator g_stepped(5);
@@ -533,8 +602,8 @@ TEST(FusedModules, HeadMatchesReference) {
       {1, 40, 32, 256, true}, {2, 7, 9, 5, false},
   };
   for (const HeadShape& s : all) {
-    expect_paths_agree<Head>([&](AttentionBackend backend) { return head_options(s, backend); },
-                             14, random_tensor({s.B, s.T, s.n_embd}, 27),
+    expect_paths_agree<Head>([&](AttentionBackend backend) { return head_options(s, backend); }, 14,
+                             random_tensor({s.B, s.T, s.n_embd}, 27),
                              random_tensor({s.B, s.T, s.head_size}, 28), name_of(s));
   }
 }
@@ -623,11 +692,9 @@ TEST(FusedModules, HeadAutoPicksTheExpectedPath) {
   const Tensor x = random_tensor({1, 5, 4}, 53);
   using enum AttentionBackend;
   Generator gen(54);
-  expect_auto_rule<Head>(
-      [&](AttentionBackend backend, float p, bool exact) {
-        return head_options(s, backend, p, exact);
-      },
-      x, gen);
+  expect_auto_rule<Head>([&](AttentionBackend backend, float p,
+                             bool exact) { return head_options(s, backend, p, exact); },
+                         x, gen);
   Head wide(head_options({1, 5, 4, 300, false}, kAuto), gen);
   EXPECT_EQ(path_of(wide, x), kReference);  // head_size 300 > 256
   Head encoder(head_options({1, 5, 4, 3, false}, kAuto), gen);

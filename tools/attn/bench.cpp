@@ -160,13 +160,15 @@ nn::AttentionBackend parse_backend(const std::string& name) {
 std::unique_ptr<nn::MultiHeadAttention> make_module(const BenchCase& c,
                                                     const std::string& backend) {
   Generator gen(0);
+  const DType dtype = c.dtype == "bfloat16" ? DType::kBFloat16 : DType::kFloat32;
   return std::make_unique<nn::MultiHeadAttention>(
       nn::MultiHeadAttentionOptions{.d_in = c.d_model,
                                     .d_out = c.d_model,
                                     .context_length = c.T,
                                     .dropout = 0.0f,
                                     .num_heads = c.heads,
-                                    .backend = parse_backend(backend)},
+                                    .backend = parse_backend(backend),
+                                    .dtype = dtype},
       gen);
 }
 
@@ -445,7 +447,8 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_option("--mode", f->mode, "fwd, fwdbwd or all")->capture_default_str();
   cmd->add_option("--dtype", f->dtype,
                   "float32, bfloat16 or all: the core's inputs and outputs (bfloat16: the bf16 "
-                  "kernels, path AVX512-BF16 or widened to fp32; module rows stay float32)")
+                  "kernels, path AVX512-BF16 or widened to fp32); the module's compute dtype "
+                  "(bfloat16: mixed precision, fp32 weights)")
       ->capture_default_str();
   cmd->add_option("--backend", f->backend, "The module's path: auto, reference or fused")
       ->capture_default_str();
@@ -586,8 +589,7 @@ Command add_bench_command(CLI::App& app) {
       for (const auto& kind : kinds) {
         for (const auto& mode : modes) {
           for (const auto& dtype : dtypes) {
-            if (kind == "module" && dtype == "bfloat16") continue;  // modules: float32 only
-            BenchCase c = shape;
+              BenchCase c = shape;
             c.kind = kind, c.mode = mode, c.dtype = dtype;
             BenchResult r = run_bench_case(c, repeats, f->backend);
             const bool bf16_dots =
