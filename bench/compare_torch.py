@@ -155,6 +155,14 @@ def best_attn(attn, kind, shape, mode, repeats, envs, dtype="float32"):
     return best
 
 
+def write_json_atomically(path, rows):
+    """The rows as JSON: a temporary file beside path, then renamed over it."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(rows, f, indent=1)
+    os.replace(tmp, path)
+
+
 def compare_bf16(args):
     """attn's bf16 core and module against PyTorch's, and each against its own fp32 figure."""
     envs = [(1, None), (2, None), (2, "0")]
@@ -188,10 +196,7 @@ def compare_bf16(args):
           f"({args.rounds} interleaved round(s)); x bf16 = torch bf16 ms / attn bf16 ms; "
           "attn bf16/fp32 = attn fp32 ms / attn bf16 ms.")
     if args.json_out:
-        tmp = args.json_out + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(rows, f, indent=1)
-        os.replace(tmp, args.json_out)
+        write_json_atomically(args.json_out, rows)
     return 0
 
 
@@ -270,10 +275,7 @@ def main():
           f"GOMP_SPINCOUNT in {{unset, 0}} ({args.rounds} interleaved round(s)); x = torch ms / attn ms; "
           "'x vs best' is against the faster of torch's nn.MultiheadAttention and the SDPA module.")
     if args.json_out:
-        tmp = args.json_out + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(rows, f, indent=1)
-        os.replace(tmp, args.json_out)
+        write_json_atomically(args.json_out, rows)
     return 0
 
 
