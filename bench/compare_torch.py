@@ -155,6 +155,15 @@ def best_attn(attn, kind, shape, mode, repeats, envs, dtype="float32"):
     return best
 
 
+# (OMP_NUM_THREADS, GOMP_SPINCOUNT) pairs every side is timed under; each side's best counts.
+ENVS = [(1, None), (2, None), (2, "0")]
+
+
+def torch_version_of(python):
+    return subprocess.run([python, "-c", "import torch; print(torch.__version__)"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
 def write_json_atomically(path, rows):
     """The rows as JSON: a temporary file beside path, then renamed over it."""
     tmp = path + ".tmp"
@@ -165,10 +174,9 @@ def write_json_atomically(path, rows):
 
 def compare_bf16(args):
     """attn's bf16 core and module against PyTorch's, and each against its own fp32 figure."""
-    envs = [(1, None), (2, None), (2, "0")]
+    envs = ENVS
     rows = []
-    torch_version = subprocess.run([args.python, "-c", "import torch; print(torch.__version__)"], check=True,
-                                   capture_output=True, text=True).stdout.strip()
+    torch_version = torch_version_of(args.python)
     print(f"PyTorch {torch_version} ({args.python}); causal, ms median; module = qkv Linear, SDPA, out_proj")
     header = (f"{'shape BxTxDxH':>15} {'kind':>6} {'mode':>7} {'attn bf16':>10} {'torch bf16':>11} {'x bf16':>7} "
               f"{'attn fp32':>10} {'torch fp32':>11} {'attn bf16/fp32':>15}")
@@ -227,10 +235,9 @@ def main():
     if args.dtype == "bfloat16":
         return compare_bf16(args)
 
-    envs = [(1, None), (2, None), (2, "0")]
+    envs = ENVS
     rows = []
-    torch_version = subprocess.run([args.python, "-c", "import torch; print(torch.__version__)"], check=True,
-                                   capture_output=True, text=True).stdout.strip()
+    torch_version = torch_version_of(args.python)
     print(f"PyTorch {torch_version} ({args.python})")
     header = (f"{'shape BxTxDxH':>15} {'mode':>7} {'attn module':>12} {'torch MHA':>10} {'sdpa mod':>9} "
               f"{'book MHA':>10} {'x vs best':>9} {'x vs book':>9} {'attn core':>10} {'torch core':>11} "
