@@ -44,20 +44,28 @@ void gemm_tn_accumulate(float* C, int64_t ldc, const float* A, int64_t lda, cons
 // db (N) += Σ_rows A (M, N; lda), row by row (the inner loop vectorises over N).
 // Not a BLAS sgemv: that would wake the BLAS's own thread pool, which then
 // spins against the OpenMP threads of the kernels around it.
-void column_sums_accumulate(float* db, const float* A, int64_t lda, int64_t M, int64_t N) {
+// A's elements are float, or bf16 (bf16 mode) summed in fp32.
+float as_float(float v) { return v; }
+float as_float(BFloat16 v) { return to_float(v); }
+template <class T>
+void column_sums_accumulate(float* db, const T* A, int64_t lda, int64_t M, int64_t N) {
   for (int64_t r = 0; r < M; ++r) {
-    const float* row = A + r * lda;
-    for (int64_t j = 0; j < N; ++j) db[j] += row[j];
+    const T* row = A + r * lda;
+    for (int64_t j = 0; j < N; ++j) db[j] += as_float(row[j]);
   }
 }
-// y = x Wᵀ + b into C (M, N; ldc): every row of C set to b, then the sgemm
-// accumulates onto it (beta = 1); without a bias the sgemm overwrites (beta = 0).
+// Every row of C (M, N; ldc) set to b, so that a product with beta = 1 adds
+// onto it; returns that beta (0 without a bias: the product overwrites).
+float prefill_bias(float* C, int64_t ldc, const Tensor* b, int64_t M, int64_t N) {
+  if (b == nullptr) return 0.0f;
+  for (int64_t r = 0; r < M; ++r) std::copy(b->data(), b->data() + N, C + r * ldc);
+  return 1.0f;
+}
+// y = x Wᵀ + b into C (M, N; ldc).
 void linear_into(float* C, int64_t ldc, const float* x, int64_t d_in, const Tensor& W,
                  const Tensor* b, int64_t M, int64_t N) {
-  if (b != nullptr) {
-    for (int64_t r = 0; r < M; ++r) std::copy(b->data(), b->data() + N, C + r * ldc);
-  }
-  gemm_nt(C, ldc, x, d_in, W.data(), d_in, M, N, d_in, b != nullptr ? 1.0f : 0.0f);
+  const float beta = prefill_bias(C, ldc, b, M, N);
+  gemm_nt(C, ldc, x, d_in, W.data(), d_in, M, N, d_in, beta);
 }
 
 // ---- bf16 mode: the products take bf16 operands and sum in fp32 ----
@@ -72,12 +80,12 @@ void gemm_bf16(Trans ta, Trans tb, float* C, int64_t ldc, const BFloat16* A, int
                const BFloat16* Bm, int64_t ldb, int64_t M, int64_t N, int64_t K, float beta) {
   gemm::gemm_bf16(ta, tb, M, N, K, 1.0f, A, lda, Bm, ldb, beta, C, ldc);
 }
-// db (N) += Σ_rows A (M, N; lda) of bf16 values, summed in fp32.
-void column_sums_accumulate(float* db, const BFloat16* A, int64_t lda, int64_t M, int64_t N) {
-  for (int64_t r = 0; r < M; ++r) {
-    const BFloat16* row = A + r * lda;
-    for (int64_t j = 0; j < N; ++j) db[j] += to_float(row[j]);
-  }
+// y = x Wᵀ + b into C (M, N; ldc) from bf16 x and W, summed in fp32.
+void linear_into_bf16(float* C, int64_t ldc, const BFloat16* x, int64_t d_in, const Tensor& W,
+                      const Tensor* b, int64_t M, int64_t N) {
+  const float beta = prefill_bias(C, ldc, b, M, N);
+  gemm_bf16(Trans::kNo, Trans::kYes, C, ldc, x, d_in, W.data_ptr<BFloat16>(), d_in, M, N, d_in,
+            beta);
 }
 
 // t itself when it already has this shape and no other tensor holds its
@@ -247,15 +255,9 @@ Tensor attention_block_forward(const Tensor& x_in, const ProjectionWeights& w,
     // qkv = x Wᵀ + b in fp32 sums, kept in bf16.
     Tensor& qkv32 = reuse(s.qkv_f32, {B, T, kQKV * d_out});  // (B, T, 3·d_out)
     const auto biases = biases_of(w);
-    for (int j = 0; j < kQKV; ++j) {
-      float* C = qkv32.data() + j * d_out;
-      if (biases[j] != nullptr)
-        for (int64_t r = 0; r < N; ++r)
-          std::copy(biases[j]->data(), biases[j]->data() + d_out, C + r * kQKV * d_out);
-      gemm_bf16(Trans::kNo, Trans::kYes, C, kQKV * d_out, xb.data_ptr<BFloat16>(), d_in,
-                s.weights_bf16[size_t(j)].data_ptr<BFloat16>(), d_in, N, d_out, d_in,
-                biases[j] != nullptr ? 1.0f : 0.0f);
-    }
+    for (int j = 0; j < kQKV; ++j)
+      linear_into_bf16(qkv32.data() + j * d_out, kQKV * d_out, xb.data_ptr<BFloat16>(), d_in,
+                       s.weights_bf16[size_t(j)], biases[j], N, d_out);
     Tensor& qkv = reuse(s.qkv, {B, T, kQKV * d_out}, DType::kBFloat16);
     round_to_bf16(qkv.data_ptr<BFloat16>(), qkv32.data(), qkv32.numel());
     const BFloat16* q = qkv.data_ptr<BFloat16>();
@@ -266,12 +268,8 @@ Tensor attention_block_forward(const Tensor& x_in, const ProjectionWeights& w,
     Tensor y;
     if (w.W_out != nullptr) {
       y = Tensor({B, T, d_out});  // (B, T, d_out) = context W_outᵀ + b_out, fp32
-      if (w.b_out != nullptr)
-        for (int64_t r = 0; r < N; ++r)
-          std::copy(w.b_out->data(), w.b_out->data() + d_out, y.data() + r * d_out);
-      gemm_bf16(Trans::kNo, Trans::kYes, y.data(), d_out, context.data_ptr<BFloat16>(), d_out,
-                s.weights_bf16[3].data_ptr<BFloat16>(), d_out, N, d_out, d_out,
-                w.b_out != nullptr ? 1.0f : 0.0f);
+      linear_into_bf16(y.data(), d_out, context.data_ptr<BFloat16>(), d_out, s.weights_bf16[3],
+                       w.b_out, N, d_out);
     } else {
       y = context.to(DType::kFloat32);
     }
