@@ -21,6 +21,7 @@
 #include "attn/functional.h"
 #include "attn/kernels.h"
 #include "attn/tensor.h"
+#include "flash_cases.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -41,35 +42,11 @@ std::vector<float> randn(size_t n, uint32_t seed, float stddev = 1.0f) {
   return x;
 }
 
-// max |a − b| / max |b| over the hd columns of every head of every token.
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  double max_diff = 0.0, max_ref = 0.0;
-  for (size_t n = 0; n < a.size(); ++n) {
-    max_diff = std::max(max_diff, std::abs(double(a[n]) - double(b[n])));
-    if (std::isnan(a[n]) != std::isnan(b[n])) return std::numeric_limits<double>::infinity();
-    max_ref = std::max(max_ref, std::abs(double(b[n])));
-  }
-  return max_ref > 0.0 ? max_diff / max_ref : max_diff;
-}
+using Case = attn::test::FlashCase;
+using Errors = attn::test::FlashErrors;
+using attn::test::flash_rel_err;
 
-struct Case {
-  int64_t B, T, H, hd;
-  bool causal;
-  float dropout_p = 0.0f;
-  bool fused_qkv = false;  // q, k, v side by side in one (B, T, 3·H·hd) buffer
-  float input_scale = 1.0f;
-};
-
-std::string name(const Case& c) {
-  return "B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) +
-         " hd=" + std::to_string(c.hd) + (c.causal ? " causal" : " full") +
-         " p=" + std::to_string(c.dropout_p) + (c.fused_qkv ? " qkv" : "");
-}
-
-// Fused vs plain, forward and backward; returns the four relative errors.
-struct Errors {
-  double out, lse, dq, dk, dv;
-};
+std::string name(const Case& c) { return attn::test::flash_case_name(c); }
 
 Errors compare_with_reference(const Case& c, uint32_t seed) {
   const int64_t d_out = c.H * c.hd;
@@ -121,14 +98,14 @@ Errors compare_with_reference(const Case& c, uint32_t seed) {
     return g;
   };
   Errors e{};
-  e.out = rel_err(out, out_ref);  // includes the gaps: sentinel == sentinel
+  e.out = flash_rel_err(out, out_ref);  // includes the gaps: sentinel == sentinel
   e.lse = 0.0;
   for (size_t n = 0; n < lse.size(); ++n)
     e.lse = std::max(
         e.lse, std::abs(double(lse[n]) - lse_ref[n]) / std::max(1.0, std::abs(double(lse_ref[n]))));
-  e.dq = rel_err(gather(dq_p, in_stride), gather(dq_r, in_stride));
-  e.dk = rel_err(gather(dk_p, in_stride), gather(dk_r, in_stride));
-  e.dv = rel_err(gather(dv_p, in_stride), gather(dv_r, in_stride));
+  e.dq = flash_rel_err(gather(dq_p, in_stride), gather(dq_r, in_stride));
+  e.dk = flash_rel_err(gather(dk_p, in_stride), gather(dk_r, in_stride));
+  e.dv = flash_rel_err(gather(dv_p, in_stride), gather(dv_r, in_stride));
   if (!c.fused_qkv) {  // dq, dk, dv own their buffers: everything was written
     EXPECT_EQ(std::count(dq.begin(), dq.end(), sentinel), 0) << name(c);
   }
@@ -460,9 +437,15 @@ TEST(FlashAttention, LargestErrorsAreWithinTheDocumentedBound) {
   peaked.input_scale = 5.0f;
   Case qkv{2, 77, 3, 24, false};
   qkv.fused_qkv = true;
-  const Case cases[] = {{1, 1, 2, 16, true},      {1, 65, 2, 64, true},  {1, 129, 2, 80, false},
-                        {2, 70, 3, 256, true},    {1, 37, 2, 7, false},  {1, 300, 2, 64, true},
-                        {2, 130, 2, 64, true, 0.5f}, peaked,             qkv};
+  const Case cases[] = {{1, 1, 2, 16, true},
+                        {1, 65, 2, 64, true},
+                        {1, 129, 2, 80, false},
+                        {2, 70, 3, 256, true},
+                        {1, 37, 2, 7, false},
+                        {1, 300, 2, 64, true},
+                        {2, 130, 2, 64, true, 0.5f},
+                        peaked,
+                        qkv};
   Errors worst{};
   uint32_t seed = 900;
   for (const Case& c : cases) {
@@ -472,9 +455,9 @@ TEST(FlashAttention, LargestErrorsAreWithinTheDocumentedBound) {
   }
   std::printf("largest relative errors vs reference: out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n",
               worst.out, worst.lse, worst.dq, worst.dk, worst.dv);
-  for (const auto& [what, err] : {std::pair{"out", worst.out}, std::pair{"lse", worst.lse},
-                                  std::pair{"dq", worst.dq}, std::pair{"dk", worst.dk},
-                                  std::pair{"dv", worst.dv}}) {
+  for (const auto& [what, err] :
+       {std::pair{"out", worst.out}, std::pair{"lse", worst.lse}, std::pair{"dq", worst.dq},
+        std::pair{"dk", worst.dk}, std::pair{"dv", worst.dv}}) {
     EXPECT_LE(err, kRelTol) << what;
     EXPECT_GT(err, 0.0) << what << ": no difference at all from the fp64 reference";
   }

@@ -32,6 +32,7 @@
 #include "attn/functional.h"
 #include "attn/kernels.h"
 #include "attn/tensor.h"
+#include "flash_cases.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -68,34 +69,13 @@ std::vector<float> widen(const std::vector<BFloat16>& x) {
   return f;
 }
 
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  double max_diff = 0.0, max_ref = 0.0;
-  for (size_t n = 0; n < a.size(); ++n) {
-    if (std::isnan(a[n]) != std::isnan(b[n])) return std::numeric_limits<double>::infinity();
-    max_diff = std::max(max_diff, std::abs(double(a[n]) - double(b[n])));
-    max_ref = std::max(max_ref, std::abs(double(b[n])));
-  }
-  return max_ref > 0.0 ? max_diff / max_ref : max_diff;
-}
-
-struct Case {
-  int64_t B, T, H, hd;
-  bool causal;
-  float dropout_p = 0.0f;
-  bool fused_qkv = false;  // q, k, v side by side in one (B, T, 3·H·hd) buffer
-  float input_scale = 1.0f;
-};
+using Case = attn::test::FlashCase;
+using Errors = attn::test::FlashErrors;
+using attn::test::flash_rel_err;
 
 std::string name(const Case& c) {
-  return std::string(kn::flash_attention_bf16_path()) + ": B=" + std::to_string(c.B) +
-         " T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) + " hd=" + std::to_string(c.hd) +
-         (c.causal ? " causal" : " full") + " p=" + std::to_string(c.dropout_p) +
-         (c.fused_qkv ? " qkv" : "");
+  return std::string(kn::flash_attention_bf16_path()) + ": " + attn::test::flash_case_name(c);
 }
-
-struct Errors {
-  double out, lse, dq, dk, dv;
-};
 
 Errors compare_with_reference(const Case& c, uint32_t seed) {
   const int64_t d_out = c.H * c.hd;
@@ -152,15 +132,15 @@ Errors compare_with_reference(const Case& c, uint32_t seed) {
   };
   const std::vector<float> dq_w = widen(dq), dk_w = widen(dk), dv_w = widen(dv);
   Errors e{};
-  e.out = rel_err(widen(out), out_ref);  // includes the gaps: sentinel == sentinel
+  e.out = flash_rel_err(widen(out), out_ref);  // includes the gaps: sentinel == sentinel
   for (size_t n = 0; n < lse.size(); ++n)
     e.lse = std::max(
         e.lse, std::abs(double(lse[n]) - lse_ref[n]) / std::max(1.0, std::abs(double(lse_ref[n]))));
-  e.dq = rel_err(gather(dq_w.data(), in_stride), gather(dq_ref.data(), in_stride));
-  e.dk = rel_err(gather(c.fused_qkv ? dq_w.data() + d_out : dk_w.data(), in_stride),
-                 gather(dk_r, in_stride));
-  e.dv = rel_err(gather(c.fused_qkv ? dq_w.data() + 2 * d_out : dv_w.data(), in_stride),
-                 gather(dv_r, in_stride));
+  e.dq = flash_rel_err(gather(dq_w.data(), in_stride), gather(dq_ref.data(), in_stride));
+  e.dk = flash_rel_err(gather(c.fused_qkv ? dq_w.data() + d_out : dk_w.data(), in_stride),
+                       gather(dk_r, in_stride));
+  e.dv = flash_rel_err(gather(c.fused_qkv ? dq_w.data() + 2 * d_out : dv_w.data(), in_stride),
+                       gather(dv_r, in_stride));
   for (int64_t t = 0; t < c.B * c.T; ++t)
     for (int64_t g = d_out; g < p.o_stride; ++g)
       EXPECT_EQ(out[size_t(t * p.o_stride + g)].bits, sentinel.bits) << name(c);
