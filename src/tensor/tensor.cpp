@@ -11,6 +11,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "tensor/storage_cache.h"
+
 namespace attn {
 
 std::string shape_str(const Shape& shape) {
@@ -60,20 +62,20 @@ int64_t element_size(DType dtype) {
 // ---- storage ----------------------------------------------------------------------------
 
 namespace {
-constexpr size_t kAlignment = 64;  // a cache line, and an AVX-512 register
-}
-
-Storage::Storage(int64_t nbytes, bool zero) : nbytes_(nbytes) {
+detail::Block checked_block(int64_t nbytes, bool zero) {
   if (nbytes < 0) throw std::invalid_argument(fmt::format("Storage: negative size {} bytes", nbytes));
-  // aligned_alloc wants a size that is a multiple of the alignment.
-  const size_t rounded = (static_cast<size_t>(nbytes) + kAlignment - 1) / kAlignment * kAlignment;
-  auto* p = static_cast<std::byte*>(std::aligned_alloc(kAlignment, std::max(rounded, kAlignment)));
-  if (p == nullptr) throw std::bad_alloc();
-  if (zero) std::memset(p, 0, static_cast<size_t>(nbytes));
-  data_.reset(p);
+  const detail::Block block = detail::allocate_block(static_cast<size_t>(nbytes));
+  if (zero) std::memset(block.data, 0, static_cast<size_t>(nbytes));
+  return block;
 }
+}  // namespace
 
-void Storage::Free::operator()(std::byte* p) const { std::free(p); }
+Storage::Storage(int64_t nbytes, bool zero) : Storage(checked_block(nbytes, zero), nbytes) {}
+
+Storage::Storage(detail::Block block, int64_t nbytes)
+    : data_(block.data, Free{block.bytes}), nbytes_(nbytes) {}
+
+void Storage::Free::operator()(std::byte* p) const { detail::free_block({p, block_bytes}); }
 
 // ---- construction -----------------------------------------------------------------------
 

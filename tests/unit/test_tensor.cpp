@@ -167,3 +167,76 @@ TEST(Tensor, StorageIsAlignedForSimd) {
     EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data()) % 64, 0u) << n;
   }
 }
+
+// ---- the storage cache ----------------------------------------------------------------
+
+namespace {
+// Restores the process's cache limit when a test ends.
+struct CacheLimitGuard {
+  int64_t limit = attn::storage_cache_stats().limit_bytes;
+  ~CacheLimitGuard() { attn::set_storage_cache_limit(limit); }
+};
+constexpr int64_t kLarge = 3 << 20;  // 3 MiB: a cached size
+}  // namespace
+
+TEST(StorageCache, AFreedLargeBlockServesTheNextStorageOfItsSize) {
+  CacheLimitGuard guard;
+  attn::set_storage_cache_limit(int64_t{64} << 20);
+  attn::release_cached_storage();
+  const float* first = nullptr;
+  {
+    Tensor t = Tensor::full({kLarge / 4}, 7.0f);
+    first = t.data();
+  }
+  const auto before = attn::storage_cache_stats();
+  EXPECT_EQ(before.cached_blocks, 1);
+  EXPECT_EQ(before.cached_bytes, kLarge);
+  // zeros() on the reused block is all zeros: the old 7s do not come back.
+  Tensor z = Tensor::zeros({kLarge / 4});
+  const auto after = attn::storage_cache_stats();
+  EXPECT_EQ(z.data(), first);
+  EXPECT_EQ(after.hits, before.hits + 1);
+  EXPECT_EQ(after.cached_blocks, 0);
+  for (int64_t i = 0; i < z.numel(); ++i) ASSERT_EQ(z[i], 0.0f) << i;
+  // A different size misses, and small storages never enter the cache.
+  Tensor other = Tensor::zeros({kLarge / 4 + 4096});
+  EXPECT_NE(other.data(), first);
+  EXPECT_EQ(attn::storage_cache_stats().misses, after.misses + 1);
+  { Tensor small({1000}); }
+  EXPECT_EQ(attn::storage_cache_stats().cached_blocks, 0);
+}
+
+TEST(StorageCache, TheLimitReleasesTheOldestBlocksFirst) {
+  CacheLimitGuard guard;
+  attn::set_storage_cache_limit(2 * kLarge);
+  attn::release_cached_storage();
+  const float* a_data = nullptr;
+  const float* c_data = nullptr;
+  {
+    Tensor a({kLarge / 4}), b({kLarge / 4}), c({kLarge / 4});
+    a_data = a.data();
+    c_data = c.data();
+  }  // freed c, b, a (in reverse order of declaration): c is the oldest
+  EXPECT_EQ(attn::storage_cache_stats().cached_bytes, 2 * kLarge);
+  Tensor x({kLarge / 4}), y({kLarge / 4});
+  EXPECT_TRUE(x.data() != c_data && y.data() != c_data);
+  EXPECT_TRUE(x.data() == a_data || y.data() == a_data);
+  // Limit 0 turns the cache off and releases everything.
+  attn::set_storage_cache_limit(0);
+  { Tensor t({kLarge / 4}); }
+  EXPECT_EQ(attn::storage_cache_stats().cached_bytes, 0);
+  EXPECT_EQ(attn::storage_cache_stats().cached_blocks, 0);
+}
+
+TEST(StorageCache, ReleaseEmptiesItAndANegativeLimitIsAnError) {
+  CacheLimitGuard guard;
+  attn::set_storage_cache_limit(int64_t{64} << 20);
+  { Tensor t({kLarge / 4}); }
+  EXPECT_GT(attn::storage_cache_stats().cached_bytes, 0);
+  attn::release_cached_storage();
+  EXPECT_EQ(attn::storage_cache_stats().cached_bytes, 0);
+  EXPECT_EQ(attn::storage_cache_stats().limit_bytes, int64_t{64} << 20);
+  attn::test::expect_message<std::invalid_argument>(
+      [] { attn::set_storage_cache_limit(-1); },
+      "set_storage_cache_limit: the limit must be >= 0 bytes, got -1");
+}
