@@ -45,7 +45,8 @@ RECIPES = {
 
 
 # ---------------------------------------------------------------- worker side
-def torch_worker(impl, recipe, text_path, warmup, iters, threads):
+def torch_worker(impl, recipe, text_path, warmup, iters, threads, dtype):
+    import contextlib
     import torch
     import torch.nn.functional as F
 
@@ -75,6 +76,9 @@ def torch_worker(impl, recipe, text_path, warmup, iters, threads):
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=1e-3, betas=(0.9, 0.99), eps=1e-8)
     B, T = r["batch_size"], r["context_length"]
+    # bf16: mixed precision as PyTorch users write it (fp32 master weights).
+    autocast = ((lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if dtype == "bfloat16"
+                else contextlib.nullcontext)
 
     def lr_at(it, max_iters=2000, warm=100, lr=1e-3, min_lr=1e-4):
         if it < warm:
@@ -90,8 +94,9 @@ def torch_worker(impl, recipe, text_path, warmup, iters, threads):
         y = torch.stack([train[i + 1:i + 1 + T] for i in ix])
         for g in opt.param_groups:
             g["lr"] = lr_at(it)
-        logits = model(x)
-        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        with autocast():
+            logits = model(x)
+            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -129,7 +134,7 @@ def time_torch(python, impl, args, threads):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     cmd = [python, os.path.abspath(__file__), "--worker", impl, "--recipe", args.recipe,
            "--text", args.text, "--warmup", str(args.warmup), "--iters", str(args.iters),
-           "--threads", str(threads)]
+           "--threads", str(threads), "--dtype", args.dtype]
     out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])["ms_per_iter"]
 
@@ -164,10 +169,12 @@ def main():
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--threads", default="1,2")
     p.add_argument("--impls", default="attn,torch-book,torch-sdpa")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="bfloat16: attn train --dtype bfloat16 against torch.autocast(cpu, bfloat16)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
-        torch_worker(a.worker, a.recipe, a.text, a.warmup, a.iters, int(a.threads))
+        torch_worker(a.worker, a.recipe, a.text, a.warmup, a.iters, int(a.threads), a.dtype)
         return
     torch_version = subprocess.run([a.python, "-c", "import torch; print(torch.__version__)"],
                                    check=True, capture_output=True, text=True).stdout.strip()

@@ -70,6 +70,15 @@ struct GPTOptions {
   // fused kernel with Philox masks when false.
   bool exact_dropout = true;
   LayerImpl layers = LayerImpl::kKernel;  // every LayerNorm and GELU
+  // The compute dtype of every Linear and attention (kFloat32 or kBFloat16).
+  // kBFloat16 is mixed precision as torch.autocast("cpu", dtype=torch.bfloat16)
+  // runs the book's model: the weights (and their gradients, and the
+  // optimizer) stay float32, each product takes bf16 operands and sums in
+  // float32 (Linear, and the fused attention block, attn/fused.h), and
+  // LayerNorm, GELU, the residual stream, the logits and the loss stay
+  // float32. The attention then always runs on the fused path (dropout with
+  // its Philox masks; exact_dropout is not possible there).
+  DType dtype = DType::kFloat32;
 };
 
 // A container whose children are named "0", "1", ... as in nn.Sequential; it
@@ -118,7 +127,7 @@ class GELU : public Module {
 class FeedForward : public Module {
  public:
   explicit FeedForward(const GPTConfig& cfg, Generator& gen = default_generator(),
-                       LayerImpl impl = LayerImpl::kKernel);
+                       LayerImpl impl = LayerImpl::kKernel, DType dtype = DType::kFloat32);
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
   Sequential layers;  // "layers.0", "layers.1", "layers.2"

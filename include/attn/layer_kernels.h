@@ -1,6 +1,6 @@
 // attn/layer_kernels.h - SIMD kernels for the GPT's layers around the
 // attention: layer normalisation and GELU (tanh form), forward and backward;
-// and the AdamW update that trains them.
+// the AdamW update that trains them; and the rounding to bf16 of the bf16 path.
 //
 // They compute the maths of attn::ref::layer_norm_* and ref::gelu_* (attn/functional_gpt.h,
 // the specification) on raw contiguous buffers, vectorised with Highway's dynamic
@@ -23,6 +23,10 @@
 #pragma once
 
 #include <cstdint>
+
+namespace attn {
+struct BFloat16;  // attn/tensor.h
+}  // namespace attn
 
 namespace attn::kernels {
 
@@ -65,6 +69,21 @@ struct AdamWScalars {
 // Element by element, so SIMD lanes and threads give the scalar loop's bits
 // (on targets with FMA; without it, Highway's MulAdd rounds the product first).
 void adamw_update(float* w, float* m, float* v, const float* g, int64_t n, const AdamWScalars& c);
+
+// ---- bf16 rounding (the bf16 path's operands) -----------------------------------------
+// dst[i] = to_bfloat16(src[i]) (attn/tensor.h: round to nearest even, every
+// NaN to 0xFFFF), bit for bit, n elements, on the OpenMP threads when n is large.
+void round_to_bf16(BFloat16* dst, const float* src, int64_t n);
+
+// ---- a Linear layer's bias (forward: every row; backward: column sums) ----
+// C (M, N; ldc): every row set to b (N), for a product that then adds onto it
+// (beta = 1). Rows split over the OpenMP threads.
+void fill_rows(float* C, int64_t ldc, const float* b, int64_t M, int64_t N);
+// db (N) += Σ_rows A (M, N; lda), rows in order for every column, the
+// columns split over the OpenMP threads: the serial loop's bits for any
+// thread count. A in float32, or bf16 summed in float32.
+void column_sums_accumulate(float* db, const float* A, int64_t lda, int64_t M, int64_t N);
+void column_sums_accumulate(float* db, const BFloat16* A, int64_t lda, int64_t M, int64_t N);
 
 // The SIMD target the kernels run on ("AVX3", "AVX2", ...).
 const char* layer_kernels_target();

@@ -164,8 +164,17 @@ struct LinearOptions {
   // Not torch's: which GEMM the products run on (attn/gemm.h). kBlas gives
   // PyTorch's sums (the chapter's modules); the GPT's layers use kFast.
   gemm::Engine engine = gemm::Engine::kBlas;
+  // Not torch's: the compute dtype. kBFloat16 is mixed precision as under
+  // torch.autocast("cpu", dtype=torch.bfloat16): the weight and bias stay
+  // float32 (the master copy; their gradients accumulate in float32), x, W
+  // and dy are rounded to bf16 where they enter a product, each product sums
+  // in float32 (gemm::gemm_bf16), and y and dx come out float32, the sums not
+  // rounded (autocast rounds y to bf16). The bias is added, and its gradient
+  // summed, in float32.
+  DType dtype = DType::kFloat32;
 };
-// nn.Linear: y = x Wᵀ + b, weight (out, in), bias (out). Input (..., in).
+// nn.Linear: y = x Wᵀ + b, weight (out, in), bias (out). Input (..., in):
+// float32, or bfloat16 in bf16 mode (taken as already rounded).
 class Linear : public Module {
  public:
   explicit Linear(const LinearOptions& options, Generator& gen = default_generator());
@@ -175,8 +184,12 @@ class Linear : public Module {
   Parameter weight;  // (out, in)
   Parameter bias;    // (out), empty when options.bias is false
  private:
+  Tensor forward_bf16(const Tensor& x);
+  Tensor backward_bf16(const Tensor& dy);
   LinearOptions options_;
-  Tensor x_;  // saved input (..., in)
+  Tensor x_;  // saved input (..., in); bf16 mode: bf16(x) (N, in)
+  Tensor weight_bf16_;  // bf16 mode: bf16(W) (out, in) of the last forward
+  Shape x_shape_;       // the input's shape
   bool has_forward_ = false;
 };
 

@@ -38,6 +38,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -56,6 +57,8 @@ Shape contiguous_strides(const Shape& shape);
 enum class DType : uint8_t { kFloat32, kBFloat16, kInt64 };
 // "float32", "bfloat16", "int64" (PyTorch's torch.float32 etc. without "torch.").
 const char* dtype_name(DType dtype);
+// The inverse of dtype_name; throws std::invalid_argument naming an unknown name.
+DType dtype_from_name(std::string_view name);
 int64_t element_size(DType dtype);  // bytes: 4, 2, 8
 
 // A bfloat16 value as PyTorch stores it: the high half of a float32's bits.

@@ -112,11 +112,15 @@ struct TrainOptions {
   uint64_t seed = 1337;
   double beta1 = 0.9;
   double beta2 = 0.99;
+  // The compute dtype: "float32", or "bfloat16" for mixed precision as under
+  // torch.autocast (nn::GPTOptions::dtype: float32 weights, gradients and
+  // optimizer; bf16 products summed in float32).
+  std::string dtype = "float32";
 
   // Throws std::invalid_argument naming the first bad value: a count or size
   // < 1 (warmup_iters, max_iters < 0), n_heads not dividing emb_dim, lr <= 0,
   // min_lr outside [0, lr], weight_decay or grad_clip < 0, drop_rate outside
-  // [0, 1), betas outside [0, 1).
+  // [0, 1), betas outside [0, 1), a dtype other than float32 or bfloat16.
   void validate() const;
   std::string to_json() const;
   // Reads the fields present in a JSON object string (others keep their values).

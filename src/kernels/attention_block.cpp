@@ -11,6 +11,7 @@
 #include "attn/fused.h"
 #include "attn/gemm.h"
 #include "attn/kernels.h"
+#include "attn/layer_kernels.h"
 
 namespace attn::fused {
 namespace {
@@ -41,26 +42,17 @@ void gemm_tn_accumulate(float* C, int64_t ldc, const float* A, int64_t lda, cons
   gemm::sgemm_rows_parallel(Trans::kYes, Trans::kNo, M, N, K, 1.0f, A, lda, Bm, ldb, 1.0f, C, ldc,
                             gemm::Engine::kFast);
 }
-// db (N) += Σ_rows A (M, N; lda), row by row (the inner loop vectorises over N).
-// Not a BLAS sgemv: that would wake the BLAS's own thread pool, which then
-// spins against the OpenMP threads of the kernels around it.
-// A's elements are float, or bf16 (bf16 mode) summed in fp32.
-float as_float(float v) { return v; }
-float as_float(BFloat16 v) { return to_float(v); }
-template <class T>
-void column_sums_accumulate(float* db, const T* A, int64_t lda, int64_t M, int64_t N) {
-  for (int64_t r = 0; r < M; ++r) {
-    const T* row = A + r * lda;
-    for (int64_t j = 0; j < N; ++j) db[j] += as_float(row[j]);
-  }
-}
 // Every row of C (M, N; ldc) set to b, so that a product with beta = 1 adds
 // onto it; returns that beta (0 without a bias: the product overwrites).
 float prefill_bias(float* C, int64_t ldc, const Tensor* b, int64_t M, int64_t N) {
   if (b == nullptr) return 0.0f;
-  for (int64_t r = 0; r < M; ++r) std::copy(b->data(), b->data() + N, C + r * ldc);
+  kernels::fill_rows(C, ldc, b->data(), M, N);
   return 1.0f;
 }
+// db (N) += Σ_rows A (M, N; lda): kernels::column_sums_accumulate (on the
+// OpenMP threads, not a BLAS sgemv, which would wake the BLAS's own thread
+// pool to spin against the OpenMP threads of the kernels around it).
+using kernels::column_sums_accumulate;
 // y = x Wᵀ + b into C (M, N; ldc).
 void linear_into(float* C, int64_t ldc, const float* x, int64_t d_in, const Tensor& W,
                  const Tensor* b, int64_t M, int64_t N) {
@@ -70,11 +62,7 @@ void linear_into(float* C, int64_t ldc, const float* x, int64_t d_in, const Tens
 
 // ---- bf16 mode: the products take bf16 operands and sum in fp32 ----
 
-// dst[i] = bf16(src[i]) (nearest even), over OpenMP's threads.
-void round_to_bf16(BFloat16* dst, const float* src, int64_t n) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) dst[i] = to_bfloat16(src[i]);
-}
+using kernels::round_to_bf16;  // dst[i] = bf16(src[i]) (nearest even), SIMD on OpenMP's threads
 // C (M, N; ldc) = beta·C + op(A) · op(B) on bf16 operands (gemm::gemm_bf16).
 void gemm_bf16(Trans ta, Trans tb, float* C, int64_t ldc, const BFloat16* A, int64_t lda,
                const BFloat16* Bm, int64_t ldb, int64_t M, int64_t N, int64_t K, float beta) {

@@ -5,6 +5,8 @@
 // pay for the threads.
 #include "attn/layer_kernels.h"
 
+#include "attn/tensor.h"
+
 #include <algorithm>
 #include <cmath>
 #include <numbers>
@@ -275,6 +277,32 @@ void GeluBackward(float* dx, const float* dy, const float* x, int64_t n) {
   Chunked(n, [&](size_t i, size_t count) { GeluBackwardRange(dx + i, dy + i, x + i, count); });
 }
 
+
+// dst = bf16(src), n elements: to_bfloat16 (attn/tensor.h) in vector lanes,
+// u + 0x7FFF + (bit 16 of u), the high half; NaN becomes 0xFFFF as there.
+void RoundToBf16Range(BFloat16* dst, const float* src, size_t n) {
+  const DF d;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<uint16_t, DF> du16;
+  const size_t N = hn::Lanes(d);
+  const auto bias = hn::Set(du, 0x7FFFu), one = hn::Set(du, 1u), nan = hn::Set(du, 0xFFFFu);
+  auto* out = reinterpret_cast<uint16_t*>(dst);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const VF v = hn::LoadU(d, src + i);
+    const auto u = hn::BitCast(du, v);
+    const auto rounded = hn::ShiftRight<16>(hn::Add(u, hn::Add(bias, hn::And(hn::ShiftRight<16>(u), one))));
+    const auto bits = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), nan, rounded);  // <= 0xFFFF
+    hn::StoreU(hn::DemoteTo(du16, hn::BitCast(di, bits)), du16, out + i);
+  }
+  for (; i < n; ++i) dst[i] = to_bfloat16(src[i]);
+}
+
+void RoundToBf16(BFloat16* dst, const float* src, int64_t n) {
+  Chunked(n, [&](size_t i, size_t count) { RoundToBf16Range(dst + i, src + i, count); });
+}
+
 // AdamW's element update (attn/layer_kernels.h states it), n elements from 0.
 void AdamWRange(float* w, float* m, float* v, const float* g, size_t n, const AdamWScalars& c) {
   const DF d;
@@ -322,6 +350,7 @@ HWY_EXPORT(LayerNormBackward);
 HWY_EXPORT(GeluForward);
 HWY_EXPORT(GeluBackward);
 HWY_EXPORT(AdamWUpdate);
+HWY_EXPORT(RoundToBf16);
 HWY_EXPORT(LayerKernelsTarget);
 
 void layer_norm_forward(float* y, float* mean, float* std, const float* x, const float* scale,
@@ -349,7 +378,53 @@ void adamw_update(float* w, float* m, float* v, const float* g, int64_t n, const
   if (n > 0) HWY_DYNAMIC_DISPATCH(AdamWUpdate)(w, m, v, g, n, c);
 }
 
+void round_to_bf16(BFloat16* dst, const float* src, int64_t n) {
+  if (n > 0) HWY_DYNAMIC_DISPATCH(RoundToBf16)(dst, src, n);
+}
+
 const char* layer_kernels_target() { return HWY_DYNAMIC_DISPATCH(LayerKernelsTarget)(); }
+
+// ---- bias rows and column sums ----
+// Plain loops the compiler vectorises; memory-bound, so what matters is that
+// both cores stream. Below kParallelElements elements one thread does it all.
+namespace {
+constexpr int64_t kRowsParallelElements = int64_t{1} << 15;
+
+float as_float(float v) { return v; }
+float as_float(BFloat16 v) { return to_float(v); }
+
+// Columns [N·t/n, N·(t+1)/n) for thread t of n, so that each column is summed
+// by one thread over all rows in row order: the serial loop's bits for any n.
+template <class T>
+void column_sums(float* db, const T* A, int64_t lda, int64_t M, int64_t N) {
+#pragma omp parallel if (M * N >= kRowsParallelElements)
+  {
+    int64_t t = 0, n = 1;
+#ifdef _OPENMP
+    t = omp_get_thread_num();
+    n = omp_get_num_threads();
+#endif
+    const int64_t j0 = N * t / n, j1 = N * (t + 1) / n;
+    for (int64_t r = 0; r < M; ++r) {
+      const T* row = A + r * lda;
+      for (int64_t j = j0; j < j1; ++j) db[j] += as_float(row[j]);
+    }
+  }
+}
+}  // namespace
+
+void fill_rows(float* C, int64_t ldc, const float* b, int64_t M, int64_t N) {
+#pragma omp parallel for schedule(static) if (M * N >= kRowsParallelElements)
+  for (int64_t r = 0; r < M; ++r) std::copy_n(b, N, C + r * ldc);
+}
+
+void column_sums_accumulate(float* db, const float* A, int64_t lda, int64_t M, int64_t N) {
+  column_sums(db, A, lda, M, N);
+}
+
+void column_sums_accumulate(float* db, const BFloat16* A, int64_t lda, int64_t M, int64_t N) {
+  column_sums(db, A, lda, M, N);
+}
 
 }  // namespace attn::kernels
 #endif  // HWY_ONCE

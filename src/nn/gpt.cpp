@@ -121,10 +121,10 @@ Tensor GELU::backward(const Tensor& dy) {
 
 // ---- FeedForward ----------------------------------------------------------------------
 
-FeedForward::FeedForward(const GPTConfig& cfg, Generator& gen, LayerImpl impl)
-    : fc({cfg.emb_dim, 4 * cfg.emb_dim, true, engine_of(impl)}, gen),
+FeedForward::FeedForward(const GPTConfig& cfg, Generator& gen, LayerImpl impl, DType dtype)
+    : fc({cfg.emb_dim, 4 * cfg.emb_dim, true, engine_of(impl), dtype}, gen),
       gelu(impl),
-      proj({4 * cfg.emb_dim, cfg.emb_dim, true, engine_of(impl)}, gen) {
+      proj({4 * cfg.emb_dim, cfg.emb_dim, true, engine_of(impl), dtype}, gen) {
   layers.append(&fc);
   layers.append(&gelu);
   layers.append(&proj);
@@ -147,9 +147,10 @@ TransformerBlock::TransformerBlock(const GPTConfig& cfg, const GPTOptions& optio
            .num_heads = cfg.n_heads,
            .qkv_bias = cfg.qkv_bias,
            .backend = options.attention_backend,
-           .exact_dropout = options.exact_dropout},
+           .exact_dropout = options.exact_dropout,
+           .dtype = options.dtype},
           gen),
-      ff(cfg, gen, options.layers),
+      ff(cfg, gen, options.layers, options.dtype),
       norm1(cfg.emb_dim, 1e-5f, options.layers),
       norm2(cfg.emb_dim, 1e-5f, options.layers),
       drop_shortcut({cfg.drop_rate}, gen) {
@@ -213,7 +214,7 @@ GPTModel::GPTModel(const GPTConfig& cfg, const GPTOptions& options, Generator& g
       drop_emb({cfg.drop_rate}, gen),
       trf_blocks(cfg, options, gen),
       final_norm(cfg.emb_dim, 1e-5f, options.layers),
-      out_head({cfg.emb_dim, cfg.vocab_size, false, engine_of(options.layers)}, gen),
+      out_head({cfg.emb_dim, cfg.vocab_size, false, engine_of(options.layers), options.dtype}, gen),
       cfg_(cfg),
       options_(options) {
   register_module("tok_emb", &tok_emb);

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "attn/gemm.h"
+#include "attn/layer_kernels.h"
 #include "attn/nn.h"
 #include "attn/ops.h"
 #include "nn/checks.h"
@@ -134,7 +136,20 @@ namespace {
 const LinearOptions& checked(const LinearOptions& o) {
   detail::check_positive("Linear", "in_features", o.in_features);
   detail::check_positive("Linear", "out_features", o.out_features);
+  if (o.dtype != DType::kFloat32 && o.dtype != DType::kBFloat16) {
+    throw std::invalid_argument(fmt::format("Linear: dtype must be float32 or bfloat16, got {}",
+                                            dtype_name(o.dtype)));
+  }
   return o;
+}
+
+// t rounded to bf16 (contiguous), or t itself when it is bf16 already.
+Tensor as_bf16(const Tensor& t) {
+  if (t.dtype() == DType::kBFloat16) return t.contiguous();
+  const Tensor src = t.contiguous();
+  Tensor out = Tensor::empty(t.shape(), DType::kBFloat16);
+  kernels::round_to_bf16(out.data_ptr<BFloat16>(), src.data(), src.numel());
+  return out;
 }
 }  // namespace
 
@@ -152,19 +167,67 @@ Tensor Linear::forward(const Tensor& x) {
         fmt::format("Linear: input last dim {} does not match in_features {}",
                     x.dim() < 1 ? 0 : x.size(-1), options_.in_features));
   }
-  x_ = x;
+  const bool bf16 = options_.dtype == DType::kBFloat16;
+  if (x.dtype() != DType::kFloat32 && !(bf16 && x.dtype() == DType::kBFloat16)) {
+    throw std::invalid_argument(fmt::format("Linear: input must be float32{}, got {} of shape {}",
+                                            bf16 ? " or bfloat16" : "", dtype_name(x.dtype()),
+                                            shape_str(x.shape())));
+  }
+  x_shape_ = x.shape();
   has_forward_ = true;
+  if (bf16) return forward_bf16(x);
+  x_ = x;
   return ref::linear_forward(x, weight.value, options_.bias ? &bias.value : nullptr,
                              options_.engine);
 }
 
 Tensor Linear::backward(const Tensor& dy) {
   require_forward(has_forward_, "Linear");
-  Shape y_shape = x_.shape();
+  Shape y_shape = x_shape_;
   y_shape.back() = options_.out_features;
   detail::check_grad("Linear", dy, y_shape);
+  if (options_.dtype == DType::kBFloat16) return backward_bf16(dy);
   return ref::linear_backward(dy, x_, weight.value, weight.grad,
                               options_.bias ? &bias.grad : nullptr, options_.engine);
+}
+
+// bf16 mode, with N = the rows of x (all dims but the last):
+//   xb = bf16(x) (N, in), Wb = bf16(W) (out, in)
+//   y  = xb Wbᵀ + b                                   (N, out) float32
+// The bias is written into y first and the product added onto it (beta = 1).
+Tensor Linear::forward_bf16(const Tensor& x) {
+  const int64_t in = options_.in_features, out = options_.out_features;
+  const int64_t N = x.numel() / in;
+  x_ = as_bf16(x).reshape({N, in});
+  weight_bf16_ = as_bf16(weight.value);
+  Shape y_shape = x_shape_;
+  y_shape.back() = out;
+  Tensor y = Tensor::empty({N, out});
+  float beta = 0.0f;
+  if (options_.bias) {
+    kernels::fill_rows(y.data(), out, bias.value.data(), N, out);
+    beta = 1.0f;
+  }
+  gemm::gemm_bf16(gemm::Trans::kNo, gemm::Trans::kYes, N, out, in, 1.0f, x_.data_ptr<BFloat16>(),
+                  in, weight_bf16_.data_ptr<BFloat16>(), in, beta, y.data(), out);
+  return y.reshape(y_shape);
+}
+
+//   dyb = bf16(dy)                                    (N, out)
+//   dW += dybᵀ xb    db += Σ_rows dy (float32)        (out, in), (out)
+//   dx  = dyb Wb                                      (N, in) float32
+Tensor Linear::backward_bf16(const Tensor& dy) {
+  const int64_t in = options_.in_features, out = options_.out_features;
+  const int64_t N = x_.size(0);
+  const Tensor dyc = dy.contiguous();
+  const Tensor dyb = as_bf16(dyc);
+  gemm::gemm_bf16(gemm::Trans::kYes, gemm::Trans::kNo, out, in, N, 1.0f, dyb.data_ptr<BFloat16>(),
+                  out, x_.data_ptr<BFloat16>(), in, 1.0f, weight.grad.data(), in);
+  if (options_.bias) kernels::column_sums_accumulate(bias.grad.data(), dyc.data(), out, N, out);
+  Tensor dx = Tensor::empty({N, in});
+  gemm::gemm_bf16(gemm::Trans::kNo, gemm::Trans::kNo, N, in, out, 1.0f, dyb.data_ptr<BFloat16>(),
+                  out, weight_bf16_.data_ptr<BFloat16>(), in, 0.0f, dx.data(), in);
+  return dx.reshape(x_shape_);
 }
 
 // ---- Dropout ------------------------------------------------------------------------

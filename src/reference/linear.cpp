@@ -7,6 +7,7 @@
 
 #include "attn/functional.h"
 #include "attn/gemm.h"
+#include "attn/layer_kernels.h"
 #include "attn/ops.h"
 
 namespace attn::ref {
@@ -67,11 +68,11 @@ Tensor linear_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor*
   // mm(x, weight.t()) does: a contiguous copy of Wᵀ makes OpenBLAS sum in another
   // order, which changes last bits (and a printed 5th digit of out[0] in the walkthrough).
   const int64_t N = x.numel() / in;
-  Tensor y({N, out});
+  Tensor y = Tensor::empty({N, out});  // every element written below
   if (engine == gemm::Engine::kFast && bias != nullptr) {
     // y = b (each row), then y += x Wᵀ in the GEMM (beta = 1): one pass fewer.
     const Tensor b = bias->contiguous();
-    for (int64_t n = 0; n < N; ++n) std::copy_n(b.data(), out, y.data() + n * out);
+    kernels::fill_rows(y.data(), out, b.data(), N, out);
     gemm::sgemm(gemm::Trans::kNo, gemm::Trans::kYes, N, out, in, 1.0f, x.data(), in, weight.data(),
                 in, 1.0f, y.data(), out, engine);
     return y.reshape(y_shape);
@@ -107,17 +108,14 @@ Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, 
               1.0f, dweight.data(), in, engine);
   if (dbias != nullptr && engine == gemm::Engine::kFast) {
     check_vector_shape(*dbias, out);
-    float* db = dbias->data();  // (out) += Σ_rows dy, row by row (vectorises over out)
-    for (int64_t n = 0; n < N; ++n) {
-      const float* row = dy2.data() + n * out;
-      for (int64_t j = 0; j < out; ++j) db[j] += row[j];
-    }
+    // (out) += Σ_rows dy, row by row per column
+    kernels::column_sums_accumulate(dbias->data(), dy2.data(), out, N, out);
   } else if (dbias != nullptr) {
     accumulate(*dbias, sum(dy2, 0), "linear_backward",
                "dbias");  // (out) += Σ_rows dy, torch's order
   }
   // dx (N, in) = dy (N, out) @ W (out, in)
-  Tensor dx(x.shape());
+  Tensor dx = Tensor::empty(x.shape());  // sgemm with beta = 0 writes every element
   gemm::sgemm(gemm::Trans::kNo, gemm::Trans::kNo, N, in, out, 1.0f, dy2.data(), out, w.data(), in,
               0.0f, dx.data(), in, engine);
   return dx;

@@ -47,6 +47,13 @@ const char* dtype_name(DType dtype) {
   return "unknown";
 }
 
+DType dtype_from_name(std::string_view name) {
+  for (const DType d : {DType::kFloat32, DType::kBFloat16, DType::kInt64})
+    if (name == dtype_name(d)) return d;
+  throw std::invalid_argument(
+      fmt::format("unknown dtype '{}' (float32, bfloat16 or int64)", name));
+}
+
 int64_t element_size(DType dtype) {
   switch (dtype) {
     case DType::kFloat32:

@@ -145,6 +145,8 @@ void TrainOptions::validate() const {
     throw std::invalid_argument(fmt::format("--drop-rate must be in [0, 1), got {}", drop_rate));
   if (!(beta1 >= 0.0 && beta1 < 1.0 && beta2 >= 0.0 && beta2 < 1.0))
     throw std::invalid_argument(fmt::format("betas must be in [0, 1), got ({}, {})", beta1, beta2));
+  if (dtype != "float32" && dtype != "bfloat16")
+    throw std::invalid_argument(fmt::format("--dtype must be float32 or bfloat16, got '{}'", dtype));
 }
 
 std::string TrainOptions::to_json() const {
@@ -166,6 +168,7 @@ std::string TrainOptions::to_json() const {
   j["seed"] = seed;
   j["beta1"] = beta1;
   j["beta2"] = beta2;
+  j["dtype"] = dtype;
   return j.dump();
 }
 
@@ -198,6 +201,7 @@ TrainOptions TrainOptions::from_json(const std::string& text, TrainOptions o) {
     get("seed", o.seed);
     get("beta1", o.beta1);
     get("beta2", o.beta2);
+    get("dtype", o.dtype);
   } catch (const json::exception& e) {
     throw std::invalid_argument(fmt::format("train_args: {}", e.what()));
   }
@@ -336,7 +340,8 @@ Trainer::Trainer(const TrainOptions& options, CharTokenizer tokenizer, Split spl
                           .qkv_bias = false};
   // Training uses the fused attention (with drop_rate 0 kAuto picks it anyway;
   // with dropout its Philox masks, not PyTorch's).
-  model_ = std::make_unique<nn::GPTModel>(cfg, nn::GPTOptions{.exact_dropout = false}, *gen_);
+  model_ = std::make_unique<nn::GPTModel>(
+      cfg, nn::GPTOptions{.exact_dropout = false, .dtype = dtype_from_name(options_.dtype)}, *gen_);
   model_->train();
   optimizer_ = std::make_unique<optim::AdamW>(
       *model_, optim::AdamWOptions{.lr = options_.lr,

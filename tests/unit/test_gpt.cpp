@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -222,6 +223,45 @@ TEST(Gpt, FusedAndReferenceAttentionAgreeUpToRounding) {
     for (float v : b[i].second->grad.values()) scale = std::max(scale, std::fabs(v));
     EXPECT_LE(max_abs_diff(a[i].second->grad, b[i].second->grad), 1e-5f * scale) << a[i].first;
   }
+}
+
+// Mixed precision (GPTOptions::dtype = kBFloat16, as torch.autocast): the same
+// weights give logits and float32 gradients within bf16 rounding of the fp32
+// model's (bf16 keeps 8 bits: 2^-9 = 2e-3 relative per operand; two layers of
+// products, layer norms that rescale, and gradients that pass back through
+// all of it, reach about 1e-2 here), and every product really ran in bf16.
+float max_abs(const Tensor& t) { return max_abs_diff(t, Tensor::zeros(t.shape())); }
+
+TEST(Gpt, Bf16MixedPrecisionTracksFloat32) {
+  const GPTConfig cfg{.vocab_size = 50, .context_length = 40, .emb_dim = 64, .n_heads = 4,
+                      .n_layers = 2, .qkv_bias = true};
+  manual_seed(9);
+  GPTModel f32(cfg);
+  manual_seed(9);
+  GPTModel b16(cfg, {.dtype = DType::kBFloat16});
+  const Tensor ids = token_ids(2, 33, 50, 10), targets = token_ids(2, 33, 50, 11);
+  CrossEntropyLoss loss32, loss16;
+  const Tensor y32 = f32.forward(ids), y16 = b16.forward(ids);
+  ASSERT_EQ(y16.dtype(), DType::kFloat32);
+  const float scale = max_abs(y32);
+  EXPECT_LE(max_abs_diff(y16, y32), 2e-2f * scale);
+  EXPECT_GT(max_abs_diff(y16, y32), 0.0f) << "bf16 gave the fp32 bits";
+  EXPECT_NEAR(loss16.forward(y16, targets), loss32.forward(y32, targets), 1e-2f);
+  f32.backward(loss32.backward());
+  b16.backward(loss16.backward());
+  const auto a = b16.named_parameters(), b = f32.named_parameters();
+  float worst = 0.0f;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].second->grad.dtype(), DType::kFloat32) << a[i].first;
+    if (a[i].first.find("W_key.bias") != std::string::npos) continue;  // zero in exact maths
+    const float g = std::max(max_abs(b[i].second->grad), 1e-6f);
+    const float err = max_abs_diff(a[i].second->grad, b[i].second->grad) / g;
+    worst = std::max(worst, err);
+    EXPECT_LE(err, 5e-2f) << a[i].first;
+  }
+  std::printf("bf16 GPT vs fp32 GPT: logits %.2e, largest gradient error %.2e (relative)\n",
+              max_abs_diff(y16, y32) / scale, worst);
+  EXPECT_EQ(b16.trf_blocks[0].att.last_backend(), AttentionBackend::kFused);
 }
 
 TEST(Gpt, TiedOutputHeadSharesTheTokenEmbedding) {

@@ -11,6 +11,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "attn/nn.h"
 #include "attn/ops.h"
 #include "attn/random.h"
+#include "expect.h"
 #include "gradcheck.h"
 
 namespace attn::test {
@@ -109,6 +111,38 @@ void check_gelu_against_reference(const std::string& target) {
   }
 }
 
+// round_to_bf16 against the scalar to_bfloat16 (attn/tensor.h), bit for bit:
+// ties to even both ways, the largest finite values (which round to ±inf),
+// infinities, every NaN to 0xFFFF, subnormals and signed zeros; lengths below,
+// at and past a vector and a thread's chunk.
+void check_round_to_bf16(const std::string& target) {
+  const float inf = std::numeric_limits<float>::infinity();
+  auto from_bits = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+  };
+  std::vector<float> special = {0.0f, -0.0f, 1.0f, -1.0f, inf, -inf,
+                                std::numeric_limits<float>::quiet_NaN(), from_bits(0x7F800001u),
+                                from_bits(0xFFC00000u), std::numeric_limits<float>::max(),
+                                -std::numeric_limits<float>::max(), from_bits(0x00000001u),
+                                from_bits(0x3F808000u), from_bits(0x3F818000u),  // ties: down, up
+                                from_bits(0x3F808001u), from_bits(0x3F807FFFu)};
+  for (const int64_t n : {int64_t{0}, int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17},
+                          int64_t{100003}}) {
+    std::vector<float> src(static_cast<size_t>(n));
+    const Tensor r = random_tensor({std::max<int64_t>(n, 1)}, 21);
+    for (int64_t i = 0; i < n; ++i)
+      src[size_t(i)] = i < int64_t(special.size()) ? special[size_t(i)] : 1e3f * r[i];
+    std::vector<BFloat16> got(static_cast<size_t>(n));
+    kernels::round_to_bf16(got.data(), src.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(got[size_t(i)].bits, to_bfloat16(src[size_t(i)]).bits)
+          << target << " n " << n << " element " << i << " = " << src[size_t(i)];
+    }
+  }
+}
+
 // Every SIMD target compiled in that this CPU runs (AVX3, AVX2, SSE4, scalar).
 TEST(LayerKernels, EveryTargetMatchesTheReference) {
   for (const std::string& target : kernels::flash_attention_targets()) {
@@ -116,8 +150,43 @@ TEST(LayerKernels, EveryTargetMatchesTheReference) {
     EXPECT_EQ(std::string(kernels::layer_kernels_target()), target);
     check_layer_norm_against_reference(target);
     check_gelu_against_reference(target);
+    check_round_to_bf16(target);
   }
   kernels::flash_attention_use_target(nullptr);
+}
+
+// fill_rows and column_sums_accumulate against their loops, with a leading
+// dimension wider than the rows, bit for bit for 1, 2 and 3 threads.
+TEST(LayerKernels, BiasRowsAndColumnSumsAreTheLoopsForAnyThreadCount) {
+  const int saved = omp_get_max_threads();
+  for (const NC s : {NC{3, 5}, NC{700, 97}, NC{1000, 200}}) {
+    const int64_t ld = s.C + 3;
+    const Tensor A = random_tensor({s.N, ld}, 22), b = random_tensor({s.C}, 23);
+    const Tensor Ab = A.to(DType::kBFloat16);
+    std::vector<float> want32(size_t(s.C), 0.5f), want16(size_t(s.C), 0.5f);
+    for (int64_t r = 0; r < s.N; ++r) {
+      for (int64_t j = 0; j < s.C; ++j) {
+        want32[size_t(j)] += A[r * ld + j];
+        want16[size_t(j)] += to_float(Ab.data_ptr<BFloat16>()[r * ld + j]);
+      }
+    }
+    for (int threads : {1, 2, 3}) {
+      omp_set_num_threads(threads);
+      std::vector<float> sum32(size_t(s.C), 0.5f), sum16(size_t(s.C), 0.5f);
+      kernels::column_sums_accumulate(sum32.data(), A.data(), ld, s.N, s.C);
+      kernels::column_sums_accumulate(sum16.data(), Ab.data_ptr<BFloat16>(), ld, s.N, s.C);
+      EXPECT_EQ(sum32, want32) << s.N << "x" << s.C << ", " << threads << " threads";
+      EXPECT_EQ(sum16, want16) << s.N << "x" << s.C << ", " << threads << " threads";
+      std::vector<float> C(size_t(s.N * ld), -1.0f);
+      kernels::fill_rows(C.data(), ld, b.data(), s.N, s.C);
+      for (int64_t r = 0; r < s.N; ++r) {
+        for (int64_t j = 0; j < ld; ++j) {
+          ASSERT_EQ(C[size_t(r * ld + j)], j < s.C ? b[j] : -1.0f) << r << ", " << j;
+        }
+      }
+    }
+  }
+  omp_set_num_threads(saved);
 }
 
 // AdamW's update against the scalar formula of AdamW::step (PyTorch's order):
@@ -250,6 +319,71 @@ TEST(LayerKernels, LinearOnTheFastEngineMatchesTheBlasEngine) {
     expect_near_rel(b.weight.grad, a.weight.grad, 1e-4, what + " dweight");
     if (bias) expect_near_rel(b.bias.grad, a.bias.grad, 1e-4, what + " dbias");
   }
+}
+
+// nn::Linear in bf16 mode is the product of the bf16-rounded operands summed
+// in float32: y = bf16(x) bf16(W)ᵀ + b, dx = bf16(dy) bf16(W), dW += bf16(dy)ᵀ
+// bf16(x), against those sums in double (bounds as the fp32 test above:
+// float sums of 37 and 1200 terms); db is the fp32 Linear's Σ_rows dy, bit for
+// bit; a bf16 input gives the same bits as its float32 value.
+TEST(LayerKernels, LinearInBf16IsTheProductOfTheRoundedOperands) {
+  const int64_t in = 37, out = 70;
+  manual_seed(24);
+  nn::Linear f32({.in_features = in, .out_features = out, .engine = gemm::Engine::kFast});
+  nn::Linear b16({.in_features = in, .out_features = out, .dtype = DType::kBFloat16});
+  b16.weight.value = f32.weight.value.clone();
+  b16.bias.value = f32.bias.value.clone();
+  const Tensor x = random_tensor({4, 300, in}, 25), dy = random_tensor({4, 300, out}, 26);
+  const Tensor y = b16.forward(x);
+  const Tensor dx = b16.backward(dy);
+  ASSERT_EQ(y.dtype(), DType::kFloat32);
+  ASSERT_EQ(y.shape(), (Shape{4, 300, out}));
+  ASSERT_EQ(dx.shape(), x.shape());
+  auto rounded = [](const Tensor& t) { return t.to(DType::kBFloat16).to(DType::kFloat32); };
+  const Tensor xb = rounded(x).reshape({1200, in}), Wb = rounded(f32.weight.value);
+  const Tensor dyb = rounded(dy).reshape({1200, out});
+  Tensor y_ref({1200, out}), dx_ref({1200, in}), dW_ref({out, in});
+  for (int64_t n = 0; n < 1200; ++n) {
+    for (int64_t o = 0; o < out; ++o) {
+      double acc = f32.bias.value[o];
+      for (int64_t i = 0; i < in; ++i) acc += double(xb[n * in + i]) * Wb[o * in + i];
+      y_ref.data()[n * out + o] = float(acc);
+    }
+    for (int64_t i = 0; i < in; ++i) {
+      double acc = 0.0;
+      for (int64_t o = 0; o < out; ++o) acc += double(dyb[n * out + o]) * Wb[o * in + i];
+      dx_ref.data()[n * in + i] = float(acc);
+    }
+  }
+  for (int64_t o = 0; o < out; ++o) {
+    for (int64_t i = 0; i < in; ++i) {
+      double acc = 0.0;
+      for (int64_t n = 0; n < 1200; ++n) acc += double(dyb[n * out + o]) * xb[n * in + i];
+      dW_ref.data()[o * in + i] = float(acc);
+    }
+  }
+  expect_near_rel(y.reshape({1200, out}), y_ref, 1e-5, "bf16 Linear y");
+  expect_near_rel(dx.reshape({1200, in}), dx_ref, 1e-5, "bf16 Linear dx");
+  expect_near_rel(b16.weight.grad, dW_ref, 1e-4, "bf16 Linear dweight");
+  f32.forward(x);
+  f32.backward(dy);
+  EXPECT_EQ(max_abs_diff(b16.bias.grad, f32.bias.grad), 0.0f);
+  EXPECT_GT(max_abs_diff(y, f32.forward(x)), 0.0f) << "bf16 gave the fp32 bits";
+  EXPECT_EQ(max_abs_diff(b16.forward(x.to(DType::kBFloat16)), y), 0.0f);
+}
+
+TEST(LayerKernels, LinearDtypeErrorsNameTheValues) {
+  expect_message<std::invalid_argument>(
+      [] { nn::Linear l({.in_features = 2, .out_features = 3, .dtype = DType::kInt64}); },
+      "Linear: dtype must be float32 or bfloat16, got int64");
+  nn::Linear f32({.in_features = 2, .out_features = 3});
+  nn::Linear b16({.in_features = 2, .out_features = 3, .dtype = DType::kBFloat16});
+  const Tensor xb = random_tensor({4, 2}, 27).to(DType::kBFloat16);
+  expect_message<std::invalid_argument>(
+      [&] { f32.forward(xb); }, "Linear: input must be float32, got bfloat16 of shape (4, 2)");
+  expect_message<std::invalid_argument>(
+      [&] { b16.forward(Tensor::zeros({4, 2}, DType::kInt64)); },
+      "Linear: input must be float32 or bfloat16, got int64 of shape (4, 2)");
 }
 
 // Finite differences on the reference loops too (test_gpt.cpp checks the kernels' modules).

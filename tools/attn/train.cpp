@@ -135,6 +135,9 @@ Command add_train_command(CLI::App& app) {
   ATTN_TRAIN_FLAG("--eval-interval", eval_interval, "Evaluate (and checkpoint) every this many steps");
   ATTN_TRAIN_FLAG("--eval-iters", eval_iters, "Batches per split in an evaluation");
   ATTN_TRAIN_FLAG("--seed", seed, "Seed of the weights, batches and dropout");
+  ATTN_TRAIN_FLAG("--dtype", dtype,
+                  "Compute dtype: float32, or bfloat16 (mixed precision as torch.autocast: float32 "
+                  "weights, gradients and optimizer; bf16 products summed in float32)");
 #undef ATTN_TRAIN_FLAG
 
   auto run = [flags, given]() -> int {
