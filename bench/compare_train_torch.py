@@ -8,7 +8,11 @@ Run with PyTorch 2.x from pip in a virtual environment (benchmarks only):
         --text ../shared/data/tinyshakespeare.txt --recipe small --rounds 3
 or with Debian's PyTorch 1.13 (/usr/bin/python3).
 
-Recipes (nanoGPT's Shakespeare-character settings; no dropout, fp32):
+--dtype bfloat16 times mixed precision on both sides: `attn train --dtype
+bfloat16` against the same PyTorch models with forward and loss under
+torch.autocast("cpu", dtype=torch.bfloat16) (fp32 master weights, AdamW in fp32).
+
+Recipes (nanoGPT's Shakespeare-character settings; no dropout):
   small  4 layers, 4 heads, emb 128, context 64, batch 12
   large  6 layers, 6 heads, emb 384, context 256, batch 64
 One step is what both trainers do per iteration: a random batch, forward,
@@ -148,7 +152,7 @@ def time_attn(args, threads):
                "--eval-interval", str(steps), "--eval-iters", "1", "--threads", str(threads),
                "--n-layers", str(r["n_layers"]), "--n-heads", str(r["n_heads"]),
                "--emb-dim", str(r["emb_dim"]), "--context-length", str(r["context_length"]),
-               "--batch-size", str(r["batch_size"])]
+               "--batch-size", str(r["batch_size"]), "--dtype", args.dtype]
         env = dict(os.environ, CI="1")
         subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
         with open(os.path.join(out_dir, "metrics.jsonl")) as f:
@@ -191,7 +195,7 @@ def main():
                     best[key] = (ms, t)
     r = RECIPES[a.recipe]
     tokens = r["batch_size"] * r["context_length"]
-    print(f"recipe {a.recipe} ({r}); PyTorch {torch_version}; median of {a.iters} steps, best of "
+    print(f"recipe {a.recipe} ({r}), {a.dtype}; PyTorch {torch_version}; median of {a.iters} steps, best of "
           f"{a.rounds} round(s) x threads {a.threads}")
     print("| implementation | ms/iter | tokens/s | threads | attn's lead |")
     print("|---|---:|---:|---:|---:|")
