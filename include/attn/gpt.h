@@ -92,10 +92,13 @@ class Sequential : public Module {
   int64_t size_ = 0;
 };
 
-// LayerNorm(emb_dim): scale (E) = 1, shift (E) = 0. Input (..., E).
+// LayerNorm(emb_dim): scale (E) = 1, shift (E) = 0. Input (..., E) float32;
+// the output is float32, or bf16 (rounded as it is stored) with out_dtype =
+// kBFloat16, for the bf16 path's products that read it. dx is float32.
 class LayerNorm : public Module {
  public:
-  explicit LayerNorm(int64_t emb_dim, float eps = 1e-5f, LayerImpl impl = LayerImpl::kKernel);
+  explicit LayerNorm(int64_t emb_dim, float eps = 1e-5f, LayerImpl impl = LayerImpl::kKernel,
+                     DType out_dtype = DType::kFloat32);
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
   Parameter scale;  // (E)
@@ -104,20 +107,24 @@ class LayerNorm : public Module {
   int64_t emb_dim_;
   float eps_;
   LayerImpl impl_;
+  DType out_dtype_;
   Tensor x_;  // saved input (..., E)
   ref::LayerNormSaved saved_;
   bool has_forward_ = false;
 };
 
-// GELU, the tanh approximation. Any shape.
+// GELU, the tanh approximation. Any shape. Input float32; the output is
+// float32, or bf16 (rounded as it is stored) with out_dtype = kBFloat16: the
+// bf16 path's FeedForward hands it straight to its bf16 Linear. dx is float32.
 class GELU : public Module {
  public:
-  explicit GELU(LayerImpl impl = LayerImpl::kKernel) : impl_(impl) {}
+  explicit GELU(LayerImpl impl = LayerImpl::kKernel, DType out_dtype = DType::kFloat32);
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
 
  private:
   LayerImpl impl_;
+  DType out_dtype_;
   Tensor x_;
   bool has_forward_ = false;
 };

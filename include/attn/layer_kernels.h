@@ -39,6 +39,12 @@ inline constexpr int64_t kLayerNormChunkRows = 64;
 void layer_norm_forward(float* y, float* mean, float* std, const float* x, const float* scale,
                         const float* shift, int64_t N, int64_t C, float eps);
 
+// The same with y rounded to bf16 as it is stored (the bf16 path's operand of
+// the next product): y[n, c] = to_bfloat16(layer_norm_forward's y[n, c]).
+void layer_norm_forward_bf16(BFloat16* y, float* mean, float* std, const float* x,
+                             const float* scale, const float* shift, int64_t N, int64_t C,
+                             float eps);
+
 // dy, x, dx (N, C); mean, std (N) from the forward. dx is written; dscale and
 // dshift (C) are accumulated (+=):
 //   x̂ = (x − mean) / std,  g = dy ⊙ scale
@@ -74,6 +80,9 @@ void adamw_update(float* w, float* m, float* v, const float* g, int64_t n, const
 // dst[i] = to_bfloat16(src[i]) (attn/tensor.h: round to nearest even, every
 // NaN to 0xFFFF), bit for bit, n elements, on the OpenMP threads when n is large.
 void round_to_bf16(BFloat16* dst, const float* src, int64_t n);
+// y[i] = to_bfloat16(gelu(x[i])): gelu_forward's values rounded as they are
+// stored (the bf16 path's input of the next product, in one pass).
+void gelu_forward_bf16(BFloat16* y, const float* x, int64_t n);
 
 // ---- a Linear layer's bias (forward: every row; backward: column sums) ----
 // C (M, N; ldc): every row set to b (N), for a product that then adds onto it

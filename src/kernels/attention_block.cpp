@@ -230,10 +230,22 @@ Tensor attention_block_forward(const Tensor& x_in, const ProjectionWeights& w,
   // shapes match; without, they are this call's own.
   AttentionBlockSaved local;
   AttentionBlockSaved& s = saved != nullptr ? *saved : local;
-  if (options.dtype == DType::kBFloat16) {
-    // x, the weights: rounded to bf16 once per step (the weights are the fp32 master copy).
-    Tensor& xb = reuse(s.x, {B, T, d_in}, DType::kBFloat16);  // (B, T, d_in)
-    round_to_bf16(xb.data_ptr<BFloat16>(), x.data(), N * d_in);
+  const bool bf16 = options.dtype == DType::kBFloat16;
+  if (x.dtype() != DType::kFloat32 && !(bf16 && x.dtype() == DType::kBFloat16)) {
+    throw std::invalid_argument(fmt::format(
+        "attention_block_forward: x must be float32{} with dtype = {}, got {}",
+        bf16 ? " or bfloat16" : "", dtype_name(options.dtype), dtype_name(x.dtype())));
+  }
+  if (bf16) {
+    // x, the weights: rounded to bf16 once per step (the weights are the fp32
+    // master copy); a bf16 x is taken as it is.
+    if (x.dtype() == DType::kBFloat16) {
+      s.x = x;
+    } else {
+      Tensor& xr = reuse(s.x, {B, T, d_in}, DType::kBFloat16);  // (B, T, d_in)
+      round_to_bf16(xr.data_ptr<BFloat16>(), x.data(), N * d_in);
+    }
+    const Tensor& xb = s.x;
     const std::array<const Tensor*, 4> all = {w.W_query, w.W_key, w.W_value, w.W_out};
     for (size_t j = 0; j < all.size(); ++j) {
       if (all[j] == nullptr) continue;
@@ -255,7 +267,7 @@ Tensor attention_block_forward(const Tensor& x_in, const ProjectionWeights& w,
                                           q + 2 * d_out, p);
     Tensor y;
     if (w.W_out != nullptr) {
-      y = Tensor({B, T, d_out});  // (B, T, d_out) = context W_outᵀ + b_out, fp32
+      y = Tensor::empty({B, T, d_out});  // (B, T, d_out) = context W_outᵀ + b_out, fp32
       linear_into_bf16(y.data(), d_out, context.data_ptr<BFloat16>(), d_out, s.weights_bf16[3],
                        w.b_out, N, d_out);
     } else {
@@ -279,7 +291,7 @@ Tensor attention_block_forward(const Tensor& x_in, const ProjectionWeights& w,
 
   Tensor y;
   if (w.W_out != nullptr) {
-    y = Tensor({B, T, d_out});  // (B, T, d_out) = context W_outᵀ + b_out
+    y = Tensor::empty({B, T, d_out});  // (B, T, d_out) = context W_outᵀ + b_out
     linear_into(y.data(), d_out, context.data(), d_out, *w.W_out, w.b_out, N, d_out);
   } else if (saved == nullptr) {
     y = std::move(context);

@@ -87,13 +87,35 @@ HWY_INLINE void SumDeviations(DF d, const float* p, size_t n, float mu, float& s
   sum_sq = hn::GetLane(hn::SumOfLanes(d, sq));
 }
 
-void LayerNormRows(float* y, float* mean, float* std, const float* x, const float* scale,
+// bf16(v) in the lanes of a uint16 vector: to_bfloat16 (attn/tensor.h) in
+// vector lanes, u + 0x7FFF + (bit 16 of u), the high half; NaN becomes 0xFFFF.
+HWY_INLINE hn::Vec<hn::Rebind<uint16_t, DF>> RoundToBf16Vec(DF /*d*/, VF v) {
+  const hn::RebindToUnsigned<DF> du;
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<uint16_t, DF> du16;
+  const auto u = hn::BitCast(du, v);
+  const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
+  const auto rounded = hn::ShiftRight<16>(hn::Add(u, hn::Add(hn::Set(du, 0x7FFFu), lsb)));
+  const auto bits = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), hn::Set(du, 0xFFFFu), rounded);
+  return hn::DemoteTo(du16, hn::BitCast(di, bits));  // every lane <= 0xFFFF: exact
+}
+
+// Stores the lanes of v to out (float), or rounded to bf16 (the bf16 path).
+HWY_INLINE void StoreOut(DF d, VF v, float* out) { hn::StoreU(v, d, out); }
+HWY_INLINE void StoreOut(DF d, VF v, BFloat16* out) {
+  hn::StoreU(RoundToBf16Vec(d, v), hn::Rebind<uint16_t, DF>(), reinterpret_cast<uint16_t*>(out));
+}
+inline void StoreOut(float v, float* out) { *out = v; }
+inline void StoreOut(float v, BFloat16* out) { *out = to_bfloat16(v); }
+
+template <class Out>
+void LayerNormRows(Out* y, float* mean, float* std, const float* x, const float* scale,
                    const float* shift, int64_t n0, int64_t n1, size_t C, float eps) {
   const DF d;
   const size_t N = hn::Lanes(d);
   for (int64_t n = n0; n < n1; ++n) {
     const float* row = x + n * int64_t(C);
-    float* out = y + n * int64_t(C);
+    Out* out = y + n * int64_t(C);
     // Corrected two-pass mean and variance: the float mean's rounding error
     // (large when |mean| >> std) is measured by Σ (x − mu) and taken out.
     const float mu0 = SumRow(d, row, C) / float(C);
@@ -110,15 +132,16 @@ void LayerNormRows(float* y, float* mean, float* std, const float* x, const floa
     size_t c = 0;
     for (; c + N <= C; c += N) {
       const VF xhat = hn::Mul(hn::Sub(hn::LoadU(d, row + c), vmu), vr);
-      hn::StoreU(hn::MulAdd(hn::LoadU(d, scale + c), xhat, hn::LoadU(d, shift + c)), d, out + c);
+      StoreOut(d, hn::MulAdd(hn::LoadU(d, scale + c), xhat, hn::LoadU(d, shift + c)), out + c);
     }
     // The tail rounds as the vector lanes do: x̂ = (x − mean)·r, one fused scale·x̂ + shift.
-    for (; c < C; ++c) out[c] = std::fma(scale[c], (row[c] - mu) * r, shift[c]);
+    for (; c < C; ++c) StoreOut(std::fma(scale[c], (row[c] - mu) * r, shift[c]), out + c);
   }
 }
 
-void LayerNormForward(float* y, float* mean, float* std, const float* x, const float* scale,
-                      const float* shift, int64_t Nrows, int64_t C, float eps) {
+template <class Out>
+void LayerNormForwardAs(Out* y, float* mean, float* std, const float* x, const float* scale,
+                        const float* shift, int64_t Nrows, int64_t C, float eps) {
   if (Nrows * C < kParallelElements) {
     LayerNormRows(y, mean, std, x, scale, shift, 0, Nrows, size_t(C), eps);
     return;
@@ -129,6 +152,16 @@ void LayerNormForward(float* y, float* mean, float* std, const float* x, const f
     LayerNormRows(y, mean, std, x, scale, shift, chunk * kLayerNormChunkRows,
                   std::min(Nrows, (chunk + 1) * kLayerNormChunkRows), size_t(C), eps);
   }
+}
+
+void LayerNormForward(float* y, float* mean, float* std, const float* x, const float* scale,
+                      const float* shift, int64_t Nrows, int64_t C, float eps) {
+  LayerNormForwardAs(y, mean, std, x, scale, shift, Nrows, C, eps);
+}
+
+void LayerNormForwardBf16(BFloat16* y, float* mean, float* std, const float* x, const float* scale,
+                          const float* shift, int64_t Nrows, int64_t C, float eps) {
+  LayerNormForwardAs(y, mean, std, x, scale, shift, Nrows, C, eps);
 }
 
 // dx for rows [n0, n1); dy·x̂ and dy summed over those rows into ds, db (C),
@@ -278,29 +311,40 @@ void GeluBackward(float* dx, const float* dy, const float* x, int64_t n) {
 }
 
 
-// dst = bf16(src), n elements: to_bfloat16 (attn/tensor.h) in vector lanes,
-// u + 0x7FFF + (bit 16 of u), the high half; NaN becomes 0xFFFF as there.
+// dst = bf16(src), n elements.
 void RoundToBf16Range(BFloat16* dst, const float* src, size_t n) {
   const DF d;
-  const hn::RebindToUnsigned<DF> du;
-  const hn::RebindToSigned<DF> di;
   const hn::Rebind<uint16_t, DF> du16;
   const size_t N = hn::Lanes(d);
-  const auto bias = hn::Set(du, 0x7FFFu), one = hn::Set(du, 1u), nan = hn::Set(du, 0xFFFFu);
   auto* out = reinterpret_cast<uint16_t*>(dst);
   size_t i = 0;
-  for (; i + N <= n; i += N) {
-    const VF v = hn::LoadU(d, src + i);
-    const auto u = hn::BitCast(du, v);
-    const auto rounded = hn::ShiftRight<16>(hn::Add(u, hn::Add(bias, hn::And(hn::ShiftRight<16>(u), one))));
-    const auto bits = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), nan, rounded);  // <= 0xFFFF
-    hn::StoreU(hn::DemoteTo(du16, hn::BitCast(di, bits)), du16, out + i);
-  }
+  for (; i + N <= n; i += N) hn::StoreU(RoundToBf16Vec(d, hn::LoadU(d, src + i)), du16, out + i);
   for (; i < n; ++i) dst[i] = to_bfloat16(src[i]);
+}
+
+// y = bf16(gelu(x)), n elements: GeluForwardRange's values, rounded as they are stored.
+void GeluForwardBf16Range(BFloat16* y, const float* x, size_t n) {
+  const DF d;
+  const hn::Rebind<uint16_t, DF> du16;
+  const size_t N = hn::Lanes(d);
+  auto* out = reinterpret_cast<uint16_t*>(y);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    hn::StoreU(RoundToBf16Vec(d, GeluForwardVec(d, hn::LoadU(d, x + i))), du16, out + i);
+  }
+  if (i < n) {
+    HWY_ALIGN float buf[hn::MaxLanes(DF())];
+    hn::Store(GeluForwardVec(d, LoadTail(d, x + i, n - i)), d, buf);
+    for (size_t k = 0; k < n - i; ++k) y[i + k] = to_bfloat16(buf[k]);
+  }
 }
 
 void RoundToBf16(BFloat16* dst, const float* src, int64_t n) {
   Chunked(n, [&](size_t i, size_t count) { RoundToBf16Range(dst + i, src + i, count); });
+}
+
+void GeluForwardBf16(BFloat16* y, const float* x, int64_t n) {
+  Chunked(n, [&](size_t i, size_t count) { GeluForwardBf16Range(y + i, x + i, count); });
 }
 
 // AdamW's element update (attn/layer_kernels.h states it), n elements from 0.
@@ -346,17 +390,26 @@ HWY_AFTER_NAMESPACE();
 namespace attn::kernels {
 
 HWY_EXPORT(LayerNormForward);
+HWY_EXPORT(LayerNormForwardBf16);
 HWY_EXPORT(LayerNormBackward);
 HWY_EXPORT(GeluForward);
 HWY_EXPORT(GeluBackward);
 HWY_EXPORT(AdamWUpdate);
 HWY_EXPORT(RoundToBf16);
+HWY_EXPORT(GeluForwardBf16);
 HWY_EXPORT(LayerKernelsTarget);
 
 void layer_norm_forward(float* y, float* mean, float* std, const float* x, const float* scale,
                         const float* shift, int64_t N, int64_t C, float eps) {
   if (N <= 0 || C <= 0) return;
   HWY_DYNAMIC_DISPATCH(LayerNormForward)(y, mean, std, x, scale, shift, N, C, eps);
+}
+
+void layer_norm_forward_bf16(BFloat16* y, float* mean, float* std, const float* x,
+                             const float* scale, const float* shift, int64_t N, int64_t C,
+                             float eps) {
+  if (N <= 0 || C <= 0) return;
+  HWY_DYNAMIC_DISPATCH(LayerNormForwardBf16)(y, mean, std, x, scale, shift, N, C, eps);
 }
 
 void layer_norm_backward(float* dx, float* dscale, float* dshift, const float* dy, const float* x,
@@ -380,6 +433,10 @@ void adamw_update(float* w, float* m, float* v, const float* g, int64_t n, const
 
 void round_to_bf16(BFloat16* dst, const float* src, int64_t n) {
   if (n > 0) HWY_DYNAMIC_DISPATCH(RoundToBf16)(dst, src, n);
+}
+
+void gelu_forward_bf16(BFloat16* y, const float* x, int64_t n) {
+  if (n > 0) HWY_DYNAMIC_DISPATCH(GeluForwardBf16)(y, x, n);
 }
 
 const char* layer_kernels_target() { return HWY_DYNAMIC_DISPATCH(LayerKernelsTarget)(); }

@@ -48,8 +48,18 @@ Tensor apply_noise(const Tensor& x, const Tensor& noise) {
 
 // ---- LayerNorm ------------------------------------------------------------------------
 
-LayerNorm::LayerNorm(int64_t emb_dim, float eps, LayerImpl impl)
-    : emb_dim_(emb_dim), eps_(eps), impl_(impl) {
+namespace {
+DType checked_out_dtype(const char* module, DType out_dtype) {
+  if (out_dtype != DType::kFloat32 && out_dtype != DType::kBFloat16) {
+    throw std::invalid_argument(fmt::format("{}: out_dtype must be float32 or bfloat16, got {}",
+                                            module, dtype_name(out_dtype)));
+  }
+  return out_dtype;
+}
+}  // namespace
+
+LayerNorm::LayerNorm(int64_t emb_dim, float eps, LayerImpl impl, DType out_dtype)
+    : emb_dim_(emb_dim), eps_(eps), impl_(impl), out_dtype_(checked_out_dtype("LayerNorm", out_dtype)) {
   detail::check_positive("LayerNorm", "emb_dim", emb_dim);
   scale.value = Tensor::ones({emb_dim});   // (E)
   shift.value = Tensor::zeros({emb_dim});  // (E)
@@ -64,18 +74,26 @@ Tensor LayerNorm::forward(const Tensor& x) {
   }
   x_ = x;
   has_forward_ = true;
-  if (impl_ == LayerImpl::kReference)
-    return ref::layer_norm_forward(x, scale.value, shift.value, eps_, &saved_);
+  if (impl_ == LayerImpl::kReference) {
+    const Tensor y = ref::layer_norm_forward(x, scale.value, shift.value, eps_, &saved_);
+    return out_dtype_ == DType::kFloat32 ? y : y.to(out_dtype_);
+  }
   if (x.dtype() != DType::kFloat32) {
     throw std::invalid_argument(fmt::format("LayerNorm: input must be float32, got {} of shape {}",
                                             dtype_name(x.dtype()), shape_str(x.shape())));
   }
   x_ = x.contiguous();
   const int64_t N = x.numel() / emb_dim_;
-  Tensor y(x.shape());                  // (..., E)
-  saved_ = {Tensor({N}), Tensor({N})};  // mean, std (N)
-  kernels::layer_norm_forward(y.data(), saved_.mean.data(), saved_.std.data(), x_.data(),
-                              scale.value.data(), shift.value.data(), N, emb_dim_, eps_);
+  Tensor y = Tensor::empty(x.shape(), out_dtype_);  // (..., E)
+  saved_ = {Tensor({N}), Tensor({N})};               // mean, std (N)
+  if (out_dtype_ == DType::kBFloat16) {
+    kernels::layer_norm_forward_bf16(y.data_ptr<BFloat16>(), saved_.mean.data(), saved_.std.data(),
+                                     x_.data(), scale.value.data(), shift.value.data(), N, emb_dim_,
+                                     eps_);
+  } else {
+    kernels::layer_norm_forward(y.data(), saved_.mean.data(), saved_.std.data(), x_.data(),
+                                scale.value.data(), shift.value.data(), N, emb_dim_, eps_);
+  }
   return y;
 }
 
@@ -95,17 +113,27 @@ Tensor LayerNorm::backward(const Tensor& dy) {
 
 // ---- GELU ---------------------------------------------------------------------------------
 
+GELU::GELU(LayerImpl impl, DType out_dtype)
+    : impl_(impl), out_dtype_(checked_out_dtype("GELU", out_dtype)) {}
+
 Tensor GELU::forward(const Tensor& x) {
   x_ = x;
   has_forward_ = true;
-  if (impl_ == LayerImpl::kReference) return ref::gelu_forward(x);
+  if (impl_ == LayerImpl::kReference) {
+    const Tensor y = ref::gelu_forward(x);
+    return out_dtype_ == DType::kFloat32 ? y : y.to(out_dtype_);
+  }
   if (x.dtype() != DType::kFloat32) {
     throw std::invalid_argument(fmt::format("GELU: input must be float32, got {} of shape {}",
                                             dtype_name(x.dtype()), shape_str(x.shape())));
   }
   x_ = x.contiguous();
-  Tensor y(x.shape());
-  kernels::gelu_forward(y.data(), x_.data(), x_.numel());
+  Tensor y = Tensor::empty(x.shape(), out_dtype_);
+  if (out_dtype_ == DType::kBFloat16) {
+    kernels::gelu_forward_bf16(y.data_ptr<BFloat16>(), x_.data(), x_.numel());
+  } else {
+    kernels::gelu_forward(y.data(), x_.data(), x_.numel());
+  }
   return y;
 }
 
@@ -123,7 +151,7 @@ Tensor GELU::backward(const Tensor& dy) {
 
 FeedForward::FeedForward(const GPTConfig& cfg, Generator& gen, LayerImpl impl, DType dtype)
     : fc({cfg.emb_dim, 4 * cfg.emb_dim, true, engine_of(impl), dtype}, gen),
-      gelu(impl),
+      gelu(impl, dtype),  // bf16 mode: bf16 out, proj's operand as it is
       proj({4 * cfg.emb_dim, cfg.emb_dim, true, engine_of(impl), dtype}, gen) {
   layers.append(&fc);
   layers.append(&gelu);
@@ -151,8 +179,9 @@ TransformerBlock::TransformerBlock(const GPTConfig& cfg, const GPTOptions& optio
            .dtype = options.dtype},
           gen),
       ff(cfg, gen, options.layers, options.dtype),
-      norm1(cfg.emb_dim, 1e-5f, options.layers),
-      norm2(cfg.emb_dim, 1e-5f, options.layers),
+      // bf16 mode: the norms hand bf16 to the products that read them.
+      norm1(cfg.emb_dim, 1e-5f, options.layers, options.dtype),
+      norm2(cfg.emb_dim, 1e-5f, options.layers, options.dtype),
       drop_shortcut({cfg.drop_rate}, gen) {
   register_module("att", &att);
   register_module("ff", &ff);
@@ -213,7 +242,7 @@ GPTModel::GPTModel(const GPTConfig& cfg, const GPTOptions& options, Generator& g
       pos_emb({cfg.context_length, cfg.emb_dim}, gen),
       drop_emb({cfg.drop_rate}, gen),
       trf_blocks(cfg, options, gen),
-      final_norm(cfg.emb_dim, 1e-5f, options.layers),
+      final_norm(cfg.emb_dim, 1e-5f, options.layers, options.dtype),
       out_head({cfg.emb_dim, cfg.vocab_size, false, engine_of(options.layers), options.dtype}, gen),
       cfg_(cfg),
       options_(options) {

@@ -223,6 +223,24 @@ TEST(FusedModules, Bf16NeedsTheFusedPath) {
   EXPECT_FALSE(has_non_finite(m.backward(random_tensor({1, 8, 16}, 6))));
 }
 
+// A bf16 input (a bf16 LayerNorm's output in the GPT) is what the bf16 module
+// would round its float32 input to: the same bits out. The fp32 module refuses it.
+TEST(FusedModules, Bf16ModuleTakesBf16InputAsRounded) {
+  const Shape4 s{2, 9, 16, 2, 8, true};
+  MultiHeadAttentionOptions o = mha_options(s, AttentionBackend::kAuto);
+  o.dtype = DType::kBFloat16;
+  Generator g1(3), g2(3);
+  MultiHeadAttention a(o, g1), b(o, g2);
+  const Tensor x = random_tensor({2, 9, 16}, 7), dy = random_tensor({2, 9, 16}, 8);
+  EXPECT_EQ(max_abs_diff(a.forward(x), b.forward(x.to(DType::kBFloat16))), 0.0f);
+  EXPECT_EQ(max_abs_diff(a.backward(dy), b.backward(dy)), 0.0f);
+  EXPECT_EQ(max_abs_diff(a.W_query.weight.grad, b.W_query.weight.grad), 0.0f);
+  MultiHeadAttention f32(mha_options(s, AttentionBackend::kFused));
+  expect_message<std::invalid_argument>(
+      [&] { f32.forward(x.to(DType::kBFloat16)); },
+      "attention_block_forward: x must be float32 with dtype = float32, got bfloat16");
+}
+
 TEST(FusedModules, StepsReuseTheirBuffersWithoutCarryingValuesOver) {
   // One module stepped through shapes that grow, shrink and repeat (its fused
   // buffers are reused whenever a shape repeats, reallocated otherwise)

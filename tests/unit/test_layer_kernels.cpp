@@ -68,6 +68,14 @@ void check_layer_norm_against_reference(const std::string& target) {
     expect_near_rel(y, y_ref, 2e-5, "layer norm y, " + what);
     expect_near_rel(mean, saved.mean, 2e-6, "layer norm mean, " + what);
     expect_near_rel(sd, saved.std, 2e-6, "layer norm std, " + what);
+    // The bf16 output: the float32 y rounded, bit for bit.
+    Tensor y16 = Tensor::empty({s.N, s.C}, DType::kBFloat16), mean16({s.N}), sd16({s.N});
+    kernels::layer_norm_forward_bf16(y16.data_ptr<BFloat16>(), mean16.data(), sd16.data(), x.data(),
+                                     scale.data(), shift.data(), s.N, s.C, 1e-5f);
+    for (int64_t i = 0; i < s.N * s.C; ++i)
+      ASSERT_EQ(y16.data_ptr<BFloat16>()[i].bits, to_bfloat16(y[i]).bits) << what << " bf16 y " << i;
+    EXPECT_EQ(max_abs_diff(mean16, mean), 0.0f) << what;
+    EXPECT_EQ(max_abs_diff(sd16, sd), 0.0f) << what;
 
     Tensor dx({s.N, s.C}), ds = Tensor::zeros({s.C}), db = Tensor::zeros({s.C});
     kernels::layer_norm_backward(dx.data(), ds.data(), db.data(), dy.data(), x.data(), scale.data(),
@@ -111,7 +119,8 @@ void check_gelu_against_reference(const std::string& target) {
   }
 }
 
-// round_to_bf16 against the scalar to_bfloat16 (attn/tensor.h), bit for bit:
+// round_to_bf16 and gelu_forward_bf16 against the scalar to_bfloat16
+// (attn/tensor.h) of the float32 values, bit for bit:
 // ties to even both ways, the largest finite values (which round to ±inf),
 // infinities, every NaN to 0xFFFF, subnormals and signed zeros; lengths below,
 // at and past a vector and a thread's chunk.
@@ -139,6 +148,14 @@ void check_round_to_bf16(const std::string& target) {
     for (int64_t i = 0; i < n; ++i) {
       ASSERT_EQ(got[size_t(i)].bits, to_bfloat16(src[size_t(i)]).bits)
           << target << " n " << n << " element " << i << " = " << src[size_t(i)];
+    }
+    // gelu_forward_bf16 = gelu_forward, then rounded.
+    std::vector<float> g(static_cast<size_t>(n));
+    kernels::gelu_forward(g.data(), src.data(), n);
+    kernels::gelu_forward_bf16(got.data(), src.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(got[size_t(i)].bits, to_bfloat16(g[size_t(i)]).bits)
+          << target << " gelu n " << n << " element " << i << " = " << src[size_t(i)];
     }
   }
 }
