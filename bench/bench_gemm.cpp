@@ -11,7 +11,8 @@
 //   forward    y (rows, out)  = x (rows, in) · Wᵀ            NT
 //   dweight    dW (out, in)  += dyᵀ (out, rows) · x          TN
 //   dx         dx (rows, in)  = dy (rows, out) · W           NN
-// small: rows 768 (batch 12 × 64), E 128, FF 512; large: rows 16384 (64 × 256), E 384, FF 1536.
+// small: rows 768 (batch 12 × 64), E 128, FF 512; large: rows 16384 (64 × 256), E 384, FF 1536;
+// the head: vocabulary 65 (tinyshakespeare's characters).
 // Counter: GFLOP/s (2·M·N·K per product).
 #include <benchmark/benchmark.h>
 
@@ -35,11 +36,18 @@ void BM_Sgemm(benchmark::State& state) {
   const auto ta = static_cast<Trans>(state.range(4)), tb = static_cast<Trans>(state.range(5));
   attn::Generator gen(1);
   const attn::Tensor A = attn::randn({M * K}, gen), B = attn::randn({K * N}, gen);
+  // The bf16 operands: A and B rounded (what gemm_bf16 reads).
+  const attn::Tensor A16 = A.to(attn::DType::kBFloat16), B16 = B.to(attn::DType::kBFloat16);
   std::vector<float> C(static_cast<size_t>(M * N));
   const int64_t lda = ta == Trans::kNo ? K : M, ldb = tb == Trans::kNo ? N : K;
   for (auto _ : state) {
-    attn::gemm::sgemm(ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, C.data(), N,
-                      engine);
+    if (bf16) {
+      attn::gemm::gemm_bf16(ta, tb, M, N, K, 1.0f, A16.data_ptr<attn::BFloat16>(), lda,
+                            B16.data_ptr<attn::BFloat16>(), ldb, 0.0f, C.data(), N);
+    } else {
+      attn::gemm::sgemm(ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, C.data(), N,
+                        engine);
+    }
     benchmark::DoNotOptimize(C.data());
   }
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * double(M) * double(N) * double(K),
@@ -67,6 +75,12 @@ void Shapes(benchmark::internal::Benchmark* b) {
                                                     {16384, 384, 1536, kNo, kYes},
                                                     {384, 384, 16384, kYes, kNo},
                                                     {1536, 384, 16384, kYes, kNo},
+                                                    {16384, 384, 384, kNo, kNo},
+                                                    {16384, 384, 1536, kNo, kNo},
+                                                    // the output head: vocabulary 65
+                                                    {16384, 65, 384, kNo, kYes},
+                                                    {65, 384, 16384, kYes, kNo},
+                                                    {16384, 384, 65, kNo, kNo},
                                                     {2048, 2048, 2048, kNo, kNo}};
   for (const auto& s : shapes) {
     for (const int64_t engine : {0, 1, 2}) b->Args({engine, s[0], s[1], s[2], s[3], s[4]});
