@@ -187,7 +187,7 @@ class Linear : public Module {
   Tensor forward_bf16(const Tensor& x);
   Tensor backward_bf16(const Tensor& dy);
   LinearOptions options_;
-  Tensor x_;  // saved input (..., in); bf16 mode: bf16(x) (N, in)
+  Tensor x_;            // saved input (..., in); bf16 mode: bf16(x) (N, in)
   Tensor weight_bf16_;  // bf16 mode: bf16(W) (out, in) of the last forward
   Shape x_shape_;       // the input's shape
   bool has_forward_ = false;

@@ -133,7 +133,7 @@ class Storage {
 // same idea as PyTorch's CUDA caching allocator. When adding a block would
 // pass the limit, the least recently freed blocks are released first.
 // Thread-safe.
-inline constexpr int64_t kStorageCacheMinBytes = int64_t{1} << 20;   // 1 MiB
+inline constexpr int64_t kStorageCacheMinBytes = int64_t{1} << 20;      // 1 MiB
 inline constexpr int64_t kStorageCacheDefaultLimit = int64_t{4} << 30;  // 4 GiB
 struct StorageCacheStats {
   int64_t cached_bytes = 0;  // held by the cache now, unused

@@ -232,9 +232,9 @@ Tensor attention_block_forward(const Tensor& x_in, const ProjectionWeights& w,
   AttentionBlockSaved& s = saved != nullptr ? *saved : local;
   const bool bf16 = options.dtype == DType::kBFloat16;
   if (x.dtype() != DType::kFloat32 && !(bf16 && x.dtype() == DType::kBFloat16)) {
-    throw std::invalid_argument(fmt::format(
-        "attention_block_forward: x must be float32{} with dtype = {}, got {}",
-        bf16 ? " or bfloat16" : "", dtype_name(options.dtype), dtype_name(x.dtype())));
+    throw std::invalid_argument(
+        fmt::format("attention_block_forward: x must be float32{} with dtype = {}, got {}",
+                    bf16 ? " or bfloat16" : "", dtype_name(options.dtype), dtype_name(x.dtype())));
   }
   if (bf16) {
     // x, the weights: rounded to bf16 once per step (the weights are the fp32

@@ -5,12 +5,12 @@
 // pay for the threads.
 #include "attn/layer_kernels.h"
 
-#include "attn/tensor.h"
-
 #include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <vector>
+
+#include "attn/tensor.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -309,7 +309,6 @@ void GeluForward(float* y, const float* x, int64_t n) {
 void GeluBackward(float* dx, const float* dy, const float* x, int64_t n) {
   Chunked(n, [&](size_t i, size_t count) { GeluBackwardRange(dx + i, dy + i, x + i, count); });
 }
-
 
 // dst = bf16(src), n elements.
 void RoundToBf16Range(BFloat16* dst, const float* src, size_t n) {

@@ -59,7 +59,10 @@ DType checked_out_dtype(const char* module, DType out_dtype) {
 }  // namespace
 
 LayerNorm::LayerNorm(int64_t emb_dim, float eps, LayerImpl impl, DType out_dtype)
-    : emb_dim_(emb_dim), eps_(eps), impl_(impl), out_dtype_(checked_out_dtype("LayerNorm", out_dtype)) {
+    : emb_dim_(emb_dim),
+      eps_(eps),
+      impl_(impl),
+      out_dtype_(checked_out_dtype("LayerNorm", out_dtype)) {
   detail::check_positive("LayerNorm", "emb_dim", emb_dim);
   scale.value = Tensor::ones({emb_dim});   // (E)
   shift.value = Tensor::zeros({emb_dim});  // (E)
@@ -85,7 +88,7 @@ Tensor LayerNorm::forward(const Tensor& x) {
   x_ = x.contiguous();
   const int64_t N = x.numel() / emb_dim_;
   Tensor y = Tensor::empty(x.shape(), out_dtype_);  // (..., E)
-  saved_ = {Tensor({N}), Tensor({N})};               // mean, std (N)
+  saved_ = {Tensor({N}), Tensor({N})};              // mean, std (N)
   if (out_dtype_ == DType::kBFloat16) {
     kernels::layer_norm_forward_bf16(y.data_ptr<BFloat16>(), saved_.mean.data(), saved_.std.data(),
                                      x_.data(), scale.value.data(), shift.value.data(), N, emb_dim_,

@@ -137,8 +137,8 @@ const LinearOptions& checked(const LinearOptions& o) {
   detail::check_positive("Linear", "in_features", o.in_features);
   detail::check_positive("Linear", "out_features", o.out_features);
   if (o.dtype != DType::kFloat32 && o.dtype != DType::kBFloat16) {
-    throw std::invalid_argument(fmt::format("Linear: dtype must be float32 or bfloat16, got {}",
-                                            dtype_name(o.dtype)));
+    throw std::invalid_argument(
+        fmt::format("Linear: dtype must be float32 or bfloat16, got {}", dtype_name(o.dtype)));
   }
   return o;
 }

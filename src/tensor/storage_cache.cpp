@@ -115,7 +115,7 @@ class Cache {
   }
 
   std::mutex mutex_;
-  std::list<Block> freed_;                                        // oldest first
+  std::list<Block> freed_;                                     // oldest first
   std::multimap<size_t, std::list<Block>::iterator> by_size_;  // into freed_
   size_t cached_bytes_ = 0;
   size_t limit_ = kAddressSanitizer ? 0 : static_cast<size_t>(kStorageCacheDefaultLimit);

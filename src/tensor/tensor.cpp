@@ -2,14 +2,14 @@
 // element access, comparisons (attn/tensor.h).
 #include "attn/tensor.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <new>
 #include <stdexcept>
-
-#include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include "tensor/storage_cache.h"
 
@@ -50,8 +50,7 @@ const char* dtype_name(DType dtype) {
 DType dtype_from_name(std::string_view name) {
   for (const DType d : {DType::kFloat32, DType::kBFloat16, DType::kInt64})
     if (name == dtype_name(d)) return d;
-  throw std::invalid_argument(
-      fmt::format("unknown dtype '{}' (float32, bfloat16 or int64)", name));
+  throw std::invalid_argument(fmt::format("unknown dtype '{}' (float32, bfloat16 or int64)", name));
 }
 
 int64_t element_size(DType dtype) {

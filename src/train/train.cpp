@@ -146,7 +146,8 @@ void TrainOptions::validate() const {
   if (!(beta1 >= 0.0 && beta1 < 1.0 && beta2 >= 0.0 && beta2 < 1.0))
     throw std::invalid_argument(fmt::format("betas must be in [0, 1), got ({}, {})", beta1, beta2));
   if (dtype != "float32" && dtype != "bfloat16")
-    throw std::invalid_argument(fmt::format("--dtype must be float32 or bfloat16, got '{}'", dtype));
+    throw std::invalid_argument(
+        fmt::format("--dtype must be float32 or bfloat16, got '{}'", dtype));
 }
 
 std::string TrainOptions::to_json() const {

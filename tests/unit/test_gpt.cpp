@@ -233,8 +233,12 @@ TEST(Gpt, FusedAndReferenceAttentionAgreeUpToRounding) {
 float max_abs(const Tensor& t) { return max_abs_diff(t, Tensor::zeros(t.shape())); }
 
 TEST(Gpt, Bf16MixedPrecisionTracksFloat32) {
-  const GPTConfig cfg{.vocab_size = 50, .context_length = 40, .emb_dim = 64, .n_heads = 4,
-                      .n_layers = 2, .qkv_bias = true};
+  const GPTConfig cfg{.vocab_size = 50,
+                      .context_length = 40,
+                      .emb_dim = 64,
+                      .n_heads = 4,
+                      .n_layers = 2,
+                      .qkv_bias = true};
   manual_seed(9);
   GPTModel f32(cfg);
   manual_seed(9);

@@ -73,7 +73,8 @@ void check_layer_norm_against_reference(const std::string& target) {
     kernels::layer_norm_forward_bf16(y16.data_ptr<BFloat16>(), mean16.data(), sd16.data(), x.data(),
                                      scale.data(), shift.data(), s.N, s.C, 1e-5f);
     for (int64_t i = 0; i < s.N * s.C; ++i)
-      ASSERT_EQ(y16.data_ptr<BFloat16>()[i].bits, to_bfloat16(y[i]).bits) << what << " bf16 y " << i;
+      ASSERT_EQ(y16.data_ptr<BFloat16>()[i].bits, to_bfloat16(y[i]).bits)
+          << what << " bf16 y " << i;
     EXPECT_EQ(max_abs_diff(mean16, mean), 0.0f) << what;
     EXPECT_EQ(max_abs_diff(sd16, sd), 0.0f) << what;
 
@@ -131,14 +132,24 @@ void check_round_to_bf16(const std::string& target) {
     std::memcpy(&f, &u, sizeof f);
     return f;
   };
-  std::vector<float> special = {0.0f, -0.0f, 1.0f, -1.0f, inf, -inf,
-                                std::numeric_limits<float>::quiet_NaN(), from_bits(0x7F800001u),
-                                from_bits(0xFFC00000u), std::numeric_limits<float>::max(),
-                                -std::numeric_limits<float>::max(), from_bits(0x00000001u),
-                                from_bits(0x3F808000u), from_bits(0x3F818000u),  // ties: down, up
-                                from_bits(0x3F808001u), from_bits(0x3F807FFFu)};
-  for (const int64_t n : {int64_t{0}, int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17},
-                          int64_t{100003}}) {
+  std::vector<float> special = {0.0f,
+                                -0.0f,
+                                1.0f,
+                                -1.0f,
+                                inf,
+                                -inf,
+                                std::numeric_limits<float>::quiet_NaN(),
+                                from_bits(0x7F800001u),
+                                from_bits(0xFFC00000u),
+                                std::numeric_limits<float>::max(),
+                                -std::numeric_limits<float>::max(),
+                                from_bits(0x00000001u),
+                                from_bits(0x3F808000u),
+                                from_bits(0x3F818000u),  // ties: down, up
+                                from_bits(0x3F808001u),
+                                from_bits(0x3F807FFFu)};
+  for (const int64_t n :
+       {int64_t{0}, int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{100003}}) {
     std::vector<float> src(static_cast<size_t>(n));
     const Tensor r = random_tensor({std::max<int64_t>(n, 1)}, 21);
     for (int64_t i = 0; i < n; ++i)
@@ -399,7 +410,9 @@ TEST(LayerKernels, LinearDtypeErrorsNameTheValues) {
   expect_message<std::invalid_argument>(
       [&] { f32.forward(xb); }, "Linear: input must be float32, got bfloat16 of shape (4, 2)");
   expect_message<std::invalid_argument>(
-      [&] { b16.forward(Tensor::zeros({4, 2}, DType::kInt64)); },
+      [&] {
+        b16.forward(Tensor::zeros({4, 2}, DType::kInt64));
+      },
       "Linear: input must be float32 or bfloat16, got int64 of shape (4, 2)");
 }
 

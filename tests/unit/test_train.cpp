@@ -184,7 +184,8 @@ TEST(TrainOptions, ValidatesAndRoundTrips) {
   bad([](TrainOptions& b) { b.min_lr = 1.0; }, "--min-lr");
   bad([](TrainOptions& b) { b.drop_rate = 1.0; }, "--drop-rate");
   bad([](TrainOptions& b) { b.eval_iters = -1; }, "--eval-iters");
-  bad([](TrainOptions& b) { b.dtype = "float16"; }, "--dtype must be float32 or bfloat16, got 'float16'");
+  bad([](TrainOptions& b) { b.dtype = "float16"; },
+      "--dtype must be float32 or bfloat16, got 'float16'");
 }
 
 TEST(Trainer, RefusesTextTooShortForTheSplit) {
