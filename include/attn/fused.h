@@ -103,8 +103,10 @@ struct AttentionBlockSaved {
   Tensor qkv_f32, dcontext_f32, dy_bf16;
 };
 
-// x (B, T, d_in) -> y (B, T, d_out). Throws std::invalid_argument naming the
-// values when shapes or options do not fit. saved may be nullptr (inference).
+// x (B, T, d_in) -> y (B, T, d_out). x is float32, or in bf16 mode also bf16
+// (taken as the rounded x, e.g. a bf16 LayerNorm's output). Throws
+// std::invalid_argument naming the values when shapes, dtypes or options do
+// not fit. saved may be nullptr (inference).
 Tensor attention_block_forward(const Tensor& x, const ProjectionWeights& w,
                                const AttentionBlockOptions& options, AttentionBlockSaved* saved);
 
