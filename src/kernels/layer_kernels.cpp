@@ -310,32 +310,29 @@ void GeluBackward(float* dx, const float* dy, const float* x, int64_t n) {
   Chunked(n, [&](size_t i, size_t count) { GeluBackwardRange(dx + i, dy + i, x + i, count); });
 }
 
-// dst = bf16(src), n elements.
-void RoundToBf16Range(BFloat16* dst, const float* src, size_t n) {
-  const DF d;
-  const hn::Rebind<uint16_t, DF> du16;
-  const size_t N = hn::Lanes(d);
-  auto* out = reinterpret_cast<uint16_t*>(dst);
-  size_t i = 0;
-  for (; i + N <= n; i += N) hn::StoreU(RoundToBf16Vec(d, hn::LoadU(d, src + i)), du16, out + i);
-  for (; i < n; ++i) dst[i] = to_bfloat16(src[i]);
-}
-
-// y = bf16(gelu(x)), n elements: GeluForwardRange's values, rounded as they are stored.
-void GeluForwardBf16Range(BFloat16* y, const float* x, size_t n) {
+// y = bf16(f(x)), n elements: f on float vectors, rounded as it is stored.
+// The tail runs f on a zero-padded vector and rounds lane by lane.
+template <class F>
+void MapToBf16Range(BFloat16* y, const float* x, size_t n, const F& f) {
   const DF d;
   const hn::Rebind<uint16_t, DF> du16;
   const size_t N = hn::Lanes(d);
   auto* out = reinterpret_cast<uint16_t*>(y);
   size_t i = 0;
-  for (; i + N <= n; i += N) {
-    hn::StoreU(RoundToBf16Vec(d, GeluForwardVec(d, hn::LoadU(d, x + i))), du16, out + i);
-  }
+  for (; i + N <= n; i += N) hn::StoreU(RoundToBf16Vec(d, f(hn::LoadU(d, x + i))), du16, out + i);
   if (i < n) {
     HWY_ALIGN float buf[hn::MaxLanes(DF())];
-    hn::Store(GeluForwardVec(d, LoadTail(d, x + i, n - i)), d, buf);
+    hn::Store(f(LoadTail(d, x + i, n - i)), d, buf);
     for (size_t k = 0; k < n - i; ++k) y[i + k] = to_bfloat16(buf[k]);
   }
+}
+
+// dst = bf16(src); y = bf16(gelu(x)) (GeluForwardRange's values, rounded).
+void RoundToBf16Range(BFloat16* dst, const float* src, size_t n) {
+  MapToBf16Range(dst, src, n, [](VF v) { return v; });
+}
+void GeluForwardBf16Range(BFloat16* y, const float* x, size_t n) {
+  MapToBf16Range(y, x, n, [](VF v) { return GeluForwardVec(DF(), v); });
 }
 
 void RoundToBf16(BFloat16* dst, const float* src, int64_t n) {
