@@ -240,3 +240,11 @@ TEST(StorageCache, ReleaseEmptiesItAndANegativeLimitIsAnError) {
       [] { attn::set_storage_cache_limit(-1); },
       "set_storage_cache_limit: the limit must be >= 0 bytes, got -1");
 }
+
+TEST(Tensor, DtypeNamesRoundTrip) {
+  for (const attn::DType d : {attn::DType::kFloat32, attn::DType::kBFloat16, attn::DType::kInt64})
+    EXPECT_EQ(attn::dtype_from_name(attn::dtype_name(d)), d);
+  attn::test::expect_message<std::invalid_argument>(
+      [] { attn::dtype_from_name("float16"); },
+      "unknown dtype 'float16' (float32, bfloat16 or int64)");
+}
