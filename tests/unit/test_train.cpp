@@ -253,6 +253,29 @@ TEST(Trainer, ResumeGivesBitIdenticalLosses) {
   std::filesystem::remove(path);
 }
 
+// The checkpoint is float32 in either dtype: an fp32 run resumes in bf16 (and
+// back) with the same weights and optimizer state, and goes on learning.
+TEST(Trainer, ResumesInTheOtherDtype) {
+  const std::string text = shakespeare(4000);
+  const std::string path = attn::test::temp_path("dtype.safetensors");
+  TrainOptions o = tiny_options();
+  Trainer f32(text, o);
+  run_losses(f32, 10);
+  f32.save(path);
+  o.dtype = "bfloat16";
+  Trainer b16(text, o);
+  b16.resume(path);
+  EXPECT_EQ(b16.iter(), 10);
+  const auto a = f32.model().named_parameters(), b = b16.model().named_parameters();
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_EQ(max_abs_diff(a[i].second->value, b[i].second->value), 0.0f) << a[i].first;
+  // The same next batch: the bf16 step's loss is the fp32 one up to bf16 rounding.
+  const double loss32 = f32.step(), loss16 = b16.step();
+  EXPECT_NEAR(loss16, loss32, 2e-2);
+  EXPECT_NE(loss16, loss32);
+  std::filesystem::remove(path);
+}
+
 TEST(Trainer, ResumeRefusesAnotherModelOrVocabulary) {
   const std::string text = shakespeare(4000);
   const std::string path = attn::test::temp_path("mismatch.safetensors");
