@@ -25,6 +25,19 @@ inline std::string flash_case_name(const FlashCase& c) {
          " p=" + std::to_string(c.dropout_p) + (c.fused_qkv ? " qkv" : "");
 }
 
+// The fixed set behind both kernels' "largest errors" tests: one case of each
+// kind the other tests cover (tile edges, a single token, head widths 7 to
+// 256, full attention, a long sequence, dropout, a peaked softmax, fused QKV).
+inline std::vector<FlashCase> flash_largest_error_cases() {
+  FlashCase peaked{2, 200, 2, 64, true};
+  peaked.input_scale = 5.0f;
+  FlashCase qkv{2, 77, 3, 24, false};
+  qkv.fused_qkv = true;
+  return {{1, 1, 2, 16, true},   {1, 65, 2, 64, true},  {1, 129, 2, 80, false},
+          {2, 70, 3, 256, true}, {1, 37, 2, 7, false},  {1, 300, 2, 64, true},
+          {2, 130, 2, 64, true, 0.5f}, peaked, qkv};
+}
+
 // Kernel against reference: the relative errors of the output, lse and the three gradients.
 struct FlashErrors {
   double out, lse, dq, dk, dv;

@@ -433,19 +433,7 @@ TEST(FlashAttention, LargestErrorsAreWithinTheDocumentedBound) {
   // largest error of each quantity must meet the bound in the header, and must not
   // be exactly zero: float32 against the fp64 reference always differs somewhere,
   // so a zero would mean the comparison saw one buffer twice.
-  Case peaked{2, 200, 2, 64, true};
-  peaked.input_scale = 5.0f;
-  Case qkv{2, 77, 3, 24, false};
-  qkv.fused_qkv = true;
-  const Case cases[] = {{1, 1, 2, 16, true},
-                        {1, 65, 2, 64, true},
-                        {1, 129, 2, 80, false},
-                        {2, 70, 3, 256, true},
-                        {1, 37, 2, 7, false},
-                        {1, 300, 2, 64, true},
-                        {2, 130, 2, 64, true, 0.5f},
-                        peaked,
-                        qkv};
+  const std::vector<Case> cases = attn::test::flash_largest_error_cases();
   Errors worst{};
   uint32_t seed = 900;
   for (const Case& c : cases) {
