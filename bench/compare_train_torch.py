@@ -5,7 +5,7 @@ side by side in one run (issue 8's yardstick; docs/training.md has the tables).
 Run with PyTorch 2.x from pip in a virtual environment (benchmarks only):
     python3 -m venv ~/venv-torch2 && ~/venv-torch2/bin/pip install torch numpy
     ~/venv-torch2/bin/python bench/compare_train_torch.py --attn build/attn \\
-        --text ../shared/data/tinyshakespeare.txt --recipe small --rounds 3
+        --text data/tinyshakespeare.txt --recipe small --rounds 3
 or with Debian's PyTorch 1.13 (/usr/bin/python3).
 
 --dtype bfloat16 times mixed precision on both sides: `attn train --dtype
@@ -166,7 +166,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--attn", default="build/attn")
     p.add_argument("--python", default=sys.executable, help="the Python whose torch is timed")
-    p.add_argument("--text", default="../shared/data/tinyshakespeare.txt")
+    p.add_argument("--text", default="data/tinyshakespeare.txt")
     p.add_argument("--recipe", choices=sorted(RECIPES), default="small")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--iters", type=int, default=50)

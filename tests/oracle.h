@@ -1,10 +1,11 @@
-// tests/oracle.h - reading the shared golden files (both test binaries) and the
-// reference values that PyTorch wrote (tests/torch/oracle.py; attn_torch_tests only).
+// tests/oracle.h - reading the golden files that ship in data/ (both test binaries)
+// and the reference values that PyTorch wrote (tests/torch/oracle.py;
+// attn_torch_tests only).
 //
 // A file that cannot be opened fails with a message that names the file, the full
-// path it was looked for at, and what puts it there: ../shared beside the checkout
-// (CMake cache variable ATTN_SHARED_DIR) for golden files, the oracle script and the
-// torch_oracle test for oracle outputs. The messages are built by plain functions
+// path it was looked for at, and what puts it there: the checkout's data/ folder
+// (ATTN_DATA_DIR) for golden files, the oracle script and the torch_oracle test for
+// oracle outputs. The messages are built by plain functions
 // so that tests/unit/test_oracle_messages.cpp can check them without PyTorch.
 #pragma once
 
@@ -34,16 +35,13 @@ inline std::string why_unreadable(const std::string& path) {
   return std::filesystem::exists(path, ec) ? "cannot be read" : "does not exist";
 }
 
-// The message for golden file `name` (relative to the shared folder) looked for
-// under `shared_dir` (ATTN_SHARED_DIR) in the checkout at `checkout_dir`.
-inline std::string missing_shared_message(const std::string& name, const std::string& shared_dir,
-                                          const std::string& checkout_dir) {
-  const std::string path = full_path(shared_dir + "/" + name);
-  return "cannot open the golden file " + name + ": " + path + " " + why_unreadable(path) +
-         ". The shared/ folder (golden vectors and data) must sit beside the checkout, as " +
-         full_path(checkout_dir + "/../shared") +
-         ", or the CMake cache variable ATTN_SHARED_DIR (now " + full_path(shared_dir) +
-         ") must name it: cmake --preset release -DATTN_SHARED_DIR=/path/to/shared";
+// The message for data file `name` (relative to data/) looked for under
+// `data_dir` (ATTN_DATA_DIR).
+inline std::string missing_data_message(const std::string& name, const std::string& data_dir) {
+  const std::string path = full_path(data_dir + "/" + name);
+  return "cannot open the data file " + name + ": " + path + " " + why_unreadable(path) +
+         ". It ships with attn in the checkout's data/ folder (data/README.md lists every file "
+         "and its sha256): restore it with git checkout -- data/";
 }
 
 // The message for oracle output `name` looked for under `oracle_dir`; `script`
@@ -71,17 +69,15 @@ Json read_json_file(const std::string& path, const Message& missing) {
   return Json::parse(in);
 }
 
-// ---- golden files in ../shared (ATTN_SHARED_DIR) -----------------------------------
-#ifdef ATTN_SHARED_DIR
-inline std::string shared_path(const std::string& name) {
-  return std::string(ATTN_SHARED_DIR) + "/" + name;
+// ---- files in data/ (ATTN_DATA_DIR) --------------------------------------------------
+#ifdef ATTN_DATA_DIR
+inline std::string data_path(const std::string& name) {
+  return std::string(ATTN_DATA_DIR) + "/" + name;
 }
 
-// The golden file `name` (e.g. "golden/rng_vectors.json") of the shared folder.
-inline nlohmann::json read_shared_json(const std::string& name) {
-  return read_json_file(shared_path(name), [&] {
-    return missing_shared_message(name, ATTN_SHARED_DIR, std::string(ATTN_TESTS_DIR) + "/..");
-  });
+// The golden file `name` (e.g. "golden/rng_vectors.json") of data/.
+inline nlohmann::json read_data_json(const std::string& name) {
+  return read_json_file(data_path(name), [&] { return missing_data_message(name, ATTN_DATA_DIR); });
 }
 #endif
 

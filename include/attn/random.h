@@ -1,7 +1,7 @@
 // attn/random.h - a random number generator that draws PyTorch's numbers.
 //
 // Generator reproduces torch 1.13's CPU generator bit for bit (see
-// ../shared/RNG.md): MT19937 seeded with the low 32 bits of the seed, float
+// docs/rng.md): MT19937 seeded with the low 32 bits of the seed, float
 // uniforms from the low 24 bits of one draw, double uniforms from 53 bits of two
 // draws, normals by PyTorch's two algorithms (scalar Box-Muller with a cached
 // second value for fewer than 16 elements; the 16-wide vectorised form with

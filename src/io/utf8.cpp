@@ -80,4 +80,76 @@ std::vector<std::string> utf8_characters(std::string_view text) {
   return out;
 }
 
+namespace {
+
+// The length of the valid UTF-8 sequence at text[i] and its code point, or 0.
+size_t utf8_sequence(std::string_view text, size_t i, char32_t& cp) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char b0 = byte(i);
+  size_t len = 0;
+  char32_t min = 0;
+  if (b0 < 0x80) {
+    cp = b0;
+    return 1;
+  } else if ((b0 & 0xE0) == 0xC0) {
+    len = 2, cp = b0 & 0x1F, min = 0x80;
+  } else if ((b0 & 0xF0) == 0xE0) {
+    len = 3, cp = b0 & 0x0F, min = 0x800;
+  } else if ((b0 & 0xF8) == 0xF0) {
+    len = 4, cp = b0 & 0x07, min = 0x10000;
+  } else {
+    return 0;
+  }
+  if (i + len > text.size()) return 0;
+  for (size_t k = 1; k < len; ++k) {
+    const unsigned char b = byte(i + k);
+    if ((b & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (b & 0x3F);
+  }
+  if (cp < min || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) return 0;
+  return len;
+}
+
+bool invisible(char32_t cp) {
+  return (cp >= 0x80 && cp <= 0x9F) || (cp >= 0x200B && cp <= 0x200F) ||
+         (cp >= 0x2028 && cp <= 0x202E) || (cp >= 0x2060 && cp <= 0x206F) || cp == 0xFEFF;
+}
+
+}  // namespace
+
+std::string printable(std::string_view bytes, size_t max_bytes) {
+  const bool cut = bytes.size() > max_bytes;
+  if (cut) bytes = bytes.substr(0, max_bytes);
+  std::string out;
+  out.reserve(bytes.size());
+  size_t i = 0;
+  while (i < bytes.size()) {
+    char32_t cp = 0;
+    const size_t len = utf8_sequence(bytes, i, cp);
+    if (len == 0) {
+      // At the cut, a character split by max_bytes is shown as cut, not as bad bytes.
+      if (cut && bytes.size() - i < 4) break;
+      out += fmt::format("\\x{:02X}", static_cast<unsigned char>(bytes[i]));
+      ++i;
+      continue;
+    }
+    if (cp == '\n') {
+      out += "\\n";
+    } else if (cp == '\r') {
+      out += "\\r";
+    } else if (cp == '\t') {
+      out += "\\t";
+    } else if (cp < 0x20 || cp == 0x7F) {
+      out += fmt::format("\\x{:02X}", static_cast<uint32_t>(cp));
+    } else if (invisible(cp)) {
+      out += fmt::format("\\u{{{:04X}}}", static_cast<uint32_t>(cp));
+    } else {
+      out.append(bytes.substr(i, len));
+    }
+    i += len;
+  }
+  if (cut) out += "...";
+  return out;
+}
+
 }  // namespace attn

@@ -8,7 +8,7 @@
 // contraction, so some multiply-adds are fused; the functions here reproduce
 // the same operations in the same order, with the fused ones written as
 // std::fmaf, and give the same bits as the AVX2 code lane for lane.
-// (See ../shared/RNG.md, section 4.)
+// (See docs/rng.md, section 4.)
 #pragma once
 
 namespace attn::detail {

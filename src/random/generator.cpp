@@ -1,6 +1,6 @@
 // PyTorch's CPU generator (torch 1.13), bit for bit: MT19937, its uniform and
 // normal transformations, dropout masks and nn.Linear's default init.
-// The rules are written down in ../shared/RNG.md; the section numbers below
+// The rules are written down in docs/rng.md; the section numbers below
 // refer to it. Built with -ffp-contract=off: a multiply-add that PyTorch's
 // build fuses is written as std::fma / std::fmaf, every other one is rounded
 // twice, as in PyTorch.

@@ -1,4 +1,4 @@
-"""The chapter's PyTorch attention classes, written from shared/SPEC.md.
+"""The chapter's PyTorch attention classes, written from chapter 3 of the book (Raschka, "Build a Large Language Model (From Scratch)").
 
 These are the reference modules the differential tests (oracle_modules.py)
 run under PyTorch 1.13; attn's C++ modules in include/attn/nn.h mirror them

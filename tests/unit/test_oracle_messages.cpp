@@ -1,4 +1,4 @@
-// tests/oracle.h's messages for a file the tests cannot open: a missing ../shared
+// tests/oracle.h's messages for a file the tests cannot open: a missing data/ file
 // or a missing oracle output must say which file, the full path it was looked for
 // at, and what puts it there. Runs without PyTorch: the oracle message is a plain
 // function of the folder and the script.
@@ -27,23 +27,21 @@ std::string absent_folder(const std::string& stem) {
   return dir;
 }
 
-TEST(OracleMessages, MissingSharedFolderNamesThePathAndHowToProvideIt) {
-  const std::string parent = absent_folder("parent");
-  const std::string checkout = parent + "/attn";
-  const std::string shared = checkout + "/../shared";  // as ATTN_SHARED_DIR's default spells it
-  const std::string looked_at = parent + "/shared/golden/x.json";
+TEST(OracleMessages, MissingDataFileNamesThePathAndHowToRestoreIt) {
+  const std::string data = absent_folder("parent") + "/attn/sub/../data";
+  const std::string looked_at = absent_folder("parent") + "/attn/data/golden/x.json";
   try {
-    attn::test::read_json_file(shared + "/golden/x.json", [&] {
-      return attn::test::missing_shared_message("golden/x.json", shared, checkout);
+    attn::test::read_json_file(data + "/golden/x.json", [&] {
+      return attn::test::missing_data_message("golden/x.json", data);
     });
     FAIL() << "expected std::runtime_error";
   } catch (const std::runtime_error& e) {
     const std::string m = e.what();
-    EXPECT_TRUE(contains(m, "golden file golden/x.json")) << m;
+    EXPECT_TRUE(contains(m, "data file golden/x.json")) << m;
     EXPECT_TRUE(contains(m, looked_at + " does not exist")) << m;  // full, without ".."
     EXPECT_FALSE(contains(m, "..")) << m;
-    EXPECT_TRUE(contains(m, "must sit beside the checkout")) << m;
-    EXPECT_TRUE(contains(m, "ATTN_SHARED_DIR")) << m;
+    EXPECT_TRUE(contains(m, "data/README.md")) << m;
+    EXPECT_FALSE(contains(m, "shared")) << m;  // nothing outside the checkout
     EXPECT_FALSE(contains(m, "torch_oracle")) << m;  // PyTorch has nothing to do with it
     EXPECT_EQ(m.find('\n'), std::string::npos) << m;
   }
@@ -72,16 +70,16 @@ TEST(OracleMessages, AFileThatExistsButCannotBeParsedIsNotCalledMissing) {
   fs::remove(path);
 }
 
-TEST(OracleMessages, TheGoldenVectorsAreWhereTheBuildSaysTheyAre) {
+TEST(OracleMessages, TheGoldenVectorsShipInsideTheCheckout) {
   // The real helper on the real file: it opens, and a name that is not there fails
   // with the configured folder in the message.
-  EXPECT_NO_THROW(attn::test::read_shared_json("golden/rng_vectors.json"));
+  EXPECT_NO_THROW(attn::test::read_data_json("golden/rng_vectors.json"));
   try {
-    attn::test::read_shared_json("golden/no_such_file.json");
+    attn::test::read_data_json("golden/no_such_file.json");
     FAIL() << "expected std::runtime_error";
   } catch (const std::runtime_error& e) {
     EXPECT_TRUE(contains(e.what(),
-                         attn::test::full_path(std::string(ATTN_SHARED_DIR) +
+                         attn::test::full_path(std::string(ATTN_DATA_DIR) +
                                                "/golden/no_such_file.json") +
                              " does not exist"))
         << e.what();

@@ -1,4 +1,4 @@
-// attn::Generator: the golden vectors of ../shared/golden/rng_vectors.json bit
+// attn::Generator: the golden vectors of data/golden/rng_vectors.json bit
 // for bit, plus behaviour (seeding, the normal cache, draw counts, errors,
 // sizes around the 16-wide block, statistics, accuracy of the Cephes functions).
 #include <gtest/gtest.h>
@@ -77,9 +77,9 @@ int64_t golden_value_count(const json& j) {
 }
 
 TEST(RandomGolden, EveryVectorBitExact) {
-  // read_shared_json throws (and so fails the test) if the file cannot be read,
+  // read_data_json throws (and so fails the test) if the file cannot be read,
   // naming the path it looked for (tests/oracle.h).
-  const json golden = attn::test::read_shared_json("golden/rng_vectors.json");
+  const json golden = attn::test::read_data_json("golden/rng_vectors.json");
   const json& seeds = golden.at("seeds");
   ASSERT_GE(seeds.size(), 3u);
 

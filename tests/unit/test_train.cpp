@@ -32,12 +32,12 @@ using attn::train::CharTokenizer;
 using attn::train::Trainer;
 using attn::train::TrainOptions;
 
-std::string shared_path(const std::string& name) { return std::string(ATTN_SHARED_DIR) + "/" + name; }
+std::string data_path(const std::string& name) { return std::string(ATTN_DATA_DIR) + "/" + name; }
 
 // The first n bytes of tinyshakespeare (ASCII, so any cut is valid UTF-8).
 std::string shakespeare(size_t n) {
-  const std::string all = attn::test::read_text(shared_path("data/tinyshakespeare.txt"));
-  if (all.empty()) ADD_FAILURE() << "cannot read " << shared_path("data/tinyshakespeare.txt");
+  const std::string all = attn::test::read_text(data_path("tinyshakespeare.txt"));
+  if (all.empty()) ADD_FAILURE() << "cannot read " << data_path("tinyshakespeare.txt");
   return all.substr(0, n);
 }
 
