@@ -1,6 +1,7 @@
 // Atomic file writes (attn/atomic_file.h): temporary file, fsync, rename,
 // fsync of the folder.
 #include "attn/atomic_file.h"
+#include "attn/utf8.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -16,7 +17,7 @@ namespace attn::io {
 namespace {
 
 std::runtime_error cannot_write(const std::string& path, int err) {
-  return std::runtime_error(fmt::format("cannot write '{}': {}", path, std::strerror(err)));
+  return std::runtime_error(fmt::format("cannot write '{}': {}", printable(path), std::strerror(err)));
 }
 
 }  // namespace
@@ -55,7 +56,7 @@ void write_file_atomically(const std::string& path, const std::function<void(con
   if (dir < 0 || ::fsync(dir) != 0) {
     const int err = errno;
     if (dir >= 0) ::close(dir);
-    throw std::runtime_error(fmt::format("wrote '{}' but cannot fsync its folder '{}': {}", path, folder.string(),
+    throw std::runtime_error(fmt::format("wrote '{}' but cannot fsync its folder '{}': {}", printable(path), printable(folder.string()),
                                          std::strerror(err)));
   }
   ::close(dir);

@@ -5,6 +5,7 @@
 // every entry and the tiling of the data section are checked before the first
 // byte of tensor data is read, and every read stays inside what was checked.
 #include "attn/safetensors.h"
+#include "attn/utf8.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -78,7 +79,10 @@ std::string known_dtype_names() {
 
 // "safetensors file 'model.safetensors': <what>"
 [[noreturn]] void fail(const std::string& file, const std::string& what) {
-  throw std::runtime_error(fmt::format("safetensors file '{}': {}", file, what));
+  // The file's own bytes (names, header text, the JSON parser's message quoting
+  // them) reach a message only through printable().
+  throw std::runtime_error(
+      fmt::format("safetensors file '{}': {}", printable(file), printable(what, 4096)));
 }
 
 // ---- where the bytes come from ------------------------------------------------------------
@@ -172,17 +176,17 @@ int64_t non_negative_integer(const Json& j, const std::string& file, const std::
 }
 
 SafetensorsEntry parse_entry(const std::string& name, const Json& info, const std::string& file) {
-  const std::string tensor = fmt::format("tensor '{}'", name);
+  const std::string tensor = fmt::format("tensor '{}'", printable(name));
   if (!info.is_object())
     fail(file, fmt::format("{}: expected an object, got {}", tensor, info.type_name()));
   for (const auto& [key, value] : info.items()) {
     if (key != "dtype" && key != "shape" && key != "data_offsets") {
       fail(file, fmt::format("{}: unexpected key '{}' (an entry has dtype, shape and data_offsets)",
-                             tensor, key));
+                             tensor, printable(key)));
     }
   }
   for (const char* key : {"dtype", "shape", "data_offsets"}) {
-    if (!info.contains(key)) fail(file, fmt::format("{}: no \"{}\"", tensor, key));
+    if (!info.contains(key)) fail(file, fmt::format("{}: no \"{}\"", tensor, printable(key)));
   }
 
   SafetensorsEntry e;
@@ -252,19 +256,19 @@ Json parse_header_json(const std::string& text, const std::string& file) {
     if (event == Json::parse_event_t::object_start && depth == 1) entry_keys.clear();
     if (event == Json::parse_event_t::key && depth == 1 &&
         !names.insert(parsed.get<std::string>()).second) {
-      fail(file, fmt::format("the header names '{}' twice", parsed.get<std::string>()));
+      fail(file, fmt::format("the header names '{}' twice", printable(parsed.get<std::string>())));
     }
     if (event == Json::parse_event_t::key && depth == 2 &&
         !entry_keys.insert(parsed.get<std::string>()).second) {
       fail(file, fmt::format("the header repeats the key '{}' inside one entry",
-                             parsed.get<std::string>()));
+                             printable(parsed.get<std::string>())));
     }
     return true;
   };
   try {
     return Json::parse(text, check);
   } catch (const Json::exception& e) {
-    fail(file, fmt::format("the header is not valid JSON: {}", e.what()));
+    fail(file, fmt::format("the header is not valid JSON: {}", printable(e.what(), 4096)));
   }
 }
 
@@ -313,7 +317,7 @@ SafetensorsHeader parse_header(const Source& src) {
       for (const auto& [mkey, mvalue] : value.items()) {
         if (!mvalue.is_string()) {
           fail(file,
-               fmt::format("__metadata__ '{}' must be a string, got {}", mkey, mvalue.dump()));
+               fmt::format("__metadata__ '{}' must be a string, got {}", printable(mkey), printable(mvalue.dump())));
         }
         header.metadata.emplace(mkey, mvalue.get<std::string>());
       }
@@ -333,18 +337,18 @@ SafetensorsHeader parse_header(const Source& src) {
     if (e.begin > expected) {
       fail(file, fmt::format(
                      "bytes [{}, {}) of the data section belong to no tensor (a hole before '{}')",
-                     expected, e.begin, e.name));
+                     expected, e.begin, printable(e.name)));
     }
     if (e.begin < expected) {
       fail(file,
-           fmt::format("tensor '{}' at data_offsets [{}, {}] overlaps '{}' at [{}, {}]", e.name,
+           fmt::format("tensor '{}' at data_offsets [{}, {}] overlaps '{}' at [{}, {}]", printable(e.name),
                        e.begin, e.end, previous->name, previous->begin, previous->end));
     }
     if (e.end > header.data_bytes) {
       fail(file, fmt::format(
                      "tensor '{}' at data_offsets [{}, {}] goes beyond the data section's {} bytes "
                      "(file of {} bytes, header {})",
-                     e.name, e.begin, e.end, header.data_bytes, file_size, n));
+                     printable(e.name), e.begin, e.end, header.data_bytes, file_size, n));
     }
     expected = e.end;
     previous = &e;
@@ -382,7 +386,7 @@ SafetensorsFile read_all(const Source& src) {
       fail(src.name(),
            fmt::format(
                "tensor '{}' has dtype {}, which attn does not read (it reads F32, BF16, I64)",
-               e.name, e.dtype));
+               printable(e.name), e.dtype));
     }
   }
   SafetensorsFile out;
@@ -426,13 +430,13 @@ Plan plan(const std::vector<std::pair<std::string, Tensor>>& tensors,
     }
     if (!seen.insert(name).second) {
       throw std::invalid_argument(
-          fmt::format("safetensors: the tensor name '{}' appears twice", name));
+          fmt::format("safetensors: the tensor name '{}' appears twice", printable(name)));
     }
-    check_utf8(name, fmt::format("the tensor name '{}'", name));
+    check_utf8(name, fmt::format("the tensor name '{}'", printable(name)));
   }
   for (const auto& [key, value] : metadata) {
-    check_utf8(key, fmt::format("the metadata key '{}'", key));
-    check_utf8(value, fmt::format("the metadata value of '{}'", key));
+    check_utf8(key, fmt::format("the metadata key '{}'", printable(key)));
+    check_utf8(value, fmt::format("the metadata value of '{}'", printable(key)));
   }
 
   // Larger elements first, then by name: every tensor starts at a multiple of
@@ -508,9 +512,9 @@ DType dtype_from_safetensors(const std::string& name) {
   if (name == "I64") return DType::kInt64;
   if (find_dtype(name) != nullptr) {
     throw std::invalid_argument(
-        fmt::format("safetensors dtype {} has no attn dtype (attn has F32, BF16, I64)", name));
+        fmt::format("safetensors dtype {} has no attn dtype (attn has F32, BF16, I64)", printable(name)));
   }
-  throw std::invalid_argument(fmt::format("unknown safetensors dtype '{}'", name));
+  throw std::invalid_argument(fmt::format("unknown safetensors dtype '{}'", printable(name)));
 }
 
 SafetensorsHeader read_safetensors_header(const std::string& path) {

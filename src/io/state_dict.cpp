@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "attn/nn.h"
+#include "attn/utf8.h"
 #include "attn/safetensors.h"
 
 namespace attn::io {
@@ -37,7 +38,7 @@ LoadResult load_state_dict(nn::Module& module, const SafetensorsFile& file, bool
   for (const auto& [name, t] : file.tensors) {
     if (!in_file.emplace(name, &t).second) {
       throw std::invalid_argument(
-          fmt::format("load_state_dict: '{}' holds the tensor '{}' twice", fname, name));
+          fmt::format("load_state_dict: '{}' holds the tensor '{}' twice", printable(fname), printable(name)));
     }
   }
 
@@ -61,12 +62,12 @@ LoadResult load_state_dict(nn::Module& module, const SafetensorsFile& file, bool
     if (src.dtype() != dst.dtype()) {
       throw std::invalid_argument(
           fmt::format("load_state_dict: '{}': tensor '{}' has dtype {} but the module's is {}",
-                      fname, name, dtype_name(src.dtype()), dtype_name(dst.dtype())));
+                      printable(fname), printable(name), dtype_name(src.dtype()), dtype_name(dst.dtype())));
     }
     if (src.shape() != dst.shape()) {
       throw std::invalid_argument(
           fmt::format("load_state_dict: '{}': tensor '{}' has shape {} but the module's is {}",
-                      fname, name, shape_str(src.shape()), shape_str(dst.shape())));
+                      printable(fname), printable(name), shape_str(src.shape()), shape_str(dst.shape())));
     }
     copies.emplace_back(dst, &src);
   }
@@ -86,7 +87,8 @@ LoadResult load_state_dict(nn::Module& module, const SafetensorsFile& file, bool
           fmt::format("{}{} of the module's tensor(s) missing from the file: {}",
                       what.empty() ? "" : "; ", result.missing.size(), name_list(result.missing));
     }
-    throw std::invalid_argument(fmt::format("load_state_dict: '{}': {}", fname, what));
+    throw std::invalid_argument(
+        fmt::format("load_state_dict: '{}': {}", printable(fname), printable(what, 4096)));
   }
   for (auto& [dst, src] : copies) dst.copy_(*src);
   return result;

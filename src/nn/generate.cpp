@@ -299,12 +299,12 @@ namespace {
 
 int64_t config_int(const nlohmann::json& cfg, const char* key, const std::string& file) {
   if (!cfg.contains(key)) {
-    throw std::invalid_argument(fmt::format("'{}': metadata \"config\" lacks \"{}\"", file, key));
+    throw std::invalid_argument(fmt::format("'{}': metadata \"config\" lacks \"{}\"", printable(file), printable(key)));
   }
   const nlohmann::json& v = cfg.at(key);
   if (!v.is_number_integer()) {
     throw std::invalid_argument(
-        fmt::format("'{}': config \"{}\" must be an integer, got {}", file, key, v.dump()));
+        fmt::format("'{}': config \"{}\" must be an integer, got {}", printable(file), printable(key), printable(v.dump())));
   }
   return v.get<int64_t>();
 }
@@ -314,14 +314,14 @@ int64_t config_int(const nlohmann::json& cfg, const char* key, const std::string
 Checkpoint load_checkpoint(const std::string& dir, std::unique_ptr<GPTModel>& model) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(dir)) {
-    throw std::invalid_argument(fmt::format("checkpoint directory '{}' does not exist", dir));
+    throw std::invalid_argument(fmt::format("checkpoint directory '{}' does not exist", printable(dir)));
   }
   const std::string path = (fs::path(dir) / "checkpoint.safetensors").string();
   if (!fs::exists(path)) {
     throw std::invalid_argument(
         fmt::format("'{}' does not exist (a checkpoint directory holds "
                     "checkpoint.safetensors)",
-                    path));
+                    printable(path)));
   }
   const io::SafetensorsFile file = io::read_safetensors(path);
   Checkpoint ck;
@@ -329,13 +329,13 @@ Checkpoint load_checkpoint(const std::string& dir, std::unique_ptr<GPTModel>& mo
   auto meta = [&](const char* key) -> const std::string& {
     const auto it = file.metadata.find(key);
     if (it == file.metadata.end()) {
-      throw std::invalid_argument(fmt::format("'{}': metadata has no \"{}\"", path, key));
+      throw std::invalid_argument(fmt::format("'{}': metadata has no \"{}\"", printable(path), printable(key)));
     }
     return it->second;
   };
   if (meta("format") != "attn-checkpoint-1") {
     throw std::invalid_argument(
-        fmt::format("'{}': metadata \"format\" is \"{}\", expected \"attn-checkpoint-1\"", path,
+        fmt::format("'{}': metadata \"format\" is \"{}\", expected \"attn-checkpoint-1\"", printable(path),
                     meta("format")));
   }
   nlohmann::json cfg;
@@ -343,11 +343,11 @@ Checkpoint load_checkpoint(const std::string& dir, std::unique_ptr<GPTModel>& mo
     cfg = nlohmann::json::parse(meta("config"));
   } catch (const nlohmann::json::parse_error& e) {
     throw std::invalid_argument(
-        fmt::format("'{}': metadata \"config\" is not valid JSON: {}", path, e.what()));
+        fmt::format("'{}': metadata \"config\" is not valid JSON: {}", printable(path), printable(e.what())));
   }
   if (!cfg.is_object()) {
     throw std::invalid_argument(
-        fmt::format("'{}': metadata \"config\" is not a JSON object", path));
+        fmt::format("'{}': metadata \"config\" is not a JSON object", printable(path)));
   }
   ck.config.vocab_size = config_int(cfg, "vocab_size", path);
   ck.config.context_length = config_int(cfg, "context_length", path);
@@ -356,12 +356,12 @@ Checkpoint load_checkpoint(const std::string& dir, std::unique_ptr<GPTModel>& mo
   ck.config.n_layers = config_int(cfg, "n_layers", path);
   if (!cfg.contains("drop_rate") || !cfg.at("drop_rate").is_number()) {
     throw std::invalid_argument(
-        fmt::format("'{}': config \"drop_rate\" is missing or not a number", path));
+        fmt::format("'{}': config \"drop_rate\" is missing or not a number", printable(path)));
   }
   ck.config.drop_rate = cfg.at("drop_rate").get<float>();
   if (!cfg.contains("qkv_bias") || !cfg.at("qkv_bias").is_boolean()) {
     throw std::invalid_argument(
-        fmt::format("'{}': config \"qkv_bias\" is missing or not a boolean", path));
+        fmt::format("'{}': config \"qkv_bias\" is missing or not a boolean", printable(path)));
   }
   ck.config.qkv_bias = cfg.at("qkv_bias").get<bool>();
 
@@ -370,21 +370,21 @@ Checkpoint load_checkpoint(const std::string& dir, std::unique_ptr<GPTModel>& mo
     vocab = nlohmann::json::parse(meta("vocab"));
   } catch (const nlohmann::json::parse_error& e) {
     throw std::invalid_argument(
-        fmt::format("'{}': metadata \"vocab\" is not valid JSON: {}", path, e.what()));
+        fmt::format("'{}': metadata \"vocab\" is not valid JSON: {}", printable(path), printable(e.what())));
   }
   if (!vocab.is_array()) {
-    throw std::invalid_argument(fmt::format("'{}': metadata \"vocab\" is not a JSON array", path));
+    throw std::invalid_argument(fmt::format("'{}': metadata \"vocab\" is not a JSON array", printable(path)));
   }
   for (const auto& tok : vocab) {
     if (!tok.is_string() || utf8_characters(tok.get<std::string>()).size() != 1) {
       throw std::invalid_argument(
-          fmt::format("'{}': vocab entry {} is not a one-character string", path, tok.dump()));
+          fmt::format("'{}': vocab entry {} is not a one-character string", printable(path), printable(tok.dump())));
     }
     ck.vocab.push_back(tok.get<std::string>());
   }
   if (static_cast<int64_t>(ck.vocab.size()) != ck.config.vocab_size) {
     throw std::invalid_argument(fmt::format("'{}': vocab has {} tokens but config vocab_size is {}",
-                                            path, ck.vocab.size(), ck.config.vocab_size));
+                                            printable(path), ck.vocab.size(), ck.config.vocab_size));
   }
   try {
     // Every weight is replaced by the file's: draw the initial ones from a
@@ -392,7 +392,7 @@ Checkpoint load_checkpoint(const std::string& dir, std::unique_ptr<GPTModel>& mo
     Generator scratch;
     model = std::make_unique<GPTModel>(ck.config, GPTOptions{}, scratch);
   } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(fmt::format("'{}': bad config: {}", path, e.what()));
+    throw std::invalid_argument(fmt::format("'{}': bad config: {}", printable(path), printable(e.what())));
   }
   const io::LoadResult r = io::load_state_dict(*model, file, /*strict=*/false);
   std::vector<std::string> unexpected;
@@ -401,11 +401,11 @@ Checkpoint load_checkpoint(const std::string& dir, std::unique_ptr<GPTModel>& mo
   }
   if (!r.missing.empty()) {
     throw std::invalid_argument(fmt::format("'{}': {} of the model's tensors missing, first '{}'",
-                                            path, r.missing.size(), r.missing.front()));
+                                            printable(path), r.missing.size(), r.missing.front()));
   }
   if (!unexpected.empty()) {
     throw std::invalid_argument(
-        fmt::format("'{}': {} tensor(s) the model does not have, first '{}'", path,
+        fmt::format("'{}': {} tensor(s) the model does not have, first '{}'", printable(path),
                     unexpected.size(), unexpected.front()));
   }
   model->eval();

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "attn/gemm.h"
+#include "attn/utf8.h"
 #include "attn/layer_kernels.h"
 #include "attn/nn.h"
 #include "attn/ops.h"
@@ -76,7 +77,7 @@ bool Module::buffer_materialized(const std::string& name) {
     if (name.rfind(prefix + ".", 0) == 0)
       return child->buffer_materialized(name.substr(prefix.size() + 1));
   }
-  throw std::out_of_range(fmt::format("Module: no buffer named '{}'", name));
+  throw std::out_of_range(fmt::format("Module: no buffer named '{}'", printable(name)));
 }
 
 std::vector<std::pair<std::string, Tensor>> Module::state_dict() {
@@ -98,7 +99,7 @@ Parameter& Module::parameter(const std::string& name) {
   }
   std::string known;
   for (const auto& [n, p] : all) known += (known.empty() ? "" : ", ") + n;
-  throw std::out_of_range(fmt::format("Module: no parameter named '{}'; known: {}", name,
+  throw std::out_of_range(fmt::format("Module: no parameter named '{}'; known: {}", printable(name),
                                       known.empty() ? "(none)" : known));
 }
 

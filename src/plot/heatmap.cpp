@@ -1,5 +1,6 @@
 // heatmap.cpp - drawing attention matrices with cairo (SVG and PNG from one
 // routine) and as terminal text.
+#include "attn/utf8.h"
 #include "plot/heatmap.h"
 
 #include <cairo.h>
@@ -258,10 +259,10 @@ Rgb scale_colour(double t) {
 
 void check(const Figure& f) {
   if (f.panels.empty())
-    throw std::invalid_argument(fmt::format("heatmap '{}': no panels", f.title));
+    throw std::invalid_argument(fmt::format("heatmap '{}': no panels", printable(f.title)));
   if (!std::isfinite(f.vmin) || !std::isfinite(f.vmax) || !(f.vmin < f.vmax)) {
     throw std::invalid_argument(
-        fmt::format("heatmap '{}': the scale [{}, {}] must be finite with vmin < vmax", f.title,
+        fmt::format("heatmap '{}': the scale [{}, {}] must be finite with vmin < vmax", printable(f.title),
                     f.vmin, f.vmax));
   }
   for (size_t p = 0; p < f.panels.size(); ++p) {
@@ -269,7 +270,7 @@ void check(const Figure& f) {
     const auto n = static_cast<size_t>(panel.rows * panel.cols);
     if (panel.rows <= 0 || panel.cols <= 0) {
       throw std::invalid_argument(fmt::format("heatmap '{}' panel {}: shape ({}, {}) has no cells",
-                                              f.title, p, panel.rows, panel.cols));
+                                              printable(f.title), p, panel.rows, panel.cols));
     }
     if (panel.values.size() != n || (!panel.masked.empty() && panel.masked.size() != n) ||
         panel.row_labels.size() != static_cast<size_t>(panel.rows) ||
@@ -277,7 +278,7 @@ void check(const Figure& f) {
       throw std::invalid_argument(
           fmt::format("heatmap '{}' panel {}: shape ({}, {}) but {} values, {} mask entries, {} "
                       "row labels, {} column labels",
-                      f.title, p, panel.rows, panel.cols, panel.values.size(), panel.masked.size(),
+                      printable(f.title), p, panel.rows, panel.cols, panel.values.size(), panel.masked.size(),
                       panel.row_labels.size(), panel.col_labels.size()));
     }
     for (int64_t i = 0; i < panel.rows; ++i) {
@@ -285,7 +286,7 @@ void check(const Figure& f) {
         const float v = panel.values[static_cast<size_t>(i * panel.cols + j)];
         if (!panel.is_masked(i, j) && !std::isfinite(v)) {
           throw std::invalid_argument(fmt::format(
-              "heatmap '{}' panel {}: cell ({}, {}) is {} and not masked", f.title, p, i, j, v));
+              "heatmap '{}' panel {}: cell ({}, {}) is {} and not masked", printable(f.title), p, i, j, v));
         }
       }
     }

@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "attn/atomic_file.h"
+#include "attn/utf8.h"
 #include "plot/cairo_draw.h"
 #include "plot/picture_file.h"
 
@@ -227,11 +228,11 @@ void check(const LineChart& chart) {
   for (const Series& s : chart.series) {
     if (s.x.size() != s.y.size())
       throw std::invalid_argument(fmt::format("line chart: series '{}' has {} x and {} y values",
-                                              s.name, s.x.size(), s.y.size()));
+                                              printable(s.name), s.x.size(), s.y.size()));
     for (size_t k = 0; k < s.x.size(); ++k) {
       if (!std::isfinite(s.x[k]) || !std::isfinite(s.y[k]))
         throw std::invalid_argument(fmt::format("line chart: series '{}' point {} is ({}, {})",
-                                                s.name, k, s.x[k], s.y[k]));
+                                                printable(s.name), k, s.x[k], s.y[k]));
     }
     points += s.x.size();
   }
@@ -254,13 +255,13 @@ std::string render_png(const LineChart& chart) {
 
 std::vector<LossRecord> read_metrics(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(fmt::format("cannot read '{}': {}", path, std::strerror(errno)));
+  if (!in) throw std::runtime_error(fmt::format("cannot read '{}': {}", printable(path), std::strerror(errno)));
   std::vector<LossRecord> records;
   std::string line;
   for (int64_t n = 1; std::getline(in, line); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     auto bad = [&](const std::string& what) {
-      return std::invalid_argument(fmt::format("'{}' line {}: {}", path, n, what));
+      return std::invalid_argument(fmt::format("'{}' line {}: {}", printable(path), n, what));
     };
     nlohmann::json j;
     try {
@@ -284,8 +285,8 @@ std::vector<LossRecord> read_metrics(const std::string& path) {
     if (!val->is_null()) r.val_loss = number("val_loss");
     records.push_back(r);
   }
-  if (in.bad()) throw std::runtime_error(fmt::format("cannot read '{}': {}", path, std::strerror(errno)));
-  if (records.empty()) throw std::invalid_argument(fmt::format("'{}': no records", path));
+  if (in.bad()) throw std::runtime_error(fmt::format("cannot read '{}': {}", printable(path), std::strerror(errno)));
+  if (records.empty()) throw std::invalid_argument(fmt::format("'{}': no records", printable(path)));
   return records;
 }
 

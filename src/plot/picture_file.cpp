@@ -1,4 +1,5 @@
 // picture_file.cpp - picture formats from file names (picture_file.h).
+#include "attn/utf8.h"
 #include "plot/picture_file.h"
 
 #include <fmt/format.h>
@@ -15,7 +16,7 @@ PictureFormat picture_format(const std::string& path) {
   if (ext == ".svg") return PictureFormat::kSvg;
   if (ext == ".png") return PictureFormat::kPng;
   throw std::invalid_argument(fmt::format(
-      "'{}': unknown picture format '{}' (the name must end in .svg or .png)", path, ext));
+      "'{}': unknown picture format '{}' (the name must end in .svg or .png)", printable(path), printable(ext)));
 }
 
 }  // namespace attn::plot

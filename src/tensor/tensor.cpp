@@ -1,6 +1,7 @@
 // The Tensor handle: storage, dtype conversions, views with strides, checked
 // element access, comparisons (attn/tensor.h).
 #include "attn/tensor.h"
+#include "attn/utf8.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -50,7 +51,7 @@ const char* dtype_name(DType dtype) {
 DType dtype_from_name(std::string_view name) {
   for (const DType d : {DType::kFloat32, DType::kBFloat16, DType::kInt64})
     if (name == dtype_name(d)) return d;
-  throw std::invalid_argument(fmt::format("unknown dtype '{}' (float32, bfloat16 or int64)", name));
+  throw std::invalid_argument(fmt::format("unknown dtype '{}' (float32, bfloat16 or int64)", printable(name)));
 }
 
 int64_t element_size(DType dtype) {

@@ -1,5 +1,6 @@
 // Training a character-level GPT (attn/train.h).
 #include "attn/train.h"
+#include "attn/utf8.h"
 
 #include <fmt/format.h>
 
@@ -120,7 +121,7 @@ std::pair<Tensor, Tensor> Batcher::next(Generator& gen) const {
 
 void TrainOptions::validate() const {
   auto at_least = [](const char* name, int64_t v, int64_t min) {
-    if (v < min) throw std::invalid_argument(fmt::format("--{} must be >= {}, got {}", name, min, v));
+    if (v < min) throw std::invalid_argument(fmt::format("--{} must be >= {}, got {}", printable(name), min, v));
   };
   at_least("n-layers", n_layers, 1);
   at_least("n-heads", n_heads, 1);
@@ -147,7 +148,7 @@ void TrainOptions::validate() const {
     throw std::invalid_argument(fmt::format("betas must be in [0, 1), got ({}, {})", beta1, beta2));
   if (dtype != "float32" && dtype != "bfloat16")
     throw std::invalid_argument(
-        fmt::format("--dtype must be float32 or bfloat16, got '{}'", dtype));
+        fmt::format("--dtype must be float32 or bfloat16, got '{}'", printable(dtype)));
 }
 
 std::string TrainOptions::to_json() const {
@@ -282,7 +283,7 @@ const std::string& meta(const std::map<std::string, std::string>& m, const std::
                         const std::string& path) {
   const auto it = m.find(key);
   if (it == m.end())
-    throw std::invalid_argument(fmt::format("checkpoint '{}' has no metadata \"{}\"", path, key));
+    throw std::invalid_argument(fmt::format("checkpoint '{}' has no metadata \"{}\"", printable(path), printable(key)));
   return it->second;
 }
 
@@ -295,7 +296,7 @@ int64_t meta_int(const std::map<std::string, std::string>& m, const std::string&
   } catch (const std::exception&) {
   }
   throw std::invalid_argument(fmt::format("checkpoint '{}': metadata \"{}\" = \"{}\" is not an iteration count",
-                                          path, key, v));
+                                          printable(path), printable(key), v));
 }
 
 }  // namespace
@@ -433,19 +434,19 @@ void Trainer::resume(const std::string& path) {
   const io::SafetensorsFile file = io::read_safetensors(path);
   const auto& m = file.metadata;
   if (meta(m, "format", path) != kCheckpointFormat)
-    throw std::invalid_argument(fmt::format("checkpoint '{}' has format \"{}\", expected \"{}\"", path,
+    throw std::invalid_argument(fmt::format("checkpoint '{}' has format \"{}\", expected \"{}\"", printable(path),
                                             meta(m, "format", path), kCheckpointFormat));
   const CharTokenizer vocab = CharTokenizer::from_json(meta(m, "vocab", path));
   if (vocab.vocab() != tokenizer_.vocab())
     throw std::invalid_argument(fmt::format(
-        "checkpoint '{}' has a vocabulary of {} characters that differs from this text's {} characters", path,
+        "checkpoint '{}' has a vocabulary of {} characters that differs from this text's {} characters", printable(path),
         vocab.size(), tokenizer_.size()));
   const nn::GPTConfig saved = config_from_json(meta(m, "config", path));
   const nn::GPTConfig& cfg = model_->config();
   auto check = [&](const char* name, auto a, auto b) {
     if (a != b)
       throw std::invalid_argument(
-          fmt::format("config mismatch: checkpoint '{}' has {} = {}, this run {}", path, name, a, b));
+          fmt::format("config mismatch: checkpoint '{}' has {} = {}, this run {}", printable(path), printable(name), a, b));
   };
   check("context_length", saved.context_length, cfg.context_length);
   check("emb_dim", saved.emb_dim, cfg.emb_dim);
@@ -466,10 +467,10 @@ void Trainer::resume(const std::string& path) {
   auto want = [&](const std::string& name, const Tensor& dst) {
     const auto it = by_name.find(name);
     if (it == by_name.end())
-      throw std::invalid_argument(fmt::format("checkpoint '{}' has no tensor \"{}\"", path, name));
+      throw std::invalid_argument(fmt::format("checkpoint '{}' has no tensor \"{}\"", printable(path), printable(name)));
     if (it->second->dtype() != DType::kFloat32 || it->second->shape() != dst.shape())
-      throw std::invalid_argument(fmt::format("checkpoint '{}': tensor \"{}\" is {} {}, expected F32 {}", path,
-                                              name, dtype_name(it->second->dtype()),
+      throw std::invalid_argument(fmt::format("checkpoint '{}': tensor \"{}\" is {} {}, expected F32 {}", printable(path),
+                                              printable(name), dtype_name(it->second->dtype()),
                                               shape_str(it->second->shape()), shape_str(dst.shape())));
     copies.emplace_back(dst, it->second);
     by_name.erase(it);
@@ -481,7 +482,7 @@ void Trainer::resume(const std::string& path) {
   });
   if (!by_name.empty())
     throw std::invalid_argument(
-        fmt::format("checkpoint '{}' has an unexpected tensor \"{}\"", path, by_name.begin()->first));
+        fmt::format("checkpoint '{}' has an unexpected tensor \"{}\"", printable(path), printable(by_name.begin()->first)));
 
   gen_->set_state(gen_state);
   for (auto& [dst, src] : copies) dst.copy_(*src);

@@ -28,8 +28,9 @@ std::string absent_folder(const std::string& stem) {
 }
 
 TEST(OracleMessages, MissingDataFileNamesThePathAndHowToRestoreIt) {
-  const std::string data = absent_folder("parent") + "/attn/sub/../data";
-  const std::string looked_at = absent_folder("parent") + "/attn/data/golden/x.json";
+  const std::string parent = absent_folder("parent");
+  const std::string data = parent + "/attn/sub/../data";
+  const std::string looked_at = parent + "/attn/data/golden/x.json";
   try {
     attn::test::read_json_file(data + "/golden/x.json", [&] {
       return attn::test::missing_data_message("golden/x.json", data);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "attn/generate.h"
+#include "attn/utf8.h"
 #include "attn/gpt.h"
 #include "attn/random.h"
 
@@ -151,7 +152,7 @@ Command add_generate_command(CLI::App& app) {
       throw UsageError("generate: give either --checkpoint or --config, not both");
     }
     if (!f.config.empty() && f.config != "124m") {
-      throw UsageError(fmt::format("generate: --config must be 124m, got '{}'", f.config));
+      throw UsageError(fmt::format("generate: --config must be 124m, got '{}'", printable(f.config)));
     }
     if (f.checkpoint.empty() && f.config.empty()) {
       throw UsageError("generate: give --checkpoint DIR (or --config 124m with --benchmark)");

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/utf8.h"
 #include "bench.h"
 #include "command.h"
 #include "generate.h"
@@ -29,13 +30,17 @@ namespace {
 constexpr int kFailure = 1;
 constexpr int kUsage = 2;
 
-// CLI11 messages may span lines; an error here is always one line.
+// An error here is always one line, and carries no raw bytes from the input:
+// CLI11's messages may span lines and quote a command-line value as given, and
+// a library message may quote a file's bytes. Line breaks become spaces, then
+// attn::printable escapes every control character and every byte that is not
+// valid UTF-8 (\xFF).
 std::string one_line(std::string message) {
   for (char& c : message) {
     if (c == '\n' || c == '\r') c = ' ';
   }
   while (!message.empty() && message.back() == ' ') message.pop_back();
-  return message;
+  return attn::printable(message, 4096);
 }
 
 int fail(int code, const std::string& message) {

@@ -22,6 +22,7 @@
 #include <omp.h>
 
 #include "attn/gemm.h"
+#include "attn/utf8.h"
 #include "attn/safetensors.h"
 #include "attn/train.h"
 #include "plot/line_chart.h"
@@ -38,13 +39,13 @@ constexpr int kInterrupted = 130;  // 128 + SIGINT, as a shell reports a killed 
 std::string read_text_file(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec))
-    throw std::runtime_error(fmt::format("--text '{}': no such file", path));
+    throw std::runtime_error(fmt::format("--text '{}': no such file", printable(path)));
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(fmt::format("--text '{}': cannot be read", path));
+  if (!in) throw std::runtime_error(fmt::format("--text '{}': cannot be read", printable(path)));
   std::ostringstream s;
   s << in.rdbuf();
-  if (in.bad()) throw std::runtime_error(fmt::format("--text '{}': read error", path));
-  if (s.str().empty()) throw std::runtime_error(fmt::format("--text '{}': the file is empty", path));
+  if (in.bad()) throw std::runtime_error(fmt::format("--text '{}': read error", printable(path)));
+  if (s.str().empty()) throw std::runtime_error(fmt::format("--text '{}': the file is empty", printable(path)));
   return s.str();
 }
 
@@ -156,11 +157,11 @@ Command add_train_command(CLI::App& app) {
     const bool have_checkpoint = fs::exists(checkpoint, ec);
     if (flags->resume) {
       if (!have_checkpoint)
-        throw std::runtime_error(fmt::format("--resume: no checkpoint at '{}'", checkpoint));
+        throw std::runtime_error(fmt::format("--resume: no checkpoint at '{}'", printable(checkpoint)));
       const auto header = io::read_safetensors_header(checkpoint);
       const auto it = header.metadata.find("train_args");
       if (it == header.metadata.end())
-        throw std::runtime_error(fmt::format("--resume: '{}' has no \"train_args\" metadata", checkpoint));
+        throw std::runtime_error(fmt::format("--resume: '{}' has no \"train_args\" metadata", printable(checkpoint)));
       options = train::TrainOptions::from_json(it->second);
       for (const auto& [opt, copy] : given) {
         if (opt->count() > 0) copy(options, flags->o);
@@ -175,14 +176,14 @@ Command add_train_command(CLI::App& app) {
 
     fs::create_directories(flags->out, ec);
     if (ec || !fs::is_directory(flags->out))
-      throw std::runtime_error(fmt::format("--out '{}': cannot create the folder{}", flags->out,
+      throw std::runtime_error(fmt::format("--out '{}': cannot create the folder{}", printable(flags->out),
                                            ec ? ": " + ec.message() : ""));
     if (::access(flags->out.c_str(), W_OK) != 0)
-      throw std::runtime_error(fmt::format("--out '{}': the folder is not writable", flags->out));
+      throw std::runtime_error(fmt::format("--out '{}': the folder is not writable", printable(flags->out)));
     if (have_checkpoint && !flags->resume)
       throw std::runtime_error(fmt::format(
           "--out '{}' already holds a checkpoint; pass --resume to continue it or choose another folder",
-          flags->out));
+          printable(flags->out)));
 
     train::Trainer trainer(text, options);
     std::vector<std::string> metrics;
@@ -286,7 +287,7 @@ Command add_train_command(CLI::App& app) {
       trainer.save(checkpoint);
       std::cout << (bar ? "\r\033[K" : "")
                 << fmt::format("interrupted after iteration {}: checkpoint written to {}; continue with --resume\n",
-                               trainer.iter(), checkpoint);
+                               trainer.iter(), printable(checkpoint));
       std::cout.flush();
       return kInterrupted;
     }
@@ -294,7 +295,7 @@ Command add_train_command(CLI::App& app) {
     const std::string loss_curve = (fs::path(flags->out) / "loss.svg").string();
     plot::write_loss_curve(metrics_path, loss_curve);
     std::cout << fmt::format("done: {} iterations in {:.1f} s ({:.1f} ms/iter median); checkpoint {}; loss curve {}\n",
-                             trainer.iter() - first_iter, wall, median(all_ms), checkpoint, loss_curve);
+                             trainer.iter() - first_iter, wall, median(all_ms), printable(checkpoint), loss_curve);
     std::cout.flush();
     return std::cout ? 0 : 1;
   };

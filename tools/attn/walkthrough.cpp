@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "attn/functional.h"
+#include "attn/utf8.h"
 #include "attn/nn.h"
 #include "attn/ops.h"
 #include "attn/print.h"
@@ -515,7 +516,7 @@ const SectionEntry& find_section(const std::string& name) {
     if (e.info.name == name) return e;
   }
   throw std::invalid_argument(
-      fmt::format("unknown section '{}' (known: {})", name, known_sections()));
+      fmt::format("unknown section '{}' (known: {})", printable(name), known_sections()));
 }
 
 // ---- output -----------------------------------------------------------------------------

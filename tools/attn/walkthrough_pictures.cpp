@@ -12,6 +12,7 @@
 #include <system_error>
 
 #include "attn/print.h"
+#include "attn/utf8.h"
 #include "command.h"
 
 namespace attn::cli {
@@ -81,12 +82,12 @@ const WalkthroughSection& section_info(const std::string& name) {
   for (const auto& s : walkthrough_sections()) {
     if (s.name == name) return s;
   }
-  throw std::logic_error(fmt::format("no walkthrough section '{}'", name));
+  throw std::logic_error(fmt::format("no walkthrough section '{}'", printable(name)));
 }
 
 // The figure's title: what it is and where it comes from.
 std::string figure_title(const Shown& entry) {
-  return fmt::format("{}   [{}]", entry.name, entry.section);
+  return fmt::format("{}   [{}]", printable(entry.name), entry.section);
 }
 
 // A value as the hover text gives it.
@@ -99,14 +100,14 @@ std::string value_text(float v) {
 
 plot::Figure attention_figure(const Shown& entry) {
   if (!entry.attention) {
-    throw std::invalid_argument(fmt::format("'{}' is not an attention matrix", entry.name));
+    throw std::invalid_argument(fmt::format("'{}' is not an attention matrix", printable(entry.name)));
   }
   const AttentionMatrix& a = *entry.attention;
   const Tensor& w = a.weights;
   if (w.dim() != 2 && w.dim() != 3) {
     throw std::invalid_argument(
         fmt::format("attention matrix '{}': shape {} is not (T_q, T_k) or (H, T_q, T_k)",
-                    entry.name, shape_str(w.shape())));
+                    printable(entry.name), shape_str(w.shape())));
   }
   const int64_t heads = w.dim() == 3 ? w.size(0) : 1;
   const int64_t rows = w.size(-2), cols = w.size(-1);
@@ -183,7 +184,7 @@ std::vector<std::string> write_plots(const std::vector<Shown>& shown, const std:
   std::error_code ec;
   std::filesystem::create_directories(folder, ec);
   if (ec || !std::filesystem::is_directory(folder)) {
-    throw std::runtime_error(fmt::format("cannot create the folder '{}': {}", dir,
+    throw std::runtime_error(fmt::format("cannot create the folder '{}': {}", printable(dir),
                                          ec ? ec.message() : "a file of that name exists"));
   }
   std::vector<std::string> written;
