@@ -3,7 +3,7 @@
 
 Run with Debian's torch 1.13:  /usr/bin/python3 bench/compare_torch.py --attn build/attn
 or PyTorch 2.x from pip in a virtual environment (benchmarks only):
-    python3 -m venv ~/venv-torch2 && ~/venv-torch2/bin/pip install torch numpy
+    scripts/bench-venv   # ~/venv-torch2: PyTorch 2.x, tiktoken, transformers from PyPI
     python3 bench/compare_torch.py --attn build/attn --python ~/venv-torch2/bin/python
 
 For every shape (B, T, d, H; causal) and mode (forward, forward+backward) it

@@ -3,7 +3,7 @@
 side by side in one run (issue 8's yardstick; docs/training.md has the tables).
 
 Run with PyTorch 2.x from pip in a virtual environment (benchmarks only):
-    python3 -m venv ~/venv-torch2 && ~/venv-torch2/bin/pip install torch numpy
+    scripts/bench-venv   # ~/venv-torch2: PyTorch 2.x, tiktoken, transformers from PyPI
     ~/venv-torch2/bin/python bench/compare_train_torch.py --attn build/attn \\
         --text data/tinyshakespeare.txt --recipe small --rounds 3
 or with Debian's PyTorch 1.13 (/usr/bin/python3).
