@@ -60,7 +60,7 @@ Tensor tail_ids(const std::vector<std::vector<int64_t>>& rows, int64_t n) {
   return Tensor::from_int64({static_cast<int64_t>(rows.size()), n}, flat);
 }
 
-std::string printable(const std::string& ch) {
+std::string character_name(const std::string& ch) {
   const auto cp = static_cast<uint32_t>(decode_utf8(ch).front());  // ch: one character
   if (cp < 0x20 || cp == 0x7f) return fmt::format("U+{:04X}", cp);
   return fmt::format("'{}' (U+{:04X})", ch, cp);
@@ -421,7 +421,7 @@ std::vector<int64_t> encode_text(const std::vector<std::string>& vocab, const st
     if (it == index.end()) {
       throw std::invalid_argument(
           fmt::format("the character {} at position {} is not in the vocabulary ({} characters)",
-                      printable(ch), ids.size(), vocab.size()));
+                      character_name(ch), ids.size(), vocab.size()));
     }
     ids.push_back(it->second);
   }
