@@ -199,10 +199,20 @@ std::vector<Segment> segments(std::string_view text, bool allow_special, int64_t
 
 Tokenizer::Tokenizer(std::shared_ptr<const Vocabulary> vocab) : vocab_(std::move(vocab)) {}
 
+namespace {
+
+const std::shared_ptr<const Vocabulary>& gpt2_shared() {
+  static const auto v = std::make_shared<const Vocabulary>(parse_vocabulary(
+      gpt2_encoder_json(), gpt2_vocab_bpe(), "gpt2/encoder.json (embedded)", "gpt2/vocab.bpe (embedded)"));
+  return v;
+}
+
+}  // namespace
+
+const Vocabulary& gpt2_vocabulary() { return *gpt2_shared(); }
+
 const Tokenizer& Tokenizer::gpt2() {
-  static const Tokenizer tok(std::make_shared<const Vocabulary>(
-      parse_vocabulary(gpt2_encoder_json(), gpt2_vocab_bpe(), "gpt2/encoder.json (embedded)",
-                       "gpt2/vocab.bpe (embedded)")));
+  static const Tokenizer tok(gpt2_shared());
   return tok;
 }
 

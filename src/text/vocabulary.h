@@ -71,6 +71,9 @@ struct Vocabulary {
 Vocabulary parse_vocabulary(std::string_view vocab_json, std::string_view merges_txt,
                             const std::string& vocab_name, const std::string& merges_name);
 
+// GPT-2's vocabulary, the one Tokenizer::gpt2() uses (built on first use).
+const Vocabulary& gpt2_vocabulary();
+
 // GPT-2's byte-to-unicode map (a space is "Ġ" U+0120): the printable bytes
 // '!'..'~', '¡'..'¬', '®'..'ÿ' stand for themselves, the other 68 for
 // U+0100 onward in byte order.
