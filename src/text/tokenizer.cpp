@@ -228,18 +228,27 @@ Tokenizer Tokenizer::from_directory(const std::string& dir) {
   return gpt2();
 }
 
-std::vector<int64_t> Tokenizer::encode(std::string_view text, bool allow_special) const {
-  validate_utf8(text, "Tokenizer::encode");
+namespace {
+
+// encode on one thread, for text already checked to be valid UTF-8.
+std::vector<int64_t> encode_valid(const Vocabulary& v, std::string_view text, bool allow_special) {
   std::vector<int64_t> ids;
   ids.reserve(text.size() / 4 + 16);
-  PieceEncoder encoder(*vocab_);
-  for (const Segment& s : segments(text, allow_special, vocab_->eot)) {
+  PieceEncoder encoder(v);
+  for (const Segment& s : segments(text, allow_special, v.eot)) {
     if (s.special >= 0)
       ids.push_back(s.special);
     else
       encoder.encode(s.text, ids);
   }
   return ids;
+}
+
+}  // namespace
+
+std::vector<int64_t> Tokenizer::encode(std::string_view text, bool allow_special) const {
+  validate_utf8(text, "Tokenizer::encode");
+  return encode_valid(*vocab_, text, allow_special);
 }
 
 std::vector<int64_t> Tokenizer::encode_parallel(std::string_view text, bool allow_special, int threads) const {
@@ -263,6 +272,7 @@ std::vector<int64_t> Tokenizer::encode_parallel(std::string_view text, bool allo
     }
     work.push_back({s.text.substr(begin)});
   }
+  if (work.size() == 1 || nthreads == 1) return encode_valid(*vocab_, text, allow_special);  // nothing to share
   std::vector<std::vector<int64_t>> parts(work.size());
   const auto count = static_cast<int64_t>(work.size());
 #pragma omp parallel num_threads(nthreads)
