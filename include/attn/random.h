@@ -16,6 +16,7 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "attn/tensor.h"
 
@@ -79,6 +80,18 @@ Tensor randn(const Shape& shape, Generator& gen = default_generator());
 void uniform_(Tensor& t, float from, float to, Generator& gen = default_generator());
 // tensor.normal_(mean, std) in place (vectorised path for numel >= 16).
 void normal_(Tensor& t, float mean, float std, Generator& gen = default_generator());
+
+// torch.empty((), dtype=torch.int64).random_(): one 64-bit draw, modulo 2^63
+// (a non-negative int64). torch.utils.data draws one per pass over a
+// DataLoader (its iterator's base seed), and RandomSampler one more, the seed
+// of the generator its permutation comes from (docs/rng.md, section 7).
+int64_t random_int64(Generator& gen = default_generator());
+
+// torch.randperm(n, generator=gen) on the CPU: 0 .. n-1 shuffled by
+// Fisher-Yates from the front, swapping element i with element
+// i + random() % (n - i) for i = 0 .. n-2 (one 32-bit draw each). Throws
+// std::invalid_argument for n < 0 or n >= 2^32.
+std::vector<int64_t> randperm(int64_t n, Generator& gen = default_generator());
 // torch.bernoulli-style keep mask for dropout: for each element in row-major
 // order one double uniform u, value = (u < 1 - p) ? 1 / (float)(1 - p) : 0.
 // p must be in [0, 1]. p == 0 gives all ones and p == 1 all zeros, with no draws

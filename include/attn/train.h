@@ -1,9 +1,14 @@
-// attn/train.h - training a character-level GPT on a UTF-8 text (`attn train`).
+// attn/train.h - training a GPT on a UTF-8 text (`attn train`), on characters
+// or on GPT-2's byte-level BPE.
 //
 //   CharTokenizer  the text's distinct code points, sorted, are the vocabulary;
 //                  encode / decode between text and token ids
 //   Batcher        (B, T) inputs and (B, T) next-token targets cut from random
 //                  windows of T + 1 tokens, offsets drawn from a Generator
+//                  (nanoGPT's get_batch; the character-level runs)
+//   WindowLoader   the book's chapter-2/5 data loader (create_dataloader_v1):
+//                  windows every `stride` tokens, in batches, shuffled per pass
+//                  as torch's DataLoader shuffles them (the GPT-2 BPE runs)
 //   TrainOptions   the flags of `attn train` (nanoGPT's Shakespeare-character
 //                  CPU recipe by default)
 //   Trainer        the model, AdamW and the data: step(), evaluate(), save(),
@@ -19,14 +24,17 @@
 // The checkpoint (checkpoint.safetensors, the format `attn generate` reads):
 // tensors: the model's state_dict() (F32) and "optim.<param>.exp_avg",
 // "optim.<param>.exp_avg_sq"; __metadata__: "format" = "attn-checkpoint-1",
-// "config" (the GPTConfig as JSON), "vocab" (JSON array of one-character
-// strings in id order), "iter", "optim_step", "train_args" (TrainOptions as
-// JSON), "generator" (the Generator's state as JSON) and "last_eval_iter".
+// "config" (the GPTConfig as JSON), "tokenizer" ("char" or "gpt2"), "vocab"
+// (character runs only: JSON array of one-character strings in id order),
+// "iter", "optim_step", "train_args" (TrainOptions as JSON), "generator" (the
+// Generator's state as JSON), "last_eval_iter", and for GPT-2 BPE runs
+// "loader" (the training pass in progress: {"epoch", "seed", "position"}).
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -89,6 +97,56 @@ class Batcher {
   int64_t batch_size_, context_length_;
 };
 
+// The book's data loader over one token sequence (chapter 2's GPTDatasetV1 in
+// a torch DataLoader, as create_dataloader_v1 builds it): window k is
+// x = ids[k·stride, k·stride + max_length), y = the same shifted by one, for
+// every k·stride < n - max_length; a pass yields them batch_size at a time, in
+// order or (shuffle) in a permutation, with a short last batch unless
+// drop_last. Every pass draws what torch's DataLoader draws from the run's
+// generator (docs/rng.md, section 7): random_int64 for the iterator's base
+// seed, then with shuffle a second random_int64 that seeds the generator of
+// randperm(windows). So the order of the windows, and every later draw, is
+// the book's for the same seed.
+class WindowLoader {
+ public:
+  // Throws std::invalid_argument when batch_size, max_length or stride < 1, or
+  // the sequence holds no window (n <= max_length) or, with drop_last, fewer
+  // windows than one batch; the message names the values.
+  WindowLoader(std::vector<int64_t> ids, int64_t batch_size, int64_t max_length, int64_t stride,
+               bool shuffle, bool drop_last, std::string name = "data");
+  int64_t windows() const { return windows_; }
+  int64_t batches() const;  // per pass (len(loader))
+  int64_t tokens() const { return static_cast<int64_t>(ids_->size()); }
+
+  // Begins a pass, drawing from gen as a DataLoader's iterator does.
+  void start_pass(Generator& gen);
+  // True until the pass in progress (if any) has yielded every batch.
+  bool in_pass() const { return in_pass_; }
+  // The pass's next batch: x (B', T) and y (B', T) int64, B' = batch_size but
+  // for a short last batch. Ends the pass after its last batch. Throws
+  // std::logic_error outside a pass.
+  std::pair<Tensor, Tensor> next();
+
+  // The pass in progress, to resume it: the sampler's seed (0 without
+  // shuffle) and how many batches it has yielded.
+  int64_t pass_seed() const { return seed_; }
+  int64_t position() const { return position_; }
+  // Restores a pass in progress (no draws); throws std::invalid_argument for a
+  // position beyond the pass.
+  void restore_pass(int64_t seed, int64_t position);
+
+ private:
+  void set_order(int64_t seed);
+  std::shared_ptr<const std::vector<int64_t>> ids_;  // shared by copies (evaluation passes)
+  int64_t batch_size_, max_length_, stride_;
+  bool shuffle_, drop_last_;
+  std::string name_;
+  int64_t windows_ = 0;
+  std::vector<int64_t> order_;  // window indices of the pass
+  int64_t seed_ = 0, position_ = 0;
+  bool in_pass_ = false;
+};
+
 // The flags of `attn train`. Defaults: nanoGPT's shakespeare_char recipe for a
 // CPU (4 layers, 4 heads, emb 128, context 64, batch 12, 2000 iterations, lr
 // 1e-3 with 100 warm-up iterations and cosine decay to 1e-4 at max_iters,
@@ -116,11 +174,22 @@ struct TrainOptions {
   // torch.autocast (nn::GPTOptions::dtype: float32 weights, gradients and
   // optimizer; bf16 products summed in float32).
   std::string dtype = "float32";
+  // "char": the text's characters are the vocabulary, batches of random
+  // windows (nanoGPT). "gpt2": GPT-2's byte-level BPE (attn/tokenizer.h), a
+  // vocabulary of 50,257, and the book's chapter-5 data: the text split 90/10
+  // by characters, each part tokenized (<|endoftext|> allowed), and a
+  // WindowLoader over each (train: shuffled, drop_last; validation: in order,
+  // short last batch kept) with windows of context_length every `stride`.
+  std::string tokenizer = "char";
+  int64_t stride = 0;  // gpt2: tokens between windows (0: context_length)
+  // gpt2: when > 0, max_iters becomes epochs x the training batches of a pass.
+  int64_t epochs = 0;
 
   // Throws std::invalid_argument naming the first bad value: a count or size
   // < 1 (warmup_iters, max_iters < 0), n_heads not dividing emb_dim, lr <= 0,
   // min_lr outside [0, lr], weight_decay or grad_clip < 0, drop_rate outside
-  // [0, 1), betas outside [0, 1), a dtype other than float32 or bfloat16.
+  // [0, 1), betas outside [0, 1), a dtype other than float32 or bfloat16, a
+  // tokenizer other than char or gpt2, stride or epochs < 0.
   void validate() const;
   std::string to_json() const;
   // Reads the fields present in a JSON object string (others keep their values).
@@ -143,19 +212,24 @@ struct EvalResult {
 
 class Trainer {
  public:
-  // Tokenizes text (CharTokenizer::from_text), splits it 90/10 and builds a
-  // fresh model from seed. Throws std::invalid_argument for invalid options,
-  // text or a split shorter than context_length + 1 tokens.
+  // Tokenizes text (options.tokenizer: CharTokenizer::from_text, or GPT-2's
+  // BPE), splits it 90/10 and builds a fresh model from seed. Throws
+  // std::invalid_argument for invalid options, text or a split too short for a
+  // window (char: context_length + 1 tokens; gpt2: a batch of training windows
+  // and one validation window).
   Trainer(std::string_view text, const TrainOptions& options);
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
   // One iteration: learning rate for iteration iter(), a training batch,
-  // forward, backward, clipping, AdamW. Returns the batch's loss.
+  // forward, backward, clipping, AdamW. Returns the batch's loss. (gpt2: the
+  // next batch of the training pass in progress, a new pass when it is done.)
   float step();
   // The mean loss of eval_iters training batches, then of eval_iters
   // validation batches (in that order, from the run's generator), in eval()
-  // mode; training mode is restored after.
+  // mode; training mode is restored after. (gpt2: as the book's
+  // calc_loss_loader, the first min(eval_iters, batches) batches of a fresh
+  // pass over each loader, the mean of their losses.)
   EvalResult evaluate();
   // Writes the checkpoint atomically (temporary file, fsync, rename).
   void save(const std::string& path) const;
@@ -171,11 +245,20 @@ class Trainer {
   int64_t last_eval_iter() const { return last_eval_iter_; }
   void set_last_eval_iter(int64_t it) { last_eval_iter_ = it; }
   double lr() const { return optimizer_->lr(); }
+  // The options, with max_iters resolved from epochs for gpt2 runs.
   const TrainOptions& options() const { return options_; }
-  const CharTokenizer& tokenizer() const { return tokenizer_; }
+  const std::string& tokenizer_name() const { return options_.tokenizer; }
+  // The character vocabulary (char runs; std::logic_error for gpt2 runs).
+  const CharTokenizer& tokenizer() const;
+  int64_t vocab_size() const { return model_->config().vocab_size; }
   nn::GPTModel& model() { return *model_; }
-  int64_t train_tokens() const { return train_.tokens(); }
-  int64_t val_tokens() const { return val_.tokens(); }
+  int64_t train_tokens() const;
+  int64_t val_tokens() const;
+  // gpt2 runs: the pass over the training windows in progress (0-based
+  // epoch), and the windows of each split.
+  int64_t epoch() const { return passes_ > 0 ? passes_ - 1 : 0; }
+  const WindowLoader* train_loader() const { return train_loader_.get(); }
+  const WindowLoader* val_loader() const { return val_loader_.get(); }
   // Tokens one step processes: batch_size x context_length.
   int64_t tokens_per_step() const { return options_.batch_size * options_.context_length; }
 
@@ -183,11 +266,14 @@ class Trainer {
   std::map<std::string, std::string> metadata() const;
 
  private:
-  Trainer(const TrainOptions& options, CharTokenizer tokenizer, Split split);
+  void build(int64_t vocab_size);
+  std::pair<Tensor, Tensor> next_train_batch();
 
   TrainOptions options_;
-  CharTokenizer tokenizer_;
-  Batcher train_, val_;
+  std::optional<CharTokenizer> chars_;     // char runs
+  std::unique_ptr<Batcher> train_, val_;    // char runs
+  std::unique_ptr<WindowLoader> train_loader_, val_loader_;  // gpt2 runs
+  int64_t passes_ = 0;  // gpt2: training passes begun
   std::unique_ptr<Generator> gen_;  // before model_: the model's dropouts hold a pointer to it
   std::unique_ptr<nn::GPTModel> model_;
   std::unique_ptr<optim::AdamW> optimizer_;

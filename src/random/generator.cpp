@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "attn/random.h"
@@ -153,6 +154,23 @@ Generator& default_generator() {
 void manual_seed(uint64_t seed) { default_generator().manual_seed(seed); }
 
 // ---- tensors ---------------------------------------------------------------------
+
+int64_t random_int64(Generator& gen) {
+  // at::uniform_int_full_range's int64 case: random64() % (INT64_MAX + 1).
+  return static_cast<int64_t>(gen.random64() % (uint64_t{1} << 63));
+}
+
+std::vector<int64_t> randperm(int64_t n, Generator& gen) {
+  if (n < 0 || n >= (int64_t{1} << 32))
+    throw std::invalid_argument(fmt::format("randperm: n must be in [0, 2^32), got {}", n));
+  std::vector<int64_t> r(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) r[static_cast<size_t>(i)] = i;
+  for (int64_t i = 0; i + 1 < n; ++i) {
+    const auto z = static_cast<int64_t>(gen.random() % static_cast<uint64_t>(n - i));
+    std::swap(r[static_cast<size_t>(i)], r[static_cast<size_t>(i + z)]);
+  }
+  return r;
+}
 
 Tensor rand(const Shape& shape, Generator& gen) {
   Tensor t(shape);

@@ -1,5 +1,7 @@
-// Training a character-level GPT (attn/train.h).
+// Training a GPT on characters or GPT-2's BPE (attn/train.h).
 #include "attn/train.h"
+
+#include "attn/tokenizer.h"
 #include "attn/utf8.h"
 
 #include <fmt/format.h>
@@ -117,6 +119,80 @@ std::pair<Tensor, Tensor> Batcher::next(Generator& gen) const {
   return {Tensor::from_int64(shape, x), Tensor::from_int64(shape, y)};
 }
 
+// ---- WindowLoader --------------------------------------------------------------------------
+
+WindowLoader::WindowLoader(std::vector<int64_t> ids, int64_t batch_size, int64_t max_length,
+                           int64_t stride, bool shuffle, bool drop_last, std::string name)
+    : ids_(std::make_shared<const std::vector<int64_t>>(std::move(ids))),
+      batch_size_(batch_size),
+      max_length_(max_length),
+      stride_(stride),
+      shuffle_(shuffle),
+      drop_last_(drop_last),
+      name_(std::move(name)) {
+  if (batch_size < 1 || max_length < 1 || stride < 1)
+    throw std::invalid_argument(
+        fmt::format("{} loader: batch_size {}, max_length {} and stride {} must be >= 1", name_,
+                    batch_size, max_length, stride));
+  const auto n = static_cast<int64_t>(ids_->size());
+  // range(0, n - max_length, stride)
+  windows_ = n > max_length ? (n - max_length + stride - 1) / stride : 0;
+  if (windows_ == 0)
+    throw std::invalid_argument(fmt::format(
+        "{} loader: {} tokens hold no window of max_length {} (a window needs max_length + 1 tokens)",
+        name_, n, max_length));
+  if (drop_last_ && windows_ < batch_size_)
+    throw std::invalid_argument(fmt::format(
+        "{} loader: {} windows of {} tokens every {} make no full batch of {} (drop_last)", name_,
+        windows_, max_length, stride, batch_size_));
+}
+
+int64_t WindowLoader::batches() const {
+  return drop_last_ ? windows_ / batch_size_ : (windows_ + batch_size_ - 1) / batch_size_;
+}
+
+void WindowLoader::set_order(int64_t seed) {
+  seed_ = seed;
+  if (shuffle_) {
+    Generator sampler(static_cast<uint64_t>(seed));  // RandomSampler's own generator
+    order_ = randperm(windows_, sampler);
+  } else {
+    order_.resize(static_cast<size_t>(windows_));
+    for (int64_t k = 0; k < windows_; ++k) order_[static_cast<size_t>(k)] = k;
+  }
+}
+
+void WindowLoader::start_pass(Generator& gen) {
+  (void)random_int64(gen);  // the DataLoader iterator's base seed (unused with num_workers=0)
+  set_order(shuffle_ ? random_int64(gen) : 0);
+  position_ = 0;
+  in_pass_ = batches() > 0;
+}
+
+void WindowLoader::restore_pass(int64_t seed, int64_t position) {
+  if (position < 0 || position > batches())
+    throw std::invalid_argument(fmt::format("{} loader: position {} is outside the pass's {} batches",
+                                            name_, position, batches()));
+  set_order(seed);
+  position_ = position;
+  in_pass_ = position < batches();
+}
+
+std::pair<Tensor, Tensor> WindowLoader::next() {
+  if (!in_pass_) throw std::logic_error(fmt::format("{} loader: next() outside a pass", name_));
+  const int64_t first = position_ * batch_size_;
+  const int64_t B = std::min(batch_size_, windows_ - first), T = max_length_;
+  std::vector<int64_t> x(static_cast<size_t>(B * T)), y(static_cast<size_t>(B * T));  // (B, T) each
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t start = order_[static_cast<size_t>(first + b)] * stride_;
+    const auto src = ids_->begin() + static_cast<std::ptrdiff_t>(start);
+    std::copy_n(src, T, x.begin() + static_cast<std::ptrdiff_t>(b * T));
+    std::copy_n(src + 1, T, y.begin() + static_cast<std::ptrdiff_t>(b * T));
+  }
+  if (++position_ == batches()) in_pass_ = false;
+  return {Tensor::from_int64({B, T}, x), Tensor::from_int64({B, T}, y)};
+}
+
 // ---- TrainOptions --------------------------------------------------------------------------
 
 void TrainOptions::validate() const {
@@ -149,6 +225,11 @@ void TrainOptions::validate() const {
   if (dtype != "float32" && dtype != "bfloat16")
     throw std::invalid_argument(
         fmt::format("--dtype must be float32 or bfloat16, got '{}'", printable(dtype)));
+  if (tokenizer != "char" && tokenizer != "gpt2")
+    throw std::invalid_argument(
+        fmt::format("--tokenizer must be char or gpt2, got '{}'", printable(tokenizer)));
+  at_least("stride", stride, 0);
+  at_least("epochs", epochs, 0);
 }
 
 std::string TrainOptions::to_json() const {
@@ -171,6 +252,9 @@ std::string TrainOptions::to_json() const {
   j["beta1"] = beta1;
   j["beta2"] = beta2;
   j["dtype"] = dtype;
+  j["tokenizer"] = tokenizer;
+  j["stride"] = stride;
+  j["epochs"] = epochs;
   return j.dump();
 }
 
@@ -204,6 +288,9 @@ TrainOptions TrainOptions::from_json(const std::string& text, TrainOptions o) {
     get("beta1", o.beta1);
     get("beta2", o.beta2);
     get("dtype", o.dtype);
+    get("tokenizer", o.tokenizer);
+    get("stride", o.stride);
+    get("epochs", o.epochs);
   } catch (const json::exception& e) {
     throw std::invalid_argument(fmt::format("train_args: {}", e.what()));
   }
@@ -324,16 +411,36 @@ Split checked_split(const std::vector<int64_t>& tokens, int64_t context_length) 
 }  // namespace
 
 Trainer::Trainer(std::string_view text, const TrainOptions& options)
-    : Trainer(validated(options), CharTokenizer::from_text(text),
-              checked_split(CharTokenizer::from_text(text).encode(text), options.context_length)) {}
+    : options_(validated(options)), gen_(std::make_unique<Generator>(options.seed)) {
+  if (options_.tokenizer == "char") {
+    chars_ = CharTokenizer::from_text(text);
+    Split split = checked_split(chars_->encode(text), options_.context_length);
+    train_ = std::make_unique<Batcher>(std::move(split.train), options_.batch_size,
+                                       options_.context_length);
+    val_ = std::make_unique<Batcher>(std::move(split.val), options_.batch_size, options_.context_length);
+    build(chars_->size());
+    return;
+  }
+  // The book's chapter 5: split_idx = int(0.9 * len(text)) characters, each
+  // part tokenized with <|endoftext|> allowed.
+  const std::vector<char32_t> chars = decode_utf8(text);  // throws naming the offset of bad UTF-8
+  const auto split_chars = static_cast<size_t>(0.9 * static_cast<double>(chars.size()));
+  size_t split_byte = 0;
+  for (size_t i = 0; i < split_chars; ++i) split_byte += encode_utf8(chars[i]).size();
+  const text::Tokenizer& bpe = text::Tokenizer::gpt2();
+  const int64_t stride = options_.stride > 0 ? options_.stride : options_.context_length;
+  train_loader_ = std::make_unique<WindowLoader>(
+      bpe.encode(text.substr(0, split_byte), /*allow_special=*/true), options_.batch_size,
+      options_.context_length, stride, /*shuffle=*/true, /*drop_last=*/true, "training");
+  val_loader_ = std::make_unique<WindowLoader>(
+      bpe.encode(text.substr(split_byte), /*allow_special=*/true), options_.batch_size,
+      options_.context_length, stride, /*shuffle=*/false, /*drop_last=*/false, "validation");
+  if (options_.epochs > 0) options_.max_iters = options_.epochs * train_loader_->batches();
+  build(bpe.vocab_size());
+}
 
-Trainer::Trainer(const TrainOptions& options, CharTokenizer tokenizer, Split split)
-    : options_(options),
-      tokenizer_(std::move(tokenizer)),
-      train_(std::move(split.train), options.batch_size, options.context_length),
-      val_(std::move(split.val), options.batch_size, options.context_length),
-      gen_(std::make_unique<Generator>(options.seed)) {
-  const nn::GPTConfig cfg{.vocab_size = tokenizer_.size(),
+void Trainer::build(int64_t vocab_size) {
+  const nn::GPTConfig cfg{.vocab_size = vocab_size,
                           .context_length = options_.context_length,
                           .emb_dim = options_.emb_dim,
                           .n_heads = options_.n_heads,
@@ -354,13 +461,34 @@ Trainer::Trainer(const TrainOptions& options, CharTokenizer tokenizer, Split spl
   params_ = model_->named_parameters();
 }
 
+const CharTokenizer& Trainer::tokenizer() const {
+  if (!chars_)
+    throw std::logic_error("Trainer::tokenizer(): a gpt2 run has no character vocabulary");
+  return *chars_;
+}
+
+int64_t Trainer::train_tokens() const {
+  return train_ ? train_->tokens() : train_loader_->tokens();
+}
+
+int64_t Trainer::val_tokens() const { return val_ ? val_->tokens() : val_loader_->tokens(); }
+
+std::pair<Tensor, Tensor> Trainer::next_train_batch() {
+  if (train_) return train_->next(*gen_);
+  if (!train_loader_->in_pass()) {
+    train_loader_->start_pass(*gen_);
+    ++passes_;
+  }
+  return train_loader_->next();
+}
+
 float Trainer::step() {
   const optim::CosineSchedule schedule{.learning_rate = options_.lr,
                                        .min_lr = options_.min_lr,
                                        .warmup_iters = options_.warmup_iters,
                                        .lr_decay_iters = options_.max_iters};
   optimizer_->set_lr(optim::get_lr(iter_, schedule));
-  auto [x, y] = train_.next(*gen_);
+  auto [x, y] = next_train_batch();
   optimizer_->zero_grad();
   nn::CrossEntropyLoss loss_fn;
   const Tensor logits = model_->forward(x);  // (B, T, V)
@@ -374,33 +502,53 @@ float Trainer::step() {
 
 EvalResult Trainer::evaluate() {
   model_->eval();
+  auto batch_loss = [&](const std::pair<Tensor, Tensor>& xy) {
+    nn::CrossEntropyLoss loss_fn;
+    return static_cast<double>(loss_fn.forward(model_->forward(xy.first), xy.second));
+  };
   auto mean_loss = [&](const Batcher& data) {
     double sum = 0.0;
-    for (int64_t k = 0; k < options_.eval_iters; ++k) {
-      auto [x, y] = data.next(*gen_);
-      nn::CrossEntropyLoss loss_fn;
-      sum += static_cast<double>(loss_fn.forward(model_->forward(x), y));
-    }
+    for (int64_t k = 0; k < options_.eval_iters; ++k) sum += batch_loss(data.next(*gen_));
     return sum / static_cast<double>(options_.eval_iters);
+  };
+  // calc_loss_loader(loader, num_batches=eval_iters): a fresh pass (the
+  // training pass in progress is untouched), its first batches.
+  auto loader_loss = [&](const WindowLoader& loader) {
+    WindowLoader pass = loader;
+    pass.start_pass(*gen_);
+    const int64_t n = std::min(options_.eval_iters, pass.batches());
+    double sum = 0.0;
+    for (int64_t k = 0; k < n; ++k) sum += batch_loss(pass.next());
+    return sum / static_cast<double>(n);
   };
   EvalResult r;
   r.iter = iter_;
-  r.train_loss = mean_loss(train_);
-  r.val_loss = mean_loss(val_);
+  r.train_loss = train_ ? mean_loss(*train_) : loader_loss(*train_loader_);
+  r.val_loss = val_ ? mean_loss(*val_) : loader_loss(*val_loader_);
   model_->train();
   last_eval_iter_ = iter_;
   return r;
 }
 
 std::map<std::string, std::string> Trainer::metadata() const {
-  return {{"format", kCheckpointFormat},
-          {"config", config_to_json(model_->config())},
-          {"vocab", tokenizer_.to_json()},
-          {"iter", std::to_string(iter_)},
-          {"optim_step", std::to_string(optimizer_->steps())},
-          {"train_args", options_.to_json()},
-          {"generator", generator_to_json(gen_->get_state())},
-          {"last_eval_iter", std::to_string(last_eval_iter_)}};
+  std::map<std::string, std::string> m{{"format", kCheckpointFormat},
+                                       {"config", config_to_json(model_->config())},
+                                       {"tokenizer", options_.tokenizer},
+                                       {"iter", std::to_string(iter_)},
+                                       {"optim_step", std::to_string(optimizer_->steps())},
+                                       {"train_args", options_.to_json()},
+                                       {"generator", generator_to_json(gen_->get_state())},
+                                       {"last_eval_iter", std::to_string(last_eval_iter_)}};
+  if (chars_) m["vocab"] = chars_->to_json();
+  if (train_loader_) {
+    nlohmann::ordered_json loader;
+    loader["passes"] = passes_;
+    loader["in_pass"] = train_loader_->in_pass();
+    loader["seed"] = train_loader_->pass_seed();
+    loader["position"] = train_loader_->position();
+    m["loader"] = loader.dump();
+  }
+  return m;
 }
 
 namespace {
@@ -436,11 +584,36 @@ void Trainer::resume(const std::string& path) {
   if (meta(m, "format", path) != kCheckpointFormat)
     throw std::invalid_argument(fmt::format("checkpoint '{}' has format \"{}\", expected \"{}\"", printable(path),
                                             meta(m, "format", path), kCheckpointFormat));
-  const CharTokenizer vocab = CharTokenizer::from_json(meta(m, "vocab", path));
-  if (vocab.vocab() != tokenizer_.vocab())
-    throw std::invalid_argument(fmt::format(
-        "checkpoint '{}' has a vocabulary of {} characters that differs from this text's {} characters", printable(path),
-        vocab.size(), tokenizer_.size()));
+  const auto tok = m.find("tokenizer");
+  const std::string saved_tokenizer = tok == m.end() ? "char" : tok->second;  // older checkpoints: char
+  if (saved_tokenizer != options_.tokenizer)
+    throw std::invalid_argument(fmt::format("checkpoint '{}' was trained with --tokenizer {}, this run uses {}",
+                                            printable(path), printable(saved_tokenizer), options_.tokenizer));
+  if (chars_) {
+    const CharTokenizer vocab = CharTokenizer::from_json(meta(m, "vocab", path));
+    if (vocab.vocab() != chars_->vocab())
+      throw std::invalid_argument(fmt::format(
+          "checkpoint '{}' has a vocabulary of {} characters that differs from this text's {} characters",
+          printable(path), vocab.size(), chars_->size()));
+  }
+  int64_t passes = 0, loader_seed = 0, loader_position = 0;
+  bool in_pass = false;
+  if (train_loader_) {
+    try {
+      const json loader = json::parse(meta(m, "loader", path));
+      passes = loader.at("passes").get<int64_t>();
+      in_pass = loader.at("in_pass").get<bool>();
+      loader_seed = loader.at("seed").get<int64_t>();
+      loader_position = loader.at("position").get<int64_t>();
+    } catch (const json::exception& e) {
+      throw std::invalid_argument(
+          fmt::format("checkpoint '{}': metadata \"loader\": {}", printable(path), printable(e.what())));
+    }
+    if (in_pass && (loader_position < 0 || loader_position >= train_loader_->batches()))
+      throw std::invalid_argument(fmt::format(
+          "checkpoint '{}': the training pass is at batch {} of {} (a different text or batch size?)",
+          printable(path), loader_position, train_loader_->batches()));
+  }
   const nn::GPTConfig saved = config_from_json(meta(m, "config", path));
   const nn::GPTConfig& cfg = model_->config();
   auto check = [&](const char* name, auto a, auto b) {
@@ -485,6 +658,10 @@ void Trainer::resume(const std::string& path) {
         fmt::format("checkpoint '{}' has an unexpected tensor \"{}\"", printable(path), printable(by_name.begin()->first)));
 
   gen_->set_state(gen_state);
+  if (train_loader_) {
+    passes_ = passes;
+    if (in_pass) train_loader_->restore_pass(loader_seed, loader_position);
+  }
   for (auto& [dst, src] : copies) dst.copy_(*src);
   optimizer_->set_steps(optim_step);
   iter_ = iter;

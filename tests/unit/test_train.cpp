@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -186,6 +187,14 @@ TEST(TrainOptions, ValidatesAndRoundTrips) {
   bad([](TrainOptions& b) { b.eval_iters = -1; }, "--eval-iters");
   bad([](TrainOptions& b) { b.dtype = "float16"; },
       "--dtype must be float32 or bfloat16, got 'float16'");
+  bad([](TrainOptions& b) { b.tokenizer = "bpe"; }, "--tokenizer must be char or gpt2, got 'bpe'");
+  bad([](TrainOptions& b) { b.stride = -1; }, "--stride must be >= 0, got -1");
+  bad([](TrainOptions& b) { b.epochs = -2; }, "--epochs must be >= 0, got -2");
+  TrainOptions g = tiny_options();
+  g.tokenizer = "gpt2";
+  g.stride = 3;
+  g.epochs = 2;
+  EXPECT_EQ(TrainOptions::from_json(g.to_json()).to_json(), g.to_json());
 }
 
 TEST(Trainer, RefusesTextTooShortForTheSplit) {
@@ -251,6 +260,144 @@ TEST(Trainer, ResumeGivesBitIdenticalLosses) {
   b.resume(path);
   EXPECT_EQ(run_losses(b, 30), tail_a);
   std::filesystem::remove(path);
+}
+
+// ---- GPT-2 BPE runs: the book's chapter-5 data ---------------------------------------------
+
+TEST(WindowLoader, WindowsBatchesAndErrors) {
+  std::vector<int64_t> ids(20);
+  for (int64_t i = 0; i < 20; ++i) ids[static_cast<size_t>(i)] = 100 + i;
+  // range(0, 20 - 4, 3): 0 3 6 9 12 15 -> 6 windows; batches of 4: 1 (drop_last) or 2.
+  attn::train::WindowLoader in_order(ids, 4, 4, 3, /*shuffle=*/false, /*drop_last=*/false);
+  EXPECT_EQ(in_order.windows(), 6);
+  EXPECT_EQ(in_order.batches(), 2);
+  attn::Generator gen(1);
+  in_order.start_pass(gen);
+  auto [x0, y0] = in_order.next();
+  EXPECT_EQ(x0.shape(), (attn::Shape{4, 4}));
+  EXPECT_EQ(x0.data_ptr<int64_t>()[4], 103);  // row 1 starts at 3
+  EXPECT_EQ(y0.data_ptr<int64_t>()[4], 104);
+  auto [x1, y1] = in_order.next();
+  EXPECT_EQ(x1.shape(), (attn::Shape{2, 4}));  // the short last batch
+  EXPECT_EQ(x1.data_ptr<int64_t>()[4], 115);
+  EXPECT_EQ(y1.data_ptr<int64_t>()[7], 119);  // the last target is the last id
+  EXPECT_FALSE(in_order.in_pass());
+  EXPECT_THROW(in_order.next(), std::logic_error);
+  attn::train::WindowLoader dropped(ids, 4, 4, 3, /*shuffle=*/true, /*drop_last=*/true);
+  EXPECT_EQ(dropped.batches(), 1);
+
+  auto error = [&](int64_t n, int64_t batch, int64_t len, int64_t stride, bool drop_last) {
+    try {
+      attn::train::WindowLoader l(std::vector<int64_t>(static_cast<size_t>(n)), batch, len, stride, drop_last,
+                                  drop_last, "validation");
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_EQ(error(8, 2, 8, 8, false),
+            "validation loader: 8 tokens hold no window of max_length 8 (a window needs max_length + 1 "
+            "tokens)");
+  EXPECT_EQ(error(9, 2, 8, 8, false), "(accepted)");
+  EXPECT_EQ(error(20, 7, 4, 3, true),
+            "validation loader: 6 windows of 4 tokens every 3 make no full batch of 7 (drop_last)");
+  EXPECT_EQ(error(20, 0, 4, 3, false),
+            "validation loader: batch_size 0, max_length 4 and stride 3 must be >= 1");
+}
+
+TrainOptions verdict_options() {
+  TrainOptions o = tiny_options();
+  o.tokenizer = "gpt2";
+  o.context_length = 256;
+  o.batch_size = 2;
+  o.emb_dim = 16;
+  o.n_heads = 2;
+  o.n_layers = 1;
+  o.eval_iters = 5;
+  o.eval_interval = 5;
+  o.warmup_iters = 0;
+  return o;
+}
+
+// The book's chapter 5 on The Verdict (context 256, stride 256, batch 2):
+// "Train loader" 9 batches, "Validation loader" 1 batch of 2.
+TEST(Trainer, Gpt2RunHasTheBooksLoaders) {
+  const std::string verdict = attn::test::read_text(data_path("the-verdict.txt"));
+  ASSERT_EQ(verdict.size(), 20479u);
+  TrainOptions o = verdict_options();
+  o.epochs = 10;
+  Trainer t(verdict, o);
+  EXPECT_EQ(t.vocab_size(), 50257);
+  ASSERT_NE(t.train_loader(), nullptr);
+  EXPECT_EQ(t.train_loader()->batches(), 9);
+  EXPECT_EQ(t.val_loader()->batches(), 1);
+  EXPECT_EQ(t.val_loader()->windows(), 2);
+  // 4,612 + 534 (tiktoken's counts for the two parts): one more than the
+  // whole text's 5,145, as the cut at 90% of the characters splits "collapse".
+  EXPECT_EQ(t.train_tokens(), 4612);
+  EXPECT_EQ(t.val_tokens(), 534);
+  EXPECT_EQ(t.options().max_iters, 90);                // 10 epochs of 9 batches
+  EXPECT_THROW((void)t.tokenizer(), std::logic_error);
+  EXPECT_EQ(t.metadata().at("tokenizer"), "gpt2");
+  EXPECT_EQ(t.metadata().count("vocab"), 0u);
+}
+
+TEST(Trainer, Gpt2RunResumesMidEpochBitIdentically) {
+  const std::string text = attn::test::read_text(data_path("the-verdict.txt"));
+  TrainOptions o = verdict_options();
+  o.context_length = 32;
+  o.stride = 32;
+  o.batch_size = 8;
+  o.max_iters = 40;  // 18 training batches a pass: the run crosses two passes
+  o.drop_rate = 0.1;
+  Trainer straight(text, o);
+  const std::vector<double> all = run_losses(straight, 40);
+  EXPECT_EQ(straight.train_loader()->batches(), 18);
+  EXPECT_EQ(straight.epoch(), 2);
+
+  const std::string path = attn::test::temp_path("gpt2.safetensors");
+  Trainer first(text, o);
+  std::vector<double> resumed = run_losses(first, 23);  // inside the second pass, between evaluations
+  first.save(path);
+  Trainer second(text, o);
+  second.resume(path);
+  EXPECT_EQ(second.epoch(), 1);
+  const std::vector<double> rest = run_losses(second, 40);
+  resumed.insert(resumed.end(), rest.begin(), rest.end());
+  ASSERT_EQ(all.size(), resumed.size());
+  for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(all[i], resumed[i]) << "loss " << i;
+
+  // A character-level run cannot resume a gpt2 checkpoint.
+  TrainOptions chars = tiny_options();
+  chars.context_length = 32;
+  try {
+    Trainer(text, chars).resume(path);
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("was trained with --tokenizer gpt2, this run uses char"),
+              std::string::npos)
+        << e.what();
+  }
+  std::filesystem::remove(path);
+}
+
+TEST(Trainer, Gpt2RunLearnsTheVerdict) {
+  // 60 steps of a small model bring the validation loss far below ln(50257) = 10.8.
+  const std::string text = attn::test::read_text(data_path("the-verdict.txt"));
+  TrainOptions o = verdict_options();
+  o.context_length = 64;
+  o.stride = 64;
+  o.batch_size = 4;
+  o.emb_dim = 32;
+  o.max_iters = 60;
+  o.lr = 4e-3;
+  o.min_lr = 4e-4;
+  Trainer t(text, o);
+  const double before = t.evaluate().val_loss;
+  EXPECT_NEAR(before, std::log(50257.0), 0.3);
+  for (int i = 0; i < 60; ++i) t.step();
+  const double after = t.evaluate().val_loss;
+  EXPECT_LT(after, 8.0) << "before " << before;
 }
 
 // The checkpoint is float32 in either dtype: an fp32 run resumes in bf16 (and

@@ -18,6 +18,7 @@
 #include "generate.h"
 #include "inspect.h"
 #include "plot.h"
+#include "tokenize.h"
 #include "train.h"
 #include "walkthrough.h"
 
@@ -72,6 +73,7 @@ int main(int argc, char** argv) {
   commands.push_back(attn::cli::add_plot_command(app));
   commands.push_back(attn::cli::add_generate_command(app));
   commands.push_back(attn::cli::add_train_command(app));
+  commands.push_back(attn::cli::add_tokenize_command(app));
 
   try {
     app.parse(argc, argv);

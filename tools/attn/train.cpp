@@ -91,15 +91,17 @@ Command add_train_command(CLI::App& app) {
   auto flags = std::make_shared<Flags>();
   CLI::App* cmd = app.add_subcommand(
       "train",
-      "Train a character-level GPT on a UTF-8 text: vocabulary from its characters, 90/10 "
-      "train/validation split, AdamW with warm-up and cosine decay; writes "
+      "Train a GPT on a UTF-8 text, on its characters or on GPT-2's BPE (--tokenizer gpt2): "
+      "90/10 train/validation split, AdamW with warm-up and cosine decay; writes "
       "DIR/checkpoint.safetensors and DIR/metrics.jsonl");
   cmd->footer(
       "Defaults: nanoGPT's Shakespeare-character CPU recipe (a few minutes on 2 cores).\n"
       "SIGINT (Ctrl-C) stops after the current step, writes the checkpoint and exits with 130.\n"
       "Examples:\n"
       "  attn train --text input.txt --out run\n"
-      "  attn train --text input.txt --out run --resume --max-iters 4000");
+      "  attn train --text input.txt --out run --resume --max-iters 4000\n"
+      "  attn train --text the-verdict.txt --out run --tokenizer gpt2 --context-length 256 "
+      "--batch-size 2 --epochs 10");
   cmd->add_option("--text", flags->text, "The training text (UTF-8)")->required()->type_name("FILE");
   cmd->add_option("--out", flags->out, "Folder for checkpoint.safetensors and metrics.jsonl")
       ->required()
@@ -136,6 +138,14 @@ Command add_train_command(CLI::App& app) {
   ATTN_TRAIN_FLAG("--eval-interval", eval_interval, "Evaluate (and checkpoint) every this many steps");
   ATTN_TRAIN_FLAG("--eval-iters", eval_iters, "Batches per split in an evaluation");
   ATTN_TRAIN_FLAG("--seed", seed, "Seed of the weights, batches and dropout");
+  ATTN_TRAIN_FLAG("--tokenizer", tokenizer,
+                  "char: the text's characters are the vocabulary, random windows (nanoGPT); gpt2: "
+                  "GPT-2's byte-level BPE (50,257 tokens) and the book's chapter-5 data loader "
+                  "(windows every --stride tokens, shuffled each epoch)");
+  ATTN_TRAIN_FLAG("--stride", stride, "gpt2: tokens between training windows (0: --context-length)");
+  ATTN_TRAIN_FLAG("--epochs", epochs,
+                  "gpt2: passes over the training windows; sets --max-iters to epochs x batches "
+                  "per pass (0: use --max-iters)");
   ATTN_TRAIN_FLAG("--dtype", dtype,
                   "Compute dtype: float32, or bfloat16 (mixed precision as torch.autocast: float32 "
                   "weights, gradients and optimizer; bf16 products summed in float32)");
@@ -186,6 +196,7 @@ Command add_train_command(CLI::App& app) {
           printable(flags->out)));
 
     train::Trainer trainer(text, options);
+    options = trainer.options();  // max_iters resolved from --epochs
     std::vector<std::string> metrics;
     if (flags->resume) {
       trainer.resume(checkpoint);
@@ -194,11 +205,16 @@ Command add_train_command(CLI::App& app) {
 
     const bool bar = ::isatty(STDOUT_FILENO) == 1 && std::getenv("CI") == nullptr;
     std::cout << fmt::format(
-        "attn train: {} characters, vocabulary {}, {} train / {} val tokens; {} parameters; "
+        "attn train: {} tokens ({}), vocabulary {}, {} train / {} val tokens{}; {} parameters; "
         "{} layers, {} heads, emb {}, context {}, batch {}; iterations {} -> {}\n",
-        trainer.train_tokens() + trainer.val_tokens(), trainer.tokenizer().size(), trainer.train_tokens(),
-        trainer.val_tokens(), trainer.model().num_parameters(), options.n_layers, options.n_heads,
-        options.emb_dim, options.context_length, options.batch_size, trainer.iter(), options.max_iters);
+        trainer.train_tokens() + trainer.val_tokens(),
+        options.tokenizer == "gpt2" ? "GPT-2 BPE" : "characters", trainer.vocab_size(),
+        trainer.train_tokens(), trainer.val_tokens(),
+        trainer.train_loader() != nullptr
+            ? fmt::format(" ({} training batches per epoch)", trainer.train_loader()->batches())
+            : std::string(),
+        trainer.model().num_parameters(), options.n_layers, options.n_heads, options.emb_dim,
+        options.context_length, options.batch_size, trainer.iter(), options.max_iters);
     std::cout.flush();
 
     struct sigaction sa {};
