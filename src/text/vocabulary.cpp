@@ -203,6 +203,25 @@ Vocabulary parse_vocabulary(std::string_view vocab_json, std::string_view merges
     v.rank[static_cast<size_t>(id)] = next_rank++;
     insert(id);
   }
+
+  // ---- the pair table: each way to split a mergeable token into two.
+  std::vector<PairSlot> found;
+  for (size_t id = 0; id < n; ++id) {
+    const std::string& t = v.tokens[id];
+    if (v.rank[id] == kNoRank || t.size() < 2) continue;
+    for (size_t cut = 1; cut < t.size(); ++cut) {
+      const int32_t head = v.find(std::string_view(t).substr(0, cut));
+      const int32_t tail = head < 0 ? -1 : v.find(std::string_view(t).substr(cut));
+      if (tail >= 0) found.push_back({Vocabulary::pair_key(head, tail), v.rank[id], static_cast<int32_t>(id)});
+    }
+  }
+  v.pairs.assign(std::bit_ceil(2 * found.size() + 2), PairSlot{});
+  v.pair_mask = v.pairs.size() - 1;
+  for (const PairSlot& p : found) {
+    uint64_t i = Vocabulary::pair_hash(p.key) & v.pair_mask;
+    while (v.pairs[i].key != PairSlot::kNoPair) i = (i + 1) & v.pair_mask;
+    v.pairs[i] = p;
+  }
   return v;
 }
 
