@@ -375,3 +375,77 @@ TEST(Tokenizer, MalformedFilesNameTheFileAndLineOrKey) {
 }
 
 }  // namespace
+
+// ---- bulk: every code point, and thousands of random texts ---------------------
+
+namespace {
+
+const nlohmann::json& bulk() {
+  static const nlohmann::json j = [] {
+    std::ifstream in(std::string(ATTN_TESTS_DIR) + "/fixtures/tokenizer/bulk.json");
+    return nlohmann::json::parse(in);
+  }();
+  return j;
+}
+
+// CODE_POINT_CONTEXT of the script with every "{c}" replaced by the character.
+std::string in_context(const std::string& context, const std::string& c) {
+  std::string s;
+  for (size_t i = 0; i < context.size();) {
+    if (context.compare(i, 3, "{c}") == 0) {
+      s += c;
+      i += 3;
+    } else {
+      s += context[i++];
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST(Tokenizer, EveryCodePointInContextMatchesTiktoken) {
+  // 0..0x10FFFF in blocks of 4096, each character in several contexts
+  // (after and before letters, digits, spaces, tabs, newlines, a contraction).
+  const std::string context = bulk()["code_point_context"].get<std::string>();
+  const auto& blocks = bulk()["code_point_blocks"];
+  ASSERT_EQ(blocks.size(), 0x110u);
+  for (const auto& b : blocks) {
+    const auto first = b["first"].get<uint32_t>();
+    std::string text;
+    for (char32_t cp = first; cp < first + 0x1000; ++cp) {
+      if (cp >= 0xD800 && cp <= 0xDFFF) continue;
+      text += in_context(context, attn::encode_utf8(cp));
+    }
+    const auto ids = gpt2().encode_parallel(text);
+    EXPECT_EQ(static_cast<int64_t>(ids.size()), b["count"].get<int64_t>()) << fmt::format("block U+{:04X}", first);
+    EXPECT_EQ(fnv1a(ids), b["fnv1a"].get<std::string>()) << fmt::format("block U+{:04X}", first);
+  }
+}
+
+TEST(Tokenizer, ThousandsOfRandomTextsMatchTiktoken) {
+  // The script's LCG (Knuth's MMIX constants, high 32 bits) over its pool.
+  const auto pool = bulk()["random_pool"].get<std::vector<std::string>>();
+  uint64_t x = bulk()["lcg_seed"].get<uint64_t>();
+  auto next = [&x] {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return x >> 32;
+  };
+  const auto& groups = bulk()["random_groups"];
+  const int count = bulk()["random_count"].get<int>();
+  ASSERT_EQ(static_cast<int>(groups.size()) * 100, count);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::vector<int64_t> ids;
+    for (int k = 0; k < 100; ++k) {
+      const uint64_t n = 1 + next() % 40;
+      std::string text;
+      for (uint64_t i = 0; i < n; ++i) text += pool[next() % pool.size()];
+      const auto t = gpt2().encode(text);
+      ids.insert(ids.end(), t.begin(), t.end());
+      ids.push_back(-1);
+      ASSERT_EQ(gpt2().decode(t), text);
+    }
+    EXPECT_EQ(static_cast<int64_t>(ids.size()), groups[g]["count"].get<int64_t>()) << "group " << g;
+    EXPECT_EQ(fnv1a(ids), groups[g]["fnv1a"].get<std::string>()) << "group " << g;
+  }
+}
