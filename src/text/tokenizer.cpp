@@ -5,11 +5,16 @@
 #include <omp.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <atomic>
+#include <exception>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
+#include <thread>
 
 #include "attn/utf8.h"
 #include "text/bpe.h"
@@ -273,23 +278,38 @@ std::vector<int64_t> Tokenizer::encode_parallel(std::string_view text, bool allo
     work.push_back({s.text.substr(begin)});
   }
   if (work.size() == 1 || nthreads == 1) return encode_valid(*vocab_, text, allow_special);  // nothing to share
+  // Plain threads taking work items in order from a shared counter (the
+  // calling thread is one of them); no OpenMP team, whose idle threads spin
+  // after the region and take the cores from the serial work around it.
   std::vector<std::vector<int64_t>> parts(work.size());
-  const auto count = static_cast<int64_t>(work.size());
-#pragma omp parallel num_threads(nthreads)
-  {
-    PieceEncoder encoder(*vocab_);  // one cache per thread
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t k = 0; k < count; ++k) {
-      const Segment& s = work[static_cast<size_t>(k)];
-      auto& out = parts[static_cast<size_t>(k)];
-      if (s.special >= 0) {
-        out.push_back(s.special);
-      } else {
-        out.reserve(s.text.size() / 4 + 16);
-        encoder.encode(s.text, out);
+  std::atomic<size_t> next{0};
+  std::mutex failure_mutex;
+  std::exception_ptr failure;  // the first exception of any thread (bad_alloc)
+  auto worker = [&] {
+    try {
+      PieceEncoder encoder(*vocab_);  // one cache per thread
+      for (size_t k = next.fetch_add(1); k < work.size(); k = next.fetch_add(1)) {
+        const Segment& s = work[k];
+        if (s.special >= 0) {
+          parts[k].push_back(s.special);
+        } else {
+          parts[k].reserve(s.text.size() / 4 + 16);
+          encoder.encode(s.text, parts[k]);
+        }
       }
+    } catch (...) {
+      std::lock_guard lock(failure_mutex);
+      if (!failure) failure = std::current_exception();
+      next = work.size();  // the others stop too
     }
-  }
+  };
+  {
+    std::vector<std::jthread> helpers;
+    const size_t extra = std::min(work.size(), static_cast<size_t>(nthreads)) - 1;
+    for (size_t t = 0; t < extra; ++t) helpers.emplace_back(worker);
+    worker();
+  }  // the helpers join here
+  if (failure) std::rethrow_exception(failure);
   size_t total = 0;
   for (const auto& p : parts) total += p.size();
   std::vector<int64_t> ids;
