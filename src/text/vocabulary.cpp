@@ -53,7 +53,8 @@ bool unicode_form_to_bytes(std::string_view s, std::string& out) {
 
 size_t line_of(std::string_view text, size_t offset) {
   offset = std::min(offset, text.size());
-  return 1 + static_cast<size_t>(std::count(text.begin(), text.begin() + static_cast<ptrdiff_t>(offset), '\n'));
+  return 1 + static_cast<size_t>(
+                 std::count(text.begin(), text.begin() + static_cast<ptrdiff_t>(offset), '\n'));
 }
 
 constexpr int64_t kMaxVocabulary = int64_t{1} << 24;
@@ -77,17 +78,18 @@ Vocabulary parse_vocabulary(std::string_view vocab_json, std::string_view merges
   try {
     j = nlohmann::json::parse(vocab_json.begin(), vocab_json.end());
   } catch (const nlohmann::json::parse_error& e) {
-    throw std::runtime_error(fmt::format("vocabulary file '{}': line {}: not valid JSON ({})", vname,
-                                         line_of(vocab_json, e.byte == 0 ? 0 : e.byte - 1),
+    throw std::runtime_error(fmt::format("vocabulary file '{}': line {}: not valid JSON ({})",
+                                         vname, line_of(vocab_json, e.byte == 0 ? 0 : e.byte - 1),
                                          printable(e.what())));
   }
   if (!j.is_object())
-    throw std::runtime_error(fmt::format("vocabulary file '{}': expected a JSON object of token -> id, got {}",
-                                         vname, j.type_name()));
+    throw std::runtime_error(
+        fmt::format("vocabulary file '{}': expected a JSON object of token -> id, got {}", vname,
+                    j.type_name()));
   if (j.empty()) throw std::runtime_error(fmt::format("vocabulary file '{}': no tokens", vname));
   if (static_cast<int64_t>(j.size()) > kMaxVocabulary)
-    throw std::runtime_error(fmt::format("vocabulary file '{}': {} tokens, more than the limit {}", vname,
-                                         j.size(), kMaxVocabulary));
+    throw std::runtime_error(fmt::format("vocabulary file '{}': {} tokens, more than the limit {}",
+                                         vname, j.size(), kMaxVocabulary));
   const size_t n = j.size();
   Vocabulary v;
   v.tokens.assign(n, std::string());
@@ -96,17 +98,20 @@ Vocabulary parse_vocabulary(std::string_view vocab_json, std::string_view merges
   std::string bytes;
   for (const auto& [key, value] : j.items()) {
     if (!value.is_number_integer())
-      throw std::runtime_error(fmt::format("vocabulary file '{}': key '{}': the id must be an integer, got {}",
-                                           vname, printable(key), value.type_name()));
+      throw std::runtime_error(
+          fmt::format("vocabulary file '{}': key '{}': the id must be an integer, got {}", vname,
+                      printable(key), value.type_name()));
     const int64_t id = value.get<int64_t>();
     if (id < 0 || id >= static_cast<int64_t>(n))
-      throw std::runtime_error(fmt::format(
-          "vocabulary file '{}': key '{}': id {} is outside 0..{} (the ids must be 0..N-1 for N = {} tokens)",
-          vname, printable(key), id, n - 1, n));
+      throw std::runtime_error(
+          fmt::format("vocabulary file '{}': key '{}': id {} is outside 0..{} (the ids must be "
+                      "0..N-1 for N = {} tokens)",
+                      vname, printable(key), id, n - 1, n));
     const auto i = static_cast<size_t>(id);
     if (seen[i])
-      throw std::runtime_error(fmt::format("vocabulary file '{}': keys '{}' and '{}' both have id {}", vname,
-                                           printable(keys[i]), printable(key), id));
+      throw std::runtime_error(
+          fmt::format("vocabulary file '{}': keys '{}' and '{}' both have id {}", vname,
+                      printable(keys[i]), printable(key), id));
     seen[i] = true;
     keys[i] = key;
     if (key == kEndOfText) {
@@ -145,8 +150,9 @@ Vocabulary parse_vocabulary(std::string_view vocab_json, std::string_view merges
     if (static_cast<int64_t>(id) == v.eot) continue;
     const std::string& t = v.tokens[id];
     if (find_any(t) >= 0)
-      throw std::runtime_error(fmt::format("vocabulary file '{}': keys '{}' and '{}' are the same bytes", vname,
-                                           printable(keys[static_cast<size_t>(find_any(t))]), printable(keys[id])));
+      throw std::runtime_error(
+          fmt::format("vocabulary file '{}': keys '{}' and '{}' are the same bytes", vname,
+                      printable(keys[static_cast<size_t>(find_any(t))]), printable(keys[id])));
     uint64_t i = hash_bytes(t) & v.mask;
     while (by_bytes_slots[i] >= 0) i = (i + 1) & v.mask;
     by_bytes_slots[i] = static_cast<int32_t>(id);
@@ -155,8 +161,9 @@ Vocabulary parse_vocabulary(std::string_view vocab_json, std::string_view merges
     const std::string one(1, static_cast<char>(b));
     const int32_t id = find_any(one);
     if (id < 0)
-      throw std::runtime_error(fmt::format("vocabulary file '{}': no token for the byte 0x{:02X} (key '{}')",
-                                           vname, b, printable(token_to_unicode_form(one))));
+      throw std::runtime_error(
+          fmt::format("vocabulary file '{}': no token for the byte 0x{:02X} (key '{}')", vname, b,
+                      printable(token_to_unicode_form(one))));
     v.byte_token[b] = id;
     v.rank[static_cast<size_t>(id)] = 0;  // single bytes are never looked up by rank
     insert(id);
@@ -212,7 +219,8 @@ Vocabulary parse_vocabulary(std::string_view vocab_json, std::string_view merges
     for (size_t cut = 1; cut < t.size(); ++cut) {
       const int32_t head = v.find(std::string_view(t).substr(0, cut));
       const int32_t tail = head < 0 ? -1 : v.find(std::string_view(t).substr(cut));
-      if (tail >= 0) found.push_back({Vocabulary::pair_key(head, tail), v.rank[id], static_cast<int32_t>(id)});
+      if (tail >= 0)
+        found.push_back({Vocabulary::pair_key(head, tail), v.rank[id], static_cast<int32_t>(id)});
     }
   }
   v.pairs.assign(std::bit_ceil(2 * found.size() + 2), PairSlot{});
