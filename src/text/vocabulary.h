@@ -40,6 +40,15 @@ inline uint64_t hash_bytes(std::string_view s) {
 
 constexpr uint32_t kNoRank = std::numeric_limits<uint32_t>::max();
 
+// A pair of adjacent mergeable tokens (left, right) whose joined bytes are a
+// mergeable token: that token's id and rank.
+struct PairSlot {
+  uint64_t key = kNoPair;  // left << 32 | right
+  uint32_t rank = kNoRank;
+  int32_t id = -1;
+  static constexpr uint64_t kNoPair = ~uint64_t{0};
+};
+
 struct Vocabulary {
   std::vector<std::string> tokens;  // id -> bytes
   std::vector<uint32_t> rank;       // id -> merge rank; kNoRank: never produced by encode
@@ -47,6 +56,29 @@ struct Vocabulary {
   uint64_t mask = 0;                // slots.size() - 1
   int32_t byte_token[256] = {};     // the id of each single byte
   int64_t eot = -1;                 // "<|endoftext|>", or -1
+  // Every split of every mergeable token into two mergeable tokens, so that
+  // the rank of two adjacent parts joined is one probe by their ids (the same
+  // answer as rank_of(their joined bytes), since parts are always mergeable).
+  std::vector<PairSlot> pairs;  // open addressing; key kNoPair: empty
+  uint64_t pair_mask = 0;
+
+  static uint64_t pair_key(int32_t left, int32_t right) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
+           static_cast<uint32_t>(right);
+  }
+  static uint64_t pair_hash(uint64_t key) {
+    key ^= key >> 29;  // both ids reach the high bits of the product
+    return (key * 0x9E3779B97F4A7C15ull) >> 40;
+  }
+  // The join of two adjacent parts, or nullptr when their bytes are no token.
+  const PairSlot* find_pair(int32_t left, int32_t right) const {
+    const uint64_t key = pair_key(left, right);
+    for (uint64_t i = pair_hash(key) & pair_mask;; i = (i + 1) & pair_mask) {
+      const PairSlot& p = pairs[i];
+      if (p.key == key) return &p;
+      if (p.key == PairSlot::kNoPair) return nullptr;
+    }
+  }
 
   // The id of a mergeable token with these bytes, or -1.
   int32_t find(std::string_view bytes, uint64_t hash) const {
