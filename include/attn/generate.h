@@ -114,6 +114,26 @@ struct GenerateOptions {
 Tensor generate(GPTModel& model, const Tensor& idx, const GenerateOptions& options, Generator& gen,
                 const std::function<void(int64_t, const Tensor&)>& on_step = nullptr);
 
+// The mean cross-entropy of a token sequence under the model, by the sliding
+// window of transformers' perplexity guide: windows [begin, end) with begin =
+// 0, stride, 2 stride, ..., end = min(begin + context, n), stopping at the
+// first that reaches n; each window scores only the tokens after the previous
+// window's end (the first window all but its first token), each predicted from
+// the tokens before it inside the window. mean_loss is the mean over all
+// scored tokens (`tokens` of them: n - 1 when windows overlap, fewer when
+// stride = context leaves each window's first token unscored), perplexity =
+// exp(mean_loss).
+// The model runs in evaluation mode. Throws std::invalid_argument when n < 2,
+// context < 2 or > context_length, stride < 1 or > context, or an id is out
+// of range.
+struct PerplexityResult {
+  int64_t tokens = 0;      // tokens scored
+  double mean_loss = 0.0;  // nats per token
+  double perplexity = 0.0;
+};
+PerplexityResult sliding_window_perplexity(GPTModel& model, const std::vector<int64_t>& ids,
+                                           int64_t context, int64_t stride);
+
 // A GPT checkpoint directory (docs/generation.md, "Checkpoints"):
 // DIR/checkpoint.safetensors with the model's state_dict (F32), metadata
 // "format" = "attn-checkpoint-1", "config" (JSON object of the GPTConfig

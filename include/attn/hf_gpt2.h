@@ -122,8 +122,11 @@ struct ModelDir {
   HfGpt2Info hf;                            // kHuggingFace: what loading found
 };
 
-// Loads DIR whichever kind it is. Throws std::invalid_argument naming DIR and
-// what it lacks when it is neither (with the conversion line for a pickle).
+// Loads DIR whichever kind it is: config.json makes it a Hugging Face
+// directory, anything else is read as an attn checkpoint directory
+// (nn::load_checkpoint's errors name what it lacks). A pickle (DIR itself, or
+// a *.pth / *.pt / pytorch_model.bin in a DIR without checkpoint.safetensors)
+// is an std::invalid_argument with the Python line that converts it.
 ModelDir load_model_dir(const std::string& dir, std::unique_ptr<nn::GPTModel>& model,
                         const nn::GPTOptions& options = {});
 

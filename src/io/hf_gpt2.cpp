@@ -470,19 +470,20 @@ void save_hf_gpt2(nn::GPTModel& model, const std::string& dir, HfDType dtype) {
   nlohmann::ordered_json j;
   j["activation_function"] = "gelu_new";
   j["architectures"] = {"GPT2LMHeadModel"};
-  j["attn_pdrop"] = static_cast<double>(c.drop_rate);
+  j["attn_pdrop"] = std::stod(fmt::format("{}", c.drop_rate));
   j["bos_token_id"] = 50256;
-  j["embd_pdrop"] = static_cast<double>(c.drop_rate);
+  j["embd_pdrop"] = std::stod(fmt::format("{}", c.drop_rate));
   j["eos_token_id"] = 50256;
   j["initializer_range"] = 0.02;
-  j["layer_norm_epsilon"] = static_cast<double>(c.layer_norm_eps);
+  // The float's shortest decimal (1e-05, not 9.999999747378752e-06).
+  j["layer_norm_epsilon"] = std::stod(fmt::format("{}", c.layer_norm_eps));
   j["model_type"] = "gpt2";
   j["n_embd"] = c.emb_dim;
   j["n_head"] = c.n_heads;
   j["n_inner"] = nullptr;
   j["n_layer"] = c.n_layers;
   j["n_positions"] = c.context_length;
-  j["resid_pdrop"] = static_cast<double>(c.drop_rate);
+  j["resid_pdrop"] = std::stod(fmt::format("{}", c.drop_rate));
   j["scale_attn_weights"] = true;
   j["tie_word_embeddings"] = tied;
   j["torch_dtype"] = dtype_name;
@@ -506,9 +507,6 @@ ModelDir load_model_dir(const std::string& dir, std::unique_ptr<nn::GPTModel>& m
         "checkpoint directory with checkpoint.safetensors)",
         named(dir)));
   }
-  if (!fs::is_directory(d)) {
-    throw std::invalid_argument(fmt::format("model directory {} does not exist", named(dir)));
-  }
   if (is_hf_gpt2_dir(dir)) {
     out.kind = ModelDir::Kind::kHuggingFace;
     out.hf = load_hf_gpt2(dir, model, options);
@@ -516,23 +514,20 @@ ModelDir load_model_dir(const std::string& dir, std::unique_ptr<nn::GPTModel>& m
     out.tokenizer = "gpt2";
     return out;
   }
-  if (fs::exists(d / "checkpoint.safetensors")) {
-    out.kind = ModelDir::Kind::kAttnCheckpoint;
-    nn::Checkpoint ck = nn::load_checkpoint(dir, model, options);
-    out.config = ck.config;
-    out.tokenizer = ck.tokenizer;
-    out.vocab = std::move(ck.vocab);
-    out.metadata = std::move(ck.metadata);
-    return out;
+  if (fs::is_directory(d) && !fs::exists(d / "checkpoint.safetensors")) {
+    for (const auto& e : fs::directory_iterator(d)) {
+      if (e.is_regular_file() && is_pickle_name(e.path().filename().string()))
+        throw std::invalid_argument(pickle_message(e.path().string()));
+    }
   }
-  for (const auto& e : fs::directory_iterator(d)) {
-    if (e.is_regular_file() && is_pickle_name(e.path().filename().string()))
-      throw std::invalid_argument(pickle_message(e.path().string()));
-  }
-  throw std::invalid_argument(fmt::format(
-      "{} is not a model directory: it has neither config.json (+ model.safetensors: a Hugging "
-      "Face GPT-2) nor checkpoint.safetensors (attn train's checkpoint)",
-      named(dir)));
+  // An attn checkpoint directory; nn::load_checkpoint names what is missing.
+  out.kind = ModelDir::Kind::kAttnCheckpoint;
+  nn::Checkpoint ck = nn::load_checkpoint(dir, model, options);
+  out.config = ck.config;
+  out.tokenizer = ck.tokenizer;
+  out.vocab = std::move(ck.vocab);
+  out.metadata = std::move(ck.metadata);
+  return out;
 }
 
 }  // namespace attn::io

@@ -14,6 +14,8 @@
 
 #include "bench.h"
 #include "command.h"
+#include "eval.h"
+#include "export.h"
 #include "generate.h"
 #include "inspect.h"
 #include "plot.h"
@@ -67,6 +69,8 @@ int main(int argc, char** argv) {
   commands.push_back(attn::cli::add_plot_command(app));
   commands.push_back(attn::cli::add_generate_command(app));
   commands.push_back(attn::cli::add_train_command(app));
+  commands.push_back(attn::cli::add_export_command(app));
+  commands.push_back(attn::cli::add_eval_command(app));
 
   try {
     app.parse(argc, argv);
