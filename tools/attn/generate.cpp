@@ -288,11 +288,12 @@ Command add_generate_command(CLI::App& app) {
     if (f.prompt.empty() && f.prompt_ids.empty()) {
       throw UsageError("generate: --prompt must have at least one character");
     }
+    const std::vector<int64_t> given_ids =
+        f.prompt_ids.empty() ? std::vector<int64_t>{} : parse_ids(f.prompt_ids, V);
     // The tokenizer only when text goes in or comes out.
     std::unique_ptr<ModelText> text;
     if (!f.prompt.empty() || !f.print_ids) text = std::make_unique<ModelText>(*md);
-    const std::vector<int64_t> ids =
-        f.prompt.empty() ? parse_ids(f.prompt_ids, V) : text->encode(f.prompt);
+    const std::vector<int64_t> ids = f.prompt.empty() ? given_ids : text->encode(f.prompt);
     if (ids.empty()) {
       throw UsageError(fmt::format("generate: the prompt '{}' has no tokens", printable(f.prompt)));
     }
