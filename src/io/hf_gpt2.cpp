@@ -60,7 +60,7 @@ std::string pickle_message(const std::string& file) {
       "GPT_CONFIG in config, and 'char' or 'gpt2' as its tokenizer): python3 -c \"import json, "
       "torch; from safetensors.torch import save_file; sd = torch.load('{}', map_location='cpu'); "
       "sd = sd.get('model_state_dict', sd); save_file({{k: v.clone().contiguous() for k, v in "
-      "sd.items() if not k.endswith('.mask')}}, '{}', metadata={{'format': 'attn-checkpoint-1', "
+      "sd.items()}}, '{}', metadata={{'format': 'attn-checkpoint-1', "
       "'tokenizer': 'gpt2', 'config': json.dumps(dict(vocab_size=50257, context_length=1024, "
       "emb_dim=768, n_heads=12, n_layers=12, drop_rate=0.0, qkv_bias=True))}})\"",
       named(file), printable(file), printable(out));

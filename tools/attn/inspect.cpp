@@ -161,7 +161,8 @@ nlohmann::ordered_json model_summary(const std::string& dir) {
   bool out_head = false;
   std::map<std::string, int64_t> dtypes;
   for (const auto& e : header.entries) {
-    if (e.name.starts_with("optim.")) continue;
+    // Training state and the causal masks (buffers) are not parameters.
+    if (e.name.starts_with("optim.") || e.name.ends_with(".mask")) continue;
     out_head = out_head || e.name == "out_head.weight";
     params += e.nbytes() / e.element_size;
     ++dtypes[e.dtype];
