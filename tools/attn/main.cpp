@@ -19,6 +19,7 @@
 #include "generate.h"
 #include "inspect.h"
 #include "plot.h"
+#include "tokenize.h"
 #include "train.h"
 #include "walkthrough.h"
 
@@ -69,6 +70,7 @@ int main(int argc, char** argv) {
   commands.push_back(attn::cli::add_plot_command(app));
   commands.push_back(attn::cli::add_generate_command(app));
   commands.push_back(attn::cli::add_train_command(app));
+  commands.push_back(attn::cli::add_tokenize_command(app));
   commands.push_back(attn::cli::add_export_command(app));
   commands.push_back(attn::cli::add_eval_command(app));
 
