@@ -14,6 +14,7 @@
 #include "attn/generate.h"
 #include "attn/hf_gpt2.h"
 #include "attn/safetensors.h"
+#include "attn/utf8.h"
 #include "cli.h"
 
 namespace attn::test {
@@ -178,6 +179,96 @@ TEST(HfGpt2Cli, InspectSummarisesDirectories) {
                        "checkpoint directory (checkpoint.safetensors)\n");
 }
 
+// ---- text: the directory's own tokenizer (vocab.json + merges.txt), or GPT-2's ----------------
+
+TEST(HfGpt2Cli, TextGoesThroughTheDirectorysTokenizerAndStreams) {
+  ATTN_REQUIRE_CLI();
+  const std::string dir = kFixtures + "/fp32";
+  const json expected = json::parse(read_text(kFixtures + "/expected.json"));
+  // transformers' GPT2Tokenizer (the fixture's files) gave these 8 ids for " the height of his
+  // glor" (the first 8 of " the height of his glory").
+  const std::vector<int64_t> prompt = expected.at("ids").get<std::vector<int64_t>>();
+  CliResult r = run_cli("generate --model " + q(dir) +
+                        " --prompt ' the height of his glor' --print-ids --max-new-tokens 0");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, ids_line(prompt));
+  // Text out: the prompt as given, then each new token's bytes as they complete.
+  const std::vector<int64_t> ids =
+      library_ids(dir, prompt, {.max_new_tokens = 10, .temperature = 0.8f, .top_k = 40}, 5);
+  r = run_cli("generate --model " + q(dir) +
+              " --prompt ' the height of his glor' --max-new-tokens 10 --temperature 0.8 "
+              "--top-k 40 --seed 5");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  std::string text = " the height of his glor";
+  // Token bytes straight from vocab.json: GPT-2's byte <-> unicode table undone.
+  const json vocab = json::parse(read_text(dir + "/vocab.json"));
+  std::map<int64_t, std::string> token;
+  for (const auto& [t, id] : vocab.items()) token[id.get<int64_t>()] = t;
+  std::map<std::string, unsigned char> byte_of;  // GPT-2's bytes_to_unicode, inverted
+  int extra = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+    const char32_t cp = printable ? static_cast<char32_t>(b) : static_cast<char32_t>(256 + extra++);
+    byte_of[encode_utf8(cp)] = static_cast<unsigned char>(b);
+  }
+  for (size_t i = prompt.size(); i < ids.size(); ++i) {
+    for (const std::string& ch : utf8_characters(token.at(ids[i])))
+      text += static_cast<char>(byte_of.at(ch));
+  }
+  EXPECT_EQ(r.out, text + "\n");
+}
+
+TEST(HfGpt2Cli, EvalMatchesTransformersPerplexity) {
+  ATTN_REQUIRE_CLI();
+  const json expected = json::parse(read_text(kFixtures + "/expected.json"));
+  for (const json& want : expected.at("eval")) {
+    const int64_t context = want.at("context"), stride = want.at("stride");
+    const CliResult r = run_cli("eval --model " + q(kFixtures + "/fp32") + " --file " +
+                                q(kFixtures + "/eval.txt") + " --context " +
+                                std::to_string(context) + " --stride " + std::to_string(stride) +
+                                " --json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const json got = json::parse(r.out);
+    EXPECT_EQ(got.at("tokens"), want.at("tokens"));
+    EXPECT_NEAR(got.at("mean_loss").get<double>(), want.at("mean_loss").get<double>(), 1e-5);
+    EXPECT_NEAR(got.at("perplexity").get<double>() / want.at("perplexity").get<double>(), 1.0,
+                1e-5);
+  }
+  const CliResult text = run_cli("eval --model " + q(kFixtures + "/fp32") + " --file " +
+                                 q(kFixtures + "/eval.txt") + " --context 32 --stride 16");
+  EXPECT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_EQ(text.out, kFixtures + "/eval.txt: 200 tokens scored (context 32, stride 16): mean "
+                                  "loss 6.433062 nats/token, perplexity 622.0761\n");
+}
+
+TEST(HfGpt2Cli, GenerationStopsAtEndOfText) {
+  ATTN_REQUIRE_CLI();
+  // A 50257-token model whose every next token is <|endoftext|> (50256): the
+  // final norm outputs its shift (scale 0), and only out_head's row 50256 reads it.
+  Generator gen(3);
+  nn::GPTModel model({.vocab_size = 50257, .context_length = 8, .emb_dim = 8, .n_heads = 2,
+                      .n_layers = 1},
+                     {}, gen);
+  model.final_norm.scale.value.fill_(0.0f);
+  model.final_norm.shift.value.fill_(1.0f);
+  model.out_head.weight.value.fill_(0.0f);
+  for (int64_t e = 0; e < 8; ++e) model.out_head.weight.value.data()[50256 * 8 + e] = 1.0f;
+  const std::string dir = temp_path("eot_model");
+  io::save_hf_gpt2(model, dir);
+  CliResult r = run_cli("generate --model " + q(dir) + " --prompt 'Hello' --max-new-tokens 5");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "Hello\n");
+  r = run_cli("generate --model " + q(dir) + " --prompt-ids 15496 --print-ids --max-new-tokens 5");
+  EXPECT_EQ(r.out, "15496\n");
+  // Without the stop the same model repeats it.
+  std::unique_ptr<nn::GPTModel> loaded;
+  io::load_model_dir(dir, loaded);
+  Generator g(1);
+  EXPECT_EQ(nn::generate(*loaded, Tensor::from_int64({1, 1}, {15496}), {.max_new_tokens = 2}, g)
+                .to_int64_vector(),
+            (std::vector<int64_t>{15496, 50256, 50256}));
+}
+
 struct BadCase {
   std::string args;
   int exit_code;
@@ -206,6 +297,12 @@ TEST(HfGpt2Cli, BadInputIsOneLine) {
        "attn: generate: --dtype must be float32 or bfloat16, got 'int8'"},
       {"generate --model " + m + " --prompt a --prompt-ids 1", 2,
        "attn: generate: give either --prompt or --prompt-ids, not both"},
+      {"generate --model " + q(kFixtures + "/bf16") + " --prompt ' glory'", 1,
+       "attn: generate: token 0 of the text, id 13476 (' glory'), is outside the model's "
+       "vocabulary of 512 tokens"},
+      {"generate --model " + m + " --prompt \"$(printf '\\377')\"", 1,
+       "attn: generate: Tokenizer::encode: invalid UTF-8 at byte offset 0: invalid lead byte "
+       "(byte 0xFF)"},
       {"export --model " + m + " --format onnx --out /tmp/x", 2,
        "attn: export: --format must be hf or book, got 'onnx'"},
       {"export --model " + m + " --format hf --dtype fp8 --out /tmp/x", 2,
