@@ -150,6 +150,18 @@ TEST(HfGpt2Cli, CharacterCheckpointIsNotExportedToHf) {
   EXPECT_EQ(r.out, run_cli("generate --model " + q(dir) + " --prompt ab --max-new-tokens 3").out);
   EXPECT_EQ(r.out.substr(0, 2), "ab");
   EXPECT_EQ(r.out.size(), 6u);  // 5 characters and a newline
+  // attn eval on a character-level checkpoint: its vocabulary tokenizes.
+  const std::string text = temp_path("chars.txt");
+  { std::ofstream(text) << "abcabcabcc"; }
+  r = run_cli("eval --model " + q(dir) + " --file " + q(text) + " --context 8 --stride 4 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  model.eval();
+  const nn::PerplexityResult want =
+      nn::sliding_window_perplexity(model, {0, 1, 2, 0, 1, 2, 0, 1, 2, 2}, 8, 4);
+  const json got = json::parse(r.out);
+  EXPECT_EQ(got.at("tokens"), 9);
+  EXPECT_EQ(got.at("tokens"), want.tokens);
+  EXPECT_NEAR(got.at("mean_loss").get<double>(), want.mean_loss, 1e-6);
 }
 
 TEST(HfGpt2Cli, InspectSummarisesDirectories) {
