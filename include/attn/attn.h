@@ -20,5 +20,6 @@
 #include "attn/random.h"
 #include "attn/safetensors.h"
 #include "attn/tensor.h"
+#include "attn/tokenizer.h"
 #include "attn/train.h"
 #include "attn/utf8.h"

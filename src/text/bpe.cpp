@@ -17,7 +17,8 @@ void bpe_merge_reference(const Vocabulary& v, std::string_view piece, std::vecto
   std::vector<uint32_t> rank(n + 1, kNoRank);
   for (size_t k = 0; k <= n; ++k) start[k] = k;
   auto joined_rank = [&](size_t k) {  // parts k and k+1, if both exist
-    return k + 2 < start.size() ? v.rank_of(piece.substr(start[k], start[k + 2] - start[k])) : kNoRank;
+    return k + 2 < start.size() ? v.rank_of(piece.substr(start[k], start[k + 2] - start[k]))
+                                : kNoRank;
   };
   for (size_t k = 0; k + 1 < n; ++k) rank[k] = joined_rank(k);
   for (;;) {

@@ -22,7 +22,8 @@ namespace attn::text {
 
 // Each appends the ids of `piece` (at least one byte) to out.
 void bpe_merge_reference(const Vocabulary& v, std::string_view piece, std::vector<int64_t>& out);
-void bpe_merge_scan(const Vocabulary& v, std::string_view piece, std::vector<int64_t>& out);  // < kHeapFromBytes
+void bpe_merge_scan(const Vocabulary& v, std::string_view piece,
+                    std::vector<int64_t>& out);  // < kHeapFromBytes
 void bpe_merge_heap(const Vocabulary& v, std::string_view piece, std::vector<int64_t>& out);
 
 // The one encode uses: the scan for short pieces, the heap for long ones.

@@ -12,6 +12,7 @@
 #error "ATTN_GPT2_VOCAB_BPE must name data/gpt2/vocab.bpe (set by CMakeLists.txt)"
 #endif
 
+// clang-format off
 #define ATTN_INCBIN(name, path)                                  \
   __asm__(".section .rodata\n"                                    \
           ".balign 16\n"                                          \
@@ -23,6 +24,7 @@
           ".previous\n");                                         \
   extern "C" const char attn_incbin_##name[];                     \
   extern "C" const char attn_incbin_##name##_end[];
+// clang-format on
 
 ATTN_INCBIN(gpt2_encoder_json, ATTN_GPT2_ENCODER_JSON)
 ATTN_INCBIN(gpt2_vocab_bpe, ATTN_GPT2_VOCAB_BPE)

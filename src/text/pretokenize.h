@@ -22,8 +22,8 @@ inline CodePoint decode_valid_utf8(const unsigned char* p) {
   if (b < 0xE0) return {static_cast<char32_t>(((b & 0x1Fu) << 6) | (p[1] & 0x3Fu)), 2};
   if (b < 0xF0)
     return {static_cast<char32_t>(((b & 0x0Fu) << 12) | ((p[1] & 0x3Fu) << 6) | (p[2] & 0x3Fu)), 3};
-  return {static_cast<char32_t>(((b & 0x07u) << 18) | ((p[1] & 0x3Fu) << 12) | ((p[2] & 0x3Fu) << 6) |
-                                (p[3] & 0x3Fu)),
+  return {static_cast<char32_t>(((b & 0x07u) << 18) | ((p[1] & 0x3Fu) << 12) |
+                                ((p[2] & 0x3Fu) << 6) | (p[3] & 0x3Fu)),
           4};
 }
 

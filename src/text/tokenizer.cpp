@@ -5,11 +5,16 @@
 #include <omp.h>
 #include <sys/stat.h>
 
-#include <fstream>
-#include <sstream>
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <exception>
+#include <fstream>
+#include <mutex>
+#include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include "attn/utf8.h"
 #include "text/bpe.h"
@@ -111,7 +116,8 @@ size_t char_start_before(std::string_view text, size_t p) {
 }
 
 bool is_space_at(std::string_view text, size_t q) {
-  return char_class(decode_valid_utf8(reinterpret_cast<const unsigned char*>(text.data()) + q).cp) ==
+  return char_class(
+             decode_valid_utf8(reinterpret_cast<const unsigned char*>(text.data()) + q).cp) ==
          CharClass::kSpace;
 }
 
@@ -123,7 +129,8 @@ bool is_safe_cut(std::string_view text, size_t p) {
   if ((byte(p) & 0xC0) == 0x80) return false;  // inside a character
   if (byte(p) == ' ') {
     // " X..." after \S: the space starts the piece " ?X+" whatever class X is.
-    return p + 1 < text.size() && !is_space_at(text, char_start_before(text, p)) && !is_space_at(text, p + 1);
+    return p + 1 < text.size() && !is_space_at(text, char_start_before(text, p)) &&
+           !is_space_at(text, p + 1);
   }
   if (byte(p - 1) == '\n' && p >= 2) {
     // "\S\n|\S": the newline is a \s run of one followed by \S, so \s+(?!\S)
@@ -157,8 +164,8 @@ const std::string kEndOfText = "<|endoftext|>";
 std::string read_file(const std::string& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
   if (!in)
-    throw std::runtime_error(fmt::format("cannot read the {} '{}': {}", what, printable(path),
-                                         std::strerror(errno)));
+    throw std::runtime_error(
+        fmt::format("cannot read the {} '{}': {}", what, printable(path), std::strerror(errno)));
   std::ostringstream s;
   s << in.rdbuf();
   if (in.bad())
@@ -202,8 +209,9 @@ Tokenizer::Tokenizer(std::shared_ptr<const Vocabulary> vocab) : vocab_(std::move
 namespace {
 
 const std::shared_ptr<const Vocabulary>& gpt2_shared() {
-  static const auto v = std::make_shared<const Vocabulary>(parse_vocabulary(
-      gpt2_encoder_json(), gpt2_vocab_bpe(), "gpt2/encoder.json (embedded)", "gpt2/vocab.bpe (embedded)"));
+  static const auto v = std::make_shared<const Vocabulary>(
+      parse_vocabulary(gpt2_encoder_json(), gpt2_vocab_bpe(), "gpt2/encoder.json (embedded)",
+                       "gpt2/vocab.bpe (embedded)"));
   return v;
 }
 
@@ -219,7 +227,8 @@ const Tokenizer& Tokenizer::gpt2() {
 Tokenizer Tokenizer::from_files(const std::string& vocab_json, const std::string& merges_txt) {
   const std::string vocab = read_file(vocab_json, "vocabulary file");
   const std::string merges = read_file(merges_txt, "merges file");
-  return Tokenizer(std::make_shared<const Vocabulary>(parse_vocabulary(vocab, merges, vocab_json, merges_txt)));
+  return Tokenizer(
+      std::make_shared<const Vocabulary>(parse_vocabulary(vocab, merges, vocab_json, merges_txt)));
 }
 
 Tokenizer Tokenizer::from_directory(const std::string& dir) {
@@ -251,9 +260,11 @@ std::vector<int64_t> Tokenizer::encode(std::string_view text, bool allow_special
   return encode_valid(*vocab_, text, allow_special);
 }
 
-std::vector<int64_t> Tokenizer::encode_parallel(std::string_view text, bool allow_special, int threads) const {
+std::vector<int64_t> Tokenizer::encode_parallel(std::string_view text, bool allow_special,
+                                                int threads) const {
   if (threads < 0)
-    throw std::invalid_argument(fmt::format("Tokenizer::encode_parallel: threads must be >= 0, got {}", threads));
+    throw std::invalid_argument(
+        fmt::format("Tokenizer::encode_parallel: threads must be >= 0, got {}", threads));
   validate_utf8(text, "Tokenizer::encode_parallel");
   const int nthreads = threads == 0 ? omp_get_max_threads() : threads;
   // Work items: each ordinary segment cut into pieces of about kChunkBytes at
@@ -272,24 +283,40 @@ std::vector<int64_t> Tokenizer::encode_parallel(std::string_view text, bool allo
     }
     work.push_back({s.text.substr(begin)});
   }
-  if (work.size() == 1 || nthreads == 1) return encode_valid(*vocab_, text, allow_special);  // nothing to share
+  if (work.size() == 1 || nthreads == 1)
+    return encode_valid(*vocab_, text, allow_special);  // nothing to share
+  // Plain threads taking work items in order from a shared counter (the
+  // calling thread is one of them); no OpenMP team, whose idle threads spin
+  // after the region and take the cores from the serial work around it.
   std::vector<std::vector<int64_t>> parts(work.size());
-  const auto count = static_cast<int64_t>(work.size());
-#pragma omp parallel num_threads(nthreads)
-  {
-    PieceEncoder encoder(*vocab_);  // one cache per thread
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t k = 0; k < count; ++k) {
-      const Segment& s = work[static_cast<size_t>(k)];
-      auto& out = parts[static_cast<size_t>(k)];
-      if (s.special >= 0) {
-        out.push_back(s.special);
-      } else {
-        out.reserve(s.text.size() / 4 + 16);
-        encoder.encode(s.text, out);
+  std::atomic<size_t> next{0};
+  std::mutex failure_mutex;
+  std::exception_ptr failure;  // the first exception of any thread (bad_alloc)
+  auto worker = [&] {
+    try {
+      PieceEncoder encoder(*vocab_);  // one cache per thread
+      for (size_t k = next.fetch_add(1); k < work.size(); k = next.fetch_add(1)) {
+        const Segment& s = work[k];
+        if (s.special >= 0) {
+          parts[k].push_back(s.special);
+        } else {
+          parts[k].reserve(s.text.size() / 4 + 16);
+          encoder.encode(s.text, parts[k]);
+        }
       }
+    } catch (...) {
+      std::lock_guard lock(failure_mutex);
+      if (!failure) failure = std::current_exception();
+      next = work.size();  // the others stop too
     }
-  }
+  };
+  {
+    std::vector<std::jthread> helpers;
+    const size_t extra = std::min(work.size(), static_cast<size_t>(nthreads)) - 1;
+    for (size_t t = 0; t < extra; ++t) helpers.emplace_back(worker);
+    worker();
+  }  // the helpers join here
+  if (failure) std::rethrow_exception(failure);
   size_t total = 0;
   for (const auto& p : parts) total += p.size();
   std::vector<int64_t> ids;
@@ -330,9 +357,12 @@ size_t incomplete_tail(std::string_view s) {
     const auto b = static_cast<unsigned char>(s[n - back]);
     if ((b & 0xC0) == 0x80) continue;  // a continuation byte: look further back
     size_t len = 0;
-    if (b >= 0xC2 && b <= 0xDF) len = 2;
-    else if (b >= 0xE0 && b <= 0xEF) len = 3;
-    else if (b >= 0xF0 && b <= 0xF4) len = 4;
+    if (b >= 0xC2 && b <= 0xDF)
+      len = 2;
+    else if (b >= 0xE0 && b <= 0xEF)
+      len = 3;
+    else if (b >= 0xF0 && b <= 0xF4)
+      len = 4;
     if (len <= back) return 0;  // ASCII, an invalid lead, or a complete character
     // The second byte's range depends on the lead (no overlongs, surrogates or > U+10FFFF).
     if (back >= 2) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -53,8 +54,84 @@ bool unicode_form_to_bytes(std::string_view s, std::string& out) {
 
 size_t line_of(std::string_view text, size_t offset) {
   offset = std::min(offset, text.size());
-  return 1 + static_cast<size_t>(std::count(text.begin(), text.begin() + static_cast<ptrdiff_t>(offset), '\n'));
+  return 1 + static_cast<size_t>(
+                 std::count(text.begin(), text.begin() + static_cast<ptrdiff_t>(offset), '\n'));
 }
+
+// vocab.json read as a stream of JSON events (no DOM: a std::map of 50,257
+// keys was most of the start-up time): the top value's type, and for an
+// object each key with its id, or the type of a value that is not an integer.
+struct VocabJson : nlohmann::json_sax<nlohmann::json> {
+  struct Entry {
+    std::string key;
+    int64_t id = -1;
+    const char* type = nullptr;  // null: an integer id
+  };
+  std::string top;  // "object", "array", "string", ...
+  std::vector<Entry> entries;
+  std::string error;
+  size_t error_byte = 0;
+  int depth = 0;
+  std::string key_now;
+
+  bool value(const char* type) {
+    if (depth == 0) top = type;
+    if (depth == 1) entries.push_back({key_now, -1, type});
+    return true;
+  }
+  bool null() override { return value("null"); }
+  bool boolean(bool) override { return value("boolean"); }
+  bool number_integer(number_integer_t x) override {
+    if (depth == 1) {
+      entries.push_back({key_now, x, nullptr});
+      return true;
+    }
+    return value("number");
+  }
+  bool number_unsigned(number_unsigned_t x) override {
+    if (depth == 1 && x <= static_cast<number_unsigned_t>(kMaxId)) {
+      entries.push_back({key_now, static_cast<int64_t>(x), nullptr});
+      return true;
+    }
+    if (depth == 1) {
+      entries.push_back({key_now, kMaxId, nullptr});  // out of range either way
+      return true;
+    }
+    return value("number");
+  }
+  bool number_float(number_float_t, const string_t&) override { return value("number"); }
+  bool string(string_t&) override { return value("string"); }
+  bool binary(binary_t&) override { return value("binary"); }
+  bool start_object(std::size_t) override {
+    value("object");
+    ++depth;
+    return true;
+  }
+  bool key(string_t& k) override {
+    if (depth == 1) key_now = k;
+    return true;
+  }
+  bool end_object() override {
+    --depth;
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    value("array");
+    ++depth;
+    return true;
+  }
+  bool end_array() override {
+    --depth;
+    return true;
+  }
+  bool parse_error(std::size_t position, const std::string&,
+                   const nlohmann::detail::exception& e) override {
+    error_byte = position;
+    error = e.what();
+    return false;
+  }
+  static constexpr int64_t kMaxId = std::numeric_limits<int64_t>::max();
+};
 
 constexpr int64_t kMaxVocabulary = int64_t{1} << 24;
 const std::string kEndOfText = "<|endoftext|>";
@@ -73,40 +150,42 @@ Vocabulary parse_vocabulary(std::string_view vocab_json, std::string_view merges
                             const std::string& vocab_name, const std::string& merges_name) {
   const std::string vname = printable(vocab_name), mname = printable(merges_name);
   // ---- vocab.json: {"token": id, ...} with ids 0..N-1, each once.
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(vocab_json.begin(), vocab_json.end());
-  } catch (const nlohmann::json::parse_error& e) {
-    throw std::runtime_error(fmt::format("vocabulary file '{}': line {}: not valid JSON ({})", vname,
-                                         line_of(vocab_json, e.byte == 0 ? 0 : e.byte - 1),
-                                         printable(e.what())));
-  }
-  if (!j.is_object())
-    throw std::runtime_error(fmt::format("vocabulary file '{}': expected a JSON object of token -> id, got {}",
-                                         vname, j.type_name()));
-  if (j.empty()) throw std::runtime_error(fmt::format("vocabulary file '{}': no tokens", vname));
-  if (static_cast<int64_t>(j.size()) > kMaxVocabulary)
-    throw std::runtime_error(fmt::format("vocabulary file '{}': {} tokens, more than the limit {}", vname,
-                                         j.size(), kMaxVocabulary));
-  const size_t n = j.size();
+  VocabJson j;
+  if (!nlohmann::json::sax_parse(vocab_json.begin(), vocab_json.end(), &j))
+    throw std::runtime_error(fmt::format(
+        "vocabulary file '{}': line {}: not valid JSON ({})", vname,
+        line_of(vocab_json, j.error_byte == 0 ? 0 : j.error_byte - 1), printable(j.error)));
+  if (j.top != "object")
+    throw std::runtime_error(fmt::format(
+        "vocabulary file '{}': expected a JSON object of token -> id, got {}", vname, j.top));
+  if (j.entries.empty())
+    throw std::runtime_error(fmt::format("vocabulary file '{}': no tokens", vname));
+  if (static_cast<int64_t>(j.entries.size()) > kMaxVocabulary)
+    throw std::runtime_error(fmt::format("vocabulary file '{}': {} tokens, more than the limit {}",
+                                         vname, j.entries.size(), kMaxVocabulary));
+  const size_t n = j.entries.size();
   Vocabulary v;
   v.tokens.assign(n, std::string());
   std::vector<std::string> keys(n);
   std::vector<bool> seen(n, false);
   std::string bytes;
-  for (const auto& [key, value] : j.items()) {
-    if (!value.is_number_integer())
-      throw std::runtime_error(fmt::format("vocabulary file '{}': key '{}': the id must be an integer, got {}",
-                                           vname, printable(key), value.type_name()));
-    const int64_t id = value.get<int64_t>();
+  for (const VocabJson::Entry& e : j.entries) {
+    const std::string& key = e.key;
+    if (e.type != nullptr)
+      throw std::runtime_error(
+          fmt::format("vocabulary file '{}': key '{}': the id must be an integer, got {}", vname,
+                      printable(key), e.type));
+    const int64_t id = e.id;
     if (id < 0 || id >= static_cast<int64_t>(n))
-      throw std::runtime_error(fmt::format(
-          "vocabulary file '{}': key '{}': id {} is outside 0..{} (the ids must be 0..N-1 for N = {} tokens)",
-          vname, printable(key), id, n - 1, n));
+      throw std::runtime_error(
+          fmt::format("vocabulary file '{}': key '{}': id {} is outside 0..{} (the ids must be "
+                      "0..N-1 for N = {} tokens)",
+                      vname, printable(key), id, n - 1, n));
     const auto i = static_cast<size_t>(id);
     if (seen[i])
-      throw std::runtime_error(fmt::format("vocabulary file '{}': keys '{}' and '{}' both have id {}", vname,
-                                           printable(keys[i]), printable(key), id));
+      throw std::runtime_error(
+          fmt::format("vocabulary file '{}': keys '{}' and '{}' both have id {}", vname,
+                      printable(keys[i]), printable(key), id));
     seen[i] = true;
     keys[i] = key;
     if (key == kEndOfText) {
@@ -145,8 +224,9 @@ Vocabulary parse_vocabulary(std::string_view vocab_json, std::string_view merges
     if (static_cast<int64_t>(id) == v.eot) continue;
     const std::string& t = v.tokens[id];
     if (find_any(t) >= 0)
-      throw std::runtime_error(fmt::format("vocabulary file '{}': keys '{}' and '{}' are the same bytes", vname,
-                                           printable(keys[static_cast<size_t>(find_any(t))]), printable(keys[id])));
+      throw std::runtime_error(
+          fmt::format("vocabulary file '{}': keys '{}' and '{}' are the same bytes", vname,
+                      printable(keys[static_cast<size_t>(find_any(t))]), printable(keys[id])));
     uint64_t i = hash_bytes(t) & v.mask;
     while (by_bytes_slots[i] >= 0) i = (i + 1) & v.mask;
     by_bytes_slots[i] = static_cast<int32_t>(id);
@@ -155,8 +235,9 @@ Vocabulary parse_vocabulary(std::string_view vocab_json, std::string_view merges
     const std::string one(1, static_cast<char>(b));
     const int32_t id = find_any(one);
     if (id < 0)
-      throw std::runtime_error(fmt::format("vocabulary file '{}': no token for the byte 0x{:02X} (key '{}')",
-                                           vname, b, printable(token_to_unicode_form(one))));
+      throw std::runtime_error(
+          fmt::format("vocabulary file '{}': no token for the byte 0x{:02X} (key '{}')", vname, b,
+                      printable(token_to_unicode_form(one))));
     v.byte_token[b] = id;
     v.rank[static_cast<size_t>(id)] = 0;  // single bytes are never looked up by rank
     insert(id);
@@ -212,7 +293,8 @@ Vocabulary parse_vocabulary(std::string_view vocab_json, std::string_view merges
     for (size_t cut = 1; cut < t.size(); ++cut) {
       const int32_t head = v.find(std::string_view(t).substr(0, cut));
       const int32_t tail = head < 0 ? -1 : v.find(std::string_view(t).substr(cut));
-      if (tail >= 0) found.push_back({Vocabulary::pair_key(head, tail), v.rank[id], static_cast<int32_t>(id)});
+      if (tail >= 0)
+        found.push_back({Vocabulary::pair_key(head, tail), v.rank[id], static_cast<int32_t>(id)});
     }
   }
   v.pairs.assign(std::bit_ceil(2 * found.size() + 2), PairSlot{});

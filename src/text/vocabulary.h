@@ -63,7 +63,8 @@ struct Vocabulary {
   uint64_t pair_mask = 0;
 
   static uint64_t pair_key(int32_t left, int32_t right) {
-    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
+    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
+           static_cast<uint32_t>(right);
   }
   static uint64_t pair_hash(uint64_t key) {
     key ^= key >> 29;  // both ids reach the high bits of the product

@@ -51,7 +51,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (v.tokens.empty()) finding("an empty vocabulary was accepted");
   for (int b = 0; b < 256; ++b) {
     const int32_t id = v.byte_token[b];
-    if (id < 0 || static_cast<size_t>(id) >= v.tokens.size() || v.tokens[static_cast<size_t>(id)] != std::string(1, static_cast<char>(b)))
+    if (id < 0 || static_cast<size_t>(id) >= v.tokens.size() ||
+        v.tokens[static_cast<size_t>(id)] != std::string(1, static_cast<char>(b)))
       finding("a byte has no token of its own");
   }
   // Pieces of at most 256 bytes (the merge loops are quadratic).
@@ -67,7 +68,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     std::string joined;
     for (int64_t id : reference) {
-      if (id < 0 || static_cast<size_t>(id) >= v.tokens.size()) finding("a merge gave an id out of range");
+      if (id < 0 || static_cast<size_t>(id) >= v.tokens.size())
+        finding("a merge gave an id out of range");
       joined += v.tokens[static_cast<size_t>(id)];
     }
     if (joined != piece) finding("the tokens' bytes are not the piece");

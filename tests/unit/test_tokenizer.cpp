@@ -3,8 +3,6 @@
 // tests/fixtures/make_tokenizer_fixtures.py), and its properties: decode
 // inverts encode, encode_parallel equals encode, the two merge loops agree,
 // and bad input gives the stated errors with no raw byte in the message.
-#include "attn/tokenizer.h"
-
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -17,6 +15,7 @@
 #include <vector>
 
 #include "attn/atomic_file.h"
+#include "attn/tokenizer.h"
 #include "attn/utf8.h"
 #include "cli.h"
 #include "text/bpe.h"
@@ -70,7 +69,8 @@ void expect_case(const nlohmann::json& c, const std::vector<int64_t>& ids, const
   } else {
     EXPECT_EQ(static_cast<int64_t>(ids.size()), c["count"].get<int64_t>()) << how << ": " << name;
     const auto head = c["head"].get<std::vector<int64_t>>();
-    EXPECT_EQ(std::vector<int64_t>(ids.begin(), ids.begin() + std::min(ids.size(), head.size())), head)
+    EXPECT_EQ(std::vector<int64_t>(ids.begin(), ids.begin() + std::min(ids.size(), head.size())),
+              head)
         << how << ": " << name;
     EXPECT_EQ(fnv1a(ids), c["fnv1a"].get<std::string>()) << how << ": " << name;
   }
@@ -124,14 +124,23 @@ TEST(Tokenizer, ContractionsAreLowerCaseOnly) {
 // Random valid UTF-8 from a mix of ASCII, every plane and the classes' edges.
 std::string random_utf8(std::mt19937_64& rng, size_t chars) {
   std::string s;
-  const char32_t picks[] = {' ', '\n', '\t', '\'', 's', 'l', 'd', 'A', '0', ',', 0xA0, 0x3000, 0x180E, 0x2028, 0x301, 0x1F600};
+  const char32_t picks[] = {' ', '\n', '\t', '\'',   's',    'l',    'd',   'A',
+                            '0', ',',  0xA0, 0x3000, 0x180E, 0x2028, 0x301, 0x1F600};
   for (size_t k = 0; k < chars; ++k) {
     char32_t cp = 0;
     switch (rng() % 4) {
-      case 0: cp = static_cast<char32_t>(0x20 + rng() % 0x5F); break;
-      case 1: cp = picks[rng() % std::size(picks)]; break;
-      case 2: cp = static_cast<char32_t>(rng() % 0x3000); break;
-      default: cp = static_cast<char32_t>(rng() % 0x110000); break;
+      case 0:
+        cp = static_cast<char32_t>(0x20 + rng() % 0x5F);
+        break;
+      case 1:
+        cp = picks[rng() % std::size(picks)];
+        break;
+      case 2:
+        cp = static_cast<char32_t>(rng() % 0x3000);
+        break;
+      default:
+        cp = static_cast<char32_t>(rng() % 0x110000);
+        break;
     }
     if (cp >= 0xD800 && cp <= 0xDFFF) cp = 'x';
     s += attn::encode_utf8(cp);
@@ -154,7 +163,8 @@ TEST(Tokenizer, MergeLoopsAgreeWithTheReference) {
   // same tokens for any piece.
   const attn::text::Vocabulary& v = attn::text::gpt2_vocabulary();
   std::mt19937_64 rng(7);
-  const std::string alphabet[] = {"a", "b", "e", " ", "th", "in", "\xE6\xBC\xA2", "\xF0\x9F\x98\x80", "1", "\xC3\xA9"};
+  const std::string alphabet[] = {
+      "a", "b", "e", " ", "th", "in", "\xE6\xBC\xA2", "\xF0\x9F\x98\x80", "1", "\xC3\xA9"};
   for (int k = 0; k < 400; ++k) {
     std::string piece;
     const size_t n = 1 + rng() % 150;
@@ -173,7 +183,8 @@ TEST(Tokenizer, MergeLoopsAgreeWithTheReference) {
 TEST(Tokenizer, ParallelEqualsSerialOnLargeInputs) {
   const std::string shakespeare = read_data("tinyshakespeare.txt");
   const auto serial = gpt2().encode(shakespeare);
-  for (int threads : {1, 2, 3, 8}) EXPECT_EQ(gpt2().encode_parallel(shakespeare, false, threads), serial) << threads;
+  for (int threads : {1, 2, 3, 8})
+    EXPECT_EQ(gpt2().encode_parallel(shakespeare, false, threads), serial) << threads;
   EXPECT_EQ(gpt2().encode_parallel(shakespeare), serial);
   // Random multilingual text with newlines and spaces everywhere, and the
   // special token now and then.
@@ -195,10 +206,13 @@ TEST(Tokenizer, SafeCutsSplitNoPiece) {
   for (int k = 0; k < 200; ++k) {
     const std::string text = random_utf8(rng, 1 + rng() % 60);
     std::vector<size_t> ends;
-    attn::text::for_each_piece(text, [&](std::string_view p) { ends.push_back(static_cast<size_t>(p.data() + p.size() - text.data())); });
+    attn::text::for_each_piece(text, [&](std::string_view p) {
+      ends.push_back(static_cast<size_t>(p.data() + p.size() - text.data()));
+    });
     for (size_t p = 1; p < text.size(); ++p) {
       if (!attn::text::is_safe_cut(text, p)) continue;
-      ASSERT_NE(std::find(ends.begin(), ends.end(), p), ends.end()) << "cut " << p << " of case " << k;
+      ASSERT_NE(std::find(ends.begin(), ends.end(), p), ends.end())
+          << "cut " << p << " of case " << k;
       auto left = gpt2().encode(text.substr(0, p)), right = gpt2().encode(text.substr(p));
       left.insert(left.end(), right.begin(), right.end());
       ASSERT_EQ(left, gpt2().encode(text)) << "cut " << p << " of case " << k;
@@ -235,7 +249,8 @@ TEST(Tokenizer, InvalidUtf8NamesTheByteOffset) {
   const std::string cases[][2] = {
       {"ab\xFF", "invalid UTF-8 at byte offset 2: invalid lead byte (byte 0xFF)"},
       {"abc\x80", "invalid UTF-8 at byte offset 3: unexpected continuation byte (byte 0x80)"},
-      {"\xC3", "invalid UTF-8 at byte offset 0: sequence cut short by the end of the text (byte 0xC3)"},
+      {"\xC3",
+       "invalid UTF-8 at byte offset 0: sequence cut short by the end of the text (byte 0xC3)"},
       {"x\xC3(", "invalid UTF-8 at byte offset 1: missing continuation byte (byte 0xC3)"},
       {"\xC0\xAF", "invalid UTF-8 at byte offset 0: overlong encoding (byte 0xC0)"},
       {"01234567\xED\xA0\x80", "invalid UTF-8 at byte offset 8: surrogate code point (byte 0xED)"},
@@ -251,7 +266,9 @@ TEST(Tokenizer, InvalidUtf8NamesTheByteOffset) {
 }
 
 TEST(Tokenizer, OutOfRangeIdsNameTheIdAndTheVocabularySize) {
-  EXPECT_EQ(message_of<std::out_of_range>([] { gpt2().decode(std::vector<int64_t>{15496, 50257}); }),
+  EXPECT_EQ(message_of<std::out_of_range>([] {
+              gpt2().decode(std::vector<int64_t>{15496, 50257});
+            }),
             "token id 50257 is out of range (vocabulary size 50257)");
   EXPECT_EQ(message_of<std::out_of_range>([] { gpt2().token_bytes(-1); }),
             "token id -1 is out of range (vocabulary size 50257)");
@@ -262,7 +279,8 @@ TEST(Tokenizer, OutOfRangeIdsNameTheIdAndTheVocabularySize) {
 
 TEST(Tokenizer, StreamDecoderHoldsBackSplitCharacters) {
   // "日本語 😀" and an emoji family: their characters split across tokens.
-  for (const std::string text : {"日本語 😀 ok", "👨‍👩‍👧‍👦 é", "plain ascii", "\xE6\xBC\xA2"}) {
+  for (const std::string text :
+       {"日本語 😀 ok", "👨‍👩‍👧‍👦 é", "plain ascii", "\xE6\xBC\xA2"}) {
     const auto ids = gpt2().encode(text);
     StreamDecoder d(gpt2());
     std::string out;
@@ -341,7 +359,8 @@ TEST(Tokenizer, FromFilesSmallVocabulary) {
   EXPECT_EQ(t.vocab_size(), 258);
   EXPECT_EQ(t.eot_token(), -1);
   EXPECT_EQ(t.encode("abc abd"), (std::vector<int64_t>{257, 220, 256, 67}));
-  EXPECT_EQ(t.encode("abc<|endoftext|>", true).size(), 1u + 13u);  // no special token: ordinary text
+  EXPECT_EQ(t.encode("abc<|endoftext|>", true).size(),
+            1u + 13u);  // no special token: ordinary text
 }
 
 TEST(Tokenizer, MalformedFilesNameTheFileAndLineOrKey) {
@@ -351,27 +370,111 @@ TEST(Tokenizer, MalformedFilesNameTheFileAndLineOrKey) {
   const std::vector<Bad> bad = {
       {"{\"a\": 0,", "", "vocab.json': line 1: not valid JSON"},
       {"[1, 2]", "", "expected a JSON object of token -> id, got array"},
-      {small_vocab("\"x\\u00ffy\": \"7\""), "", "key 'x\u00ffy': the id must be an integer, got string"},
+      {small_vocab("\"x\\u00ffy\": \"7\""), "",
+       "key 'x\u00ffy': the id must be an integer, got string"},
       {small_vocab("\"zz\": 300"), "", "key 'zz': id 300 is outside 0..258"},
       {small_vocab("\"zz\": 5"), "", "both have id 5"},
       {small_vocab("\"a b\": 258"), "", "key 'a b' is not a token in GPT-2's byte-to-unicode form"},
-      {small_vocab(""), "a b\nab\n", "merges.txt': line 2 ('ab'): expected two tokens separated by one space"},
+      {small_vocab(""), "a b\nab\n",
+       "merges.txt': line 2 ('ab'): expected two tokens separated by one space"},
       {small_vocab(""), "a b\nab c\nq \xFFz\n",
        "merges.txt': line 3 ('q \\xFFz'): a token is not in GPT-2's byte-to-unicode form"},
-      {small_vocab(""), "ab c\n", "line 1 ('ab c'): 'ab' is not a token made by an earlier line or a single byte"},
-      {small_vocab(""), "a b\nab d\n", "line 2 ('ab d'): the merged token 'abd' is not in the vocabulary file"},
-      {small_vocab(""), "a b\na b\n", "line 2 ('a b'): the merged token 'ab' was already made by an earlier line"},
+      {small_vocab(""), "ab c\n",
+       "line 1 ('ab c'): 'ab' is not a token made by an earlier line or a single byte"},
+      {small_vocab(""), "a b\nab d\n",
+       "line 2 ('ab d'): the merged token 'abd' is not in the vocabulary file"},
+      {small_vocab(""), "a b\na b\n",
+       "line 2 ('a b'): the merged token 'ab' was already made by an earlier line"},
   };
   for (const auto& b : bad) {
     const Files f = write_files(b.vocab, b.merges);
-    const std::string m = message_of<std::runtime_error>([&] { Tokenizer::from_files(f.vocab, f.merges); });
-    EXPECT_NE(m.find(b.expected), std::string::npos) << "got: " << m << "\nexpected: " << b.expected;
+    const std::string m =
+        message_of<std::runtime_error>([&] { Tokenizer::from_files(f.vocab, f.merges); });
+    EXPECT_NE(m.find(b.expected), std::string::npos)
+        << "got: " << m << "\nexpected: " << b.expected;
     expect_clean(m);
   }
   const std::string missing = message_of<std::runtime_error>(
       [] { Tokenizer::from_files("/nonexistent/v\xFF.json", "/nonexistent/m.txt"); });
-  EXPECT_NE(missing.find("cannot read the vocabulary file '/nonexistent/v\\xFF.json'"), std::string::npos) << missing;
+  EXPECT_NE(missing.find("cannot read the vocabulary file '/nonexistent/v\\xFF.json'"),
+            std::string::npos)
+      << missing;
   expect_clean(missing);
 }
 
 }  // namespace
+
+// ---- bulk: every code point, and thousands of random texts ---------------------
+
+namespace {
+
+const nlohmann::json& bulk() {
+  static const nlohmann::json j = [] {
+    std::ifstream in(std::string(ATTN_TESTS_DIR) + "/fixtures/tokenizer/bulk.json");
+    return nlohmann::json::parse(in);
+  }();
+  return j;
+}
+
+// CODE_POINT_CONTEXT of the script with every "{c}" replaced by the character.
+std::string in_context(const std::string& context, const std::string& c) {
+  std::string s;
+  for (size_t i = 0; i < context.size();) {
+    if (context.compare(i, 3, "{c}") == 0) {
+      s += c;
+      i += 3;
+    } else {
+      s += context[i++];
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST(Tokenizer, EveryCodePointInContextMatchesTiktoken) {
+  // 0..0x10FFFF in blocks of 4096, each character in several contexts
+  // (after and before letters, digits, spaces, tabs, newlines, a contraction).
+  const std::string context = bulk()["code_point_context"].get<std::string>();
+  const auto& blocks = bulk()["code_point_blocks"];
+  ASSERT_EQ(blocks.size(), 0x110u);
+  for (const auto& b : blocks) {
+    const auto first = b["first"].get<uint32_t>();
+    std::string text;
+    for (char32_t cp = first; cp < first + 0x1000; ++cp) {
+      if (cp >= 0xD800 && cp <= 0xDFFF) continue;
+      text += in_context(context, attn::encode_utf8(cp));
+    }
+    const auto ids = gpt2().encode_parallel(text);
+    EXPECT_EQ(static_cast<int64_t>(ids.size()), b["count"].get<int64_t>())
+        << fmt::format("block U+{:04X}", first);
+    EXPECT_EQ(fnv1a(ids), b["fnv1a"].get<std::string>()) << fmt::format("block U+{:04X}", first);
+  }
+}
+
+TEST(Tokenizer, ThousandsOfRandomTextsMatchTiktoken) {
+  // The script's LCG (Knuth's MMIX constants, high 32 bits) over its pool.
+  const auto pool = bulk()["random_pool"].get<std::vector<std::string>>();
+  uint64_t x = bulk()["lcg_seed"].get<uint64_t>();
+  auto next = [&x] {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return x >> 32;
+  };
+  const auto& groups = bulk()["random_groups"];
+  const int count = bulk()["random_count"].get<int>();
+  ASSERT_EQ(static_cast<int>(groups.size()) * 100, count);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::vector<int64_t> ids;
+    for (int k = 0; k < 100; ++k) {
+      const uint64_t n = 1 + next() % 40;
+      std::string text;
+      for (uint64_t i = 0; i < n; ++i) text += pool[next() % pool.size()];
+      const auto t = gpt2().encode(text);
+      ids.insert(ids.end(), t.begin(), t.end());
+      ids.push_back(-1);
+      ASSERT_EQ(gpt2().decode(t), text);
+    }
+    EXPECT_EQ(static_cast<int64_t>(ids.size()), groups[g]["count"].get<int64_t>()) << "group " << g;
+    EXPECT_EQ(fnv1a(ids), groups[g]["fnv1a"].get<std::string>()) << "group " << g;
+  }
+}

@@ -25,7 +25,8 @@ TEST(TokenizerCli, EncodesAnArgumentAFileAndStdin) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, "15496 11 314 716\n");
   EXPECT_EQ(r.err, "");
-  const std::string file = write_temp("verdict.txt", attn::test::read_text(std::string(ATTN_DATA_DIR) + "/the-verdict.txt"));
+  const std::string file = write_temp(
+      "verdict.txt", attn::test::read_text(std::string(ATTN_DATA_DIR) + "/the-verdict.txt"));
   r = run_cli("tokenize --file '" + file + "'");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   const auto words = attn::test::lines_of(r.out);
@@ -66,7 +67,8 @@ TEST(TokenizerCli, DecodesArgumentsAFileAndStdin) {
   auto r = run_cli("tokenize --decode 15496 11 314 716");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, "Hello, I am");
-  r = run_cli("tokenize --decode --file '" + write_temp("ids.txt", "[15496, 11,\n314 716]\n") + "'");
+  r = run_cli("tokenize --decode --file '" + write_temp("ids.txt", "[15496, 11,\n314 716]\n") +
+              "'");
   EXPECT_EQ(r.out, "Hello, I am");
   r = run_cli("tokenize --decode < '" + write_temp("ids.txt", "17250 30325 222") + "'");
   EXPECT_EQ(r.out, "Hi 😀");
@@ -82,7 +84,8 @@ TEST(TokenizerCli, BadInputIsOneLineAndAnExitCode) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.out, "");
   EXPECT_EQ(r.err,
-            "attn: tokenize: Tokenizer::encode_parallel: invalid UTF-8 at byte offset 2: invalid lead byte "
+            "attn: tokenize: Tokenizer::encode_parallel: invalid UTF-8 at byte offset 2: invalid "
+            "lead byte "
             "(byte 0xFF)\n");
   r = run_cli("tokenize --decode 15496 50257");
   EXPECT_EQ(r.exit_code, 1);

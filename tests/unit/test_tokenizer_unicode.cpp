@@ -25,7 +25,8 @@ std::vector<uint8_t> tiktoken_classes() {
   for (const auto& [name, c] : names) {
     for (const auto& range : j.at("classes").at(name)) {
       for (uint32_t cp = range[0].get<uint32_t>(); cp <= range[1].get<uint32_t>(); ++cp) {
-        EXPECT_EQ(cls[cp], static_cast<uint8_t>(CharClass::kOther)) << "U+" << std::hex << cp << " in two classes";
+        EXPECT_EQ(cls[cp], static_cast<uint8_t>(CharClass::kOther))
+            << "U+" << std::hex << cp << " in two classes";
         cls[cp] = static_cast<uint8_t>(c);
       }
     }
@@ -45,8 +46,8 @@ TEST(TokenizerUnicode, EveryScalarValueHasTiktokensClass) {
     if (cp >= 0xD800 && cp <= 0xDFFF) continue;
     const int got = static_cast<int>(attn::text::char_class(cp));
     if (got != expected[cp] && ++differences <= 20) {
-      ADD_FAILURE() << fmt::format("U+{:04X}: attn says {}, tiktoken {} (PCRE2 alone: {})", static_cast<uint32_t>(cp),
-                                   name_of(got), name_of(expected[cp]),
+      ADD_FAILURE() << fmt::format("U+{:04X}: attn says {}, tiktoken {} (PCRE2 alone: {})",
+                                   static_cast<uint32_t>(cp), name_of(got), name_of(expected[cp]),
                                    name_of(static_cast<int>(attn::text::pcre2_char_class(cp))));
     }
   }
@@ -78,7 +79,8 @@ TEST(TokenizerUnicode, PcreDiffersFromTiktokenOnlyWhereCorrected) {
             used[k] = true;
           }
         }
-        EXPECT_TRUE(covered) << fmt::format("U+{:04X} ({}) has no correction", static_cast<uint32_t>(cp), desc);
+        EXPECT_TRUE(covered) << fmt::format("U+{:04X} ({}) has no correction",
+                                            static_cast<uint32_t>(cp), desc);
       }
     }
     if (desc != run_desc) {
@@ -90,9 +92,9 @@ TEST(TokenizerUnicode, PcreDiffersFromTiktokenOnlyWhereCorrected) {
     }
   }
   for (size_t k = 0; k < corrections.size(); ++k) {
-    EXPECT_TRUE(used[k]) << fmt::format("the correction U+{:04X}..U+{:04X} is not needed by this PCRE2",
-                                        static_cast<uint32_t>(corrections[k].first),
-                                        static_cast<uint32_t>(corrections[k].last));
+    EXPECT_TRUE(used[k]) << fmt::format(
+        "the correction U+{:04X}..U+{:04X} is not needed by this PCRE2",
+        static_cast<uint32_t>(corrections[k].first), static_cast<uint32_t>(corrections[k].last));
   }
   std::cout << "PCRE2 -> tiktoken differences:\n" << report;
 }

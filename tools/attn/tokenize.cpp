@@ -27,7 +27,9 @@ std::string read_input(const std::string& file) {
     return s.str();
   }
   std::ifstream in(file, std::ios::binary);
-  if (!in) throw std::runtime_error(fmt::format("cannot read '{}': {}", printable(file), std::strerror(errno)));
+  if (!in)
+    throw std::runtime_error(
+        fmt::format("cannot read '{}': {}", printable(file), std::strerror(errno)));
   std::ostringstream s;
   s << in.rdbuf();
   if (in.bad()) throw std::runtime_error(fmt::format("cannot read '{}'", printable(file)));
@@ -82,7 +84,9 @@ std::string tokens_json(const text::Tokenizer& tok, const std::vector<int64_t>& 
 std::vector<int64_t> parse_ids(std::string_view text) {
   std::vector<int64_t> ids;
   size_t i = 0;
-  auto separator = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == ','; };
+  auto separator = [](char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == ',';
+  };
   // An enclosing [ ] (a JSON array of ids).
   const size_t first = text.find_first_not_of(" \t\r\n");
   const size_t last = text.find_last_not_of(" \t\r\n");
@@ -99,7 +103,8 @@ std::vector<int64_t> parse_ids(std::string_view text) {
     int64_t id = 0;
     const auto [ptr, ec] = std::from_chars(word.data(), word.data() + word.size(), id);
     if (ec != std::errc() || ptr != word.data() + word.size())
-      throw std::invalid_argument(fmt::format("'{}' is not a token id (an integer)", printable(word, 40)));
+      throw std::invalid_argument(
+          fmt::format("'{}' is not a token id (an integer)", printable(word, 40)));
     ids.push_back(id);
     i = end;
   }
@@ -128,9 +133,11 @@ Command add_tokenize_command(CLI::App& app) {
       "  attn tokenize --decode 15496 11 314 716   -> Hello, I am\n"
       "  echo 'Hello' | attn tokenize\n"
       "With neither TEXT/IDS nor --file, the input is read from stdin.");
-  cmd->add_option("args", flags->args, "The text (one argument; quote it), or the ids with --decode")
+  cmd->add_option("args", flags->args,
+                  "The text (one argument; quote it), or the ids with --decode")
       ->type_name("TEXT|IDS...");
-  cmd->add_option("--file", flags->file, "Read the text (or the ids) from this file")->type_name("FILE");
+  cmd->add_option("--file", flags->file, "Read the text (or the ids) from this file")
+      ->type_name("FILE");
   cmd->add_flag("--allow-special", flags->allow_special,
                 "Encode \"<|endoftext|>\" as the special token 50256 (else it is ordinary text)");
   cmd->add_flag("--json", flags->json, "Print the ids and each token's spelling and text as JSON");
@@ -142,7 +149,8 @@ Command add_tokenize_command(CLI::App& app) {
                                      : "give the text as an argument or --file, not both");
     if (flags->decode) {
       if (flags->json) throw UsageError("--json is for encoding; --decode writes the text itself");
-      if (flags->allow_special) throw UsageError("--allow-special is for encoding; --decode writes every token's bytes");
+      if (flags->allow_special)
+        throw UsageError("--allow-special is for encoding; --decode writes every token's bytes");
       std::vector<int64_t> ids;
       if (!flags->args.empty()) {
         for (const auto& a : flags->args) {
@@ -160,7 +168,8 @@ Command add_tokenize_command(CLI::App& app) {
       return std::cout ? 0 : 1;
     }
     if (flags->args.size() > 1)
-      throw UsageError(fmt::format("give the text as one argument (quote it); got {} arguments", flags->args.size()));
+      throw UsageError(fmt::format("give the text as one argument (quote it); got {} arguments",
+                                   flags->args.size()));
     const std::string input = flags->args.empty() ? read_input(flags->file) : flags->args[0];
     const std::vector<int64_t> ids = tok.encode_parallel(input, flags->allow_special);
     if (flags->json) {

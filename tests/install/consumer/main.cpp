@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <vector>
 
 #include <attn/attn.h>
 
@@ -44,6 +45,13 @@ int main() {
               static_cast<long long>(mha.num_parameters()), static_cast<double>(worst));
   if (!(worst <= 1e-5f)) {
     std::fprintf(stderr, "attn consumer: FAILED, MultiHeadAttention differs from PyTorch\n");
+    return 1;
+  }
+  // GPT-2's tokenizer: its vocabulary is inside the library, its Unicode
+  // classes come from PCRE2 (a private dependency the package must bring).
+  const std::vector<int64_t> ids = text::Tokenizer::gpt2().encode("Hello, I am");
+  if (ids != std::vector<int64_t>{15496, 11, 314, 716}) {
+    std::fprintf(stderr, "attn consumer: FAILED, \"Hello, I am\" is not 15496 11 314 716\n");
     return 1;
   }
   std::printf("attn consumer: OK\n");
