@@ -95,8 +95,9 @@ HfDType hf_dtype_from_name(const std::string& name);
 // "transformer." prefix, as save_pretrained writes them) for the model, each
 // file atomically; creates DIR. A model without q|k|v bias gets zero c_attn
 // biases (the same function); an untied model is written with
-// tie_word_embeddings false and lm_head.weight. Throws std::invalid_argument
-// for a model GPT-2's layout cannot hold (none today: every GPTConfig maps).
+// tie_word_embeddings false and lm_head.weight. F16 rounds to nearest even
+// (float_to_half), BF16 as PyTorch rounds (to_bfloat16). Throws
+// std::runtime_error naming the path when a file cannot be written.
 void save_hf_gpt2(nn::GPTModel& model, const std::string& dir, HfDType dtype = HfDType::kFloat32);
 
 // The model's tensors under GPT-2's names (float32, contiguous, Conv1D
