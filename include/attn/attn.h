@@ -9,6 +9,7 @@
 #include "attn/gemm.h"
 #include "attn/generate.h"
 #include "attn/gpt.h"
+#include "attn/hf_gpt2.h"
 #include "attn/kernels.h"
 #include "attn/kv_cache.h"
 #include "attn/layer_kernels.h"

@@ -79,6 +79,14 @@ Tensor forward_cached(GPTModel& model, const Tensor& ids, GPTKVCache& cache);
 // finite), top_k < 0 or top_k > V.
 std::vector<int64_t> sample_next(const Tensor& logits, float temperature, int64_t top_k,
                                  Generator& gen);
+// The same with nucleus sampling after the temperature: of the softmax's
+// probabilities, sorted largest first (ties by id), the tokens whose preceding
+// cumulative probability is below top_p are kept (always the first), the rest
+// get probability 0, and the draw is as above (torch.multinomial is
+// indifferent to the kept probabilities' scale). top_p must be in (0, 1];
+// top_p < 1 needs temperature > 0 (std::invalid_argument otherwise).
+std::vector<int64_t> sample_next(const Tensor& logits, float temperature, int64_t top_k,
+                                 float top_p, Generator& gen);
 
 struct GenerateOptions {
   int64_t max_new_tokens = 0;
@@ -88,6 +96,13 @@ struct GenerateOptions {
   // The book's eos_id: stop, without appending it, when the sampled token is
   // eos_id (for B > 1: when every row's token is).
   std::optional<int64_t> eos_id = std::nullopt;
+  // Nucleus sampling (after top-k and temperature; needs temperature > 0):
+  // keep the most probable tokens whose probabilities, largest first, reach
+  // top_p (at least one), as transformers' TopPLogitsWarper. 1: off.
+  float top_p = 1.0f;
+  // Called with each step's sampled ids (B) once they are appended (not for
+  // the eos_id that stops it): a streaming printer's hook.
+  std::function<void(const std::vector<int64_t>&)> on_token = nullptr;
 };
 
 // The book's generate: for max_new_tokens steps, the logits of the last
@@ -99,20 +114,44 @@ struct GenerateOptions {
 Tensor generate(GPTModel& model, const Tensor& idx, const GenerateOptions& options, Generator& gen,
                 const std::function<void(int64_t, const Tensor&)>& on_step = nullptr);
 
+// The mean cross-entropy of a token sequence under the model, by the sliding
+// window of transformers' perplexity guide: windows [begin, end) with begin =
+// 0, stride, 2 stride, ..., end = min(begin + context, n), stopping at the
+// first that reaches n; each window scores only the tokens after the previous
+// window's end (the first window all but its first token), each predicted from
+// the tokens before it inside the window. mean_loss is the mean over all
+// scored tokens (`tokens` of them: n - 1 when windows overlap, fewer when
+// stride = context leaves each window's first token unscored), perplexity =
+// exp(mean_loss).
+// The model runs in evaluation mode. Throws std::invalid_argument when n < 2,
+// context < 2 or > context_length, stride < 1 or > context, or an id is out
+// of range.
+struct PerplexityResult {
+  int64_t tokens = 0;      // tokens scored
+  double mean_loss = 0.0;  // nats per token
+  double perplexity = 0.0;
+};
+PerplexityResult sliding_window_perplexity(GPTModel& model, const std::vector<int64_t>& ids,
+                                           int64_t context, int64_t stride);
+
 // A GPT checkpoint directory (docs/generation.md, "Checkpoints"):
 // DIR/checkpoint.safetensors with the model's state_dict (F32), metadata
 // "format" = "attn-checkpoint-1", "config" (JSON object of the GPTConfig
-// fields) and "vocab" (JSON array of one-character strings, in id order);
-// optim.* tensors of a training checkpoint are ignored.
+// fields; layer_norm_eps and tie_embeddings optional, the book's values when
+// absent), "tokenizer" (optional: "char", the default, or "gpt2") and, for
+// "char", "vocab" (JSON array of one-character strings, in id order); optim.*
+// tensors of a training checkpoint are ignored.
 struct Checkpoint {
   GPTConfig config;
-  std::vector<std::string> vocab;  // id -> one UTF-8 character
+  std::string tokenizer = "char";  // "char" or "gpt2" (GPT-2's BPE; no vocab)
+  std::vector<std::string> vocab;  // "char": id -> one UTF-8 character
   std::map<std::string, std::string> metadata;
 };
 // Reads the metadata and loads the weights into a new model (returned through
-// `model`, made from the checkpoint's config). Throws std::invalid_argument or
-// std::runtime_error naming the file and what is wrong.
-Checkpoint load_checkpoint(const std::string& dir, std::unique_ptr<GPTModel>& model);
+// `model`, made from the checkpoint's config and `options`). Throws
+// std::invalid_argument or std::runtime_error naming the file and what is wrong.
+Checkpoint load_checkpoint(const std::string& dir, std::unique_ptr<GPTModel>& model,
+                           const GPTOptions& options = {});
 
 // UTF-8 text -> ids with the vocabulary; throws std::invalid_argument naming the
 // first character that is not in it (and its code point).

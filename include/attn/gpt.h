@@ -13,7 +13,10 @@
 // ("tok_emb.weight", "trf_blocks.0.att.W_query.weight",
 // "trf_blocks.0.ff.layers.0.weight", "trf_blocks.0.norm1.scale",
 // "final_norm.shift", "out_head.weight"). out_head is not tied to tok_emb (the
-// book counts 163,009,536 parameters for GPT_CONFIG_124M); nn::tie can tie them.
+// book counts 163,009,536 parameters for GPT_CONFIG_124M) unless
+// cfg.tie_embeddings (GPT-2's checkpoints: 124,439,808 with qkv_bias), when
+// out_head.weight is tok_emb.weight and state_dict() has it once, as
+// "tok_emb.weight".
 //
 // Dropout: in training mode with drop_rate > 0 every dropout draws from the
 // model's generator in the book's order (drop_emb; per block the attention
@@ -50,6 +53,10 @@ struct GPTConfig {
   int64_t n_layers = 1;
   float drop_rate = 0.0f;
   bool qkv_bias = false;
+  // Not in the book's dictionary; the defaults are the book's model. GPT-2 as
+  // Hugging Face stores it (attn/hf_gpt2.h) reads both from its config.json.
+  float layer_norm_eps = 1e-5f;  // every LayerNorm's eps (layer_norm_epsilon)
+  bool tie_embeddings = false;   // out_head.weight is tok_emb.weight (nn::tie)
 };
 // GPT-2 small as the book configures it (50257, 1024, 768, 12, 12, 0.1, false).
 inline constexpr GPTConfig GPT_CONFIG_124M{.vocab_size = 50257, .context_length = 1024,

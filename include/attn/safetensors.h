@@ -114,6 +114,61 @@ void write_safetensors(const std::string& path,
                        const std::vector<std::pair<std::string, Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
+// ---- memory-mapped reading and other dtypes --------------------------------------------------
+
+// IEEE half precision (F16) <-> float32. half_to_float is exact (every half is
+// a float); float_to_half rounds to nearest even, overflowing to infinity, and
+// keeps NaN a (quiet) NaN.
+float half_to_float(uint16_t h);
+uint16_t float_to_half(float f);
+
+// A safetensors file mapped read-only (mmap): the header is checked exactly as
+// read_safetensors_header checks it, and tensor data is then read in place, so
+// a large checkpoint is never copied whole into memory (Hugging Face's GPT-2
+// files: attn/hf_gpt2.h). The mapping lives as long as this object; the file
+// must not be truncated meanwhile.
+class MappedSafetensors {
+ public:
+  // Throws std::runtime_error naming the path and what is wrong (as
+  // read_safetensors_header does, or the system's reason for open/mmap).
+  explicit MappedSafetensors(const std::string& path);
+  ~MappedSafetensors();
+  MappedSafetensors(const MappedSafetensors&) = delete;
+  MappedSafetensors& operator=(const MappedSafetensors&) = delete;
+
+  const std::string& path() const { return path_; }
+  const SafetensorsHeader& header() const { return header_; }
+  // The entry of that name, or nullptr.
+  const SafetensorsEntry* find(const std::string& name) const;
+  // The entry's bytes in the mapping: [begin, end) of the data section.
+  std::span<const std::byte> bytes(const SafetensorsEntry& e) const;
+  // The entry's numel values as float32 into dst: F32 copied, BF16 and F16
+  // widened (exactly). Any other dtype throws std::runtime_error naming the
+  // file, the tensor and its dtype.
+  void read_float32(const SafetensorsEntry& e, float* dst) const;
+
+ private:
+  std::string path_;
+  const std::byte* map_ = nullptr;
+  size_t size_ = 0;
+  SafetensorsHeader header_;
+};
+
+// A tensor given as its little-endian bytes in any safetensors dtype (F16,
+// for instance, which attn has no DType for): `bytes` must hold exactly
+// numel(shape) x the dtype's element size and outlive the write.
+struct RawTensor {
+  std::string name;
+  std::string dtype;  // "F32", "F16", "BF16", "I64", ...
+  Shape shape;
+  std::span<const std::byte> bytes;
+};
+// write_safetensors for raw tensors: the same order, padding and atomic
+// write. Throws std::invalid_argument for an unknown dtype or a byte count
+// that does not match the shape (naming the tensor), and as write_safetensors.
+void write_safetensors(const std::string& path, const std::vector<RawTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
 // ---- modules -------------------------------------------------------------------------------
 
 // PyTorch's load_state_dict result: state_dict() names the file lacks, and

@@ -9,6 +9,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include <array>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -25,6 +27,7 @@
 #include <tuple>
 
 #include "attn/atomic_file.h"
+#include "attn/utf8.h"
 
 static_assert(std::endian::native == std::endian::little,
               "attn's safetensors reader copies little-endian data as it is");
@@ -408,8 +411,8 @@ SafetensorsFile read_all(const Source& src) {
 
 // The header text (padded) and the tensors in the order of their data.
 struct Plan {
-  std::string header;        // JSON, padded with spaces to a multiple of 8
-  std::vector<Tensor> data;  // contiguous, in data order
+  std::string header;  // JSON, padded with spaces to a multiple of 8
+  std::vector<std::pair<const std::byte*, int64_t>> data;  // bytes, in data order
 };
 
 void check_utf8(const std::string& s, const std::string& what) {
@@ -420,10 +423,21 @@ void check_utf8(const std::string& s, const std::string& what) {
   }
 }
 
-Plan plan(const std::vector<std::pair<std::string, Tensor>>& tensors,
-          const std::map<std::string, std::string>& metadata) {
+// One tensor to write: its name, safetensors dtype and shape, and its bytes
+// (contiguous, little-endian).
+struct Item {
+  std::string name;
+  std::string dtype;
+  int64_t element_size = 0;
+  Shape shape;
+  const std::byte* data = nullptr;
+  int64_t nbytes = 0;
+};
+
+Plan plan(const std::vector<Item>& items, const std::map<std::string, std::string>& metadata) {
   std::set<std::string> seen;
-  for (const auto& [name, t] : tensors) {
+  for (const auto& item : items) {
+    const std::string& name = item.name;
     if (name == "__metadata__") {
       throw std::invalid_argument(
           "safetensors: '__metadata__' is reserved and cannot name a tensor");
@@ -441,13 +455,12 @@ Plan plan(const std::vector<std::pair<std::string, Tensor>>& tensors,
 
   // Larger elements first, then by name: every tensor starts at a multiple of
   // its element size (the data section starts at a multiple of 8).
-  std::vector<size_t> order(tensors.size());
+  std::vector<size_t> order(items.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    const int64_t ea = element_size(tensors[a].second.dtype()),
-                  eb = element_size(tensors[b].second.dtype());
+    const int64_t ea = items[a].element_size, eb = items[b].element_size;
     if (ea != eb) return ea > eb;
-    return tensors[a].first < tensors[b].first;
+    return items[a].name < items[b].name;
   });
 
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
@@ -459,13 +472,12 @@ Plan plan(const std::vector<std::pair<std::string, Tensor>>& tensors,
   Plan p;
   int64_t offset = 0;
   for (size_t i : order) {
-    const auto& [name, t] = tensors[i];
-    const int64_t nbytes = t.numel() * element_size(t.dtype());
-    header[name] = {{"dtype", safetensors_dtype_name(t.dtype())},
-                    {"shape", t.shape()},
-                    {"data_offsets", {offset, offset + nbytes}}};
-    offset += nbytes;
-    p.data.push_back(t.contiguous());
+    const Item& item = items[i];
+    header[item.name] = {{"dtype", item.dtype},
+                         {"shape", item.shape},
+                         {"data_offsets", {offset, offset + item.nbytes}}};
+    offset += item.nbytes;
+    p.data.push_back({item.data, item.nbytes});
   }
   p.header = header.dump();
   p.header.append((8 - p.header.size() % 8) % 8, ' ');
@@ -532,13 +544,43 @@ SafetensorsFile parse_safetensors(std::span<const std::byte> bytes, const std::s
   return read_all(MemorySource(bytes, name));
 }
 
+namespace {
+
+// The items of attn tensors: each made contiguous (kept alive in `holders`).
+std::vector<Item> tensor_items(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                               std::vector<Tensor>& holders) {
+  std::vector<Item> items;
+  holders.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) {
+    holders.push_back(t.contiguous());
+    const Tensor& c = holders.back();
+    items.push_back({name, safetensors_dtype_name(c.dtype()), element_size(c.dtype()), c.shape(),
+                     tensor_bytes(c), c.numel() * element_size(c.dtype())});
+  }
+  return items;
+}
+
+void write_plan(const std::string& path, const Plan& p) {
+  // Piece by piece: the header, then each tensor's bytes straight from its storage.
+  write_file_atomically(path, [&](const ByteSink& sink) {
+    const std::string prefix = length_prefix(p.header.size());
+    sink(prefix.data(), prefix.size());
+    sink(p.header.data(), p.header.size());
+    for (const auto& [data, nbytes] : p.data) {
+      if (nbytes > 0) sink(data, static_cast<size_t>(nbytes));
+    }
+  });
+}
+
+}  // namespace
+
 std::string serialize_safetensors(const std::vector<std::pair<std::string, Tensor>>& tensors,
                                   const std::map<std::string, std::string>& metadata) {
-  const Plan p = plan(tensors, metadata);
+  std::vector<Tensor> holders;
+  const Plan p = plan(tensor_items(tensors, holders), metadata);
   std::string out = length_prefix(p.header.size()) + p.header;
-  for (const Tensor& t : p.data) {
-    const auto* bytes = reinterpret_cast<const char*>(tensor_bytes(t));
-    if (t.numel() > 0) out.append(bytes, static_cast<size_t>(t.numel() * element_size(t.dtype())));
+  for (const auto& [data, nbytes] : p.data) {
+    if (nbytes > 0) out.append(reinterpret_cast<const char*>(data), static_cast<size_t>(nbytes));
   }
   return out;
 }
@@ -546,16 +588,135 @@ std::string serialize_safetensors(const std::vector<std::pair<std::string, Tenso
 void write_safetensors(const std::string& path,
                        const std::vector<std::pair<std::string, Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata) {
-  const Plan p = plan(tensors, metadata);
-  // Piece by piece: the header, then each tensor's bytes straight from its storage.
-  write_file_atomically(path, [&](const ByteSink& sink) {
-    const std::string prefix = length_prefix(p.header.size());
-    sink(prefix.data(), prefix.size());
-    sink(p.header.data(), p.header.size());
-    for (const Tensor& t : p.data) {
-      if (t.numel() > 0) sink(tensor_bytes(t), static_cast<size_t>(t.numel() * element_size(t.dtype())));
+  std::vector<Tensor> holders;
+  write_plan(path, plan(tensor_items(tensors, holders), metadata));
+}
+
+void write_safetensors(const std::string& path, const std::vector<RawTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<Item> items;
+  for (const RawTensor& t : tensors) {
+    const DTypeInfo* info = find_dtype(t.dtype);
+    if (info == nullptr) {
+      throw std::invalid_argument(fmt::format("safetensors: tensor '{}': unknown dtype '{}'",
+                                              printable(t.name), printable(t.dtype)));
     }
-  });
+    int64_t numel = 1;
+    for (int64_t d : t.shape) numel *= d;
+    const int64_t nbytes = numel * info->element_size;
+    if (static_cast<int64_t>(t.bytes.size()) != nbytes) {
+      throw std::invalid_argument(fmt::format(
+          "safetensors: tensor '{}': shape {} of {} needs {} bytes, got {}", printable(t.name),
+          shape_str(t.shape), t.dtype, nbytes, t.bytes.size()));
+    }
+    items.push_back({t.name, t.dtype, info->element_size, t.shape, t.bytes.data(), nbytes});
+  }
+  write_plan(path, plan(items, metadata));
+}
+
+// ---- F16 ------------------------------------------------------------------------------------
+
+// IEEE binary16: 1 sign bit, 5 exponent bits (bias 15), 10 fraction bits.
+float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1Fu;
+  const uint32_t fraction = h & 0x3FFu;
+  float magnitude;
+  if (exponent == 0) {
+    magnitude = std::ldexp(static_cast<float>(fraction), -24);  // zero or subnormal: f x 2^-24
+  } else if (exponent == 0x1F) {
+    magnitude = fraction == 0 ? std::numeric_limits<float>::infinity()
+                              : std::numeric_limits<float>::quiet_NaN();
+  } else {
+    magnitude = std::ldexp(static_cast<float>(fraction | 0x400u), static_cast<int>(exponent) - 25);
+  }
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(magnitude) | sign);
+}
+
+uint16_t float_to_half(float f) {
+  const uint32_t bits = std::bit_cast<uint32_t>(f);
+  const auto sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const float a = std::fabs(f);
+  if (std::isnan(f)) return static_cast<uint16_t>(sign | 0x7E00u);
+  if (a >= 65520.0f) return static_cast<uint16_t>(sign | 0x7C00u);  // rounds past 65504: inf
+  if (a < std::ldexp(1.0f, -14)) {
+    // Subnormal (or zero): a multiple of 2^-24, rounded to nearest even.
+    const float scaled = std::nearbyint(std::ldexp(a, 24));  // the default mode: nearest even
+    return static_cast<uint16_t>(sign | static_cast<uint16_t>(scaled));
+  }
+  // Normal: keep 10 of float's 23 fraction bits, rounding to nearest even (a
+  // carry into the exponent is the right result, up to 0x7BFF + 1 = infinity,
+  // which the test above excludes).
+  const uint32_t abs_bits = bits & 0x7FFFFFFFu;
+  const uint32_t rounded = abs_bits + 0xFFFu + ((abs_bits >> 13) & 1u);
+  const uint32_t exponent = (rounded >> 23) - 127 + 15;
+  return static_cast<uint16_t>(sign | (exponent << 10) | ((rounded >> 13) & 0x3FFu));
+}
+
+// ---- memory-mapped files ----------------------------------------------------------------------
+
+MappedSafetensors::MappedSafetensors(const std::string& path) : path_(path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(printable(path), fmt::format("cannot open: {}", std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const int err = errno;
+    ::close(fd);
+    fail(printable(path), S_ISREG(st.st_mode) ? fmt::format("cannot stat: {}", std::strerror(err))
+                                              : std::string("not a regular file"));
+  }
+  size_ = static_cast<size_t>(st.st_size);
+  if (size_ > 0) {
+    void* m = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (m == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      fail(printable(path), fmt::format("cannot mmap {} bytes: {}", size_, std::strerror(err)));
+    }
+    map_ = static_cast<const std::byte*>(m);
+  }
+  ::close(fd);  // the mapping stays valid
+  try {
+    header_ = parse_header(MemorySource({map_, size_}, printable(path)));
+  } catch (...) {
+    if (map_ != nullptr) ::munmap(const_cast<std::byte*>(map_), size_);
+    throw;
+  }
+}
+
+MappedSafetensors::~MappedSafetensors() {
+  if (map_ != nullptr) ::munmap(const_cast<std::byte*>(map_), size_);
+}
+
+const SafetensorsEntry* MappedSafetensors::find(const std::string& name) const {
+  for (const auto& e : header_.entries) {
+    if (e.name == name) return &e;
+  }
+  return nullptr;
+}
+
+std::span<const std::byte> MappedSafetensors::bytes(const SafetensorsEntry& e) const {
+  const size_t start = kLengthPrefixBytes + static_cast<size_t>(header_.header_bytes);
+  return {map_ + start + static_cast<size_t>(e.begin), static_cast<size_t>(e.nbytes())};
+}
+
+void MappedSafetensors::read_float32(const SafetensorsEntry& e, float* dst) const {
+  const std::span<const std::byte> b = bytes(e);
+  const size_t n = static_cast<size_t>(e.nbytes() / e.element_size);
+  if (e.dtype == "F32") {
+    if (n > 0) std::memcpy(dst, b.data(), b.size());
+  } else if (e.dtype == "BF16" || e.dtype == "F16") {
+    const bool bf16 = e.dtype == "BF16";
+    for (size_t i = 0; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, b.data() + 2 * i, 2);  // unaligned-safe, little-endian
+      dst[i] = bf16 ? std::bit_cast<float>(static_cast<uint32_t>(h) << 16) : half_to_float(h);
+    }
+  } else {
+    fail(printable(path_),
+         fmt::format("tensor '{}' has dtype {}; attn reads weights of F32, F16 or BF16",
+                     printable(e.name), e.dtype));
+  }
 }
 
 }  // namespace attn::io

@@ -22,8 +22,6 @@
 namespace attn::nn {
 namespace {
 
-constexpr float kLayerNormEps = 1e-5f;  // GPTModel's LayerNorms use the default eps
-
 const Tensor* bias_or_null(const Linear& layer) {
   return layer.options().bias ? &layer.bias.value : nullptr;
 }
@@ -135,6 +133,7 @@ Tensor forward_cached(GPTModel& model, const Tensor& ids, GPTKVCache& cache) {
   // The layers as the model's options say (GPTOptions::layers): the SIMD
   // kernels and the fast GEMM, or attn::ref's loops and PyTorch's sums.
   const bool kernels = model.options().layers == LayerImpl::kKernel;
+  const float kLayerNormEps = cfg.layer_norm_eps;  // every LayerNorm of the model uses it
   const gemm::Engine engine = kernels ? gemm::Engine::kFast : gemm::Engine::kBlas;
   const auto layer_norm = [&](const Tensor& in, const LayerNorm& ln) {
     if (!kernels)
@@ -171,8 +170,21 @@ Tensor forward_cached(GPTModel& model, const Tensor& ids, GPTKVCache& cache) {
 
 // ---- sampling -------------------------------------------------------------------------
 
-std::vector<int64_t> sample_next(const Tensor& logits_in, float temperature, int64_t top_k,
+std::vector<int64_t> sample_next(const Tensor& logits, float temperature, int64_t top_k,
                                  Generator& gen) {
+  return sample_next(logits, temperature, top_k, 1.0f, gen);
+}
+
+std::vector<int64_t> sample_next(const Tensor& logits_in, float temperature, int64_t top_k,
+                                 float top_p, Generator& gen) {
+  if (!(top_p > 0.0f && top_p <= 1.0f)) {
+    throw std::invalid_argument(
+        fmt::format("sample_next: top_p must be in (0, 1], got {}", top_p));
+  }
+  if (top_p < 1.0f && temperature == 0.0f) {
+    throw std::invalid_argument(fmt::format(
+        "sample_next: top_p {} needs a temperature > 0 (temperature 0 takes the argmax)", top_p));
+  }
   if (logits_in.dtype() != DType::kFloat32 || logits_in.dim() != 2 || logits_in.size(1) < 1) {
     throw std::invalid_argument(
         fmt::format("sample_next: expected logits (B, V) of float32, got {} of shape {}",
@@ -206,7 +218,23 @@ std::vector<int64_t> sample_next(const Tensor& logits_in, float temperature, int
   std::vector<int64_t> next(static_cast<size_t>(B));
   if (temperature > 0.0f) {
     // probs = torch.softmax(logits / temperature, dim=-1)
-    const Tensor probs = softmax(div(logits, temperature), -1);  // (B, V)
+    Tensor probs = softmax(div(logits, temperature), -1);  // (B, V)
+    if (top_p < 1.0f) {
+      // sorted_probs, order = probs.sort(descending=True); keep order[j] while
+      // the probability before it, cumsum - p_j, is below top_p.
+      float* pr = probs.data();
+      std::vector<int64_t> order(static_cast<size_t>(V));
+      for (int64_t b = 0; b < B; ++b) {
+        float* r = pr + b * V;
+        for (int64_t v = 0; v < V; ++v) order[static_cast<size_t>(v)] = v;
+        std::stable_sort(order.begin(), order.end(),
+                         [&](int64_t x, int64_t y) { return r[x] > r[y]; });
+        double before = 0.0;
+        size_t j = 0;
+        for (; j < order.size() && (j == 0 || before < top_p); ++j) before += r[order[j]];
+        for (; j < order.size(); ++j) r[order[j]] = 0.0f;
+      }
+    }
     // torch.multinomial(probs, num_samples=1) on the CPU (PyTorch 1.13): with one
     // sample it draws q = empty_like(probs).exponential_(1), row-major, each
     // -1/lambda * log(1 - u) from one double uniform, rounded to float, and takes
@@ -279,7 +307,8 @@ Tensor generate(GPTModel& model, const Tensor& idx, const GenerateOptions& optio
       last = last_position(forward_cached(model, tail_ids(rows, std::min(len, C)), cache));
     }
     if (on_step) on_step(step, last);
-    const std::vector<int64_t> next = sample_next(last, options.temperature, options.top_k, gen);
+    const std::vector<int64_t> next =
+        sample_next(last, options.temperature, options.top_k, options.top_p, gen);
     // if idx_next == eos_id: break
     if (options.eos_id &&
         std::all_of(next.begin(), next.end(), [&](int64_t id) { return id == *options.eos_id; })) {
@@ -287,6 +316,7 @@ Tensor generate(GPTModel& model, const Tensor& idx, const GenerateOptions& optio
     }
     for (int64_t b = 0; b < B; ++b)
       rows[static_cast<size_t>(b)].push_back(next[static_cast<size_t>(b)]);
+    if (options.on_token) options.on_token(next);
   }
   std::vector<int64_t> out;
   for (const auto& r : rows) out.insert(out.end(), r.begin(), r.end());
@@ -309,9 +339,39 @@ int64_t config_int(const nlohmann::json& cfg, const char* key, const std::string
   return v.get<int64_t>();
 }
 
+
+// A model of `config` and `options` with the file's weights; optim.* tensors ignored.
+void load_weights(const std::string& path, const io::SafetensorsFile& file, const GPTConfig& config,
+                  const GPTOptions& options, std::unique_ptr<GPTModel>& model) {
+  try {
+    // Every weight is replaced by the file's: draw the initial ones from a
+    // generator of their own, leaving the default generator as it was.
+    Generator scratch;
+    model = std::make_unique<GPTModel>(config, options, scratch);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(fmt::format("'{}': bad config: {}", printable(path), printable(e.what())));
+  }
+  const io::LoadResult r = io::load_state_dict(*model, file, /*strict=*/false);
+  std::vector<std::string> unexpected;
+  for (const auto& name : r.unexpected) {
+    if (name.rfind("optim.", 0) != 0) unexpected.push_back(name);
+  }
+  if (!r.missing.empty()) {
+    throw std::invalid_argument(fmt::format("'{}': {} of the model's tensors missing, first '{}'",
+                                            printable(path), r.missing.size(), printable(r.missing.front())));
+  }
+  if (!unexpected.empty()) {
+    throw std::invalid_argument(
+        fmt::format("'{}': {} tensor(s) the model does not have, first '{}'", printable(path),
+                    unexpected.size(), printable(unexpected.front())));
+  }
+  model->eval();
+}
+
 }  // namespace
 
-Checkpoint load_checkpoint(const std::string& dir, std::unique_ptr<GPTModel>& model) {
+Checkpoint load_checkpoint(const std::string& dir, std::unique_ptr<GPTModel>& model,
+                           const GPTOptions& options) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(dir)) {
     throw std::invalid_argument(fmt::format("checkpoint directory '{}' does not exist", printable(dir)));
@@ -364,6 +424,32 @@ Checkpoint load_checkpoint(const std::string& dir, std::unique_ptr<GPTModel>& mo
         fmt::format("'{}': config \"qkv_bias\" is missing or not a boolean", printable(path)));
   }
   ck.config.qkv_bias = cfg.at("qkv_bias").get<bool>();
+  if (cfg.contains("layer_norm_eps")) {
+    if (!cfg.at("layer_norm_eps").is_number()) {
+      throw std::invalid_argument(
+          fmt::format("'{}': config \"layer_norm_eps\" is not a number", path));
+    }
+    ck.config.layer_norm_eps = cfg.at("layer_norm_eps").get<float>();
+  }
+  if (cfg.contains("tie_embeddings")) {
+    if (!cfg.at("tie_embeddings").is_boolean()) {
+      throw std::invalid_argument(
+          fmt::format("'{}': config \"tie_embeddings\" is not a boolean", path));
+    }
+    ck.config.tie_embeddings = cfg.at("tie_embeddings").get<bool>();
+  }
+  if (const auto it = file.metadata.find("tokenizer"); it != file.metadata.end()) {
+    if (it->second != "char" && it->second != "gpt2") {
+      throw std::invalid_argument(
+          fmt::format("'{}': metadata \"tokenizer\" is \"{}\", expected \"char\" or \"gpt2\"",
+                      printable(path), printable(it->second)));
+    }
+    ck.tokenizer = it->second;
+  }
+  if (ck.tokenizer == "gpt2") {
+    load_weights(path, file, ck.config, options, model);
+    return ck;
+  }
 
   nlohmann::json vocab;
   try {
@@ -386,29 +472,7 @@ Checkpoint load_checkpoint(const std::string& dir, std::unique_ptr<GPTModel>& mo
     throw std::invalid_argument(fmt::format("'{}': vocab has {} tokens but config vocab_size is {}",
                                             printable(path), ck.vocab.size(), ck.config.vocab_size));
   }
-  try {
-    // Every weight is replaced by the file's: draw the initial ones from a
-    // generator of their own, leaving the default generator as it was.
-    Generator scratch;
-    model = std::make_unique<GPTModel>(ck.config, GPTOptions{}, scratch);
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(fmt::format("'{}': bad config: {}", printable(path), printable(e.what())));
-  }
-  const io::LoadResult r = io::load_state_dict(*model, file, /*strict=*/false);
-  std::vector<std::string> unexpected;
-  for (const auto& name : r.unexpected) {
-    if (name.rfind("optim.", 0) != 0) unexpected.push_back(name);
-  }
-  if (!r.missing.empty()) {
-    throw std::invalid_argument(fmt::format("'{}': {} of the model's tensors missing, first '{}'",
-                                            printable(path), r.missing.size(), r.missing.front()));
-  }
-  if (!unexpected.empty()) {
-    throw std::invalid_argument(
-        fmt::format("'{}': {} tensor(s) the model does not have, first '{}'", printable(path),
-                    unexpected.size(), unexpected.front()));
-  }
-  model->eval();
+  load_weights(path, file, ck.config, options, model);
   return ck;
 }
 

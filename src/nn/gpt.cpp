@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <stdexcept>
 
 #include "attn/functional.h"
@@ -25,6 +26,11 @@ const GPTConfig& checked(const GPTConfig& cfg) {
   if (cfg.emb_dim % cfg.n_heads != 0) {
     throw std::invalid_argument(fmt::format(
         "GPTModel: emb_dim ({}) must be divisible by n_heads ({})", cfg.emb_dim, cfg.n_heads));
+  }
+  if (!(cfg.layer_norm_eps > 0.0f) || !std::isfinite(cfg.layer_norm_eps)) {
+    throw std::invalid_argument(
+        fmt::format("GPTModel: layer_norm_eps must be a finite number > 0, got {}",
+                    cfg.layer_norm_eps));
   }
   if (!(cfg.drop_rate >= 0.0f && cfg.drop_rate <= 1.0f)) {
     throw std::invalid_argument(
@@ -183,8 +189,8 @@ TransformerBlock::TransformerBlock(const GPTConfig& cfg, const GPTOptions& optio
           gen),
       ff(cfg, gen, options.layers, options.dtype),
       // bf16 mode: the norms hand bf16 to the products that read them.
-      norm1(cfg.emb_dim, 1e-5f, options.layers, options.dtype),
-      norm2(cfg.emb_dim, 1e-5f, options.layers, options.dtype),
+      norm1(cfg.emb_dim, cfg.layer_norm_eps, options.layers, options.dtype),
+      norm2(cfg.emb_dim, cfg.layer_norm_eps, options.layers, options.dtype),
       drop_shortcut({cfg.drop_rate}, gen) {
   register_module("att", &att);
   register_module("ff", &ff);
@@ -245,7 +251,7 @@ GPTModel::GPTModel(const GPTConfig& cfg, const GPTOptions& options, Generator& g
       pos_emb({cfg.context_length, cfg.emb_dim}, gen),
       drop_emb({cfg.drop_rate}, gen),
       trf_blocks(cfg, options, gen),
-      final_norm(cfg.emb_dim, 1e-5f, options.layers, options.dtype),
+      final_norm(cfg.emb_dim, cfg.layer_norm_eps, options.layers, options.dtype),
       out_head({cfg.emb_dim, cfg.vocab_size, false, engine_of(options.layers), options.dtype}, gen),
       cfg_(cfg),
       options_(options) {
@@ -255,6 +261,7 @@ GPTModel::GPTModel(const GPTConfig& cfg, const GPTOptions& options, Generator& g
   register_module("trf_blocks", &trf_blocks);
   register_module("final_norm", &final_norm);
   register_module("out_head", &out_head);
+  if (cfg.tie_embeddings) tie(out_head.weight, tok_emb.weight);
 }
 
 Tensor GPTModel::forward(const Tensor& in_idx) {

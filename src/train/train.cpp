@@ -316,6 +316,10 @@ std::string config_to_json(const nn::GPTConfig& c) {
   j["n_layers"] = c.n_layers;
   j["drop_rate"] = static_cast<double>(c.drop_rate);
   j["qkv_bias"] = c.qkv_bias;
+  // Written only when not the book's values, so the book's checkpoints keep their bytes.
+  if (c.layer_norm_eps != nn::GPTConfig{}.layer_norm_eps)
+    j["layer_norm_eps"] = static_cast<double>(c.layer_norm_eps);
+  if (c.tie_embeddings) j["tie_embeddings"] = true;
   return j.dump();
 }
 
@@ -330,6 +334,8 @@ nn::GPTConfig config_from_json(const std::string& text) {
     c.n_layers = j.at("n_layers").get<int64_t>();
     c.drop_rate = j.at("drop_rate").get<float>();
     c.qkv_bias = j.at("qkv_bias").get<bool>();
+    if (j.contains("layer_norm_eps")) c.layer_norm_eps = j.at("layer_norm_eps").get<float>();
+    if (j.contains("tie_embeddings")) c.tie_embeddings = j.at("tie_embeddings").get<bool>();
     return c;
   } catch (const json::exception& e) {
     throw std::invalid_argument(fmt::format("config: {}", e.what()));

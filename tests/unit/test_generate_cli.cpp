@@ -188,7 +188,7 @@ TEST(GenerateCli, BadInputIsOneLine) {
        "attn: generate: --temperature must be a finite number >= 0, got -0.5"},
       {"--checkpoint DIR", 2, "attn: generate: --prompt must have at least one character"},
       {"--prompt a", 2,
-       "attn: generate: give --checkpoint DIR (or --config 124m with --benchmark)"},
+       "attn: generate: give --model DIR (or --config 124m with --benchmark)"},
       {"--config 124m --prompt a", 2,
        "attn: generate: --config 124m makes a random-weight model without a vocabulary; use it "
        "with --benchmark"},

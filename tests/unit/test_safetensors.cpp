@@ -228,6 +228,7 @@ TEST(Safetensors, WriterRefusesBadNames) {
   EXPECT_EQ(message({{"__metadata__", t}}),
             "safetensors: '__metadata__' is reserved and cannot name a tensor");
   EXPECT_EQ(message({{"", t}}), "(accepted)");  // as the reference: any string names a tensor
+  // The name's bytes come out through attn::printable: no raw byte in a message.
   EXPECT_EQ(message({{"bad\xff", t}}), "safetensors: the tensor name 'bad\\xFF' is not valid UTF-8");
   EXPECT_EQ(message({{"w", t}}, {{"k", "\xc3"}}),
             "safetensors: the metadata value of 'k' is not valid UTF-8");

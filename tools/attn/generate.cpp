@@ -17,18 +17,27 @@
 #include "attn/generate.h"
 #include "attn/utf8.h"
 #include "attn/gpt.h"
+#include "attn/hf_gpt2.h"
 #include "attn/random.h"
+#include "attn/utf8.h"
+#include "model_text.h"
 
 namespace attn::cli {
 namespace {
 
 struct Flags {
-  std::string checkpoint;
+  std::string checkpoint;  // --model, or its alias --checkpoint
   std::string config;
   std::string prompt;
+  std::string prompt_ids;
+  bool print_ids = false;
   int64_t max_new_tokens = 50;
   float temperature = 0.0f;
+  bool temperature_given = false;
+  bool greedy = false;
   std::optional<int64_t> top_k;
+  float top_p = 1.0f;
+  std::string dtype = "float32";
   uint64_t seed = 123;
   bool no_cache = false;
   bool benchmark = false;
@@ -39,11 +48,40 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// "1, 2,3 4" -> {1, 2, 3, 4}: ids separated by commas and/or spaces, each in [0, vocab).
+std::vector<int64_t> parse_ids(const std::string& text, int64_t vocab) {
+  std::vector<int64_t> ids;
+  size_t i = 0;
+  while (i < text.size()) {
+    if (text[i] == ',' || text[i] == ' ') {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < text.size() && text[j] >= '0' && text[j] <= '9') ++j;
+    if (j == i || j - i > 18) {
+      throw UsageError(fmt::format(
+          "generate: --prompt-ids must be token ids separated by commas or spaces, got '{}'",
+          printable(text)));
+    }
+    const int64_t id = std::stoll(text.substr(i, j - i));
+    if (id >= vocab) {
+      throw UsageError(fmt::format(
+          "generate: --prompt-ids: token id {} is out of range for vocab_size {}", id, vocab));
+    }
+    ids.push_back(id);
+    i = j;
+  }
+  if (ids.empty()) throw UsageError("generate: --prompt-ids must give at least one token id");
+  return ids;
+}
+
 // The prompt's ids: the text through the vocabulary, or prompt_tokens random ids
 // (a model without a vocabulary).
-std::vector<int64_t> benchmark_prompt(const Flags& f, const nn::Checkpoint* ck, int64_t vocab,
+std::vector<int64_t> benchmark_prompt(const Flags& f, const io::ModelDir* md, int64_t vocab,
                                       Generator& gen) {
-  if (ck != nullptr && !f.prompt.empty()) return nn::encode_text(ck->vocab, f.prompt);
+  if (!f.prompt_ids.empty()) return parse_ids(f.prompt_ids, vocab);
+  if (md != nullptr && !f.prompt.empty()) return ModelText(*md).encode(f.prompt);
   std::vector<int64_t> ids;
   for (int64_t i = 0; i < f.prompt_tokens; ++i)
     ids.push_back(static_cast<int64_t>(gen.random() % static_cast<uint64_t>(vocab)));
@@ -109,32 +147,54 @@ Command add_generate_command(CLI::App& app) {
   auto flags = std::make_shared<Flags>();
   CLI::App* cmd = app.add_subcommand(
       "generate",
-      "Generate text from a GPT checkpoint one token at a time with a key/value cache per layer, "
-      "sampling as the book's generate does (top-k, then temperature; temperature 0 is argmax)");
+      "Generate text from a model directory (a Hugging Face GPT-2 directory or an attn "
+      "checkpoint) one token at a time with a key/value cache per layer, printing each token as "
+      "it comes; sampling as the book's generate does (top-k, then temperature, then top-p; "
+      "temperature 0 is argmax); stops at <|endoftext|>");
   cmd->footer(
       "Past context_length the model sees the last context_length tokens (the book's sliding "
       "window): the cache is re-filled from them for every further token.\n\n"
       "Examples:\n"
-      "  attn generate --checkpoint run1 --prompt 'To be' --max-new-tokens 200 --temperature 0.8 "
+      "  attn generate --model run1 --prompt 'To be' --max-new-tokens 200 --temperature 0.8 "
       "--top-k 10 --seed 1\n"
+      "  attn generate --model gpt2 --prompt 'Every effort moves you' --top-k 50 --top-p 0.95 "
+      "--temperature 0.8\n"
+      "  attn generate --model gpt2 --prompt-ids 6109,3626,6100,345 --print-ids --greedy\n"
       "  attn generate --config 124m --benchmark --prompt-tokens 32 --max-new-tokens 32");
-  cmd->add_option("--checkpoint", flags->checkpoint,
-                  "Checkpoint directory (DIR/checkpoint.safetensors)")
+  cmd->add_option("--model,--checkpoint", flags->checkpoint,
+                  "Model directory: Hugging Face GPT-2 (config.json + model.safetensors) or an "
+                  "attn checkpoint (DIR/checkpoint.safetensors)")
       ->type_name("DIR");
 
   cmd->add_option("--config", flags->config,
                   "Instead of a checkpoint: GPT_CONFIG_124M with random weights (manual_seed "
                   "--seed); only with --benchmark")
       ->type_name("124m");
-  cmd->add_option("--prompt", flags->prompt, "The text to continue (characters of the vocabulary)")
+  cmd->add_option("--prompt", flags->prompt,
+                  "The text to continue (through the model's tokenizer)")
       ->type_name("TEXT");
+  cmd->add_option("--prompt-ids", flags->prompt_ids,
+                  "Instead of --prompt: token ids, separated by commas or spaces")
+      ->type_name("IDS");
+  cmd->add_flag("--print-ids", flags->print_ids,
+                "Print the prompt's and the new token ids on one line instead of text");
   cmd->add_option("--max-new-tokens", flags->max_new_tokens, "Tokens to generate (default 50)")
       ->type_name("N");
   cmd->add_option("--temperature", flags->temperature,
                   "Softmax temperature; 0 (the default) takes the argmax")
-      ->type_name("T");
+      ->type_name("T")
+      ->each([flags](const std::string&) { flags->temperature_given = true; });
+  cmd->add_flag("--greedy", flags->greedy, "Take the argmax (= --temperature 0)");
   cmd->add_option("--top-k", flags->top_k, "Sample among the K largest logits only (1..vocab)")
       ->type_name("K");
+  cmd->add_option("--top-p", flags->top_p,
+                  "Nucleus sampling after the temperature: the most probable tokens whose "
+                  "probabilities reach P (0 < P <= 1; 1, the default, is off)")
+      ->type_name("P");
+  cmd->add_option("--dtype", flags->dtype,
+                  "Compute dtype: float32 (default) or bfloat16 (bf16 products summed in float32, "
+                  "as torch.autocast; runs without the cache)")
+      ->type_name("DTYPE");
   cmd->add_option("--seed", flags->seed, "Seed of the sampling generator (default 123)")
       ->type_name("S");
   cmd->add_flag("--no-cache", flags->no_cache,
@@ -149,13 +209,13 @@ Command add_generate_command(CLI::App& app) {
   auto run = [flags]() -> int {
     const Flags& f = *flags;
     if (!f.checkpoint.empty() && !f.config.empty()) {
-      throw UsageError("generate: give either --checkpoint or --config, not both");
+      throw UsageError("generate: give either --model or --config, not both");
     }
     if (!f.config.empty() && f.config != "124m") {
       throw UsageError(fmt::format("generate: --config must be 124m, got '{}'", printable(f.config)));
     }
     if (f.checkpoint.empty() && f.config.empty()) {
-      throw UsageError("generate: give --checkpoint DIR (or --config 124m with --benchmark)");
+      throw UsageError("generate: give --model DIR (or --config 124m with --benchmark)");
     }
     if (!f.config.empty() && !f.benchmark) {
       throw UsageError(
@@ -170,21 +230,50 @@ Command add_generate_command(CLI::App& app) {
       throw UsageError(fmt::format("generate: --temperature must be a finite number >= 0, got {}",
                                    f.temperature));
     }
+    if (f.greedy && f.temperature_given && f.temperature != 0.0f) {
+      throw UsageError(fmt::format(
+          "generate: --greedy is --temperature 0; it cannot go with --temperature {}",
+          f.temperature));
+    }
+    const float temperature = f.greedy ? 0.0f : f.temperature;
     if (f.top_k && *f.top_k < 1) {
       throw UsageError(fmt::format("generate: --top-k must be >= 1, got {}", *f.top_k));
+    }
+    if (!(f.top_p > 0.0f && f.top_p <= 1.0f)) {
+      throw UsageError(fmt::format("generate: --top-p must be in (0, 1], got {}", f.top_p));
+    }
+    if (f.top_p < 1.0f && temperature == 0.0f) {
+      throw UsageError(fmt::format(
+          "generate: --top-p {} samples, so it needs a --temperature > 0 (temperature 0 takes the "
+          "argmax)",
+          f.top_p));
     }
     if (f.prompt_tokens < 1) {
       throw UsageError(
           fmt::format("generate: --prompt-tokens must be >= 1, got {}", f.prompt_tokens));
     }
+    if (!f.prompt.empty() && !f.prompt_ids.empty()) {
+      throw UsageError("generate: give either --prompt or --prompt-ids, not both");
+    }
+    nn::GPTOptions options;
+    if (f.dtype == "bfloat16") {
+      options.dtype = DType::kBFloat16;
+    } else if (f.dtype == "float16") {
+      throw UsageError(
+          "generate: --dtype float16 is not a compute dtype of attn (a float16 file is read into "
+          "float32 weights); use --dtype float32 or bfloat16");
+    } else if (f.dtype != "float32") {
+      throw UsageError(fmt::format("generate: --dtype must be float32 or bfloat16, got '{}'",
+                                   printable(f.dtype)));
+    }
 
     std::unique_ptr<nn::GPTModel> model;
-    std::optional<nn::Checkpoint> ck;
+    std::optional<io::ModelDir> md;
     if (!f.checkpoint.empty()) {
-      ck = nn::load_checkpoint(f.checkpoint, model);
+      md = io::load_model_dir(f.checkpoint, model, options);
     } else {
       manual_seed(f.seed);
-      model = std::make_unique<nn::GPTModel>(nn::GPT_CONFIG_124M);
+      model = std::make_unique<nn::GPTModel>(nn::GPT_CONFIG_124M, options);
       model->eval();
     }
     const int64_t V = model->config().vocab_size;
@@ -194,20 +283,53 @@ Command add_generate_command(CLI::App& app) {
     }
     if (f.benchmark) {
       Generator gen(f.seed);
-      run_benchmark(*model, benchmark_prompt(f, ck ? &*ck : nullptr, V, gen), f.max_new_tokens);
+      run_benchmark(*model, benchmark_prompt(f, md ? &*md : nullptr, V, gen), f.max_new_tokens);
       return std::cout ? 0 : 1;
     }
-    if (f.prompt.empty()) throw UsageError("generate: --prompt must have at least one character");
-    const std::vector<int64_t> ids = nn::encode_text(ck->vocab, f.prompt);
+    if (f.prompt.empty() && f.prompt_ids.empty()) {
+      throw UsageError("generate: --prompt must have at least one character");
+    }
+    const std::vector<int64_t> given_ids =
+        f.prompt_ids.empty() ? std::vector<int64_t>{} : parse_ids(f.prompt_ids, V);
+    // The tokenizer only when text goes in or comes out.
+    std::unique_ptr<ModelText> text;
+    if (!f.prompt.empty() || !f.print_ids) text = std::make_unique<ModelText>(*md);
+    const std::vector<int64_t> ids = f.prompt.empty() ? given_ids : text->encode(f.prompt);
+    if (ids.empty()) {
+      throw UsageError(fmt::format("generate: the prompt '{}' has no tokens", printable(f.prompt)));
+    }
+    // <|endoftext|> ends the text: the tokenizer's, or GPT-2's id 50256 for ids.
+    std::optional<int64_t> eos = text ? text->end_of_text() : std::nullopt;
+    if (!text && md && md->tokenizer == "gpt2" && V > 50256) eos = 50256;
+
+    if (f.print_ids) {
+      for (size_t i = 0; i < ids.size(); ++i) std::cout << (i ? " " : "") << ids[i];
+    } else if (!f.prompt.empty()) {
+      std::cout << f.prompt;
+    } else {
+      for (int64_t id : ids) std::cout << text->push(id);
+    }
+    std::cout.flush();
     Generator gen(f.seed);
-    const Tensor out =
-        nn::generate(*model, Tensor::from_int64({1, static_cast<int64_t>(ids.size())}, ids),
-                     {.max_new_tokens = f.max_new_tokens,
-                      .temperature = f.temperature,
-                      .top_k = f.top_k.value_or(0),
-                      .use_cache = !f.no_cache},
-                     gen);
-    std::cout << nn::decode_ids(ck->vocab, out.to_int64_vector()) << '\n';
+    nn::GenerateOptions gopt{.max_new_tokens = f.max_new_tokens,
+                             .temperature = temperature,
+                             .top_k = f.top_k.value_or(0),
+                             // The cache computes in float32; bf16 runs the model's own forward.
+                             .use_cache = !f.no_cache && options.dtype == DType::kFloat32,
+                             .eos_id = eos,
+                             .top_p = f.top_p};
+    gopt.on_token = [&](const std::vector<int64_t>& next) {
+      if (f.print_ids) {
+        std::cout << ' ' << next[0];
+      } else {
+        std::cout << text->push(next[0]);
+      }
+      std::cout.flush();
+    };
+    nn::generate(*model, Tensor::from_int64({1, static_cast<int64_t>(ids.size())}, ids), gopt,
+                 gen);
+    if (text && !f.print_ids) std::cout << text->flush();
+    std::cout << '\n';
     std::cout.flush();
     return std::cout ? 0 : 1;
   };

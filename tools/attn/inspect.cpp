@@ -6,9 +6,14 @@
 #include <algorithm>
 #include <iostream>
 #include <memory>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "attn/hf_gpt2.h"
+#include "attn/train.h"
+#include "attn/utf8.h"
 
 namespace attn::cli {
 
@@ -78,6 +83,132 @@ std::string inspect_json(const std::string& path, const io::SafetensorsHeader& h
   return j.dump(2) + "\n";
 }
 
+namespace {
+
+namespace fs = std::filesystem;
+
+// 124439808 -> "124,439,808"
+std::string thousands(int64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+// The summary of a model directory, as ordered JSON (the text form prints it).
+nlohmann::ordered_json model_summary(const std::string& dir) {
+  nlohmann::ordered_json j;
+  j["directory"] = dir;
+  if (io::is_hf_gpt2_dir(dir)) {
+    const io::HfGpt2Config hf = io::read_hf_gpt2_config(dir);
+    const nn::GPTConfig& c = hf.config;
+    const std::string weights = (fs::path(dir) / "model.safetensors").string();
+    if (!fs::exists(weights)) {
+      throw std::invalid_argument(
+          fmt::format("'{}' does not exist (a Hugging Face model directory has config.json and "
+                      "model.safetensors)",
+                      printable(weights)));
+    }
+    const io::MappedSafetensors file(weights);  // the header only is read
+    int64_t params = 0, buffers = 0, tensors = 0;
+    bool prefixed = false, lm_head = false;
+    std::map<std::string, int64_t> dtypes;
+    for (const auto& e : file.header().entries) {
+      std::string key = e.name;
+      if (key.starts_with("transformer.")) {
+        prefixed = true;
+        key = key.substr(12);
+      }
+      if (key.ends_with(".attn.bias") || key.ends_with(".attn.masked_bias")) {
+        ++buffers;
+        continue;
+      }
+      ++tensors;
+      lm_head = lm_head || key == "lm_head.weight";
+      params += e.nbytes() / e.element_size;
+      ++dtypes[e.dtype];
+    }
+    j["kind"] = "huggingface-gpt2";
+    j["config"] = {{"n_embd", c.emb_dim},
+                   {"n_layer", c.n_layers},
+                   {"n_head", c.n_heads},
+                   {"n_positions", c.context_length},
+                   {"vocab_size", c.vocab_size},
+                   {"layer_norm_epsilon", std::stod(fmt::format("{}", c.layer_norm_eps))},
+                   {"activation_function", hf.activation_function},
+                   {"tie_word_embeddings", c.tie_embeddings}};
+    j["parameters"] = params;
+    j["dtype"] = dtypes.size() == 1 ? dtypes.begin()->first : std::string("mixed");
+    j["tied"] = !lm_head;
+    j["tensors"] = tensors;
+    j["prefix"] = prefixed ? "transformer." : "";
+    j["buffers_ignored"] = buffers;
+    const bool own = fs::exists(fs::path(dir) / "vocab.json") && fs::exists(fs::path(dir) / "merges.txt");
+    j["tokenizer"] = own ? "vocab.json + merges.txt" : "gpt2 (GPT-2's)";
+    return j;
+  }
+  const std::string path = (fs::path(dir) / "checkpoint.safetensors").string();
+  if (!fs::exists(path)) {
+    throw std::invalid_argument(fmt::format(
+        "'{}' is neither a Hugging Face model directory (config.json) nor an attn checkpoint "
+        "directory (checkpoint.safetensors)",
+        printable(dir)));
+  }
+  const io::SafetensorsHeader header = io::read_safetensors_header(path);
+  int64_t params = 0;
+  bool out_head = false;
+  std::map<std::string, int64_t> dtypes;
+  for (const auto& e : header.entries) {
+    // Training state and the causal masks (buffers) are not parameters.
+    if (e.name.starts_with("optim.") || e.name.ends_with(".mask")) continue;
+    out_head = out_head || e.name == "out_head.weight";
+    params += e.nbytes() / e.element_size;
+    ++dtypes[e.dtype];
+  }
+  auto meta = [&](const char* key) {
+    const auto it = header.metadata.find(key);
+    return it == header.metadata.end() ? std::string() : it->second;
+  };
+  const nn::GPTConfig c = train::config_from_json(meta("config"));
+  j["kind"] = "attn-checkpoint";
+  j["config"] = nlohmann::ordered_json::parse(train::config_to_json(c));
+  j["parameters"] = params;
+  j["dtype"] = dtypes.size() == 1 ? dtypes.begin()->first : std::string("mixed");
+  j["tied"] = !out_head;
+  const std::string tok = meta("tokenizer").empty() ? "char" : meta("tokenizer");
+  j["tokenizer"] = tok;
+  if (!meta("iter").empty()) j["iter"] = meta("iter");
+  return j;
+}
+
+std::string summary_text(const nlohmann::ordered_json& j) {
+  std::string out = fmt::format("{}: {}\n", printable(j["directory"].get<std::string>()),
+                                j["kind"] == "huggingface-gpt2"
+                                    ? "Hugging Face GPT-2 (config.json + model.safetensors)"
+                                    : "attn checkpoint (checkpoint.safetensors)");
+  std::string cfg;
+  for (const auto& [k, v] : j["config"].items())
+    cfg += (cfg.empty() ? "" : ", ") + k + " " + (v.is_string() ? v.get<std::string>() : v.dump());
+  out += "  config: " + cfg + "\n";
+  out += fmt::format("  parameters: {} ({})\n", thousands(j["parameters"].get<int64_t>()),
+                     j["tied"].get<bool>() ? "output head tied to the token embedding"
+                                           : "output head stored");
+  out += fmt::format("  dtype: {}\n", j["dtype"].get<std::string>());
+  if (j.contains("tensors")) {
+    out += fmt::format("  tensors: {}, names {}; {} buffer(s) ignored\n",
+                       j["tensors"].get<int64_t>(),
+                       j["prefix"] == "" ? "without a prefix" : "with \"transformer.\"",
+                       j["buffers_ignored"].get<int64_t>());
+  }
+  out += fmt::format("  tokenizer: {}\n", j["tokenizer"].get<std::string>());
+  if (j.contains("iter")) out += fmt::format("  iteration: {}\n", j["iter"].get<std::string>());
+  return out;
+}
+
+}  // namespace
+
 Command add_inspect_command(CLI::App& app) {
   struct Flags {
     std::string file;
@@ -87,12 +218,23 @@ Command add_inspect_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "inspect",
       "List a safetensors file's tensors (name, dtype, shape, bytes) and metadata, after checking "
-      "every offset, size, dtype and shape in its header against the file");
+      "every offset, size, dtype and shape in its header against the file; or summarise a model "
+      "directory (config, parameters, dtype, tied head, tokenizer)");
   cmd->footer(
-      "Examples:\n  attn inspect model.safetensors\n  attn inspect --json model.safetensors");
-  cmd->add_option("file", flags->file, "The safetensors file")->required()->type_name("FILE");
+      "Examples:\n  attn inspect model.safetensors\n  attn inspect --json model.safetensors\n"
+      "  attn inspect gpt2            # a Hugging Face GPT-2 directory or an attn checkpoint "
+      "directory");
+  cmd->add_option("file", flags->file, "The safetensors file, or a model directory")
+      ->required()
+      ->type_name("FILE|DIR");
   cmd->add_flag("--json", flags->json, "Print one JSON object instead of the table");
   auto run = [flags]() -> int {
+    if (fs::is_directory(flags->file)) {
+      const nlohmann::ordered_json j = model_summary(flags->file);
+      std::cout << (flags->json ? j.dump(2) + "\n" : summary_text(j));
+      std::cout.flush();
+      return std::cout ? 0 : 1;
+    }
     const io::SafetensorsHeader header = io::read_safetensors_header(flags->file);
     std::cout << (flags->json ? inspect_json(flags->file, header)
                               : inspect_text(flags->file, header));

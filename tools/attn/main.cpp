@@ -15,6 +15,8 @@
 #include "attn/utf8.h"
 #include "bench.h"
 #include "command.h"
+#include "eval.h"
+#include "export.h"
 #include "generate.h"
 #include "inspect.h"
 #include "plot.h"
@@ -74,6 +76,8 @@ int main(int argc, char** argv) {
   commands.push_back(attn::cli::add_generate_command(app));
   commands.push_back(attn::cli::add_train_command(app));
   commands.push_back(attn::cli::add_tokenize_command(app));
+  commands.push_back(attn::cli::add_export_command(app));
+  commands.push_back(attn::cli::add_eval_command(app));
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,133 @@
+// export.cpp - `attn export` (export.h).
+#include "export.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "attn/generate.h"
+#include "attn/hf_gpt2.h"
+#include "attn/safetensors.h"
+#include "attn/train.h"
+#include "attn/utf8.h"
+
+namespace attn::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Flags {
+  std::string model;
+  std::string format;
+  std::string out;
+  std::string dtype = "float32";
+};
+
+constexpr int64_t kGpt2VocabSize = 50257;
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  if (!in) throw std::runtime_error(fmt::format("cannot read '{}'", printable(p.string())));
+  return s.str();
+}
+
+}  // namespace
+
+Command add_export_command(CLI::App& app) {
+  auto flags = std::make_shared<Flags>();
+  CLI::App* cmd = app.add_subcommand(
+      "export",
+      "Write a model directory (Hugging Face GPT-2 or attn checkpoint) as a Hugging Face GPT-2 "
+      "directory (config.json + model.safetensors, loadable by "
+      "transformers.GPT2LMHeadModel.from_pretrained) or as an attn checkpoint with the book's "
+      "names");
+  cmd->footer(
+      "--format hf: DIR/config.json and DIR/model.safetensors (names transformer.*, Conv1D "
+      "layout), --dtype float32, bfloat16 or float16; a source's vocab.json and merges.txt are "
+      "copied. --format book: DIR/checkpoint.safetensors with attn's (the book's) names, float32, "
+      "as attn train writes it. Every file is written atomically.\n\n"
+      "Examples:\n"
+      "  attn export --model gpt2 --format book --out gpt2-book\n"
+      "  attn export --model gpt2-book --format hf --dtype bfloat16 --out gpt2-bf16");
+  cmd->add_option("--model", flags->model, "The source model directory")
+      ->required()
+      ->type_name("SRC");
+  cmd->add_option("--format", flags->format, "hf or book")->required()->type_name("FORMAT");
+  cmd->add_option("--out", flags->out, "The directory to write (created)")
+      ->required()
+      ->type_name("DIR");
+  cmd->add_option("--dtype", flags->dtype,
+                  "--format hf: the weights' dtype, float32 (default), bfloat16 or float16")
+      ->type_name("DTYPE");
+
+  auto run = [flags]() -> int {
+    const Flags& f = *flags;
+    if (f.format != "hf" && f.format != "book") {
+      throw UsageError(
+          fmt::format("export: --format must be hf or book, got '{}'", printable(f.format)));
+    }
+    io::HfDType dtype{};
+    try {
+      dtype = io::hf_dtype_from_name(f.dtype);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(fmt::format("export: --{}", e.what()));
+    }
+    if (f.format == "book" && dtype != io::HfDType::kFloat32) {
+      throw UsageError(fmt::format(
+          "export: --format book writes float32 (attn's checkpoints hold float32 weights), got "
+          "--dtype {}",
+          printable(f.dtype)));
+    }
+    std::unique_ptr<nn::GPTModel> model;
+    const io::ModelDir md = io::load_model_dir(f.model, model);
+    const nn::GPTConfig& c = md.config;
+    if (f.format == "hf") {
+      // An attn checkpoint needs GPT-2's whole vocabulary; a Hugging Face source
+      // (re-written, e.g. in another dtype) is GPT-2 whatever its size.
+      if (md.kind == io::ModelDir::Kind::kAttnCheckpoint &&
+          (md.tokenizer != "gpt2" || c.vocab_size != kGpt2VocabSize)) {
+        throw std::invalid_argument(fmt::format(
+            "'{}' has a {} vocabulary of {} tokens; a Hugging Face GPT-2 directory needs GPT-2's "
+            "(the byte-level BPE, 50257 tokens): export a model trained with the gpt2 tokenizer "
+            "(checkpoint metadata \"tokenizer\": \"gpt2\"), or use --format book",
+            printable(f.model), md.tokenizer == "char" ? "character-level" : "non-GPT-2",
+            c.vocab_size));
+      }
+      io::save_hf_gpt2(*model, f.out, dtype);
+      // The source's own tokenizer files travel with it.
+      for (const char* name : {"vocab.json", "merges.txt"}) {
+        const fs::path src = fs::path(f.model) / name;
+        if (md.kind == io::ModelDir::Kind::kHuggingFace && fs::is_regular_file(src))
+          write_file_atomically((fs::path(f.out) / name).string(), read_file(src));
+      }
+    } else {
+      std::error_code ec;
+      fs::create_directories(f.out, ec);
+      if (ec) {
+        throw std::runtime_error(fmt::format("cannot create the directory '{}': {}",
+                                             printable(f.out), ec.message()));
+      }
+      std::map<std::string, std::string> metadata = {
+          {"format", train::kCheckpointFormat},
+          {"config", train::config_to_json(c)},
+          {"tokenizer", md.tokenizer}};
+      if (md.tokenizer == "char") metadata["vocab"] = train::CharTokenizer(md.vocab).to_json();
+      io::save_state_dict(*model, (fs::path(f.out) / "checkpoint.safetensors").string(), metadata);
+    }
+    std::cout << fmt::format("wrote {} ({} format{}, {} parameters)\n", printable(f.out), f.format,
+                             f.format == "hf" ? ", " + f.dtype : std::string(),
+                             model->num_parameters());
+    std::cout.flush();
+    return std::cout ? 0 : 1;
+  };
+  return Command{cmd, run};
+}
+
+}  // namespace attn::cli
