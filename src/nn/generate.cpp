@@ -427,14 +427,14 @@ Checkpoint load_checkpoint(const std::string& dir, std::unique_ptr<GPTModel>& mo
   if (cfg.contains("layer_norm_eps")) {
     if (!cfg.at("layer_norm_eps").is_number()) {
       throw std::invalid_argument(
-          fmt::format("'{}': config \"layer_norm_eps\" is not a number", path));
+          fmt::format("'{}': config \"layer_norm_eps\" is not a number", printable(path)));
     }
     ck.config.layer_norm_eps = cfg.at("layer_norm_eps").get<float>();
   }
   if (cfg.contains("tie_embeddings")) {
     if (!cfg.at("tie_embeddings").is_boolean()) {
       throw std::invalid_argument(
-          fmt::format("'{}': config \"tie_embeddings\" is not a boolean", path));
+          fmt::format("'{}': config \"tie_embeddings\" is not a boolean", printable(path)));
     }
     ck.config.tie_embeddings = cfg.at("tie_embeddings").get<bool>();
   }
