@@ -66,6 +66,12 @@ class Tokenizer {
   std::shared_ptr<const Vocabulary> vocab_;
 };
 
+// Writes GPT-2's vocabulary into dir as Hugging Face names it: dir/vocab.json
+// and dir/merges.txt (byte for byte data/gpt2/encoder.json and vocab.bpe, which
+// are those files), each atomically. The directory must exist. Throws
+// std::runtime_error naming the file when it cannot be written.
+void write_gpt2_vocabulary(const std::string& dir);
+
 // Decoded text for streaming generation, one id at a time: holds back the
 // bytes of a UTF-8 character split across tokens until it is complete. Bytes
 // that can never complete a character (a stray continuation byte, 0xFF) are

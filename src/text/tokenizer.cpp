@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "attn/atomic_file.h"
 #include "attn/utf8.h"
 #include "text/bpe.h"
 #include "text/encoder.h"
@@ -390,6 +391,11 @@ std::string StreamDecoder::flush() {
   std::string rest;
   rest.swap(pending_);
   return rest;
+}
+
+void write_gpt2_vocabulary(const std::string& dir) {
+  io::write_file_atomically(dir + "/vocab.json", gpt2_encoder_json());
+  io::write_file_atomically(dir + "/merges.txt", gpt2_vocab_bpe());
 }
 
 }  // namespace attn::text

@@ -22,6 +22,8 @@
 #include "attn/gemm.h"
 #include "attn/random.h"
 #include "attn/safetensors.h"
+#include "attn/hf_gpt2.h"
+#include "attn/generate.h"
 #include "attn/train.h"
 #include "cli.h"
 
@@ -545,6 +547,43 @@ std::vector<std::string> metric_losses(const std::string& dir) {
 const std::string kCliModel =
     "--n-layers 1 --n-heads 2 --emb-dim 16 --context-length 16 --batch-size 4 --warmup-iters 5 "
     "--eval-interval 25 --eval-iters 2 --seed 3";
+
+// --tokenizer gpt2 leaves the folder in Hugging Face's layout beside the
+// checkpoint: the same weights (logits equal), GPT-2's vocabulary files, and
+// `attn generate --model` reads it.
+TEST(TrainCli, Gpt2RunWritesAHuggingFaceDirectory) {
+  ATTN_REQUIRE_CLI();
+  const std::string dir = attn::test::temp_path("gpt2run");
+  const auto r = attn::test::run_cli(
+      "train --text '" + data_path("the-verdict.txt") + "' --out '" + dir +
+      "' --tokenizer gpt2 --context-length 32 --batch-size 4 --n-layers 1 --n-heads 2 --emb-dim 16 "
+      "--epochs 1 --eval-interval 20 --eval-iters 2 --threads 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("GPT-2 BPE"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("36 training batches per epoch"), std::string::npos) << r.out;
+  const auto ckpt = attn::io::read_safetensors(dir + "/checkpoint.safetensors");
+  EXPECT_EQ(ckpt.metadata.at("tokenizer"), "gpt2");
+  EXPECT_EQ(ckpt.metadata.at("iter"), "36");
+  EXPECT_EQ(attn::test::read_text(dir + "/vocab.json"),
+            attn::test::read_text(data_path("gpt2/encoder.json")));
+  EXPECT_EQ(attn::test::read_text(dir + "/merges.txt"), attn::test::read_text(data_path("gpt2/vocab.bpe")));
+
+  std::unique_ptr<attn::nn::GPTModel> from_hf, from_ckpt;
+  const attn::io::HfGpt2Info info = attn::io::load_hf_gpt2(dir, from_hf);
+  EXPECT_TRUE(info.lm_head_stored);  // the book's untied output head
+  (void)attn::nn::load_checkpoint(dir, from_ckpt);
+  const attn::Tensor ids = attn::Tensor::from_int64({1, 5}, {464, 3290, 286, 262, 1110});
+  const attn::Tensor a = from_hf->forward(ids), b = from_ckpt->forward(ids);
+  ASSERT_EQ(a.shape(), b.shape());
+  for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a[i], b[i]) << i;
+
+  const auto gen = attn::test::run_cli("generate --model '" + dir +
+                                       "' --prompt 'Every effort moves you' --max-new-tokens 3 --greedy "
+                                       "--print-ids");
+  ASSERT_EQ(gen.exit_code, 0) << gen.err;
+  EXPECT_EQ(gen.out.rfind("6109 3626 6100 345", 0), 0u) << gen.out;  // the prompt's GPT-2 ids first
+  std::filesystem::remove_all(dir);
+}
 
 TEST(TrainCli, WritesMetricsAndCheckpoint) {
   ATTN_REQUIRE_CLI();

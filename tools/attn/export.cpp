@@ -12,6 +12,7 @@
 
 #include "attn/generate.h"
 #include "attn/hf_gpt2.h"
+#include "attn/tokenizer.h"
 #include "attn/safetensors.h"
 #include "attn/train.h"
 #include "attn/utf8.h"
@@ -101,12 +102,17 @@ Command add_export_command(CLI::App& app) {
             c.vocab_size));
       }
       io::save_hf_gpt2(*model, f.out, dtype);
-      // The source's own tokenizer files travel with it.
+      // The source's own tokenizer files travel with it; an attn checkpoint
+      // trained on GPT-2's BPE gets GPT-2's.
+      bool copied = false;
       for (const char* name : {"vocab.json", "merges.txt"}) {
         const fs::path src = fs::path(f.model) / name;
-        if (md.kind == io::ModelDir::Kind::kHuggingFace && fs::is_regular_file(src))
+        if (md.kind == io::ModelDir::Kind::kHuggingFace && fs::is_regular_file(src)) {
           write_file_atomically((fs::path(f.out) / name).string(), read_file(src));
+          copied = true;
+        }
       }
+      if (!copied && md.kind == io::ModelDir::Kind::kAttnCheckpoint) text::write_gpt2_vocabulary(f.out);
     } else {
       std::error_code ec;
       fs::create_directories(f.out, ec);

@@ -24,6 +24,8 @@
 #include "attn/gemm.h"
 #include "attn/utf8.h"
 #include "attn/safetensors.h"
+#include "attn/hf_gpt2.h"
+#include "attn/tokenizer.h"
 #include "attn/train.h"
 #include "plot/line_chart.h"
 
@@ -155,6 +157,15 @@ Command add_train_command(CLI::App& app) {
     namespace fs = std::filesystem;
     const std::string checkpoint = (fs::path(flags->out) / "checkpoint.safetensors").string();
     const std::string metrics_path = (fs::path(flags->out) / "metrics.jsonl").string();
+    // The checkpoint, and for a GPT-2 BPE run the same weights in Hugging Face's
+    // layout beside it (config.json, model.safetensors, vocab.json, merges.txt).
+    auto save = [&](train::Trainer& trainer) {
+      trainer.save(checkpoint);
+      if (trainer.tokenizer_name() == "gpt2") {
+        io::save_hf_gpt2(trainer.model(), flags->out);
+        text::write_gpt2_vocabulary(flags->out);
+      }
+    };
 
     // The options: the flags, or on --resume the checkpoint's with the given flags applied.
     if (flags->threads != 0) {
@@ -260,7 +271,7 @@ Command add_train_command(CLI::App& app) {
         j["elapsed_s"] = std::chrono::duration<double>(clock::now() - start).count();
         metrics.push_back(j.dump());
         step_ms.clear();
-        trainer.save(checkpoint);
+        save(trainer);
         std::string all;
         for (const auto& line : metrics) all += line + "\n";
         write_file_atomically(metrics_path, all);
@@ -300,7 +311,7 @@ Command add_train_command(CLI::App& app) {
     sigaction(SIGINT, &old, nullptr);
     const double wall = std::chrono::duration<double>(clock::now() - start).count();
     if (interrupted) {
-      trainer.save(checkpoint);
+      save(trainer);
       std::cout << (bar ? "\r\033[K" : "")
                 << fmt::format("interrupted after iteration {}: checkpoint written to {}; continue with --resume\n",
                                trainer.iter(), printable(checkpoint));
