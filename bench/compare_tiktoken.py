@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Times attn's GPT-2 tokenizer against tiktoken on the same texts, in one run.
 
-    python3 -m venv /work/venv-tok && /work/venv-tok/bin/pip install tiktoken
-    /work/venv-tok/bin/python bench/compare_tiktoken.py --build build
+    scripts/bench-venv   # ~/venv-torch2, with tiktoken
+    ~/venv-torch2/bin/python bench/compare_tiktoken.py --build build
 
 tiktoken's "gpt2" encoding is built offline from data/gpt2/ (nothing is
 downloaded). Texts: data/tinyshakespeare.txt, data/the-verdict.txt, and a
