@@ -45,6 +45,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "attn/gpt.h"
@@ -65,6 +66,8 @@ struct HfGpt2Config {
 // 4 n_embd, scale_attn_weights false, scale_attn_by_inverse_layer_idx,
 // reorder_and_upcast_attn); std::runtime_error when it cannot be read.
 HfGpt2Config read_hf_gpt2_config(const std::string& dir);
+// The same checks on config.json's text; `file` names it in the messages.
+HfGpt2Config parse_hf_gpt2_config(std::string_view text, const std::string& file = "config.json");
 
 // True when DIR holds config.json (a Hugging Face model directory).
 bool is_hf_gpt2_dir(const std::string& dir);

@@ -163,12 +163,38 @@ void expect_contains(const std::string& message, const std::string& part) {
   for (unsigned char ch : message) EXPECT_TRUE(ch >= 0x20 && ch != 0x7F) << message;
 }
 
+// parse_hf_gpt2_config on text (what the config fuzzer feeds it): values that
+// fit a double or an int64 but not what attn builds are refused.
+TEST(HfGpt2, ConfigTextOutOfRange) {
+  auto error = [](const std::string& extra) {
+    const std::string text = R"({"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64, "vocab_size": 512)" +
+                             extra + "}";
+    try {
+      (void)attn::io::parse_hf_gpt2_config(text, "c.json");
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_EQ(error(""), "(accepted)");
+  EXPECT_EQ(error(R"(, "layer_norm_epsilon": 1e300)"),
+            "'c.json': layer_norm_epsilon must be a number > 0, got 1e+300");  // inf as a float
+  // The key twice: the JSON reader keeps the last, a uint64 that reads as a negative int64.
+  EXPECT_NE(error(R"(, "n_layer": 18446744073709551615)").find("\"n_layer\" must be an integer in [1, 2147483647]"),
+            std::string::npos);
+  EXPECT_NE(error(R"(, "vocab_size": 4294967296)").find("\"vocab_size\" must be an integer in [1, 2147483647], got 4294967296"),
+            std::string::npos);
+  const std::string bad_json = error(",\xff");
+  EXPECT_NE(bad_json.find("'c.json': not valid JSON: "), std::string::npos) << bad_json;
+  EXPECT_EQ(bad_json.find('\xff'), std::string::npos) << bad_json;  // escaped
+}
+
 TEST(HfGpt2, ConfigErrorsNameTheKey) {
   expect_contains(load_error(with_config("n_embd", nullptr, true)),
                   "config.json': no \"n_embd\" (GPT-2's config has n_embd, n_layer, n_head, "
                   "n_positions, vocab_size)");
   expect_contains(load_error(with_config("n_head", "4")),
-                  "config.json': \"n_head\" must be an integer >= 1, got \"4\"");
+                  "config.json': \"n_head\" must be an integer in [1, 2147483647], got \"4\"");
   expect_contains(load_error(with_config("n_head", 5)), "n_embd (32) must be divisible by n_head (5)");
   expect_contains(load_error(with_config("activation_function", "relu")),
                   "activation_function \"relu\" is not supported: attn computes GELU's tanh "
