@@ -31,6 +31,7 @@
 #include "attn/kernels.h"
 #include "attn/nn.h"
 #include "attn/random.h"
+#include "attn/utf8.h"
 #include "sgemm_rate.h"
 
 namespace attn::cli {
@@ -579,11 +580,34 @@ Command add_bench_command(CLI::App& app) {
                  100.0 * sgemm_blas / peak);
       fmt::print(
           "sgemm {}^3, fast engine ({}, median of {}): {:.1f} GFLOP/s = {:.1f}% of peak; % sgemm "
-          "below is of the faster; {} repeats per case after a warm-up of 250 ms\n\n",
+          "below is of the faster; {} repeats per case after a warm-up of 250 ms\n",
           sgemm_n, gemm::fast_gemm_name(), f->quick ? 3 : 5, sgemm_fast, 100.0 * sgemm_fast / peak,
           repeats);
+      // Nothing runs faster than the machine: a product above the measured
+      // peak means the probe under-reads this CPU, and every "% peak" is too high.
+      for (const auto& [name, rate] : {std::pair{gemm::blas_name(), sgemm_blas},
+                                       std::pair{gemm::fast_gemm_name(), sgemm_fast}}) {
+        if (peak > 0 && rate > peak)
+          fmt::print("warning: sgemm on {} runs at {:.1f}% of the measured fp32 FMA peak: the peak "
+                     "probe under-reads this CPU, so the % peak figures below are too high\n",
+                     name, 100.0 * rate / peak);
+      }
+      // A BLAS far below the peak (an old OpenBLAS on a newer CPU, or
+      // OPENBLAS_CORETYPE pinned to an old core) slows whatever runs on it.
+      if (peak > 0 && sgemm_blas < 0.5 * peak) {
+        const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+        fmt::print("note: the BLAS engine ({}) reaches {:.1f}% of the fp32 FMA peak{}; the chapter "
+                   "modules use it for PyTorch's sums, the GPT, training, generation and the fused "
+                   "paths use the fast engine ({})\n",
+                   gemm::blas_name(), 100.0 * sgemm_blas / peak,
+                   coretype != nullptr ? fmt::format(" (OPENBLAS_CORETYPE={})", printable(coretype))
+                                       : std::string(),
+                   gemm::fast_gemm_name());
+      }
+      fmt::print("\n");
       print_table_header();
     }
+    int64_t above_peak = 0;  // rows faster than the measured peak
     nlohmann::json rows = nlohmann::json::array();
     for (const auto& shape : shapes) {
       for (const auto& kind : kinds) {
@@ -598,6 +622,7 @@ Command add_bench_command(CLI::App& app) {
             const double ceiling = bf16_dots ? bf16_peak : peak;
             if (sgemm > 0) r.pct_sgemm = 100.0 * r.gflops / sgemm;
             if (ceiling > 0) r.pct_peak = 100.0 * r.gflops / ceiling;
+            if (r.pct_peak > 100.0) ++above_peak;
             if (f->json) {
               rows.push_back(to_json(r, repeats));
             } else {
@@ -611,6 +636,12 @@ Command add_bench_command(CLI::App& app) {
       std::cout << rows.dump(1) << std::endl;
     } else {
       fmt::print("\n{}", kFooter);
+    }
+    if (above_peak > 0) {
+      fmt::print(stderr,
+                 "warning: {} case(s) ran above 100% of the measured peak: the peak probe "
+                 "under-reads this CPU (a bug in the probe, not a faster kernel)\n",
+                 above_peak);
     }
     return 0;
   };
