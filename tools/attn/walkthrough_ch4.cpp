@@ -1,0 +1,404 @@
+// walkthrough_ch4.cpp - `attn walkthrough --chapter 4`: the GPT chapter's
+// notebook, print by print.
+//
+// Each section follows the notebook's cells (tests/torch/oracle_walkthrough_ch4.py
+// runs the same code in PyTorch). The models run on attn's reference paths
+// (attention, LayerNorm and GELU in PyTorch's float order) so that the printed
+// digits are torch's; both forward passes run in training mode, as in the
+// notebook (model.eval() comes only before generation), so their dropout masks
+// are drawn from the seeded generator in PyTorch's order.
+#include "walkthrough_ch4.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <utility>
+
+#include "attn/gpt.h"
+#include "attn/nn.h"
+#include "attn/ops.h"
+#include "attn/print.h"
+#include "attn/random.h"
+#include "attn/tokenizer.h"
+#include "attn/utf8.h"
+#include "command.h"
+
+namespace attn::cli {
+namespace {
+
+constexpr uint64_t kBookSeed = 123;  // the notebook's torch.manual_seed(123)
+const char* const kText1 = "Every effort moves you";
+const char* const kText2 = "Every day holds a";
+const char* const kStartContext = "Hello, I am";
+constexpr int64_t kMaxNewTokens = 6;
+constexpr int64_t kBytesPerParameter = 4;  // float32
+constexpr double kBytesPerMB = 1024.0 * 1024.0;
+
+// ---- Python's and PyTorch's spellings ----------------------------------------------------
+
+// torch.Size([2, 4, 50257])
+std::string torch_size(const Shape& shape) { return fmt::format("torch.Size([{}])", fmt::join(shape, ", ")); }
+
+// Python's list repr of ints: [15496, 11, 314, 716]
+std::string python_list(const std::vector<int64_t>& v) { return fmt::format("[{}]", fmt::join(v, ", ")); }
+
+// f"{n:,}": 163,009,536
+std::string with_commas(int64_t n) {
+  const std::string digits = std::to_string(n < 0 ? -n : n);
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return n < 0 ? "-" + out : out;
+}
+
+nlohmann::json tensor_json(const Tensor& t) {
+  nlohmann::json values = nlohmann::json::array();
+  if (t.dtype() == DType::kInt64) {
+    for (int64_t v : t.to_int64_vector()) values.push_back(v);
+  } else {
+    for (float v : t.to_vector()) values.push_back(v);
+  }
+  return {{"shape", t.shape()}, {"values", std::move(values)}};
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// ---- the notebook's state, shared by the sections ---------------------------------------
+
+struct Notebook {
+  std::vector<Printed>* out = nullptr;
+  ProgressFn progress;
+  std::string section;
+  std::unique_ptr<nn::GPTModel> model;  // GPTModel(GPT_CONFIG_124M), built by "gpt" or "generate"
+
+  void print(std::string name, const std::string& what, const std::string& code, std::string text,
+             nlohmann::json value) {
+    out->push_back(Printed{section, std::move(name), fmt::format("{}: {}", what, code),
+                           std::move(text), std::move(value)});
+  }
+  void say(const std::string& line) const {
+    if (progress) progress(line);
+  }
+
+  // torch.manual_seed(123); model = GPTModel(GPT_CONFIG_124M). The reference
+  // attention, LayerNorm and GELU follow PyTorch's float order; in training mode
+  // the attention's dropout masks are PyTorch's.
+  nn::GPTModel& gpt_model() {
+    if (!model) {
+      const auto start = std::chrono::steady_clock::now();
+      say("GPTModel(GPT_CONFIG_124M) under torch.manual_seed(123): drawing its weights ...");
+      manual_seed(kBookSeed);
+      model = std::make_unique<nn::GPTModel>(
+          nn::GPT_CONFIG_124M,
+          nn::GPTOptions{.attention_backend = nn::AttentionBackend::kReference,
+                         .exact_dropout = true,
+                         .layers = nn::LayerImpl::kReference});
+      say(fmt::format("GPTModel(GPT_CONFIG_124M): {} parameters in {:.1f} s",
+                      with_commas(model->num_parameters()), seconds_since(start)));
+    }
+    return *model;
+  }
+};
+
+// The two example texts as GPT-2 ids, stacked: (2, 4) int64.
+Tensor example_batch() {
+  const text::Tokenizer& tokenizer = text::Tokenizer::gpt2();
+  const std::vector<int64_t> a = tokenizer.encode(kText1);
+  const std::vector<int64_t> b = tokenizer.encode(kText2);
+  if (a.size() != b.size()) {  // torch.stack needs equal lengths; GPT-2 gives 4 and 4
+    throw std::logic_error(fmt::format("walkthrough: '{}' is {} tokens but '{}' is {}", kText1,
+                                       a.size(), kText2, b.size()));
+  }
+  std::vector<int64_t> ids = a;
+  ids.insert(ids.end(), b.begin(), b.end());
+  return Tensor::from_int64({2, static_cast<int64_t>(a.size())}, ids);
+}
+
+// ---- 1. the batch -----------------------------------------------------------------------
+
+void batch_section(Notebook& nb) {
+  const Tensor batch = example_batch();
+  nb.print("batch",
+           fmt::format("\"{}\" and \"{}\" as GPT-2 token ids, stacked into a batch", kText1, kText2),
+           "batch = torch.stack([torch.tensor(tokenizer.encode(txt1)), "
+           "torch.tensor(tokenizer.encode(txt2))], dim=0); print(batch)",
+           to_string(batch), tensor_json(batch));
+}
+
+// ---- 2. DummyGPTModel -------------------------------------------------------------------
+
+// The chapter's first sketch: embeddings, dropout and the output layer; its
+// transformer blocks and final norm are identities without parameters, so they
+// draw nothing.
+struct DummyGPTModel {
+  nn::Embedding tok_emb;
+  nn::Embedding pos_emb;
+  nn::Dropout drop_emb;
+  nn::Linear out_head;
+
+  explicit DummyGPTModel(const nn::GPTConfig& cfg)
+      : tok_emb({.num_embeddings = cfg.vocab_size, .embedding_dim = cfg.emb_dim}),
+        pos_emb({.num_embeddings = cfg.context_length, .embedding_dim = cfg.emb_dim}),
+        drop_emb({.p = cfg.drop_rate}),
+        out_head({.in_features = cfg.emb_dim, .out_features = cfg.vocab_size, .bias = false}) {}
+
+  // in_idx (B, T) int64 -> logits (B, T, V), training mode (drop_emb active).
+  Tensor forward(const Tensor& in_idx) {
+    const int64_t T = in_idx.size(1);
+    std::vector<int64_t> positions(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) positions[static_cast<size_t>(t)] = t;  // torch.arange(T)
+    Tensor x = add(tok_emb.forward(in_idx), pos_emb.forward(positions));   // (B, T, E)
+    x = drop_emb.forward(x);
+    return out_head.forward(x);  // (B, T, V)
+  }
+};
+
+void dummy_section(Notebook& nb) {
+  const Tensor batch = example_batch();
+  const auto start = std::chrono::steady_clock::now();
+  nb.say("DummyGPTModel(GPT_CONFIG_124M) under torch.manual_seed(123) ...");
+  manual_seed(kBookSeed);
+  Tensor logits;
+  {
+    DummyGPTModel model(nn::GPT_CONFIG_124M);
+    logits = model.forward(batch);  // (2, 4, 50257)
+  }
+  nb.say(fmt::format("DummyGPTModel: built and run in {:.1f} s", seconds_since(start)));
+  nb.print("logits.shape", "the DummyGPTModel's output: one score per vocabulary entry per token",
+           "torch.manual_seed(123); model = DummyGPTModel(GPT_CONFIG_124M); logits = model(batch); "
+           "print(\"Output shape:\", logits.shape)",
+           "Output shape: " + torch_size(logits.shape()), logits.shape());
+  nb.print("logits", "its logits (training mode: drop_emb zeroes 10% of the embeddings)",
+           "print(logits)", to_string(logits), tensor_json(logits));
+}
+
+// ---- 3. GPTModel ------------------------------------------------------------------------
+
+void gpt_section(Notebook& nb) {
+  const Tensor batch = example_batch();
+  nn::GPTModel& model = nb.gpt_model();
+  model.train();  // nn.Module starts in training mode; the notebook does not call eval() yet
+  const auto start = std::chrono::steady_clock::now();
+  const Tensor out = model.forward(batch);  // (2, 4, 50257)
+  nb.say(fmt::format("GPTModel forward of the (2, 4) batch: {:.1f} s", seconds_since(start)));
+
+  nb.print("batch", "the input batch", "print(\"Input batch:\\n\", batch)",
+           "Input batch:\n " + to_string(batch), tensor_json(batch));
+  nb.print("out.shape", "the GPTModel's output: one score per vocabulary entry per token",
+           "torch.manual_seed(123); model = GPTModel(GPT_CONFIG_124M); out = model(batch); "
+           "print(\"\\nOutput shape:\", out.shape)",
+           "\nOutput shape: " + torch_size(out.shape()), out.shape());
+  nb.print("out", "its logits (training mode: dropout in every block)", "print(out)",
+           to_string(out), tensor_json(out));
+
+  const int64_t total_params = model.num_parameters();
+  nb.print("total_params", "every parameter counted, out_head not tied to tok_emb",
+           "total_params = sum(p.numel() for p in model.parameters())",
+           fmt::format("Total number of parameters: {}", with_commas(total_params)), total_params);
+  const Shape tok_shape = model.tok_emb.weight.value.shape();
+  const Shape out_shape = model.out_head.weight.value.shape();
+  nb.print("model.tok_emb.weight.shape", "the token embedding (vocab_size, emb_dim)",
+           "print(\"Token embedding layer shape:\", model.tok_emb.weight.shape)",
+           "Token embedding layer shape: " + torch_size(tok_shape), tok_shape);
+  nb.print("model.out_head.weight.shape", "the output layer has the same shape",
+           "print(\"Output layer shape:\", model.out_head.weight.shape)",
+           "Output layer shape: " + torch_size(out_shape), out_shape);
+  const int64_t total_params_gpt2 = total_params - model.out_head.num_parameters();
+  nb.print("total_params_gpt2", "GPT-2 ties the two, so out_head's weights are not counted",
+           "total_params_gpt2 = total_params - sum(p.numel() for p in model.out_head.parameters())",
+           fmt::format("Number of trainable parameters considering weight tying: {}",
+                       with_commas(total_params_gpt2)),
+           total_params_gpt2);
+  const double total_size_mb =
+      static_cast<double>(total_params * kBytesPerParameter) / kBytesPerMB;
+  nb.print("total_size_mb", "4 bytes (float32) per parameter",
+           "total_size_mb = total_params * 4 / (1024 * 1024)",
+           fmt::format("Total size of the model: {:.2f} MB", total_size_mb), total_size_mb);
+}
+
+// ---- 4. generate_text_simple ------------------------------------------------------------
+
+// The book's generate_text_simple: for max_new_tokens steps, the logits of the
+// last position of the last context_size tokens, softmax, argmax (the first
+// maximum, as torch.argmax), appended. idx (B, T) int64 -> (B, T + max_new_tokens).
+Tensor generate_text_simple(nn::GPTModel& model, const Tensor& idx, int64_t max_new_tokens,
+                            int64_t context_size, const ProgressFn& progress) {
+  const int64_t B = idx.size(0);
+  std::vector<std::vector<int64_t>> rows(static_cast<size_t>(B));
+  const std::vector<int64_t> flat = idx.to_int64_vector();
+  const int64_t T0 = idx.size(1);
+  for (int64_t b = 0; b < B; ++b) {
+    rows[static_cast<size_t>(b)].assign(flat.begin() + b * T0, flat.begin() + (b + 1) * T0);
+  }
+  for (int64_t step = 0; step < max_new_tokens; ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    const int64_t T = static_cast<int64_t>(rows[0].size());
+    const int64_t T_cond = std::min(T, context_size);  // idx[:, -context_size:]
+    std::vector<int64_t> cond;
+    for (const auto& row : rows) cond.insert(cond.end(), row.end() - T_cond, row.end());
+    const Tensor logits = model.forward(Tensor::from_int64({B, T_cond}, cond));  // (B, T, V)
+    const Tensor probas = softmax(select(logits, 1, T_cond - 1), -1);            // (B, V)
+    const int64_t V = probas.size(1);
+    const std::vector<float> p = probas.to_vector();
+    std::vector<int64_t> next(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b) {
+      const auto first = p.begin() + b * V;
+      next[static_cast<size_t>(b)] = std::max_element(first, first + V) - first;
+      rows[static_cast<size_t>(b)].push_back(next[static_cast<size_t>(b)]);
+    }
+    if (progress) {
+      progress(fmt::format("generate_text_simple: token {} of {} ({}) in {:.2f} s", step + 1,
+                           max_new_tokens, fmt::join(next, ", "), seconds_since(start)));
+    }
+  }
+  std::vector<int64_t> out;
+  for (const auto& row : rows) out.insert(out.end(), row.begin(), row.end());
+  return Tensor::from_int64({B, static_cast<int64_t>(rows[0].size())}, out);
+}
+
+void generate_section(Notebook& nb) {
+  const text::Tokenizer& tokenizer = text::Tokenizer::gpt2();
+  const std::vector<int64_t> encoded = tokenizer.encode(kStartContext);
+  nb.print("encoded", fmt::format("\"{}\" as GPT-2 token ids", kStartContext),
+           "encoded = tokenizer.encode(start_context); print(\"encoded:\", encoded)",
+           "encoded: " + python_list(encoded), encoded);
+  const Tensor encoded_tensor =
+      Tensor::from_int64({1, static_cast<int64_t>(encoded.size())}, encoded);
+  nb.print("encoded_tensor.shape", "with a batch dimension in front",
+           "encoded_tensor = torch.tensor(encoded).unsqueeze(0)",
+           "encoded_tensor.shape: " + torch_size(encoded_tensor.shape()), encoded_tensor.shape());
+
+  nn::GPTModel& model = nb.gpt_model();
+  model.eval();  // disable dropout
+  const Tensor out = generate_text_simple(model, encoded_tensor, kMaxNewTokens,
+                                          model.config().context_length, nb.progress);
+  nb.print("out", "the prompt and 6 greedily chosen tokens of the untrained model",
+           "model.eval(); out = generate_text_simple(model=model, idx=encoded_tensor, "
+           "max_new_tokens=6, context_size=GPT_CONFIG_124M[\"context_length\"])",
+           "Output: " + to_string(out), tensor_json(out));
+  const int64_t length = out.size(1);
+  nb.print("len(out[0])", "4 prompt tokens + 6 new ones", "print(\"Output length:\", len(out[0]))",
+           fmt::format("Output length: {}", length), length);
+  const std::vector<int64_t> ids = out.to_int64_vector();  // out.squeeze(0).tolist()
+  const std::string decoded_text = tokenizer.decode(ids);
+  nb.print("decoded_text", "decoded: gibberish, as the model is not trained yet",
+           "decoded_text = tokenizer.decode(out.squeeze(0).tolist()); print(decoded_text)",
+           decoded_text, decoded_text);
+}
+
+// ---- the sections -----------------------------------------------------------------------
+
+using SectionFn = void (*)(Notebook&);
+struct SectionEntry {
+  WalkthroughSection info;
+  SectionFn run;
+};
+
+const std::vector<SectionEntry>& section_table() {
+  static const std::vector<SectionEntry> table = {
+      {{"batch", "1. A batch of token ids",
+        "two four-token texts through GPT-2's BPE tokenizer (tiktoken's \"gpt2\" encoding)"},
+       batch_section},
+      {{"dummy", "2. DummyGPTModel: the GPT's skeleton",
+        "token + position embeddings, dropout, placeholder blocks and norm, the output layer "
+        "(GPT_CONFIG_124M, torch.manual_seed(123))"},
+       dummy_section},
+      {{"gpt", "3. GPTModel: 12 transformer blocks, GPT_CONFIG_124M",
+        "vocab 50257, context 1024, emb 768, 12 heads, 12 layers, drop 0.1, no q|k|v bias; "
+        "torch.manual_seed(123); its logits, parameter counts and size"},
+       gpt_section},
+      {{"generate", "4. Generating text: generate_text_simple",
+        "greedy: append argmax softmax(logits of the last token), 6 times, from \"Hello, I am\" "
+        "(the model of section 3, eval mode)"},
+       generate_section},
+  };
+  return table;
+}
+
+std::string known_sections() {
+  std::vector<std::string> names;
+  for (const auto& e : section_table()) names.push_back(e.info.name);
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+const SectionEntry& find_section(const std::string& name) {
+  for (const auto& e : section_table()) {
+    if (e.info.name == name) return e;
+  }
+  throw std::invalid_argument(fmt::format("unknown section '{}' for chapter 4 (known: {})",
+                                          printable(name), known_sections()));
+}
+
+}  // namespace
+
+const std::vector<WalkthroughSection>& walkthrough_ch4_sections() {
+  static const std::vector<WalkthroughSection> sections = [] {
+    std::vector<WalkthroughSection> v;
+    for (const auto& e : section_table()) v.push_back(e.info);
+    return v;
+  }();
+  return sections;
+}
+
+void check_ch4_section(const std::string& name) { find_section(name); }
+
+std::vector<Printed> run_walkthrough_ch4(const std::vector<std::string>& sections,
+                                         const ProgressFn& progress) {
+  for (const auto& name : sections) find_section(name);  // throws for an unknown name
+  std::vector<Printed> printed;
+  Notebook nb{&printed, progress, "", nullptr};
+  for (const auto& e : section_table()) {  // the notebook's order
+    if (!sections.empty() &&
+        std::find(sections.begin(), sections.end(), e.info.name) == sections.end()) {
+      continue;
+    }
+    nb.section = e.info.name;
+    e.run(nb);
+  }
+  return printed;
+}
+
+std::string ch4_to_json(const std::vector<Printed>& printed) {
+  std::string out = "[";
+  for (size_t i = 0; i < printed.size(); ++i) {
+    const Printed& p = printed[i];
+    const nlohmann::json j = {{"section", p.section},
+                              {"name", p.name},
+                              {"explanation", p.explanation},
+                              {"text", p.text},
+                              {"value", p.value}};
+    // Decoded text need not be valid UTF-8: invalid bytes become U+FFFD, as
+    // Python's errors="replace" makes them.
+    out += (i == 0 ? "\n" : ",\n") + j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  }
+  out += "\n]\n";
+  return out;
+}
+
+std::string ch4_to_text(const std::vector<Printed>& printed) {
+  std::string out =
+      "attn walkthrough --chapter 4: the GPT chapter's notebook, GPT_CONFIG_124M under "
+      "torch.manual_seed(123).\nEvery line prints as PyTorch 1.13 prints it (tensors without "
+      "grad_fn); the line above it says what it is and the code it mirrors.\n";
+  std::string section;
+  for (const Printed& p : printed) {
+    if (p.section != section) {
+      section = p.section;
+      const WalkthroughSection& info = find_section(section).info;
+      out += fmt::format("\n== {} ==\n   {}\n", info.title, info.intro);
+    }
+    out += fmt::format("\n# {}\n{}\n", p.explanation, p.text);
+  }
+  return out;
+}
+
+}  // namespace attn::cli
