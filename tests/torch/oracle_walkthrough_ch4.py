@@ -1,8 +1,9 @@
 """Chapter 4's notebook (`attn walkthrough --chapter 4`) as PyTorch 1.13 runs it.
 
 The book's chapter-4 notebook prints, in order: the tokenized batch, the
-DummyGPTModel's logits, the GPTModel's logits and parameter counts, and greedy
-generation from "Hello, I am". This script runs the same maths in the book's
+DummyGPTModel's logits, the layer-normalization example, the feed-forward and
+transformer-block shapes, the GPTModel's logits and parameter counts, and
+greedy generation from "Hello, I am". This script runs the same maths in the book's
 classes (book_gpt.py, book_generate.py) and records what each print() writes,
 character for character (captured from stdout), under the section and name
 tests/torch/test_walkthrough_ch4_torch.cpp expects of attn.
@@ -12,8 +13,11 @@ does. Debian has no tiktoken, so the GPT-2 ids of the prompts are constants
 (the book's own output) and decoding reads the repository's GPT-2 vocabulary,
 data/gpt2/encoder.json, with GPT-2's byte-to-unicode table.
 
-Seeds as in the notebook: torch.manual_seed(123) before DummyGPTModel and
-before GPTModel. Both forward passes run in training mode (the notebook never
+Seeds as in the notebook: torch.manual_seed(123) before DummyGPTModel, the
+layer-norm example, the transformer block and GPTModel (the FeedForward cell
+draws on from the layer-norm cell's state). The notebook's
+torch.set_printoptions(sci_mode=False) holds from the layer-norm cells on,
+here too (reset at the end: other oracle scripts share the process). Both forward passes run in training mode (the notebook never
 calls model.eval() before them), so their dropout draws from the same MT19937
 stream attn's reference path follows; generation runs after model.eval().
 
@@ -111,6 +115,66 @@ def compute(out_dir: pathlib.Path) -> None:
     p("logits", logits, logits)
     del model, logits
 
+    torch.set_printoptions(sci_mode=None)
+    try:
+        layer_cells(p, cfg)
+        gpt_cells(p, cfg, batch)
+    finally:
+        torch.set_printoptions(sci_mode=None)  # other oracle scripts run in this process
+
+    write_json(pathlib.Path(out_dir) / "walkthrough_ch4.json", {"printed": p.printed})
+
+
+def layer_cells(p, cfg):
+    """Layer normalization, the feed-forward network and a transformer block."""
+    p.section = "layernorm"
+    torch.manual_seed(123)
+    batch_example = torch.randn(2, 5)
+    layer = nn.Sequential(nn.Linear(5, 6), nn.ReLU())
+    with torch.no_grad():
+        out = layer(batch_example)
+    p("out", out, out)
+    mean = out.mean(dim=-1, keepdim=True)
+    var = out.var(dim=-1, keepdim=True)
+    p("mean", mean, "Mean:\n", mean)
+    p("var", var, "Variance:\n", var)
+    out_norm = (out - mean) / torch.sqrt(var)
+    p("out_norm", out_norm, "Normalized layer outputs:\n", out_norm)
+    mean = out_norm.mean(dim=-1, keepdim=True)
+    var = out_norm.var(dim=-1, keepdim=True)
+    p("mean", mean, "Mean:\n", mean)
+    p("var", var, "Variance:\n", var)
+    torch.set_printoptions(sci_mode=False)  # holds for the rest of the notebook
+    p("mean", mean, "Mean:\n", mean)
+    p("var", var, "Variance:\n", var)
+    ln = bg.LayerNorm(emb_dim=6)
+    with torch.no_grad():
+        out_ln = ln(out)
+    mean = out_ln.mean(dim=-1, keepdim=True)
+    var = out_ln.var(dim=-1, unbiased=False, keepdim=True)
+    p("mean", mean, "Mean:\n", mean)
+    p("var", var, "Variance:\n", var)
+
+    p.section = "feedforward"
+    p('GPT_CONFIG_124M["emb_dim"]', cfg["emb_dim"], cfg["emb_dim"])
+    ffn = bg.FeedForward(cfg)  # no new seed: the generator goes on from the cells above
+    x = torch.rand(2, 3, 768)
+    with torch.no_grad():
+        out = ffn(x)
+    p("out.shape", list(out.shape), out.shape)
+
+    p.section = "block"
+    torch.manual_seed(123)
+    x = torch.rand(2, 4, 768)
+    block = bg.TransformerBlock(cfg)
+    with torch.no_grad():
+        output = block(x)
+    p("x.shape", list(x.shape), "Input shape:", x.shape)
+    p("output.shape", list(output.shape), "Output shape:", output.shape)
+
+
+def gpt_cells(p, cfg, batch):
+    """GPTModel, its parameter counts, and generate_text_simple."""
     p.section = "gpt"
     torch.manual_seed(123)
     model = bg.GPTModel(cfg)
@@ -146,8 +210,6 @@ def compute(out_dir: pathlib.Path) -> None:
     decoded_text = b"".join(decoder[i] for i in out.squeeze(0).tolist()).decode(
         "utf-8", errors="replace")
     p("decoded_text", decoded_text, decoded_text)
-
-    write_json(pathlib.Path(out_dir) / "walkthrough_ch4.json", {"printed": p.printed})
 
 
 def generate(out_dir) -> None:

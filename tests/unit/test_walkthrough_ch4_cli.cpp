@@ -15,7 +15,8 @@ using attn::test::run_cli;
 
 namespace {
 
-const std::vector<std::string> kCh4Sections = {"batch", "dummy", "gpt", "generate"};
+const std::vector<std::string> kCh4Sections = {"batch", "dummy", "layernorm", "feedforward",
+                                               "block", "gpt",   "generate"};
 
 // Non-zero exit, nothing on stdout, one line on stderr starting "attn: ".
 void expect_one_line_error(const attn::test::CliResult& r) {
@@ -45,8 +46,8 @@ TEST(WalkthroughCh4Cli, UnknownSectionNamesChapterFoursSections) {
   // "causal" is a chapter-3 section, not a chapter-4 one.
   const auto r = run_cli("walkthrough --chapter 4 --section batch,causal");
   expect_one_line_error(r);
-  EXPECT_NE(r.err.find("unknown section 'causal' for chapter 4 (known: batch, dummy, gpt, "
-                       "generate)"),
+  EXPECT_NE(r.err.find("unknown section 'causal' for chapter 4 (known: batch, dummy, layernorm, "
+                       "feedforward, block, gpt, generate)"),
             std::string::npos)
       << r.err;
   // And the other way round: chapter 3 (the default) does not know "gpt".

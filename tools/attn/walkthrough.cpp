@@ -643,6 +643,10 @@ Command add_walkthrough_command(CLI::App& app) {
       "The chapter's worked examples on \"Your journey starts with one step\", every tensor "
       "printed the way PyTorch 1.13 prints it; --chapter 4: the GPT chapter's notebook");
   cmd->footer(sections_help);
+  std::string ch4_names;
+  for (const auto& info : walkthrough_ch4_sections()) {
+    ch4_names += (ch4_names.empty() ? "" : ", ") + info.name;
+  }
   cmd->add_option("--chapter", flags->chapter,
                   "3 (the default): the attention chapter's examples; 4: the GPT chapter's "
                   "notebook (GPT_CONFIG_124M under torch.manual_seed(123), its logits, "
@@ -650,7 +654,7 @@ Command add_walkthrough_command(CLI::App& app) {
       ->type_name("N");
   cmd->add_option("--section", flags->sections,
                   "Run only this section (repeatable, or comma-separated); chapter 3: " +
-                      known_sections() + "; chapter 4: batch, dummy, gpt, generate")
+                      known_sections() + "; chapter 4: " + ch4_names)
       ->delimiter(',')
       ->type_name("NAME");
   CLI::Option* seed_opt =

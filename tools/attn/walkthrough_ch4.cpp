@@ -79,6 +79,12 @@ struct Notebook {
   ProgressFn progress;
   std::string section;
   std::unique_ptr<nn::GPTModel> model;  // GPTModel(GPT_CONFIG_124M), built by "gpt" or "generate"
+  // torch's print options where the section's cells are: the notebook calls
+  // torch.set_printoptions(sci_mode=False) in the layer-norm cells, and it holds
+  // from there on.
+  PrintOptions print_options;
+
+  std::string str(const Tensor& t) const { return to_string(t, print_options); }
 
   void print(std::string name, const std::string& what, const std::string& code, std::string text,
              nlohmann::json value) {
@@ -131,7 +137,7 @@ void batch_section(Notebook& nb) {
            fmt::format("\"{}\" and \"{}\" as GPT-2 token ids, stacked into a batch", kText1, kText2),
            "batch = torch.stack([torch.tensor(tokenizer.encode(txt1)), "
            "torch.tensor(tokenizer.encode(txt2))], dim=0); print(batch)",
-           to_string(batch), tensor_json(batch));
+           nb.str(batch), tensor_json(batch));
 }
 
 // ---- 2. DummyGPTModel -------------------------------------------------------------------
@@ -178,10 +184,133 @@ void dummy_section(Notebook& nb) {
            "print(\"Output shape:\", logits.shape)",
            "Output shape: " + torch_size(logits.shape()), logits.shape());
   nb.print("logits", "its logits (training mode: drop_emb zeroes 10% of the embeddings)",
-           "print(logits)", to_string(logits), tensor_json(logits));
+           "print(logits)", nb.str(logits), tensor_json(logits));
 }
 
-// ---- 3. GPTModel ------------------------------------------------------------------------
+// ---- 3. layer normalization ------------------------------------------------------------
+
+// x.var(dim=-1, keepdim=True, unbiased=...) of a 2-D x: (N, C) -> (N, 1). Summed in
+// double and rounded once, as PyTorch's Welford reduction accumulates in double.
+Tensor row_variance(const Tensor& x, bool unbiased) {
+  const int64_t N = x.size(0), C = x.size(1);
+  const std::vector<float> v = x.to_vector();
+  Tensor out({N, 1});
+  for (int64_t n = 0; n < N; ++n) {
+    double mean = 0.0;
+    for (int64_t c = 0; c < C; ++c) mean += static_cast<double>(v[static_cast<size_t>(n * C + c)]);
+    mean /= static_cast<double>(C);
+    double m2 = 0.0;
+    for (int64_t c = 0; c < C; ++c) {
+      const double d = static_cast<double>(v[static_cast<size_t>(n * C + c)]) - mean;
+      m2 += d * d;
+    }
+    out[n] = static_cast<float>(m2 / static_cast<double>(unbiased ? C - 1 : C));
+  }
+  return out;
+}
+
+Tensor relu(const Tensor& x) {
+  Tensor out = x.contiguous();
+  for (float& v : out.values()) v = v > 0.0f ? v : 0.0f;  // torch.relu: max(x, 0)
+  return out;
+}
+
+// torch.manual_seed(123); batch_example = torch.randn(2, 5);
+// layer = nn.Sequential(nn.Linear(5, 6), nn.ReLU()); out = layer(batch_example)
+Tensor layer_example_out() {
+  manual_seed(kBookSeed);
+  const Tensor batch_example = randn({2, 5});
+  nn::Linear linear({.in_features = 5, .out_features = 6});
+  return relu(linear.forward(batch_example));  // (2, 6)
+}
+
+void layernorm_section(Notebook& nb) {
+  const Tensor out = layer_example_out();
+  nb.print("out", "a layer's outputs: two examples of 5 features through Linear(5, 6) and ReLU",
+           "torch.manual_seed(123); batch_example = torch.randn(2, 5); layer = "
+           "nn.Sequential(nn.Linear(5, 6), nn.ReLU()); out = layer(batch_example); print(out)",
+           nb.str(out), tensor_json(out));
+  const auto print_mean_var = [&nb](const Tensor& mean, const Tensor& var, const std::string& what_mean,
+                                    const std::string& code_mean, const std::string& what_var,
+                                    const std::string& code_var) {
+    nb.print("mean", what_mean, code_mean, "Mean:\n " + nb.str(mean), tensor_json(mean));
+    nb.print("var", what_var, code_var, "Variance:\n " + nb.str(var), tensor_json(var));
+  };
+  Tensor mean = attn::mean(out, -1, /*keepdim=*/true);  // (2, 1)
+  Tensor var = row_variance(out, /*unbiased=*/true);     // (2, 1)
+  print_mean_var(mean, var, "each row's mean",
+                 "mean = out.mean(dim=-1, keepdim=True); print(\"Mean:\\n\", mean)",
+                 "each row's variance (unbiased: divided by n - 1)",
+                 "var = out.var(dim=-1, keepdim=True); print(\"Variance:\\n\", var)");
+
+  const Tensor out_norm = div(sub(out, mean), sqrt(var));  // (2, 6)
+  nb.print("out_norm", "normalised: the mean subtracted, divided by the standard deviation",
+           "out_norm = (out - mean) / torch.sqrt(var); "
+           "print(\"Normalized layer outputs:\\n\", out_norm)",
+           "Normalized layer outputs:\n " + nb.str(out_norm), tensor_json(out_norm));
+  mean = attn::mean(out_norm, -1, true);
+  var = row_variance(out_norm, true);
+  print_mean_var(mean, var, "now mean 0, up to float rounding",
+                 "mean = out_norm.mean(dim=-1, keepdim=True); print(\"Mean:\\n\", mean)",
+                 "and variance 1",
+                 "var = out_norm.var(dim=-1, keepdim=True); print(\"Variance:\\n\", var)");
+
+  nb.print_options.sci_mode = false;
+  print_mean_var(mean, var,
+                 "the same, without scientific notation (PyTorch 1.13 keeps the scientific width)",
+                 "torch.set_printoptions(sci_mode=False); print(\"Mean:\\n\", mean)",
+                 "the variance again", "print(\"Variance:\\n\", var)");
+
+  nn::LayerNorm ln(6, 1e-5f, nn::LayerImpl::kReference);
+  const Tensor out_ln = ln.forward(out);  // (2, 6)
+  mean = attn::mean(out_ln, -1, true);
+  var = row_variance(out_ln, /*unbiased=*/false);
+  print_mean_var(mean, var,
+                 "the book's LayerNorm(emb_dim=6) (scale 1, shift 0, eps 1e-5): mean 0",
+                 "ln = LayerNorm(emb_dim=6); out_ln = ln(out); "
+                 "mean = out_ln.mean(dim=-1, keepdim=True); print(\"Mean:\\n\", mean)",
+                 "variance just under 1 (the eps under the square root)",
+                 "var = out_ln.var(dim=-1, unbiased=False, keepdim=True); "
+                 "print(\"Variance:\\n\", var)");
+}
+
+// ---- 4. the feed-forward network ---------------------------------------------------------
+
+void feedforward_section(Notebook& nb) {
+  const int64_t emb_dim = nn::GPT_CONFIG_124M.emb_dim;
+  nb.print("GPT_CONFIG_124M[\"emb_dim\"]", "the embedding width the feed-forward keeps",
+           "print(GPT_CONFIG_124M[\"emb_dim\"])", std::to_string(emb_dim), emb_dim);
+  // The notebook draws these after the layer-norm cells, without a new seed.
+  layer_example_out();
+  nn::FeedForward ffn(nn::GPT_CONFIG_124M, default_generator(), nn::LayerImpl::kReference);
+  const Tensor x = rand({2, 3, emb_dim});  // (batch_size, num_tokens, emb_size)
+  const Tensor out = ffn.forward(x);        // (2, 3, 768)
+  nb.print("out.shape", "Linear(768, 3072), GELU, Linear(3072, 768): the shape is kept",
+           "ffn = FeedForward(GPT_CONFIG_124M); x = torch.rand(2, 3, 768); out = ffn(x); "
+           "print(out.shape)",
+           torch_size(out.shape()), out.shape());
+}
+
+// ---- 5. a transformer block -----------------------------------------------------------
+
+void block_section(Notebook& nb) {
+  manual_seed(kBookSeed);
+  const Tensor x = rand({2, 4, nn::GPT_CONFIG_124M.emb_dim});  // (batch_size, num_tokens, emb_dim)
+  nn::TransformerBlock block(nn::GPT_CONFIG_124M,
+                             nn::GPTOptions{.attention_backend = nn::AttentionBackend::kReference,
+                                            .exact_dropout = true,
+                                            .layers = nn::LayerImpl::kReference});
+  const Tensor output = block.forward(x);  // training mode, as in the notebook
+  nb.print("x.shape", "a batch of 2 x 4 tokens of width 768 into TransformerBlock(GPT_CONFIG_124M)",
+           "torch.manual_seed(123); x = torch.rand(2, 4, 768); block = "
+           "TransformerBlock(GPT_CONFIG_124M); output = block(x); print(\"Input shape:\", x.shape)",
+           "Input shape: " + torch_size(x.shape()), x.shape());
+  nb.print("output.shape", "comes out the same shape: attention and feed-forward, each with a shortcut",
+           "print(\"Output shape:\", output.shape)", "Output shape: " + torch_size(output.shape()),
+           output.shape());
+}
+
+// ---- 6. GPTModel ------------------------------------------------------------------------
 
 void gpt_section(Notebook& nb) {
   const Tensor batch = example_batch();
@@ -192,13 +321,13 @@ void gpt_section(Notebook& nb) {
   nb.say(fmt::format("GPTModel forward of the (2, 4) batch: {:.1f} s", seconds_since(start)));
 
   nb.print("batch", "the input batch", "print(\"Input batch:\\n\", batch)",
-           "Input batch:\n " + to_string(batch), tensor_json(batch));
+           "Input batch:\n " + nb.str(batch), tensor_json(batch));
   nb.print("out.shape", "the GPTModel's output: one score per vocabulary entry per token",
            "torch.manual_seed(123); model = GPTModel(GPT_CONFIG_124M); out = model(batch); "
            "print(\"\\nOutput shape:\", out.shape)",
            "\nOutput shape: " + torch_size(out.shape()), out.shape());
   nb.print("out", "its logits (training mode: dropout in every block)", "print(out)",
-           to_string(out), tensor_json(out));
+           nb.str(out), tensor_json(out));
 
   const int64_t total_params = model.num_parameters();
   nb.print("total_params", "every parameter counted, out_head not tied to tok_emb",
@@ -225,7 +354,7 @@ void gpt_section(Notebook& nb) {
            fmt::format("Total size of the model: {:.2f} MB", total_size_mb), total_size_mb);
 }
 
-// ---- 4. generate_text_simple ------------------------------------------------------------
+// ---- 7. generate_text_simple ------------------------------------------------------------
 
 // The book's generate_text_simple: for max_new_tokens steps, the logits of the
 // last position of the last context_size tokens, softmax, argmax (the first
@@ -284,7 +413,7 @@ void generate_section(Notebook& nb) {
   nb.print("out", "the prompt and 6 greedily chosen tokens of the untrained model",
            "model.eval(); out = generate_text_simple(model=model, idx=encoded_tensor, "
            "max_new_tokens=6, context_size=GPT_CONFIG_124M[\"context_length\"])",
-           "Output: " + to_string(out), tensor_json(out));
+           "Output: " + nb.str(out), tensor_json(out));
   const int64_t length = out.size(1);
   nb.print("len(out[0])", "4 prompt tokens + 6 new ones", "print(\"Output length:\", len(out[0]))",
            fmt::format("Output length: {}", length), length);
@@ -301,6 +430,7 @@ using SectionFn = void (*)(Notebook&);
 struct SectionEntry {
   WalkthroughSection info;
   SectionFn run;
+  bool after_sci_mode_off = false;  // the notebook's sci_mode=False holds for its cells
 };
 
 const std::vector<SectionEntry>& section_table() {
@@ -312,14 +442,29 @@ const std::vector<SectionEntry>& section_table() {
         "token + position embeddings, dropout, placeholder blocks and norm, the output layer "
         "(GPT_CONFIG_124M, torch.manual_seed(123))"},
        dummy_section},
-      {{"gpt", "3. GPTModel: 12 transformer blocks, GPT_CONFIG_124M",
+      {{"layernorm", "3. Layer normalization",
+        "(x - mean) / sqrt(var) per row: mean 0, variance 1; then the book's LayerNorm with "
+        "scale, shift and eps"},
+       layernorm_section},
+      {{"feedforward", "4. The feed-forward network with GELU",
+        "Linear(emb_dim, 4 emb_dim), GELU (tanh form), Linear(4 emb_dim, emb_dim)"},
+       feedforward_section,
+       true},
+      {{"block", "5. A transformer block",
+        "x + drop(att(norm1(x))), then x + drop(ff(norm2(x))): the shape is kept "
+        "(torch.manual_seed(123))"},
+       block_section,
+       true},
+      {{"gpt", "6. GPTModel: 12 transformer blocks, GPT_CONFIG_124M",
         "vocab 50257, context 1024, emb 768, 12 heads, 12 layers, drop 0.1, no q|k|v bias; "
         "torch.manual_seed(123); its logits, parameter counts and size"},
-       gpt_section},
-      {{"generate", "4. Generating text: generate_text_simple",
+       gpt_section,
+       true},
+      {{"generate", "7. Generating text: generate_text_simple",
         "greedy: append argmax softmax(logits of the last token), 6 times, from \"Hello, I am\" "
-        "(the model of section 3, eval mode)"},
-       generate_section},
+        "(the model of section 6, eval mode)"},
+       generate_section,
+       true},
   };
   return table;
 }
@@ -355,13 +500,15 @@ std::vector<Printed> run_walkthrough_ch4(const std::vector<std::string>& section
                                          const ProgressFn& progress) {
   for (const auto& name : sections) find_section(name);  // throws for an unknown name
   std::vector<Printed> printed;
-  Notebook nb{&printed, progress, "", nullptr};
+  Notebook nb{&printed, progress, "", nullptr, PrintOptions{}};
   for (const auto& e : section_table()) {  // the notebook's order
     if (!sections.empty() &&
         std::find(sections.begin(), sections.end(), e.info.name) == sections.end()) {
       continue;
     }
     nb.section = e.info.name;
+    nb.print_options = PrintOptions{};
+    if (e.after_sci_mode_off) nb.print_options.sci_mode = false;
     e.run(nb);
   }
   return printed;

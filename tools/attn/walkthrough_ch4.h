@@ -19,7 +19,8 @@
 
 namespace attn::cli {
 
-// The four sections in the notebook's order: batch, dummy, gpt, generate.
+// The sections in the notebook's order: batch, dummy, layernorm, feedforward, block,
+// gpt, generate.
 const std::vector<WalkthroughSection>& walkthrough_ch4_sections();
 
 // One print() of the notebook.
