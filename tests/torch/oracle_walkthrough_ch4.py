@@ -64,6 +64,39 @@ class DummyGPTModel(nn.Module):
         return self.out_head(x)
 
 
+class ExampleDeepNeuralNetwork(nn.Module):
+    """Five Linear + GELU layers; with use_shortcut each layer's input is added
+    to its output where the shapes agree (all but the last, 3 -> 1)."""
+
+    def __init__(self, layer_sizes, use_shortcut):
+        super().__init__()
+        self.use_shortcut = use_shortcut
+        self.layers = nn.ModuleList([
+            nn.Sequential(nn.Linear(layer_sizes[i], layer_sizes[i + 1]), bg.GELU())
+            for i in range(5)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            layer_output = layer(x)
+            if self.use_shortcut and x.shape == layer_output.shape:
+                x = x + layer_output
+            else:
+                x = layer_output
+        return x
+
+
+def print_gradients(p, model, x):
+    """The notebook's print_gradients: MSE against 0, backward, then each
+    weight's mean absolute gradient, one print per weight."""
+    output = model(x)
+    loss = nn.MSELoss()(output, torch.tensor([[0.]]))
+    loss.backward()
+    for name, param in model.named_parameters():
+        if "weight" in name:
+            mean_abs = param.grad.abs().mean().item()
+            p(name, mean_abs, f"{name} has gradient mean of {mean_abs}")
+
+
 def gpt2_decoder():
     """id -> bytes from encoder.json (GPT-2's byte-to-unicode form)."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
@@ -162,6 +195,14 @@ def layer_cells(p, cfg):
     with torch.no_grad():
         out = ffn(x)
     p("out.shape", list(out.shape), out.shape)
+
+    p.section = "shortcut"
+    layer_sizes = [3, 3, 3, 3, 3, 1]
+    sample_input = torch.tensor([[1., 0., -1.]])
+    for use_shortcut in (False, True):
+        torch.manual_seed(123)
+        model = ExampleDeepNeuralNetwork(layer_sizes, use_shortcut=use_shortcut)
+        print_gradients(p, model, sample_input)
 
     p.section = "block"
     torch.manual_seed(123)

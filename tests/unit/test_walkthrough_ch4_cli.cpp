@@ -15,8 +15,8 @@ using attn::test::run_cli;
 
 namespace {
 
-const std::vector<std::string> kCh4Sections = {"batch", "dummy", "layernorm", "feedforward",
-                                               "block", "gpt",   "generate"};
+const std::vector<std::string> kCh4Sections = {"batch",    "dummy", "layernorm", "feedforward",
+                                               "shortcut", "block", "gpt",       "generate"};
 
 // Non-zero exit, nothing on stdout, one line on stderr starting "attn: ".
 void expect_one_line_error(const attn::test::CliResult& r) {
@@ -47,7 +47,7 @@ TEST(WalkthroughCh4Cli, UnknownSectionNamesChapterFoursSections) {
   const auto r = run_cli("walkthrough --chapter 4 --section batch,causal");
   expect_one_line_error(r);
   EXPECT_NE(r.err.find("unknown section 'causal' for chapter 4 (known: batch, dummy, layernorm, "
-                       "feedforward, block, gpt, generate)"),
+                       "feedforward, shortcut, block, gpt, generate)"),
             std::string::npos)
       << r.err;
   // And the other way round: chapter 3 (the default) does not know "gpt".

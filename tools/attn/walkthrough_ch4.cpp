@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -291,7 +292,116 @@ void feedforward_section(Notebook& nb) {
            torch_size(out.shape()), out.shape());
 }
 
-// ---- 5. a transformer block -----------------------------------------------------------
+// ---- 5. shortcut connections ------------------------------------------------------------
+
+// One layer of the notebook's ExampleDeepNeuralNetwork: Sequential(Linear, GELU),
+// the book's GELU as PyTorch evaluates it, op by op in float, keeping what its
+// autograd backward reads:
+//   t1 = 0.5 * z;  p = z * z * z;  r = z + 0.044715 * p;  s = c * r  (c = sqrt(2/pi) as float)
+//   th = tanh(s);  u = 1 + th;     y = t1 * u
+// The backward is autograd's, node by node: mul -> (gy u, gy t1); tanh -> g (1 - th th);
+// mul by c; add; mul by 0.044715; pow -> g (3 z^2) (z^2 as z * z); mul by 0.5. The three
+// gradients of z are summed in the order the engine delivers them (the add's, the
+// pow's, then the 0.5 mul's: higher sequence numbers first), so every bit is torch's.
+class ExampleLayer {
+ public:
+  ExampleLayer(int64_t in, int64_t out) : linear_({.in_features = in, .out_features = out}) {}
+
+  Tensor forward(const Tensor& x) {
+    z_ = linear_.forward(x);  // (1, out)
+    const int64_t n = z_.numel();
+    t1_.assign(static_cast<size_t>(n), 0.0f);
+    u_ = t1_;
+    th_ = t1_;
+    Tensor y(z_.shape());
+    const std::vector<float> z = z_.to_vector();
+    for (size_t i = 0; i < z.size(); ++i) {
+      t1_[i] = z[i] * 0.5f;
+      const float p = z[i] * z[i] * z[i];
+      const float r = z[i] + p * kGeluCubic;
+      th_[i] = std::tanh(kSqrt2OverPi * r);
+      u_[i] = th_[i] + 1.0f;
+      y[static_cast<int64_t>(i)] = t1_[i] * u_[i];
+    }
+    return y;
+  }
+
+  // gy (1, out) -> dx (1, in); accumulates linear.weight.grad.
+  Tensor backward(const Tensor& gy_t) {
+    const std::vector<float> gy = gy_t.to_vector();
+    const std::vector<float> z = z_.to_vector();
+    Tensor gz(z_.shape());
+    for (size_t i = 0; i < z.size(); ++i) {
+      const float g_t1 = gy[i] * u_[i];
+      const float g_u = gy[i] * t1_[i];
+      const float g_s = g_u * (1.0f - th_[i] * th_[i]);
+      const float g_r = g_s * kSqrt2OverPi;
+      const float g_p = g_r * kGeluCubic;
+      const float g_pow = g_p * ((z[i] * z[i]) * 3.0f);
+      const float g_half = g_t1 * 0.5f;
+      gz[static_cast<int64_t>(i)] = (g_r + g_pow) + g_half;
+    }
+    return linear_.backward(gz);
+  }
+
+  nn::Linear& linear() { return linear_; }
+
+ private:
+  static constexpr float kGeluCubic = 0.044715f;
+  // torch.sqrt(torch.tensor(2.0 / torch.pi)): the double quotient rounded to float, then sqrt.
+  inline static const float kSqrt2OverPi =
+      std::sqrt(static_cast<float>(2.0 / 3.141592653589793));
+  nn::Linear linear_;
+  Tensor z_;                        // (1, out) the Linear's output
+  std::vector<float> t1_, u_, th_;  // (out) each
+};
+
+// torch.manual_seed(123); model = ExampleDeepNeuralNetwork(layer_sizes, use_shortcut);
+// print_gradients(model, sample_input): MSE of the output against 0, backward, then
+// each weight's mean absolute gradient.
+void print_gradients(Notebook& nb, bool use_shortcut) {
+  const std::vector<int64_t> layer_sizes = {3, 3, 3, 3, 3, 1};
+  manual_seed(kBookSeed);
+  std::vector<std::unique_ptr<ExampleLayer>> layers;
+  for (size_t i = 0; i + 1 < layer_sizes.size(); ++i) {
+    layers.push_back(std::make_unique<ExampleLayer>(layer_sizes[i], layer_sizes[i + 1]));
+  }
+  Tensor x = Tensor::of({1, 3}, {1.0f, 0.0f, -1.0f});  // sample_input
+  std::vector<bool> shortcut(layers.size());
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const Tensor layer_output = layers[i]->forward(x);
+    shortcut[i] = use_shortcut && x.shape() == layer_output.shape();
+    x = shortcut[i] ? add(x, layer_output) : layer_output;
+  }
+  // nn.MSELoss() against [[0.]], mean over one element: dloss/doutput = 2 (output - 0).
+  Tensor g = mul(x, 2.0f);
+  for (size_t i = layers.size(); i-- > 0;) {
+    const Tensor through_layer = layers[i]->backward(g);
+    g = shortcut[i] ? add(g, through_layer) : through_layer;  // x + layer(x): both paths
+  }
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const std::string name = fmt::format("layers.{}.0.weight", i);
+    Tensor abs_grad = layers[i]->linear().weight.grad.contiguous();
+    for (float& v : abs_grad.values()) v = std::fabs(v);
+    const float m = attn::mean(abs_grad.reshape({abs_grad.numel()}), 0).to_vector()[0];
+    // .item() is a Python float: the float32 value as a double, printed by repr (shortest).
+    nb.print(name,
+             fmt::format("the mean |gradient| of {}, {}", name,
+                         use_shortcut ? "with shortcuts (large all the way down)"
+                                      : "without shortcuts (vanishing towards layer 0)"),
+             fmt::format("print_gradients(model_{}, sample_input)",
+                         use_shortcut ? "with_shortcut" : "without_shortcut"),
+             fmt::format("{} has gradient mean of {}", name, static_cast<double>(m)),
+             static_cast<double>(m));
+  }
+}
+
+void shortcut_section(Notebook& nb) {
+  print_gradients(nb, /*use_shortcut=*/false);
+  print_gradients(nb, /*use_shortcut=*/true);
+}
+
+// ---- 6. a transformer block -----------------------------------------------------------
 
 void block_section(Notebook& nb) {
   manual_seed(kBookSeed);
@@ -310,7 +420,7 @@ void block_section(Notebook& nb) {
            output.shape());
 }
 
-// ---- 6. GPTModel ------------------------------------------------------------------------
+// ---- 7. GPTModel ------------------------------------------------------------------------
 
 void gpt_section(Notebook& nb) {
   const Tensor batch = example_batch();
@@ -354,7 +464,7 @@ void gpt_section(Notebook& nb) {
            fmt::format("Total size of the model: {:.2f} MB", total_size_mb), total_size_mb);
 }
 
-// ---- 7. generate_text_simple ------------------------------------------------------------
+// ---- 8. generate_text_simple ------------------------------------------------------------
 
 // The book's generate_text_simple: for max_new_tokens steps, the logits of the
 // last position of the last context_size tokens, softmax, argmax (the first
@@ -450,19 +560,24 @@ const std::vector<SectionEntry>& section_table() {
         "Linear(emb_dim, 4 emb_dim), GELU (tanh form), Linear(4 emb_dim, emb_dim)"},
        feedforward_section,
        true},
-      {{"block", "5. A transformer block",
+      {{"shortcut", "5. Shortcut connections and vanishing gradients",
+        "five Linear(3, 3) + GELU layers, MSE against 0, backward: the mean |gradient| of each "
+        "weight without and with x + layer(x) (torch.manual_seed(123) for each)"},
+       shortcut_section,
+       true},
+      {{"block", "6. A transformer block",
         "x + drop(att(norm1(x))), then x + drop(ff(norm2(x))): the shape is kept "
         "(torch.manual_seed(123))"},
        block_section,
        true},
-      {{"gpt", "6. GPTModel: 12 transformer blocks, GPT_CONFIG_124M",
+      {{"gpt", "7. GPTModel: 12 transformer blocks, GPT_CONFIG_124M",
         "vocab 50257, context 1024, emb 768, 12 heads, 12 layers, drop 0.1, no q|k|v bias; "
         "torch.manual_seed(123); its logits, parameter counts and size"},
        gpt_section,
        true},
-      {{"generate", "7. Generating text: generate_text_simple",
+      {{"generate", "8. Generating text: generate_text_simple",
         "greedy: append argmax softmax(logits of the last token), 6 times, from \"Hello, I am\" "
-        "(the model of section 6, eval mode)"},
+        "(the model of section 7, eval mode)"},
        generate_section,
        true},
   };

@@ -19,7 +19,7 @@
 
 namespace attn::cli {
 
-// The sections in the notebook's order: batch, dummy, layernorm, feedforward, block,
+// The sections in the notebook's order: batch, dummy, layernorm, feedforward, shortcut, block,
 // gpt, generate.
 const std::vector<WalkthroughSection>& walkthrough_ch4_sections();
 
