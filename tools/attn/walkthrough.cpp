@@ -686,10 +686,10 @@ Command add_walkthrough_command(CLI::App& app) {
   auto run_chapter4 = [flags, seed_opt, plot_opt, html_opt]() -> int {
     for (const CLI::Option* opt : {seed_opt, plot_opt, html_opt}) {
       if (opt->count() > 0) {
-        throw UsageError(fmt::format(
-            "{} is chapter 3's: chapter 4 prints the notebook as it runs, with its "
-            "torch.manual_seed(123) and no attention matrices to draw",
-            opt->get_name()));
+        throw UsageError(
+            fmt::format("{} is chapter 3's: chapter 4 prints the notebook as it runs, with its "
+                        "torch.manual_seed(123) and no attention matrices to draw",
+                        opt->get_name()));
       }
     }
     if (flags->heatmap) {
@@ -705,7 +705,8 @@ Command add_walkthrough_command(CLI::App& app) {
       }
     }
     const std::vector<Printed> printed = run_walkthrough_ch4(
-        flags->sections, [](const std::string& line) { std::cerr << "walkthrough: " << line << std::endl; });
+        flags->sections,
+        [](const std::string& line) { std::cerr << "walkthrough: " << line << std::endl; });
     if (!flags->json_out.empty()) write_file_atomically(flags->json_out, ch4_to_json(printed));
     std::cout << (flags->json ? ch4_to_json(printed) : ch4_to_text(printed)) << std::flush;
     return 0;

@@ -43,10 +43,14 @@ constexpr double kBytesPerMB = 1024.0 * 1024.0;
 // ---- Python's and PyTorch's spellings ----------------------------------------------------
 
 // torch.Size([2, 4, 50257])
-std::string torch_size(const Shape& shape) { return fmt::format("torch.Size([{}])", fmt::join(shape, ", ")); }
+std::string torch_size(const Shape& shape) {
+  return fmt::format("torch.Size([{}])", fmt::join(shape, ", "));
+}
 
 // Python's list repr of ints: [15496, 11, 314, 716]
-std::string python_list(const std::vector<int64_t>& v) { return fmt::format("[{}]", fmt::join(v, ", ")); }
+std::string python_list(const std::vector<int64_t>& v) {
+  return fmt::format("[{}]", fmt::join(v, ", "));
+}
 
 // f"{n:,}": 163,009,536
 std::string with_commas(int64_t n) {
@@ -105,10 +109,9 @@ struct Notebook {
       say("GPTModel(GPT_CONFIG_124M) under torch.manual_seed(123): drawing its weights ...");
       manual_seed(kBookSeed);
       model = std::make_unique<nn::GPTModel>(
-          nn::GPT_CONFIG_124M,
-          nn::GPTOptions{.attention_backend = nn::AttentionBackend::kReference,
-                         .exact_dropout = true,
-                         .layers = nn::LayerImpl::kReference});
+          nn::GPT_CONFIG_124M, nn::GPTOptions{.attention_backend = nn::AttentionBackend::kReference,
+                                              .exact_dropout = true,
+                                              .layers = nn::LayerImpl::kReference});
       say(fmt::format("GPTModel(GPT_CONFIG_124M): {} parameters in {:.1f} s",
                       with_commas(model->num_parameters()), seconds_since(start)));
     }
@@ -134,11 +137,12 @@ Tensor example_batch() {
 
 void batch_section(Notebook& nb) {
   const Tensor batch = example_batch();
-  nb.print("batch",
-           fmt::format("\"{}\" and \"{}\" as GPT-2 token ids, stacked into a batch", kText1, kText2),
-           "batch = torch.stack([torch.tensor(tokenizer.encode(txt1)), "
-           "torch.tensor(tokenizer.encode(txt2))], dim=0); print(batch)",
-           nb.str(batch), tensor_json(batch));
+  nb.print(
+      "batch",
+      fmt::format("\"{}\" and \"{}\" as GPT-2 token ids, stacked into a batch", kText1, kText2),
+      "batch = torch.stack([torch.tensor(tokenizer.encode(txt1)), "
+      "torch.tensor(tokenizer.encode(txt2))], dim=0); print(batch)",
+      nb.str(batch), tensor_json(batch));
 }
 
 // ---- 2. DummyGPTModel -------------------------------------------------------------------
@@ -163,7 +167,7 @@ struct DummyGPTModel {
     const int64_t T = in_idx.size(1);
     std::vector<int64_t> positions(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) positions[static_cast<size_t>(t)] = t;  // torch.arange(T)
-    Tensor x = add(tok_emb.forward(in_idx), pos_emb.forward(positions));   // (B, T, E)
+    Tensor x = add(tok_emb.forward(in_idx), pos_emb.forward(positions));    // (B, T, E)
     x = drop_emb.forward(x);
     return out_head.forward(x);  // (B, T, V)
   }
@@ -231,14 +235,14 @@ void layernorm_section(Notebook& nb) {
            "torch.manual_seed(123); batch_example = torch.randn(2, 5); layer = "
            "nn.Sequential(nn.Linear(5, 6), nn.ReLU()); out = layer(batch_example); print(out)",
            nb.str(out), tensor_json(out));
-  const auto print_mean_var = [&nb](const Tensor& mean, const Tensor& var, const std::string& what_mean,
-                                    const std::string& code_mean, const std::string& what_var,
-                                    const std::string& code_var) {
+  const auto print_mean_var = [&nb](const Tensor& mean, const Tensor& var,
+                                    const std::string& what_mean, const std::string& code_mean,
+                                    const std::string& what_var, const std::string& code_var) {
     nb.print("mean", what_mean, code_mean, "Mean:\n " + nb.str(mean), tensor_json(mean));
     nb.print("var", what_var, code_var, "Variance:\n " + nb.str(var), tensor_json(var));
   };
   Tensor mean = attn::mean(out, -1, /*keepdim=*/true);  // (2, 1)
-  Tensor var = row_variance(out, /*unbiased=*/true);     // (2, 1)
+  Tensor var = row_variance(out, /*unbiased=*/true);    // (2, 1)
   print_mean_var(mean, var, "each row's mean",
                  "mean = out.mean(dim=-1, keepdim=True); print(\"Mean:\\n\", mean)",
                  "each row's variance (unbiased: divided by n - 1)",
@@ -266,8 +270,7 @@ void layernorm_section(Notebook& nb) {
   const Tensor out_ln = ln.forward(out);  // (2, 6)
   mean = attn::mean(out_ln, -1, true);
   var = row_variance(out_ln, /*unbiased=*/false);
-  print_mean_var(mean, var,
-                 "the book's LayerNorm(emb_dim=6) (scale 1, shift 0, eps 1e-5): mean 0",
+  print_mean_var(mean, var, "the book's LayerNorm(emb_dim=6) (scale 1, shift 0, eps 1e-5): mean 0",
                  "ln = LayerNorm(emb_dim=6); out_ln = ln(out); "
                  "mean = out_ln.mean(dim=-1, keepdim=True); print(\"Mean:\\n\", mean)",
                  "variance just under 1 (the eps under the square root)",
@@ -285,7 +288,7 @@ void feedforward_section(Notebook& nb) {
   layer_example_out();
   nn::FeedForward ffn(nn::GPT_CONFIG_124M, default_generator(), nn::LayerImpl::kReference);
   const Tensor x = rand({2, 3, emb_dim});  // (batch_size, num_tokens, emb_size)
-  const Tensor out = ffn.forward(x);        // (2, 3, 768)
+  const Tensor out = ffn.forward(x);       // (2, 3, 768)
   nb.print("out.shape", "Linear(768, 3072), GELU, Linear(3072, 768): the shape is kept",
            "ffn = FeedForward(GPT_CONFIG_124M); x = torch.rand(2, 3, 768); out = ffn(x); "
            "print(out.shape)",
@@ -349,8 +352,7 @@ class ExampleLayer {
  private:
   static constexpr float kGeluCubic = 0.044715f;
   // torch.sqrt(torch.tensor(2.0 / torch.pi)): the double quotient rounded to float, then sqrt.
-  inline static const float kSqrt2OverPi =
-      std::sqrt(static_cast<float>(2.0 / 3.141592653589793));
+  inline static const float kSqrt2OverPi = std::sqrt(static_cast<float>(2.0 / 3.141592653589793));
   nn::Linear linear_;
   Tensor z_;                        // (1, out) the Linear's output
   std::vector<float> t1_, u_, th_;  // (out) each
@@ -415,7 +417,8 @@ void block_section(Notebook& nb) {
            "torch.manual_seed(123); x = torch.rand(2, 4, 768); block = "
            "TransformerBlock(GPT_CONFIG_124M); output = block(x); print(\"Input shape:\", x.shape)",
            "Input shape: " + torch_size(x.shape()), x.shape());
-  nb.print("output.shape", "comes out the same shape: attention and feed-forward, each with a shortcut",
+  nb.print("output.shape",
+           "comes out the same shape: attention and feed-forward, each with a shortcut",
            "print(\"Output shape:\", output.shape)", "Output shape: " + torch_size(output.shape()),
            output.shape());
 }
@@ -436,8 +439,8 @@ void gpt_section(Notebook& nb) {
            "torch.manual_seed(123); model = GPTModel(GPT_CONFIG_124M); out = model(batch); "
            "print(\"\\nOutput shape:\", out.shape)",
            "\nOutput shape: " + torch_size(out.shape()), out.shape());
-  nb.print("out", "its logits (training mode: dropout in every block)", "print(out)",
-           nb.str(out), tensor_json(out));
+  nb.print("out", "its logits (training mode: dropout in every block)", "print(out)", nb.str(out),
+           tensor_json(out));
 
   const int64_t total_params = model.num_parameters();
   nb.print("total_params", "every parameter counted, out_head not tied to tok_emb",
@@ -457,8 +460,7 @@ void gpt_section(Notebook& nb) {
            fmt::format("Number of trainable parameters considering weight tying: {}",
                        with_commas(total_params_gpt2)),
            total_params_gpt2);
-  const double total_size_mb =
-      static_cast<double>(total_params * kBytesPerParameter) / kBytesPerMB;
+  const double total_size_mb = static_cast<double>(total_params * kBytesPerParameter) / kBytesPerMB;
   nb.print("total_size_mb", "4 bytes (float32) per parameter",
            "total_size_mb = total_params * 4 / (1024 * 1024)",
            fmt::format("Total size of the model: {:.2f} MB", total_size_mb), total_size_mb);
@@ -640,7 +642,8 @@ std::string ch4_to_json(const std::vector<Printed>& printed) {
                               {"value", p.value}};
     // Decoded text need not be valid UTF-8: invalid bytes become U+FFFD, as
     // Python's errors="replace" makes them.
-    out += (i == 0 ? "\n" : ",\n") + j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    out +=
+        (i == 0 ? "\n" : ",\n") + j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   }
   out += "\n]\n";
   return out;
