@@ -33,8 +33,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <ostream>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
