@@ -11,6 +11,7 @@
 // "dtype=torch.bfloat16"), int64 as integers ("tensor([ 40, 367])").
 #pragma once
 
+#include <optional>
 #include <ostream>
 #include <string>
 
@@ -26,6 +27,12 @@ struct PrintOptions {
   // Appended inside the parentheses, e.g. "grad_fn=<MmBackward0>" gives
   // "tensor([...], grad_fn=<MmBackward0>)".
   std::string suffix;
+  // torch.set_printoptions(sci_mode=...): nullopt chooses as PyTorch does;
+  // true/false force scientific/fixed notation for a floating-point tensor
+  // with a nonzero finite value, keeping the width the choice would have had
+  // (PyTorch 1.13's _Formatter: sci_mode=False prints 1e-9 and 1000 as
+  // "    0.0000,  1000.0000").
+  std::optional<bool> sci_mode;
 };
 
 std::string to_string(const Tensor& t, const PrintOptions& options = {});

@@ -33,6 +33,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -72,7 +73,8 @@ class IntFormatter {
 // torch._tensor_str._Formatter for a floating-point tensor.
 class Formatter {
  public:
-  Formatter(const std::vector<float>& values, int precision) : precision_(precision) {
+  Formatter(const std::vector<float>& values, int precision, std::optional<bool> sci_mode)
+      : precision_(precision) {
     std::vector<float> nonzero_finite;
     for (float v : values)
       if (std::isfinite(v) && v != 0.0f) nonzero_finite.push_back(v);
@@ -104,6 +106,9 @@ class Formatter {
       }
       max_width_ = std::max(max_width_, width);
     }
+    // torch.set_printoptions(sci_mode=...) replaces the choice after the width is
+    // taken (PyTorch 1.13: a fixed value keeps the scientific width it padded to).
+    if (sci_mode) sci_mode_ = *sci_mode;
   }
 
   int width() const { return max_width_; }
@@ -287,7 +292,7 @@ std::string to_string(const Tensor& t, const PrintOptions& options) {
     body = printer.str(formatter, 0, 0, indent);
   } else {
     const Printer<float> printer(t.shape(), t.to_vector(), options);  // bfloat16 as float32
-    const Formatter formatter(printer.formatter_values(), options.precision);
+    const Formatter formatter(printer.formatter_values(), options.precision, options.sci_mode);
     body = printer.str(formatter, 0, 0, indent);
     if (t.dtype() == DType::kBFloat16) suffixes.push_back(dtype_suffix);
   }

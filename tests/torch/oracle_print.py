@@ -196,6 +196,18 @@ def generate(out_dir):
         ("opt_threshold_10_edge_1", dict(threshold=10, edgeitems=1), randn(3, 4, 5)),
         ("opt_edgeitems_5", dict(edgeitems=5), rand(1200)),
         ("opt_short_profile", dict(precision=2, edgeitems=2), randn(40, 40)),
+        # sci_mode forced (chapter 4's notebook sets sci_mode=False): 1.13 keeps
+        # the width of the notation it would have chosen.
+        ("opt_sci_off_tiny", dict(sci_mode=False), torch.tensor([[-5.9605e-08], [1.9868e-08]])),
+        ("opt_sci_off_range", dict(sci_mode=False), torch.tensor([1e-9, 1000.0, -2.5])),
+        ("opt_sci_off_int_wide", dict(sci_mode=False), torch.tensor([1.0, 1e9])),
+        ("opt_sci_off_plain", dict(sci_mode=False), rand(2, 3)),
+        ("opt_sci_off_zeros", dict(sci_mode=False), torch.zeros(3)),
+        ("opt_sci_off_nonfinite", dict(sci_mode=False),
+         torch.tensor([float("inf"), 1e-7, float("nan"), -3.0])),
+        ("opt_sci_on_plain", dict(sci_mode=True), rand(3, 4)),
+        ("opt_sci_on_int", dict(sci_mode=True), torch.tensor([1.0, -2.0, 30.0])),
+        ("opt_sci_on_zeros", dict(sci_mode=True), torch.zeros(2)),
     ]
     for name, options, tensor in option_cases:
         torch.set_printoptions(**options)

@@ -28,6 +28,7 @@ TEST(PrintTorch, MatchesStrOfEveryOracleTensor) {
       options.linewidth = o.value("linewidth", options.linewidth);
       options.threshold = o.value("threshold", options.threshold);
       options.edgeitems = o.value("edgeitems", options.edgeitems);
+      if (o.contains("sci_mode")) options.sci_mode = o.at("sci_mode").get<bool>();
     }
     const std::string got = attn::to_string(t, options);
     const std::string expected = c.at("str");

@@ -43,6 +43,24 @@ TEST(Print, ScalarsEmptiesAndSuffixes) {
   EXPECT_EQ(os.str(), "tensor([0., 1., 2.])");
 }
 
+// torch.set_printoptions(sci_mode=...): the notation is forced, the width is the
+// one the automatic choice gives (PyTorch 1.13); nothing to format keeps "0.".
+TEST(Print, SciModeForcedKeepsTheAutomaticWidth) {
+  attn::PrintOptions fixed;
+  fixed.sci_mode = false;
+  EXPECT_EQ(attn::to_string(Tensor::of({2, 1}, {-5.9605e-08f, 1.9868e-08f}), fixed),
+            "tensor([[    -0.0000],\n        [     0.0000]])");
+  EXPECT_EQ(attn::to_string(Tensor::of({2}, {1.0f, 1e9f}), fixed),
+            "tensor([        1., 1000000000.])");
+  EXPECT_EQ(attn::to_string(Tensor::of({2}, {0.25f, 0.5f}), fixed), "tensor([0.2500, 0.5000])");
+  EXPECT_EQ(attn::to_string(Tensor::zeros({2}), fixed), "tensor([0., 0.])");
+  attn::PrintOptions sci;
+  sci.sci_mode = true;
+  EXPECT_EQ(attn::to_string(Tensor::of({3}, {1, -2, 30}), sci),
+            "tensor([1.0000e+00, -2.0000e+00, 3.0000e+01])");
+  EXPECT_EQ(attn::to_string(Tensor::zeros({2}), sci), "tensor([0., 0.])");
+}
+
 TEST(Print, SummarisesAboveTheThreshold) {
   // 1001 elements: the first and last three around "...".
   EXPECT_EQ(attn::to_string(Tensor::arange(1001)),

@@ -25,6 +25,7 @@
 #include "attn/ops.h"
 #include "attn/print.h"
 #include "attn/random.h"
+#include "walkthrough_ch4.h"
 #include "walkthrough_pictures.h"
 
 namespace attn::cli {
@@ -625,20 +626,35 @@ Command add_walkthrough_command(CLI::App& app) {
     std::string plot_dir;
     std::string html_out;
     bool heatmap = false;
+    int chapter = 3;
   };
   auto flags = std::make_shared<Flags>();
 
-  std::string sections_help = "Sections, in this order:\n";
+  std::string sections_help = "Chapter 3's sections, in this order:\n";
   for (const auto& e : section_table()) {
     sections_help += fmt::format("  {:<15} {}\n", e.info.name, e.info.title.substr(3));
+  }
+  sections_help += "Chapter 4's sections (--chapter 4), in this order:\n";
+  for (const auto& info : walkthrough_ch4_sections()) {
+    sections_help += fmt::format("  {:<15} {}\n", info.name, info.title.substr(3));
   }
   CLI::App* cmd = app.add_subcommand(
       "walkthrough",
       "The chapter's worked examples on \"Your journey starts with one step\", every tensor "
-      "printed the way PyTorch 1.13 prints it");
+      "printed the way PyTorch 1.13 prints it; --chapter 4: the GPT chapter's notebook");
   cmd->footer(sections_help);
+  std::string ch4_names;
+  for (const auto& info : walkthrough_ch4_sections()) {
+    ch4_names += (ch4_names.empty() ? "" : ", ") + info.name;
+  }
+  cmd->add_option("--chapter", flags->chapter,
+                  "3 (the default): the attention chapter's examples; 4: the GPT chapter's "
+                  "notebook (GPT_CONFIG_124M under torch.manual_seed(123), its logits, "
+                  "parameter counts and greedy generation), progress on stderr")
+      ->type_name("N");
   cmd->add_option("--section", flags->sections,
-                  "Run only this section (repeatable, or comma-separated): " + known_sections())
+                  "Run only this section (repeatable, or comma-separated); chapter 3: " +
+                      known_sections() + "; chapter 4: " + ch4_names)
       ->delimiter(',')
       ->type_name("NAME");
   CLI::Option* seed_opt =
@@ -666,7 +682,43 @@ Command add_walkthrough_command(CLI::App& app) {
       "Print every attention matrix as a heatmap: truecolour blocks on a terminal, numbers when "
       "stdout is not a terminal or NO_COLOR is set");
 
-  auto run = [flags, seed_opt, plot_opt, html_opt]() -> int {
+  // Chapter 4: the notebook's prints; the pictures and --seed are chapter 3's.
+  auto run_chapter4 = [flags, seed_opt, plot_opt, html_opt]() -> int {
+    for (const CLI::Option* opt : {seed_opt, plot_opt, html_opt}) {
+      if (opt->count() > 0) {
+        throw UsageError(
+            fmt::format("{} is chapter 3's: chapter 4 prints the notebook as it runs, with its "
+                        "torch.manual_seed(123) and no attention matrices to draw",
+                        opt->get_name()));
+      }
+    }
+    if (flags->heatmap) {
+      throw UsageError(
+          "--heatmap is chapter 3's: chapter 4 prints the notebook, which has no attention "
+          "matrices to draw");
+    }
+    for (const auto& name : flags->sections) {
+      try {
+        check_ch4_section(name);
+      } catch (const std::invalid_argument& e) {
+        throw UsageError(e.what());
+      }
+    }
+    const std::vector<Printed> printed = run_walkthrough_ch4(
+        flags->sections,
+        [](const std::string& line) { std::cerr << "walkthrough: " << line << std::endl; });
+    if (!flags->json_out.empty()) write_file_atomically(flags->json_out, ch4_to_json(printed));
+    std::cout << (flags->json ? ch4_to_json(printed) : ch4_to_text(printed)) << std::flush;
+    return 0;
+  };
+
+  auto run = [flags, seed_opt, plot_opt, html_opt, run_chapter4]() -> int {
+    if (flags->chapter == 4) return run_chapter4();
+    if (flags->chapter != 3) {
+      throw UsageError(fmt::format(
+          "--chapter {}: attn walkthrough has chapters 3 (attention) and 4 (the GPT model)",
+          flags->chapter));
+    }
     WalkthroughOptions options;
     options.sections = flags->sections;
     if (seed_opt->count() > 0) options.seed = parse_seed(flags->seed);

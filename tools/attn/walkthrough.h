@@ -6,6 +6,9 @@
 // The computation (run_walkthrough) is separate from the printing (text or JSON)
 // so the same list of tensors feeds both. tests/torch/oracle_walkthrough.py is the
 // same walkthrough written in PyTorch; the tests compare the two tensor by tensor.
+//
+// `attn walkthrough --chapter 4` (the GPT chapter's notebook) is walkthrough_ch4.h;
+// the subcommand registered here dispatches to it.
 #pragma once
 
 #include <cstdint>
