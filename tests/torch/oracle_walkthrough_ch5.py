@@ -6,7 +6,8 @@ under torch.manual_seed(123), eval mode, generate_text_simple of 10 tokens from
 "Every effort moves you"; the loss example (probabilities, argmax, target
 probabilities, log probabilities, cross entropy, perplexity); The Verdict's
 characters and tokens; the train/validation loaders and their passes; and
-calc_loss_loader on both under torch.manual_seed(123). The model is the book's
+calc_loss_loader on both under torch.manual_seed(123); then (after the training,
+which is not here) the decoding strategies on the 9-word vocabulary. The model is the book's
 (book_gpt.py); the dataset, loader and loss helpers are written here in our own
 words. What each print() writes is captured from stdout, under the section and
 name tests/torch/test_walkthrough_ch5_torch.cpp expects of attn.
@@ -262,7 +263,54 @@ def compute(out_dir: pathlib.Path) -> None:
     p("train_loss", train_loss, "Training loss:", train_loss)
     p("val_loss", val_loss, "Validation loss:", val_loss)
 
+    p.section = "decoding"
+    decoding_cells(p)
+
     write_json(pathlib.Path(out_dir) / "walkthrough_ch5.json", {"printed": p.printed})
+
+
+VOCAB = {"closer": 0, "every": 1, "effort": 2, "forward": 3, "inches": 4, "moves": 5,
+         "pizza": 6, "toward": 7, "you": 8}
+NEXT_TOKEN_LOGITS = [4.51, 0.89, -1.90, 6.75, 1.63, -1.62, -1.89, 6.28, 1.79]
+
+
+def decoding_cells(p):
+    """The notebook's decoding strategies on its 9-word vocabulary (after the
+    training, needing no model)."""
+    inverse_vocab = {v: k for k, v in VOCAB.items()}
+    next_token_logits = torch.tensor(NEXT_TOKEN_LOGITS)
+
+    def sampled_tokens(probas, name):
+        torch.manual_seed(123)
+        sample = [torch.multinomial(probas, num_samples=1).item() for _ in range(1_000)]
+        for i, freq in enumerate(torch.bincount(torch.tensor(sample))):
+            p(f"sampled_ids[{i}]", int(freq), f"{freq} x {inverse_vocab[i]}")
+
+    probas = torch.softmax(next_token_logits, dim=0)
+    next_token_id = torch.argmax(probas).item()
+    p("inverse_vocab[next_token_id]", inverse_vocab[next_token_id], inverse_vocab[next_token_id])
+    torch.manual_seed(123)
+    next_token_id = torch.multinomial(probas, num_samples=1).item()
+    p("inverse_vocab[next_token_id]", inverse_vocab[next_token_id], inverse_vocab[next_token_id])
+    sampled_tokens(probas, "probas")
+
+    temperatures = [1, 0.1, 5]
+    scaled_probas = [torch.softmax(next_token_logits / t, dim=0) for t in temperatures]
+    for i, probas in enumerate(scaled_probas):
+        p("temperatures[i]", temperatures[i], "\n\nTemperature:", temperatures[i])
+        sampled_tokens(probas, f"scaled_probas[{i}]")
+
+    top_logits, top_pos = torch.topk(next_token_logits, 3)
+    p("top_logits", top_logits, "Top logits:", top_logits)
+    p("top_pos", top_pos, "Top positions:", top_pos)
+    new_logits = torch.where(condition=next_token_logits < top_logits[-1],
+                             input=torch.tensor(float("-inf")), other=next_token_logits)
+    # JSON has no -inf: the masked entries' values as the string "-inf", as attn writes them.
+    value = tensor_json(new_logits)
+    value["values"] = [v if v == v and abs(v) != float("inf") else repr(v) for v in value["values"]]
+    p("new_logits", value, new_logits)
+    topk_probas = torch.softmax(new_logits, dim=0)
+    p("topk_probas", topk_probas, topk_probas)
 
 
 def generate(out_dir) -> None:

@@ -75,7 +75,7 @@ void compare_value(const json& ours, const json& torch, const std::string& where
   const json& vb = torch.at("values");
   ASSERT_EQ(va.size(), vb.size()) << where;
   for (size_t k = 0; k < va.size(); ++k) {
-    if (vb[k].is_number_integer()) {
+    if (vb[k].is_number_integer() || vb[k].is_string()) {  // ids; "-inf" (JSON has no inf)
       EXPECT_EQ(va[k], vb[k]) << where << " [" << k << "]";
     } else {
       const double a = va[k].get<double>(), b = vb[k].get<double>();
@@ -124,8 +124,8 @@ int compare(const json& ours, const json& torch, const std::string& label) {
 TEST(WalkthroughCh5Torch, EveryPrintIsTorchsInJsonAndText) {
   ATTN_REQUIRE_CLI();
   const json torch = torch_printed();
-  // generate 1, loss 15, data 4, loaders 15, loader_loss 2
-  ASSERT_EQ(torch.size(), 37u);
+  // generate 1, loss 15, data 4, loaders 15, loader_loss 2, decoding 42
+  ASSERT_EQ(torch.size(), 79u);
   const auto find = [&torch](const std::string& name) {
     for (const auto& p : torch) {
       if (p.at("name") == name) return p;
@@ -137,6 +137,7 @@ TEST(WalkthroughCh5Torch, EveryPrintIsTorchsInJsonAndText) {
   EXPECT_EQ(find("total_characters").at("text"), "Characters: 20479");
   EXPECT_EQ(find("total_tokens").at("text"), "Tokens: 5145");
   EXPECT_EQ(find("train_tokens + val_tokens").at("text"), "All tokens: 5120");
+  EXPECT_EQ(find("sampled_ids[0]").at("text"), "73 x closer");
 
   const std::string json_file = attn::test::temp_path("ch5.json");
   const auto r = run_ch5("--json-out '" + json_file + "'");
@@ -163,6 +164,17 @@ TEST(WalkthroughCh5Torch, EveryPrintIsTorchsInJsonAndText) {
                            "walkthrough: calc_loss_loader: batch 1 of 1: loss "}) {
     EXPECT_NE(r.err.find(line), std::string::npos) << line << "\nstderr:\n" << r.err;
   }
+}
+
+// "decoding" needs no model: torch.multinomial's 1,000 draws at each temperature,
+// bincount's length (ids up to the largest drawn: "you" only at temperature 5).
+TEST(WalkthroughCh5Torch, DecodingSectionIsTorchs) {
+  ATTN_REQUIRE_CLI();
+  const json torch = torch_printed("decoding");
+  ASSERT_EQ(torch.size(), 42u);
+  const auto r = run_ch5("--json --section decoding");
+  EXPECT_EQ(r.err.find("GPTModel"), std::string::npos) << r.err;
+  EXPECT_EQ(compare(json::parse(r.out), torch, "--section decoding"), 42);
 }
 
 // "loss" alone builds the model itself (under manual_seed(123)) and prints torch's text.

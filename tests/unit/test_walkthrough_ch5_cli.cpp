@@ -17,7 +17,7 @@ using attn::test::run_cli;
 namespace {
 
 const std::vector<std::string> kCh5Sections = {"generate", "loss", "data", "loaders",
-                                               "loader_loss"};
+                                               "loader_loss", "decoding"};
 const std::string kText = std::string("--text '") + ATTN_DATA_DIR + "/the-verdict.txt'";
 
 void expect_one_line_error(const attn::test::CliResult& r) {
@@ -32,12 +32,13 @@ void expect_one_line_error(const attn::test::CliResult& r) {
 TEST(WalkthroughCh5Cli, UnknownSectionListsTheAvailableOnes) {
   ATTN_REQUIRE_CLI();
   // "training" is the notebook's, but not part of attn's chapter 5; "gpt" is chapter 4's.
-  for (const char* name : {"training", "gpt", "decoding"}) {
+  for (const char* name : {"training", "gpt", "samples"}) {
     const auto r = run_cli(std::string("walkthrough --chapter 5 --section data,") + name);
     expect_one_line_error(r);
     EXPECT_NE(r.err.find(std::string("unknown section '") + name +
-                         "' for chapter 5 (known: generate, loss, data, loaders, loader_loss; "
-                         "the training and what follows it are not part of attn's chapter 5)"),
+                         "' for chapter 5 (known: generate, loss, data, loaders, loader_loss, "
+                         "decoding; the training and what needs the trained model are not part "
+                         "of attn's chapter 5)"),
               std::string::npos)
         << r.err;
   }

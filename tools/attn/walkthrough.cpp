@@ -641,9 +641,9 @@ Command add_walkthrough_command(CLI::App& app) {
     sections_help += fmt::format("  {:<15} {}\n", info.name, info.title.substr(3));
   }
   sections_help +=
-      "Chapter 5's sections (--chapter 5), in this order; the notebook up to its training "
-      "loop only (the training, the trained model's samples, the decoding strategies and "
-      "GPT-2's weights are not part of it):\n";
+      "Chapter 5's sections (--chapter 5), in this order; the notebook without its "
+      "training (the training, the trained model's samples, generate with top_k and "
+      "temperature, and GPT-2's weights are not part of it):\n";
   for (const auto& info : walkthrough_ch5_sections()) {
     sections_help += fmt::format("  {:<15} {}\n", info.name, info.title.substr(3));
   }
@@ -651,7 +651,7 @@ Command add_walkthrough_command(CLI::App& app) {
       "walkthrough",
       "The chapter's worked examples on \"Your journey starts with one step\", every tensor "
       "printed the way PyTorch 1.13 prints it; --chapter 4: the GPT chapter's notebook; "
-      "--chapter 5: the pretraining chapter's notebook up to its training loop");
+      "--chapter 5: the pretraining chapter's notebook without its training");
   cmd->footer(sections_help);
   std::string ch4_names;
   for (const auto& info : walkthrough_ch4_sections()) {
@@ -665,8 +665,9 @@ Command add_walkthrough_command(CLI::App& app) {
                   "3 (the default): the attention chapter's examples; 4: the GPT chapter's "
                   "notebook (GPT_CONFIG_124M under torch.manual_seed(123), its logits, "
                   "parameter counts and greedy generation); 5: the pretraining chapter's "
-                  "notebook before train_model_simple (generation, the loss, The Verdict's "
-                  "loaders and the untrained model's losses; no training); progress on stderr")
+                  "notebook without train_model_simple (generation, the loss, The Verdict's "
+                  "loaders, the untrained model's losses, temperature and top-k on the "
+                  "9-word vocabulary; no training); progress on stderr")
       ->type_name("N");
   cmd->add_option("--section", flags->sections,
                   "Run only this section (repeatable, or comma-separated); chapter 3: " +
@@ -774,7 +775,7 @@ Command add_walkthrough_command(CLI::App& app) {
     if (flags->chapter != 3) {
       throw UsageError(fmt::format(
           "--chapter {}: attn walkthrough has chapters 3 (attention), 4 (the GPT model) and 5 "
-          "(pretraining, up to the training loop)",
+          "(pretraining, without the training)",
           flags->chapter));
     }
     WalkthroughOptions options;

@@ -1,5 +1,5 @@
 // walkthrough_ch5.cpp - `attn walkthrough --chapter 5`: the pretraining
-// chapter's notebook, print by print, up to its training loop.
+// chapter's notebook, print by print, without its training.
 //
 // Each section follows the notebook's cells (tests/torch/oracle_walkthrough_ch5.py
 // runs the same code in PyTorch). The model is GPT_CONFIG_124M with
@@ -18,11 +18,13 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <utility>
 
+#include "attn/generate.h"
 #include "attn/gpt.h"
 #include "attn/ops.h"
 #include "attn/print.h"
@@ -63,7 +65,13 @@ nlohmann::json tensor_json(const Tensor& t) {
   if (t.dtype() == DType::kInt64) {
     for (int64_t v : t.to_int64_vector()) values.push_back(v);
   } else {
-    for (float v : t.to_vector()) values.push_back(v);
+    for (float v : t.to_vector()) {
+      if (std::isfinite(v)) {
+        values.push_back(v);
+      } else {  // JSON has no inf or nan: Python's repr as a string
+        values.push_back(std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf");
+      }
+    }
   }
   return {{"shape", t.shape()}, {"values", std::move(values)}};
 }
@@ -401,6 +409,114 @@ void loader_loss_section(Notebook& nb) {
            "Validation loss: " + python_float(val_loss), val_loss);
 }
 
+// ---- 6. decoding strategies: temperature and top-k on a 9-word vocabulary ------------------
+
+// The notebook's vocab, in id order, and its fixed next_token_logits.
+const char* const kVocab[] = {"closer", "every", "effort", "forward", "inches",
+                              "moves",  "pizza", "toward", "you"};
+constexpr int64_t kVocabSize = 9;
+const std::vector<float> kNextTokenLogits = {4.51f, 0.89f,  -1.90f, 6.75f, 1.63f,
+                                             -1.62f, -1.89f, 6.28f, 1.79f};
+constexpr int64_t kDraws = 1000;
+constexpr int64_t kTopK = 3;
+
+// torch.softmax(logits / temperature, dim=0) of the 9 logits.
+Tensor softmax_with_temperature(float temperature) {
+  return softmax(div(Tensor({kVocabSize}, kNextTokenLogits), temperature), 0);
+}
+
+// torch.multinomial(probas, num_samples=1).item() for probas = softmax(logits / T):
+// sample_next draws as torch.multinomial does (one row, one sample).
+int64_t multinomial_one(float temperature) {
+  return nn::sample_next(Tensor({1, kVocabSize}, kNextTokenLogits), temperature, /*top_k=*/0,
+                         default_generator())[0];
+}
+
+// The notebook's print_sampled_tokens(probas): torch.manual_seed(123), 1,000
+// draws, torch.bincount (ids up to the largest drawn), "{freq} x {word}" each.
+void print_sampled_tokens(Notebook& nb, float temperature, const std::string& probas_name) {
+  manual_seed(kBookSeed);
+  std::vector<int64_t> counts;
+  for (int64_t i = 0; i < kDraws; ++i) {
+    const int64_t id = multinomial_one(temperature);
+    if (id >= static_cast<int64_t>(counts.size())) counts.resize(static_cast<size_t>(id) + 1, 0);
+    ++counts[static_cast<size_t>(id)];
+  }
+  for (size_t i = 0; i < counts.size(); ++i) {
+    nb.print(fmt::format("sampled_ids[{}]", i),
+             fmt::format("how often \"{}\" came out of 1,000 draws", kVocab[i]),
+             fmt::format("print_sampled_tokens({}): torch.manual_seed(123); sample = "
+                         "[torch.multinomial(probas, num_samples=1).item() for i in "
+                         "range(1_000)]; sampled_ids = torch.bincount(torch.tensor(sample))",
+                         probas_name),
+             fmt::format("{} x {}", counts[i], kVocab[i]), counts[i]);
+  }
+}
+
+void decoding_section(Notebook& nb) {
+  const Tensor probas = softmax_with_temperature(1.0f);
+  const std::vector<float> p = probas.to_vector();
+  const int64_t next_token_id = std::max_element(p.begin(), p.end()) - p.begin();
+  nb.print("inverse_vocab[next_token_id]",
+           "greedy decoding picks the most likely of the 9 words",
+           "probas = torch.softmax(next_token_logits, dim=0); next_token_id = "
+           "torch.argmax(probas).item(); print(inverse_vocab[next_token_id])",
+           kVocab[next_token_id], kVocab[next_token_id]);
+  manual_seed(kBookSeed);
+  const int64_t sampled = multinomial_one(1.0f);
+  nb.print("inverse_vocab[next_token_id]", "sampling draws one in proportion to its probability",
+           "torch.manual_seed(123); next_token_id = torch.multinomial(probas, "
+           "num_samples=1).item(); print(inverse_vocab[next_token_id])",
+           kVocab[sampled], kVocab[sampled]);
+  print_sampled_tokens(nb, 1.0f, "probas");
+
+  const float temperatures[] = {1.0f, 0.1f, 5.0f};
+  const char* const temperature_repr[] = {"1", "0.1", "5"};  // the Python list [1, 0.1, 5]
+  for (size_t i = 0; i < 3; ++i) {
+    nb.print("temperatures[i]",
+             i == 0   ? "temperature 1: the probabilities unchanged"
+             : i == 1 ? "temperature 0.1: sharper, nearly greedy"
+                      : "temperature 5: flatter, every word drawn now and then",
+             "scaled_probas = [softmax_with_temperature(next_token_logits, T) for T in "
+             "temperatures]; for i, probas in enumerate(scaled_probas): "
+             "print(\"\\n\\nTemperature:\", temperatures[i]); print_sampled_tokens(probas)",
+             fmt::format("\n\nTemperature: {}", temperature_repr[i]),
+             nlohmann::json::parse(temperature_repr[i]));
+    print_sampled_tokens(nb, temperatures[i], "scaled_probas[" + std::to_string(i) + "]");
+  }
+
+  // torch.topk(next_token_logits, 3): the largest first (distinct here).
+  std::vector<int64_t> order(static_cast<size_t>(kVocabSize));
+  for (int64_t i = 0; i < kVocabSize; ++i) order[static_cast<size_t>(i)] = i;
+  std::stable_sort(order.begin(), order.end(), [](int64_t a, int64_t b) {
+    return kNextTokenLogits[static_cast<size_t>(a)] > kNextTokenLogits[static_cast<size_t>(b)];
+  });
+  std::vector<float> top_values;
+  std::vector<int64_t> top_pos(order.begin(), order.begin() + kTopK);
+  for (int64_t id : top_pos) top_values.push_back(kNextTokenLogits[static_cast<size_t>(id)]);
+  const Tensor top_logits({kTopK}, top_values);
+  const Tensor top_positions = Tensor::from_int64({kTopK}, top_pos);
+  nb.print("top_logits", "top-k with k = 3: the three largest logits",
+           "top_k = 3; top_logits, top_pos = torch.topk(next_token_logits, top_k); "
+           "print(\"Top logits:\", top_logits)",
+           "Top logits: " + to_string(top_logits), tensor_json(top_logits));
+  nb.print("top_pos", "and their token ids", "print(\"Top positions:\", top_pos)",
+           "Top positions: " + to_string(top_positions), tensor_json(top_positions));
+  std::vector<float> masked = kNextTokenLogits;
+  for (float& v : masked) {
+    if (v < top_values.back()) v = -std::numeric_limits<float>::infinity();
+  }
+  const Tensor new_logits({kVocabSize}, masked);
+  nb.print("new_logits", "every logit below the third largest becomes -inf",
+           "new_logits = torch.where(condition=next_token_logits < top_logits[-1], "
+           "input=torch.tensor(float(\"-inf\")), other=next_token_logits); print(new_logits)",
+           to_string(new_logits), tensor_json(new_logits));
+  const Tensor topk_probas = softmax(new_logits, 0);
+  nb.print("topk_probas", "so softmax gives the other words probability 0",
+           "topk_probas = torch.softmax(new_logits, dim=0); print(topk_probas)",
+           to_string(topk_probas), tensor_json(topk_probas));
+}
+
 // ---- the sections -----------------------------------------------------------------------
 
 using SectionFn = void (*)(Notebook&);
@@ -431,6 +547,11 @@ const std::vector<SectionEntry>& section_table() {
         "calc_loss_batch and calc_loss_loader under torch.manual_seed(123): the mean cross "
         "entropy of every training and every validation batch"},
        loader_loss_section},
+      {{"decoding", "6. Decoding strategies: temperature scaling and top-k",
+        "the 9-word vocabulary and its fixed next_token_logits: argmax, torch.multinomial "
+        "under torch.manual_seed(123), print_sampled_tokens (1,000 draws) at temperatures 1, "
+        "0.1 and 5, torch.topk and the -inf mask (the notebook's cells after the training)"},
+       decoding_section},
   };
   return table;
 }
@@ -446,8 +567,8 @@ const SectionEntry& find_section(const std::string& name) {
     if (e.info.name == name) return e;
   }
   throw std::invalid_argument(fmt::format(
-      "unknown section '{}' for chapter 5 (known: {}; the training and what follows it are not "
-      "part of attn's chapter 5)",
+      "unknown section '{}' for chapter 5 (known: {}; the training and what needs the trained "
+      "model are not part of attn's chapter 5)",
       printable(name), known_sections()));
 }
 
@@ -483,7 +604,7 @@ std::vector<Printed> run_walkthrough_ch5(const std::vector<std::string>& section
 
 std::string ch5_to_text(const std::vector<Printed>& printed) {
   std::string out =
-      "attn walkthrough --chapter 5: the pretraining chapter's notebook up to its training loop, "
+      "attn walkthrough --chapter 5: the pretraining chapter's notebook without its training, "
       "GPT_CONFIG_124M (context_length 256) under torch.manual_seed(123).\nEvery line prints as "
       "PyTorch 1.13 prints it; the line above it says what it is and the code it mirrors.\n";
   std::string section;
