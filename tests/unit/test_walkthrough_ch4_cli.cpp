@@ -30,11 +30,12 @@ void expect_one_line_error(const attn::test::CliResult& r) {
 
 TEST(WalkthroughCh4Cli, UnknownChapterNamesItAndTheKnownOnes) {
   ATTN_REQUIRE_CLI();
-  for (const char* chapter : {"5", "2", "0", "-4"}) {
+  for (const char* chapter : {"6", "2", "0", "-4"}) {
     const auto r = run_cli(std::string("walkthrough --chapter ") + chapter);
     expect_one_line_error(r);
     EXPECT_NE(r.err.find(std::string("--chapter ") + chapter + ":"), std::string::npos) << r.err;
-    EXPECT_NE(r.err.find("chapters 3 (attention) and 4 (the GPT model)"), std::string::npos)
+    EXPECT_NE(r.err.find("chapters 3 (attention), 4 (the GPT model) and 5 (pretraining"),
+              std::string::npos)
         << r.err;
   }
   expect_one_line_error(run_cli("walkthrough --chapter four"));

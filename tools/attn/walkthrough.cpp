@@ -26,6 +26,7 @@
 #include "attn/print.h"
 #include "attn/random.h"
 #include "walkthrough_ch4.h"
+#include "walkthrough_ch5.h"
 #include "walkthrough_pictures.h"
 
 namespace attn::cli {
@@ -627,6 +628,7 @@ Command add_walkthrough_command(CLI::App& app) {
     std::string html_out;
     bool heatmap = false;
     int chapter = 3;
+    std::string text = "data/the-verdict.txt";
   };
   auto flags = std::make_shared<Flags>();
 
@@ -638,23 +640,38 @@ Command add_walkthrough_command(CLI::App& app) {
   for (const auto& info : walkthrough_ch4_sections()) {
     sections_help += fmt::format("  {:<15} {}\n", info.name, info.title.substr(3));
   }
+  sections_help +=
+      "Chapter 5's sections (--chapter 5), in this order; the notebook without its "
+      "training (the training, the trained model's samples, generate with top_k and "
+      "temperature, and GPT-2's weights are not part of it):\n";
+  for (const auto& info : walkthrough_ch5_sections()) {
+    sections_help += fmt::format("  {:<15} {}\n", info.name, info.title.substr(3));
+  }
   CLI::App* cmd = app.add_subcommand(
       "walkthrough",
       "The chapter's worked examples on \"Your journey starts with one step\", every tensor "
-      "printed the way PyTorch 1.13 prints it; --chapter 4: the GPT chapter's notebook");
+      "printed the way PyTorch 1.13 prints it; --chapter 4: the GPT chapter's notebook; "
+      "--chapter 5: the pretraining chapter's notebook without its training");
   cmd->footer(sections_help);
   std::string ch4_names;
   for (const auto& info : walkthrough_ch4_sections()) {
     ch4_names += (ch4_names.empty() ? "" : ", ") + info.name;
   }
+  std::string ch5_names;
+  for (const auto& info : walkthrough_ch5_sections()) {
+    ch5_names += (ch5_names.empty() ? "" : ", ") + info.name;
+  }
   cmd->add_option("--chapter", flags->chapter,
                   "3 (the default): the attention chapter's examples; 4: the GPT chapter's "
                   "notebook (GPT_CONFIG_124M under torch.manual_seed(123), its logits, "
-                  "parameter counts and greedy generation), progress on stderr")
+                  "parameter counts and greedy generation); 5: the pretraining chapter's "
+                  "notebook without train_model_simple (generation, the loss, The Verdict's "
+                  "loaders, the untrained model's losses, temperature and top-k on the "
+                  "9-word vocabulary; no training); progress on stderr")
       ->type_name("N");
   cmd->add_option("--section", flags->sections,
                   "Run only this section (repeatable, or comma-separated); chapter 3: " +
-                      known_sections() + "; chapter 4: " + ch4_names)
+                      known_sections() + "; chapter 4: " + ch4_names + "; chapter 5: " + ch5_names)
       ->delimiter(',')
       ->type_name("NAME");
   CLI::Option* seed_opt =
@@ -665,6 +682,10 @@ Command add_walkthrough_command(CLI::App& app) {
                 "(row-major; inf, -inf, nan as strings), text (as PyTorch prints it)");
   cmd->add_option("--json-out", flags->json_out, "Also write that JSON array to FILE (atomically)")
       ->type_name("FILE");
+  CLI::Option* text_opt =
+      cmd->add_option("--text", flags->text,
+                      "Chapter 5: the notebook's the-verdict.txt (default: data/the-verdict.txt)")
+          ->type_name("FILE");
   CLI::Option* plot_opt =
       cmd->add_option(
              "--plot", flags->plot_dir,
@@ -712,11 +733,49 @@ Command add_walkthrough_command(CLI::App& app) {
     return 0;
   };
 
-  auto run = [flags, seed_opt, plot_opt, html_opt, run_chapter4]() -> int {
+  // Chapter 5: as chapter 4, with --text for the-verdict.txt.
+  auto run_chapter5 = [flags, seed_opt, plot_opt, html_opt]() -> int {
+    for (const CLI::Option* opt : {seed_opt, plot_opt, html_opt}) {
+      if (opt->count() > 0) {
+        throw UsageError(
+            fmt::format("{} is chapter 3's: chapter 5 prints the notebook as it runs, with its "
+                        "torch.manual_seed(123) and no attention matrices to draw",
+                        opt->get_name()));
+      }
+    }
+    if (flags->heatmap) {
+      throw UsageError(
+          "--heatmap is chapter 3's: chapter 5 prints the notebook, which has no attention "
+          "matrices to draw");
+    }
+    for (const auto& name : flags->sections) {
+      try {
+        check_ch5_section(name);
+      } catch (const std::invalid_argument& e) {
+        throw UsageError(e.what());
+      }
+    }
+    const std::vector<Printed> printed = run_walkthrough_ch5(
+        flags->sections, flags->text,
+        [](const std::string& line) { std::cerr << "walkthrough: " << line << std::endl; });
+    if (!flags->json_out.empty()) write_file_atomically(flags->json_out, ch4_to_json(printed));
+    std::cout << (flags->json ? ch4_to_json(printed) : ch5_to_text(printed)) << std::flush;
+    return 0;
+  };
+
+  auto run = [flags, seed_opt, plot_opt, html_opt, text_opt, run_chapter4,
+              run_chapter5]() -> int {
+    if (flags->chapter == 5) return run_chapter5();
+    if (text_opt->count() > 0) {
+      throw UsageError(fmt::format(
+          "--text is chapter 5's (the notebook's the-verdict.txt); this is chapter {}",
+          flags->chapter));
+    }
     if (flags->chapter == 4) return run_chapter4();
     if (flags->chapter != 3) {
       throw UsageError(fmt::format(
-          "--chapter {}: attn walkthrough has chapters 3 (attention) and 4 (the GPT model)",
+          "--chapter {}: attn walkthrough has chapters 3 (attention), 4 (the GPT model) and 5 "
+          "(pretraining, without the training)",
           flags->chapter));
     }
     WalkthroughOptions options;

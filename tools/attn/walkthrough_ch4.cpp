@@ -468,6 +468,8 @@ void gpt_section(Notebook& nb) {
 
 // ---- 8. generate_text_simple ------------------------------------------------------------
 
+}  // namespace
+
 // The book's generate_text_simple: for max_new_tokens steps, the logits of the
 // last position of the last context_size tokens, softmax, argmax (the first
 // maximum, as torch.argmax), appended. idx (B, T) int64 -> (B, T + max_new_tokens).
@@ -505,6 +507,8 @@ Tensor generate_text_simple(nn::GPTModel& model, const Tensor& idx, int64_t max_
   for (const auto& row : rows) out.insert(out.end(), row.begin(), row.end());
   return Tensor::from_int64({B, static_cast<int64_t>(rows[0].size())}, out);
 }
+
+namespace {
 
 void generate_section(Notebook& nb) {
   const text::Tokenizer& tokenizer = text::Tokenizer::gpt2();

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "attn/gpt.h"
+#include "attn/tensor.h"
 #include "walkthrough.h"
 
 namespace attn::cli {
@@ -40,6 +42,12 @@ using ProgressFn = std::function<void(const std::string&)>;
 // Throws std::invalid_argument naming an unknown section and the known ones.
 std::vector<Printed> run_walkthrough_ch4(const std::vector<std::string>& sections,
                                          const ProgressFn& progress = nullptr);
+
+// The book's generate_text_simple (greedy: softmax of the last position's
+// logits, the first maximum), idx (B, T) int64 -> (B, T + max_new_tokens);
+// progress gets one line per token. Chapter 5 generates with it too.
+Tensor generate_text_simple(nn::GPTModel& model, const Tensor& idx, int64_t max_new_tokens,
+                            int64_t context_size, const ProgressFn& progress);
 
 // Throws std::invalid_argument when `name` is not a chapter-4 section.
 void check_ch4_section(const std::string& name);
