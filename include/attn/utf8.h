@@ -4,11 +4,52 @@
 // printable(), which every error message built from outside bytes goes through.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace attn {
+
+// The one UTF-8 sequence decoder every reader of UTF-8 here uses
+// (decode_utf8, printable, the tokenizer's validation): the valid sequence at
+// text[i] (i < text.size()), returning its length 1..4 and setting cp; or 0 for
+// a malformed, overlong, surrogate, out-of-range or cut-short sequence, with
+// *why (when given) saying which ("invalid lead byte", "overlong encoding", ...).
+// Inline: the tokenizer validates every input through it.
+inline size_t utf8_sequence(std::string_view text, size_t i, char32_t& cp,
+                            const char** why = nullptr) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  const auto bad = [&](const char* reason) -> size_t {
+    if (why != nullptr) *why = reason;
+    return 0;
+  };
+  const unsigned char b0 = byte(i);
+  size_t len = 0;
+  char32_t min = 0;
+  if (b0 < 0x80) {
+    cp = b0;
+    return 1;
+  } else if ((b0 & 0xE0) == 0xC0) {
+    len = 2, cp = b0 & 0x1F, min = 0x80;
+  } else if ((b0 & 0xF0) == 0xE0) {
+    len = 3, cp = b0 & 0x0F, min = 0x800;
+  } else if ((b0 & 0xF8) == 0xF0) {
+    len = 4, cp = b0 & 0x07, min = 0x10000;
+  } else {
+    return bad((b0 & 0xC0) == 0x80 ? "unexpected continuation byte" : "invalid lead byte");
+  }
+  if (i + len > text.size()) return bad("sequence cut short by the end of the text");
+  for (size_t k = 1; k < len; ++k) {
+    const unsigned char b = byte(i + k);
+    if ((b & 0xC0) != 0x80) return bad("missing continuation byte");
+    cp = (cp << 6) | (b & 0x3F);
+  }
+  if (cp < min) return bad("overlong encoding");
+  if (cp >= 0xD800 && cp <= 0xDFFF) return bad("surrogate code point");
+  if (cp > 0x10FFFF) return bad("code point above U+10FFFF");
+  return len;
+}
 
 // The code points of UTF-8 text. Throws std::invalid_argument("invalid UTF-8
 // at byte offset N: ...") for a malformed, overlong, surrogate or out-of-range

@@ -11,42 +11,17 @@ namespace attn {
 std::vector<char32_t> decode_utf8(std::string_view text) {
   std::vector<char32_t> out;
   out.reserve(text.size());
-  const auto byte = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
   size_t i = 0;
   while (i < text.size()) {
-    const unsigned char b0 = byte(i);
-    auto bad = [&](const char* why) {
-      return std::invalid_argument(
-          fmt::format("invalid UTF-8 at byte offset {}: {} (byte 0x{:02X})", i, why, b0));
-    };
-    if (b0 < 0x80) {
-      out.push_back(b0);
-      ++i;
-      continue;
+    char32_t cp = 0;
+    const char* why = nullptr;
+    const size_t len = utf8_sequence(text, i, cp, &why);
+    if (len == 0) {
+      throw std::invalid_argument(fmt::format("invalid UTF-8 at byte offset {}: {} (byte 0x{:02X})",
+                                              i, why, static_cast<unsigned char>(text[i])));
     }
-    int len = 0;
-    char32_t cp = 0, min = 0;
-    if ((b0 & 0xE0) == 0xC0) {
-      len = 2, cp = b0 & 0x1F, min = 0x80;
-    } else if ((b0 & 0xF0) == 0xE0) {
-      len = 3, cp = b0 & 0x0F, min = 0x800;
-    } else if ((b0 & 0xF8) == 0xF0) {
-      len = 4, cp = b0 & 0x07, min = 0x10000;
-    } else {
-      throw bad((b0 & 0xC0) == 0x80 ? "unexpected continuation byte" : "invalid lead byte");
-    }
-    if (i + static_cast<size_t>(len) > text.size())
-      throw bad("sequence cut short by the end of the text");
-    for (int k = 1; k < len; ++k) {
-      const unsigned char b = byte(i + static_cast<size_t>(k));
-      if ((b & 0xC0) != 0x80) throw bad("missing continuation byte");
-      cp = (cp << 6) | (b & 0x3F);
-    }
-    if (cp < min) throw bad("overlong encoding");
-    if (cp >= 0xD800 && cp <= 0xDFFF) throw bad("surrogate code point");
-    if (cp > 0x10FFFF) throw bad("code point above U+10FFFF");
     out.push_back(cp);
-    i += static_cast<size_t>(len);
+    i += len;
   }
   return out;
 }
@@ -81,34 +56,6 @@ std::vector<std::string> utf8_characters(std::string_view text) {
 }
 
 namespace {
-
-// The length of the valid UTF-8 sequence at text[i] and its code point, or 0.
-size_t utf8_sequence(std::string_view text, size_t i, char32_t& cp) {
-  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
-  const unsigned char b0 = byte(i);
-  size_t len = 0;
-  char32_t min = 0;
-  if (b0 < 0x80) {
-    cp = b0;
-    return 1;
-  } else if ((b0 & 0xE0) == 0xC0) {
-    len = 2, cp = b0 & 0x1F, min = 0x80;
-  } else if ((b0 & 0xF0) == 0xE0) {
-    len = 3, cp = b0 & 0x0F, min = 0x800;
-  } else if ((b0 & 0xF8) == 0xF0) {
-    len = 4, cp = b0 & 0x07, min = 0x10000;
-  } else {
-    return 0;
-  }
-  if (i + len > text.size()) return 0;
-  for (size_t k = 1; k < len; ++k) {
-    const unsigned char b = byte(i + k);
-    if ((b & 0xC0) != 0x80) return 0;
-    cp = (cp << 6) | (b & 0x3F);
-  }
-  if (cp < min || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) return 0;
-  return len;
-}
 
 bool invisible(char32_t cp) {
   return (cp >= 0x80 && cp <= 0x9F) || (cp >= 0x200B && cp <= 0x200F) ||

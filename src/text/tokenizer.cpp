@@ -41,35 +41,13 @@ void validate_utf8(std::string_view text, const char* what) {
         continue;
       }
     }
-    const unsigned char b0 = s[i];
-    if (b0 < 0x80) {
-      ++i;
-      continue;
+    char32_t cp = 0;
+    const char* why = nullptr;
+    const size_t len = utf8_sequence(text, i, cp, &why);
+    if (len == 0) {
+      throw std::invalid_argument(fmt::format("{}: invalid UTF-8 at byte offset {}: {} (byte 0x{:02X})",
+                                              what, i, why, s[i]));
     }
-    auto bad = [&](const char* why) {
-      return std::invalid_argument(
-          fmt::format("{}: invalid UTF-8 at byte offset {}: {} (byte 0x{:02X})", what, i, why, b0));
-    };
-    size_t len = 0;
-    char32_t cp = 0, min = 0;
-    if ((b0 & 0xE0) == 0xC0) {
-      len = 2, cp = b0 & 0x1Fu, min = 0x80;
-    } else if ((b0 & 0xF0) == 0xE0) {
-      len = 3, cp = b0 & 0x0Fu, min = 0x800;
-    } else if ((b0 & 0xF8) == 0xF0) {
-      len = 4, cp = b0 & 0x07u, min = 0x10000;
-    } else {
-      throw bad((b0 & 0xC0) == 0x80 ? "unexpected continuation byte" : "invalid lead byte");
-    }
-    if (i + len > n) throw bad("sequence cut short by the end of the text");
-    for (size_t k = 1; k < len; ++k) {
-      const unsigned char b = s[i + k];
-      if ((b & 0xC0) != 0x80) throw bad("missing continuation byte");
-      cp = (cp << 6) | (b & 0x3Fu);
-    }
-    if (cp < min) throw bad("overlong encoding");
-    if (cp >= 0xD800 && cp <= 0xDFFF) throw bad("surrogate code point");
-    if (cp > 0x10FFFF) throw bad("code point above U+10FFFF");
     i += len;
   }
 }
