@@ -653,21 +653,30 @@ std::string ch4_to_json(const std::vector<Printed>& printed) {
   return out;
 }
 
-std::string ch4_to_text(const std::vector<Printed>& printed) {
-  std::string out =
-      "attn walkthrough --chapter 4: the GPT chapter's notebook, GPT_CONFIG_124M under "
-      "torch.manual_seed(123).\nEvery line prints as PyTorch 1.13 prints it (tensors without "
-      "grad_fn); the line above it says what it is and the code it mirrors.\n";
+std::string printed_to_text(const std::string& header, const std::vector<Printed>& printed,
+                            const std::vector<WalkthroughSection>& sections) {
+  std::string out = header;
   std::string section;
   for (const Printed& p : printed) {
     if (p.section != section) {
       section = p.section;
-      const WalkthroughSection& info = find_section(section).info;
-      out += fmt::format("\n== {} ==\n   {}\n", info.title, info.intro);
+      const auto info = std::find_if(sections.begin(), sections.end(),
+                                     [&](const WalkthroughSection& w) { return w.name == section; });
+      if (info == sections.end())
+        throw std::logic_error(fmt::format("walkthrough: no section '{}'", section));
+      out += fmt::format("\n== {} ==\n   {}\n", info->title, info->intro);
     }
     out += fmt::format("\n# {}\n{}\n", p.explanation, p.text);
   }
   return out;
+}
+
+std::string ch4_to_text(const std::vector<Printed>& printed) {
+  return printed_to_text(
+      "attn walkthrough --chapter 4: the GPT chapter's notebook, GPT_CONFIG_124M under "
+      "torch.manual_seed(123).\nEvery line prints as PyTorch 1.13 prints it (tensors without "
+      "grad_fn); the line above it says what it is and the code it mirrors.\n",
+      printed, walkthrough_ch4_sections());
 }
 
 }  // namespace attn::cli

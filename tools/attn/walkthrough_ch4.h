@@ -54,6 +54,11 @@ void check_ch4_section(const std::string& name);
 
 // The text form (headers, explanations, then each print's text) and the JSON
 // form (an array, one object per print: section, name, explanation, text, value).
+// The prints as text: `header`, then each section's title and intro (from
+// `sections`, by name) before its first print, and each print under its "# "
+// explanation. Chapters 4 and 5 share it.
+std::string printed_to_text(const std::string& header, const std::vector<Printed>& printed,
+                            const std::vector<WalkthroughSection>& sections);
 std::string ch4_to_text(const std::vector<Printed>& printed);
 std::string ch4_to_json(const std::vector<Printed>& printed);
 

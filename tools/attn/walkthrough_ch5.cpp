@@ -603,20 +603,11 @@ std::vector<Printed> run_walkthrough_ch5(const std::vector<std::string>& section
 }
 
 std::string ch5_to_text(const std::vector<Printed>& printed) {
-  std::string out =
+  return printed_to_text(
       "attn walkthrough --chapter 5: the pretraining chapter's notebook without its training, "
       "GPT_CONFIG_124M (context_length 256) under torch.manual_seed(123).\nEvery line prints as "
-      "PyTorch 1.13 prints it; the line above it says what it is and the code it mirrors.\n";
-  std::string section;
-  for (const Printed& p : printed) {
-    if (p.section != section) {
-      section = p.section;
-      const WalkthroughSection& info = find_section(section).info;
-      out += fmt::format("\n== {} ==\n   {}\n", info.title, info.intro);
-    }
-    out += fmt::format("\n# {}\n{}\n", p.explanation, p.text);
-  }
-  return out;
+      "PyTorch 1.13 prints it; the line above it says what it is and the code it mirrors.\n",
+      printed, walkthrough_ch5_sections());
 }
 
 }  // namespace attn::cli
