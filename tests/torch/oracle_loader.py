@@ -1,7 +1,7 @@
 """The book's chapter-5 data loaders as torch 1.13 runs them: which windows each
 batch holds, pass by pass, and what the global generator draws meanwhile.
 
-The dataset is chapter 2's GPTDatasetV1 in our own words (windows of max_length
+The dataset is chapter 2's GPTDatasetV1 in our own words (book_data.Windows) (windows of max_length
 token ids every stride, targets shifted by one) in a torch DataLoader, as the
 book's create_dataloader_v1 builds it. Each case records, for a token sequence
 0..n-1 (so a window's first input id is its start), the first id of every row
@@ -14,23 +14,10 @@ int64 random_() directly.
 import pathlib
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
+from book_data import Windows
 from oracle_util import write_json
-
-
-class Windows(Dataset):
-    def __init__(self, ids, max_length, stride):
-        self.inputs, self.targets = [], []
-        for i in range(0, len(ids) - max_length, stride):
-            self.inputs.append(torch.tensor(ids[i:i + max_length]))
-            self.targets.append(torch.tensor(ids[i + 1:i + max_length + 1]))
-
-    def __len__(self):
-        return len(self.inputs)
-
-    def __getitem__(self, k):
-        return self.inputs[k], self.targets[k]
 
 
 CASES = [  # n tokens, batch, max_length, stride, shuffle/drop_last, seed

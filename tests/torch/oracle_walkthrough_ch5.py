@@ -29,9 +29,10 @@ import re
 import sys
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 import book_gpt as bg
+from book_data import Windows
 from book_generate import generate_text_simple
 from oracle_util import run_under_avx2, tensor_json, write_json
 from oracle_walkthrough_ch4 import gpt2_decoder
@@ -119,22 +120,6 @@ def check_against_tiktoken(ids):
     if got != (case["count"], case["fnv1a"]):
         raise RuntimeError(f"the oracle's BPE gives {got} for the-verdict.txt, tiktoken "
                            f"{(case['count'], case['fnv1a'])}")
-
-
-class Windows(Dataset):
-    """Windows of max_length ids every stride; the targets one token later."""
-
-    def __init__(self, ids, max_length, stride):
-        self.inputs, self.targets = [], []
-        for i in range(0, len(ids) - max_length, stride):
-            self.inputs.append(torch.tensor(ids[i:i + max_length]))
-            self.targets.append(torch.tensor(ids[i + 1:i + max_length + 1]))
-
-    def __len__(self):
-        return len(self.inputs)
-
-    def __getitem__(self, k):
-        return self.inputs[k], self.targets[k]
 
 
 def make_loader(bpe, text, batch_size, max_length, stride, shuffle, drop_last):
