@@ -6,9 +6,9 @@
 // threads bit-identical; the reference's gradients against finite
 // differences; behaviour (causality, windows, alignment, masked rows); errors.
 //
-// Tolerance (kernel vs reference): max |fused − ref| <= 5e-5 · max(1, max |ref|)
-// per tensor (both sum in fp32, in different orders), lse within 5e-5 · max(1, |lse|)
-// and -inf exactly where the reference has it.
+// Tolerance (kernel vs reference): max |fused − ref| <= 2e-5 · max(1, max |ref|)
+// per tensor (both sum in fp32, in different orders), lse within 2e-5 · max(1, |lse|)
+// and -inf exactly where the reference has it. (All cases pass at 1e-5 on AMD Zen 5.)
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -42,7 +42,7 @@ using attn::Shape;
 using attn::Tensor;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
-constexpr float kRelTol = 5e-5f;
+constexpr float kRelTol = 2e-5f;
 
 enum class Layout { kHeadMajor, kTokenMajor, kFusedQkv, kStridedD };
 enum class MaskKind { kNone, kBool, kAdditive };
