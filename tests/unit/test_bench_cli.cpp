@@ -15,7 +15,7 @@ namespace {
 
 TEST(BenchCli, JsonRowsHaveTheFieldsCompareTorchReads) {
   ATTN_REQUIRE_CLI();
-  for (const std::string kind : {"core", "module"}) {
+  for (const std::string kind : {"core", "module", "sdpa"}) {
     const auto r = run_cli("bench --json --kind " + kind +
                            " --batch 2 --tokens 33 --d-model 48 --heads 3 --mode fwdbwd "
                            "--repeats 2");
@@ -39,7 +39,7 @@ TEST(BenchCli, JsonRowsHaveTheFieldsCompareTorchReads) {
     const double B = 2, T = 33, d = 48;
     const double core = 4.0 * B * T * T * d / 2.0;
     const double expected =
-        kind == "core" ? 3.5 * core : 3.0 * 4.0 * 2.0 * B * T * d * d + 3.5 * core;
+        kind != "module" ? 3.5 * core : 3.0 * 4.0 * 2.0 * B * T * d * d + 3.5 * core;
     EXPECT_NEAR(double(row["flops"]), expected, 1e-6 * expected);
   }
 }
@@ -86,7 +86,7 @@ TEST(BenchCli, BadValuesAreOneLineUsageErrors) {
     std::string args, message;
   };
   for (const auto& c :
-       {Case{"bench --kind nosuch", "--kind must be core, module or all, got 'nosuch'"},
+       {Case{"bench --kind nosuch", "--kind must be core, module, sdpa or all, got 'nosuch'"},
         Case{"bench --mode back", "--mode must be fwd, fwdbwd or all, got 'back'"},
         Case{"bench --shapes 1x2x3", "a shape is BxTxDxH, e.g. 1x1024x768x12; got '1x2x3'"},
         Case{"bench --shapes 1x8x10x3",

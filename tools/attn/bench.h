@@ -7,8 +7,12 @@
 //           packed q, k, v (B, T, H, hd), causal
 //   module  nn::MultiHeadAttention(d, d, T, 0.0, H).forward(x) [+ backward(dy)]
 //           (training mode, p = 0: the fused path unless --backend says otherwise)
+//   sdpa    scaled_dot_product_attention_forward [+ _backward] (attn/sdpa.h) on the
+//           core's values viewed as (B, H, T, hd), is_causal; float32; the fused
+//           kernel, or the plain reference with --backend reference (only with
+//           --kind sdpa: --kind all is core and module)
 // Useful FLOPs (causal):
-//   core forward      4·B·H·T²·hd / 2             (Q Kᵀ and P V, only j <= i)
+//   core forward      4·B·H·T²·hd / 2             (Q Kᵀ and P V, only j <= i; sdpa too)
 //   core backward     2.5 × core forward          (five T×T×hd products instead of two)
 //   projections       2·B·T·d_in·d_out per linear (4 linears: q, k, v, out_proj)
 //   module forward    projections + core forward
@@ -45,7 +49,7 @@
 namespace attn::cli {
 
 struct BenchCase {
-  std::string kind = "core";      // or "module"
+  std::string kind = "core";      // or "module", "sdpa"
   std::string mode = "fwd";       // or "fwdbwd"
   std::string dtype = "float32";  // or "bfloat16" (core only)
   int64_t B = 1, T = 1, d_model = 768, heads = 12;
