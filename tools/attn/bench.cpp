@@ -84,7 +84,13 @@ void check_case(const BenchCase& c) {
 double case_flops(const BenchCase& c) {
   const bool fwd = c.mode == "fwd";
   if (c.kind == "core" || c.kind == "sdpa") {
-    const double core = 4.0 * double(c.B) * double(c.T) * double(c.T) * double(c.d_model) / 2.0;
+    // Query-key pairs: T²/2 causal; with a window, Σ_i min(i + 1, w + 1).
+    double pairs = double(c.T) * double(c.T) / 2.0;
+    if (c.kind == "sdpa" && c.window_left >= 0) {
+      const double w1 = double(std::min(c.window_left + 1, c.T));
+      pairs = w1 * (w1 + 1.0) / 2.0 + (double(c.T) - w1) * w1;
+    }
+    const double core = 4.0 * double(c.B) * pairs * double(c.d_model);
     return fwd ? core : 3.5 * core;
   }
   const double f = fused::attention_block_forward_flops(c.B, c.T, c.d_model, c.d_model, true, true);
@@ -169,6 +175,7 @@ struct SdpaBenchProblem {
     };
     q = view(1), k = view(2), v = view(3), dout = view(4).contiguous();
     options.is_causal = true;
+    options.window_left = c.window_left;
     options.backend = backend == "reference" ? SdpaBackend::kReference : SdpaBackend::kFused;
   }
   void forward() { f = scaled_dot_product_attention_forward(q, k, v, options); }
@@ -348,6 +355,7 @@ nlohmann::json to_json(const BenchResult& r, int repeats) {
                       {"T", r.c.T},
                       {"d_model", r.c.d_model},
                       {"heads", r.c.heads},
+                      {"window_left", r.c.window_left},
                       {"head_dim", head_dim_of(r.c)},
                       {"backend", r.backend},
                       {"dtype", r.c.dtype},
@@ -432,6 +440,7 @@ BenchResult run_bench_case(const BenchCase& c, int repeats, const std::string& b
         throw std::runtime_error("bench: scaled_dot_product_attention gave a non-finite result");
     });
     r.backend = backend == "reference" ? "reference" : "fused";
+    if (c.window_left >= 0) r.backend += fmt::format(" w{}", c.window_left);
   } else if (c.kind == "core") {
     CoreProblem pr(c);
     time_repeats([&](bool check) {
@@ -468,6 +477,7 @@ Command add_bench_command(CLI::App& app) {
     int repeats = 5, threads = 0, sgemm_n = 4096;  // --quick: 3 repeats, sgemm of 2048
     bool quick = false, json = false, memory = false, sgemm = false;
     int64_t memory_tokens = 16384;
+    int64_t window_left = -1;
   };
   auto f = std::make_shared<Flags>();
   CLI::App* cmd = app.add_subcommand(
@@ -519,6 +529,9 @@ Command add_bench_command(CLI::App& app) {
                 "T=--memory-tokens, 12 heads of 64; peak memory beyond inputs, outputs and "
                 "gradients");
   cmd->add_option("--memory-tokens", f->memory_tokens, "T for --memory")->capture_default_str();
+  cmd->add_option("--window-left", f->window_left,
+                  "sdpa rows: a causal sliding window of this many keys before each query")
+      ->type_name("W");
 
   auto run = [f, cmd]() -> int {
     const auto given = [cmd](const char* option) { return cmd->count(option) > 0; };
@@ -534,6 +547,8 @@ Command add_bench_command(CLI::App& app) {
       if (given(option) && value < 1)
         throw UsageError(fmt::format("bench: {} must be >= 1, got {}", option, value));
     }
+    if (given("--window-left") && f->window_left < 0)
+      throw UsageError(fmt::format("bench: --window-left must be >= 0, got {}", f->window_left));
     // --kind: one of core, module, sdpa, all, or a comma-separated list (core,sdpa: side by side).
     std::vector<std::string> kinds;
     for (size_t at = 0; at <= f->kind.size();) {
@@ -674,6 +689,7 @@ Command add_bench_command(CLI::App& app) {
             if (kind == "sdpa" && dtype != "float32") continue;  // float32 only, for now
             BenchCase c = shape;
             c.kind = kind, c.mode = mode, c.dtype = dtype;
+            if (kind == "sdpa") c.window_left = f->window_left;
             BenchResult r = run_bench_case(c, repeats, f->backend);
             const bool bf16_dots =
                 dtype == "bfloat16" &&
