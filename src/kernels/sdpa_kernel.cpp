@@ -17,7 +17,8 @@
 // that meet the group's band, in tiles of kBcFwd; a tile wholly outside a
 // query tile's band is never visited (a window costs O(T·w)); a tile that
 // crosses the band's edge skips the products wholly outside it at
-// micro-kernel granularity and sets the rest to -inf. A row whose scores are
+// micro-kernel granularity and sets the rest to -inf; a tile the mask hides
+// wholly (-inf everywhere) is skipped too. A row whose scores are
 // all -inf ends with l = 0: its output is 0 and its lse -inf.
 // Backward, per (b, key/value head): groups of key tiles outside, then each
 // query head of the group and its query tiles inside (the fixed grid of
@@ -110,6 +111,23 @@ const float* At(const float* base, const SdpaStrides& s, int64_t b, int64_t h, i
 }
 
 // ---- forward ------------------------------------------------------------------------------
+
+// Whether the mask is -inf on every (i, j) of queries [i0, i0 + in) x keys
+// [j0, j0 + jn) of head (b, h). Such a tile changes nothing (its weights are
+// exactly 0: the running max, sum and output keep their bits; backward adds
+// exact zeros), so forward and backward skip it: a padding or block-diagonal
+// mask costs only the tiles it leaves open. Stops at the first open entry.
+bool MaskHidesTile(const SdpaProblem& p, int64_t b, int64_t h, size_t i0, size_t in, size_t j0,
+                   size_t jn) {
+  if (!p.mask) return false;
+  const SdpaStrides& ms = p.mask_strides;
+  for (size_t ii = 0; ii < in; ++ii) {
+    const float* mrow = p.mask + b * ms.b + h * ms.h + int64_t(i0 + ii) * ms.t;
+    for (size_t jj = 0; jj < jn; ++jj)
+      if (mrow[int64_t(j0 + jj) * ms.d] != kNegInf) return false;
+  }
+  return true;
+}
 
 struct ForwardScratch {
   hwy::AlignedFreeUniquePtr<float[]> qT;           // (G, D, Br)    c·Qᵀ of each query tile
@@ -289,6 +307,7 @@ void ForwardGroup(const SdpaOutput& out, const SdpaProblem& p, const Band& band,
     for (size_t g = 0; g < ng; ++g) {
       if (j0 >= key_end(g) || j0 + kBcFwd <= key_begin(g)) continue;
       const size_t jn = std::min(kBcFwd, key_end(g) - j0);
+      if (MaskHidesTile(p, b, h, tile_i0(g), tile_in(g), j0, jn)) continue;
       ForwardStep(p, band, b, h, tile_i0(g), tile_in(g), j0, jn, k_head + j0 * ks, v_tile,
                   v_tile_stride, s.qT.get() + g * D * kBr, s.sT.get(), s.o.get() + g * kBr * Dvp,
                   s.m.get() + g * kBr, s.l.get() + g * kBr, s.alpha.get() + g * kBr);
@@ -584,7 +603,8 @@ void KeyGroupTask(const SdpaBackwardIO& io, const BackwardProblem& bp, int64_t b
       PrefetchRows(hv.dout, hv.dos, i0 + in, next_end, Dv);
       for (size_t g = 0; g < ng; ++g) {
         if (!bp.band.meets(int64_t(i0), int64_t(i0 + in), int64_t(tile_j0(g)),
-                           int64_t(tile_j0(g) + tile_jn(g))))
+                           int64_t(tile_j0(g) + tile_jn(g))) ||
+            MaskHidesTile(p, b, h, i0, in, tile_j0(g), tile_jn(g)))
           continue;
         TilePair(hv, bp, tile_j0(g), tile_jn(g), i0, in, s.kT.get() + g * D * kBc,
                  s.vT.get() + g * Dv * kBc, s, s.dK.get() + g * kBc * bp.Dp,
@@ -622,7 +642,9 @@ void QueryTileTask(const BackwardProblem& bp, int64_t b, int64_t h, size_t i0, B
   const TileRange kt = KeyTiles(bp, int64_t(i0), int64_t(i0 + in));
   for (size_t j0 = kt.begin; j0 < kt.end; j0 += kBc) {
     const size_t jn = std::min(kBc, size_t(p.Tk) - j0);
-    if (!bp.band.meets(int64_t(i0), int64_t(i0 + in), int64_t(j0), int64_t(j0 + jn))) continue;
+    if (!bp.band.meets(int64_t(i0), int64_t(i0 + in), int64_t(j0), int64_t(j0 + jn)) ||
+        MaskHidesTile(p, b, h, i0, in, j0, jn))
+      continue;
     PackKeyTile(s.kT.get(), s.vT.get(), bp, hv, j0, jn);
     TilePair(hv, bp, j0, jn, i0, in, s.kT.get(), s.vT.get(), s, nullptr, nullptr, hv.dQ);
   }

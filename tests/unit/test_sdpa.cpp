@@ -292,6 +292,42 @@ TEST(Sdpa, FusedMatchesReferenceOnEdgeCases) {
   }
 }
 
+// Masks that hide whole tiles (a padding mask, packed documents as a
+// block-diagonal mask): the kernel skips those tiles; the answer is the reference's,
+// and a row with no open key still gives 0.
+TEST(Sdpa, MasksThatHideWholeTilesMatchReference) {
+  for (int64_t T : {200, 333}) {
+    Case c;
+    c.B = 2, c.Hq = 4, c.Hkv = 2, c.Tq = T, c.Tk = T, c.D = 32, c.Dv = 32, c.causal = true;
+    Inputs in = make_inputs(c, 61);
+    Tensor padding({2, 1, 1, T});  // batch 0: every key; batch 1: the first 70
+    for (int64_t j = 0; j < T; ++j) padding.at({0, 0, 0, j}) = 1.0f;
+    for (int64_t j = 0; j < 70; ++j) padding.at({1, 0, 0, j}) = 1.0f;
+    in.opt.attn_mask = padding;
+    in.opt.attn_mask_type = MaskType::kBoolean;
+    const Result fused = run(in, SdpaBackend::kFused), ref = run(in, SdpaBackend::kReference);
+    EXPECT_LE(rel_err(fused.f.out, ref.f.out), kRelTol) << T;
+    EXPECT_LE(rel_err(fused.g.dq, ref.g.dq), kRelTol) << T;
+    EXPECT_LE(rel_err(fused.g.dk, ref.g.dk), kRelTol) << T;
+    EXPECT_LE(rel_err(fused.g.dv, ref.g.dv), kRelTol) << T;
+    // Three documents packed in one sequence: query i sees keys of its own document only.
+    Tensor blocks({T, T}, -kInf);
+    const int64_t ends[] = {90, 150, T};
+    for (int64_t i = 0, doc = 0; i < T; ++i) {
+      while (i >= ends[doc]) ++doc;
+      for (int64_t j = doc == 0 ? 0 : ends[doc - 1]; j < ends[doc]; ++j) blocks.at({i, j}) = 0.0f;
+    }
+    in.opt.attn_mask = blocks;
+    in.opt.attn_mask_type = MaskType::kAdditive;
+    const Result fused2 = run(in, SdpaBackend::kFused), ref2 = run(in, SdpaBackend::kReference);
+    EXPECT_LE(rel_err(fused2.f.out, ref2.f.out), kRelTol) << T;
+    EXPECT_LE(rel_err(fused2.g.dq, ref2.g.dq), kRelTol) << T;
+    EXPECT_LE(rel_err(fused2.g.dk, ref2.g.dk), kRelTol) << T;
+    EXPECT_LE(rel_err(fused2.g.dv, ref2.g.dv), kRelTol) << T;
+    expect_lse_close(fused2.f.lse, ref2.f.lse, "block-diagonal");
+  }
+}
+
 // Every SIMD target this CPU runs (Highway's choice is process-wide: the
 // flash kernels and this one switch together).
 TEST(Sdpa, EverySimdTargetMatchesReference) {
