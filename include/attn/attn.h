@@ -19,6 +19,7 @@
 #include "attn/print.h"
 #include "attn/random.h"
 #include "attn/safetensors.h"
+#include "attn/sdpa.h"
 #include "attn/tensor.h"
 #include "attn/tokenizer.h"
 #include "attn/train.h"

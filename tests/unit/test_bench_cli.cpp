@@ -2,6 +2,7 @@
 // the table's columns, and one-line usage errors that name the bad value.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -15,7 +16,7 @@ namespace {
 
 TEST(BenchCli, JsonRowsHaveTheFieldsCompareTorchReads) {
   ATTN_REQUIRE_CLI();
-  for (const std::string kind : {"core", "module"}) {
+  for (const std::string kind : {"core", "module", "sdpa"}) {
     const auto r = run_cli("bench --json --kind " + kind +
                            " --batch 2 --tokens 33 --d-model 48 --heads 3 --mode fwdbwd "
                            "--repeats 2");
@@ -39,9 +40,25 @@ TEST(BenchCli, JsonRowsHaveTheFieldsCompareTorchReads) {
     const double B = 2, T = 33, d = 48;
     const double core = 4.0 * B * T * T * d / 2.0;
     const double expected =
-        kind == "core" ? 3.5 * core : 3.0 * 4.0 * 2.0 * B * T * d * d + 3.5 * core;
+        kind != "module" ? 3.5 * core : 3.0 * 4.0 * 2.0 * B * T * d * d + 3.5 * core;
     EXPECT_NEAR(double(row["flops"]), expected, 1e-6 * expected);
   }
+}
+
+// A windowed sdpa row counts the pairs of its band: Σ_i min(i + 1, w + 1).
+TEST(BenchCli, SdpaWindowCountsTheBandsPairs) {
+  ATTN_REQUIRE_CLI();
+  const auto r =
+      run_cli("bench --json --kind sdpa --window-left 5 --shapes 2x33x48x3 --mode fwd --repeats 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto rows = nlohmann::json::parse(r.out);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0]["window_left"], 5);
+  EXPECT_EQ(rows[0]["backend"], "fused w5");
+  double pairs = 0;
+  for (int i = 0; i < 33; ++i) pairs += std::min(i + 1, 6);
+  const double expected = 4.0 * 2 * pairs * 48;
+  EXPECT_NEAR(double(rows[0]["flops"]), expected, 1e-9 * expected);
 }
 
 TEST(BenchCli, SgemmFlagAddsBothYardsticks) {
@@ -86,13 +103,18 @@ TEST(BenchCli, BadValuesAreOneLineUsageErrors) {
     std::string args, message;
   };
   for (const auto& c :
-       {Case{"bench --kind nosuch", "--kind must be core, module or all, got 'nosuch'"},
+       {Case{"bench --kind nosuch", "--kind must be core, module, sdpa or all, got 'nosuch'"},
         Case{"bench --mode back", "--mode must be fwd, fwdbwd or all, got 'back'"},
         Case{"bench --shapes 1x2x3", "a shape is BxTxDxH, e.g. 1x1024x768x12; got '1x2x3'"},
         Case{"bench --shapes 1x8x10x3",
              "d_model divisible by heads, got B=1 T=8 d_model=10 heads=3"},
         Case{"bench --backend gpu", "--backend must be auto, reference or fused, got 'gpu'"},
-        Case{"bench --threads -3", "bench: --threads must be >= 1, got -3"}}) {
+        Case{"bench --threads -3", "bench: --threads must be >= 1, got -3"},
+        Case{"bench --kind core,sdpa,gpu",
+             "--kind must be core, module, sdpa or all, got 'core,sdpa,gpu'"},
+        Case{"bench --kind sdpa --dtype bfloat16",
+             "bench: --kind sdpa runs float32 only, got --dtype bfloat16"},
+        Case{"bench --kind sdpa --window-left -2", "bench: --window-left must be >= 0, got -2"}}) {
     const auto r = run_cli(c.args);
     EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.err;
     EXPECT_EQ(r.out, "") << c.args;

@@ -31,6 +31,7 @@
 #include "attn/kernels.h"
 #include "attn/nn.h"
 #include "attn/random.h"
+#include "attn/sdpa.h"
 #include "attn/utf8.h"
 #include "sgemm_rate.h"
 
@@ -62,13 +63,15 @@ std::vector<float> normal_values(int64_t n, uint64_t seed) {
 int64_t head_dim_of(const BenchCase& c) { return c.d_model / c.heads; }
 
 void check_case(const BenchCase& c) {
-  if (c.kind != "core" && c.kind != "module")
-    throw UsageError(fmt::format("bench: --kind must be core or module, got '{}'", c.kind));
+  if (c.kind != "core" && c.kind != "module" && c.kind != "sdpa")
+    throw UsageError(fmt::format("bench: --kind must be core, module or sdpa, got '{}'", c.kind));
   if (c.mode != "fwd" && c.mode != "fwdbwd")
     throw UsageError(fmt::format("bench: --mode must be fwd or fwdbwd, got '{}'", c.mode));
   if (c.dtype != "float32" && c.dtype != "bfloat16")
     throw UsageError(
         fmt::format("bench: --dtype must be float32, bfloat16 or all, got '{}'", c.dtype));
+  if (c.kind == "sdpa" && c.dtype != "float32")
+    throw UsageError(fmt::format("bench: --kind sdpa runs float32 only, got --dtype {}", c.dtype));
   if (c.B < 1 || c.T < 1 || c.d_model < 1 || c.heads < 1 || c.d_model % c.heads != 0) {
     throw UsageError(fmt::format(
         "bench: need B, T, d_model, heads >= 1 and d_model divisible by heads, got B={} T={} "
@@ -80,8 +83,14 @@ void check_case(const BenchCase& c) {
 // The useful causal FLOPs of one repeat (bench.h).
 double case_flops(const BenchCase& c) {
   const bool fwd = c.mode == "fwd";
-  if (c.kind == "core") {
-    const double core = 4.0 * double(c.B) * double(c.T) * double(c.T) * double(c.d_model) / 2.0;
+  if (c.kind == "core" || c.kind == "sdpa") {
+    // Query-key pairs: T²/2 causal; with a window, Σ_i min(i + 1, w + 1).
+    double pairs = double(c.T) * double(c.T) / 2.0;
+    if (c.kind == "sdpa" && c.window_left >= 0) {
+      const double w1 = double(std::min(c.window_left + 1, c.T));
+      pairs = w1 * (w1 + 1.0) / 2.0 + (double(c.T) - w1) * w1;
+    }
+    const double core = 4.0 * double(c.B) * pairs * double(c.d_model);
     return fwd ? core : 3.5 * core;
   }
   const double f = fused::attention_block_forward_flops(c.B, c.T, c.d_model, c.d_model, true, true);
@@ -147,6 +156,35 @@ struct CoreProblem {
     };
     if (bf16) return ok(outb) && (!backward || (ok(dqb) && ok(dkb) && ok(dvb)));
     return ok(out) && (!backward || (ok(dq) && ok(dk) && ok(dv)));
+  }
+};
+
+// scaled_dot_product_attention (attn/sdpa.h) on the core's problem: the same
+// packed (B, T, H, hd) values read as (B, H, T, hd) views (token-major
+// strides, no copies), is_causal; the fused kernel, or the plain reference
+// with --backend reference.
+struct SdpaBenchProblem {
+  Tensor q, k, v, dout;  // (B, H, T, hd) views
+  SdpaOptions options;
+  SdpaForward f;
+  SdpaGrads g;
+  SdpaBenchProblem(const BenchCase& c, const std::string& backend) {
+    const int64_t hd = head_dim_of(c), n = c.B * c.T * c.d_model;
+    auto view = [&](uint64_t seed) {
+      return Tensor({c.B, c.T, c.heads, hd}, normal_values(n, seed)).transpose(1, 2);
+    };
+    q = view(1), k = view(2), v = view(3), dout = view(4).contiguous();
+    options.is_causal = true;
+    options.window_left = c.window_left;
+    options.backend = backend == "reference" ? SdpaBackend::kReference : SdpaBackend::kFused;
+  }
+  void forward() { f = scaled_dot_product_attention_forward(q, k, v, options); }
+  void backward() {
+    g = scaled_dot_product_attention_backward(dout, q, k, v, f.out, f.lse, options);
+  }
+  bool finite(bool backward) const {
+    return !has_non_finite(f.out) &&
+           (!backward || (!has_non_finite(g.dq) && !has_non_finite(g.dk) && !has_non_finite(g.dv)));
   }
 };
 
@@ -317,6 +355,7 @@ nlohmann::json to_json(const BenchResult& r, int repeats) {
                       {"T", r.c.T},
                       {"d_model", r.c.d_model},
                       {"heads", r.c.heads},
+                      {"window_left", r.c.window_left},
                       {"head_dim", head_dim_of(r.c)},
                       {"backend", r.backend},
                       {"dtype", r.c.dtype},
@@ -392,7 +431,17 @@ BenchResult run_bench_case(const BenchCase& c, int repeats, const std::string& b
       ms.push_back(ms_since(t0));
     }
   };
-  if (c.kind == "core") {
+  if (c.kind == "sdpa") {
+    SdpaBenchProblem pr(c, backend);
+    time_repeats([&](bool check) {
+      pr.forward();
+      if (backward) pr.backward();
+      if (check && !pr.finite(backward))
+        throw std::runtime_error("bench: scaled_dot_product_attention gave a non-finite result");
+    });
+    r.backend = backend == "reference" ? "reference" : "fused";
+    if (c.window_left >= 0) r.backend += fmt::format(" w{}", c.window_left);
+  } else if (c.kind == "core") {
     CoreProblem pr(c);
     time_repeats([&](bool check) {
       pr.forward();
@@ -428,6 +477,7 @@ Command add_bench_command(CLI::App& app) {
     int repeats = 5, threads = 0, sgemm_n = 4096;  // --quick: 3 repeats, sgemm of 2048
     bool quick = false, json = false, memory = false, sgemm = false;
     int64_t memory_tokens = 16384;
+    int64_t window_left = -1;
   };
   auto f = std::make_shared<Flags>();
   CLI::App* cmd = app.add_subcommand(
@@ -444,14 +494,19 @@ Command add_bench_command(CLI::App& app) {
                       fmt::format("{}", fmt::join(kDefaultShapes, ",")))
       ->delimiter(',')
       ->type_name("LIST");
-  cmd->add_option("--kind", f->kind, "core, module or all")->capture_default_str();
+  cmd->add_option("--kind", f->kind,
+                  "core, module, sdpa or all (all: core and module; sdpa: "
+                  "scaled_dot_product_attention on the core's problem), or a comma-separated "
+                  "list (core,sdpa: the two side by side)")
+      ->capture_default_str();
   cmd->add_option("--mode", f->mode, "fwd, fwdbwd or all")->capture_default_str();
   cmd->add_option("--dtype", f->dtype,
                   "float32, bfloat16 or all: the core's inputs and outputs (bfloat16: the bf16 "
                   "kernels, path AVX512-BF16 or widened to fp32); the module's compute dtype "
                   "(bfloat16: mixed precision, fp32 weights)")
       ->capture_default_str();
-  cmd->add_option("--backend", f->backend, "The module's path: auto, reference or fused")
+  cmd->add_option("--backend", f->backend,
+                  "The module's (and sdpa's) path: auto, reference or fused")
       ->capture_default_str();
   cmd->add_option("--batch", f->batch, "One shape: B (default 1)")->type_name("B");
   cmd->add_option("--tokens", f->tokens, "One shape: T (default 1024)")->type_name("T");
@@ -474,6 +529,9 @@ Command add_bench_command(CLI::App& app) {
                 "T=--memory-tokens, 12 heads of 64; peak memory beyond inputs, outputs and "
                 "gradients");
   cmd->add_option("--memory-tokens", f->memory_tokens, "T for --memory")->capture_default_str();
+  cmd->add_option("--window-left", f->window_left,
+                  "sdpa rows: a causal sliding window of this many keys before each query")
+      ->type_name("W");
 
   auto run = [f, cmd]() -> int {
     const auto given = [cmd](const char* option) { return cmd->count(option) > 0; };
@@ -489,8 +547,24 @@ Command add_bench_command(CLI::App& app) {
       if (given(option) && value < 1)
         throw UsageError(fmt::format("bench: {} must be >= 1, got {}", option, value));
     }
-    if (f->kind != "all" && f->kind != "core" && f->kind != "module")
-      throw UsageError(fmt::format("bench: --kind must be core, module or all, got '{}'", f->kind));
+    if (given("--window-left") && f->window_left < 0)
+      throw UsageError(fmt::format("bench: --window-left must be >= 0, got {}", f->window_left));
+    // --kind: one of core, module, sdpa, all, or a comma-separated list (core,sdpa: side by side).
+    std::vector<std::string> kinds;
+    for (size_t at = 0; at <= f->kind.size();) {
+      const size_t comma = std::min(f->kind.find(',', at), f->kind.size());
+      const std::string kind = f->kind.substr(at, comma - at);
+      if (kind != "all" && kind != "core" && kind != "module" && kind != "sdpa")
+        throw UsageError(fmt::format("bench: --kind must be core, module, sdpa or all, got '{}'",
+                                     printable(f->kind)));
+      if (kind == "all")
+        kinds.insert(kinds.end(), {"core", "module"});
+      else
+        kinds.push_back(kind);
+      at = comma + 1;
+    }
+    if (f->dtype == "bfloat16" && kinds == std::vector<std::string>{"sdpa"})
+      throw UsageError("bench: --kind sdpa runs float32 only, got --dtype bfloat16");
     if (f->mode != "all" && f->mode != "fwd" && f->mode != "fwdbwd")
       throw UsageError(fmt::format("bench: --mode must be fwd, fwdbwd or all, got '{}'", f->mode));
     if (f->dtype != "all" && f->dtype != "float32" && f->dtype != "bfloat16")
@@ -545,8 +619,7 @@ Command add_bench_command(CLI::App& app) {
            f->shapes.empty() ? (f->quick ? kQuickShapes : kDefaultShapes) : f->shapes)
         shapes.push_back(parse_bench_shape(s));
     }
-    std::vector<std::string> kinds = {"core", "module"}, modes = {"fwd", "fwdbwd"};
-    if (f->kind != "all") kinds = {f->kind};
+    std::vector<std::string> modes = {"fwd", "fwdbwd"};
     if (f->mode != "all") modes = {f->mode};
 
     double sgemm = -1, sgemm_blas = -1, sgemm_fast = -1, peak = -1, bf16_peak = -1;
@@ -613,8 +686,10 @@ Command add_bench_command(CLI::App& app) {
       for (const auto& kind : kinds) {
         for (const auto& mode : modes) {
           for (const auto& dtype : dtypes) {
-              BenchCase c = shape;
+            if (kind == "sdpa" && dtype != "float32") continue;  // float32 only, for now
+            BenchCase c = shape;
             c.kind = kind, c.mode = mode, c.dtype = dtype;
+            if (kind == "sdpa") c.window_left = f->window_left;
             BenchResult r = run_bench_case(c, repeats, f->backend);
             const bool bf16_dots =
                 dtype == "bfloat16" &&

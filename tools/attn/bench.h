@@ -7,8 +7,14 @@
 //           packed q, k, v (B, T, H, hd), causal
 //   module  nn::MultiHeadAttention(d, d, T, 0.0, H).forward(x) [+ backward(dy)]
 //           (training mode, p = 0: the fused path unless --backend says otherwise)
+//   sdpa    scaled_dot_product_attention_forward [+ _backward] (attn/sdpa.h) on the
+//           core's values viewed as (B, H, T, hd), is_causal; float32; the fused
+//           kernel, or the plain reference with --backend reference (only with
+//           --kind sdpa: --kind all is core and module); --window-left w adds a
+//           sliding window (keys i - w .. i) to the sdpa rows
 // Useful FLOPs (causal):
-//   core forward      4·B·H·T²·hd / 2             (Q Kᵀ and P V, only j <= i)
+//   core forward      4·B·H·T²·hd / 2             (Q Kᵀ and P V, only j <= i; sdpa too;
+//                     with a window w: 4·B·H·hd·Σ_i min(i + 1, w + 1))
 //   core backward     2.5 × core forward          (five T×T×hd products instead of two)
 //   projections       2·B·T·d_in·d_out per linear (4 linears: q, k, v, out_proj)
 //   module forward    projections + core forward
@@ -45,10 +51,11 @@
 namespace attn::cli {
 
 struct BenchCase {
-  std::string kind = "core";      // or "module"
+  std::string kind = "core";      // or "module", "sdpa"
   std::string mode = "fwd";       // or "fwdbwd"
   std::string dtype = "float32";  // or "bfloat16" (core only)
   int64_t B = 1, T = 1, d_model = 768, heads = 12;
+  int64_t window_left = -1;  // sdpa only: a sliding window of this many keys (-1: none)
 };
 
 struct BenchResult {

@@ -1,0 +1,172 @@
+// attn/sdpa.h - scaled-dot-product attention as PyTorch 2.x's
+// torch.nn.functional.scaled_dot_product_attention and FlashAttention 2 define
+// it: masks, Tq != Tk with either causal alignment, grouped-query heads,
+// sliding windows, ALiBi and logit soft-capping, forward and backward.
+//
+// Shapes (PyTorch's):
+//   q (B, Hq, Tq, D)   k (B, Hkv, Tk, D)   v (B, Hkv, Tk, Dv)   ->   out (B, Hq, Tq, Dv)
+//   lse (B, Hq, Tq): the natural log of each row's softmax denominator (-inf for a
+//   row with no key it may attend to).
+// Any strides: head-major (B, H, T, D) tensors, token-major views of (B, T, H, D)
+// (x.view({B, T, H, D}).transpose(1, 2)), or slices of one fused qkv buffer, are
+// read in place. The fused kernel needs the last dim contiguous (stride 1); an
+// input whose last stride is not 1 is copied first.
+//
+// What is computed, for batch b, query head h (its key/value head is
+// h / (Hq / Hkv)), query i and key j:
+//   s[i, j] = scale · q_i · k_j                     scale defaults to 1 / sqrt(D)
+//   s       = softcap · tanh(s / softcap)           when softcap > 0 (Gemma 2)
+//   s      += -alibi_slopes[h] · |i + δ - j|        when ALiBi slopes are given
+//   s      += attn_mask[b, h, i, j]                 additive mask (a boolean mask adds
+//                                                   0 where true, -inf where false)
+//   s       = -inf where j is outside the causal/window band (below)
+//   P = softmax_j(s), O = (P ⊙ Z) V                 Z: dropout noise, 0 or 1/(1-p)
+// A row whose scores are all -inf has P = 0: its output is 0, its lse -inf and
+// its gradients 0 (PyTorch >= 2.5), never NaN.
+//
+// The diagonal δ, and the band of keys a query may see:
+//   CausalAlignment::kTopLeft      δ = 0        (PyTorch's is_causal: query i sees keys j <= i)
+//   CausalAlignment::kBottomRight  δ = Tk - Tq  (FlashAttention 2's, every KV-cache decoder's:
+//                                                the last query sees the last key)
+//   is_causal:        j <= i + δ
+//   window_left  >= 0: j >= i + δ - window_left      (-1: unbounded)
+//   window_right >= 0: j <= i + δ + window_right     (-1: unbounded; is_causal caps it at 0)
+// The same δ aligns the window and the ALiBi distance; when Tq = Tk both alignments agree.
+//
+// Two implementations behind one entry point, chosen by SdpaOptions::backend:
+// the plain reference (src/reference/sdpa.cpp: the specification, one row at a
+// time) and the fused kernel (src/kernels/sdpa_kernel.cpp: tiles of queries and
+// keys with an online softmax, never a Tq x Tk matrix; key tiles outside the
+// causal/window band are skipped, so a window of w keys costs O(T·w)).
+// The fused kernel is deterministic for any OpenMP thread count.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "attn/tensor.h"
+
+namespace attn {
+
+enum class CausalAlignment : uint8_t {
+  kTopLeft,      // PyTorch's is_causal
+  kBottomRight,  // FlashAttention 2's causal
+};
+
+enum class MaskType : uint8_t {
+  kAdditive,  // float32 values added to the scores (-inf masks)
+  kBoolean,   // float32 or int64 values 0 or 1; 1 (true) = may attend, PyTorch 2's meaning
+};
+
+enum class SdpaBackend : uint8_t {
+  kFused,      // src/kernels/sdpa_kernel.cpp
+  kReference,  // src/reference/sdpa.cpp
+};
+
+// Option names follow torch.nn.functional.scaled_dot_product_attention and
+// flash_attn_func (window_size = (window_left, window_right), alibi_slopes, softcap).
+struct SdpaOptions {
+  // Broadcastable to (B, Hq, Tq, Tk): up to 4 dims, aligned on the right, each
+  // 1 or the full size ((Tq, Tk), (B, 1, 1, Tk), (1, Hq, Tq, Tk), ...). Empty: no mask.
+  Tensor attn_mask;
+  MaskType attn_mask_type = MaskType::kAdditive;
+  float dropout_p = 0.0f;     // in [0, 1)
+  uint64_t dropout_seed = 0;  // Philox key (attn/kernels.h describes the stream)
+  bool is_causal = false;     // combines with attn_mask (PyTorch refuses both at once)
+  CausalAlignment causal_alignment = CausalAlignment::kTopLeft;
+  std::optional<float> scale;  // none: 1 / sqrt(D)
+  bool enable_gqa = false;     // allow Hq != Hkv (Hq a multiple of Hkv); no copies are made
+  int64_t window_left = -1;    // -1 or >= 0
+  int64_t window_right = -1;   // -1 or >= 0
+  Tensor alibi_slopes;         // empty, (Hq) or (B, Hq) float32
+  float softcap = 0.0f;        // 0: off; else > 0
+  SdpaBackend backend = SdpaBackend::kFused;
+};
+
+struct SdpaForward {
+  Tensor out;  // (B, Hq, Tq, Dv) contiguous
+  Tensor lse;  // (B, Hq, Tq) contiguous
+};
+
+struct SdpaGrads {
+  Tensor dq;  // (B, Hq, Tq, D)   contiguous
+  Tensor dk;  // (B, Hkv, Tk, D)  summed over the query heads of each group
+  Tensor dv;  // (B, Hkv, Tk, Dv)
+};
+
+// Checks everything (dtypes float32, 4-D shapes that agree, the mask's shape and
+// values, the options) and throws std::invalid_argument naming the values.
+SdpaForward scaled_dot_product_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                 const SdpaOptions& options = {});
+// The output alone, as torch's function returns it.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const SdpaOptions& options = {});
+// dout (B, Hq, Tq, Dv); out and lse are the forward's (same options, same dropout seed).
+SdpaGrads scaled_dot_product_attention_backward(const Tensor& dout, const Tensor& q,
+                                                const Tensor& k, const Tensor& v, const Tensor& out,
+                                                const Tensor& lse, const SdpaOptions& options = {});
+
+// ---- the raw layer: pointers, sizes and strides --------------------------------------
+// What the Tensor functions above hand to the reference and the kernel, after
+// their checks (which are not repeated here). Strides are in floats.
+struct SdpaStrides {
+  int64_t b = 0, h = 0, t = 0, d = 1;  // for a mask: b, h, query i, key j
+};
+
+struct SdpaProblem {
+  int64_t B = 1, Hq = 1, Hkv = 1, Tq = 1, Tk = 1, D = 1, Dv = 1;
+  const float* q = nullptr;  // (B, Hq, Tq, D)
+  const float* k = nullptr;  // (B, Hkv, Tk, D)
+  const float* v = nullptr;  // (B, Hkv, Tk, Dv)
+  SdpaStrides q_strides, k_strides, v_strides;
+  const float* mask = nullptr;  // additive, read at b·s.b + h·s.h + i·s.t + j·s.d (0 broadcasts)
+  SdpaStrides mask_strides;
+  const float* alibi_slopes = nullptr;  // slope of (b, h) at b·alibi_b_stride + h
+  int64_t alibi_b_stride = 0;
+  bool is_causal = false;
+  CausalAlignment causal_alignment = CausalAlignment::kTopLeft;
+  float scale = 1.0f;  // resolved (no default here)
+  float softcap = 0.0f;
+  int64_t window_left = -1, window_right = -1;
+  float dropout_p = 0.0f;
+  uint64_t dropout_seed = 0;
+};
+
+// The output side: out (B, Hq, Tq, Dv) with its strides, lse (B, Hq, Tq) contiguous.
+struct SdpaOutput {
+  float* out = nullptr;
+  SdpaStrides out_strides;
+  float* lse = nullptr;
+};
+
+// The backward's tensors: dout and out (B, Hq, Tq, Dv) with their strides, lse
+// (B, Hq, Tq) contiguous; dq, dk, dv are written (not accumulated) with theirs.
+struct SdpaBackwardIO {
+  const float* dout = nullptr;
+  SdpaStrides dout_strides;
+  const float* out = nullptr;
+  SdpaStrides out_strides;
+  const float* lse = nullptr;
+  float* dq = nullptr;
+  float* dk = nullptr;
+  float* dv = nullptr;
+  SdpaStrides dq_strides, dk_strides, dv_strides;
+};
+
+namespace ref {
+// The specification: one query row at a time, scores in fp32, any strides.
+void sdpa_forward(const SdpaOutput& o, const SdpaProblem& p);
+void sdpa_backward(const SdpaBackwardIO& io, const SdpaProblem& p);
+}  // namespace ref
+
+namespace kernels {
+// The fused kernel (Highway dispatch, OpenMP). Needs stride d = 1 on q, k, v,
+// out, dout, dq, dk, dv; throws std::invalid_argument otherwise.
+void sdpa_forward(const SdpaOutput& o, const SdpaProblem& p);
+void sdpa_backward(const SdpaBackwardIO& io, const SdpaProblem& p);
+// The SIMD target it runs ("AVX3", "AVX2", ...); flash_attention_use_target
+// (attn/kernels.h) chooses for it too.
+const char* sdpa_target();
+}  // namespace kernels
+
+}  // namespace attn

@@ -1,0 +1,186 @@
+// src/kernels/flash_tiles-inl.h - the tile machinery the fp32 attention
+// kernels share (flash_attention.cpp, sdpa_kernel.cpp): the vector type, exp2,
+// Philox over vector lanes, and the register-blocked micro-kernel with its
+// driver GemmSpans. Every product there is one small GEMM shape,
+//   C[r, 0:W] (+)= Σ_k A[r·ars + k·aks] · B[k·bs + 0:W],
+// A read through strides (so transposed operands cost nothing), B rows contiguous.
+// A Highway per-target header: include it after <hwy/highway.h> in a file
+// compiled once per target (foreach_target), outside any namespace.
+#if defined(ATTN_KERNELS_FLASH_TILES_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef ATTN_KERNELS_FLASH_TILES_INL_H_
+#undef ATTN_KERNELS_FLASH_TILES_INL_H_
+#else
+#define ATTN_KERNELS_FLASH_TILES_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <utility>
+
+#include "kernels/philox.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn::kernels {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+constexpr size_t kN = hn::MaxLanes(DF());  // floats per vector
+constexpr size_t kNV = 4;                  // vectors per micro-kernel row
+#if HWY_TARGET <= HWY_AVX3
+constexpr size_t kMR = 6;  // 32 registers: 6·4 accumulators + 6 broadcasts + 1 load
+#else
+constexpr size_t kMR = 3;  // 16 registers: 3·4 accumulators + 3 broadcasts + 1 load
+#endif
+constexpr float kLog2e = 1.44269504088896340736f;
+constexpr float kLn2 = 0.69314718055994530942f;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// 2^x with a relative error below 2e-7 (Cephes exp2f's minimax polynomial on
+// [-1/2, 1/2], then the exponent bits); x < -126 (and -inf) gives exactly 0.
+HWY_INLINE VF Exp2(DF d, VF x) {
+  const auto underflow = hn::Lt(x, hn::Set(d, -126.0f));
+  x = hn::Min(hn::Max(x, hn::Set(d, -126.0f)), hn::Set(d, 126.0f));
+  const VF n = hn::Round(x);
+  const VF f = hn::Sub(x, n);  // [-1/2, 1/2]
+  VF p = hn::Set(d, 1.535336188319500e-4f);
+  p = hn::MulAdd(p, f, hn::Set(d, 1.339887440266574e-3f));
+  p = hn::MulAdd(p, f, hn::Set(d, 9.618437357674640e-3f));
+  p = hn::MulAdd(p, f, hn::Set(d, 5.550332471162809e-2f));
+  p = hn::MulAdd(p, f, hn::Set(d, 2.402264791363012e-1f));
+  p = hn::MulAdd(p, f, hn::Set(d, 6.931472028550421e-1f));
+  p = hn::MulAdd(p, f, hn::Set(d, 1.0f));
+  const hn::RebindToSigned<DF> di;
+  const auto two_n =
+      hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127))));
+  return hn::IfThenZeroElse(underflow, hn::Mul(p, two_n));
+}
+
+// Philox4x32-10 (kernels/philox.h) for L counters at once, one per lane of
+// plain arrays, written so that the compiler vectorises it for this target
+// (32 x 32 -> 64-bit multiplies: vpmuludq). Same bits as philox4x32_10.
+template <size_t L>
+HWY_INLINE void PhiloxLanes(uint32_t* HWY_RESTRICT x0, uint32_t* HWY_RESTRICT x1,
+                            uint32_t* HWY_RESTRICT x2, uint32_t* HWY_RESTRICT x3, uint64_t key) {
+  uint32_t k0, k1;
+  philox_key(key, k0, k1);
+  for (int round = 0; round < kPhiloxRounds; ++round) {
+    for (size_t m = 0; m < L; ++m) philox_round(x0[m], x1[m], x2[m], x3[m], k0, k1);
+    philox_bump_key(k0, k1);
+  }
+}
+
+// ---- the micro-kernel and its driver ------------------------------------------------------
+
+enum Mode { kOverwrite = 0, kAccumulate = 1, kScaleAccumulate = 2 };
+
+// C[r, 0:V·N] = init + Σ_{k<K} A[r·ars + k·aks] · B[k·bs + 0:V·N] for r < R, where init is
+// 0, C, or c_scale[r]·C by Mode.
+template <int kMode, size_t R, size_t V>
+void MicroKernel(const float* HWY_RESTRICT A, size_t ars, size_t aks, const float* HWY_RESTRICT Bm,
+                 size_t bs, size_t K, float* HWY_RESTRICT C, size_t cs,
+                 const float* HWY_RESTRICT c_scale) {
+  const DF d;
+  VF acc[R][V];
+#pragma GCC unroll 8
+  for (size_t r = 0; r < R; ++r) {
+    const VF cr = kMode == kScaleAccumulate ? hn::Set(d, c_scale[r]) : hn::Zero(d);
+#pragma GCC unroll 4
+    for (size_t v = 0; v < V; ++v) {
+      if constexpr (kMode == kOverwrite) {
+        acc[r][v] = hn::Zero(d);
+      } else if constexpr (kMode == kAccumulate) {
+        acc[r][v] = hn::LoadU(d, C + r * cs + v * kN);
+      } else {
+        acc[r][v] = hn::Mul(cr, hn::LoadU(d, C + r * cs + v * kN));
+      }
+    }
+  }
+  for (size_t k = 0; k < K; ++k) {
+    VF a[R];
+#pragma GCC unroll 8
+    for (size_t r = 0; r < R; ++r) a[r] = hn::Set(d, A[r * ars + k * aks]);
+    const float* HWY_RESTRICT b_row = Bm + k * bs;
+#pragma GCC unroll 4
+    for (size_t v = 0; v < V; ++v) {
+      const VF bv = hn::LoadU(d, b_row + v * kN);
+#pragma GCC unroll 8
+      for (size_t r = 0; r < R; ++r) acc[r][v] = hn::MulAdd(a[r], bv, acc[r][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (size_t r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (size_t v = 0; v < V; ++v) hn::StoreU(acc[r][v], d, C + r * cs + v * kN);
+}
+
+using MicroFn = void (*)(const float*, size_t, size_t, const float*, size_t, size_t, float*, size_t,
+                         const float*);
+
+template <int kMode, size_t... I>
+constexpr std::array<MicroFn, sizeof...(I)> MicroTable(std::index_sequence<I...>) {
+  return {&MicroKernel<kMode, I / kNV + 1, I % kNV + 1>...};
+}
+
+// The part of a block of rows [r0, r0 + nr) that a causal tile needs: the sum
+// over k in [k0, k1) and the vectors [v0, v1) of the first width chunk.
+struct Span {
+  size_t k0, k1, v0, v1;
+};
+
+// C (M, W) op= A (M, K) · B (K, W); W a multiple of N. Rows of A at stride ars,
+// its columns at stride aks; rows of B at stride bs; rows of C at stride cs.
+// span(r0, nr) narrows the work of each block of rows: on tiles that cross the
+// causal diagonal the products with masked entries are skipped (an overwritten
+// C keeps stale values there, which the caller masks).
+template <int kMode, class SpanFn>
+void GemmSpans(size_t M, size_t W, const float* A, size_t ars, size_t aks, const float* Bm,
+               size_t bs, float* C, size_t cs, const float* c_scale, SpanFn span) {
+  static constexpr auto table = MicroTable<kMode>(std::make_index_sequence<kMR * kNV>());
+  for (size_t w0 = 0; w0 < W; w0 += kNV * kN) {
+    const size_t nv = std::min(kNV, (W - w0) / kN);
+    for (size_t r0 = 0; r0 < M; r0 += kMR) {
+      const size_t nr = std::min(kMR, M - r0);
+      const Span sp = span(r0, nr);
+      const size_t v0 = w0 == 0 ? sp.v0 : 0, v1 = w0 == 0 ? std::min(nv, sp.v1) : nv;
+      const size_t K = sp.k1 > sp.k0 ? sp.k1 - sp.k0 : 0;
+      if (v0 >= v1 || (K == 0 && kMode == kAccumulate)) continue;
+      table[(nr - 1) * kNV + (v1 - v0 - 1)](
+          A + r0 * ars + sp.k0 * aks, ars, aks, Bm + sp.k0 * bs + w0 + v0 * kN, bs, K,
+          C + r0 * cs + w0 + v0 * kN, cs, c_scale ? c_scale + r0 : nullptr);
+    }
+  }
+}
+
+template <int kMode>
+void Gemm(size_t M, size_t W, size_t K, const float* A, size_t ars, size_t aks, const float* Bm,
+          size_t bs, float* C, size_t cs, const float* c_scale = nullptr) {
+  GemmSpans<kMode>(M, W, A, ars, aks, Bm, bs, C, cs, c_scale, [K](size_t, size_t) {
+    return Span{0, K, 0, kNV};
+  });
+}
+
+inline size_t RoundUp(size_t x, size_t m) { return (x + m - 1) / m * m; }
+
+// Asks for rows [t0, t1) of one head of a token-major buffer (hd floats each,
+// rows a stride apart) to be brought towards L2 while the current tile is
+// computed: with long sequences the next tile lives in L3 or memory, and rows
+// a few KB apart defeat the hardware prefetchers.
+inline void PrefetchRows(const float* base, size_t stride, size_t t0, size_t t1, size_t hd) {
+  constexpr size_t kLine = 64 / sizeof(float);
+  for (size_t t = t0; t < t1; ++t)
+    for (size_t dd = 0; dd < hd; dd += kLine) __builtin_prefetch(base + t * stride + dd, 0, 2);
+}
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace attn::kernels
+HWY_AFTER_NAMESPACE();
+
+#endif  // ATTN_KERNELS_FLASH_TILES_INL_H_

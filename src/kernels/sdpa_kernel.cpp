@@ -1,0 +1,836 @@
+// The fused scaled-dot-product attention of attn/sdpa.h, forward and backward
+// (FlashAttention-2 style), SIMD via Highway's dynamic dispatch. The maths is
+// ref::sdpa_forward/backward's (src/reference/sdpa.cpp); this file is how.
+//
+// The structure is flash_attention.cpp's (same micro-kernel, kernels/flash_tiles-inl.h),
+// generalised: q, k, v, out each with (b, h, t) strides; Tq != Tk; the causal
+// and window rules as one band of keys per query, [i + lo, i + hi] (lo = δ -
+// window_left, hi = δ + min(window_right, 0 if causal)); query head h reads key
+// and value head h / (Hq / Hkv); Dv may differ from D; scores go through
+// softcap, ALiBi and the additive mask before the online softmax.
+//
+// Scores are kept in base 2, as in flash_attention.cpp: without a softcap
+// Q is scaled by c = scale·log2(e); with one, by scale / softcap, and
+// s₂ = softcap·log2(e)·tanh(x). ALiBi and the mask are added times log2(e).
+//
+// Forward, per (b, h, group of kGroup query tiles of Br rows): the key tiles
+// that meet the group's band, in tiles of kBcFwd; a tile wholly outside a
+// query tile's band is never visited (a window costs O(T·w)); a tile that
+// crosses the band's edge skips the products wholly outside it at
+// micro-kernel granularity and sets the rest to -inf; a tile the mask hides
+// wholly (-inf everywhere) is skipped too. A row whose scores are
+// all -inf ends with l = 0: its output is 0 and its lse -inf.
+// Backward, per (b, key/value head): groups of key tiles outside, then each
+// query head of the group and its query tiles inside (the fixed grid of
+// kBrBwd rows), so dK and dV sum over the group's heads in one fixed order; dQ
+// accumulates in place. With few heads per thread the work is split as
+// flash_attention.cpp splits it (key-group tasks for dK, dV; query-tile tasks
+// for dQ); both visit each output's tile pairs in the same order, so the bits
+// do not depend on the thread count.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "attn/sdpa.h"
+#include "kernels/philox.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "kernels/hwy_targets.h"
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/sdpa_kernel.cpp"
+#include <hwy/aligned_allocator.h>
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+// After highway.h: the -inl headers are compiled once per target.
+#include <hwy/contrib/math/math-inl.h>  // NOLINT(build/include_order)
+// (Tanh; and the tile machinery shared with flash_attention.cpp)
+#include "kernels/flash_tiles-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn::kernels {
+namespace HWY_NAMESPACE {
+namespace {  // this file's own names, apart from flash_attention.cpp's
+
+constexpr size_t kBr = kNV * kN;            // forward query tile: one micro-kernel row width
+constexpr size_t kBcFwd = 64;               // forward key tile (a multiple of 4 for Philox)
+constexpr size_t kBc = kNV * kN;            // backward key tile
+constexpr size_t kBrBwd = 64;               // backward query tile
+constexpr size_t kGroup = 4;                // tiles per work item, sharing what they read
+constexpr int64_t kFar = int64_t{1} << 40;  // an unbounded side of the band
+
+// Query i sees keys j with i + lo <= j <= i + hi (before clipping to [0, Tk)).
+struct Band {
+  int64_t lo, hi;
+  int64_t first_key(int64_t i) const { return i + lo; }
+  int64_t last_key(int64_t i) const { return i + hi; }
+  int64_t first_query(int64_t j) const { return j - hi; }
+  int64_t last_query(int64_t j) const { return j - lo; }
+  // Whether every (i, j) of queries [i0, i1) x keys [j0, j1) is inside.
+  bool covers(int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
+    return first_key(i1 - 1) <= j0 && j1 - 1 <= last_key(i0);
+  }
+  // Whether some (i, j) of the block is inside.
+  bool meets(int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
+    return first_key(i0) <= j1 - 1 && j0 <= last_key(i1 - 1);
+  }
+};
+
+Band MakeBand(const SdpaProblem& p) {
+  const int64_t delta = p.causal_alignment == CausalAlignment::kBottomRight ? p.Tk - p.Tq : 0;
+  int64_t right = p.window_right;
+  if (p.is_causal) right = right >= 0 ? std::min<int64_t>(right, 0) : 0;
+  return {p.window_left >= 0 ? delta - p.window_left : -kFar, right >= 0 ? delta + right : kFar};
+}
+
+int64_t Delta(const SdpaProblem& p) {
+  return p.causal_alignment == CausalAlignment::kBottomRight ? p.Tk - p.Tq : 0;
+}
+
+size_t Clamp(int64_t x, size_t hi) { return size_t(std::clamp<int64_t>(x, 0, int64_t(hi))); }
+
+// -inf where lanes l of a row (query i0 + v0 + l) fall outside [first, last]
+// (positions relative to i0 clipped to the tile, so floats hold them exactly).
+HWY_INLINE VF BandMask(DF d, VF s, size_t v0, int64_t first, int64_t last) {
+  const VF lane = hn::Iota(d, float(v0));
+  const VF lo = hn::Set(d, float(std::clamp<int64_t>(first, -1, int64_t(kBr) + 1)));
+  const VF hi = hn::Set(d, float(std::clamp<int64_t>(last, -1, int64_t(kBr) + 1)));
+  const auto inside = hn::And(hn::Ge(lane, lo), hn::Le(lane, hi));
+  return hn::IfThenElse(inside, s, hn::Set(d, kNegInf));
+}
+
+const float* At(const float* base, const SdpaStrides& s, int64_t b, int64_t h, int64_t t = 0) {
+  return base + b * s.b + h * s.h + t * s.t;
+}
+
+// ---- forward ------------------------------------------------------------------------------
+
+// Whether the mask is -inf on every (i, j) of queries [i0, i0 + in) x keys
+// [j0, j0 + jn) of head (b, h). Such a tile changes nothing (its weights are
+// exactly 0: the running max, sum and output keep their bits; backward adds
+// exact zeros), so forward and backward skip it: a padding or block-diagonal
+// mask costs only the tiles it leaves open. Stops at the first open entry.
+bool MaskHidesTile(const SdpaProblem& p, int64_t b, int64_t h, size_t i0, size_t in, size_t j0,
+                   size_t jn) {
+  if (!p.mask) return false;
+  const SdpaStrides& ms = p.mask_strides;
+  for (size_t ii = 0; ii < in; ++ii) {
+    const float* mrow = p.mask + b * ms.b + h * ms.h + int64_t(i0 + ii) * ms.t;
+    for (size_t jj = 0; jj < jn; ++jj)
+      if (mrow[int64_t(j0 + jj) * ms.d] != kNegInf) return false;
+  }
+  return true;
+}
+
+struct ForwardScratch {
+  hwy::AlignedFreeUniquePtr<float[]> qT;           // (G, D, Br)    c·Qᵀ of each query tile
+  hwy::AlignedFreeUniquePtr<float[]> sT;           // (Bc, Br)      scores, then weights, key-major
+  hwy::AlignedFreeUniquePtr<float[]> o;            // (G, Br, Dvp)  unnormalised outputs
+  hwy::AlignedFreeUniquePtr<float[]> v_pad;        // (Bc, Dvp)     V tile padded (Dv % N != 0)
+  hwy::AlignedFreeUniquePtr<float[]> m, l, alpha;  // (G, Br) running max, sum, rescale
+  ForwardScratch(size_t D, size_t Dvp)
+      : qT(hwy::AllocateAligned<float>(kGroup * D * kBr)),
+        sT(hwy::AllocateAligned<float>(kBcFwd * kBr)),
+        o(hwy::AllocateAligned<float>(kGroup * kBr * Dvp)),
+        v_pad(hwy::AllocateAligned<float>(kBcFwd * Dvp)),
+        m(hwy::AllocateAligned<float>(kGroup * kBr)),
+        l(hwy::AllocateAligned<float>(kGroup * kBr)),
+        alpha(hwy::AllocateAligned<float>(kGroup * kBr)) {}
+};
+
+// Softcap, ALiBi and the mask on a key-major tile of base-2 scores sT (jn, Br)
+// of queries i0.. (lanes) against keys j0.. (rows); `in` queries are real.
+void ScoreMods(const SdpaProblem& p, int64_t b, int64_t h, size_t i0, size_t in, size_t j0,
+               size_t jn, float* HWY_RESTRICT sT) {
+  const DF d;
+  if (p.softcap > 0.0f) {
+    const VF cap = hn::Set(d, p.softcap * kLog2e);
+    for (size_t at = 0; at < jn * kBr; at += kN)
+      hn::Store(hn::Mul(cap, hn::Tanh(d, hn::Load(d, sT + at))), d, sT + at);
+  }
+  if (p.alibi_slopes) {  // - slope · |i + δ - j|
+    const VF slope = hn::Set(d, -p.alibi_slopes[b * p.alibi_b_stride + h] * kLog2e);
+    const int64_t delta = Delta(p);
+    for (size_t jj = 0; jj < jn; ++jj)
+      for (size_t v0 = 0; v0 < kBr; v0 += kN) {
+        const VF dist = hn::Abs(hn::Iota(d, float(int64_t(i0 + v0) + delta - int64_t(j0 + jj))));
+        float* sp = sT + jj * kBr + v0;
+        hn::Store(hn::MulAdd(slope, dist, hn::Load(d, sp)), d, sp);
+      }
+  }
+  if (p.mask) {
+    const SdpaStrides& ms = p.mask_strides;
+    for (size_t ii = 0; ii < in; ++ii) {
+      const float* mrow = p.mask + b * ms.b + h * ms.h + int64_t(i0 + ii) * ms.t;
+      for (size_t jj = 0; jj < jn; ++jj)
+        sT[jj * kBr + ii] += kLog2e * mrow[int64_t(j0 + jj) * ms.d];
+    }
+  }
+}
+
+// One query tile [i0, i0 + in) against keys [j0, j0 + jn): scores, online
+// softmax, O update. qT, o, m, l, alpha are the tile's own state.
+void ForwardStep(const SdpaProblem& p, const Band& band, int64_t b, int64_t h, size_t i0, size_t in,
+                 size_t j0, size_t jn, const float* k_tile, const float* v_tile,
+                 size_t v_tile_stride, const float* HWY_RESTRICT qT, float* HWY_RESTRICT sT,
+                 float* HWY_RESTRICT o, float* HWY_RESTRICT m, float* HWY_RESTRICT l,
+                 float* HWY_RESTRICT alpha) {
+  const DF d;
+  const size_t D = size_t(p.D), Dvp = RoundUp(size_t(p.Dv), kN);
+  const DropoutRule rule(p.dropout_p);
+  const int64_t I0 = int64_t(i0), J0 = int64_t(j0);
+  const bool edge = !band.covers(I0, I0 + int64_t(kBr), J0, J0 + int64_t(jn));
+  // Sᵀ (jn, Br) = K_tile · qT; at the band's edge a block of keys skips the
+  // query vectors wholly outside it.
+  GemmSpans<kOverwrite>(jn, kBr, k_tile, size_t(p.k_strides.t), 1, qT, kBr, sT, kBr, nullptr,
+                        [&](size_t r0, size_t nr) {
+                          if (!edge) return Span{0, D, 0, kNV};
+                          const int64_t first = band.first_query(J0 + int64_t(r0)) - I0;
+                          const int64_t last = band.last_query(J0 + int64_t(r0 + nr) - 1) - I0;
+                          const size_t v0 = first > 0 ? Clamp(first / int64_t(kN), kNV) : 0;
+                          const size_t v1 = last < 0 ? 0 : Clamp(last / int64_t(kN) + 1, kNV);
+                          return Span{0, D, v0, v1};
+                        });
+  ScoreMods(p, b, h, i0, in, j0, jn, sT);
+  if (edge) {
+    for (size_t jj = 0; jj < jn; ++jj) {
+      const int64_t first = band.first_query(J0 + int64_t(jj)) - I0;
+      const int64_t last = band.last_query(J0 + int64_t(jj)) - I0;
+      for (size_t v0 = 0; v0 < kBr; v0 += kN) {
+        float* sp = sT + jj * kBr + v0;
+        hn::Store(BandMask(d, hn::Load(d, sp), v0, first, last), d, sp);
+      }
+    }
+  }
+  // Online softmax down the key axis, N queries per vector. A lane whose
+  // scores so far are all -inf keeps m = -inf and l = 0 (exp2 is taken
+  // against 0 instead, so no -inf - -inf).
+  for (size_t v0 = 0; v0 < kBr; v0 += kN) {
+    VF tile_max = hn::Set(d, kNegInf);
+    for (size_t jj = 0; jj < jn; ++jj)
+      tile_max = hn::Max(tile_max, hn::Load(d, sT + jj * kBr + v0));
+    const VF m_old = hn::Load(d, m + v0);
+    const VF m_new = hn::Max(m_old, tile_max);
+    const VF m_use = hn::IfThenZeroElse(hn::Eq(m_new, hn::Set(d, kNegInf)), m_new);
+    VF sum = hn::Zero(d);
+    for (size_t jj = 0; jj < jn; ++jj) {
+      float* sp = sT + jj * kBr + v0;
+      const VF pv = Exp2(d, hn::Sub(hn::Load(d, sp), m_use));
+      hn::Store(pv, d, sp);
+      sum = hn::Add(sum, pv);
+    }
+    const VF a = Exp2(d, hn::Sub(m_old, m_use));  // 0 while m_old = -inf
+    hn::Store(a, d, alpha + v0);
+    hn::Store(m_new, d, m + v0);
+    hn::Store(hn::MulAdd(a, hn::Load(d, l + v0), sum), d, l + v0);
+  }
+  if (rule.active()) {  // P ⊙ Z after the sums: l stays the softmax denominator
+    alignas(64) uint32_t x[4][kBr];
+    for (size_t jj = 0; jj < jn; jj += 4) {
+      for (size_t lane = 0; lane < kBr; ++lane) {
+        x[0][lane] = uint32_t((j0 + jj) >> 2), x[1][lane] = uint32_t(i0 + lane);
+        x[2][lane] = uint32_t(h), x[3][lane] = uint32_t(b);
+      }
+      PhiloxLanes<kBr>(x[0], x[1], x[2], x[3], p.dropout_seed);
+      for (size_t t = 0; t < 4 && jj + t < jn; ++t) {
+        float* HWY_RESTRICT row = sT + (jj + t) * kBr;
+        for (size_t lane = 0; lane < kBr; ++lane) row[lane] *= rule.noise(x[t][lane]);
+      }
+    }
+  }
+  // O (in, Dvp) = α ⊙ O + P (in, jn) · V_tile (jn, Dvp), P read from Sᵀ; at the
+  // band's edge a block of queries sums only over the keys its band reaches.
+  GemmSpans<kScaleAccumulate>(in, Dvp, sT, 1, kBr, v_tile, v_tile_stride, o, Dvp, alpha,
+                              [&](size_t r0, size_t nr) {
+                                if (!edge) return Span{0, jn, 0, kNV};
+                                const int64_t first = band.first_key(I0 + int64_t(r0)) - J0;
+                                const int64_t last = band.last_key(I0 + int64_t(r0 + nr) - 1) - J0;
+                                const size_t k0 = Clamp(first, jn), k1 = Clamp(last + 1, jn);
+                                return Span{k0, std::max(k0, k1), 0, kNV};
+                              });
+}
+
+// Query tiles i_first, i_first + Br, ... (ng of them) of head (b, h).
+void ForwardGroup(const SdpaOutput& out, const SdpaProblem& p, const Band& band, int64_t b,
+                  int64_t h, size_t i_first, size_t ng, ForwardScratch& s) {
+  const size_t Tq = size_t(p.Tq), Tk = size_t(p.Tk), D = size_t(p.D), Dv = size_t(p.Dv);
+  const size_t Dvp = RoundUp(Dv, kN);
+  const float c = p.softcap > 0.0f ? p.scale / p.softcap : p.scale * kLog2e;
+  const int64_t hk = h / (p.Hq / p.Hkv);
+  auto tile_i0 = [&](size_t g) { return i_first + g * kBr; };
+  auto tile_in = [&](size_t g) { return std::min(kBr, Tq - tile_i0(g)); };
+  const float* q_head = At(p.q, p.q_strides, b, h);
+  for (size_t g = 0; g < ng; ++g) {
+    // qT (D, Br) = c · Q_tileᵀ, zero columns past Tq.
+    float* HWY_RESTRICT qT = s.qT.get() + g * D * kBr;
+    const size_t i0 = tile_i0(g), in = tile_in(g);
+    for (size_t i = 0; i < kBr; ++i) {
+      const float* qi = i < in ? q_head + int64_t(i0 + i) * p.q_strides.t : nullptr;
+      for (size_t dd = 0; dd < D; ++dd) qT[dd * kBr + i] = qi ? c * qi[dd] : 0.0f;
+    }
+  }
+  std::fill(s.m.get(), s.m.get() + ng * kBr, kNegInf);
+  std::fill(s.l.get(), s.l.get() + ng * kBr, 0.0f);
+  std::fill(s.o.get(), s.o.get() + ng * kBr * Dvp, 0.0f);
+
+  // The keys tile g's band reaches: [key_begin(g), key_end(g)).
+  auto key_begin = [&](size_t g) { return Clamp(band.first_key(int64_t(tile_i0(g))), Tk); };
+  auto key_end = [&](size_t g) {
+    return Clamp(band.last_key(int64_t(tile_i0(g) + tile_in(g)) - 1) + 1, Tk);
+  };
+  const size_t group_begin = key_begin(0) / 4 * 4, group_end = key_end(ng - 1);
+  const float* k_head = At(p.k, p.k_strides, b, hk);
+  const float* v_head = At(p.v, p.v_strides, b, hk);
+  const size_t ks = size_t(p.k_strides.t), vs = size_t(p.v_strides.t);
+  for (size_t j0 = group_begin; j0 < group_end; j0 += kBcFwd) {
+    const size_t next_end = std::min(group_end, j0 + 2 * kBcFwd);
+    PrefetchRows(k_head, ks, std::min(j0 + kBcFwd, next_end), next_end, D);
+    PrefetchRows(v_head, vs, std::min(j0 + kBcFwd, next_end), next_end, Dv);
+    const float* v_tile = v_head + j0 * vs;
+    size_t v_tile_stride = vs;
+    if (Dvp != Dv) {  // B rows must hold whole vectors: a zero-padded copy
+      const size_t jn = std::min(kBcFwd, group_end - j0);
+      for (size_t jj = 0; jj < jn; ++jj) {
+        std::copy(v_tile + jj * vs, v_tile + jj * vs + Dv, s.v_pad.get() + jj * Dvp);
+        std::fill(s.v_pad.get() + jj * Dvp + Dv, s.v_pad.get() + (jj + 1) * Dvp, 0.0f);
+      }
+      v_tile = s.v_pad.get();
+      v_tile_stride = Dvp;
+    }
+    for (size_t g = 0; g < ng; ++g) {
+      if (j0 >= key_end(g) || j0 + kBcFwd <= key_begin(g)) continue;
+      const size_t jn = std::min(kBcFwd, key_end(g) - j0);
+      if (MaskHidesTile(p, b, h, tile_i0(g), tile_in(g), j0, jn)) continue;
+      ForwardStep(p, band, b, h, tile_i0(g), tile_in(g), j0, jn, k_head + j0 * ks, v_tile,
+                  v_tile_stride, s.qT.get() + g * D * kBr, s.sT.get(), s.o.get() + g * kBr * Dvp,
+                  s.m.get() + g * kBr, s.l.get() + g * kBr, s.alpha.get() + g * kBr);
+    }
+  }
+  // O /= l; lse = ln(2^m · l) = (m + log2 l) · ln 2; l = 0 (no key): O = 0, lse = -inf.
+  for (size_t g = 0; g < ng; ++g) {
+    const float* o = s.o.get() + g * kBr * Dvp;
+    const float* m = s.m.get() + g * kBr;
+    const float* l = s.l.get() + g * kBr;
+    for (size_t i = 0; i < tile_in(g); ++i) {
+      const size_t t = tile_i0(g) + i;
+      const float inv_l = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+      float* oi =
+          out.out + b * out.out_strides.b + h * out.out_strides.h + int64_t(t) * out.out_strides.t;
+      for (size_t dd = 0; dd < Dv; ++dd) oi[dd] = o[i * Dvp + dd] * inv_l;
+      out.lse[(size_t(b) * size_t(p.Hq) + size_t(h)) * Tq + t] =
+          l[i] > 0.0f ? (m[i] + std::log2(l[i])) * kLn2 : kNegInf;
+    }
+  }
+}
+
+}  // namespace
+
+void SdpaForwardImpl(const SdpaOutput& out, const SdpaProblem& p) {
+  const Band band = MakeBand(p);
+  const size_t D = size_t(p.D), Dvp = RoundUp(size_t(p.Dv), kN);
+  const int64_t n_qt = (p.Tq + int64_t(kBr) - 1) / int64_t(kBr);
+  const int64_t n_groups = (n_qt + int64_t(kGroup) - 1) / int64_t(kGroup);
+  const int64_t BH = p.B * p.Hq;
+  const int64_t n_items = BH * n_groups;
+#pragma omp parallel
+  {
+    ForwardScratch scratch(D, Dvp);
+    // Last query groups first (the heaviest under a causal band), then dynamic scheduling.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < n_items; ++item) {
+      const int64_t group = n_groups - 1 - item / BH;
+      const int64_t bh = item % BH;
+      const int64_t first = group * int64_t(kGroup);
+      const size_t ng = size_t(std::min(int64_t(kGroup), n_qt - first));
+      ForwardGroup(out, p, band, bh / p.Hq, bh % p.Hq, size_t(first) * kBr, ng, scratch);
+    }
+  }
+}
+
+namespace {
+
+// ---- backward -----------------------------------------------------------------------------
+
+struct BackwardScratch {
+  hwy::AlignedFreeUniquePtr<float[]> kT, vT;     // (G, D, Bc), (G, Dv, Bc)  c·K_tileᵀ, V_tileᵀ
+  hwy::AlignedFreeUniquePtr<float[]> S, dP, Pz;  // (BrBwd, Bc)
+  hwy::AlignedFreeUniquePtr<float[]> cap;        // (BrBwd, Bc) 1 - tanh², with a softcap
+  hwy::AlignedFreeUniquePtr<float[]> dK, dV;     // (G, Bc, Dp), (G, Bc, Dvp)
+  hwy::AlignedFreeUniquePtr<float[]> z;          // (Bc) one row of dropout noise
+  BackwardScratch(size_t D, size_t Dv, size_t Dp, size_t Dvp)
+      : kT(hwy::AllocateAligned<float>(kGroup * D * kBc)),
+        vT(hwy::AllocateAligned<float>(kGroup * Dv * kBc)),
+        S(hwy::AllocateAligned<float>(kBrBwd * kBc)),
+        dP(hwy::AllocateAligned<float>(kBrBwd * kBc)),
+        Pz(hwy::AllocateAligned<float>(kBrBwd * kBc)),
+        cap(hwy::AllocateAligned<float>(kBrBwd * kBc)),
+        dK(hwy::AllocateAligned<float>(kGroup * kBc * Dp)),
+        dV(hwy::AllocateAligned<float>(kGroup * kBc * Dvp)),
+        z(hwy::AllocateAligned<float>(kBc)) {}
+};
+
+// What backward reads, with q, k, dout (the B operands) and dq padded to whole
+// vectors when D or Dv is not a multiple of N.
+struct BackwardProblem {
+  const SdpaProblem* p;
+  Band band;
+  const float *q, *k, *dout;  // rows padded: strides below
+  SdpaStrides qs, ks, dos;
+  float* dq;  // accumulated in place (zeroed by its owner)
+  SdpaStrides dqs;
+  const float* Drow;  // (B, Hq, Tq) rowsum(dO ⊙ O)
+  const float* lse2;  // (B, Hq, Tq) lse in base 2; +inf for a row with no key
+  size_t Dp, Dvp;
+};
+
+// One query head (b, h) as the tile pairs read it.
+struct HeadView {
+  int64_t b, h;
+  const float *q, *k, *v, *dout;  // q, dout of head h; k, v of its key/value head
+  size_t qs, ks, vs, dos;         // row strides
+  float* dQ;
+  size_t dQs;
+  const float* Drow;
+  const float* lse2;
+};
+
+HeadView MakeHeadView(const BackwardProblem& bp, int64_t b, int64_t h) {
+  const SdpaProblem& p = *bp.p;
+  const int64_t hk = h / (p.Hq / p.Hkv);
+  HeadView hv{};
+  hv.b = b, hv.h = h;
+  hv.q = At(bp.q, bp.qs, b, h), hv.qs = size_t(bp.qs.t);
+  hv.k = At(bp.k, bp.ks, b, hk), hv.ks = size_t(bp.ks.t);
+  hv.v = At(p.v, p.v_strides, b, hk), hv.vs = size_t(p.v_strides.t);
+  hv.dout = At(bp.dout, bp.dos, b, h), hv.dos = size_t(bp.dos.t);
+  hv.dQ = bp.dq + b * bp.dqs.b + h * bp.dqs.h, hv.dQs = size_t(bp.dqs.t);
+  const size_t bh = size_t(b * p.Hq + h) * size_t(p.Tq);
+  hv.Drow = bp.Drow + bh;
+  hv.lse2 = bp.lse2 + bh;
+  return hv;
+}
+
+// kT (D, Bc) = c · K_tileᵀ, vT (Dv, Bc) = V_tileᵀ for keys [j0, j0 + jn) of
+// key/value head hk, zero columns past jn.
+void PackKeyTile(float* HWY_RESTRICT kT, float* HWY_RESTRICT vT, const BackwardProblem& bp,
+                 const HeadView& hv, size_t j0, size_t jn) {
+  const SdpaProblem& p = *bp.p;
+  const size_t D = size_t(p.D), Dv = size_t(p.Dv);
+  const float c = p.softcap > 0.0f ? p.scale / p.softcap : p.scale * kLog2e;
+  for (size_t jj = 0; jj < kBc; ++jj) {
+    const float* kj = jj < jn ? hv.k + (j0 + jj) * hv.ks : nullptr;
+    const float* vj = jj < jn ? hv.v + (j0 + jj) * hv.vs : nullptr;
+    for (size_t dd = 0; dd < D; ++dd) kT[dd * kBc + jj] = kj ? c * kj[dd] : 0.0f;
+    for (size_t dd = 0; dd < Dv; ++dd) vT[dd * kBc + jj] = vj ? vj[dd] : 0.0f;
+  }
+}
+
+// One pair (keys [j0, j0 + jn) packed in kT/vT, queries [i0, i0 + in) of head
+// hv): recompute P and dS, then accumulate whichever of dK (Bc, Dp), dV (Bc,
+// Dvp) and the head's dQ rows are given (nullptr skips).
+void TilePair(const HeadView& hv, const BackwardProblem& bp, size_t j0, size_t jn, size_t i0,
+              size_t in, const float* kT, const float* vT, BackwardScratch& s, float* dK, float* dV,
+              float* dQ) {
+  const DF d;
+  const SdpaProblem& p = *bp.p;
+  const Band& band = bp.band;
+  const size_t D = size_t(p.D), Dv = size_t(p.Dv);
+  const DropoutRule rule(p.dropout_p);
+  const int64_t I0 = int64_t(i0), J0 = int64_t(j0);
+  float* HWY_RESTRICT S = s.S.get();
+  float* HWY_RESTRICT dP = s.dP.get();
+  float* HWY_RESTRICT Pz = s.Pz.get();
+  const bool edge = !band.covers(I0, I0 + int64_t(in), J0, J0 + int64_t(jn));
+  const bool masked = edge || jn < kBc;
+  // S (in, Bc) = Q kT (base-2 scores, or scale/softcap · Q Kᵀ);  dP (in, Bc) = dO Vᵀ.
+  // At the band's edge a block of queries skips the key vectors wholly outside it.
+  auto key_vectors = [&](size_t r0, size_t nr) {
+    if (!edge) return Span{0, 0, 0, kNV};
+    const int64_t first = band.first_key(I0 + int64_t(r0)) - J0;
+    const int64_t last = band.last_key(I0 + int64_t(r0 + nr) - 1) - J0;
+    const size_t v0 = first > 0 ? Clamp(first / int64_t(kN), kNV) : 0;
+    const size_t v1 = last < 0 ? 0 : Clamp(last / int64_t(kN) + 1, kNV);
+    return Span{0, 0, v0, v1};
+  };
+  GemmSpans<kOverwrite>(in, kBc, hv.q + i0 * hv.qs, hv.qs, 1, kT, kBc, S, kBc, nullptr,
+                        [&](size_t r0, size_t nr) {
+                          Span sp = key_vectors(r0, nr);
+                          sp.k1 = D;
+                          return sp;
+                        });
+  GemmSpans<kOverwrite>(in, kBc, hv.dout + i0 * hv.dos, hv.dos, 1, vT, kBc, dP, kBc, nullptr,
+                        [&](size_t r0, size_t nr) {
+                          Span sp = key_vectors(r0, nr);
+                          sp.k1 = Dv;
+                          return sp;
+                        });
+  const VF scale_v = hn::Set(d, p.scale);
+  const int64_t delta = Delta(p);
+  for (size_t ii = 0; ii < in; ++ii) {
+    const size_t i = i0 + ii;
+    float* HWY_RESTRICT Si = S + ii * kBc;
+    if (p.softcap > 0.0f) {  // s₂ = softcap · log2(e) · t, and 1 - t² for the chain rule
+      const VF cap = hn::Set(d, p.softcap * kLog2e);
+      for (size_t v0 = 0; v0 < kBc; v0 += kN) {
+        const VF t = hn::Tanh(d, hn::Load(d, Si + v0));
+        hn::Store(hn::NegMulAdd(t, t, hn::Set(d, 1.0f)), d, s.cap.get() + ii * kBc + v0);
+        hn::Store(hn::Mul(cap, t), d, Si + v0);
+      }
+    }
+    if (p.alibi_slopes) {
+      const VF slope = hn::Set(d, -p.alibi_slopes[hv.b * p.alibi_b_stride + hv.h] * kLog2e);
+      for (size_t v0 = 0; v0 < kBc; v0 += kN) {
+        // |i + δ - j| for keys j0 + v0 + lane: the lanes count down.
+        const VF dist = hn::Abs(
+            hn::Sub(hn::Set(d, float(int64_t(i) + delta - J0 - int64_t(v0))), hn::Iota(d, 0.0f)));
+        hn::Store(hn::MulAdd(slope, dist, hn::Load(d, Si + v0)), d, Si + v0);
+      }
+    }
+    if (p.mask) {
+      const SdpaStrides& ms = p.mask_strides;
+      const float* mrow = p.mask + hv.b * ms.b + hv.h * ms.h + int64_t(i) * ms.t;
+      for (size_t jj = 0; jj < jn; ++jj) Si[jj] += kLog2e * mrow[int64_t(j0 + jj) * ms.d];
+    }
+    const VF lse_i = hn::Set(d, hv.lse2[i]);
+    const VF D_i = hn::Set(d, hv.Drow[i]);
+    if (rule.active()) {  // z (Bc): Philox block m serves keys 4m .. 4m+3
+      constexpr size_t kBlocks = kBc / 4;
+      alignas(64) uint32_t x[4][kBlocks];
+      for (size_t m = 0; m < kBlocks; ++m) {
+        x[0][m] = uint32_t(j0 / 4 + m), x[1][m] = uint32_t(i);
+        x[2][m] = uint32_t(hv.h), x[3][m] = uint32_t(hv.b);
+      }
+      PhiloxLanes<kBlocks>(x[0], x[1], x[2], x[3], p.dropout_seed);
+      for (size_t m = 0; m < kBlocks; ++m)
+        for (size_t t = 0; t < 4; ++t) s.z[4 * m + t] = rule.noise(x[t][m]);
+    }
+    // Keys valid for query i: the band, clipped to the tile's jn keys.
+    const int64_t first = band.first_key(int64_t(i)) - J0;
+    const int64_t last = std::min(band.last_key(int64_t(i)) - J0, int64_t(jn) - 1);
+    for (size_t v0 = 0; v0 < kBc; v0 += kN) {
+      const size_t at = ii * kBc + v0;
+      VF pv = Exp2(d, hn::Sub(hn::Load(d, S + at), lse_i));
+      VF dpv = hn::Load(d, dP + at);
+      VF pz = pv;
+      if (rule.active()) {
+        const VF zv = hn::Load(d, s.z.get() + v0);
+        dpv = hn::Mul(dpv, zv);
+        pz = hn::Mul(pv, zv);
+      }
+      VF ds = hn::Mul(hn::Mul(pv, hn::Sub(dpv, D_i)), scale_v);
+      if (p.softcap > 0.0f) ds = hn::Mul(ds, hn::Load(d, s.cap.get() + at));
+      if (masked) {
+        const VF lane = hn::Iota(d, float(v0));
+        const auto valid = hn::And(
+            hn::Ge(lane, hn::Set(d, float(std::clamp<int64_t>(first, -1, int64_t(kBc) + 1)))),
+            hn::Le(lane, hn::Set(d, float(std::clamp<int64_t>(last, -1, int64_t(kBc) + 1)))));
+        ds = hn::IfThenElseZero(valid, ds);
+        pz = hn::IfThenElseZero(valid, pz);
+      }
+      hn::Store(pz, d, Pz + at);
+      hn::Store(ds, d, dP + at);
+    }
+  }
+  // dV (Bc, Dvp) += Pzᵀ dO;  dK (Bc, Dp) += dSᵀ Q;  dQ (in, Dp) += dS K.
+  // At the band's edge a block of keys sums over the queries that see it, and
+  // a block of queries over the keys it sees.
+  auto from_query = [&](size_t r0, size_t nr) {
+    if (!edge) return Span{0, in, 0, kNV};
+    const int64_t first = band.first_query(J0 + int64_t(r0)) - I0;
+    const int64_t last = band.last_query(J0 + int64_t(r0 + nr) - 1) - I0;
+    const size_t k0 = Clamp(first, in), k1 = Clamp(last + 1, in);
+    return Span{k0, std::max(k0, k1), 0, kNV};
+  };
+  auto to_key = [&](size_t r0, size_t nr) {
+    if (!edge) return Span{0, jn, 0, kNV};
+    const int64_t first = band.first_key(I0 + int64_t(r0)) - J0;
+    const int64_t last = band.last_key(I0 + int64_t(r0 + nr) - 1) - J0;
+    const size_t k0 = Clamp(first, jn), k1 = Clamp(last + 1, jn);
+    return Span{k0, std::max(k0, k1), 0, kNV};
+  };
+  if (dV)
+    GemmSpans<kAccumulate>(jn, bp.Dvp, Pz, 1, kBc, hv.dout + i0 * hv.dos, hv.dos, dV, bp.Dvp,
+                           nullptr, from_query);
+  if (dK)
+    GemmSpans<kAccumulate>(jn, bp.Dp, dP, 1, kBc, hv.q + i0 * hv.qs, hv.qs, dK, bp.Dp, nullptr,
+                           from_query);
+  if (dQ)
+    GemmSpans<kAccumulate>(in, bp.Dp, dP, kBc, 1, hv.k + j0 * hv.ks, hv.ks, dQ + i0 * hv.dQs,
+                           hv.dQs, nullptr, to_key);
+}
+
+// The query tiles (on the grid of kBrBwd rows) that meet keys [j_begin, j_end).
+struct TileRange {
+  size_t begin, end;
+};
+TileRange QueryTiles(const BackwardProblem& bp, int64_t j_begin, int64_t j_end) {
+  const size_t Tq = size_t(bp.p->Tq);
+  const size_t first = Clamp(bp.band.first_query(j_begin), Tq);
+  const size_t end = Clamp(bp.band.last_query(j_end - 1) + 1, Tq);
+  return {first / kBrBwd * kBrBwd, end};
+}
+
+// dK, dV of key tiles j_first, j_first + Bc, ... (ng of them) of key/value
+// head (b, hk): every query head of the group, its query tiles in order;
+// written out at the end. dQ accumulated too when `with_dq`.
+void KeyGroupTask(const SdpaBackwardIO& io, const BackwardProblem& bp, int64_t b, int64_t hk,
+                  size_t j_first, size_t ng, bool with_dq, BackwardScratch& s) {
+  const SdpaProblem& p = *bp.p;
+  const size_t Tk = size_t(p.Tk), D = size_t(p.D), Dv = size_t(p.Dv);
+  const int64_t group = p.Hq / p.Hkv;
+  auto tile_j0 = [&](size_t g) { return j_first + g * kBc; };
+  auto tile_jn = [&](size_t g) { return std::min(kBc, Tk - tile_j0(g)); };
+  const HeadView first_view = MakeHeadView(bp, b, hk * group);
+  for (size_t g = 0; g < ng; ++g)
+    PackKeyTile(s.kT.get() + g * D * kBc, s.vT.get() + g * Dv * kBc, bp, first_view, tile_j0(g),
+                tile_jn(g));
+  std::fill(s.dK.get(), s.dK.get() + ng * kBc * bp.Dp, 0.0f);
+  std::fill(s.dV.get(), s.dV.get() + ng * kBc * bp.Dvp, 0.0f);
+  const TileRange qt = QueryTiles(bp, int64_t(j_first), int64_t(tile_j0(ng - 1) + tile_jn(ng - 1)));
+  for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+    const HeadView hv = MakeHeadView(bp, b, h);
+    for (size_t i0 = qt.begin; i0 < qt.end; i0 += kBrBwd) {
+      const size_t in = std::min(kBrBwd, size_t(p.Tq) - i0);
+      const size_t next_end = std::min(size_t(p.Tq), i0 + in + kBrBwd);
+      PrefetchRows(hv.q, hv.qs, i0 + in, next_end, D);
+      PrefetchRows(hv.dout, hv.dos, i0 + in, next_end, Dv);
+      for (size_t g = 0; g < ng; ++g) {
+        if (!bp.band.meets(int64_t(i0), int64_t(i0 + in), int64_t(tile_j0(g)),
+                           int64_t(tile_j0(g) + tile_jn(g))) ||
+            MaskHidesTile(p, b, h, i0, in, tile_j0(g), tile_jn(g)))
+          continue;
+        TilePair(hv, bp, tile_j0(g), tile_jn(g), i0, in, s.kT.get() + g * D * kBc,
+                 s.vT.get() + g * Dv * kBc, s, s.dK.get() + g * kBc * bp.Dp,
+                 s.dV.get() + g * kBc * bp.Dvp, with_dq ? hv.dQ : nullptr);
+      }
+    }
+  }
+  for (size_t g = 0; g < ng; ++g)
+    for (size_t jj = 0; jj < tile_jn(g); ++jj) {
+      const int64_t t = int64_t(tile_j0(g) + jj);
+      const float* dK = s.dK.get() + (g * kBc + jj) * bp.Dp;
+      const float* dV = s.dV.get() + (g * kBc + jj) * bp.Dvp;
+      std::copy(dK, dK + D,
+                io.dk + b * io.dk_strides.b + hk * io.dk_strides.h + t * io.dk_strides.t);
+      std::copy(dV, dV + Dv,
+                io.dv + b * io.dv_strides.b + hk * io.dv_strides.h + t * io.dv_strides.t);
+    }
+}
+
+// The key tiles (on the grid of kBc keys) that meet queries [i_begin, i_end).
+TileRange KeyTiles(const BackwardProblem& bp, int64_t i_begin, int64_t i_end) {
+  const size_t Tk = size_t(bp.p->Tk);
+  const size_t first = Clamp(bp.band.first_key(i_begin), Tk);
+  const size_t end = Clamp(bp.band.last_key(i_end - 1) + 1, Tk);
+  return {first / kBc * kBc, end};
+}
+
+// dQ of query tile i0 of head (b, h): its key tiles in order, the pairs KeyGroupTask visits.
+void QueryTileTask(const BackwardProblem& bp, int64_t b, int64_t h, size_t i0, BackwardScratch& s) {
+  const SdpaProblem& p = *bp.p;
+  const size_t in = std::min(kBrBwd, size_t(p.Tq) - i0);
+  const HeadView hv = MakeHeadView(bp, b, h);
+  for (size_t i = i0; i < i0 + in; ++i)
+    std::fill(hv.dQ + i * hv.dQs, hv.dQ + i * hv.dQs + bp.Dp, 0.0f);
+  const TileRange kt = KeyTiles(bp, int64_t(i0), int64_t(i0 + in));
+  for (size_t j0 = kt.begin; j0 < kt.end; j0 += kBc) {
+    const size_t jn = std::min(kBc, size_t(p.Tk) - j0);
+    if (!bp.band.meets(int64_t(i0), int64_t(i0 + in), int64_t(j0), int64_t(j0 + jn)) ||
+        MaskHidesTile(p, b, h, i0, in, j0, jn))
+      continue;
+    PackKeyTile(s.kT.get(), s.vT.get(), bp, hv, j0, jn);
+    TilePair(hv, bp, j0, jn, i0, in, s.kT.get(), s.vT.get(), s, nullptr, nullptr, hv.dQ);
+  }
+}
+
+int MaxThreads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+// (B, H, T, W) contiguous copy of a strided (b, h, t) buffer, each row zero-padded to Wp.
+hwy::AlignedFreeUniquePtr<float[]> PadRows(const float* src, const SdpaStrides& s, int64_t B,
+                                           int64_t H, int64_t T, size_t W, size_t Wp) {
+  auto dst = hwy::AllocateAligned<float>(size_t(B * H * T) * Wp);
+#pragma omp parallel for schedule(static)
+  for (int64_t bht = 0; bht < B * H * T; ++bht) {
+    const float* row = At(src, s, bht / (H * T), bht / T % H, bht % T);
+    std::copy(row, row + W, dst.get() + size_t(bht) * Wp);
+    std::fill(dst.get() + size_t(bht) * Wp + W, dst.get() + size_t(bht + 1) * Wp, 0.0f);
+  }
+  return dst;
+}
+
+SdpaStrides Packed(int64_t H, int64_t T, size_t Wp) {
+  return {H * T * int64_t(Wp), T * int64_t(Wp), int64_t(Wp), 1};
+}
+
+}  // namespace
+
+void SdpaBackwardImpl(const SdpaBackwardIO& io, const SdpaProblem& p) {
+  const size_t Tq = size_t(p.Tq), D = size_t(p.D), Dv = size_t(p.Dv);
+  const size_t Dp = RoundUp(D, kN), Dvp = RoundUp(Dv, kN);
+  const int64_t BH = p.B * p.Hq;
+  // D = rowsum(dO ⊙ O) and lse · log2(e), (B, Hq, Tq) each.
+  auto Drow = hwy::AllocateAligned<float>(size_t(BH) * Tq);
+  auto lse2 = hwy::AllocateAligned<float>(size_t(BH) * Tq);
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < BH; ++bh) {
+    const int64_t b = bh / p.Hq, h = bh % p.Hq;
+    for (size_t i = 0; i < Tq; ++i) {
+      const float* doi = At(io.dout, io.dout_strides, b, h, int64_t(i));
+      const float* oi = At(io.out, io.out_strides, b, h, int64_t(i));
+      float sum = 0.0f;
+      for (size_t dd = 0; dd < Dv; ++dd) sum += doi[dd] * oi[dd];
+      const float lse = io.lse[size_t(bh) * Tq + i];
+      Drow[size_t(bh) * Tq + i] = lse == kNegInf ? 0.0f : sum;
+      lse2[size_t(bh) * Tq + i] = lse == kNegInf ? -kNegInf : lse * kLog2e;
+    }
+  }
+  BackwardProblem bp{};
+  bp.p = &p;
+  bp.band = MakeBand(p);
+  bp.q = p.q, bp.k = p.k, bp.dout = io.dout;
+  bp.qs = p.q_strides, bp.ks = p.k_strides, bp.dos = io.dout_strides;
+  bp.dq = io.dq, bp.dqs = io.dq_strides;
+  bp.Drow = Drow.get(), bp.lse2 = lse2.get();
+  bp.Dp = Dp, bp.Dvp = Dvp;
+  // B operands (rows of Q, K, dO) and the dQ accumulator need whole vectors.
+  hwy::AlignedFreeUniquePtr<float[]> q_pad, k_pad, do_pad, dq_pad;
+  if (Dp != D) {
+    q_pad = PadRows(p.q, p.q_strides, p.B, p.Hq, p.Tq, D, Dp);
+    k_pad = PadRows(p.k, p.k_strides, p.B, p.Hkv, p.Tk, D, Dp);
+    dq_pad = hwy::AllocateAligned<float>(size_t(BH) * Tq * Dp);
+    bp.q = q_pad.get(), bp.qs = Packed(p.Hq, p.Tq, Dp);
+    bp.k = k_pad.get(), bp.ks = Packed(p.Hkv, p.Tk, Dp);
+    bp.dq = dq_pad.get(), bp.dqs = Packed(p.Hq, p.Tq, Dp);
+  }
+  if (Dvp != Dv) {
+    do_pad = PadRows(io.dout, io.dout_strides, p.B, p.Hq, p.Tq, Dv, Dvp);
+    bp.dout = do_pad.get(), bp.dos = Packed(p.Hq, p.Tq, Dvp);
+  }
+  const int64_t BHkv = p.B * p.Hkv, group = p.Hq / p.Hkv;
+  const int64_t n_kt = (p.Tk + int64_t(kBc) - 1) / int64_t(kBc);
+  const int64_t n_kg = (n_kt + int64_t(kGroup) - 1) / int64_t(kGroup);
+  auto key_group = [&](int64_t kg) {
+    const int64_t first = kg * int64_t(kGroup);
+    return std::pair<size_t, size_t>(size_t(first) * kBc,
+                                     size_t(std::min(int64_t(kGroup), n_kt - first)));
+  };
+  // With at least two (b, key/value head) units per thread, a thread owns a
+  // unit and accumulates its heads' dQ in the same pass; with fewer, dK and dV
+  // over key groups, then dQ over query tiles (S and dP recomputed).
+  const int64_t threads = MaxThreads();
+  if (!(threads > 1 && BHkv < 2 * threads)) {
+#pragma omp parallel
+    {
+      BackwardScratch scratch(D, Dv, Dp, Dvp);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t unit = 0; unit < BHkv; ++unit) {
+        const int64_t b = unit / p.Hkv, hk = unit % p.Hkv;
+        for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+          float* dq_head = bp.dq + b * bp.dqs.b + h * bp.dqs.h;
+          for (size_t i = 0; i < Tq; ++i)
+            std::fill(dq_head + i * size_t(bp.dqs.t), dq_head + i * size_t(bp.dqs.t) + Dp, 0.0f);
+        }
+        for (int64_t kg = 0; kg < n_kg; ++kg) {
+          const auto [j_first, ng] = key_group(kg);
+          KeyGroupTask(io, bp, b, hk, j_first, ng, true, scratch);
+        }
+      }
+    }
+  } else {
+    const int64_t n_qt = (p.Tq + int64_t(kBrBwd) - 1) / int64_t(kBrBwd);
+#pragma omp parallel
+    {
+      BackwardScratch scratch(D, Dv, Dp, Dvp);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t item = 0; item < BHkv * n_kg; ++item) {
+        const int64_t kg = item / BHkv, unit = item % BHkv;
+        const auto [j_first, ng] = key_group(kg);
+        KeyGroupTask(io, bp, unit / p.Hkv, unit % p.Hkv, j_first, ng, false, scratch);
+      }
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t item = 0; item < BH * n_qt; ++item) {
+        const int64_t qt = n_qt - 1 - item / BH, bh = item % BH;
+        QueryTileTask(bp, bh / p.Hq, bh % p.Hq, size_t(qt) * kBrBwd, scratch);
+      }
+    }
+  }
+  if (Dp != D) {
+#pragma omp parallel for schedule(static)
+    for (int64_t bht = 0; bht < BH * p.Tq; ++bht) {
+      const int64_t b = bht / (p.Hq * p.Tq), h = bht / p.Tq % p.Hq, t = bht % p.Tq;
+      const float* row = dq_pad.get() + size_t(bht) * Dp;
+      std::copy(row, row + D,
+                io.dq + b * io.dq_strides.b + h * io.dq_strides.h + t * io.dq_strides.t);
+    }
+  }
+}
+
+const char* SdpaTargetName() { return hwy::TargetName(HWY_TARGET); }
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace attn::kernels
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attn::kernels {
+
+HWY_EXPORT(SdpaForwardImpl);
+HWY_EXPORT(SdpaBackwardImpl);
+HWY_EXPORT(SdpaTargetName);
+
+namespace {
+
+void check_rows(const char* name, int64_t width, const SdpaStrides& s) {
+  if (width > 1 && s.d != 1)
+    throw std::invalid_argument("sdpa kernel: " + std::string(name) +
+                                " needs stride 1 along its last dim, got " + std::to_string(s.d));
+}
+
+void check_problem(const SdpaProblem& p) {
+  const std::string where = "sdpa kernel: ";
+  if (p.B < 1 || p.Hq < 1 || p.Hkv < 1 || p.Tq < 1 || p.Tk < 1 || p.D < 1 || p.Dv < 1)
+    throw std::invalid_argument(where + "every size must be >= 1");
+  if (p.Hq % p.Hkv != 0)
+    throw std::invalid_argument(where + "Hq (" + std::to_string(p.Hq) +
+                                ") must be a multiple of Hkv (" + std::to_string(p.Hkv) + ")");
+  check_rows("q", p.D, p.q_strides);
+  check_rows("k", p.D, p.k_strides);
+  check_rows("v", p.Dv, p.v_strides);
+}
+
+}  // namespace
+
+void sdpa_forward(const SdpaOutput& o, const SdpaProblem& p) {
+  check_problem(p);
+  check_rows("out", p.Dv, o.out_strides);
+  HWY_DYNAMIC_DISPATCH(SdpaForwardImpl)(o, p);
+}
+
+void sdpa_backward(const SdpaBackwardIO& io, const SdpaProblem& p) {
+  check_problem(p);
+  check_rows("dout", p.Dv, io.dout_strides);
+  check_rows("out", p.Dv, io.out_strides);
+  check_rows("dq", p.D, io.dq_strides);
+  check_rows("dk", p.D, io.dk_strides);
+  check_rows("dv", p.Dv, io.dv_strides);
+  HWY_DYNAMIC_DISPATCH(SdpaBackwardImpl)(io, p);
+}
+
+const char* sdpa_target() { return HWY_DYNAMIC_DISPATCH(SdpaTargetName)(); }
+
+}  // namespace attn::kernels
+#endif  // HWY_ONCE

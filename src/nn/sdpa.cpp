@@ -1,0 +1,240 @@
+// The Tensor entry points of attn/sdpa.h: every check on the caller's tensors
+// and options (messages name the values), the mask turned into an additive one
+// of its own broadcast shape, then the reference or the fused kernel.
+#include "attn/sdpa.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+namespace attn {
+
+namespace {
+
+constexpr const char* kWho = "scaled_dot_product_attention";
+constexpr int64_t kMaxTokens = int64_t{1} << 31;
+
+[[noreturn]] void fail(const std::string& what) {
+  throw std::invalid_argument(fmt::format("{}: {}", kWho, what));
+}
+
+void check_float32(const char* name, const Tensor& t) {
+  if (t.dtype() != DType::kFloat32)
+    fail(fmt::format("{} has dtype {}; only float32 is supported", name, dtype_name(t.dtype())));
+}
+
+void check_4d(const char* name, const Tensor& t, const char* layout) {
+  check_float32(name, t);
+  if (t.dim() != 4)
+    fail(fmt::format("{} must be 4-D {}, got shape {}", name, layout, shape_str(t.shape())));
+  for (int64_t d = 0; d < 4; ++d)
+    if (t.size(d) < 1)
+      fail(fmt::format("{} {} has an empty dim: every size must be >= 1", name,
+                       shape_str(t.shape())));
+}
+
+// The kernel reads rows of D (or Dv) floats: last stride 1 (any stride when the dim is 1).
+Tensor rows_contiguous(const Tensor& t) {
+  return t.size(-1) == 1 || t.stride(-1) == 1 ? t : t.contiguous();
+}
+
+SdpaStrides strides_of(const Tensor& t) {
+  return {t.stride(0), t.stride(1), t.stride(2), t.size(3) == 1 ? 1 : t.stride(3)};
+}
+
+struct Sizes {
+  int64_t B, Hq, Hkv, Tq, Tk, D, Dv;
+};
+
+Sizes check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& o) {
+  check_4d("q", q, "(B, Hq, Tq, D)");
+  check_4d("k", k, "(B, Hkv, Tk, D)");
+  check_4d("v", v, "(B, Hkv, Tk, Dv)");
+  const Sizes s{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), v.size(3)};
+  if (k.size(0) != s.B || v.size(0) != s.B)
+    fail(fmt::format("batch sizes differ: q {}, k {}, v {}", shape_str(q.shape()),
+                     shape_str(k.shape()), shape_str(v.shape())));
+  if (v.size(1) != s.Hkv)
+    fail(fmt::format("k has {} heads but v has {} (k {}, v {})", s.Hkv, v.size(1),
+                     shape_str(k.shape()), shape_str(v.shape())));
+  if (v.size(2) != s.Tk)
+    fail(fmt::format("k has {} keys but v has {} values (k {}, v {})", s.Tk, v.size(2),
+                     shape_str(k.shape()), shape_str(v.shape())));
+  if (k.size(3) != s.D)
+    fail(fmt::format("q and k must have the same head dim: q {} has D = {}, k {} has {}",
+                     shape_str(q.shape()), s.D, shape_str(k.shape()), k.size(3)));
+  if (s.Tq > kMaxTokens || s.Tk > kMaxTokens)
+    fail(fmt::format("Tq ({}) and Tk ({}) must be <= 2^31", s.Tq, s.Tk));
+  if (s.Hq != s.Hkv) {
+    if (!o.enable_gqa)
+      fail(
+          fmt::format("q has {} heads and k, v have {}: set enable_gqa for grouped-query attention",
+                      s.Hq, s.Hkv));
+    if (s.Hq % s.Hkv != 0)
+      fail(fmt::format("enable_gqa: q's heads ({}) must be a multiple of k's and v's ({})", s.Hq,
+                       s.Hkv));
+  }
+  if (!(o.dropout_p >= 0.0f && o.dropout_p < 1.0f))
+    fail(fmt::format("dropout_p must be in [0, 1), got {}", o.dropout_p));
+  if (o.scale && !std::isfinite(*o.scale))
+    fail(fmt::format("scale must be finite, got {}", *o.scale));
+  if (o.window_left < -1 || o.window_right < -1)
+    fail(fmt::format("window_left ({}) and window_right ({}) must be -1 (unbounded) or >= 0",
+                     o.window_left, o.window_right));
+  if (!(o.softcap >= 0.0f) || !std::isfinite(o.softcap))
+    fail(fmt::format("softcap must be 0 (off) or a finite value > 0, got {}", o.softcap));
+  return s;
+}
+
+// The problem the reference and the kernel read; q, k, v already rows_contiguous.
+struct Prepared {
+  Tensor q, k, v, mask, alibi;  // holds what the pointers point into
+  SdpaProblem p;
+};
+
+Tensor additive_mask(const SdpaOptions& o, const Sizes& s) {
+  const Tensor& m = o.attn_mask;
+  if (m.dim() < 1 || m.dim() > 4)
+    fail(
+        fmt::format("attn_mask must have 1 to 4 dims broadcastable to (B, Hq, Tq, Tk) = {}, got {}",
+                    shape_str({s.B, s.Hq, s.Tq, s.Tk}), shape_str(m.shape())));
+  const Shape full{s.B, s.Hq, s.Tq, s.Tk};
+  Shape shape(4, 1);
+  for (int64_t d = 0; d < m.dim(); ++d) shape[size_t(4 - m.dim() + d)] = m.size(d);
+  for (size_t d = 0; d < 4; ++d)
+    if (shape[d] != 1 && shape[d] != full[d])
+      fail(fmt::format("attn_mask of shape {} does not broadcast to (B, Hq, Tq, Tk) = {}",
+                       shape_str(m.shape()), shape_str(full)));
+  if (o.attn_mask_type == MaskType::kAdditive) {
+    if (m.dtype() != DType::kFloat32)
+      fail(
+          fmt::format("an additive attn_mask must be float32, got {} (a 0/1 mask needs "
+                      "attn_mask_type = MaskType::kBoolean)",
+                      dtype_name(m.dtype())));
+    return m.reshape(shape);
+  }
+  if (m.dtype() == DType::kBFloat16)
+    fail("a boolean attn_mask must be float32 or int64 holding 0 and 1, got bfloat16");
+  // Boolean: true (1) adds 0, false (0) adds -inf (PyTorch's conversion).
+  Tensor out(shape);
+  float* dst = out.data();
+  if (m.dtype() == DType::kInt64) {
+    const std::vector<int64_t> values = m.to_int64_vector();
+    for (size_t n = 0; n < values.size(); ++n) {
+      if (values[n] != 0 && values[n] != 1)
+        fail(
+            fmt::format("a boolean attn_mask holds 0 or 1, got {} at flat index {}", values[n], n));
+      dst[n] = values[n] ? 0.0f : -std::numeric_limits<float>::infinity();
+    }
+  } else {
+    const std::vector<float> values = m.to_vector();
+    for (size_t n = 0; n < values.size(); ++n) {
+      if (values[n] != 0.0f && values[n] != 1.0f)
+        fail(
+            fmt::format("a boolean attn_mask holds 0 or 1, got {} at flat index {}", values[n], n));
+      dst[n] = values[n] != 0.0f ? 0.0f : -std::numeric_limits<float>::infinity();
+    }
+  }
+  return out;
+}
+
+Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& o) {
+  const Sizes s = check_qkv(q, k, v, o);
+  Prepared r;
+  r.q = rows_contiguous(q), r.k = rows_contiguous(k), r.v = rows_contiguous(v);
+  SdpaProblem& p = r.p;
+  p.B = s.B, p.Hq = s.Hq, p.Hkv = s.Hkv, p.Tq = s.Tq, p.Tk = s.Tk, p.D = s.D, p.Dv = s.Dv;
+  p.q = r.q.data_ptr<float>(), p.k = r.k.data_ptr<float>(), p.v = r.v.data_ptr<float>();
+  p.q_strides = strides_of(r.q), p.k_strides = strides_of(r.k), p.v_strides = strides_of(r.v);
+  if (!o.attn_mask.empty()) {
+    r.mask = additive_mask(o, s);
+    p.mask = r.mask.data_ptr<float>();
+    int64_t st[4];
+    for (int64_t d = 0; d < 4; ++d) st[d] = r.mask.size(d) == 1 ? 0 : r.mask.stride(d);
+    p.mask_strides = {st[0], st[1], st[2], st[3]};
+  }
+  if (!o.alibi_slopes.empty()) {
+    const Tensor& a = o.alibi_slopes;
+    check_float32("alibi_slopes", a);
+    const bool per_head = a.dim() == 1 && a.size(0) == s.Hq;
+    const bool per_batch = a.dim() == 2 && a.size(0) == s.B && a.size(1) == s.Hq;
+    if (!per_head && !per_batch)
+      fail(fmt::format("alibi_slopes must be (Hq) = ({}) or (B, Hq) = ({}, {}), got {}", s.Hq, s.B,
+                       s.Hq, shape_str(a.shape())));
+    r.alibi = a.contiguous();
+    p.alibi_slopes = r.alibi.data_ptr<float>();
+    p.alibi_b_stride = per_batch ? s.Hq : 0;
+  }
+  p.is_causal = o.is_causal;
+  p.causal_alignment = o.causal_alignment;
+  p.scale = o.scale ? *o.scale : 1.0f / std::sqrt(float(s.D));
+  p.softcap = o.softcap;
+  p.window_left = o.window_left, p.window_right = o.window_right;
+  p.dropout_p = o.dropout_p;
+  p.dropout_seed = o.dropout_seed;
+  return r;
+}
+
+SdpaStrides contiguous_of(int64_t H, int64_t T, int64_t W) { return {H * T * W, T * W, W, 1}; }
+
+}  // namespace
+
+SdpaForward scaled_dot_product_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                 const SdpaOptions& options) {
+  const Prepared r = prepare(q, k, v, options);
+  const SdpaProblem& p = r.p;
+  SdpaForward f{Tensor::empty({p.B, p.Hq, p.Tq, p.Dv}), Tensor::empty({p.B, p.Hq, p.Tq})};
+  const SdpaOutput o{f.out.data(), contiguous_of(p.Hq, p.Tq, p.Dv), f.lse.data()};
+  if (options.backend == SdpaBackend::kReference)
+    ref::sdpa_forward(o, p);
+  else
+    kernels::sdpa_forward(o, p);
+  return f;
+}
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const SdpaOptions& options) {
+  return scaled_dot_product_attention_forward(q, k, v, options).out;
+}
+
+SdpaGrads scaled_dot_product_attention_backward(const Tensor& dout, const Tensor& q,
+                                                const Tensor& k, const Tensor& v, const Tensor& out,
+                                                const Tensor& lse, const SdpaOptions& options) {
+  const Prepared r = prepare(q, k, v, options);
+  const SdpaProblem& p = r.p;
+  const Shape out_shape{p.B, p.Hq, p.Tq, p.Dv};
+  check_float32("dout", dout);
+  check_float32("out", out);
+  check_float32("lse", lse);
+  if (dout.shape() != out_shape)
+    fail(fmt::format("dout has shape {} but the output is {}", shape_str(dout.shape()),
+                     shape_str(out_shape)));
+  if (out.shape() != out_shape)
+    fail(fmt::format("out has shape {} but the output is {}", shape_str(out.shape()),
+                     shape_str(out_shape)));
+  if (lse.shape() != Shape{p.B, p.Hq, p.Tq})
+    fail(fmt::format("lse has shape {} but must be (B, Hq, Tq) = {}", shape_str(lse.shape()),
+                     shape_str({p.B, p.Hq, p.Tq})));
+  const Tensor dout_r = rows_contiguous(dout), out_r = rows_contiguous(out);
+  const Tensor lse_c = lse.contiguous();
+  SdpaGrads g{Tensor::empty({p.B, p.Hq, p.Tq, p.D}), Tensor::empty({p.B, p.Hkv, p.Tk, p.D}),
+              Tensor::empty({p.B, p.Hkv, p.Tk, p.Dv})};
+  SdpaBackwardIO io;
+  io.dout = dout_r.data_ptr<float>(), io.dout_strides = strides_of(dout_r);
+  io.out = out_r.data_ptr<float>(), io.out_strides = strides_of(out_r);
+  io.lse = lse_c.data();
+  io.dq = g.dq.data(), io.dk = g.dk.data(), io.dv = g.dv.data();
+  io.dq_strides = contiguous_of(p.Hq, p.Tq, p.D);
+  io.dk_strides = contiguous_of(p.Hkv, p.Tk, p.D);
+  io.dv_strides = contiguous_of(p.Hkv, p.Tk, p.Dv);
+  if (options.backend == SdpaBackend::kReference)
+    ref::sdpa_backward(io, p);
+  else
+    kernels::sdpa_backward(io, p);
+  return g;
+}
+
+}  // namespace attn

@@ -1,0 +1,145 @@
+"""Scaled-dot-product attention (attn/sdpa.h) against PyTorch 1.13's explicit maths.
+
+PyTorch 1.13 has no scaled_dot_product_attention, so the oracle is the
+definition written out in torch, in float64, with autograd for the gradients:
+
+    k, v = k.repeat_interleave(Hq // Hkv, dim=1), likewise v     (GQA)
+    s = scale * q @ k^T
+    s = softcap * tanh(s / softcap)                              (softcap > 0)
+    s = s - slope[h] * |i + delta - j|                           (ALiBi)
+    s = s.masked_fill(~mask, -inf)  or  s = s + mask             (bool / additive mask)
+    s = s.masked_fill(outside the causal/window band, -inf)
+    P = softmax(s) on rows with a finite score, 0 on rows without
+    out = P @ v, lse = logsumexp(s), and q.grad, k.grad, v.grad from out.backward(dout)
+
+delta = 0 for the top-left causal alignment (PyTorch's is_causal), Tk - Tq for
+the bottom-right one (FlashAttention 2's); a query i sees key j when
+j <= i + delta (causal), j >= i + delta - window_left and j <= i + delta +
+window_right (each -1 = unbounded).
+
+Inputs are torch.randn float32 (the mask: torch.rand < 0.8, additive values
+randn or -inf), recorded bit for bit with the float64 results rounded to
+float32, so the C++ side (tests/torch/test_sdpa_torch.cpp) needs no
+random-number agreement. Dropout is not covered here (the kernel's Philox
+noise is checked against the reference in tests/unit/test_sdpa.cpp).
+
+Writes sdpa.json.
+"""
+import pathlib
+import random
+
+import torch
+
+from oracle_util import tensor_bits_json, write_json
+
+CASES = 72
+T_CHOICES = [1, 3, 8, 16, 17, 33]
+D_CHOICES = [1, 5, 8, 16, 17, 32]
+
+
+def draw_case(rng: random.Random) -> dict:
+    c = {}
+    c["B"] = rng.choice([1, 2])
+    c["Hkv"] = rng.choice([1, 2])
+    c["Hq"] = c["Hkv"] * rng.choice([1, 2, 4] if c["Hkv"] == 2 else [1, 2, 4, 8])
+    c["Tq"] = rng.choice(T_CHOICES)
+    c["Tk"] = c["Tq"] if rng.random() < 0.4 else rng.choice(T_CHOICES)
+    c["D"] = rng.choice(D_CHOICES)
+    c["Dv"] = c["D"] if rng.random() < 0.6 else rng.choice(D_CHOICES)
+    c["is_causal"] = rng.random() < 0.5
+    c["bottom_right"] = rng.random() < 0.5
+    c["window_left"], c["window_right"] = -1, -1
+    if rng.random() < 0.35:
+        c["window_left"] = rng.choice([-1, 0, 2, 6])
+        c["window_right"] = rng.choice([-1, 0, 3])
+    c["alibi"] = rng.random() < 0.3
+    c["softcap"] = rng.choice([0.0, 0.0, 0.0, 1.5, 4.0])
+    c["scale"] = rng.choice([None, None, None, 0.3])
+    kind = rng.choice(["none", "none", "bool", "additive"])
+    c["mask"] = kind
+    B, Hq, Tq, Tk = c["B"], c["Hq"], c["Tq"], c["Tk"]
+    shapes = [[Tq, Tk], [B, 1, 1, Tk], [1, Hq, Tq, Tk], [B, Hq, Tq, Tk], [Tk], [B, 1, Tq, 1], [Hq, 1, Tk]]
+    c["mask_shape"] = rng.choice(shapes) if kind != "none" else []
+    return c
+
+
+def explicit_sdpa(q, k, v, c, mask, slopes):
+    """The definition above in float64 (inputs already float64, requiring grad)."""
+    Hq, Hkv, Tq, Tk, D = c["Hq"], c["Hkv"], c["Tq"], c["Tk"], c["D"]
+    group = Hq // Hkv
+    k_rep = k.repeat_interleave(group, dim=1)
+    v_rep = v.repeat_interleave(group, dim=1)
+    scale = c["scale"] if c["scale"] is not None else 1.0 / D ** 0.5
+    s = scale * (q @ k_rep.transpose(-2, -1))  # (B, Hq, Tq, Tk)
+    if c["softcap"] > 0:
+        s = c["softcap"] * torch.tanh(s / c["softcap"])
+    i = torch.arange(Tq, dtype=torch.float64).view(-1, 1)
+    j = torch.arange(Tk, dtype=torch.float64).view(1, -1)
+    delta = Tk - Tq if c["bottom_right"] else 0
+    if slopes is not None:
+        s = s - slopes.view(1, Hq, 1, 1) * (i + delta - j).abs()
+    if c["mask"] == "bool":
+        s = s.masked_fill(mask == 0, float("-inf"))
+    elif c["mask"] == "additive":
+        s = s + mask
+    allowed = torch.ones(Tq, Tk, dtype=torch.bool)
+    right = c["window_right"]
+    if c["is_causal"]:
+        right = 0 if right < 0 else min(right, 0)
+    if right >= 0:
+        allowed &= j <= i + delta + right
+    if c["window_left"] >= 0:
+        allowed &= j >= i + delta - c["window_left"]
+    s = s.masked_fill(~allowed, float("-inf"))
+    empty = (s == float("-inf")).all(dim=-1, keepdim=True)  # rows with no key
+    p = torch.softmax(s.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
+    out = p @ v_rep
+    lse = torch.logsumexp(s, dim=-1)
+    return out, lse
+
+
+def make_case(seed: int, c: dict) -> dict:
+    torch.manual_seed(seed)
+    B, Hq, Hkv, Tq, Tk, D, Dv = c["B"], c["Hq"], c["Hkv"], c["Tq"], c["Tk"], c["D"], c["Dv"]
+    q = torch.randn(B, Hq, Tq, D)
+    k = torch.randn(B, Hkv, Tk, D)
+    v = torch.randn(B, Hkv, Tk, Dv)
+    dout = torch.randn(B, Hq, Tq, Dv)
+    mask = None
+    if c["mask"] == "bool":
+        mask = (torch.rand(c["mask_shape"]) < 0.8).to(torch.float32)
+    elif c["mask"] == "additive":
+        keep = torch.rand(c["mask_shape"]) < 0.8
+        mask = torch.randn(c["mask_shape"]).masked_fill(~keep, float("-inf"))
+    slopes = None
+    if c["alibi"]:
+        slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / Hq) for h in range(Hq)], dtype=torch.float32)
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    out, lse = explicit_sdpa(q64, k64, v64, c, None if mask is None else mask.double(),
+                             None if slopes is None else slopes.double())
+    out.backward(dout.double())
+    record = dict(c)
+    record["seed"] = seed
+    record["inputs"] = {
+  "q" : tensor_bits_json(q),
+        "k" : tensor_bits_json(k),
+              "v" : tensor_bits_json(v),
+                    "dout" : tensor_bits_json(dout)}
+    if mask is not None:
+        record["inputs"]["mask"] = tensor_bits_json(mask)
+    if slopes is not None:
+        record["inputs"]["alibi_slopes"] = tensor_bits_json(slopes)
+    record["expected"] = {
+  "out" : tensor_bits_json(out.float()),
+          "lse" : tensor_bits_json(lse.float()),
+                  "dq" : tensor_bits_json(q64.grad.float()),
+                         "dk" : tensor_bits_json(k64.grad.float()),
+                                "dv" : tensor_bits_json(v64.grad.float())}
+    return record
+
+
+def generate(out_dir: pathlib.Path) -> None:
+    rng = random.Random(2020)
+    cases = [make_case(1000 + n, draw_case(rng)) for n in range(CASES)]
+    write_json(pathlib.Path(out_dir) / "sdpa.json",
+               {"torch": torch.__version__, "dtype": "float64 maths on float32 inputs", "cases": cases})
