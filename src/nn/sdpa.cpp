@@ -114,6 +114,15 @@ Tensor additive_mask(const SdpaOptions& o, const Sizes& s) {
           fmt::format("an additive attn_mask must be float32, got {} (a 0/1 mask needs "
                       "attn_mask_type = MaskType::kBoolean)",
                       dtype_name(m.dtype())));
+    // A NaN or +inf score would make its row's softmax NaN: refused here, not
+    // passed on silently (-inf is a mask; any finite value a bias).
+    const std::vector<float> values = m.to_vector();
+    for (size_t n = 0; n < values.size(); ++n) {
+      if (std::isnan(values[n]) || values[n] == std::numeric_limits<float>::infinity())
+        fail(fmt::format(
+            "an additive attn_mask must hold finite values or -inf, got {} at flat index {}",
+            values[n], n));
+    }
     return m.reshape(shape);
   }
   if (m.dtype() == DType::kBFloat16)

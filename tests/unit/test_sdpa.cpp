@@ -575,6 +575,14 @@ TEST(Sdpa, BadInputsThrowNamingTheValues) {
   expect_error(sdpa(q, k, v, o), "a boolean attn_mask holds 0 or 1, got 2 at flat index 3");
   o.attn_mask_type = MaskType::kAdditive;
   expect_error(sdpa(q, k, v, o), "an additive attn_mask must be float32, got int64");
+  o.attn_mask = Tensor({6}, 0.0f);
+  o.attn_mask.data()[4] = std::numeric_limits<float>::quiet_NaN();
+  expect_error(sdpa(q, k, v, o),
+               "an additive attn_mask must hold finite values or -inf, got nan at flat index 4");
+  o.attn_mask.data()[4] = -std::numeric_limits<float>::infinity();
+  o.attn_mask.data()[1] = std::numeric_limits<float>::infinity();
+  expect_error(sdpa(q, k, v, o),
+               "an additive attn_mask must hold finite values or -inf, got inf at flat index 1");
   o = gqa;
   o.dropout_p = 1.0f;
   expect_error(sdpa(q, k, v, o), "dropout_p must be in [0, 1), got 1");
