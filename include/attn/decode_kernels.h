@@ -45,6 +45,19 @@ namespace attn::kernels {
 // y = bias (or 0).
 void gemv_forward(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W,
                   const float* bias, int64_t M, int64_t N, int64_t K);
+// Several independent products (each as gemv_forward) in one parallel
+// region: their row blocks are split over the threads together, so the
+// threads meet once instead of once per product (decoding's q, k and v).
+struct GemvProblem {
+  float* y;
+  int64_t ldy;
+  const float* x;
+  int64_t ldx;
+  const float* W;
+  const float* bias;  // or null
+  int64_t M, N, K;
+};
+void gemv_forward_batch(const GemvProblem* problems, int64_t count);
 // The same with bf16 x and W, fp32 sums and y.
 void gemv_forward_bf16(float* y, int64_t ldy, const BFloat16* x, int64_t ldx, const BFloat16* W,
                        const float* bias, int64_t M, int64_t N, int64_t K);

@@ -15,6 +15,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attn/kernels.h"
@@ -293,10 +294,30 @@ const char* path_name(Bf16Path p) { return p == Bf16Path::kAvx512Bf16 ? "AVX512-
 
 void gemv_forward(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W,
                   const float* bias, int64_t M, int64_t N, int64_t K) {
-  check_gemv("gemv_forward", ldy, ldx, M, N, K);
-  parallel_rows(M, N, K, [&](int64_t m, size_t n0, size_t n1) {
-    HWY_DYNAMIC_DISPATCH(RowsF32)(y + m * ldy, x + m * ldx, W, bias, n0, n1, size_t(K));
-  });
+  const GemvProblem p{y, ldy, x, ldx, W, bias, M, N, K};
+  gemv_forward_batch(&p, 1);
+}
+
+void gemv_forward_batch(const GemvProblem* problems, int64_t count) {
+  // (problem, first row) of every block of every problem.
+  std::vector<std::pair<int64_t, int64_t>> blocks;
+  int64_t weights = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const GemvProblem& p = problems[i];
+    check_gemv("gemv_forward", p.ldy, p.ldx, p.M, p.N, p.K);
+    for (int64_t n0 = 0; n0 < p.N; n0 += kBlockRows) blocks.emplace_back(i, n0);
+    weights += p.N * p.K;
+  }
+  const auto n_blocks = static_cast<int64_t>(blocks.size());
+#pragma omp parallel for schedule(static) if (weights >= kParallelWeights && n_blocks > 1)
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const GemvProblem& p = problems[blocks[size_t(b)].first];
+    const int64_t n0 = blocks[size_t(b)].second, n1 = std::min(p.N, n0 + kBlockRows);
+    for (int64_t m = 0; m < p.M; ++m) {
+      HWY_DYNAMIC_DISPATCH(RowsF32)
+      (p.y + m * p.ldy, p.x + m * p.ldx, p.W, p.bias, size_t(n0), size_t(n1), size_t(p.K));
+    }
+  }
 }
 
 void gemv_forward_bf16(float* y, int64_t ldy, const BFloat16* x, int64_t ldx, const BFloat16* W,

@@ -152,14 +152,19 @@ Tensor forward_cached(const MultiHeadAttention& mha, const Tensor& x_new, KVCach
     const Tensor xc = x_new.contiguous();  // (B, 1, d_in)
     const int64_t E = o.d_out, L = cache.length, cap = cache.context_length;
     Tensor q({B, 1, E}), kv({2, B, E});  // q token-major; k, v before they go to the cache
-    const auto gemv = [&](float* y, const Linear& layer) {
+    const Tensor wq = mha.W_query.weight.value.contiguous(),
+                 wk = mha.W_key.weight.value.contiguous(),
+                 wv = mha.W_value.weight.value.contiguous();
+    const auto problem = [&](float* y, const Tensor& w, const Linear& layer) {
       const Tensor* bias = bias_or_null(layer);
-      kernels::gemv_forward(y, E, xc.data(), o.d_in, layer.weight.value.contiguous().data(),
-                            bias != nullptr ? bias->data() : nullptr, B, E, o.d_in);
+      return kernels::GemvProblem{y,      E,        xc.data(),
+                                  o.d_in, w.data(), bias != nullptr ? bias->data() : nullptr,
+                                  B,      E,        o.d_in};
     };
-    gemv(q.data(), mha.W_query);
-    gemv(kv.data(), mha.W_key);
-    gemv(kv.data() + B * E, mha.W_value);
+    const kernels::GemvProblem qkv[3] = {problem(q.data(), wq, mha.W_query),
+                                         problem(kv.data(), wk, mha.W_key),
+                                         problem(kv.data() + B * E, wv, mha.W_value)};
+    kernels::gemv_forward_batch(qkv, 3);  // the three in one parallel region
     float* keys = cache.keys.data();
     float* values = cache.values.data();
     for (int64_t b = 0; b < B; ++b) {

@@ -3,8 +3,8 @@
 // target this CPU runs, forced in turn) on shapes whose K is and is not a
 // multiple of the vector width and whose N is and is not a multiple of the
 // row blocks; decode_attention and decode_attention_bf16 against the softmax
-// written out; the bits do not depend on the thread count; the bandwidth
-// probe measures something positive; every error message.
+// written out; a batch of products gives the bits of separate calls; the bits do not depend on the
+// thread count; the bandwidth probe measures something positive; every error message.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -103,6 +103,30 @@ TEST(DecodeKernels, GemvMatchesDoubleOnEveryTarget) {
     }
   }
   ASSERT_TRUE(kn::flash_attention_use_target(nullptr));
+}
+
+// Products batched into one parallel region give the bits of separate calls.
+TEST(DecodeKernels, GemvBatchEqualsSeparateCalls) {
+  Generator gen(4);
+  const std::vector<GemvShape> shapes = {{1, 768, 768}, {2, 37, 17}, {1, 100, 64}};
+  std::vector<std::vector<float>> xs, ws, bs, ys, alone;
+  std::vector<kn::GemvProblem> problems;
+  for (const GemvShape& s : shapes) {
+    xs.push_back(uniform(s.M * s.K, gen));
+    ws.push_back(uniform(s.N * s.K, gen));
+    bs.push_back(uniform(s.N, gen));
+    ys.emplace_back(static_cast<size_t>(s.M * s.N));
+    alone.emplace_back(static_cast<size_t>(s.M * s.N));
+  }
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const GemvShape& s = shapes[i];
+    problems.push_back({ys[i].data(), s.N, xs[i].data(), s.K, ws[i].data(),
+                        i == 1 ? nullptr : bs[i].data(), s.M, s.N, s.K});
+    kn::gemv_forward(alone[i].data(), s.N, xs[i].data(), s.K, ws[i].data(),
+                     i == 1 ? nullptr : bs[i].data(), s.M, s.N, s.K);
+  }
+  kn::gemv_forward_batch(problems.data(), static_cast<int64_t>(problems.size()));
+  for (size_t i = 0; i < shapes.size(); ++i) EXPECT_EQ(ys[i], alone[i]) << "problem " << i;
 }
 
 TEST(DecodeKernels, GemvBf16MatchesDoubleOnEveryPathAndTarget) {
