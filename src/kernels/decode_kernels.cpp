@@ -401,9 +401,9 @@ double read_bandwidth_gbs(int64_t bytes, int threads, int repeats) {
   const int n_threads = 1;
 #endif
   const int64_t n = bytes / int64_t(sizeof(float));
-  std::vector<float> buf;
-  buf.reserve(size_t(n));
-  buf.resize(size_t(n), 1.0f);
+  // attn's own storage, as the weights are held (2 MiB-aligned, huge pages
+  // where the kernel grants them: src/tensor/storage_cache.cpp).
+  Tensor buf = Tensor::full({n}, 1.0f);
   using Clock = std::chrono::steady_clock;
   double sink = 0;
   const auto pass = [&] {
