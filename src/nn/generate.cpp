@@ -87,25 +87,25 @@ void linear_bf16(float* y, const BFloat16* x, const Tensor& W, const float* bias
 // block by block, on the cache's bf16 weights. x is the fp32 residual stream
 // (M = B·T rows); h the LayerNorm outputs in bf16.
 Tensor forward_cached_bf16(GPTModel& model, const GPTWeightsBf16& w,
-                           const std::vector<int64_t>& ids, int64_t B, int64_t T,
-                           GPTKVCache& cache, bool all_logits) {
+                           const std::vector<int64_t>& ids, int64_t B, int64_t T, GPTKVCache& cache,
+                           bool all_logits) {
   const GPTConfig& cfg = model.config();
   const int64_t E = cfg.emb_dim, H = cfg.n_heads, hd = E / H, V = cfg.vocab_size, M = B * T;
   const int64_t start = cache.length(), cap = cache.context_length;
   const float eps = cfg.layer_norm_eps, scale = 1.0f / std::sqrt(float(hd));
-  Tensor x = embed(model, ids, B, T, start);                // (B, T, E) float32
-  Tensor h = Tensor::empty({M, E}, DType::kBFloat16);       // LayerNorm outputs
-  Tensor qkv({M, 3 * E});                                   // q | k | v, float32 sums
+  Tensor x = embed(model, ids, B, T, start);           // (B, T, E) float32
+  Tensor h = Tensor::empty({M, E}, DType::kBFloat16);  // LayerNorm outputs
+  Tensor qkv({M, 3 * E});                              // q | k | v, float32 sums
   Tensor qkv_b = Tensor::empty({M, 3 * E}, DType::kBFloat16);
-  Tensor ctx = Tensor::empty({M, E}, DType::kBFloat16);     // attention context
-  Tensor a({M, E});                                         // a block's branch output
-  Tensor u({M, 4 * E});                                     // fc's output
-  Tensor g = Tensor::empty({M, 4 * E}, DType::kBFloat16);   // GELU's
-  Tensor stats({2, M});                                     // LayerNorm's mean, std (unused)
+  Tensor ctx = Tensor::empty({M, E}, DType::kBFloat16);    // attention context
+  Tensor a({M, E});                                        // a block's branch output
+  Tensor u({M, 4 * E});                                    // fc's output
+  Tensor g = Tensor::empty({M, 4 * E}, DType::kBFloat16);  // GELU's
+  Tensor stats({2, M});                                    // LayerNorm's mean, std (unused)
   float* xp = x.data();
   const auto norm = [&](BFloat16* out, const float* in, const LayerNorm& ln, int64_t rows) {
-    kernels::layer_norm_forward_bf16(out, stats.data(), stats.data() + M, in,
-                                     ln.scale.value.data(), ln.shift.value.data(), rows, E, eps);
+    kernels::layer_norm_forward_bf16(out, stats.data(), stats.data() + M, in, ln.scale.value.data(),
+                                     ln.shift.value.data(), rows, E, eps);
   };
   const auto add_to_x = [&] {
     const float* ap = a.data();
@@ -138,18 +138,25 @@ Tensor forward_cached_bf16(GPTModel& model, const GPTWeightsBf16& w,
       // A prefill of an empty cache: causal attention over the new tokens,
       // the bf16 flash kernel reading q, k, v in place.
       Tensor lse({B, H, T});
-      kernels::flash_attention_forward_bf16(
-          ctxp, lse.data(), qkvp, qkvp + E, qkvp + 2 * E,
-          {.B = B, .T = T, .H = H, .hd = hd, .causal = true, .q_stride = 3 * E,
-           .k_stride = 3 * E, .v_stride = 3 * E, .o_stride = E});
+      kernels::flash_attention_forward_bf16(ctxp, lse.data(), qkvp, qkvp + E, qkvp + 2 * E,
+                                            {.B = B,
+                                             .T = T,
+                                             .H = H,
+                                             .hd = hd,
+                                             .causal = true,
+                                             .q_stride = 3 * E,
+                                             .k_stride = 3 * E,
+                                             .v_stride = 3 * E,
+                                             .o_stride = E});
     } else {
       // Token by token: the query at position start + t sees keys 0 .. start + t.
-      Tensor q = Tensor::empty({B, E}, DType::kBFloat16), o = Tensor::empty({B, E}, DType::kBFloat16);
+      Tensor q = Tensor::empty({B, E}, DType::kBFloat16),
+             o = Tensor::empty({B, E}, DType::kBFloat16);
       for (int64_t t = 0; t < T; ++t) {
         for (int64_t b = 0; b < B; ++b)
           std::copy_n(qkvp + (b * T + t) * 3 * E, E, q.data_ptr<BFloat16>() + b * E);
-        kernels::decode_attention_bf16(o.data_ptr<BFloat16>(), q.data_ptr<BFloat16>(), keys,
-                                       values, B, H, start + t + 1, cap, hd, scale);
+        kernels::decode_attention_bf16(o.data_ptr<BFloat16>(), q.data_ptr<BFloat16>(), keys, values,
+                                       B, H, start + t + 1, cap, hd, scale);
         for (int64_t b = 0; b < B; ++b)
           std::copy_n(o.data_ptr<BFloat16>() + b * E, E, ctxp + (b * T + t) * E);
       }
@@ -224,10 +231,10 @@ GPTKVCache make_gpt_kv_cache(GPTModel& model, int64_t batch) {
   cache.context_length = model.config().context_length;
   // bf16 caches compute with the kernels; a bf16 model on attn::ref's layers
   // (LayerImpl::kReference) keeps a float32 cache.
-  cache.dtype = model.options().dtype == DType::kBFloat16 &&
-                        model.options().layers == LayerImpl::kKernel
-                    ? DType::kBFloat16
-                    : DType::kFloat32;
+  cache.dtype =
+      model.options().dtype == DType::kBFloat16 && model.options().layers == LayerImpl::kKernel
+          ? DType::kBFloat16
+          : DType::kFloat32;
   for (int64_t i = 0; i < model.trf_blocks.size(); ++i) {
     KVCache layer = make_kv_cache(model.trf_blocks[i].att, batch);
     if (cache.dtype == DType::kBFloat16) {  // (B, H, context_length, hd) in bf16

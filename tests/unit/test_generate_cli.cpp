@@ -5,12 +5,11 @@
 // and a non-zero exit.
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
-
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -134,8 +133,9 @@ TEST(GenerateCli, Benchmark) {
   EXPECT_EQ(lines[3].rfind("no cache: prompt processing", 0), 0u) << lines[3];
   EXPECT_EQ(lines[4], "same tokens with and without the cache: yes");
   // --json: the cached path, --repeats times, one object.
-  const CliResult js = run_cli("generate --checkpoint '" + dir +
-                               "' --benchmark --json --repeats 2 --prompt 'abc' --max-new-tokens 6");
+  const CliResult js =
+      run_cli("generate --checkpoint '" + dir +
+              "' --benchmark --json --repeats 2 --prompt 'abc' --max-new-tokens 6");
   EXPECT_EQ(js.exit_code, 0) << js.err;
   const auto j = nlohmann::json::parse(js.out);
   EXPECT_EQ(j.at("prompt_tokens"), 3);
@@ -198,8 +198,7 @@ TEST(GenerateCli, BadInputIsOneLine) {
       {"--checkpoint DIR --prompt a --temperature -0.5", 2,
        "attn: generate: --temperature must be a finite number >= 0, got -0.5"},
       {"--checkpoint DIR", 2, "attn: generate: --prompt must have at least one character"},
-      {"--prompt a", 2,
-       "attn: generate: give --model DIR (or --config 124m with --benchmark)"},
+      {"--prompt a", 2, "attn: generate: give --model DIR (or --config 124m with --benchmark)"},
       {"--config 124m --prompt a", 2,
        "attn: generate: --config 124m makes a random-weight model without a vocabulary; use it "
        "with --benchmark"},

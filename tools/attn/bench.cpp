@@ -26,9 +26,9 @@
 #include <omp.h>
 #endif
 
+#include "attn/decode_kernels.h"
 #include "attn/fused.h"
 #include "attn/gemm.h"
-#include "attn/decode_kernels.h"
 #include "attn/kernels.h"
 #include "attn/nn.h"
 #include "attn/random.h"

@@ -6,15 +6,14 @@
 #include "generate.h"
 
 #include <fmt/format.h>
-
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <nlohmann/json.hpp>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,8 +21,8 @@
 #include "attn/decode_kernels.h"
 #include "attn/generate.h"
 #include "attn/gpt.h"
-#include "attn/kernels.h"
 #include "attn/hf_gpt2.h"
+#include "attn/kernels.h"
 #include "attn/random.h"
 #include "attn/utf8.h"
 #include "model_text.h"
@@ -126,10 +125,10 @@ BenchRun bench_once(nn::GPTModel& model, const std::vector<int64_t>& prompt, int
   for (int64_t i = 0; i < n; ++i) {
     r.tokens.push_back(next);
     if (i + 1 == n) break;  // the last token needs no forward
-    next = argmax_last(use_cache ? nn::forward_cached(model, Tensor::from_int64({1, 1}, {next}),
-                                                      cache, false)
-                                 : model.forward(Tensor::from_int64(
-                                       {1, static_cast<int64_t>(r.tokens.size())}, r.tokens)));
+    next = argmax_last(
+        use_cache ? nn::forward_cached(model, Tensor::from_int64({1, 1}, {next}), cache, false)
+                  : model.forward(
+                        Tensor::from_int64({1, static_cast<int64_t>(r.tokens.size())}, r.tokens)));
   }
   r.t_gen = seconds_since(start);
   r.steps = n > 0 ? n - 1 : 0;
@@ -145,8 +144,8 @@ double median(std::vector<double> v) {
 // Greedy decoding of n tokens after the prompt. The table: with and without
 // the cache, once each. --json: the cached path `repeats` times, one JSON
 // object with each run's rates and their medians.
-void run_benchmark(nn::GPTModel& model, const std::vector<int64_t>& prompt, int64_t n,
-                   bool json, int repeats, const std::string& dtype) {
+void run_benchmark(nn::GPTModel& model, const std::vector<int64_t>& prompt, int64_t n, bool json,
+                   int repeats, const std::string& dtype) {
   const int64_t T0 = static_cast<int64_t>(prompt.size());
   const int64_t C = model.config().context_length;
   if (T0 + n > C) {
@@ -161,22 +160,23 @@ void run_benchmark(nn::GPTModel& model, const std::vector<int64_t>& prompt, int6
       const BenchRun r = bench_once(model, prompt, n, true);
       pp.push_back(static_cast<double>(T0) / r.t_prompt);
       tg.push_back(r.steps > 0 ? static_cast<double>(r.steps) / r.t_gen : 0.0);
-      runs.push_back({{"prompt_s", r.t_prompt}, {"decode_s", r.t_gen}, {"prompt_tok_s", pp.back()},
+      runs.push_back({{"prompt_s", r.t_prompt},
+                      {"decode_s", r.t_gen},
+                      {"prompt_tok_s", pp.back()},
                       {"decode_tok_s", tg.back()}});
     }
-    const nlohmann::json out = {
-        {"dtype", dtype},
-        {"prompt_tokens", T0},
-        {"new_tokens", n},
-        {"decode_steps", n > 0 ? n - 1 : 0},
-        {"threads", omp_get_max_threads()},
-        {"gemv_bf16_path", kernels::gemv_bf16_path()},
-        {"simd_target", kernels::flash_attention_target()},
-        {"prompt_tok_s_median", median(pp)},
-        {"decode_tok_s_median", median(tg)},
-        {"prompt_tok_s_best", *std::max_element(pp.begin(), pp.end())},
-        {"decode_tok_s_best", *std::max_element(tg.begin(), tg.end())},
-        {"runs", runs}};
+    const nlohmann::json out = {{"dtype", dtype},
+                                {"prompt_tokens", T0},
+                                {"new_tokens", n},
+                                {"decode_steps", n > 0 ? n - 1 : 0},
+                                {"threads", omp_get_max_threads()},
+                                {"gemv_bf16_path", kernels::gemv_bf16_path()},
+                                {"simd_target", kernels::flash_attention_target()},
+                                {"prompt_tok_s_median", median(pp)},
+                                {"decode_tok_s_median", median(tg)},
+                                {"prompt_tok_s_best", *std::max_element(pp.begin(), pp.end())},
+                                {"decode_tok_s_best", *std::max_element(tg.begin(), tg.end())},
+                                {"runs", runs}};
     std::cout << out.dump() << '\n';
     return;
   }
