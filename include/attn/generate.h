@@ -47,6 +47,7 @@ namespace attn::nn {
 // bf16 generation (GPTOptions::dtype = kBFloat16): the model's matrices
 // rounded to bf16 once, when the cache is made, so that each token reads half
 // the bytes of fp32 (the model itself keeps its fp32 weights, as autocast does).
+// The matrices are views into one bf16 allocation, in the order a token reads them.
 struct GPTWeightsBf16 {
   struct Block {
     Tensor qkv;       // (3E, E) bf16: W_query, W_key, W_value's rows stacked

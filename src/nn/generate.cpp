@@ -198,29 +198,47 @@ void GPTKVCache::reset() {
 }
 
 GPTWeightsBf16 round_weights_bf16(GPTModel& model) {
-  const auto bf16 = [](const Tensor& w) {  // (out, in) float32 -> bf16
-    const Tensor c = w.contiguous();
-    Tensor out = Tensor::empty(c.shape(), DType::kBFloat16);
-    kernels::round_to_bf16(out.data_ptr<BFloat16>(), c.data(), c.numel());
-    return out;
-  };
-  GPTWeightsBf16 w;
+  // Every matrix a view into one bf16 arena: one allocation, so the weights a
+  // token streams lie on huge pages end to end (src/tensor/storage_cache.cpp).
+  std::vector<Tensor> sources;  // (out, in) float32, in the order they are read
   for (int64_t i = 0; i < model.trf_blocks.size(); ++i) {
     TransformerBlock& block = model.trf_blocks[i];
     MultiHeadAttention& att = block.att;
+    sources.push_back(cat({att.W_query.weight.value, att.W_key.weight.value,
+                           att.W_value.weight.value},
+                          0));  // (3E, E)
+    sources.push_back(att.out_proj.weight.value.contiguous());
+    sources.push_back(block.ff.fc.weight.value.contiguous());
+    sources.push_back(block.ff.proj.weight.value.contiguous());
+  }
+  sources.push_back(model.out_head.weight.value.contiguous());
+  int64_t total = 0;
+  for (const Tensor& t : sources) total += t.numel();
+  const Tensor arena = Tensor::empty({total}, DType::kBFloat16);
+  std::vector<Tensor> views;
+  int64_t offset = 0;
+  for (const Tensor& t : sources) {
+    Tensor v = arena.slice(0, offset, offset + t.numel()).view(t.shape());
+    kernels::round_to_bf16(v.data_ptr<BFloat16>(), t.data(), t.numel());
+    views.push_back(v);
+    offset += t.numel();
+  }
+  GPTWeightsBf16 w;
+  for (int64_t i = 0; i < model.trf_blocks.size(); ++i) {
+    MultiHeadAttention& att = model.trf_blocks[i].att;
     GPTWeightsBf16::Block b;
-    b.qkv = bf16(cat({att.W_query.weight.value, att.W_key.weight.value, att.W_value.weight.value},
-                     0));  // (3E, E)
+    const auto at = static_cast<size_t>(4 * i);
+    b.qkv = views[at];
     if (att.W_query.options().bias) {
       b.qkv_bias = cat({att.W_query.bias.value, att.W_key.bias.value, att.W_value.bias.value}, 0)
                        .contiguous();  // (3E)
     }
-    b.out_proj = bf16(att.out_proj.weight.value);
-    b.fc = bf16(block.ff.fc.weight.value);
-    b.proj = bf16(block.ff.proj.weight.value);
+    b.out_proj = views[at + 1];
+    b.fc = views[at + 2];
+    b.proj = views[at + 3];
     w.blocks.push_back(std::move(b));
   }
-  w.out_head = bf16(model.out_head.weight.value);
+  w.out_head = views.back();
   return w;
 }
 
