@@ -204,9 +204,9 @@ GPTWeightsBf16 round_weights_bf16(GPTModel& model) {
   for (int64_t i = 0; i < model.trf_blocks.size(); ++i) {
     TransformerBlock& block = model.trf_blocks[i];
     MultiHeadAttention& att = block.att;
-    sources.push_back(cat({att.W_query.weight.value, att.W_key.weight.value,
-                           att.W_value.weight.value},
-                          0));  // (3E, E)
+    sources.push_back(
+        cat({att.W_query.weight.value, att.W_key.weight.value, att.W_value.weight.value},
+            0));  // (3E, E)
     sources.push_back(att.out_proj.weight.value.contiguous());
     sources.push_back(block.ff.fc.weight.value.contiguous());
     sources.push_back(block.ff.proj.weight.value.contiguous());
