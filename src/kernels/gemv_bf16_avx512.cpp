@@ -2,8 +2,8 @@
 // "AVX512-BF16"): VDPBF16PS multiplies 32 bf16 of a weight row by 32 bf16 of
 // x, pairwise, and adds each pair's two exact products into one of 16 fp32
 // lanes. x and a row of W are both contiguous along k, so the pairs (k, k+1)
-// line up with no packing. Four rows at a time (four independent chains), the
-// last K mod 32 columns through masked loads (zeros add nothing).
+// line up with no packing. One row after the other (four independent chains
+// per row), the last K mod 32 columns through masked loads (zeros add nothing).
 // AVX512-BF16 is not among Highway 1.0.3's targets: this file is compiled
 // with a function-level target and called only when the CPU reports the
 // feature (decode_kernels.cpp checks at run time; the build stays portable).
@@ -44,36 +44,23 @@ inline float Sum(__m512 v) {
 
 void gemv_bf16_rows_avx512(float* y, const uint16_t* x, const uint16_t* W, const float* bias,
                            size_t n0, size_t n1, size_t K) {
-  size_t n = n0;
-  for (; n + 4 <= n1; n += 4) {
-    const uint16_t* w0 = W + n * K;
-    const uint16_t* w1 = w0 + K;
-    const uint16_t* w2 = w1 + K;
-    const uint16_t* w3 = w2 + K;
+  // One row after the other (the weights in memory order), each in four
+  // chains over 128 columns at a time.
+  const size_t K4 = K / 128 * 128;
+  for (size_t n = n0; n < n1; ++n) {
+    const uint16_t* w = W + n * K;
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(),
            a3 = _mm512_setzero_ps();
-    for (size_t k = 0; k < K; k += 32) {
-      const size_t len = K - k;
-      const __m512bh xv = Load32(x + k, len);
-      a0 = _mm512_dpbf16_ps(a0, Load32(w0 + k, len), xv);
-      a1 = _mm512_dpbf16_ps(a1, Load32(w1 + k, len), xv);
-      a2 = _mm512_dpbf16_ps(a2, Load32(w2 + k, len), xv);
-      a3 = _mm512_dpbf16_ps(a3, Load32(w3 + k, len), xv);
+    size_t k = 0;
+    for (; k < K4; k += 128) {
+      a0 = _mm512_dpbf16_ps(a0, Load32(w + k, 32), Load32(x + k, 32));
+      a1 = _mm512_dpbf16_ps(a1, Load32(w + k + 32, 32), Load32(x + k + 32, 32));
+      a2 = _mm512_dpbf16_ps(a2, Load32(w + k + 64, 32), Load32(x + k + 64, 32));
+      a3 = _mm512_dpbf16_ps(a3, Load32(w + k + 96, 32), Load32(x + k + 96, 32));
     }
-    const float b0 = bias != nullptr ? bias[n] : 0.0f, b1 = bias != nullptr ? bias[n + 1] : 0.0f;
-    const float b2 = bias != nullptr ? bias[n + 2] : 0.0f,
-                b3 = bias != nullptr ? bias[n + 3] : 0.0f;
-    y[n] = Sum(a0) + b0;
-    y[n + 1] = Sum(a1) + b1;
-    y[n + 2] = Sum(a2) + b2;
-    y[n + 3] = Sum(a3) + b3;
-  }
-  for (; n < n1; ++n) {
-    const uint16_t* w = W + n * K;
-    __m512 a = _mm512_setzero_ps();
-    for (size_t k = 0; k < K; k += 32)
-      a = _mm512_dpbf16_ps(a, Load32(w + k, K - k), Load32(x + k, K - k));
-    y[n] = Sum(a) + (bias != nullptr ? bias[n] : 0.0f);
+    for (; k < K; k += 32) a0 = _mm512_dpbf16_ps(a0, Load32(w + k, K - k), Load32(x + k, K - k));
+    y[n] = Sum(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))) +
+           (bias != nullptr ? bias[n] : 0.0f);
   }
 }
 
