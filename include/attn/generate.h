@@ -44,28 +44,61 @@
 
 namespace attn::nn {
 
+// bf16 generation (GPTOptions::dtype = kBFloat16): the model's matrices
+// rounded to bf16 once, when the cache is made, so that each token reads half
+// the bytes of fp32 (the model itself keeps its fp32 weights, as autocast does).
+// The matrices are views into one bf16 allocation, in the order a token reads them.
+struct GPTWeightsBf16 {
+  struct Block {
+    Tensor qkv;       // (3E, E) bf16: W_query, W_key, W_value's rows stacked
+    Tensor qkv_bias;  // (3E) float32, or empty without qkv_bias
+    Tensor out_proj;  // (E, E) bf16
+    Tensor fc;        // (4E, E) bf16
+    Tensor proj;      // (E, 4E) bf16
+  };
+  std::vector<Block> blocks;
+  Tensor out_head;  // (V, E) bf16
+};
+// The model's weights rounded to bf16 (round to nearest even, as .to(torch.bfloat16)).
+GPTWeightsBf16 round_weights_bf16(GPTModel& model);
+
 // One KVCache per transformer block, for `batch` sequences that advance together.
+// A bf16 model's cache (GPTOptions::dtype = kBFloat16) holds its keys and
+// values in bf16 and the model's weights rounded to bf16 (`bf16_weights`,
+// taken when the cache is made: after the weights change, make a new cache).
 struct GPTKVCache {
   std::vector<KVCache> layers;  // layers[i]: trf_blocks.i.att
   int64_t batch = 0;
   int64_t context_length = 0;
+  DType dtype = DType::kFloat32;  // of the keys and values, and of the products
+  std::shared_ptr<const GPTWeightsBf16> bf16_weights;  // bf16 only
   // Tokens cached so far: the next token's position.
   int64_t length() const { return layers.empty() ? 0 : layers.front().length; }
   int64_t remaining() const { return context_length - length(); }
   void reset();
 };
 
-// An empty cache for `batch` sequences through `model`. Throws
+// An empty cache for `batch` sequences through `model`, of the model's dtype
+// (a bf16 model's rounds its weights to bf16 here). Throws
 // std::invalid_argument when batch < 1.
 GPTKVCache make_gpt_kv_cache(GPTModel& model, int64_t batch);
 
 // New token ids (B, T_new) int64, T_new >= 1 -> logits (B, T_new, V) at
 // positions cache.length() ..; appends their keys and values to every layer.
+// all_logits = false: only the last position's logits, (B, 1, V) (what
+// generation samples from; the output head is then one row per sequence).
+// Paths: with LayerImpl::kKernel one new token runs the decode kernels
+// (attn/decode_kernels.h: GEMV products that read each weight once, the
+// cached attention); a bf16 cache computes as the bf16 model's forward does
+// (bf16 operands, fp32 sums, LayerNorm and GELU outputs and the attention's
+// q, k, v and context rounded to bf16, the residual stream and logits fp32)
+// on the cache's bf16 weights.
 // Throws std::invalid_argument (cache unchanged) when the ids are not (B, T_new)
 // int64 with the cache's B, an id is outside [0, vocab_size), the tokens would
 // not fit in context_length, the cache was made for another model shape, or
 // the model is in training mode with drop_rate > 0.
-Tensor forward_cached(GPTModel& model, const Tensor& ids, GPTKVCache& cache);
+Tensor forward_cached(GPTModel& model, const Tensor& ids, GPTKVCache& cache,
+                      bool all_logits = true);
 
 // The book's sampling of one next token per row, from logits (B, V) float32:
 //   top_k > 0:        logits below the k-th largest of the row become -inf;

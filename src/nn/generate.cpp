@@ -11,8 +11,11 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "attn/decode_kernels.h"
 #include "attn/functional.h"
 #include "attn/functional_gpt.h"
+#include "attn/gemm.h"
+#include "attn/kernels.h"
 #include "attn/layer_kernels.h"
 #include "attn/ops.h"
 #include "attn/safetensors.h"
@@ -58,6 +61,128 @@ Tensor tail_ids(const std::vector<std::vector<int64_t>>& rows, int64_t n) {
   return Tensor::from_int64({static_cast<int64_t>(rows.size()), n}, flat);
 }
 
+// Token rows up to which a product is a GEMV per weight row (decoding),
+// beyond which the GEMM of the engine runs.
+constexpr int64_t kGemvRows = 4;
+
+const float* data_or_null(const Tensor* t) { return t != nullptr ? t->data() : nullptr; }
+
+// y (M, N) float32 = x (M, K) bf16 · W (N, K)ᵀ bf16 + bias (N, or null).
+void linear_bf16(float* y, const BFloat16* x, const Tensor& W, const float* bias, int64_t M) {
+  const int64_t N = W.size(0), K = W.size(1);
+  const BFloat16* w = W.data_ptr<BFloat16>();
+  if (M <= kGemvRows) {
+    kernels::gemv_forward_bf16(y, N, x, K, w, bias, M, N, K);
+    return;
+  }
+  float beta = 0.0f;
+  if (bias != nullptr) {
+    for (int64_t m = 0; m < M; ++m) std::copy_n(bias, N, y + m * N);
+    beta = 1.0f;
+  }
+  gemm::gemm_bf16(gemm::Trans::kNo, gemm::Trans::kYes, M, N, K, 1.0f, x, K, w, K, beta, y, N);
+}
+
+// forward_cached on a bf16 cache (attn/generate.h): the bf16 model's forward,
+// block by block, on the cache's bf16 weights. x is the fp32 residual stream
+// (M = B·T rows); h the LayerNorm outputs in bf16.
+Tensor forward_cached_bf16(GPTModel& model, const GPTWeightsBf16& w,
+                           const std::vector<int64_t>& ids, int64_t B, int64_t T, GPTKVCache& cache,
+                           bool all_logits) {
+  const GPTConfig& cfg = model.config();
+  const int64_t E = cfg.emb_dim, H = cfg.n_heads, hd = E / H, V = cfg.vocab_size, M = B * T;
+  const int64_t start = cache.length(), cap = cache.context_length;
+  const float eps = cfg.layer_norm_eps, scale = 1.0f / std::sqrt(float(hd));
+  Tensor x = embed(model, ids, B, T, start);           // (B, T, E) float32
+  Tensor h = Tensor::empty({M, E}, DType::kBFloat16);  // LayerNorm outputs
+  Tensor qkv({M, 3 * E});                              // q | k | v, float32 sums
+  Tensor qkv_b = Tensor::empty({M, 3 * E}, DType::kBFloat16);
+  Tensor ctx = Tensor::empty({M, E}, DType::kBFloat16);    // attention context
+  Tensor a({M, E});                                        // a block's branch output
+  Tensor u({M, 4 * E});                                    // fc's output
+  Tensor g = Tensor::empty({M, 4 * E}, DType::kBFloat16);  // GELU's
+  Tensor stats({2, M});                                    // LayerNorm's mean, std (unused)
+  float* xp = x.data();
+  const auto norm = [&](BFloat16* out, const float* in, const LayerNorm& ln, int64_t rows) {
+    kernels::layer_norm_forward_bf16(out, stats.data(), stats.data() + M, in, ln.scale.value.data(),
+                                     ln.shift.value.data(), rows, E, eps);
+  };
+  const auto add_to_x = [&] {
+    const float* ap = a.data();
+    for (int64_t i = 0; i < M * E; ++i) xp[i] = ap[i] + xp[i];  // add(a, x)
+  };
+  for (int64_t i = 0; i < model.trf_blocks.size(); ++i) {
+    const GPTWeightsBf16::Block& bw = w.blocks[static_cast<size_t>(i)];
+    TransformerBlock& block = model.trf_blocks[i];
+    KVCache& kv = cache.layers[static_cast<size_t>(i)];
+    BFloat16* qkvp = qkv_b.data_ptr<BFloat16>();
+    norm(h.data_ptr<BFloat16>(), xp, block.norm1, M);
+    linear_bf16(qkv.data(), h.data_ptr<BFloat16>(), bw.qkv,
+                bw.qkv_bias.empty() ? nullptr : bw.qkv_bias.data(), M);
+    kernels::round_to_bf16(qkvp, qkv.data(), M * 3 * E);
+    // The new keys and values into rows start .. start + T of the cache.
+    BFloat16* keys = kv.keys.data_ptr<BFloat16>();
+    BFloat16* values = kv.values.data_ptr<BFloat16>();
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t t = 0; t < T; ++t) {
+        const BFloat16* row = qkvp + (b * T + t) * 3 * E;
+        for (int64_t hh = 0; hh < H; ++hh) {
+          const int64_t at = ((b * H + hh) * cap + start + t) * hd;
+          std::copy_n(row + E + hh * hd, hd, keys + at);
+          std::copy_n(row + 2 * E + hh * hd, hd, values + at);
+        }
+      }
+    }
+    BFloat16* ctxp = ctx.data_ptr<BFloat16>();
+    if (start == 0 && T > 1) {
+      // A prefill of an empty cache: causal attention over the new tokens,
+      // the bf16 flash kernel reading q, k, v in place.
+      Tensor lse({B, H, T});
+      kernels::flash_attention_forward_bf16(ctxp, lse.data(), qkvp, qkvp + E, qkvp + 2 * E,
+                                            {.B = B,
+                                             .T = T,
+                                             .H = H,
+                                             .hd = hd,
+                                             .causal = true,
+                                             .q_stride = 3 * E,
+                                             .k_stride = 3 * E,
+                                             .v_stride = 3 * E,
+                                             .o_stride = E});
+    } else {
+      // Token by token: the query at position start + t sees keys 0 .. start + t.
+      Tensor q = Tensor::empty({B, E}, DType::kBFloat16),
+             o = Tensor::empty({B, E}, DType::kBFloat16);
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t b = 0; b < B; ++b)
+          std::copy_n(qkvp + (b * T + t) * 3 * E, E, q.data_ptr<BFloat16>() + b * E);
+        kernels::decode_attention_bf16(o.data_ptr<BFloat16>(), q.data_ptr<BFloat16>(), keys, values,
+                                       B, H, start + t + 1, cap, hd, scale);
+        for (int64_t b = 0; b < B; ++b)
+          std::copy_n(o.data_ptr<BFloat16>() + b * E, E, ctxp + (b * T + t) * E);
+      }
+    }
+    linear_bf16(a.data(), ctxp, bw.out_proj, data_or_null(bias_or_null(block.att.out_proj)), M);
+    add_to_x();  // x1 = att + x
+    norm(h.data_ptr<BFloat16>(), xp, block.norm2, M);
+    linear_bf16(u.data(), h.data_ptr<BFloat16>(), bw.fc, data_or_null(bias_or_null(block.ff.fc)),
+                M);
+    kernels::gelu_forward_bf16(g.data_ptr<BFloat16>(), u.data(), M * 4 * E);
+    linear_bf16(a.data(), g.data_ptr<BFloat16>(), bw.proj,
+                data_or_null(bias_or_null(block.ff.proj)), M);
+    add_to_x();  // x = ff + x1
+  }
+  for (KVCache& kv : cache.layers) kv.length = start + T;
+  // The logits of every position, or of each sequence's last.
+  const int64_t rows = all_logits ? M : B;
+  if (!all_logits) {
+    for (int64_t b = 0; b < B; ++b) std::copy_n(xp + (b * T + T - 1) * E, E, xp + b * E);
+  }
+  norm(h.data_ptr<BFloat16>(), xp, model.final_norm, rows);
+  Tensor logits({B, all_logits ? T : 1, V});
+  linear_bf16(logits.data(), h.data_ptr<BFloat16>(), w.out_head, nullptr, rows);
+  return logits;
+}
+
 std::string character_name(const std::string& ch) {
   const auto cp = static_cast<uint32_t>(decode_utf8(ch).front());  // ch: one character
   if (cp < 0x20 || cp == 0x7f) return fmt::format("U+{:04X}", cp);
@@ -72,18 +197,77 @@ void GPTKVCache::reset() {
   for (KVCache& layer : layers) layer.reset();
 }
 
+GPTWeightsBf16 round_weights_bf16(GPTModel& model) {
+  // Every matrix a view into one bf16 arena: one allocation, so the weights a
+  // token streams lie on huge pages end to end (src/tensor/storage_cache.cpp).
+  std::vector<Tensor> sources;  // (out, in) float32, in the order they are read
+  for (int64_t i = 0; i < model.trf_blocks.size(); ++i) {
+    TransformerBlock& block = model.trf_blocks[i];
+    MultiHeadAttention& att = block.att;
+    sources.push_back(
+        cat({att.W_query.weight.value, att.W_key.weight.value, att.W_value.weight.value},
+            0));  // (3E, E)
+    sources.push_back(att.out_proj.weight.value.contiguous());
+    sources.push_back(block.ff.fc.weight.value.contiguous());
+    sources.push_back(block.ff.proj.weight.value.contiguous());
+  }
+  sources.push_back(model.out_head.weight.value.contiguous());
+  int64_t total = 0;
+  for (const Tensor& t : sources) total += t.numel();
+  const Tensor arena = Tensor::empty({total}, DType::kBFloat16);
+  std::vector<Tensor> views;
+  int64_t offset = 0;
+  for (const Tensor& t : sources) {
+    Tensor v = arena.slice(0, offset, offset + t.numel()).view(t.shape());
+    kernels::round_to_bf16(v.data_ptr<BFloat16>(), t.data(), t.numel());
+    views.push_back(v);
+    offset += t.numel();
+  }
+  GPTWeightsBf16 w;
+  for (int64_t i = 0; i < model.trf_blocks.size(); ++i) {
+    MultiHeadAttention& att = model.trf_blocks[i].att;
+    GPTWeightsBf16::Block b;
+    const auto at = static_cast<size_t>(4 * i);
+    b.qkv = views[at];
+    if (att.W_query.options().bias) {
+      b.qkv_bias = cat({att.W_query.bias.value, att.W_key.bias.value, att.W_value.bias.value}, 0)
+                       .contiguous();  // (3E)
+    }
+    b.out_proj = views[at + 1];
+    b.fc = views[at + 2];
+    b.proj = views[at + 3];
+    w.blocks.push_back(std::move(b));
+  }
+  w.out_head = views.back();
+  return w;
+}
+
 GPTKVCache make_gpt_kv_cache(GPTModel& model, int64_t batch) {
   detail::check_positive("make_gpt_kv_cache", "batch", batch);
   GPTKVCache cache;
   cache.batch = batch;
   cache.context_length = model.config().context_length;
+  // bf16 caches compute with the kernels; a bf16 model on attn::ref's layers
+  // (LayerImpl::kReference) keeps a float32 cache.
+  cache.dtype =
+      model.options().dtype == DType::kBFloat16 && model.options().layers == LayerImpl::kKernel
+          ? DType::kBFloat16
+          : DType::kFloat32;
   for (int64_t i = 0; i < model.trf_blocks.size(); ++i) {
-    cache.layers.push_back(make_kv_cache(model.trf_blocks[i].att, batch));
+    KVCache layer = make_kv_cache(model.trf_blocks[i].att, batch);
+    if (cache.dtype == DType::kBFloat16) {  // (B, H, context_length, hd) in bf16
+      layer.keys = Tensor::zeros(layer.keys.shape(), DType::kBFloat16);
+      layer.values = Tensor::zeros(layer.values.shape(), DType::kBFloat16);
+    }
+    cache.layers.push_back(std::move(layer));
+  }
+  if (cache.dtype == DType::kBFloat16) {
+    cache.bf16_weights = std::make_shared<const GPTWeightsBf16>(round_weights_bf16(model));
   }
   return cache;
 }
 
-Tensor forward_cached(GPTModel& model, const Tensor& ids, GPTKVCache& cache) {
+Tensor forward_cached(GPTModel& model, const Tensor& ids, GPTKVCache& cache, bool all_logits) {
   const GPTConfig& cfg = model.config();
   if (ids.dtype() != DType::kInt64 || ids.dim() != 2 || ids.size(0) < 1 || ids.size(1) < 1) {
     throw std::invalid_argument(
@@ -151,6 +335,31 @@ Tensor forward_cached(GPTModel& model, const Tensor& ids, GPTKVCache& cache) {
     kernels::gelu_forward(y.data(), in.data(), in.numel());  // in: a fresh contiguous Linear output
     return y;
   };
+  if (cache.dtype == DType::kBFloat16) {
+    if (cache.bf16_weights == nullptr || !kernels) {
+      throw std::invalid_argument(
+          "forward_cached: a bf16 cache needs its bf16 weights (make_gpt_kv_cache) and a model "
+          "with LayerImpl::kKernel");
+    }
+    return forward_cached_bf16(model, *cache.bf16_weights, id_values, B, T, cache, all_logits);
+  }
+  // Products: one GEMV per weight matrix when the batch of tokens is small
+  // (decoding), else the engine's GEMM.
+  const auto linear = [&](const Tensor& in, const Linear& layer) {
+    const int64_t M = in.numel() / in.size(-1);
+    if (!kernels || M > kGemvRows) {
+      return ref::linear_forward(in, layer.weight.value, bias_or_null(layer), engine);
+    }
+    const Tensor xc = in.contiguous(), w = layer.weight.value.contiguous();
+    const int64_t N = w.size(0), K = w.size(1);
+    Shape shape = in.shape();
+    shape.back() = N;
+    Tensor y(shape);
+    const Tensor* bias = bias_or_null(layer);
+    kernels::gemv_forward(y.data(), N, xc.data(), K, w.data(),
+                          bias != nullptr ? bias->data() : nullptr, M, N, K);
+    return y;
+  };
   Tensor x = embed(model, id_values, B, T, start);  // (B, T, E)
   for (int64_t i = 0; i < model.trf_blocks.size(); ++i) {
     TransformerBlock& block = model.trf_blocks[i];
@@ -158,14 +367,13 @@ Tensor forward_cached(GPTModel& model, const Tensor& ids, GPTKVCache& cache) {
     const Tensor a = forward_cached(block.att, h1, cache.layers[static_cast<size_t>(i)], engine);
     const Tensor x1 = add(a, x);  // (B, T, E)
     const Tensor h2 = layer_norm(x1, block.norm2);
-    const Tensor u =
-        ref::linear_forward(h2, block.ff.fc.weight.value, bias_or_null(block.ff.fc), engine);
-    const Tensor f = ref::linear_forward(gelu(u), block.ff.proj.weight.value,
-                                         bias_or_null(block.ff.proj), engine);  // (B, T, E)
+    const Tensor u = linear(h2, block.ff.fc);
+    const Tensor f = linear(gelu(u), block.ff.proj);  // (B, T, E)
     x = add(f, x1);
   }
+  if (!all_logits && T > 1) x = x.slice(1, T - 1, T).contiguous();  // (B, 1, E)
   x = layer_norm(x, model.final_norm);
-  return ref::linear_forward(x, model.out_head.weight.value, nullptr, engine);  // (B, T, V)
+  return linear(x, model.out_head);  // (B, T, V), or (B, 1, V)
 }
 
 // ---- sampling -------------------------------------------------------------------------
@@ -299,12 +507,12 @@ Tensor generate(GPTModel& model, const Tensor& idx, const GenerateOptions& optio
       // idx_cond = idx[:, -context_size:]; logits = model(idx_cond)[:, -1, :]
       last = last_position(model.forward(tail_ids(rows, std::min(len, C))));
     } else if (step > 0 && cache.length() < C) {
-      last = last_position(forward_cached(model, tail_ids(rows, 1), cache));  // one new token
+      last = last_position(forward_cached(model, tail_ids(rows, 1), cache, false));  // one token
     } else {
       // The prompt, or a sliding window once the sequence no longer fits:
       // re-fill the cache from the last context_length tokens (positions from 0).
       cache.reset();
-      last = last_position(forward_cached(model, tail_ids(rows, std::min(len, C)), cache));
+      last = last_position(forward_cached(model, tail_ids(rows, std::min(len, C)), cache, false));
     }
     if (on_step) on_step(step, last);
     const std::vector<int64_t> next =

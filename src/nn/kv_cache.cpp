@@ -1,14 +1,17 @@
 // The key/value cache of MultiHeadAttention for generating one token at a time
 // (attn/kv_cache.h): a thin layer that projects the new tokens, appends their
 // keys and values, and calls ref::cached_attention_forward (with the fast
-// engine, a prefill of an empty cache runs the flash kernel instead).
+// engine, a prefill of an empty cache runs the flash kernel instead, and one
+// new token the decode kernels: GEMV projections and kernels::decode_attention).
 #include "attn/kv_cache.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
+#include "attn/decode_kernels.h"
 #include "attn/functional.h"
 #include "attn/kernels.h"
 #include "attn/ops.h"
@@ -49,6 +52,12 @@ void check_cache_matches(const MultiHeadAttention& mha, const KVCache& cache) {
         cache.num_heads, cache.head_dim, cache.context_length, o.num_heads, mha.head_dim(),
         o.context_length));
   }
+  if (cache.keys.dtype() != DType::kFloat32 || cache.values.dtype() != DType::kFloat32) {
+    throw std::invalid_argument(fmt::format(
+        "forward_cached: the cache's buffers are {}; a MultiHeadAttention's cache is float32 "
+        "(bf16 caches belong to a bf16 GPT's make_gpt_kv_cache)",
+        dtype_name(cache.keys.dtype())));
+  }
   const Shape expected{cache.batch, cache.num_heads, cache.context_length, cache.head_dim};
   if (cache.keys.shape() != expected || cache.values.shape() != expected) {
     throw std::invalid_argument(fmt::format(
@@ -66,8 +75,15 @@ void check_cache_matches(const MultiHeadAttention& mha, const KVCache& cache) {
 
 void KVCache::reset() {
   length = 0;
-  std::fill(keys.values().begin(), keys.values().end(), 0.0f);
-  std::fill(values.values().begin(), values.values().end(), 0.0f);
+  // float32 or bf16 buffers: zero bits are 0.0 in both.
+  for (Tensor* t : {&keys, &values}) {
+    if (t->numel() == 0) continue;
+    if (t->dtype() == DType::kBFloat16) {
+      std::fill_n(t->data_ptr<BFloat16>(), t->numel(), BFloat16{});
+    } else {
+      std::fill(t->values().begin(), t->values().end(), 0.0f);
+    }
+  }
 }
 
 KVCache make_kv_cache(const MultiHeadAttention& mha, int64_t batch) {
@@ -127,6 +143,47 @@ Tensor forward_cached(const MultiHeadAttention& mha, const Tensor& x_new, KVCach
     cache.length = T_new;
     return ref::linear_forward(context, mha.out_proj.weight.value, bias_or_null(mha.out_proj),
                                engine);
+  }
+
+  if (engine == gemm::Engine::kFast && T_new == 1) {
+    // One new token: each projection is a GEMV that reads its weights once
+    // (kernels::gemv_forward); k and v go straight into row `length` of the
+    // cache, and the query attends with kernels::decode_attention.
+    const Tensor xc = x_new.contiguous();  // (B, 1, d_in)
+    const int64_t E = o.d_out, L = cache.length, cap = cache.context_length;
+    Tensor q({B, 1, E}), kv({2, B, E});  // q token-major; k, v before they go to the cache
+    const Tensor wq = mha.W_query.weight.value.contiguous(),
+                 wk = mha.W_key.weight.value.contiguous(),
+                 wv = mha.W_value.weight.value.contiguous();
+    const auto problem = [&](float* y, const Tensor& w, const Linear& layer) {
+      const Tensor* bias = bias_or_null(layer);
+      return kernels::GemvProblem{y,      E,        xc.data(),
+                                  o.d_in, w.data(), bias != nullptr ? bias->data() : nullptr,
+                                  B,      E,        o.d_in};
+    };
+    const kernels::GemvProblem qkv[3] = {problem(q.data(), wq, mha.W_query),
+                                         problem(kv.data(), wk, mha.W_key),
+                                         problem(kv.data() + B * E, wv, mha.W_value)};
+    kernels::gemv_forward_batch(qkv, 3);  // the three in one parallel region
+    float* keys = cache.keys.data();
+    float* values = cache.values.data();
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t row = ((b * H + h) * cap + L) * hd;
+        std::copy_n(kv.data() + b * E + h * hd, hd, keys + row);
+        std::copy_n(kv.data() + (B + b) * E + h * hd, hd, values + row);
+      }
+    }
+    Tensor context({B, 1, E});
+    kernels::decode_attention(context.data(), q.data(), keys, values, B, H, L + 1, cap, hd,
+                              1.0f / std::sqrt(float(hd)));
+    cache.length = L + 1;
+    Tensor y({B, 1, E});
+    const Tensor* bias = bias_or_null(mha.out_proj);
+    kernels::gemv_forward(y.data(), E, context.data(), E,
+                          mha.out_proj.weight.value.contiguous().data(),
+                          bias != nullptr ? bias->data() : nullptr, B, E, E);
+    return y;
   }
 
   const Tensor q = project_heads(mha.W_query, x_new, H, hd, engine);  // (B, H, T_new, hd)

@@ -14,6 +14,10 @@
 #include <new>
 #include <stdexcept>
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 #include "attn/tensor.h"
 
 namespace attn {
@@ -39,11 +43,26 @@ constexpr size_t kLargeRound = 4096;  // a page: large sizes round up to this
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
+// Blocks from this size on start on a 2 MiB boundary and ask the kernel for
+// transparent huge pages (Linux, where THP is "madvise"): a GPT's weight
+// matrices, streamed once per generated token, then cost one TLB entry per
+// 2 MiB instead of one per 4 KiB page (docs/performance.md, table 10). The
+// alignment costs address space, not memory: only touched pages are backed.
+constexpr size_t kHugePage = size_t{2} << 20;
+
 std::byte* allocate_from_libc(size_t bytes) {
+  void* p = nullptr;
+  if (bytes >= kHugePage) {
+    if (posix_memalign(&p, kHugePage, bytes) != 0) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+    madvise(p, bytes, MADV_HUGEPAGE);  // a hint: where it fails, small pages serve
+#endif
+    return static_cast<std::byte*>(p);
+  }
   // aligned_alloc wants a size that is a multiple of the alignment (bytes is one).
-  auto* p = static_cast<std::byte*>(std::aligned_alloc(kAlignment, bytes));
+  p = std::aligned_alloc(kAlignment, bytes);
   if (p == nullptr) throw std::bad_alloc();
-  return p;
+  return static_cast<std::byte*>(p);
 }
 
 class Cache {

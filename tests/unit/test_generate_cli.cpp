@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -131,6 +132,16 @@ TEST(GenerateCli, Benchmark) {
   EXPECT_NE(lines[2].find("(5 tokens in"), std::string::npos) << lines[2];
   EXPECT_EQ(lines[3].rfind("no cache: prompt processing", 0), 0u) << lines[3];
   EXPECT_EQ(lines[4], "same tokens with and without the cache: yes");
+  // --json: the cached path, --repeats times, one object.
+  const CliResult js =
+      run_cli("generate --checkpoint '" + dir +
+              "' --benchmark --json --repeats 2 --prompt 'abc' --max-new-tokens 6");
+  EXPECT_EQ(js.exit_code, 0) << js.err;
+  const auto j = nlohmann::json::parse(js.out);
+  EXPECT_EQ(j.at("prompt_tokens"), 3);
+  EXPECT_EQ(j.at("decode_steps"), 5);
+  EXPECT_EQ(j.at("runs").size(), 2u);
+  EXPECT_GT(j.at("decode_tok_s_median").get<double>(), 0.0);
   const CliResult too_long =
       run_cli("generate --checkpoint '" + dir + "' --benchmark --prompt 'abc' --max-new-tokens 10");
   EXPECT_EQ(too_long.exit_code, 2);
@@ -187,12 +198,14 @@ TEST(GenerateCli, BadInputIsOneLine) {
       {"--checkpoint DIR --prompt a --temperature -0.5", 2,
        "attn: generate: --temperature must be a finite number >= 0, got -0.5"},
       {"--checkpoint DIR", 2, "attn: generate: --prompt must have at least one character"},
-      {"--prompt a", 2,
-       "attn: generate: give --model DIR (or --config 124m with --benchmark)"},
+      {"--prompt a", 2, "attn: generate: give --model DIR (or --config 124m with --benchmark)"},
       {"--config 124m --prompt a", 2,
        "attn: generate: --config 124m makes a random-weight model without a vocabulary; use it "
        "with --benchmark"},
       {"--config 350m --benchmark", 2, "attn: generate: --config must be 124m, got '350m'"},
+      {"--checkpoint DIR --prompt a --json", 2, "attn: generate: --json goes with --benchmark"},
+      {"--checkpoint DIR --benchmark --json --repeats 0", 2,
+       "attn: generate: --repeats must be >= 1, got 0"},
   };
   for (BadCase c : cases) {
     if (const auto pos = c.args.find("DIR"); pos != std::string::npos) {

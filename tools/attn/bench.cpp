@@ -26,6 +26,7 @@
 #include <omp.h>
 #endif
 
+#include "attn/decode_kernels.h"
 #include "attn/fused.h"
 #include "attn/gemm.h"
 #include "attn/kernels.h"
@@ -475,9 +476,10 @@ Command add_bench_command(CLI::App& app) {
     // Defaults; each applies only when its option is not given (an explicit 0 is an error).
     int64_t batch = 1, tokens = 1024, d_model = 768, heads = 12;
     int repeats = 5, threads = 0, sgemm_n = 4096;  // --quick: 3 repeats, sgemm of 2048
-    bool quick = false, json = false, memory = false, sgemm = false;
+    bool quick = false, json = false, memory = false, sgemm = false, bandwidth = false;
     int64_t memory_tokens = 16384;
     int64_t window_left = -1;
+    int64_t bandwidth_mib = 256;
   };
   auto f = std::make_shared<Flags>();
   CLI::App* cmd = app.add_subcommand(
@@ -532,6 +534,13 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_option("--window-left", f->window_left,
                   "sdpa rows: a causal sliding window of this many keys before each query")
       ->type_name("W");
+  cmd->add_flag("--bandwidth", f->bandwidth,
+                "Memory read bandwidth instead (GB/s; what bounds decoding one token at a "
+                "time): every thread sums its part of a --bandwidth-mib buffer, median of "
+                "--repeats passes, with 1 thread and with the OpenMP thread count; --json: "
+                "one object");
+  cmd->add_option("--bandwidth-mib", f->bandwidth_mib, "Buffer for --bandwidth, MiB (>= 1)")
+      ->capture_default_str();
 
   auto run = [f, cmd]() -> int {
     const auto given = [cmd](const char* option) { return cmd->count(option) > 0; };
@@ -576,6 +585,29 @@ Command add_bench_command(CLI::App& app) {
     if (given("--threads")) set_threads(f->threads);
     const int repeats = given("--repeats") ? f->repeats : (f->quick ? 3 : 5);
     const std::string target = kernels::flash_attention_target();
+
+    if (f->bandwidth) {
+      if (f->bandwidth_mib < 1)
+        throw UsageError(
+            fmt::format("bench: --bandwidth-mib must be >= 1, got {}", f->bandwidth_mib));
+      const int64_t bytes = f->bandwidth_mib << 20;
+      const int n = omp_threads();
+      std::vector<std::pair<int, double>> rates;
+      for (int t : n > 1 ? std::vector<int>{1, n} : std::vector<int>{1})
+        rates.emplace_back(t, kernels::read_bandwidth_gbs(bytes, t, repeats));
+      if (f->json) {
+        nlohmann::json j = {{"cpu", cpu_model()}, {"bytes", bytes}, {"repeats", repeats}};
+        for (const auto& [t, gbs] : rates) j["read_gbs"][std::to_string(t)] = gbs;
+        fmt::print("{}\n", j.dump());
+      } else {
+        fmt::print("attn bench --bandwidth: {}, {} CPUs, SIMD target {}, buffer {} MiB\n",
+                   cpu_model(), std::thread::hardware_concurrency(), target, f->bandwidth_mib);
+        for (const auto& [t, gbs] : rates)
+          fmt::print("read bandwidth, {} thread{}: {:.1f} GB/s (median of {})\n", t,
+                     t == 1 ? "" : "s", gbs, repeats);
+      }
+      return 0;
+    }
 
     if (f->memory) {
       BenchCase c{.kind = "core", .mode = "fwdbwd", .B = 1, .T = f->memory_tokens, .heads = 12};

@@ -1,23 +1,28 @@
 // generate.cpp - `attn generate` (generate.h): parses the flags, loads the
 // checkpoint (or builds GPT_CONFIG_124M with random weights for --benchmark)
 // and calls nn::generate; the benchmark times nn::forward_cached and
-// GPTModel::forward directly.
+// GPTModel::forward directly (--json: the cached path, repeated, for
+// bench/compare_generate.py).
 #include "generate.h"
 
 #include <fmt/format.h>
+#include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "attn/decode_kernels.h"
 #include "attn/generate.h"
-#include "attn/utf8.h"
 #include "attn/gpt.h"
 #include "attn/hf_gpt2.h"
+#include "attn/kernels.h"
 #include "attn/random.h"
 #include "attn/utf8.h"
 #include "model_text.h"
@@ -41,6 +46,8 @@ struct Flags {
   uint64_t seed = 123;
   bool no_cache = false;
   bool benchmark = false;
+  bool json = false;
+  int repeats = 1;
   int64_t prompt_tokens = 32;
 };
 
@@ -88,9 +95,57 @@ std::vector<int64_t> benchmark_prompt(const Flags& f, const io::ModelDir* md, in
   return ids;
 }
 
-// Greedy decoding of n tokens after the prompt, timed in two parts: the prompt
-// (one prefill, or one full forward) and the n generated tokens.
-void run_benchmark(nn::GPTModel& model, const std::vector<int64_t>& prompt, int64_t n) {
+// One greedy run of n tokens after the prompt, timed in two parts: the prompt
+// (one prefill, or one full forward) and the n - 1 forwards of the generated
+// tokens (the first came from the prompt's logits; the last needs none).
+struct BenchRun {
+  double t_prompt = 0, t_gen = 0;
+  int64_t steps = 0;
+  std::vector<int64_t> tokens;
+};
+
+BenchRun bench_once(nn::GPTModel& model, const std::vector<int64_t>& prompt, int64_t n,
+                    bool use_cache) {
+  Generator unused(0);
+  auto argmax_last = [&](const Tensor& logits) {
+    const Tensor last = logits.select(1, logits.size(1) - 1).contiguous();  // (1, V)
+    return nn::sample_next(last, 0.0f, 0, unused)[0];
+  };
+  const int64_t T0 = static_cast<int64_t>(prompt.size());
+  BenchRun r;
+  r.tokens = prompt;
+  nn::GPTKVCache cache;
+  if (use_cache) cache = nn::make_gpt_kv_cache(model, 1);  // a bf16 model's rounds its weights
+  auto start = std::chrono::steady_clock::now();
+  const Tensor prompt_ids = Tensor::from_int64({1, T0}, prompt);
+  int64_t next = argmax_last(use_cache ? nn::forward_cached(model, prompt_ids, cache, false)
+                                       : model.forward(prompt_ids));
+  r.t_prompt = seconds_since(start);
+  start = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < n; ++i) {
+    r.tokens.push_back(next);
+    if (i + 1 == n) break;  // the last token needs no forward
+    next = argmax_last(
+        use_cache ? nn::forward_cached(model, Tensor::from_int64({1, 1}, {next}), cache, false)
+                  : model.forward(
+                        Tensor::from_int64({1, static_cast<int64_t>(r.tokens.size())}, r.tokens)));
+  }
+  r.t_gen = seconds_since(start);
+  r.steps = n > 0 ? n - 1 : 0;
+  return r;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 == 1 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+// Greedy decoding of n tokens after the prompt. The table: with and without
+// the cache, once each. --json: the cached path `repeats` times, one JSON
+// object with each run's rates and their medians.
+void run_benchmark(nn::GPTModel& model, const std::vector<int64_t>& prompt, int64_t n, bool json,
+                   int repeats, const std::string& dtype) {
   const int64_t T0 = static_cast<int64_t>(prompt.size());
   const int64_t C = model.config().context_length;
   if (T0 + n > C) {
@@ -98,11 +153,33 @@ void run_benchmark(nn::GPTModel& model, const std::vector<int64_t>& prompt, int6
         "--benchmark: the prompt ({} tokens) plus --max-new-tokens {} exceed context_length {}", T0,
         n, C));
   }
-  Generator unused(0);
-  auto argmax_last = [&](const Tensor& logits) {
-    const Tensor last = logits.select(1, logits.size(1) - 1).contiguous();  // (1, V)
-    return nn::sample_next(last, 0.0f, 0, unused)[0];
-  };
+  if (json) {
+    nlohmann::json runs = nlohmann::json::array();
+    std::vector<double> pp, tg;
+    for (int rep = 0; rep < repeats; ++rep) {
+      const BenchRun r = bench_once(model, prompt, n, true);
+      pp.push_back(static_cast<double>(T0) / r.t_prompt);
+      tg.push_back(r.steps > 0 ? static_cast<double>(r.steps) / r.t_gen : 0.0);
+      runs.push_back({{"prompt_s", r.t_prompt},
+                      {"decode_s", r.t_gen},
+                      {"prompt_tok_s", pp.back()},
+                      {"decode_tok_s", tg.back()}});
+    }
+    const nlohmann::json out = {{"dtype", dtype},
+                                {"prompt_tokens", T0},
+                                {"new_tokens", n},
+                                {"decode_steps", n > 0 ? n - 1 : 0},
+                                {"threads", omp_get_max_threads()},
+                                {"gemv_bf16_path", kernels::gemv_bf16_path()},
+                                {"simd_target", kernels::flash_attention_target()},
+                                {"prompt_tok_s_median", median(pp)},
+                                {"decode_tok_s_median", median(tg)},
+                                {"prompt_tok_s_best", *std::max_element(pp.begin(), pp.end())},
+                                {"decode_tok_s_best", *std::max_element(tg.begin(), tg.end())},
+                                {"runs", runs}};
+    std::cout << out.dump() << '\n';
+    return;
+  }
   std::cout << fmt::format(
       "model: vocab_size {}, context_length {}, emb_dim {}, n_heads {}, n_layers {}\n"
       "prompt: {} tokens, then {} generated tokens (greedy), batch 1\n",
@@ -110,32 +187,13 @@ void run_benchmark(nn::GPTModel& model, const std::vector<int64_t>& prompt, int6
       model.config().n_layers, T0, n);
   std::vector<int64_t> cached_tokens, full_tokens;
   for (bool use_cache : {true, false}) {
-    std::vector<int64_t> seq = prompt;
-    nn::GPTKVCache cache;
-    if (use_cache) cache = nn::make_gpt_kv_cache(model, 1);
-    auto start = std::chrono::steady_clock::now();
-    const Tensor prompt_ids = Tensor::from_int64({1, T0}, prompt);
-    int64_t next = argmax_last(use_cache ? nn::forward_cached(model, prompt_ids, cache)
-                                         : model.forward(prompt_ids));
-    const double t_prompt = seconds_since(start);
-    start = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < n; ++i) {
-      seq.push_back(next);
-      if (i + 1 == n) break;  // the last token needs no forward
-      next = argmax_last(
-          use_cache
-              ? nn::forward_cached(model, Tensor::from_int64({1, 1}, {next}), cache)
-              : model.forward(Tensor::from_int64({1, static_cast<int64_t>(seq.size())}, seq)));
-    }
-    const double t_gen = seconds_since(start);
-    // Every generated token but the first costs one forward (the first came from the prompt's).
-    const int64_t steps = n > 0 ? n - 1 : 0;
+    const BenchRun r = bench_once(model, prompt, n, use_cache);
     std::cout << fmt::format(
         "{:<9} prompt processing {:8.1f} tokens/s ({:.3f} s)   generation {:8.2f} tokens/s "
         "({} tokens in {:.3f} s)\n",
-        use_cache ? "cache:" : "no cache:", static_cast<double>(T0) / t_prompt, t_prompt,
-        steps > 0 ? static_cast<double>(steps) / t_gen : 0.0, steps, t_gen);
-    (use_cache ? cached_tokens : full_tokens) = seq;
+        use_cache ? "cache:" : "no cache:", static_cast<double>(T0) / r.t_prompt, r.t_prompt,
+        r.steps > 0 ? static_cast<double>(r.steps) / r.t_gen : 0.0, r.steps, r.t_gen);
+    (use_cache ? cached_tokens : full_tokens) = r.tokens;
   }
   std::cout << fmt::format("same tokens with and without the cache: {}\n",
                            cached_tokens == full_tokens ? "yes" : "NO");
@@ -193,7 +251,7 @@ Command add_generate_command(CLI::App& app) {
       ->type_name("P");
   cmd->add_option("--dtype", flags->dtype,
                   "Compute dtype: float32 (default) or bfloat16 (bf16 products summed in float32, "
-                  "as torch.autocast; runs without the cache)")
+                  "as torch.autocast; the cache holds bf16 keys, values and weights)")
       ->type_name("DTYPE");
   cmd->add_option("--seed", flags->seed, "Seed of the sampling generator (default 123)")
       ->type_name("S");
@@ -202,6 +260,11 @@ Command add_generate_command(CLI::App& app) {
   cmd->add_flag("--benchmark", flags->benchmark,
                 "Print prompt-processing and generation tokens/s with and without the cache "
                 "(greedy)");
+  cmd->add_flag("--json", flags->json,
+                "With --benchmark: the cached path only, --repeats times, as one JSON object "
+                "(each run's prompt and decode tokens/s and their medians)");
+  cmd->add_option("--repeats", flags->repeats, "With --benchmark --json: runs (default 1)")
+      ->type_name("N");
   cmd->add_option("--prompt-tokens", flags->prompt_tokens,
                   "--benchmark without --prompt: this many random token ids (default 32)")
       ->type_name("N");
@@ -248,6 +311,10 @@ Command add_generate_command(CLI::App& app) {
           "argmax)",
           f.top_p));
     }
+    if (f.repeats < 1) {
+      throw UsageError(fmt::format("generate: --repeats must be >= 1, got {}", f.repeats));
+    }
+    if (f.json && !f.benchmark) throw UsageError("generate: --json goes with --benchmark");
     if (f.prompt_tokens < 1) {
       throw UsageError(
           fmt::format("generate: --prompt-tokens must be >= 1, got {}", f.prompt_tokens));
@@ -283,7 +350,8 @@ Command add_generate_command(CLI::App& app) {
     }
     if (f.benchmark) {
       Generator gen(f.seed);
-      run_benchmark(*model, benchmark_prompt(f, md ? &*md : nullptr, V, gen), f.max_new_tokens);
+      run_benchmark(*model, benchmark_prompt(f, md ? &*md : nullptr, V, gen), f.max_new_tokens,
+                    f.json, f.repeats, f.dtype);
       return std::cout ? 0 : 1;
     }
     if (f.prompt.empty() && f.prompt_ids.empty()) {
@@ -314,8 +382,7 @@ Command add_generate_command(CLI::App& app) {
     nn::GenerateOptions gopt{.max_new_tokens = f.max_new_tokens,
                              .temperature = temperature,
                              .top_k = f.top_k.value_or(0),
-                             // The cache computes in float32; bf16 runs the model's own forward.
-                             .use_cache = !f.no_cache && options.dtype == DType::kFloat32,
+                             .use_cache = !f.no_cache,
                              .eos_id = eos,
                              .top_p = f.top_p};
     gopt.on_token = [&](const std::vector<int64_t>& next) {
