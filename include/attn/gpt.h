@@ -91,6 +91,8 @@ struct GPTOptions {
   // whole. Only with layers = kKernel: the reference layers (PyTorch's sums)
   // always take the plain path, out_head then ref::cross_entropy_forward.
   bool fused_loss = true;
+  // Rows per chunk of the fused loss (0: kDefaultChunkRows, 512).
+  int64_t loss_chunk_rows = 0;
 };
 
 // A container whose children are named "0", "1", ... as in nn.Sequential; it

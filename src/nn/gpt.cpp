@@ -333,7 +333,7 @@ float GPTModel::forward_loss(const Tensor& in_idx, const Tensor& targets) {
   has_forward_ = false;  // out_head.forward does not run: backward(dlogits) has nothing to use
   const Tensor x = forward_hidden(in_idx);  // (B, T, E)
   const int64_t N = B_ * T_, E = cfg_.emb_dim, V = cfg_.vocab_size;
-  const LinearCrossEntropyOptions o{.dtype = options_.dtype};
+  const LinearCrossEntropyOptions o{.chunk_rows = options_.loss_chunk_rows, .dtype = options_.dtype};
   if (!is_training()) {
     loss_dh_ = Tensor();
     const float loss = linear_cross_entropy(x.reshape({N, E}), out_head.weight.value,
