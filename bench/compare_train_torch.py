@@ -199,9 +199,13 @@ def run_measured(cmd, env, mem_limit_gb):
     rss_mib = usage.ru_maxrss / 1024  # KiB on Linux
     if killed or proc.returncode != 0:
         text = (err or "") + (out or "")
-        if killed or any(k in text for k in ("MemoryError", "out of memory", "bad_alloc",
-                                             "DefaultCPUAllocator", "Cannot allocate")):
+        if killed:
             raise OutOfMemory(f"out of memory (resident set above {mem_limit_gb:g} GiB)")
+        if proc.returncode == -signal.SIGKILL:  # the kernel's OOM killer (dmesg names it)
+            raise OutOfMemory(f"out of memory (killed by the kernel at {rss_mib:,.0f} MiB)")
+        if any(k in text for k in ("MemoryError", "out of memory", "bad_alloc", "DefaultCPUAllocator",
+                                   "Cannot allocate")):
+            raise OutOfMemory(f"out of memory (allocation failed at {rss_mib:,.0f} MiB)")
         raise RuntimeError(f"{cmd[0]} failed ({proc.returncode}): {text.strip()[-500:]}")
     return out, rss_mib
 
@@ -238,7 +242,12 @@ def time_attn(args, threads, fused_loss=True):
         shutil.rmtree(out_dir, ignore_errors=True)
 
 
-def measure(impl, a, t):
+def measure(spec, a, t):
+    """spec: an implementation, or IMPL@DTYPE for another dtype than --dtype (so that one run
+    can interleave fp32 and bf16: --impls attn,attn@bfloat16)."""
+    impl, _, dtype = spec.partition("@")
+    if dtype:
+        a = argparse.Namespace(**dict(vars(a), dtype=dtype))
     if impl == "attn":
         return time_attn(a, t)
     if impl == "attn-plain":  # the unfused output head and loss (--fused-loss false)
@@ -256,7 +265,9 @@ def main():
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--threads", default="1,2")
-    p.add_argument("--impls", default="attn,torch-book,torch-sdpa")
+    p.add_argument("--impls", default="attn,torch-book,torch-sdpa",
+                   help="attn, attn-plain (--fused-loss false), torch-book, torch-sdpa; IMPL@bfloat16 "
+                        "or IMPL@float32 overrides --dtype for that one")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="bfloat16: attn train --dtype bfloat16 against torch.autocast(cpu, bfloat16)")
     p.add_argument("--mem-limit-gb", type=float, default=11.0,

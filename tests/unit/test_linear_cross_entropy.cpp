@@ -27,6 +27,7 @@
 #include "attn/linear_cross_entropy.h"
 #include "attn/ops.h"
 #include "attn/random.h"
+#include "attn/train.h"
 #include "gradcheck.h"
 
 namespace attn::test {
@@ -293,6 +294,36 @@ TEST(GptFusedLoss, ErrorsNameTheValues) {
   // The fused pass does not run out_head.forward: backward(dlogits) has no forward to use.
   EXPECT_EQ(error_of([&] { fresh.backward(Tensor({2, 8, 31})); }),
             "GPTModel: backward() called before forward()");
+}
+
+// attn train's default is the fused loss; --fused-loss false (TrainOptions::fused_loss) the
+// plain path; both train the same (the losses of 5 steps and an evaluation agree within float
+// rounding), and the choice is kept in the checkpoint's train_args.
+TEST(GptFusedLoss, TrainerTakesTheFusedLossByDefault) {
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "the quick brown fox jumps over the lazy dog. ";
+  train::TrainOptions o;
+  o.n_layers = 1;
+  o.n_heads = 2;
+  o.emb_dim = 16;
+  o.context_length = 16;
+  o.batch_size = 4;
+  o.max_iters = 5;
+  o.eval_iters = 2;
+  EXPECT_TRUE(o.fused_loss);
+  train::Trainer fused(text, o);
+  o.fused_loss = false;
+  train::Trainer plain(text, o);
+  EXPECT_TRUE(fused.model().fused_loss());
+  EXPECT_FALSE(plain.model().fused_loss());
+  for (int i = 0; i < 5; ++i) {
+    const float a = fused.step(), b = plain.step();
+    EXPECT_NEAR(a, b, 1e-4f * b) << "step " << i;
+  }
+  const train::EvalResult ea = fused.evaluate(), eb = plain.evaluate();
+  EXPECT_NEAR(ea.val_loss, eb.val_loss, 1e-4 * eb.val_loss);
+  EXPECT_FALSE(train::TrainOptions::from_json(o.to_json()).fused_loss);
+  EXPECT_TRUE(train::TrainOptions::from_json("{}").fused_loss);
 }
 
 }  // namespace
