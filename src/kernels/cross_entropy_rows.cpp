@@ -8,7 +8,6 @@
 #include <limits>
 
 #include "attn/linear_cross_entropy.h"
-
 #include "kernels/hwy_targets.h"
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cross_entropy_rows.cpp"
@@ -98,8 +97,8 @@ HWY_EXPORT(CrossEntropyRows);
 void cross_entropy_rows(double* loss, float* logits, int64_t ld, const int64_t* targets, int64_t M,
                         int64_t V, int64_t ignore_index, bool write_grad, float grad_scale) {
   if (M <= 0 || V <= 0) return;
-  HWY_DYNAMIC_DISPATCH(CrossEntropyRows)(loss, logits, ld, targets, M, V, ignore_index, write_grad,
-                                         grad_scale);
+  HWY_DYNAMIC_DISPATCH(CrossEntropyRows)
+  (loss, logits, ld, targets, M, V, ignore_index, write_grad, grad_scale);
 }
 
 }  // namespace attn::kernels

@@ -36,13 +36,12 @@ void check_inputs(const Tensor& h, const Tensor& W, const Tensor& targets,
                   const LinearCrossEntropyOptions& o, const Tensor* dW) {
   const bool bf16 = o.dtype == DType::kBFloat16;
   if (o.dtype != DType::kFloat32 && !bf16) {
-    throw std::invalid_argument(fmt::format("{}: dtype must be float32 or bfloat16, got {}", kWhat,
-                                            dtype_name(o.dtype)));
+    throw std::invalid_argument(
+        fmt::format("{}: dtype must be float32 or bfloat16, got {}", kWhat, dtype_name(o.dtype)));
   }
   if (o.chunk_rows < 0) {
-    throw std::invalid_argument(
-        fmt::format("{}: chunk_rows must be >= 0 (0: {}), got {}", kWhat, kDefaultChunkRows,
-                    o.chunk_rows));
+    throw std::invalid_argument(fmt::format("{}: chunk_rows must be >= 0 (0: {}), got {}", kWhat,
+                                            kDefaultChunkRows, o.chunk_rows));
   }
   if (h.dim() != 2 || W.dim() != 2 || h.size(1) != W.size(1) || W.size(0) < 1) {
     throw std::invalid_argument(
@@ -58,15 +57,15 @@ void check_inputs(const Tensor& h, const Tensor& W, const Tensor& targets,
         fmt::format("{}: W must be float32, got {}", kWhat, dtype_name(W.dtype())));
   }
   if (targets.dtype() != DType::kInt64 || targets.shape() != Shape{h.size(0)}) {
-    throw std::invalid_argument(
-        fmt::format("{}: targets must be int64 of shape {}, got {} of shape {}", kWhat,
-                    shape_str({h.size(0)}), dtype_name(targets.dtype()), shape_str(targets.shape())));
+    throw std::invalid_argument(fmt::format(
+        "{}: targets must be int64 of shape {}, got {} of shape {}", kWhat, shape_str({h.size(0)}),
+        dtype_name(targets.dtype()), shape_str(targets.shape())));
   }
-  if (dW != nullptr && (dW->dtype() != DType::kFloat32 || dW->shape() != W.shape() ||
-                        !dW->is_contiguous())) {
-    throw std::invalid_argument(
-        fmt::format("{}: dW must be a contiguous float32 tensor of W's shape {}, got {} of shape {}",
-                    kWhat, shape_str(W.shape()), dtype_name(dW->dtype()), shape_str(dW->shape())));
+  if (dW != nullptr &&
+      (dW->dtype() != DType::kFloat32 || dW->shape() != W.shape() || !dW->is_contiguous())) {
+    throw std::invalid_argument(fmt::format(
+        "{}: dW must be a contiguous float32 tensor of W's shape {}, got {} of shape {}", kWhat,
+        shape_str(W.shape()), dtype_name(dW->dtype()), shape_str(dW->shape())));
   }
 }
 
@@ -98,7 +97,7 @@ float linear_cross_entropy(const Tensor& h_in, const Tensor& W_in, const Tensor&
   const bool bf16 = o.dtype == DType::kBFloat16;
   using gemm::Trans;
   if (bf16) {
-    const Tensor hb = to_bf16(h_in), Wb = to_bf16(W_in);  // (N, E), (V, E)
+    const Tensor hb = to_bf16(h_in), Wb = to_bf16(W_in);                      // (N, E), (V, E)
     Tensor dlb = grads ? Tensor::empty({C, V}, DType::kBFloat16) : Tensor();  // bf16(dlogits)
     const BFloat16 *h = hb.data_ptr<BFloat16>(), *Wp = Wb.data_ptr<BFloat16>();
     for (int64_t r0 = 0; r0 < N; r0 += C) {
@@ -123,8 +122,8 @@ float linear_cross_entropy(const Tensor& h_in, const Tensor& W_in, const Tensor&
     constexpr auto fast = gemm::Engine::kFast;
     for (int64_t r0 = 0; r0 < N; r0 += C) {
       const int64_t m = std::min(C, N - r0);
-      gemm::sgemm(Trans::kNo, Trans::kYes, m, V, E, 1.0f, h + r0 * E, E, Wp, E, 0.0f,
-                  logits.data(), V, fast);
+      gemm::sgemm(Trans::kNo, Trans::kYes, m, V, E, 1.0f, h + r0 * E, E, Wp, E, 0.0f, logits.data(),
+                  V, fast);
       kernels::cross_entropy_rows(row_loss.data() + r0, logits.data(), V, t.data() + r0, m, V,
                                   o.ignore_index, grads, scale);
       if (!grads) continue;

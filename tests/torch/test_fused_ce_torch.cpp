@@ -79,12 +79,12 @@ void check_case(const Json& ref, const std::string& what, bool tied, int64_t chu
     }
     if (name.find("W_key.bias") != std::string::npos) continue;  // zero in exact maths
     const double err = scale > 0.0 ? diff / scale : diff;
-    EXPECT_LE(err, 1e-5) << what << " d" << name << ": max diff " << diff << ", max |torch| " << scale;
+    EXPECT_LE(err, 1e-5) << what << " d" << name << ": max diff " << diff << ", max |torch| "
+                         << scale;
     worst = std::max(worst, err);
     ++n;
   }
-  EXPECT_EQ(n + (cfg.qkv_bias ? 2 * static_cast<size_t>(cfg.n_layers) : 0),
-            ref.at("grads").size());
+  EXPECT_EQ(n + (cfg.qkv_bias ? 2 * static_cast<size_t>(cfg.n_layers) : 0), ref.at("grads").size());
   std::printf("[ fused-ce ] %s: loss %.2e, worst of %zu gradients %.2e (relative)\n", what.c_str(),
               loss_err, n, worst);
 }

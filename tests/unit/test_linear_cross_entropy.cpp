@@ -76,13 +76,16 @@ Plain plain_fp32(const Tensor& h, const Tensor& W, const Tensor& targets) {
   ref::CrossEntropySaved saved;
   const float loss = ref::cross_entropy_forward(logits, targets.reshape({h.size(0)}), &saved);
   Tensor dW(W.shape());
-  const Tensor dh = ref::linear_backward(ref::cross_entropy_backward(1.0f, saved), h, W, dW, nullptr);
+  const Tensor dh =
+      ref::linear_backward(ref::cross_entropy_backward(1.0f, saved), h, W, dW, nullptr);
   return {loss, dh, dW};
 }
 
 // The specification in bf16: nn::Linear in bf16 mode (the GPT's out_head), then the same loss.
 Plain plain_bf16(const Tensor& h, const Tensor& W, const Tensor& targets) {
-  Linear head({.in_features = W.size(1), .out_features = W.size(0), .bias = false,
+  Linear head({.in_features = W.size(1),
+               .out_features = W.size(0),
+               .bias = false,
                .dtype = DType::kBFloat16});
   head.weight.value = W.clone();
   head.weight.grad = Tensor(W.shape());
@@ -97,9 +100,9 @@ struct Case {
 };
 
 std::string fmt_case(const Case& c, DType dtype) {
-  return std::string(dtype_name(dtype)) + " N=" + std::to_string(c.N) + " E=" + std::to_string(c.E) +
-         " V=" + std::to_string(c.V) + " chunk=" + std::to_string(c.chunk) +
-         (c.ignore_every > 0 ? " with ignored rows" : "");
+  return std::string(dtype_name(dtype)) + " N=" + std::to_string(c.N) +
+         " E=" + std::to_string(c.E) + " V=" + std::to_string(c.V) +
+         " chunk=" + std::to_string(c.chunk) + (c.ignore_every > 0 ? " with ignored rows" : "");
 }
 
 void check_case(const Case& c, DType dtype) {
@@ -110,10 +113,11 @@ void check_case(const Case& c, DType dtype) {
   const bool bf16 = dtype == DType::kBFloat16;
   const Plain p = bf16 ? plain_bf16(h, W, targets) : plain_fp32(h, W, targets);
   Tensor dh, dW(W.shape());
-  const float loss = linear_cross_entropy(h, W, targets, {.chunk_rows = c.chunk, .dtype = dtype},
-                                          &dh, &dW);
+  const float loss =
+      linear_cross_entropy(h, W, targets, {.chunk_rows = c.chunk, .dtype = dtype}, &dh, &dW);
   // Without gradients: the same loss.
-  const float loss_only = linear_cross_entropy(h, W, targets, {.chunk_rows = c.chunk, .dtype = dtype});
+  const float loss_only =
+      linear_cross_entropy(h, W, targets, {.chunk_rows = c.chunk, .dtype = dtype});
   EXPECT_EQ(loss, loss_only) << what;
   const float loss_tol = bf16 ? 1e-3f : 1e-5f, grad_tol = bf16 ? 2e-2f : 1e-4f;
   EXPECT_LE(std::fabs(loss - p.loss), loss_tol * std::max(1.0f, std::fabs(p.loss)))
@@ -124,7 +128,6 @@ void check_case(const Case& c, DType dtype) {
   linear_cross_entropy(h, W, targets, {.chunk_rows = c.chunk, .dtype = dtype}, nullptr, &dW);
   EXPECT_LE(rel_err(what + " dW twice", dW, mul(p.dW, 2.0f)), grad_tol) << what;
 }
-
 
 const std::vector<Case> kCases = {
     {1, 8, 11, 0, 0},       // one row
@@ -172,7 +175,9 @@ TEST(LinearCrossEntropy, ErrorsNameTheValues) {
   EXPECT_EQ(error_of([&] { linear_cross_entropy(h, W, Tensor::from_int64({20}, t)); }),
             "linear_cross_entropy: target -1 at position 13 is out of range for 50 classes");
   const Tensor ok = targets_of(20, 50, 4);
-  EXPECT_EQ(error_of([&] { linear_cross_entropy(h, random_tensor({50, 9}, 2), ok); }),
+  EXPECT_EQ(error_of([&] {
+              linear_cross_entropy(h, random_tensor({50, 9}, 2), ok);
+            }),
             "linear_cross_entropy: expected h (N, E) and W (V, E) with V >= 1, got h (20, 8) and W "
             "(50, 9)");
   EXPECT_EQ(error_of([&] { linear_cross_entropy(h, W, targets_of(19, 50, 4)); }),
@@ -182,9 +187,10 @@ TEST(LinearCrossEntropy, ErrorsNameTheValues) {
   EXPECT_EQ(error_of([&] { linear_cross_entropy(h, W, ok, {.dtype = DType::kInt64}); }),
             "linear_cross_entropy: dtype must be float32 or bfloat16, got int64");
   Tensor dW({50, 7});
-  EXPECT_EQ(error_of([&] { linear_cross_entropy(h, W, ok, {}, nullptr, &dW); }),
-            "linear_cross_entropy: dW must be a contiguous float32 tensor of W's shape (50, 8), got "
-            "float32 of shape (50, 7)");
+  EXPECT_EQ(
+      error_of([&] { linear_cross_entropy(h, W, ok, {}, nullptr, &dW); }),
+      "linear_cross_entropy: dW must be a contiguous float32 tensor of W's shape (50, 8), got "
+      "float32 of shape (50, 7)");
 }
 
 // ---- GPTModel::forward_loss, fused vs the plain path -----------------------------------
@@ -212,10 +218,14 @@ float compare_models(const std::string& what, GPTModel& fused, GPTModel& plain, 
 }
 
 void check_model(int64_t B, int64_t T, bool tied, DType dtype) {
-  const GPTConfig cfg{.vocab_size = 97, .context_length = 256, .emb_dim = 32, .n_heads = 4,
-                      .n_layers = 2, .tie_embeddings = tied};
-  const std::string what = std::string(dtype_name(dtype)) + (tied ? " tied" : " untied") + " B=" +
-                           std::to_string(B) + " T=" + std::to_string(T);
+  const GPTConfig cfg{.vocab_size = 97,
+                      .context_length = 256,
+                      .emb_dim = 32,
+                      .n_heads = 4,
+                      .n_layers = 2,
+                      .tie_embeddings = tied};
+  const std::string what = std::string(dtype_name(dtype)) + (tied ? " tied" : " untied") +
+                           " B=" + std::to_string(B) + " T=" + std::to_string(T);
   manual_seed(5);
   GPTModel fused(cfg, {.dtype = dtype});
   manual_seed(5);
@@ -253,7 +263,8 @@ TEST(GptFusedLoss, Bf16MatchesThePlainBf16Path) {
 }
 
 TEST(GptFusedLoss, BackwardLossScalesByDloss) {
-  const GPTConfig cfg{.vocab_size = 31, .context_length = 16, .emb_dim = 16, .n_heads = 2, .n_layers = 1};
+  const GPTConfig cfg{
+      .vocab_size = 31, .context_length = 16, .emb_dim = 16, .n_heads = 2, .n_layers = 1};
   manual_seed(3);
   GPTModel a(cfg);
   manual_seed(3);
@@ -267,22 +278,27 @@ TEST(GptFusedLoss, BackwardLossScalesByDloss) {
 }
 
 TEST(GptFusedLoss, TheReferenceLayersTakeThePlainPath) {
-  const GPTConfig cfg{.vocab_size = 31, .context_length = 16, .emb_dim = 16, .n_heads = 2, .n_layers = 1};
+  const GPTConfig cfg{
+      .vocab_size = 31, .context_length = 16, .emb_dim = 16, .n_heads = 2, .n_layers = 1};
   GPTModel model(cfg, {.layers = LayerImpl::kReference});
   EXPECT_FALSE(model.fused_loss());
 }
 
 TEST(GptFusedLoss, ErrorsNameTheValues) {
-  const GPTConfig cfg{.vocab_size = 31, .context_length = 16, .emb_dim = 16, .n_heads = 2, .n_layers = 1};
+  const GPTConfig cfg{
+      .vocab_size = 31, .context_length = 16, .emb_dim = 16, .n_heads = 2, .n_layers = 1};
   manual_seed(3);
   GPTModel model(cfg);
   const Tensor ids = ids_of(2, 8, 31, 1);
   std::vector<int64_t> t(16, 0);
   t[11] = 31;
-  EXPECT_EQ(error_of([&] { model.forward_loss(ids, Tensor::from_int64({2, 8}, t)); }),
+  EXPECT_EQ(error_of([&] {
+              model.forward_loss(ids, Tensor::from_int64({2, 8}, t));
+            }),
             "linear_cross_entropy: target 31 at position 11 is out of range for 31 classes");
-  EXPECT_EQ(error_of([&] { model.forward_loss(ids, ids_of(2, 7, 31, 2)); }),
-            "GPTModel: targets must be int64 of the token ids' shape (2, 8), got int64 of shape (2, 7)");
+  EXPECT_EQ(
+      error_of([&] { model.forward_loss(ids, ids_of(2, 7, 31, 2)); }),
+      "GPTModel: targets must be int64 of the token ids' shape (2, 8), got int64 of shape (2, 7)");
   GPTModel fresh(cfg);
   EXPECT_EQ(error_of([&] { fresh.backward_loss(); }),
             "GPTModel: backward_loss() called before forward_loss()");
@@ -292,7 +308,9 @@ TEST(GptFusedLoss, ErrorsNameTheValues) {
             "GPTModel: backward_loss() after a fused forward_loss() in evaluation mode, which "
             "computes no gradients (call train() before forward_loss())");
   // The fused pass does not run out_head.forward: backward(dlogits) has no forward to use.
-  EXPECT_EQ(error_of([&] { fresh.backward(Tensor({2, 8, 31})); }),
+  EXPECT_EQ(error_of([&] {
+              fresh.backward(Tensor({2, 8, 31}));
+            }),
             "GPTModel: backward() called before forward()");
 }
 
