@@ -15,6 +15,20 @@ torch.autocast("cpu", dtype=torch.bfloat16) (fp32 master weights, AdamW in fp32)
 Recipes (nanoGPT's Shakespeare-character settings; no dropout):
   small  4 layers, 4 heads, emb 128, context 64, batch 12
   large  6 layers, 6 heads, emb 384, context 256, batch 64
+and GPT-2 124M (the book's GPT_CONFIG_124M: 12 layers, 12 heads, emb 768, vocabulary
+50,257, out_head not tied, no q|k|v bias; no dropout), on GPT-2 BPE token ids:
+  124m-ch5     batch 2 x context 256 (the book's chapter-5 shape)
+  124m-8x1024  batch 8 x context 1024
+For the 124M recipes attn trains with --tokenizer gpt2 on --text (GPT-2's BPE of
+the text, the book's chapter-5 loader) and PyTorch on random token ids in
+[0, 50257) (torch.randint under manual_seed(1337)): the data do not change the
+work of a step.
+
+Peak memory: the largest resident set (ru_maxrss from wait4) of each worker
+process, start-up, data and (attn) its checkpoint writes included. A worker
+whose resident set passes --mem-limit-gb (default 11 GiB; the driver reads
+/proc/PID/status every 50 ms) is killed before it exhausts the shared machine
+and reported as "out of memory" at that limit.
 One step is what both trainers do per iteration: a random batch, forward,
 mean cross-entropy, backward, global-norm clipping to 1.0, the learning rate of
 the warm-up + cosine schedule, AdamW (betas 0.9, 0.99, weight decay 0.1 on the
@@ -35,6 +49,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import shutil
 import statistics
 import subprocess
@@ -45,7 +60,16 @@ import time
 RECIPES = {
     "small": dict(n_layers=4, n_heads=4, emb_dim=128, context_length=64, batch_size=12),
     "large": dict(n_layers=6, n_heads=6, emb_dim=384, context_length=256, batch_size=64),
+    "124m-ch5": dict(n_layers=12, n_heads=12, emb_dim=768, context_length=256, batch_size=2,
+                     gpt2=True),
+    "124m-8x1024": dict(n_layers=12, n_heads=12, emb_dim=768, context_length=1024, batch_size=8,
+                        gpt2=True),
 }
+GPT2_VOCAB = 50257
+
+
+class OutOfMemory(Exception):
+    """A worker died of the address-space limit (or the kernel's OOM killer)."""
 
 
 # ---------------------------------------------------------------- worker side
@@ -59,15 +83,21 @@ def torch_worker(impl, recipe, text_path, warmup, iters, threads, dtype):
     sys.path.insert(0, os.path.join(here, "..", "tests", "torch"))
     import book_gpt
 
-    with open(text_path, encoding="utf-8") as f:
-        text = f.read()
-    chars = sorted(set(text))
-    stoi = {c: i for i, c in enumerate(chars)}
-    data = torch.tensor([stoi[c] for c in text], dtype=torch.long)
-    n_train = int(0.9 * len(data))
-    train = data[:n_train]
     r = RECIPES[recipe]
-    cfg = dict(vocab_size=len(chars), context_length=r["context_length"], emb_dim=r["emb_dim"],
+    if r.get("gpt2"):  # random GPT-2 token ids: the same work per step as real BPE ids
+        vocab_size = GPT2_VOCAB
+        torch.manual_seed(1337)
+        train = torch.randint(0, GPT2_VOCAB, (300_000,), dtype=torch.long)
+    else:
+        with open(text_path, encoding="utf-8") as f:
+            text = f.read()
+        chars = sorted(set(text))
+        vocab_size = len(chars)
+        stoi = {c: i for i, c in enumerate(chars)}
+        data = torch.tensor([stoi[c] for c in text], dtype=torch.long)
+        n_train = int(0.9 * len(data))
+        train = data[:n_train]
+    cfg = dict(vocab_size=vocab_size, context_length=r["context_length"], emb_dim=r["emb_dim"],
                n_heads=r["n_heads"], n_layers=r["n_layers"], drop_rate=0.0, qkv_bias=False)
     torch.manual_seed(1337)
     model = book_gpt.GPTModel(cfg)
@@ -134,16 +164,62 @@ def patch_fast(model, cfg):
 
 
 # ---------------------------------------------------------------- driver side
+def rss_mib_of(pid):
+    """The resident set of a running process (VmRSS), in MiB; 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def run_measured(cmd, env, mem_limit_gb):
+    """Runs cmd, watching its resident set every 50 ms; returns (stdout, max RSS in MiB, from
+    wait4's ru_maxrss). A worker whose resident set passes mem_limit_gb is killed and
+    OutOfMemory raised (so is one that fails with an allocation error); RuntimeError otherwise."""
+    limit_mib = mem_limit_gb * 1024
+    with tempfile.TemporaryFile("w+") as fout, tempfile.TemporaryFile("w+") as ferr:
+        proc = subprocess.Popen(cmd, env=env, stdout=fout, stderr=ferr, text=True)
+        killed = False
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)  # the child's own rusage
+            if pid != 0:
+                break
+            if not killed and rss_mib_of(proc.pid) > limit_mib:
+                os.kill(proc.pid, signal.SIGKILL)
+                killed = True
+            time.sleep(0.05)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        fout.seek(0)
+        ferr.seek(0)
+        out, err = fout.read(), ferr.read()
+    rss_mib = usage.ru_maxrss / 1024  # KiB on Linux
+    if killed or proc.returncode != 0:
+        text = (err or "") + (out or "")
+        if killed:
+            raise OutOfMemory(f"out of memory (resident set above {mem_limit_gb:g} GiB)")
+        if proc.returncode == -signal.SIGKILL:  # the kernel's OOM killer (dmesg names it)
+            raise OutOfMemory(f"out of memory (killed by the kernel at {rss_mib:,.0f} MiB)")
+        if any(k in text for k in ("MemoryError", "out of memory", "bad_alloc", "DefaultCPUAllocator",
+                                   "Cannot allocate")):
+            raise OutOfMemory(f"out of memory (allocation failed at {rss_mib:,.0f} MiB)")
+        raise RuntimeError(f"{cmd[0]} failed ({proc.returncode}): {text.strip()[-500:]}")
+    return out, rss_mib
+
+
 def time_torch(python, impl, args, threads):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     cmd = [python, os.path.abspath(__file__), "--worker", impl, "--recipe", args.recipe,
            "--text", args.text, "--warmup", str(args.warmup), "--iters", str(args.iters),
            "--threads", str(threads), "--dtype", args.dtype]
-    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])["ms_per_iter"]
+    out, rss = run_measured(cmd, env, args.mem_limit_gb)
+    return json.loads(out.strip().splitlines()[-1])["ms_per_iter"], rss
 
 
-def time_attn(args, threads):
+def time_attn(args, threads, fused_loss=True):
     r = RECIPES[args.recipe]
     out_dir = tempfile.mkdtemp(prefix="attn_train_bench_")
     try:
@@ -152,14 +228,31 @@ def time_attn(args, threads):
                "--eval-interval", str(steps), "--eval-iters", "1", "--threads", str(threads),
                "--n-layers", str(r["n_layers"]), "--n-heads", str(r["n_heads"]),
                "--emb-dim", str(r["emb_dim"]), "--context-length", str(r["context_length"]),
-               "--batch-size", str(r["batch_size"]), "--dtype", args.dtype]
+               "--batch-size", str(r["batch_size"]), "--dtype", args.dtype,
+               "--fused-loss", "true" if fused_loss else "false"]
+        if r.get("gpt2"):
+            cmd += ["--tokenizer", "gpt2"]
         env = dict(os.environ, CI="1")
-        subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+        _, rss = run_measured(cmd, env, args.mem_limit_gb)
         with open(os.path.join(out_dir, "metrics.jsonl")) as f:
             lines = [json.loads(line) for line in f if line.strip()]
-        return lines[-1]["ms_per_iter"]  # median of all steps (the few warm-up ones barely move it)
+        # median of all steps (the few warm-up ones barely move it)
+        return lines[-1]["ms_per_iter"], rss
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def measure(spec, a, t):
+    """spec: an implementation, or IMPL@DTYPE for another dtype than --dtype (so that one run
+    can interleave fp32 and bf16: --impls attn,attn@bfloat16)."""
+    impl, _, dtype = spec.partition("@")
+    if dtype:
+        a = argparse.Namespace(**dict(vars(a), dtype=dtype))
+    if impl == "attn":
+        return time_attn(a, t)
+    if impl == "attn-plain":  # the unfused output head and loss (--fused-loss false)
+        return time_attn(a, t, fused_loss=False)
+    return time_torch(a.python, impl, a, t)
 
 
 def main():
@@ -172,9 +265,13 @@ def main():
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--threads", default="1,2")
-    p.add_argument("--impls", default="attn,torch-book,torch-sdpa")
+    p.add_argument("--impls", default="attn,torch-book,torch-sdpa",
+                   help="attn, attn-plain (--fused-loss false), torch-book, torch-sdpa; IMPL@bfloat16 "
+                        "or IMPL@float32 overrides --dtype for that one")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="bfloat16: attn train --dtype bfloat16 against torch.autocast(cpu, bfloat16)")
+    p.add_argument("--mem-limit-gb", type=float, default=11.0,
+                   help="a worker whose resident set passes this many GiB is killed: out of memory")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
@@ -184,26 +281,37 @@ def main():
                                    check=True, capture_output=True, text=True).stdout.strip()
     threads = [int(t) for t in a.threads.split(",")]
     impls = a.impls.split(",")
-    best = {}
+    best, oom = {}, {}
     for rnd in range(a.rounds):
         for impl in impls:
             for t in threads:
-                ms = time_attn(a, t) if impl == "attn" else time_torch(a.python, impl, a, t)
-                print(f"round {rnd + 1} {impl:10s} threads {t}: {ms:8.1f} ms/iter", file=sys.stderr, flush=True)
+                load = os.getloadavg()[0]
+                try:
+                    ms, rss = measure(impl, a, t)
+                except OutOfMemory as e:
+                    oom[impl] = str(e)
+                    print(f"round {rnd + 1} {impl:10s} threads {t}: {e} (load {load:.1f})", file=sys.stderr,
+                          flush=True)
+                    continue
+                print(f"round {rnd + 1} {impl:10s} threads {t}: {ms:8.1f} ms/iter, max RSS {rss:7.0f} MiB "
+                      f"(load {load:.1f})", file=sys.stderr, flush=True)
                 key = impl
                 if key not in best or ms < best[key][0]:
-                    best[key] = (ms, t)
+                    best[key] = (ms, t, rss)
     r = RECIPES[a.recipe]
     tokens = r["batch_size"] * r["context_length"]
     print(f"recipe {a.recipe} ({r}), {a.dtype}; PyTorch {torch_version}; median of {a.iters} steps, best of "
           f"{a.rounds} round(s) x threads {a.threads}")
-    print("| implementation | ms/iter | tokens/s | threads | attn's lead |")
-    print("|---|---:|---:|---:|---:|")
+    print("| implementation | ms/iter | tokens/s | threads | max RSS (MiB) | attn's lead |")
+    print("|---|---:|---:|---:|---:|---:|")
     attn_ms = best.get("attn", (None,))[0]
     for impl in impls:
-        ms, t = best[impl]
+        if impl not in best:
+            print(f"| {impl} | {oom.get(impl, 'failed')} | | | | |")
+            continue
+        ms, t, rss = best[impl]
         lead = f"{ms / attn_ms:.2f}x" if attn_ms and impl != "attn" else ""
-        print(f"| {impl} | {ms:.1f} | {tokens / ms * 1e3:,.0f} | {t} | {lead} |")
+        print(f"| {impl} | {ms:.1f} | {tokens / ms * 1e3:,.0f} | {t} | {rss:,.0f} | {lead} |")
 
 
 if __name__ == "__main__":

@@ -86,6 +86,13 @@ struct GPTOptions {
   // float32. The attention then always runs on the fused path (dropout with
   // its Philox masks; exact_dropout is not possible there).
   DType dtype = DType::kFloat32;
+  // GPTModel::forward_loss: out_head and the cross-entropy fused, chunk by
+  // chunk (attn/linear_cross_entropy.h), so the (B·T, V) logits are never held
+  // whole. Only with layers = kKernel: the reference layers (PyTorch's sums)
+  // always take the plain path, out_head then ref::cross_entropy_forward.
+  bool fused_loss = true;
+  // Rows per chunk of the fused loss (0: kDefaultChunkRows, 512).
+  int64_t loss_chunk_rows = 0;
 };
 
 // A container whose children are named "0", "1", ... as in nn.Sequential; it
@@ -181,30 +188,6 @@ class TransformerBlocks : public Module {
   std::vector<std::unique_ptr<TransformerBlock>> blocks_;
 };
 
-// GPTModel(cfg): token ids (B, T) int64 with T <= context_length -> logits (B, T, V).
-class GPTModel : public Module {
- public:
-  explicit GPTModel(const GPTConfig& cfg, const GPTOptions& options = {},
-                    Generator& gen = default_generator());
-  Tensor forward(const Tensor& in_idx);
-  // dlogits (B, T, V); accumulates every parameter's gradient (token ids have none).
-  void backward(const Tensor& dlogits);
-  const GPTConfig& config() const { return cfg_; }
-  const GPTOptions& options() const { return options_; }
-  Embedding tok_emb;           // (V, E)
-  Embedding pos_emb;           // (context_length, E)
-  Dropout drop_emb;
-  TransformerBlocks trf_blocks;
-  LayerNorm final_norm;
-  Linear out_head;             // (V, E), no bias
-
- private:
-  GPTConfig cfg_;
-  GPTOptions options_;
-  int64_t B_ = 0, T_ = 0;
-  bool has_forward_ = false;
-};
-
 // F.cross_entropy(logits.flatten(0, 1), targets.flatten()): the mean over the
 // tokens whose target is not ignore_index (-100, PyTorch's default).
 // logits (B, T, V) float32, targets (B, T) int64.
@@ -220,5 +203,51 @@ class CrossEntropyLoss {
   ref::CrossEntropySaved saved_;
   bool has_forward_ = false;
 };
+
+// GPTModel(cfg): token ids (B, T) int64 with T <= context_length -> logits (B, T, V).
+class GPTModel : public Module {
+ public:
+  explicit GPTModel(const GPTConfig& cfg, const GPTOptions& options = {},
+                    Generator& gen = default_generator());
+  Tensor forward(const Tensor& in_idx);
+  // dlogits (B, T, V); accumulates every parameter's gradient (token ids have none).
+  void backward(const Tensor& dlogits);
+  // F.cross_entropy(model(in_idx).flatten(0, 1), targets.flatten()) without
+  // handing out the logits: targets (B, T) int64 in [0, V) or -100 (ignored).
+  // With fused_loss() the head and the loss run fused, and in training mode the
+  // loss's gradients (out_head's weight, and the final norm's output) are
+  // computed in this same pass, as Liger-Kernel's fused linear cross-entropy
+  // does; otherwise the plain path: forward(), then CrossEntropyLoss.
+  float forward_loss(const Tensor& in_idx, const Tensor& targets);
+  // Accumulates every parameter's gradient of dloss · loss, for the last
+  // forward_loss. Throws std::logic_error before a forward_loss, or after a
+  // fused one that ran in evaluation mode (which computes no gradients).
+  void backward_loss(float dloss = 1.0f);
+  // Whether forward_loss takes the fused head: options().fused_loss with the
+  // kernel layers.
+  bool fused_loss() const;
+  const GPTConfig& config() const { return cfg_; }
+  const GPTOptions& options() const { return options_; }
+  Embedding tok_emb;           // (V, E)
+  Embedding pos_emb;           // (context_length, E)
+  Dropout drop_emb;
+  TransformerBlocks trf_blocks;
+  LayerNorm final_norm;
+  Linear out_head;             // (V, E), no bias
+
+ private:
+  Tensor forward_hidden(const Tensor& in_idx);  // through final_norm: (B, T, E)
+  void backward_hidden(const Tensor& dx);         // from final_norm's output down
+  GPTConfig cfg_;
+  GPTOptions options_;
+  int64_t B_ = 0, T_ = 0;
+  bool has_forward_ = false;
+  // The last forward_loss: the plain path's loss, or the fused one's gradients
+  // for dloss = 1 (dh (B, T, E), dW (V, E)), empty when it ran in evaluation mode.
+  CrossEntropyLoss plain_loss_;
+  Tensor loss_dh_, loss_dW_;
+  enum class LossState { kNone, kPlain, kFused, kFusedNoGrad } loss_state_ = LossState::kNone;
+};
+
 
 }  // namespace attn::nn

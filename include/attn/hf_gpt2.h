@@ -105,6 +105,8 @@ void save_hf_gpt2(nn::GPTModel& model, const std::string& dir, HfDType dtype = H
 
 // The model's tensors under GPT-2's names (float32, contiguous, Conv1D
 // layout), without the prefix: what save_hf_gpt2 writes before the dtype.
+// Tensors in the model's own layout share its storage (no copy of the
+// embeddings and lm_head); the Conv1D weights and c_attn are new tensors.
 std::vector<std::pair<std::string, Tensor>> hf_gpt2_state_dict(nn::GPTModel& model);
 
 // ---- any model directory ---------------------------------------------------------------------

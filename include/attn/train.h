@@ -174,6 +174,11 @@ struct TrainOptions {
   // torch.autocast (nn::GPTOptions::dtype: float32 weights, gradients and
   // optimizer; bf16 products summed in float32).
   std::string dtype = "float32";
+  // The output head and the loss fused, chunk by chunk (nn::GPTOptions::
+  // fused_loss, attn/linear_cross_entropy.h): the (B·T, vocab) logits are never
+  // held whole, in training and evaluation. false: the plain path (the logits,
+  // then the cross-entropy), the specification.
+  bool fused_loss = true;
   // "char": the text's characters are the vocabulary, batches of random
   // windows (nanoGPT). "gpt2": GPT-2's byte-level BPE (attn/tokenizer.h), a
   // vocabulary of 50,257, and the book's chapter-5 data: the text split 90/10

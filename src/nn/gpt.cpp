@@ -11,6 +11,7 @@
 
 #include "attn/functional.h"
 #include "attn/layer_kernels.h"
+#include "attn/linear_cross_entropy.h"
 #include "attn/ops.h"
 #include "nn/checks.h"
 
@@ -264,7 +265,8 @@ GPTModel::GPTModel(const GPTConfig& cfg, const GPTOptions& options, Generator& g
   if (cfg.tie_embeddings) tie(out_head.weight, tok_emb.weight);
 }
 
-Tensor GPTModel::forward(const Tensor& in_idx) {
+// in_idx (B, T) -> final_norm's output (B, T, E) (bf16 in bf16 mode).
+Tensor GPTModel::forward_hidden(const Tensor& in_idx) {
   if (in_idx.dtype() != DType::kInt64 || in_idx.dim() != 2) {
     throw std::invalid_argument(
         fmt::format("GPTModel: expected token ids (B, T) of int64, got {} of shape {}",
@@ -285,22 +287,91 @@ Tensor GPTModel::forward(const Tensor& in_idx) {
   const Tensor pos_embeds = pos_emb.forward(positions);                   // (T, E)
   Tensor x = drop_emb.forward(add(tok_embeds, pos_embeds));               // (B, T, E)
   x = trf_blocks.forward(x);
-  x = final_norm.forward(x);
   B_ = B;
   T_ = T;
+  return final_norm.forward(x);
+}
+
+void GPTModel::backward_hidden(const Tensor& dx_in) {
+  Tensor dx = final_norm.backward(dx_in);  // (B, T, E)
+  dx = trf_blocks.backward(dx);
+  dx = drop_emb.backward(dx);
+  tok_emb.backward(dx);
+  pos_emb.backward(sum(dx, 0));  // the (T, E) positions were broadcast over B
+}
+
+Tensor GPTModel::forward(const Tensor& in_idx) {
+  const Tensor x = forward_hidden(in_idx);  // (B, T, E)
   has_forward_ = true;
+  loss_state_ = LossState::kNone;  // the head's saved input is this forward's now
   return out_head.forward(x);  // (B, T, V)
 }
 
 void GPTModel::backward(const Tensor& dlogits) {
   require_forward(has_forward_, "GPTModel");
   detail::check_grad("GPTModel", dlogits, {B_, T_, cfg_.vocab_size});
-  Tensor dx = out_head.backward(dlogits);  // (B, T, E)
-  dx = final_norm.backward(dx);
-  dx = trf_blocks.backward(dx);
-  dx = drop_emb.backward(dx);
-  tok_emb.backward(dx);
-  pos_emb.backward(sum(dx, 0));  // the (T, E) positions were broadcast over B
+  backward_hidden(out_head.backward(dlogits));  // (B, T, E)
+}
+
+bool GPTModel::fused_loss() const {
+  return options_.fused_loss && options_.layers == LayerImpl::kKernel;
+}
+
+float GPTModel::forward_loss(const Tensor& in_idx, const Tensor& targets) {
+  if (targets.dtype() != DType::kInt64 || targets.shape() != in_idx.shape()) {
+    throw std::invalid_argument(fmt::format(
+        "GPTModel: targets must be int64 of the token ids' shape {}, got {} of shape {}",
+        shape_str(in_idx.shape()), dtype_name(targets.dtype()), shape_str(targets.shape())));
+  }
+  loss_state_ = LossState::kNone;
+  if (!fused_loss()) {
+    const Tensor logits = forward(in_idx);  // (B, T, V)
+    const float loss = plain_loss_.forward(logits, targets);
+    loss_state_ = LossState::kPlain;
+    return loss;
+  }
+  has_forward_ = false;  // out_head.forward does not run: backward(dlogits) has nothing to use
+  const Tensor x = forward_hidden(in_idx);  // (B, T, E)
+  const int64_t N = B_ * T_, E = cfg_.emb_dim, V = cfg_.vocab_size;
+  const LinearCrossEntropyOptions o{.chunk_rows = options_.loss_chunk_rows, .dtype = options_.dtype};
+  if (!is_training()) {
+    loss_dh_ = Tensor();
+    const float loss = linear_cross_entropy(x.reshape({N, E}), out_head.weight.value,
+                                            targets.reshape({N}), o);
+    loss_state_ = LossState::kFusedNoGrad;
+    return loss;
+  }
+  if (loss_dW_.shape() != Shape{V, E}) loss_dW_ = Tensor({V, E});
+  else loss_dW_.fill_(0.0f);
+  Tensor dh;  // (N, E)
+  const float loss = linear_cross_entropy(x.reshape({N, E}), out_head.weight.value,
+                                          targets.reshape({N}), o, &dh, &loss_dW_);
+  loss_dh_ = dh.reshape({B_, T_, E});
+  loss_state_ = LossState::kFused;
+  return loss;
+}
+
+void GPTModel::backward_loss(float dloss) {
+  switch (loss_state_) {
+    case LossState::kNone:
+      throw std::logic_error("GPTModel: backward_loss() called before forward_loss()");
+    case LossState::kFusedNoGrad:
+      throw std::logic_error(
+          "GPTModel: backward_loss() after a fused forward_loss() in evaluation mode, which "
+          "computes no gradients (call train() before forward_loss())");
+    case LossState::kPlain:
+      backward(plain_loss_.backward(dloss));
+      return;
+    case LossState::kFused:
+      break;
+  }
+  // The fused pass computed the gradients of the loss itself (dloss = 1).
+  float* g = out_head.weight.grad.data();
+  const float* dW = loss_dW_.data();
+  const int64_t n = loss_dW_.numel();
+#pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 16))
+  for (int64_t i = 0; i < n; ++i) g[i] += dloss * dW[i];
+  backward_hidden(dloss == 1.0f ? loss_dh_ : mul(loss_dh_, dloss));
 }
 
 // ---- CrossEntropyLoss -----------------------------------------------------------------

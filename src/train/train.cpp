@@ -252,6 +252,7 @@ std::string TrainOptions::to_json() const {
   j["beta1"] = beta1;
   j["beta2"] = beta2;
   j["dtype"] = dtype;
+  j["fused_loss"] = fused_loss;
   j["tokenizer"] = tokenizer;
   j["stride"] = stride;
   j["epochs"] = epochs;
@@ -288,6 +289,7 @@ TrainOptions TrainOptions::from_json(const std::string& text, TrainOptions o) {
     get("beta1", o.beta1);
     get("beta2", o.beta2);
     get("dtype", o.dtype);
+    get("fused_loss", o.fused_loss);
     get("tokenizer", o.tokenizer);
     get("stride", o.stride);
     get("epochs", o.epochs);
@@ -456,7 +458,11 @@ void Trainer::build(int64_t vocab_size) {
   // Training uses the fused attention (with drop_rate 0 kAuto picks it anyway;
   // with dropout its Philox masks, not PyTorch's).
   model_ = std::make_unique<nn::GPTModel>(
-      cfg, nn::GPTOptions{.exact_dropout = false, .dtype = dtype_from_name(options_.dtype)}, *gen_);
+      cfg,
+      nn::GPTOptions{.exact_dropout = false,
+                     .dtype = dtype_from_name(options_.dtype),
+                     .fused_loss = options_.fused_loss},
+      *gen_);
   model_->train();
   optimizer_ = std::make_unique<optim::AdamW>(
       *model_, optim::AdamWOptions{.lr = options_.lr,
@@ -496,10 +502,9 @@ float Trainer::step() {
   optimizer_->set_lr(optim::get_lr(iter_, schedule));
   auto [x, y] = next_train_batch();
   optimizer_->zero_grad();
-  nn::CrossEntropyLoss loss_fn;
-  const Tensor logits = model_->forward(x);  // (B, T, V)
-  const float loss = loss_fn.forward(logits, y);
-  model_->backward(loss_fn.backward());
+  // The mean cross-entropy, and with fused_loss its gradients, in one pass.
+  const float loss = model_->forward_loss(x, y);
+  model_->backward_loss();
   if (options_.grad_clip > 0.0) optim::clip_grad_norm(*model_, options_.grad_clip);
   optimizer_->step();
   ++iter_;
@@ -509,8 +514,7 @@ float Trainer::step() {
 EvalResult Trainer::evaluate() {
   model_->eval();
   auto batch_loss = [&](const std::pair<Tensor, Tensor>& xy) {
-    nn::CrossEntropyLoss loss_fn;
-    return static_cast<double>(loss_fn.forward(model_->forward(xy.first), xy.second));
+    return static_cast<double>(model_->forward_loss(xy.first, xy.second));
   };
   auto mean_loss = [&](const Batcher& data) {
     double sum = 0.0;

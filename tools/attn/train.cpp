@@ -151,6 +151,10 @@ Command add_train_command(CLI::App& app) {
   ATTN_TRAIN_FLAG("--dtype", dtype,
                   "Compute dtype: float32, or bfloat16 (mixed precision as torch.autocast: float32 "
                   "weights, gradients and optimizer; bf16 products summed in float32)");
+  ATTN_TRAIN_FLAG("--fused-loss", fused_loss,
+                  "true: the output head and the cross-entropy fused, 512 rows at a time, so the "
+                  "(batch x context, vocab) logits are never held whole (less memory, faster); "
+                  "false: the logits, then the loss (the plain path)");
 #undef ATTN_TRAIN_FLAG
 
   auto run = [flags, given]() -> int {
