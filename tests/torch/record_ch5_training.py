@@ -31,6 +31,16 @@ of every sample, the wall time of the training and the CPU it ran on.
 
   /usr/bin/python3 tests/torch/record_ch5_training.py OUT.json [--epochs N]
 
+The committed tests/fixtures/ch5_training/torch_1.13.json was recorded from
+tests/torch/ with
+
+  OPENBLAS_NUM_THREADS=2 ATEN_CPU_CAPABILITY=avx2 /usr/bin/python3 \
+      record_ch5_training.py ../fixtures/ch5_training/torch_1.13.json
+
+(ATen's AVX2 kernels, as the other oracles run: run_under_avx2 in
+oracle_util.py), on a machine shared with other jobs, so its train_seconds is
+not a benchmark.
+
 runs with 2 threads (torch.set_num_threads(2)); ATen's CPU kernels run at the
 level ATEN_CPU_CAPABILITY picks (the default: the best this CPU has), recorded in
 the fixture. Run it with OPENBLAS_NUM_THREADS=2 (OpenBLAS splits a product by

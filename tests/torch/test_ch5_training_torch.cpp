@@ -25,6 +25,7 @@
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,11 @@ const std::string kVerdict = std::string(ATTN_DATA_DIR) + "/the-verdict.txt";
 json fixture() {
   const std::string path =
       std::string(ATTN_TESTS_DIR) + "/fixtures/ch5_training/torch_1.13.json";
+  if (!std::filesystem::is_regular_file(path)) {
+    throw std::runtime_error(path + " is missing: it is written once by /usr/bin/python3 "
+                             "tests/torch/record_ch5_training.py " + path +
+                             " (about 25 minutes of 2 idle cores) and committed");
+  }
   return json::parse(attn::test::read_text(path));
 }
 
