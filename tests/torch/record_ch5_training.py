@@ -109,8 +109,49 @@ def generate_top_k(model, idx, max_new_tokens, context_size, temperature=0.0, to
     return idx
 
 
+def train_model_simple(model, train_loader, val_loader, optimizer, num_epochs, eval_freq,
+                       eval_iter, to_text, rec, start):
+    """The book's train_model_simple with evaluate_model and
+    generate_and_print_sample, printing through rec (each evaluation and sample
+    recorded too)."""
+    tokens_seen, global_step = 0, -1
+    for epoch in range(num_epochs):
+        model.train()
+        for input_batch, target_batch in train_loader:
+            optimizer.zero_grad()
+            loss = calc_loss_batch(input_batch, target_batch, model)
+            loss.backward()
+            optimizer.step()
+            tokens_seen += input_batch.numel()
+            global_step += 1
+            if global_step % eval_freq == 0:
+                model.eval()
+                with torch.no_grad():
+                    train_loss = calc_loss_loader(train_loader, model, num_batches=eval_iter)
+                    val_loss = calc_loss_loader(val_loader, model, num_batches=eval_iter)
+                model.train()
+                rec.evaluations.append({"epoch": epoch + 1, "step": global_step,
+                                        "train_loss": train_loss, "val_loss": val_loss,
+                                        "tokens_seen": tokens_seen,
+                                        "train_loss_repr": repr(train_loss),
+                                        "val_loss_repr": repr(val_loss),
+                                        "seconds": time.perf_counter() - start})
+                rec.print(f"Ep {epoch+1} (Step {global_step:06d}): "
+                          f"Train loss {train_loss:.3f}, Val loss {val_loss:.3f}")
+        # generate_and_print_sample
+        model.eval()
+        with torch.no_grad():
+            ids = generate_text_simple(model=model, idx=torch.tensor([START_IDS]),
+                                       max_new_tokens=50, context_size=model.pos_emb.weight.shape[0])
+        ids = ids.squeeze(0).tolist()
+        rec.samples.append({"epoch": epoch + 1, "ids": ids})
+        rec.print(to_text(ids).replace("\n", " "))
+        model.train()
+
+
 class Record:
-    def __init__(self):
+    def __init__(self, echo=True):
+        self.echo = echo
         self.printed = []   # every line as print() writes it, in order
         self.evaluations = []
         self.samples = []
@@ -120,8 +161,9 @@ class Record:
         with contextlib.redirect_stdout(buf):
             print(*args)
         text = buf.getvalue()
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        if self.echo:
+            sys.stdout.write(text)
+            sys.stdout.flush()
         self.printed.append(text.removesuffix("\n"))
 
 
@@ -167,39 +209,8 @@ def main():
     torch.manual_seed(123)
     model = bg.GPTModel(cfg)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.0004, weight_decay=0.1)
-    tokens_seen, global_step = 0, -1
-    for epoch in range(args.epochs):
-        model.train()
-        for input_batch, target_batch in train_loader:
-            optimizer.zero_grad()
-            loss = calc_loss_batch(input_batch, target_batch, model)
-            loss.backward()
-            optimizer.step()
-            tokens_seen += input_batch.numel()
-            global_step += 1
-            if global_step % 5 == 0:
-                model.eval()
-                with torch.no_grad():
-                    train_loss = calc_loss_loader(train_loader, model, num_batches=5)
-                    val_loss = calc_loss_loader(val_loader, model, num_batches=5)
-                model.train()
-                rec.evaluations.append({"epoch": epoch + 1, "step": global_step,
-                                        "train_loss": train_loss, "val_loss": val_loss,
-                                        "tokens_seen": tokens_seen,
-                                        "train_loss_repr": repr(train_loss),
-                                        "val_loss_repr": repr(val_loss),
-                                        "seconds": time.perf_counter() - start})
-                rec.print(f"Ep {epoch+1} (Step {global_step:06d}): "
-                          f"Train loss {train_loss:.3f}, Val loss {val_loss:.3f}")
-        # generate_and_print_sample
-        model.eval()
-        with torch.no_grad():
-            ids = generate_text_simple(model=model, idx=torch.tensor([START_IDS]),
-                                       max_new_tokens=50, context_size=model.pos_emb.weight.shape[0])
-        ids = ids.squeeze(0).tolist()
-        rec.samples.append({"epoch": epoch + 1, "ids": ids})
-        rec.print(to_text(ids).replace("\n", " "))
-        model.train()
+    train_model_simple(model, train_loader, val_loader, optimizer, args.epochs, 5, 5, to_text,
+                       rec, start)
     train_seconds = time.perf_counter() - start
 
     # After training: the trained model's 25-token greedy sample.
