@@ -189,12 +189,25 @@ struct TrainOptions {
   int64_t stride = 0;  // gpt2: tokens between windows (0: context_length)
   // gpt2: when > 0, max_iters becomes epochs x the training batches of a pass.
   int64_t epochs = 0;
+  // "cosine": nanoGPT's warm-up and cosine decay (optim::get_lr); "constant":
+  // lr at every step (the book's chapter 5).
+  std::string lr_schedule = "cosine";
+  // "matrices": weight decay on parameters of dim >= 2 only (nanoGPT's
+  // optim::decay_groups); "all": on every parameter, as
+  // AdamW(model.parameters(), weight_decay=...) in the book.
+  std::string decay = "matrices";
+  // The model on the reference paths (attention, LayerNorm and GELU in
+  // PyTorch's float order, dropout with PyTorch's own masks from the run's
+  // generator): the book's numbers, slower. false: the fused kernels.
+  bool exact = false;
 
   // Throws std::invalid_argument naming the first bad value: a count or size
   // < 1 (warmup_iters, max_iters < 0), n_heads not dividing emb_dim, lr <= 0,
   // min_lr outside [0, lr], weight_decay or grad_clip < 0, drop_rate outside
   // [0, 1), betas outside [0, 1), a dtype other than float32 or bfloat16, a
-  // tokenizer other than char or gpt2, stride or epochs < 0.
+  // tokenizer other than char or gpt2, stride or epochs < 0, an lr_schedule
+  // other than cosine or constant, a decay other than matrices or all, exact
+  // with dtype bfloat16.
   void validate() const;
   std::string to_json() const;
   // Reads the fields present in a JSON object string (others keep their values).

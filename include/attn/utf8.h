@@ -64,6 +64,13 @@ std::string encode_utf8(char32_t code_point);
 // the errors of decode_utf8.
 std::vector<std::string> utf8_characters(std::string_view text);
 
+// Bytes as Python's bytes.decode("utf-8", errors="replace") makes them text
+// (what tiktoken's decode returns for GPT-2 tokens that split a character):
+// each valid sequence kept, each maximal ill-formed subpart (a lead byte and
+// the continuation bytes that can still follow it, or one byte that can start
+// nothing) one U+FFFD.
+std::string utf8_replacing_invalid(std::string_view bytes);
+
 // Bytes from outside (a file name, a tensor name, header text, tokenizer
 // input, a command-line value) made safe to put in a message, so that no
 // message ever carries raw input bytes to a terminal or a log:

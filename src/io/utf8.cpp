@@ -99,4 +99,40 @@ std::string printable(std::string_view bytes, size_t max_bytes) {
   return out;
 }
 
+std::string utf8_replacing_invalid(std::string_view bytes) {
+  static const std::string kReplacement = "\xEF\xBF\xBD";  // U+FFFD
+  std::string out;
+  out.reserve(bytes.size());
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(bytes[k]); };
+  for (size_t i = 0; i < bytes.size();) {
+    char32_t cp = 0;
+    const size_t len = utf8_sequence(bytes, i, cp);
+    if (len > 0) {
+      out.append(bytes.substr(i, len));
+      i += len;
+      continue;
+    }
+    // The maximal subpart: the lead byte (C2..F4) and the continuation bytes
+    // that a valid sequence could have next (Unicode's table 3-7 ranges).
+    const unsigned char b0 = byte(i);
+    size_t need = b0 >= 0xC2 && b0 <= 0xDF ? 2 : b0 >= 0xE0 && b0 <= 0xEF ? 3
+                                              : b0 >= 0xF0 && b0 <= 0xF4 ? 4 : 1;
+    size_t k = 1;
+    for (; k < need && i + k < bytes.size(); ++k) {
+      const unsigned char b = byte(i + k);
+      unsigned char lo = 0x80, hi = 0xBF;
+      if (k == 1) {
+        if (b0 == 0xE0) lo = 0xA0;
+        if (b0 == 0xED) hi = 0x9F;
+        if (b0 == 0xF0) lo = 0x90;
+        if (b0 == 0xF4) hi = 0x8F;
+      }
+      if (b < lo || b > hi) break;
+    }
+    out += kReplacement;
+    i += k;
+  }
+  return out;
+}
+
 }  // namespace attn

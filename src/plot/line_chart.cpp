@@ -34,6 +34,7 @@ constexpr double kTop = 44;     // the title
 constexpr double kBottom = 60;  // x tick labels and the x axis label
 constexpr double kTitleFont = 15, kTickFont = 11, kLabelFont = 12, kLegendFont = 12;
 constexpr double kTickLength = 5;
+constexpr double kTopAxisExtra = 14;  // the top axis's tick labels and label need more than a title
 constexpr double kLineWidth = 2, kMarkerRadius = 3.5;
 constexpr double kLegendSwatch = 24, kLegendRow = 18, kLegendPad = 8;
 constexpr Rgb kText = {32, 32, 32};
@@ -76,7 +77,7 @@ std::string tick_text(double v, double step) {
 
 struct Geometry {
   ChartLayout layout;
-  double x_step = 1, y_step = 1;
+  double x_step = 1, y_step = 1, top_step = 1;
 };
 
 Geometry geometry(const LineChart& chart) {
@@ -97,6 +98,21 @@ Geometry geometry(const LineChart& chart) {
   L.width = kChartWidth;
   L.height = kChartHeight;
   L.plot = {kPlotLeft, kTop, kChartWidth - kPlotLeft - kPlotRight, kChartHeight - kTop - kBottom};
+  if (chart.top_axis) {
+    // The top axis's values at the bottom axis's ends, and nice ticks inside them.
+    const TopAxis& t = *chart.top_axis;
+    const double per_x = (t.to - t.from) / (t.x_to - t.x_from);
+    L.top_min = t.from + (xa.min - t.x_from) * per_x;
+    L.top_max = t.from + (xa.max - t.x_from) * per_x;
+    const double lo = std::min(L.top_min, L.top_max), hi = std::max(L.top_min, L.top_max);
+    const Axis ta = nice_axis(lo, hi, 6, 0.0);
+    for (double v : ta.ticks) {
+      if (v >= lo - 1e-9 * (hi - lo) && v <= hi + 1e-9 * (hi - lo)) L.top_ticks.push_back(v);
+    }
+    g.top_step = ta.step;
+    L.plot.y += kTopAxisExtra;
+    L.plot.h -= kTopAxisExtra;
+  }
   L.x_min = xa.min;
   L.x_max = xa.max;
   L.y_min = ya.min;
@@ -121,7 +137,7 @@ void draw(cairo_t* cr, const LineChart& chart, const Geometry& g) {
   set_colour(cr, kBackground);
   cairo_paint(cr);
 
-  if (!chart.title.empty()) {
+  if (!chart.title.empty() && !chart.top_axis) {
     set_font(cr, kTitleFont, true);
     set_colour(cr, kText);
     draw_text(cr, chart.title, P.x + P.w / 2, kTop - 16, Align::kCentre);
@@ -162,6 +178,25 @@ void draw(cairo_t* cr, const LineChart& chart, const Geometry& g) {
   cairo_line_to(cr, std::round(P.x) - 0.5, P.y + P.h + 0.5);
   cairo_line_to(cr, P.x + P.w, P.y + P.h + 0.5);
   cairo_stroke(cr);
+  if (chart.top_axis) {  // along the top: the axis line, its ticks upwards, labels, its label
+    set_colour(cr, kAxis);
+    cairo_move_to(cr, std::round(P.x) - 0.5, std::round(P.y) - 0.5);
+    cairo_line_to(cr, P.x + P.w, std::round(P.y) - 0.5);
+    cairo_stroke(cr);
+    set_font(cr, kTickFont);
+    for (double t : L.top_ticks) {
+      const double x = std::round(L.top_px(t)) + 0.5;
+      set_colour(cr, kAxis);
+      cairo_move_to(cr, x, P.y);
+      cairo_line_to(cr, x, P.y - kTickLength);
+      cairo_stroke(cr);
+      set_colour(cr, kText);
+      draw_text(cr, tick_text(t, g.top_step), x, P.y - kTickLength - 4, Align::kCentre);
+    }
+    set_font(cr, kLabelFont);
+    draw_text(cr, chart.top_axis->label, P.x + P.w / 2, P.y - kTickLength - 8 - kTickFont - 6,
+              Align::kCentre);
+  }
   // Axis labels.
   set_font(cr, kLabelFont);
   set_colour(cr, kText);
@@ -183,10 +218,15 @@ void draw(cairo_t* cr, const LineChart& chart, const Geometry& g) {
     if (s.x.empty()) continue;
     set_colour(cr, s.colour);
     cairo_set_line_width(cr, kLineWidth);
+    if (s.dash_dot) {
+      const double dashes[] = {9, 4, 1, 4};  // "-.": a dash, a gap, a dot, a gap
+      cairo_set_dash(cr, dashes, 4, 0);
+    }
     cairo_move_to(cr, L.px(s.x[0]), L.py(s.y[0]));
     for (size_t k = 1; k < s.x.size(); ++k) cairo_line_to(cr, L.px(s.x[k]), L.py(s.y[k]));
     if (s.x.size() == 1) cairo_rel_line_to(cr, 0, 0);  // one point: a round cap's dot
     cairo_stroke(cr);
+    cairo_set_dash(cr, nullptr, 0, 0);
     if (s.x.size() <= kMaxMarkedPoints) {
       for (size_t k = 0; k < s.x.size(); ++k) {
         cairo_new_sub_path(cr);
@@ -211,9 +251,14 @@ void draw(cairo_t* cr, const LineChart& chart, const Geometry& g) {
     const double cy = B.y + kLegendPad + (static_cast<double>(k) + 0.5) * kLegendRow;
     set_colour(cr, s.colour);
     cairo_set_line_width(cr, 3);
+    if (s.dash_dot) {
+      const double dashes[] = {9, 4, 1, 4};
+      cairo_set_dash(cr, dashes, 4, 0);
+    }
     cairo_move_to(cr, B.x + kLegendPad, cy);
     cairo_line_to(cr, B.x + kLegendPad + kLegendSwatch, cy);
     cairo_stroke(cr);
+    cairo_set_dash(cr, nullptr, 0, 0);
     set_colour(cr, kText);
     draw_text(cr, s.name, B.x + kLegendPad * 2 + kLegendSwatch, cy + kLegendFont * 0.35,
               Align::kLeft);
@@ -283,6 +328,8 @@ std::vector<LossRecord> read_metrics(const std::string& path) {
     const auto val = j.find("val_loss");
     if (val == j.end()) throw bad("no \"val_loss\"");
     if (!val->is_null()) r.val_loss = number("val_loss");
+    if (j.contains("tokens_seen")) r.tokens_seen = number("tokens_seen");
+    if (j.contains("num_epochs")) r.num_epochs = number("num_epochs");
     records.push_back(r);
   }
   if (in.bad()) throw std::runtime_error(fmt::format("cannot read '{}': {}", printable(path), std::strerror(errno)));
@@ -290,16 +337,58 @@ std::vector<LossRecord> read_metrics(const std::string& path) {
   return records;
 }
 
+namespace {
+
+// The book's plot_losses: epochs_seen = torch.linspace(0, num_epochs, n), both
+// losses against it, tokens seen on ax1.twiny() (aligned by an invisible plot
+// of the train loss against tokens_seen: its first and last values at the
+// bottom axis's 0 and num_epochs).
+LineChart book_loss_chart(const std::vector<LossRecord>& records) {
+  const size_t n = records.size();
+  const double num_epochs = *records.back().num_epochs;
+  LineChart chart;
+  chart.title = "loss";
+  chart.x_label = "Epochs";
+  chart.y_label = "Loss";
+  chart.integer_x = true;  // MaxNLocator(integer=True)
+  Series train{"Training loss", kTrainColour, {}, {}, false};
+  Series val{"Validation loss", kValidationColour, {}, {}, true};
+  for (size_t k = 0; k < n; ++k) {
+    // torch.linspace(0, end, n): step = end / (n - 1), the second half counted from the end
+    const double step = n > 1 ? num_epochs / static_cast<double>(n - 1) : 0.0;
+    const double x = k < n / 2 ? step * static_cast<double>(k)
+                               : num_epochs - step * static_cast<double>(n - 1 - k);
+    train.x.push_back(x);
+    train.y.push_back(records[k].train_loss);
+    if (records[k].val_loss) {
+      val.x.push_back(x);
+      val.y.push_back(*records[k].val_loss);
+    }
+  }
+  chart.series = {train, val};
+  const double first = *records.front().tokens_seen, last = *records.back().tokens_seen;
+  if (n > 1 && last != first)
+    chart.top_axis = TopAxis{"Tokens seen", first, last, 0.0, num_epochs};
+  return chart;
+}
+
+}  // namespace
+
 LineChart loss_chart(std::vector<LossRecord> records) {
   std::stable_sort(records.begin(), records.end(),
                    [](const LossRecord& a, const LossRecord& b) { return a.iter < b.iter; });
+  const bool book = !records.empty() &&
+                    std::all_of(records.begin(), records.end(), [](const LossRecord& r) {
+                      return r.tokens_seen && r.num_epochs && *r.num_epochs > 0;
+                    });
+  if (book) return book_loss_chart(records);
   LineChart chart;
   chart.title = "loss";
   chart.x_label = "iteration";
   chart.y_label = "loss";
   chart.integer_x = true;
-  Series train{"train", kTrainColour, {}, {}};
-  Series val{"validation", kValidationColour, {}, {}};
+  Series train{"train", kTrainColour, {}, {}, false};
+  Series val{"validation", kValidationColour, {}, {}, false};
   for (const LossRecord& r : records) {
     train.x.push_back(r.iter);
     train.y.push_back(r.train_loss);

@@ -29,6 +29,18 @@ struct Series {
   std::string name;  // the legend's label
   Rgb colour;
   std::vector<double> x, y;  // the points, drawn in this order
+  bool dash_dot = false;     // matplotlib's linestyle="-." (else solid)
+};
+
+// A second x axis along the top (matplotlib's ax1.twiny()): its own values,
+// mapped linearly onto the bottom axis so that `from` sits at bottom value
+// x_from and `to` at x_to (from != to, x_from != x_to). Its ticks are nice
+// numbers within the visible range; the title is not drawn (the top is the
+// axis's).
+struct TopAxis {
+  std::string label;
+  double from = 0, to = 1;
+  double x_from = 0, x_to = 1;
 };
 
 struct LineChart {
@@ -36,6 +48,7 @@ struct LineChart {
   std::vector<Series> series;
   // The x ticks are whole numbers (iterations): the tick step is at least 1.
   bool integer_x = false;
+  std::optional<TopAxis> top_axis;
 };
 
 // Throws std::invalid_argument naming the values when a chart cannot be drawn: no
@@ -53,8 +66,12 @@ struct ChartLayout {
   double x_min = 0, x_max = 1, y_min = 0, y_max = 1;
   std::vector<double> x_ticks, y_ticks;
   Rect legend;
+  // With a top axis: its values at x_min and x_max, and its ticks.
+  double top_min = 0, top_max = 1;
+  std::vector<double> top_ticks;
   double px(double x) const { return plot.x + (x - x_min) / (x_max - x_min) * plot.w; }
   double py(double y) const { return plot.y + plot.h - (y - y_min) / (y_max - y_min) * plot.h; }
+  double top_px(double t) const { return plot.x + (t - top_min) / (top_max - top_min) * plot.w; }
 };
 ChartLayout chart_layout(const LineChart& chart);  // check()s the chart
 
@@ -64,12 +81,15 @@ std::string render_png(const LineChart& chart);
 // ---- the loss curve -----------------------------------------------------------------
 
 // One line of metrics.jsonl: a JSON object with at least "iter", "train_loss" and
-// "val_loss" (numbers; val_loss may be null where no evaluation ran). Other keys
-// are ignored.
+// "val_loss" (numbers; val_loss may be null where no evaluation ran), and from
+// the book's loop (`attn train --recipe book-ch5`) "tokens_seen" and
+// "num_epochs". Other keys are ignored.
 struct LossRecord {
   double iter = 0;
   double train_loss = 0;
   std::optional<double> val_loss;
+  std::optional<double> tokens_seen;
+  std::optional<double> num_epochs;
 };
 
 // Reads a metrics.jsonl file (blank lines are skipped). Throws std::runtime_error
@@ -80,7 +100,12 @@ std::vector<LossRecord> read_metrics(const std::string& path);
 
 // The chart of the records in iteration order: "train" (kTrainColour) and
 // "validation" (kValidationColour, the records with a val_loss) against
-// "iteration", y labelled "loss".
+// "iteration", y labelled "loss". When every record has tokens_seen and
+// num_epochs (the book's loop), the chart is the book's plot_losses:
+// "Training loss" and "Validation loss" (dash-dot) against "Epochs", the n
+// evaluations at torch.linspace(0, num_epochs, n), y labelled "Loss", and
+// "Tokens seen" along the top (the first evaluation's tokens_seen at epoch 0,
+// the last's at num_epochs).
 LineChart loss_chart(std::vector<LossRecord> records);
 
 // Reads metrics_path and writes its loss chart to out_path, SVG or PNG as the

@@ -230,6 +230,16 @@ void TrainOptions::validate() const {
         fmt::format("--tokenizer must be char or gpt2, got '{}'", printable(tokenizer)));
   at_least("stride", stride, 0);
   at_least("epochs", epochs, 0);
+  if (lr_schedule != "cosine" && lr_schedule != "constant")
+    throw std::invalid_argument(
+        fmt::format("--lr-schedule must be cosine or constant, got '{}'", printable(lr_schedule)));
+  if (decay != "matrices" && decay != "all")
+    throw std::invalid_argument(
+        fmt::format("--decay must be matrices or all, got '{}'", printable(decay)));
+  if (exact && dtype != "float32")
+    throw std::invalid_argument(fmt::format(
+        "--exact runs the float32 reference path; it cannot be combined with --dtype {}",
+        printable(dtype)));
 }
 
 std::string TrainOptions::to_json() const {
@@ -256,6 +266,9 @@ std::string TrainOptions::to_json() const {
   j["tokenizer"] = tokenizer;
   j["stride"] = stride;
   j["epochs"] = epochs;
+  j["lr_schedule"] = lr_schedule;
+  j["decay"] = decay;
+  j["exact"] = exact;
   return j.dump();
 }
 
@@ -293,6 +306,9 @@ TrainOptions TrainOptions::from_json(const std::string& text, TrainOptions o) {
     get("tokenizer", o.tokenizer);
     get("stride", o.stride);
     get("epochs", o.epochs);
+    get("lr_schedule", o.lr_schedule);
+    get("decay", o.decay);
+    get("exact", o.exact);
   } catch (const json::exception& e) {
     throw std::invalid_argument(fmt::format("train_args: {}", e.what()));
   }
@@ -456,20 +472,30 @@ void Trainer::build(int64_t vocab_size) {
                           .drop_rate = static_cast<float>(options_.drop_rate),
                           .qkv_bias = false};
   // Training uses the fused attention (with drop_rate 0 kAuto picks it anyway;
-  // with dropout its Philox masks, not PyTorch's).
-  model_ = std::make_unique<nn::GPTModel>(
-      cfg,
-      nn::GPTOptions{.exact_dropout = false,
-                     .dtype = dtype_from_name(options_.dtype),
-                     .fused_loss = options_.fused_loss},
-      *gen_);
+  // with dropout its Philox masks, not PyTorch's), or with `exact` the
+  // reference paths and PyTorch's dropout masks (and the plain loss: the
+  // reference layers never take the fused one).
+  const nn::GPTOptions model_options =
+      options_.exact ? nn::GPTOptions{.attention_backend = nn::AttentionBackend::kReference,
+                                      .exact_dropout = true,
+                                      .layers = nn::LayerImpl::kReference}
+                     : nn::GPTOptions{.exact_dropout = false,
+                                      .dtype = dtype_from_name(options_.dtype),
+                                      .fused_loss = options_.fused_loss};
+  model_ = std::make_unique<nn::GPTModel>(cfg, model_options, *gen_);
   model_->train();
-  optimizer_ = std::make_unique<optim::AdamW>(
-      *model_, optim::AdamWOptions{.lr = options_.lr,
-                                   .beta1 = options_.beta1,
-                                   .beta2 = options_.beta2,
-                                   .eps = 1e-8,
-                                   .weight_decay = options_.weight_decay});
+  const optim::AdamWOptions adamw{.lr = options_.lr,
+                                  .beta1 = options_.beta1,
+                                  .beta2 = options_.beta2,
+                                  .eps = 1e-8,
+                                  .weight_decay = options_.weight_decay};
+  if (options_.decay == "all") {  // AdamW(model.parameters(), weight_decay=...): one group
+    optim::ParamGroup all{.params = {}, .weight_decay = options_.weight_decay};
+    for (auto& [name, p] : model_->named_parameters()) all.params.push_back(p);
+    optimizer_ = std::make_unique<optim::AdamW>(std::vector<optim::ParamGroup>{all}, adamw);
+  } else {
+    optimizer_ = std::make_unique<optim::AdamW>(*model_, adamw);
+  }
   params_ = model_->named_parameters();
 }
 
@@ -499,7 +525,8 @@ float Trainer::step() {
                                        .min_lr = options_.min_lr,
                                        .warmup_iters = options_.warmup_iters,
                                        .lr_decay_iters = options_.max_iters};
-  optimizer_->set_lr(optim::get_lr(iter_, schedule));
+  optimizer_->set_lr(options_.lr_schedule == "constant" ? options_.lr
+                                                       : optim::get_lr(iter_, schedule));
   auto [x, y] = next_train_batch();
   optimizer_->zero_grad();
   // The mean cross-entropy, and with fused_loss its gradients, in one pass.

@@ -210,3 +210,77 @@ TEST(LineChart, WriteLossCurveFailuresLeaveNoFile) {
 }
 
 }  // namespace
+
+// ---- the book's plot_losses (metrics.jsonl of `attn train --recipe book-ch5`) ----------
+
+namespace {
+
+// 4 evaluations of a 2-epoch run (tokens seen 512 per step, evaluated after
+// steps 0, 5, 10, 15): the book draws them at torch.linspace(0, 2, 4).
+const char* const kBookMetrics =
+    "{\"iter\": 1, \"epoch\": 1, \"train_loss\": 9.8, \"val_loss\": 9.9, \"tokens_seen\": 512, "
+    "\"num_epochs\": 2}\n"
+    "{\"iter\": 6, \"epoch\": 1, \"train_loss\": 8.1, \"val_loss\": 8.3, \"tokens_seen\": 3072, "
+    "\"num_epochs\": 2}\n"
+    "{\"iter\": 11, \"epoch\": 2, \"train_loss\": 6.6, \"val_loss\": 7.0, \"tokens_seen\": 5632, "
+    "\"num_epochs\": 2}\n"
+    "{\"iter\": 16, \"epoch\": 2, \"train_loss\": 6.0, \"val_loss\": 6.6, \"tokens_seen\": 8192, "
+    "\"num_epochs\": 2}\n";
+
+}  // namespace
+
+TEST(LineChart, BookMetricsDrawLossAgainstEpochsWithTokensSeenOnTop) {
+  const auto records = attn::plot::read_metrics(write_text("book.jsonl", kBookMetrics));
+  ASSERT_EQ(records.size(), 4u);
+  ASSERT_TRUE(records[1].tokens_seen.has_value());
+  EXPECT_EQ(*records[1].tokens_seen, 3072);
+  const auto chart = attn::plot::loss_chart(records);
+  EXPECT_EQ(chart.x_label, "Epochs");
+  EXPECT_EQ(chart.y_label, "Loss");
+  ASSERT_EQ(chart.series.size(), 2u);
+  EXPECT_EQ(chart.series[0].name, "Training loss");
+  EXPECT_EQ(chart.series[1].name, "Validation loss");
+  EXPECT_FALSE(chart.series[0].dash_dot);
+  EXPECT_TRUE(chart.series[1].dash_dot);  // linestyle="-."
+  // torch.linspace(0, 2, 4) = [0, 2/3, 4/3, 2]
+  ASSERT_EQ(chart.series[0].x.size(), 4u);
+  EXPECT_DOUBLE_EQ(chart.series[0].x[0], 0.0);
+  EXPECT_NEAR(chart.series[0].x[1], 2.0 / 3.0, 1e-15);
+  EXPECT_NEAR(chart.series[0].x[2], 4.0 / 3.0, 1e-15);
+  EXPECT_DOUBLE_EQ(chart.series[0].x[3], 2.0);
+  EXPECT_EQ(chart.series[1].y, (std::vector<double>{9.9, 8.3, 7.0, 6.6}));
+  ASSERT_TRUE(chart.top_axis.has_value());
+  EXPECT_EQ(chart.top_axis->label, "Tokens seen");
+  // The top axis: the first evaluation's tokens at epoch 0, the last's at epoch 2.
+  const auto L = attn::plot::chart_layout(chart);
+  EXPECT_NEAR(L.top_px(512), L.px(0.0), 1e-9);
+  EXPECT_NEAR(L.top_px(8192), L.px(2.0), 1e-9);
+  ASSERT_GE(L.top_ticks.size(), 3u);
+  for (double t : L.top_ticks) {
+    EXPECT_GE(L.top_px(t), L.plot.x - 1e-9) << t;
+    EXPECT_LE(L.top_px(t), L.plot.x + L.plot.w + 1e-9) << t;
+  }
+  // The plot area starts lower than the nanoGPT chart's, under the top axis.
+  const auto plain = attn::plot::chart_layout(
+      attn::plot::loss_chart(attn::plot::read_metrics(write_text("m.jsonl", kMetrics))));
+  EXPECT_GT(L.plot.y, plain.plot.y);
+  // Rendered: both colours present, the validation's dash-dot leaves gaps (fewer pixels).
+  const std::string dir = attn::test::temp_path("book_loss");
+  fs::create_directory(dir);
+  attn::plot::write_loss_curve(write_text("book2.jsonl", kBookMetrics), dir + "/loss.svg");
+  const Image rendered = attn::test::render_svg_file(dir + "/loss.svg");
+  ASSERT_EQ(rendered.width, attn::plot::kChartWidth);
+  const int train_px = count_colour(rendered, attn::plot::kTrainColour, 8);
+  const int val_px = count_colour(rendered, attn::plot::kValidationColour, 8);
+  EXPECT_GT(train_px, 200);
+  EXPECT_GT(val_px, 100);
+  fs::remove_all(dir);
+}
+
+// Without tokens_seen and num_epochs on every line it is the iteration chart.
+TEST(LineChart, MetricsWithoutTokensSeenKeepTheIterationChart) {
+  const auto chart =
+      attn::plot::loss_chart(attn::plot::read_metrics(write_text("m2.jsonl", kMetrics)));
+  EXPECT_EQ(chart.x_label, "iteration");
+  EXPECT_FALSE(chart.top_axis.has_value());
+}

@@ -16,8 +16,9 @@ using attn::test::run_cli;
 
 namespace {
 
-const std::vector<std::string> kCh5Sections = {"generate", "loss", "data", "loaders",
-                                               "loader_loss", "decoding"};
+const std::vector<std::string> kCh5Sections = {
+    "generate", "loss",     "data", "loaders", "loader_loss", "train", "trained_generate",
+    "decoding", "top_k_generate"};
 const std::string kText = std::string("--text '") + ATTN_DATA_DIR + "/the-verdict.txt'";
 
 void expect_one_line_error(const attn::test::CliResult& r) {
@@ -31,17 +32,32 @@ void expect_one_line_error(const attn::test::CliResult& r) {
 
 TEST(WalkthroughCh5Cli, UnknownSectionListsTheAvailableOnes) {
   ATTN_REQUIRE_CLI();
-  // "training" is the notebook's, but not part of attn's chapter 5; "gpt" is chapter 4's.
+  // "training" is not a section's name (the section is "train"); "gpt" is chapter 4's.
   for (const char* name : {"training", "gpt", "samples"}) {
     const auto r = run_cli(std::string("walkthrough --chapter 5 --section data,") + name);
     expect_one_line_error(r);
     EXPECT_NE(r.err.find(std::string("unknown section '") + name +
                          "' for chapter 5 (known: generate, loss, data, loaders, loader_loss, "
-                         "decoding; the training and what needs the trained model are not part "
-                         "of attn's chapter 5)"),
+                         "train, trained_generate, decoding, top_k_generate)"),
               std::string::npos)
         << r.err;
   }
+}
+
+// --epochs is the training cell's num_epochs: chapter 5's, at least 1. Nothing
+// is trained before the flags are checked.
+TEST(WalkthroughCh5Cli, EpochsIsChapterFivesAndAtLeastOne) {
+  ATTN_REQUIRE_CLI();
+  for (const char* bad : {"0", "-3"}) {
+    const auto r = run_cli(std::string("walkthrough --chapter 5 --section train --epochs ") + bad);
+    expect_one_line_error(r);
+    EXPECT_NE(r.err.find(std::string("--epochs must be >= 1 (the notebook trains 10), got ") + bad),
+              std::string::npos)
+        << r.err;
+  }
+  const auto r = run_cli("walkthrough --chapter 4 --section batch --epochs 2");
+  expect_one_line_error(r);
+  EXPECT_NE(r.err.find("--epochs is chapter 5's"), std::string::npos) << r.err;
 }
 
 TEST(WalkthroughCh5Cli, ChapterThreeFlagsAreRefusedNamingTheFlag) {
@@ -115,7 +131,7 @@ TEST(WalkthroughCh5Cli, HelpListsChapterFivesSectionsAndWhatIsMissing) {
   const auto r = run_cli("walkthrough --help");
   ASSERT_EQ(r.exit_code, 0);
   EXPECT_NE(r.out.find("Chapter 5's sections (--chapter 5)"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("the training"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("the notebook with its training"), std::string::npos) << r.out;
   for (const auto& s : kCh5Sections) EXPECT_NE(r.out.find("  " + s + " "), std::string::npos) << s;
 }
 

@@ -88,7 +88,10 @@ Command add_plot_command(CLI::App& app) {
       ->type_name("FILE");
 
   CLI::App* loss = cmd->add_subcommand(
-      "loss", "Draw train and validation loss against iterations from a metrics.jsonl");
+      "loss",
+      "Draw train and validation loss against iterations from a metrics.jsonl; from the "
+      "metrics of `attn train --recipe book-ch5` (lines with tokens_seen and num_epochs), the "
+      "book's plot_losses: loss against epochs, tokens seen on a second axis along the top");
   loss->add_option("metrics", flags->metrics, "The metrics.jsonl of a training run")
       ->required()
       ->type_name("METRICS");

@@ -27,6 +27,7 @@
 #include "attn/hf_gpt2.h"
 #include "attn/tokenizer.h"
 #include "attn/train.h"
+#include "attn/train_book.h"
 #include "plot/line_chart.h"
 
 namespace attn::cli {
@@ -81,11 +82,110 @@ std::vector<std::string> kept_metrics(const std::string& path, int64_t last_eval
   return kept;
 }
 
+// The book's loop (train_model_simple, attn/train_book.h): its prints on
+// stdout as the notebook prints them ("Ep 1 (Step 000000): Train loss ...,
+// Val loss ..." and each epoch's sample), the steps' progress on stderr;
+// DIR/metrics.jsonl (one line per evaluation, with epoch, global_step,
+// tokens_seen and num_epochs) and DIR/samples.jsonl (one per epoch) as they
+// come; at the end (or on SIGINT) the checkpoint, and DIR/loss.svg as the
+// book's plot_losses draws it.
+int run_book_recipe(train::Trainer& trainer, const std::string& out,
+                    const std::function<void(train::Trainer&)>& save) {
+  namespace fs = std::filesystem;
+  using clock = std::chrono::steady_clock;
+  const train::TrainOptions& options = trainer.options();
+  const std::string metrics_path = (fs::path(out) / "metrics.jsonl").string();
+  const std::string samples_path = (fs::path(out) / "samples.jsonl").string();
+  const int64_t batches = trainer.train_loader()->batches();
+  const int64_t steps = options.epochs * batches;
+  std::cout << fmt::format(
+      "attn train --recipe book-ch5: {} tokens (GPT-2 BPE), {} train / {} val tokens ({} training "
+      "batches per epoch); {} parameters; {} layers, {} heads, emb {}, context {}, batch {}; {} "
+      "epochs = {} steps; AdamW lr {} (constant), weight decay {} on {} parameters; {} path\n",
+      trainer.train_tokens() + trainer.val_tokens(), trainer.train_tokens(), trainer.val_tokens(),
+      batches, trainer.model().num_parameters(), options.n_layers, options.n_heads,
+      options.emb_dim, options.context_length, options.batch_size, options.epochs, steps,
+      options.lr, options.weight_decay, options.decay,
+      options.exact ? "reference (PyTorch's dropout masks)" : "fused");
+  std::cout.flush();
+
+  struct sigaction sa {};
+  sa.sa_handler = on_sigint;
+  sa.sa_flags = SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  struct sigaction old {};
+  sigaction(SIGINT, &sa, &old);
+  g_stop = 0;
+
+  const auto start = clock::now();
+  std::vector<std::string> metrics, samples;
+  std::vector<double> step_ms, all_ms;
+  train::BookCallbacks cb;
+  cb.on_step = [&](int64_t step, float loss, double ms) {
+    step_ms.push_back(ms);
+    all_ms.push_back(ms);
+    std::cerr << fmt::format("step {}/{} loss {:.4f} {:.0f} ms ETA {}\n", step + 1, steps, loss, ms,
+                             duration(median(all_ms) * 1e-3 * static_cast<double>(steps - step - 1)));
+  };
+  cb.on_evaluation = [&](const train::BookEvaluation& e) {
+    nlohmann::ordered_json j;
+    j["iter"] = e.global_step + 1;  // steps done
+    j["epoch"] = e.epoch;
+    j["global_step"] = e.global_step;
+    j["train_loss"] = e.train_loss;
+    j["val_loss"] = e.val_loss;
+    j["tokens_seen"] = e.tokens_seen;
+    j["num_epochs"] = options.epochs;
+    j["lr"] = options.lr;
+    j["ms_per_iter"] = median(step_ms);
+    j["elapsed_s"] = std::chrono::duration<double>(clock::now() - start).count();
+    step_ms.clear();
+    metrics.push_back(j.dump());
+    std::string all;
+    for (const auto& line : metrics) all += line + "\n";
+    write_file_atomically(metrics_path, all);
+    std::cout << train::format_evaluation(e) << "\n";
+    std::cout.flush();
+  };
+  cb.on_sample = [&](const train::BookSample& s) {
+    nlohmann::ordered_json j;
+    j["epoch"] = s.epoch;
+    j["text"] = s.text;
+    j["ids"] = s.ids;
+    samples.push_back(j.dump());
+    std::string all;
+    for (const auto& line : samples) all += line + "\n";
+    write_file_atomically(samples_path, all);
+    std::cout << s.text << "\n";
+    std::cout.flush();
+  };
+  cb.should_stop = [] { return g_stop != 0; };
+  const train::BookHistory history = train::train_model_simple(trainer, cb);
+  sigaction(SIGINT, &old, nullptr);
+  const double wall = std::chrono::duration<double>(clock::now() - start).count();
+  save(trainer);
+  if (history.stopped) {
+    std::cout << fmt::format(
+        "interrupted after step {}: checkpoint written to {} (the book's loop is not resumable)\n",
+        trainer.iter(), printable((fs::path(out) / "checkpoint.safetensors").string()));
+    std::cout.flush();
+    return kInterrupted;
+  }
+  const std::string loss_curve = (fs::path(out) / "loss.svg").string();
+  plot::write_loss_curve(metrics_path, loss_curve);
+  std::cout << fmt::format(
+      "done: {} steps in {:.1f} s ({:.1f} ms/step median); checkpoint {}; loss curve {}\n",
+      trainer.iter(), wall, median(all_ms),
+      printable((fs::path(out) / "checkpoint.safetensors").string()), loss_curve);
+  std::cout.flush();
+  return std::cout ? 0 : 1;
+}
+
 }  // namespace
 
 Command add_train_command(CLI::App& app) {
   struct Flags {
-    std::string text, out;
+    std::string text, out, recipe;
     bool resume = false;
     int threads = 0;  // 0: OpenMP's default (OMP_NUM_THREADS, else every core)
     train::TrainOptions o;
@@ -103,11 +203,20 @@ Command add_train_command(CLI::App& app) {
       "  attn train --text input.txt --out run\n"
       "  attn train --text input.txt --out run --resume --max-iters 4000\n"
       "  attn train --text the-verdict.txt --out run --tokenizer gpt2 --context-length 256 "
-      "--batch-size 2 --epochs 10");
+      "--batch-size 2 --epochs 10\n"
+      "  attn train --recipe book-ch5 --text the-verdict.txt --out run   (the book's chapter 5)");
   cmd->add_option("--text", flags->text, "The training text (UTF-8)")->required()->type_name("FILE");
   cmd->add_option("--out", flags->out, "Folder for checkpoint.safetensors and metrics.jsonl")
       ->required()
       ->type_name("DIR");
+  cmd->add_option("--recipe", flags->recipe,
+                  "book-ch5: the book's chapter-5 run (GPT_CONFIG_124M with context 256, GPT-2 BPE, "
+                  "windows of 256 every 256, batch 2, AdamW lr 4e-4 with weight decay 0.1 on every "
+                  "parameter, betas (0.9, 0.999), constant lr, no clipping, dropout 0.1 with "
+                  "PyTorch's masks, 10 epochs, seed 123) and its loop, train_model_simple: "
+                  "evaluation after every 5th step on 5 batches, a greedy sample from \"Every "
+                  "effort moves you\" after each epoch. Flags given too override the recipe's")
+      ->type_name("NAME");
   cmd->add_flag("--resume", flags->resume,
                 "Continue from DIR/checkpoint.safetensors with its flags (flags given here override "
                 "those that do not change the model)");
@@ -148,6 +257,16 @@ Command add_train_command(CLI::App& app) {
   ATTN_TRAIN_FLAG("--epochs", epochs,
                   "gpt2: passes over the training windows; sets --max-iters to epochs x batches "
                   "per pass (0: use --max-iters)");
+  ATTN_TRAIN_FLAG("--lr-schedule", lr_schedule,
+                  "cosine: warm-up and cosine decay to --min-lr (nanoGPT); constant: --lr at every "
+                  "step (the book)");
+  ATTN_TRAIN_FLAG("--decay", decay,
+                  "Which parameters AdamW's weight decay applies to: matrices (weights and "
+                  "embeddings, nanoGPT) or all (AdamW(model.parameters()), the book)");
+  given.emplace_back(cmd->add_flag("--exact", o.exact,
+                                   "Run the model on the reference paths with PyTorch's dropout "
+                                   "masks (the book's numbers; slower than the fused kernels)"),
+                     [](train::TrainOptions& d, const train::TrainOptions& s) { d.exact = s.exact; });
   ATTN_TRAIN_FLAG("--dtype", dtype,
                   "Compute dtype: float32, or bfloat16 (mixed precision as torch.autocast: float32 "
                   "weights, gradients and optimizer; bf16 products summed in float32)");
@@ -180,6 +299,24 @@ Command add_train_command(CLI::App& app) {
     train::TrainOptions options = flags->o;
     std::error_code ec;
     const bool have_checkpoint = fs::exists(checkpoint, ec);
+    const bool book = !flags->recipe.empty();
+    if (book) {
+      if (flags->recipe != "book-ch5")
+        throw UsageError(fmt::format("--recipe must be book-ch5, got '{}'", printable(flags->recipe)));
+      if (flags->resume)
+        throw UsageError(
+            "--resume cannot be combined with --recipe book-ch5: the book's loop "
+            "(train_model_simple) runs from the fresh model to its last epoch");
+      options = train::book_ch5_options();
+      for (const auto& [opt, copy] : given) {
+        if (opt->count() > 0) copy(options, flags->o);
+      }
+      if (options.tokenizer != "gpt2" || options.epochs < 1)
+        throw UsageError(fmt::format(
+            "--recipe book-ch5 needs --tokenizer gpt2 and --epochs >= 1 (the book's data loaders), "
+            "got --tokenizer {} and --epochs {}",
+            printable(options.tokenizer), options.epochs));
+    }
     if (flags->resume) {
       if (!have_checkpoint)
         throw std::runtime_error(fmt::format("--resume: no checkpoint at '{}'", printable(checkpoint)));
@@ -212,6 +349,7 @@ Command add_train_command(CLI::App& app) {
 
     train::Trainer trainer(text, options);
     options = trainer.options();  // max_iters resolved from --epochs
+    if (book) return run_book_recipe(trainer, flags->out, save);
     std::vector<std::string> metrics;
     if (flags->resume) {
       trainer.resume(checkpoint);
@@ -269,9 +407,10 @@ Command add_train_command(CLI::App& app) {
           j["ms_per_iter"] = ms;
           j["tokens_per_s"] = static_cast<double>(trainer.tokens_per_step()) * 1e3 / ms;
         }
-        j["lr"] = it < options.max_iters ? optim::get_lr(it, {options.lr, options.min_lr, options.warmup_iters,
-                                                               options.max_iters})
-                                         : options.min_lr;
+        j["lr"] = options.lr_schedule == "constant" ? options.lr
+                  : it < options.max_iters
+                      ? optim::get_lr(it, {options.lr, options.min_lr, options.warmup_iters, options.max_iters})
+                      : options.min_lr;
         j["elapsed_s"] = std::chrono::duration<double>(clock::now() - start).count();
         metrics.push_back(j.dump());
         step_ms.clear();

@@ -629,6 +629,7 @@ Command add_walkthrough_command(CLI::App& app) {
     bool heatmap = false;
     int chapter = 3;
     std::string text = "data/the-verdict.txt";
+    int64_t epochs = 10;
   };
   auto flags = std::make_shared<Flags>();
 
@@ -641,9 +642,9 @@ Command add_walkthrough_command(CLI::App& app) {
     sections_help += fmt::format("  {:<15} {}\n", info.name, info.title.substr(3));
   }
   sections_help +=
-      "Chapter 5's sections (--chapter 5), in this order; the notebook without its "
-      "training (the training, the trained model's samples, generate with top_k and "
-      "temperature, and GPT-2's weights are not part of it):\n";
+      "Chapter 5's sections (--chapter 5), in this order; the notebook with its training "
+      "(about 10 minutes on 2 cores; saving the model and GPT-2's weights are not part of "
+      "it; trained_generate and top_k_generate train first when train is not chosen):\n";
   for (const auto& info : walkthrough_ch5_sections()) {
     sections_help += fmt::format("  {:<15} {}\n", info.name, info.title.substr(3));
   }
@@ -651,7 +652,7 @@ Command add_walkthrough_command(CLI::App& app) {
       "walkthrough",
       "The chapter's worked examples on \"Your journey starts with one step\", every tensor "
       "printed the way PyTorch 1.13 prints it; --chapter 4: the GPT chapter's notebook; "
-      "--chapter 5: the pretraining chapter's notebook without its training");
+      "--chapter 5: the pretraining chapter's notebook, its training included");
   cmd->footer(sections_help);
   std::string ch4_names;
   for (const auto& info : walkthrough_ch4_sections()) {
@@ -665,9 +666,10 @@ Command add_walkthrough_command(CLI::App& app) {
                   "3 (the default): the attention chapter's examples; 4: the GPT chapter's "
                   "notebook (GPT_CONFIG_124M under torch.manual_seed(123), its logits, "
                   "parameter counts and greedy generation); 5: the pretraining chapter's "
-                  "notebook without train_model_simple (generation, the loss, The Verdict's "
-                  "loaders, the untrained model's losses, temperature and top-k on the "
-                  "9-word vocabulary; no training); progress on stderr")
+                  "notebook (generation, the loss, The Verdict's loaders, the untrained "
+                  "model's losses, train_model_simple's 10 epochs, the trained model's text, "
+                  "temperature and top-k on the 9-word vocabulary and with the trained "
+                  "model); progress on stderr")
       ->type_name("N");
   cmd->add_option("--section", flags->sections,
                   "Run only this section (repeatable, or comma-separated); chapter 3: " +
@@ -686,6 +688,11 @@ Command add_walkthrough_command(CLI::App& app) {
       cmd->add_option("--text", flags->text,
                       "Chapter 5: the notebook's the-verdict.txt (default: data/the-verdict.txt)")
           ->type_name("FILE");
+  CLI::Option* epochs_opt =
+      cmd->add_option("--epochs", flags->epochs,
+                      "Chapter 5: train this many epochs instead of the notebook's 10 (the first "
+                      "epochs print the same; the trained model's sections then use this model)")
+          ->type_name("N");
   CLI::Option* plot_opt =
       cmd->add_option(
              "--plot", flags->plot_dir,
@@ -755,15 +762,19 @@ Command add_walkthrough_command(CLI::App& app) {
         throw UsageError(e.what());
       }
     }
+    if (flags->epochs < 1) {
+      throw UsageError(
+          fmt::format("--epochs must be >= 1 (the notebook trains 10), got {}", flags->epochs));
+    }
     const std::vector<Printed> printed = run_walkthrough_ch5(
-        flags->sections, flags->text,
+        flags->sections, Ch5Options{.text_path = flags->text, .num_epochs = flags->epochs},
         [](const std::string& line) { std::cerr << "walkthrough: " << line << std::endl; });
     if (!flags->json_out.empty()) write_file_atomically(flags->json_out, ch4_to_json(printed));
     std::cout << (flags->json ? ch4_to_json(printed) : ch5_to_text(printed)) << std::flush;
     return 0;
   };
 
-  auto run = [flags, seed_opt, plot_opt, html_opt, text_opt, run_chapter4,
+  auto run = [flags, seed_opt, plot_opt, html_opt, text_opt, epochs_opt, run_chapter4,
               run_chapter5]() -> int {
     if (flags->chapter == 5) return run_chapter5();
     if (text_opt->count() > 0) {
@@ -771,11 +782,16 @@ Command add_walkthrough_command(CLI::App& app) {
           "--text is chapter 5's (the notebook's the-verdict.txt); this is chapter {}",
           flags->chapter));
     }
+    if (epochs_opt->count() > 0) {
+      throw UsageError(fmt::format(
+          "--epochs is chapter 5's (the training cell's num_epochs); this is chapter {}",
+          flags->chapter));
+    }
     if (flags->chapter == 4) return run_chapter4();
     if (flags->chapter != 3) {
       throw UsageError(fmt::format(
           "--chapter {}: attn walkthrough has chapters 3 (attention), 4 (the GPT model) and 5 "
-          "(pretraining, without the training)",
+          "(pretraining)",
           flags->chapter));
     }
     WalkthroughOptions options;

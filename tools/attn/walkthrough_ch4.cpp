@@ -26,6 +26,7 @@
 #include "attn/print.h"
 #include "attn/random.h"
 #include "attn/tokenizer.h"
+#include "attn/train_book.h"
 #include "attn/utf8.h"
 #include "command.h"
 
@@ -475,37 +476,16 @@ void gpt_section(Notebook& nb) {
 // maximum, as torch.argmax), appended. idx (B, T) int64 -> (B, T + max_new_tokens).
 Tensor generate_text_simple(nn::GPTModel& model, const Tensor& idx, int64_t max_new_tokens,
                             int64_t context_size, const ProgressFn& progress) {
-  const int64_t B = idx.size(0);
-  std::vector<std::vector<int64_t>> rows(static_cast<size_t>(B));
-  const std::vector<int64_t> flat = idx.to_int64_vector();
-  const int64_t T0 = idx.size(1);
-  for (int64_t b = 0; b < B; ++b) {
-    rows[static_cast<size_t>(b)].assign(flat.begin() + b * T0, flat.begin() + (b + 1) * T0);
-  }
-  for (int64_t step = 0; step < max_new_tokens; ++step) {
-    const auto start = std::chrono::steady_clock::now();
-    const int64_t T = static_cast<int64_t>(rows[0].size());
-    const int64_t T_cond = std::min(T, context_size);  // idx[:, -context_size:]
-    std::vector<int64_t> cond;
-    for (const auto& row : rows) cond.insert(cond.end(), row.end() - T_cond, row.end());
-    const Tensor logits = model.forward(Tensor::from_int64({B, T_cond}, cond));  // (B, T, V)
-    const Tensor probas = softmax(select(logits, 1, T_cond - 1), -1);            // (B, V)
-    const int64_t V = probas.size(1);
-    const std::vector<float> p = probas.to_vector();
-    std::vector<int64_t> next(static_cast<size_t>(B));
-    for (int64_t b = 0; b < B; ++b) {
-      const auto first = p.begin() + b * V;
-      next[static_cast<size_t>(b)] = std::max_element(first, first + V) - first;
-      rows[static_cast<size_t>(b)].push_back(next[static_cast<size_t>(b)]);
-    }
-    if (progress) {
-      progress(fmt::format("generate_text_simple: token {} of {} ({}) in {:.2f} s", step + 1,
-                           max_new_tokens, fmt::join(next, ", "), seconds_since(start)));
-    }
-  }
-  std::vector<int64_t> out;
-  for (const auto& row : rows) out.insert(out.end(), row.begin(), row.end());
-  return Tensor::from_int64({B, static_cast<int64_t>(rows[0].size())}, out);
+  auto start = std::chrono::steady_clock::now();
+  return train::generate_text_simple(
+      model, idx, max_new_tokens, context_size,
+      [&](int64_t step, const std::vector<int64_t>& next) {
+        if (progress) {
+          progress(fmt::format("generate_text_simple: token {} of {} ({}) in {:.2f} s", step + 1,
+                               max_new_tokens, fmt::join(next, ", "), seconds_since(start)));
+        }
+        start = std::chrono::steady_clock::now();
+      });
 }
 
 namespace {

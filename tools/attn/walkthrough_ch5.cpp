@@ -1,5 +1,5 @@
 // walkthrough_ch5.cpp - `attn walkthrough --chapter 5`: the pretraining
-// chapter's notebook, print by print, without its training.
+// chapter's notebook, print by print, its training included.
 //
 // Each section follows the notebook's cells (tests/torch/oracle_walkthrough_ch5.py
 // runs the same code in PyTorch). The model is GPT_CONFIG_124M with
@@ -31,6 +31,7 @@
 #include "attn/random.h"
 #include "attn/tokenizer.h"
 #include "attn/train.h"
+#include "attn/train_book.h"
 #include "attn/utf8.h"
 #include "command.h"
 
@@ -106,6 +107,11 @@ struct Notebook {
   std::string section;
   std::unique_ptr<nn::GPTModel> model;
   std::string text_data;  // the-verdict.txt, read once
+  int64_t num_epochs = 10;  // the training cell's num_epochs
+  // The training cell's model, trained (by the train section, or first by a
+  // section that needs it), and its history.
+  std::unique_ptr<train::Trainer> trainer;
+  train::BookHistory history;
 
   void print(std::string name, const std::string& what, const std::string& code, std::string text,
              nlohmann::json value) {
@@ -148,9 +154,10 @@ Tensor text_to_token_ids(const std::string& text) {
   return Tensor::from_int64({1, static_cast<int64_t>(ids.size())}, ids);
 }
 
-// token_ids_to_text: tokenizer.decode(token_ids.squeeze(0).tolist()).
+// token_ids_to_text: tokenizer.decode(token_ids.squeeze(0).tolist()), bytes
+// that are not UTF-8 as tiktoken's errors="replace" gives them.
 std::string token_ids_to_text(const Tensor& ids) {
-  return text::Tokenizer::gpt2().decode(ids.to_int64_vector());
+  return utf8_replacing_invalid(text::Tokenizer::gpt2().decode(ids.to_int64_vector()));
 }
 
 // ---- 1. generating text with the untrained model ------------------------------------------
@@ -409,7 +416,99 @@ void loader_loss_section(Notebook& nb) {
            "Validation loss: " + python_float(val_loss), val_loss);
 }
 
-// ---- 6. decoding strategies: temperature and top-k on a 9-word vocabulary ------------------
+// ---- 6. training: train_model_simple -------------------------------------------------------
+
+// The training cell: torch.manual_seed(123); model = GPTModel(GPT_CONFIG_124M)
+// (a new model, in train mode); AdamW(model.parameters(), lr=0.0004,
+// weight_decay=0.1); train_model_simple(num_epochs=10, eval_freq=5,
+// eval_iter=5, start_context="Every effort moves you"). attn::train's book
+// recipe on The Verdict is the same run: one generator seeded 123 draws the
+// weights, then every loader pass and dropout mask, as torch's global one does
+// (the loaders and their split are the notebook's: the Trainer tokenizes the
+// same 90/10 split by characters).
+train::Trainer& trained(Notebook& nb) {
+  if (nb.trainer) return *nb.trainer;
+  nb.model.reset();  // the untrained model of the sections before (500 MB) is not used again
+  train::TrainOptions options = train::book_ch5_options();
+  options.epochs = nb.num_epochs;
+  const auto start = std::chrono::steady_clock::now();
+  nb.say("training cell: torch.manual_seed(123); GPTModel(GPT_CONFIG_124M, context_length 256); "
+         "AdamW(lr=0.0004, weight_decay=0.1) ...");
+  nb.trainer = std::make_unique<train::Trainer>(nb.verdict(), options);
+  const int64_t steps = options.epochs * nb.trainer->train_loader()->batches();
+  nb.say(fmt::format("train_model_simple: {} epochs of {} steps on the reference path "
+                     "(PyTorch's dropout masks), evaluation every 5 steps",
+                     options.epochs, nb.trainer->train_loader()->batches()));
+  train::BookCallbacks cb;
+  cb.on_step = [&nb, steps](int64_t step, float loss, double ms) {
+    nb.say(fmt::format("train_model_simple: step {} of {}: loss {} in {:.2f} s", step + 1, steps,
+                       python_float(loss), ms * 1e-3));
+  };
+  cb.on_evaluation = [&nb](const train::BookEvaluation& e) {
+    nb.say(train::format_evaluation(e));
+  };
+  cb.on_sample = [&nb](const train::BookSample& s) {
+    nb.say(fmt::format("epoch {} sample: {}", s.epoch, s.text));
+  };
+  nb.history = train::train_model_simple(*nb.trainer, cb);
+  nb.say(fmt::format("train_model_simple: {} epochs in {:.1f} s", options.epochs,
+                     seconds_since(start)));
+  return *nb.trainer;
+}
+
+void train_section(Notebook& nb) {
+  trained(nb);
+  // The prints in train_model_simple's order: each epoch's evaluations, then its sample.
+  size_t k = 0;
+  for (const train::BookSample& s : nb.history.samples) {
+    for (; k < nb.history.evaluations.size() && nb.history.evaluations[k].epoch <= s.epoch; ++k) {
+      const train::BookEvaluation& e = nb.history.evaluations[k];
+      nb.print("train_model_simple: evaluate_model",
+               fmt::format("after step {} ({} tokens seen): the mean loss of the first 5 "
+                           "training and the first 5 validation batches, in eval mode",
+                           e.global_step, e.tokens_seen),
+               "print(f\"Ep {epoch+1} (Step {global_step:06d}): Train loss {train_loss:.3f}, "
+               "Val loss {val_loss:.3f}\")",
+               train::format_evaluation(e),
+               {{"epoch", e.epoch},
+                {"global_step", e.global_step},
+                {"train_loss", e.train_loss},
+                {"val_loss", e.val_loss},
+                {"tokens_seen", e.tokens_seen}});
+    }
+    nb.print("train_model_simple: generate_and_print_sample",
+             fmt::format("the end of epoch {}: 50 greedy tokens from \"{}\" (newlines printed "
+                         "as spaces)",
+                         s.epoch, kStartContext),
+             "generate_and_print_sample(model, tokenizer, device, start_context): "
+             "print(decoded_text.replace(\"\\n\", \" \"))",
+             s.text, {{"epoch", s.epoch}, {"ids", s.ids}, {"text", s.text}});
+  }
+}
+
+// ---- 7. the trained model's greedy text ----------------------------------------------------
+
+constexpr int64_t kTrainedNewTokens = 25;
+
+void trained_generate_section(Notebook& nb) {
+  nn::GPTModel& model = trained(nb).model();
+  model.eval();
+  const Tensor token_ids = train::generate_text_simple(
+      model, text_to_token_ids(kStartContext), kTrainedNewTokens, kContextLength);
+  const std::string text = token_ids_to_text(token_ids);
+  nb.print("token_ids_to_text(token_ids, tokenizer)",
+           fmt::format("the trained model: \"{}\" and 25 greedily chosen tokens (the same "
+                       "passages of The Verdict again and again: it has memorised the text)",
+                       kStartContext),
+           "model.eval(); token_ids = generate_text_simple(model=model, "
+           "idx=text_to_token_ids(\"Every effort moves you\", tokenizer), max_new_tokens=25, "
+           "context_size=GPT_CONFIG_124M[\"context_length\"]); print(\"Output text:\\n\", "
+           "token_ids_to_text(token_ids, tokenizer))",
+           "Output text:\n " + text,
+           {{"ids", token_ids.to_int64_vector()}, {"text", text}});
+}
+
+// ---- 8. decoding strategies: temperature and top-k on a 9-word vocabulary ------------------
 
 // The notebook's vocab, in id order, and its fixed next_token_logits.
 const char* const kVocab[] = {"closer", "every", "effort", "forward", "inches",
@@ -517,6 +616,38 @@ void decoding_section(Notebook& nb) {
            to_string(topk_probas), tensor_json(topk_probas));
 }
 
+// ---- 9. generate with top-k and temperature -----------------------------------------------
+
+constexpr int64_t kTopKNewTokens = 15;
+constexpr int64_t kGenerateTopK = 25;
+constexpr float kGenerateTemperature = 1.4f;
+
+// The chapter's generate: the top 25 logits kept (the rest -inf), divided by
+// the temperature 1.4, softmax, one torch.multinomial draw per token
+// (nn::generate without a cache: the full forward of the prefix each step, as
+// the book runs it), under torch.manual_seed(123).
+void top_k_generate_section(Notebook& nb) {
+  nn::GPTModel& model = trained(nb).model();
+  model.eval();
+  manual_seed(kBookSeed);
+  const Tensor token_ids = nn::generate(model, text_to_token_ids(kStartContext),
+                                        nn::GenerateOptions{.max_new_tokens = kTopKNewTokens,
+                                                            .temperature = kGenerateTemperature,
+                                                            .top_k = kGenerateTopK,
+                                                            .use_cache = false},
+                                        default_generator());
+  const std::string text = token_ids_to_text(token_ids);
+  nb.print("token_ids_to_text(token_ids, tokenizer)",
+           "the trained model with top-k 25 and temperature 1.4: 15 tokens drawn, not chosen "
+           "greedily (new text, less memorised)",
+           "torch.manual_seed(123); token_ids = generate(model=model, "
+           "idx=text_to_token_ids(\"Every effort moves you\", tokenizer), max_new_tokens=15, "
+           "context_size=GPT_CONFIG_124M[\"context_length\"], top_k=25, temperature=1.4); "
+           "print(\"Output text:\\n\", token_ids_to_text(token_ids, tokenizer))",
+           "Output text:\n " + text,
+           {{"ids", token_ids.to_int64_vector()}, {"text", text}});
+}
+
 // ---- the sections -----------------------------------------------------------------------
 
 using SectionFn = void (*)(Notebook&);
@@ -547,11 +678,24 @@ const std::vector<SectionEntry>& section_table() {
         "calc_loss_batch and calc_loss_loader under torch.manual_seed(123): the mean cross "
         "entropy of every training and every validation batch"},
        loader_loss_section},
-      {{"decoding", "6. Decoding strategies: temperature scaling and top-k",
+      {{"train", "6. Training the model: train_model_simple",
+        "torch.manual_seed(123), a new GPTModel, AdamW(lr=0.0004, weight_decay=0.1); 10 epochs "
+        "over the training loader, evaluation every 5 steps on 5 batches, a greedy sample after "
+        "each epoch (minutes: the reference path, PyTorch's dropout masks; progress on stderr)"},
+       train_section},
+      {{"trained_generate", "7. The trained model's text",
+        "model.eval(); generate_text_simple, 25 tokens from \"Every effort moves you\" (trains "
+        "first when the train section did not run)"},
+       trained_generate_section},
+      {{"decoding", "8. Decoding strategies: temperature scaling and top-k",
         "the 9-word vocabulary and its fixed next_token_logits: argmax, torch.multinomial "
         "under torch.manual_seed(123), print_sampled_tokens (1,000 draws) at temperatures 1, "
         "0.1 and 5, torch.topk and the -inf mask (the notebook's cells after the training)"},
        decoding_section},
+      {{"top_k_generate", "9. Temperature and top-k with the trained model",
+        "the chapter's generate(top_k=25, temperature=1.4), 15 tokens under "
+        "torch.manual_seed(123) (trains first when the train section did not run)"},
+       top_k_generate_section},
   };
   return table;
 }
@@ -567,8 +711,7 @@ const SectionEntry& find_section(const std::string& name) {
     if (e.info.name == name) return e;
   }
   throw std::invalid_argument(fmt::format(
-      "unknown section '{}' for chapter 5 (known: {}; the training and what needs the trained "
-      "model are not part of attn's chapter 5)",
+      "unknown section '{}' for chapter 5 (known: {})",
       printable(name), known_sections()));
 }
 
@@ -586,11 +729,18 @@ const std::vector<WalkthroughSection>& walkthrough_ch5_sections() {
 void check_ch5_section(const std::string& name) { find_section(name); }
 
 std::vector<Printed> run_walkthrough_ch5(const std::vector<std::string>& sections,
-                                         const std::string& text_path,
+                                         const Ch5Options& options,
                                          const ProgressFn& progress) {
   for (const auto& name : sections) find_section(name);  // throws for an unknown name
+  if (options.num_epochs < 1)
+    throw std::invalid_argument(
+        fmt::format("--epochs must be >= 1 (the notebook trains 10), got {}", options.num_epochs));
   std::vector<Printed> printed;
-  Notebook nb{&printed, progress, text_path, "", nullptr, ""};
+  Notebook nb;
+  nb.out = &printed;
+  nb.progress = progress;
+  nb.text_path = options.text_path;
+  nb.num_epochs = options.num_epochs;
   for (const auto& e : section_table()) {  // the notebook's order
     if (!sections.empty() &&
         std::find(sections.begin(), sections.end(), e.info.name) == sections.end()) {
@@ -604,8 +754,8 @@ std::vector<Printed> run_walkthrough_ch5(const std::vector<std::string>& section
 
 std::string ch5_to_text(const std::vector<Printed>& printed) {
   return printed_to_text(
-      "attn walkthrough --chapter 5: the pretraining chapter's notebook without its training, "
-      "GPT_CONFIG_124M (context_length 256) under torch.manual_seed(123).\nEvery line prints as "
+      "attn walkthrough --chapter 5: the pretraining chapter's notebook, GPT_CONFIG_124M "
+      "(context_length 256) under torch.manual_seed(123), trained on The Verdict.\nEvery line prints as "
       "PyTorch 1.13 prints it; the line above it says what it is and the code it mirrors.\n",
       printed, walkthrough_ch5_sections());
 }
