@@ -76,6 +76,45 @@ HWY_INLINE void PhiloxLanes(uint32_t* HWY_RESTRICT x0, uint32_t* HWY_RESTRICT x1
   }
 }
 
+// The dropout noise of the fp32 kernels (the stream attn/kernels.h describes:
+// Philox block (j / 4, i, h, b) gives keys j .. j + 3 of query i their noise),
+// for any DropoutRule-like `rule` (active(), noise(bits)).
+//
+// A forward tile's probabilities in place: Sᵀ (jn, Br), row jj key j0 + jj,
+// lane query i0 + lane (j0 a multiple of 4), each multiplied by its noise Z.
+template <size_t kBr, class Rule>
+HWY_INLINE void DropoutTileT(const Rule& rule, uint64_t seed, int64_t b, int64_t h, size_t i0,
+                             size_t j0, size_t jn, float* HWY_RESTRICT sT) {
+  alignas(64) uint32_t x[4][kBr];
+  for (size_t jj = 0; jj < jn; jj += 4) {
+    for (size_t lane = 0; lane < kBr; ++lane) {
+      x[0][lane] = uint32_t((j0 + jj) >> 2), x[1][lane] = uint32_t(i0 + lane);
+      x[2][lane] = uint32_t(h), x[3][lane] = uint32_t(b);
+    }
+    PhiloxLanes<kBr>(x[0], x[1], x[2], x[3], seed);
+    for (size_t t = 0; t < 4 && jj + t < jn; ++t) {
+      float* HWY_RESTRICT row = sT + (jj + t) * kBr;
+      for (size_t lane = 0; lane < kBr; ++lane) row[lane] *= rule.noise(x[t][lane]);
+    }
+  }
+}
+
+// The backward's noise of query i against the kBc keys j0 .. j0 + kBc: z (kBc),
+// Philox block m serving keys j0 + 4m .. j0 + 4m + 3.
+template <size_t kBc, class Rule>
+HWY_INLINE void DropoutRowNoise(const Rule& rule, uint64_t seed, int64_t b, int64_t h, size_t i,
+                                size_t j0, float* HWY_RESTRICT z) {
+  constexpr size_t kBlocks = kBc / 4;
+  alignas(64) uint32_t x[4][kBlocks];
+  for (size_t m = 0; m < kBlocks; ++m) {
+    x[0][m] = uint32_t(j0 / 4 + m), x[1][m] = uint32_t(i);
+    x[2][m] = uint32_t(h), x[3][m] = uint32_t(b);
+  }
+  PhiloxLanes<kBlocks>(x[0], x[1], x[2], x[3], seed);
+  for (size_t m = 0; m < kBlocks; ++m)
+    for (size_t t = 0; t < 4; ++t) z[4 * m + t] = rule.noise(x[t][m]);
+}
+
 // ---- the micro-kernel and its driver ------------------------------------------------------
 
 enum Mode { kOverwrite = 0, kAccumulate = 1, kScaleAccumulate = 2 };

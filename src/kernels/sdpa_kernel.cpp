@@ -232,18 +232,7 @@ void ForwardStep(const SdpaProblem& p, const Band& band, int64_t b, int64_t h, s
     hn::Store(hn::MulAdd(a, hn::Load(d, l + v0), sum), d, l + v0);
   }
   if (rule.active()) {  // P ⊙ Z after the sums: l stays the softmax denominator
-    alignas(64) uint32_t x[4][kBr];
-    for (size_t jj = 0; jj < jn; jj += 4) {
-      for (size_t lane = 0; lane < kBr; ++lane) {
-        x[0][lane] = uint32_t((j0 + jj) >> 2), x[1][lane] = uint32_t(i0 + lane);
-        x[2][lane] = uint32_t(h), x[3][lane] = uint32_t(b);
-      }
-      PhiloxLanes<kBr>(x[0], x[1], x[2], x[3], p.dropout_seed);
-      for (size_t t = 0; t < 4 && jj + t < jn; ++t) {
-        float* HWY_RESTRICT row = sT + (jj + t) * kBr;
-        for (size_t lane = 0; lane < kBr; ++lane) row[lane] *= rule.noise(x[t][lane]);
-      }
-    }
+    DropoutTileT<kBr>(rule, p.dropout_seed, b, h, i0, j0, jn, sT);
   }
   // O (in, Dvp) = α ⊙ O + P (in, jn) · V_tile (jn, Dvp), P read from Sᵀ; at the
   // band's edge a block of queries sums only over the keys its band reaches.
@@ -501,15 +490,7 @@ void TilePair(const HeadView& hv, const BackwardProblem& bp, size_t j0, size_t j
     const VF lse_i = hn::Set(d, hv.lse2[i]);
     const VF D_i = hn::Set(d, hv.Drow[i]);
     if (rule.active()) {  // z (Bc): Philox block m serves keys 4m .. 4m+3
-      constexpr size_t kBlocks = kBc / 4;
-      alignas(64) uint32_t x[4][kBlocks];
-      for (size_t m = 0; m < kBlocks; ++m) {
-        x[0][m] = uint32_t(j0 / 4 + m), x[1][m] = uint32_t(i);
-        x[2][m] = uint32_t(hv.h), x[3][m] = uint32_t(hv.b);
-      }
-      PhiloxLanes<kBlocks>(x[0], x[1], x[2], x[3], p.dropout_seed);
-      for (size_t m = 0; m < kBlocks; ++m)
-        for (size_t t = 0; t < 4; ++t) s.z[4 * m + t] = rule.noise(x[t][m]);
+      DropoutRowNoise<kBc>(rule, p.dropout_seed, hv.b, hv.h, i, j0, s.z.get());
     }
     // Keys valid for query i: the band, clipped to the tile's jn keys.
     const int64_t first = band.first_key(int64_t(i)) - J0;
