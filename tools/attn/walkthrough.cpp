@@ -507,18 +507,8 @@ const std::vector<SectionEntry>& section_table() {
   return table;
 }
 
-std::string known_sections() {
-  std::vector<std::string> names;
-  for (const auto& e : section_table()) names.push_back(e.info.name);
-  return fmt::format("{}", fmt::join(names, ", "));
-}
-
 const SectionEntry& find_section(const std::string& name) {
-  for (const auto& e : section_table()) {
-    if (e.info.name == name) return e;
-  }
-  throw std::invalid_argument(
-      fmt::format("unknown section '{}' (known: {})", printable(name), known_sections()));
+  return find_section_entry(section_table(), name, "");
 }
 
 // ---- output -----------------------------------------------------------------------------
@@ -575,11 +565,7 @@ std::string to_text(const std::vector<Shown>& shown, const std::optional<uint64_
 const std::vector<std::string>& walkthrough_tokens() { return kTokens; }
 
 const std::vector<WalkthroughSection>& walkthrough_sections() {
-  static const std::vector<WalkthroughSection> sections = [] {
-    std::vector<WalkthroughSection> v;
-    for (const auto& e : section_table()) v.push_back(e.info);
-    return v;
-  }();
+  static const std::vector<WalkthroughSection> sections = section_infos(section_table());
   return sections;
 }
 
@@ -673,7 +659,7 @@ Command add_walkthrough_command(CLI::App& app) {
       ->type_name("N");
   cmd->add_option("--section", flags->sections,
                   "Run only this section (repeatable, or comma-separated); chapter 3: " +
-                      known_sections() + "; chapter 4: " + ch4_names + "; chapter 5: " + ch5_names)
+                      section_names(section_table()) + "; chapter 4: " + ch4_names + "; chapter 5: " + ch5_names)
       ->delimiter(',')
       ->type_name("NAME");
   CLI::Option* seed_opt =

@@ -11,12 +11,17 @@
 // the subcommand registered here dispatches to it.
 #pragma once
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "attn/tensor.h"
+#include "attn/utf8.h"
 #include "command.h"
 
 namespace attn::cli {
@@ -28,6 +33,32 @@ struct WalkthroughSection {
 };
 // The eight sections in the SPEC's order.
 const std::vector<WalkthroughSection>& walkthrough_sections();
+
+// What each chapter's file needs of its section table (entries with an `.info`
+// WalkthroughSection, in the notebook's order): the names joined by ", ", the
+// infos alone, and the entry called `name` (std::invalid_argument otherwise:
+// "unknown section 'NAME'<which> (known: ...)", e.g. which = " for chapter 4").
+template <class Entry>
+std::string section_names(const std::vector<Entry>& table) {
+  std::vector<std::string> names;
+  for (const auto& e : table) names.push_back(e.info.name);
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+template <class Entry>
+std::vector<WalkthroughSection> section_infos(const std::vector<Entry>& table) {
+  std::vector<WalkthroughSection> infos;
+  for (const auto& e : table) infos.push_back(e.info);
+  return infos;
+}
+template <class Entry>
+const Entry& find_section_entry(const std::vector<Entry>& table, const std::string& name,
+                                const char* which) {
+  for (const auto& e : table) {
+    if (e.info.name == name) return e;
+  }
+  throw std::invalid_argument(fmt::format("unknown section '{}'{} (known: {})", printable(name),
+                                          which, section_names(table)));
+}
 
 // The attention matrix a shown tensor is, or comes with (a module's weights):
 // what the pictures (--plot, --html, --heatmap) draw. Set only on query-by-key

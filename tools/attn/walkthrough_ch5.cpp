@@ -700,29 +700,14 @@ const std::vector<SectionEntry>& section_table() {
   return table;
 }
 
-std::string known_sections() {
-  std::vector<std::string> names;
-  for (const auto& e : section_table()) names.push_back(e.info.name);
-  return fmt::format("{}", fmt::join(names, ", "));
-}
-
 const SectionEntry& find_section(const std::string& name) {
-  for (const auto& e : section_table()) {
-    if (e.info.name == name) return e;
-  }
-  throw std::invalid_argument(fmt::format(
-      "unknown section '{}' for chapter 5 (known: {})",
-      printable(name), known_sections()));
+  return find_section_entry(section_table(), name, " for chapter 5");
 }
 
 }  // namespace
 
 const std::vector<WalkthroughSection>& walkthrough_ch5_sections() {
-  static const std::vector<WalkthroughSection> sections = [] {
-    std::vector<WalkthroughSection> v;
-    for (const auto& e : section_table()) v.push_back(e.info);
-    return v;
-  }();
+  static const std::vector<WalkthroughSection> sections = section_infos(section_table());
   return sections;
 }
 
