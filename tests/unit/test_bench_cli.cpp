@@ -61,6 +61,34 @@ TEST(BenchCli, SdpaWindowCountsTheBandsPairs) {
   EXPECT_NEAR(double(rows[0]["flops"]), expected, 1e-9 * expected);
 }
 
+// The SDPA table's cases: the causal square counts the core's T²/2 (as is_causal
+// or as a dense mask; GQA counts the query heads), Tq queries against T keys
+// count their pairs: Tq·T without a mask, the band's with is_causal.
+TEST(BenchCli, SdpaCasesCountTheirPairs) {
+  ATTN_REQUIRE_CLI();
+  struct Case {
+    std::string flags, backend;
+    double pairs;
+  };
+  for (const auto& c : {Case{"--mask bool", "fused bool-mask", 33.0 * 33 / 2},
+                        Case{"--mask float", "fused float-mask", 33.0 * 33 / 2},
+                        Case{"--kv-heads 1", "fused gqa1", 33.0 * 33 / 2},
+                        Case{"--no-causal --query-tokens 7", "fused full tq7", 7.0 * 33},
+                        Case{"--query-tokens 40", "fused tq40", 33.0 * 34 / 2 + 7 * 33}}) {
+    const auto r = run_cli("bench --json --kind sdpa --shapes 2x33x48x3 --mode fwdbwd --repeats 1 " +
+                           c.flags);
+    ASSERT_EQ(r.exit_code, 0) << c.flags << "\n" << r.err;
+    const auto rows = nlohmann::json::parse(r.out);
+    ASSERT_EQ(rows.size(), 1u);
+    EXPECT_EQ(rows[0]["backend"], c.backend) << c.flags;
+    if (c.backend == "fused gqa1") {
+      EXPECT_EQ(rows[0]["kv_heads"], 1);
+    }
+    const double expected = 3.5 * 4.0 * 2 * c.pairs * 48;
+    EXPECT_NEAR(double(rows[0]["flops"]), expected, 1e-9 * expected) << c.flags;
+  }
+}
+
 TEST(BenchCli, SgemmFlagAddsBothYardsticks) {
   ATTN_REQUIRE_CLI();
   const auto r = run_cli(
@@ -114,7 +142,9 @@ TEST(BenchCli, BadValuesAreOneLineUsageErrors) {
              "--kind must be core, module, sdpa or all, got 'core,sdpa,gpu'"},
         Case{"bench --kind sdpa --dtype bfloat16",
              "bench: --kind sdpa runs float32 only, got --dtype bfloat16"},
-        Case{"bench --kind sdpa --window-left -2", "bench: --window-left must be >= 0, got -2"}}) {
+        Case{"bench --kind sdpa --window-left -2", "bench: --window-left must be >= 0, got -2"},
+        Case{"bench --kind sdpa --mask soft", "bench: --mask must be bool or float, got 'soft'"},
+        Case{"bench --kind sdpa --kv-heads 5", "bench: --kv-heads must divide --heads 12, got 5"}}) {
     const auto r = run_cli(c.args);
     EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.err;
     EXPECT_EQ(r.out, "") << c.args;

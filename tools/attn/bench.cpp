@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -73,6 +74,13 @@ void check_case(const BenchCase& c) {
         fmt::format("bench: --dtype must be float32, bfloat16 or all, got '{}'", c.dtype));
   if (c.kind == "sdpa" && c.dtype != "float32")
     throw UsageError(fmt::format("bench: --kind sdpa runs float32 only, got --dtype {}", c.dtype));
+  if (c.mask != "none" && c.mask != "bool" && c.mask != "float")
+    throw UsageError(fmt::format("bench: --mask must be bool or float, got '{}'", printable(c.mask)));
+  if (c.kv_heads < 0 || (c.kv_heads > 0 && c.heads % c.kv_heads != 0))
+    throw UsageError(fmt::format("bench: --kv-heads must divide --heads {}, got {}", c.heads,
+                                 c.kv_heads));
+  if (c.query_tokens < 0)
+    throw UsageError(fmt::format("bench: --query-tokens must be >= 1, got {}", c.query_tokens));
   if (c.B < 1 || c.T < 1 || c.d_model < 1 || c.heads < 1 || c.d_model % c.heads != 0) {
     throw UsageError(fmt::format(
         "bench: need B, T, d_model, heads >= 1 and d_model divisible by heads, got B={} T={} "
@@ -81,16 +89,32 @@ void check_case(const BenchCase& c) {
   }
 }
 
+// The query-key pairs an sdpa row attends: Σ_i |[max(0, i - w), min(i, Tk - 1)]|
+// (causal, or a dense mask of the causal pattern), Tq·Tk without is_causal, and
+// the core's T²/2 for the plain causal square.
+double sdpa_pairs(const BenchCase& c) {
+  const int64_t Tq = c.query_tokens > 0 ? c.query_tokens : c.T, Tk = c.T;
+  const bool causal = c.causal || c.mask != "none";
+  if (!causal && c.window_left < 0) return double(Tq) * double(Tk);
+  // The plain causal square (is_causal or its dense mask): the core's T²/2, so
+  // that its rows and the core's compare.
+  if (Tq == Tk && c.window_left < 0) return double(Tk) * double(Tk) / 2.0;
+  double pairs = 0;
+  for (int64_t i = 0; i < Tq; ++i) {
+    const int64_t hi = causal ? std::min(i, Tk - 1) : Tk - 1;
+    const int64_t lo = c.window_left >= 0 ? std::max<int64_t>(0, i - c.window_left) : 0;
+    if (hi >= lo) pairs += double(hi - lo + 1);
+  }
+  return pairs;
+}
+
 // The useful causal FLOPs of one repeat (bench.h).
 double case_flops(const BenchCase& c) {
   const bool fwd = c.mode == "fwd";
   if (c.kind == "core" || c.kind == "sdpa") {
-    // Query-key pairs: T²/2 causal; with a window, Σ_i min(i + 1, w + 1).
+    // Query-key pairs: T²/2 causal; for sdpa, counted row by row (its band, Tq != Tk).
     double pairs = double(c.T) * double(c.T) / 2.0;
-    if (c.kind == "sdpa" && c.window_left >= 0) {
-      const double w1 = double(std::min(c.window_left + 1, c.T));
-      pairs = w1 * (w1 + 1.0) / 2.0 + (double(c.T) - w1) * w1;
-    }
+    if (c.kind == "sdpa") pairs = sdpa_pairs(c);
     const double core = 4.0 * double(c.B) * pairs * double(c.d_model);
     return fwd ? core : 3.5 * core;
   }
@@ -160,22 +184,37 @@ struct CoreProblem {
   }
 };
 
-// scaled_dot_product_attention (attn/sdpa.h) on the core's problem: the same
-// packed (B, T, H, hd) values read as (B, H, T, hd) views (token-major
-// strides, no copies), is_causal; the fused kernel, or the plain reference
-// with --backend reference.
+// scaled_dot_product_attention (attn/sdpa.h) on the core's problem: packed
+// (B, T, H, hd) values read as (B, H, T, hd) views (token-major strides, no
+// copies), is_causal; the fused kernel, or the plain reference with --backend
+// reference. The case's options change it: Tq queries (B, Tq, H, hd), G kv
+// heads (B, T, G, hd), the causal pattern as a dense bool or additive (Tq, T)
+// mask, no causal mask, a window.
 struct SdpaBenchProblem {
-  Tensor q, k, v, dout;  // (B, H, T, hd) views
+  Tensor q, k, v, dout;  // (B, H, Tq, hd), (B, G, T, hd) views
   SdpaOptions options;
   SdpaForward f;
   SdpaGrads g;
   SdpaBenchProblem(const BenchCase& c, const std::string& backend) {
-    const int64_t hd = head_dim_of(c), n = c.B * c.T * c.d_model;
-    auto view = [&](uint64_t seed) {
-      return Tensor({c.B, c.T, c.heads, hd}, normal_values(n, seed)).transpose(1, 2);
+    const int64_t hd = head_dim_of(c);
+    const int64_t Tq = c.query_tokens > 0 ? c.query_tokens : c.T;
+    const int64_t G = c.kv_heads > 0 ? c.kv_heads : c.heads;
+    auto view = [&](int64_t T, int64_t H, uint64_t seed) {
+      return Tensor({c.B, T, H, hd}, normal_values(c.B * T * H * hd, seed)).transpose(1, 2);
     };
-    q = view(1), k = view(2), v = view(3), dout = view(4).contiguous();
-    options.is_causal = true;
+    q = view(Tq, c.heads, 1), k = view(c.T, G, 2), v = view(c.T, G, 3);
+    dout = view(Tq, c.heads, 4).contiguous();
+    options.enable_gqa = G != c.heads;
+    options.is_causal = c.causal && c.mask == "none";
+    if (c.mask != "none") {  // the causal pattern, top-left: key j <= query i
+      std::vector<float> m(static_cast<size_t>(Tq * c.T));
+      const float hidden = c.mask == "bool" ? 0.0f : -std::numeric_limits<float>::infinity();
+      const float seen = c.mask == "bool" ? 1.0f : 0.0f;
+      for (int64_t i = 0; i < Tq; ++i)
+        for (int64_t j = 0; j < c.T; ++j) m[static_cast<size_t>(i * c.T + j)] = j <= i ? seen : hidden;
+      options.attn_mask = Tensor({Tq, c.T}, m);
+      options.attn_mask_type = c.mask == "bool" ? MaskType::kBoolean : MaskType::kAdditive;
+    }
     options.window_left = c.window_left;
     options.backend = backend == "reference" ? SdpaBackend::kReference : SdpaBackend::kFused;
   }
@@ -357,6 +396,10 @@ nlohmann::json to_json(const BenchResult& r, int repeats) {
                       {"d_model", r.c.d_model},
                       {"heads", r.c.heads},
                       {"window_left", r.c.window_left},
+                      {"mask", r.c.mask},
+                      {"causal", r.c.causal},
+                      {"kv_heads", r.c.kv_heads > 0 ? r.c.kv_heads : r.c.heads},
+                      {"query_tokens", r.c.query_tokens > 0 ? r.c.query_tokens : r.c.T},
                       {"head_dim", head_dim_of(r.c)},
                       {"backend", r.backend},
                       {"dtype", r.c.dtype},
@@ -442,6 +485,10 @@ BenchResult run_bench_case(const BenchCase& c, int repeats, const std::string& b
     });
     r.backend = backend == "reference" ? "reference" : "fused";
     if (c.window_left >= 0) r.backend += fmt::format(" w{}", c.window_left);
+    if (c.mask != "none") r.backend += " " + c.mask + "-mask";
+    if (!c.causal && c.mask == "none") r.backend += " full";
+    if (c.kv_heads > 0 && c.kv_heads != c.heads) r.backend += fmt::format(" gqa{}", c.kv_heads);
+    if (c.query_tokens > 0) r.backend += fmt::format(" tq{}", c.query_tokens);
   } else if (c.kind == "core") {
     CoreProblem pr(c);
     time_repeats([&](bool check) {
@@ -480,6 +527,9 @@ Command add_bench_command(CLI::App& app) {
     int64_t memory_tokens = 16384;
     int64_t window_left = -1;
     int64_t bandwidth_mib = 256;
+    std::string mask = "none";
+    bool no_causal = false;
+    int64_t kv_heads = 0, query_tokens = 0;
   };
   auto f = std::make_shared<Flags>();
   CLI::App* cmd = app.add_subcommand(
@@ -534,6 +584,17 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_option("--window-left", f->window_left,
                   "sdpa rows: a causal sliding window of this many keys before each query")
       ->type_name("W");
+  cmd->add_option("--mask", f->mask,
+                  "sdpa rows: bool or float, the causal pattern as a dense (Tq, T) attn_mask "
+                  "instead of is_causal")
+      ->type_name("KIND");
+  cmd->add_flag("--no-causal", f->no_causal, "sdpa rows: attend to every key (cross-attention)");
+  cmd->add_option("--kv-heads", f->kv_heads,
+                  "sdpa rows: grouped-query attention, this many key/value heads (dividing H)")
+      ->type_name("G");
+  cmd->add_option("--query-tokens", f->query_tokens,
+                  "sdpa rows: this many queries against the T keys (default T)")
+      ->type_name("TQ");
   cmd->add_flag("--bandwidth", f->bandwidth,
                 "Memory read bandwidth instead (GB/s; what bounds decoding one token at a "
                 "time): every thread sums its part of a --bandwidth-mib buffer, median of "
@@ -552,12 +613,30 @@ Command add_bench_command(CLI::App& app) {
                                         {"--repeats", f->repeats},
                                         {"--threads", f->threads},
                                         {"--sgemm-n", f->sgemm_n},
-                                        {"--memory-tokens", f->memory_tokens}}) {
+                                        {"--memory-tokens", f->memory_tokens},
+                                        {"--kv-heads", f->kv_heads},
+                                        {"--query-tokens", f->query_tokens}}) {
       if (given(option) && value < 1)
         throw UsageError(fmt::format("bench: {} must be >= 1, got {}", option, value));
     }
     if (given("--window-left") && f->window_left < 0)
       throw UsageError(fmt::format("bench: --window-left must be >= 0, got {}", f->window_left));
+    if (f->mask != "none" && f->mask != "bool" && f->mask != "float")
+      throw UsageError(fmt::format("bench: --mask must be bool or float, got '{}'", printable(f->mask)));
+    if (given("--kv-heads")) {  // every shape's heads, before anything is printed
+      const bool one_shape =
+          given("--batch") || given("--tokens") || given("--d-model") || given("--heads");
+      std::vector<int64_t> heads = {f->heads};
+      if (!one_shape) {
+        heads.clear();
+        for (const auto& s : f->shapes.empty() ? (f->quick ? kQuickShapes : kDefaultShapes) : f->shapes)
+          heads.push_back(parse_bench_shape(s).heads);
+      }
+      for (const int64_t h : heads)
+        if (h % f->kv_heads != 0)
+          throw UsageError(
+              fmt::format("bench: --kv-heads must divide --heads {}, got {}", h, f->kv_heads));
+    }
     // --kind: one of core, module, sdpa, all, or a comma-separated list (core,sdpa: side by side).
     std::vector<std::string> kinds;
     for (size_t at = 0; at <= f->kind.size();) {
@@ -721,7 +800,10 @@ Command add_bench_command(CLI::App& app) {
             if (kind == "sdpa" && dtype != "float32") continue;  // float32 only, for now
             BenchCase c = shape;
             c.kind = kind, c.mode = mode, c.dtype = dtype;
-            if (kind == "sdpa") c.window_left = f->window_left;
+            if (kind == "sdpa") {
+              c.window_left = f->window_left, c.mask = f->mask, c.causal = !f->no_causal;
+              c.kv_heads = f->kv_heads, c.query_tokens = f->query_tokens;
+            }
             BenchResult r = run_bench_case(c, repeats, f->backend);
             const bool bf16_dots =
                 dtype == "bfloat16" &&

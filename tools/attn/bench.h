@@ -11,10 +11,15 @@
 //           core's values viewed as (B, H, T, hd), is_causal; float32; the fused
 //           kernel, or the plain reference with --backend reference (only with
 //           --kind sdpa: --kind all is core and module); --window-left w adds a
-//           sliding window (keys i - w .. i) to the sdpa rows
+//           sliding window (keys i - w .. i) to the sdpa rows; --mask bool|float
+//           passes the causal pattern as a dense (Tq, Tk) mask instead;
+//           --no-causal attends to every key; --kv-heads G shares each key/value
+//           head among H / G query heads (enable_gqa); --query-tokens Tq makes
+//           Tq queries against the T keys (top-left causal alignment)
 // Useful FLOPs (causal):
-//   core forward      4·B·H·T²·hd / 2             (Q Kᵀ and P V, only j <= i; sdpa too;
-//                     with a window w: 4·B·H·hd·Σ_i min(i + 1, w + 1))
+//   core forward      4·B·H·T²·hd / 2             (Q Kᵀ and P V, only j <= i; sdpa:
+//                     4·B·H·hd·(query-key pairs it may attend), e.g. with a window w
+//                     4·B·H·hd·Σ_i min(i + 1, w + 1); a dense mask counts as is_causal)
 //   core backward     2.5 × core forward          (five T×T×hd products instead of two)
 //   projections       2·B·T·d_in·d_out per linear (4 linears: q, k, v, out_proj)
 //   module forward    projections + core forward
@@ -56,6 +61,12 @@ struct BenchCase {
   std::string dtype = "float32";  // or "bfloat16" (core only)
   int64_t B = 1, T = 1, d_model = 768, heads = 12;
   int64_t window_left = -1;  // sdpa only: a sliding window of this many keys (-1: none)
+  // sdpa only, the cases of docs/performance.md's SDPA table:
+  std::string mask = "none";  // "bool" or "float": the causal pattern as a dense (Tq, Tk) mask
+                              // instead of is_causal (the kernel skips the tiles it hides)
+  bool causal = true;         // is_causal (off: every key; cross-attention)
+  int64_t kv_heads = 0;       // 0: heads; else grouped-query attention with this many kv heads
+  int64_t query_tokens = 0;   // 0: T; else Tq (keys stay T): cross-attention, a KV cache's prefill
 };
 
 struct BenchResult {

@@ -3,7 +3,10 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -12,6 +15,7 @@
 #include "attn/generate.h"
 #include "attn/utf8.h"
 #include "plot/line_chart.h"
+#include "plot/mask_figure.h"
 #include "plot/picture_file.h"
 
 namespace attn::cli {
@@ -63,13 +67,16 @@ Command add_plot_command(CLI::App& app) {
   struct Flags {
     std::string checkpoint, text, out, metrics, loss_out;
     int64_t layer = 0;
+    std::string mask_kind, mask_out;
+    plot::MaskFigureOptions mask;
   };
   auto flags = std::make_shared<Flags>();
-  CLI::App* cmd = app.add_subcommand("plot", "Draw a trained model's attention or loss curve");
+  CLI::App* cmd = app.add_subcommand("plot", "Draw a trained model's attention or loss curve, or an attention mask");
   cmd->require_subcommand(1);
   cmd->footer(
       "Examples:\n  attn plot attention --checkpoint run/ --text 'to be' --out att.svg\n"
-      "  attn plot loss run/metrics.jsonl --out loss.png");
+      "  attn plot loss run/metrics.jsonl --out loss.png\n"
+      "  attn plot mask --kind causal-bottom-right --tq 4 --tk 10 --out mask.svg");
 
   CLI::App* att = cmd->add_subcommand(
       "attention",
@@ -99,7 +106,48 @@ Command add_plot_command(CLI::App& app) {
       ->required()
       ->type_name("FILE");
 
-  auto run = [flags, att, loss, layer_opt]() -> int {
+  CLI::App* mask = cmd->add_subcommand(
+      "mask",
+      "Draw which keys each query may attend to under one of scaled_dot_product_attention's "
+      "rules (docs/sdpa.md), read off the reference implementation: the softmax weights when "
+      "every score is equal (masked cells grey), ALiBi's bias, or GQA's head sharing");
+  mask->add_option("--kind", flags->mask_kind,
+                   "causal (top-left, PyTorch's is_causal), causal-bottom-right (FlashAttention "
+                   "2's, a KV cache's), window (sliding window), alibi (one panel per head) or "
+                   "gqa (query heads against kv heads)")
+      ->required()
+      ->type_name("KIND");
+  mask->add_option("--tq", flags->mask.tq, "Queries (1..64)")->capture_default_str();
+  mask->add_option("--tk", flags->mask.tk, "Keys (1..64)")->capture_default_str();
+  mask->add_option("--window", flags->mask.window_left,
+                   "window: keys before the diagonal a query may see (window_left)")
+      ->capture_default_str();
+  mask->add_option("--heads", flags->mask.heads, "alibi: heads; gqa: query heads")
+      ->capture_default_str();
+  mask->add_option("--kv-heads", flags->mask.kv_heads, "gqa: key/value heads")
+      ->capture_default_str();
+  mask->add_option("--out", flags->mask_out,
+                   "The picture: a .svg or .png file (default: the terminal, in colour when it "
+                   "is one and NO_COLOR is unset)")
+      ->type_name("FILE");
+
+  auto run = [flags, att, loss, mask, layer_opt]() -> int {
+    if (mask->parsed()) {
+      flags->mask.kind = plot::mask_kind_from_name(flags->mask_kind);
+      const plot::Figure figure = plot::mask_figure(flags->mask);
+      if (flags->mask_out.empty()) {
+        const char* no_colour = std::getenv("NO_COLOR");
+        const bool colour =
+            ::isatty(STDOUT_FILENO) == 1 && (no_colour == nullptr || no_colour[0] == '\0');
+        std::cout << figure.title << "\n" << plot::terminal_heatmap(figure, colour);
+        return 0;
+      }
+      const plot::PictureFormat format = plot::picture_format(flags->mask_out);
+      write_file_atomically(flags->mask_out, format == plot::PictureFormat::kSvg
+                                                 ? plot::render_svg(figure)
+                                                 : plot::render_png(figure));
+      return 0;
+    }
     if (att->parsed()) {
       const plot::PictureFormat format = plot::picture_format(flags->out);
       LoadedModel loaded;  // the reader `attn generate` uses, format and all (attn/generate.h)
@@ -120,7 +168,7 @@ Command add_plot_command(CLI::App& app) {
       plot::write_loss_curve(flags->metrics, flags->loss_out);
       return 0;
     }
-    throw UsageError("plot: give 'attention' or 'loss'");
+    throw UsageError("plot: give 'attention', 'loss' or 'mask'");
   };
   return Command{cmd, run};
 }
