@@ -167,6 +167,23 @@ std::pair<const float*, size_t> TileRows(const T* head, size_t stride, size_t t0
   return {buf, Wp};
 }
 
+// What a widened tile buffer holds: rows from t0 of the head at `head`
+// (nullptr: nothing yet). Consecutive tile pairs often read the same tile.
+struct WideTag {
+  const void* head = nullptr;
+  size_t t0 = 0;
+};
+
+// TileRows, widening only when buf (tagged `tag`) does not hold those rows already.
+template <class T>
+std::pair<const float*, size_t> CachedTileRows(const T* head, size_t stride, size_t t0, size_t n,
+                                               size_t W, size_t Wp, float* HWY_RESTRICT buf,
+                                               WideTag& tag) {
+  if (!std::is_same_v<T, float> && tag.head == head && tag.t0 == t0) return {buf, Wp};
+  tag = {head, t0};
+  return TileRows(head, stride, t0, n, W, Wp, buf);
+}
+
 // ---- forward ------------------------------------------------------------------------------
 
 // Whether the mask is -inf on every (i, j) of queries [i0, i0 + in) x keys
@@ -411,8 +428,10 @@ struct BackwardScratch {
   hwy::AlignedFreeUniquePtr<float[]> cap;        // (BrBwd, Bc) 1 - tanh², with a softcap
   hwy::AlignedFreeUniquePtr<float[]> dK, dV;     // (G, Bc, Dp), (G, Bc, Dvp)
   hwy::AlignedFreeUniquePtr<float[]> z;          // (Bc) one row of dropout noise
-  // bf16 only: the rows of a pair's Q, dO (BrBwd, Dp), (BrBwd, Dvp) and K (Bc, Dp) tiles, widened
+  // bf16 only: the rows of a pair's Q, dO (BrBwd, Dp), (BrBwd, Dvp) and K (G, Bc, Dp) tiles,
+  // widened (K: a slot per tile of a key group), and what each holds
   hwy::AlignedFreeUniquePtr<float[]> q_wide, do_wide, k_wide;
+  WideTag q_tag, do_tag, k_tag[kGroup];
   BackwardScratch(size_t D, size_t Dv, size_t Dp, size_t Dvp, bool widen)
       : kT(hwy::AllocateAligned<float>(kGroup * D * kBc)),
         vT(hwy::AllocateAligned<float>(kGroup * Dv * kBc)),
@@ -425,7 +444,7 @@ struct BackwardScratch {
         z(hwy::AllocateAligned<float>(kBc)),
         q_wide(hwy::AllocateAligned<float>(widen ? kBrBwd * Dp : 1)),
         do_wide(hwy::AllocateAligned<float>(widen ? kBrBwd * Dvp : 1)),
-        k_wide(hwy::AllocateAligned<float>(widen ? kBc * Dp : 1)) {}
+        k_wide(hwy::AllocateAligned<float>(widen ? kGroup * kBc * Dp : 1)) {}
 };
 
 // What backward reads, with q, k, dout (the B operands) and dq padded to whole
@@ -511,8 +530,9 @@ void TilePair(const HeadView<T>& hv, const BackwardProblem<T>& bp, size_t j0, si
   // fp32 rows in place (already Dp, Dvp wide), bf16 rows widened and padded.
   constexpr bool kWide = !std::is_same_v<T, float>;
   const size_t Dw = kWide ? D : bp.Dp, Dvw = kWide ? Dv : bp.Dvp;
-  const auto [q_rows, qs] = TileRows(hv.q, hv.qs, i0, in, Dw, bp.Dp, s.q_wide.get());
-  const auto [do_rows, dos] = TileRows(hv.dout, hv.dos, i0, in, Dvw, bp.Dvp, s.do_wide.get());
+  const auto [q_rows, qs] = CachedTileRows(hv.q, hv.qs, i0, in, Dw, bp.Dp, s.q_wide.get(), s.q_tag);
+  const auto [do_rows, dos] =
+      CachedTileRows(hv.dout, hv.dos, i0, in, Dvw, bp.Dvp, s.do_wide.get(), s.do_tag);
   // S (in, Bc) = Q kT (base-2 scores, or scale/softcap · Q Kᵀ);  dP (in, Bc) = dO Vᵀ.
   // At the band's edge a block of queries skips the key vectors wholly outside it.
   auto key_vectors = [&](size_t r0, size_t nr) {
@@ -615,7 +635,9 @@ void TilePair(const HeadView<T>& hv, const BackwardProblem<T>& bp, size_t j0, si
     GemmSpans<kAccumulate>(jn, bp.Dvp, Pz, 1, kBc, do_rows, dos, dV, bp.Dvp, nullptr, from_query);
   if (dK) GemmSpans<kAccumulate>(jn, bp.Dp, dP, 1, kBc, q_rows, qs, dK, bp.Dp, nullptr, from_query);
   if (dQ) {
-    const auto [k_rows, ks] = TileRows(hv.k, hv.ks, j0, jn, Dw, bp.Dp, s.k_wide.get());
+    const size_t slot = j0 / kBc % kGroup;  // the g of KeyGroupTask's tiles
+    const auto [k_rows, ks] = CachedTileRows(hv.k, hv.ks, j0, jn, Dw, bp.Dp,
+                                             s.k_wide.get() + slot * kBc * bp.Dp, s.k_tag[slot]);
     GemmSpans<kAccumulate>(in, bp.Dp, dP, kBc, 1, k_rows, ks, dQ + i0 * hv.dQs, hv.dQs, nullptr,
                            to_key);
   }
