@@ -135,13 +135,13 @@ HWY_INLINE T Narrow(float x) {
 }
 
 // dst[0:W] = src[0:W] widened to fp32, dst[W:Wp] = 0.
-HWY_INLINE void WidenRow(const float* HWY_RESTRICT src, size_t W, size_t Wp,
-                         float* HWY_RESTRICT dst) {
+HWY_INLINE void WidenRow(float* HWY_RESTRICT dst, const float* HWY_RESTRICT src, size_t W,
+                         size_t Wp) {
   std::copy(src, src + W, dst);
   std::fill(dst + W, dst + Wp, 0.0f);
 }
-HWY_INLINE void WidenRow(const BFloat16* HWY_RESTRICT src, size_t W, size_t Wp,
-                         float* HWY_RESTRICT dst) {
+HWY_INLINE void WidenRow(float* HWY_RESTRICT dst, const BFloat16* HWY_RESTRICT src, size_t W,
+                         size_t Wp) {
   const DF d;
   const hn::RebindToUnsigned<DF> du;  // u32 lanes
   const hn::Rebind<uint16_t, DF> dh;  // as many u16 lanes
@@ -158,12 +158,12 @@ HWY_INLINE void WidenRow(const BFloat16* HWY_RESTRICT src, size_t W, size_t Wp,
 // of Wp the products read: the rows themselves when T is float and W = Wp,
 // else widened and zero-padded into buf (n · Wp floats). Returns rows, stride.
 template <class T>
-std::pair<const float*, size_t> TileRows(const T* head, size_t stride, size_t t0, size_t n,
-                                         size_t W, size_t Wp, float* HWY_RESTRICT buf) {
+std::pair<const float*, size_t> TileRows(float* HWY_RESTRICT buf, const T* head, size_t stride,
+                                         size_t t0, size_t n, size_t W, size_t Wp) {
   if constexpr (std::is_same_v<T, float>) {
     if (W == Wp) return {head + t0 * stride, stride};
   }
-  for (size_t r = 0; r < n; ++r) WidenRow(head + (t0 + r) * stride, W, Wp, buf + r * Wp);
+  for (size_t r = 0; r < n; ++r) WidenRow(buf + r * Wp, head + (t0 + r) * stride, W, Wp);
   return {buf, Wp};
 }
 
@@ -176,12 +176,12 @@ struct WideTag {
 
 // TileRows, widening only when buf (tagged `tag`) does not hold those rows already.
 template <class T>
-std::pair<const float*, size_t> CachedTileRows(const T* head, size_t stride, size_t t0, size_t n,
-                                               size_t W, size_t Wp, float* HWY_RESTRICT buf,
-                                               WideTag& tag) {
+std::pair<const float*, size_t> CachedTileRows(float* HWY_RESTRICT buf, WideTag& tag, const T* head,
+                                               size_t stride, size_t t0, size_t n, size_t W,
+                                               size_t Wp) {
   if (!std::is_same_v<T, float> && tag.head == head && tag.t0 == t0) return {buf, Wp};
   tag = {head, t0};
-  return TileRows(head, stride, t0, n, W, Wp, buf);
+  return TileRows(buf, head, stride, t0, n, W, Wp);
 }
 
 // ---- forward ------------------------------------------------------------------------------
@@ -365,8 +365,8 @@ void ForwardGroup(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p, const Ban
     // K rows as they are (fp32) or widened (bf16); V's B rows must hold whole
     // vectors: as they are, or a zero-padded (and widened) copy.
     const size_t tile_jn = std::min(kBcFwd, group_end - j0);
-    const auto [k_tile, k_tile_stride] = TileRows(k_head, ks, j0, tile_jn, D, D, s.k_wide.get());
-    const auto [v_tile, v_tile_stride] = TileRows(v_head, vs, j0, tile_jn, Dv, Dvp, s.v_pad.get());
+    const auto [k_tile, k_tile_stride] = TileRows(s.k_wide.get(), k_head, ks, j0, tile_jn, D, D);
+    const auto [v_tile, v_tile_stride] = TileRows(s.v_pad.get(), v_head, vs, j0, tile_jn, Dv, Dvp);
     for (size_t g = 0; g < ng; ++g) {
       if (j0 >= key_end(g) || j0 + kBcFwd <= key_begin(g)) continue;
       const size_t jn = std::min(kBcFwd, key_end(g) - j0);
@@ -530,9 +530,9 @@ void TilePair(const HeadView<T>& hv, const BackwardProblem<T>& bp, size_t j0, si
   // fp32 rows in place (already Dp, Dvp wide), bf16 rows widened and padded.
   constexpr bool kWide = !std::is_same_v<T, float>;
   const size_t Dw = kWide ? D : bp.Dp, Dvw = kWide ? Dv : bp.Dvp;
-  const auto [q_rows, qs] = CachedTileRows(hv.q, hv.qs, i0, in, Dw, bp.Dp, s.q_wide.get(), s.q_tag);
+  const auto [q_rows, qs] = CachedTileRows(s.q_wide.get(), s.q_tag, hv.q, hv.qs, i0, in, Dw, bp.Dp);
   const auto [do_rows, dos] =
-      CachedTileRows(hv.dout, hv.dos, i0, in, Dvw, bp.Dvp, s.do_wide.get(), s.do_tag);
+      CachedTileRows(s.do_wide.get(), s.do_tag, hv.dout, hv.dos, i0, in, Dvw, bp.Dvp);
   // S (in, Bc) = Q kT (base-2 scores, or scale/softcap · Q Kᵀ);  dP (in, Bc) = dO Vᵀ.
   // At the band's edge a block of queries skips the key vectors wholly outside it.
   auto key_vectors = [&](size_t r0, size_t nr) {
@@ -636,8 +636,8 @@ void TilePair(const HeadView<T>& hv, const BackwardProblem<T>& bp, size_t j0, si
   if (dK) GemmSpans<kAccumulate>(jn, bp.Dp, dP, 1, kBc, q_rows, qs, dK, bp.Dp, nullptr, from_query);
   if (dQ) {
     const size_t slot = j0 / kBc % kGroup;  // the g of KeyGroupTask's tiles
-    const auto [k_rows, ks] = CachedTileRows(hv.k, hv.ks, j0, jn, Dw, bp.Dp,
-                                             s.k_wide.get() + slot * kBc * bp.Dp, s.k_tag[slot]);
+    const auto [k_rows, ks] = CachedTileRows(s.k_wide.get() + slot * kBc * bp.Dp, s.k_tag[slot],
+                                             hv.k, hv.ks, j0, jn, Dw, bp.Dp);
     GemmSpans<kAccumulate>(in, bp.Dp, dP, kBc, 1, k_rows, ks, dQ + i0 * hv.dQs, hv.dQs, nullptr,
                            to_key);
   }
