@@ -24,6 +24,14 @@
 // A row whose scores are all -inf has P = 0: its output is 0, its lse -inf and
 // its gradients 0 (PyTorch >= 2.5), never NaN.
 //
+// dtypes: q, k, v (and dout, out) all float32 or all bfloat16; attn_mask and
+// alibi_slopes float32 (or a boolean mask's int64), lse float32. With bfloat16
+// (as PyTorch's SDPA on bf16 tensors on the CPU): the bf16 values are widened
+// exactly to fp32, scores, softmax, lse and every sum are fp32, and out, dq,
+// dk, dv are returned in bf16, each rounded once (to nearest even) at the end.
+// The bf16 reference is the fp32 reference on the widened inputs, its outputs
+// rounded; the fused kernel widens tile by tile (no fp32 copy of q, k or v).
+//
 // The diagonal δ, and the band of keys a query may see:
 //   CausalAlignment::kTopLeft      δ = 0        (PyTorch's is_causal: query i sees keys j <= i)
 //   CausalAlignment::kBottomRight  δ = Tk - Tq  (FlashAttention 2's, every KV-cache decoder's:
@@ -84,40 +92,44 @@ struct SdpaOptions {
 };
 
 struct SdpaForward {
-  Tensor out;  // (B, Hq, Tq, Dv) contiguous
-  Tensor lse;  // (B, Hq, Tq) contiguous
+  Tensor out;  // (B, Hq, Tq, Dv) contiguous, q's dtype
+  Tensor lse;  // (B, Hq, Tq) contiguous, float32
 };
 
 struct SdpaGrads {
-  Tensor dq;  // (B, Hq, Tq, D)   contiguous
+  Tensor dq;  // (B, Hq, Tq, D)   contiguous, q's dtype (all three)
   Tensor dk;  // (B, Hkv, Tk, D)  summed over the query heads of each group
   Tensor dv;  // (B, Hkv, Tk, Dv)
 };
 
-// Checks everything (dtypes float32, 4-D shapes that agree, the mask's shape and
+// Checks everything (dtypes as above, 4-D shapes that agree, the mask's shape and
 // values, the options) and throws std::invalid_argument naming the values.
 SdpaForward scaled_dot_product_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                                  const SdpaOptions& options = {});
 // The output alone, as torch's function returns it.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const SdpaOptions& options = {});
-// dout (B, Hq, Tq, Dv); out and lse are the forward's (same options, same dropout seed).
+// dout (B, Hq, Tq, Dv), q's dtype; out and lse are the forward's (same options, same
+// dropout seed).
 SdpaGrads scaled_dot_product_attention_backward(const Tensor& dout, const Tensor& q,
                                                 const Tensor& k, const Tensor& v, const Tensor& out,
                                                 const Tensor& lse, const SdpaOptions& options = {});
 
 // ---- the raw layer: pointers, sizes and strides --------------------------------------
 // What the Tensor functions above hand to the reference and the kernel, after
-// their checks (which are not repeated here). Strides are in floats.
+// their checks (which are not repeated here). T is the element type of q, k,
+// v, out, dout, dq, dk, dv: float, or BFloat16 (the kernel only; lse, the
+// mask and the ALiBi slopes stay float). Strides are in elements.
 struct SdpaStrides {
   int64_t b = 0, h = 0, t = 0, d = 1;  // for a mask: b, h, query i, key j
 };
 
-struct SdpaProblem {
+template <class T>
+struct SdpaProblemT {
   int64_t B = 1, Hq = 1, Hkv = 1, Tq = 1, Tk = 1, D = 1, Dv = 1;
-  const float* q = nullptr;  // (B, Hq, Tq, D)
-  const float* k = nullptr;  // (B, Hkv, Tk, D)
-  const float* v = nullptr;  // (B, Hkv, Tk, Dv)
+  const T* q = nullptr;  // (B, Hq, Tq, D)
+  const T* k = nullptr;  // (B, Hkv, Tk, D)
+  const T* v = nullptr;  // (B, Hkv, Tk, Dv)
   SdpaStrides q_strides, k_strides, v_strides;
   const float* mask = nullptr;  // additive, read at b·s.b + h·s.h + i·s.t + j·s.d (0 broadcasts)
   SdpaStrides mask_strides;
@@ -133,28 +145,38 @@ struct SdpaProblem {
 };
 
 // The output side: out (B, Hq, Tq, Dv) with its strides, lse (B, Hq, Tq) contiguous.
-struct SdpaOutput {
-  float* out = nullptr;
+template <class T>
+struct SdpaOutputT {
+  T* out = nullptr;
   SdpaStrides out_strides;
   float* lse = nullptr;
 };
 
 // The backward's tensors: dout and out (B, Hq, Tq, Dv) with their strides, lse
 // (B, Hq, Tq) contiguous; dq, dk, dv are written (not accumulated) with theirs.
-struct SdpaBackwardIO {
-  const float* dout = nullptr;
+template <class T>
+struct SdpaBackwardIOT {
+  const T* dout = nullptr;
   SdpaStrides dout_strides;
-  const float* out = nullptr;
+  const T* out = nullptr;
   SdpaStrides out_strides;
   const float* lse = nullptr;
-  float* dq = nullptr;
-  float* dk = nullptr;
-  float* dv = nullptr;
+  T* dq = nullptr;
+  T* dk = nullptr;
+  T* dv = nullptr;
   SdpaStrides dq_strides, dk_strides, dv_strides;
 };
 
+using SdpaProblem = SdpaProblemT<float>;
+using SdpaOutput = SdpaOutputT<float>;
+using SdpaBackwardIO = SdpaBackwardIOT<float>;
+using SdpaProblemBf16 = SdpaProblemT<BFloat16>;
+using SdpaOutputBf16 = SdpaOutputT<BFloat16>;
+using SdpaBackwardIOBf16 = SdpaBackwardIOT<BFloat16>;
+
 namespace ref {
 // The specification: one query row at a time, scores in fp32, any strides.
+// fp32 only (bf16 callers widen first: the Tensor functions above do).
 void sdpa_forward(const SdpaOutput& o, const SdpaProblem& p);
 void sdpa_backward(const SdpaBackwardIO& io, const SdpaProblem& p);
 }  // namespace ref
@@ -164,6 +186,14 @@ namespace kernels {
 // out, dout, dq, dk, dv; throws std::invalid_argument otherwise.
 void sdpa_forward(const SdpaOutput& o, const SdpaProblem& p);
 void sdpa_backward(const SdpaBackwardIO& io, const SdpaProblem& p);
+// bfloat16: the same tiles, each bf16 tile of q, k, v, dout (and out) widened
+// exactly to fp32 as it is loaded (no widened copy of a whole tensor); scores,
+// softmax, lse and every accumulator fp32; out, dq, dk, dv rounded to bf16
+// once, at the end.
+void sdpa_forward(const SdpaOutputBf16& o, const SdpaProblemBf16& p);
+void sdpa_backward(const SdpaBackwardIOBf16& io, const SdpaProblemBf16& p);
+// The bf16 path: "bf16 tiles widened to fp32" (every CPU; the SIMD target is sdpa_target's).
+const char* sdpa_bf16_path();
 // The SIMD target it runs ("AVX3", "AVX2", ...); flash_attention_use_target
 // (attn/kernels.h) chooses for it too.
 const char* sdpa_target();

@@ -207,12 +207,14 @@ void Gemm(size_t M, size_t W, size_t K, const float* A, size_t ars, size_t aks, 
 
 inline size_t RoundUp(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
-// Asks for rows [t0, t1) of one head of a token-major buffer (hd floats each,
+// Asks for rows [t0, t1) of one head of a token-major buffer (hd elements each,
 // rows a stride apart) to be brought towards L2 while the current tile is
 // computed: with long sequences the next tile lives in L3 or memory, and rows
 // a few KB apart defeat the hardware prefetchers.
-inline void PrefetchRows(const float* base, size_t stride, size_t t0, size_t t1, size_t hd) {
-  constexpr size_t kLine = 64 / sizeof(float);
+// T: the element type (float, or a 16-bit bfloat16).
+template <class T>
+inline void PrefetchRows(const T* base, size_t stride, size_t t0, size_t t1, size_t hd) {
+  constexpr size_t kLine = 64 / sizeof(T);
   for (size_t t = t0; t < t1; ++t)
     for (size_t dd = 0; dd < hd; dd += kLine) __builtin_prefetch(base + t * stride + dd, 0, 2);
 }

@@ -9,6 +9,13 @@
 // and value head h / (Hq / Hkv); Dv may differ from D; scores go through
 // softcap, ALiBi and the additive mask before the online softmax.
 //
+// bfloat16 (SdpaProblemBf16): every function below is a template on the
+// element type T of q, k, v, out, dout, dq, dk, dv. A bf16 tile is widened
+// exactly to fp32 where it is loaded or packed (Widen, TileRows), the products,
+// softmax and accumulators are the fp32 ones, and out, dq, dk, dv are rounded
+// to bf16 once, as they are stored (Narrow). No widened copy of a whole tensor
+// is made (the fp32 dQ accumulator, (B, Hq, Tq, Dp), is the one whole buffer).
+//
 // Scores are kept in base 2, as in flash_attention.cpp: without a softcap
 // Q is scaled by c = scale·log2(e); with one, by scale / softcap, and
 // s₂ = softcap·log2(e)·tanh(x). ALiBi and the mask are added times log2(e).
@@ -33,6 +40,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -83,14 +91,16 @@ struct Band {
   }
 };
 
-Band MakeBand(const SdpaProblem& p) {
+template <class T>
+Band MakeBand(const SdpaProblemT<T>& p) {
   const int64_t delta = p.causal_alignment == CausalAlignment::kBottomRight ? p.Tk - p.Tq : 0;
   int64_t right = p.window_right;
   if (p.is_causal) right = right >= 0 ? std::min<int64_t>(right, 0) : 0;
   return {p.window_left >= 0 ? delta - p.window_left : -kFar, right >= 0 ? delta + right : kFar};
 }
 
-int64_t Delta(const SdpaProblem& p) {
+template <class T>
+int64_t Delta(const SdpaProblemT<T>& p) {
   return p.causal_alignment == CausalAlignment::kBottomRight ? p.Tk - p.Tq : 0;
 }
 
@@ -106,8 +116,72 @@ HWY_INLINE VF BandMask(DF d, VF s, size_t v0, int64_t first, int64_t last) {
   return hn::IfThenElse(inside, s, hn::Set(d, kNegInf));
 }
 
-const float* At(const float* base, const SdpaStrides& s, int64_t b, int64_t h, int64_t t = 0) {
+template <class T>
+T* At(T* base, const SdpaStrides& s, int64_t b, int64_t h, int64_t t = 0) {
   return base + b * s.b + h * s.h + t * s.t;
+}
+
+// ---- element types: fp32 in the tiles, T in memory ------------------------------------------
+
+HWY_INLINE float Widen(float x) { return x; }
+HWY_INLINE float Widen(BFloat16 x) { return to_float(x); }  // exact
+template <class T>
+HWY_INLINE T Narrow(float x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+    return to_bfloat16(x);  // round to nearest even, as PyTorch's cast
+  }
+}
+
+// dst[0:W] = src[0:W] widened to fp32, dst[W:Wp] = 0.
+HWY_INLINE void WidenRow(float* HWY_RESTRICT dst, const float* HWY_RESTRICT src, size_t W,
+                         size_t Wp) {
+  std::copy(src, src + W, dst);
+  std::fill(dst + W, dst + Wp, 0.0f);
+}
+HWY_INLINE void WidenRow(float* HWY_RESTRICT dst, const BFloat16* HWY_RESTRICT src, size_t W,
+                         size_t Wp) {
+  const DF d;
+  const hn::RebindToUnsigned<DF> du;  // u32 lanes
+  const hn::Rebind<uint16_t, DF> dh;  // as many u16 lanes
+  const auto* bits = reinterpret_cast<const uint16_t*>(src);
+  size_t w = 0;
+  for (; w + kN <= W; w += kN)  // a bf16 is the high half of the float's bits
+    hn::StoreU(hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(dh, bits + w)))), d,
+               dst + w);
+  for (; w < W; ++w) dst[w] = to_float(src[w]);
+  std::fill(dst + W, dst + Wp, 0.0f);
+}
+
+// Rows [t0, t0 + n) of one head (`stride` elements apart, W wide) as fp32 rows
+// of Wp the products read: the rows themselves when T is float and W = Wp,
+// else widened and zero-padded into buf (n · Wp floats). Returns rows, stride.
+template <class T>
+std::pair<const float*, size_t> TileRows(float* HWY_RESTRICT buf, const T* head, size_t stride,
+                                         size_t t0, size_t n, size_t W, size_t Wp) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (W == Wp) return {head + t0 * stride, stride};
+  }
+  for (size_t r = 0; r < n; ++r) WidenRow(buf + r * Wp, head + (t0 + r) * stride, W, Wp);
+  return {buf, Wp};
+}
+
+// What a widened tile buffer holds: rows from t0 of the head at `head`
+// (nullptr: nothing yet). Consecutive tile pairs often read the same tile.
+struct WideTag {
+  const void* head = nullptr;
+  size_t t0 = 0;
+};
+
+// TileRows, widening only when buf (tagged `tag`) does not hold those rows already.
+template <class T>
+std::pair<const float*, size_t> CachedTileRows(float* HWY_RESTRICT buf, WideTag& tag, const T* head,
+                                               size_t stride, size_t t0, size_t n, size_t W,
+                                               size_t Wp) {
+  if (!std::is_same_v<T, float> && tag.head == head && tag.t0 == t0) return {buf, Wp};
+  tag = {head, t0};
+  return TileRows(buf, head, stride, t0, n, W, Wp);
 }
 
 // ---- forward ------------------------------------------------------------------------------
@@ -117,7 +191,8 @@ const float* At(const float* base, const SdpaStrides& s, int64_t b, int64_t h, i
 // exactly 0: the running max, sum and output keep their bits; backward adds
 // exact zeros), so forward and backward skip it: a padding or block-diagonal
 // mask costs only the tiles it leaves open. Stops at the first open entry.
-bool MaskHidesTile(const SdpaProblem& p, int64_t b, int64_t h, size_t i0, size_t in, size_t j0,
+template <class T>
+bool MaskHidesTile(const SdpaProblemT<T>& p, int64_t b, int64_t h, size_t i0, size_t in, size_t j0,
                    size_t jn) {
   if (!p.mask) return false;
   const SdpaStrides& ms = p.mask_strides;
@@ -133,13 +208,15 @@ struct ForwardScratch {
   hwy::AlignedFreeUniquePtr<float[]> qT;           // (G, D, Br)    c·Qᵀ of each query tile
   hwy::AlignedFreeUniquePtr<float[]> sT;           // (Bc, Br)      scores, then weights, key-major
   hwy::AlignedFreeUniquePtr<float[]> o;            // (G, Br, Dvp)  unnormalised outputs
-  hwy::AlignedFreeUniquePtr<float[]> v_pad;        // (Bc, Dvp)     V tile padded (Dv % N != 0)
+  hwy::AlignedFreeUniquePtr<float[]> v_pad;        // (Bc, Dvp)     V tile padded or widened
+  hwy::AlignedFreeUniquePtr<float[]> k_wide;       // (Bc, D)       K tile widened (bf16 only)
   hwy::AlignedFreeUniquePtr<float[]> m, l, alpha;  // (G, Br) running max, sum, rescale
-  ForwardScratch(size_t D, size_t Dvp)
+  ForwardScratch(size_t D, size_t Dvp, bool widen)
       : qT(hwy::AllocateAligned<float>(kGroup * D * kBr)),
         sT(hwy::AllocateAligned<float>(kBcFwd * kBr)),
         o(hwy::AllocateAligned<float>(kGroup * kBr * Dvp)),
         v_pad(hwy::AllocateAligned<float>(kBcFwd * Dvp)),
+        k_wide(hwy::AllocateAligned<float>(widen ? kBcFwd * D : 1)),
         m(hwy::AllocateAligned<float>(kGroup * kBr)),
         l(hwy::AllocateAligned<float>(kGroup * kBr)),
         alpha(hwy::AllocateAligned<float>(kGroup * kBr)) {}
@@ -147,7 +224,8 @@ struct ForwardScratch {
 
 // Softcap, ALiBi and the mask on a key-major tile of base-2 scores sT (jn, Br)
 // of queries i0.. (lanes) against keys j0.. (rows); `in` queries are real.
-void ScoreMods(const SdpaProblem& p, int64_t b, int64_t h, size_t i0, size_t in, size_t j0,
+template <class T>
+void ScoreMods(const SdpaProblemT<T>& p, int64_t b, int64_t h, size_t i0, size_t in, size_t j0,
                size_t jn, float* HWY_RESTRICT sT) {
   const DF d;
   if (p.softcap > 0.0f) {
@@ -177,11 +255,12 @@ void ScoreMods(const SdpaProblem& p, int64_t b, int64_t h, size_t i0, size_t in,
 
 // One query tile [i0, i0 + in) against keys [j0, j0 + jn): scores, online
 // softmax, O update. qT, o, m, l, alpha are the tile's own state.
-void ForwardStep(const SdpaProblem& p, const Band& band, int64_t b, int64_t h, size_t i0, size_t in,
-                 size_t j0, size_t jn, const float* k_tile, const float* v_tile,
-                 size_t v_tile_stride, const float* HWY_RESTRICT qT, float* HWY_RESTRICT sT,
-                 float* HWY_RESTRICT o, float* HWY_RESTRICT m, float* HWY_RESTRICT l,
-                 float* HWY_RESTRICT alpha) {
+template <class T>
+void ForwardStep(const SdpaProblemT<T>& p, const Band& band, int64_t b, int64_t h, size_t i0,
+                 size_t in, size_t j0, size_t jn, const float* k_tile, size_t k_tile_stride,
+                 const float* v_tile, size_t v_tile_stride, const float* HWY_RESTRICT qT,
+                 float* HWY_RESTRICT sT, float* HWY_RESTRICT o, float* HWY_RESTRICT m,
+                 float* HWY_RESTRICT l, float* HWY_RESTRICT alpha) {
   const DF d;
   const size_t D = size_t(p.D), Dvp = RoundUp(size_t(p.Dv), kN);
   const DropoutRule rule(p.dropout_p);
@@ -189,7 +268,7 @@ void ForwardStep(const SdpaProblem& p, const Band& band, int64_t b, int64_t h, s
   const bool edge = !band.covers(I0, I0 + int64_t(kBr), J0, J0 + int64_t(jn));
   // Sᵀ (jn, Br) = K_tile · qT; at the band's edge a block of keys skips the
   // query vectors wholly outside it.
-  GemmSpans<kOverwrite>(jn, kBr, k_tile, size_t(p.k_strides.t), 1, qT, kBr, sT, kBr, nullptr,
+  GemmSpans<kOverwrite>(jn, kBr, k_tile, k_tile_stride, 1, qT, kBr, sT, kBr, nullptr,
                         [&](size_t r0, size_t nr) {
                           if (!edge) return Span{0, D, 0, kNV};
                           const int64_t first = band.first_query(J0 + int64_t(r0)) - I0;
@@ -247,7 +326,8 @@ void ForwardStep(const SdpaProblem& p, const Band& band, int64_t b, int64_t h, s
 }
 
 // Query tiles i_first, i_first + Br, ... (ng of them) of head (b, h).
-void ForwardGroup(const SdpaOutput& out, const SdpaProblem& p, const Band& band, int64_t b,
+template <class T>
+void ForwardGroup(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p, const Band& band, int64_t b,
                   int64_t h, size_t i_first, size_t ng, ForwardScratch& s) {
   const size_t Tq = size_t(p.Tq), Tk = size_t(p.Tk), D = size_t(p.D), Dv = size_t(p.Dv);
   const size_t Dvp = RoundUp(Dv, kN);
@@ -255,14 +335,14 @@ void ForwardGroup(const SdpaOutput& out, const SdpaProblem& p, const Band& band,
   const int64_t hk = h / (p.Hq / p.Hkv);
   auto tile_i0 = [&](size_t g) { return i_first + g * kBr; };
   auto tile_in = [&](size_t g) { return std::min(kBr, Tq - tile_i0(g)); };
-  const float* q_head = At(p.q, p.q_strides, b, h);
+  const T* q_head = At(p.q, p.q_strides, b, h);
   for (size_t g = 0; g < ng; ++g) {
     // qT (D, Br) = c · Q_tileᵀ, zero columns past Tq.
     float* HWY_RESTRICT qT = s.qT.get() + g * D * kBr;
     const size_t i0 = tile_i0(g), in = tile_in(g);
     for (size_t i = 0; i < kBr; ++i) {
-      const float* qi = i < in ? q_head + int64_t(i0 + i) * p.q_strides.t : nullptr;
-      for (size_t dd = 0; dd < D; ++dd) qT[dd * kBr + i] = qi ? c * qi[dd] : 0.0f;
+      const T* qi = i < in ? q_head + int64_t(i0 + i) * p.q_strides.t : nullptr;
+      for (size_t dd = 0; dd < D; ++dd) qT[dd * kBr + i] = qi ? c * Widen(qi[dd]) : 0.0f;
     }
   }
   std::fill(s.m.get(), s.m.get() + ng * kBr, kNegInf);
@@ -275,29 +355,23 @@ void ForwardGroup(const SdpaOutput& out, const SdpaProblem& p, const Band& band,
     return Clamp(band.last_key(int64_t(tile_i0(g) + tile_in(g)) - 1) + 1, Tk);
   };
   const size_t group_begin = key_begin(0) / 4 * 4, group_end = key_end(ng - 1);
-  const float* k_head = At(p.k, p.k_strides, b, hk);
-  const float* v_head = At(p.v, p.v_strides, b, hk);
+  const T* k_head = At(p.k, p.k_strides, b, hk);
+  const T* v_head = At(p.v, p.v_strides, b, hk);
   const size_t ks = size_t(p.k_strides.t), vs = size_t(p.v_strides.t);
   for (size_t j0 = group_begin; j0 < group_end; j0 += kBcFwd) {
     const size_t next_end = std::min(group_end, j0 + 2 * kBcFwd);
     PrefetchRows(k_head, ks, std::min(j0 + kBcFwd, next_end), next_end, D);
     PrefetchRows(v_head, vs, std::min(j0 + kBcFwd, next_end), next_end, Dv);
-    const float* v_tile = v_head + j0 * vs;
-    size_t v_tile_stride = vs;
-    if (Dvp != Dv) {  // B rows must hold whole vectors: a zero-padded copy
-      const size_t jn = std::min(kBcFwd, group_end - j0);
-      for (size_t jj = 0; jj < jn; ++jj) {
-        std::copy(v_tile + jj * vs, v_tile + jj * vs + Dv, s.v_pad.get() + jj * Dvp);
-        std::fill(s.v_pad.get() + jj * Dvp + Dv, s.v_pad.get() + (jj + 1) * Dvp, 0.0f);
-      }
-      v_tile = s.v_pad.get();
-      v_tile_stride = Dvp;
-    }
+    // K rows as they are (fp32) or widened (bf16); V's B rows must hold whole
+    // vectors: as they are, or a zero-padded (and widened) copy.
+    const size_t tile_jn = std::min(kBcFwd, group_end - j0);
+    const auto [k_tile, k_tile_stride] = TileRows(s.k_wide.get(), k_head, ks, j0, tile_jn, D, D);
+    const auto [v_tile, v_tile_stride] = TileRows(s.v_pad.get(), v_head, vs, j0, tile_jn, Dv, Dvp);
     for (size_t g = 0; g < ng; ++g) {
       if (j0 >= key_end(g) || j0 + kBcFwd <= key_begin(g)) continue;
       const size_t jn = std::min(kBcFwd, key_end(g) - j0);
       if (MaskHidesTile(p, b, h, tile_i0(g), tile_in(g), j0, jn)) continue;
-      ForwardStep(p, band, b, h, tile_i0(g), tile_in(g), j0, jn, k_head + j0 * ks, v_tile,
+      ForwardStep(p, band, b, h, tile_i0(g), tile_in(g), j0, jn, k_tile, k_tile_stride, v_tile,
                   v_tile_stride, s.qT.get() + g * D * kBr, s.sT.get(), s.o.get() + g * kBr * Dvp,
                   s.m.get() + g * kBr, s.l.get() + g * kBr, s.alpha.get() + g * kBr);
     }
@@ -310,9 +384,9 @@ void ForwardGroup(const SdpaOutput& out, const SdpaProblem& p, const Band& band,
     for (size_t i = 0; i < tile_in(g); ++i) {
       const size_t t = tile_i0(g) + i;
       const float inv_l = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-      float* oi =
+      T* oi =
           out.out + b * out.out_strides.b + h * out.out_strides.h + int64_t(t) * out.out_strides.t;
-      for (size_t dd = 0; dd < Dv; ++dd) oi[dd] = o[i * Dvp + dd] * inv_l;
+      for (size_t dd = 0; dd < Dv; ++dd) oi[dd] = Narrow<T>(o[i * Dvp + dd] * inv_l);
       out.lse[(size_t(b) * size_t(p.Hq) + size_t(h)) * Tq + t] =
           l[i] > 0.0f ? (m[i] + std::log2(l[i])) * kLn2 : kNegInf;
     }
@@ -321,7 +395,8 @@ void ForwardGroup(const SdpaOutput& out, const SdpaProblem& p, const Band& band,
 
 }  // namespace
 
-void SdpaForwardImpl(const SdpaOutput& out, const SdpaProblem& p) {
+template <class T>
+void SdpaForwardImpl(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p) {
   const Band band = MakeBand(p);
   const size_t D = size_t(p.D), Dvp = RoundUp(size_t(p.Dv), kN);
   const int64_t n_qt = (p.Tq + int64_t(kBr) - 1) / int64_t(kBr);
@@ -330,7 +405,7 @@ void SdpaForwardImpl(const SdpaOutput& out, const SdpaProblem& p) {
   const int64_t n_items = BH * n_groups;
 #pragma omp parallel
   {
-    ForwardScratch scratch(D, Dvp);
+    ForwardScratch scratch(D, Dvp, !std::is_same_v<T, float>);
     // Last query groups first (the heaviest under a causal band), then dynamic scheduling.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < n_items; ++item) {
@@ -353,7 +428,11 @@ struct BackwardScratch {
   hwy::AlignedFreeUniquePtr<float[]> cap;        // (BrBwd, Bc) 1 - tanh², with a softcap
   hwy::AlignedFreeUniquePtr<float[]> dK, dV;     // (G, Bc, Dp), (G, Bc, Dvp)
   hwy::AlignedFreeUniquePtr<float[]> z;          // (Bc) one row of dropout noise
-  BackwardScratch(size_t D, size_t Dv, size_t Dp, size_t Dvp)
+  // bf16 only: the rows of a pair's Q, dO (BrBwd, Dp), (BrBwd, Dvp) and K (G, Bc, Dp) tiles,
+  // widened (K: a slot per tile of a key group), and what each holds
+  hwy::AlignedFreeUniquePtr<float[]> q_wide, do_wide, k_wide;
+  WideTag q_tag, do_tag, k_tag[kGroup];
+  BackwardScratch(size_t D, size_t Dv, size_t Dp, size_t Dvp, bool widen)
       : kT(hwy::AllocateAligned<float>(kGroup * D * kBc)),
         vT(hwy::AllocateAligned<float>(kGroup * Dv * kBc)),
         S(hwy::AllocateAligned<float>(kBrBwd * kBc)),
@@ -362,15 +441,20 @@ struct BackwardScratch {
         cap(hwy::AllocateAligned<float>(kBrBwd * kBc)),
         dK(hwy::AllocateAligned<float>(kGroup * kBc * Dp)),
         dV(hwy::AllocateAligned<float>(kGroup * kBc * Dvp)),
-        z(hwy::AllocateAligned<float>(kBc)) {}
+        z(hwy::AllocateAligned<float>(kBc)),
+        q_wide(hwy::AllocateAligned<float>(widen ? kBrBwd * Dp : 1)),
+        do_wide(hwy::AllocateAligned<float>(widen ? kBrBwd * Dvp : 1)),
+        k_wide(hwy::AllocateAligned<float>(widen ? kGroup * kBc * Dp : 1)) {}
 };
 
 // What backward reads, with q, k, dout (the B operands) and dq padded to whole
-// vectors when D or Dv is not a multiple of N.
+// vectors when D or Dv is not a multiple of N (fp32: padded copies; bf16: the
+// caller's rows, padded as each tile is widened; dq is an fp32 accumulator).
+template <class T>
 struct BackwardProblem {
-  const SdpaProblem* p;
+  const SdpaProblemT<T>* p;
   Band band;
-  const float *q, *k, *dout;  // rows padded: strides below
+  const T *q, *k, *dout;  // rows (fp32: padded), strides below
   SdpaStrides qs, ks, dos;
   float* dq;  // accumulated in place (zeroed by its owner)
   SdpaStrides dqs;
@@ -380,20 +464,22 @@ struct BackwardProblem {
 };
 
 // One query head (b, h) as the tile pairs read it.
+template <class T>
 struct HeadView {
   int64_t b, h;
-  const float *q, *k, *v, *dout;  // q, dout of head h; k, v of its key/value head
-  size_t qs, ks, vs, dos;         // row strides
+  const T *q, *k, *v, *dout;  // q, dout of head h; k, v of its key/value head
+  size_t qs, ks, vs, dos;     // row strides
   float* dQ;
   size_t dQs;
   const float* Drow;
   const float* lse2;
 };
 
-HeadView MakeHeadView(const BackwardProblem& bp, int64_t b, int64_t h) {
-  const SdpaProblem& p = *bp.p;
+template <class T>
+HeadView<T> MakeHeadView(const BackwardProblem<T>& bp, int64_t b, int64_t h) {
+  const SdpaProblemT<T>& p = *bp.p;
   const int64_t hk = h / (p.Hq / p.Hkv);
-  HeadView hv{};
+  HeadView<T> hv{};
   hv.b = b, hv.h = h;
   hv.q = At(bp.q, bp.qs, b, h), hv.qs = size_t(bp.qs.t);
   hv.k = At(bp.k, bp.ks, b, hk), hv.ks = size_t(bp.ks.t);
@@ -408,27 +494,29 @@ HeadView MakeHeadView(const BackwardProblem& bp, int64_t b, int64_t h) {
 
 // kT (D, Bc) = c · K_tileᵀ, vT (Dv, Bc) = V_tileᵀ for keys [j0, j0 + jn) of
 // key/value head hk, zero columns past jn.
-void PackKeyTile(float* HWY_RESTRICT kT, float* HWY_RESTRICT vT, const BackwardProblem& bp,
-                 const HeadView& hv, size_t j0, size_t jn) {
-  const SdpaProblem& p = *bp.p;
+template <class T>
+void PackKeyTile(float* HWY_RESTRICT kT, float* HWY_RESTRICT vT, const BackwardProblem<T>& bp,
+                 const HeadView<T>& hv, size_t j0, size_t jn) {
+  const SdpaProblemT<T>& p = *bp.p;
   const size_t D = size_t(p.D), Dv = size_t(p.Dv);
   const float c = p.softcap > 0.0f ? p.scale / p.softcap : p.scale * kLog2e;
   for (size_t jj = 0; jj < kBc; ++jj) {
-    const float* kj = jj < jn ? hv.k + (j0 + jj) * hv.ks : nullptr;
-    const float* vj = jj < jn ? hv.v + (j0 + jj) * hv.vs : nullptr;
-    for (size_t dd = 0; dd < D; ++dd) kT[dd * kBc + jj] = kj ? c * kj[dd] : 0.0f;
-    for (size_t dd = 0; dd < Dv; ++dd) vT[dd * kBc + jj] = vj ? vj[dd] : 0.0f;
+    const T* kj = jj < jn ? hv.k + (j0 + jj) * hv.ks : nullptr;
+    const T* vj = jj < jn ? hv.v + (j0 + jj) * hv.vs : nullptr;
+    for (size_t dd = 0; dd < D; ++dd) kT[dd * kBc + jj] = kj ? c * Widen(kj[dd]) : 0.0f;
+    for (size_t dd = 0; dd < Dv; ++dd) vT[dd * kBc + jj] = vj ? Widen(vj[dd]) : 0.0f;
   }
 }
 
 // One pair (keys [j0, j0 + jn) packed in kT/vT, queries [i0, i0 + in) of head
 // hv): recompute P and dS, then accumulate whichever of dK (Bc, Dp), dV (Bc,
 // Dvp) and the head's dQ rows are given (nullptr skips).
-void TilePair(const HeadView& hv, const BackwardProblem& bp, size_t j0, size_t jn, size_t i0,
+template <class T>
+void TilePair(const HeadView<T>& hv, const BackwardProblem<T>& bp, size_t j0, size_t jn, size_t i0,
               size_t in, const float* kT, const float* vT, BackwardScratch& s, float* dK, float* dV,
               float* dQ) {
   const DF d;
-  const SdpaProblem& p = *bp.p;
+  const SdpaProblemT<T>& p = *bp.p;
   const Band& band = bp.band;
   const size_t D = size_t(p.D), Dv = size_t(p.Dv);
   const DropoutRule rule(p.dropout_p);
@@ -438,6 +526,13 @@ void TilePair(const HeadView& hv, const BackwardProblem& bp, size_t j0, size_t j
   float* HWY_RESTRICT Pz = s.Pz.get();
   const bool edge = !band.covers(I0, I0 + int64_t(in), J0, J0 + int64_t(jn));
   const bool masked = edge || jn < kBc;
+  // The rows of Q and dO (and of K, for dQ) the products read, in fp32: the
+  // fp32 rows in place (already Dp, Dvp wide), bf16 rows widened and padded.
+  constexpr bool kWide = !std::is_same_v<T, float>;
+  const size_t Dw = kWide ? D : bp.Dp, Dvw = kWide ? Dv : bp.Dvp;
+  const auto [q_rows, qs] = CachedTileRows(s.q_wide.get(), s.q_tag, hv.q, hv.qs, i0, in, Dw, bp.Dp);
+  const auto [do_rows, dos] =
+      CachedTileRows(s.do_wide.get(), s.do_tag, hv.dout, hv.dos, i0, in, Dvw, bp.Dvp);
   // S (in, Bc) = Q kT (base-2 scores, or scale/softcap · Q Kᵀ);  dP (in, Bc) = dO Vᵀ.
   // At the band's edge a block of queries skips the key vectors wholly outside it.
   auto key_vectors = [&](size_t r0, size_t nr) {
@@ -448,13 +543,13 @@ void TilePair(const HeadView& hv, const BackwardProblem& bp, size_t j0, size_t j
     const size_t v1 = last < 0 ? 0 : Clamp(last / int64_t(kN) + 1, kNV);
     return Span{0, 0, v0, v1};
   };
-  GemmSpans<kOverwrite>(in, kBc, hv.q + i0 * hv.qs, hv.qs, 1, kT, kBc, S, kBc, nullptr,
+  GemmSpans<kOverwrite>(in, kBc, q_rows, qs, 1, kT, kBc, S, kBc, nullptr,
                         [&](size_t r0, size_t nr) {
                           Span sp = key_vectors(r0, nr);
                           sp.k1 = D;
                           return sp;
                         });
-  GemmSpans<kOverwrite>(in, kBc, hv.dout + i0 * hv.dos, hv.dos, 1, vT, kBc, dP, kBc, nullptr,
+  GemmSpans<kOverwrite>(in, kBc, do_rows, dos, 1, vT, kBc, dP, kBc, nullptr,
                         [&](size_t r0, size_t nr) {
                           Span sp = key_vectors(r0, nr);
                           sp.k1 = Dv;
@@ -537,21 +632,23 @@ void TilePair(const HeadView& hv, const BackwardProblem& bp, size_t j0, size_t j
     return Span{k0, std::max(k0, k1), 0, kNV};
   };
   if (dV)
-    GemmSpans<kAccumulate>(jn, bp.Dvp, Pz, 1, kBc, hv.dout + i0 * hv.dos, hv.dos, dV, bp.Dvp,
-                           nullptr, from_query);
-  if (dK)
-    GemmSpans<kAccumulate>(jn, bp.Dp, dP, 1, kBc, hv.q + i0 * hv.qs, hv.qs, dK, bp.Dp, nullptr,
-                           from_query);
-  if (dQ)
-    GemmSpans<kAccumulate>(in, bp.Dp, dP, kBc, 1, hv.k + j0 * hv.ks, hv.ks, dQ + i0 * hv.dQs,
-                           hv.dQs, nullptr, to_key);
+    GemmSpans<kAccumulate>(jn, bp.Dvp, Pz, 1, kBc, do_rows, dos, dV, bp.Dvp, nullptr, from_query);
+  if (dK) GemmSpans<kAccumulate>(jn, bp.Dp, dP, 1, kBc, q_rows, qs, dK, bp.Dp, nullptr, from_query);
+  if (dQ) {
+    const size_t slot = j0 / kBc % kGroup;  // the g of KeyGroupTask's tiles
+    const auto [k_rows, ks] = CachedTileRows(s.k_wide.get() + slot * kBc * bp.Dp, s.k_tag[slot],
+                                             hv.k, hv.ks, j0, jn, Dw, bp.Dp);
+    GemmSpans<kAccumulate>(in, bp.Dp, dP, kBc, 1, k_rows, ks, dQ + i0 * hv.dQs, hv.dQs, nullptr,
+                           to_key);
+  }
 }
 
 // The query tiles (on the grid of kBrBwd rows) that meet keys [j_begin, j_end).
 struct TileRange {
   size_t begin, end;
 };
-TileRange QueryTiles(const BackwardProblem& bp, int64_t j_begin, int64_t j_end) {
+template <class T>
+TileRange QueryTiles(const BackwardProblem<T>& bp, int64_t j_begin, int64_t j_end) {
   const size_t Tq = size_t(bp.p->Tq);
   const size_t first = Clamp(bp.band.first_query(j_begin), Tq);
   const size_t end = Clamp(bp.band.last_query(j_end - 1) + 1, Tq);
@@ -561,14 +658,15 @@ TileRange QueryTiles(const BackwardProblem& bp, int64_t j_begin, int64_t j_end) 
 // dK, dV of key tiles j_first, j_first + Bc, ... (ng of them) of key/value
 // head (b, hk): every query head of the group, its query tiles in order;
 // written out at the end. dQ accumulated too when `with_dq`.
-void KeyGroupTask(const SdpaBackwardIO& io, const BackwardProblem& bp, int64_t b, int64_t hk,
+template <class T>
+void KeyGroupTask(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp, int64_t b, int64_t hk,
                   size_t j_first, size_t ng, bool with_dq, BackwardScratch& s) {
-  const SdpaProblem& p = *bp.p;
+  const SdpaProblemT<T>& p = *bp.p;
   const size_t Tk = size_t(p.Tk), D = size_t(p.D), Dv = size_t(p.Dv);
   const int64_t group = p.Hq / p.Hkv;
   auto tile_j0 = [&](size_t g) { return j_first + g * kBc; };
   auto tile_jn = [&](size_t g) { return std::min(kBc, Tk - tile_j0(g)); };
-  const HeadView first_view = MakeHeadView(bp, b, hk * group);
+  const HeadView<T> first_view = MakeHeadView(bp, b, hk * group);
   for (size_t g = 0; g < ng; ++g)
     PackKeyTile(s.kT.get() + g * D * kBc, s.vT.get() + g * Dv * kBc, bp, first_view, tile_j0(g),
                 tile_jn(g));
@@ -576,7 +674,7 @@ void KeyGroupTask(const SdpaBackwardIO& io, const BackwardProblem& bp, int64_t b
   std::fill(s.dV.get(), s.dV.get() + ng * kBc * bp.Dvp, 0.0f);
   const TileRange qt = QueryTiles(bp, int64_t(j_first), int64_t(tile_j0(ng - 1) + tile_jn(ng - 1)));
   for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-    const HeadView hv = MakeHeadView(bp, b, h);
+    const HeadView<T> hv = MakeHeadView(bp, b, h);
     for (size_t i0 = qt.begin; i0 < qt.end; i0 += kBrBwd) {
       const size_t in = std::min(kBrBwd, size_t(p.Tq) - i0);
       const size_t next_end = std::min(size_t(p.Tq), i0 + in + kBrBwd);
@@ -598,15 +696,18 @@ void KeyGroupTask(const SdpaBackwardIO& io, const BackwardProblem& bp, int64_t b
       const int64_t t = int64_t(tile_j0(g) + jj);
       const float* dK = s.dK.get() + (g * kBc + jj) * bp.Dp;
       const float* dV = s.dV.get() + (g * kBc + jj) * bp.Dvp;
-      std::copy(dK, dK + D,
-                io.dk + b * io.dk_strides.b + hk * io.dk_strides.h + t * io.dk_strides.t);
-      std::copy(dV, dV + Dv,
-                io.dv + b * io.dv_strides.b + hk * io.dv_strides.h + t * io.dv_strides.t);
+      std::transform(dK, dK + D,
+                     io.dk + b * io.dk_strides.b + hk * io.dk_strides.h + t * io.dk_strides.t,
+                     Narrow<T>);
+      std::transform(dV, dV + Dv,
+                     io.dv + b * io.dv_strides.b + hk * io.dv_strides.h + t * io.dv_strides.t,
+                     Narrow<T>);
     }
 }
 
 // The key tiles (on the grid of kBc keys) that meet queries [i_begin, i_end).
-TileRange KeyTiles(const BackwardProblem& bp, int64_t i_begin, int64_t i_end) {
+template <class T>
+TileRange KeyTiles(const BackwardProblem<T>& bp, int64_t i_begin, int64_t i_end) {
   const size_t Tk = size_t(bp.p->Tk);
   const size_t first = Clamp(bp.band.first_key(i_begin), Tk);
   const size_t end = Clamp(bp.band.last_key(i_end - 1) + 1, Tk);
@@ -614,10 +715,12 @@ TileRange KeyTiles(const BackwardProblem& bp, int64_t i_begin, int64_t i_end) {
 }
 
 // dQ of query tile i0 of head (b, h): its key tiles in order, the pairs KeyGroupTask visits.
-void QueryTileTask(const BackwardProblem& bp, int64_t b, int64_t h, size_t i0, BackwardScratch& s) {
-  const SdpaProblem& p = *bp.p;
+template <class T>
+void QueryTileTask(const BackwardProblem<T>& bp, int64_t b, int64_t h, size_t i0,
+                   BackwardScratch& s) {
+  const SdpaProblemT<T>& p = *bp.p;
   const size_t in = std::min(kBrBwd, size_t(p.Tq) - i0);
-  const HeadView hv = MakeHeadView(bp, b, h);
+  const HeadView<T> hv = MakeHeadView(bp, b, h);
   for (size_t i = i0; i < i0 + in; ++i)
     std::fill(hv.dQ + i * hv.dQs, hv.dQ + i * hv.dQs + bp.Dp, 0.0f);
   const TileRange kt = KeyTiles(bp, int64_t(i0), int64_t(i0 + in));
@@ -658,7 +761,9 @@ SdpaStrides Packed(int64_t H, int64_t T, size_t Wp) {
 
 }  // namespace
 
-void SdpaBackwardImpl(const SdpaBackwardIO& io, const SdpaProblem& p) {
+template <class T>
+void SdpaBackwardImpl(const SdpaBackwardIOT<T>& io, const SdpaProblemT<T>& p) {
+  constexpr bool kWide = !std::is_same_v<T, float>;
   const size_t Tq = size_t(p.Tq), D = size_t(p.D), Dv = size_t(p.Dv);
   const size_t Dp = RoundUp(D, kN), Dvp = RoundUp(Dv, kN);
   const int64_t BH = p.B * p.Hq;
@@ -669,36 +774,42 @@ void SdpaBackwardImpl(const SdpaBackwardIO& io, const SdpaProblem& p) {
   for (int64_t bh = 0; bh < BH; ++bh) {
     const int64_t b = bh / p.Hq, h = bh % p.Hq;
     for (size_t i = 0; i < Tq; ++i) {
-      const float* doi = At(io.dout, io.dout_strides, b, h, int64_t(i));
-      const float* oi = At(io.out, io.out_strides, b, h, int64_t(i));
+      const T* doi = At(io.dout, io.dout_strides, b, h, int64_t(i));
+      const T* oi = At(io.out, io.out_strides, b, h, int64_t(i));
       float sum = 0.0f;
-      for (size_t dd = 0; dd < Dv; ++dd) sum += doi[dd] * oi[dd];
+      for (size_t dd = 0; dd < Dv; ++dd) sum += Widen(doi[dd]) * Widen(oi[dd]);
       const float lse = io.lse[size_t(bh) * Tq + i];
       Drow[size_t(bh) * Tq + i] = lse == kNegInf ? 0.0f : sum;
       lse2[size_t(bh) * Tq + i] = lse == kNegInf ? -kNegInf : lse * kLog2e;
     }
   }
-  BackwardProblem bp{};
+  BackwardProblem<T> bp{};
   bp.p = &p;
   bp.band = MakeBand(p);
   bp.q = p.q, bp.k = p.k, bp.dout = io.dout;
   bp.qs = p.q_strides, bp.ks = p.k_strides, bp.dos = io.dout_strides;
-  bp.dq = io.dq, bp.dqs = io.dq_strides;
+  if constexpr (!kWide) bp.dq = io.dq, bp.dqs = io.dq_strides;  // else dq_pad, below
   bp.Drow = Drow.get(), bp.lse2 = lse2.get();
   bp.Dp = Dp, bp.Dvp = Dvp;
-  // B operands (rows of Q, K, dO) and the dQ accumulator need whole vectors.
+  // B operands (rows of Q, K, dO) and the dQ accumulator need whole vectors
+  // (bf16: each tile is padded as it is widened; dQ sums in fp32).
   hwy::AlignedFreeUniquePtr<float[]> q_pad, k_pad, do_pad, dq_pad;
-  if (Dp != D) {
-    q_pad = PadRows(p.q, p.q_strides, p.B, p.Hq, p.Tq, D, Dp);
-    k_pad = PadRows(p.k, p.k_strides, p.B, p.Hkv, p.Tk, D, Dp);
-    dq_pad = hwy::AllocateAligned<float>(size_t(BH) * Tq * Dp);
-    bp.q = q_pad.get(), bp.qs = Packed(p.Hq, p.Tq, Dp);
-    bp.k = k_pad.get(), bp.ks = Packed(p.Hkv, p.Tk, Dp);
-    bp.dq = dq_pad.get(), bp.dqs = Packed(p.Hq, p.Tq, Dp);
+  if constexpr (!kWide) {
+    if (Dp != D) {
+      q_pad = PadRows(p.q, p.q_strides, p.B, p.Hq, p.Tq, D, Dp);
+      k_pad = PadRows(p.k, p.k_strides, p.B, p.Hkv, p.Tk, D, Dp);
+      bp.q = q_pad.get(), bp.qs = Packed(p.Hq, p.Tq, Dp);
+      bp.k = k_pad.get(), bp.ks = Packed(p.Hkv, p.Tk, Dp);
+    }
+    if (Dvp != Dv) {
+      do_pad = PadRows(io.dout, io.dout_strides, p.B, p.Hq, p.Tq, Dv, Dvp);
+      bp.dout = do_pad.get(), bp.dos = Packed(p.Hq, p.Tq, Dvp);
+    }
   }
-  if (Dvp != Dv) {
-    do_pad = PadRows(io.dout, io.dout_strides, p.B, p.Hq, p.Tq, Dv, Dvp);
-    bp.dout = do_pad.get(), bp.dos = Packed(p.Hq, p.Tq, Dvp);
+  const bool dq_padded = kWide || Dp != D;
+  if (dq_padded) {
+    dq_pad = hwy::AllocateAligned<float>(size_t(BH) * Tq * Dp);
+    bp.dq = dq_pad.get(), bp.dqs = Packed(p.Hq, p.Tq, Dp);
   }
   const int64_t BHkv = p.B * p.Hkv, group = p.Hq / p.Hkv;
   const int64_t n_kt = (p.Tk + int64_t(kBc) - 1) / int64_t(kBc);
@@ -715,7 +826,7 @@ void SdpaBackwardImpl(const SdpaBackwardIO& io, const SdpaProblem& p) {
   if (!(threads > 1 && BHkv < 2 * threads)) {
 #pragma omp parallel
     {
-      BackwardScratch scratch(D, Dv, Dp, Dvp);
+      BackwardScratch scratch(D, Dv, Dp, Dvp, kWide);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t unit = 0; unit < BHkv; ++unit) {
         const int64_t b = unit / p.Hkv, hk = unit % p.Hkv;
@@ -734,7 +845,7 @@ void SdpaBackwardImpl(const SdpaBackwardIO& io, const SdpaProblem& p) {
     const int64_t n_qt = (p.Tq + int64_t(kBrBwd) - 1) / int64_t(kBrBwd);
 #pragma omp parallel
     {
-      BackwardScratch scratch(D, Dv, Dp, Dvp);
+      BackwardScratch scratch(D, Dv, Dp, Dvp, kWide);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t item = 0; item < BHkv * n_kg; ++item) {
         const int64_t kg = item / BHkv, unit = item % BHkv;
@@ -748,15 +859,24 @@ void SdpaBackwardImpl(const SdpaBackwardIO& io, const SdpaProblem& p) {
       }
     }
   }
-  if (Dp != D) {
+  if (dq_padded) {
 #pragma omp parallel for schedule(static)
     for (int64_t bht = 0; bht < BH * p.Tq; ++bht) {
       const int64_t b = bht / (p.Hq * p.Tq), h = bht / p.Tq % p.Hq, t = bht % p.Tq;
       const float* row = dq_pad.get() + size_t(bht) * Dp;
-      std::copy(row, row + D,
-                io.dq + b * io.dq_strides.b + h * io.dq_strides.h + t * io.dq_strides.t);
+      std::transform(row, row + D,
+                     io.dq + b * io.dq_strides.b + h * io.dq_strides.h + t * io.dq_strides.t,
+                     Narrow<T>);
     }
   }
+}
+
+// The entry points Highway dispatches (no templates there).
+void SdpaForwardF32(const SdpaOutput& o, const SdpaProblem& p) { SdpaForwardImpl(o, p); }
+void SdpaForwardBf16(const SdpaOutputBf16& o, const SdpaProblemBf16& p) { SdpaForwardImpl(o, p); }
+void SdpaBackwardF32(const SdpaBackwardIO& io, const SdpaProblem& p) { SdpaBackwardImpl(io, p); }
+void SdpaBackwardBf16(const SdpaBackwardIOBf16& io, const SdpaProblemBf16& p) {
+  SdpaBackwardImpl(io, p);
 }
 
 const char* SdpaTargetName() { return hwy::TargetName(HWY_TARGET); }
@@ -769,8 +889,10 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace attn::kernels {
 
-HWY_EXPORT(SdpaForwardImpl);
-HWY_EXPORT(SdpaBackwardImpl);
+HWY_EXPORT(SdpaForwardF32);
+HWY_EXPORT(SdpaForwardBf16);
+HWY_EXPORT(SdpaBackwardF32);
+HWY_EXPORT(SdpaBackwardBf16);
 HWY_EXPORT(SdpaTargetName);
 
 namespace {
@@ -781,7 +903,8 @@ void check_rows(const char* name, int64_t width, const SdpaStrides& s) {
                                 " needs stride 1 along its last dim, got " + std::to_string(s.d));
 }
 
-void check_problem(const SdpaProblem& p) {
+template <class T>
+void check_problem(const SdpaProblemT<T>& p) {
   const std::string where = "sdpa kernel: ";
   if (p.B < 1 || p.Hq < 1 || p.Hkv < 1 || p.Tq < 1 || p.Tk < 1 || p.D < 1 || p.Dv < 1)
     throw std::invalid_argument(where + "every size must be >= 1");
@@ -793,25 +916,43 @@ void check_problem(const SdpaProblem& p) {
   check_rows("v", p.Dv, p.v_strides);
 }
 
-}  // namespace
-
-void sdpa_forward(const SdpaOutput& o, const SdpaProblem& p) {
-  check_problem(p);
-  check_rows("out", p.Dv, o.out_strides);
-  HWY_DYNAMIC_DISPATCH(SdpaForwardImpl)(o, p);
-}
-
-void sdpa_backward(const SdpaBackwardIO& io, const SdpaProblem& p) {
+template <class T>
+void check_backward(const SdpaBackwardIOT<T>& io, const SdpaProblemT<T>& p) {
   check_problem(p);
   check_rows("dout", p.Dv, io.dout_strides);
   check_rows("out", p.Dv, io.out_strides);
   check_rows("dq", p.D, io.dq_strides);
   check_rows("dk", p.D, io.dk_strides);
   check_rows("dv", p.Dv, io.dv_strides);
-  HWY_DYNAMIC_DISPATCH(SdpaBackwardImpl)(io, p);
+}
+
+}  // namespace
+
+void sdpa_forward(const SdpaOutput& o, const SdpaProblem& p) {
+  check_problem(p);
+  check_rows("out", p.Dv, o.out_strides);
+  HWY_DYNAMIC_DISPATCH(SdpaForwardF32)(o, p);
+}
+
+void sdpa_forward(const SdpaOutputBf16& o, const SdpaProblemBf16& p) {
+  check_problem(p);
+  check_rows("out", p.Dv, o.out_strides);
+  HWY_DYNAMIC_DISPATCH(SdpaForwardBf16)(o, p);
+}
+
+void sdpa_backward(const SdpaBackwardIO& io, const SdpaProblem& p) {
+  check_backward(io, p);
+  HWY_DYNAMIC_DISPATCH(SdpaBackwardF32)(io, p);
+}
+
+void sdpa_backward(const SdpaBackwardIOBf16& io, const SdpaProblemBf16& p) {
+  check_backward(io, p);
+  HWY_DYNAMIC_DISPATCH(SdpaBackwardBf16)(io, p);
 }
 
 const char* sdpa_target() { return HWY_DYNAMIC_DISPATCH(SdpaTargetName)(); }
+
+const char* sdpa_bf16_path() { return "bf16 tiles widened to fp32"; }
 
 }  // namespace attn::kernels
 #endif  // HWY_ONCE

@@ -1,6 +1,8 @@
 // The Tensor entry points of attn/sdpa.h: every check on the caller's tensors
 // and options (messages name the values), the mask turned into an additive one
-// of its own broadcast shape, then the reference or the fused kernel.
+// of its own broadcast shape, then the reference or the fused kernel. bf16:
+// the fused kernel reads the bf16 tensors in place; the reference runs on
+// exact fp32 copies and its outputs are rounded to bf16.
 #include "attn/sdpa.h"
 
 #include <fmt/format.h>
@@ -9,6 +11,8 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 namespace attn {
 
@@ -27,7 +31,6 @@ void check_float32(const char* name, const Tensor& t) {
 }
 
 void check_4d(const char* name, const Tensor& t, const char* layout) {
-  check_float32(name, t);
   if (t.dim() != 4)
     fail(fmt::format("{} must be 4-D {}, got shape {}", name, layout, shape_str(t.shape())));
   for (int64_t d = 0; d < 4; ++d)
@@ -49,7 +52,20 @@ struct Sizes {
   int64_t B, Hq, Hkv, Tq, Tk, D, Dv;
 };
 
+// q, k, v: float32, or all three bfloat16 (then dout and out too).
+void check_dtypes(const Tensor& q, const Tensor& k, const Tensor& v) {
+  for (const auto& [name, t] :
+       {std::pair<const char*, const Tensor*>{"q", &q}, {"k", &k}, {"v", &v}})
+    if (t->dtype() != DType::kFloat32 && t->dtype() != DType::kBFloat16)
+      fail(fmt::format("{} has dtype {}; q, k and v must be float32 or bfloat16", name,
+                       dtype_name(t->dtype())));
+  if (k.dtype() != q.dtype() || v.dtype() != q.dtype())
+    fail(fmt::format("q, k and v must have the same dtype, got q {}, k {}, v {}",
+                     dtype_name(q.dtype()), dtype_name(k.dtype()), dtype_name(v.dtype())));
+}
+
 Sizes check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& o) {
+  check_dtypes(q, k, v);
   check_4d("q", q, "(B, Hq, Tq, D)");
   check_4d("k", k, "(B, Hkv, Tk, D)");
   check_4d("v", v, "(B, Hkv, Tk, Dv)");
@@ -90,9 +106,10 @@ Sizes check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOpt
 }
 
 // The problem the reference and the kernel read; q, k, v already rows_contiguous.
+template <class T>
 struct Prepared {
   Tensor q, k, v, mask, alibi;  // holds what the pointers point into
-  SdpaProblem p;
+  SdpaProblemT<T> p;
 };
 
 Tensor additive_mask(const SdpaOptions& o, const Sizes& s) {
@@ -150,17 +167,19 @@ Tensor additive_mask(const SdpaOptions& o, const Sizes& s) {
   return out;
 }
 
-Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& o) {
+template <class T>
+Prepared<T> prepare(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& o) {
   const Sizes s = check_qkv(q, k, v, o);
-  Prepared r;
+  Prepared<T> r;
   r.q = rows_contiguous(q), r.k = rows_contiguous(k), r.v = rows_contiguous(v);
-  SdpaProblem& p = r.p;
+  SdpaProblemT<T>& p = r.p;
   p.B = s.B, p.Hq = s.Hq, p.Hkv = s.Hkv, p.Tq = s.Tq, p.Tk = s.Tk, p.D = s.D, p.Dv = s.Dv;
-  p.q = r.q.data_ptr<float>(), p.k = r.k.data_ptr<float>(), p.v = r.v.data_ptr<float>();
+  p.q = r.q.template data_ptr<T>(), p.k = r.k.template data_ptr<T>(),
+  p.v = r.v.template data_ptr<T>();
   p.q_strides = strides_of(r.q), p.k_strides = strides_of(r.k), p.v_strides = strides_of(r.v);
   if (!o.attn_mask.empty()) {
     r.mask = additive_mask(o, s);
-    p.mask = r.mask.data_ptr<float>();
+    p.mask = r.mask.template data_ptr<float>();
     int64_t st[4];
     for (int64_t d = 0; d < 4; ++d) st[d] = r.mask.size(d) == 1 ? 0 : r.mask.stride(d);
     p.mask_strides = {st[0], st[1], st[2], st[3]};
@@ -174,7 +193,7 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOp
       fail(fmt::format("alibi_slopes must be (Hq) = ({}) or (B, Hq) = ({}, {}), got {}", s.Hq, s.B,
                        s.Hq, shape_str(a.shape())));
     r.alibi = a.contiguous();
-    p.alibi_slopes = r.alibi.data_ptr<float>();
+    p.alibi_slopes = r.alibi.template data_ptr<float>();
     p.alibi_b_stride = per_batch ? s.Hq : 0;
   }
   p.is_causal = o.is_causal;
@@ -189,19 +208,41 @@ Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOp
 
 SdpaStrides contiguous_of(int64_t H, int64_t T, int64_t W) { return {H * T * W, T * W, W, 1}; }
 
+bool is_bf16_reference(const Tensor& q, const SdpaOptions& options) {
+  return q.dtype() == DType::kBFloat16 && options.backend == SdpaBackend::kReference;
+}
+
+// The fused kernel on T = float or BFloat16 tensors (the fp32 reference too for float).
+template <class T>
+SdpaForward forward(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& options) {
+  const Prepared<T> r = prepare<T>(q, k, v, options);
+  const SdpaProblemT<T>& p = r.p;
+  SdpaForward f{Tensor::empty({p.B, p.Hq, p.Tq, p.Dv}, dtype_of<T>()),
+                Tensor::empty({p.B, p.Hq, p.Tq})};
+  const SdpaOutputT<T> o{f.out.data_ptr<T>(), contiguous_of(p.Hq, p.Tq, p.Dv), f.lse.data()};
+  if constexpr (std::is_same_v<T, float>) {
+    if (options.backend == SdpaBackend::kReference) {
+      ref::sdpa_forward(o, p);
+      return f;
+    }
+  }
+  kernels::sdpa_forward(o, p);
+  return f;
+}
+
 }  // namespace
 
 SdpaForward scaled_dot_product_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                                  const SdpaOptions& options) {
-  const Prepared r = prepare(q, k, v, options);
-  const SdpaProblem& p = r.p;
-  SdpaForward f{Tensor::empty({p.B, p.Hq, p.Tq, p.Dv}), Tensor::empty({p.B, p.Hq, p.Tq})};
-  const SdpaOutput o{f.out.data(), contiguous_of(p.Hq, p.Tq, p.Dv), f.lse.data()};
-  if (options.backend == SdpaBackend::kReference)
-    ref::sdpa_forward(o, p);
-  else
-    kernels::sdpa_forward(o, p);
-  return f;
+  if (is_bf16_reference(q, options)) {  // the spec on the bf16 values, exactly widened
+    check_qkv(q, k, v, options);
+    SdpaForward f = forward<float>(q.to(DType::kFloat32), k.to(DType::kFloat32),
+                                   v.to(DType::kFloat32), options);
+    f.out = f.out.to(DType::kBFloat16);
+    return f;
+  }
+  return q.dtype() == DType::kBFloat16 ? forward<BFloat16>(q, k, v, options)
+                                       : forward<float>(q, k, v, options);
 }
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -209,14 +250,23 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   return scaled_dot_product_attention_forward(q, k, v, options).out;
 }
 
-SdpaGrads scaled_dot_product_attention_backward(const Tensor& dout, const Tensor& q,
-                                                const Tensor& k, const Tensor& v, const Tensor& out,
-                                                const Tensor& lse, const SdpaOptions& options) {
-  const Prepared r = prepare(q, k, v, options);
-  const SdpaProblem& p = r.p;
+namespace {
+
+// dout and out have q's dtype.
+void check_same_dtype(const char* name, const Tensor& t, const Tensor& q) {
+  if (t.dtype() != q.dtype())
+    fail(fmt::format("{} has dtype {} but q, k and v have {}", name, dtype_name(t.dtype()),
+                     dtype_name(q.dtype())));
+}
+
+template <class T>
+SdpaGrads backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const Tensor& out, const Tensor& lse, const SdpaOptions& options) {
+  const Prepared<T> r = prepare<T>(q, k, v, options);
+  const SdpaProblemT<T>& p = r.p;
   const Shape out_shape{p.B, p.Hq, p.Tq, p.Dv};
-  check_float32("dout", dout);
-  check_float32("out", out);
+  check_same_dtype("dout", dout, q);
+  check_same_dtype("out", out, q);
   check_float32("lse", lse);
   if (dout.shape() != out_shape)
     fail(fmt::format("dout has shape {} but the output is {}", shape_str(dout.shape()),
@@ -229,21 +279,44 @@ SdpaGrads scaled_dot_product_attention_backward(const Tensor& dout, const Tensor
                      shape_str({p.B, p.Hq, p.Tq})));
   const Tensor dout_r = rows_contiguous(dout), out_r = rows_contiguous(out);
   const Tensor lse_c = lse.contiguous();
-  SdpaGrads g{Tensor::empty({p.B, p.Hq, p.Tq, p.D}), Tensor::empty({p.B, p.Hkv, p.Tk, p.D}),
-              Tensor::empty({p.B, p.Hkv, p.Tk, p.Dv})};
-  SdpaBackwardIO io;
-  io.dout = dout_r.data_ptr<float>(), io.dout_strides = strides_of(dout_r);
-  io.out = out_r.data_ptr<float>(), io.out_strides = strides_of(out_r);
+  constexpr DType dtype = dtype_of<T>();
+  SdpaGrads g{Tensor::empty({p.B, p.Hq, p.Tq, p.D}, dtype),
+              Tensor::empty({p.B, p.Hkv, p.Tk, p.D}, dtype),
+              Tensor::empty({p.B, p.Hkv, p.Tk, p.Dv}, dtype)};
+  SdpaBackwardIOT<T> io;
+  io.dout = dout_r.data_ptr<T>(), io.dout_strides = strides_of(dout_r);
+  io.out = out_r.data_ptr<T>(), io.out_strides = strides_of(out_r);
   io.lse = lse_c.data();
-  io.dq = g.dq.data(), io.dk = g.dk.data(), io.dv = g.dv.data();
+  io.dq = g.dq.data_ptr<T>(), io.dk = g.dk.data_ptr<T>(), io.dv = g.dv.data_ptr<T>();
   io.dq_strides = contiguous_of(p.Hq, p.Tq, p.D);
   io.dk_strides = contiguous_of(p.Hkv, p.Tk, p.D);
   io.dv_strides = contiguous_of(p.Hkv, p.Tk, p.Dv);
-  if (options.backend == SdpaBackend::kReference)
-    ref::sdpa_backward(io, p);
-  else
-    kernels::sdpa_backward(io, p);
+  if constexpr (std::is_same_v<T, float>) {
+    if (options.backend == SdpaBackend::kReference) {
+      ref::sdpa_backward(io, p);
+      return g;
+    }
+  }
+  kernels::sdpa_backward(io, p);
   return g;
+}
+
+}  // namespace
+
+SdpaGrads scaled_dot_product_attention_backward(const Tensor& dout, const Tensor& q,
+                                                const Tensor& k, const Tensor& v, const Tensor& out,
+                                                const Tensor& lse, const SdpaOptions& options) {
+  if (is_bf16_reference(q, options)) {  // the spec on the bf16 values, exactly widened
+    check_qkv(q, k, v, options);
+    check_same_dtype("dout", dout, q);
+    check_same_dtype("out", out, q);
+    const DType f32 = DType::kFloat32, bf16 = DType::kBFloat16;
+    SdpaGrads g =
+        backward<float>(dout.to(f32), q.to(f32), k.to(f32), v.to(f32), out.to(f32), lse, options);
+    return {g.dq.to(bf16), g.dk.to(bf16), g.dv.to(bf16)};
+  }
+  return q.dtype() == DType::kBFloat16 ? backward<BFloat16>(dout, q, k, v, out, lse, options)
+                                       : backward<float>(dout, q, k, v, out, lse, options);
 }
 
 }  // namespace attn

@@ -23,7 +23,23 @@ float32, so the C++ side (tests/torch/test_sdpa_torch.cpp) needs no
 random-number agreement. Dropout is not covered here (the kernel's Philox
 noise is checked against the reference in tests/unit/test_sdpa.cpp).
 
-Writes sdpa.json.
+bfloat16 (sdpa_bf16.json): the same maths in float64 on inputs rounded to
+bf16 (torch.randn(...).to(torch.bfloat16)), as PyTorch's SDPA on bf16 tensors
+defines it: bf16 values, higher-precision sums, outputs rounded to bf16 once.
+Each case records the exact output and gradients (autograd), the output
+rounded to bf16 (out_bf16), and the gradients a fused bf16 backward computes
+from that bf16 output: it takes D = rowsum(dout * out) from the out it is
+given (PyTorch's flash backward and FlashAttention's do too), so, written out
+in float64 with P = softmax(s) and t = tanh(s_raw / softcap):
+
+    dP = dout @ v^T,  dS = P * (dP - rowsum(dout * out_bf16)),  dS *= 1 - t^2 (softcap)
+    dq = scale * dS @ k,  dk = scale * dS^T @ q,  dv = P^T @ dout  (k, v, dk, dv summed
+    over each group of query heads)
+
+(with out_bf16 replaced by the exact out this equals autograd's gradients;
+generate() checks that on every case).
+
+Writes sdpa.json and sdpa_bf16.json.
 """
 import pathlib
 import random
@@ -33,6 +49,7 @@ import torch
 from oracle_util import tensor_bits_json, write_json
 
 CASES = 72
+BF16_CASES = 48
 T_CHOICES = [1, 3, 8, 16, 17, 33]
 D_CHOICES = [1, 5, 8, 16, 17, 32]
 
@@ -71,8 +88,10 @@ def explicit_sdpa(q, k, v, c, mask, slopes):
     v_rep = v.repeat_interleave(group, dim=1)
     scale = c["scale"] if c["scale"] is not None else 1.0 / D ** 0.5
     s = scale * (q @ k_rep.transpose(-2, -1))  # (B, Hq, Tq, Tk)
+    t = None
     if c["softcap"] > 0:
-        s = c["softcap"] * torch.tanh(s / c["softcap"])
+        t = torch.tanh(s / c["softcap"])
+        s = c["softcap"] * t
     i = torch.arange(Tq, dtype=torch.float64).view(-1, 1)
     j = torch.arange(Tk, dtype=torch.float64).view(1, -1)
     delta = Tk - Tq if c["bottom_right"] else 0
@@ -95,16 +114,35 @@ def explicit_sdpa(q, k, v, c, mask, slopes):
     p = torch.softmax(s.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
     out = p @ v_rep
     lse = torch.logsumexp(s, dim=-1)
-    return out, lse
+    return out, lse, p, t
 
 
-def make_case(seed: int, c: dict) -> dict:
+def flash_backward(q, k, v, c, p, t, dout, out_used):
+    """The gradients with D = rowsum(dout * out_used), in float64 (no autograd)."""
+    B, Hq, Hkv, Tk, D, Dv = c["B"], c["Hq"], c["Hkv"], c["Tk"], c["D"], c["Dv"]
+    group = Hq // Hkv
+    k_rep = k.repeat_interleave(group, dim=1)
+    v_rep = v.repeat_interleave(group, dim=1)
+    scale = c["scale"] if c["scale"] is not None else 1.0 / D ** 0.5
+    dp = dout @ v_rep.transpose(-2, -1)
+    ds = p * (dp - (dout * out_used).sum(dim=-1, keepdim=True))
+    if t is not None:
+        ds = ds * (1 - t * t)
+    dq = scale * ds @ k_rep
+    dk = (scale * ds.transpose(-2, -1) @ q).view(B, Hkv, group, Tk, D).sum(dim=2)
+    dv = (p.transpose(-2, -1) @ dout).view(B, Hkv, group, Tk, Dv).sum(dim=2)
+    return dq, dk, dv
+
+
+def make_case(seed: int, c: dict, bf16: bool = False) -> dict:
     torch.manual_seed(seed)
     B, Hq, Hkv, Tq, Tk, D, Dv = c["B"], c["Hq"], c["Hkv"], c["Tq"], c["Tk"], c["D"], c["Dv"]
     q = torch.randn(B, Hq, Tq, D)
     k = torch.randn(B, Hkv, Tk, D)
     v = torch.randn(B, Hkv, Tk, Dv)
     dout = torch.randn(B, Hq, Tq, Dv)
+    if bf16:  # the values a bf16 tensor holds (float32 holds them exactly)
+        q, k, v, dout = (x.to(torch.bfloat16).float() for x in (q, k, v, dout))
     mask = None
     if c["mask"] == "bool":
         mask = (torch.rand(c["mask_shape"]) < 0.8).to(torch.float32)
@@ -114,10 +152,10 @@ def make_case(seed: int, c: dict) -> dict:
     slopes = None
     if c["alibi"]:
         slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / Hq) for h in range(Hq)], dtype=torch.float32)
-    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
-    out, lse = explicit_sdpa(q64, k64, v64, c, None if mask is None else mask.double(),
-                             None if slopes is None else slopes.double())
-    out.backward(dout.double())
+    q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
+    out, lse, p, t = explicit_sdpa(q64, k64, v64, c, None if mask is None else mask.double(),
+                                   None if slopes is None else slopes.double())
+    out.backward(dout.double(), retain_graph=bf16)
     record = dict(c)
     record["seed"] = seed
     record["inputs"] = {
@@ -135,6 +173,19 @@ def make_case(seed: int, c: dict) -> dict:
                   "dq" : tensor_bits_json(q64.grad.float()),
                          "dk" : tensor_bits_json(k64.grad.float()),
                                 "dv" : tensor_bits_json(v64.grad.float())}
+    if bf16:
+        with torch.no_grad():
+            args = (q64.detach(), k64.detach(), v64.detach(), c, p.detach(),
+                    None if t is None else t.detach(), dout.double())
+            exact = flash_backward(*args, out.detach())
+            for got, want in zip(exact, (q64.grad, k64.grad, v64.grad)):
+                assert torch.allclose(got, want, rtol=1e-9, atol=1e-9), "flash_backward != autograd"
+            out_bf16 = out.detach().float().to(torch.bfloat16).double()
+            dq, dk, dv = flash_backward(*args, out_bf16)
+        record["expected"]["out_bf16"] = tensor_bits_json(out_bf16.float())
+        record["expected"]["dq_from_out_bf16"] = tensor_bits_json(dq.float())
+        record["expected"]["dk_from_out_bf16"] = tensor_bits_json(dk.float())
+        record["expected"]["dv_from_out_bf16"] = tensor_bits_json(dv.float())
     return record
 
 
@@ -143,3 +194,8 @@ def generate(out_dir: pathlib.Path) -> None:
     cases = [make_case(1000 + n, draw_case(rng)) for n in range(CASES)]
     write_json(pathlib.Path(out_dir) / "sdpa.json",
                {"torch": torch.__version__, "dtype": "float64 maths on float32 inputs", "cases": cases})
+    rng = random.Random(2016)
+    cases = [make_case(5000 + n, draw_case(rng), bf16=True) for n in range(BF16_CASES)]
+    write_json(pathlib.Path(out_dir) / "sdpa_bf16.json",
+               {"torch": torch.__version__, "dtype": "float64 maths on bfloat16 inputs",
+                "cases": cases})

@@ -9,12 +9,23 @@
 // (attn sums in float32, torch's result is float64 rounded once; the largest
 // error seen is about 1.1e-6); lse within 1e-5 · max(1, |lse|), and -inf
 // exactly where torch has it (rows with no key).
+//
+// bfloat16 (sdpa_bf16.json, 48 cases of the same kinds): torch's float64 maths
+// on the bf16-rounded inputs; attn's bf16 results must lie within bf16's
+// rounding of them: |attn − torch| <= 2^-8 · |torch| + 1e-5 · max(1, max |torch|)
+// per element (2^-8: round to nearest with 8 significant bits; 1e-5: the
+// float32 sums, as above). The fused backward is given the bf16 out torch's
+// output rounds to, and compared with the gradients that use D = rowsum(dout ⊙
+// out_bf16) (what it computes, and PyTorch's flash backward); the reference
+// recomputes D from P, and is compared with autograd's exact gradients.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <iostream>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attn/sdpa.h"
@@ -105,6 +116,93 @@ TEST(SdpaTorch, ReferenceAndKernelMatchTorchExplicitMaths) {
   }
   std::cout << "[sdpa vs torch] largest relative error: reference " << worst[0] << ", fused "
             << worst[1] << " over " << cases.size() << " cases\n";
+}
+
+// max over elements of |got − want| / (2^-8 · |want| + 1e-5 · max(1, max |want|)): <= 1 passes.
+double bf16_bound_ratio(const Tensor& got, const Tensor& want) {
+  EXPECT_EQ(got.shape(), want.shape());
+  const std::vector<float> x = got.to_vector(), y = want.to_vector();
+  double scale = 1.0;
+  for (float w : y) scale = std::max(scale, double(std::fabs(w)));
+  double worst = 0.0;
+  for (size_t n = 0; n < x.size(); ++n) {
+    if (std::isnan(x[n])) return std::numeric_limits<double>::infinity();
+    const double err = std::fabs(double(x[n]) - double(y[n]));
+    worst = std::max(worst, err / (std::fabs(double(y[n])) / 256.0 + kTolerance * scale));
+  }
+  return worst;
+}
+
+TEST(SdpaTorch, Bfloat16WithinRoundingOfTorchOnBf16Inputs) {
+  const Json file = read_oracle_json("sdpa_bf16.json", "oracle_sdpa.py");
+  const Json& cases = file.at("cases");
+  ASSERT_GE(cases.size(), 40u);
+  const DType bf16 = DType::kBFloat16;
+  double worst[2] = {0.0, 0.0}, fused_vs_exact = 0.0;
+  for (const Json& c : cases) {
+    SCOPED_TRACE(describe(c));
+    const Json& in = c.at("inputs");
+    const Tensor q = tensor_from_bits_json(in.at("q")).to(bf16);
+    const Tensor k = tensor_from_bits_json(in.at("k")).to(bf16);
+    const Tensor v = tensor_from_bits_json(in.at("v")).to(bf16);
+    const Tensor dout = tensor_from_bits_json(in.at("dout")).to(bf16);
+    SdpaOptions o;
+    o.is_causal = c.at("is_causal").get<bool>();
+    o.causal_alignment = c.at("bottom_right").get<bool>() ? CausalAlignment::kBottomRight
+                                                          : CausalAlignment::kTopLeft;
+    o.window_left = c.at("window_left").get<int64_t>();
+    o.window_right = c.at("window_right").get<int64_t>();
+    o.softcap = c.at("softcap").get<float>();
+    if (!c.at("scale").is_null()) o.scale = c.at("scale").get<float>();
+    o.enable_gqa = c.at("Hq") != c.at("Hkv");
+    const std::string mask = c.at("mask").get<std::string>();
+    if (mask != "none") {
+      o.attn_mask = tensor_from_bits_json(in.at("mask"));
+      o.attn_mask_type = mask == "bool" ? MaskType::kBoolean : MaskType::kAdditive;
+    }
+    if (in.contains("alibi_slopes")) o.alibi_slopes = tensor_from_bits_json(in.at("alibi_slopes"));
+    const Json& want = c.at("expected");
+    const Tensor out_bf16 = tensor_from_bits_json(want.at("out_bf16")).to(bf16);
+    for (SdpaBackend backend : {SdpaBackend::kReference, SdpaBackend::kFused}) {
+      const bool fused = backend == SdpaBackend::kFused;
+      SCOPED_TRACE(fused ? "fused" : "reference");
+      o.backend = backend;
+      const SdpaForward f = scaled_dot_product_attention_forward(q, k, v, o);
+      ASSERT_EQ(f.out.dtype(), bf16);
+      const SdpaGrads g = scaled_dot_product_attention_backward(dout, q, k, v, out_bf16, f.lse, o);
+      ASSERT_EQ(g.dq.dtype(), bf16);
+      const auto check = [&](const char* name, const Tensor& got, const std::string& key) {
+        const double ratio = bf16_bound_ratio(got, tensor_from_bits_json(want.at(key)));
+        worst[fused] = std::max(worst[fused], ratio);
+        EXPECT_LE(ratio, 1.0) << name << " against " << key;
+      };
+      check("out", f.out, "out");
+      const std::string suffix = fused ? "_from_out_bf16" : "";
+      check("dq", g.dq, "dq" + suffix);
+      check("dk", g.dk, "dk" + suffix);
+      check("dv", g.dv, "dv" + suffix);
+      if (fused)
+        for (const auto& [got, key] : {std::pair{&g.dq, "dq"}, {&g.dk, "dk"}, {&g.dv, "dv"}})
+          fused_vs_exact =
+              std::max(fused_vs_exact, rel_err(*got, tensor_from_bits_json(want.at(key))));
+      const std::vector<float> lse = f.lse.to_vector();
+      const std::vector<float> lse_want = tensor_from_bits_json(want.at("lse")).to_vector();
+      ASSERT_EQ(lse.size(), lse_want.size());
+      for (size_t n = 0; n < lse.size(); ++n) {
+        if (std::isinf(lse_want[n])) {
+          EXPECT_EQ(lse[n], lse_want[n]) << "lse[" << n << "]";
+        } else {
+          EXPECT_NEAR(lse[n], lse_want[n], kTolerance * std::max(1.0f, std::fabs(lse_want[n])))
+              << "lse[" << n << "]";
+        }
+      }
+    }
+  }
+  std::cout << "[sdpa bf16 vs torch] largest error / bf16 bound: reference " << worst[0]
+            << ", fused " << worst[1] << " over " << cases.size()
+            << " cases; fused gradients vs the exact ones (D from the exact out): largest "
+               "relative error "
+            << fused_vs_exact << "\n";
 }
 
 }  // namespace

@@ -89,6 +89,19 @@ TEST(BenchCli, SdpaCasesCountTheirPairs) {
   }
 }
 
+// --kind sdpa --dtype bfloat16 times the bf16 tensors; the row names the path that ran.
+TEST(BenchCli, SdpaRunsInBfloat16AndNamesItsPath) {
+  ATTN_REQUIRE_CLI();
+  const auto r = run_cli(
+      "bench --json --kind sdpa --dtype bfloat16 --shapes 1x40x32x2 --mode fwdbwd --repeats 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto rows = nlohmann::json::parse(r.out);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0]["dtype"], "bfloat16");
+  EXPECT_EQ(rows[0]["backend"], "fused-wide");
+  EXPECT_EQ(rows[0]["bf16_path"], "bf16 tiles widened to fp32");
+}
+
 TEST(BenchCli, SgemmFlagAddsBothYardsticks) {
   ATTN_REQUIRE_CLI();
   const auto r = run_cli(
@@ -140,8 +153,8 @@ TEST(BenchCli, BadValuesAreOneLineUsageErrors) {
         Case{"bench --threads -3", "bench: --threads must be >= 1, got -3"},
         Case{"bench --kind core,sdpa,gpu",
              "--kind must be core, module, sdpa or all, got 'core,sdpa,gpu'"},
-        Case{"bench --kind sdpa --dtype bfloat16",
-             "bench: --kind sdpa runs float32 only, got --dtype bfloat16"},
+        Case{"bench --kind sdpa --dtype float16",
+             "bench: --dtype must be float32, bfloat16 or all, got 'float16'"},
         Case{"bench --kind sdpa --window-left -2", "bench: --window-left must be >= 0, got -2"},
         Case{"bench --kind sdpa --mask soft", "bench: --mask must be bool or float, got 'soft'"},
         Case{"bench --kind sdpa --kv-heads 5", "bench: --kv-heads must divide --heads 12, got 5"}}) {

@@ -562,7 +562,7 @@ TEST(Sdpa, BadInputsThrowNamingTheValues) {
   expect_error(sdpa(randn({4, 5, 8}, 1), k, v),
                "q must be 4-D (B, Hq, Tq, D), got shape (4, 5, 8)");
   expect_error(sdpa(q.to(attn::DType::kBFloat16), k, v, gqa),
-               "q has dtype bfloat16; only float32 is supported");
+               "q, k and v must have the same dtype, got q bfloat16, k float32, v float32");
   expect_error(sdpa(randn({3, 4, 5, 8}, 1), k, v, gqa), "batch sizes differ");
   SdpaOptions o = gqa;
   o.attn_mask = Tensor({5, 5});

@@ -72,8 +72,6 @@ void check_case(const BenchCase& c) {
   if (c.dtype != "float32" && c.dtype != "bfloat16")
     throw UsageError(
         fmt::format("bench: --dtype must be float32, bfloat16 or all, got '{}'", c.dtype));
-  if (c.kind == "sdpa" && c.dtype != "float32")
-    throw UsageError(fmt::format("bench: --kind sdpa runs float32 only, got --dtype {}", c.dtype));
   if (c.mask != "none" && c.mask != "bool" && c.mask != "float")
     throw UsageError(fmt::format("bench: --mask must be bool or float, got '{}'", printable(c.mask)));
   if (c.kv_heads < 0 || (c.kv_heads > 0 && c.heads % c.kv_heads != 0))
@@ -187,7 +185,7 @@ struct CoreProblem {
 // scaled_dot_product_attention (attn/sdpa.h) on the core's problem: packed
 // (B, T, H, hd) values read as (B, H, T, hd) views (token-major strides, no
 // copies), is_causal; the fused kernel, or the plain reference with --backend
-// reference. The case's options change it: Tq queries (B, Tq, H, hd), G kv
+// reference; float32 or bfloat16 (the values rounded). The case's options change it: Tq queries (B, Tq, H, hd), G kv
 // heads (B, T, G, hd), the causal pattern as a dense bool or additive (Tq, T)
 // mask, no causal mask, a window.
 struct SdpaBenchProblem {
@@ -199,8 +197,11 @@ struct SdpaBenchProblem {
     const int64_t hd = head_dim_of(c);
     const int64_t Tq = c.query_tokens > 0 ? c.query_tokens : c.T;
     const int64_t G = c.kv_heads > 0 ? c.kv_heads : c.heads;
+    const DType dtype = c.dtype == "bfloat16" ? DType::kBFloat16 : DType::kFloat32;
     auto view = [&](int64_t T, int64_t H, uint64_t seed) {
-      return Tensor({c.B, T, H, hd}, normal_values(c.B * T * H * hd, seed)).transpose(1, 2);
+      return Tensor({c.B, T, H, hd}, normal_values(c.B * T * H * hd, seed))
+          .to(dtype)
+          .transpose(1, 2);
     };
     q = view(Tq, c.heads, 1), k = view(c.T, G, 2), v = view(c.T, G, 3);
     dout = view(Tq, c.heads, 4).contiguous();
@@ -403,7 +404,8 @@ nlohmann::json to_json(const BenchResult& r, int repeats) {
                       {"head_dim", head_dim_of(r.c)},
                       {"backend", r.backend},
                       {"dtype", r.c.dtype},
-                      {"bf16_path", kernels::flash_attention_bf16_path()},
+                      {"bf16_path", r.c.kind == "sdpa" ? kernels::sdpa_bf16_path()
+                                                       : kernels::flash_attention_bf16_path()},
                       {"ms_median", r.ms_median},
                       {"ms_min", r.ms_min},
                       {"flops", r.flops},
@@ -484,6 +486,8 @@ BenchResult run_bench_case(const BenchCase& c, int repeats, const std::string& b
         throw std::runtime_error("bench: scaled_dot_product_attention gave a non-finite result");
     });
     r.backend = backend == "reference" ? "reference" : "fused";
+    // bf16: the path that ran (the row's dtype column says bf16)
+    if (c.dtype == "bfloat16" && backend != "reference") r.backend += "-wide";
     if (c.window_left >= 0) r.backend += fmt::format(" w{}", c.window_left);
     if (c.mask != "none") r.backend += " " + c.mask + "-mask";
     if (!c.causal && c.mask == "none") r.backend += " full";
@@ -554,7 +558,8 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_option("--mode", f->mode, "fwd, fwdbwd or all")->capture_default_str();
   cmd->add_option("--dtype", f->dtype,
                   "float32, bfloat16 or all: the core's inputs and outputs (bfloat16: the bf16 "
-                  "kernels, path AVX512-BF16 or widened to fp32); the module's compute dtype "
+                  "kernels, path AVX512-BF16 or widened to fp32); sdpa's q, k, v, dout (bfloat16: "
+                  "bf16 tiles widened to fp32, rows 'fused-wide'); the module's compute dtype "
                   "(bfloat16: mixed precision, fp32 weights)")
       ->capture_default_str();
   cmd->add_option("--backend", f->backend,
@@ -651,8 +656,6 @@ Command add_bench_command(CLI::App& app) {
         kinds.push_back(kind);
       at = comma + 1;
     }
-    if (f->dtype == "bfloat16" && kinds == std::vector<std::string>{"sdpa"})
-      throw UsageError("bench: --kind sdpa runs float32 only, got --dtype bfloat16");
     if (f->mode != "all" && f->mode != "fwd" && f->mode != "fwdbwd")
       throw UsageError(fmt::format("bench: --mode must be fwd, fwdbwd or all, got '{}'", f->mode));
     if (f->dtype != "all" && f->dtype != "float32" && f->dtype != "bfloat16")
@@ -759,6 +762,10 @@ Command add_bench_command(CLI::App& app) {
             omp_threads(), bf16_peak, bf16_peak / peak);
       }
       fmt::print("bf16 attention path: {}\n", kernels::flash_attention_bf16_path());
+      if (std::find(kinds.begin(), kinds.end(), "sdpa") != kinds.end() &&
+          std::find(dtypes.begin(), dtypes.end(), "bfloat16") != dtypes.end())
+        fmt::print("bf16 sdpa path: {} ({}; 'fused-wide' rows)\n", kernels::sdpa_bf16_path(),
+                   kernels::sdpa_target());
       fmt::print("sgemm {}^3, BLAS engine ({}, median of {}): {:.1f} GFLOP/s = {:.1f}% of peak\n",
                  sgemm_n, gemm::blas_name(), f->quick ? 3 : 5, sgemm_blas,
                  100.0 * sgemm_blas / peak);
@@ -797,7 +804,6 @@ Command add_bench_command(CLI::App& app) {
       for (const auto& kind : kinds) {
         for (const auto& mode : modes) {
           for (const auto& dtype : dtypes) {
-            if (kind == "sdpa" && dtype != "float32") continue;  // float32 only, for now
             BenchCase c = shape;
             c.kind = kind, c.mode = mode, c.dtype = dtype;
             if (kind == "sdpa") {
@@ -806,7 +812,7 @@ Command add_bench_command(CLI::App& app) {
             }
             BenchResult r = run_bench_case(c, repeats, f->backend);
             const bool bf16_dots =
-                dtype == "bfloat16" &&
+                dtype == "bfloat16" && kind != "sdpa" &&
                 std::string(kernels::flash_attention_bf16_path()) == "AVX512-BF16";
             const double ceiling = bf16_dots ? bf16_peak : peak;
             if (sgemm > 0) r.pct_sgemm = 100.0 * r.gflops / sgemm;
