@@ -1,0 +1,287 @@
+// Flash-decoding (attn/decode_attention.h states the maths and the split):
+// work items (b, kv head, chunk of kDecodeChunk keys) over OpenMP threads, each
+// writing a partial (m, l, o) per query row of its group; then each output row
+// combines its chunks' partials by log-sum-exp in chunk order. Highway dynamic
+// dispatch for the vector code (fp32 rows, or bf16 rows widened as loaded).
+#include "attn/decode_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "attn/tensor.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "kernels/hwy_targets.h"
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/decode_attention.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+// After highway.h: the -inl header is compiled once per target.
+#include <hwy/contrib/math/math-inl.h>  // NOLINT(build/include_order)
+
+#ifndef ATTN_DECODE_ATTENTION_SHARED
+#define ATTN_DECODE_ATTENTION_SHARED
+namespace attn::kernels::detail {
+
+// The keys [lo, hi) some query of the call can see, and the chunks that cover
+// them: chunk c (c0 <= c < c0 + n) is [c·kDecodeChunk, (c + 1)·kDecodeChunk)
+// clipped to [lo, hi). Fixed by the problem alone (never by the thread count).
+struct DecodeSplit {
+  int64_t lo, hi, c0, n;
+};
+inline DecodeSplit decode_split(const DecodeProblem& p) {
+  const int64_t first = p.length - p.Tq;  // the first new query's position
+  const int64_t lo = p.window_left < 0 ? 0 : std::max<int64_t>(0, first - p.window_left);
+  const int64_t hi = p.length;
+  const int64_t c0 = lo / kDecodeChunk, c1 = (hi + kDecodeChunk - 1) / kDecodeChunk;
+  return {lo, hi, c0, c1 - c0};
+}
+
+}  // namespace attn::kernels::detail
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace attn::kernels {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+using DU32 = hn::RebindToUnsigned<DF>;
+using DU16 = hn::Rebind<uint16_t, DF>;  // as many uint16 lanes as DF has floats
+
+// Lanes(DF) elements at p as fp32: loaded, or bf16 widened (exact: the bf16
+// bits are the high half of the float's).
+HWY_INLINE VF LoadRow(DF d, const float* p) { return hn::LoadU(d, p); }
+HWY_INLINE VF LoadRow(DF d, const uint16_t* p) {
+  return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(DU32(), hn::LoadU(DU16(), p))));
+}
+inline float Scalar(float x) { return x; }
+inline float Scalar(uint16_t bits) { return to_float(BFloat16{bits}); }
+
+// Σ_i q[i] · k[i], n elements: two vector chains, then across lanes, then the
+// scalar tail.
+template <class T>
+HWY_INLINE float Dot(DF d, const float* q, const T* k, size_t n) {
+  const size_t L = hn::Lanes(d);
+  VF a0 = hn::Zero(d), a1 = hn::Zero(d);
+  size_t i = 0;
+  for (; i + 2 * L <= n; i += 2 * L) {
+    a0 = hn::MulAdd(hn::LoadU(d, q + i), LoadRow(d, k + i), a0);
+    a1 = hn::MulAdd(hn::LoadU(d, q + i + L), LoadRow(d, k + i + L), a1);
+  }
+  if (i + L <= n) {
+    a0 = hn::MulAdd(hn::LoadU(d, q + i), LoadRow(d, k + i), a0);
+    i += L;
+  }
+  float s = hn::GetLane(hn::SumOfLanes(d, hn::Add(a0, a1)));
+  for (; i < n; ++i) s += q[i] * Scalar(k[i]);
+  return s;
+}
+
+// o[i] += w · v[i], n elements.
+template <class T>
+HWY_INLINE void Axpy(DF d, float* o, float w, const T* v, size_t n) {
+  const size_t L = hn::Lanes(d);
+  const VF wv = hn::Set(d, w);
+  size_t i = 0;
+  for (; i + L <= n; i += L) hn::StoreU(hn::MulAdd(wv, LoadRow(d, v + i), hn::LoadU(d, o + i)), d, o + i);
+  for (; i < n; ++i) o[i] += w * Scalar(v[i]);
+}
+
+// One work item: the keys [j0, j1) of one kv head (K, V point at its row 0)
+// for R query rows q (R, D) fp32. Row r sees the keys [lo[r], hi[r]). Writes
+// per row m[r] (the largest visible score, -inf if none), l[r] = Σ exp(s - m)
+// and o (R, D) = Σ exp(s - m) · v. s: scratch of R · (j1 - j0) floats; ae of 2R.
+template <class T>
+void Chunk(const float* q, const T* K, const T* V, size_t D, float scale, size_t R,
+           const int64_t* lo, const int64_t* hi, int64_t j0, int64_t j1, float* s, size_t* ae,
+           float* m, float* l, float* o) {
+  const DF d;
+  const size_t L = hn::Lanes(d);
+  const size_t C = size_t(j1 - j0);
+  // Each row's visible part of the chunk, [a, e) relative to j0.
+  size_t* a = ae;
+  size_t* e = ae + R;
+  for (size_t r = 0; r < R; ++r) {
+    a[r] = size_t(std::clamp(lo[r], j0, j1) - j0);
+    e[r] = size_t(std::clamp(hi[r], j0, j1) - j0);
+  }
+  // Scores: each key row read once for all R query rows.
+  for (size_t j = 0; j < C; ++j) {
+    const T* k = K + (size_t(j0) + j) * D;
+    for (size_t r = 0; r < R; ++r) {
+      if (j >= a[r] && j < e[r]) s[r * C + j] = scale * Dot(d, q + r * D, k, D);
+    }
+  }
+  // Each row's exp(s - m) in place, and l.
+  for (size_t r = 0; r < R; ++r) {
+    float* sr = s + r * C;
+    std::fill(o + r * D, o + (r + 1) * D, 0.0f);
+    if (a[r] >= e[r]) {
+      m[r] = -std::numeric_limits<float>::infinity();
+      l[r] = 0.0f;
+      continue;
+    }
+    float mr = sr[a[r]];
+    for (size_t j = a[r] + 1; j < e[r]; ++j) mr = std::max(mr, sr[j]);
+    const VF mv = hn::Set(d, mr);
+    VF sum = hn::Zero(d);
+    size_t j = a[r];
+    for (; j + L <= e[r]; j += L) {
+      const VF x = hn::Exp(d, hn::Sub(hn::LoadU(d, sr + j), mv));
+      hn::StoreU(x, d, sr + j);
+      sum = hn::Add(sum, x);
+    }
+    float lr = hn::GetLane(hn::SumOfLanes(d, sum));
+    for (; j < e[r]; ++j) {
+      sr[j] = std::exp(sr[j] - mr);
+      lr += sr[j];
+    }
+    m[r] = mr;
+    l[r] = lr;
+  }
+  // o = Σ p · v: each value row read once for all R rows.
+  for (size_t j = 0; j < C; ++j) {
+    const T* v = V + (size_t(j0) + j) * D;
+    for (size_t r = 0; r < R; ++r) {
+      if (j >= a[r] && j < e[r]) Axpy(d, o + r * D, s[r * C + j], v, D);
+    }
+  }
+}
+
+inline void StoreOut(float* o, float x) { *o = x; }
+inline void StoreOut(uint16_t* o, float x) { *o = to_bfloat16(x).bits; }
+
+// T: float or uint16_t (bf16 bits) for q, keys, values and out alike.
+template <class T>
+void Forward(T* out, const T* q, const T* keys, const T* values, const DecodeProblem& p) {
+  const detail::DecodeSplit split = detail::decode_split(p);
+  const int64_t G = p.Hq / p.Hkv, R = G * p.Tq, D = p.D, nc = split.n;
+  const int64_t items = p.B * p.Hkv * nc;
+  // Each row r = gi·Tq + t of a group (query head g·G + gi, query t) sees [lo, hi).
+  std::vector<int64_t> lo(static_cast<size_t>(R)), hi(static_cast<size_t>(R));
+  for (int64_t gi = 0; gi < G; ++gi) {
+    for (int64_t t = 0; t < p.Tq; ++t) {
+      const int64_t pos = p.length - p.Tq + t, r = gi * p.Tq + t;
+      lo[size_t(r)] = p.window_left < 0 ? 0 : std::max<int64_t>(0, pos - p.window_left);
+      hi[size_t(r)] = pos + 1;
+    }
+  }
+  // Partials of every item when there are several chunks (one chunk: the
+  // item's result is final and goes straight to out).
+  std::unique_ptr<float[]> part_o, part_m, part_l;
+  if (nc > 1) {
+    part_o.reset(new float[size_t(items * R * D)]);
+    part_m.reset(new float[size_t(items * R)]);
+    part_l.reset(new float[size_t(items * R)]);
+  }
+  const auto out_row = [&](int64_t b, int64_t gi_row, int64_t g) {
+    const int64_t gi = gi_row / p.Tq, t = gi_row % p.Tq;
+    return out + b * p.o_batch_stride + t * p.o_stride + (g * G + gi) * D;
+  };
+  const int64_t kv_elems = p.B * p.Hkv * (split.hi - split.lo) * D;
+#pragma omp parallel if (items > 1 && kv_elems >= 16384)
+  {
+    std::vector<float> qf(static_cast<size_t>(R * D)), s(static_cast<size_t>(R * kDecodeChunk)),
+        m(static_cast<size_t>(R)), l(static_cast<size_t>(R)), o(static_cast<size_t>(R * D));
+    std::vector<size_t> ae(static_cast<size_t>(2 * R));
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < items; ++item) {
+      const int64_t bg = item / nc, c = split.c0 + item % nc;
+      const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
+      // The group's query rows, widened to fp32.
+      for (int64_t gi = 0; gi < G; ++gi) {
+        for (int64_t t = 0; t < p.Tq; ++t) {
+          const T* src = q + b * p.q_batch_stride + t * p.q_stride + (g * G + gi) * D;
+          float* dst = qf.data() + (gi * p.Tq + t) * D;
+          for (int64_t i = 0; i < D; ++i) dst[i] = Scalar(src[i]);
+        }
+      }
+      const int64_t j0 = std::max(split.lo, c * kDecodeChunk);
+      const int64_t j1 = std::min(split.hi, (c + 1) * kDecodeChunk);
+      const size_t off = size_t(bg * p.capacity * D);
+      float* pm = nc > 1 ? part_m.get() + item * R : m.data();
+      float* pl = nc > 1 ? part_l.get() + item * R : l.data();
+      float* po = nc > 1 ? part_o.get() + item * R * D : o.data();
+      Chunk(qf.data(), keys + off, values + off, size_t(D), p.scale, size_t(R), lo.data(),
+            hi.data(), j0, j1, s.data(), ae.data(), pm, pl, po);
+      if (nc == 1) {
+        for (int64_t r = 0; r < R; ++r) {
+          T* dst = out_row(b, r, g);
+          for (int64_t i = 0; i < D; ++i) StoreOut(dst + i, po[r * D + i] / pl[r]);
+        }
+      }
+    }
+    if (nc > 1) {
+      // Each output row (b, g, r): its chunks' partials in chunk order.
+      const int64_t rows = p.B * p.Hkv * R;
+#pragma omp for schedule(static)
+      for (int64_t row = 0; row < rows; ++row) {
+        const int64_t bg = row / R, r = row % R;
+        const int64_t first = bg * nc;  // the item of the group's first chunk
+        float M = -std::numeric_limits<float>::infinity();
+        for (int64_t c = 0; c < nc; ++c) M = std::max(M, part_m[size_t((first + c) * R + r)]);
+        float Lsum = 0.0f;
+        std::fill(o.begin(), o.begin() + D, 0.0f);
+        for (int64_t c = 0; c < nc; ++c) {
+          const int64_t at = (first + c) * R + r;
+          const float w = std::exp(part_m[size_t(at)] - M);  // 0 for a chunk it cannot see
+          Lsum += w * part_l[size_t(at)];
+          const float* oc = part_o.get() + at * D;
+          for (int64_t i = 0; i < D; ++i) o[size_t(i)] += w * oc[i];
+        }
+        T* dst = out_row(bg / p.Hkv, r, bg % p.Hkv);
+        for (int64_t i = 0; i < D; ++i) StoreOut(dst + i, o[size_t(i)] / Lsum);
+      }
+    }
+  }
+}
+
+void ForwardF32(float* out, const float* q, const float* keys, const float* values,
+                const DecodeProblem& p) {
+  Forward(out, q, keys, values, p);
+}
+void ForwardBf16(uint16_t* out, const uint16_t* q, const uint16_t* keys, const uint16_t* values,
+                 const DecodeProblem& p) {
+  Forward(out, q, keys, values, p);
+}
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace attn::kernels
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attn::kernels {
+
+HWY_EXPORT(ForwardF32);
+HWY_EXPORT(ForwardBf16);
+
+void decode_attention_forward(float* out, const float* q, const float* keys, const float* values,
+                              const DecodeProblem& p) {
+  HWY_DYNAMIC_DISPATCH(ForwardF32)(out, q, keys, values, validated(p));
+}
+
+void decode_attention_forward_bf16(BFloat16* out, const BFloat16* q, const BFloat16* keys,
+                                   const BFloat16* values, const DecodeProblem& p) {
+  HWY_DYNAMIC_DISPATCH(ForwardBf16)
+  (reinterpret_cast<uint16_t*>(out), reinterpret_cast<const uint16_t*>(q),
+   reinterpret_cast<const uint16_t*>(keys), reinterpret_cast<const uint16_t*>(values),
+   validated(p));
+}
+
+int64_t decode_attention_kv_bytes(const DecodeProblem& p, int64_t element_bytes) {
+  const detail::DecodeSplit split = detail::decode_split(validated(p));
+  return p.B * p.Hkv * (split.hi - split.lo) * p.D * 2 * element_bytes;
+}
+
+}  // namespace attn::kernels
+#endif  // HWY_ONCE
