@@ -88,8 +88,9 @@ GPTKVCache make_gpt_kv_cache(GPTModel& model, int64_t batch);
 // all_logits = false: only the last position's logits, (B, 1, V) (what
 // generation samples from; the output head is then one row per sequence).
 // Paths: with LayerImpl::kKernel one new token runs the decode kernels
-// (attn/decode_kernels.h: GEMV products that read each weight once, the
-// cached attention); a bf16 cache computes as the bf16 model's forward does
+// (attn/decode_kernels.h: GEMV products that read each weight once), and new
+// tokens after a filled cache attend with the flash-decoding kernel
+// (attn/decode_attention.h, fp32 or bf16 cache); a bf16 cache computes as the bf16 model's forward does
 // (bf16 operands, fp32 sums, LayerNorm and GELU outputs and the attention's
 // q, k, v and context rounded to bf16, the residual stream and logits fp32)
 // on the cache's bf16 weights.

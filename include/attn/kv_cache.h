@@ -75,7 +75,9 @@ KVCache make_kv_cache(const MultiHeadAttention& mha, int64_t batch);
 // engine: the GEMM of the four projections (attn/gemm.h); kBlas sums as PyTorch.
 // With kFast, a prefill of an empty cache (length 0, T_new > 1) computes the
 // attention with the flash kernel (attn/kernels.h), reading the projections
-// token-major in place; later tokens use ref::cached_attention_forward.
+// token-major in place; later tokens attend with the flash-decoding kernel
+// (attn/decode_attention.h, blocks of up to kMaxDecodeQueries new tokens; one
+// token's projections are GEMVs). kBlas: ref::cached_attention_forward.
 Tensor forward_cached(const MultiHeadAttention& mha, const Tensor& x_new, KVCache& cache,
                       gemm::Engine engine = gemm::Engine::kBlas);
 

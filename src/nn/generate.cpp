@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "attn/decode_attention.h"
 #include "attn/decode_kernels.h"
 #include "attn/functional.h"
 #include "attn/functional_gpt.h"
@@ -149,16 +150,25 @@ Tensor forward_cached_bf16(GPTModel& model, const GPTWeightsBf16& w,
                                              .v_stride = 3 * E,
                                              .o_stride = E});
     } else {
-      // Token by token: the query at position start + t sees keys 0 .. start + t.
-      Tensor q = Tensor::empty({B, E}, DType::kBFloat16),
-             o = Tensor::empty({B, E}, DType::kBFloat16);
-      for (int64_t t = 0; t < T; ++t) {
-        for (int64_t b = 0; b < B; ++b)
-          std::copy_n(qkvp + (b * T + t) * 3 * E, E, q.data_ptr<BFloat16>() + b * E);
-        kernels::decode_attention_bf16(o.data_ptr<BFloat16>(), q.data_ptr<BFloat16>(), keys, values,
-                                       B, H, start + t + 1, cap, hd, scale);
-        for (int64_t b = 0; b < B; ++b)
-          std::copy_n(o.data_ptr<BFloat16>() + b * E, E, ctxp + (b * T + t) * E);
+      // After a filled cache: the flash-decoding kernel, q read in place from
+      // the qkv rows, in blocks of up to kMaxDecodeQueries new tokens, each
+      // block the last tokens so far (bottom-right causal: the query at
+      // position start + t sees keys 0 .. start + t).
+      for (int64_t t0 = 0; t0 < T; t0 += kMaxDecodeQueries) {
+        const int64_t n = std::min(kMaxDecodeQueries, T - t0);
+        kernels::decode_attention_forward_bf16(ctxp + t0 * E, qkvp + t0 * 3 * E, keys, values,
+                                               {.B = B,
+                                                .Hq = H,
+                                                .Hkv = H,
+                                                .Tq = n,
+                                                .length = start + t0 + n,
+                                                .capacity = cap,
+                                                .D = hd,
+                                                .scale = scale,
+                                                .q_stride = 3 * E,
+                                                .o_stride = E,
+                                                .q_batch_stride = T * 3 * E,
+                                                .o_batch_stride = T * E});
       }
     }
     linear_bf16(a.data(), ctxp, bw.out_proj, data_or_null(bias_or_null(block.att.out_proj)), M);

@@ -1,8 +1,9 @@
 // The key/value cache of MultiHeadAttention for generating one token at a time
 // (attn/kv_cache.h): a thin layer that projects the new tokens, appends their
 // keys and values, and calls ref::cached_attention_forward (with the fast
-// engine, a prefill of an empty cache runs the flash kernel instead, and one
-// new token the decode kernels: GEMV projections and kernels::decode_attention).
+// engine, a prefill of an empty cache runs the flash kernel instead, and new
+// tokens after it the flash-decoding kernel, kernels::decode_attention_forward,
+// with GEMV projections for one token).
 #include "attn/kv_cache.h"
 
 #include <fmt/format.h>
@@ -11,6 +12,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "attn/decode_attention.h"
 #include "attn/decode_kernels.h"
 #include "attn/functional.h"
 #include "attn/kernels.h"
@@ -145,39 +147,74 @@ Tensor forward_cached(const MultiHeadAttention& mha, const Tensor& x_new, KVCach
                                engine);
   }
 
-  if (engine == gemm::Engine::kFast && T_new == 1) {
-    // One new token: each projection is a GEMV that reads its weights once
-    // (kernels::gemv_forward); k and v go straight into row `length` of the
-    // cache, and the query attends with kernels::decode_attention.
-    const Tensor xc = x_new.contiguous();  // (B, 1, d_in)
-    const int64_t E = o.d_out, L = cache.length, cap = cache.context_length;
-    Tensor q({B, 1, E}), kv({2, B, E});  // q token-major; k, v before they go to the cache
-    const Tensor wq = mha.W_query.weight.value.contiguous(),
-                 wk = mha.W_key.weight.value.contiguous(),
-                 wv = mha.W_value.weight.value.contiguous();
-    const auto problem = [&](float* y, const Tensor& w, const Linear& layer) {
-      const Tensor* bias = bias_or_null(layer);
-      return kernels::GemvProblem{y,      E,        xc.data(),
-                                  o.d_in, w.data(), bias != nullptr ? bias->data() : nullptr,
-                                  B,      E,        o.d_in};
-    };
-    const kernels::GemvProblem qkv[3] = {problem(q.data(), wq, mha.W_query),
-                                         problem(kv.data(), wk, mha.W_key),
-                                         problem(kv.data() + B * E, wv, mha.W_value)};
-    kernels::gemv_forward_batch(qkv, 3);  // the three in one parallel region
+  if (engine == gemm::Engine::kFast) {
+    // New tokens after a filled cache (one while generating): k and v go
+    // straight into rows length .. length + T_new of the cache, and the queries
+    // attend with the flash-decoding kernel (attn/decode_attention.h) in blocks
+    // of up to kMaxDecodeQueries, each block the last tokens of the sequence so
+    // far (bottom-right causal). One token: each projection is a GEMV that
+    // reads its weights once (kernels::gemv_forward), the three in one
+    // parallel region.
+    const Tensor xc = x_new.contiguous();  // (B, T_new, d_in)
+    const int64_t E = o.d_out, L = cache.length, cap = cache.context_length, M = B * T_new;
+    Tensor q({B, T_new, E}), kv({2, M, E});  // q token-major; k, v before they go to the cache
+    if (T_new == 1) {
+      const Tensor wq = mha.W_query.weight.value.contiguous(),
+                   wk = mha.W_key.weight.value.contiguous(),
+                   wv = mha.W_value.weight.value.contiguous();
+      const auto problem = [&](float* y, const Tensor& w, const Linear& layer) {
+        const Tensor* bias = bias_or_null(layer);
+        return kernels::GemvProblem{y,      E,        xc.data(),
+                                    o.d_in, w.data(), bias != nullptr ? bias->data() : nullptr,
+                                    B,      E,        o.d_in};
+      };
+      const kernels::GemvProblem qkv[3] = {problem(q.data(), wq, mha.W_query),
+                                           problem(kv.data(), wk, mha.W_key),
+                                           problem(kv.data() + M * E, wv, mha.W_value)};
+      kernels::gemv_forward_batch(qkv, 3);
+    } else {
+      const auto project = [&](const Linear& layer, float* y) {
+        const Tensor p = ref::linear_forward(xc, layer.weight.value, bias_or_null(layer), engine)
+                             .contiguous();  // (B, T_new, E)
+        std::copy_n(p.data(), M * E, y);
+      };
+      project(mha.W_query, q.data());
+      project(mha.W_key, kv.data());
+      project(mha.W_value, kv.data() + M * E);
+    }
     float* keys = cache.keys.data();
     float* values = cache.values.data();
     for (int64_t b = 0; b < B; ++b) {
-      for (int64_t h = 0; h < H; ++h) {
-        const int64_t row = ((b * H + h) * cap + L) * hd;
-        std::copy_n(kv.data() + b * E + h * hd, hd, keys + row);
-        std::copy_n(kv.data() + (B + b) * E + h * hd, hd, values + row);
+      for (int64_t t = 0; t < T_new; ++t) {
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t row = ((b * H + h) * cap + L + t) * hd;
+          std::copy_n(kv.data() + (b * T_new + t) * E + h * hd, hd, keys + row);
+          std::copy_n(kv.data() + (M + b * T_new + t) * E + h * hd, hd, values + row);
+        }
       }
     }
-    Tensor context({B, 1, E});
-    kernels::decode_attention(context.data(), q.data(), keys, values, B, H, L + 1, cap, hd,
-                              1.0f / std::sqrt(float(hd)));
-    cache.length = L + 1;
+    Tensor context({B, T_new, E});
+    for (int64_t t0 = 0; t0 < T_new; t0 += kMaxDecodeQueries) {
+      const int64_t n = std::min(kMaxDecodeQueries, T_new - t0);
+      kernels::decode_attention_forward(context.data() + t0 * E, q.data() + t0 * E, keys, values,
+                                        {.B = B,
+                                         .Hq = H,
+                                         .Hkv = H,
+                                         .Tq = n,
+                                         .length = L + t0 + n,
+                                         .capacity = cap,
+                                         .D = hd,
+                                         .scale = 1.0f / std::sqrt(float(hd)),
+                                         .q_stride = E,
+                                         .o_stride = E,
+                                         .q_batch_stride = T_new * E,
+                                         .o_batch_stride = T_new * E});
+    }
+    cache.length = L + T_new;
+    if (T_new > 1) {
+      return ref::linear_forward(context, mha.out_proj.weight.value, bias_or_null(mha.out_proj),
+                                 engine);
+    }
     Tensor y({B, 1, E});
     const Tensor* bias = bias_or_null(mha.out_proj);
     kernels::gemv_forward(y.data(), E, context.data(), E,

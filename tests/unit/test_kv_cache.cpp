@@ -113,8 +113,12 @@ TEST(KVCache, GenerationEqualsForwardOnTheWholeSequence) {
         {"prefill 5, then one at a time", prefill_then_ones(c.T)},
         {"growing chunks", growing(c.T)},
         {"one prefill", {c.T}},
+        // After a filled cache, T - 1 > 16 new tokens: the fast engine's
+        // flash-decoding kernel takes them in blocks of 16.
+        {"one token, then the rest", c.T > 1 ? std::vector<int64_t>{1, c.T - 1} : ones(c.T)},
     };
-    // kFast: the fast GEMM, and the flash kernel for a prefill of the empty cache.
+    // kFast: the fast GEMM, the flash kernel for a prefill of the empty cache,
+    // flash-decoding (attn/decode_attention.h) for the tokens after it.
     for (const auto engine : {attn::gemm::Engine::kBlas, attn::gemm::Engine::kFast}) {
       for (const auto& [name, chunks] : schedules) {
         SCOPED_TRACE(std::string(name) +
@@ -128,7 +132,7 @@ TEST(KVCache, GenerationEqualsForwardOnTheWholeSequence) {
       }
     }
   }
-  std::printf("[  KVCACHE ] %zu shapes x 4 schedules x 2 engines: max |cached - forward| = %.3g\n",
+  std::printf("[  KVCACHE ] %zu shapes x 5 schedules x 2 engines: max |cached - forward| = %.3g\n",
               configs().size(), static_cast<double>(worst));
 }
 
