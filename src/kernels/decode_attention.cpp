@@ -86,14 +86,59 @@ HWY_INLINE float Dot(DF d, const float* q, const T* k, size_t n) {
   return s;
 }
 
-// o[i] += w · v[i], n elements.
+// o (D) = Σ_{j in [a, e)} w[j] · V[j] (V's rows D apart). Columns in blocks of
+// 4 vectors held in registers across the keys, two sets (even and odd keys)
+// so that no add waits for the one before it; then single vectors; then a
+// scalar tail.
 template <class T>
-HWY_INLINE void Axpy(DF d, float* o, float w, const T* v, size_t n) {
+HWY_INLINE void WeightedSum(DF d, float* o, const float* w, const T* V, size_t D, size_t a,
+                            size_t e) {
   const size_t L = hn::Lanes(d);
-  const VF wv = hn::Set(d, w);
   size_t i = 0;
-  for (; i + L <= n; i += L) hn::StoreU(hn::MulAdd(wv, LoadRow(d, v + i), hn::LoadU(d, o + i)), d, o + i);
-  for (; i < n; ++i) o[i] += w * Scalar(v[i]);
+  for (; i + 4 * L <= D; i += 4 * L) {
+    VF x0 = hn::Zero(d), x1 = hn::Zero(d), x2 = hn::Zero(d), x3 = hn::Zero(d);
+    VF y0 = hn::Zero(d), y1 = hn::Zero(d), y2 = hn::Zero(d), y3 = hn::Zero(d);
+    size_t j = a;
+    for (; j + 2 <= e; j += 2) {
+      const T* v = V + j * D + i;
+      const VF w0 = hn::Set(d, w[j]), w1 = hn::Set(d, w[j + 1]);
+      x0 = hn::MulAdd(w0, LoadRow(d, v), x0);
+      x1 = hn::MulAdd(w0, LoadRow(d, v + L), x1);
+      x2 = hn::MulAdd(w0, LoadRow(d, v + 2 * L), x2);
+      x3 = hn::MulAdd(w0, LoadRow(d, v + 3 * L), x3);
+      y0 = hn::MulAdd(w1, LoadRow(d, v + D), y0);
+      y1 = hn::MulAdd(w1, LoadRow(d, v + D + L), y1);
+      y2 = hn::MulAdd(w1, LoadRow(d, v + D + 2 * L), y2);
+      y3 = hn::MulAdd(w1, LoadRow(d, v + D + 3 * L), y3);
+    }
+    if (j < e) {
+      const T* v = V + j * D + i;
+      const VF w0 = hn::Set(d, w[j]);
+      x0 = hn::MulAdd(w0, LoadRow(d, v), x0);
+      x1 = hn::MulAdd(w0, LoadRow(d, v + L), x1);
+      x2 = hn::MulAdd(w0, LoadRow(d, v + 2 * L), x2);
+      x3 = hn::MulAdd(w0, LoadRow(d, v + 3 * L), x3);
+    }
+    hn::StoreU(hn::Add(x0, y0), d, o + i);
+    hn::StoreU(hn::Add(x1, y1), d, o + i + L);
+    hn::StoreU(hn::Add(x2, y2), d, o + i + 2 * L);
+    hn::StoreU(hn::Add(x3, y3), d, o + i + 3 * L);
+  }
+  for (; i + L <= D; i += L) {
+    VF x = hn::Zero(d), y = hn::Zero(d);
+    size_t j = a;
+    for (; j + 2 <= e; j += 2) {
+      x = hn::MulAdd(hn::Set(d, w[j]), LoadRow(d, V + j * D + i), x);
+      y = hn::MulAdd(hn::Set(d, w[j + 1]), LoadRow(d, V + (j + 1) * D + i), y);
+    }
+    if (j < e) x = hn::MulAdd(hn::Set(d, w[j]), LoadRow(d, V + j * D + i), x);
+    hn::StoreU(hn::Add(x, y), d, o + i);
+  }
+  for (; i < D; ++i) {
+    float x = 0.0f;
+    for (size_t j = a; j < e; ++j) x += w[j] * Scalar(V[j * D + i]);
+    o[i] = x;
+  }
 }
 
 // One work item: the keys [j0, j1) of one kv head (K, V point at its row 0)
@@ -130,8 +175,14 @@ void Chunk(const float* q, const T* K, const T* V, size_t D, float scale, size_t
       l[r] = 0.0f;
       continue;
     }
-    float mr = sr[a[r]];
-    for (size_t j = a[r] + 1; j < e[r]; ++j) mr = std::max(mr, sr[j]);
+    float mr = sr[a[r]];  // the largest score: vector lanes, then across them
+    size_t jm = a[r];
+    if (e[r] - a[r] >= L) {
+      VF mv = hn::LoadU(d, sr + jm);
+      for (jm += L; jm + L <= e[r]; jm += L) mv = hn::Max(mv, hn::LoadU(d, sr + jm));
+      mr = hn::GetLane(hn::MaxOfLanes(d, mv));
+    }
+    for (; jm < e[r]; ++jm) mr = std::max(mr, sr[jm]);
     const VF mv = hn::Set(d, mr);
     VF sum = hn::Zero(d);
     size_t j = a[r];
@@ -148,12 +199,10 @@ void Chunk(const float* q, const T* K, const T* V, size_t D, float scale, size_t
     m[r] = mr;
     l[r] = lr;
   }
-  // o = Σ p · v: each value row read once for all R rows.
-  for (size_t j = 0; j < C; ++j) {
-    const T* v = V + (size_t(j0) + j) * D;
-    for (size_t r = 0; r < R; ++r) {
-      if (j >= a[r] && j < e[r]) Axpy(d, o + r * D, s[r * C + j], v, D);
-    }
+  // o = Σ p · v, one row after the other over its visible keys (the chunk's
+  // value rows come from memory for the first row, from L2 for the others).
+  for (size_t r = 0; r < R; ++r) {
+    if (a[r] < e[r]) WeightedSum(d, o + r * D, s + r * C, V + size_t(j0) * D, D, a[r], e[r]);
   }
 }
 
