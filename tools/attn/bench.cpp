@@ -444,6 +444,8 @@ constexpr const char* kFooter =
 
 }  // namespace
 
+std::string cpu_name() { return cpu_model(); }
+
 BenchCase parse_bench_shape(const std::string& text) {
   BenchCase c;
   char x1 = 0, x2 = 0, x3 = 0;
@@ -533,7 +535,9 @@ Command add_bench_command(CLI::App& app) {
     int64_t bandwidth_mib = 256;
     std::string mask = "none";
     bool no_causal = false;
-    int64_t kv_heads = 0, query_tokens = 0;
+    int64_t kv_heads = 0, query_tokens = 0;  // kv_heads 0: --heads
+    std::vector<std::string> caches = {"4k", "32k", "128k"};  // --kind decode
+    int64_t head_dim = 64, queries = 1;                       // --kind decode
   };
   auto f = std::make_shared<Flags>();
   CLI::App* cmd = app.add_subcommand(
@@ -553,7 +557,10 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_option("--kind", f->kind,
                   "core, module, sdpa or all (all: core and module; sdpa: "
                   "scaled_dot_product_attention on the core's problem), or a comma-separated "
-                  "list (core,sdpa: the two side by side)")
+                  "list (core,sdpa: the two side by side); or decode alone: one decoding step's "
+                  "attention over KV caches of --cache lengths (flash-decoding, "
+                  "attn/decode_attention.h), GB/s of keys and values read and their share of "
+                  "the read bandwidth measured in the run")
       ->capture_default_str();
   cmd->add_option("--mode", f->mode, "fwd, fwdbwd or all")->capture_default_str();
   cmd->add_option("--dtype", f->dtype,
@@ -595,7 +602,8 @@ Command add_bench_command(CLI::App& app) {
       ->type_name("KIND");
   cmd->add_flag("--no-causal", f->no_causal, "sdpa rows: attend to every key (cross-attention)");
   cmd->add_option("--kv-heads", f->kv_heads,
-                  "sdpa rows: grouped-query attention, this many key/value heads (dividing H)")
+                  "sdpa rows and --kind decode: grouped-query attention, this many key/value "
+                  "heads (dividing H)")
       ->type_name("G");
   cmd->add_option("--query-tokens", f->query_tokens,
                   "sdpa rows: this many queries against the T keys (default T)")
@@ -606,6 +614,18 @@ Command add_bench_command(CLI::App& app) {
                 "--repeats passes, with 1 thread and with the OpenMP thread count; --json: "
                 "one object");
   cmd->add_option("--bandwidth-mib", f->bandwidth_mib, "Buffer for --bandwidth, MiB (>= 1)")
+      ->capture_default_str();
+  cmd->add_option("--cache", f->caches,
+                  "--kind decode: KV cache lengths, comma-separated, 4096 or 4k (default "
+                  "4k,32k,128k); with --heads (default 12), --kv-heads, --head-dim, --queries, "
+                  "--batch, --window-left, --dtype, --threads, --repeats (default 20), "
+                  "--bandwidth-mib (the probe's buffer; the steps cycle through copies of the "
+                  "caches spanning twice that)")
+      ->delimiter(',')
+      ->type_name("LIST");
+  cmd->add_option("--head-dim", f->head_dim, "--kind decode: head dim D")->capture_default_str();
+  cmd->add_option("--queries", f->queries,
+                  "--kind decode: new queries per step, 1..16 (bottom-right causal)")
       ->capture_default_str();
 
   auto run = [f, cmd]() -> int {
@@ -620,7 +640,9 @@ Command add_bench_command(CLI::App& app) {
                                         {"--sgemm-n", f->sgemm_n},
                                         {"--memory-tokens", f->memory_tokens},
                                         {"--kv-heads", f->kv_heads},
-                                        {"--query-tokens", f->query_tokens}}) {
+                                        {"--query-tokens", f->query_tokens},
+                                        {"--head-dim", f->head_dim},
+                                        {"--queries", f->queries}}) {
       if (given(option) && value < 1)
         throw UsageError(fmt::format("bench: {} must be >= 1, got {}", option, value));
     }
@@ -628,7 +650,9 @@ Command add_bench_command(CLI::App& app) {
       throw UsageError(fmt::format("bench: --window-left must be >= 0, got {}", f->window_left));
     if (f->mask != "none" && f->mask != "bool" && f->mask != "float")
       throw UsageError(fmt::format("bench: --mask must be bool or float, got '{}'", printable(f->mask)));
-    if (given("--kv-heads")) {  // every shape's heads, before anything is printed
+    // Every shape's heads, before anything is printed (--kind decode checks
+    // its --heads and --kv-heads itself).
+    if (given("--kv-heads") && f->kind != "decode") {
       const bool one_shape =
           given("--batch") || given("--tokens") || given("--d-model") || given("--heads");
       std::vector<int64_t> heads = {f->heads};
@@ -647,15 +671,20 @@ Command add_bench_command(CLI::App& app) {
     for (size_t at = 0; at <= f->kind.size();) {
       const size_t comma = std::min(f->kind.find(',', at), f->kind.size());
       const std::string kind = f->kind.substr(at, comma - at);
-      if (kind != "all" && kind != "core" && kind != "module" && kind != "sdpa")
-        throw UsageError(fmt::format("bench: --kind must be core, module, sdpa or all, got '{}'",
-                                     printable(f->kind)));
+      if (kind != "all" && kind != "core" && kind != "module" && kind != "sdpa" &&
+          kind != "decode")
+        throw UsageError(fmt::format(
+            "bench: --kind must be core, module, sdpa or all, got '{}' (or decode, alone)",
+            printable(f->kind)));
       if (kind == "all")
         kinds.insert(kinds.end(), {"core", "module"});
       else
         kinds.push_back(kind);
       at = comma + 1;
     }
+    const bool decode = std::find(kinds.begin(), kinds.end(), "decode") != kinds.end();
+    if (decode && kinds.size() != 1)
+      throw UsageError(fmt::format("bench: --kind decode runs alone, got '{}'", printable(f->kind)));
     if (f->mode != "all" && f->mode != "fwd" && f->mode != "fwdbwd")
       throw UsageError(fmt::format("bench: --mode must be fwd, fwdbwd or all, got '{}'", f->mode));
     if (f->dtype != "all" && f->dtype != "float32" && f->dtype != "bfloat16")
@@ -667,6 +696,19 @@ Command add_bench_command(CLI::App& app) {
     if (given("--threads")) set_threads(f->threads);
     const int repeats = given("--repeats") ? f->repeats : (f->quick ? 3 : 5);
     const std::string target = kernels::flash_attention_target();
+
+    if (decode) {
+      DecodeBenchOptions o;
+      for (const std::string& c : f->caches) o.caches.push_back(parse_cache_length(c));
+      o.dtypes = dtypes;
+      o.batch = f->batch, o.heads = f->heads, o.head_dim = f->head_dim, o.queries = f->queries;
+      o.kv_heads = given("--kv-heads") ? f->kv_heads : f->heads;
+      o.window_left = f->window_left;
+      o.repeats = given("--repeats") ? f->repeats : 20;
+      o.json = f->json;
+      o.bandwidth_mib = f->bandwidth_mib;
+      return run_decode_bench(o);
+    }
 
     if (f->bandwidth) {
       if (f->bandwidth_mib < 1)

@@ -1,0 +1,244 @@
+// bench_decode.cpp - `attn bench --kind decode` (bench.h): one decoding step's
+// attention (kernels::decode_attention_forward[_bf16], attn/decode_attention.h)
+// over KV caches of given lengths, with the bytes of keys and values it reads
+// per step, their rate in GB/s, and that rate as a share of the machine's read
+// bandwidth measured in the same run with the same threads.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "attn/decode_attention.h"
+#include "attn/decode_kernels.h"
+#include "attn/kernels.h"
+#include "attn/tensor.h"
+#include "attn/utf8.h"
+#include "bench.h"
+
+namespace attn::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The caches of one case, and enough copies of them that one pass over all
+// is >= footprint bytes (twice the bandwidth probe's buffer: 512 MiB by
+// default): the timed steps read the copies in turn, so each step's keys and
+// values come from memory, as a model's layers' caches do (a single 4k cache
+// would otherwise stay in the last-level cache).
+
+// Values in [-1, 1) from a hash of the index: cheap to fill hundreds of MB.
+float hashed_value(uint64_t i) {
+  i = (i + 0x9E3779B97F4A7C15ull) * 0xBF58476D1CE4E5B9ull;
+  i ^= i >> 31;
+  return float(int64_t(i >> 40) - (int64_t{1} << 23)) * 0x1p-23f;
+}
+
+template <class T>
+T convert(float x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+    return to_bfloat16(x);
+  }
+}
+
+template <class T>
+std::unique_ptr<T[]> filled(int64_t n, uint64_t seed) {
+  std::unique_ptr<T[]> p(new T[size_t(n)]);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) p[size_t(i)] = convert<T>(hashed_value(uint64_t(i) + seed));
+  return p;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+template <class T>
+DecodeBenchResult run_case(const DecodeProblem& p, int repeats, int64_t footprint) {
+  const int64_t element = int64_t(sizeof(T));
+  const int64_t kv_elems = p.B * p.Hkv * p.capacity * p.D;
+  const int64_t copies =
+      std::max<int64_t>(1, (footprint + 2 * kv_elems * element - 1) / (2 * kv_elems * element));
+  std::vector<std::unique_ptr<T[]>> keys, values;
+  for (int64_t c = 0; c < copies; ++c) {
+    keys.push_back(filled<T>(kv_elems, uint64_t(2 * c) << 40));
+    values.push_back(filled<T>(kv_elems, uint64_t(2 * c + 1) << 40));
+  }
+  const int64_t q_elems = p.B * p.Tq * p.Hq * p.D;
+  const std::unique_ptr<T[]> q = filled<T>(q_elems, uint64_t(1) << 60);
+  std::unique_ptr<T[]> out(new T[size_t(q_elems)]);
+  const auto step = [&](int64_t c) {
+    if constexpr (std::is_same_v<T, float>) {
+      kernels::decode_attention_forward(out.get(), q.get(), keys[size_t(c)].get(),
+                                        values[size_t(c)].get(), p);
+    } else {
+      kernels::decode_attention_forward_bf16(out.get(), q.get(), keys[size_t(c)].get(),
+                                             values[size_t(c)].get(), p);
+    }
+  };
+  // Warm-up: every copy once (pages touched, threads started), then steps
+  // for at least 250 ms; the outputs checked finite.
+  // The timed steps go on through the copies in the same cyclic order, so
+  // between two reads of a copy all the others are read (>= footprint bytes).
+  const auto warm = Clock::now();
+  int64_t next = 0;
+  for (; next < copies || Clock::now() - warm < std::chrono::milliseconds(250); ++next)
+    step(next % copies);
+  for (int64_t i = 0; i < q_elems; ++i) {
+    float x;
+    if constexpr (std::is_same_v<T, float>) {
+      x = out[size_t(i)];
+    } else {
+      x = to_float(out[size_t(i)]);
+    }
+    if (!std::isfinite(x)) throw std::runtime_error("bench: decode attention gave a non-finite output");
+  }
+  std::vector<double> ms;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = Clock::now();
+    step(next++ % copies);
+    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  DecodeBenchResult res;
+  res.ms_median = median(ms);
+  res.ms_min = *std::min_element(ms.begin(), ms.end());
+  res.kv_bytes = kernels::decode_attention_kv_bytes(p, element);
+  res.gbs = double(res.kv_bytes) / (res.ms_median * 1e-3) * 1e-9;
+  res.copies = copies;
+  return res;
+}
+
+}  // namespace
+
+DecodeBenchResult run_decode_case(const DecodeProblem& p, bool bf16, int repeats,
+                                  int64_t footprint) {
+  if (repeats < 1) throw UsageError(fmt::format("bench: --repeats must be >= 1, got {}", repeats));
+  return bf16 ? run_case<BFloat16>(validated(p), repeats, footprint)
+              : run_case<float>(validated(p), repeats, footprint);
+}
+
+int64_t parse_cache_length(const std::string& text) {
+  int64_t unit = 1;
+  std::string digits = text;
+  if (!digits.empty() && (digits.back() == 'k' || digits.back() == 'K')) {
+    unit = 1024;
+    digits.pop_back();
+  }
+  const bool ok = !digits.empty() && digits.size() <= 9 &&
+                  std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+  const int64_t n = ok ? std::stoll(digits) * unit : 0;
+  if (n < 1)
+    throw UsageError(fmt::format("bench: --cache takes lengths like 4096 or 4k (>= 1), got '{}'",
+                                 printable(text)));
+  return n;
+}
+
+int run_decode_bench(const DecodeBenchOptions& o) {
+  const int threads =
+#ifdef _OPENMP
+      omp_get_max_threads();
+#else
+      1;
+#endif
+  if (o.heads < 1 || o.kv_heads < 1 || o.heads % o.kv_heads != 0 || o.head_dim < 1 ||
+      o.queries < 1 || o.queries > kMaxDecodeQueries || o.batch < 1) {
+    throw UsageError(fmt::format(
+        "bench: --kind decode needs --heads a multiple of --kv-heads, --head-dim >= 1, --batch "
+        ">= 1 and --queries in 1..{}; got heads {}, kv-heads {}, head-dim {}, batch {}, queries {}",
+        kMaxDecodeQueries, o.heads, o.kv_heads, o.head_dim, o.batch, o.queries));
+  }
+  for (int64_t n : o.caches) {
+    if (n < o.queries)
+      throw UsageError(fmt::format("bench: --cache {} is shorter than --queries {}", n, o.queries));
+  }
+  if (o.bandwidth_mib < 1)
+    throw UsageError(fmt::format("bench: --bandwidth-mib must be >= 1, got {}", o.bandwidth_mib));
+  const int64_t probe = o.bandwidth_mib << 20;
+  const double bandwidth = kernels::read_bandwidth_gbs(probe, threads, 5);
+  nlohmann::json rows = nlohmann::json::array();
+  if (!o.json) {
+    fmt::print(
+        "attn bench --kind decode: {}, {} CPUs, SIMD target {}, {} OpenMP thread{}, chunks of {} "
+        "keys\nread bandwidth, {} thread{} ({} MiB, median of 5): {:.1f} GB/s\n",
+        cpu_name(), std::thread::hardware_concurrency(), kernels::flash_attention_target(),
+        threads, threads == 1 ? "" : "s", kDecodeChunk, threads, threads == 1 ? "" : "s",
+        o.bandwidth_mib, bandwidth);
+    fmt::print("{:<5} {:>3} {:>4} {:>4} {:>4} {:>3} {:>7} {:>6} {:>10} {:>9} {:>11} {:>8} {:>7}\n",
+               "dtype", "B", "Hq", "Hkv", "D", "Tq", "cache", "window", "ms/step", "ms min",
+               "KV MB/step", "GB/s", "% bw");
+    fmt::print("{}\n", std::string(90, '-'));
+  }
+  for (const std::string& dtype : o.dtypes) {
+    for (int64_t cache : o.caches) {
+      const DecodeProblem p{.B = o.batch,
+                            .Hq = o.heads,
+                            .Hkv = o.kv_heads,
+                            .Tq = o.queries,
+                            .length = cache,
+                            .capacity = cache,
+                            .D = o.head_dim,
+                            .scale = 1.0f / std::sqrt(float(o.head_dim)),
+                            .window_left = o.window_left};
+      const DecodeBenchResult r = run_decode_case(p, dtype == "bfloat16", o.repeats, 2 * probe);
+      const double pct = 100.0 * r.gbs / bandwidth;
+      if (o.json) {
+        rows.push_back({{"kind", "decode"},
+                        {"dtype", dtype},
+                        {"B", p.B},
+                        {"heads", p.Hq},
+                        {"kv_heads", p.Hkv},
+                        {"head_dim", p.D},
+                        {"queries", p.Tq},
+                        {"cache", cache},
+                        {"window_left", p.window_left},
+                        {"omp_threads", threads},
+                        {"ms_median", r.ms_median},
+                        {"ms_min", r.ms_min},
+                        {"kv_bytes", r.kv_bytes},
+                        {"gbs", r.gbs},
+                        {"bandwidth_gbs", bandwidth},
+                        {"pct_bandwidth", pct},
+                        {"copies", r.copies},
+                        {"repeats", o.repeats},
+                        {"simd_target", kernels::flash_attention_target()},
+                        {"cpu", cpu_name()}});
+      } else {
+        fmt::print(
+            "{:<5} {:>3} {:>4} {:>4} {:>4} {:>3} {:>7} {:>6} {:>10.3f} {:>9.3f} {:>11.1f} {:>8.1f} "
+            "{:>7.1f}\n",
+            dtype == "bfloat16" ? "bf16" : "fp32", p.B, p.Hq, p.Hkv, p.D, p.Tq, cache,
+            p.window_left < 0 ? std::string("-") : std::to_string(p.window_left), r.ms_median,
+            r.ms_min, double(r.kv_bytes) / 1e6, r.gbs, pct);
+        std::fflush(stdout);
+      }
+    }
+  }
+  if (o.json) {
+    fmt::print("{}\n", rows.dump(1));
+  } else {
+    fmt::print(
+        "\nms/step: median of {} steps, each one call over the whole cache, after a warm-up of "
+        "250 ms;\nthe steps cycle through enough copies of the caches (>= {} MiB, twice the "
+        "probe's buffer) that\nkeys and values come from memory. KV MB/step: the key and value bytes the step must read (the "
+        "rows some\nquery sees); GB/s = that / ms/step; % bw = GB/s / the read bandwidth above.\n",
+        o.repeats, 2 * o.bandwidth_mib);
+  }
+  return 0;
+}
+
+}  // namespace attn::cli
