@@ -74,8 +74,10 @@ bool gemv_bf16_use_path(const char* name);
 //   s_j = scale · q[b, h] · keys[b, h, j]      j < length
 //   out[b, h] = Σ_j softmax(s)_j · values[b, h, j]
 // q and out are token-major (B, H·hd): head h at column h·hd, as the
-// projections write them and out_proj reads them. fp32 throughout; OpenMP over
-// (b, h). length >= 1.
+// projections write them and out_proj reads them. fp32 throughout. length >= 1.
+// Flash-decoding with one new query (attn/decode_attention.h, which also takes
+// up to 16 queries, grouped-query heads and windows): keys split in fixed
+// chunks over OpenMP threads, combined by log-sum-exp in a fixed order.
 void decode_attention(float* out, const float* q, const float* keys, const float* values, int64_t B,
                       int64_t H, int64_t length, int64_t capacity, int64_t hd, float scale);
 // The same over a bf16 cache with a bf16 query: the products take the bf16

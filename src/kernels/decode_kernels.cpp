@@ -1,11 +1,14 @@
 // The kernels of decoding one token at a time (attn/decode_kernels.h states the
 // maths): GEMV over a Linear's weight rows in fp32 and bf16, the attention of
-// one query over a key/value cache, and the memory read-bandwidth probe.
+// one query over a key/value cache (flash-decoding with Tq = 1,
+// src/kernels/decode_attention.cpp), and the memory read-bandwidth probe.
 // Highway dynamic dispatch for the vector code; OpenMP over blocks of output
-// rows (GEMV) or over (batch, head) (attention). The bf16 GEMV's AVX512-BF16
+// rows (GEMV). The bf16 GEMV's AVX512-BF16
 // path is in gemv_bf16_avx512.cpp (VDPBF16PS is not among Highway 1.0.3's
 // targets); this file picks it at run time.
 #include "attn/decode_kernels.h"
+
+#include "attn/decode_attention.h"
 
 #include <fmt/format.h>
 
@@ -96,113 +99,6 @@ void RowsBf16Widened(float* y, const float* x, const uint16_t* W, const float* b
       [](uint16_t v) { return Widen(v); });
 }
 
-// Σ_i a[i] · b[i], n floats.
-HWY_INLINE float Dot(DF d, const float* a, const float* b, size_t n) {
-  const size_t L = hn::Lanes(d);
-  VF acc = hn::Zero(d);
-  size_t i = 0;
-  for (; i + L <= n; i += L) acc = hn::MulAdd(hn::LoadU(d, a + i), hn::LoadU(d, b + i), acc);
-  float s = Sum(d, acc);
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-HWY_INLINE float Dot(DF d, const float* a, const uint16_t* b, size_t n) {
-  const size_t L = hn::Lanes(d);
-  VF acc = hn::Zero(d);
-  size_t i = 0;
-  for (; i + L <= n; i += L) acc = hn::MulAdd(hn::LoadU(d, a + i), WidenBf16(d, b + i), acc);
-  float s = Sum(d, acc);
-  for (; i < n; ++i) s += a[i] * Widen(b[i]);
-  return s;
-}
-
-// o[i] += p · v[i], n floats (v fp32 or bf16).
-HWY_INLINE void Axpy(DF d, float* o, float p, const float* v, size_t n) {
-  const size_t L = hn::Lanes(d);
-  const VF pv = hn::Set(d, p);
-  size_t i = 0;
-  for (; i + L <= n; i += L)
-    hn::StoreU(hn::MulAdd(pv, hn::LoadU(d, v + i), hn::LoadU(d, o + i)), d, o + i);
-  for (; i < n; ++i) o[i] += p * v[i];
-}
-HWY_INLINE void Axpy(DF d, float* o, float p, const uint16_t* v, size_t n) {
-  const size_t L = hn::Lanes(d);
-  const VF pv = hn::Set(d, p);
-  size_t i = 0;
-  for (; i + L <= n; i += L)
-    hn::StoreU(hn::MulAdd(pv, WidenBf16(d, v + i), hn::LoadU(d, o + i)), d, o + i);
-  for (; i < n; ++i) o[i] += p * Widen(v[i]);
-}
-
-// One head: o (hd) = softmax(scale · q Kᵀ) V over `length` cached rows; s is
-// scratch of `length` floats. q is fp32 (a bf16 query arrives widened).
-template <class T>
-void AttendOne(float* o, const float* q, const T* keys, const T* values, size_t length, size_t hd,
-               float scale, float* s) {
-  const DF d;
-  const size_t L = hn::Lanes(d);
-  float m = -std::numeric_limits<float>::infinity();
-  for (size_t j = 0; j < length; ++j) {
-    s[j] = scale * Dot(d, q, keys + j * hd, hd);
-    m = std::max(m, s[j]);
-  }
-  const VF mv = hn::Set(d, m);
-  VF sum_v = hn::Zero(d);
-  size_t j = 0;
-  for (; j + L <= length; j += L) {
-    const VF e = hn::Exp(d, hn::Sub(hn::LoadU(d, s + j), mv));
-    hn::StoreU(e, d, s + j);
-    sum_v = hn::Add(sum_v, e);
-  }
-  float sum = Sum(d, sum_v);
-  for (; j < length; ++j) {
-    s[j] = std::exp(s[j] - m);
-    sum += s[j];
-  }
-  std::fill(o, o + hd, 0.0f);
-  for (size_t t = 0; t < length; ++t) Axpy(d, o, s[t], values + t * hd, hd);
-  const float inv = 1.0f / sum;
-  for (size_t i = 0; i < hd; ++i) o[i] *= inv;
-}
-
-void DecodeAttention(float* out, const float* q, const float* keys, const float* values, int64_t B,
-                     int64_t H, int64_t length, int64_t capacity, int64_t hd, float scale) {
-#pragma omp parallel if (B * H > 1 && length * hd >= 4096)
-  {
-    std::vector<float> s(static_cast<size_t>(length));
-#pragma omp for schedule(static)
-    for (int64_t bh = 0; bh < B * H; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      const size_t off = size_t(bh * capacity * hd);
-      AttendOne(out + (b * H + h) * hd, q + (b * H + h) * hd, keys + off, values + off,
-                size_t(length), size_t(hd), scale, s.data());
-    }
-  }
-}
-
-void DecodeAttentionBf16(BFloat16* out, const BFloat16* q, const BFloat16* keys,
-                         const BFloat16* values, int64_t B, int64_t H, int64_t length,
-                         int64_t capacity, int64_t hd, float scale) {
-  const auto* k16 = reinterpret_cast<const uint16_t*>(keys);
-  const auto* v16 = reinterpret_cast<const uint16_t*>(values);
-#pragma omp parallel if (B * H > 1 && length * hd >= 4096)
-  {
-    std::vector<float> s(static_cast<size_t>(length)), qf(static_cast<size_t>(hd)),
-        o(static_cast<size_t>(hd));
-#pragma omp for schedule(static)
-    for (int64_t bh = 0; bh < B * H; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      const size_t off = size_t(bh * capacity * hd);
-      const BFloat16* qh = q + (b * H + h) * hd;
-      for (int64_t i = 0; i < hd; ++i) qf[size_t(i)] = to_float(qh[i]);
-      AttendOne(o.data(), qf.data(), k16 + off, v16 + off, size_t(length), size_t(hd), scale,
-                s.data());
-      BFloat16* oh = out + (b * H + h) * hd;
-      for (int64_t i = 0; i < hd; ++i) oh[i] = to_bfloat16(o[size_t(i)]);
-    }
-  }
-}
-
 // Σ of n floats at p in four vector chains (the bandwidth probe's read).
 float SumStream(const float* p, size_t n) {
   const DF d;
@@ -236,8 +132,6 @@ void gemv_bf16_rows_avx512(float* y, const uint16_t* x, const uint16_t* W, const
 
 HWY_EXPORT(RowsF32);
 HWY_EXPORT(RowsBf16Widened);
-HWY_EXPORT(DecodeAttention);
-HWY_EXPORT(DecodeAttentionBf16);
 HWY_EXPORT(SumStream);
 
 namespace {
@@ -362,18 +256,23 @@ void check_attention(const char* fn, int64_t B, int64_t H, int64_t length, int64
 }
 }  // namespace
 
+// One query per (b, h): flash-decoding (attn/decode_attention.h) with Tq = 1
+// and Hq = Hkv = H.
 void decode_attention(float* out, const float* q, const float* keys, const float* values, int64_t B,
                       int64_t H, int64_t length, int64_t capacity, int64_t hd, float scale) {
   check_attention("decode_attention", B, H, length, capacity, hd);
-  HWY_DYNAMIC_DISPATCH(DecodeAttention)(out, q, keys, values, B, H, length, capacity, hd, scale);
+  decode_attention_forward(out, q, keys, values,
+                           {.B = B, .Hq = H, .Hkv = H, .Tq = 1, .length = length,
+                            .capacity = capacity, .D = hd, .scale = scale});
 }
 
 void decode_attention_bf16(BFloat16* out, const BFloat16* q, const BFloat16* keys,
                            const BFloat16* values, int64_t B, int64_t H, int64_t length,
                            int64_t capacity, int64_t hd, float scale) {
   check_attention("decode_attention_bf16", B, H, length, capacity, hd);
-  HWY_DYNAMIC_DISPATCH(DecodeAttentionBf16)
-  (out, q, keys, values, B, H, length, capacity, hd, scale);
+  decode_attention_forward_bf16(out, q, keys, values,
+                                {.B = B, .Hq = H, .Hkv = H, .Tq = 1, .length = length,
+                                 .capacity = capacity, .D = hd, .scale = scale});
 }
 
 double read_bandwidth_gbs(int64_t bytes, int threads, int repeats) {
