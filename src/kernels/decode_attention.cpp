@@ -86,6 +86,61 @@ HWY_INLINE float Dot(DF d, const float* q, const T* k, size_t n) {
   return s;
 }
 
+#if HWY_TARGET != HWY_SCALAR
+// v (128 bits) = the lanes of v folded by halves: its lanes' sum is v's.
+template <class D>
+HWY_INLINE auto Fold128(D d, hn::Vec<D> v) {
+  if constexpr (hn::MaxLanes(d) > 4) {
+    const hn::Half<D> dh;
+    return Fold128(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
+  } else {
+    return v;
+  }
+}
+#endif
+
+// s[j] = scale · q · K[j] for j in [a, e) (K's rows D apart). Four keys at a
+// time, one vector chain each, their four sums across lanes found together
+// (folded to 128 bits, then transposed by interleaving: one vector of four
+// scores); the rest one key at a time.
+template <class T>
+HWY_INLINE void Scores(DF d, const float* q, const T* K, size_t D, size_t a, size_t e,
+                       float scale, float* s) {
+  size_t j = a;
+#if HWY_TARGET != HWY_SCALAR  // 4 lanes or more
+  {
+    const size_t L = hn::Lanes(d), Dv = D / L * L;
+    for (; j + 4 <= e; j += 4) {
+      const T* k0 = K + j * D;
+      VF c0 = hn::Zero(d), c1 = hn::Zero(d), c2 = hn::Zero(d), c3 = hn::Zero(d);
+      for (size_t i = 0; i < Dv; i += L) {
+        const VF qv = hn::LoadU(d, q + i);
+        c0 = hn::MulAdd(qv, LoadRow(d, k0 + i), c0);
+        c1 = hn::MulAdd(qv, LoadRow(d, k0 + D + i), c1);
+        c2 = hn::MulAdd(qv, LoadRow(d, k0 + 2 * D + i), c2);
+        c3 = hn::MulAdd(qv, LoadRow(d, k0 + 3 * D + i), c3);
+      }
+      const auto f0 = Fold128(d, c0), f1 = Fold128(d, c1), f2 = Fold128(d, c2),
+                 f3 = Fold128(d, c3);
+      const hn::DFromV<decltype(f0)> d4;
+      // [f0₀+f0₂, f1₀+f1₂, f0₁+f0₃, f1₁+f1₃] and the same for f2, f3.
+      const auto u = hn::Add(hn::InterleaveLower(d4, f0, f1), hn::InterleaveUpper(d4, f0, f1));
+      const auto w = hn::Add(hn::InterleaveLower(d4, f2, f3), hn::InterleaveUpper(d4, f2, f3));
+      auto sums = hn::Add(hn::ConcatLowerLower(d4, w, u), hn::ConcatUpperUpper(d4, w, u));
+      if (Dv < D) {  // the columns past the last full vector
+        HWY_ALIGN float tail[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (size_t kk = 0; kk < 4; ++kk) {
+          for (size_t i = Dv; i < D; ++i) tail[kk] += q[i] * Scalar(k0[kk * D + i]);
+        }
+        sums = hn::Add(sums, hn::Load(d4, tail));
+      }
+      hn::StoreU(hn::Mul(hn::Set(d4, scale), sums), d4, s + j);
+    }
+  }
+#endif
+  for (; j < e; ++j) s[j] = scale * Dot(d, q, K + j * D, D);
+}
+
 // o (D) = Σ_{j in [a, e)} w[j] · V[j] (V's rows D apart). Columns in blocks of
 // 4 vectors held in registers across the keys, two sets (even and odd keys)
 // so that no add waits for the one before it; then single vectors; then a
@@ -159,12 +214,11 @@ void Chunk(const float* q, const T* K, const T* V, size_t D, float scale, size_t
     a[r] = size_t(std::clamp(lo[r], j0, j1) - j0);
     e[r] = size_t(std::clamp(hi[r], j0, j1) - j0);
   }
-  // Scores: each key row read once for all R query rows.
-  for (size_t j = 0; j < C; ++j) {
-    const T* k = K + (size_t(j0) + j) * D;
-    for (size_t r = 0; r < R; ++r) {
-      if (j >= a[r] && j < e[r]) s[r * C + j] = scale * Dot(d, q + r * D, k, D);
-    }
+  // Scores, one row after the other over its visible keys (the chunk's key
+  // rows come from memory for the first row, from L2 for the others).
+  const T* Kc = K + size_t(j0) * D;
+  for (size_t r = 0; r < R; ++r) {
+    if (a[r] < e[r]) Scores(d, q + r * D, Kc, D, a[r], e[r], scale, s + r * C);
   }
   // Each row's exp(s - m) in place, and l.
   for (size_t r = 0; r < R; ++r) {
