@@ -16,7 +16,7 @@ namespace {
 TEST(BenchDecodeCli, JsonRowsCountTheKvBytes) {
   ATTN_REQUIRE_CLI();
   // A small probe buffer (4 MiB) keeps the test short: the caches cycled
-  // through span 8 MiB.
+  // through span as much.
   const auto r = run_cli(
       "bench --json --kind decode --cache 300,1k --heads 8 --kv-heads 2 --head-dim 16 "
       "--queries 3 --dtype all --repeats 2 --bandwidth-mib 4");
@@ -49,9 +49,10 @@ TEST(BenchDecodeCli, TablePrintsBandwidthAndShare) {
   const auto r = run_cli(
       "bench --kind decode --cache 2k --heads 4 --window-left 100 --repeats 1 --bandwidth-mib 4");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("read bandwidth, "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("read bandwidth (bw): "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("% bw"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("fp32    1    4    4   64   1    2048    100"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("fp32    1    4    4   64   1    2048    100 "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("bw GB/s"), std::string::npos) << r.out;
 }
 
 TEST(BenchDecodeCli, UsageErrorsNameTheValue) {
@@ -71,6 +72,7 @@ TEST(BenchDecodeCli, UsageErrorsNameTheValue) {
       {"--kind decode --cache 8 --queries 9", "bench: --cache 8 is shorter than --queries 9"},
       {"--kind decode,core", "bench: --kind decode runs alone, got 'decode,core'"},
       {"--kind decode --head-dim 0", "bench: --head-dim must be >= 1, got 0"},
+      {"--kind decode --bandwidth-mib 0", "bench: --bandwidth-mib must be >= 1, got 0"},
   };
   for (const Case& c : cases) {
     const auto r = run_cli("bench " + c.args);

@@ -619,8 +619,9 @@ Command add_bench_command(CLI::App& app) {
                   "--kind decode: KV cache lengths, comma-separated, 4096 or 4k (default "
                   "4k,32k,128k); with --heads (default 12), --kv-heads, --head-dim, --queries, "
                   "--batch, --window-left, --dtype, --threads, --repeats (default 20), "
-                  "--bandwidth-mib (the probe's buffer; the steps cycle through copies of the "
-                  "caches spanning twice that)")
+                  "--bandwidth-mib (the probe's buffer, default twice the last-level cache and "
+                  "256 MiB at least; the steps cycle through copies of the caches spanning as "
+                  "much)")
       ->delimiter(',')
       ->type_name("LIST");
   cmd->add_option("--head-dim", f->head_dim, "--kind decode: head dim D")->capture_default_str();
@@ -642,7 +643,8 @@ Command add_bench_command(CLI::App& app) {
                                         {"--kv-heads", f->kv_heads},
                                         {"--query-tokens", f->query_tokens},
                                         {"--head-dim", f->head_dim},
-                                        {"--queries", f->queries}}) {
+                                        {"--queries", f->queries},
+                                        {"--bandwidth-mib", f->bandwidth_mib}}) {
       if (given(option) && value < 1)
         throw UsageError(fmt::format("bench: {} must be >= 1, got {}", option, value));
     }
@@ -706,7 +708,7 @@ Command add_bench_command(CLI::App& app) {
       o.window_left = f->window_left;
       o.repeats = given("--repeats") ? f->repeats : 20;
       o.json = f->json;
-      o.bandwidth_mib = f->bandwidth_mib;
+      o.bandwidth_mib = given("--bandwidth-mib") ? f->bandwidth_mib : 0;
       return run_decode_bench(o);
     }
 

@@ -92,14 +92,17 @@ BenchResult run_bench_case(const BenchCase& c, int repeats, const std::string& b
 // One decoding step's attention, kernels::decode_attention_forward[_bf16]
 // (attn/decode_attention.h), over a full cache of each length: time per step,
 // the key/value bytes it reads, GB/s, and GB/s over the read bandwidth
-// (kernels::read_bandwidth_gbs, 256 MiB, the same threads) measured in the run.
+// (kernels::read_bandwidth_gbs over twice the last-level cache, the same
+// threads) measured in the run.
 struct DecodeBenchOptions {
   std::vector<int64_t> caches;  // cache lengths (keys per sequence)
   std::vector<std::string> dtypes;  // "float32", "bfloat16"
   int64_t batch = 1, heads = 12, kv_heads = 12, head_dim = 64, queries = 1;
   int64_t window_left = -1;
   int repeats = 20;
-  int64_t bandwidth_mib = 256;  // the probe's buffer; the caches cycled through span twice that
+  // The probe's buffer, MiB, and the least the copies of the caches cycled
+  // through span; 0: twice the last-level cache, 256 MiB at least.
+  int64_t bandwidth_mib = 0;
   bool json = false;
 };
 struct DecodeBenchResult {

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -33,10 +34,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // The caches of one case, and enough copies of them that one pass over all
-// is >= footprint bytes (twice the bandwidth probe's buffer: 512 MiB by
-// default): the timed steps read the copies in turn, so each step's keys and
-// values come from memory, as a model's layers' caches do (a single 4k cache
-// would otherwise stay in the last-level cache).
+// is >= footprint bytes (the bandwidth probe's buffer: by default twice the
+// last-level cache, 256 MiB at least): the timed steps read the copies in
+// turn, so each step's keys and values come from memory, as a model's
+// layers' caches do (a single 4k cache would otherwise stay in the
+// last-level cache, 480 MiB on some Xeons).
 
 // Values in [-1, 1) from a hash of the index: cheap to fill hundreds of MB.
 float hashed_value(uint64_t i) {
@@ -60,6 +62,17 @@ std::unique_ptr<T[]> filled(int64_t n, uint64_t seed) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) p[size_t(i)] = convert<T>(hashed_value(uint64_t(i) + seed));
   return p;
+}
+
+// The last-level cache's size (0 if unknown).
+int64_t last_level_cache_bytes() {
+  for (int level = 4; level >= 2; --level) {
+    std::ifstream in(fmt::format("/sys/devices/system/cpu/cpu0/cache/index{}/size", level));
+    int64_t kb = 0;
+    char unit = 0;
+    if (in >> kb >> unit) return kb << (unit == 'M' ? 20 : 10);
+  }
+  return 0;
 }
 
 double median(std::vector<double> v) {
@@ -166,22 +179,26 @@ int run_decode_bench(const DecodeBenchOptions& o) {
     if (n < o.queries)
       throw UsageError(fmt::format("bench: --cache {} is shorter than --queries {}", n, o.queries));
   }
-  if (o.bandwidth_mib < 1)
+  if (o.bandwidth_mib < 0)
     throw UsageError(fmt::format("bench: --bandwidth-mib must be >= 1, got {}", o.bandwidth_mib));
-  const int64_t probe = o.bandwidth_mib << 20;
-  const double bandwidth = kernels::read_bandwidth_gbs(probe, threads, 5);
+  const int64_t l3 = last_level_cache_bytes();
+  const int64_t probe_mib =
+      o.bandwidth_mib > 0 ? o.bandwidth_mib : std::max<int64_t>(256, (2 * l3 + (1 << 20) - 1) >> 20);
+  const int64_t probe = probe_mib << 20;
   nlohmann::json rows = nlohmann::json::array();
   if (!o.json) {
     fmt::print(
         "attn bench --kind decode: {}, {} CPUs, SIMD target {}, {} OpenMP thread{}, chunks of {} "
-        "keys\nread bandwidth, {} thread{} ({} MiB, median of 5): {:.1f} GB/s\n",
+        "keys, last-level cache {} MiB\nread bandwidth (bw): kernels::read_bandwidth_gbs over {} "
+        "MiB with the same {} thread{}, median of 5, measured right after each case\n",
         cpu_name(), std::thread::hardware_concurrency(), kernels::flash_attention_target(),
-        threads, threads == 1 ? "" : "s", kDecodeChunk, threads, threads == 1 ? "" : "s",
-        o.bandwidth_mib, bandwidth);
-    fmt::print("{:<5} {:>3} {:>4} {:>4} {:>4} {:>3} {:>7} {:>6} {:>10} {:>9} {:>11} {:>8} {:>7}\n",
-               "dtype", "B", "Hq", "Hkv", "D", "Tq", "cache", "window", "ms/step", "ms min",
-               "KV MB/step", "GB/s", "% bw");
-    fmt::print("{}\n", std::string(90, '-'));
+        threads, threads == 1 ? "" : "s", kDecodeChunk, l3 >> 20, probe_mib, threads,
+        threads == 1 ? "" : "s");
+    fmt::print(
+        "{:<5} {:>3} {:>4} {:>4} {:>4} {:>3} {:>7} {:>6} {:>10} {:>9} {:>11} {:>8} {:>8} {:>7}\n",
+        "dtype", "B", "Hq", "Hkv", "D", "Tq", "cache", "window", "ms/step", "ms min", "KV MB/step",
+        "GB/s", "bw GB/s", "% bw");
+    fmt::print("{}\n", std::string(99, '-'));
   }
   for (const std::string& dtype : o.dtypes) {
     for (int64_t cache : o.caches) {
@@ -194,7 +211,8 @@ int run_decode_bench(const DecodeBenchOptions& o) {
                             .D = o.head_dim,
                             .scale = 1.0f / std::sqrt(float(o.head_dim)),
                             .window_left = o.window_left};
-      const DecodeBenchResult r = run_decode_case(p, dtype == "bfloat16", o.repeats, 2 * probe);
+      const DecodeBenchResult r = run_decode_case(p, dtype == "bfloat16", o.repeats, probe);
+      const double bandwidth = kernels::read_bandwidth_gbs(probe, threads, 5);
       const double pct = 100.0 * r.gbs / bandwidth;
       if (o.json) {
         rows.push_back({{"kind", "decode"},
@@ -220,10 +238,10 @@ int run_decode_bench(const DecodeBenchOptions& o) {
       } else {
         fmt::print(
             "{:<5} {:>3} {:>4} {:>4} {:>4} {:>3} {:>7} {:>6} {:>10.3f} {:>9.3f} {:>11.1f} {:>8.1f} "
-            "{:>7.1f}\n",
+            "{:>8.1f} {:>7.1f}\n",
             dtype == "bfloat16" ? "bf16" : "fp32", p.B, p.Hq, p.Hkv, p.D, p.Tq, cache,
             p.window_left < 0 ? std::string("-") : std::to_string(p.window_left), r.ms_median,
-            r.ms_min, double(r.kv_bytes) / 1e6, r.gbs, pct);
+            r.ms_min, double(r.kv_bytes) / 1e6, r.gbs, bandwidth, pct);
         std::fflush(stdout);
       }
     }
@@ -233,10 +251,10 @@ int run_decode_bench(const DecodeBenchOptions& o) {
   } else {
     fmt::print(
         "\nms/step: median of {} steps, each one call over the whole cache, after a warm-up of "
-        "250 ms;\nthe steps cycle through enough copies of the caches (>= {} MiB, twice the "
-        "probe's buffer) that\nkeys and values come from memory. KV MB/step: the key and value bytes the step must read (the "
-        "rows some\nquery sees); GB/s = that / ms/step; % bw = GB/s / the read bandwidth above.\n",
-        o.repeats, 2 * o.bandwidth_mib);
+        "250 ms;\nthe steps cycle through enough copies of the caches (>= {} MiB, the probe's "
+        "buffer) that\nkeys and values come from memory. KV MB/step: the key and value bytes the step must read (the "
+        "rows some\nquery sees); GB/s = that / ms/step; % bw = GB/s / bw.\n",
+        o.repeats, probe_mib);
   }
   return 0;
 }
