@@ -211,7 +211,10 @@ Command add_generate_command(CLI::App& app) {
       "temperature 0 is argmax); stops at <|endoftext|>");
   cmd->footer(
       "Past context_length the model sees the last context_length tokens (the book's sliding "
-      "window): the cache is re-filled from them for every further token.\n\n"
+      "window): the cache is re-filled from them for every further token.\n"
+      "Each new token attends over the cache with flash-decoding (attn/decode_attention.h, "
+      "docs/decode.md): the keys in fixed chunks over the threads, combined by log-sum-exp in a "
+      "fixed order, so the tokens do not depend on the thread count.\n\n"
       "Examples:\n"
       "  attn generate --model run1 --prompt 'To be' --max-new-tokens 200 --temperature 0.8 "
       "--top-k 10 --seed 1\n"
