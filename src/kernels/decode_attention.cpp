@@ -286,6 +286,18 @@ void Forward(T* out, const T* q, const T* keys, const T* values, const DecodePro
     part_m.reset(new float[size_t(items * R)]);
     part_l.reset(new float[size_t(items * R)]);
   }
+  // Each group's query rows (b, g, r = gi·Tq + t), widened to fp32 once.
+  std::vector<float> qf(static_cast<size_t>(p.B * p.Hkv * R * D));
+  for (int64_t bg = 0; bg < p.B * p.Hkv; ++bg) {
+    const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
+    for (int64_t gi = 0; gi < G; ++gi) {
+      for (int64_t t = 0; t < p.Tq; ++t) {
+        const T* src = q + b * p.q_batch_stride + t * p.q_stride + (g * G + gi) * D;
+        float* dst = qf.data() + (bg * R + gi * p.Tq + t) * D;
+        for (int64_t i = 0; i < D; ++i) dst[i] = Scalar(src[i]);
+      }
+    }
+  }
   const auto out_row = [&](int64_t b, int64_t gi_row, int64_t g) {
     const int64_t gi = gi_row / p.Tq, t = gi_row % p.Tq;
     return out + b * p.o_batch_stride + t * p.o_stride + (g * G + gi) * D;
@@ -293,29 +305,21 @@ void Forward(T* out, const T* q, const T* keys, const T* values, const DecodePro
   const int64_t kv_elems = p.B * p.Hkv * (split.hi - split.lo) * D;
 #pragma omp parallel if (items > 1 && kv_elems >= 16384)
   {
-    std::vector<float> qf(static_cast<size_t>(R * D)), s(static_cast<size_t>(R * kDecodeChunk)),
+    std::vector<float> s(static_cast<size_t>(R * kDecodeChunk)),
         m(static_cast<size_t>(R)), l(static_cast<size_t>(R)), o(static_cast<size_t>(R * D));
     std::vector<size_t> ae(static_cast<size_t>(2 * R));
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < items; ++item) {
       const int64_t bg = item / nc, c = split.c0 + item % nc;
       const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
-      // The group's query rows, widened to fp32.
-      for (int64_t gi = 0; gi < G; ++gi) {
-        for (int64_t t = 0; t < p.Tq; ++t) {
-          const T* src = q + b * p.q_batch_stride + t * p.q_stride + (g * G + gi) * D;
-          float* dst = qf.data() + (gi * p.Tq + t) * D;
-          for (int64_t i = 0; i < D; ++i) dst[i] = Scalar(src[i]);
-        }
-      }
       const int64_t j0 = std::max(split.lo, c * kDecodeChunk);
       const int64_t j1 = std::min(split.hi, (c + 1) * kDecodeChunk);
       const size_t off = size_t(bg * p.capacity * D);
       float* pm = nc > 1 ? part_m.get() + item * R : m.data();
       float* pl = nc > 1 ? part_l.get() + item * R : l.data();
       float* po = nc > 1 ? part_o.get() + item * R * D : o.data();
-      Chunk(qf.data(), keys + off, values + off, size_t(D), p.scale, size_t(R), lo.data(),
-            hi.data(), j0, j1, s.data(), ae.data(), pm, pl, po);
+      Chunk(qf.data() + bg * R * D, keys + off, values + off, size_t(D), p.scale, size_t(R),
+            lo.data(), hi.data(), j0, j1, s.data(), ae.data(), pm, pl, po);
       if (nc == 1) {
         for (int64_t r = 0; r < R; ++r) {
           T* dst = out_row(b, r, g);
