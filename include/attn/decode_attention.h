@@ -32,11 +32,12 @@
 //     [c·kDecodeChunk, (c + 1)·kDecodeChunk), clipped to the keys some query of
 //     the call can see ([max(0, length - Tq - window_left), length)): only those
 //     keys are read. The cut does not depend on the thread count.
-//   - One work item is (b, kv head, chunk): it reads each key row and each value
-//     row of its chunk once for all G·Tq query rows of its group, and writes for
-//     each row a partial result: m (the chunk's largest visible score), l (Σ of
-//     exp(s - m)) and o (Σ of exp(s - m) · v, not yet divided). The items are
-//     split over OpenMP threads.
+//   - One work item is (b, kv head, chunk): it serves all G·Tq query rows of
+//     its group, its chunk's key and value rows read from memory once (for the
+//     first row; from L2 for the others), and writes for each row a partial
+//     result: m (the chunk's largest visible score), l (Σ of exp(s - m)) and o
+//     (Σ of exp(s - m) · v, not yet divided). The items are split over OpenMP
+//     threads.
 //   - Each output row then combines its chunks' partials by log-sum-exp in
 //     chunk order: M = max_c m_c, L = Σ_c exp(m_c - M)·l_c,
 //     out = Σ_c exp(m_c - M)·o_c / L.

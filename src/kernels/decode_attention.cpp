@@ -7,16 +7,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <memory>
 #include <vector>
 
 #include "attn/tensor.h"
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "kernels/hwy_targets.h"
 #undef HWY_TARGET_INCLUDE
