@@ -56,12 +56,16 @@ T convert(float x) {
   }
 }
 
+// n values in attn's own storage, as a model's KV cache is held (2 MiB-aligned,
+// transparent huge pages where the kernel grants them: src/tensor/storage_cache.cpp,
+// as kernels::read_bandwidth_gbs's buffer).
 template <class T>
-std::unique_ptr<T[]> filled(int64_t n, uint64_t seed) {
-  std::unique_ptr<T[]> p(new T[size_t(n)]);
+Tensor filled(int64_t n, uint64_t seed) {
+  Tensor t = Tensor::empty({n}, dtype_of<T>());
+  T* p = t.data_ptr<T>();
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) p[size_t(i)] = convert<T>(hashed_value(uint64_t(i) + seed));
-  return p;
+  for (int64_t i = 0; i < n; ++i) p[i] = convert<T>(hashed_value(uint64_t(i) + seed));
+  return t;
 }
 
 // The last-level cache's size (0 if unknown).
@@ -87,21 +91,22 @@ DecodeBenchResult run_case(const DecodeProblem& p, int repeats, int64_t footprin
   const int64_t kv_elems = p.B * p.Hkv * p.capacity * p.D;
   const int64_t copies =
       std::max<int64_t>(1, (footprint + 2 * kv_elems * element - 1) / (2 * kv_elems * element));
-  std::vector<std::unique_ptr<T[]>> keys, values;
+  std::vector<Tensor> keys, values;
   for (int64_t c = 0; c < copies; ++c) {
     keys.push_back(filled<T>(kv_elems, uint64_t(2 * c) << 40));
     values.push_back(filled<T>(kv_elems, uint64_t(2 * c + 1) << 40));
   }
   const int64_t q_elems = p.B * p.Tq * p.Hq * p.D;
-  const std::unique_ptr<T[]> q = filled<T>(q_elems, uint64_t(1) << 60);
-  std::unique_ptr<T[]> out(new T[size_t(q_elems)]);
+  const Tensor q = filled<T>(q_elems, uint64_t(1) << 60);
+  Tensor out = Tensor::empty({q_elems}, dtype_of<T>());
   const auto step = [&](int64_t c) {
     if constexpr (std::is_same_v<T, float>) {
-      kernels::decode_attention_forward(out.get(), q.get(), keys[size_t(c)].get(),
-                                        values[size_t(c)].get(), p);
+      kernels::decode_attention_forward(out.data(), q.data(), keys[size_t(c)].data(),
+                                        values[size_t(c)].data(), p);
     } else {
-      kernels::decode_attention_forward_bf16(out.get(), q.get(), keys[size_t(c)].get(),
-                                             values[size_t(c)].get(), p);
+      kernels::decode_attention_forward_bf16(
+          out.data_ptr<BFloat16>(), q.data_ptr<BFloat16>(), keys[size_t(c)].data_ptr<BFloat16>(),
+          values[size_t(c)].data_ptr<BFloat16>(), p);
     }
   };
   // Warm-up: every copy once (pages touched, threads started), then steps
@@ -115,9 +120,9 @@ DecodeBenchResult run_case(const DecodeProblem& p, int repeats, int64_t footprin
   for (int64_t i = 0; i < q_elems; ++i) {
     float x;
     if constexpr (std::is_same_v<T, float>) {
-      x = out[size_t(i)];
+      x = out.data()[i];
     } else {
-      x = to_float(out[size_t(i)]);
+      x = to_float(out.data_ptr<BFloat16>()[i]);
     }
     if (!std::isfinite(x)) throw std::runtime_error("bench: decode attention gave a non-finite output");
   }
