@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "attn/tensor.h"
@@ -17,6 +18,7 @@
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/decode_attention.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 // After highway.h: the -inl header is compiled once per target.
 #include <hwy/contrib/math/math-inl.h>  // NOLINT(build/include_order)
@@ -61,6 +63,23 @@ HWY_INLINE VF LoadRow(DF d, const uint16_t* p) {
 inline float Scalar(float x) { return x; }
 inline float Scalar(uint16_t bits) { return to_float(BFloat16{bits}); }
 
+// Asks for the row j of pf (rows D apart) to be brought into the caches, for
+// j < pf_n: the loops below fetch the next rows they will need while they
+// compute on this ones (the value rows of the chunk during its scores, the
+// next chunk's key rows during its weighted sum), so that the memory streams
+// without a pause at each chunk's start.
+// bf16 only: its chunks are half as long a stream (32 KiB of keys at D = 64),
+// and measured under load the 4k step went 1.06 -> 0.93 ms and 32k 25 -> 15
+// ms with it, while fp32, whose streams the hardware prefetcher follows on its
+// own, went 1.53 -> 1.85 ms at 4k: fp32 rows are not asked for.
+template <class T>
+HWY_INLINE void PrefetchRow(const T* pf, size_t pf_n, size_t j, size_t D) {
+  if constexpr (std::is_same_v<T, float>) return;
+  if (pf == nullptr || j >= pf_n) return;
+  const auto* row = reinterpret_cast<const char*>(pf + j * D);
+  for (size_t b = 0; b < D * sizeof(T); b += 64) hwy::Prefetch(row + b);
+}
+
 // Σ_i q[i] · k[i], n elements: two vector chains, then across lanes, then the
 // scalar tail.
 template <class T>
@@ -100,13 +119,14 @@ HWY_INLINE auto Fold128(D d, hn::Vec<D> v) {
 // scores); the rest one key at a time.
 template <class T>
 HWY_INLINE void Scores(DF d, const float* q, const T* K, size_t D, size_t a, size_t e,
-                       float scale, float* s) {
+                       float scale, float* s, const T* pf, size_t pf_n) {
   size_t j = a;
 #if HWY_TARGET != HWY_SCALAR  // 4 lanes or more
   {
     const size_t L = hn::Lanes(d), Dv = D / L * L;
     for (; j + 4 <= e; j += 4) {
       const T* k0 = K + j * D;
+      for (size_t jj = j; jj < j + 4; ++jj) PrefetchRow(pf, pf_n, jj, D);
       VF c0 = hn::Zero(d), c1 = hn::Zero(d), c2 = hn::Zero(d), c3 = hn::Zero(d);
       for (size_t i = 0; i < Dv; i += L) {
         const VF qv = hn::LoadU(d, q + i);
@@ -133,7 +153,10 @@ HWY_INLINE void Scores(DF d, const float* q, const T* K, size_t D, size_t a, siz
     }
   }
 #endif
-  for (; j < e; ++j) s[j] = scale * Dot(d, q, K + j * D, D);
+  for (; j < e; ++j) {
+    PrefetchRow(pf, pf_n, j, D);
+    s[j] = scale * Dot(d, q, K + j * D, D);
+  }
 }
 
 // o (D) = Σ_{j in [a, e)} w[j] · V[j] (V's rows D apart). Columns in blocks of
@@ -142,7 +165,7 @@ HWY_INLINE void Scores(DF d, const float* q, const T* K, size_t D, size_t a, siz
 // scalar tail.
 template <class T>
 HWY_INLINE void WeightedSum(DF d, float* o, const float* w, const T* V, size_t D, size_t a,
-                            size_t e) {
+                            size_t e, const T* pf, size_t pf_n) {
   const size_t L = hn::Lanes(d);
   size_t i = 0;
   for (; i + 4 * L <= D; i += 4 * L) {
@@ -150,6 +173,10 @@ HWY_INLINE void WeightedSum(DF d, float* o, const float* w, const T* V, size_t D
     VF y0 = hn::Zero(d), y1 = hn::Zero(d), y2 = hn::Zero(d), y3 = hn::Zero(d);
     size_t j = a;
     for (; j + 2 <= e; j += 2) {
+      if (i == 0) {
+        PrefetchRow(pf, pf_n, j, D);
+        PrefetchRow(pf, pf_n, j + 1, D);
+      }
       const T* v = V + j * D + i;
       const VF w0 = hn::Set(d, w[j]), w1 = hn::Set(d, w[j + 1]);
       x0 = hn::MulAdd(w0, LoadRow(d, v), x0);
@@ -197,8 +224,8 @@ HWY_INLINE void WeightedSum(DF d, float* o, const float* w, const T* V, size_t D
 // and o (R, D) = Σ exp(s - m) · v. s: scratch of R · (j1 - j0) floats; ae of 2R.
 template <class T>
 void Chunk(const float* q, const T* K, const T* V, size_t D, float scale, size_t R,
-           const int64_t* lo, const int64_t* hi, int64_t j0, int64_t j1, float* s, size_t* ae,
-           float* m, float* l, float* o) {
+           const int64_t* lo, const int64_t* hi, int64_t j0, int64_t j1, int64_t next_n,
+           float* s, size_t* ae, float* m, float* l, float* o) {
   const DF d;
   const size_t L = hn::Lanes(d);
   const size_t C = size_t(j1 - j0);
@@ -213,7 +240,10 @@ void Chunk(const float* q, const T* K, const T* V, size_t D, float scale, size_t
   // rows come from memory for the first row, from L2 for the others).
   const T* Kc = K + size_t(j0) * D;
   for (size_t r = 0; r < R; ++r) {
-    if (a[r] < e[r]) Scores(d, q + r * D, Kc, D, a[r], e[r], scale, s + r * C);
+    if (a[r] >= e[r]) continue;
+    // The first row's pass fetches the chunk's value rows meanwhile.
+    Scores(d, q + r * D, Kc, D, a[r], e[r], scale, s + r * C, r == 0 ? V + size_t(j0) * D : nullptr,
+           C);
   }
   // Each row's exp(s - m) in place, and l.
   for (size_t r = 0; r < R; ++r) {
@@ -251,7 +281,10 @@ void Chunk(const float* q, const T* K, const T* V, size_t D, float scale, size_t
   // o = Σ p · v, one row after the other over its visible keys (the chunk's
   // value rows come from memory for the first row, from L2 for the others).
   for (size_t r = 0; r < R; ++r) {
-    if (a[r] < e[r]) WeightedSum(d, o + r * D, s + r * C, V + size_t(j0) * D, D, a[r], e[r]);
+    if (a[r] >= e[r]) continue;
+    // The first row's pass fetches the next chunk's first key rows meanwhile.
+    WeightedSum(d, o + r * D, s + r * C, V + size_t(j0) * D, D, a[r], e[r],
+                r == 0 ? K + size_t(j1) * D : nullptr, size_t(next_n));
   }
 }
 
@@ -314,7 +347,8 @@ void Forward(T* out, const T* q, const T* keys, const T* values, const DecodePro
       float* pl = nc > 1 ? part_l.get() + item * R : l.data();
       float* po = nc > 1 ? part_o.get() + item * R * D : o.data();
       Chunk(qf.data() + bg * R * D, keys + off, values + off, size_t(D), p.scale, size_t(R),
-            lo.data(), hi.data(), j0, j1, s.data(), ae.data(), pm, pl, po);
+            lo.data(), hi.data(), j0, j1, std::min(split.hi - j1, j1 - j0), s.data(), ae.data(),
+            pm, pl, po);
       if (nc == 1) {
         for (int64_t r = 0; r < R; ++r) {
           T* dst = out_row(b, r, g);
