@@ -69,17 +69,17 @@ constexpr int64_t kMaxDecodeQueries = 16;
 constexpr int64_t kDecodeChunk = 256;
 
 struct DecodeProblem {
-  int64_t B = 1;         // sequences
-  int64_t Hq = 1;        // query heads
-  int64_t Hkv = 1;       // key/value heads; Hq a multiple of it
-  int64_t Tq = 1;        // new queries per sequence, 1 .. kMaxDecodeQueries
-  int64_t length = 1;    // keys in the cache (the new ones included), Tq <= length <= capacity
-  int64_t capacity = 1;  // rows per (b, kv head) in keys and values
-  int64_t D = 1;         // head dim of q, k, v and out
-  float scale = 1.0f;    // usually 1 / sqrt(D)
+  int64_t B = 1;             // sequences
+  int64_t Hq = 1;            // query heads
+  int64_t Hkv = 1;           // key/value heads; Hq a multiple of it
+  int64_t Tq = 1;            // new queries per sequence, 1 .. kMaxDecodeQueries
+  int64_t length = 1;        // keys in the cache (the new ones included), Tq <= length <= capacity
+  int64_t capacity = 1;      // rows per (b, kv head) in keys and values
+  int64_t D = 1;             // head dim of q, k, v and out
+  float scale = 1.0f;        // usually 1 / sqrt(D)
   int64_t window_left = -1;  // -1: unbounded; >= 0: keys j >= p_t - window_left only
-  int64_t q_stride = 0;        // elements between the query rows t, t + 1; 0: Hq·D
-  int64_t o_stride = 0;        // elements between output rows; 0: Hq·D
+  int64_t q_stride = 0;      // elements between the query rows t, t + 1; 0: Hq·D
+  int64_t o_stride = 0;      // elements between output rows; 0: Hq·D
   int64_t q_batch_stride = 0;  // elements between sequences b, b + 1 of q; 0: Tq·q_stride
   int64_t o_batch_stride = 0;  // of out; 0: Tq·o_stride
 };

@@ -13,12 +13,11 @@
 #include <vector>
 
 #include "attn/tensor.h"
-
 #include "kernels/hwy_targets.h"
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/decode_attention.cpp"
-#include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/cache_control.h>
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 // After highway.h: the -inl header is compiled once per target.
 #include <hwy/contrib/math/math-inl.h>  // NOLINT(build/include_order)
@@ -118,8 +117,8 @@ HWY_INLINE auto Fold128(D d, hn::Vec<D> v) {
 // (folded to 128 bits, then transposed by interleaving: one vector of four
 // scores); the rest one key at a time.
 template <class T>
-HWY_INLINE void Scores(DF d, const float* q, const T* K, size_t D, size_t a, size_t e,
-                       float scale, float* s, const T* pf, size_t pf_n) {
+HWY_INLINE void Scores(DF d, const float* q, const T* K, size_t D, size_t a, size_t e, float scale,
+                       float* s, const T* pf, size_t pf_n) {
   size_t j = a;
 #if HWY_TARGET != HWY_SCALAR  // 4 lanes or more
   {
@@ -135,8 +134,7 @@ HWY_INLINE void Scores(DF d, const float* q, const T* K, size_t D, size_t a, siz
         c2 = hn::MulAdd(qv, LoadRow(d, k0 + 2 * D + i), c2);
         c3 = hn::MulAdd(qv, LoadRow(d, k0 + 3 * D + i), c3);
       }
-      const auto f0 = Fold128(d, c0), f1 = Fold128(d, c1), f2 = Fold128(d, c2),
-                 f3 = Fold128(d, c3);
+      const auto f0 = Fold128(d, c0), f1 = Fold128(d, c1), f2 = Fold128(d, c2), f3 = Fold128(d, c3);
       const hn::DFromV<decltype(f0)> d4;
       // [f0₀+f0₂, f1₀+f1₂, f0₁+f0₃, f1₁+f1₃] and the same for f2, f3.
       const auto u = hn::Add(hn::InterleaveLower(d4, f0, f1), hn::InterleaveUpper(d4, f0, f1));
@@ -224,8 +222,8 @@ HWY_INLINE void WeightedSum(DF d, float* o, const float* w, const T* V, size_t D
 // and o (R, D) = Σ exp(s - m) · v. s: scratch of R · (j1 - j0) floats; ae of 2R.
 template <class T>
 void Chunk(const float* q, const T* K, const T* V, size_t D, float scale, size_t R,
-           const int64_t* lo, const int64_t* hi, int64_t j0, int64_t j1, int64_t next_n,
-           float* s, size_t* ae, float* m, float* l, float* o) {
+           const int64_t* lo, const int64_t* hi, int64_t j0, int64_t j1, int64_t next_n, float* s,
+           size_t* ae, float* m, float* l, float* o) {
   const DF d;
   const size_t L = hn::Lanes(d);
   const size_t C = size_t(j1 - j0);
@@ -333,8 +331,8 @@ void Forward(T* out, const T* q, const T* keys, const T* values, const DecodePro
   const int64_t kv_elems = p.B * p.Hkv * (split.hi - split.lo) * D;
 #pragma omp parallel if (items > 1 && kv_elems >= 16384)
   {
-    std::vector<float> s(static_cast<size_t>(R * kDecodeChunk)),
-        m(static_cast<size_t>(R)), l(static_cast<size_t>(R)), o(static_cast<size_t>(R * D));
+    std::vector<float> s(static_cast<size_t>(R * kDecodeChunk)), m(static_cast<size_t>(R)),
+        l(static_cast<size_t>(R)), o(static_cast<size_t>(R * D));
     std::vector<size_t> ae(static_cast<size_t>(2 * R));
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < items; ++item) {
@@ -347,8 +345,8 @@ void Forward(T* out, const T* q, const T* keys, const T* values, const DecodePro
       float* pl = nc > 1 ? part_l.get() + item * R : l.data();
       float* po = nc > 1 ? part_o.get() + item * R * D : o.data();
       Chunk(qf.data() + bg * R * D, keys + off, values + off, size_t(D), p.scale, size_t(R),
-            lo.data(), hi.data(), j0, j1, std::min(split.hi - j1, j1 - j0), s.data(), ae.data(),
-            pm, pl, po);
+            lo.data(), hi.data(), j0, j1, std::min(split.hi - j1, j1 - j0), s.data(), ae.data(), pm,
+            pl, po);
       if (nc == 1) {
         for (int64_t r = 0; r < R; ++r) {
           T* dst = out_row(b, r, g);

@@ -110,9 +110,22 @@ std::vector<DecodeProblem> configs() {
     }
   }
   // Ratio 8 at GPT-2 sizes with a long cache.
-  ps.push_back({.B = 1, .Hq = 16, .Hkv = 2, .Tq = 4, .length = 1500, .capacity = 2048, .D = 64,
-                .scale = 0.125f, .window_left = 700});
-  ps.push_back({.B = 1, .Hq = 12, .Hkv = 12, .Tq = 1, .length = 4000, .capacity = 4096, .D = 64,
+  ps.push_back({.B = 1,
+                .Hq = 16,
+                .Hkv = 2,
+                .Tq = 4,
+                .length = 1500,
+                .capacity = 2048,
+                .D = 64,
+                .scale = 0.125f,
+                .window_left = 700});
+  ps.push_back({.B = 1,
+                .Hq = 12,
+                .Hkv = 12,
+                .Tq = 1,
+                .length = 4000,
+                .capacity = 4096,
+                .D = 64,
                 .scale = 0.125f});
   return ps;
 }
@@ -243,8 +256,14 @@ TEST(DecodeAttention, ReferenceMatchesSdpaBottomRight) {
 
 TEST(DecodeAttention, BitsDoNotDependOnThreads) {
   Generator gen(23);
-  const DecodeProblem p{.B = 2, .Hq = 8, .Hkv = 2, .Tq = 3, .length = 5 * kDecodeChunk + 9,
-                        .capacity = 6 * kDecodeChunk, .D = 64, .scale = 0.125f,
+  const DecodeProblem p{.B = 2,
+                        .Hq = 8,
+                        .Hkv = 2,
+                        .Tq = 3,
+                        .length = 5 * kDecodeChunk + 9,
+                        .capacity = 6 * kDecodeChunk,
+                        .D = 64,
+                        .scale = 0.125f,
                         .window_left = 3 * kDecodeChunk + 2};
   const Buffers in(p, gen);
   const std::vector<BFloat16> q = rounded(in.q), k = rounded(in.k), v = rounded(in.v);
@@ -269,8 +288,14 @@ TEST(DecodeAttention, BitsDoNotDependOnThreads) {
 }
 
 TEST(DecodeAttention, KvBytesCountTheVisibleRows) {
-  const DecodeProblem p{.B = 2, .Hq = 8, .Hkv = 2, .Tq = 4, .length = 1000, .capacity = 1024,
-                        .D = 64, .scale = 0.125f};
+  const DecodeProblem p{.B = 2,
+                        .Hq = 8,
+                        .Hkv = 2,
+                        .Tq = 4,
+                        .length = 1000,
+                        .capacity = 1024,
+                        .D = 64,
+                        .scale = 0.125f};
   EXPECT_EQ(kn::decode_attention_kv_bytes(p, 4), int64_t{2} * 2 * 1000 * 64 * 2 * 4);
   DecodeProblem w = p;
   w.window_left = 100;  // the first query (position 996) sees 896 .. 996; the last up to 999
@@ -290,8 +315,8 @@ void expect_invalid(const DecodeProblem& p, const std::string& fragment) {
 }
 
 TEST(DecodeAttention, BadInputThrowsNamingTheValues) {
-  const DecodeProblem ok{.B = 1, .Hq = 4, .Hkv = 2, .Tq = 2, .length = 10, .capacity = 16,
-                         .D = 8, .scale = 0.5f};
+  const DecodeProblem ok{
+      .B = 1, .Hq = 4, .Hkv = 2, .Tq = 2, .length = 10, .capacity = 16, .D = 8, .scale = 0.5f};
   DecodeProblem p = ok;
   p.B = 0;
   expect_invalid(p, "B = 0");

@@ -104,9 +104,9 @@ DecodeBenchResult run_case(const DecodeProblem& p, int repeats, int64_t footprin
       kernels::decode_attention_forward(out.data(), q.data(), keys[size_t(c)].data(),
                                         values[size_t(c)].data(), p);
     } else {
-      kernels::decode_attention_forward_bf16(
-          out.data_ptr<BFloat16>(), q.data_ptr<BFloat16>(), keys[size_t(c)].data_ptr<BFloat16>(),
-          values[size_t(c)].data_ptr<BFloat16>(), p);
+      kernels::decode_attention_forward_bf16(out.data_ptr<BFloat16>(), q.data_ptr<BFloat16>(),
+                                             keys[size_t(c)].data_ptr<BFloat16>(),
+                                             values[size_t(c)].data_ptr<BFloat16>(), p);
     }
   };
   // Warm-up: every copy once (pages touched, threads started), then steps
@@ -124,7 +124,8 @@ DecodeBenchResult run_case(const DecodeProblem& p, int repeats, int64_t footprin
     } else {
       x = to_float(out.data_ptr<BFloat16>()[i]);
     }
-    if (!std::isfinite(x)) throw std::runtime_error("bench: decode attention gave a non-finite output");
+    if (!std::isfinite(x))
+      throw std::runtime_error("bench: decode attention gave a non-finite output");
   }
   std::vector<double> ms;
   for (int r = 0; r < repeats; ++r) {
@@ -157,8 +158,9 @@ int64_t parse_cache_length(const std::string& text) {
     unit = 1024;
     digits.pop_back();
   }
-  const bool ok = !digits.empty() && digits.size() <= 9 &&
-                  std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+  const bool ok =
+      !digits.empty() && digits.size() <= 9 &&
+      std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
   const int64_t n = ok ? std::stoll(digits) * unit : 0;
   if (n < 1)
     throw UsageError(fmt::format("bench: --cache takes lengths like 4096 or 4k (>= 1), got '{}'",
@@ -187,8 +189,9 @@ int run_decode_bench(const DecodeBenchOptions& o) {
   if (o.bandwidth_mib < 0)
     throw UsageError(fmt::format("bench: --bandwidth-mib must be >= 1, got {}", o.bandwidth_mib));
   const int64_t l3 = last_level_cache_bytes();
-  const int64_t probe_mib =
-      o.bandwidth_mib > 0 ? o.bandwidth_mib : std::max<int64_t>(256, (2 * l3 + (1 << 20) - 1) >> 20);
+  const int64_t probe_mib = o.bandwidth_mib > 0
+                                ? o.bandwidth_mib
+                                : std::max<int64_t>(256, (2 * l3 + (1 << 20) - 1) >> 20);
   const int64_t probe = probe_mib << 20;
   nlohmann::json rows = nlohmann::json::array();
   if (!o.json) {
@@ -196,8 +199,8 @@ int run_decode_bench(const DecodeBenchOptions& o) {
         "attn bench --kind decode: {}, {} CPUs, SIMD target {}, {} OpenMP thread{}, chunks of {} "
         "keys, last-level cache {} MiB\nread bandwidth (bw): kernels::read_bandwidth_gbs over {} "
         "MiB with the same {} thread{}, median of 5, measured right after each case\n",
-        cpu_name(), std::thread::hardware_concurrency(), kernels::flash_attention_target(),
-        threads, threads == 1 ? "" : "s", kDecodeChunk, l3 >> 20, probe_mib, threads,
+        cpu_name(), std::thread::hardware_concurrency(), kernels::flash_attention_target(), threads,
+        threads == 1 ? "" : "s", kDecodeChunk, l3 >> 20, probe_mib, threads,
         threads == 1 ? "" : "s");
     fmt::print(
         "{:<5} {:>3} {:>4} {:>4} {:>4} {:>3} {:>7} {:>6} {:>10} {:>9} {:>11} {:>8} {:>8} {:>7}\n",
@@ -257,7 +260,8 @@ int run_decode_bench(const DecodeBenchOptions& o) {
     fmt::print(
         "\nms/step: median of {} steps, each one call over the whole cache, after a warm-up of "
         "250 ms;\nthe steps cycle through enough copies of the caches (>= {} MiB, the probe's "
-        "buffer) that\nkeys and values come from memory. KV MB/step: the key and value bytes the step must read (the "
+        "buffer) that\nkeys and values come from memory. KV MB/step: the key and value bytes the "
+        "step must read (the "
         "rows some\nquery sees); GB/s = that / ms/step; % bw = GB/s / bw.\n",
         o.repeats, probe_mib);
   }
