@@ -41,8 +41,12 @@ Tensor embed(GPTModel& model, const std::vector<int64_t>& ids, int64_t B, int64_
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < T; ++t) {
       const float* tr = tok.data() + ids[static_cast<size_t>(b * T + t)] * E;
-      const float* pr = pos.data() + (start + t) * E;
       float* o = out + (b * T + t) * E;
+      if (model.config().rope) {  // no position embedding: positions enter as RoPE
+        std::copy_n(tr, E, o);
+        continue;
+      }
+      const float* pr = pos.data() + (start + t) * E;
       for (int64_t e = 0; e < E; ++e) o[e] = tr[e] + pr[e];
     }
   }
@@ -120,6 +124,21 @@ Tensor forward_cached_bf16(GPTModel& model, const GPTWeightsBf16& w,
     linear_bf16(qkv.data(), h.data_ptr<BFloat16>(), bw.qkv,
                 bw.qkv_bias.empty() ? nullptr : bw.qkv_bias.data(), M);
     kernels::round_to_bf16(qkvp, qkv.data(), M * 3 * E);
+    if (const RopeParams* rope = block.att.options().rope.get(); rope != nullptr) {
+      // RoPE of q and k in place, the new tokens at positions start .. start + T - 1.
+      const RopeRows r{.B = B,
+                       .H = H,
+                       .T = T,
+                       .hd = hd,
+                       .stride_b = T * 3 * E,
+                       .stride_h = hd,
+                       .stride_t = 3 * E,
+                       .position_offset = start,
+                       .cos = rope->cos.data(),
+                       .sin = rope->sin.data()};
+      kernels::rope_rows(qkvp, r);      // q
+      kernels::rope_rows(qkvp + E, r);  // k
+    }
     // The new keys and values into rows start .. start + T of the cache.
     BFloat16* keys = kv.keys.data_ptr<BFloat16>();
     BFloat16* values = kv.values.data_ptr<BFloat16>();
@@ -645,6 +664,20 @@ Checkpoint load_checkpoint(const std::string& dir, std::unique_ptr<GPTModel>& mo
           fmt::format("'{}': config \"tie_embeddings\" is not a boolean", printable(path)));
     }
     ck.config.tie_embeddings = cfg.at("tie_embeddings").get<bool>();
+  }
+  if (cfg.contains("rope")) {
+    if (!cfg.at("rope").is_boolean()) {
+      throw std::invalid_argument(
+          fmt::format("'{}': config \"rope\" is not a boolean", printable(path)));
+    }
+    ck.config.rope = cfg.at("rope").get<bool>();
+  }
+  if (cfg.contains("theta_base")) {
+    if (!cfg.at("theta_base").is_number()) {
+      throw std::invalid_argument(
+          fmt::format("'{}': config \"theta_base\" is not a number", printable(path)));
+    }
+    ck.config.theta_base = cfg.at("theta_base").get<float>();
   }
   if (const auto it = file.metadata.find("tokenizer"); it != file.metadata.end()) {
     if (it->second != "char" && it->second != "gpt2") {

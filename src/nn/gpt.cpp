@@ -37,7 +37,22 @@ const GPTConfig& checked(const GPTConfig& cfg) {
     throw std::invalid_argument(
         fmt::format("GPTModel: drop_rate must be in [0, 1], got {}", cfg.drop_rate));
   }
+  if (cfg.rope && (cfg.emb_dim / cfg.n_heads) % 2 != 0) {
+    throw std::invalid_argument(
+        fmt::format("GPTModel: rope needs an even head_dim, got emb_dim {} / n_heads {} = {}",
+                    cfg.emb_dim, cfg.n_heads, cfg.emb_dim / cfg.n_heads));
+  }
+  if (cfg.rope && (!(cfg.theta_base > 1.0f) || !std::isfinite(cfg.theta_base))) {
+    throw std::invalid_argument(
+        fmt::format("GPTModel: theta_base must be finite and > 1, got {}", cfg.theta_base));
+  }
   return cfg;
+}
+
+// Draws for the unused pos_emb placeholder of a RoPE model, away from the model's generator.
+Generator& placeholder_generator() {
+  thread_local Generator gen(0);
+  return gen;
 }
 
 // The GEMM of the layers' Linear maps: the fast one with the kernels, PyTorch's sums with the
@@ -177,7 +192,19 @@ Tensor FeedForward::backward(const Tensor& dy) {
 
 // ---- TransformerBlock -----------------------------------------------------------------
 
-TransformerBlock::TransformerBlock(const GPTConfig& cfg, const GPTOptions& options, Generator& gen)
+namespace {
+
+// The RoPE tables of cfg (rope_params_of), or null without cfg.rope.
+std::shared_ptr<const RopeParams> rope_params_of(const GPTConfig& cfg) {
+  if (!checked(cfg).rope) return nullptr;
+  return std::make_shared<const RopeParams>(
+      compute_rope_params(cfg.emb_dim / cfg.n_heads, cfg.theta_base, cfg.context_length));
+}
+
+}  // namespace
+
+TransformerBlock::TransformerBlock(const GPTConfig& cfg, const GPTOptions& options, Generator& gen,
+                                   std::shared_ptr<const RopeParams> rope)
     : att({.d_in = checked(cfg).emb_dim,
            .d_out = cfg.emb_dim,
            .context_length = cfg.context_length,
@@ -186,7 +213,8 @@ TransformerBlock::TransformerBlock(const GPTConfig& cfg, const GPTOptions& optio
            .qkv_bias = cfg.qkv_bias,
            .backend = options.attention_backend,
            .exact_dropout = options.exact_dropout,
-           .dtype = options.dtype},
+           .dtype = options.dtype,
+           .rope = rope != nullptr ? std::move(rope) : rope_params_of(cfg)},
           gen),
       ff(cfg, gen, options.layers, options.dtype),
       // bf16 mode: the norms hand bf16 to the products that read them.
@@ -227,8 +255,9 @@ Tensor TransformerBlock::backward(const Tensor& dy) {
 
 TransformerBlocks::TransformerBlocks(const GPTConfig& cfg, const GPTOptions& options,
                                      Generator& gen) {
+  const std::shared_ptr<const RopeParams> rope = rope_params_of(cfg);  // one table for all layers
   for (int64_t i = 0; i < cfg.n_layers; ++i) {
-    blocks_.push_back(std::make_unique<TransformerBlock>(cfg, options, gen));
+    blocks_.push_back(std::make_unique<TransformerBlock>(cfg, options, gen, rope));
     register_module(std::to_string(i), blocks_.back().get());
   }
 }
@@ -249,7 +278,9 @@ Tensor TransformerBlocks::backward(const Tensor& dy) {
 
 GPTModel::GPTModel(const GPTConfig& cfg, const GPTOptions& options, Generator& gen)
     : tok_emb({checked(cfg).vocab_size, cfg.emb_dim}, gen),
-      pos_emb({cfg.context_length, cfg.emb_dim}, gen),
+      // With RoPE no position embedding: a placeholder drawn from a private generator.
+      pos_emb({cfg.rope ? 1 : cfg.context_length, cfg.emb_dim},
+              cfg.rope ? placeholder_generator() : gen),
       drop_emb({cfg.drop_rate}, gen),
       trf_blocks(cfg, options, gen),
       final_norm(cfg.emb_dim, cfg.layer_norm_eps, options.layers, options.dtype),
@@ -257,7 +288,7 @@ GPTModel::GPTModel(const GPTConfig& cfg, const GPTOptions& options, Generator& g
       cfg_(cfg),
       options_(options) {
   register_module("tok_emb", &tok_emb);
-  register_module("pos_emb", &pos_emb);
+  if (!cfg.rope) register_module("pos_emb", &pos_emb);
   register_module("drop_emb", &drop_emb);
   register_module("trf_blocks", &trf_blocks);
   register_module("final_norm", &final_norm);
@@ -284,8 +315,8 @@ Tensor GPTModel::forward_hidden(const Tensor& in_idx) {
   std::vector<int64_t> positions(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) positions[static_cast<size_t>(t)] = t;  // torch.arange(T)
   const Tensor tok_embeds = tok_emb.forward(in_idx);                      // (B, T, E)
-  const Tensor pos_embeds = pos_emb.forward(positions);                   // (T, E)
-  Tensor x = drop_emb.forward(add(tok_embeds, pos_embeds));               // (B, T, E)
+  // RoPE: positions enter in the attention layers, not here.
+  Tensor x = drop_emb.forward(cfg_.rope ? tok_embeds : add(tok_embeds, pos_emb.forward(positions)));
   x = trf_blocks.forward(x);
   B_ = B;
   T_ = T;
@@ -297,7 +328,7 @@ void GPTModel::backward_hidden(const Tensor& dx_in) {
   dx = trf_blocks.backward(dx);
   dx = drop_emb.backward(dx);
   tok_emb.backward(dx);
-  pos_emb.backward(sum(dx, 0));  // the (T, E) positions were broadcast over B
+  if (!cfg_.rope) pos_emb.backward(sum(dx, 0));  // the (T, E) positions were broadcast over B
 }
 
 Tensor GPTModel::forward(const Tensor& in_idx) {

@@ -267,6 +267,16 @@ Command add_train_command(CLI::App& app) {
                                    "Run the model on the reference paths with PyTorch's dropout "
                                    "masks (the book's numbers; slower than the fused kernels)"),
                      [](train::TrainOptions& d, const train::TrainOptions& s) { d.exact = s.exact; });
+  given.emplace_back(
+      cmd->add_flag("--rope", o.rope,
+                    "Rotary position embedding (the book's Llama chapter) in every attention "
+                    "layer instead of the learned position embedding (pos_emb); the head size "
+                    "(--emb-dim / --n-heads) must be even. Saved in the checkpoint's config, so "
+                    "attn generate uses it too; no Hugging Face GPT-2 copy is written"),
+      [](train::TrainOptions& d, const train::TrainOptions& s) { d.rope = s.rope; });
+  ATTN_TRAIN_FLAG("--theta-base", theta_base,
+                  "With --rope: the base of its angles, theta_i = theta_base^(-2i/head_size) (the "
+                  "book's rope_base: Llama 2 10000, Llama 3 500000)");
   ATTN_TRAIN_FLAG("--dtype", dtype,
                   "Compute dtype: float32, or bfloat16 (mixed precision as torch.autocast: float32 "
                   "weights, gradients and optimizer; bf16 products summed in float32)");
@@ -284,7 +294,7 @@ Command add_train_command(CLI::App& app) {
     // layout beside it (config.json, model.safetensors, vocab.json, merges.txt).
     auto save = [&](train::Trainer& trainer) {
       trainer.save(checkpoint);
-      if (trainer.tokenizer_name() == "gpt2") {
+      if (trainer.tokenizer_name() == "gpt2" && !trainer.model().config().rope) {
         io::save_hf_gpt2(trainer.model(), flags->out);
         text::write_gpt2_vocabulary(flags->out);
       }

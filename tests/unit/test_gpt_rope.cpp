@@ -1,0 +1,253 @@
+// The GPT with rotary position embedding (GPTConfig::rope) and
+// MultiHeadAttention with RoPE (MultiHeadAttentionOptions::rope): no pos_emb;
+// MHA's gradients by finite differences on both paths and the paths agreeing;
+// the KV cache (every forward_cached path: the GEMV step, the flash prefill,
+// the generic one) equal to the uncached forward at the right positions, float32
+// and bfloat16; generation with and without the cache giving the same tokens,
+// past context_length; the checkpoint's config; `attn train --rope` /
+// `attn generate`; errors.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "attn/generate.h"
+#include "attn/gpt.h"
+#include "attn/hf_gpt2.h"
+#include "attn/kv_cache.h"
+#include "attn/ops.h"
+#include "attn/random.h"
+#include "attn/safetensors.h"
+#include "attn/train.h"
+#include "cli.h"
+#include "gradcheck.h"
+
+namespace attn {
+namespace {
+
+using nn::GPTConfig;
+using nn::GPTModel;
+
+const GPTConfig kRope{.vocab_size = 23,
+                      .context_length = 10,
+                      .emb_dim = 16,
+                      .n_heads = 2,
+                      .n_layers = 2,
+                      .drop_rate = 0.0f,
+                      .qkv_bias = true,
+                      .rope = true,
+                      .theta_base = 100.0f};
+
+Tensor random_ids(int64_t B, int64_t T, int64_t V, uint64_t seed) {
+  Generator gen(seed);
+  std::vector<int64_t> ids(size_t(B * T));
+  for (auto& id : ids) id = int64_t(gen.random64() % uint64_t(V));
+  return Tensor::from_int64({B, T}, ids);
+}
+
+std::shared_ptr<const RopeParams> tables(int64_t hd, int64_t n) {
+  return std::make_shared<const RopeParams>(compute_rope_params(hd, 10000.0f, n));
+}
+
+TEST(GptRope, NoPositionEmbeddingInTheStateDictOrTheParameters) {
+  Generator g1(7), g2(7);
+  GPTModel rope(kRope, {}, g1);
+  GPTConfig plain_cfg = kRope;
+  plain_cfg.rope = false;
+  GPTModel plain(plain_cfg, {}, g2);
+  for (auto& [name, t] : rope.state_dict())
+    EXPECT_EQ(name.find("pos_emb"), std::string::npos) << name;
+  EXPECT_EQ(rope.num_parameters(), plain.num_parameters() - 10 * 16);
+  // The same draws up to pos_emb, then none for it: tok_emb equal, the next differ.
+  EXPECT_EQ(max_abs_diff(rope.tok_emb.weight.value, plain.tok_emb.weight.value), 0.0f);
+  EXPECT_GT(max_abs_diff(rope.trf_blocks[0].att.W_query.weight.value,
+                         plain.trf_blocks[0].att.W_query.weight.value),
+            0.0f);
+}
+
+TEST(GptRope, MultiHeadAttentionGradientsMatchFiniteDifferencesOnBothPaths) {
+  for (auto backend : {nn::AttentionBackend::kReference, nn::AttentionBackend::kFused}) {
+    Generator gen(3);
+    nn::MultiHeadAttention m({.d_in = 6,
+                              .d_out = 8,
+                              .context_length = 8,
+                              .num_heads = 2,
+                              .qkv_bias = true,
+                              .backend = backend,
+                              .rope = tables(4, 8)},
+                             gen);
+    test::gradcheck_module(
+        backend == nn::AttentionBackend::kFused ? "mha rope fused" : "mha rope ref", m,
+        test::random_tensor({2, 5, 6}, 4));
+  }
+}
+
+TEST(GptRope, FusedAndReferencePathsAgree) {
+  const Tensor x = test::random_tensor({2, 7, 16}, 5), dy = test::random_tensor({2, 7, 16}, 6);
+  Tensor y[2], dx[2], dw[2];
+  int i = 0;
+  for (auto backend : {nn::AttentionBackend::kReference, nn::AttentionBackend::kFused}) {
+    Generator gen(8);
+    nn::MultiHeadAttention m({.d_in = 16,
+                              .d_out = 16,
+                              .context_length = 7,
+                              .num_heads = 4,
+                              .backend = backend,
+                              .rope = tables(4, 7)},
+                             gen);
+    y[i] = m.forward(x);
+    dx[i] = m.backward(dy);
+    dw[i] = m.W_key.weight.grad.clone();
+    ++i;
+  }
+  EXPECT_LT(max_abs_diff(y[0], y[1]), 2e-6f);
+  EXPECT_LT(max_abs_diff(dx[0], dx[1]), 5e-6f);
+  EXPECT_LT(max_abs_diff(dw[0], dw[1]), 5e-6f);
+  // And RoPE changes the result (the tables are read).
+  Generator gen(8);
+  nn::MultiHeadAttention plain({.d_in = 16, .d_out = 16, .context_length = 7, .num_heads = 4}, gen);
+  EXPECT_GT(max_abs_diff(plain.forward(x), y[0]), 1e-3f);
+}
+
+TEST(GptRope, MultiHeadAttentionCacheRotatesEachTokenAtItsPosition) {
+  Generator gen(9);
+  nn::MultiHeadAttention m(
+      {.d_in = 8, .d_out = 8, .context_length = 12, .num_heads = 2, .rope = tables(4, 12)}, gen);
+  m.eval();
+  const Tensor x = test::random_tensor({2, 9, 8}, 10);
+  const Tensor want = m.forward(x);
+  for (auto engine : {gemm::Engine::kBlas, gemm::Engine::kFast}) {
+    // a prefill of 4 (flash with kFast), one token (GEMV with kFast), then 4 at once (generic)
+    nn::KVCache cache = nn::make_kv_cache(m, 2);
+    const Tensor a = nn::forward_cached(m, x.slice(1, 0, 4), cache, engine);
+    const Tensor b = nn::forward_cached(m, x.slice(1, 4, 5), cache, engine);
+    const Tensor c = nn::forward_cached(m, x.slice(1, 5, 9), cache, engine);
+    EXPECT_LT(max_abs_diff(cat({a, b, c}, 1), want), 2e-6f) << int(engine);
+  }
+}
+
+TEST(GptRope, CachedForwardEqualsTheFullForwardForEveryLayerKindAndDtype) {
+  struct Case {
+    nn::LayerImpl layers;
+    DType dtype;
+    float tol;
+  };
+  for (const Case& c : {Case{nn::LayerImpl::kKernel, DType::kFloat32, 2e-5f},
+                        Case{nn::LayerImpl::kReference, DType::kFloat32, 2e-5f},
+                        Case{nn::LayerImpl::kKernel, DType::kBFloat16, 0.15f}}) {
+    Generator gen(11);
+    GPTModel model(kRope, {.layers = c.layers, .dtype = c.dtype}, gen);
+    model.eval();
+    const Tensor ids = random_ids(2, 9, kRope.vocab_size, 12);
+    const Tensor want = model.forward(ids);  // (2, 9, V)
+    nn::GPTKVCache cache = nn::make_gpt_kv_cache(model, 2);
+    const Tensor a = nn::forward_cached(model, ids.slice(1, 0, 5).contiguous(), cache);
+    const Tensor b = nn::forward_cached(model, ids.slice(1, 5, 6).contiguous(), cache);
+    const Tensor d = nn::forward_cached(model, ids.slice(1, 6, 9).contiguous(), cache);
+    const float diff = max_abs_diff(cat({a, b, d}, 1), want);
+    EXPECT_LT(diff, c.tol) << "layers " << int(c.layers) << " dtype " << dtype_name(c.dtype);
+  }
+}
+
+TEST(GptRope, GenerationWithAndWithoutTheCacheGivesTheSameTokens) {
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    Generator gen(13);
+    GPTModel model(kRope, {.dtype = dtype}, gen);
+    model.eval();
+    const Tensor prompt = random_ids(2, 3, kRope.vocab_size, 14);
+    std::vector<int64_t> out[2];
+    for (bool use_cache : {true, false}) {
+      Generator sample(15);
+      out[use_cache] =
+          nn::generate(model, prompt,
+                       {.max_new_tokens = 14, .temperature = 0.8f, .use_cache = use_cache}, sample)
+              .to_int64_vector();
+    }
+    EXPECT_EQ(out[0], out[1]) << dtype_name(dtype);  // 17 > context_length 10: the window slides
+    EXPECT_EQ(out[0].size(), 2u * 17u);
+  }
+}
+
+TEST(GptRope, ConfigRoundTripsThroughTheCheckpointJson) {
+  const GPTConfig c = train::config_from_json(train::config_to_json(kRope));
+  EXPECT_TRUE(c.rope);
+  EXPECT_EQ(c.theta_base, 100.0f);
+  EXPECT_EQ(train::config_to_json(GPTConfig{.vocab_size = 3, .context_length = 2, .emb_dim = 2})
+                .find("rope"),
+            std::string::npos);  // the other checkpoints keep their bytes
+}
+
+TEST(GptRope, ErrorsNameTheValues) {
+  GPTConfig odd = kRope;
+  odd.n_heads = 16;  // head_dim 1
+  try {
+    GPTModel m(odd);
+    FAIL() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("rope needs an even head_dim, got emb_dim 16 / n_heads 16 = 1"),
+        std::string::npos)
+        << e.what();
+  }
+  GPTConfig base = kRope;
+  base.theta_base = 0.5f;
+  EXPECT_THROW(GPTModel m(base), std::invalid_argument);
+  GPTModel m(kRope);
+  EXPECT_THROW(io::hf_gpt2_state_dict(m), std::invalid_argument);
+}
+
+TEST(GptRopeCli, TrainWithRopeThenGenerateFromItsCheckpoint) {
+  ATTN_REQUIRE_CLI();
+  const std::string text = test::temp_path("rope.txt"), dir = test::temp_path("roperun");
+  {
+    std::ofstream out(text, std::ios::binary);
+    for (int i = 0; i < 60; ++i) out << "the cat sat on the mat. a dog ran to the log.\n";
+  }
+  const std::string model =
+      " --n-layers 1 --n-heads 2 --emb-dim 16 --context-length 16 "
+      "--batch-size 4 --warmup-iters 2 --eval-interval 10 --eval-iters 1 "
+      "--max-iters 10 --threads 1";
+  const auto r = test::run_cli("train --text '" + text + "' --out '" + dir + "'" + model +
+                               " --rope --theta-base 500");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto file = io::read_safetensors(dir + "/checkpoint.safetensors");
+  const auto cfg = nlohmann::json::parse(file.metadata.at("config"));
+  EXPECT_EQ(cfg.at("rope"), true);
+  EXPECT_EQ(cfg.at("theta_base"), 500.0);
+  for (const auto& [name, t] : file.tensors) EXPECT_EQ(name.find("pos_emb"), std::string::npos);
+  std::unique_ptr<GPTModel> loaded;
+  (void)nn::load_checkpoint(dir, loaded);
+  EXPECT_TRUE(loaded->config().rope);
+  EXPECT_EQ(loaded->config().theta_base, 500.0f);
+  std::string texts[2];
+  for (int cache = 0; cache < 2; ++cache) {
+    const auto g = test::run_cli("generate --checkpoint '" + dir +
+                                 "' --prompt 'the cat' --max-new-tokens 20 --greedy" +
+                                 (cache == 0 ? " --no-cache" : ""));
+    ASSERT_EQ(g.exit_code, 0) << g.err;
+    texts[cache] = g.out;
+  }
+  EXPECT_EQ(texts[0], texts[1]);
+  EXPECT_EQ(texts[0].rfind("the cat", 0), 0u) << texts[0];
+  // --rope with an odd head size: one line on stderr, exit 2.
+  const auto bad = test::run_cli("train --text '" + text + "' --out '" + dir + "x'" +
+                                 " --n-heads 16 --emb-dim 16 --rope");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--rope needs an even head size, got --emb-dim 16 / --n-heads 16 = 1"),
+            std::string::npos)
+      << bad.err;
+  // Resuming with another --rope setting is refused.
+  const auto resume = test::run_cli("train --text '" + text + "' --out '" + dir + "' --resume " +
+                                    "--theta-base 1000 --max-iters 12");
+  EXPECT_NE(resume.exit_code, 0);
+  EXPECT_NE(resume.err.find("theta_base"), std::string::npos) << resume.err;
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove(text);
+}
+
+}  // namespace
+}  // namespace attn
