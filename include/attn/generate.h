@@ -39,6 +39,7 @@
 
 #include "attn/gpt.h"
 #include "attn/kv_cache.h"
+#include "attn/mla.h"
 #include "attn/random.h"
 #include "attn/tensor.h"
 
@@ -68,12 +69,18 @@ GPTWeightsBf16 round_weights_bf16(GPTModel& model);
 // taken when the cache is made: after the weights change, make a new cache).
 struct GPTKVCache {
   std::vector<KVCache> layers;  // layers[i]: trf_blocks.i.att
+  // A latent-attention model's (GPTConfig::latent_dim > 0) instead of layers:
+  // latent_layers[i] caches trf_blocks.i.att's latents (attn/mla.h).
+  std::vector<LatentKVCache> latent_layers;
   int64_t batch = 0;
   int64_t context_length = 0;
   DType dtype = DType::kFloat32;  // of the keys and values, and of the products
   std::shared_ptr<const GPTWeightsBf16> bf16_weights;  // bf16 only
   // Tokens cached so far: the next token's position.
-  int64_t length() const { return layers.empty() ? 0 : layers.front().length; }
+  int64_t length() const {
+    if (!layers.empty()) return layers.front().length;
+    return latent_layers.empty() ? 0 : latent_layers.front().length;
+  }
   int64_t remaining() const { return context_length - length(); }
   void reset();
 };

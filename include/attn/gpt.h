@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "attn/functional_gpt.h"
+#include "attn/mla.h"
 #include "attn/nn.h"
 #include "attn/random.h"
 #include "attn/tensor.h"
@@ -65,6 +66,12 @@ struct GPTConfig {
   // position in the cache. head_dim must be even.
   bool rope = false;
   float theta_base = 10000.0f;  // the book's rope_base (Llama 2: 10000, Llama 3: 500000)
+  // > 0: every block's att is MultiHeadLatentAttention(emb_dim, emb_dim,
+  // drop_rate, n_heads, qkv_bias, latent_dim) (attn/mla.h), the book's
+  // ch04/05_mla GPT (its cfg["latent_dim"]; give the value, not None), with a
+  // latent KV cache when generating. float32 only; not with rope; dropout on
+  // its attention weights is the kernel's Philox noise (no PyTorch masks).
+  int64_t latent_dim = 0;
 };
 // GPT-2 small as the book configures it (50257, 1024, 768, 12, 12, 0.1, false).
 inline constexpr GPTConfig GPT_CONFIG_124M{.vocab_size = 50257, .context_length = 1024,
@@ -175,6 +182,9 @@ class TransformerBlock : public Module {
                             std::shared_ptr<const RopeParams> rope = nullptr);
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
+  // cfg.latent_dim > 0: the block's "att" (made first: the book's draw order);
+  // att is then an unused one-wide placeholder drawn from a private generator.
+  std::unique_ptr<MultiHeadLatentAttention> latent_att;
   MultiHeadAttention att;
   FeedForward ff;
   LayerNorm norm1, norm2;

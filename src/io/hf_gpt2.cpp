@@ -293,10 +293,10 @@ HfDType hf_dtype_from_name(const std::string& name) {
 
 std::vector<std::pair<std::string, Tensor>> hf_gpt2_state_dict(nn::GPTModel& m) {
   const nn::GPTConfig& c = m.config();
-  if (c.rope) {
+  if (c.rope || c.latent_dim > 0) {
     throw std::invalid_argument(
-        "hf_gpt2_state_dict: a model with rope has no position embedding (wpe); GPT-2's format "
-        "cannot hold it");
+        "hf_gpt2_state_dict: a model with rope or latent_dim is not GPT-2; GPT-2's format cannot "
+        "hold it");
   }
   const int64_t E = c.emb_dim;
   std::vector<std::pair<std::string, Tensor>> out;

@@ -214,6 +214,7 @@ std::string character_name(const std::string& ch) {
 
 void GPTKVCache::reset() {
   for (KVCache& layer : layers) layer.reset();
+  for (LatentKVCache& layer : latent_layers) layer.reset();
 }
 
 GPTWeightsBf16 round_weights_bf16(GPTModel& model) {
@@ -273,6 +274,10 @@ GPTKVCache make_gpt_kv_cache(GPTModel& model, int64_t batch) {
           ? DType::kBFloat16
           : DType::kFloat32;
   for (int64_t i = 0; i < model.trf_blocks.size(); ++i) {
+    if (const auto& mla = model.trf_blocks[i].latent_att; mla != nullptr) {  // float32 only
+      cache.latent_layers.push_back(make_latent_kv_cache(*mla, batch, cache.context_length));
+      continue;
+    }
     KVCache layer = make_kv_cache(model.trf_blocks[i].att, batch);
     if (cache.dtype == DType::kBFloat16) {  // (B, H, context_length, hd) in bf16
       layer.keys = Tensor::zeros(layer.keys.shape(), DType::kBFloat16);
@@ -295,20 +300,23 @@ Tensor forward_cached(GPTModel& model, const Tensor& ids, GPTKVCache& cache, boo
                     dtype_name(ids.dtype()), shape_str(ids.shape())));
   }
   const int64_t B = ids.size(0), T = ids.size(1), start = cache.length();
-  if (static_cast<int64_t>(cache.layers.size()) != model.trf_blocks.size() ||
+  if (static_cast<int64_t>(cache.layers.size() + cache.latent_layers.size()) !=
+          model.trf_blocks.size() ||
+      (cfg.latent_dim > 0 ? cache.layers.size() : cache.latent_layers.size()) != 0 ||
       cache.context_length != cfg.context_length) {
     throw std::invalid_argument(fmt::format(
         "forward_cached: cache made for {} layers and context_length {} but the model has {} "
         "and {}",
         cache.layers.size(), cache.context_length, model.trf_blocks.size(), cfg.context_length));
   }
-  for (const KVCache& layer : cache.layers) {
-    if (layer.length != start) {
-      throw std::invalid_argument(
-          fmt::format("forward_cached: the layers' caches hold different lengths ({} and {})",
-                      start, layer.length));
+  const auto check_length = [&](int64_t length) {
+    if (length != start) {
+      throw std::invalid_argument(fmt::format(
+          "forward_cached: the layers' caches hold different lengths ({} and {})", start, length));
     }
-  }
+  };
+  for (const KVCache& layer : cache.layers) check_length(layer.length);
+  for (const LatentKVCache& layer : cache.latent_layers) check_length(layer.length);
   if (B != cache.batch) {
     throw std::invalid_argument(fmt::format(
         "forward_cached: input batch {} does not match the cache's batch {}", B, cache.batch));
@@ -383,7 +391,10 @@ Tensor forward_cached(GPTModel& model, const Tensor& ids, GPTKVCache& cache, boo
   for (int64_t i = 0; i < model.trf_blocks.size(); ++i) {
     TransformerBlock& block = model.trf_blocks[i];
     const Tensor h1 = layer_norm(x, block.norm1);
-    const Tensor a = forward_cached(block.att, h1, cache.layers[static_cast<size_t>(i)], engine);
+    const Tensor a =
+        block.latent_att != nullptr
+            ? forward_cached(*block.latent_att, h1, cache.latent_layers[static_cast<size_t>(i)])
+            : forward_cached(block.att, h1, cache.layers[static_cast<size_t>(i)], engine);
     const Tensor x1 = add(a, x);  // (B, T, E)
     const Tensor h2 = layer_norm(x1, block.norm2);
     const Tensor u = linear(h2, block.ff.fc);
@@ -671,6 +682,13 @@ Checkpoint load_checkpoint(const std::string& dir, std::unique_ptr<GPTModel>& mo
           fmt::format("'{}': config \"rope\" is not a boolean", printable(path)));
     }
     ck.config.rope = cfg.at("rope").get<bool>();
+  }
+  if (cfg.contains("latent_dim")) {
+    if (!cfg.at("latent_dim").is_number_integer()) {
+      throw std::invalid_argument(
+          fmt::format("'{}': config \"latent_dim\" is not an integer", printable(path)));
+    }
+    ck.config.latent_dim = cfg.at("latent_dim").get<int64_t>();
   }
   if (cfg.contains("theta_base")) {
     if (!cfg.at("theta_base").is_number()) {

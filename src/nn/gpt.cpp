@@ -42,6 +42,12 @@ const GPTConfig& checked(const GPTConfig& cfg) {
         fmt::format("GPTModel: rope needs an even head_dim, got emb_dim {} / n_heads {} = {}",
                     cfg.emb_dim, cfg.n_heads, cfg.emb_dim / cfg.n_heads));
   }
+  if (cfg.latent_dim < 0 || (cfg.latent_dim > 0 && cfg.rope)) {
+    throw std::invalid_argument(fmt::format(
+        "GPTModel: latent_dim must be >= 0 (0: no latent attention) and cannot go with rope, got "
+        "latent_dim {}, rope {}",
+        cfg.latent_dim, cfg.rope));
+  }
   if (cfg.rope && (!(cfg.theta_base > 1.0f) || !std::isfinite(cfg.theta_base))) {
     throw std::invalid_argument(
         fmt::format("GPTModel: theta_base must be finite and > 1, got {}", cfg.theta_base));
@@ -203,25 +209,54 @@ std::shared_ptr<const RopeParams> rope_params_of(const GPTConfig& cfg) {
 
 }  // namespace
 
+namespace {
+
+// The book's MLA block's att (cfg.latent_dim > 0), or null.
+std::unique_ptr<MultiHeadLatentAttention> latent_att_of(const GPTConfig& cfg,
+                                                        const GPTOptions& options, Generator& gen) {
+  if (checked(cfg).latent_dim == 0) return nullptr;
+  if (options.dtype != DType::kFloat32) {
+    throw std::invalid_argument(fmt::format(
+        "GPTModel: latent_dim (multi-head latent attention) runs in float32 only, got dtype {}",
+        dtype_name(options.dtype)));
+  }
+  return std::make_unique<MultiHeadLatentAttention>(
+      MultiHeadLatentAttentionOptions{.d_in = cfg.emb_dim,
+                                      .d_out = cfg.emb_dim,
+                                      .dropout = cfg.drop_rate,
+                                      .num_heads = cfg.n_heads,
+                                      .qkv_bias = cfg.qkv_bias,
+                                      .latent_dim = cfg.latent_dim},
+      gen);
+}
+
+}  // namespace
+
 TransformerBlock::TransformerBlock(const GPTConfig& cfg, const GPTOptions& options, Generator& gen,
                                    std::shared_ptr<const RopeParams> rope)
-    : att({.d_in = checked(cfg).emb_dim,
-           .d_out = cfg.emb_dim,
-           .context_length = cfg.context_length,
+    : latent_att(latent_att_of(cfg, options, gen)),
+      // With latent attention a one-wide placeholder, from a private generator.
+      att({.d_in = latent_att ? 1 : cfg.emb_dim,
+           .d_out = latent_att ? 1 : cfg.emb_dim,
+           .context_length = latent_att ? 1 : cfg.context_length,
            .dropout = cfg.drop_rate,
-           .num_heads = cfg.n_heads,
+           .num_heads = latent_att ? 1 : cfg.n_heads,
            .qkv_bias = cfg.qkv_bias,
            .backend = options.attention_backend,
            .exact_dropout = options.exact_dropout,
            .dtype = options.dtype,
            .rope = rope != nullptr ? std::move(rope) : rope_params_of(cfg)},
-          gen),
+          latent_att ? placeholder_generator() : gen),
       ff(cfg, gen, options.layers, options.dtype),
       // bf16 mode: the norms hand bf16 to the products that read them.
       norm1(cfg.emb_dim, cfg.layer_norm_eps, options.layers, options.dtype),
       norm2(cfg.emb_dim, cfg.layer_norm_eps, options.layers, options.dtype),
       drop_shortcut({cfg.drop_rate}, gen) {
-  register_module("att", &att);
+  if (latent_att) {
+    register_module("att", latent_att.get());
+  } else {
+    register_module("att", &att);
+  }
   register_module("ff", &ff);
   register_module("norm1", &norm1);
   register_module("norm2", &norm2);
@@ -232,7 +267,8 @@ TransformerBlock::TransformerBlock(const GPTConfig& cfg, const GPTOptions& optio
 // drop_shortcut after att, then drop_shortcut after ff.
 Tensor TransformerBlock::forward(const Tensor& x) {
   // x (B, T, E); att checks the shape and T <= context_length.
-  const Tensor a = att.forward(norm1.forward(x));        // (B, T, E)
+  const Tensor h = norm1.forward(x);
+  const Tensor a = latent_att ? latent_att->forward(h) : att.forward(h);  // (B, T, E)
   noise_att_ = drop_shortcut.sample_noise(a.shape());    // empty when off
   const Tensor x1 = add(apply_noise(a, noise_att_), x);  // (B, T, E)
   const Tensor f = ff.forward(norm2.forward(x1));        // (B, T, E)
@@ -248,7 +284,7 @@ Tensor TransformerBlock::backward(const Tensor& dy) {
   const Tensor dx1 = add(dy, norm2.backward(ff.backward(dff)));
   // x1 = x + drop(att(norm1(x))): dx = dx1 + norm1ᵀ attᵀ (dx1 ⊙ noise_att)
   const Tensor datt = noise_att_.empty() ? dx1 : ref::dropout_backward(dx1, noise_att_);
-  return add(dx1, norm1.backward(att.backward(datt)));
+  return add(dx1, norm1.backward(latent_att ? latent_att->backward(datt) : att.backward(datt)));
 }
 
 // ---- TransformerBlocks ----------------------------------------------------------------

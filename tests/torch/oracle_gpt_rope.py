@@ -1,5 +1,6 @@
 """The book's GPT with rotary position embedding (GPTConfig::rope, attn/gpt.h)
-under PyTorch 1.13: training losses and greedy generation.
+and with multi-head latent attention (GPTConfig::latent_dim, the book's
+ch04/05_mla GPT) under PyTorch 1.13: training losses and greedy generation.
 
 The model is the book's chapter-4 GPTModel (book_gpt.py) changed as the book's
 Llama chapter changes it, in our own words: no pos_emb (so the generator's
@@ -17,6 +18,12 @@ loss and gradient norm and the final parameters; then, from the trained
 drop_rate-0 model in eval mode, 14 greedy tokens after a 3-token prompt (past
 context_length 12: the window slides and its positions restart at 0),
 recomputing the whole (cropped) sequence every step (no cache).
+
+The latent-attention GPT (also in our own words): the book's GPTModel (with
+pos_emb) whose blocks' att is multi-head latent attention: q = x Wq^T, a latent
+c = x Wdkv^T of latent_dim values, k = c Wuk^T, v = c Wuv^T, causal attention per
+head, out_proj (the parameters created in that order, before the block's ff);
+8 AdamW steps at drop_rate 0, and 14 greedy tokens as above.
 
 Writes gpt_rope.json.
 """
@@ -84,6 +91,57 @@ class RopeGPT(torch.nn.Module):
         return self.out_head(self.final_norm(self.trf_blocks(x)))
 
 
+class LatentAttention(torch.nn.Module):
+    def __init__(self, d, heads, latent, bias):
+        super().__init__()
+        self.h = heads
+        self.W_query = torch.nn.Linear(d, d, bias=bias)
+        self.W_DKV = torch.nn.Linear(d, latent, bias=bias)
+        self.W_UK = torch.nn.Linear(latent, d, bias=bias)
+        self.W_UV = torch.nn.Linear(latent, d, bias=bias)
+        self.out_proj = torch.nn.Linear(d, d)
+
+    def forward(self, x):
+        b, T, d = x.shape
+        heads = lambda t: t.view(b, T, self.h, d // self.h).transpose(1, 2)
+        c = self.W_DKV(x)
+        q, k, v = heads(self.W_query(x)), heads(self.W_UK(c)), heads(self.W_UV(c))
+        future = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+        s = (q @ k.transpose(2, 3)).masked_fill(future, -torch.inf)
+        w = torch.softmax(s / (d // self.h) ** 0.5, dim=-1)
+        return self.out_proj((w @ v).transpose(1, 2).reshape(b, T, d))
+
+
+class LatentBlock(torch.nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.att = LatentAttention(cfg["emb_dim"], cfg["n_heads"], cfg["latent_dim"],
+                                   cfg["qkv_bias"])
+        self.ff = bg.FeedForward(cfg)
+        self.norm1 = bg.LayerNorm(cfg["emb_dim"])
+        self.norm2 = bg.LayerNorm(cfg["emb_dim"])
+        self.drop_shortcut = torch.nn.Dropout(cfg["drop_rate"])
+
+    def forward(self, x):
+        x = x + self.drop_shortcut(self.att(self.norm1(x)))
+        return x + self.drop_shortcut(self.ff(self.norm2(x)))
+
+
+class LatentGPT(torch.nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.tok_emb = torch.nn.Embedding(cfg["vocab_size"], cfg["emb_dim"])
+        self.pos_emb = torch.nn.Embedding(cfg["context_length"], cfg["emb_dim"])
+        self.drop_emb = torch.nn.Dropout(cfg["drop_rate"])
+        self.trf_blocks = torch.nn.Sequential(*[LatentBlock(cfg) for _ in range(cfg["n_layers"])])
+        self.final_norm = bg.LayerNorm(cfg["emb_dim"])
+        self.out_head = torch.nn.Linear(cfg["emb_dim"], cfg["vocab_size"], bias=False)
+
+    def forward(self, idx):
+        x = self.tok_emb(idx) + self.pos_emb(torch.arange(idx.shape[1]))
+        return self.out_head(self.final_norm(self.trf_blocks(self.drop_emb(x))))
+
+
 def get_lr(it, hp):
     import math
     if it < hp["warmup_iters"]:
@@ -95,8 +153,9 @@ def get_lr(it, hp):
     return hp["min_lr"] + coeff * (hp["learning_rate"] - hp["min_lr"])
 
 
-def train(drop_rate, rng):
-    cfg = dict(CFG, drop_rate=drop_rate)
+def train(drop_rate, rng, cfg=None, make=None):
+    cfg = dict(cfg or CFG, drop_rate=drop_rate)
+    make = make or RopeGPT
     text = [rng.randrange(cfg["vocab_size"]) for _ in range(40)]
     batches = []
     for _ in range(HP["steps"]):
@@ -104,7 +163,7 @@ def train(drop_rate, rng):
         batches.append(([text[s + i] for s in starts for i in range(HP["tokens"])],
                         [text[s + i + 1] for s in starts for i in range(HP["tokens"])]))
     torch.manual_seed(123)
-    model = RopeGPT(cfg)
+    model = make(cfg)
     model.train()
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -146,4 +205,7 @@ def generate(out_dir):
     run1, _ = train(0.1, rng)
     prompt = [3, 17, 5]
     run0["greedy"] = {"prompt": prompt, "tokens": greedy(model, prompt, 14, CFG["context_length"])}
-    write_json(pathlib.Path(out_dir) / "gpt_rope.json", {"train": [run0, run1]})
+    mla_cfg = dict(CFG, rope=False, latent_dim=6, qkv_bias=True)
+    run2, mla = train(0.0, rng, mla_cfg, LatentGPT)
+    run2["greedy"] = {"prompt": prompt, "tokens": greedy(mla, prompt, 14, CFG["context_length"])}
+    write_json(pathlib.Path(out_dir) / "gpt_rope.json", {"train": [run0, run1, run2]})

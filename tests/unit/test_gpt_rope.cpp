@@ -8,6 +8,7 @@
 // `attn generate`; errors.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -200,6 +201,80 @@ TEST(GptRope, ErrorsNameTheValues) {
   EXPECT_THROW(io::hf_gpt2_state_dict(m), std::invalid_argument);
 }
 
+// ---- the latent-attention GPT (GPTConfig::latent_dim) -----------------------------------
+
+const GPTConfig kLatent{.vocab_size = 19,
+                        .context_length = 9,
+                        .emb_dim = 12,
+                        .n_heads = 3,
+                        .n_layers = 2,
+                        .drop_rate = 0.0f,
+                        .qkv_bias = false,
+                        .latent_dim = 5};
+
+TEST(GptLatent, BlocksHoldTheBooksLatentAttentionUnderAtt) {
+  Generator gen(21);
+  GPTModel model(kLatent, {}, gen);
+  std::vector<std::string> names;
+  for (auto& [name, t] : model.trf_blocks[0].state_dict()) names.push_back(name);
+  EXPECT_EQ(names[0], "att.W_query.weight");
+  EXPECT_EQ(names[1], "att.W_DKV.weight");
+  EXPECT_EQ(model.trf_blocks[0].latent_att->latent_dim(), 5);
+  // Gradients flow through the latent attention.
+  model.zero_grad();
+  nn::CrossEntropyLoss loss;
+  const Tensor ids = random_ids(2, 6, kLatent.vocab_size, 22);
+  loss.forward(model.forward(ids), random_ids(2, 6, kLatent.vocab_size, 23));
+  model.backward(loss.backward());
+  float g = 0.0f;
+  for (float v : model.trf_blocks[1].latent_att->W_DKV.weight.grad.to_vector()) g += std::fabs(v);
+  EXPECT_GT(g, 0.0f);
+}
+
+TEST(GptLatent, CachedForwardAndGenerationEqualTheUncachedOnes) {
+  for (auto layers : {nn::LayerImpl::kKernel, nn::LayerImpl::kReference}) {
+    Generator gen(24);
+    GPTModel model(kLatent, {.layers = layers}, gen);
+    model.eval();
+    const Tensor ids = random_ids(2, 8, kLatent.vocab_size, 25);
+    const Tensor want = model.forward(ids);
+    nn::GPTKVCache cache = nn::make_gpt_kv_cache(model, 2);
+    EXPECT_TRUE(cache.layers.empty());
+    ASSERT_EQ(cache.latent_layers.size(), 2u);
+    const Tensor a = nn::forward_cached(model, ids.slice(1, 0, 3).contiguous(), cache);
+    const Tensor b = nn::forward_cached(model, ids.slice(1, 3, 4).contiguous(), cache);
+    const Tensor c = nn::forward_cached(model, ids.slice(1, 4, 8).contiguous(), cache);
+    EXPECT_LT(max_abs_diff(cat({a, b, c}, 1), want), 2e-5f) << int(layers);
+    EXPECT_EQ(cache.length(), 8);
+    std::vector<int64_t> out[2];
+    for (bool use_cache : {true, false}) {
+      Generator sample(26);
+      out[use_cache] =
+          nn::generate(model, ids.slice(1, 0, 2).contiguous(),
+                       {.max_new_tokens = 12, .temperature = 0.9f, .use_cache = use_cache}, sample)
+              .to_int64_vector();
+    }
+    EXPECT_EQ(out[0], out[1]);  // 14 > context_length 9: the window slides
+  }
+}
+
+TEST(GptLatent, ErrorsNameTheValues) {
+  GPTConfig both = kLatent;
+  both.rope = true;
+  both.n_heads = 2;
+  EXPECT_THROW(GPTModel m(both), std::invalid_argument);
+  try {
+    GPTModel m(kLatent, {.dtype = DType::kBFloat16});
+    FAIL() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("runs in float32 only, got dtype bfloat16"),
+              std::string::npos)
+        << e.what();
+  }
+  const GPTConfig c = train::config_from_json(train::config_to_json(kLatent));
+  EXPECT_EQ(c.latent_dim, 5);
+}
+
 TEST(GptRopeCli, TrainWithRopeThenGenerateFromItsCheckpoint) {
   ATTN_REQUIRE_CLI();
   const std::string text = test::temp_path("rope.txt"), dir = test::temp_path("roperun");
@@ -214,6 +289,8 @@ TEST(GptRopeCli, TrainWithRopeThenGenerateFromItsCheckpoint) {
   const auto r = test::run_cli("train --text '" + text + "' --out '" + dir + "'" + model +
                                " --rope --theta-base 500");
   ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("batch 4, RoPE (theta_base 500); iterations 0 -> 10"), std::string::npos)
+      << r.out;
   const auto file = io::read_safetensors(dir + "/checkpoint.safetensors");
   const auto cfg = nlohmann::json::parse(file.metadata.at("config"));
   EXPECT_EQ(cfg.at("rope"), true);
@@ -240,6 +317,29 @@ TEST(GptRopeCli, TrainWithRopeThenGenerateFromItsCheckpoint) {
   EXPECT_NE(bad.err.find("--rope needs an even head size, got --emb-dim 16 / --n-heads 16 = 1"),
             std::string::npos)
       << bad.err;
+  // --latent-dim: the book's MLA GPT, trained and generated from.
+  const std::string mla_dir = dir + "mla";
+  const auto m = test::run_cli("train --text '" + text + "' --out '" + mla_dir + "'" + model +
+                               " --latent-dim 4");
+  ASSERT_EQ(m.exit_code, 0) << m.err;
+  EXPECT_NE(m.out.find(", latent attention (latent_dim 4); iterations"), std::string::npos)
+      << m.out;
+  const auto mla_cfg = nlohmann::json::parse(
+      io::read_safetensors(mla_dir + "/checkpoint.safetensors").metadata.at("config"));
+  EXPECT_EQ(mla_cfg.at("latent_dim"), 4);
+  const auto mg = test::run_cli("generate --checkpoint '" + mla_dir +
+                                "' --prompt 'the cat' --max-new-tokens 20 --greedy");
+  ASSERT_EQ(mg.exit_code, 0) << mg.err;
+  const auto mg2 = test::run_cli("generate --checkpoint '" + mla_dir +
+                                 "' --prompt 'the cat' --max-new-tokens 20 --greedy --no-cache");
+  EXPECT_EQ(mg.out, mg2.out);
+  const auto both = test::run_cli("train --text '" + text + "' --out '" + dir + "y'" + model +
+                                  " --latent-dim 4 --rope");
+  EXPECT_NE(both.exit_code, 0);
+  EXPECT_NE(both.err.find("without --rope, --exact or --dtype bfloat16; got --latent-dim 4 --rope"),
+            std::string::npos)
+      << both.err;
+  std::filesystem::remove_all(mla_dir);
   // Resuming with another --rope setting is refused.
   const auto resume = test::run_cli("train --text '" + text + "' --out '" + dir + "' --resume " +
                                     "--theta-base 1000 --max-iters 12");
