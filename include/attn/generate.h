@@ -99,7 +99,10 @@ GPTKVCache make_gpt_kv_cache(GPTModel& model, int64_t batch);
 // cached attention); a bf16 cache computes as the bf16 model's forward does
 // (bf16 operands, fp32 sums, LayerNorm and GELU outputs and the attention's
 // q, k, v and context rounded to bf16, the residual stream and logits fp32)
-// on the cache's bf16 weights.
+// on the cache's bf16 weights. RoPE models (GPTConfig::rope) rotate the new
+// queries and keys at their positions; latent-attention models
+// (GPTConfig::latent_dim) run each block's forward_cached of attn/mla.h on
+// latent_layers.
 // Throws std::invalid_argument (cache unchanged) when the ids are not (B, T_new)
 // int64 with the cache's B, an id is outside [0, vocab_size), the tokens would
 // not fit in context_length, the cache was made for another model shape, or
