@@ -30,6 +30,10 @@ What is recorded (float32 values as their bit patterns):
            sum(y * dy) in x and in every parameter, and the cached decode:
            reset_cache(), forward(x[:, :P], use_cache=True), then one token at
            a time; each step's output and the cache's latent at the end.
+  mla_gpt  the book's GPTModel of gpt_with_kv_mla.py (cfg latent_dim 6) from
+           manual_seed(123): its state_dict keys, the logits of 8 tokens in
+           eval mode, and generate_text_simple_cached's 9 greedy tokens after
+           a 3-token prompt with use_cache True and False.
 
   /usr/bin/python3 tests/torch/record_rope_mla.py /work/book tests/fixtures/rope_mla/book.json
 """
@@ -143,6 +147,34 @@ def record_mla(MultiHeadLatentAttention):
     return out
 
 
+MLA_GPT = {"vocab_size": 40, "context_length": 12, "emb_dim": 16, "n_heads": 4, "n_layers": 2,
+           "drop_rate": 0.0, "qkv_bias": False, "latent_dim": 6}
+
+
+def record_mla_gpt(book):
+    """The book's GPTModel of gpt_with_kv_mla.py from manual_seed(123): its
+    state_dict keys, the logits of 8 tokens, and generate_text_simple_cached's
+    9 greedy tokens after 3 (12 = context_length), with and without its cache."""
+    path = book / "ch04" / "05_mla" / "gpt_with_kv_mla.py"
+    spec = importlib.util.spec_from_file_location("book_gpt_with_kv_mla_gpt", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch.manual_seed(123)
+    model = module.GPTModel(MLA_GPT)
+    model.eval()
+    ids = torch.tensor([[3, 17, 5, 21, 35, 33, 26, 8]])
+    with torch.no_grad():
+        logits = model(ids)
+    prompt = torch.tensor([[3, 17, 5]])
+    tokens = {}
+    for use_cache in (True, False):
+        out = module.generate_text_simple_cached(model, prompt, 9, use_cache=use_cache)
+        tokens["cache" if use_cache else "no_cache"] = out[0].tolist()
+    return {"config": MLA_GPT, "seed": 123, "state_dict_keys": list(model.state_dict().keys()),
+            "ids": ids[0].tolist(), "logits": bits(logits), "prompt": prompt[0].tolist(),
+            "tokens": tokens}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("book", help="path of the fetched rasbt/LLMs-from-scratch copy")
@@ -156,7 +188,8 @@ def main():
                "source": "rasbt/LLMs-from-scratch: ch05/07_gpt_to_llama/standalone-llama32.ipynb, "
                          "ch04/05_mla/gpt_with_kv_mla.py",
                "rope": record_rope(compute_rope_params, apply_rope),
-               "mla": record_mla(mla)}
+               "mla": record_mla(mla),
+               "mla_gpt": record_mla_gpt(book)}
     pathlib.Path(args.out).write_text(json.dumps(payload, separators=(",", ":")) + "\n")
 
 

@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "attn/generate.h"
+#include "attn/gpt.h"
 #include "attn/mla.h"
 #include "attn/ops.h"
 #include "attn/random.h"
@@ -150,6 +152,44 @@ TEST(RopeMlaBook, MultiHeadLatentAttentionMatchesTheBooksModule) {
     EXPECT_LE(e, 2e-5) << "cache_c_kv";
   }
   std::cout << "[mla vs book] max rel err " << worst << "\n";
+}
+
+// The book's MLA GPT (gpt_with_kv_mla.py's GPTModel, cfg latent_dim 6) as
+// GPTConfig::latent_dim: the same state_dict names, the weights from
+// manual_seed(123) (the logits agree), and the book's greedy tokens with and
+// without the cache.
+TEST(RopeMlaBook, LatentAttentionGptMatchesTheBooksModel) {
+  const Json g = fixture().at("mla_gpt");
+  const Json& c = g.at("config");
+  const nn::GPTConfig cfg{.vocab_size = c.at("vocab_size"),
+                          .context_length = c.at("context_length"),
+                          .emb_dim = c.at("emb_dim"),
+                          .n_heads = c.at("n_heads"),
+                          .n_layers = c.at("n_layers"),
+                          .drop_rate = c.at("drop_rate"),
+                          .qkv_bias = c.at("qkv_bias"),
+                          .latent_dim = c.at("latent_dim")};
+  manual_seed(g.at("seed").get<uint64_t>());
+  nn::GPTModel model(cfg);
+  model.eval();
+  std::vector<std::string> keys;
+  for (auto& [name, t] : model.state_dict()) keys.push_back(name);
+  EXPECT_EQ(keys, g.at("state_dict_keys").get<std::vector<std::string>>());
+  const auto ids = g.at("ids").get<std::vector<int64_t>>();
+  const Tensor logits = model.forward(Tensor::from_int64({1, int64_t(ids.size())}, ids));
+  const double e = rel_err(logits, tensor_from_bits_json(g.at("logits")));
+  EXPECT_LE(e, 2e-5);
+  const auto prompt = g.at("prompt").get<std::vector<int64_t>>();
+  for (bool use_cache : {true, false}) {
+    const auto want =
+        g.at("tokens").at(use_cache ? "cache" : "no_cache").get<std::vector<int64_t>>();
+    Generator gen(1);
+    const Tensor out = nn::generate(
+        model, Tensor::from_int64({1, int64_t(prompt.size())}, prompt),
+        {.max_new_tokens = int64_t(want.size() - prompt.size()), .use_cache = use_cache}, gen);
+    EXPECT_EQ(out.to_int64_vector(), want) << "use_cache " << use_cache;
+  }
+  std::cout << "[mla gpt vs book] logits max rel err " << e << "\n";
 }
 
 }  // namespace
