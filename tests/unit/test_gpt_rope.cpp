@@ -114,6 +114,44 @@ TEST(GptRope, FusedAndReferencePathsAgree) {
   EXPECT_GT(max_abs_diff(plain.forward(x), y[0]), 1e-3f);
 }
 
+// bf16 (mixed precision, the fused path): q and k rotated in the bf16 qkv
+// buffer, dq and dk rotated back in bf16: within bf16 rounding of float32.
+TEST(GptRope, Bf16ForwardAndBackwardFollowFloat32) {
+  const Tensor x = test::random_tensor({2, 6, 16}, 30), dy = test::random_tensor({2, 6, 16}, 31);
+  Tensor y[2], dx[2], dwq[2];
+  int i = 0;
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    Generator gen(32);
+    nn::MultiHeadAttention m({.d_in = 16,
+                              .d_out = 16,
+                              .context_length = 6,
+                              .num_heads = 2,
+                              .dtype = dtype,
+                              .rope = tables(8, 6)},
+                             gen);
+    y[i] = m.forward(x);
+    dx[i] = m.backward(dy);
+    dwq[i] = m.W_query.weight.grad.clone();
+    ++i;
+  }
+  const auto rel = [](const Tensor& a, const Tensor& b) {
+    float scale = 0.0f;
+    for (float v : b.to_vector()) scale = std::max(scale, std::fabs(v));
+    return max_abs_diff(a, b) / scale;
+  };
+  EXPECT_LT(rel(y[1], y[0]), 3e-2f);
+  EXPECT_LT(rel(dx[1], dx[0]), 3e-2f);
+  EXPECT_LT(rel(dwq[1], dwq[0]), 5e-2f);
+  // Without the rotation's backward, dW_query would be far off: RoPE is in it.
+  Generator gen(32);
+  nn::MultiHeadAttention plain(
+      {.d_in = 16, .d_out = 16, .context_length = 6, .num_heads = 2, .dtype = DType::kBFloat16},
+      gen);
+  plain.forward(x);
+  plain.backward(dy);
+  EXPECT_GT(rel(plain.W_query.weight.grad, dwq[0]), 0.1f);
+}
+
 TEST(GptRope, MultiHeadAttentionCacheRotatesEachTokenAtItsPosition) {
   Generator gen(9);
   nn::MultiHeadAttention m(
