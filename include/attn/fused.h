@@ -6,6 +6,7 @@
 // and no output projection, CausalAttention's), computed without a (T, T)
 // tensor and without transposes:
 //   qkv     = x [W_query; W_key; W_value]ᵀ + [b_query; b_key; b_value]   (B·T, 3·d_out)
+//   q, k    = RoPE(q), RoPE(k) in place      (only with options.rope_cos/rope_sin)
 //   context = softmax(scale · q kᵀ, causal) v  per head (flash kernel)    (B·T, d_out)
 //   y       = context W_outᵀ + b_out     (or y = context without W_out)   (B·T, d_out)
 // q, k and v are read in place from the one qkv buffer (columns [0, d_out),
@@ -82,6 +83,12 @@ struct AttentionBlockOptions {
   float dropout_p = 0.0f;  // in [0, 1); 0 is no dropout
   uint64_t dropout_seed = 0;
   DType dtype = DType::kFloat32;  // the compute dtype: kFloat32, or kBFloat16 (mixed precision)
+  // Rotary position embedding (attn/rope.h) of q and k, token t at position t:
+  // the tables (L >= T, head_dim) float32, both or neither. q and k are rotated
+  // in the qkv buffer after the projections (in bf16 mode after rounding, then
+  // rounded again), and dq, dk rotated back before the projections' backward.
+  const Tensor* rope_cos = nullptr;
+  const Tensor* rope_sin = nullptr;
 };
 
 // What the forward keeps for the backward, and the backward's own buffers.
@@ -101,6 +108,7 @@ struct AttentionBlockSaved {
   // bf16 mode: the fp32 sums of qkv and dcontext before they are rounded,
   // and dy rounded; scratch, kept only to be reused.
   Tensor qkv_f32, dcontext_f32, dy_bf16;
+  Tensor rope_cos, rope_sin;  // the forward's RoPE tables (empty without)
 };
 
 // x (B, T, d_in) -> y (B, T, d_out). x is float32, or in bf16 mode also bf16

@@ -39,6 +39,7 @@
 
 #include "attn/gpt.h"
 #include "attn/kv_cache.h"
+#include "attn/mla.h"
 #include "attn/random.h"
 #include "attn/tensor.h"
 
@@ -68,12 +69,18 @@ GPTWeightsBf16 round_weights_bf16(GPTModel& model);
 // taken when the cache is made: after the weights change, make a new cache).
 struct GPTKVCache {
   std::vector<KVCache> layers;  // layers[i]: trf_blocks.i.att
+  // A latent-attention model's (GPTConfig::latent_dim > 0) instead of layers:
+  // latent_layers[i] caches trf_blocks.i.att's latents (attn/mla.h).
+  std::vector<LatentKVCache> latent_layers;
   int64_t batch = 0;
   int64_t context_length = 0;
   DType dtype = DType::kFloat32;  // of the keys and values, and of the products
   std::shared_ptr<const GPTWeightsBf16> bf16_weights;  // bf16 only
   // Tokens cached so far: the next token's position.
-  int64_t length() const { return layers.empty() ? 0 : layers.front().length; }
+  int64_t length() const {
+    if (!layers.empty()) return layers.front().length;
+    return latent_layers.empty() ? 0 : latent_layers.front().length;
+  }
   int64_t remaining() const { return context_length - length(); }
   void reset();
 };
@@ -93,7 +100,10 @@ GPTKVCache make_gpt_kv_cache(GPTModel& model, int64_t batch);
 // (attn/decode_attention.h, fp32 or bf16 cache); a bf16 cache computes as the bf16 model's forward does
 // (bf16 operands, fp32 sums, LayerNorm and GELU outputs and the attention's
 // q, k, v and context rounded to bf16, the residual stream and logits fp32)
-// on the cache's bf16 weights.
+// on the cache's bf16 weights. RoPE models (GPTConfig::rope) rotate the new
+// queries and keys at their positions; latent-attention models
+// (GPTConfig::latent_dim) run each block's forward_cached of attn/mla.h on
+// latent_layers.
 // Throws std::invalid_argument (cache unchanged) when the ids are not (B, T_new)
 // int64 with the cache's B, an id is outside [0, vocab_size), the tokens would
 // not fit in context_length, the cache was made for another model shape, or

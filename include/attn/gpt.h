@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "attn/functional_gpt.h"
+#include "attn/mla.h"
 #include "attn/nn.h"
 #include "attn/random.h"
 #include "attn/tensor.h"
@@ -57,6 +58,20 @@ struct GPTConfig {
   // Hugging Face stores it (attn/hf_gpt2.h) reads both from its config.json.
   float layer_norm_eps = 1e-5f;  // every LayerNorm's eps (layer_norm_epsilon)
   bool tie_embeddings = false;   // out_head.weight is tok_emb.weight (nn::tie)
+  // Rotary position embedding instead of pos_emb, as the book's Llama
+  // conversion does (ch05/07_gpt_to_llama): no pos_emb parameter (not in
+  // state_dict, no draws from the generator), and q and k of every attention
+  // layer rotated (attn/rope.h) by compute_rope_params(emb_dim / n_heads,
+  // theta_base, context_length); generation rotates each new token at its
+  // position in the cache. head_dim must be even.
+  bool rope = false;
+  float theta_base = 10000.0f;  // the book's rope_base (Llama 2: 10000, Llama 3: 500000)
+  // > 0: every block's att is MultiHeadLatentAttention(emb_dim, emb_dim,
+  // drop_rate, n_heads, qkv_bias, latent_dim) (attn/mla.h), the book's
+  // ch04/05_mla GPT (its cfg["latent_dim"]; give the value, not None), with a
+  // latent KV cache when generating. float32 only; not with rope; dropout on
+  // its attention weights is the kernel's Philox noise (no PyTorch masks).
+  int64_t latent_dim = 0;
 };
 // GPT-2 small as the book configures it (50257, 1024, 768, 12, 12, 0.1, false).
 inline constexpr GPTConfig GPT_CONFIG_124M{.vocab_size = 50257, .context_length = 1024,
@@ -161,10 +176,15 @@ class FeedForward : public Module {
 // order. Input (B, T, E) with T <= context_length -> (B, T, E).
 class TransformerBlock : public Module {
  public:
+  // rope: the model's shared RoPE tables when cfg.rope (null: made here).
   explicit TransformerBlock(const GPTConfig& cfg, const GPTOptions& options = {},
-                            Generator& gen = default_generator());
+                            Generator& gen = default_generator(),
+                            std::shared_ptr<const RopeParams> rope = nullptr);
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
+  // cfg.latent_dim > 0: the block's "att" (made first: the book's draw order);
+  // att is then an unused one-wide placeholder drawn from a private generator.
+  std::unique_ptr<MultiHeadLatentAttention> latent_att;
   MultiHeadAttention att;
   FeedForward ff;
   LayerNorm norm1, norm2;
@@ -229,7 +249,9 @@ class GPTModel : public Module {
   const GPTConfig& config() const { return cfg_; }
   const GPTOptions& options() const { return options_; }
   Embedding tok_emb;           // (V, E)
-  Embedding pos_emb;           // (context_length, E)
+  // (context_length, E); with cfg.rope an unused (1, E) placeholder, not
+  // registered (its draws come from a private generator, not the model's).
+  Embedding pos_emb;
   Dropout drop_emb;
   TransformerBlocks trf_blocks;
   LayerNorm final_norm;

@@ -26,6 +26,10 @@
 // MultiHeadAttention::forward's causal mask lets it see on the full sequence, so
 // the outputs equal forward()'s rows for those positions (up to rounding).
 //
+// With RoPE (MultiHeadAttentionOptions::rope) the new queries and keys are
+// rotated at their positions length .. length + T_new - 1 before the keys are
+// cached, so the cache holds rotated keys, as the uncached forward computes them.
+//
 // Evaluation only: no dropout is applied and nothing is kept for backward. The
 // module's own state (what its last forward() saved for backward()) is not
 // touched, so generation can be interleaved with training steps.

@@ -56,6 +56,7 @@
 
 #include "attn/functional.h"
 #include "attn/random.h"
+#include "attn/rope.h"
 #include "attn/tensor.h"
 
 namespace attn::nn {
@@ -360,6 +361,12 @@ struct MultiHeadAttentionOptions {
   AttentionBackend backend = AttentionBackend::kAuto;  // as CausalAttentionOptions
   bool exact_dropout = true;                           // as CausalAttentionOptions
   DType dtype = DType::kFloat32;                       // as CausalAttentionOptions
+  // Not the book's chapter-3 module: rotary position embedding (attn/rope.h,
+  // the book's Llama chapter) of q and k in every head, token t at position t
+  // (forward_cached: at its position in the cache); tables (>= T rows,
+  // head_dim) shared by every layer of a model. MultiHeadAttention only (the
+  // wrapper's heads take none). Null: no rotation.
+  std::shared_ptr<const RopeParams> rope = nullptr;
 };
 // MultiHeadAttentionWrapper: num_heads CausalAttention heads ("heads.0" ...),
 // outputs concatenated on the last axis: (B, T, num_heads * d_out).

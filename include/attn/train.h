@@ -200,6 +200,13 @@ struct TrainOptions {
   // PyTorch's float order, dropout with PyTorch's own masks from the run's
   // generator): the book's numbers, slower. false: the fused kernels.
   bool exact = false;
+  // Rotary position embedding instead of the position embedding
+  // (nn::GPTConfig::rope, attn/rope.h) with this theta_base.
+  bool rope = false;
+  double theta_base = 10000.0;
+  // > 0: multi-head latent attention with this latent width in every block
+  // (nn::GPTConfig::latent_dim, attn/mla.h).
+  int64_t latent_dim = 0;
 
   // Throws std::invalid_argument naming the first bad value: a count or size
   // < 1 (warmup_iters, max_iters < 0), n_heads not dividing emb_dim, lr <= 0,
@@ -207,7 +214,8 @@ struct TrainOptions {
   // [0, 1), betas outside [0, 1), a dtype other than float32 or bfloat16, a
   // tokenizer other than char or gpt2, stride or epochs < 0, an lr_schedule
   // other than cosine or constant, a decay other than matrices or all, exact
-  // with dtype bfloat16.
+  // with dtype bfloat16, rope with an odd head size or theta_base <= 1,
+  // latent_dim < 0 or with rope, exact or dtype bfloat16.
   void validate() const;
   std::string to_json() const;
   // Reads the fields present in a JSON object string (others keep their values).

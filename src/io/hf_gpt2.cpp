@@ -293,6 +293,11 @@ HfDType hf_dtype_from_name(const std::string& name) {
 
 std::vector<std::pair<std::string, Tensor>> hf_gpt2_state_dict(nn::GPTModel& m) {
   const nn::GPTConfig& c = m.config();
+  if (c.rope || c.latent_dim > 0) {
+    throw std::invalid_argument(
+        "hf_gpt2_state_dict: a model with rope or latent_dim is not GPT-2; GPT-2's format cannot "
+        "hold it");
+  }
   const int64_t E = c.emb_dim;
   std::vector<std::pair<std::string, Tensor>> out;
   auto plain = [&](const std::string& name, const nn::Parameter& p) {  // the model's own storage

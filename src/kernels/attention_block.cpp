@@ -12,6 +12,7 @@
 #include "attn/gemm.h"
 #include "attn/kernels.h"
 #include "attn/layer_kernels.h"
+#include "attn/rope.h"
 
 namespace attn::fused {
 namespace {
@@ -61,6 +62,29 @@ void linear_into(float* C, int64_t ldc, const float* x, int64_t d_in, const Tens
 }
 
 // ---- bf16 mode: the products take bf16 operands and sum in fp32 ----
+
+// RoPE (attn/rope.h) on the q and k column blocks of a (B, T, 3·d_out)
+// buffer, token t at position t; inverse: the backward's transposed map on dq,
+// dk. Nothing without tables.
+template <class V>
+void rope_qk(V* qkv, const Tensor& cos, const Tensor& sin, const kernels::FlashAttentionParams& p,
+             bool inverse) {
+  if (cos.empty()) return;
+  const int64_t d_out = p.H * p.hd;
+  const RopeRows r{.B = p.B,
+                   .H = p.H,
+                   .T = p.T,
+                   .hd = p.hd,
+                   .stride_b = p.T * kQKV * d_out,
+                   .stride_h = p.hd,
+                   .stride_t = kQKV * d_out,
+                   .position_offset = 0,
+                   .cos = cos.data(),
+                   .sin = sin.data(),
+                   .inverse = inverse};
+  kernels::rope_rows(qkv, r);          // q
+  kernels::rope_rows(qkv + d_out, r);  // k
+}
 
 using kernels::round_to_bf16;  // dst[i] = bf16(src[i]) (nearest even), SIMD on OpenMP's threads
 // C (M, N; ldc) = beta·C + op(A) · op(B) on bf16 operands (gemm::gemm_bf16).
@@ -177,6 +201,7 @@ Tensor backward_bf16(const Tensor& dy, const ProjectionWeights& w, AttentionBloc
   kernels::flash_attention_backward_bf16(dq, dq + d_out, dq + 2 * d_out, dcontext, qkv, qkv + d_out,
                                          qkv + 2 * d_out, saved.context.data_ptr<BFloat16>(),
                                          saved.lse.data(), p);
+  rope_qk(dq, saved.rope_cos, saved.rope_sin, p, true);  // dq, dk back through the rotation
   // Through the projections: dx = Σ_j dqkv_j W_j, dW_j += dqkv_jᵀ x, db_j += Σ_rows dqkv_j.
   const std::array<Tensor*, kQKV> dweights = {grads.W_query, grads.W_key, grads.W_value};
   const std::array<Tensor*, kQKV> dbiases = {grads.b_query, grads.b_key, grads.b_value};
@@ -220,6 +245,23 @@ Tensor attention_block_forward(const Tensor& x_in, const ProjectionWeights& w,
   p.q_stride = p.k_stride = p.v_stride = kQKV * d_out;
   p.o_stride = d_out;
   p = kernels::validated(p);  // throws for head_dim > kMaxHeadDim, p outside [0, 1), ...
+  Tensor rope_cos, rope_sin;  // (L >= T, hd) contiguous float32, or empty
+  if ((options.rope_cos == nullptr) != (options.rope_sin == nullptr)) {
+    throw std::invalid_argument("attention_block_forward: rope_cos and rope_sin go together");
+  }
+  if (options.rope_cos != nullptr) {
+    const Tensor& c = *options.rope_cos;
+    const Tensor& sn = *options.rope_sin;
+    if (c.dtype() != DType::kFloat32 || c.dim() != 2 || c.size(0) < T || c.size(1) != p.hd ||
+        sn.shape() != c.shape() || sn.dtype() != DType::kFloat32 || p.hd % 2 != 0) {
+      throw std::invalid_argument(fmt::format(
+          "attention_block_forward: RoPE tables must be float32 (L >= T = {}, head_dim = {}, "
+          "even), got cos {} and sin {}",
+          T, p.hd, shape_str(c.shape()), shape_str(sn.shape())));
+    }
+    rope_cos = c.contiguous();
+    rope_sin = sn.contiguous();
+  }
 
   if (options.dtype != DType::kFloat32 && options.dtype != DType::kBFloat16) {
     throw std::invalid_argument(
@@ -260,6 +302,7 @@ Tensor attention_block_forward(const Tensor& x_in, const ProjectionWeights& w,
                        s.weights_bf16[size_t(j)], biases[j], N, d_out);
     Tensor& qkv = reuse(s.qkv, {B, T, kQKV * d_out}, DType::kBFloat16);
     round_to_bf16(qkv.data_ptr<BFloat16>(), qkv32.data(), qkv32.numel());
+    rope_qk(qkv.data_ptr<BFloat16>(), rope_cos, rope_sin, p, false);  // q, k rotated in bf16
     const BFloat16* q = qkv.data_ptr<BFloat16>();
     Tensor& context = reuse(s.context, {B, T, d_out}, DType::kBFloat16);  // (B, T, d_out)
     Tensor& lse = reuse(s.lse, {B, H, T});                                // (B, H, T)
@@ -273,7 +316,11 @@ Tensor attention_block_forward(const Tensor& x_in, const ProjectionWeights& w,
     } else {
       y = context.to(DType::kFloat32);
     }
-    if (saved != nullptr) saved->params = p;
+    if (saved != nullptr) {
+      saved->params = p;
+      saved->rope_cos = rope_cos;
+      saved->rope_sin = rope_sin;
+    }
     return y;
   }
 
@@ -284,6 +331,7 @@ Tensor attention_block_forward(const Tensor& x_in, const ProjectionWeights& w,
   for (int j = 0; j < kQKV; ++j)
     linear_into(qkv.data() + j * d_out, kQKV * d_out, x.data(), d_in, *weights[j], biases[j], N,
                 d_out);
+  rope_qk(qkv.data(), rope_cos, rope_sin, p, false);  // q, k rotated in place
   const float* q = qkv.data();
   Tensor& context = reuse(s.context, {B, T, d_out});  // (B, T, H, hd) = (B, T, d_out)
   Tensor& lse = reuse(s.lse, {B, H, T});              // (B, H, T)
@@ -301,6 +349,8 @@ Tensor attention_block_forward(const Tensor& x_in, const ProjectionWeights& w,
   if (saved != nullptr) {
     saved->x = x;  // shares x's storage: nothing is copied
     saved->params = p;
+    saved->rope_cos = rope_cos;
+    saved->rope_sin = rope_sin;
   }
   return y;
 }
@@ -345,6 +395,7 @@ Tensor attention_block_backward(const Tensor& dy_in, const ProjectionWeights& w,
   float* dq = dqkv.data();
   kernels::flash_attention_backward(dq, dq + d_out, dq + 2 * d_out, dcontext, qkv, qkv + d_out,
                                     qkv + 2 * d_out, saved.context.data(), saved.lse.data(), p);
+  rope_qk(dq, saved.rope_cos, saved.rope_sin, p, true);  // dq, dk back through the rotation
 
   // Through the projections: dx = Σ_j dqkv_j W_j, dW_j += dqkv_jᵀ x, db_j += Σ_rows dqkv_j.
   const auto weights = weights_of(w);

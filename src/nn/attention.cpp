@@ -302,7 +302,8 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& options,
                                 .dropout = &dropout,
                                 .backend = options.backend,
                                 .exact_dropout = options.exact_dropout,
-                                .dtype = options.dtype})) {
+                                .dtype = options.dtype,
+                                .rope = options_.rope.get()})) {
   register_module("W_query", &W_query);
   register_module("W_key", &W_key);
   register_module("W_value", &W_value);

@@ -46,7 +46,8 @@ struct AttentionSpec {
   Dropout* dropout = nullptr;                          // on the attention weights
   AttentionBackend backend = AttentionBackend::kAuto;  // the module's options
   bool exact_dropout = true;
-  DType dtype = DType::kFloat32;  // kBFloat16: the fused path in mixed precision
+  DType dtype = DType::kFloat32;     // kBFloat16: the fused path in mixed precision
+  const RopeParams* rope = nullptr;  // RoPE of q and k (head_axis modules), or none
 };
 
 // One way to compute the core. forward() keeps what backward() needs;

@@ -51,7 +51,9 @@ class FusedPath final : public AttentionPath {
     fused::AttentionBlockOptions o{.num_heads = s_.num_heads,
                                    .causal = s_.attention.causal,
                                    .scale = s_.attention.scale,
-                                   .dtype = s_.dtype};
+                                   .dtype = s_.dtype,
+                                   .rope_cos = s_.rope != nullptr ? &s_.rope->cos : nullptr,
+                                   .rope_sin = s_.rope != nullptr ? &s_.rope->sin : nullptr};
     if (s_.dropout->is_active()) {
       o.dropout_p = s_.dropout->options().p;
       o.dropout_seed = s_.dropout->draw_seed();  // one random64() per forward

@@ -42,8 +42,12 @@ Tensor embed(GPTModel& model, const std::vector<int64_t>& ids, int64_t B, int64_
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < T; ++t) {
       const float* tr = tok.data() + ids[static_cast<size_t>(b * T + t)] * E;
-      const float* pr = pos.data() + (start + t) * E;
       float* o = out + (b * T + t) * E;
+      if (model.config().rope) {  // no position embedding: positions enter as RoPE
+        std::copy_n(tr, E, o);
+        continue;
+      }
+      const float* pr = pos.data() + (start + t) * E;
       for (int64_t e = 0; e < E; ++e) o[e] = tr[e] + pr[e];
     }
   }
@@ -121,6 +125,21 @@ Tensor forward_cached_bf16(GPTModel& model, const GPTWeightsBf16& w,
     linear_bf16(qkv.data(), h.data_ptr<BFloat16>(), bw.qkv,
                 bw.qkv_bias.empty() ? nullptr : bw.qkv_bias.data(), M);
     kernels::round_to_bf16(qkvp, qkv.data(), M * 3 * E);
+    if (const RopeParams* rope = block.att.options().rope.get(); rope != nullptr) {
+      // RoPE of q and k in place, the new tokens at positions start .. start + T - 1.
+      const RopeRows r{.B = B,
+                       .H = H,
+                       .T = T,
+                       .hd = hd,
+                       .stride_b = T * 3 * E,
+                       .stride_h = hd,
+                       .stride_t = 3 * E,
+                       .position_offset = start,
+                       .cos = rope->cos.data(),
+                       .sin = rope->sin.data()};
+      kernels::rope_rows(qkvp, r);      // q
+      kernels::rope_rows(qkvp + E, r);  // k
+    }
     // The new keys and values into rows start .. start + T of the cache.
     BFloat16* keys = kv.keys.data_ptr<BFloat16>();
     BFloat16* values = kv.values.data_ptr<BFloat16>();
@@ -205,6 +224,7 @@ std::string character_name(const std::string& ch) {
 
 void GPTKVCache::reset() {
   for (KVCache& layer : layers) layer.reset();
+  for (LatentKVCache& layer : latent_layers) layer.reset();
 }
 
 GPTWeightsBf16 round_weights_bf16(GPTModel& model) {
@@ -264,6 +284,10 @@ GPTKVCache make_gpt_kv_cache(GPTModel& model, int64_t batch) {
           ? DType::kBFloat16
           : DType::kFloat32;
   for (int64_t i = 0; i < model.trf_blocks.size(); ++i) {
+    if (const auto& mla = model.trf_blocks[i].latent_att; mla != nullptr) {  // float32 only
+      cache.latent_layers.push_back(make_latent_kv_cache(*mla, batch, cache.context_length));
+      continue;
+    }
     KVCache layer = make_kv_cache(model.trf_blocks[i].att, batch);
     if (cache.dtype == DType::kBFloat16) {  // (B, H, context_length, hd) in bf16
       layer.keys = Tensor::zeros(layer.keys.shape(), DType::kBFloat16);
@@ -286,20 +310,23 @@ Tensor forward_cached(GPTModel& model, const Tensor& ids, GPTKVCache& cache, boo
                     dtype_name(ids.dtype()), shape_str(ids.shape())));
   }
   const int64_t B = ids.size(0), T = ids.size(1), start = cache.length();
-  if (static_cast<int64_t>(cache.layers.size()) != model.trf_blocks.size() ||
+  if (static_cast<int64_t>(cache.layers.size() + cache.latent_layers.size()) !=
+          model.trf_blocks.size() ||
+      (cfg.latent_dim > 0 ? cache.layers.size() : cache.latent_layers.size()) != 0 ||
       cache.context_length != cfg.context_length) {
     throw std::invalid_argument(fmt::format(
         "forward_cached: cache made for {} layers and context_length {} but the model has {} "
         "and {}",
         cache.layers.size(), cache.context_length, model.trf_blocks.size(), cfg.context_length));
   }
-  for (const KVCache& layer : cache.layers) {
-    if (layer.length != start) {
-      throw std::invalid_argument(
-          fmt::format("forward_cached: the layers' caches hold different lengths ({} and {})",
-                      start, layer.length));
+  const auto check_length = [&](int64_t length) {
+    if (length != start) {
+      throw std::invalid_argument(fmt::format(
+          "forward_cached: the layers' caches hold different lengths ({} and {})", start, length));
     }
-  }
+  };
+  for (const KVCache& layer : cache.layers) check_length(layer.length);
+  for (const LatentKVCache& layer : cache.latent_layers) check_length(layer.length);
   if (B != cache.batch) {
     throw std::invalid_argument(fmt::format(
         "forward_cached: input batch {} does not match the cache's batch {}", B, cache.batch));
@@ -374,7 +401,10 @@ Tensor forward_cached(GPTModel& model, const Tensor& ids, GPTKVCache& cache, boo
   for (int64_t i = 0; i < model.trf_blocks.size(); ++i) {
     TransformerBlock& block = model.trf_blocks[i];
     const Tensor h1 = layer_norm(x, block.norm1);
-    const Tensor a = forward_cached(block.att, h1, cache.layers[static_cast<size_t>(i)], engine);
+    const Tensor a =
+        block.latent_att != nullptr
+            ? forward_cached(*block.latent_att, h1, cache.latent_layers[static_cast<size_t>(i)])
+            : forward_cached(block.att, h1, cache.layers[static_cast<size_t>(i)], engine);
     const Tensor x1 = add(a, x);  // (B, T, E)
     const Tensor h2 = layer_norm(x1, block.norm2);
     const Tensor u = linear(h2, block.ff.fc);
@@ -655,6 +685,27 @@ Checkpoint load_checkpoint(const std::string& dir, std::unique_ptr<GPTModel>& mo
           fmt::format("'{}': config \"tie_embeddings\" is not a boolean", printable(path)));
     }
     ck.config.tie_embeddings = cfg.at("tie_embeddings").get<bool>();
+  }
+  if (cfg.contains("rope")) {
+    if (!cfg.at("rope").is_boolean()) {
+      throw std::invalid_argument(
+          fmt::format("'{}': config \"rope\" is not a boolean", printable(path)));
+    }
+    ck.config.rope = cfg.at("rope").get<bool>();
+  }
+  if (cfg.contains("latent_dim")) {
+    if (!cfg.at("latent_dim").is_number_integer()) {
+      throw std::invalid_argument(
+          fmt::format("'{}': config \"latent_dim\" is not an integer", printable(path)));
+    }
+    ck.config.latent_dim = cfg.at("latent_dim").get<int64_t>();
+  }
+  if (cfg.contains("theta_base")) {
+    if (!cfg.at("theta_base").is_number()) {
+      throw std::invalid_argument(
+          fmt::format("'{}': config \"theta_base\" is not a number", printable(path)));
+    }
+    ck.config.theta_base = cfg.at("theta_base").get<float>();
   }
   if (const auto it = file.metadata.find("tokenizer"); it != file.metadata.end()) {
     if (it->second != "char" && it->second != "gpt2") {

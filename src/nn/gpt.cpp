@@ -37,7 +37,28 @@ const GPTConfig& checked(const GPTConfig& cfg) {
     throw std::invalid_argument(
         fmt::format("GPTModel: drop_rate must be in [0, 1], got {}", cfg.drop_rate));
   }
+  if (cfg.rope && (cfg.emb_dim / cfg.n_heads) % 2 != 0) {
+    throw std::invalid_argument(
+        fmt::format("GPTModel: rope needs an even head_dim, got emb_dim {} / n_heads {} = {}",
+                    cfg.emb_dim, cfg.n_heads, cfg.emb_dim / cfg.n_heads));
+  }
+  if (cfg.latent_dim < 0 || (cfg.latent_dim > 0 && cfg.rope)) {
+    throw std::invalid_argument(fmt::format(
+        "GPTModel: latent_dim must be >= 0 (0: no latent attention) and cannot go with rope, got "
+        "latent_dim {}, rope {}",
+        cfg.latent_dim, cfg.rope));
+  }
+  if (cfg.rope && (!(cfg.theta_base > 1.0f) || !std::isfinite(cfg.theta_base))) {
+    throw std::invalid_argument(
+        fmt::format("GPTModel: theta_base must be finite and > 1, got {}", cfg.theta_base));
+  }
   return cfg;
+}
+
+// Draws for the unused pos_emb placeholder of a RoPE model, away from the model's generator.
+Generator& placeholder_generator() {
+  thread_local Generator gen(0);
+  return gen;
 }
 
 // The GEMM of the layers' Linear maps: the fast one with the kernels, PyTorch's sums with the
@@ -177,23 +198,65 @@ Tensor FeedForward::backward(const Tensor& dy) {
 
 // ---- TransformerBlock -----------------------------------------------------------------
 
-TransformerBlock::TransformerBlock(const GPTConfig& cfg, const GPTOptions& options, Generator& gen)
-    : att({.d_in = checked(cfg).emb_dim,
-           .d_out = cfg.emb_dim,
-           .context_length = cfg.context_length,
+namespace {
+
+// The RoPE tables of cfg (rope_params_of), or null without cfg.rope.
+std::shared_ptr<const RopeParams> rope_params_of(const GPTConfig& cfg) {
+  if (!checked(cfg).rope) return nullptr;
+  return std::make_shared<const RopeParams>(
+      compute_rope_params(cfg.emb_dim / cfg.n_heads, cfg.theta_base, cfg.context_length));
+}
+
+}  // namespace
+
+namespace {
+
+// The book's MLA block's att (cfg.latent_dim > 0), or null.
+std::unique_ptr<MultiHeadLatentAttention> latent_att_of(const GPTConfig& cfg,
+                                                        const GPTOptions& options, Generator& gen) {
+  if (checked(cfg).latent_dim == 0) return nullptr;
+  if (options.dtype != DType::kFloat32) {
+    throw std::invalid_argument(fmt::format(
+        "GPTModel: latent_dim (multi-head latent attention) runs in float32 only, got dtype {}",
+        dtype_name(options.dtype)));
+  }
+  return std::make_unique<MultiHeadLatentAttention>(
+      MultiHeadLatentAttentionOptions{.d_in = cfg.emb_dim,
+                                      .d_out = cfg.emb_dim,
+                                      .dropout = cfg.drop_rate,
+                                      .num_heads = cfg.n_heads,
+                                      .qkv_bias = cfg.qkv_bias,
+                                      .latent_dim = cfg.latent_dim},
+      gen);
+}
+
+}  // namespace
+
+TransformerBlock::TransformerBlock(const GPTConfig& cfg, const GPTOptions& options, Generator& gen,
+                                   std::shared_ptr<const RopeParams> rope)
+    : latent_att(latent_att_of(cfg, options, gen)),
+      // With latent attention a one-wide placeholder, from a private generator.
+      att({.d_in = latent_att ? 1 : cfg.emb_dim,
+           .d_out = latent_att ? 1 : cfg.emb_dim,
+           .context_length = latent_att ? 1 : cfg.context_length,
            .dropout = cfg.drop_rate,
-           .num_heads = cfg.n_heads,
+           .num_heads = latent_att ? 1 : cfg.n_heads,
            .qkv_bias = cfg.qkv_bias,
            .backend = options.attention_backend,
            .exact_dropout = options.exact_dropout,
-           .dtype = options.dtype},
-          gen),
+           .dtype = options.dtype,
+           .rope = rope != nullptr ? std::move(rope) : rope_params_of(cfg)},
+          latent_att ? placeholder_generator() : gen),
       ff(cfg, gen, options.layers, options.dtype),
       // bf16 mode: the norms hand bf16 to the products that read them.
       norm1(cfg.emb_dim, cfg.layer_norm_eps, options.layers, options.dtype),
       norm2(cfg.emb_dim, cfg.layer_norm_eps, options.layers, options.dtype),
       drop_shortcut({cfg.drop_rate}, gen) {
-  register_module("att", &att);
+  if (latent_att) {
+    register_module("att", latent_att.get());
+  } else {
+    register_module("att", &att);
+  }
   register_module("ff", &ff);
   register_module("norm1", &norm1);
   register_module("norm2", &norm2);
@@ -204,7 +267,8 @@ TransformerBlock::TransformerBlock(const GPTConfig& cfg, const GPTOptions& optio
 // drop_shortcut after att, then drop_shortcut after ff.
 Tensor TransformerBlock::forward(const Tensor& x) {
   // x (B, T, E); att checks the shape and T <= context_length.
-  const Tensor a = att.forward(norm1.forward(x));        // (B, T, E)
+  const Tensor h = norm1.forward(x);
+  const Tensor a = latent_att ? latent_att->forward(h) : att.forward(h);  // (B, T, E)
   noise_att_ = drop_shortcut.sample_noise(a.shape());    // empty when off
   const Tensor x1 = add(apply_noise(a, noise_att_), x);  // (B, T, E)
   const Tensor f = ff.forward(norm2.forward(x1));        // (B, T, E)
@@ -220,15 +284,16 @@ Tensor TransformerBlock::backward(const Tensor& dy) {
   const Tensor dx1 = add(dy, norm2.backward(ff.backward(dff)));
   // x1 = x + drop(att(norm1(x))): dx = dx1 + norm1ᵀ attᵀ (dx1 ⊙ noise_att)
   const Tensor datt = noise_att_.empty() ? dx1 : ref::dropout_backward(dx1, noise_att_);
-  return add(dx1, norm1.backward(att.backward(datt)));
+  return add(dx1, norm1.backward(latent_att ? latent_att->backward(datt) : att.backward(datt)));
 }
 
 // ---- TransformerBlocks ----------------------------------------------------------------
 
 TransformerBlocks::TransformerBlocks(const GPTConfig& cfg, const GPTOptions& options,
                                      Generator& gen) {
+  const std::shared_ptr<const RopeParams> rope = rope_params_of(cfg);  // one table for all layers
   for (int64_t i = 0; i < cfg.n_layers; ++i) {
-    blocks_.push_back(std::make_unique<TransformerBlock>(cfg, options, gen));
+    blocks_.push_back(std::make_unique<TransformerBlock>(cfg, options, gen, rope));
     register_module(std::to_string(i), blocks_.back().get());
   }
 }
@@ -249,7 +314,9 @@ Tensor TransformerBlocks::backward(const Tensor& dy) {
 
 GPTModel::GPTModel(const GPTConfig& cfg, const GPTOptions& options, Generator& gen)
     : tok_emb({checked(cfg).vocab_size, cfg.emb_dim}, gen),
-      pos_emb({cfg.context_length, cfg.emb_dim}, gen),
+      // With RoPE no position embedding: a placeholder drawn from a private generator.
+      pos_emb({cfg.rope ? 1 : cfg.context_length, cfg.emb_dim},
+              cfg.rope ? placeholder_generator() : gen),
       drop_emb({cfg.drop_rate}, gen),
       trf_blocks(cfg, options, gen),
       final_norm(cfg.emb_dim, cfg.layer_norm_eps, options.layers, options.dtype),
@@ -257,7 +324,7 @@ GPTModel::GPTModel(const GPTConfig& cfg, const GPTOptions& options, Generator& g
       cfg_(cfg),
       options_(options) {
   register_module("tok_emb", &tok_emb);
-  register_module("pos_emb", &pos_emb);
+  if (!cfg.rope) register_module("pos_emb", &pos_emb);
   register_module("drop_emb", &drop_emb);
   register_module("trf_blocks", &trf_blocks);
   register_module("final_norm", &final_norm);
@@ -284,8 +351,8 @@ Tensor GPTModel::forward_hidden(const Tensor& in_idx) {
   std::vector<int64_t> positions(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) positions[static_cast<size_t>(t)] = t;  // torch.arange(T)
   const Tensor tok_embeds = tok_emb.forward(in_idx);                      // (B, T, E)
-  const Tensor pos_embeds = pos_emb.forward(positions);                   // (T, E)
-  Tensor x = drop_emb.forward(add(tok_embeds, pos_embeds));               // (B, T, E)
+  // RoPE: positions enter in the attention layers, not here.
+  Tensor x = drop_emb.forward(cfg_.rope ? tok_embeds : add(tok_embeds, pos_emb.forward(positions)));
   x = trf_blocks.forward(x);
   B_ = B;
   T_ = T;
@@ -297,7 +364,7 @@ void GPTModel::backward_hidden(const Tensor& dx_in) {
   dx = trf_blocks.backward(dx);
   dx = drop_emb.backward(dx);
   tok_emb.backward(dx);
-  pos_emb.backward(sum(dx, 0));  // the (T, E) positions were broadcast over B
+  if (!cfg_.rope) pos_emb.backward(sum(dx, 0));  // the (T, E) positions were broadcast over B
 }
 
 Tensor GPTModel::forward(const Tensor& in_idx) {

@@ -126,6 +126,15 @@ Tensor forward_cached(const MultiHeadAttention& mha, const Tensor& x_new, KVCach
         cache.length));
   }
 
+  // RoPE (options().rope) of token-major q or k, t (B, T, H·hd) or (B, H·hd) for
+  // T = 1, in place, its tokens at positions start .. start + T - 1.
+  const RopeParams* rope = o.rope.get();
+  const auto rotate = [&](Tensor& t, int64_t b, int64_t T, int64_t start) {
+    if (rope == nullptr) return;
+    Tensor heads = transpose(t.view({b, T, H, hd}), 1, 2);  // (B, H, T, hd), a view
+    apply_rope_(heads, rope->cos, rope->sin, {.position_offset = start});
+  };
+
   if (engine == gemm::Engine::kFast && cache.length == 0 && T_new > 1 &&
       hd <= kernels::kMaxHeadDim) {
     // A prefill of an empty cache is plain causal self-attention over the new
@@ -135,7 +144,10 @@ Tensor forward_cached(const MultiHeadAttention& mha, const Tensor& x_new, KVCach
       return ref::linear_forward(x_new, layer.weight.value, bias_or_null(layer), engine)
           .contiguous();
     };
-    const Tensor q = project(mha.W_query), k = project(mha.W_key), v = project(mha.W_value);
+    Tensor q = project(mha.W_query), k = project(mha.W_key);
+    const Tensor v = project(mha.W_value);
+    rotate(q, B, T_new, 0);  // RoPE, positions 0 .. T_new - 1
+    rotate(k, B, T_new, 0);
     write_rows(cache.keys, transpose(k.reshape({B, T_new, H, hd}), 1, 2), 0);
     write_rows(cache.values, transpose(v.reshape({B, T_new, H, hd}), 1, 2), 0);
     Tensor context({B, T_new, o.d_out});  // (B, T_new, H·hd)
@@ -182,6 +194,9 @@ Tensor forward_cached(const MultiHeadAttention& mha, const Tensor& x_new, KVCach
       project(mha.W_key, kv.data());
       project(mha.W_value, kv.data() + M * E);
     }
+    Tensor k_new = kv.select(0, 0);  // (B·T_new, E), a view
+    rotate(q, B, T_new, L);          // RoPE at positions L .. L + T_new - 1
+    rotate(k_new, B, T_new, L);
     float* keys = cache.keys.data();
     float* values = cache.values.data();
     for (int64_t b = 0; b < B; ++b) {
@@ -223,8 +238,13 @@ Tensor forward_cached(const MultiHeadAttention& mha, const Tensor& x_new, KVCach
     return y;
   }
 
-  const Tensor q = project_heads(mha.W_query, x_new, H, hd, engine);  // (B, H, T_new, hd)
-  write_rows(cache.keys, project_heads(mha.W_key, x_new, H, hd, engine), cache.length);
+  Tensor q = project_heads(mha.W_query, x_new, H, hd, engine);  // (B, H, T_new, hd)
+  Tensor k = project_heads(mha.W_key, x_new, H, hd, engine);
+  if (rope != nullptr) {  // RoPE at positions length .. length + T_new - 1
+    q = apply_rope(q, rope->cos, rope->sin, {.position_offset = cache.length});
+    k = apply_rope(k, rope->cos, rope->sin, {.position_offset = cache.length});
+  }
+  write_rows(cache.keys, k, cache.length);
   write_rows(cache.values, project_heads(mha.W_value, x_new, H, hd, engine), cache.length);
   const Tensor context = ref::cached_attention_forward(q, cache.keys, cache.values,
                                                        cache.length);  // (B, H, T_new, hd)

@@ -2,7 +2,8 @@
 // module's Linear layers around ref::attention_forward / attention_backward,
 // the plain maths, with PyTorch's dropout masks (Dropout::sample_noise, the
 // MT19937 stream) and PyTorch's numbers. Keeps q, k, v and the softmax
-// weights (and the dropout noise) for backward.
+// weights (and the dropout noise) for backward. With RoPE, q and k are
+// rotated after the projections (and saved rotated), dq and dk rotated back.
 #include <memory>
 #include <utility>
 
@@ -24,6 +25,10 @@ class ReferencePath final : public AttentionPath {
     q_ = split_heads(s_.W_query->forward(x));  // (B, H, T, hd) or (B, T, hd)
     k_ = split_heads(s_.W_key->forward(x));
     v_ = split_heads(s_.W_value->forward(x));
+    if (s_.rope != nullptr) {  // q, k (B, H, T, hd) rotated in place, positions 0 .. T-1
+      apply_rope_(q_, s_.rope->cos, s_.rope->sin);
+      apply_rope_(k_, s_.rope->cos, s_.rope->sin);
+    }
     const Shape weights = s_.head_axis ? Shape{B_, s_.num_heads, T_, T_} : Shape{B_, T_, T_};
     const Tensor noise = s_.dropout->sample_noise(weights);  // empty when dropout is off
     Tensor context = merge_heads(ref::attention_forward(
@@ -51,6 +56,10 @@ class ReferencePath final : public AttentionPath {
   // dcontext in the layout of q, k, v -> dx (B, T, d_in), through the three projections.
   Tensor backward_from_context(const Tensor& dcontext) {
     ref::AttentionGrads g = ref::attention_backward(dcontext, q_, k_, v_, saved_, s_.attention);
+    if (s_.rope != nullptr) {  // back through the rotation
+      apply_rope_backward_(g.dq, s_.rope->cos, s_.rope->sin);
+      apply_rope_backward_(g.dk, s_.rope->cos, s_.rope->sin);
+    }
     Tensor dx = s_.W_query->backward(merge_heads(std::move(g.dq)));  // (B, T, d_in)
     dx += s_.W_key->backward(merge_heads(std::move(g.dk)));
     dx += s_.W_value->backward(merge_heads(std::move(g.dv)));

@@ -240,6 +240,19 @@ void TrainOptions::validate() const {
     throw std::invalid_argument(fmt::format(
         "--exact runs the float32 reference path; it cannot be combined with --dtype {}",
         printable(dtype)));
+  if (rope && (emb_dim / n_heads) % 2 != 0)
+    throw std::invalid_argument(
+        fmt::format("--rope needs an even head size, got --emb-dim {} / --n-heads {} = {}", emb_dim,
+                    n_heads, emb_dim / n_heads));
+  if (rope && !(theta_base > 1.0 && std::isfinite(theta_base)))
+    throw std::invalid_argument(fmt::format("--theta-base must be > 1, got {}", theta_base));
+  at_least("latent-dim", latent_dim, 0);
+  if (latent_dim > 0 && (rope || exact || dtype != "float32"))
+    throw std::invalid_argument(fmt::format(
+        "--latent-dim (multi-head latent attention) runs in float32 on the fused kernel, without "
+        "--rope, --exact or --dtype bfloat16; got --latent-dim {}{}{}{}",
+        latent_dim, rope ? " --rope" : "", exact ? " --exact" : "",
+        dtype != "float32" ? " --dtype " + printable(dtype) : ""));
 }
 
 std::string TrainOptions::to_json() const {
@@ -269,6 +282,11 @@ std::string TrainOptions::to_json() const {
   j["lr_schedule"] = lr_schedule;
   j["decay"] = decay;
   j["exact"] = exact;
+  if (rope) {  // only when on: the other runs' train_args keep their bytes
+    j["rope"] = rope;
+    j["theta_base"] = theta_base;
+  }
+  if (latent_dim > 0) j["latent_dim"] = latent_dim;
   return j.dump();
 }
 
@@ -309,6 +327,9 @@ TrainOptions TrainOptions::from_json(const std::string& text, TrainOptions o) {
     get("lr_schedule", o.lr_schedule);
     get("decay", o.decay);
     get("exact", o.exact);
+    get("rope", o.rope);
+    get("theta_base", o.theta_base);
+    get("latent_dim", o.latent_dim);
   } catch (const json::exception& e) {
     throw std::invalid_argument(fmt::format("train_args: {}", e.what()));
   }
@@ -338,6 +359,11 @@ std::string config_to_json(const nn::GPTConfig& c) {
   if (c.layer_norm_eps != nn::GPTConfig{}.layer_norm_eps)
     j["layer_norm_eps"] = static_cast<double>(c.layer_norm_eps);
   if (c.tie_embeddings) j["tie_embeddings"] = true;
+  if (c.rope) {
+    j["rope"] = true;
+    j["theta_base"] = static_cast<double>(c.theta_base);
+  }
+  if (c.latent_dim > 0) j["latent_dim"] = c.latent_dim;
   return j.dump();
 }
 
@@ -354,6 +380,9 @@ nn::GPTConfig config_from_json(const std::string& text) {
     c.qkv_bias = j.at("qkv_bias").get<bool>();
     if (j.contains("layer_norm_eps")) c.layer_norm_eps = j.at("layer_norm_eps").get<float>();
     if (j.contains("tie_embeddings")) c.tie_embeddings = j.at("tie_embeddings").get<bool>();
+    if (j.contains("rope")) c.rope = j.at("rope").get<bool>();
+    if (j.contains("theta_base")) c.theta_base = j.at("theta_base").get<float>();
+    if (j.contains("latent_dim")) c.latent_dim = j.at("latent_dim").get<int64_t>();
     return c;
   } catch (const json::exception& e) {
     throw std::invalid_argument(fmt::format("config: {}", e.what()));
@@ -470,7 +499,10 @@ void Trainer::build(int64_t vocab_size) {
                           .n_heads = options_.n_heads,
                           .n_layers = options_.n_layers,
                           .drop_rate = static_cast<float>(options_.drop_rate),
-                          .qkv_bias = false};
+                          .qkv_bias = false,
+                          .rope = options_.rope,
+                          .theta_base = static_cast<float>(options_.theta_base),
+                          .latent_dim = options_.latent_dim};
   // Training uses the fused attention (with drop_rate 0 kAuto picks it anyway;
   // with dropout its Philox masks, not PyTorch's), or with `exact` the
   // reference paths and PyTorch's dropout masks (and the plain loss: the
@@ -664,6 +696,9 @@ void Trainer::resume(const std::string& path) {
   check("n_layers", saved.n_layers, cfg.n_layers);
   check("drop_rate", saved.drop_rate, cfg.drop_rate);
   check("qkv_bias", saved.qkv_bias, cfg.qkv_bias);
+  check("rope", saved.rope, cfg.rope);
+  check("theta_base", saved.theta_base, cfg.theta_base);
+  check("latent_dim", saved.latent_dim, cfg.latent_dim);
 
   const int64_t iter = meta_int(m, "iter", path);
   const int64_t optim_step = meta_int(m, "optim_step", path);

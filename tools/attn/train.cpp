@@ -267,6 +267,20 @@ Command add_train_command(CLI::App& app) {
                                    "Run the model on the reference paths with PyTorch's dropout "
                                    "masks (the book's numbers; slower than the fused kernels)"),
                      [](train::TrainOptions& d, const train::TrainOptions& s) { d.exact = s.exact; });
+  given.emplace_back(
+      cmd->add_flag("--rope", o.rope,
+                    "Rotary position embedding (the book's Llama chapter) in every attention "
+                    "layer instead of the learned position embedding (pos_emb); the head size "
+                    "(--emb-dim / --n-heads) must be even. Saved in the checkpoint's config, so "
+                    "attn generate uses it too; no Hugging Face GPT-2 copy is written"),
+      [](train::TrainOptions& d, const train::TrainOptions& s) { d.rope = s.rope; });
+  ATTN_TRAIN_FLAG("--theta-base", theta_base,
+                  "With --rope: the base of its angles, theta_i = theta_base^(-2i/head_size) (the "
+                  "book's rope_base: Llama 2 10000, Llama 3 500000)");
+  ATTN_TRAIN_FLAG("--latent-dim", latent_dim,
+                  "Multi-head latent attention (the book's ch04/05_mla) in every block with this "
+                  "latent width: keys and values up-projected from a cached latent of N values per "
+                  "token (0: the usual multi-head attention). float32, not with --rope or --exact");
   ATTN_TRAIN_FLAG("--dtype", dtype,
                   "Compute dtype: float32, or bfloat16 (mixed precision as torch.autocast: float32 "
                   "weights, gradients and optimizer; bf16 products summed in float32)");
@@ -284,7 +298,8 @@ Command add_train_command(CLI::App& app) {
     // layout beside it (config.json, model.safetensors, vocab.json, merges.txt).
     auto save = [&](train::Trainer& trainer) {
       trainer.save(checkpoint);
-      if (trainer.tokenizer_name() == "gpt2") {
+      const nn::GPTConfig& c = trainer.model().config();
+      if (trainer.tokenizer_name() == "gpt2" && !c.rope && c.latent_dim == 0) {
         io::save_hf_gpt2(trainer.model(), flags->out);
         text::write_gpt2_vocabulary(flags->out);
       }
@@ -359,7 +374,7 @@ Command add_train_command(CLI::App& app) {
     const bool bar = ::isatty(STDOUT_FILENO) == 1 && std::getenv("CI") == nullptr;
     std::cout << fmt::format(
         "attn train: {} tokens ({}), vocabulary {}, {} train / {} val tokens{}; {} parameters; "
-        "{} layers, {} heads, emb {}, context {}, batch {}; iterations {} -> {}\n",
+        "{} layers, {} heads, emb {}, context {}, batch {}{}; iterations {} -> {}\n",
         trainer.train_tokens() + trainer.val_tokens(),
         options.tokenizer == "gpt2" ? "GPT-2 BPE" : "characters", trainer.vocab_size(),
         trainer.train_tokens(), trainer.val_tokens(),
@@ -367,7 +382,11 @@ Command add_train_command(CLI::App& app) {
             ? fmt::format(" ({} training batches per epoch)", trainer.train_loader()->batches())
             : std::string(),
         trainer.model().num_parameters(), options.n_layers, options.n_heads, options.emb_dim,
-        options.context_length, options.batch_size, trainer.iter(), options.max_iters);
+        options.context_length, options.batch_size,
+        options.rope         ? fmt::format(", RoPE (theta_base {})", options.theta_base)
+        : options.latent_dim ? fmt::format(", latent attention (latent_dim {})", options.latent_dim)
+                             : std::string(),
+        trainer.iter(), options.max_iters);
     std::cout.flush();
 
     struct sigaction sa {};

@@ -1,0 +1,156 @@
+// The GPT with rotary position embedding (GPTConfig::rope, attn/gpt.h), and the
+// GPT with multi-head latent attention (GPTConfig::latent_dim), against
+// PyTorch 1.13 (tests/torch/oracle_gpt_rope.py: the book's GPT without pos_emb,
+// q and k rotated in every layer, in our own words): the state_dict's names,
+// 8 AdamW steps from manual_seed(123) at drop_rate 0 (the fused attention with
+// RoPE in its qkv buffer) and 0.1 (the reference path, PyTorch's dropout
+// masks), each step's loss and gradient norm and the final parameters; and
+// 14 greedy tokens, past context_length, with and without the KV cache
+// (float32), equal to PyTorch's.
+//
+// Tolerance: losses and gradient norms within 1e-5 relative (seen: 1.9e-7);
+// final parameters within 2e-4 of the largest (seen: 8e-6 at drop_rate 0,
+// 1e-4 at 0.1): AdamW's step lr·m/√v has the same size however small the
+// gradient, so an entry whose gradient is at rounding level (dropped units)
+// moves by a different step in each; float32 in both, summed in different
+// orders.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "attn/generate.h"
+#include "attn/gpt.h"
+#include "attn/optim.h"
+#include "attn/random.h"
+#include "oracle.h"
+
+namespace attn::test {
+namespace {
+
+using Json = nlohmann::json;
+using nn::GPTConfig;
+using nn::GPTModel;
+
+const Json& oracle() {
+  static const Json j = read_oracle_json("gpt_rope.json", "oracle_gpt_rope.py");
+  return j;
+}
+
+GPTConfig config_from(const Json& c) {
+  return {.vocab_size = c.at("vocab_size"),
+          .context_length = c.at("context_length"),
+          .emb_dim = c.at("emb_dim"),
+          .n_heads = c.at("n_heads"),
+          .n_layers = c.at("n_layers"),
+          .drop_rate = c.at("drop_rate"),
+          .qkv_bias = c.at("qkv_bias"),
+          .rope = c.at("rope"),
+          .theta_base = c.at("theta_base"),
+          .latent_dim = c.value("latent_dim", int64_t{0})};
+}
+
+double rel(double a, double b) { return std::fabs(a - b) / std::max(1.0, std::fabs(b)); }
+
+double max_diff_of_largest(const Tensor& a, const Tensor& b) {
+  const std::vector<float> x = a.to_vector(), y = b.to_vector();
+  double d = 0.0, s = 1e-30;
+  for (size_t i = 0; i < x.size(); ++i) {
+    d = std::max(d, double(std::fabs(x[i] - y[i])));
+    s = std::max(s, double(std::fabs(y[i])));
+  }
+  return d / s;
+}
+
+void check_training(const Json& ref, const std::string& what, std::unique_ptr<GPTModel>* keep) {
+  const GPTConfig cfg = config_from(ref.at("config"));
+  const Json& hp = ref.at("hp");
+  const int64_t B = hp.at("batch"), T = hp.at("tokens");
+  manual_seed(ref.at("seed").get<uint64_t>());
+  auto model = std::make_unique<GPTModel>(cfg);
+  std::vector<std::string> keys;
+  for (auto& [name, t] : model->state_dict()) keys.push_back(name);
+  EXPECT_EQ(keys, ref.at("state_dict_keys").get<std::vector<std::string>>()) << what;
+  optim::AdamW opt(*model, {.lr = hp.at("learning_rate"),
+                            .beta1 = hp.at("beta1"),
+                            .beta2 = hp.at("beta2"),
+                            .eps = hp.at("eps"),
+                            .weight_decay = hp.at("weight_decay")});
+  const optim::CosineSchedule schedule{.learning_rate = hp.at("learning_rate"),
+                                       .min_lr = hp.at("min_lr"),
+                                       .warmup_iters = hp.at("warmup_iters"),
+                                       .lr_decay_iters = hp.at("lr_decay_iters")};
+  nn::CrossEntropyLoss loss_fn;
+  double worst = 0.0;
+  for (size_t it = 0; it < ref.at("steps").size(); ++it) {
+    const Json& step = ref.at("steps").at(it);
+    opt.set_lr(optim::get_lr(static_cast<int64_t>(it), schedule));
+    const Json& batch = ref.at("batches").at(it);
+    const Tensor logits =
+        model->forward(Tensor::from_int64({B, T}, batch.at(0).get<std::vector<int64_t>>()));
+    if (cfg.latent_dim == 0) {
+      EXPECT_EQ(model->trf_blocks[0].att.last_backend(), cfg.drop_rate > 0.0f
+                                                             ? nn::AttentionBackend::kReference
+                                                             : nn::AttentionBackend::kFused);
+    }
+    const float loss = loss_fn.forward(
+        logits, Tensor::from_int64({B, T}, batch.at(1).get<std::vector<int64_t>>()));
+    opt.zero_grad();
+    model->backward(loss_fn.backward());
+    const float norm = optim::clip_grad_norm(*model, hp.at("max_norm").get<double>());
+    opt.step();
+    EXPECT_LE(rel(loss, step.at("loss")), 1e-5) << what << " step " << it + 1 << " loss";
+    EXPECT_LE(rel(norm, step.at("grad_norm")), 1e-5) << what << " step " << it + 1 << " grad norm";
+    worst = std::max({worst, rel(loss, step.at("loss")), rel(norm, step.at("grad_norm"))});
+  }
+  double worst_param = 0.0;
+  for (const auto& [name, p] : ref.at("final_params").items()) {
+    // A key bias adds q·b to every score of a row, which the softmax ignores:
+    // its gradient is 0 in exact arithmetic, rounding noise in both, and
+    // AdamW turns noise into steps of size lr with either sign. Not compared.
+    if (name.size() > 9 && (name.compare(name.size() - 9, 9, "W_UK.bias") == 0 ||
+                            name.compare(name.size() - 9, 9, "_key.bias") == 0))
+      continue;
+    const double e = max_diff_of_largest(model->parameter(name).value, tensor_from_json(p));
+    EXPECT_LE(e, 2e-4) << what << " final " << name;
+    worst_param = std::max(worst_param, e);
+  }
+  std::cout << "[gpt rope] " << what << ": losses and grad norms max rel err " << worst
+            << ", final parameters " << worst_param << "\n";
+  if (keep != nullptr) *keep = std::move(model);
+}
+
+void check_greedy(const Json& run, const std::string& what) {
+  std::unique_ptr<GPTModel> model;
+  check_training(run, what, &model);
+  const Json& g = run.at("greedy");
+  const auto prompt = g.at("prompt").get<std::vector<int64_t>>();
+  const auto want = g.at("tokens").get<std::vector<int64_t>>();
+  model->eval();
+  for (bool use_cache : {true, false}) {
+    Generator gen(1);
+    const Tensor out = nn::generate(
+        *model, Tensor::from_int64({1, int64_t(prompt.size())}, prompt),
+        {.max_new_tokens = int64_t(want.size() - prompt.size()), .use_cache = use_cache}, gen);
+    EXPECT_EQ(out.to_int64_vector(), want) << what << " use_cache " << use_cache;
+  }
+}
+
+TEST(GptRopeTorch, AdamWStepsGiveTorchsLossesAndGreedyTokensWithAndWithoutCache) {
+  check_greedy(oracle().at("train").at(0), "rope drop_rate 0");
+}
+
+// The book's ch04/05_mla GPT (GPTConfig::latent_dim): its state_dict (no
+// mask buffer in its att), losses, and greedy tokens through the latent cache.
+TEST(GptRopeTorch, LatentAttentionGptGivesTorchsLossesAndGreedyTokens) {
+  check_greedy(oracle().at("train").at(2), "latent_dim 6");
+}
+
+TEST(GptRopeTorch, WithDropoutTheReferencePathGivesTorchsLosses) {
+  check_training(oracle().at("train").at(1), "drop_rate 0.1", nullptr);
+}
+
+}  // namespace
+}  // namespace attn::test
