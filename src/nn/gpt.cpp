@@ -28,6 +28,15 @@ const GPTConfig& checked(const GPTConfig& cfg) {
     throw std::invalid_argument(fmt::format(
         "GPTModel: emb_dim ({}) must be divisible by n_heads ({})", cfg.emb_dim, cfg.n_heads));
   }
+  if (cfg.n_kv_groups < 0 || (cfg.n_kv_groups > 0 && cfg.n_heads % cfg.n_kv_groups != 0)) {
+    throw std::invalid_argument(
+        fmt::format("GPTModel: n_heads ({}) must be divisible by n_kv_groups ({}; 0: off)",
+                    cfg.n_heads, cfg.n_kv_groups));
+  }
+  if (cfg.sliding_window_size < 0) {
+    throw std::invalid_argument(fmt::format(
+        "GPTModel: sliding_window_size must be >= 0 (0: off), got {}", cfg.sliding_window_size));
+  }
   if (!(cfg.layer_norm_eps > 0.0f) || !std::isfinite(cfg.layer_norm_eps)) {
     throw std::invalid_argument(
         fmt::format("GPTModel: layer_norm_eps must be a finite number > 0, got {}",
@@ -186,7 +195,12 @@ TransformerBlock::TransformerBlock(const GPTConfig& cfg, const GPTOptions& optio
            .qkv_bias = cfg.qkv_bias,
            .backend = options.attention_backend,
            .exact_dropout = options.exact_dropout,
-           .dtype = options.dtype},
+           .dtype = options.dtype,
+           .variant = cfg.n_kv_groups > 0            ? AttentionVariant::kGroupedQuery
+                      : cfg.sliding_window_size > 0 ? AttentionVariant::kSlidingWindow
+                                                    : AttentionVariant::kChapter,
+           .num_kv_groups = cfg.n_kv_groups,
+           .sliding_window_size = cfg.sliding_window_size},
           gen),
       ff(cfg, gen, options.layers, options.dtype),
       // bf16 mode: the norms hand bf16 to the products that read them.
@@ -223,12 +237,22 @@ Tensor TransformerBlock::backward(const Tensor& dy) {
   return add(dx1, norm1.backward(att.backward(datt)));
 }
 
+int64_t layer_sliding_window(const GPTConfig& cfg, int64_t layer) {
+  if (cfg.sliding_window_size <= 0) return 0;
+  const int64_t K = cfg.sliding_window_stride;  // K:1, K window layers then one full
+  const bool windowed = K <= 0 ? K < 0 : layer % (K + 1) < K;
+  return windowed ? cfg.sliding_window_size : 0;
+}
+
 // ---- TransformerBlocks ----------------------------------------------------------------
 
 TransformerBlocks::TransformerBlocks(const GPTConfig& cfg, const GPTOptions& options,
                                      Generator& gen) {
   for (int64_t i = 0; i < cfg.n_layers; ++i) {
     blocks_.push_back(std::make_unique<TransformerBlock>(cfg, options, gen));
+    // The book's SWA GPT: blk.att.sliding_window_size = window_size if use_swa else None
+    if (cfg.sliding_window_size > 0)
+      blocks_.back()->att.set_sliding_window_size(layer_sliding_window(cfg, i));
     register_module(std::to_string(i), blocks_.back().get());
   }
 }
