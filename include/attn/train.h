@@ -200,6 +200,12 @@ struct TrainOptions {
   // PyTorch's float order, dropout with PyTorch's own masks from the run's
   // generator): the book's numbers, slower. false: the fused kernels.
   bool exact = false;
+  // The book's bonus attention (nn::GPTConfig's keys of the same names): key/value
+  // heads of grouped-query attention (0: off; must divide n_heads), the sliding
+  // window (0: off) and its K:1 layer schedule (-1: every layer).
+  int64_t n_kv_groups = 0;
+  int64_t sliding_window_size = 0;
+  int64_t sliding_window_stride = -1;
 
   // Throws std::invalid_argument naming the first bad value: a count or size
   // < 1 (warmup_iters, max_iters < 0), n_heads not dividing emb_dim, lr <= 0,
@@ -207,7 +213,10 @@ struct TrainOptions {
   // [0, 1), betas outside [0, 1), a dtype other than float32 or bfloat16, a
   // tokenizer other than char or gpt2, stride or epochs < 0, an lr_schedule
   // other than cosine or constant, a decay other than matrices or all, exact
-  // with dtype bfloat16.
+  // with dtype bfloat16; n_kv_groups < 0 or not dividing n_heads,
+  // sliding_window_size < 0, either of them with dtype bfloat16 (the sdpa path
+  // is float32) or with exact and drop_rate > 0 (its dropout masks are not
+  // PyTorch's).
   void validate() const;
   std::string to_json() const;
   // Reads the fields present in a JSON object string (others keep their values).

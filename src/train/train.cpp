@@ -236,6 +236,20 @@ void TrainOptions::validate() const {
   if (decay != "matrices" && decay != "all")
     throw std::invalid_argument(
         fmt::format("--decay must be matrices or all, got '{}'", printable(decay)));
+  at_least("n-kv-groups", n_kv_groups, 0);
+  at_least("sliding-window-size", sliding_window_size, 0);
+  if (n_kv_groups > 0 && n_heads % n_kv_groups != 0)
+    throw std::invalid_argument(
+        fmt::format("--n-kv-groups {} must divide --n-heads {}", n_kv_groups, n_heads));
+  if ((n_kv_groups > 0 || sliding_window_size > 0) && dtype != "float32")
+    throw std::invalid_argument(fmt::format(
+        "--n-kv-groups and --sliding-window-size run in float32 only, got --dtype {}",
+        printable(dtype)));
+  if ((n_kv_groups > 0 || sliding_window_size > 0) && exact && drop_rate > 0.0)
+    throw std::invalid_argument(fmt::format(
+        "--exact with --n-kv-groups or --sliding-window-size needs --drop-rate 0 (their "
+        "attention dropout masks are not PyTorch's), got --drop-rate {}",
+        drop_rate));
   if (exact && dtype != "float32")
     throw std::invalid_argument(fmt::format(
         "--exact runs the float32 reference path; it cannot be combined with --dtype {}",
@@ -269,6 +283,9 @@ std::string TrainOptions::to_json() const {
   j["lr_schedule"] = lr_schedule;
   j["decay"] = decay;
   j["exact"] = exact;
+  j["n_kv_groups"] = n_kv_groups;
+  j["sliding_window_size"] = sliding_window_size;
+  j["sliding_window_stride"] = sliding_window_stride;
   return j.dump();
 }
 
@@ -309,6 +326,9 @@ TrainOptions TrainOptions::from_json(const std::string& text, TrainOptions o) {
     get("lr_schedule", o.lr_schedule);
     get("decay", o.decay);
     get("exact", o.exact);
+    get("n_kv_groups", o.n_kv_groups);
+    get("sliding_window_size", o.sliding_window_size);
+    get("sliding_window_stride", o.sliding_window_stride);
   } catch (const json::exception& e) {
     throw std::invalid_argument(fmt::format("train_args: {}", e.what()));
   }
@@ -338,6 +358,11 @@ std::string config_to_json(const nn::GPTConfig& c) {
   if (c.layer_norm_eps != nn::GPTConfig{}.layer_norm_eps)
     j["layer_norm_eps"] = static_cast<double>(c.layer_norm_eps);
   if (c.tie_embeddings) j["tie_embeddings"] = true;
+  if (c.n_kv_groups != 0) j["n_kv_groups"] = c.n_kv_groups;
+  if (c.sliding_window_size != 0) {
+    j["sliding_window_size"] = c.sliding_window_size;
+    j["sliding_window_stride"] = c.sliding_window_stride;
+  }
   return j.dump();
 }
 
@@ -354,6 +379,11 @@ nn::GPTConfig config_from_json(const std::string& text) {
     c.qkv_bias = j.at("qkv_bias").get<bool>();
     if (j.contains("layer_norm_eps")) c.layer_norm_eps = j.at("layer_norm_eps").get<float>();
     if (j.contains("tie_embeddings")) c.tie_embeddings = j.at("tie_embeddings").get<bool>();
+    if (j.contains("n_kv_groups")) c.n_kv_groups = j.at("n_kv_groups").get<int64_t>();
+    if (j.contains("sliding_window_size"))
+      c.sliding_window_size = j.at("sliding_window_size").get<int64_t>();
+    if (j.contains("sliding_window_stride"))
+      c.sliding_window_stride = j.at("sliding_window_stride").get<int64_t>();
     return c;
   } catch (const json::exception& e) {
     throw std::invalid_argument(fmt::format("config: {}", e.what()));
@@ -470,7 +500,10 @@ void Trainer::build(int64_t vocab_size) {
                           .n_heads = options_.n_heads,
                           .n_layers = options_.n_layers,
                           .drop_rate = static_cast<float>(options_.drop_rate),
-                          .qkv_bias = false};
+                          .qkv_bias = false,
+                          .n_kv_groups = options_.n_kv_groups,
+                          .sliding_window_size = options_.sliding_window_size,
+                          .sliding_window_stride = options_.sliding_window_stride};
   // Training uses the fused attention (with drop_rate 0 kAuto picks it anyway;
   // with dropout its Philox masks, not PyTorch's), or with `exact` the
   // reference paths and PyTorch's dropout masks (and the plain loss: the
@@ -664,6 +697,10 @@ void Trainer::resume(const std::string& path) {
   check("n_layers", saved.n_layers, cfg.n_layers);
   check("drop_rate", saved.drop_rate, cfg.drop_rate);
   check("qkv_bias", saved.qkv_bias, cfg.qkv_bias);
+  check("n_kv_groups", saved.n_kv_groups, cfg.n_kv_groups);
+  check("sliding_window_size", saved.sliding_window_size, cfg.sliding_window_size);
+  if (cfg.sliding_window_size > 0)
+    check("sliding_window_stride", saved.sliding_window_stride, cfg.sliding_window_stride);
 
   const int64_t iter = meta_int(m, "iter", path);
   const int64_t optim_step = meta_int(m, "optim_step", path);
