@@ -370,7 +370,8 @@ class CausalAttention : public Module {
 // its plain reference with backend = kReference; dropout on the attention
 // weights takes the kernel's Philox masks (a seed drawn from the module's
 // generator per forward), never PyTorch's, so exact_dropout does not apply;
-// float32 only. attention_weights() is not kept for them.
+// float32 only. attention_weights() is recomputed from the saved q and k on
+// the first call after a forward (B, H, T, T).
 enum class AttentionVariant { kChapter, kGroupedQuery, kSlidingWindow };
 
 struct MultiHeadAttentionOptions {

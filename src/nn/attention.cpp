@@ -418,11 +418,7 @@ AttentionBackend MultiHeadAttention::last_backend() const {
 }
 
 const Tensor& MultiHeadAttention::attention_weights() const {
-  if (sdpa_) {
-    throw std::logic_error(fmt::format(
-        "{}: the attention weights are not kept (the sdpa path keeps the log-sum-exp only)",
-        variant_name(options_.variant)));
-  }
+  if (sdpa_) return sdpa_->attention_weights();  // (B, H, T, T), recomputed from q and k
   return core_->attention_weights();  // (B, H, T, T)
 }
 

@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <stdexcept>
 
 #include "attn/functional.h"
@@ -59,10 +61,46 @@ Tensor SdpaAttention::forward(const Tensor& x) {
   k_ = heads_view(m_.W_key.forward(x), G, hd);    // (B, G, T, hd)
   v_ = heads_view(m_.W_value.forward(x), G, hd);  // (B, G, T, hd)
   fwd_ = scaled_dot_product_attention_forward(q_, k_, v_, opts_);  // out (B, H, T, hd)
+  weights_ = Tensor();
   has_forward_ = true;
   last_ = opts_.backend == SdpaBackend::kReference ? AttentionBackend::kReference
                                                    : AttentionBackend::kFused;
   return m_.out_proj.forward(merge_heads(fwd_.out));  // (B, T, d_out)
+}
+
+const Tensor& SdpaAttention::attention_weights() {
+  if (!has_forward_) {
+    throw std::logic_error(fmt::format("{}: attention_weights() called before forward()",
+                                       name_of(m_)));
+  }
+  if (!weights_.empty()) return weights_;
+  const int64_t B = q_.size(0), H = q_.size(1), T = q_.size(2), hd = q_.size(3);
+  const int64_t group = H / k_.size(1), w = m_.sliding_window_size();
+  const Tensor q = q_.contiguous(), k = k_.contiguous();  // (B, H, T, hd), (B, G, T, hd)
+  const float scale = 1.0f / std::sqrt(float(hd));
+  Tensor weights({B, H, T, T});  // zeros outside the band
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      const float* kh = k.data() + (b * k.size(1) + h / group) * T * hd;
+      for (int64_t i = 0; i < T; ++i) {
+        const float* qi = q.data() + ((b * H + h) * T + i) * hd;
+        float* row = weights.data() + ((b * H + h) * T + i) * T;
+        const int64_t first = w > 0 ? std::max<int64_t>(0, i - w + 1) : 0;
+        float top = -std::numeric_limits<float>::infinity();
+        for (int64_t j = first; j <= i; ++j) {
+          float s = 0.0f;
+          for (int64_t d = 0; d < hd; ++d) s += qi[d] * kh[j * hd + d];
+          row[j] = s * scale;
+          top = std::max(top, row[j]);
+        }
+        double sum = 0.0;
+        for (int64_t j = first; j <= i; ++j) sum += (row[j] = std::exp(row[j] - top));
+        for (int64_t j = first; j <= i; ++j) row[j] = static_cast<float>(row[j] / sum);
+      }
+    }
+  }
+  weights_ = weights;
+  return weights_;
 }
 
 Tensor SdpaAttention::backward(const Tensor& dy) {

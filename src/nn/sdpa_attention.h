@@ -28,12 +28,16 @@ class SdpaAttention {
   Tensor backward(const Tensor& dy);  // (B, T, d_out) -> (B, T, d_in), accumulates grads
   bool has_forward() const { return has_forward_; }
   AttentionBackend last_backend() const { return last_; }
+  // The softmax weights of the last forward, before dropout: (B, H, T, T),
+  // recomputed from the saved q and k (0 outside the causal band and window).
+  const Tensor& attention_weights();
 
  private:
   MultiHeadAttention& m_;
   SdpaOptions opts_;     // of the last forward (its dropout seed included)
   Tensor q_, k_, v_;     // (B, H, T, hd), (B, G, T, hd), (B, G, T, hd) views of the projections
   SdpaForward fwd_;      // out (B, H, T, hd), lse (B, H, T)
+  Tensor weights_;       // attention_weights(), made on the first call after a forward
   bool has_forward_ = false;
   AttentionBackend last_ = AttentionBackend::kAuto;
 };

@@ -87,6 +87,33 @@ TEST(GqaSwa, WindowLimitsWhatAQuerySees) {
   EXPECT_GT(max_abs_diff(slice(y2, 1, 1, 5), slice(y1, 1, 1, 5)), 1e-4f);
 }
 
+TEST(GqaSwa, AttentionWeightsGiveTheOutput) {
+  // out_proj(merge(weights @ v, each key/value head repeated)) is the forward's y.
+  for (const int64_t w : {int64_t{0}, int64_t{3}}) {
+    MultiHeadAttention m({.d_in = 5, .d_out = 8, .context_length = 7, .num_heads = 4,
+                          .variant = AttentionVariant::kGroupedQuery, .num_kv_groups = 2,
+                          .sliding_window_size = w});
+    m.eval();
+    const Tensor x = random_tensor({2, 7, 5}, 11);
+    const Tensor y = m.forward(x);
+    const Tensor P = m.attention_weights();  // (2, 4, 7, 7)
+    ASSERT_EQ(P.shape(), (Shape{2, 4, 7, 7}));
+    for (int64_t i = 0; i < 7; ++i) {
+      for (int64_t j = 0; j < 7; ++j) {
+        const bool seen = j <= i && (w == 0 || i - j < w);
+        if (!seen) {
+          EXPECT_EQ(P.at({1, 3, i, j}), 0.0f) << i << " " << j;
+        }
+      }
+    }
+    const Tensor v = transpose(m.W_value.forward(x).reshape({2, 7, 2, 2}), 1, 2);  // (2, 2, 7, 2)
+    const Tensor v_rep = cat({slice(v, 1, 0, 1), slice(v, 1, 0, 1), slice(v, 1, 1, 2),
+                              slice(v, 1, 1, 2)}, 1);  // (2, 4, 7, 2): repeat_interleave
+    const Tensor context = transpose(matmul(P, v_rep), 1, 2).reshape({2, 7, 8});
+    EXPECT_LE(max_abs_diff(m.out_proj.forward(context), y), 1e-5f) << "w " << w;
+  }
+}
+
 template <class F>
 void expect_invalid(F&& f, const std::string& message) {
   try {
@@ -142,8 +169,7 @@ TEST(GqaSwa, BadOptionsAndCachesThrow) {
                  "forward_cached: 2 new tokens at positions 3..4 would exceed context_length 4 "
                  "(the cache holds 3)");
   EXPECT_EQ(ok.length, 3);
-  gqa.forward(random_tensor({1, 2, 4}, 1));
-  EXPECT_THROW(gqa.attention_weights(), std::logic_error);
+  EXPECT_THROW(gqa.attention_weights(), std::logic_error);  // no forward yet
   GroupedQueryAttention fresh({.d_in = 4, .d_out = 4, .context_length = 4, .num_heads = 4,
                                .num_kv_groups = 2});
   EXPECT_THROW(fresh.backward(random_tensor({1, 2, 4}, 1)), std::logic_error);
