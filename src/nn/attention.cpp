@@ -80,7 +80,6 @@ const MultiHeadAttentionOptions& checked_split(const MultiHeadAttentionOptions& 
     throw std::invalid_argument(fmt::format("{}: d_out ({}) must be divisible by num_heads ({})",
                                             module, o.d_out, o.num_heads));
   }
-  check_dropout(o.dropout);
   if (o.variant == AttentionVariant::kChapter) {
     if (o.num_kv_groups != 0 || o.sliding_window_size != 0) {
       throw std::invalid_argument(fmt::format(
@@ -89,8 +88,10 @@ const MultiHeadAttentionOptions& checked_split(const MultiHeadAttentionOptions& 
           o.num_kv_groups, o.sliding_window_size));
     }
     check_fused_request("MultiHeadAttention", o.backend, o.d_out / o.num_heads, o.dropout, -1);
+    check_dropout(o.dropout);
     return o;
   }
+  check_dropout(o.dropout);
   if (o.variant == AttentionVariant::kGroupedQuery) {
     if (o.num_kv_groups < 1 || o.num_heads % o.num_kv_groups != 0) {
       throw std::invalid_argument(
