@@ -9,6 +9,7 @@
 #include <limits>
 #include <stdexcept>
 
+#include "attn/decode_kernels.h"
 #include "attn/functional.h"
 #include "attn/ops.h"
 #include "nn/checks.h"
@@ -31,6 +32,9 @@ Tensor merge_heads(const Tensor& t) {
   const int64_t B = t.size(0), n = t.size(1), T = t.size(2), hd = t.size(3);
   return t.transpose(1, 2).contiguous().view({B, T, n * hd});
 }
+
+// Token rows up to which a cached step's products are GEMVs (as generate.cpp's).
+constexpr int64_t kGemvRows = 4;
 
 const char* name_of(const MultiHeadAttention& m) {
   return m.variant() == AttentionVariant::kGroupedQuery ? "GroupedQueryAttention"
@@ -159,9 +163,22 @@ Tensor forward_cached_sdpa(const MultiHeadAttention& m, const Tensor& x_new, KVC
         "(the cache holds {})",
         T_new, T_new == 1 ? "" : "s", L, L + T_new - 1, cache.context_length, L));
   }
+  // x (B, T_new, in) · Wᵀ + b: with the fast engine and a few rows (decoding)
+  // a GEMV that reads each weight once (kernels::gemv_forward), else the GEMM.
+  const auto linear = [&](const Tensor& x, const Linear& layer) {
+    const int64_t M = x.size(0) * x.size(1);
+    const Tensor* bias = bias_or_null(layer);
+    if (engine != gemm::Engine::kFast || M > kGemvRows)
+      return ref::linear_forward(x, layer.weight.value, bias, engine);
+    const Tensor xc = x.contiguous(), w = layer.weight.value.contiguous();
+    const int64_t N = w.size(0), K = w.size(1);
+    Tensor y({x.size(0), x.size(1), N});
+    kernels::gemv_forward(y.data(), N, xc.data(), K, w.data(),
+                          bias != nullptr ? bias->data() : nullptr, M, N, K);
+    return y;
+  };
   const auto project = [&](const Linear& layer, int64_t n) {  // (B, T_new, n·hd) -> (B, n, T_new, hd)
-    return heads_view(ref::linear_forward(x_new, layer.weight.value, bias_or_null(layer), engine),
-                      n, hd);
+    return heads_view(linear(x_new, layer), n, hd);
   };
   const Tensor q = project(m.W_query, H);  // (B, H, T_new, hd)
   cache.keys.slice(2, L, L + T_new).copy_(project(m.W_key, G));
@@ -174,8 +191,7 @@ Tensor forward_cached_sdpa(const MultiHeadAttention& m, const Tensor& x_new, KVC
       q, cache.keys.slice(2, first, L + T_new), cache.values.slice(2, first, L + T_new),
       opts);  // (B, H, T_new, hd)
   cache.length = L + T_new;
-  return ref::linear_forward(merge_heads(context), m.out_proj.weight.value,
-                             bias_or_null(m.out_proj), engine);  // (B, T_new, d_out)
+  return linear(merge_heads(context), m.out_proj);  // (B, T_new, d_out)
 }
 
 }  // namespace attn::nn::detail
