@@ -3,7 +3,9 @@
 //
 //   GPTModel            tok_emb, pos_emb, drop_emb, trf_blocks, final_norm, out_head
 //     TransformerBlock  x + drop_shortcut(att(norm1(x))), then x + drop_shortcut(ff(norm2(x)))
-//       att             nn::MultiHeadAttention (d_in = d_out = emb_dim, causal)
+//       att             nn::MultiHeadAttention (d_in = d_out = emb_dim, causal); with
+//                       cfg.n_kv_groups or cfg.sliding_window_size the book's
+//                       GroupedQueryAttention or MultiHeadAttentionWithSWA variant of it
 //       ff              FeedForward: layers.0 Linear(E, 4E), layers.1 GELU, layers.2 Linear(4E, E)
 //       norm1, norm2    LayerNorm: scale, shift, eps 1e-5, biased variance
 //
@@ -72,7 +74,23 @@ struct GPTConfig {
   // latent KV cache when generating. float32 only; not with rope; dropout on
   // its attention weights is the kernel's Philox noise (no PyTorch masks).
   int64_t latent_dim = 0;
+  // The book's bonus GPTs, same keys (ch04/04_gqa/gpt_with_kv_gqa.py,
+  // ch04/06_swa/gpt_with_kv_swa.py); 0 is off, the chapter-4 model.
+  //   n_kv_groups > 0: every block's att is a GroupedQueryAttention (attn/nn.h)
+  //     with that many key/value heads (dividing n_heads); out_proj has no bias.
+  //   sliding_window_size > 0: blocks of MultiHeadAttentionWithSWA (with
+  //     n_kv_groups: GroupedQueryAttention with the window), the window on the
+  //     layers sliding_window_stride picks (layer_sliding_window below).
+  int64_t n_kv_groups = 0;
+  int64_t sliding_window_size = 0;
+  // The book's K:1 schedule: K > 0 gives K window layers, then one full layer,
+  // repeated (layer i windowed when i % (K + 1) < K; Gemma 3 is 5); 0 makes every
+  // layer full, < 0 every layer windowed. Not the book's default (its script's
+  // is 2): -1, so that sliding_window_size alone windows every layer.
+  int64_t sliding_window_stride = -1;
 };
+// The window of block `layer` (0: full causal attention) by the book's schedule.
+int64_t layer_sliding_window(const GPTConfig& cfg, int64_t layer);
 // GPT-2 small as the book configures it (50257, 1024, 768, 12, 12, 0.1, false).
 inline constexpr GPTConfig GPT_CONFIG_124M{.vocab_size = 50257, .context_length = 1024,
                                            .emb_dim = 768, .n_heads = 12, .n_layers = 12,

@@ -30,6 +30,11 @@
 // rotated at their positions length .. length + T_new - 1 before the keys are
 // cached, so the cache holds rotated keys, as the uncached forward computes them.
 //
+// The book's variants (GroupedQueryAttention, MultiHeadAttentionWithSWA,
+// attn/nn.h) cache their num_kv_heads() heads and attend with
+// attn::scaled_dot_product_attention (bottom-right causal alignment, the
+// window's keys only); their outputs equal forward()'s rows the same way.
+//
 // Evaluation only: no dropout is applied and nothing is kept for backward. The
 // module's own state (what its last forward() saved for backward()) is not
 // touched, so generation can be interleaved with training steps.
@@ -48,7 +53,7 @@ namespace attn::nn {
 // module shape (num_heads, head_dim, context_length).
 struct KVCache {
   int64_t batch = 0;           // B
-  int64_t num_heads = 0;       // H
+  int64_t num_heads = 0;       // H: the key/value heads (GroupedQueryAttention: num_kv_groups)
   int64_t head_dim = 0;        // hd
   int64_t context_length = 0;  // capacity: the most tokens one sequence can hold
   Tensor keys;                 // (B, H, context_length, hd), rows [0, length) valid

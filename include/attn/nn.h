@@ -63,6 +63,7 @@ namespace attn::nn {
 
 namespace detail {
 class AttentionCore;  // src/nn/attention_core.h: the reference and fused paths behind one interface
+class SdpaAttention;  // src/nn/sdpa_attention.h: the book's GQA and SWA variants on attn/sdpa.h
 }  // namespace detail
 
 // A trainable tensor and its gradient. Both are Tensor handles, so two
@@ -351,6 +352,29 @@ class CausalAttention : public Module {
 
 // ---- 4. multi-head attention, two ways -------------------------------------------------
 
+// Which of the book's multi-head attention classes a MultiHeadAttention is.
+// The variants differ from the chapter's in their parameters (names, shapes,
+// creation order, as the book's state_dict has them) and in their maths:
+//   kChapter        chapter 3's MultiHeadAttention: W_query, W_key, W_value (d_in -> d_out),
+//                   out_proj (with bias), the buffer "mask"; the reference and fused paths
+//                   of the table at the top.
+//   kGroupedQuery   ch04/04_gqa's GroupedQueryAttention: W_key, W_value (d_in ->
+//                   num_kv_groups · head_dim), W_query (d_in -> d_out), out_proj (no
+//                   bias), created in that order; no buffer. Query head h reads the keys
+//                   and values of group h / (num_heads / num_kv_groups), as the book's
+//                   repeat_interleave lays them out (no copy is made here).
+//   kSlidingWindow  ch04/06_swa's MultiHeadAttentionWithSWA: the chapter's parameters
+//                   without the buffer; query i sees keys i - w + 1 .. i (w =
+//                   sliding_window_size; 0: all keys up to i, the book's None).
+// The variants compute with attn::scaled_dot_product_attention_forward/backward
+// (attn/sdpa.h: causal, enable_gqa, window_left = w - 1), the fused kernel, or
+// its plain reference with backend = kReference; dropout on the attention
+// weights takes the kernel's Philox masks (a seed drawn from the module's
+// generator per forward), never PyTorch's, so exact_dropout does not apply;
+// float32 only. attention_weights() is recomputed from the saved q and k on
+// the first call after a forward (B, H, T, T).
+enum class AttentionVariant { kChapter, kGroupedQuery, kSlidingWindow };
+
 struct MultiHeadAttentionOptions {
   int64_t d_in = 0;
   int64_t d_out = 0;  // wrapper: width of each head; module: total width (H * head_dim)
@@ -367,6 +391,12 @@ struct MultiHeadAttentionOptions {
   // head_dim) shared by every layer of a model. MultiHeadAttention only (the
   // wrapper's heads take none). Null: no rotation.
   std::shared_ptr<const RopeParams> rope = nullptr;
+  // Not in chapter 3's class: the book's bonus variants of it (ch04/04_gqa,
+  // ch04/06_swa), which GroupedQueryAttention and MultiHeadAttentionWithSWA
+  // below (and GPTModel, from its config) set. MultiHeadAttention only.
+  AttentionVariant variant = AttentionVariant::kChapter;
+  int64_t num_kv_groups = 0;        // kGroupedQuery: key/value heads, dividing num_heads
+  int64_t sliding_window_size = 0;  // kGroupedQuery, kSlidingWindow: 0 none (the book's None), else w
 };
 // MultiHeadAttentionWrapper: num_heads CausalAttention heads ("heads.0" ...),
 // outputs concatenated on the last axis: (B, T, num_heads * d_out).
@@ -406,12 +436,64 @@ class MultiHeadAttention : public Module {
   const Tensor& attention_weights() const;
   // The path the last forward took (kReference or kFused); kAuto before any forward.
   AttentionBackend last_backend() const;
+  // The variant (kChapter unless options.variant says otherwise), its key/value
+  // heads (num_heads, or num_kv_groups for kGroupedQuery) and window (0: none).
+  AttentionVariant variant() const { return options_.variant; }
+  int64_t num_kv_heads() const;
+  int64_t sliding_window_size() const { return options_.sliding_window_size; }
+  // The book's `blk.att.sliding_window_size = w` (its SWA GPT's per-layer
+  // schedule): w >= 0, on a variant only (kChapter throws std::invalid_argument).
+  void set_sliding_window_size(int64_t w);
   ~MultiHeadAttention() override;
 
  private:
+  friend class detail::SdpaAttention;
   MultiHeadAttentionOptions options_;
   Buffer mask_;
-  std::unique_ptr<detail::AttentionCore> core_;  // the paths and what the last forward saved
+  std::unique_ptr<detail::AttentionCore> core_;  // kChapter: the paths and what the last forward saved
+  std::unique_ptr<detail::SdpaAttention> sdpa_;  // the variants: the sdpa path and its saved state
+};
+
+// ---- the book's bonus variants (ch04/04_gqa, ch04/06_swa) --------------------------------
+
+struct GroupedQueryAttentionOptions {
+  int64_t d_in = 0;
+  int64_t d_out = 0;
+  int64_t context_length = 0;  // not the book's: the most tokens (KV cache capacity)
+  float dropout = 0.0f;
+  int64_t num_heads = 1;
+  int64_t num_kv_groups = 1;  // must divide num_heads
+  bool qkv_bias = false;
+  AttentionBackend backend = AttentionBackend::kAuto;  // kReference: sdpa's plain reference
+};
+// GroupedQueryAttention(d_in, d_out, dropout, num_heads, num_kv_groups, qkv_bias):
+// a MultiHeadAttention of variant kGroupedQuery (see AttentionVariant).
+// Input (B, T, d_in) -> (B, T, d_out); state_dict W_key.weight (G·hd, d_in),
+// W_value.weight, W_query.weight (d_out, d_in), out_proj.weight (d_out, d_out).
+class GroupedQueryAttention : public MultiHeadAttention {
+ public:
+  explicit GroupedQueryAttention(const GroupedQueryAttentionOptions& options,
+                                 Generator& gen = default_generator());
+  int64_t num_kv_groups() const { return options().num_kv_groups; }
+  int64_t group_size() const { return options().num_heads / options().num_kv_groups; }
+};
+
+struct MultiHeadAttentionWithSWAOptions {
+  int64_t d_in = 0;
+  int64_t d_out = 0;
+  int64_t context_length = 0;  // not the book's: the most tokens (KV cache capacity)
+  float dropout = 0.0f;
+  int64_t num_heads = 1;
+  bool qkv_bias = false;
+  int64_t sliding_window_size = 0;  // 0: None (full causal attention), else w >= 1
+  AttentionBackend backend = AttentionBackend::kAuto;  // kReference: sdpa's plain reference
+};
+// MultiHeadAttentionWithSWA(d_in, d_out, dropout, num_heads, qkv_bias,
+// sliding_window_size): a MultiHeadAttention of variant kSlidingWindow.
+class MultiHeadAttentionWithSWA : public MultiHeadAttention {
+ public:
+  explicit MultiHeadAttentionWithSWA(const MultiHeadAttentionWithSWAOptions& options,
+                                     Generator& gen = default_generator());
 };
 
 // ---- 5. the character-level GPT's head -----------------------------------------------

@@ -207,6 +207,12 @@ struct TrainOptions {
   // > 0: multi-head latent attention with this latent width in every block
   // (nn::GPTConfig::latent_dim, attn/mla.h).
   int64_t latent_dim = 0;
+  // The book's bonus attention (nn::GPTConfig's keys of the same names): key/value
+  // heads of grouped-query attention (0: off; must divide n_heads), the sliding
+  // window (0: off) and its K:1 layer schedule (-1: every layer).
+  int64_t n_kv_groups = 0;
+  int64_t sliding_window_size = 0;
+  int64_t sliding_window_stride = -1;
 
   // Throws std::invalid_argument naming the first bad value: a count or size
   // < 1 (warmup_iters, max_iters < 0), n_heads not dividing emb_dim, lr <= 0,
@@ -215,7 +221,10 @@ struct TrainOptions {
   // tokenizer other than char or gpt2, stride or epochs < 0, an lr_schedule
   // other than cosine or constant, a decay other than matrices or all, exact
   // with dtype bfloat16, rope with an odd head size or theta_base <= 1,
-  // latent_dim < 0 or with rope, exact or dtype bfloat16.
+  // latent_dim < 0 or with rope, exact or dtype bfloat16; n_kv_groups < 0 or
+  // not dividing n_heads, sliding_window_size < 0, either of them with dtype
+  // bfloat16 (the sdpa path is float32), with exact and drop_rate > 0 (its
+  // dropout masks are not PyTorch's), with rope or with latent_dim.
   void validate() const;
   std::string to_json() const;
   // Reads the fields present in a JSON object string (others keep their values).

@@ -346,6 +346,12 @@ std::vector<std::pair<std::string, Tensor>> hf_gpt2_state_dict(nn::GPTModel& m) 
 
 void save_hf_gpt2(nn::GPTModel& model, const std::string& dir, HfDType dtype) {
   const nn::GPTConfig& c = model.config();
+  if (c.n_kv_groups != 0 || c.sliding_window_size != 0) {
+    throw std::invalid_argument(fmt::format(
+        "save_hf_gpt2: GPT-2's layout has no grouped-query or sliding-window attention, got "
+        "n_kv_groups {} and sliding_window_size {}",
+        c.n_kv_groups, c.sliding_window_size));
+  }
   const bool tied = model.out_head.weight.is(model.tok_emb.weight);
   std::error_code ec;
   fs::create_directories(dir, ec);

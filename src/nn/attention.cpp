@@ -12,6 +12,7 @@
 #include "attn/ops.h"
 #include "nn/attention_core.h"
 #include "nn/checks.h"
+#include "nn/sdpa_attention.h"
 
 namespace attn::nn {
 namespace {
@@ -60,16 +61,79 @@ const MultiHeadAttentionOptions& checked(const char* module, const MultiHeadAtte
   return o;
 }
 
-const MultiHeadAttentionOptions& checked_split(const MultiHeadAttentionOptions& o) {
-  checked("MultiHeadAttention", o);
-  if (o.d_out % o.num_heads != 0) {
-    throw std::invalid_argument(
-        fmt::format("MultiHeadAttention: d_out ({}) must be divisible by num_heads ({})", o.d_out,
-                    o.num_heads));
+const char* variant_name(AttentionVariant v) {
+  switch (v) {
+    case AttentionVariant::kGroupedQuery:
+      return "GroupedQueryAttention";
+    case AttentionVariant::kSlidingWindow:
+      return "MultiHeadAttentionWithSWA";
+    case AttentionVariant::kChapter:
+      break;
   }
-  check_fused_request("MultiHeadAttention", o.backend, o.d_out / o.num_heads, o.dropout, -1);
+  return "MultiHeadAttention";
+}
+
+const MultiHeadAttentionOptions& checked_split(const MultiHeadAttentionOptions& o) {
+  const char* module = variant_name(o.variant);
+  checked(module, o);
+  if (o.d_out % o.num_heads != 0) {
+    throw std::invalid_argument(fmt::format("{}: d_out ({}) must be divisible by num_heads ({})",
+                                            module, o.d_out, o.num_heads));
+  }
+  if (o.variant == AttentionVariant::kChapter) {
+    if (o.num_kv_groups != 0 || o.sliding_window_size != 0) {
+      throw std::invalid_argument(fmt::format(
+          "MultiHeadAttention: num_kv_groups ({}) and sliding_window_size ({}) need variant "
+          "kGroupedQuery or kSlidingWindow",
+          o.num_kv_groups, o.sliding_window_size));
+    }
+    check_fused_request("MultiHeadAttention", o.backend, o.d_out / o.num_heads, o.dropout, -1);
+    check_dropout(o.dropout);
+    return o;
+  }
   check_dropout(o.dropout);
+  if (o.variant == AttentionVariant::kGroupedQuery) {
+    if (o.num_kv_groups < 1 || o.num_heads % o.num_kv_groups != 0) {
+      throw std::invalid_argument(
+          fmt::format("GroupedQueryAttention: num_heads ({}) must be divisible by num_kv_groups "
+                      "({}), which must be >= 1",
+                      o.num_heads, o.num_kv_groups));
+    }
+  } else if (o.variant == AttentionVariant::kSlidingWindow && o.num_kv_groups != 0) {
+    throw std::invalid_argument(fmt::format(
+        "MultiHeadAttentionWithSWA: num_kv_groups ({}) needs variant kGroupedQuery",
+        o.num_kv_groups));
+  } else if (o.variant != AttentionVariant::kSlidingWindow) {
+    throw std::invalid_argument(fmt::format("MultiHeadAttention: unknown variant {}",
+                                            static_cast<int>(o.variant)));
+  }
+  if (o.sliding_window_size < 0) {
+    throw std::invalid_argument(fmt::format(
+        "{}: sliding_window_size must be >= 0 (0: none), got {}", module, o.sliding_window_size));
+  }
+  if (o.dropout >= 1.0f) {
+    throw std::invalid_argument(fmt::format("{}: dropout must be < 1, got {}", module, o.dropout));
+  }
+  if (o.dtype != DType::kFloat32) {
+    throw std::invalid_argument(fmt::format("{}: only float32 is supported, got dtype {}", module,
+                                            dtype_name(o.dtype)));
+  }
   return o;
+}
+
+bool gqa_layout(const MultiHeadAttentionOptions& o) {
+  return o.variant == AttentionVariant::kGroupedQuery;
+}
+// The width of W_key and W_value: num_kv_groups · head_dim for GQA, else d_out.
+int64_t kv_width(const MultiHeadAttentionOptions& o) {
+  return gqa_layout(o) ? o.num_kv_groups * (o.d_out / o.num_heads) : o.d_out;
+}
+// GroupedQueryAttention draws its parameters in another order (W_key, W_value,
+// W_query, out_proj) than the members are built: they are built from this
+// scratch generator, then drawn again from the caller's in the book's order.
+Generator& draw_from(const MultiHeadAttentionOptions& o, Generator& gen) {
+  thread_local Generator scratch;
+  return gqa_layout(o) ? scratch : gen;
 }
 
 // SelfAttention takes one sequence (T, d_in) or a batch (B, T, d_in).
@@ -280,30 +344,55 @@ Tensor MultiHeadAttentionWrapper::backward(const Tensor& dy) {
 // ---- MultiHeadAttention (weight splits) ------------------------------------------------
 
 MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& options, Generator& gen)
-    : W_query({checked_split(options).d_in, options.d_out, options.qkv_bias}, gen),
-      W_key({options.d_in, options.d_out, options.qkv_bias}, gen),
-      W_value({options.d_in, options.d_out, options.qkv_bias}, gen),
-      out_proj({options.d_out, options.d_out, true}, gen),
+    : W_query({checked_split(options).d_in, options.d_out, options.qkv_bias},
+              draw_from(options, gen)),
+      W_key({options.d_in, kv_width(options), options.qkv_bias}, draw_from(options, gen)),
+      W_value({options.d_in, kv_width(options), options.qkv_bias}, draw_from(options, gen)),
+      out_proj({options.d_out, options.d_out, !gqa_layout(options)}, draw_from(options, gen)),
       dropout({options.dropout}, gen),
       options_(options),
-      mask_([n = options.context_length] { return ref::future_mask(n); }),
-      // num_heads heads of width head_dim = d_out / num_heads, scale
-      // 1/sqrt(head_dim), then out_proj.
-      core_(std::make_unique<detail::AttentionCore>(
-          detail::AttentionSpec{.module = "MultiHeadAttention",
-                                .num_heads = options.num_heads,
-                                .width = options.d_out,
-                                .head_axis = true,  // (B, H, T, hd), weights (B, H, T, T)
-                                .attention = {.causal = true},
-                                .W_query = &W_query,
-                                .W_key = &W_key,
-                                .W_value = &W_value,
-                                .out_proj = &out_proj,
-                                .dropout = &dropout,
-                                .backend = options.backend,
-                                .exact_dropout = options.exact_dropout,
-                                .dtype = options.dtype,
-                                .rope = options_.rope.get()})) {
+      mask_([n = options.context_length] { return ref::future_mask(n); }) {
+  if (options.variant != AttentionVariant::kChapter) {
+    if (options.rope != nullptr) {
+      throw std::invalid_argument(fmt::format(
+          "MultiHeadAttention: RoPE is not implemented for the {} variant (num_kv_groups {}, "
+          "sliding_window_size {}); use it with the chapter's module",
+          options.variant == AttentionVariant::kGroupedQuery ? "grouped-query" : "sliding-window",
+          options.num_kv_groups, options.sliding_window_size));
+    }
+    if (gqa_layout(options)) {  // the book's order: W_key, W_value, W_query, out_proj (no bias)
+      for (Linear* l : {&W_key, &W_value, &W_query, &out_proj})
+        init_linear_(l->weight.value, l->options().bias ? &l->bias.value : nullptr, gen);
+      register_module("W_key", &W_key);
+      register_module("W_value", &W_value);
+      register_module("W_query", &W_query);
+    } else {
+      register_module("W_query", &W_query);
+      register_module("W_key", &W_key);
+      register_module("W_value", &W_value);
+    }
+    register_module("out_proj", &out_proj);
+    register_module("dropout", &dropout);
+    sdpa_ = std::make_unique<detail::SdpaAttention>(*this);
+    return;
+  }
+  // num_heads heads of width head_dim = d_out / num_heads, scale
+  // 1/sqrt(head_dim), then out_proj.
+  core_ = std::make_unique<detail::AttentionCore>(
+      detail::AttentionSpec{.module = "MultiHeadAttention",
+                            .num_heads = options.num_heads,
+                            .width = options.d_out,
+                            .head_axis = true,  // (B, H, T, hd), weights (B, H, T, T)
+                            .attention = {.causal = true},
+                            .W_query = &W_query,
+                            .W_key = &W_key,
+                            .W_value = &W_value,
+                            .out_proj = &out_proj,
+                            .dropout = &dropout,
+                            .backend = options.backend,
+                            .exact_dropout = options.exact_dropout,
+                            .dtype = options.dtype,
+                            .rope = options_.rope.get()});
   register_module("W_query", &W_query);
   register_module("W_key", &W_key);
   register_module("W_value", &W_value);
@@ -314,21 +403,77 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& options,
 
 MultiHeadAttention::~MultiHeadAttention() = default;
 
-AttentionBackend MultiHeadAttention::last_backend() const { return core_->last_backend(); }
+int64_t MultiHeadAttention::num_kv_heads() const {
+  return gqa_layout(options_) ? options_.num_kv_groups : options_.num_heads;
+}
+
+void MultiHeadAttention::set_sliding_window_size(int64_t w) {
+  if (options_.variant == AttentionVariant::kChapter) {
+    throw std::invalid_argument(fmt::format(
+        "MultiHeadAttention: set_sliding_window_size({}) needs variant kGroupedQuery or "
+        "kSlidingWindow (the chapter's module has no window)",
+        w));
+  }
+  if (w < 0) {
+    throw std::invalid_argument(
+        fmt::format("{}: sliding_window_size must be >= 0 (0: none), got {}",
+                    variant_name(options_.variant), w));
+  }
+  options_.sliding_window_size = w;
+}
+
+AttentionBackend MultiHeadAttention::last_backend() const {
+  return sdpa_ ? sdpa_->last_backend() : core_->last_backend();
+}
 
 const Tensor& MultiHeadAttention::attention_weights() const {
+  if (sdpa_) return sdpa_->attention_weights();  // (B, H, T, T), recomputed from q and k
   return core_->attention_weights();  // (B, H, T, T)
 }
 
 Tensor MultiHeadAttention::forward(const Tensor& x) {
-  check_btd("MultiHeadAttention", x, {"d_in", options_.d_in},
+  check_btd(variant_name(options_.variant), x, {"d_in", options_.d_in},
             {"context_length", options_.context_length});
+  if (sdpa_) return sdpa_->forward(x);  // (B, T, d_out)
   return core_->forward(x);  // (B, T, d_out)
 }
 
 Tensor MultiHeadAttention::backward(const Tensor& dy) {
+  if (sdpa_) {
+    require_forward(sdpa_->has_forward(), variant_name(options_.variant));
+    return sdpa_->backward(dy);  // (B, T, d_in)
+  }
   require_forward(core_->has_forward(), "MultiHeadAttention");
   return core_->backward(dy);  // (B, T, d_in)
 }
+
+// ---- GroupedQueryAttention, MultiHeadAttentionWithSWA ------------------------------------
+
+GroupedQueryAttention::GroupedQueryAttention(const GroupedQueryAttentionOptions& o, Generator& gen)
+    : MultiHeadAttention({.d_in = o.d_in,
+                          .d_out = o.d_out,
+                          .context_length = o.context_length,
+                          .dropout = o.dropout,
+                          .num_heads = o.num_heads,
+                          .qkv_bias = o.qkv_bias,
+                          .backend = o.backend,
+                          .exact_dropout = false,
+                          .variant = AttentionVariant::kGroupedQuery,
+                          .num_kv_groups = o.num_kv_groups},
+                         gen) {}
+
+MultiHeadAttentionWithSWA::MultiHeadAttentionWithSWA(const MultiHeadAttentionWithSWAOptions& o,
+                                                     Generator& gen)
+    : MultiHeadAttention({.d_in = o.d_in,
+                          .d_out = o.d_out,
+                          .context_length = o.context_length,
+                          .dropout = o.dropout,
+                          .num_heads = o.num_heads,
+                          .qkv_bias = o.qkv_bias,
+                          .backend = o.backend,
+                          .exact_dropout = false,
+                          .variant = AttentionVariant::kSlidingWindow,
+                          .sliding_window_size = o.sliding_window_size},
+                         gen) {}
 
 }  // namespace attn::nn

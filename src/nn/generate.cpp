@@ -707,6 +707,13 @@ Checkpoint load_checkpoint(const std::string& dir, std::unique_ptr<GPTModel>& mo
     }
     ck.config.theta_base = cfg.at("theta_base").get<float>();
   }
+  // The book's bonus attention (absent: the chapter-4 model).
+  for (const auto& [key, field] : {std::pair{"n_kv_groups", &ck.config.n_kv_groups},
+                                   std::pair{"sliding_window_size", &ck.config.sliding_window_size},
+                                   std::pair{"sliding_window_stride",
+                                             &ck.config.sliding_window_stride}}) {
+    if (cfg.contains(key)) *field = config_int(cfg, key, path);
+  }
   if (const auto it = file.metadata.find("tokenizer"); it != file.metadata.end()) {
     if (it->second != "char" && it->second != "gpt2") {
       throw std::invalid_argument(

@@ -28,6 +28,15 @@ const GPTConfig& checked(const GPTConfig& cfg) {
     throw std::invalid_argument(fmt::format(
         "GPTModel: emb_dim ({}) must be divisible by n_heads ({})", cfg.emb_dim, cfg.n_heads));
   }
+  if (cfg.n_kv_groups < 0 || (cfg.n_kv_groups > 0 && cfg.n_heads % cfg.n_kv_groups != 0)) {
+    throw std::invalid_argument(
+        fmt::format("GPTModel: n_heads ({}) must be divisible by n_kv_groups ({}; 0: off)",
+                    cfg.n_heads, cfg.n_kv_groups));
+  }
+  if (cfg.sliding_window_size < 0) {
+    throw std::invalid_argument(fmt::format(
+        "GPTModel: sliding_window_size must be >= 0 (0: off), got {}", cfg.sliding_window_size));
+  }
   if (!(cfg.layer_norm_eps > 0.0f) || !std::isfinite(cfg.layer_norm_eps)) {
     throw std::invalid_argument(
         fmt::format("GPTModel: layer_norm_eps must be a finite number > 0, got {}",
@@ -47,6 +56,13 @@ const GPTConfig& checked(const GPTConfig& cfg) {
         "GPTModel: latent_dim must be >= 0 (0: no latent attention) and cannot go with rope, got "
         "latent_dim {}, rope {}",
         cfg.latent_dim, cfg.rope));
+  }
+  if ((cfg.n_kv_groups > 0 || cfg.sliding_window_size > 0) && (cfg.rope || cfg.latent_dim > 0)) {
+    throw std::invalid_argument(fmt::format(
+        "GPTModel: n_kv_groups / sliding_window_size (grouped-query, sliding-window attention) "
+        "cannot go with rope or latent_dim, got n_kv_groups {}, sliding_window_size {}, rope {}, "
+        "latent_dim {}",
+        cfg.n_kv_groups, cfg.sliding_window_size, cfg.rope, cfg.latent_dim));
   }
   if (cfg.rope && (!(cfg.theta_base > 1.0f) || !std::isfinite(cfg.theta_base))) {
     throw std::invalid_argument(
@@ -245,7 +261,12 @@ TransformerBlock::TransformerBlock(const GPTConfig& cfg, const GPTOptions& optio
            .backend = options.attention_backend,
            .exact_dropout = options.exact_dropout,
            .dtype = options.dtype,
-           .rope = rope != nullptr ? std::move(rope) : rope_params_of(cfg)},
+           .rope = rope != nullptr ? std::move(rope) : rope_params_of(cfg),
+           .variant = cfg.n_kv_groups > 0            ? AttentionVariant::kGroupedQuery
+                      : cfg.sliding_window_size > 0 ? AttentionVariant::kSlidingWindow
+                                                    : AttentionVariant::kChapter,
+           .num_kv_groups = cfg.n_kv_groups,
+           .sliding_window_size = cfg.sliding_window_size},
           latent_att ? placeholder_generator() : gen),
       ff(cfg, gen, options.layers, options.dtype),
       // bf16 mode: the norms hand bf16 to the products that read them.
@@ -287,6 +308,13 @@ Tensor TransformerBlock::backward(const Tensor& dy) {
   return add(dx1, norm1.backward(latent_att ? latent_att->backward(datt) : att.backward(datt)));
 }
 
+int64_t layer_sliding_window(const GPTConfig& cfg, int64_t layer) {
+  if (cfg.sliding_window_size <= 0) return 0;
+  const int64_t K = cfg.sliding_window_stride;  // K:1, K window layers then one full
+  const bool windowed = K <= 0 ? K < 0 : layer % (K + 1) < K;
+  return windowed ? cfg.sliding_window_size : 0;
+}
+
 // ---- TransformerBlocks ----------------------------------------------------------------
 
 TransformerBlocks::TransformerBlocks(const GPTConfig& cfg, const GPTOptions& options,
@@ -294,6 +322,9 @@ TransformerBlocks::TransformerBlocks(const GPTConfig& cfg, const GPTOptions& opt
   const std::shared_ptr<const RopeParams> rope = rope_params_of(cfg);  // one table for all layers
   for (int64_t i = 0; i < cfg.n_layers; ++i) {
     blocks_.push_back(std::make_unique<TransformerBlock>(cfg, options, gen, rope));
+    // The book's SWA GPT: blk.att.sliding_window_size = window_size if use_swa else None
+    if (cfg.sliding_window_size > 0)
+      blocks_.back()->att.set_sliding_window_size(layer_sliding_window(cfg, i));
     register_module(std::to_string(i), blocks_.back().get());
   }
 }

@@ -18,6 +18,7 @@
 #include "attn/kernels.h"
 #include "attn/ops.h"
 #include "nn/checks.h"
+#include "nn/sdpa_attention.h"
 
 namespace attn::nn {
 namespace {
@@ -93,10 +94,10 @@ KVCache make_kv_cache(const MultiHeadAttention& mha, int64_t batch) {
   const MultiHeadAttentionOptions& o = mha.options();
   KVCache cache;
   cache.batch = batch;
-  cache.num_heads = o.num_heads;
+  cache.num_heads = mha.num_kv_heads();  // GroupedQueryAttention: its num_kv_groups
   cache.head_dim = mha.head_dim();
   cache.context_length = o.context_length;
-  const Shape shape{batch, o.num_heads, o.context_length, mha.head_dim()};
+  const Shape shape{batch, cache.num_heads, o.context_length, mha.head_dim()};
   cache.keys = Tensor::zeros(shape);    // (B, H, context_length, hd)
   cache.values = Tensor::zeros(shape);  // (B, H, context_length, hd)
   return cache;
@@ -104,6 +105,8 @@ KVCache make_kv_cache(const MultiHeadAttention& mha, int64_t batch) {
 
 Tensor forward_cached(const MultiHeadAttention& mha, const Tensor& x_new, KVCache& cache,
                       gemm::Engine engine) {
+  if (mha.variant() != AttentionVariant::kChapter)  // GQA, SWA: attn/sdpa.h
+    return detail::forward_cached_sdpa(mha, x_new, cache, engine);
   const MultiHeadAttentionOptions& o = mha.options();
   check_cache_matches(mha, cache);
   if (mha.is_training() && mha.dropout.options().p > 0.0f) {

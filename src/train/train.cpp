@@ -236,6 +236,20 @@ void TrainOptions::validate() const {
   if (decay != "matrices" && decay != "all")
     throw std::invalid_argument(
         fmt::format("--decay must be matrices or all, got '{}'", printable(decay)));
+  at_least("n-kv-groups", n_kv_groups, 0);
+  at_least("sliding-window-size", sliding_window_size, 0);
+  if (n_kv_groups > 0 && n_heads % n_kv_groups != 0)
+    throw std::invalid_argument(
+        fmt::format("--n-kv-groups {} must divide --n-heads {}", n_kv_groups, n_heads));
+  if ((n_kv_groups > 0 || sliding_window_size > 0) && dtype != "float32")
+    throw std::invalid_argument(fmt::format(
+        "--n-kv-groups and --sliding-window-size run in float32 only, got --dtype {}",
+        printable(dtype)));
+  if ((n_kv_groups > 0 || sliding_window_size > 0) && exact && drop_rate > 0.0)
+    throw std::invalid_argument(fmt::format(
+        "--exact with --n-kv-groups or --sliding-window-size needs --drop-rate 0 (their "
+        "attention dropout masks are not PyTorch's), got --drop-rate {}",
+        drop_rate));
   if (exact && dtype != "float32")
     throw std::invalid_argument(fmt::format(
         "--exact runs the float32 reference path; it cannot be combined with --dtype {}",
@@ -253,6 +267,12 @@ void TrainOptions::validate() const {
         "--rope, --exact or --dtype bfloat16; got --latent-dim {}{}{}{}",
         latent_dim, rope ? " --rope" : "", exact ? " --exact" : "",
         dtype != "float32" ? " --dtype " + printable(dtype) : ""));
+  if ((n_kv_groups > 0 || sliding_window_size > 0) && (rope || latent_dim > 0))
+    throw std::invalid_argument(fmt::format(
+        "--n-kv-groups and --sliding-window-size cannot be combined with --rope or --latent-dim "
+        "(got --n-kv-groups {} --sliding-window-size {}{}{})",
+        n_kv_groups, sliding_window_size, rope ? " --rope" : "",
+        latent_dim > 0 ? fmt::format(" --latent-dim {}", latent_dim) : ""));
 }
 
 std::string TrainOptions::to_json() const {
@@ -287,6 +307,9 @@ std::string TrainOptions::to_json() const {
     j["theta_base"] = theta_base;
   }
   if (latent_dim > 0) j["latent_dim"] = latent_dim;
+  j["n_kv_groups"] = n_kv_groups;
+  j["sliding_window_size"] = sliding_window_size;
+  j["sliding_window_stride"] = sliding_window_stride;
   return j.dump();
 }
 
@@ -330,6 +353,9 @@ TrainOptions TrainOptions::from_json(const std::string& text, TrainOptions o) {
     get("rope", o.rope);
     get("theta_base", o.theta_base);
     get("latent_dim", o.latent_dim);
+    get("n_kv_groups", o.n_kv_groups);
+    get("sliding_window_size", o.sliding_window_size);
+    get("sliding_window_stride", o.sliding_window_stride);
   } catch (const json::exception& e) {
     throw std::invalid_argument(fmt::format("train_args: {}", e.what()));
   }
@@ -364,6 +390,11 @@ std::string config_to_json(const nn::GPTConfig& c) {
     j["theta_base"] = static_cast<double>(c.theta_base);
   }
   if (c.latent_dim > 0) j["latent_dim"] = c.latent_dim;
+  if (c.n_kv_groups != 0) j["n_kv_groups"] = c.n_kv_groups;
+  if (c.sliding_window_size != 0) {
+    j["sliding_window_size"] = c.sliding_window_size;
+    j["sliding_window_stride"] = c.sliding_window_stride;
+  }
   return j.dump();
 }
 
@@ -383,6 +414,11 @@ nn::GPTConfig config_from_json(const std::string& text) {
     if (j.contains("rope")) c.rope = j.at("rope").get<bool>();
     if (j.contains("theta_base")) c.theta_base = j.at("theta_base").get<float>();
     if (j.contains("latent_dim")) c.latent_dim = j.at("latent_dim").get<int64_t>();
+    if (j.contains("n_kv_groups")) c.n_kv_groups = j.at("n_kv_groups").get<int64_t>();
+    if (j.contains("sliding_window_size"))
+      c.sliding_window_size = j.at("sliding_window_size").get<int64_t>();
+    if (j.contains("sliding_window_stride"))
+      c.sliding_window_stride = j.at("sliding_window_stride").get<int64_t>();
     return c;
   } catch (const json::exception& e) {
     throw std::invalid_argument(fmt::format("config: {}", e.what()));
@@ -502,7 +538,10 @@ void Trainer::build(int64_t vocab_size) {
                           .qkv_bias = false,
                           .rope = options_.rope,
                           .theta_base = static_cast<float>(options_.theta_base),
-                          .latent_dim = options_.latent_dim};
+                          .latent_dim = options_.latent_dim,
+                          .n_kv_groups = options_.n_kv_groups,
+                          .sliding_window_size = options_.sliding_window_size,
+                          .sliding_window_stride = options_.sliding_window_stride};
   // Training uses the fused attention (with drop_rate 0 kAuto picks it anyway;
   // with dropout its Philox masks, not PyTorch's), or with `exact` the
   // reference paths and PyTorch's dropout masks (and the plain loss: the
@@ -699,6 +738,10 @@ void Trainer::resume(const std::string& path) {
   check("rope", saved.rope, cfg.rope);
   check("theta_base", saved.theta_base, cfg.theta_base);
   check("latent_dim", saved.latent_dim, cfg.latent_dim);
+  check("n_kv_groups", saved.n_kv_groups, cfg.n_kv_groups);
+  check("sliding_window_size", saved.sliding_window_size, cfg.sliding_window_size);
+  if (cfg.sliding_window_size > 0)
+    check("sliding_window_stride", saved.sliding_window_stride, cfg.sliding_window_stride);
 
   const int64_t iter = meta_int(m, "iter", path);
   const int64_t optim_step = meta_int(m, "optim_step", path);

@@ -44,6 +44,8 @@ struct Flags {
   float top_p = 1.0f;
   std::string dtype = "float32";
   uint64_t seed = 123;
+  // --config 124m: the book's bonus attention (nn::GPTConfig's keys).
+  std::optional<int64_t> n_kv_groups, sliding_window_size, sliding_window_stride;
   bool no_cache = false;
   bool benchmark = false;
   bool json = false;
@@ -231,6 +233,18 @@ Command add_generate_command(CLI::App& app) {
                   "Instead of a checkpoint: GPT_CONFIG_124M with random weights (manual_seed "
                   "--seed); only with --benchmark")
       ->type_name("124m");
+  cmd->add_option("--n-kv-groups", flags->n_kv_groups,
+                  "With --config: grouped-query attention with this many key/value heads (the "
+                  "book's ch04/04_gqa; must divide the 12 heads). A checkpoint stores its own")
+      ->type_name("G");
+  cmd->add_option("--sliding-window-size", flags->sliding_window_size,
+                  "With --config: sliding-window attention over the last W tokens (the book's "
+                  "ch04/06_swa). A checkpoint stores its own")
+      ->type_name("W");
+  cmd->add_option("--sliding-window-stride", flags->sliding_window_stride,
+                  "With --sliding-window-size: the book's K:1 schedule, K window layers then one "
+                  "full (0: none, -1 every layer, the default)")
+      ->type_name("K");
   cmd->add_option("--prompt", flags->prompt,
                   "The text to continue (through the model's tokenizer)")
       ->type_name("TEXT");
@@ -288,6 +302,27 @@ Command add_generate_command(CLI::App& app) {
           "generate: --config 124m makes a random-weight model without a vocabulary; use it with "
           "--benchmark");
     }
+    if ((f.n_kv_groups || f.sliding_window_size || f.sliding_window_stride) && f.config.empty()) {
+      throw UsageError(
+          "generate: --n-kv-groups, --sliding-window-size and --sliding-window-stride go with "
+          "--config 124m (a checkpoint stores its own in its config)");
+    }
+    if (f.n_kv_groups && (*f.n_kv_groups < 1 || nn::GPT_CONFIG_124M.n_heads % *f.n_kv_groups != 0)) {
+      throw UsageError(fmt::format("generate: --n-kv-groups must divide n_heads {}, got {}",
+                                   nn::GPT_CONFIG_124M.n_heads, *f.n_kv_groups));
+    }
+    if (f.sliding_window_size && *f.sliding_window_size < 1) {
+      throw UsageError(fmt::format("generate: --sliding-window-size must be >= 1, got {}",
+                                   *f.sliding_window_size));
+    }
+    if (f.sliding_window_stride && !f.sliding_window_size) {
+      throw UsageError("generate: --sliding-window-stride needs --sliding-window-size");
+    }
+    if ((f.n_kv_groups || f.sliding_window_size) && f.dtype != "float32") {
+      throw UsageError(fmt::format(
+          "generate: --n-kv-groups and --sliding-window-size run in float32 only, got --dtype {}",
+          printable(f.dtype)));
+    }
     if (f.max_new_tokens < 0) {
       throw UsageError(
           fmt::format("generate: --max-new-tokens must be >= 0, got {}", f.max_new_tokens));
@@ -343,7 +378,11 @@ Command add_generate_command(CLI::App& app) {
       md = io::load_model_dir(f.checkpoint, model, options);
     } else {
       manual_seed(f.seed);
-      model = std::make_unique<nn::GPTModel>(nn::GPT_CONFIG_124M, options);
+      nn::GPTConfig cfg = nn::GPT_CONFIG_124M;
+      cfg.n_kv_groups = f.n_kv_groups.value_or(0);
+      cfg.sliding_window_size = f.sliding_window_size.value_or(0);
+      cfg.sliding_window_stride = f.sliding_window_stride.value_or(-1);
+      model = std::make_unique<nn::GPTModel>(cfg, options);
       model->eval();
     }
     const int64_t V = model->config().vocab_size;

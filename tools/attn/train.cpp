@@ -237,6 +237,16 @@ Command add_train_command(CLI::App& app) {
   ATTN_TRAIN_FLAG("--n-layers", n_layers, "Transformer blocks");
   ATTN_TRAIN_FLAG("--n-heads", n_heads, "Attention heads (must divide --emb-dim)");
   ATTN_TRAIN_FLAG("--emb-dim", emb_dim, "Embedding size");
+  ATTN_TRAIN_FLAG("--n-kv-groups", n_kv_groups,
+                  "Grouped-query attention (the book's ch04/04_gqa): this many key/value heads, "
+                  "each shared by n-heads / n-kv-groups query heads (must divide --n-heads; 1: "
+                  "multi-query; 0: off, every head its own)");
+  ATTN_TRAIN_FLAG("--sliding-window-size", sliding_window_size,
+                  "Sliding-window attention (the book's ch04/06_swa): each token attends to itself "
+                  "and the W - 1 tokens before it (0: off)");
+  ATTN_TRAIN_FLAG("--sliding-window-stride", sliding_window_stride,
+                  "Which layers take the window, the book's K:1 schedule: K > 0 windows K layers, "
+                  "then one full, repeated (Gemma 3: 5); 0 none; -1 every layer");
   ATTN_TRAIN_FLAG("--context-length", context_length, "Tokens per training window");
   ATTN_TRAIN_FLAG("--batch-size", batch_size, "Windows per step");
   ATTN_TRAIN_FLAG("--max-iters", max_iters, "Training steps (also where the cosine decay ends)");
@@ -299,7 +309,9 @@ Command add_train_command(CLI::App& app) {
     auto save = [&](train::Trainer& trainer) {
       trainer.save(checkpoint);
       const nn::GPTConfig& c = trainer.model().config();
-      if (trainer.tokenizer_name() == "gpt2" && !c.rope && c.latent_dim == 0) {
+      // GPT-2's layout has no RoPE, latent, grouped-query or sliding-window attention.
+      if (trainer.tokenizer_name() == "gpt2" && !c.rope && c.latent_dim == 0 && c.n_kv_groups == 0 &&
+          c.sliding_window_size == 0) {
         io::save_hf_gpt2(trainer.model(), flags->out);
         text::write_gpt2_vocabulary(flags->out);
       }
