@@ -12,9 +12,14 @@
 //           kernel, or the plain reference with --backend reference (only with
 //           --kind sdpa: --kind all is core and module); --window-left w adds a
 //           sliding window (keys i - w .. i) to the sdpa rows
+//   sdpa-varlen  sdpa_varlen_forward [+ _backward] (attn/sdpa.h): one packed
+//           (total, H, hd) batch of the --seqlens lengths (default: the shape's
+//           B sequences of T), is_causal, --window-left too; float32; its shape
+//           column reads NsTOTALxDxH (N sequences, TOTAL tokens)
 // Useful FLOPs (causal):
 //   core forward      4·B·H·T²·hd / 2             (Q Kᵀ and P V, only j <= i; sdpa too;
-//                     with a window w: 4·B·H·hd·Σ_i min(i + 1, w + 1))
+//                     with a window w: 4·B·H·hd·Σ_i min(i + 1, w + 1);
+//                     sdpa-varlen: the sum over its sequences)
 //   core backward     2.5 × core forward          (five T×T×hd products instead of two)
 //   projections       2·B·T·d_in·d_out per linear (4 linears: q, k, v, out_proj)
 //   module forward    projections + core forward
@@ -56,6 +61,8 @@ struct BenchCase {
   std::string dtype = "float32";  // or "bfloat16" (core only)
   int64_t B = 1, T = 1, d_model = 768, heads = 12;
   int64_t window_left = -1;  // sdpa only: a sliding window of this many keys (-1: none)
+  // sdpa-varlen only: the packed sequences' lengths (empty: B sequences of T tokens).
+  std::vector<int64_t> seqlens = {};
 };
 
 struct BenchResult {
