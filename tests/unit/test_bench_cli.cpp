@@ -89,11 +89,11 @@ TEST(BenchCli, SdpaCasesCountTheirPairs) {
   }
 }
 
-// --kind sdpa --dtype bfloat16 times the bf16 tensors; the row names the path that ran.
+// --kind sdpa --dtype bf16 (bfloat16) times the bf16 tensors; the row names the path that ran.
 TEST(BenchCli, SdpaRunsInBfloat16AndNamesItsPath) {
   ATTN_REQUIRE_CLI();
-  const auto r = run_cli(
-      "bench --json --kind sdpa --dtype bfloat16 --shapes 1x40x32x2 --mode fwdbwd --repeats 1");
+  const auto r =
+      run_cli("bench --json --kind sdpa --dtype bf16 --shapes 1x40x32x2 --mode fwdbwd --repeats 1");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto rows = nlohmann::json::parse(r.out);
   ASSERT_EQ(rows.size(), 1u);

@@ -634,10 +634,11 @@ Command add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--mode", f->mode, "fwd, fwdbwd or all")->capture_default_str();
   cmd->add_option("--dtype", f->dtype,
-                  "float32, bfloat16 or all: the core's inputs and outputs (bfloat16: the bf16 "
-                  "kernels, path AVX512-BF16 or widened to fp32); sdpa's and sdpa-varlen's q, k, "
-                  "v, dout (bfloat16: bf16 tiles widened to fp32, rows 'fused-wide'); the "
-                  "module's compute dtype (bfloat16: mixed precision, fp32 weights)")
+                  "float32 (or fp32), bfloat16 (or bf16) or all: the core's inputs and outputs "
+                  "(bfloat16: the bf16 kernels, path AVX512-BF16 or widened to fp32); sdpa's and "
+                  "sdpa-varlen's q, k, v, dout (bfloat16: bf16 tiles widened to fp32, rows "
+                  "'fused-wide'); the module's compute dtype (bfloat16: mixed precision, fp32 "
+                  "weights)")
       ->capture_default_str();
   cmd->add_option("--backend", f->backend,
                   "The module's (and sdpa's) path: auto, reference or fused")
@@ -747,9 +748,11 @@ Command add_bench_command(CLI::App& app) {
     }
     if (f->mode != "all" && f->mode != "fwd" && f->mode != "fwdbwd")
       throw UsageError(fmt::format("bench: --mode must be fwd, fwdbwd or all, got '{}'", f->mode));
+    if (f->dtype == "fp32") f->dtype = "float32";  // the table's short names
+    if (f->dtype == "bf16") f->dtype = "bfloat16";
     if (f->dtype != "all" && f->dtype != "float32" && f->dtype != "bfloat16")
-      throw UsageError(
-          fmt::format("bench: --dtype must be float32, bfloat16 or all, got '{}'", f->dtype));
+      throw UsageError(fmt::format("bench: --dtype must be float32, bfloat16 or all, got '{}'",
+                                   printable(f->dtype)));
     std::vector<std::string> dtypes = {"float32", "bfloat16"};
     if (f->dtype != "all") dtypes = {f->dtype};
     parse_backend(f->backend);
