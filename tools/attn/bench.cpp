@@ -64,19 +64,29 @@ std::vector<float> normal_values(int64_t n, uint64_t seed) {
 
 int64_t head_dim_of(const BenchCase& c) { return c.d_model / c.heads; }
 
+// The lengths of an sdpa-varlen row's sequences: --seqlens, or B sequences of T.
+std::vector<int64_t> varlen_lengths(const BenchCase& c) {
+  return c.seqlens.empty() ? std::vector<int64_t>(size_t(c.B), c.T) : c.seqlens;
+}
+
 void check_case(const BenchCase& c) {
-  if (c.kind != "core" && c.kind != "module" && c.kind != "sdpa")
-    throw UsageError(fmt::format("bench: --kind must be core, module or sdpa, got '{}'", c.kind));
+  if (c.kind != "core" && c.kind != "module" && c.kind != "sdpa" && c.kind != "sdpa-varlen")
+    throw UsageError(fmt::format(
+        "bench: --kind must be core, module, sdpa or sdpa-varlen, got '{}'", printable(c.kind)));
+  if (c.kind == "sdpa-varlen" && c.dtype != "float32")
+    throw UsageError(
+        fmt::format("bench: --kind sdpa-varlen runs float32 only, got --dtype {}", c.dtype));
   if (c.mode != "fwd" && c.mode != "fwdbwd")
     throw UsageError(fmt::format("bench: --mode must be fwd or fwdbwd, got '{}'", c.mode));
   if (c.dtype != "float32" && c.dtype != "bfloat16")
     throw UsageError(
         fmt::format("bench: --dtype must be float32, bfloat16 or all, got '{}'", c.dtype));
   if (c.mask != "none" && c.mask != "bool" && c.mask != "float")
-    throw UsageError(fmt::format("bench: --mask must be bool or float, got '{}'", printable(c.mask)));
+    throw UsageError(
+        fmt::format("bench: --mask must be bool or float, got '{}'", printable(c.mask)));
   if (c.kv_heads < 0 || (c.kv_heads > 0 && c.heads % c.kv_heads != 0))
-    throw UsageError(fmt::format("bench: --kv-heads must divide --heads {}, got {}", c.heads,
-                                 c.kv_heads));
+    throw UsageError(
+        fmt::format("bench: --kv-heads must divide --heads {}, got {}", c.heads, c.kv_heads));
   if (c.query_tokens < 0)
     throw UsageError(fmt::format("bench: --query-tokens must be >= 1, got {}", c.query_tokens));
   if (c.B < 1 || c.T < 1 || c.d_model < 1 || c.heads < 1 || c.d_model % c.heads != 0) {
@@ -109,10 +119,20 @@ double sdpa_pairs(const BenchCase& c) {
 // The useful causal FLOPs of one repeat (bench.h).
 double case_flops(const BenchCase& c) {
   const bool fwd = c.mode == "fwd";
-  if (c.kind == "core" || c.kind == "sdpa") {
-    // Query-key pairs: T²/2 causal; for sdpa, counted row by row (its band, Tq != Tk).
+  if (c.kind == "core" || c.kind == "sdpa" || c.kind == "sdpa-varlen") {
+    // Query-key pairs: T²/2 causal; for sdpa, counted row by row (its band, Tq != Tk);
+    // sdpa-varlen: the sum over its sequences (each a causal square, B = 1).
     double pairs = double(c.T) * double(c.T) / 2.0;
     if (c.kind == "sdpa") pairs = sdpa_pairs(c);
+    if (c.kind == "sdpa-varlen") {
+      pairs = 0.0;
+      for (const int64_t T : varlen_lengths(c)) {
+        BenchCase one = c;
+        one.T = T, one.query_tokens = 0, one.causal = true, one.mask = "none";
+        pairs += sdpa_pairs(one);
+      }
+      return (fwd ? 1.0 : 3.5) * 4.0 * pairs * double(c.d_model);
+    }
     const double core = 4.0 * double(c.B) * pairs * double(c.d_model);
     return fwd ? core : 3.5 * core;
   }
@@ -185,8 +205,8 @@ struct CoreProblem {
 // scaled_dot_product_attention (attn/sdpa.h) on the core's problem: packed
 // (B, T, H, hd) values read as (B, H, T, hd) views (token-major strides, no
 // copies), is_causal; the fused kernel, or the plain reference with --backend
-// reference; float32 or bfloat16 (the values rounded). The case's options change it: Tq queries (B, Tq, H, hd), G kv
-// heads (B, T, G, hd), the causal pattern as a dense bool or additive (Tq, T)
+// reference; float32 or bfloat16 (the values rounded). The case's options change it: Tq queries (B,
+// Tq, H, hd), G kv heads (B, T, G, hd), the causal pattern as a dense bool or additive (Tq, T)
 // mask, no causal mask, a window.
 struct SdpaBenchProblem {
   Tensor q, k, v, dout;  // (B, H, Tq, hd), (B, G, T, hd) views
@@ -212,7 +232,8 @@ struct SdpaBenchProblem {
       const float hidden = c.mask == "bool" ? 0.0f : -std::numeric_limits<float>::infinity();
       const float seen = c.mask == "bool" ? 1.0f : 0.0f;
       for (int64_t i = 0; i < Tq; ++i)
-        for (int64_t j = 0; j < c.T; ++j) m[static_cast<size_t>(i * c.T + j)] = j <= i ? seen : hidden;
+        for (int64_t j = 0; j < c.T; ++j)
+          m[static_cast<size_t>(i * c.T + j)] = j <= i ? seen : hidden;
       options.attn_mask = Tensor({Tq, c.T}, m);
       options.attn_mask_type = c.mask == "bool" ? MaskType::kBoolean : MaskType::kAdditive;
     }
@@ -222,6 +243,44 @@ struct SdpaBenchProblem {
   void forward() { f = scaled_dot_product_attention_forward(q, k, v, options); }
   void backward() {
     g = scaled_dot_product_attention_backward(dout, q, k, v, f.out, f.lse, options);
+  }
+  bool finite(bool backward) const {
+    return !has_non_finite(f.out) &&
+           (!backward || (!has_non_finite(g.dq) && !has_non_finite(g.dk) && !has_non_finite(g.dv)));
+  }
+};
+
+// sdpa_varlen_forward (attn/sdpa.h) on one packed batch of the case's
+// lengths: q, k, v (total, H, hd) contiguous, cu_seqlens of the lengths, is_causal.
+struct SdpaVarlenBenchProblem {
+  Tensor q, k, v, dout, cu_seqlens;
+  int64_t max_seqlen = 0;
+  SdpaOptions options;
+  SdpaForward f;
+  SdpaGrads g;
+  SdpaVarlenBenchProblem(const BenchCase& c, const std::string& backend) {
+    const int64_t hd = head_dim_of(c);
+    std::vector<int64_t> offsets{0};
+    for (const int64_t T : varlen_lengths(c)) {
+      offsets.push_back(offsets.back() + T);
+      max_seqlen = std::max(max_seqlen, T);
+    }
+    const int64_t total = offsets.back();
+    cu_seqlens = Tensor::from_int64({int64_t(offsets.size())}, offsets);
+    auto packed = [&](uint64_t seed) {
+      return Tensor({total, c.heads, hd}, normal_values(total * c.d_model, seed));
+    };
+    q = packed(1), k = packed(2), v = packed(3), dout = packed(4);
+    options.is_causal = true;
+    options.window_left = c.window_left;
+    options.backend = backend == "reference" ? SdpaBackend::kReference : SdpaBackend::kFused;
+  }
+  void forward() {
+    f = sdpa_varlen_forward(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, options);
+  }
+  void backward() {
+    g = sdpa_varlen_backward(dout, q, k, v, f.out, f.lse, cu_seqlens, cu_seqlens, max_seqlen,
+                             max_seqlen, options);
   }
   bool finite(bool backward) const {
     return !has_non_finite(f.out) &&
@@ -385,6 +444,12 @@ MemoryResult memory_module(const BenchCase& c) {
 // ---- printing ----
 
 std::string shape_text(const BenchCase& c) {
+  if (c.kind == "sdpa-varlen") {  // N sequences, TOTAL tokens: NsTOTALxDxH
+    const std::vector<int64_t> lengths = varlen_lengths(c);
+    int64_t total = 0;
+    for (const int64_t T : lengths) total += T;
+    return fmt::format("{}s{}x{}x{}", lengths.size(), total, c.d_model, c.heads);
+  }
   return fmt::format("{}x{}x{}x{}", c.B, c.T, c.d_model, c.heads);
 }
 
@@ -413,22 +478,23 @@ nlohmann::json to_json(const BenchResult& r, int repeats) {
                       {"repeats", repeats},
                       {"omp_threads", omp_threads()},
                       {"simd_target", kernels::flash_attention_target()}};
+  if (r.c.kind == "sdpa-varlen") j["seqlens"] = varlen_lengths(r.c);
   j["pct_sgemm"] = r.pct_sgemm >= 0 ? nlohmann::json(r.pct_sgemm) : nlohmann::json(nullptr);
   j["pct_peak"] = r.pct_peak >= 0 ? nlohmann::json(r.pct_peak) : nlohmann::json(nullptr);
   return j;
 }
 
 void print_table_header() {
-  fmt::print("{:<7} {:<7} {:<5} {:>15} {:>4} {:<10} {:>10} {:>9} {:>9} {:>8} {:>7}\n", "kind",
+  fmt::print("{:<11} {:<7} {:<5} {:>15} {:>4} {:<10} {:>10} {:>9} {:>9} {:>8} {:>7}\n", "kind",
              "mode", "dtype", "B x T x d x H", "hd", "path", "ms median", "ms min", "GFLOP/s",
              "% sgemm", "% peak");
-  fmt::print("{}\n", std::string(100, '-'));
+  fmt::print("{}\n", std::string(104, '-'));
 }
 
 std::string percent(double pct) { return pct >= 0 ? fmt::format("{:.1f}", pct) : "-"; }
 
 void print_table_row(const BenchResult& r) {
-  fmt::print("{:<7} {:<7} {:<5} {:>15} {:>4} {:<10} {:>10.2f} {:>9.2f} {:>9.1f} {:>8} {:>7}\n",
+  fmt::print("{:<11} {:<7} {:<5} {:>15} {:>4} {:<10} {:>10.2f} {:>9.2f} {:>9.1f} {:>8} {:>7}\n",
              r.c.kind, r.c.mode, r.c.dtype == "bfloat16" ? "bf16" : "fp32", shape_text(r.c),
              head_dim_of(r.c), r.backend, r.ms_median, r.ms_min, r.gflops, percent(r.pct_sgemm),
              percent(r.pct_peak));
@@ -493,6 +559,16 @@ BenchResult run_bench_case(const BenchCase& c, int repeats, const std::string& b
     if (!c.causal && c.mask == "none") r.backend += " full";
     if (c.kv_heads > 0 && c.kv_heads != c.heads) r.backend += fmt::format(" gqa{}", c.kv_heads);
     if (c.query_tokens > 0) r.backend += fmt::format(" tq{}", c.query_tokens);
+  } else if (c.kind == "sdpa-varlen") {
+    SdpaVarlenBenchProblem pr(c, backend);
+    time_repeats([&](bool check) {
+      pr.forward();
+      if (backward) pr.backward();
+      if (check && !pr.finite(backward))
+        throw std::runtime_error("bench: sdpa_varlen gave a non-finite result");
+    });
+    r.backend = backend == "reference" ? "reference" : "fused";
+    if (c.window_left >= 0) r.backend += fmt::format(" w{}", c.window_left);
   } else if (c.kind == "core") {
     CoreProblem pr(c);
     time_repeats([&](bool check) {
@@ -531,6 +607,7 @@ Command add_bench_command(CLI::App& app) {
     int64_t memory_tokens = 16384;
     int64_t window_left = -1;
     int64_t bandwidth_mib = 256;
+    std::vector<int64_t> seqlens;
     std::string mask = "none";
     bool no_causal = false;
     int64_t kv_heads = 0, query_tokens = 0;
@@ -553,7 +630,9 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_option("--kind", f->kind,
                   "core, module, sdpa or all (all: core and module; sdpa: "
                   "scaled_dot_product_attention on the core's problem), or a comma-separated "
-                  "list (core,sdpa: the two side by side)")
+                  "list (core,sdpa: the two side by side); sdpa-varlen: sdpa_varlen_forward on "
+                  "one packed batch of --seqlens (float32, causal, --window-left; shape column "
+                  "NsTOTALxDxH)")
       ->capture_default_str();
   cmd->add_option("--mode", f->mode, "fwd, fwdbwd or all")->capture_default_str();
   cmd->add_option("--dtype", f->dtype,
@@ -589,6 +668,11 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_option("--window-left", f->window_left,
                   "sdpa rows: a causal sliding window of this many keys before each query")
       ->type_name("W");
+  cmd->add_option("--seqlens", f->seqlens,
+                  "sdpa-varlen rows: the lengths of the packed sequences, comma-separated, "
+                  "e.g. 512,1024,256,2048 (default: each shape's B sequences of T tokens)")
+      ->delimiter(',')
+      ->type_name("LIST");
   cmd->add_option("--mask", f->mask,
                   "sdpa rows: bool or float, the causal pattern as a dense (Tq, T) attn_mask "
                   "instead of is_causal")
@@ -627,14 +711,16 @@ Command add_bench_command(CLI::App& app) {
     if (given("--window-left") && f->window_left < 0)
       throw UsageError(fmt::format("bench: --window-left must be >= 0, got {}", f->window_left));
     if (f->mask != "none" && f->mask != "bool" && f->mask != "float")
-      throw UsageError(fmt::format("bench: --mask must be bool or float, got '{}'", printable(f->mask)));
+      throw UsageError(
+          fmt::format("bench: --mask must be bool or float, got '{}'", printable(f->mask)));
     if (given("--kv-heads")) {  // every shape's heads, before anything is printed
       const bool one_shape =
           given("--batch") || given("--tokens") || given("--d-model") || given("--heads");
       std::vector<int64_t> heads = {f->heads};
       if (!one_shape) {
         heads.clear();
-        for (const auto& s : f->shapes.empty() ? (f->quick ? kQuickShapes : kDefaultShapes) : f->shapes)
+        for (const auto& s :
+             f->shapes.empty() ? (f->quick ? kQuickShapes : kDefaultShapes) : f->shapes)
           heads.push_back(parse_bench_shape(s).heads);
       }
       for (const int64_t h : heads)
@@ -647,14 +733,24 @@ Command add_bench_command(CLI::App& app) {
     for (size_t at = 0; at <= f->kind.size();) {
       const size_t comma = std::min(f->kind.find(',', at), f->kind.size());
       const std::string kind = f->kind.substr(at, comma - at);
-      if (kind != "all" && kind != "core" && kind != "module" && kind != "sdpa")
-        throw UsageError(fmt::format("bench: --kind must be core, module, sdpa or all, got '{}'",
-                                     printable(f->kind)));
+      if (kind != "all" && kind != "core" && kind != "module" && kind != "sdpa" &&
+          kind != "sdpa-varlen")
+        throw UsageError(
+            fmt::format("bench: --kind must be core, module, sdpa, sdpa-varlen or all, got '{}'",
+                        printable(f->kind)));
       if (kind == "all")
         kinds.insert(kinds.end(), {"core", "module"});
       else
         kinds.push_back(kind);
       at = comma + 1;
+    }
+    if (f->dtype == "bfloat16" && kinds == std::vector<std::string>{"sdpa-varlen"})
+      throw UsageError("bench: --kind sdpa-varlen runs float32 only, got --dtype bfloat16");
+    if (given("--seqlens")) {
+      if (std::find(kinds.begin(), kinds.end(), "sdpa-varlen") == kinds.end())
+        throw UsageError("bench: --seqlens applies to --kind sdpa-varlen only");
+      for (const int64_t T : f->seqlens)
+        if (T < 1) throw UsageError(fmt::format("bench: --seqlens holds lengths >= 1, got {}", T));
     }
     if (f->mode != "all" && f->mode != "fwd" && f->mode != "fwdbwd")
       throw UsageError(fmt::format("bench: --mode must be fwd, fwdbwd or all, got '{}'", f->mode));
@@ -779,21 +875,23 @@ Command add_bench_command(CLI::App& app) {
       for (const auto& [name, rate] : {std::pair{gemm::blas_name(), sgemm_blas},
                                        std::pair{gemm::fast_gemm_name(), sgemm_fast}}) {
         if (peak > 0 && rate > peak)
-          fmt::print("warning: sgemm on {} runs at {:.1f}% of the measured fp32 FMA peak: the peak "
-                     "probe under-reads this CPU, so the % peak figures below are too high\n",
-                     name, 100.0 * rate / peak);
+          fmt::print(
+              "warning: sgemm on {} runs at {:.1f}% of the measured fp32 FMA peak: the peak "
+              "probe under-reads this CPU, so the % peak figures below are too high\n",
+              name, 100.0 * rate / peak);
       }
       // A BLAS far below the peak (an old OpenBLAS on a newer CPU, or
       // OPENBLAS_CORETYPE pinned to an old core) slows whatever runs on it.
       if (peak > 0 && sgemm_blas < 0.5 * peak) {
         const char* coretype = std::getenv("OPENBLAS_CORETYPE");
-        fmt::print("note: the BLAS engine ({}) reaches {:.1f}% of the fp32 FMA peak{}; the chapter "
-                   "modules use it for PyTorch's sums, the GPT, training, generation and the fused "
-                   "paths use the fast engine ({})\n",
-                   gemm::blas_name(), 100.0 * sgemm_blas / peak,
-                   coretype != nullptr ? fmt::format(" (OPENBLAS_CORETYPE={})", printable(coretype))
-                                       : std::string(),
-                   gemm::fast_gemm_name());
+        fmt::print(
+            "note: the BLAS engine ({}) reaches {:.1f}% of the fp32 FMA peak{}; the chapter "
+            "modules use it for PyTorch's sums, the GPT, training, generation and the fused "
+            "paths use the fast engine ({})\n",
+            gemm::blas_name(), 100.0 * sgemm_blas / peak,
+            coretype != nullptr ? fmt::format(" (OPENBLAS_CORETYPE={})", printable(coretype))
+                                : std::string(),
+            gemm::fast_gemm_name());
       }
       fmt::print("\n");
       print_table_header();
@@ -804,8 +902,10 @@ Command add_bench_command(CLI::App& app) {
       for (const auto& kind : kinds) {
         for (const auto& mode : modes) {
           for (const auto& dtype : dtypes) {
+            if (kind == "sdpa-varlen" && dtype != "float32") continue;  // float32 only, for now
             BenchCase c = shape;
             c.kind = kind, c.mode = mode, c.dtype = dtype;
+            if (kind == "sdpa-varlen") c.window_left = f->window_left, c.seqlens = f->seqlens;
             if (kind == "sdpa") {
               c.window_left = f->window_left, c.mask = f->mask, c.causal = !f->no_causal;
               c.kv_heads = f->kv_heads, c.query_tokens = f->query_tokens;

@@ -16,10 +16,15 @@
 //           --no-causal attends to every key; --kv-heads G shares each key/value
 //           head among H / G query heads (enable_gqa); --query-tokens Tq makes
 //           Tq queries against the T keys (top-left causal alignment)
+//   sdpa-varlen  sdpa_varlen_forward [+ _backward] (attn/sdpa.h): one packed
+//           (total, H, hd) batch of the --seqlens lengths (default: the shape's
+//           B sequences of T), is_causal, --window-left too; float32; its shape
+//           column reads NsTOTALxDxH (N sequences, TOTAL tokens)
 // Useful FLOPs (causal):
 //   core forward      4·B·H·T²·hd / 2             (Q Kᵀ and P V, only j <= i; sdpa:
 //                     4·B·H·hd·(query-key pairs it may attend), e.g. with a window w
-//                     4·B·H·hd·Σ_i min(i + 1, w + 1); a dense mask counts as is_causal)
+//                     4·B·H·hd·Σ_i min(i + 1, w + 1); a dense mask counts as is_causal;
+//                     sdpa-varlen: the sum over its sequences)
 //   core backward     2.5 × core forward          (five T×T×hd products instead of two)
 //   projections       2·B·T·d_in·d_out per linear (4 linears: q, k, v, out_proj)
 //   module forward    projections + core forward
@@ -67,6 +72,8 @@ struct BenchCase {
   bool causal = true;         // is_causal (off: every key; cross-attention)
   int64_t kv_heads = 0;       // 0: heads; else grouped-query attention with this many kv heads
   int64_t query_tokens = 0;   // 0: T; else Tq (keys stay T): cross-attention, a KV cache's prefill
+  // sdpa-varlen only: the packed sequences' lengths (empty: B sequences of T tokens).
+  std::vector<int64_t> seqlens = {};
 };
 
 struct BenchResult {
