@@ -97,9 +97,9 @@ struct SdpaForward {
 };
 
 struct SdpaGrads {
-  // q's dtype (all three); summed over the query heads of each group (dk, dv)
-  Tensor dq;  // (B, Hq, Tq, D)   contiguous; varlen: (total_q, Hq, D)
-  Tensor dk;  // (B, Hkv, Tk, D)  varlen: (total_k, Hkv, D)
+  Tensor dq;  // (B, Hq, Tq, D)   contiguous, q's dtype (all three); varlen: (total_q, Hq, D)
+  Tensor
+      dk;  // (B, Hkv, Tk, D)  summed over the query heads of each group; varlen: (total_k, Hkv, D)
   Tensor dv;  // (B, Hkv, Tk, Dv) varlen: (total_k, Hkv, Dv)
 };
 
@@ -199,7 +199,7 @@ struct SdpaOutputT {
 };
 
 // The backward's tensors: dout and out (B, Hq, Tq, Dv) with their strides, lse
-// (B, Hq, Tq) as SdpaOutputT's; dq, dk, dv are written (not accumulated) with theirs.
+// (B, Hq, Tq) contiguous; dq, dk, dv are written (not accumulated) with theirs.
 template <class T>
 struct SdpaBackwardIOT {
   const T* dout = nullptr;
@@ -207,7 +207,7 @@ struct SdpaBackwardIOT {
   const T* out = nullptr;
   SdpaStrides out_strides;
   const float* lse = nullptr;
-  std::optional<SdpaStrides> lse_strides = std::nullopt;
+  std::optional<SdpaStrides> lse_strides = std::nullopt;  // as SdpaOutputT's
   T* dq = nullptr;
   T* dk = nullptr;
   T* dv = nullptr;
@@ -224,19 +224,66 @@ using SdpaBackwardIOBf16 = SdpaBackwardIOT<BFloat16>;
 // lse's (b, h, t) strides: as given, else contiguous (B, Hq, Tq), or (Hq, Tq) with
 // b stride 0 for a varlen problem.
 template <class T>
-SdpaStrides sdpa_lse_strides(const std::optional<SdpaStrides>& given, const SdpaProblemT<T>& p);
+SdpaStrides sdpa_lse_strides(const std::optional<SdpaStrides>& given, const SdpaProblemT<T>& p) {
+  if (given) return *given;
+  if (p.cu_seqlens_q) return {0, p.Tq, 1, 1};  // (Hq, total_q)
+  return {p.Hq * p.Tq, p.Tq, 1, 1};            // (B, Hq, Tq)
+}
 
 // Sequence b of a varlen problem as a batched problem of its own: Tq, Tk its
 // lengths, every pointer moved to its first row, every b stride 0 and no
 // cu_seqlens. B stays the number of sequences and the view is run as batch b:
 // the b strides being 0, b picks only its Philox counter and its row of
-// (nseq, Hq) ALiBi slopes. T = float or BFloat16 (defined for those two).
+// (nseq, Hq) ALiBi slopes. T = float or BFloat16.
+namespace detail {
+// Row t of a (b, h, t) strided buffer's t axis as the first row of a view whose b stride is 0.
+template <class U>
+U* sdpa_rows_from(U* base, SdpaStrides& s, int64_t t) {
+  s.b = 0;
+  return base ? base + t * s.t : nullptr;
+}
+}  // namespace detail
+
 template <class T>
-SdpaProblemT<T> sdpa_sequence(const SdpaProblemT<T>& p, int64_t b);
+SdpaProblemT<T> sdpa_sequence(const SdpaProblemT<T>& p, int64_t b) {
+  const int64_t q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
+  SdpaProblemT<T> s = p;
+  s.Tq = p.cu_seqlens_q[b + 1] - q0;
+  s.Tk = p.cu_seqlens_k[b + 1] - k0;
+  s.q = detail::sdpa_rows_from(p.q, s.q_strides, q0);
+  s.k = detail::sdpa_rows_from(p.k, s.k_strides, k0);
+  s.v = detail::sdpa_rows_from(p.v, s.v_strides, k0);
+  s.mask = nullptr;
+  s.cu_seqlens_q = s.cu_seqlens_k = nullptr;
+  return s;
+}
+
 template <class T>
-SdpaOutputT<T> sdpa_sequence(const SdpaOutputT<T>& o, const SdpaProblemT<T>& p, int64_t b);
+SdpaOutputT<T> sdpa_sequence(const SdpaOutputT<T>& o, const SdpaProblemT<T>& p, int64_t b) {
+  const int64_t q0 = p.cu_seqlens_q[b];
+  SdpaOutputT<T> s = o;
+  s.out = detail::sdpa_rows_from(o.out, s.out_strides, q0);
+  SdpaStrides ls = sdpa_lse_strides(o.lse_strides, p);
+  s.lse = detail::sdpa_rows_from(o.lse, ls, q0);
+  s.lse_strides = ls;
+  return s;
+}
+
 template <class T>
-SdpaBackwardIOT<T> sdpa_sequence(const SdpaBackwardIOT<T>& io, const SdpaProblemT<T>& p, int64_t b);
+SdpaBackwardIOT<T> sdpa_sequence(const SdpaBackwardIOT<T>& io, const SdpaProblemT<T>& p,
+                                 int64_t b) {
+  const int64_t q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
+  SdpaBackwardIOT<T> s = io;
+  s.dout = detail::sdpa_rows_from(io.dout, s.dout_strides, q0);
+  s.out = detail::sdpa_rows_from(io.out, s.out_strides, q0);
+  SdpaStrides ls = sdpa_lse_strides(io.lse_strides, p);
+  s.lse = detail::sdpa_rows_from(io.lse, ls, q0);
+  s.lse_strides = ls;
+  s.dq = detail::sdpa_rows_from(io.dq, s.dq_strides, q0);
+  s.dk = detail::sdpa_rows_from(io.dk, s.dk_strides, k0);
+  s.dv = detail::sdpa_rows_from(io.dv, s.dv_strides, k0);
+  return s;
+}
 
 namespace ref {
 // The specification: one query row at a time, scores in fp32, any strides.

@@ -442,7 +442,10 @@ void VarlenForward(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p) {
 
 template <class T>
 void SdpaForwardImpl(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p) {
-  if (p.cu_seqlens_q) return VarlenForward(out, p);
+  if (p.cu_seqlens_q) {
+    VarlenForward(out, p);
+    return;
+  }
   const Band band = MakeBand(p);
   const size_t D = size_t(p.D), Dvp = RoundUp(size_t(p.Dv), kN);
   const int64_t n_qt = (p.Tq + int64_t(kBr) - 1) / int64_t(kBr);

@@ -1,9 +1,9 @@
 // Variable-length packed batches for scaled-dot-product attention (attn/sdpa.h,
 // flash_attn_varlen_func's semantics): the Tensor entry points and their checks
-// (messages name the values), and the sequence views the reference and the
-// fused kernel run each sequence through. bf16, as src/nn/sdpa.cpp: the fused
-// kernel reads the bf16 tensors in place; the reference runs on exact fp32
-// copies and its outputs are rounded to bf16.
+// (messages name the values). The sequence views the reference and the fused
+// kernel run each sequence through (sdpa_sequence) are in attn/sdpa.h. bf16,
+// as src/nn/sdpa.cpp: the fused kernel reads the bf16 tensors in place; the
+// reference runs on exact fp32 copies and its outputs are rounded to bf16.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -17,78 +17,6 @@
 #include "attn/sdpa.h"
 
 namespace attn {
-
-// ---- the raw layer: one sequence of a varlen problem ---------------------------------
-
-template <class T>
-SdpaStrides sdpa_lse_strides(const std::optional<SdpaStrides>& given, const SdpaProblemT<T>& p) {
-  if (given) return *given;
-  if (p.cu_seqlens_q) return {0, p.Tq, 1, 1};  // (Hq, total_q)
-  return {p.Hq * p.Tq, p.Tq, 1, 1};            // (B, Hq, Tq)
-}
-
-namespace {
-
-// Row t of a (b, h, t) strided buffer's t axis as the first row of a view whose b stride is 0.
-template <typename T>
-T* rows_from(T* base, SdpaStrides& s, int64_t t) {
-  s.b = 0;
-  return base ? base + t * s.t : nullptr;
-}
-
-}  // namespace
-
-template <class T>
-SdpaProblemT<T> sdpa_sequence(const SdpaProblemT<T>& p, int64_t b) {
-  const int64_t q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
-  SdpaProblemT<T> s = p;
-  s.Tq = p.cu_seqlens_q[b + 1] - q0;
-  s.Tk = p.cu_seqlens_k[b + 1] - k0;
-  s.q = rows_from(p.q, s.q_strides, q0);
-  s.k = rows_from(p.k, s.k_strides, k0);
-  s.v = rows_from(p.v, s.v_strides, k0);
-  s.mask = nullptr;
-  s.cu_seqlens_q = s.cu_seqlens_k = nullptr;
-  return s;
-}
-
-template <class T>
-SdpaOutputT<T> sdpa_sequence(const SdpaOutputT<T>& o, const SdpaProblemT<T>& p, int64_t b) {
-  const int64_t q0 = p.cu_seqlens_q[b];
-  SdpaOutputT<T> s = o;
-  s.out = rows_from(o.out, s.out_strides, q0);
-  SdpaStrides ls = sdpa_lse_strides(o.lse_strides, p);
-  s.lse = rows_from(o.lse, ls, q0);
-  s.lse_strides = ls;
-  return s;
-}
-
-template <class T>
-SdpaBackwardIOT<T> sdpa_sequence(const SdpaBackwardIOT<T>& io, const SdpaProblemT<T>& p,
-                                 int64_t b) {
-  const int64_t q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
-  SdpaBackwardIOT<T> s = io;
-  s.dout = rows_from(io.dout, s.dout_strides, q0);
-  s.out = rows_from(io.out, s.out_strides, q0);
-  SdpaStrides ls = sdpa_lse_strides(io.lse_strides, p);
-  s.lse = rows_from(io.lse, ls, q0);
-  s.lse_strides = ls;
-  s.dq = rows_from(io.dq, s.dq_strides, q0);
-  s.dk = rows_from(io.dk, s.dk_strides, k0);
-  s.dv = rows_from(io.dv, s.dv_strides, k0);
-  return s;
-}
-
-// The two element types of attn/sdpa.h's raw layer.
-template SdpaStrides sdpa_lse_strides(const std::optional<SdpaStrides>&, const SdpaProblem&);
-template SdpaStrides sdpa_lse_strides(const std::optional<SdpaStrides>&, const SdpaProblemBf16&);
-template SdpaProblem sdpa_sequence(const SdpaProblem&, int64_t);
-template SdpaProblemBf16 sdpa_sequence(const SdpaProblemBf16&, int64_t);
-template SdpaOutput sdpa_sequence(const SdpaOutput&, const SdpaProblem&, int64_t);
-template SdpaOutputBf16 sdpa_sequence(const SdpaOutputBf16&, const SdpaProblemBf16&, int64_t);
-template SdpaBackwardIO sdpa_sequence(const SdpaBackwardIO&, const SdpaProblem&, int64_t);
-template SdpaBackwardIOBf16 sdpa_sequence(const SdpaBackwardIOBf16&, const SdpaProblemBf16&,
-                                          int64_t);
 
 // ---- the Tensor entry points ---------------------------------------------------------
 

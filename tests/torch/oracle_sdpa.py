@@ -359,7 +359,7 @@ def generate(out_dir: pathlib.Path) -> None:
                {"torch": torch.__version__, "dtype": "float64 maths on bfloat16 inputs",
                 "cases": cases})
     rng = random.Random(2021)
-    varlen = [make_varlen_case(5000 + n, draw_varlen_case(rng)) for n in range(VARLEN_CASES)]
+    varlen = [make_varlen_case(7000 + n, draw_varlen_case(rng)) for n in range(VARLEN_CASES)]
     write_json(pathlib.Path(out_dir) / "sdpa_varlen.json",
                {"torch": torch.__version__, "dtype": "float64 maths on float32 inputs", "cases": varlen})
     rng = random.Random(2022)

@@ -75,8 +75,8 @@ TEST(BenchCli, SdpaCasesCountTheirPairs) {
                         Case{"--kv-heads 1", "fused gqa1", 33.0 * 33 / 2},
                         Case{"--no-causal --query-tokens 7", "fused full tq7", 7.0 * 33},
                         Case{"--query-tokens 40", "fused tq40", 33.0 * 34 / 2 + 7 * 33}}) {
-    const auto r = run_cli("bench --json --kind sdpa --shapes 2x33x48x3 --mode fwdbwd --repeats 1 " +
-                           c.flags);
+    const auto r =
+        run_cli("bench --json --kind sdpa --shapes 2x33x48x3 --mode fwdbwd --repeats 1 " + c.flags);
     ASSERT_EQ(r.exit_code, 0) << c.flags << "\n" << r.err;
     const auto rows = nlohmann::json::parse(r.out);
     ASSERT_EQ(rows.size(), 1u);

@@ -81,10 +81,11 @@ void check_case(const BenchCase& c) {
     throw UsageError(
         fmt::format("bench: --dtype must be float32, bfloat16 or all, got '{}'", c.dtype));
   if (c.mask != "none" && c.mask != "bool" && c.mask != "float")
-    throw UsageError(fmt::format("bench: --mask must be bool or float, got '{}'", printable(c.mask)));
+    throw UsageError(
+        fmt::format("bench: --mask must be bool or float, got '{}'", printable(c.mask)));
   if (c.kv_heads < 0 || (c.kv_heads > 0 && c.heads % c.kv_heads != 0))
-    throw UsageError(fmt::format("bench: --kv-heads must divide --heads {}, got {}", c.heads,
-                                 c.kv_heads));
+    throw UsageError(
+        fmt::format("bench: --kv-heads must divide --heads {}, got {}", c.heads, c.kv_heads));
   if (c.query_tokens < 0)
     throw UsageError(fmt::format("bench: --query-tokens must be >= 1, got {}", c.query_tokens));
   if (c.B < 1 || c.T < 1 || c.d_model < 1 || c.heads < 1 || c.d_model % c.heads != 0) {
@@ -202,8 +203,8 @@ struct CoreProblem {
 // scaled_dot_product_attention (attn/sdpa.h) on the core's problem: packed
 // (B, T, H, hd) values read as (B, H, T, hd) views (token-major strides, no
 // copies), is_causal; the fused kernel, or the plain reference with --backend
-// reference; float32 or bfloat16 (the values rounded). The case's options change it: Tq queries (B, Tq, H, hd), G kv
-// heads (B, T, G, hd), the causal pattern as a dense bool or additive (Tq, T)
+// reference; float32 or bfloat16 (the values rounded). The case's options change it: Tq queries (B,
+// Tq, H, hd), G kv heads (B, T, G, hd), the causal pattern as a dense bool or additive (Tq, T)
 // mask, no causal mask, a window.
 struct SdpaBenchProblem {
   Tensor q, k, v, dout;  // (B, H, Tq, hd), (B, G, T, hd) views
@@ -229,7 +230,8 @@ struct SdpaBenchProblem {
       const float hidden = c.mask == "bool" ? 0.0f : -std::numeric_limits<float>::infinity();
       const float seen = c.mask == "bool" ? 1.0f : 0.0f;
       for (int64_t i = 0; i < Tq; ++i)
-        for (int64_t j = 0; j < c.T; ++j) m[static_cast<size_t>(i * c.T + j)] = j <= i ? seen : hidden;
+        for (int64_t j = 0; j < c.T; ++j)
+          m[static_cast<size_t>(i * c.T + j)] = j <= i ? seen : hidden;
       options.attn_mask = Tensor({Tq, c.T}, m);
       options.attn_mask_type = c.mask == "bool" ? MaskType::kBoolean : MaskType::kAdditive;
     }
@@ -710,14 +712,16 @@ Command add_bench_command(CLI::App& app) {
     if (given("--window-left") && f->window_left < 0)
       throw UsageError(fmt::format("bench: --window-left must be >= 0, got {}", f->window_left));
     if (f->mask != "none" && f->mask != "bool" && f->mask != "float")
-      throw UsageError(fmt::format("bench: --mask must be bool or float, got '{}'", printable(f->mask)));
+      throw UsageError(
+          fmt::format("bench: --mask must be bool or float, got '{}'", printable(f->mask)));
     if (given("--kv-heads")) {  // every shape's heads, before anything is printed
       const bool one_shape =
           given("--batch") || given("--tokens") || given("--d-model") || given("--heads");
       std::vector<int64_t> heads = {f->heads};
       if (!one_shape) {
         heads.clear();
-        for (const auto& s : f->shapes.empty() ? (f->quick ? kQuickShapes : kDefaultShapes) : f->shapes)
+        for (const auto& s :
+             f->shapes.empty() ? (f->quick ? kQuickShapes : kDefaultShapes) : f->shapes)
           heads.push_back(parse_bench_shape(s).heads);
       }
       for (const int64_t h : heads)
