@@ -61,7 +61,7 @@ TEST(BenchCli, SdpaWindowCountsTheBandsPairs) {
   EXPECT_NEAR(double(rows[0]["flops"]), expected, 1e-9 * expected);
 }
 
-// --kind sdpa --dtype bf16 (bfloat16) times the bf16 tensors; the row names the path that ran.
+// --kind sdpa --dtype bfloat16 times the bf16 tensors; the row names the path that ran.
 TEST(BenchCli, SdpaRunsInBfloat16AndNamesItsPath) {
   ATTN_REQUIRE_CLI();
   const auto r =
