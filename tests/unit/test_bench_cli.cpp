@@ -89,7 +89,7 @@ TEST(BenchCli, SdpaCasesCountTheirPairs) {
   }
 }
 
-// --kind sdpa --dtype bf16 (bfloat16) times the bf16 tensors; the row names the path that ran.
+// --kind sdpa --dtype bfloat16 times the bf16 tensors; the row names the path that ran.
 TEST(BenchCli, SdpaRunsInBfloat16AndNamesItsPath) {
   ATTN_REQUIRE_CLI();
   const auto r =
