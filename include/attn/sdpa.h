@@ -92,14 +92,15 @@ struct SdpaOptions {
 };
 
 struct SdpaForward {
-  Tensor out;  // (B, Hq, Tq, Dv) contiguous, q's dtype
-  Tensor lse;  // (B, Hq, Tq) contiguous, float32
+  Tensor out;  // (B, Hq, Tq, Dv) contiguous, q's dtype; varlen: (total_q, Hq, Dv)
+  Tensor lse;  // (B, Hq, Tq) contiguous, float32; varlen: (Hq, total_q)
 };
 
 struct SdpaGrads {
-  Tensor dq;  // (B, Hq, Tq, D)   contiguous, q's dtype (all three)
-  Tensor dk;  // (B, Hkv, Tk, D)  summed over the query heads of each group
-  Tensor dv;  // (B, Hkv, Tk, Dv)
+  Tensor dq;  // (B, Hq, Tq, D)   contiguous, q's dtype (all three); varlen: (total_q, Hq, D)
+  Tensor
+      dk;  // (B, Hkv, Tk, D)  summed over the query heads of each group; varlen: (total_k, Hkv, D)
+  Tensor dv;  // (B, Hkv, Tk, Dv) varlen: (total_k, Hkv, Dv)
 };
 
 // Checks everything (dtypes as above, 4-D shapes that agree, the mask's shape and
@@ -114,6 +115,43 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 SdpaGrads scaled_dot_product_attention_backward(const Tensor& dout, const Tensor& q,
                                                 const Tensor& k, const Tensor& v, const Tensor& out,
                                                 const Tensor& lse, const SdpaOptions& options = {});
+
+// ---- variable-length packed batches (flash_attn_varlen_func's) -------------------------
+// Many sequences of different lengths in one call, no padding: the tokens of
+// every sequence one after the other along dim 0 (token-major, as FlashAttention 2
+// takes them), sequence b at rows [cu_seqlens[b], cu_seqlens[b + 1]):
+//   q (total_q, Hq, D)   k (total_k, Hkv, D)   v (total_k, Hkv, Dv)   ->   out (total_q, Hq, Dv)
+//   lse (Hq, total_q): FlashAttention 2's varlen layout (one row per head, the
+//   tokens of every sequence along it); -inf for a row with no key.
+//   cu_seqlens_q, cu_seqlens_k: int64 (nseq + 1), 0 = c[0] <= c[1] <= ... <= c[nseq] = total
+//   (attn has no int32 dtype); a sequence may be empty (length 0: it contributes
+//   nothing; queries with no key give 0 as above). Tq_b and Tk_b (sequence b's
+//   lengths) may differ. max_seqlen_q, max_seqlen_k: at least every length
+//   (checked; FlashAttention 2 trusts them).
+// Any strides with the last dim contiguous (slices of a fused (total, 3, H, D)
+// buffer are read in place; an input whose last stride is not 1 is copied first).
+// Each sequence is exactly the batched problem above with B = 1, Tq = Tq_b, Tk = Tk_b:
+// causal alignment (FlashAttention 2's causal is CausalAlignment::kBottomRight:
+// δ = Tk_b - Tq_b), windows, ALiBi distances in the sequence's own positions;
+// alibi_slopes (Hq) or (nseq, Hq); GQA; softcap; dropout with sequence b's
+// Philox counter at (b, h, i, j), i and j positions within the sequence.
+// attn_mask is refused (a per-sequence dense mask has no packed form).
+// dtypes as the batched functions: q, k, v (dout, out) float32 or all bfloat16,
+// out, dq, dk, dv in q's dtype, lse float32 (bf16: the reference on the widened
+// values, rounded; the fused kernel widens tile by tile).
+// Without dropout, the fused kernel's answer for each sequence is bit-identical
+// to scaled_dot_product_attention_forward on that sequence alone (in either dtype).
+SdpaForward sdpa_varlen_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                                int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                const SdpaOptions& options = {});
+// dout (total_q, Hq, Dv), q's dtype; out, lse the forward's. dq (total_q, Hq, D), dk (total_k,
+// Hkv, D), dv (total_k, Hkv, Dv), contiguous.
+SdpaGrads sdpa_varlen_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
+                               const Tensor& v, const Tensor& out, const Tensor& lse,
+                               const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                               int64_t max_seqlen_q, int64_t max_seqlen_k,
+                               const SdpaOptions& options = {});
 
 // ---- the raw layer: pointers, sizes and strides --------------------------------------
 // What the Tensor functions above hand to the reference and the kernel, after
@@ -142,14 +180,22 @@ struct SdpaProblemT {
   int64_t window_left = -1, window_right = -1;
   float dropout_p = 0.0f;
   uint64_t dropout_seed = 0;
+  // A variable-length packed batch (sdpa_varlen_*) when set: B sequences,
+  // sequence b at query rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]) and key/value
+  // rows [cu_seqlens_k[b], cu_seqlens_k[b + 1]) of the t axes; Tq, Tk are the
+  // totals; the b strides are not read (the mask is unused: nullptr).
+  const int64_t* cu_seqlens_q = nullptr;  // (B + 1)
+  const int64_t* cu_seqlens_k = nullptr;  // (B + 1)
 };
 
-// The output side: out (B, Hq, Tq, Dv) with its strides, lse (B, Hq, Tq) contiguous.
+// The output side: out (B, Hq, Tq, Dv) with its strides, lse (B, Hq, Tq) with its
+// (b, h, t) strides: none means contiguous, or (Hq, Tq) for a varlen problem.
 template <class T>
 struct SdpaOutputT {
   T* out = nullptr;
   SdpaStrides out_strides;
   float* lse = nullptr;
+  std::optional<SdpaStrides> lse_strides = std::nullopt;
 };
 
 // The backward's tensors: dout and out (B, Hq, Tq, Dv) with their strides, lse
@@ -161,6 +207,7 @@ struct SdpaBackwardIOT {
   const T* out = nullptr;
   SdpaStrides out_strides;
   const float* lse = nullptr;
+  std::optional<SdpaStrides> lse_strides = std::nullopt;  // as SdpaOutputT's
   T* dq = nullptr;
   T* dk = nullptr;
   T* dv = nullptr;
@@ -173,6 +220,70 @@ using SdpaBackwardIO = SdpaBackwardIOT<float>;
 using SdpaProblemBf16 = SdpaProblemT<BFloat16>;
 using SdpaOutputBf16 = SdpaOutputT<BFloat16>;
 using SdpaBackwardIOBf16 = SdpaBackwardIOT<BFloat16>;
+
+// lse's (b, h, t) strides: as given, else contiguous (B, Hq, Tq), or (Hq, Tq) with
+// b stride 0 for a varlen problem.
+template <class T>
+SdpaStrides sdpa_lse_strides(const std::optional<SdpaStrides>& given, const SdpaProblemT<T>& p) {
+  if (given) return *given;
+  if (p.cu_seqlens_q) return {0, p.Tq, 1, 1};  // (Hq, total_q)
+  return {p.Hq * p.Tq, p.Tq, 1, 1};            // (B, Hq, Tq)
+}
+
+// Sequence b of a varlen problem as a batched problem of its own: Tq, Tk its
+// lengths, every pointer moved to its first row, every b stride 0 and no
+// cu_seqlens. B stays the number of sequences and the view is run as batch b:
+// the b strides being 0, b picks only its Philox counter and its row of
+// (nseq, Hq) ALiBi slopes. T = float or BFloat16.
+namespace detail {
+// Row t of a (b, h, t) strided buffer's t axis as the first row of a view whose b stride is 0.
+template <class U>
+U* sdpa_rows_from(U* base, SdpaStrides& s, int64_t t) {
+  s.b = 0;
+  return base ? base + t * s.t : nullptr;
+}
+}  // namespace detail
+
+template <class T>
+SdpaProblemT<T> sdpa_sequence(const SdpaProblemT<T>& p, int64_t b) {
+  const int64_t q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
+  SdpaProblemT<T> s = p;
+  s.Tq = p.cu_seqlens_q[b + 1] - q0;
+  s.Tk = p.cu_seqlens_k[b + 1] - k0;
+  s.q = detail::sdpa_rows_from(p.q, s.q_strides, q0);
+  s.k = detail::sdpa_rows_from(p.k, s.k_strides, k0);
+  s.v = detail::sdpa_rows_from(p.v, s.v_strides, k0);
+  s.mask = nullptr;
+  s.cu_seqlens_q = s.cu_seqlens_k = nullptr;
+  return s;
+}
+
+template <class T>
+SdpaOutputT<T> sdpa_sequence(const SdpaOutputT<T>& o, const SdpaProblemT<T>& p, int64_t b) {
+  const int64_t q0 = p.cu_seqlens_q[b];
+  SdpaOutputT<T> s = o;
+  s.out = detail::sdpa_rows_from(o.out, s.out_strides, q0);
+  SdpaStrides ls = sdpa_lse_strides(o.lse_strides, p);
+  s.lse = detail::sdpa_rows_from(o.lse, ls, q0);
+  s.lse_strides = ls;
+  return s;
+}
+
+template <class T>
+SdpaBackwardIOT<T> sdpa_sequence(const SdpaBackwardIOT<T>& io, const SdpaProblemT<T>& p,
+                                 int64_t b) {
+  const int64_t q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
+  SdpaBackwardIOT<T> s = io;
+  s.dout = detail::sdpa_rows_from(io.dout, s.dout_strides, q0);
+  s.out = detail::sdpa_rows_from(io.out, s.out_strides, q0);
+  SdpaStrides ls = sdpa_lse_strides(io.lse_strides, p);
+  s.lse = detail::sdpa_rows_from(io.lse, ls, q0);
+  s.lse_strides = ls;
+  s.dq = detail::sdpa_rows_from(io.dq, s.dq_strides, q0);
+  s.dk = detail::sdpa_rows_from(io.dk, s.dk_strides, k0);
+  s.dv = detail::sdpa_rows_from(io.dv, s.dv_strides, k0);
+  return s;
+}
 
 namespace ref {
 // The specification: one query row at a time, scores in fp32, any strides.

@@ -34,6 +34,14 @@
 // flash_attention.cpp splits it (key-group tasks for dK, dV; query-tile tasks
 // for dQ); both visit each output's tile pairs in the same order, so the bits
 // do not depend on the thread count.
+// Variable-length packed batches (p.cu_seqlens_q set): the same tasks, each
+// on one sequence's view (attn/sdpa.h's sdpa_sequence: its lengths, its first
+// rows, b strides 0, run as batch b so Philox and ALiBi see the sequence
+// index); forward schedules (sequence, query group) x head items in one loop,
+// backward (sequence, key/value head) units or (sequence, key group) and
+// (sequence, query tile) tasks. No padding, no copy of the packed inputs; each
+// sequence's bits are those of the sequence run alone. In bf16 too: the
+// varlen schedules and views are templates on T like the rest.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -377,6 +385,7 @@ void ForwardGroup(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p, const Ban
     }
   }
   // O /= l; lse = ln(2^m · l) = (m + log2 l) · ln 2; l = 0 (no key): O = 0, lse = -inf.
+  const SdpaStrides ls = sdpa_lse_strides(out.lse_strides, p);
   for (size_t g = 0; g < ng; ++g) {
     const float* o = s.o.get() + g * kBr * Dvp;
     const float* m = s.m.get() + g * kBr;
@@ -387,8 +396,44 @@ void ForwardGroup(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p, const Ban
       T* oi =
           out.out + b * out.out_strides.b + h * out.out_strides.h + int64_t(t) * out.out_strides.t;
       for (size_t dd = 0; dd < Dv; ++dd) oi[dd] = Narrow<T>(o[i * Dvp + dd] * inv_l);
-      out.lse[(size_t(b) * size_t(p.Hq) + size_t(h)) * Tq + t] =
+      out.lse[b * ls.b + h * ls.h + int64_t(t) * ls.t] =
           l[i] > 0.0f ? (m[i] + std::log2(l[i])) * kLn2 : kNegInf;
+    }
+  }
+}
+
+// A varlen problem: (sequence, query group) x head work items in one loop,
+// each sequence through its view (sdpa_sequence) run as batch b; the groups
+// furthest down their sequences first (the heaviest under a causal band), as below.
+template <class T>
+void VarlenForward(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p) {
+  const size_t D = size_t(p.D), Dvp = RoundUp(size_t(p.Dv), kN);
+  const int64_t group_rows = int64_t(kBr * kGroup);
+  std::vector<int64_t> n_groups(size_t(p.B));
+  int64_t most = 0;
+  for (int64_t b = 0; b < p.B; ++b) {
+    const int64_t Tq = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
+    n_groups[size_t(b)] = (Tq + group_rows - 1) / group_rows;
+    most = std::max(most, n_groups[size_t(b)]);
+  }
+  std::vector<std::pair<int64_t, int64_t>> items;  // (sequence, query group)
+  for (int64_t group = most - 1; group >= 0; --group)
+    for (int64_t b = 0; b < p.B; ++b)
+      if (group < n_groups[size_t(b)]) items.emplace_back(b, group);
+  const int64_t n_items = int64_t(items.size()) * p.Hq;
+#pragma omp parallel
+  {
+    ForwardScratch scratch(D, Dvp, !std::is_same_v<T, float>);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < n_items; ++item) {
+      const auto [b, group] = items[size_t(item / p.Hq)];
+      const int64_t h = item % p.Hq;
+      const SdpaProblemT<T> ps = sdpa_sequence(p, b);
+      const int64_t n_qt = (ps.Tq + int64_t(kBr) - 1) / int64_t(kBr);
+      const int64_t first = group * int64_t(kGroup);
+      const size_t ng = size_t(std::min(int64_t(kGroup), n_qt - first));
+      ForwardGroup(sdpa_sequence(out, p, b), ps, MakeBand(ps), b, h, size_t(first) * kBr, ng,
+                   scratch);
     }
   }
 }
@@ -397,6 +442,10 @@ void ForwardGroup(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p, const Ban
 
 template <class T>
 void SdpaForwardImpl(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p) {
+  if (p.cu_seqlens_q) {
+    VarlenForward(out, p);
+    return;
+  }
   const Band band = MakeBand(p);
   const size_t D = size_t(p.D), Dvp = RoundUp(size_t(p.Dv), kN);
   const int64_t n_qt = (p.Tq + int64_t(kBr) - 1) / int64_t(kBr);
@@ -460,6 +509,7 @@ struct BackwardProblem {
   SdpaStrides dqs;
   const float* Drow;  // (B, Hq, Tq) rowsum(dO ⊙ O)
   const float* lse2;  // (B, Hq, Tq) lse in base 2; +inf for a row with no key
+  SdpaStrides rows;   // Drow's and lse2's (b, h, t) strides (t = 1)
   size_t Dp, Dvp;
 };
 
@@ -486,9 +536,9 @@ HeadView<T> MakeHeadView(const BackwardProblem<T>& bp, int64_t b, int64_t h) {
   hv.v = At(p.v, p.v_strides, b, hk), hv.vs = size_t(p.v_strides.t);
   hv.dout = At(bp.dout, bp.dos, b, h), hv.dos = size_t(bp.dos.t);
   hv.dQ = bp.dq + b * bp.dqs.b + h * bp.dqs.h, hv.dQs = size_t(bp.dqs.t);
-  const size_t bh = size_t(b * p.Hq + h) * size_t(p.Tq);
-  hv.Drow = bp.Drow + bh;
-  hv.lse2 = bp.lse2 + bh;
+  const int64_t row0 = b * bp.rows.b + h * bp.rows.h;
+  hv.Drow = bp.Drow + row0;
+  hv.lse2 = bp.lse2 + row0;
   return hv;
 }
 
@@ -759,6 +809,12 @@ SdpaStrides Packed(int64_t H, int64_t T, size_t Wp) {
   return {H * T * int64_t(Wp), T * int64_t(Wp), int64_t(Wp), 1};
 }
 
+// The tasks, after SdpaBackwardImpl: a batched problem's, a varlen problem's.
+template <class T>
+void BatchedBackward(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp);
+template <class T>
+void VarlenBackward(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp);
+
 }  // namespace
 
 template <class T>
@@ -766,7 +822,12 @@ void SdpaBackwardImpl(const SdpaBackwardIOT<T>& io, const SdpaProblemT<T>& p) {
   constexpr bool kWide = !std::is_same_v<T, float>;
   const size_t Tq = size_t(p.Tq), D = size_t(p.D), Dv = size_t(p.Dv);
   const size_t Dp = RoundUp(D, kN), Dvp = RoundUp(Dv, kN);
-  const int64_t BH = p.B * p.Hq;
+  // What is computed row by row (D, lse2, the padded copies) sees a varlen
+  // problem as one batch of total_q queries and total_k keys (its b strides unread).
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int64_t B = varlen ? 1 : p.B;
+  const int64_t BH = B * p.Hq;
+  const SdpaStrides ls = sdpa_lse_strides(io.lse_strides, p);
   // D = rowsum(dO ⊙ O) and lse · log2(e), (B, Hq, Tq) each.
   auto Drow = hwy::AllocateAligned<float>(size_t(BH) * Tq);
   auto lse2 = hwy::AllocateAligned<float>(size_t(BH) * Tq);
@@ -778,7 +839,7 @@ void SdpaBackwardImpl(const SdpaBackwardIOT<T>& io, const SdpaProblemT<T>& p) {
       const T* oi = At(io.out, io.out_strides, b, h, int64_t(i));
       float sum = 0.0f;
       for (size_t dd = 0; dd < Dv; ++dd) sum += Widen(doi[dd]) * Widen(oi[dd]);
-      const float lse = io.lse[size_t(bh) * Tq + i];
+      const float lse = io.lse[b * ls.b + h * ls.h + int64_t(i) * ls.t];
       Drow[size_t(bh) * Tq + i] = lse == kNegInf ? 0.0f : sum;
       lse2[size_t(bh) * Tq + i] = lse == kNegInf ? -kNegInf : lse * kLog2e;
     }
@@ -790,19 +851,20 @@ void SdpaBackwardImpl(const SdpaBackwardIOT<T>& io, const SdpaProblemT<T>& p) {
   bp.qs = p.q_strides, bp.ks = p.k_strides, bp.dos = io.dout_strides;
   if constexpr (!kWide) bp.dq = io.dq, bp.dqs = io.dq_strides;  // else dq_pad, below
   bp.Drow = Drow.get(), bp.lse2 = lse2.get();
+  bp.rows = {p.Hq * p.Tq, p.Tq, 1, 1};
   bp.Dp = Dp, bp.Dvp = Dvp;
   // B operands (rows of Q, K, dO) and the dQ accumulator need whole vectors
   // (bf16: each tile is padded as it is widened; dQ sums in fp32).
   hwy::AlignedFreeUniquePtr<float[]> q_pad, k_pad, do_pad, dq_pad;
   if constexpr (!kWide) {
     if (Dp != D) {
-      q_pad = PadRows(p.q, p.q_strides, p.B, p.Hq, p.Tq, D, Dp);
-      k_pad = PadRows(p.k, p.k_strides, p.B, p.Hkv, p.Tk, D, Dp);
+      q_pad = PadRows(p.q, p.q_strides, B, p.Hq, p.Tq, D, Dp);
+      k_pad = PadRows(p.k, p.k_strides, B, p.Hkv, p.Tk, D, Dp);
       bp.q = q_pad.get(), bp.qs = Packed(p.Hq, p.Tq, Dp);
       bp.k = k_pad.get(), bp.ks = Packed(p.Hkv, p.Tk, Dp);
     }
     if (Dvp != Dv) {
-      do_pad = PadRows(io.dout, io.dout_strides, p.B, p.Hq, p.Tq, Dv, Dvp);
+      do_pad = PadRows(io.dout, io.dout_strides, B, p.Hq, p.Tq, Dv, Dvp);
       bp.dout = do_pad.get(), bp.dos = Packed(p.Hq, p.Tq, Dvp);
     }
   }
@@ -811,6 +873,31 @@ void SdpaBackwardImpl(const SdpaBackwardIOT<T>& io, const SdpaProblemT<T>& p) {
     dq_pad = hwy::AllocateAligned<float>(size_t(BH) * Tq * Dp);
     bp.dq = dq_pad.get(), bp.dqs = Packed(p.Hq, p.Tq, Dp);
   }
+  if (varlen)
+    VarlenBackward(io, bp);
+  else
+    BatchedBackward(io, bp);
+  if (dq_padded) {
+#pragma omp parallel for schedule(static)
+    for (int64_t bht = 0; bht < BH * p.Tq; ++bht) {
+      const int64_t b = bht / (p.Hq * p.Tq), h = bht / p.Tq % p.Hq, t = bht % p.Tq;
+      const float* row = dq_pad.get() + size_t(bht) * Dp;
+      std::transform(row, row + D,
+                     io.dq + b * io.dq_strides.b + h * io.dq_strides.h + t * io.dq_strides.t,
+                     Narrow<T>);
+    }
+  }
+}
+
+namespace {
+
+// The batched problem's tasks.
+template <class T>
+void BatchedBackward(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp) {
+  constexpr bool kWide = !std::is_same_v<T, float>;
+  const SdpaProblemT<T>& p = *bp.p;
+  const size_t Tq = size_t(p.Tq), D = size_t(p.D), Dv = size_t(p.Dv), Dp = bp.Dp, Dvp = bp.Dvp;
+  const int64_t BH = p.B * p.Hq;
   const int64_t BHkv = p.B * p.Hkv, group = p.Hq / p.Hkv;
   const int64_t n_kt = (p.Tk + int64_t(kBc) - 1) / int64_t(kBc);
   const int64_t n_kg = (n_kt + int64_t(kGroup) - 1) / int64_t(kGroup);
@@ -859,17 +946,107 @@ void SdpaBackwardImpl(const SdpaBackwardIOT<T>& io, const SdpaProblemT<T>& p) {
       }
     }
   }
-  if (dq_padded) {
-#pragma omp parallel for schedule(static)
-    for (int64_t bht = 0; bht < BH * p.Tq; ++bht) {
-      const int64_t b = bht / (p.Hq * p.Tq), h = bht / p.Tq % p.Hq, t = bht % p.Tq;
-      const float* row = dq_pad.get() + size_t(bht) * Dp;
-      std::transform(row, row + D,
-                     io.dq + b * io.dq_strides.b + h * io.dq_strides.h + t * io.dq_strides.t,
-                     Narrow<T>);
+}
+
+// Sequence b of a varlen backward problem: ps its view (sdpa_sequence), the
+// rows bp reads and writes moved to the sequence's first query and key, every b stride 0.
+template <class T>
+BackwardProblem<T> SequenceView(const BackwardProblem<T>& bp, const SdpaProblemT<T>& ps,
+                                int64_t b) {
+  const SdpaProblemT<T>& p = *bp.p;
+  const int64_t q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
+  BackwardProblem<T> s = bp;
+  s.p = &ps;
+  s.band = MakeBand(ps);
+  s.q = bp.q + q0 * bp.qs.t, s.k = bp.k + k0 * bp.ks.t, s.dout = bp.dout + q0 * bp.dos.t;
+  s.dq = bp.dq + q0 * bp.dqs.t;
+  s.Drow = bp.Drow + q0 * bp.rows.t, s.lse2 = bp.lse2 + q0 * bp.rows.t;
+  s.qs.b = s.ks.b = s.dos.b = s.dqs.b = s.rows.b = 0;
+  return s;
+}
+
+// A varlen problem: BatchedBackward's two schedules over (sequence, key/value
+// head) units, (sequence, key group) x key/value head and (sequence, query
+// tile) x head tasks, each sequence through its views run as batch b. The
+// tasks of one output are those of the sequence alone, so the bits are too.
+template <class T>
+void VarlenBackward(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp) {
+  constexpr bool kWide = !std::is_same_v<T, float>;
+  const SdpaProblemT<T>& p = *bp.p;
+  const size_t D = size_t(p.D), Dv = size_t(p.Dv), Dp = bp.Dp, Dvp = bp.Dvp;
+  const int64_t group = p.Hq / p.Hkv;
+  auto n_kt = [&](int64_t b) {
+    return (p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b] + int64_t(kBc) - 1) / int64_t(kBc);
+  };
+  auto n_kg = [&](int64_t b) { return (n_kt(b) + int64_t(kGroup) - 1) / int64_t(kGroup); };
+  auto n_qt = [&](int64_t b) {
+    return (p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b] + int64_t(kBrBwd) - 1) / int64_t(kBrBwd);
+  };
+  // Key group kg of sequence b: its first key and its number of tiles.
+  auto key_group = [&](int64_t b, int64_t kg) {
+    const int64_t first = kg * int64_t(kGroup);
+    return std::pair<size_t, size_t>(size_t(first) * kBc,
+                                     size_t(std::min(int64_t(kGroup), n_kt(b) - first)));
+  };
+  const int64_t units = p.B * p.Hkv;
+  const int64_t threads = MaxThreads();
+  if (!(threads > 1 && units < 2 * threads)) {
+#pragma omp parallel
+    {
+      BackwardScratch scratch(D, Dv, Dp, Dvp, kWide);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t unit = 0; unit < units; ++unit) {
+        const int64_t b = unit / p.Hkv, hk = unit % p.Hkv;
+        const SdpaProblemT<T> ps = sdpa_sequence(p, b);
+        const SdpaBackwardIOT<T> ios = sdpa_sequence(io, p, b);
+        const BackwardProblem<T> bps = SequenceView(bp, ps, b);
+        for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+          float* dq_head = bps.dq + h * bps.dqs.h;
+          for (size_t i = 0; i < size_t(ps.Tq); ++i)
+            std::fill(dq_head + i * size_t(bps.dqs.t), dq_head + i * size_t(bps.dqs.t) + Dp, 0.0f);
+        }
+        for (int64_t kg = 0; kg < n_kg(b); ++kg) {
+          const auto [j_first, ng] = key_group(b, kg);
+          KeyGroupTask(ios, bps, b, hk, j_first, ng, true, scratch);
+        }
+      }
+    }
+    return;
+  }
+  // (sequence, key group): the first groups first; (sequence, query tile): the last tiles first.
+  std::vector<std::pair<int64_t, int64_t>> key_items, query_items;
+  int64_t most_kg = 0, most_qt = 0;
+  for (int64_t b = 0; b < p.B; ++b)
+    most_kg = std::max(most_kg, n_kg(b)), most_qt = std::max(most_qt, n_qt(b));
+  for (int64_t kg = 0; kg < most_kg; ++kg)
+    for (int64_t b = 0; b < p.B; ++b)
+      if (kg < n_kg(b)) key_items.emplace_back(b, kg);
+  for (int64_t qt = most_qt - 1; qt >= 0; --qt)
+    for (int64_t b = 0; b < p.B; ++b)
+      if (qt < n_qt(b)) query_items.emplace_back(b, qt);
+  const int64_t n_key = int64_t(key_items.size()) * p.Hkv;
+  const int64_t n_query = int64_t(query_items.size()) * p.Hq;
+#pragma omp parallel
+  {
+    BackwardScratch scratch(D, Dv, Dp, Dvp, kWide);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < n_key; ++item) {
+      const auto [b, kg] = key_items[size_t(item / p.Hkv)];
+      const SdpaProblemT<T> ps = sdpa_sequence(p, b);
+      const auto [j_first, ng] = key_group(b, kg);
+      KeyGroupTask(sdpa_sequence(io, p, b), SequenceView(bp, ps, b), b, item % p.Hkv, j_first, ng,
+                   false, scratch);
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < n_query; ++item) {
+      const auto [b, qt] = query_items[size_t(item / p.Hq)];
+      const SdpaProblemT<T> ps = sdpa_sequence(p, b);
+      QueryTileTask(SequenceView(bp, ps, b), b, item % p.Hq, size_t(qt) * kBrBwd, scratch);
     }
   }
 }
+
+}  // namespace
 
 // The entry points Highway dispatches (no templates there).
 void SdpaForwardF32(const SdpaOutput& o, const SdpaProblem& p) { SdpaForwardImpl(o, p); }
@@ -906,8 +1083,13 @@ void check_rows(const char* name, int64_t width, const SdpaStrides& s) {
 template <class T>
 void check_problem(const SdpaProblemT<T>& p) {
   const std::string where = "sdpa kernel: ";
-  if (p.B < 1 || p.Hq < 1 || p.Hkv < 1 || p.Tq < 1 || p.Tk < 1 || p.D < 1 || p.Dv < 1)
+  // A varlen problem's totals may be 0 (every sequence empty).
+  const int64_t min_t = p.cu_seqlens_q ? 0 : 1;
+  if (p.B < 1 || p.Hq < 1 || p.Hkv < 1 || p.Tq < min_t || p.Tk < min_t || p.D < 1 || p.Dv < 1)
     throw std::invalid_argument(where + "every size must be >= 1");
+  if (bool(p.cu_seqlens_q) != bool(p.cu_seqlens_k) || (p.cu_seqlens_q && p.mask))
+    throw std::invalid_argument(
+        where + "a varlen problem needs cu_seqlens_q and cu_seqlens_k, and no mask");
   if (p.Hq % p.Hkv != 0)
     throw std::invalid_argument(where + "Hq (" + std::to_string(p.Hq) +
                                 ") must be a multiple of Hkv (" + std::to_string(p.Hkv) + ")");

@@ -39,7 +39,21 @@ in float64 with P = softmax(s) and t = tanh(s_raw / softcap):
 (with out_bf16 replaced by the exact out this equals autograd's gradients;
 generate() checks that on every case).
 
-Writes sdpa.json and sdpa_bf16.json.
+Variable-length packed batches (attn's sdpa_varlen_forward/backward,
+flash_attn_varlen_func's semantics): q (total_q, Hq, D), k (total_k, Hkv, D),
+v (total_k, Hkv, Dv) hold the sequences one after the other, sequence b at rows
+cu_seqlens[b] .. cu_seqlens[b+1]; each sequence is the definition above on its
+own rows (a batch of one, Tq and Tk its own lengths, positions counted from its
+start, ALiBi slopes per head or per sequence), a sequence with queries and no
+key gives 0 and lse -inf; the outputs are packed the same way, lse as
+(Hq, total_q). Autograd runs through the slicing and the concatenation, so the
+gradients land on the packed rows.
+
+bfloat16 varlen (sdpa_varlen_bf16.json): the varlen cases on bf16-rounded
+inputs, recorded as the bf16 file records its cases (out_bf16 and the
+gradients with D from it, sequence by sequence).
+
+Writes sdpa.json, sdpa_bf16.json, sdpa_varlen.json and sdpa_varlen_bf16.json.
 """
 import pathlib
 import random
@@ -189,6 +203,151 @@ def make_case(seed: int, c: dict, bf16: bool = False) -> dict:
     return record
 
 
+VARLEN_CASES = 32
+VARLEN_LENGTHS = [0, 1, 3, 8, 16, 17, 33]
+
+
+def draw_varlen_case(rng: random.Random) -> dict:
+    c = draw_case(rng)
+    c["mask"], c["mask_shape"] = "none", []  # no dense mask for packed batches
+    nseq = rng.choice([1, 2, 3, 4])
+    c["lens_q"] = [rng.choice(VARLEN_LENGTHS) for _ in range(nseq)]
+    same = rng.random() < 0.4
+    c["lens_k"] = list(c["lens_q"]) if same else [rng.choice(VARLEN_LENGTHS) for _ in range(nseq)]
+    c["alibi_per_sequence"] = c["alibi"] and rng.random() < 0.5
+    for key in ("B", "Tq", "Tk"):  # per sequence now
+        del c[key]
+    return c
+
+
+def varlen_sdpa(q, k, v, c, slopes):
+    """Each sequence through explicit_sdpa as a batch of one; outputs packed again."""
+    outs, lses = [], []
+    q0 = k0 = 0
+    for b, (tq, tk) in enumerate(zip(c["lens_q"], c["lens_k"])):
+        seq = dict(c, Tq=tq, Tk=tk, mask="none")
+        if tq > 0 and tk == 0:  # queries with no key: output 0, lse -inf
+            outs.append(torch.zeros(tq, c["Hq"], c["Dv"], dtype=q.dtype))
+            lses.append(torch.full((c["Hq"], tq), float("-inf"), dtype=q.dtype))
+        elif tq > 0:
+            # (T, H, W) rows of the sequence -> (1, H, T, W)
+            one = lambda x, r0, r1: x[r0:r1].transpose(0, 1).unsqueeze(0)
+            seq_slopes = None
+            if slopes is not None:
+                seq_slopes = slopes[b] if c["alibi_per_sequence"] else slopes
+            out, lse, _, _ = explicit_sdpa(one(q, q0, q0 + tq), one(k, k0, k0 + tk),
+                                           one(v, k0, k0 + tk), seq, None, seq_slopes)
+            outs.append(out.squeeze(0).transpose(0, 1))  # (Tq, Hq, Dv)
+            lses.append(lse.squeeze(0))                  # (Hq, Tq)
+        q0, k0 = q0 + tq, k0 + tk
+    out = torch.cat(outs, 0) if outs else torch.zeros(0, c["Hq"], c["Dv"], dtype=q.dtype)
+    lse = torch.cat(lses, 1) if lses else torch.zeros(c["Hq"], 0, dtype=q.dtype)
+    return out, lse
+
+
+def make_varlen_case(seed: int, c: dict) -> dict:
+    torch.manual_seed(seed)
+    Hq, Hkv, D, Dv = c["Hq"], c["Hkv"], c["D"], c["Dv"]
+    total_q, total_k = sum(c["lens_q"]), sum(c["lens_k"])
+    q = torch.randn(total_q, Hq, D)
+    k = torch.randn(total_k, Hkv, D)
+    v = torch.randn(total_k, Hkv, Dv)
+    dout = torch.randn(total_q, Hq, Dv)
+    slopes = None
+    if c["alibi"]:
+        per_head = torch.tensor([2.0 ** (-8.0 * (h + 1) / Hq) for h in range(Hq)])
+        if c["alibi_per_sequence"]:
+            slopes = torch.stack([per_head * (1.0 + 0.5 * b) for b in range(len(c["lens_q"]))])
+        else:
+            slopes = per_head
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    out, lse = varlen_sdpa(q64, k64, v64, c, None if slopes is None else slopes.double())
+    if out.requires_grad:
+        out.backward(dout.double())
+    grad = lambda t: t.grad if t.grad is not None else torch.zeros_like(t)
+    record = dict(c)
+    record["seed"] = seed
+    record["inputs"] = {"q": tensor_bits_json(q), "k": tensor_bits_json(k),
+                        "v": tensor_bits_json(v), "dout": tensor_bits_json(dout)}
+    if slopes is not None:
+        record["inputs"]["alibi_slopes"] = tensor_bits_json(slopes)
+    record["expected"] = {"out": tensor_bits_json(out.float()), "lse": tensor_bits_json(lse.float()),
+                          "dq": tensor_bits_json(grad(q64).float()),
+                          "dk": tensor_bits_json(grad(k64).float()),
+                          "dv": tensor_bits_json(grad(v64).float())}
+    return record
+
+
+VARLEN_BF16_CASES = 24
+
+
+def varlen_flash_backward(q, k, v, c, slopes, dout, out_used):
+    """flash_backward sequence by sequence (D from out_used), packed; float64, no autograd."""
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    q0 = k0 = 0
+    for b, (tq, tk) in enumerate(zip(c["lens_q"], c["lens_k"])):
+        if tq > 0 and tk > 0:
+            seq = dict(c, B=1, Tq=tq, Tk=tk, mask="none")
+            one = lambda x, r0, r1: x[r0:r1].transpose(0, 1).unsqueeze(0)  # (1, H, T, W)
+            back = lambda x: x.squeeze(0).transpose(0, 1)                 # (T, H, W)
+            seq_slopes = None
+            if slopes is not None:
+                seq_slopes = slopes[b] if c["alibi_per_sequence"] else slopes
+            qs, ks, vs = one(q, q0, q0 + tq), one(k, k0, k0 + tk), one(v, k0, k0 + tk)
+            _, _, p, t = explicit_sdpa(qs, ks, vs, seq, None, seq_slopes)
+            g = flash_backward(qs, ks, vs, seq, p, t, one(dout, q0, q0 + tq),
+                               one(out_used, q0, q0 + tq))
+            dq[q0:q0 + tq], dk[k0:k0 + tk], dv[k0:k0 + tk] = (back(x) for x in g)
+        q0, k0 = q0 + tq, k0 + tk
+    return dq, dk, dv
+
+
+def make_varlen_bf16_case(seed: int, c: dict) -> dict:
+    """A varlen case on bf16-rounded inputs: the exact results (autograd), the out
+    rounded to bf16, and the gradients with D from that bf16 out (as the bf16 file)."""
+    torch.manual_seed(seed)
+    Hq, Hkv, D, Dv = c["Hq"], c["Hkv"], c["D"], c["Dv"]
+    total_q, total_k = sum(c["lens_q"]), sum(c["lens_k"])
+    q, k, v, dout = (torch.randn(*shape).to(torch.bfloat16).float()
+                     for shape in ((total_q, Hq, D), (total_k, Hkv, D), (total_k, Hkv, Dv),
+                                   (total_q, Hq, Dv)))
+    slopes = None
+    if c["alibi"]:
+        per_head = torch.tensor([2.0 ** (-8.0 * (h + 1) / Hq) for h in range(Hq)])
+        if c["alibi_per_sequence"]:
+            slopes = torch.stack([per_head * (1.0 + 0.5 * b) for b in range(len(c["lens_q"]))])
+        else:
+            slopes = per_head
+    slopes64 = None if slopes is None else slopes.double()
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    out, lse = varlen_sdpa(q64, k64, v64, c, slopes64)
+    if out.requires_grad:
+        out.backward(dout.double())
+    grad = lambda t: t.grad if t.grad is not None else torch.zeros_like(t)
+    with torch.no_grad():
+        args = (q64.detach(), k64.detach(), v64.detach(), c, slopes64, dout.double())
+        exact = varlen_flash_backward(*args, out.detach())
+        for got, want in zip(exact, (grad(q64), grad(k64), grad(v64))):
+            assert torch.allclose(got, want, rtol=1e-9, atol=1e-9), "varlen flash_backward != autograd"
+        out_bf16 = out.detach().float().to(torch.bfloat16).double()
+        dq, dk, dv = varlen_flash_backward(*args, out_bf16)
+    record = dict(c)
+    record["seed"] = seed
+    record["inputs"] = {"q": tensor_bits_json(q), "k": tensor_bits_json(k),
+                        "v": tensor_bits_json(v), "dout": tensor_bits_json(dout)}
+    if slopes is not None:
+        record["inputs"]["alibi_slopes"] = tensor_bits_json(slopes)
+    record["expected"] = {"out": tensor_bits_json(out.float()), "lse": tensor_bits_json(lse.float()),
+                          "dq": tensor_bits_json(grad(q64).float()),
+                          "dk": tensor_bits_json(grad(k64).float()),
+                          "dv": tensor_bits_json(grad(v64).float()),
+                          "out_bf16": tensor_bits_json(out_bf16.float()),
+                          "dq_from_out_bf16": tensor_bits_json(dq.float()),
+                          "dk_from_out_bf16": tensor_bits_json(dk.float()),
+                          "dv_from_out_bf16": tensor_bits_json(dv.float())}
+    return record
+
+
 def generate(out_dir: pathlib.Path) -> None:
     rng = random.Random(2020)
     cases = [make_case(1000 + n, draw_case(rng)) for n in range(CASES)]
@@ -199,3 +358,13 @@ def generate(out_dir: pathlib.Path) -> None:
     write_json(pathlib.Path(out_dir) / "sdpa_bf16.json",
                {"torch": torch.__version__, "dtype": "float64 maths on bfloat16 inputs",
                 "cases": cases})
+    rng = random.Random(2021)
+    varlen = [make_varlen_case(7000 + n, draw_varlen_case(rng)) for n in range(VARLEN_CASES)]
+    write_json(pathlib.Path(out_dir) / "sdpa_varlen.json",
+               {"torch": torch.__version__, "dtype": "float64 maths on float32 inputs", "cases": varlen})
+    rng = random.Random(2022)
+    varlen = [make_varlen_bf16_case(9000 + n, draw_varlen_case(rng))
+              for n in range(VARLEN_BF16_CASES)]
+    write_json(pathlib.Path(out_dir) / "sdpa_varlen_bf16.json",
+               {"torch": torch.__version__, "dtype": "float64 maths on bfloat16 inputs",
+                "cases": varlen})

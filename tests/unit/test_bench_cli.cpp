@@ -75,8 +75,8 @@ TEST(BenchCli, SdpaCasesCountTheirPairs) {
                         Case{"--kv-heads 1", "fused gqa1", 33.0 * 33 / 2},
                         Case{"--no-causal --query-tokens 7", "fused full tq7", 7.0 * 33},
                         Case{"--query-tokens 40", "fused tq40", 33.0 * 34 / 2 + 7 * 33}}) {
-    const auto r = run_cli("bench --json --kind sdpa --shapes 2x33x48x3 --mode fwdbwd --repeats 1 " +
-                           c.flags);
+    const auto r =
+        run_cli("bench --json --kind sdpa --shapes 2x33x48x3 --mode fwdbwd --repeats 1 " + c.flags);
     ASSERT_EQ(r.exit_code, 0) << c.flags << "\n" << r.err;
     const auto rows = nlohmann::json::parse(r.out);
     ASSERT_EQ(rows.size(), 1u);
@@ -92,14 +92,56 @@ TEST(BenchCli, SdpaCasesCountTheirPairs) {
 // --kind sdpa --dtype bfloat16 times the bf16 tensors; the row names the path that ran.
 TEST(BenchCli, SdpaRunsInBfloat16AndNamesItsPath) {
   ATTN_REQUIRE_CLI();
-  const auto r = run_cli(
-      "bench --json --kind sdpa --dtype bfloat16 --shapes 1x40x32x2 --mode fwdbwd --repeats 1");
+  const auto r =
+      run_cli("bench --json --kind sdpa --dtype bf16 --shapes 1x40x32x2 --mode fwdbwd --repeats 1");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto rows = nlohmann::json::parse(r.out);
   ASSERT_EQ(rows.size(), 1u);
   EXPECT_EQ(rows[0]["dtype"], "bfloat16");
   EXPECT_EQ(rows[0]["backend"], "fused-wide");
   EXPECT_EQ(rows[0]["bf16_path"], "bf16 tiles widened to fp32");
+}
+
+// An sdpa-varlen row: one packed batch of the --seqlens lengths; its FLOPs are
+// the sum of each sequence's causal pairs; without --seqlens, the shape's B of T.
+TEST(BenchCli, SdpaVarlenCountsEachSequencesPairs) {
+  ATTN_REQUIRE_CLI();
+  const auto r = run_cli(
+      "bench --json --kind sdpa-varlen --seqlens 7,33,1,20 --shapes 1x8x48x3 --mode fwdbwd "
+      "--repeats 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto rows = nlohmann::json::parse(r.out);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0]["kind"], "sdpa-varlen");
+  EXPECT_EQ(rows[0]["shape"], "4s61x48x3");
+  EXPECT_EQ(rows[0]["seqlens"], nlohmann::json::array({7, 33, 1, 20}));
+  double pairs = 0;
+  for (double T : {7.0, 33.0, 1.0, 20.0}) pairs += T * T / 2.0;
+  const double expected = 3.5 * 4.0 * pairs * 48;
+  EXPECT_NEAR(double(rows[0]["flops"]), expected, 1e-9 * expected);
+  const auto same =
+      run_cli("bench --json --kind sdpa,sdpa-varlen --shapes 2x33x48x3 --mode fwd --repeats 1");
+  ASSERT_EQ(same.exit_code, 0) << same.err;
+  const auto both = nlohmann::json::parse(same.out);
+  ASSERT_EQ(both.size(), 2u);
+  EXPECT_EQ(both[1]["shape"], "2s66x48x3");
+  EXPECT_EQ(both[0]["flops"], both[1]["flops"]);
+}
+
+// --kind sdpa-varlen --dtype bfloat16 times bf16 packed tensors, on the bf16 sdpa path.
+TEST(BenchCli, SdpaVarlenRunsInBfloat16AndNamesItsPath) {
+  ATTN_REQUIRE_CLI();
+  const auto r = run_cli(
+      "bench --json --kind sdpa-varlen --dtype bfloat16 --seqlens 9,40,1 --shapes 1x8x32x2 "
+      "--mode fwdbwd --repeats 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto rows = nlohmann::json::parse(r.out);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0]["kind"], "sdpa-varlen");
+  EXPECT_EQ(rows[0]["dtype"], "bfloat16");
+  EXPECT_EQ(rows[0]["backend"], "fused-wide");
+  EXPECT_EQ(rows[0]["bf16_path"], "bf16 tiles widened to fp32");
+  EXPECT_EQ(rows[0]["shape"], "3s50x32x2");
 }
 
 TEST(BenchCli, SgemmFlagAddsBothYardsticks) {
@@ -144,7 +186,8 @@ TEST(BenchCli, BadValuesAreOneLineUsageErrors) {
     std::string args, message;
   };
   for (const auto& c :
-       {Case{"bench --kind nosuch", "--kind must be core, module, sdpa or all, got 'nosuch'"},
+       {Case{"bench --kind nosuch",
+             "--kind must be core, module, sdpa, sdpa-varlen or all, got 'nosuch'"},
         Case{"bench --mode back", "--mode must be fwd, fwdbwd or all, got 'back'"},
         Case{"bench --shapes 1x2x3", "a shape is BxTxDxH, e.g. 1x1024x768x12; got '1x2x3'"},
         Case{"bench --shapes 1x8x10x3",
@@ -152,12 +195,18 @@ TEST(BenchCli, BadValuesAreOneLineUsageErrors) {
         Case{"bench --backend gpu", "--backend must be auto, reference or fused, got 'gpu'"},
         Case{"bench --threads -3", "bench: --threads must be >= 1, got -3"},
         Case{"bench --kind core,sdpa,gpu",
-             "--kind must be core, module, sdpa or all, got 'core,sdpa,gpu'"},
+             "--kind must be core, module, sdpa, sdpa-varlen or all, got 'core,sdpa,gpu'"},
         Case{"bench --kind sdpa --dtype float16",
              "bench: --dtype must be float32, bfloat16 or all, got 'float16'"},
         Case{"bench --kind sdpa --window-left -2", "bench: --window-left must be >= 0, got -2"},
         Case{"bench --kind sdpa --mask soft", "bench: --mask must be bool or float, got 'soft'"},
-        Case{"bench --kind sdpa --kv-heads 5", "bench: --kv-heads must divide --heads 12, got 5"}}) {
+        Case{"bench --kind sdpa --kv-heads 5", "bench: --kv-heads must divide --heads 12, got 5"},
+        Case{"bench --kind sdpa-varlen --dtype float16",
+             "bench: --dtype must be float32, bfloat16 or all, got 'float16'"},
+        Case{"bench --kind sdpa-varlen --seqlens 5,0,7",
+             "bench: --seqlens holds lengths >= 1, got 0"},
+        Case{"bench --kind core --seqlens 5,7",
+             "bench: --seqlens applies to --kind sdpa-varlen only"}}) {
     const auto r = run_cli(c.args);
     EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.err;
     EXPECT_EQ(r.out, "") << c.args;
@@ -189,8 +238,9 @@ TEST(BenchCli, ExplicitCountsAreUsed) {
   // The values that used to be the only way to say "default" must not be
   // confused with it now: --tokens 1, --repeats 1 and --threads 1 run as given.
   ATTN_REQUIRE_CLI();
-  const auto r = run_cli("bench --json --kind core --mode fwd --tokens 1 --d-model 16 --heads 2 "
-                         "--repeats 1 --threads 1");
+  const auto r = run_cli(
+      "bench --json --kind core --mode fwd --tokens 1 --d-model 16 --heads 2 "
+      "--repeats 1 --threads 1");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto row = nlohmann::json::parse(r.out).at(0);
   EXPECT_EQ(row["T"], 1);

@@ -64,19 +64,28 @@ std::vector<float> normal_values(int64_t n, uint64_t seed) {
 
 int64_t head_dim_of(const BenchCase& c) { return c.d_model / c.heads; }
 
+bool is_sdpa(const std::string& kind) { return kind == "sdpa" || kind == "sdpa-varlen"; }
+
+// The lengths of an sdpa-varlen row's sequences: --seqlens, or B sequences of T.
+std::vector<int64_t> varlen_lengths(const BenchCase& c) {
+  return c.seqlens.empty() ? std::vector<int64_t>(size_t(c.B), c.T) : c.seqlens;
+}
+
 void check_case(const BenchCase& c) {
-  if (c.kind != "core" && c.kind != "module" && c.kind != "sdpa")
-    throw UsageError(fmt::format("bench: --kind must be core, module or sdpa, got '{}'", c.kind));
+  if (c.kind != "core" && c.kind != "module" && !is_sdpa(c.kind))
+    throw UsageError(fmt::format(
+        "bench: --kind must be core, module, sdpa or sdpa-varlen, got '{}'", printable(c.kind)));
   if (c.mode != "fwd" && c.mode != "fwdbwd")
     throw UsageError(fmt::format("bench: --mode must be fwd or fwdbwd, got '{}'", c.mode));
   if (c.dtype != "float32" && c.dtype != "bfloat16")
     throw UsageError(
         fmt::format("bench: --dtype must be float32, bfloat16 or all, got '{}'", c.dtype));
   if (c.mask != "none" && c.mask != "bool" && c.mask != "float")
-    throw UsageError(fmt::format("bench: --mask must be bool or float, got '{}'", printable(c.mask)));
+    throw UsageError(
+        fmt::format("bench: --mask must be bool or float, got '{}'", printable(c.mask)));
   if (c.kv_heads < 0 || (c.kv_heads > 0 && c.heads % c.kv_heads != 0))
-    throw UsageError(fmt::format("bench: --kv-heads must divide --heads {}, got {}", c.heads,
-                                 c.kv_heads));
+    throw UsageError(
+        fmt::format("bench: --kv-heads must divide --heads {}, got {}", c.heads, c.kv_heads));
   if (c.query_tokens < 0)
     throw UsageError(fmt::format("bench: --query-tokens must be >= 1, got {}", c.query_tokens));
   if (c.B < 1 || c.T < 1 || c.d_model < 1 || c.heads < 1 || c.d_model % c.heads != 0) {
@@ -109,11 +118,20 @@ double sdpa_pairs(const BenchCase& c) {
 // The useful causal FLOPs of one repeat (bench.h).
 double case_flops(const BenchCase& c) {
   const bool fwd = c.mode == "fwd";
-  if (c.kind == "core" || c.kind == "sdpa") {
-    // Query-key pairs: T²/2 causal; for sdpa, counted row by row (its band, Tq != Tk).
-    double pairs = double(c.T) * double(c.T) / 2.0;
-    if (c.kind == "sdpa") pairs = sdpa_pairs(c);
-    const double core = 4.0 * double(c.B) * pairs * double(c.d_model);
+  if (c.kind == "core" || is_sdpa(c.kind)) {
+    // Query-key pairs: T²/2 causal; for sdpa, counted row by row (its band, Tq != Tk);
+    // for sdpa-varlen, the sum over its sequences (each a causal square of its length).
+    double pairs = double(c.B) * double(c.T) * double(c.T) / 2.0;
+    if (c.kind == "sdpa") pairs = double(c.B) * sdpa_pairs(c);
+    if (c.kind == "sdpa-varlen") {
+      pairs = 0.0;
+      for (const int64_t T : varlen_lengths(c)) {
+        BenchCase one = c;
+        one.T = T, one.query_tokens = 0, one.mask = "none", one.causal = true;
+        pairs += sdpa_pairs(one);
+      }
+    }
+    const double core = 4.0 * pairs * double(c.d_model);
     return fwd ? core : 3.5 * core;
   }
   const double f = fused::attention_block_forward_flops(c.B, c.T, c.d_model, c.d_model, true, true);
@@ -185,8 +203,8 @@ struct CoreProblem {
 // scaled_dot_product_attention (attn/sdpa.h) on the core's problem: packed
 // (B, T, H, hd) values read as (B, H, T, hd) views (token-major strides, no
 // copies), is_causal; the fused kernel, or the plain reference with --backend
-// reference; float32 or bfloat16 (the values rounded). The case's options change it: Tq queries (B, Tq, H, hd), G kv
-// heads (B, T, G, hd), the causal pattern as a dense bool or additive (Tq, T)
+// reference; float32 or bfloat16 (the values rounded). The case's options change it: Tq queries (B,
+// Tq, H, hd), G kv heads (B, T, G, hd), the causal pattern as a dense bool or additive (Tq, T)
 // mask, no causal mask, a window.
 struct SdpaBenchProblem {
   Tensor q, k, v, dout;  // (B, H, Tq, hd), (B, G, T, hd) views
@@ -212,7 +230,8 @@ struct SdpaBenchProblem {
       const float hidden = c.mask == "bool" ? 0.0f : -std::numeric_limits<float>::infinity();
       const float seen = c.mask == "bool" ? 1.0f : 0.0f;
       for (int64_t i = 0; i < Tq; ++i)
-        for (int64_t j = 0; j < c.T; ++j) m[static_cast<size_t>(i * c.T + j)] = j <= i ? seen : hidden;
+        for (int64_t j = 0; j < c.T; ++j)
+          m[static_cast<size_t>(i * c.T + j)] = j <= i ? seen : hidden;
       options.attn_mask = Tensor({Tq, c.T}, m);
       options.attn_mask_type = c.mask == "bool" ? MaskType::kBoolean : MaskType::kAdditive;
     }
@@ -222,6 +241,46 @@ struct SdpaBenchProblem {
   void forward() { f = scaled_dot_product_attention_forward(q, k, v, options); }
   void backward() {
     g = scaled_dot_product_attention_backward(dout, q, k, v, f.out, f.lse, options);
+  }
+  bool finite(bool backward) const {
+    return !has_non_finite(f.out) &&
+           (!backward || (!has_non_finite(g.dq) && !has_non_finite(g.dk) && !has_non_finite(g.dv)));
+  }
+};
+
+// sdpa_varlen_forward (attn/sdpa.h) on one packed batch of the case's
+// lengths: q, k, v (total, H, hd) contiguous, cu_seqlens of the lengths, is_causal;
+// float32 or bfloat16 (the values rounded).
+struct SdpaVarlenBenchProblem {
+  Tensor q, k, v, dout, cu_seqlens;
+  int64_t max_seqlen = 0;
+  SdpaOptions options;
+  SdpaForward f;
+  SdpaGrads g;
+  SdpaVarlenBenchProblem(const BenchCase& c, const std::string& backend) {
+    const int64_t hd = head_dim_of(c);
+    std::vector<int64_t> offsets{0};
+    for (const int64_t T : varlen_lengths(c)) {
+      offsets.push_back(offsets.back() + T);
+      max_seqlen = std::max(max_seqlen, T);
+    }
+    const int64_t total = offsets.back();
+    cu_seqlens = Tensor::from_int64({int64_t(offsets.size())}, offsets);
+    const DType dtype = c.dtype == "bfloat16" ? DType::kBFloat16 : DType::kFloat32;
+    auto packed = [&](uint64_t seed) {
+      return Tensor({total, c.heads, hd}, normal_values(total * c.d_model, seed)).to(dtype);
+    };
+    q = packed(1), k = packed(2), v = packed(3), dout = packed(4);
+    options.is_causal = true;
+    options.window_left = c.window_left;
+    options.backend = backend == "reference" ? SdpaBackend::kReference : SdpaBackend::kFused;
+  }
+  void forward() {
+    f = sdpa_varlen_forward(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, options);
+  }
+  void backward() {
+    g = sdpa_varlen_backward(dout, q, k, v, f.out, f.lse, cu_seqlens, cu_seqlens, max_seqlen,
+                             max_seqlen, options);
   }
   bool finite(bool backward) const {
     return !has_non_finite(f.out) &&
@@ -385,6 +444,12 @@ MemoryResult memory_module(const BenchCase& c) {
 // ---- printing ----
 
 std::string shape_text(const BenchCase& c) {
+  if (c.kind == "sdpa-varlen") {  // N sequences, TOTAL tokens: NsTOTALxDxH
+    const std::vector<int64_t> lengths = varlen_lengths(c);
+    int64_t total = 0;
+    for (const int64_t T : lengths) total += T;
+    return fmt::format("{}s{}x{}x{}", lengths.size(), total, c.d_model, c.heads);
+  }
   return fmt::format("{}x{}x{}x{}", c.B, c.T, c.d_model, c.heads);
 }
 
@@ -404,8 +469,8 @@ nlohmann::json to_json(const BenchResult& r, int repeats) {
                       {"head_dim", head_dim_of(r.c)},
                       {"backend", r.backend},
                       {"dtype", r.c.dtype},
-                      {"bf16_path", r.c.kind == "sdpa" ? kernels::sdpa_bf16_path()
-                                                       : kernels::flash_attention_bf16_path()},
+                      {"bf16_path", is_sdpa(r.c.kind) ? kernels::sdpa_bf16_path()
+                                                      : kernels::flash_attention_bf16_path()},
                       {"ms_median", r.ms_median},
                       {"ms_min", r.ms_min},
                       {"flops", r.flops},
@@ -413,22 +478,23 @@ nlohmann::json to_json(const BenchResult& r, int repeats) {
                       {"repeats", repeats},
                       {"omp_threads", omp_threads()},
                       {"simd_target", kernels::flash_attention_target()}};
+  if (r.c.kind == "sdpa-varlen") j["seqlens"] = varlen_lengths(r.c);
   j["pct_sgemm"] = r.pct_sgemm >= 0 ? nlohmann::json(r.pct_sgemm) : nlohmann::json(nullptr);
   j["pct_peak"] = r.pct_peak >= 0 ? nlohmann::json(r.pct_peak) : nlohmann::json(nullptr);
   return j;
 }
 
 void print_table_header() {
-  fmt::print("{:<7} {:<7} {:<5} {:>15} {:>4} {:<10} {:>10} {:>9} {:>9} {:>8} {:>7}\n", "kind",
+  fmt::print("{:<11} {:<7} {:<5} {:>15} {:>4} {:<10} {:>10} {:>9} {:>9} {:>8} {:>7}\n", "kind",
              "mode", "dtype", "B x T x d x H", "hd", "path", "ms median", "ms min", "GFLOP/s",
              "% sgemm", "% peak");
-  fmt::print("{}\n", std::string(100, '-'));
+  fmt::print("{}\n", std::string(104, '-'));
 }
 
 std::string percent(double pct) { return pct >= 0 ? fmt::format("{:.1f}", pct) : "-"; }
 
 void print_table_row(const BenchResult& r) {
-  fmt::print("{:<7} {:<7} {:<5} {:>15} {:>4} {:<10} {:>10.2f} {:>9.2f} {:>9.1f} {:>8} {:>7}\n",
+  fmt::print("{:<11} {:<7} {:<5} {:>15} {:>4} {:<10} {:>10.2f} {:>9.2f} {:>9.1f} {:>8} {:>7}\n",
              r.c.kind, r.c.mode, r.c.dtype == "bfloat16" ? "bf16" : "fp32", shape_text(r.c),
              head_dim_of(r.c), r.backend, r.ms_median, r.ms_min, r.gflops, percent(r.pct_sgemm),
              percent(r.pct_peak));
@@ -495,6 +561,17 @@ BenchResult run_bench_case(const BenchCase& c, int repeats, const std::string& b
     if (!c.causal && c.mask == "none") r.backend += " full";
     if (c.kv_heads > 0 && c.kv_heads != c.heads) r.backend += fmt::format(" gqa{}", c.kv_heads);
     if (c.query_tokens > 0) r.backend += fmt::format(" tq{}", c.query_tokens);
+  } else if (c.kind == "sdpa-varlen") {
+    SdpaVarlenBenchProblem pr(c, backend);
+    time_repeats([&](bool check) {
+      pr.forward();
+      if (backward) pr.backward();
+      if (check && !pr.finite(backward))
+        throw std::runtime_error("bench: sdpa_varlen gave a non-finite result");
+    });
+    r.backend = backend == "reference" ? "reference" : "fused";
+    if (c.dtype == "bfloat16" && backend != "reference") r.backend += "-wide";
+    if (c.window_left >= 0) r.backend += fmt::format(" w{}", c.window_left);
   } else if (c.kind == "core") {
     CoreProblem pr(c);
     time_repeats([&](bool check) {
@@ -538,6 +615,7 @@ Command add_bench_command(CLI::App& app) {
     int64_t kv_heads = 0, query_tokens = 0;  // kv_heads 0: --heads
     std::vector<std::string> caches = {"4k", "32k", "128k"};  // --kind decode
     int64_t head_dim = 64, queries = 1;                       // --kind decode
+    std::vector<int64_t> seqlens;
   };
   auto f = std::make_shared<Flags>();
   CLI::App* cmd = app.add_subcommand(
@@ -555,19 +633,21 @@ Command add_bench_command(CLI::App& app) {
       ->delimiter(',')
       ->type_name("LIST");
   cmd->add_option("--kind", f->kind,
-                  "core, module, sdpa or all (all: core and module; sdpa: "
-                  "scaled_dot_product_attention on the core's problem), or a comma-separated "
-                  "list (core,sdpa: the two side by side); or decode alone: one decoding step's "
-                  "attention over KV caches of --cache lengths (flash-decoding, "
-                  "attn/decode_attention.h), GB/s of keys and values read and their share of "
-                  "the read bandwidth measured in the run")
+                  "core, module, sdpa, sdpa-varlen or all (all: core and module; sdpa: "
+                  "scaled_dot_product_attention on the core's problem; sdpa-varlen: "
+                  "sdpa_varlen_forward on one packed batch of --seqlens, shape column "
+                  "NsTOTALxDxH), or a comma-separated list (core,sdpa: the two side by side); "
+                  "or decode alone: one decoding step's attention over KV caches of --cache "
+                  "lengths (flash-decoding, attn/decode_attention.h), GB/s of keys and values "
+                  "read and their share of the read bandwidth measured in the run")
       ->capture_default_str();
   cmd->add_option("--mode", f->mode, "fwd, fwdbwd or all")->capture_default_str();
   cmd->add_option("--dtype", f->dtype,
-                  "float32, bfloat16 or all: the core's inputs and outputs (bfloat16: the bf16 "
-                  "kernels, path AVX512-BF16 or widened to fp32); sdpa's q, k, v, dout (bfloat16: "
-                  "bf16 tiles widened to fp32, rows 'fused-wide'); the module's compute dtype "
-                  "(bfloat16: mixed precision, fp32 weights)")
+                  "float32 (or fp32), bfloat16 (or bf16) or all: the core's inputs and outputs "
+                  "(bfloat16: the bf16 kernels, path AVX512-BF16 or widened to fp32); sdpa's and "
+                  "sdpa-varlen's q, k, v, dout (bfloat16: bf16 tiles widened to fp32, rows "
+                  "'fused-wide'); the module's compute dtype (bfloat16: mixed precision, fp32 "
+                  "weights)")
       ->capture_default_str();
   cmd->add_option("--backend", f->backend,
                   "The module's (and sdpa's) path: auto, reference or fused")
@@ -608,6 +688,11 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_option("--query-tokens", f->query_tokens,
                   "sdpa rows: this many queries against the T keys (default T)")
       ->type_name("TQ");
+  cmd->add_option("--seqlens", f->seqlens,
+                  "sdpa-varlen rows: the lengths of the packed sequences, comma-separated, "
+                  "e.g. 512,1024,256,2048 (default: each shape's B sequences of T tokens)")
+      ->delimiter(',')
+      ->type_name("LIST");
   cmd->add_flag("--bandwidth", f->bandwidth,
                 "Memory read bandwidth instead (GB/s; what bounds decoding one token at a "
                 "time): every thread sums its part of a --bandwidth-mib buffer, median of "
@@ -651,7 +736,8 @@ Command add_bench_command(CLI::App& app) {
     if (given("--window-left") && f->window_left < 0)
       throw UsageError(fmt::format("bench: --window-left must be >= 0, got {}", f->window_left));
     if (f->mask != "none" && f->mask != "bool" && f->mask != "float")
-      throw UsageError(fmt::format("bench: --mask must be bool or float, got '{}'", printable(f->mask)));
+      throw UsageError(
+          fmt::format("bench: --mask must be bool or float, got '{}'", printable(f->mask)));
     // Every shape's heads, before anything is printed (--kind decode checks
     // its --heads and --kv-heads itself).
     if (given("--kv-heads") && f->kind != "decode") {
@@ -660,7 +746,8 @@ Command add_bench_command(CLI::App& app) {
       std::vector<int64_t> heads = {f->heads};
       if (!one_shape) {
         heads.clear();
-        for (const auto& s : f->shapes.empty() ? (f->quick ? kQuickShapes : kDefaultShapes) : f->shapes)
+        for (const auto& s :
+             f->shapes.empty() ? (f->quick ? kQuickShapes : kDefaultShapes) : f->shapes)
           heads.push_back(parse_bench_shape(s).heads);
       }
       for (const int64_t h : heads)
@@ -673,10 +760,11 @@ Command add_bench_command(CLI::App& app) {
     for (size_t at = 0; at <= f->kind.size();) {
       const size_t comma = std::min(f->kind.find(',', at), f->kind.size());
       const std::string kind = f->kind.substr(at, comma - at);
-      if (kind != "all" && kind != "core" && kind != "module" && kind != "sdpa" &&
+      if (kind != "all" && kind != "core" && kind != "module" && !is_sdpa(kind) &&
           kind != "decode")
         throw UsageError(fmt::format(
-            "bench: --kind must be core, module, sdpa or all, got '{}' (or decode, alone)",
+            "bench: --kind must be core, module, sdpa, sdpa-varlen or all, got '{}' (or decode, "
+            "alone)",
             printable(f->kind)));
       if (kind == "all")
         kinds.insert(kinds.end(), {"core", "module"});
@@ -687,11 +775,19 @@ Command add_bench_command(CLI::App& app) {
     const bool decode = std::find(kinds.begin(), kinds.end(), "decode") != kinds.end();
     if (decode && kinds.size() != 1)
       throw UsageError(fmt::format("bench: --kind decode runs alone, got '{}'", printable(f->kind)));
+    if (given("--seqlens")) {
+      if (std::find(kinds.begin(), kinds.end(), "sdpa-varlen") == kinds.end())
+        throw UsageError("bench: --seqlens applies to --kind sdpa-varlen only");
+      for (const int64_t T : f->seqlens)
+        if (T < 1) throw UsageError(fmt::format("bench: --seqlens holds lengths >= 1, got {}", T));
+    }
     if (f->mode != "all" && f->mode != "fwd" && f->mode != "fwdbwd")
       throw UsageError(fmt::format("bench: --mode must be fwd, fwdbwd or all, got '{}'", f->mode));
+    if (f->dtype == "fp32") f->dtype = "float32";  // the table's short names
+    if (f->dtype == "bf16") f->dtype = "bfloat16";
     if (f->dtype != "all" && f->dtype != "float32" && f->dtype != "bfloat16")
-      throw UsageError(
-          fmt::format("bench: --dtype must be float32, bfloat16 or all, got '{}'", f->dtype));
+      throw UsageError(fmt::format("bench: --dtype must be float32, bfloat16 or all, got '{}'",
+                                   printable(f->dtype)));
     std::vector<std::string> dtypes = {"float32", "bfloat16"};
     if (f->dtype != "all") dtypes = {f->dtype};
     parse_backend(f->backend);
@@ -806,7 +902,7 @@ Command add_bench_command(CLI::App& app) {
             omp_threads(), bf16_peak, bf16_peak / peak);
       }
       fmt::print("bf16 attention path: {}\n", kernels::flash_attention_bf16_path());
-      if (std::find(kinds.begin(), kinds.end(), "sdpa") != kinds.end() &&
+      if (std::any_of(kinds.begin(), kinds.end(), is_sdpa) &&
           std::find(dtypes.begin(), dtypes.end(), "bfloat16") != dtypes.end())
         fmt::print("bf16 sdpa path: {} ({}; 'fused-wide' rows)\n", kernels::sdpa_bf16_path(),
                    kernels::sdpa_target());
@@ -823,21 +919,23 @@ Command add_bench_command(CLI::App& app) {
       for (const auto& [name, rate] : {std::pair{gemm::blas_name(), sgemm_blas},
                                        std::pair{gemm::fast_gemm_name(), sgemm_fast}}) {
         if (peak > 0 && rate > peak)
-          fmt::print("warning: sgemm on {} runs at {:.1f}% of the measured fp32 FMA peak: the peak "
-                     "probe under-reads this CPU, so the % peak figures below are too high\n",
-                     name, 100.0 * rate / peak);
+          fmt::print(
+              "warning: sgemm on {} runs at {:.1f}% of the measured fp32 FMA peak: the peak "
+              "probe under-reads this CPU, so the % peak figures below are too high\n",
+              name, 100.0 * rate / peak);
       }
       // A BLAS far below the peak (an old OpenBLAS on a newer CPU, or
       // OPENBLAS_CORETYPE pinned to an old core) slows whatever runs on it.
       if (peak > 0 && sgemm_blas < 0.5 * peak) {
         const char* coretype = std::getenv("OPENBLAS_CORETYPE");
-        fmt::print("note: the BLAS engine ({}) reaches {:.1f}% of the fp32 FMA peak{}; the chapter "
-                   "modules use it for PyTorch's sums, the GPT, training, generation and the fused "
-                   "paths use the fast engine ({})\n",
-                   gemm::blas_name(), 100.0 * sgemm_blas / peak,
-                   coretype != nullptr ? fmt::format(" (OPENBLAS_CORETYPE={})", printable(coretype))
-                                       : std::string(),
-                   gemm::fast_gemm_name());
+        fmt::print(
+            "note: the BLAS engine ({}) reaches {:.1f}% of the fp32 FMA peak{}; the chapter "
+            "modules use it for PyTorch's sums, the GPT, training, generation and the fused "
+            "paths use the fast engine ({})\n",
+            gemm::blas_name(), 100.0 * sgemm_blas / peak,
+            coretype != nullptr ? fmt::format(" (OPENBLAS_CORETYPE={})", printable(coretype))
+                                : std::string(),
+            gemm::fast_gemm_name());
       }
       fmt::print("\n");
       print_table_header();
@@ -850,13 +948,15 @@ Command add_bench_command(CLI::App& app) {
           for (const auto& dtype : dtypes) {
             BenchCase c = shape;
             c.kind = kind, c.mode = mode, c.dtype = dtype;
+            if (is_sdpa(kind)) c.window_left = f->window_left;
             if (kind == "sdpa") {
-              c.window_left = f->window_left, c.mask = f->mask, c.causal = !f->no_causal;
+              c.mask = f->mask, c.causal = !f->no_causal;
               c.kv_heads = f->kv_heads, c.query_tokens = f->query_tokens;
             }
+            if (kind == "sdpa-varlen") c.seqlens = f->seqlens;
             BenchResult r = run_bench_case(c, repeats, f->backend);
             const bool bf16_dots =
-                dtype == "bfloat16" && kind != "sdpa" &&
+                dtype == "bfloat16" && !is_sdpa(kind) &&
                 std::string(kernels::flash_attention_bf16_path()) == "AVX512-BF16";
             const double ceiling = bf16_dots ? bf16_peak : peak;
             if (sgemm > 0) r.pct_sgemm = 100.0 * r.gflops / sgemm;

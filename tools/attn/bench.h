@@ -8,18 +8,24 @@
 //   module  nn::MultiHeadAttention(d, d, T, 0.0, H).forward(x) [+ backward(dy)]
 //           (training mode, p = 0: the fused path unless --backend says otherwise)
 //   sdpa    scaled_dot_product_attention_forward [+ _backward] (attn/sdpa.h) on the
-//           core's values viewed as (B, H, T, hd), is_causal; float32; the fused
+//           core's values viewed as (B, H, T, hd), is_causal; float32 or bfloat16; the fused
 //           kernel, or the plain reference with --backend reference (only with
 //           --kind sdpa: --kind all is core and module); --window-left w adds a
 //           sliding window (keys i - w .. i) to the sdpa rows; --mask bool|float
 //           passes the causal pattern as a dense (Tq, Tk) mask instead;
 //           --no-causal attends to every key; --kv-heads G shares each key/value
 //           head among H / G query heads (enable_gqa); --query-tokens Tq makes
-//           Tq queries against the T keys (top-left causal alignment)
+//           Tq queries against the T keys (top-left causal alignment);
+//           --dtype bfloat16: bf16 q, k, v, dout (tiles widened to fp32)
+//   sdpa-varlen  sdpa_varlen_forward [+ _backward] (attn/sdpa.h): one packed
+//           (total, H, hd) batch of the --seqlens lengths (default: the shape's
+//           B sequences of T), is_causal, --window-left too; float32 or
+//           bfloat16; its shape column reads NsTOTALxDxH (N sequences, TOTAL tokens)
 // Useful FLOPs (causal):
 //   core forward      4·B·H·T²·hd / 2             (Q Kᵀ and P V, only j <= i; sdpa:
 //                     4·B·H·hd·(query-key pairs it may attend), e.g. with a window w
-//                     4·B·H·hd·Σ_i min(i + 1, w + 1); a dense mask counts as is_causal)
+//                     4·B·H·hd·Σ_i min(i + 1, w + 1); a dense mask counts as is_causal;
+//                     sdpa-varlen: the sum over its sequences)
 //   core backward     2.5 × core forward          (five T×T×hd products instead of two)
 //   projections       2·B·T·d_in·d_out per linear (4 linears: q, k, v, out_proj)
 //   module forward    projections + core forward
@@ -59,7 +65,7 @@ namespace attn::cli {
 struct BenchCase {
   std::string kind = "core";      // or "module", "sdpa"
   std::string mode = "fwd";       // or "fwdbwd"
-  std::string dtype = "float32";  // or "bfloat16" (core only)
+  std::string dtype = "float32";  // or "bfloat16" (core, sdpa, sdpa-varlen)
   int64_t B = 1, T = 1, d_model = 768, heads = 12;
   int64_t window_left = -1;  // sdpa only: a sliding window of this many keys (-1: none)
   // sdpa only, the cases of docs/performance.md's SDPA table:
@@ -68,6 +74,8 @@ struct BenchCase {
   bool causal = true;         // is_causal (off: every key; cross-attention)
   int64_t kv_heads = 0;       // 0: heads; else grouped-query attention with this many kv heads
   int64_t query_tokens = 0;   // 0: T; else Tq (keys stay T): cross-attention, a KV cache's prefill
+  // sdpa-varlen only: the packed sequences' lengths (empty: B sequences of T tokens).
+  std::vector<int64_t> seqlens = {};
 };
 
 struct BenchResult {
