@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -24,6 +25,7 @@ constexpr KindName kKindNames[] = {{MaskKind::kCausal, "causal"},
                                    {MaskKind::kCausalBottomRight, "causal-bottom-right"},
                                    {MaskKind::kWindow, "window"},
                                    {MaskKind::kAlibi, "alibi"},
+                                   {MaskKind::kVarlen, "varlen"},
                                    {MaskKind::kGqa, "gqa"}};
 
 // The softmax rows and lse of heads H (H / Hkv per kv head) with every score 0
@@ -149,6 +151,43 @@ Figure mask_figure(const MaskFigureOptions& o) {
           "ALiBi bias -slope_h * (i + {} - j) on the causal band, {} heads (slopes 2^(-8(h+1)/{}))",
           o.tk - o.tq, o.heads, o.heads);
       fit_scale(f);
+      return f;
+    }
+    case MaskKind::kVarlen: {
+      if (o.seqlens.empty())
+        throw std::invalid_argument("plot mask: --seqlens needs at least one length");
+      std::vector<int64_t> cu = {0};
+      int64_t longest = 0;
+      for (const int64_t n : o.seqlens) {
+        if (n < 1)
+          throw std::invalid_argument(
+              fmt::format("plot mask: every --seqlens length must be >= 1, got {}", n));
+        cu.push_back(cu.back() + n);
+        longest = std::max(longest, n);
+        check_side("the packed tokens (the sum of --seqlens)", cu.back());
+      }
+      const int64_t T = cu.back();
+      // Packed (T, 1, 1) zeros; v (T, 1, T) the identity over the packed tokens.
+      std::vector<float> eye(static_cast<size_t>(T * T), 0.0f);
+      for (int64_t j = 0; j < T; ++j) eye[static_cast<size_t>(j * T + j)] = 1.0f;
+      SdpaOptions vs;
+      vs.backend = SdpaBackend::kReference;
+      vs.is_causal = true;
+      const Tensor cu_t = Tensor::from_int64({int64_t(cu.size())}, cu);
+      const SdpaForward r =
+          sdpa_varlen_forward(Tensor::zeros({T, 1, 1}), Tensor::zeros({T, 1, 1}),
+                              Tensor({T, 1, T}, eye), cu_t, cu_t, longest, longest, vs);
+      // As (1, 1, T, T) for softmax_panel: out (T, 1, T) is row-major (T, T) already.
+      SdpaForward as_one{.out = r.out.contiguous().view({1, 1, T, T}),
+                         .lse = Tensor::zeros({1, 1, T})};
+      std::string lens;
+      for (const int64_t n : o.seqlens) lens += fmt::format("{}{}", lens.empty() ? "" : ", ", n);
+      f.panels.push_back(softmax_panel(as_one, 0, false, fmt::format("{} packed tokens", T)));
+      f.title = fmt::format(
+          "variable-length batch (cu_seqlens), sequences of {} packed, causal within each: a "
+          "query sees only its own sequence's keys",
+          lens);
+      f.vmin = 0.0, f.vmax = 1.0;
       return f;
     }
     case MaskKind::kGqa: {

@@ -25,10 +25,11 @@ enum class MaskKind {
   kCausalBottomRight,  // is_causal, bottom-right (FlashAttention 2, a KV cache): j <= i + Tk - Tq
   kWindow,             // causal with window_left: i + δ - w <= j <= i + δ
   kAlibi,              // causal + ALiBi, one panel per head: the bias -slope_h · (i + δ - j)
+  kVarlen,             // packed sequences (cu_seqlens), causal within each: blocks on the diagonal
   kGqa,                // grouped-query heads: query head h reads kv head h / (Hq / Hkv)
 };
 
-// "causal", "causal-bottom-right", "window", "alibi", "gqa".
+// "causal", "causal-bottom-right", "window", "alibi", "varlen", "gqa".
 const char* mask_kind_name(MaskKind kind);
 // The inverse; throws std::invalid_argument naming the name and the choices.
 MaskKind mask_kind_from_name(const std::string& name);
@@ -39,6 +40,7 @@ struct MaskFigureOptions {
   int64_t window_left = 3;            // kWindow: keys before the diagonal (>= 0)
   int64_t heads = 4;                  // kAlibi: panels; kGqa: query heads
   int64_t kv_heads = 2;               // kGqa: key/value heads (heads a multiple of it)
+  std::vector<int64_t> seqlens;       // kVarlen: the packed sequences' lengths (>= 1)
 };
 
 // The ALiBi slopes of Press et al. for H heads: 2^(-8 (h + 1) / H), h = 0..H-1.
@@ -46,7 +48,7 @@ std::vector<float> alibi_slopes(int64_t heads);
 
 // Throws std::invalid_argument naming the values when the options do not make a
 // picture (sizes < 1, more than 64 cells a side, heads not a multiple of kv_heads,
-// a window < 0).
+// a window < 0, no seqlens or one < 1, or more than 64 tokens packed).
 Figure mask_figure(const MaskFigureOptions& options);
 
 }  // namespace attn::plot

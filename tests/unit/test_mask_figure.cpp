@@ -106,6 +106,32 @@ TEST(MaskFigure, GqaRowsNameEachQueryHeadsKvHead) {
     }
 }
 
+TEST(MaskFigure, VarlenIsCausalBlocksOnTheDiagonal) {
+  MaskFigureOptions o = opts(MaskKind::kVarlen);
+  o.seqlens = {3, 1, 4};
+  const Figure f = attn::plot::mask_figure(o);
+  ASSERT_EQ(f.panels.size(), 1u);
+  const auto& p = f.panels[0];
+  ASSERT_EQ(p.rows, 8);
+  ASSERT_EQ(p.cols, 8);
+  const int64_t start[8] = {0, 0, 0, 3, 4, 4, 4, 4};  // each token's sequence start
+  for (int64_t i = 0; i < 8; ++i)
+    for (int64_t j = 0; j < 8; ++j) {
+      SCOPED_TRACE(testing::Message() << "i=" << i << " j=" << j);
+      const bool seen = j >= start[i] && j <= i;
+      EXPECT_EQ(p.is_masked(i, j), !seen);
+      if (seen) {
+        EXPECT_NEAR(p.values[size_t(i * 8 + j)], 1.0 / double(i - start[i] + 1), 1e-6);
+      }
+    }
+  o.seqlens = {};
+  EXPECT_THROW(attn::plot::mask_figure(o), std::invalid_argument);
+  o.seqlens = {3, 0};
+  EXPECT_THROW(attn::plot::mask_figure(o), std::invalid_argument);
+  o.seqlens = {40, 30};
+  EXPECT_THROW(attn::plot::mask_figure(o), std::invalid_argument);
+}
+
 TEST(MaskFigure, BadOptionsAreRefusedNamingTheValues) {
   auto message = [](const MaskFigureOptions& o) {
     try {
@@ -125,7 +151,7 @@ TEST(MaskFigure, BadOptionsAreRefusedNamingTheValues) {
 }
 
 TEST(PlotMaskCli, DrawsEachKindOnTheTerminalAndToFiles) {
-  for (const char* kind : {"causal", "causal-bottom-right", "window", "alibi", "gqa"}) {
+  for (const char* kind : {"causal", "causal-bottom-right", "window", "alibi", "varlen", "gqa"}) {
     SCOPED_TRACE(kind);
     const auto r = attn::test::run_cli(std::string("plot mask --kind ") + kind + " --tq 4 --tk 6");
     ASSERT_EQ(r.exit_code, 0) << r.err;

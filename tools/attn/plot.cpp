@@ -113,8 +113,8 @@ Command add_plot_command(CLI::App& app) {
       "every score is equal (masked cells grey), ALiBi's bias, or GQA's head sharing");
   mask->add_option("--kind", flags->mask_kind,
                    "causal (top-left, PyTorch's is_causal), causal-bottom-right (FlashAttention "
-                   "2's, a KV cache's), window (sliding window), alibi (one panel per head) or "
-                   "gqa (query heads against kv heads)")
+                   "2's, a KV cache's), window (sliding window), alibi (one panel per head), "
+                   "varlen (packed sequences, cu_seqlens) or gqa (query heads against kv heads)")
       ->required()
       ->type_name("KIND");
   mask->add_option("--tq", flags->mask.tq, "Queries (1..64)")->capture_default_str();
@@ -126,6 +126,10 @@ Command add_plot_command(CLI::App& app) {
       ->capture_default_str();
   mask->add_option("--kv-heads", flags->mask.kv_heads, "gqa: key/value heads")
       ->capture_default_str();
+  mask->add_option("--seqlens", flags->mask.seqlens,
+                   "varlen: the packed sequences' lengths, comma-separated (default 3,5,2)")
+      ->delimiter(',')
+      ->type_name("LIST");
   mask->add_option("--out", flags->mask_out,
                    "The picture: a .svg or .png file (default: the terminal, in colour when it "
                    "is one and NO_COLOR is unset)")
@@ -134,6 +138,7 @@ Command add_plot_command(CLI::App& app) {
   auto run = [flags, att, loss, mask, layer_opt]() -> int {
     if (mask->parsed()) {
       flags->mask.kind = plot::mask_kind_from_name(flags->mask_kind);
+      if (flags->mask.seqlens.empty()) flags->mask.seqlens = {3, 5, 2};  // --seqlens's default
       const plot::Figure figure = plot::mask_figure(flags->mask);
       if (flags->mask_out.empty()) {
         const char* no_colour = std::getenv("NO_COLOR");
