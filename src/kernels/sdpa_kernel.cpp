@@ -199,17 +199,32 @@ std::pair<const float*, size_t> CachedTileRows(float* HWY_RESTRICT buf, WideTag&
 // exactly 0: the running max, sum and output keep their bits; backward adds
 // exact zeros), so forward and backward skip it: a padding or block-diagonal
 // mask costs only the tiles it leaves open. Stops at the first open entry.
+// Whether every mask value of queries [i0, i0 + in) x keys [j0, j0 + jn) of
+// head (b, h) equals x (-inf: the tile is hidden; 0: it adds nothing). Whole
+// vectors along a row when the keys are contiguous; stops at the first other value.
+template <class T>
+bool MaskTileIs(const SdpaProblemT<T>& p, float x, int64_t b, int64_t h, size_t i0, size_t in,
+                size_t j0, size_t jn) {
+  const SdpaStrides& ms = p.mask_strides;
+  const DF d;
+  const VF vx = hn::Set(d, x);
+  for (size_t ii = 0; ii < in; ++ii) {
+    const float* mrow = p.mask + b * ms.b + h * ms.h + int64_t(i0 + ii) * ms.t;
+    size_t jj = 0;
+    if (ms.d == 1) {
+      for (; jj + kN <= jn; jj += kN)
+        if (!hn::AllTrue(d, hn::Eq(hn::LoadU(d, mrow + j0 + jj), vx))) return false;
+    }
+    for (; jj < jn; ++jj)
+      if (mrow[int64_t(j0 + jj) * ms.d] != x) return false;
+  }
+  return true;
+}
+
 template <class T>
 bool MaskHidesTile(const SdpaProblemT<T>& p, int64_t b, int64_t h, size_t i0, size_t in, size_t j0,
                    size_t jn) {
-  if (!p.mask) return false;
-  const SdpaStrides& ms = p.mask_strides;
-  for (size_t ii = 0; ii < in; ++ii) {
-    const float* mrow = p.mask + b * ms.b + h * ms.h + int64_t(i0 + ii) * ms.t;
-    for (size_t jj = 0; jj < jn; ++jj)
-      if (mrow[int64_t(j0 + jj) * ms.d] != kNegInf) return false;
-  }
-  return true;
+  return p.mask && MaskTileIs(p, kNegInf, b, h, i0, in, j0, jn);
 }
 
 struct ForwardScratch {
@@ -251,7 +266,9 @@ void ScoreMods(const SdpaProblemT<T>& p, int64_t b, int64_t h, size_t i0, size_t
         hn::Store(hn::MulAdd(slope, dist, hn::Load(d, sp)), d, sp);
       }
   }
-  if (p.mask) {
+  // An all-zero mask tile (below a causal pattern's diagonal, a padding
+  // mask's open keys) adds nothing: skipped after a vector scan.
+  if (p.mask && !MaskTileIs(p, 0.0f, b, h, i0, in, j0, jn)) {
     const SdpaStrides& ms = p.mask_strides;
     for (size_t ii = 0; ii < in; ++ii) {
       const float* mrow = p.mask + b * ms.b + h * ms.h + int64_t(i0 + ii) * ms.t;
@@ -630,7 +647,13 @@ void TilePair(const HeadView<T>& hv, const BackwardProblem<T>& bp, size_t j0, si
     if (p.mask) {
       const SdpaStrides& ms = p.mask_strides;
       const float* mrow = p.mask + hv.b * ms.b + hv.h * ms.h + int64_t(i) * ms.t;
-      for (size_t jj = 0; jj < jn; ++jj) Si[jj] += kLog2e * mrow[int64_t(j0 + jj) * ms.d];
+      size_t jj = 0;
+      if (ms.d == 1) {  // whole vectors of contiguous keys
+        const VF l2e = hn::Set(d, kLog2e);
+        for (; jj + kN <= jn; jj += kN)
+          hn::Store(hn::MulAdd(l2e, hn::LoadU(d, mrow + j0 + jj), hn::Load(d, Si + jj)), d, Si + jj);
+      }
+      for (; jj < jn; ++jj) Si[jj] += kLog2e * mrow[int64_t(j0 + jj) * ms.d];
     }
     const VF lse_i = hn::Set(d, hv.lse2[i]);
     const VF D_i = hn::Set(d, hv.Drow[i]);
