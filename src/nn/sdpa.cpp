@@ -14,6 +14,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "nn/sdpa_common.h"
+
 namespace attn {
 
 namespace {
@@ -21,13 +23,17 @@ namespace {
 constexpr const char* kWho = "scaled_dot_product_attention";
 constexpr int64_t kMaxTokens = int64_t{1} << 31;
 
-[[noreturn]] void fail(const std::string& what) {
-  throw std::invalid_argument(fmt::format("{}: {}", kWho, what));
-}
-
+using detail::sdpa::is_bf16_reference;
+using detail::sdpa::rows_contiguous;
+[[noreturn]] void fail(const std::string& what) { detail::sdpa::fail(kWho, what); }
 void check_float32(const char* name, const Tensor& t) {
-  if (t.dtype() != DType::kFloat32)
-    fail(fmt::format("{} has dtype {}; only float32 is supported", name, dtype_name(t.dtype())));
+  detail::sdpa::check_float32(kWho, name, t);
+}
+void check_dtypes(const Tensor& q, const Tensor& k, const Tensor& v) {
+  detail::sdpa::check_dtypes(kWho, q, k, v);
+}
+void check_same_dtype(const char* name, const Tensor& t, const Tensor& q) {
+  detail::sdpa::check_same_dtype(kWho, name, t, q);
 }
 
 void check_4d(const char* name, const Tensor& t, const char* layout) {
@@ -39,11 +45,6 @@ void check_4d(const char* name, const Tensor& t, const char* layout) {
                        shape_str(t.shape())));
 }
 
-// The kernel reads rows of D (or Dv) floats: last stride 1 (any stride when the dim is 1).
-Tensor rows_contiguous(const Tensor& t) {
-  return t.size(-1) == 1 || t.stride(-1) == 1 ? t : t.contiguous();
-}
-
 SdpaStrides strides_of(const Tensor& t) {
   return {t.stride(0), t.stride(1), t.stride(2), t.size(3) == 1 ? 1 : t.stride(3)};
 }
@@ -51,18 +52,6 @@ SdpaStrides strides_of(const Tensor& t) {
 struct Sizes {
   int64_t B, Hq, Hkv, Tq, Tk, D, Dv;
 };
-
-// q, k, v: float32, or all three bfloat16 (then dout and out too).
-void check_dtypes(const Tensor& q, const Tensor& k, const Tensor& v) {
-  for (const auto& [name, t] :
-       {std::pair<const char*, const Tensor*>{"q", &q}, {"k", &k}, {"v", &v}})
-    if (t->dtype() != DType::kFloat32 && t->dtype() != DType::kBFloat16)
-      fail(fmt::format("{} has dtype {}; q, k and v must be float32 or bfloat16", name,
-                       dtype_name(t->dtype())));
-  if (k.dtype() != q.dtype() || v.dtype() != q.dtype())
-    fail(fmt::format("q, k and v must have the same dtype, got q {}, k {}, v {}",
-                     dtype_name(q.dtype()), dtype_name(k.dtype()), dtype_name(v.dtype())));
-}
 
 Sizes check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& o) {
   check_dtypes(q, k, v);
@@ -84,24 +73,8 @@ Sizes check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOpt
                      shape_str(q.shape()), s.D, shape_str(k.shape()), k.size(3)));
   if (s.Tq > kMaxTokens || s.Tk > kMaxTokens)
     fail(fmt::format("Tq ({}) and Tk ({}) must be <= 2^31", s.Tq, s.Tk));
-  if (s.Hq != s.Hkv) {
-    if (!o.enable_gqa)
-      fail(
-          fmt::format("q has {} heads and k, v have {}: set enable_gqa for grouped-query attention",
-                      s.Hq, s.Hkv));
-    if (s.Hq % s.Hkv != 0)
-      fail(fmt::format("enable_gqa: q's heads ({}) must be a multiple of k's and v's ({})", s.Hq,
-                       s.Hkv));
-  }
-  if (!(o.dropout_p >= 0.0f && o.dropout_p < 1.0f))
-    fail(fmt::format("dropout_p must be in [0, 1), got {}", o.dropout_p));
-  if (o.scale && !std::isfinite(*o.scale))
-    fail(fmt::format("scale must be finite, got {}", *o.scale));
-  if (o.window_left < -1 || o.window_right < -1)
-    fail(fmt::format("window_left ({}) and window_right ({}) must be -1 (unbounded) or >= 0",
-                     o.window_left, o.window_right));
-  if (!(o.softcap >= 0.0f) || !std::isfinite(o.softcap))
-    fail(fmt::format("softcap must be 0 (off) or a finite value > 0, got {}", o.softcap));
+  detail::sdpa::check_heads(kWho, o, s.Hq, s.Hkv);
+  detail::sdpa::check_scalar_options(kWho, o);
   return s;
 }
 
@@ -196,21 +169,11 @@ Prepared<T> prepare(const Tensor& q, const Tensor& k, const Tensor& v, const Sdp
     p.alibi_slopes = r.alibi.template data_ptr<float>();
     p.alibi_b_stride = per_batch ? s.Hq : 0;
   }
-  p.is_causal = o.is_causal;
-  p.causal_alignment = o.causal_alignment;
-  p.scale = o.scale ? *o.scale : 1.0f / std::sqrt(float(s.D));
-  p.softcap = o.softcap;
-  p.window_left = o.window_left, p.window_right = o.window_right;
-  p.dropout_p = o.dropout_p;
-  p.dropout_seed = o.dropout_seed;
+  detail::sdpa::set_options(p, o, s.D);
   return r;
 }
 
 SdpaStrides contiguous_of(int64_t H, int64_t T, int64_t W) { return {H * T * W, T * W, W, 1}; }
-
-bool is_bf16_reference(const Tensor& q, const SdpaOptions& options) {
-  return q.dtype() == DType::kBFloat16 && options.backend == SdpaBackend::kReference;
-}
 
 // The fused kernel on T = float or BFloat16 tensors (the fp32 reference too for float).
 template <class T>
@@ -251,13 +214,6 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 }
 
 namespace {
-
-// dout and out have q's dtype.
-void check_same_dtype(const char* name, const Tensor& t, const Tensor& q) {
-  if (t.dtype() != q.dtype())
-    fail(fmt::format("{} has dtype {} but q, k and v have {}", name, dtype_name(t.dtype()),
-                     dtype_name(q.dtype())));
-}
 
 template <class T>
 SdpaGrads backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "attn/sdpa.h"
+#include "nn/sdpa_common.h"
 
 namespace attn {
 
@@ -25,32 +26,17 @@ namespace {
 constexpr const char* kWho = "sdpa_varlen";
 constexpr int64_t kMaxTokens = int64_t{1} << 31;
 
-[[noreturn]] void fail(const std::string& what) {
-  throw std::invalid_argument(fmt::format("{}: {}", kWho, what));
-}
-
+using detail::sdpa::is_bf16_reference;
+using detail::sdpa::rows_contiguous;
+[[noreturn]] void fail(const std::string& what) { detail::sdpa::fail(kWho, what); }
 void check_float32(const char* name, const Tensor& t) {
-  if (t.dtype() != DType::kFloat32)
-    fail(fmt::format("{} has dtype {}; only float32 is supported", name, dtype_name(t.dtype())));
+  detail::sdpa::check_float32(kWho, name, t);
 }
-
-// q, k, v: float32, or all three bfloat16 (then dout and out too).
 void check_dtypes(const Tensor& q, const Tensor& k, const Tensor& v) {
-  for (const auto& [name, t] :
-       {std::pair<const char*, const Tensor*>{"q", &q}, {"k", &k}, {"v", &v}})
-    if (t->dtype() != DType::kFloat32 && t->dtype() != DType::kBFloat16)
-      fail(fmt::format("{} has dtype {}; q, k and v must be float32 or bfloat16", name,
-                       dtype_name(t->dtype())));
-  if (k.dtype() != q.dtype() || v.dtype() != q.dtype())
-    fail(fmt::format("q, k and v must have the same dtype, got q {}, k {}, v {}",
-                     dtype_name(q.dtype()), dtype_name(k.dtype()), dtype_name(v.dtype())));
+  detail::sdpa::check_dtypes(kWho, q, k, v);
 }
-
-// dout and out have q's dtype.
 void check_same_dtype(const char* name, const Tensor& t, const Tensor& q) {
-  if (t.dtype() != q.dtype())
-    fail(fmt::format("{} has dtype {} but q, k and v have {}", name, dtype_name(t.dtype()),
-                     dtype_name(q.dtype())));
+  detail::sdpa::check_same_dtype(kWho, name, t, q);
 }
 
 void check_3d(const char* name, const Tensor& t, const char* layout) {
@@ -60,11 +46,6 @@ void check_3d(const char* name, const Tensor& t, const char* layout) {
   if (t.size(1) < 1 || t.size(2) < 1)
     fail(fmt::format("{} {} must have at least one head and a head dim >= 1", name,
                      shape_str(t.shape())));
-}
-
-// The kernel reads rows of D (or Dv) floats: last stride 1 (any stride when the dim is 1).
-Tensor rows_contiguous(const Tensor& t) {
-  return t.size(-1) == 1 || t.stride(-1) == 1 ? t : t.contiguous();
 }
 
 // A (total, H, W) token-major tensor as the (b, h, t) strides of the raw layer (b unused).
@@ -124,14 +105,7 @@ Prepared<T> prepare(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
   if (k.size(2) != D)
     fail(fmt::format("q and k must have the same head dim: q {} has D = {}, k {} has {}",
                      shape_str(q.shape()), D, shape_str(k.shape()), k.size(2)));
-  if (Hq != Hkv) {
-    if (!o.enable_gqa)
-      fail(fmt::format(
-          "q has {} heads and k, v have {}: set enable_gqa for grouped-query attention", Hq, Hkv));
-    if (Hq % Hkv != 0)
-      fail(fmt::format("enable_gqa: q's heads ({}) must be a multiple of k's and v's ({})", Hq,
-                       Hkv));
-  }
+  detail::sdpa::check_heads(kWho, o, Hq, Hkv);
   if (!o.attn_mask.empty())
     fail(
         fmt::format("attn_mask (shape {}) is not supported for packed variable-length batches: the "
@@ -141,15 +115,7 @@ Prepared<T> prepare(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
       max_seqlen_k > kMaxTokens)
     fail(fmt::format("max_seqlen_q ({}) and max_seqlen_k ({}) must be in [0, 2^31]", max_seqlen_q,
                      max_seqlen_k));
-  if (!(o.dropout_p >= 0.0f && o.dropout_p < 1.0f))
-    fail(fmt::format("dropout_p must be in [0, 1), got {}", o.dropout_p));
-  if (o.scale && !std::isfinite(*o.scale))
-    fail(fmt::format("scale must be finite, got {}", *o.scale));
-  if (o.window_left < -1 || o.window_right < -1)
-    fail(fmt::format("window_left ({}) and window_right ({}) must be -1 (unbounded) or >= 0",
-                     o.window_left, o.window_right));
-  if (!(o.softcap >= 0.0f) || !std::isfinite(o.softcap))
-    fail(fmt::format("softcap must be 0 (off) or a finite value > 0, got {}", o.softcap));
+  detail::sdpa::check_scalar_options(kWho, o);
 
   Prepared<T> r;
   r.cu_seqlens_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q, "total_q (q.size(0))",
@@ -182,22 +148,12 @@ Prepared<T> prepare(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
     p.alibi_slopes = r.alibi.template data_ptr<float>();
     p.alibi_b_stride = per_seq ? Hq : 0;
   }
-  p.is_causal = o.is_causal;
-  p.causal_alignment = o.causal_alignment;
-  p.scale = o.scale ? *o.scale : 1.0f / std::sqrt(float(D));
-  p.softcap = o.softcap;
-  p.window_left = o.window_left, p.window_right = o.window_right;
-  p.dropout_p = o.dropout_p;
-  p.dropout_seed = o.dropout_seed;
+  detail::sdpa::set_options(p, o, D);
   return r;
 }
 
 // (total, H, W) contiguous as raw strides.
 SdpaStrides packed_strides(int64_t H, int64_t W) { return {0, W, H * W, 1}; }
-
-bool is_bf16_reference(const Tensor& q, const SdpaOptions& options) {
-  return q.dtype() == DType::kBFloat16 && options.backend == SdpaBackend::kReference;
-}
 
 // The fused kernel on T = float or BFloat16 tensors (the fp32 reference too for float).
 template <class T>
