@@ -50,6 +50,8 @@
 
 #include "attn/kernels.h"
 #include "attn/tensor.h"
+#include "kernels/flash_attention_amx.h"
+#include "kernels/amx_tiles.h"
 #include "kernels/philox.h"
 
 #ifdef _OPENMP
@@ -781,15 +783,49 @@ FlashAttentionParams Packed(const FlashAttentionParams& p) {
   return w;
 }
 
-// The path chosen at run time, and the one a test forced.
-enum class Path { kAvx512Bf16, kWidened };
+// The paths, best first where the CPU has them all. AMX runs where the CPU
+// has the tiles and the kernel lets this process use them. Without AMX the
+// choice between VDPBF16PS and the widened fp32 kernel is measured: Intel
+// cores run VDPBF16PS (two products a lane) at half the rate of FMA (one
+// product a lane, twice the instructions per cycle), so the bf16 dot product
+// does the same work no faster and the widened path, with its fp32 kernel
+// tuned further, wins; AMD Zen 4/5 run them at the same rate. AVX512-BF16
+// therefore comes before "widened to fp32" only when the measured bf16
+// dot-product peak is at least the fp32 FMA peak (bf16_peak.cpp,
+// fma_peak.cpp; probed once, about 0.2 s, the first time the choice is needed).
+enum class Path { kAmx, kAvx512Bf16, kWidened };
 int g_forced = -1;  // -1: automatic
+bool Avx512Bf16BeatsWidened() {
+  static const bool beats = [] {
+    if (!has_avx512_bf16()) return false;
+    return bf16_dot_peak_gflops(3) >= fma_peak_gflops(3);
+  }();
+  return beats;
+}
+std::vector<Path> Paths() {
+  std::vector<Path> paths;
+  if (amx::amx_usable()) paths.push_back(Path::kAmx);
+  if (has_avx512_bf16() && Avx512Bf16BeatsWidened()) paths.push_back(Path::kAvx512Bf16);
+  paths.push_back(Path::kWidened);
+  if (has_avx512_bf16() && !Avx512Bf16BeatsWidened()) paths.push_back(Path::kAvx512Bf16);
+  return paths;
+}
 Path ChosenPath() {
   if (g_forced >= 0) return Path(g_forced);
-  return has_avx512_bf16() ? Path::kAvx512Bf16 : Path::kWidened;
+  if (amx::amx_usable()) return Path::kAmx;  // no need to probe the peaks
+  static const Path best = Paths().front();
+  return best;
 }
 const char* PathName(Path path) {
-  return path == Path::kAvx512Bf16 ? "AVX512-BF16" : "widened to fp32";
+  switch (path) {
+    case Path::kAmx:
+      return "AMX";
+    case Path::kAvx512Bf16:
+      return "AVX512-BF16";
+    case Path::kWidened:
+      break;
+  }
+  return "widened to fp32";
 }
 
 const uint16_t* bits(const BFloat16* x) { return reinterpret_cast<const uint16_t*>(x); }
@@ -800,6 +836,10 @@ uint16_t* bits(BFloat16* x) { return reinterpret_cast<uint16_t*>(x); }
 void flash_attention_forward_bf16(BFloat16* out, float* lse, const BFloat16* q, const BFloat16* k,
                                   const BFloat16* v, const FlashAttentionParams& params) {
   const FlashAttentionParams p = validated(params);
+  if (ChosenPath() == Path::kAmx) {
+    amx::forward(bits(out), lse, bits(q), bits(k), bits(v), p);
+    return;
+  }
   if (ChosenPath() == Path::kAvx512Bf16) {
     Forward(bits(out), lse, bits(q), bits(k), bits(v), p);
     return;
@@ -818,6 +858,11 @@ void flash_attention_backward_bf16(BFloat16* dq, BFloat16* dk, BFloat16* dv, con
                                    const BFloat16* out, const float* lse,
                                    const FlashAttentionParams& params) {
   const FlashAttentionParams p = validated(params);
+  if (ChosenPath() == Path::kAmx) {
+    amx::backward(bits(dq), bits(dk), bits(dv), bits(dout), bits(q), bits(k), bits(v), bits(out),
+                  lse, p);
+    return;
+  }
   if (ChosenPath() == Path::kAvx512Bf16) {
     Backward(bits(dq), bits(dk), bits(dv), bits(dout), bits(q), bits(k), bits(v), bits(out), lse,
              p);
@@ -842,17 +887,15 @@ const char* flash_attention_bf16_path() { return PathName(ChosenPath()); }
 
 std::vector<std::string> flash_attention_bf16_paths() {
   std::vector<std::string> names;
-  if (has_avx512_bf16()) names.emplace_back(PathName(Path::kAvx512Bf16));
-  names.emplace_back(PathName(Path::kWidened));
+  for (const Path path : Paths()) names.emplace_back(PathName(path));
   return names;
 }
 
 bool flash_attention_bf16_use_path(const char* name) {
   g_forced = -1;
   if (name == nullptr) return true;
-  for (const Path path : {Path::kAvx512Bf16, Path::kWidened}) {
+  for (const Path path : Paths()) {
     if (std::string(PathName(path)) != name) continue;
-    if (path == Path::kAvx512Bf16 && !has_avx512_bf16()) return false;
     g_forced = int(path);
     return true;
   }

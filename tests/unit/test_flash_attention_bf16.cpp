@@ -15,7 +15,7 @@
 // That last one sets the gradients' bound: dS = P ⊙ (dP − D) is a difference
 // of near values, and with few keys (T = 2) dq and dk are small beside the
 // rounding of O inside D (PyTorch's bf16 SDPA also takes D from its bf16
-// output). Both paths reach 2.3e-2 there (T = 2, hd = 80); in the cases of
+// output). The paths reach 2.3e-2 there (T = 2, hd = 80); in the cases of
 // LargestErrorsAreWithinTheDocumentedBound (T = 1 to 300) the largest were
 // 2.5e-3 (out) and 5.8e-3 (gradients) on an AMD Zen 5.
 #include <gtest/gtest.h>
@@ -169,12 +169,25 @@ void on_every_path(Body body) {
   ASSERT_TRUE(kn::flash_attention_bf16_use_path(nullptr));
 }
 
+bool has_path(const std::string& name) {
+  const auto paths = kn::flash_attention_bf16_paths();
+  return std::find(paths.begin(), paths.end(), name) != paths.end();
+}
+
 TEST(FlashAttentionBf16, ReportsPaths) {
   const auto paths = kn::flash_attention_bf16_paths();
   ASSERT_FALSE(paths.empty());
-  EXPECT_EQ(paths.back(), "widened to fp32");
+  EXPECT_TRUE(has_path("widened to fp32"));
   EXPECT_EQ(paths.front(), kn::flash_attention_bf16_path());
-  EXPECT_EQ(kn::has_avx512_bf16(), paths.front() == "AVX512-BF16");
+  EXPECT_EQ(kn::has_avx512_bf16(), has_path("AVX512-BF16"));
+  // AMX first wherever it runs; without it, AVX512-BF16 first only where its
+  // measured dot-product peak reaches the fp32 FMA peak.
+  if (has_path("AMX")) {
+    EXPECT_EQ(paths.front(), "AMX");
+  } else if (kn::has_avx512_bf16()) {
+    const bool dots_first = kn::bf16_dot_peak_gflops(3) >= kn::fma_peak_gflops(3);
+    std::printf("bf16 dot peak %s the fp32 FMA peak\n", dots_first ? ">=" : "<");
+  }
   EXPECT_FALSE(kn::flash_attention_bf16_use_path("NO_SUCH_PATH"));
   std::string all;
   for (const auto& path : paths) all += " [" + path + "]";
@@ -354,6 +367,118 @@ TEST(FlashAttentionBf16, ErrorsNameTheValues) {
     FAIL() << "no exception";
   } catch (const std::invalid_argument& e) {
     EXPECT_STREQ(e.what(), "flash_attention: dropout_p (1.000000) must be in [0, 1)");
+  }
+}
+
+// ---- the AMX path alone: its tile edges (16-row tiles, hd padded to 32) --------------------
+
+// Runs body with the AMX path forced; skips (saying why) on a CPU without it.
+#define SKIP_WITHOUT_AMX()                                                                 \
+  do {                                                                                     \
+    if (!has_path("AMX"))                                                                  \
+      GTEST_SKIP() << "no AMX path: this CPU lacks AMX-BF16/AMX-TILE or the kernel refused " \
+                      "the tile state";                                                    \
+    ASSERT_TRUE(kn::flash_attention_bf16_use_path("AMX"));                                 \
+  } while (0)
+
+struct RestoreAutomaticPath {
+  ~RestoreAutomaticPath() { kn::flash_attention_bf16_use_path(nullptr); }
+};
+
+TEST(FlashAttentionBf16Amx, TileEdgesAndHeadDimsMatchReference) {
+  SKIP_WITHOUT_AMX();
+  RestoreAutomaticPath restore;
+  Errors worst{};
+  uint32_t seed = 2000;
+  for (int64_t T : {1, 15, 16, 17, 33, 100})
+    for (int64_t hd : {16, 64, 80, 128, 256})
+      for (bool causal : {true, false}) {
+        const Errors e = expect_close({1, T, 2, hd, causal}, seed++);
+        worst = {std::max(worst.out, e.out), std::max(worst.lse, e.lse), std::max(worst.dq, e.dq),
+                 std::max(worst.dk, e.dk), std::max(worst.dv, e.dv)};
+      }
+  for (int64_t hd : {64, 128})
+    for (bool causal : {true, false}) {
+      const Errors e = expect_close({1, 1000, 2, hd, causal}, seed++);
+      worst = {std::max(worst.out, e.out), std::max(worst.lse, e.lse), std::max(worst.dq, e.dq),
+               std::max(worst.dk, e.dk), std::max(worst.dv, e.dv)};
+    }
+  std::printf("AMX: largest relative errors vs the fp64 reference: out %.2e lse %.2e dq %.2e "
+              "dk %.2e dv %.2e\n",
+              worst.out, worst.lse, worst.dq, worst.dk, worst.dv);
+  for (const double err : {worst.out, worst.dq, worst.dk, worst.dv}) EXPECT_GT(err, 0.0);
+}
+
+TEST(FlashAttentionBf16Amx, DropoutAndFusedQkvMatchReference) {
+  SKIP_WITHOUT_AMX();
+  RestoreAutomaticPath restore;
+  uint32_t seed = 2100;
+  for (bool causal : {true, false})
+    for (int64_t T : {15, 17, 100}) {
+      expect_close({2, T, 2, 80, causal, 0.3f}, seed++);
+      Case c{2, T, 3, 64, causal, 0.1f};
+      c.fused_qkv = true;
+      expect_close(c, seed++);
+      c.hd = 80, c.dropout_p = 0.0f;
+      expect_close(c, seed++);
+    }
+}
+
+#ifdef _OPENMP
+TEST(FlashAttentionBf16Amx, SameBitsForOneAndTwoThreads) {
+  SKIP_WITHOUT_AMX();
+  RestoreAutomaticPath restore;
+  // B·H = 1 and 3: split into key- and query-tile tasks on 2 threads (whole
+  // heads on 1); B·H = 8: whole heads either way.
+  struct Shape {
+    int64_t B, H, T, hd;
+  };
+  for (const Shape& shape : {Shape{1, 1, 100, 80}, Shape{1, 3, 257, 64}, Shape{2, 4, 70, 16}})
+    for (float dropout : {0.0f, 0.25f})
+      for (bool causal : {true, false}) {
+        FlashAttentionParams p;
+        p.B = shape.B, p.T = shape.T, p.H = shape.H, p.hd = shape.hd, p.causal = causal;
+        p.dropout_p = dropout, p.dropout_seed = 11;
+        const size_t n = size_t(p.B * p.T * p.H * p.hd);
+        const auto q = randn_bf16(n, 21), k = randn_bf16(n, 22), v = randn_bf16(n, 23);
+        const auto dout = randn_bf16(n, 24);
+        const int saved = omp_get_max_threads();
+        omp_set_num_threads(1);
+        const auto one = run_all(p, q, k, v, dout);
+        omp_set_num_threads(2);
+        const auto two = run_all(p, q, k, v, dout);
+        omp_set_num_threads(saved);
+        EXPECT_TRUE(one == two) << "AMX: 1 and 2 threads differ: B=" << p.B << " H=" << p.H
+                                << " T=" << p.T << " hd=" << p.hd << " causal=" << causal
+                                << " p=" << dropout;
+      }
+}
+#endif
+
+TEST(FlashAttentionBf16Amx, CloseToTheAvx512Bf16Path) {
+  // The same numerics by other instructions: outputs within a few bf16 ulps.
+  SKIP_WITHOUT_AMX();
+  RestoreAutomaticPath restore;
+  if (!has_path("AVX512-BF16")) GTEST_SKIP() << "no AVX512-BF16 path to compare with";
+  FlashAttentionParams p;
+  p.B = 2, p.T = 150, p.H = 3, p.hd = 64, p.causal = true;
+  const size_t n = size_t(p.B * p.T * p.H * p.hd);
+  const auto q = randn_bf16(n, 31), k = randn_bf16(n, 32), v = randn_bf16(n, 33);
+  const auto dout = randn_bf16(n, 34);
+  const auto amx = run_all(p, q, k, v, dout);
+  ASSERT_TRUE(kn::flash_attention_bf16_use_path("AVX512-BF16"));
+  const auto dots = run_all(p, q, k, v, dout);
+  ASSERT_EQ(amx.size(), dots.size());
+  // out, dq, dk, dv as bf16: largest difference relative to the largest value of each.
+  for (size_t part = 0; part < 4; ++part) {
+    std::vector<float> a(n), b(n);
+    for (size_t x = 0; x < n; ++x) {
+      BFloat16 ba, bb;
+      std::memcpy(&ba.bits, amx.data() + (part * n + x) * 2, 2);
+      std::memcpy(&bb.bits, dots.data() + (part * n + x) * 2, 2);
+      a[x] = attn::to_float(ba), b[x] = attn::to_float(bb);
+    }
+    EXPECT_LE(flash_rel_err(a, b), part == 0 ? kOutTol : kGradTol) << "part " << part;
   }
 }
 

@@ -1,0 +1,680 @@
+// The bf16 attention kernels on AMX tiles (the "AMX" path of
+// flash_attention_forward_bf16 / flash_attention_backward_bf16, attn/kernels.h):
+// the maths and the numerics of flash_attention_bf16.cpp (fp32 scores,
+// softmax statistics, lse and accumulators; P and dS rounded to bf16 where
+// they enter a product; results rounded once), with every matrix product
+// one call of amx::tile_gemm (amx_tiles.h): C (fp32) (+)= A (bf16 rows) · B
+// (bf16, VNNI packed), on 16 × 16 tiles.
+//
+// Layouts. hdp = hd rounded up to 32 (a tile's reduction depth), hdw = hdp/2
+// words; Tp = T rounded up to the tile of 64. Each head's inputs are first
+// packed once (in parallel over heads, O(T · hd) work) into zero-padded
+// copies, so that every operand of every product is a plain tile load:
+//   QR, dOR (Tp, hdw)     rows of words (Q, dO as A operands)
+//   KT, VT  (hdw, Tp)     dim pairs × tokens (Kᵀ, Vᵀ as B operands)
+//   VP, KP  (Tp/2, hdp)   token pairs × dims (V, K as B operands)
+//   QtP, dOtP (hdp, Tp/2) dims × token pairs (Qᵀ, dOᵀ as A operands)
+// The weights are rounded to bf16 straight into the layout their product
+// wants: P and dS rows (A operands) and P ⊙ Z, dS with query pairs
+// interleaved (B operands).
+//
+// Forward, per (b, h, query tile of 64), heaviest first; keys in tiles of 64:
+//   S (64, 64)    = Q_tile Kᵀ_tile                 A: QR, B: KT
+//   online softmax along each row, in base 2 (the row's max, α, l)
+//   O (64, hdp)   = α ⊙ O + P V_tile               A: P rows, B: VP
+// Backward, per pair (key tile, query tile):
+//   S = Q Kᵀ, dP = dO Vᵀ                           A: QR, dOR; B: KT, VT
+//   P = 2^(c·S − lse2), dS = scale · P ⊙ (dP ⊙ Z − D)          (fp32)
+//   dVᵀ (hdp, 64) += dOᵀ (P ⊙ Z)                    A: dOtP, B: P ⊙ Z query pairs
+//   dKᵀ (hdp, 64) += Qᵀ dS                          A: QtP,  B: dS query pairs
+//   dQ  (64, hdp) += dS K                           A: dS rows, B: KP
+// (dK and dV accumulate transposed, so that P and dS never need a
+// transpose; they are transposed once when rounded into dk and dv.)
+// Threads and orders are flash_attention_bf16.cpp's: whole heads per thread
+// when there are at least two per thread, else key-tile tasks (dK, dV) and
+// query-tile tasks (dQ) that recompute S and dP; every accumulator sees its
+// products in one order either way, so the bits do not depend on the
+// thread count. Causal tiles on the diagonal are computed whole and masked.
+// Memory: the packed copies (2 · Tp · hdp bf16 per head forward, 7 backward)
+// and O(tile) per thread, plus the whole-head dQ (Tp · hdp fp32 per thread).
+#include "kernels/flash_attention_amx.h"
+
+#include <cpuid.h>
+#include <hwy/aligned_allocator.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "attn/tensor.h"
+#include "kernels/amx_tiles.h"
+#include "kernels/philox.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace attn::kernels::amx {
+
+bool amx_usable() {
+  static const bool usable = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
+    const bool amx_bf16 = (d >> 22) & 1u, amx_tile = (d >> 24) & 1u;
+    if (!amx_bf16 || !amx_tile || !has_avx512_bf16()) return false;
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+    return false;
+#endif
+  }();
+  return usable;
+}
+
+namespace {
+
+using Words = hwy::AlignedFreeUniquePtr<uint32_t[]>;
+using Floats = hwy::AlignedFreeUniquePtr<float[]>;
+Words words(size_t n) { return hwy::AllocateAligned<uint32_t>(std::max<size_t>(n, 1)); }
+Floats floats(size_t n) { return hwy::AllocateAligned<float>(std::max<size_t>(n, 1)); }
+
+constexpr size_t kN = 16;   // fp32 lanes of a 512-bit vector
+constexpr size_t kB = 64;   // query and key tile (rows of S)
+constexpr size_t kBw = 32;  // words of a row of 64 bf16
+constexpr float kLog2e = 1.44269504088896340736f;
+constexpr float kLn2 = 0.69314718055994530942f;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+size_t RoundUp(size_t x, size_t m) { return (x + m - 1) / m * m; }
+
+int MaxThreads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+// The sizes of one problem's packed operands.
+struct Dims {
+  size_t T, Tp, hd, hdp, hdw;
+  explicit Dims(const FlashAttentionParams& p)
+      : T(size_t(p.T)),
+        Tp(RoundUp(size_t(p.T), kB)),
+        hd(size_t(p.hd)),
+        hdp(RoundUp(size_t(p.hd), 32)),
+        hdw(RoundUp(size_t(p.hd), 32) / 2) {}
+  size_t rows() const { return Tp * hdw; }  // words of (Tp, hdw), (hdw, Tp), (Tp/2, hdp), ...
+};
+
+}  // namespace
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,amx-tile,amx-bf16")
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+// ---- the product ------------------------------------------------------------------------------
+
+// Tiles: C 0 1 / 2 3, A 4 5, B 6 7.
+#define ATTN_AMX_C_IN(t, ptr)                              \
+  do {                                                     \
+    if constexpr (kAccumulate) {                           \
+      _tile_loadd(t, ptr, long(ldc * sizeof(float)));      \
+    } else {                                               \
+      _tile_zero(t);                                       \
+    }                                                      \
+  } while (0)
+
+template <bool kAccumulate>
+__attribute__((noinline)) void tile_gemm(size_t M, size_t N, size_t K, const uint32_t* A,
+                                         size_t lda, const uint32_t* B, size_t ldb, float* C,
+                                         size_t ldc) {
+  asm volatile("" ::: "memory");  // tile loads are not known to the compiler to read memory
+  const long sa = long(lda * 4), sb = long(ldb * 4), sc = long(ldc * 4);
+  size_t m0 = 0;
+  for (; m0 + 32 <= M; m0 += 32) {
+    float* c0 = C + m0 * ldc;
+    float* c1 = c0 + 16 * ldc;
+    const uint32_t* a0 = A + m0 * lda;
+    const uint32_t* a1 = a0 + 16 * lda;
+    size_t n0 = 0;
+    for (; n0 + 32 <= N; n0 += 32) {
+      ATTN_AMX_C_IN(0, c0 + n0);
+      ATTN_AMX_C_IN(1, c0 + n0 + 16);
+      ATTN_AMX_C_IN(2, c1 + n0);
+      ATTN_AMX_C_IN(3, c1 + n0 + 16);
+      for (size_t k0 = 0; k0 < K; k0 += 16) {
+        _tile_loadd(4, a0 + k0, sa);
+        _tile_loadd(5, a1 + k0, sa);
+        _tile_loadd(6, B + k0 * ldb + n0, sb);
+        _tile_loadd(7, B + k0 * ldb + n0 + 16, sb);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(0, c0 + n0, sc);
+      _tile_stored(1, c0 + n0 + 16, sc);
+      _tile_stored(2, c1 + n0, sc);
+      _tile_stored(3, c1 + n0 + 16, sc);
+    }
+    if (n0 < N) {
+      ATTN_AMX_C_IN(0, c0 + n0);
+      ATTN_AMX_C_IN(2, c1 + n0);
+      for (size_t k0 = 0; k0 < K; k0 += 16) {
+        _tile_loadd(4, a0 + k0, sa);
+        _tile_loadd(5, a1 + k0, sa);
+        _tile_loadd(6, B + k0 * ldb + n0, sb);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(2, 5, 6);
+      }
+      _tile_stored(0, c0 + n0, sc);
+      _tile_stored(2, c1 + n0, sc);
+    }
+  }
+  if (m0 < M) {  // 16 rows left
+    float* c0 = C + m0 * ldc;
+    const uint32_t* a0 = A + m0 * lda;
+    size_t n0 = 0;
+    for (; n0 + 32 <= N; n0 += 32) {
+      ATTN_AMX_C_IN(0, c0 + n0);
+      ATTN_AMX_C_IN(1, c0 + n0 + 16);
+      for (size_t k0 = 0; k0 < K; k0 += 16) {
+        _tile_loadd(4, a0 + k0, sa);
+        _tile_loadd(6, B + k0 * ldb + n0, sb);
+        _tile_loadd(7, B + k0 * ldb + n0 + 16, sb);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+      }
+      _tile_stored(0, c0 + n0, sc);
+      _tile_stored(1, c0 + n0 + 16, sc);
+    }
+    if (n0 < N) {
+      ATTN_AMX_C_IN(0, c0 + n0);
+      for (size_t k0 = 0; k0 < K; k0 += 16) {
+        _tile_loadd(4, a0 + k0, sa);
+        _tile_loadd(6, B + k0 * ldb + n0, sb);
+        _tile_dpbf16ps(0, 4, 6);
+      }
+      _tile_stored(0, c0 + n0, sc);
+    }
+  }
+}
+#undef ATTN_AMX_C_IN
+
+template void tile_gemm<false>(size_t, size_t, size_t, const uint32_t*, size_t, const uint32_t*,
+                               size_t, float*, size_t);
+template void tile_gemm<true>(size_t, size_t, size_t, const uint32_t*, size_t, const uint32_t*,
+                              size_t, float*, size_t);
+
+namespace {
+
+// ---- vector helpers (flash_attention_bf16.cpp's) ----------------------------------------------
+
+// 2^x with a relative error below 2e-7 for x >= -126; exactly 0 for x <= -160.
+inline __m512 Exp2(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-160.0f));
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);  // [-1/2, 1/2]
+  __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// Lanes whose index i0 + lane is below `limit`.
+inline __mmask16 LanesBelow(size_t i0, size_t limit) {
+  if (limit <= i0) return 0;
+  return limit - i0 >= kN ? __mmask16(0xFFFF) : __mmask16((1u << (limit - i0)) - 1u);
+}
+
+// Mask of the elements [c0, min(limit, c0 + 32)) of a chunk of 32.
+inline __mmask32 Elements32(size_t c0, size_t limit) {
+  if (limit <= c0) return 0;
+  return limit - c0 >= 32 ? __mmask32(0xFFFFFFFFu) : __mmask32((1u << (limit - c0)) - 1u);
+}
+
+// The permutation of 32 bf16 (a0..a15, b0..b15) into 16 words (a[w], b[w]).
+inline __m512i InterleaveIndex() {
+  return _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                          6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+}
+
+// 16 fp32 of row a and 16 of row b, rounded to bf16 (nearest even), as 16 words (a[w], b[w]).
+inline __m512i InterleaveToWords(__m512 a, __m512 b) {
+  const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(b, a);  // a0..a15, b0..b15
+  return _mm512_permutexvar_epi16(InterleaveIndex(), both);
+}
+
+// 32 fp32 of one row (lo: the first 16) rounded to bf16: 16 consecutive words.
+inline __m512i RowToWords(__m512 lo, __m512 hi) { return (__m512i)_mm512_cvtne2ps_pbh(hi, lo); }
+
+// Largest and total of 16 lanes, in a fixed order.
+inline float HMax(__m512 v) {
+  const __m256 a = _mm256_max_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  __m128 b = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  b = _mm_max_ps(b, _mm_movehl_ps(b, b));
+  b = _mm_max_ss(b, _mm_shuffle_ps(b, b, 1));
+  return _mm_cvtss_f32(b);
+}
+inline float HSum(__m512 v) {
+  const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  b = _mm_add_ss(b, _mm_shuffle_ps(b, b, 1));
+  return _mm_cvtss_f32(b);
+}
+
+// ---- packing: once per head, O(T · hd) -----------------------------------------------------------
+
+// dst (Tp, hdw): row r < n is x's row r (hd bf16) zero-padded to hdp; rows >= n are zero.
+void PackRows(uint32_t* dst, const uint16_t* x, size_t stride, size_t n, const Dims& d) {
+  auto* out = reinterpret_cast<uint16_t*>(dst);
+  for (size_t r = 0; r < d.Tp; ++r)
+    for (size_t c0 = 0; c0 < d.hdp; c0 += 32) {
+      const __m512i v = r < n ? _mm512_maskz_loadu_epi16(Elements32(c0, d.hd), x + r * stride + c0)
+                              : _mm512_setzero_si512();
+      _mm512_storeu_si512(out + r * d.hdp + c0, v);
+    }
+}
+
+// dst (Tp/2, hdp): dst[p · hdp + c] = (x[2p][c], x[2p+1][c]); zero past hd and past n.
+void PackPairs(uint32_t* dst, const uint16_t* x, size_t stride, size_t n, const Dims& d) {
+  const __m512i idx = InterleaveIndex();
+  for (size_t pr = 0; pr < d.Tp / 2; ++pr) {
+    const uint16_t* a = x + 2 * pr * stride;
+    for (size_t c0 = 0; c0 < d.hdp; c0 += kN) {
+      const __mmask16 dims = LanesBelow(c0, d.hd);
+      const __m256i va =
+          2 * pr < n ? _mm256_maskz_loadu_epi16(dims, a + c0) : _mm256_setzero_si256();
+      const __m256i vb =
+          2 * pr + 1 < n ? _mm256_maskz_loadu_epi16(dims, a + stride + c0) : _mm256_setzero_si256();
+      const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(va), vb, 1);
+      _mm512_storeu_si512(dst + pr * d.hdp + c0, _mm512_permutexvar_epi16(idx, both));
+    }
+  }
+}
+
+// dst[c · ldd + r] = src[r · lds + c] for r < rows (a multiple of 16), c < cols.
+void TransposeWords(uint32_t* dst, size_t ldd, const uint32_t* src, size_t lds, size_t rows,
+                    size_t cols) {
+  const __m512i offsets = _mm512_mullo_epi32(
+      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+      _mm512_set1_epi32(int(lds)));
+  for (size_t r0 = 0; r0 < rows; r0 += kN)
+    for (size_t c = 0; c < cols; ++c)
+      _mm512_storeu_si512(dst + c * ldd + r0,
+                          _mm512_i32gather_epi32(offsets, src + r0 * lds + c, 4));
+}
+
+// Philox noise of query i for keys j0 .. j0 + 63: block m serves keys j0 + 4m .. j0 + 4m + 3.
+void NoiseRow(float* z, const DropoutRule& rule, uint64_t seed, int64_t b, int64_t h, size_t i,
+              size_t j0) {
+  constexpr size_t kBlocks = kB / 4;
+  alignas(64) uint32_t x[4][kBlocks];
+  for (size_t m = 0; m < kBlocks; ++m) {
+    x[0][m] = uint32_t(j0 / 4 + m), x[1][m] = uint32_t(i);
+    x[2][m] = uint32_t(h), x[3][m] = uint32_t(b);
+  }
+  uint32_t k0, k1;
+  philox_key(seed, k0, k1);
+  for (int round = 0; round < kPhiloxRounds; ++round) {
+    for (size_t m = 0; m < kBlocks; ++m) philox_round(x[0][m], x[1][m], x[2][m], x[3][m], k0, k1);
+    philox_bump_key(k0, k1);
+  }
+  for (size_t m = 0; m < kBlocks; ++m)
+    for (size_t u = 0; u < 4; ++u) z[4 * m + u] = rule.noise(x[u][m]);
+}
+
+// Keys j0 .. j0 + 63 that query i sees: those below T and (causal) up to i.
+size_t KeysSeen(const FlashAttentionParams& p, size_t T, size_t i, size_t j0) {
+  const size_t end = p.causal ? std::min(T, i + 1) : T;
+  return end > j0 ? std::min(kB, end - j0) : 0;
+}
+
+// ---- forward ------------------------------------------------------------------------------------
+
+struct ForwardPacked {
+  Words QR, KT, VP;  // (BH, ...) each, per head d.rows() words
+};
+
+void ForwardTile(uint16_t* out, float* lse, const ForwardPacked& pk, const FlashAttentionParams& p,
+                 const Dims& d, int64_t b, int64_t h, size_t i0, float* S, uint32_t* Pw, float* O,
+                 float* m, float* l, float* z) {
+  const size_t bh = size_t(b * p.H + h), in = std::min(kB, d.T - i0);
+  const uint32_t* QR = pk.QR.get() + bh * d.rows();
+  const uint32_t* KT = pk.KT.get() + bh * d.rows();
+  const uint32_t* VP = pk.VP.get() + bh * d.rows();
+  const DropoutRule rule(p.dropout_p);
+  std::fill(O, O + kB * d.hdp, 0.0f);
+  std::fill(m, m + kB, kNegInf);
+  std::fill(l, l + kB, 0.0f);
+  std::memset(Pw, 0, kB * kBw * sizeof(uint32_t));  // rows >= in stay zero
+  const float c = p.scale * kLog2e;
+  const __m512 cv = _mm512_set1_ps(c);
+  const size_t key_end = p.causal ? i0 + in : d.T;
+  for (size_t j0 = 0; j0 < key_end; j0 += kB) {
+    // S (64, 64) = Q_tile Kᵀ_tile
+    tile_gemm<false>(kB, kB, d.hdw, QR + i0 * d.hdw, d.hdw, KT + j0, d.Tp, S, kB);
+    for (size_t ii = 0; ii < in; ++ii) {
+      const size_t i = i0 + ii, seen = KeysSeen(p, d.T, i, j0);  // >= 1: key j0 <= i
+      const float* s = S + ii * kB;
+      __mmask16 valid[4];
+      __m512 mx = _mm512_set1_ps(kNegInf);
+      for (size_t v = 0; v < 4; ++v) {
+        valid[v] = LanesBelow(v * kN, seen);
+        mx = _mm512_mask_max_ps(mx, valid[v], mx, _mm512_loadu_ps(s + v * kN));
+      }
+      const float m_old = m[ii], m_new = std::max(m_old, HMax(mx) * c);
+      const float alpha = std::exp2(m_old - m_new);  // 0 on the first tile
+      m[ii] = m_new;
+      const __m512 mv = _mm512_set1_ps(m_new);
+      __m512 pv[4], sum = _mm512_setzero_ps();
+      for (size_t v = 0; v < 4; ++v) {
+        pv[v] = _mm512_maskz_mov_ps(valid[v],
+                                    Exp2(_mm512_fmsub_ps(_mm512_loadu_ps(s + v * kN), cv, mv)));
+        sum = _mm512_add_ps(sum, pv[v]);
+      }
+      l[ii] = alpha * l[ii] + HSum(sum);  // the softmax denominator: before dropout
+      if (rule.active()) {
+        NoiseRow(z, rule, p.dropout_seed, b, h, i, j0);
+        for (size_t v = 0; v < 4; ++v) pv[v] = _mm512_mul_ps(pv[v], _mm512_loadu_ps(z + v * kN));
+      }
+      _mm512_storeu_si512(Pw + ii * kBw, RowToWords(pv[0], pv[1]));
+      _mm512_storeu_si512(Pw + ii * kBw + kN, RowToWords(pv[2], pv[3]));
+      if (alpha != 1.0f) {
+        const __m512 av = _mm512_set1_ps(alpha);
+        float* o = O + ii * d.hdp;
+        for (size_t c0 = 0; c0 < d.hdp; c0 += kN)
+          _mm512_storeu_ps(o + c0, _mm512_mul_ps(av, _mm512_loadu_ps(o + c0)));
+      }
+    }
+    // O (64, hdp) += P (64, 64) V_tile
+    tile_gemm<true>(kB, d.hdp, kBw, Pw, kBw, VP + j0 / 2 * d.hdp, d.hdp, O, d.hdp);
+  }
+  // O /= l, rounded to bf16; lse = (m + log2 l) · ln 2.
+  const size_t head = size_t(h) * d.hd;
+  for (size_t ii = 0; ii < in; ++ii) {
+    const size_t t = i0 + ii;
+    const float inv_l = 1.0f / l[ii];
+    uint16_t* oi = out + (size_t(b) * d.T + t) * size_t(p.o_stride) + head;
+    const float* o = O + ii * d.hdp;
+    for (size_t c0 = 0; c0 < d.hd; c0 += kN) {
+      const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(o + c0), _mm512_set1_ps(inv_l));
+      const __m256i y = (__m256i)_mm512_cvtneps_pbh(x);
+      _mm256_mask_storeu_epi16(oi + c0, LanesBelow(c0, d.hd), y);
+    }
+    lse[bh * d.T + t] = (m[ii] + std::log2(l[ii])) * kLn2;
+  }
+}
+
+// ---- backward -----------------------------------------------------------------------------------
+
+struct BackwardPacked {
+  Words QR, dOR, KT, VT, KP, QtP, dOtP;  // (BH, ...) each, per head d.rows() words
+  Floats D, lse2;                         // (BH, T)
+};
+
+struct BackwardScratch {
+  Floats S, dP;           // (64, 64)
+  Words dSR;              // (64, 32)   dS rows in bf16
+  Words PzV, dSV;         // (32, 64)   P ⊙ Z, dS: query pairs × keys
+  Floats dKt, dVt;        // (hdp, 64)  transposed accumulators
+  Floats dQ;              // (Tp, hdp) whole-head dQ, or (64, hdp)
+  Floats z;               // (2, 64)    two rows of noise
+  BackwardScratch(size_t q_rows, const Dims& d)
+      : S(floats(kB * kB)),
+        dP(floats(kB * kB)),
+        dSR(words(kB * kBw)),
+        PzV(words(kB / 2 * kB)),
+        dSV(words(kB / 2 * kB)),
+        dKt(floats(d.hdp * kB)),
+        dVt(floats(d.hdp * kB)),
+        dQ(floats(q_rows * d.hdp)),
+        z(floats(2 * kB)) {}
+};
+
+// One (key tile j0, query tile i0): recompute P and dS, accumulate whichever of
+// dKt, dVt (hdp, 64) and dQ (64, hdp) are given.
+void TilePair(const BackwardPacked& pk, const FlashAttentionParams& p, const Dims& d, int64_t b,
+              int64_t h, size_t j0, size_t i0, BackwardScratch& s, float* dKt, float* dVt,
+              float* dQ) {
+  const size_t bh = size_t(b * p.H + h), in = std::min(kB, d.T - i0);
+  const size_t off = bh * d.rows();
+  const float* D = pk.D.get() + bh * d.T;
+  const float* lse2 = pk.lse2.get() + bh * d.T;
+  const DropoutRule rule(p.dropout_p);
+  float* S = s.S.get();
+  float* dP = s.dP.get();
+  tile_gemm<false>(kB, kB, d.hdw, pk.QR.get() + off + i0 * d.hdw, d.hdw, pk.KT.get() + off + j0,
+                   d.Tp, S, kB);
+  tile_gemm<false>(kB, kB, d.hdw, pk.dOR.get() + off + i0 * d.hdw, d.hdw, pk.VT.get() + off + j0,
+                   d.Tp, dP, kB);
+  const __m512 cv = _mm512_set1_ps(p.scale * kLog2e);
+  const __m512 scale_v = _mm512_set1_ps(p.scale);
+  const size_t pairs = (in + 1) / 2;
+  for (size_t pr = 0; pr < pairs; ++pr) {
+    __m512 pz[2][4], ds[2][4];
+    for (size_t t = 0; t < 2; ++t) {
+      const size_t ii = 2 * pr + t, i = i0 + ii;
+      if (ii >= in) {
+        for (size_t v = 0; v < 4; ++v) pz[t][v] = ds[t][v] = _mm512_setzero_ps();
+        continue;
+      }
+      const size_t seen = KeysSeen(p, d.T, i, j0);
+      const __m512 li = _mm512_set1_ps(lse2[i]), Di = _mm512_set1_ps(D[i]);
+      if (rule.active()) NoiseRow(s.z.get() + t * kB, rule, p.dropout_seed, b, h, i, j0);
+      for (size_t v = 0; v < 4; ++v) {
+        const size_t at = ii * kB + v * kN;
+        const __mmask16 valid = LanesBelow(v * kN, seen);
+        const __m512 pv = Exp2(_mm512_fmsub_ps(_mm512_loadu_ps(S + at), cv, li));
+        __m512 dpv = _mm512_loadu_ps(dP + at), pzv = pv;
+        if (rule.active()) {
+          const __m512 zv = _mm512_loadu_ps(s.z.get() + t * kB + v * kN);
+          dpv = _mm512_mul_ps(dpv, zv);
+          pzv = _mm512_mul_ps(pv, zv);
+        }
+        const __m512 dsv = _mm512_mul_ps(_mm512_mul_ps(pv, _mm512_sub_ps(dpv, Di)), scale_v);
+        pz[t][v] = _mm512_maskz_mov_ps(valid, pzv);
+        ds[t][v] = _mm512_maskz_mov_ps(valid, dsv);
+      }
+    }
+    for (size_t v = 0; v < 4; ++v) {
+      _mm512_storeu_si512(s.PzV.get() + pr * kB + v * kN, InterleaveToWords(pz[0][v], pz[1][v]));
+      _mm512_storeu_si512(s.dSV.get() + pr * kB + v * kN, InterleaveToWords(ds[0][v], ds[1][v]));
+    }
+    for (size_t t = 0; t < 2; ++t) {
+      uint32_t* row = s.dSR.get() + (2 * pr + t) * kBw;
+      _mm512_storeu_si512(row, RowToWords(ds[t][0], ds[t][1]));
+      _mm512_storeu_si512(row + kN, RowToWords(ds[t][2], ds[t][3]));
+    }
+  }
+  if (pairs < kB / 2) {  // query rows past T weigh nothing
+    std::memset(s.PzV.get() + pairs * kB, 0, (kB / 2 - pairs) * kB * sizeof(uint32_t));
+    std::memset(s.dSV.get() + pairs * kB, 0, (kB / 2 - pairs) * kB * sizeof(uint32_t));
+    std::memset(s.dSR.get() + 2 * pairs * kBw, 0, (kB - 2 * pairs) * kBw * sizeof(uint32_t));
+  }
+  const size_t ld_pairs = d.Tp / 2;
+  if (dVt)  // dVᵀ (hdp, 64) += dOᵀ (P ⊙ Z)
+    tile_gemm<true>(d.hdp, kB, kBw, pk.dOtP.get() + off + i0 / 2, ld_pairs, s.PzV.get(), kB, dVt,
+                    kB);
+  if (dKt)  // dKᵀ (hdp, 64) += Qᵀ dS
+    tile_gemm<true>(d.hdp, kB, kBw, pk.QtP.get() + off + i0 / 2, ld_pairs, s.dSV.get(), kB, dKt,
+                    kB);
+  if (dQ)  // dQ (64, hdp) += dS K
+    tile_gemm<true>(kB, d.hdp, kBw, s.dSR.get(), kBw, pk.KP.get() + off + j0 / 2 * d.hdp, d.hdp, dQ,
+                    d.hdp);
+}
+
+// Rows [t0, t0 + n) of one head of a token-major bf16 buffer from an fp32
+// accumulator: acc (n, hdp) rows, or with transposed = true acc (hdp, 64) columns.
+void StoreRows(uint16_t* dst, size_t stride, const float* acc, size_t n, const Dims& d,
+               bool transposed) {
+  for (size_t r = 0; r < n; ++r)
+    for (size_t c = 0; c < d.hd; ++c)
+      dst[r * stride + c] = to_bfloat16(transposed ? acc[c * kB + r] : acc[r * d.hdp + c]).bits;
+}
+
+size_t FirstQueryTile(const FlashAttentionParams& p, size_t j0) { return p.causal ? j0 : 0; }
+
+// dK, dV of key tile j0 (with dQ (Tp, hdp) given, the head's dQ accumulates too).
+void KeyTileTask(uint16_t* dk, uint16_t* dv, float* dQ, const BackwardPacked& pk,
+                 const FlashAttentionParams& p, const Dims& d, int64_t b, int64_t h, size_t j0,
+                 BackwardScratch& s) {
+  std::fill(s.dKt.get(), s.dKt.get() + d.hdp * kB, 0.0f);
+  std::fill(s.dVt.get(), s.dVt.get() + d.hdp * kB, 0.0f);
+  for (size_t i0 = FirstQueryTile(p, j0); i0 < d.T; i0 += kB)
+    TilePair(pk, p, d, b, h, j0, i0, s, s.dKt.get(), s.dVt.get(), dQ ? dQ + i0 * d.hdp : nullptr);
+  const size_t jn = std::min(kB, d.T - j0), t = size_t(b) * d.T + j0, head = size_t(h) * d.hd;
+  StoreRows(dk + t * size_t(p.k_stride) + head, size_t(p.k_stride), s.dKt.get(), jn, d, true);
+  StoreRows(dv + t * size_t(p.v_stride) + head, size_t(p.v_stride), s.dVt.get(), jn, d, true);
+}
+
+// dQ of query tile i0: its key tiles in order, the same pairs as KeyTileTask's.
+void QueryTileTask(uint16_t* dq, const BackwardPacked& pk, const FlashAttentionParams& p,
+                   const Dims& d, int64_t b, int64_t h, size_t i0, BackwardScratch& s) {
+  float* dQ = s.dQ.get();  // (64, hdp)
+  std::fill(dQ, dQ + kB * d.hdp, 0.0f);
+  for (size_t j0 = 0; j0 < d.T && FirstQueryTile(p, j0) <= i0; j0 += kB)
+    TilePair(pk, p, d, b, h, j0, i0, s, nullptr, nullptr, dQ);
+  StoreRows(dq + (size_t(b) * d.T + i0) * size_t(p.q_stride) + size_t(h) * d.hd,
+            size_t(p.q_stride), dQ, std::min(kB, d.T - i0), d, false);
+}
+
+}  // namespace
+
+void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+             const FlashAttentionParams& p) {
+  const Dims d(p);
+  const int64_t BH = p.B * p.H;
+  ForwardPacked pk{words(size_t(BH) * d.rows()), words(size_t(BH) * d.rows()),
+                   words(size_t(BH) * d.rows())};
+#pragma omp parallel
+  {
+    auto rows = words(d.rows());
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < BH; ++bh) {
+      const size_t b = size_t(bh / p.H), head = size_t(bh % p.H) * d.hd, off = size_t(bh) * d.rows();
+      PackRows(pk.QR.get() + off, q + b * d.T * size_t(p.q_stride) + head, size_t(p.q_stride), d.T,
+               d);
+      PackRows(rows.get(), k + b * d.T * size_t(p.k_stride) + head, size_t(p.k_stride), d.T, d);
+      TransposeWords(pk.KT.get() + off, d.Tp, rows.get(), d.hdw, d.Tp, d.hdw);
+      PackPairs(pk.VP.get() + off, v + b * d.T * size_t(p.v_stride) + head, size_t(p.v_stride), d.T,
+                d);
+    }
+  }
+  const int64_t n_qt = int64_t(d.Tp / kB);
+#pragma omp parallel
+  {
+    const TileScope tiles;
+    auto S = floats(kB * kB), O = floats(kB * d.hdp), m = floats(kB), l = floats(kB),
+         z = floats(kB);
+    auto Pw = words(kB * kBw);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < BH * n_qt; ++item) {
+      const int64_t qt = p.causal ? n_qt - 1 - item / BH : item / BH, bh = item % BH;
+      ForwardTile(out, lse, pk, p, d, bh / p.H, bh % p.H, size_t(qt) * kB, S.get(), Pw.get(),
+                  O.get(), m.get(), l.get(), z.get());
+    }
+  }
+}
+
+void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
+              const uint16_t* k, const uint16_t* v, const uint16_t* out, const float* lse,
+              const FlashAttentionParams& p) {
+  const Dims d(p);
+  const int64_t BH = p.B * p.H;
+  const size_t n = size_t(BH) * d.rows();
+  BackwardPacked pk{words(n),
+                    words(n),
+                    words(n),
+                    words(n),
+                    words(n),
+                    words(n),
+                    words(n),
+                    floats(size_t(BH) * d.T),
+                    floats(size_t(BH) * d.T)};
+#pragma omp parallel
+  {
+    auto tmp = words(d.rows());
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < BH; ++bh) {
+      const size_t b = size_t(bh / p.H), head = size_t(bh % p.H) * d.hd, off = size_t(bh) * d.rows();
+      const uint16_t* qh = q + b * d.T * size_t(p.q_stride) + head;
+      const uint16_t* kh = k + b * d.T * size_t(p.k_stride) + head;
+      const uint16_t* vh = v + b * d.T * size_t(p.v_stride) + head;
+      const uint16_t* doh = dout + b * d.T * size_t(p.o_stride) + head;
+      const uint16_t* oh = out + b * d.T * size_t(p.o_stride) + head;
+      PackRows(pk.QR.get() + off, qh, size_t(p.q_stride), d.T, d);
+      PackRows(pk.dOR.get() + off, doh, size_t(p.o_stride), d.T, d);
+      PackRows(tmp.get(), kh, size_t(p.k_stride), d.T, d);
+      TransposeWords(pk.KT.get() + off, d.Tp, tmp.get(), d.hdw, d.Tp, d.hdw);
+      PackRows(tmp.get(), vh, size_t(p.v_stride), d.T, d);
+      TransposeWords(pk.VT.get() + off, d.Tp, tmp.get(), d.hdw, d.Tp, d.hdw);
+      PackPairs(pk.KP.get() + off, kh, size_t(p.k_stride), d.T, d);
+      PackPairs(tmp.get(), qh, size_t(p.q_stride), d.T, d);
+      TransposeWords(pk.QtP.get() + off, d.Tp / 2, tmp.get(), d.hdp, d.Tp / 2, d.hdp);
+      PackPairs(tmp.get(), doh, size_t(p.o_stride), d.T, d);
+      TransposeWords(pk.dOtP.get() + off, d.Tp / 2, tmp.get(), d.hdp, d.Tp / 2, d.hdp);
+      // D = rowsum(dO ⊙ O) from the bf16 values, and lse · log2(e).
+      for (size_t i = 0; i < d.T; ++i) {
+        float sum = 0.0f;
+        for (size_t c = 0; c < d.hd; ++c)
+          sum += to_float(BFloat16{doh[i * size_t(p.o_stride) + c]}) *
+                 to_float(BFloat16{oh[i * size_t(p.o_stride) + c]});
+        pk.D[size_t(bh) * d.T + i] = sum;
+        pk.lse2[size_t(bh) * d.T + i] = lse[size_t(bh) * d.T + i] * kLog2e;
+      }
+    }
+  }
+  const int64_t threads = MaxThreads(), n_t = int64_t(d.Tp / kB);
+  if (!(threads > 1 && BH < 2 * threads)) {  // a whole head per thread
+#pragma omp parallel
+    {
+      const TileScope tiles;
+      BackwardScratch s(d.Tp, d);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t bh = 0; bh < BH; ++bh) {
+        const int64_t b = bh / p.H, h = bh % p.H;
+        std::fill(s.dQ.get(), s.dQ.get() + d.Tp * d.hdp, 0.0f);
+        for (size_t j0 = 0; j0 < d.T; j0 += kB) KeyTileTask(dk, dv, s.dQ.get(), pk, p, d, b, h, j0, s);
+        StoreRows(dq + size_t(b) * d.T * size_t(p.q_stride) + size_t(h) * d.hd, size_t(p.q_stride),
+                  s.dQ.get(), d.T, d, false);
+      }
+    }
+    return;
+  }
+  // Few heads: dK, dV over key tiles, then dQ over query tiles (S and dP recomputed).
+#pragma omp parallel
+  {
+    const TileScope tiles;
+    BackwardScratch s(kB, d);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < BH * n_t; ++item) {
+      const int64_t kt = item / BH, bh = item % BH;
+      KeyTileTask(dk, dv, nullptr, pk, p, d, bh / p.H, bh % p.H, size_t(kt) * kB, s);
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < BH * n_t; ++item) {
+      const int64_t qt = n_t - 1 - item / BH, bh = item % BH;
+      QueryTileTask(dq, pk, p, d, bh / p.H, bh % p.H, size_t(qt) * kB, s);
+    }
+  }
+}
+
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+
+}  // namespace attn::kernels::amx

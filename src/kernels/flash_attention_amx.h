@@ -1,0 +1,19 @@
+// The AMX path of the bf16 attention kernels (flash_attention_amx.cpp), for
+// flash_attention_bf16.cpp's public entry points: same arguments, validated
+// params (strides and scale filled in), bf16 as raw bits. Call only when
+// amx::amx_usable().
+#pragma once
+
+#include <cstdint>
+
+#include "attn/kernels.h"
+
+namespace attn::kernels::amx {
+
+void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+             const FlashAttentionParams& p);
+void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
+              const uint16_t* k, const uint16_t* v, const uint16_t* out, const float* lse,
+              const FlashAttentionParams& p);
+
+}  // namespace attn::kernels::amx
