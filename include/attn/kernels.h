@@ -93,10 +93,23 @@ void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout
 // the end. Params, layouts, strides, dropout noise and determinism are those
 // of the fp32 kernels; so is the memory (the dQ accumulator of a whole head,
 // T · hd floats per thread, is the one addition).
-// Paths, chosen at run time: "AVX512-BF16" (VDPBF16PS dot products, where the
-// CPU has them: AMD Zen 4 and later, Intel Cooper Lake and Sapphire Rapids
-// and later) and "widened to fp32" everywhere else (bf16 -> fp32 copies, the
-// fp32 kernels, the results rounded to bf16; its memory is the copies).
+// Paths, chosen at run time, best first:
+//  - "AMX": every product on AMX tiles (TDPBF16PS, 16 × 16 fp32 tiles;
+//    src/kernels/flash_attention_amx.cpp), where CPUID reports AMX-BF16 and
+//    AMX-TILE and Linux grants the process the tile state (arch_prctl
+//    ARCH_REQ_XCOMP_PERM, asked once): Intel Sapphire Rapids and later. Any
+//    T and hd (hd padded to 32 and T to 64 inside; causal diagonal tiles are
+//    computed whole and masked). Its memory: zero-padded packed copies of
+//    the inputs, 2 · B·H·Tp·hdp bf16 forward and 7 · B·H·Tp·hdp backward
+//    (Tp = T rounded up to 64, hdp = hd rounded up to 32), instead of O(tile).
+//  - "AVX512-BF16": VDPBF16PS dot products, where the CPU has them (AMD Zen 4
+//    and later, Intel Cooper Lake and Sapphire Rapids and later);
+//  - "widened to fp32": bf16 -> fp32 copies, the fp32 kernels, the results
+//    rounded to bf16 (its memory is the copies); every CPU.
+// Without AMX, AVX512-BF16 is put before "widened to fp32" only when the
+// measured bf16 dot-product peak is at least the fp32 FMA peak
+// (bf16_dot_peak_gflops >= fma_peak_gflops, probed once): Intel cores run
+// VDPBF16PS at half the FMA rate, so there the widened path is chosen.
 void flash_attention_forward_bf16(BFloat16* out, float* lse, const BFloat16* q, const BFloat16* k,
                                   const BFloat16* v, const FlashAttentionParams& params);
 void flash_attention_backward_bf16(BFloat16* dq, BFloat16* dk, BFloat16* dv, const BFloat16* dout,

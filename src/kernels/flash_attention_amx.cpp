@@ -11,9 +11,11 @@
 // packed once (in parallel over heads, O(T · hd) work) into zero-padded
 // copies, so that every operand of every product is a plain tile load:
 //   QR, dOR (Tp, hdw)     rows of words (Q, dO as A operands)
-//   KT, VT  (hdw, Tp)     dim pairs × tokens (Kᵀ, Vᵀ as B operands)
-//   VP, KP  (Tp/2, hdp)   token pairs × dims (V, K as B operands)
-//   QtP, dOtP (hdp, Tp/2) dims × token pairs (Qᵀ, dOᵀ as A operands)
+//   KT, VT  (Tp/64, hdw, 64)    dim pairs × tokens (Kᵀ, Vᵀ as B operands)
+//   VP, KP  (Tp/2, hdp)         token pairs × dims (V, K as B operands)
+//   QtP, dOtP (Tp/64, hdp, 32)  dims × token pairs (Qᵀ, dOᵀ as A operands)
+// (the transposed ones in tiles of 64 tokens: rows a few hundred bytes apart,
+// not Tp words, which at T = 4096 put every row of a tile in one cache set)
 // The weights are rounded to bf16 straight into the layout their product
 // wants: P and dS rows (A operands) and P ⊙ Z, dS with query pairs
 // interleaved (B operands).
@@ -319,6 +321,17 @@ void TransposeWords(uint32_t* dst, size_t ldd, const uint32_t* src, size_t lds, 
                           _mm512_i32gather_epi32(offsets, src + r0 * lds + c, 4));
 }
 
+// Rows (Tp, hdw) into tiles of 64 tokens transposed: tile t at t · 64 · hdw is (hdw, 64).
+void TransposeTiles(uint32_t* dst, const uint32_t* rows, const Dims& d) {
+  for (size_t t0 = 0; t0 < d.Tp; t0 += kB)
+    TransposeWords(dst + t0 * d.hdw, kB, rows + t0 * d.hdw, d.hdw, kB, d.hdw);
+}
+// Token pairs (Tp/2, hdp) into tiles of 32 pairs transposed: tile t at t · 64 · hdw is (hdp, 32).
+void TransposePairTiles(uint32_t* dst, const uint32_t* pairs, const Dims& d) {
+  for (size_t t0 = 0; t0 < d.Tp; t0 += kB)
+    TransposeWords(dst + t0 * d.hdw, kBw, pairs + t0 * d.hdw, d.hdp, kBw, d.hdp);
+}
+
 // Philox noise of query i for keys j0 .. j0 + 63: block m serves keys j0 + 4m .. j0 + 4m + 3.
 void NoiseRow(float* z, const DropoutRule& rule, uint64_t seed, int64_t b, int64_t h, size_t i,
               size_t j0) {
@@ -353,13 +366,14 @@ struct ForwardPacked {
 void ForwardTile(uint16_t* out, float* lse, const ForwardPacked& pk, const FlashAttentionParams& p,
                  const Dims& d, int64_t b, int64_t h, size_t i0, float* S, uint32_t* Pw, float* O,
                  float* m, float* l, float* z) {
+  alignas(64) float row_max[kB], alpha[kB];
   const size_t bh = size_t(b * p.H + h), in = std::min(kB, d.T - i0);
   const uint32_t* QR = pk.QR.get() + bh * d.rows();
   const uint32_t* KT = pk.KT.get() + bh * d.rows();
   const uint32_t* VP = pk.VP.get() + bh * d.rows();
   const DropoutRule rule(p.dropout_p);
   std::fill(O, O + kB * d.hdp, 0.0f);
-  std::fill(m, m + kB, kNegInf);
+  std::fill(m, m + kB, kNegInf);  // rows past T too: their α is 0 (2^(-inf − 0))
   std::fill(l, l + kB, 0.0f);
   std::memset(Pw, 0, kB * kBw * sizeof(uint32_t));  // rows >= in stay zero
   const float c = p.scale * kLog2e;
@@ -367,35 +381,48 @@ void ForwardTile(uint16_t* out, float* lse, const ForwardPacked& pk, const Flash
   const size_t key_end = p.causal ? i0 + in : d.T;
   for (size_t j0 = 0; j0 < key_end; j0 += kB) {
     // S (64, 64) = Q_tile Kᵀ_tile
-    tile_gemm<false>(kB, kB, d.hdw, QR + i0 * d.hdw, d.hdw, KT + j0, d.Tp, S, kB);
-    for (size_t ii = 0; ii < in; ++ii) {
-      const size_t i = i0 + ii, seen = KeysSeen(p, d.T, i, j0);  // >= 1: key j0 <= i
-      const float* s = S + ii * kB;
-      __mmask16 valid[4];
-      __m512 mx = _mm512_set1_ps(kNegInf);
-      for (size_t v = 0; v < 4; ++v) {
-        valid[v] = LanesBelow(v * kN, seen);
-        mx = _mm512_mask_max_ps(mx, valid[v], mx, _mm512_loadu_ps(s + v * kN));
+    tile_gemm<false>(kB, kB, d.hdw, QR + i0 * d.hdw, d.hdw, KT + j0 * d.hdw, kB, S, kB);
+    // Each row's max over the keys it sees (>= 1: key j0 <= i), c · max in
+    // base 2; then the new running max and α = 2^(m_old − m_new) for 16 rows at once.
+    for (size_t ii = 0; ii < kB; ++ii) {
+      if (ii >= in) {
+        row_max[ii] = 0.0f;  // rows past T: anything finite
+        continue;
       }
-      const float m_old = m[ii], m_new = std::max(m_old, HMax(mx) * c);
-      const float alpha = std::exp2(m_old - m_new);  // 0 on the first tile
-      m[ii] = m_new;
-      const __m512 mv = _mm512_set1_ps(m_new);
+      const size_t seen = KeysSeen(p, d.T, i0 + ii, j0);
+      const float* s = S + ii * kB;
+      __m512 mx = _mm512_set1_ps(kNegInf);
+      for (size_t v = 0; v < 4; ++v)
+        mx = _mm512_mask_max_ps(mx, LanesBelow(v * kN, seen), mx, _mm512_loadu_ps(s + v * kN));
+      row_max[ii] = HMax(mx) * c;
+    }
+    for (size_t v0 = 0; v0 < kB; v0 += kN) {
+      const __m512 m_old = _mm512_loadu_ps(m + v0);
+      const __m512 m_new = _mm512_max_ps(m_old, _mm512_loadu_ps(row_max + v0));
+      _mm512_storeu_ps(alpha + v0, Exp2(_mm512_sub_ps(m_old, m_new)));  // 0 on the first tile
+      _mm512_storeu_ps(m + v0, m_new);
+    }
+    // P = 2^(c·S − m) on the keys each row sees: summed into l (before
+    // dropout: l is the softmax denominator), times Z, rounded to bf16 rows.
+    for (size_t ii = 0; ii < in; ++ii) {
+      const size_t i = i0 + ii, seen = KeysSeen(p, d.T, i, j0);
+      const float* s = S + ii * kB;
+      const __m512 mv = _mm512_set1_ps(m[ii]);
       __m512 pv[4], sum = _mm512_setzero_ps();
       for (size_t v = 0; v < 4; ++v) {
-        pv[v] = _mm512_maskz_mov_ps(valid[v],
+        pv[v] = _mm512_maskz_mov_ps(LanesBelow(v * kN, seen),
                                     Exp2(_mm512_fmsub_ps(_mm512_loadu_ps(s + v * kN), cv, mv)));
         sum = _mm512_add_ps(sum, pv[v]);
       }
-      l[ii] = alpha * l[ii] + HSum(sum);  // the softmax denominator: before dropout
+      l[ii] = alpha[ii] * l[ii] + HSum(sum);
       if (rule.active()) {
         NoiseRow(z, rule, p.dropout_seed, b, h, i, j0);
         for (size_t v = 0; v < 4; ++v) pv[v] = _mm512_mul_ps(pv[v], _mm512_loadu_ps(z + v * kN));
       }
       _mm512_storeu_si512(Pw + ii * kBw, RowToWords(pv[0], pv[1]));
       _mm512_storeu_si512(Pw + ii * kBw + kN, RowToWords(pv[2], pv[3]));
-      if (alpha != 1.0f) {
-        const __m512 av = _mm512_set1_ps(alpha);
+      if (alpha[ii] != 1.0f) {
+        const __m512 av = _mm512_set1_ps(alpha[ii]);
         float* o = O + ii * d.hdp;
         for (size_t c0 = 0; c0 < d.hdp; c0 += kN)
           _mm512_storeu_ps(o + c0, _mm512_mul_ps(av, _mm512_loadu_ps(o + c0)));
@@ -458,10 +485,10 @@ void TilePair(const BackwardPacked& pk, const FlashAttentionParams& p, const Dim
   const DropoutRule rule(p.dropout_p);
   float* S = s.S.get();
   float* dP = s.dP.get();
-  tile_gemm<false>(kB, kB, d.hdw, pk.QR.get() + off + i0 * d.hdw, d.hdw, pk.KT.get() + off + j0,
-                   d.Tp, S, kB);
-  tile_gemm<false>(kB, kB, d.hdw, pk.dOR.get() + off + i0 * d.hdw, d.hdw, pk.VT.get() + off + j0,
-                   d.Tp, dP, kB);
+  tile_gemm<false>(kB, kB, d.hdw, pk.QR.get() + off + i0 * d.hdw, d.hdw,
+                   pk.KT.get() + off + j0 * d.hdw, kB, S, kB);
+  tile_gemm<false>(kB, kB, d.hdw, pk.dOR.get() + off + i0 * d.hdw, d.hdw,
+                   pk.VT.get() + off + j0 * d.hdw, kB, dP, kB);
   const __m512 cv = _mm512_set1_ps(p.scale * kLog2e);
   const __m512 scale_v = _mm512_set1_ps(p.scale);
   const size_t pairs = (in + 1) / 2;
@@ -506,12 +533,11 @@ void TilePair(const BackwardPacked& pk, const FlashAttentionParams& p, const Dim
     std::memset(s.dSV.get() + pairs * kB, 0, (kB / 2 - pairs) * kB * sizeof(uint32_t));
     std::memset(s.dSR.get() + 2 * pairs * kBw, 0, (kB - 2 * pairs) * kBw * sizeof(uint32_t));
   }
-  const size_t ld_pairs = d.Tp / 2;
   if (dVt)  // dVᵀ (hdp, 64) += dOᵀ (P ⊙ Z)
-    tile_gemm<true>(d.hdp, kB, kBw, pk.dOtP.get() + off + i0 / 2, ld_pairs, s.PzV.get(), kB, dVt,
+    tile_gemm<true>(d.hdp, kB, kBw, pk.dOtP.get() + off + i0 * d.hdw, kBw, s.PzV.get(), kB, dVt,
                     kB);
   if (dKt)  // dKᵀ (hdp, 64) += Qᵀ dS
-    tile_gemm<true>(d.hdp, kB, kBw, pk.QtP.get() + off + i0 / 2, ld_pairs, s.dSV.get(), kB, dKt,
+    tile_gemm<true>(d.hdp, kB, kBw, pk.QtP.get() + off + i0 * d.hdw, kBw, s.dSV.get(), kB, dKt,
                     kB);
   if (dQ)  // dQ (64, hdp) += dS K
     tile_gemm<true>(kB, d.hdp, kBw, s.dSR.get(), kBw, pk.KP.get() + off + j0 / 2 * d.hdp, d.hdp, dQ,
@@ -570,7 +596,7 @@ void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, co
       PackRows(pk.QR.get() + off, q + b * d.T * size_t(p.q_stride) + head, size_t(p.q_stride), d.T,
                d);
       PackRows(rows.get(), k + b * d.T * size_t(p.k_stride) + head, size_t(p.k_stride), d.T, d);
-      TransposeWords(pk.KT.get() + off, d.Tp, rows.get(), d.hdw, d.Tp, d.hdw);
+      TransposeTiles(pk.KT.get() + off, rows.get(), d);
       PackPairs(pk.VP.get() + off, v + b * d.T * size_t(p.v_stride) + head, size_t(p.v_stride), d.T,
                 d);
     }
@@ -620,14 +646,14 @@ void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
       PackRows(pk.QR.get() + off, qh, size_t(p.q_stride), d.T, d);
       PackRows(pk.dOR.get() + off, doh, size_t(p.o_stride), d.T, d);
       PackRows(tmp.get(), kh, size_t(p.k_stride), d.T, d);
-      TransposeWords(pk.KT.get() + off, d.Tp, tmp.get(), d.hdw, d.Tp, d.hdw);
+      TransposeTiles(pk.KT.get() + off, tmp.get(), d);
       PackRows(tmp.get(), vh, size_t(p.v_stride), d.T, d);
-      TransposeWords(pk.VT.get() + off, d.Tp, tmp.get(), d.hdw, d.Tp, d.hdw);
+      TransposeTiles(pk.VT.get() + off, tmp.get(), d);
       PackPairs(pk.KP.get() + off, kh, size_t(p.k_stride), d.T, d);
       PackPairs(tmp.get(), qh, size_t(p.q_stride), d.T, d);
-      TransposeWords(pk.QtP.get() + off, d.Tp / 2, tmp.get(), d.hdp, d.Tp / 2, d.hdp);
+      TransposePairTiles(pk.QtP.get() + off, tmp.get(), d);
       PackPairs(tmp.get(), doh, size_t(p.o_stride), d.T, d);
-      TransposeWords(pk.dOtP.get() + off, d.Tp / 2, tmp.get(), d.hdp, d.Tp / 2, d.hdp);
+      TransposePairTiles(pk.dOtP.get() + off, tmp.get(), d);
       // D = rowsum(dO ⊙ O) from the bf16 values, and lse · log2(e).
       for (size_t i = 0; i < d.T; ++i) {
         float sum = 0.0f;

@@ -894,8 +894,10 @@ std::vector<std::string> flash_attention_bf16_paths() {
 bool flash_attention_bf16_use_path(const char* name) {
   g_forced = -1;
   if (name == nullptr) return true;
-  for (const Path path : Paths()) {
+  for (const Path path : {Path::kAmx, Path::kAvx512Bf16, Path::kWidened}) {
     if (std::string(PathName(path)) != name) continue;
+    if (path == Path::kAmx && !amx::amx_usable()) return false;
+    if (path == Path::kAvx512Bf16 && !has_avx512_bf16()) return false;
     g_forced = int(path);
     return true;
   }

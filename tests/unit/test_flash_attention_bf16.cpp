@@ -1,8 +1,8 @@
 // The bf16 attention kernels (flash_attention_forward_bf16 / _backward_bf16,
 // attn/kernels.h) against the plain fp64-accumulating loops
 // (ref::strided_attention_*) run on the same bf16 values widened to fp32,
-// on every path this CPU runs ("AVX512-BF16" where it has the instructions,
-// "widened to fp32" everywhere), over the shape classes of the fp32 kernel's
+// on every path this CPU runs ("AMX" and "AVX512-BF16" where it has the
+// instructions, "widened to fp32" everywhere), over the shape classes of the fp32 kernel's
 // tests: tile edges, head dims (odd ones too), long sequences, peaked
 // softmax, fused-QKV strides, dropout (the reference fed the kernel's own
 // noise), thread-count determinism, no reads of future keys, errors.
@@ -17,7 +17,9 @@
 // rounding of O inside D (PyTorch's bf16 SDPA also takes D from its bf16
 // output). The paths reach 2.3e-2 there (T = 2, hd = 80); in the cases of
 // LargestErrorsAreWithinTheDocumentedBound (T = 1 to 300) the largest were
-// 2.5e-3 (out) and 5.8e-3 (gradients) on an AMD Zen 5.
+// 2.5e-3 (out) and 5.8e-3 (gradients) on an AMD Zen 5, and the same on an
+// Intel Xeon with AMX on all three paths; the AMX cases (T = 1 to 1000, hd
+// 16 to 256) reach 3.4e-3 (out) and 6.0e-3 (gradients).
 #include <gtest/gtest.h>
 
 #include <algorithm>
