@@ -107,8 +107,8 @@ void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout
 //  - "widened to fp32": bf16 -> fp32 copies, the fp32 kernels, the results
 //    rounded to bf16 (its memory is the copies); every CPU.
 // Without AMX, AVX512-BF16 is put before "widened to fp32" only when the
-// measured bf16 dot-product peak is at least the fp32 FMA peak
-// (bf16_dot_peak_gflops >= fma_peak_gflops, probed once): Intel cores run
+// measured bf16 dot-product peak is about the fp32 FMA peak
+// (bf16_dot_peak_gflops >= 0.75 · fma_peak_gflops, probed once): Intel cores run
 // VDPBF16PS at half the FMA rate, so there the widened path is chosen.
 void flash_attention_forward_bf16(BFloat16* out, float* lse, const BFloat16* q, const BFloat16* k,
                                   const BFloat16* v, const FlashAttentionParams& params);

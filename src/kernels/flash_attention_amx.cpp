@@ -20,10 +20,10 @@
 // wants: P and dS rows (A operands) and P ⊙ Z, dS with query pairs
 // interleaved (B operands).
 //
-// Forward, per (b, h, query tile of 64), heaviest first; keys in tiles of 64:
-//   S (64, 64)    = Q_tile Kᵀ_tile                 A: QR, B: KT
+// Forward, per (b, h, query tile of 64), heaviest first; keys in blocks of 128:
+//   S (64, 128)   = Q_tile Kᵀ_block                A: QR, B: KT (two tiles of 64)
 //   online softmax along each row, in base 2 (the row's max, α, l)
-//   O (64, hdp)   = α ⊙ O + P V_tile               A: P rows, B: VP
+//   O (64, hdp)   = α ⊙ O + P V_block              A: P rows, B: VP
 // Backward, per pair (key tile, query tile):
 //   S = Q Kᵀ, dP = dO Vᵀ                           A: QR, dOR; B: KT, VT
 //   P = 2^(c·S − lse2), dS = scale · P ⊙ (dP ⊙ Z − D)          (fp32)
@@ -86,9 +86,11 @@ using Floats = hwy::AlignedFreeUniquePtr<float[]>;
 Words words(size_t n) { return hwy::AllocateAligned<uint32_t>(std::max<size_t>(n, 1)); }
 Floats floats(size_t n) { return hwy::AllocateAligned<float>(std::max<size_t>(n, 1)); }
 
-constexpr size_t kN = 16;   // fp32 lanes of a 512-bit vector
-constexpr size_t kB = 64;   // query and key tile (rows of S)
-constexpr size_t kBw = 32;  // words of a row of 64 bf16
+constexpr size_t kN = 16;    // fp32 lanes of a 512-bit vector
+constexpr size_t kB = 64;    // query and key tile (rows of S)
+constexpr size_t kBw = 32;   // words of a row of 64 bf16
+constexpr size_t kBc = 128;  // the forward's key block: two tiles of 64 between rescales of O
+constexpr size_t kBcw = 64;  // words of a row of 128 bf16
 constexpr float kLog2e = 1.44269504088896340736f;
 constexpr float kLn2 = 0.69314718055994530942f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -126,13 +128,13 @@ struct Dims {
 // ---- the product ------------------------------------------------------------------------------
 
 // Tiles: C 0 1 / 2 3, A 4 5, B 6 7.
-#define ATTN_AMX_C_IN(t, ptr)                              \
-  do {                                                     \
-    if constexpr (kAccumulate) {                           \
-      _tile_loadd(t, ptr, long(ldc * sizeof(float)));      \
-    } else {                                               \
-      _tile_zero(t);                                       \
-    }                                                      \
+#define ATTN_AMX_C_IN(t, ptr)                         \
+  do {                                                \
+    if constexpr (kAccumulate) {                      \
+      _tile_loadd(t, ptr, long(ldc * sizeof(float))); \
+    } else {                                          \
+      _tile_zero(t);                                  \
+    }                                                 \
   } while (0)
 
 template <bool kAccumulate>
@@ -279,7 +281,8 @@ inline float HSum(__m512 v) {
   return _mm_cvtss_f32(b);
 }
 
-// ---- packing: once per head, O(T · hd) -----------------------------------------------------------
+// ---- packing: once per head, O(T · hd)
+// -----------------------------------------------------------
 
 // dst (Tp, hdw): row r < n is x's row r (hd bf16) zero-padded to hdp; rows >= n are zero.
 void PackRows(uint32_t* dst, const uint16_t* x, size_t stride, size_t n, const Dims& d) {
@@ -312,9 +315,9 @@ void PackPairs(uint32_t* dst, const uint16_t* x, size_t stride, size_t n, const 
 // dst[c · ldd + r] = src[r · lds + c] for r < rows (a multiple of 16), c < cols.
 void TransposeWords(uint32_t* dst, size_t ldd, const uint32_t* src, size_t lds, size_t rows,
                     size_t cols) {
-  const __m512i offsets = _mm512_mullo_epi32(
-      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-      _mm512_set1_epi32(int(lds)));
+  const __m512i offsets =
+      _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                         _mm512_set1_epi32(int(lds)));
   for (size_t r0 = 0; r0 < rows; r0 += kN)
     for (size_t c = 0; c < cols; ++c)
       _mm512_storeu_si512(dst + c * ldd + r0,
@@ -352,9 +355,9 @@ void NoiseRow(float* z, const DropoutRule& rule, uint64_t seed, int64_t b, int64
 }
 
 // Keys j0 .. j0 + 63 that query i sees: those below T and (causal) up to i.
-size_t KeysSeen(const FlashAttentionParams& p, size_t T, size_t i, size_t j0) {
+size_t KeysSeen(const FlashAttentionParams& p, size_t T, size_t i, size_t j0, size_t width = kB) {
   const size_t end = p.causal ? std::min(T, i + 1) : T;
-  return end > j0 ? std::min(kB, end - j0) : 0;
+  return end > j0 ? std::min(width, end - j0) : 0;
 }
 
 // ---- forward ------------------------------------------------------------------------------------
@@ -375,13 +378,16 @@ void ForwardTile(uint16_t* out, float* lse, const ForwardPacked& pk, const Flash
   std::fill(O, O + kB * d.hdp, 0.0f);
   std::fill(m, m + kB, kNegInf);  // rows past T too: their α is 0 (2^(-inf − 0))
   std::fill(l, l + kB, 0.0f);
-  std::memset(Pw, 0, kB * kBw * sizeof(uint32_t));  // rows >= in stay zero
+  std::memset(Pw, 0, kB * kBcw * sizeof(uint32_t));  // rows >= in stay zero
   const float c = p.scale * kLog2e;
   const __m512 cv = _mm512_set1_ps(c);
   const size_t key_end = p.causal ? i0 + in : d.T;
-  for (size_t j0 = 0; j0 < key_end; j0 += kB) {
-    // S (64, 64) = Q_tile Kᵀ_tile
-    tile_gemm<false>(kB, kB, d.hdw, QR + i0 * d.hdw, d.hdw, KT + j0 * d.hdw, kB, S, kB);
+  for (size_t j0 = 0; j0 < key_end; j0 += kBc) {
+    // S (64, 128) = Q_tile Kᵀ_tile, by halves of 64 keys (the second one only if it has a key)
+    const size_t halves = j0 + kB < key_end ? 2 : 1, nv = 4 * halves;
+    for (size_t half = 0; half < halves; ++half)
+      tile_gemm<false>(kB, kB, d.hdw, QR + i0 * d.hdw, d.hdw, KT + (j0 + half * kB) * d.hdw, kB,
+                       S + half * kB, kBc);
     // Each row's max over the keys it sees (>= 1: key j0 <= i), c · max in
     // base 2; then the new running max and α = 2^(m_old − m_new) for 16 rows at once.
     for (size_t ii = 0; ii < kB; ++ii) {
@@ -389,10 +395,10 @@ void ForwardTile(uint16_t* out, float* lse, const ForwardPacked& pk, const Flash
         row_max[ii] = 0.0f;  // rows past T: anything finite
         continue;
       }
-      const size_t seen = KeysSeen(p, d.T, i0 + ii, j0);
-      const float* s = S + ii * kB;
+      const size_t seen = KeysSeen(p, d.T, i0 + ii, j0, kBc);
+      const float* s = S + ii * kBc;
       __m512 mx = _mm512_set1_ps(kNegInf);
-      for (size_t v = 0; v < 4; ++v)
+      for (size_t v = 0; v < nv; ++v)
         mx = _mm512_mask_max_ps(mx, LanesBelow(v * kN, seen), mx, _mm512_loadu_ps(s + v * kN));
       row_max[ii] = HMax(mx) * c;
     }
@@ -405,22 +411,23 @@ void ForwardTile(uint16_t* out, float* lse, const ForwardPacked& pk, const Flash
     // P = 2^(c·S − m) on the keys each row sees: summed into l (before
     // dropout: l is the softmax denominator), times Z, rounded to bf16 rows.
     for (size_t ii = 0; ii < in; ++ii) {
-      const size_t i = i0 + ii, seen = KeysSeen(p, d.T, i, j0);
-      const float* s = S + ii * kB;
+      const size_t i = i0 + ii, seen = KeysSeen(p, d.T, i, j0, kBc);
+      const float* s = S + ii * kBc;
       const __m512 mv = _mm512_set1_ps(m[ii]);
-      __m512 pv[4], sum = _mm512_setzero_ps();
-      for (size_t v = 0; v < 4; ++v) {
+      __m512 pv[8], sum = _mm512_setzero_ps();
+      for (size_t v = 0; v < nv; ++v) {
         pv[v] = _mm512_maskz_mov_ps(LanesBelow(v * kN, seen),
                                     Exp2(_mm512_fmsub_ps(_mm512_loadu_ps(s + v * kN), cv, mv)));
         sum = _mm512_add_ps(sum, pv[v]);
       }
       l[ii] = alpha[ii] * l[ii] + HSum(sum);
       if (rule.active()) {
-        NoiseRow(z, rule, p.dropout_seed, b, h, i, j0);
-        for (size_t v = 0; v < 4; ++v) pv[v] = _mm512_mul_ps(pv[v], _mm512_loadu_ps(z + v * kN));
+        for (size_t half = 0; half < halves; ++half)
+          NoiseRow(z + half * kB, rule, p.dropout_seed, b, h, i, j0 + half * kB);
+        for (size_t v = 0; v < nv; ++v) pv[v] = _mm512_mul_ps(pv[v], _mm512_loadu_ps(z + v * kN));
       }
-      _mm512_storeu_si512(Pw + ii * kBw, RowToWords(pv[0], pv[1]));
-      _mm512_storeu_si512(Pw + ii * kBw + kN, RowToWords(pv[2], pv[3]));
+      for (size_t v = 0; v < nv; v += 2)
+        _mm512_storeu_si512(Pw + ii * kBcw + v / 2 * kN, RowToWords(pv[v], pv[v + 1]));
       if (alpha[ii] != 1.0f) {
         const __m512 av = _mm512_set1_ps(alpha[ii]);
         float* o = O + ii * d.hdp;
@@ -428,8 +435,8 @@ void ForwardTile(uint16_t* out, float* lse, const ForwardPacked& pk, const Flash
           _mm512_storeu_ps(o + c0, _mm512_mul_ps(av, _mm512_loadu_ps(o + c0)));
       }
     }
-    // O (64, hdp) += P (64, 64) V_tile
-    tile_gemm<true>(kB, d.hdp, kBw, Pw, kBw, VP + j0 / 2 * d.hdp, d.hdp, O, d.hdp);
+    // O (64, hdp) += P (64, 64 · halves) V_tile
+    tile_gemm<true>(kB, d.hdp, kBw * halves, Pw, kBcw, VP + j0 / 2 * d.hdp, d.hdp, O, d.hdp);
   }
   // O /= l, rounded to bf16; lse = (m + log2 l) · ln 2.
   const size_t head = size_t(h) * d.hd;
@@ -451,16 +458,16 @@ void ForwardTile(uint16_t* out, float* lse, const ForwardPacked& pk, const Flash
 
 struct BackwardPacked {
   Words QR, dOR, KT, VT, KP, QtP, dOtP;  // (BH, ...) each, per head d.rows() words
-  Floats D, lse2;                         // (BH, T)
+  Floats D, lse2;                        // (BH, T)
 };
 
 struct BackwardScratch {
-  Floats S, dP;           // (64, 64)
-  Words dSR;              // (64, 32)   dS rows in bf16
-  Words PzV, dSV;         // (32, 64)   P ⊙ Z, dS: query pairs × keys
-  Floats dKt, dVt;        // (hdp, 64)  transposed accumulators
-  Floats dQ;              // (Tp, hdp) whole-head dQ, or (64, hdp)
-  Floats z;               // (2, 64)    two rows of noise
+  Floats S, dP;     // (64, 64)
+  Words dSR;        // (64, 32)   dS rows in bf16
+  Words PzV, dSV;   // (32, 64)   P ⊙ Z, dS: query pairs × keys
+  Floats dKt, dVt;  // (hdp, 64)  transposed accumulators
+  Floats dQ;        // (Tp, hdp) whole-head dQ, or (64, hdp)
+  Floats z;         // (2, 64)    two rows of noise
   BackwardScratch(size_t q_rows, const Dims& d)
       : S(floats(kB * kB)),
         dP(floats(kB * kB)),
@@ -537,8 +544,7 @@ void TilePair(const BackwardPacked& pk, const FlashAttentionParams& p, const Dim
     tile_gemm<true>(d.hdp, kB, kBw, pk.dOtP.get() + off + i0 * d.hdw, kBw, s.PzV.get(), kB, dVt,
                     kB);
   if (dKt)  // dKᵀ (hdp, 64) += Qᵀ dS
-    tile_gemm<true>(d.hdp, kB, kBw, pk.QtP.get() + off + i0 * d.hdw, kBw, s.dSV.get(), kB, dKt,
-                    kB);
+    tile_gemm<true>(d.hdp, kB, kBw, pk.QtP.get() + off + i0 * d.hdw, kBw, s.dSV.get(), kB, dKt, kB);
   if (dQ)  // dQ (64, hdp) += dS K
     tile_gemm<true>(kB, d.hdp, kBw, s.dSR.get(), kBw, pk.KP.get() + off + j0 / 2 * d.hdp, d.hdp, dQ,
                     d.hdp);
@@ -575,8 +581,8 @@ void QueryTileTask(uint16_t* dq, const BackwardPacked& pk, const FlashAttentionP
   std::fill(dQ, dQ + kB * d.hdp, 0.0f);
   for (size_t j0 = 0; j0 < d.T && FirstQueryTile(p, j0) <= i0; j0 += kB)
     TilePair(pk, p, d, b, h, j0, i0, s, nullptr, nullptr, dQ);
-  StoreRows(dq + (size_t(b) * d.T + i0) * size_t(p.q_stride) + size_t(h) * d.hd,
-            size_t(p.q_stride), dQ, std::min(kB, d.T - i0), d, false);
+  StoreRows(dq + (size_t(b) * d.T + i0) * size_t(p.q_stride) + size_t(h) * d.hd, size_t(p.q_stride),
+            dQ, std::min(kB, d.T - i0), d, false);
 }
 
 }  // namespace
@@ -592,7 +598,8 @@ void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, co
     auto rows = words(d.rows());
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < BH; ++bh) {
-      const size_t b = size_t(bh / p.H), head = size_t(bh % p.H) * d.hd, off = size_t(bh) * d.rows();
+      const size_t b = size_t(bh / p.H), head = size_t(bh % p.H) * d.hd,
+                   off = size_t(bh) * d.rows();
       PackRows(pk.QR.get() + off, q + b * d.T * size_t(p.q_stride) + head, size_t(p.q_stride), d.T,
                d);
       PackRows(rows.get(), k + b * d.T * size_t(p.k_stride) + head, size_t(p.k_stride), d.T, d);
@@ -605,9 +612,9 @@ void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, co
 #pragma omp parallel
   {
     const TileScope tiles;
-    auto S = floats(kB * kB), O = floats(kB * d.hdp), m = floats(kB), l = floats(kB),
-         z = floats(kB);
-    auto Pw = words(kB * kBw);
+    auto S = floats(kB * kBc), O = floats(kB * d.hdp), m = floats(kB), l = floats(kB),
+         z = floats(kBc);
+    auto Pw = words(kB * kBcw);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < BH * n_qt; ++item) {
       const int64_t qt = p.causal ? n_qt - 1 - item / BH : item / BH, bh = item % BH;
@@ -637,7 +644,8 @@ void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
     auto tmp = words(d.rows());
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < BH; ++bh) {
-      const size_t b = size_t(bh / p.H), head = size_t(bh % p.H) * d.hd, off = size_t(bh) * d.rows();
+      const size_t b = size_t(bh / p.H), head = size_t(bh % p.H) * d.hd,
+                   off = size_t(bh) * d.rows();
       const uint16_t* qh = q + b * d.T * size_t(p.q_stride) + head;
       const uint16_t* kh = k + b * d.T * size_t(p.k_stride) + head;
       const uint16_t* vh = v + b * d.T * size_t(p.v_stride) + head;
@@ -675,7 +683,8 @@ void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
       for (int64_t bh = 0; bh < BH; ++bh) {
         const int64_t b = bh / p.H, h = bh % p.H;
         std::fill(s.dQ.get(), s.dQ.get() + d.Tp * d.hdp, 0.0f);
-        for (size_t j0 = 0; j0 < d.T; j0 += kB) KeyTileTask(dk, dv, s.dQ.get(), pk, p, d, b, h, j0, s);
+        for (size_t j0 = 0; j0 < d.T; j0 += kB)
+          KeyTileTask(dk, dv, s.dQ.get(), pk, p, d, b, h, j0, s);
         StoreRows(dq + size_t(b) * d.T * size_t(p.q_stride) + size_t(h) * d.hd, size_t(p.q_stride),
                   s.dQ.get(), d.T, d, false);
       }

@@ -50,8 +50,8 @@
 
 #include "attn/kernels.h"
 #include "attn/tensor.h"
-#include "kernels/flash_attention_amx.h"
 #include "kernels/amx_tiles.h"
+#include "kernels/flash_attention_amx.h"
 #include "kernels/philox.h"
 
 #ifdef _OPENMP
@@ -765,17 +765,20 @@ void Backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
 
 // Rows of a token-major bf16 buffer (B·T of them, stride apart, width H·hd) widened
 // into a packed (B·T, H·hd) fp32 copy, and back.
-std::vector<float> Widen(const uint16_t* x, int64_t rows, int64_t width, int64_t stride) {
-  std::vector<float> w(size_t(rows * width));
+// In parallel over rows, into uninitialised buffers (the kernel writes every output).
+Floats Widen(const uint16_t* x, int64_t rows, int64_t width, int64_t stride) {
+  Floats w = floats(size_t(rows * width));
+  float* __restrict dst = w.get();
+#pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < width; ++c)
-      w[size_t(r * width + c)] = to_float(BFloat16{x[r * stride + c]});
+    for (int64_t c = 0; c < width; ++c) dst[r * width + c] = to_float(BFloat16{x[r * stride + c]});
   return w;
 }
-void Narrow(uint16_t* x, const std::vector<float>& w, int64_t rows, int64_t width, int64_t stride) {
+void Narrow(uint16_t* x, const Floats& w, int64_t rows, int64_t width, int64_t stride) {
+  const float* __restrict src = w.get();
+#pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < width; ++c)
-      x[r * stride + c] = to_bfloat16(w[size_t(r * width + c)]).bits;
+    for (int64_t c = 0; c < width; ++c) x[r * stride + c] = to_bfloat16(src[r * width + c]).bits;
 }
 FlashAttentionParams Packed(const FlashAttentionParams& p) {
   FlashAttentionParams w = p;
@@ -788,17 +791,20 @@ FlashAttentionParams Packed(const FlashAttentionParams& p) {
 // choice between VDPBF16PS and the widened fp32 kernel is measured: Intel
 // cores run VDPBF16PS (two products a lane) at half the rate of FMA (one
 // product a lane, twice the instructions per cycle), so the bf16 dot product
-// does the same work no faster and the widened path, with its fp32 kernel
-// tuned further, wins; AMD Zen 4/5 run them at the same rate. AVX512-BF16
+// does the same work no faster (measured, one thread: widened 10% faster at
+// T = 4096, 13% slower at T = 1024); AMD Zen 4/5 run them at one rate. AVX512-BF16
 // therefore comes before "widened to fp32" only when the measured bf16
-// dot-product peak is at least the fp32 FMA peak (bf16_peak.cpp,
+// dot-product peak is about the fp32 FMA peak (>= 0.75 of it; bf16_peak.cpp,
 // fma_peak.cpp; probed once, about 0.2 s, the first time the choice is needed).
 enum class Path { kAmx, kAvx512Bf16, kWidened };
-int g_forced = -1;  // -1: automatic
+int g_forced = -1;                  // -1: automatic
+constexpr double kSameRate = 0.75;  // bf16 dot peak / fp32 FMA peak: 1 on AMD, 0.5 on Intel
 bool Avx512Bf16BeatsWidened() {
   static const bool beats = [] {
     if (!has_avx512_bf16()) return false;
-    return bf16_dot_peak_gflops(3) >= fma_peak_gflops(3);
+    // The rates differ by 2x or not at all; 0.75 keeps a loaded machine's
+    // noise (tens of %) from flipping the choice.
+    return bf16_dot_peak_gflops(3) >= kSameRate * fma_peak_gflops(3);
   }();
   return beats;
 }
@@ -845,11 +851,11 @@ void flash_attention_forward_bf16(BFloat16* out, float* lse, const BFloat16* q, 
     return;
   }
   const int64_t rows = p.B * p.T, width = p.H * p.hd;
-  const std::vector<float> qw = Widen(bits(q), rows, width, p.q_stride);
-  const std::vector<float> kw = Widen(bits(k), rows, width, p.k_stride);
-  const std::vector<float> vw = Widen(bits(v), rows, width, p.v_stride);
-  std::vector<float> ow(size_t(rows * width));
-  flash_attention_forward(ow.data(), lse, qw.data(), kw.data(), vw.data(), Packed(p));
+  const Floats qw = Widen(bits(q), rows, width, p.q_stride);
+  const Floats kw = Widen(bits(k), rows, width, p.k_stride);
+  const Floats vw = Widen(bits(v), rows, width, p.v_stride);
+  const Floats ow = floats(size_t(rows * width));
+  flash_attention_forward(ow.get(), lse, qw.get(), kw.get(), vw.get(), Packed(p));
   Narrow(bits(out), ow, rows, width, p.o_stride);
 }
 
@@ -870,14 +876,15 @@ void flash_attention_backward_bf16(BFloat16* dq, BFloat16* dk, BFloat16* dv, con
   }
   const int64_t rows = p.B * p.T, width = p.H * p.hd;
   const FlashAttentionParams w = Packed(p);
-  const std::vector<float> qw = Widen(bits(q), rows, width, p.q_stride);
-  const std::vector<float> kw = Widen(bits(k), rows, width, p.k_stride);
-  const std::vector<float> vw = Widen(bits(v), rows, width, p.v_stride);
-  const std::vector<float> ow = Widen(bits(out), rows, width, p.o_stride);
-  const std::vector<float> dow = Widen(bits(dout), rows, width, p.o_stride);
-  std::vector<float> dqw(qw.size()), dkw(kw.size()), dvw(vw.size());
-  flash_attention_backward(dqw.data(), dkw.data(), dvw.data(), dow.data(), qw.data(), kw.data(),
-                           vw.data(), ow.data(), lse, w);
+  const Floats qw = Widen(bits(q), rows, width, p.q_stride);
+  const Floats kw = Widen(bits(k), rows, width, p.k_stride);
+  const Floats vw = Widen(bits(v), rows, width, p.v_stride);
+  const Floats ow = Widen(bits(out), rows, width, p.o_stride);
+  const Floats dow = Widen(bits(dout), rows, width, p.o_stride);
+  const size_t n = size_t(rows * width);
+  const Floats dqw = floats(n), dkw = floats(n), dvw = floats(n);
+  flash_attention_backward(dqw.get(), dkw.get(), dvw.get(), dow.get(), qw.get(), kw.get(), vw.get(),
+                           ow.get(), lse, w);
   Narrow(bits(dq), dqw, rows, width, p.q_stride);
   Narrow(bits(dk), dkw, rows, width, p.k_stride);
   Narrow(bits(dv), dvw, rows, width, p.v_stride);
