@@ -554,9 +554,30 @@ void TilePair(const BackwardPacked& pk, const FlashAttentionParams& p, const Dim
 // accumulator: acc (n, hdp) rows, or with transposed = true acc (hdp, 64) columns.
 void StoreRows(uint16_t* dst, size_t stride, const float* acc, size_t n, const Dims& d,
                bool transposed) {
+  const __m512i column = _mm512_mullo_epi32(  // acc[c · 64 + r] for c = c0 .. c0 + 15
+      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+      _mm512_set1_epi32(int(kB)));
   for (size_t r = 0; r < n; ++r)
-    for (size_t c = 0; c < d.hd; ++c)
-      dst[r * stride + c] = to_bfloat16(transposed ? acc[c * kB + r] : acc[r * d.hdp + c]).bits;
+    for (size_t c0 = 0; c0 < d.hd; c0 += kN) {  // acc is hdp >= hd wide: whole vectors
+      const __m512 x = transposed ? _mm512_i32gather_ps(column, acc + c0 * kB + r, 4)
+                                  : _mm512_loadu_ps(acc + r * d.hdp + c0);
+      _mm256_mask_storeu_epi16(dst + r * stride + c0, LanesBelow(c0, d.hd),
+                               (__m256i)_mm512_cvtneps_pbh(x));
+    }
+}
+
+// Σ_c x[c] · y[c] over hd bf16 each, 16 products a step in fp32.
+float DotBf16(const uint16_t* x, const uint16_t* y, size_t hd) {
+  __m512 sum = _mm512_setzero_ps();
+  for (size_t c0 = 0; c0 < hd; c0 += kN) {
+    const __mmask16 in = LanesBelow(c0, hd);
+    auto widen = [&](const uint16_t* p) {
+      return _mm512_castsi512_ps(
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(in, p + c0)), 16));
+    };
+    sum = _mm512_fmadd_ps(widen(x), widen(y), sum);
+  }
+  return HSum(sum);
 }
 
 size_t FirstQueryTile(const FlashAttentionParams& p, size_t j0) { return p.causal ? j0 : 0; }
@@ -664,11 +685,8 @@ void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
       TransposePairTiles(pk.dOtP.get() + off, tmp.get(), d);
       // D = rowsum(dO ⊙ O) from the bf16 values, and lse · log2(e).
       for (size_t i = 0; i < d.T; ++i) {
-        float sum = 0.0f;
-        for (size_t c = 0; c < d.hd; ++c)
-          sum += to_float(BFloat16{doh[i * size_t(p.o_stride) + c]}) *
-                 to_float(BFloat16{oh[i * size_t(p.o_stride) + c]});
-        pk.D[size_t(bh) * d.T + i] = sum;
+        pk.D[size_t(bh) * d.T + i] =
+            DotBf16(doh + i * size_t(p.o_stride), oh + i * size_t(p.o_stride), d.hd);
         pk.lse2[size_t(bh) * d.T + i] = lse[size_t(bh) * d.T + i] * kLog2e;
       }
     }
