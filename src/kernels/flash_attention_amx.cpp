@@ -398,7 +398,7 @@ void ForwardTile(uint16_t* out, float* lse, const ForwardPacked& pk, const Flash
       const size_t seen = KeysSeen(p, d.T, i0 + ii, j0, kBc);
       const float* s = S + ii * kBc;
       __m512 mx = _mm512_set1_ps(kNegInf);
-      for (size_t v = 0; v < nv; ++v)
+      for (size_t v = 0; v * kN < seen; ++v)  // seen <= 16 · nv
         mx = _mm512_mask_max_ps(mx, LanesBelow(v * kN, seen), mx, _mm512_loadu_ps(s + v * kN));
       row_max[ii] = HMax(mx) * c;
     }
@@ -416,6 +416,10 @@ void ForwardTile(uint16_t* out, float* lse, const ForwardPacked& pk, const Flash
       const __m512 mv = _mm512_set1_ps(m[ii]);
       __m512 pv[8], sum = _mm512_setzero_ps();
       for (size_t v = 0; v < nv; ++v) {
+        if (v * kN >= seen) {  // past the diagonal or T: no exponentials to take
+          pv[v] = _mm512_setzero_ps();
+          continue;
+        }
         pv[v] = _mm512_maskz_mov_ps(LanesBelow(v * kN, seen),
                                     Exp2(_mm512_fmsub_ps(_mm512_loadu_ps(s + v * kN), cv, mv)));
         sum = _mm512_add_ps(sum, pv[v]);
@@ -511,6 +515,10 @@ void TilePair(const BackwardPacked& pk, const FlashAttentionParams& p, const Dim
       const __m512 li = _mm512_set1_ps(lse2[i]), Di = _mm512_set1_ps(D[i]);
       if (rule.active()) NoiseRow(s.z.get() + t * kB, rule, p.dropout_seed, b, h, i, j0);
       for (size_t v = 0; v < 4; ++v) {
+        if (v * kN >= seen) {  // past the diagonal or T
+          pz[t][v] = ds[t][v] = _mm512_setzero_ps();
+          continue;
+        }
         const size_t at = ii * kB + v * kN;
         const __mmask16 valid = LanesBelow(v * kN, seen);
         const __m512 pv = Exp2(_mm512_fmsub_ps(_mm512_loadu_ps(S + at), cv, li));
