@@ -100,7 +100,7 @@ void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout
 //    ARCH_REQ_XCOMP_PERM, asked once): Intel Sapphire Rapids and later. Any
 //    T and hd (hd padded to 32 and T to 64 inside; causal diagonal tiles are
 //    computed whole and masked). Its memory: zero-padded packed copies of
-//    the inputs, 2 · B·H·Tp·hdp bf16 forward and 7 · B·H·Tp·hdp backward
+//    the inputs, 3 · B·H·Tp·hdp bf16 forward and 7 · B·H·Tp·hdp backward
 //    (Tp = T rounded up to 64, hdp = hd rounded up to 32), instead of O(tile).
 //  - "AVX512-BF16": VDPBF16PS dot products, where the CPU has them (AMD Zen 4
 //    and later, Intel Cooper Lake and Sapphire Rapids and later);

@@ -37,7 +37,7 @@
 // query-tile tasks (dQ) that recompute S and dP; every accumulator sees its
 // products in one order either way, so the bits do not depend on the
 // thread count. Causal tiles on the diagonal are computed whole and masked.
-// Memory: the packed copies (2 · Tp · hdp bf16 per head forward, 7 backward)
+// Memory: the packed copies (3 · Tp · hdp bf16 per head forward, 7 backward)
 // and O(tile) per thread, plus the whole-head dQ (Tp · hdp fp32 per thread).
 #include "kernels/flash_attention_amx.h"
 
