@@ -1,0 +1,42 @@
+"""attn from Python: attn's fused CPU attention kernels behind PyTorch's API.
+
+    import attn
+    out = attn.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+is torch.nn.functional.scaled_dot_product_attention (PyTorch 2.x semantics)
+on attn's fused kernel, forward and backward, for float32 and bfloat16 CPU
+tensors, with FlashAttention 2's window_size, alibi_slopes and softcap as
+keywords. It works with PyTorch 1.13 (which has no SDPA of its own) and 2.x:
+the extension attn._attn holds no PyTorch code, tensors reach it as data
+pointers, sizes and strides. docs/python.md has the rest.
+"""
+
+from ._sdpa import (
+    dropout_noise,
+    get_num_threads,
+    scaled_dot_product_attention,
+    set_num_threads,
+)
+from ._patch import patch_sdpa, sdpa_patched, sdpa_stats, unpatch_sdpa
+from . import _attn
+
+__version__ = "0.1.0"
+
+
+def kernel_target() -> str:
+    """The SIMD target attn's sdpa kernel runs on this CPU ("AVX3", "AVX2", ...)."""
+    return _attn.kernel_target()
+
+
+__all__ = [
+    "scaled_dot_product_attention",
+    "set_num_threads",
+    "get_num_threads",
+    "dropout_noise",
+    "kernel_target",
+    "patch_sdpa",
+    "unpatch_sdpa",
+    "sdpa_patched",
+    "sdpa_stats",
+    "__version__",
+]

@@ -1,0 +1,164 @@
+"""attn.scaled_dot_product_attention against PyTorch 2.x's own
+torch.nn.functional.scaled_dot_product_attention: outputs and the gradients of
+query, key and value, fp32 and bf16, on the options both have (masks,
+is_causal, scale, enable_gqa (PyTorch >= 2.5), Dv != D, non-contiguous views);
+then attn.patch_sdpa. Not run by ctest (Debian's PyTorch is 1.13); run in a
+virtual environment with PyTorch 2.x and attn installed (docs/python.md):
+
+    python -m venv /tmp/attn-venv && /tmp/attn-venv/bin/pip install torch .
+    /tmp/attn-venv/bin/python python/tests/check_torch2.py
+
+Prints one line per case with the largest |attn - torch| of out, dq, dk, dv
+(and the comparison's bound), then the largest per dtype; exits 1 if any case
+is outside its bound. fp32: 2e-5 · max(1, max|torch|) (PyTorch's fp32 CPU
+SDPA and attn's kernel each sum in fp32, in different orders). bf16: both
+round to bf16 at the end, and PyTorch's CPU flash kernel rounds the weights P
+to bf16 before P·V while attn keeps them fp32, so the bound is measured
+against the float64 maths (python/tests/test_sdpa.py's bounds) and the
+difference to PyTorch is reported beside it.
+"""
+
+import math
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import attn
+
+if tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 0):
+    sys.exit(f"check_torch2.py needs PyTorch >= 2.0, this is {torch.__version__}")
+GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
+
+F64 = torch.float64
+
+
+def maths(q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False):
+    """The float64 definition, as python/tests/test_sdpa.py's oracle (no extras here)."""
+    if enable_gqa and q.shape[-3] != k.shape[-3]:
+        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+        v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = (q @ k.transpose(-2, -1)) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else s + mask.to(F64)
+    if is_causal:
+        L, S = s.shape[-2:]
+        s = s.masked_fill(~torch.ones(L, S, dtype=torch.bool).tril(), -math.inf)
+    return torch.softmax(s, -1) @ v
+
+
+def cases():
+    g = torch.Generator().manual_seed(0)
+    yield "plain", (2, 4, 4, 64, 64, 64, 64), {}
+    yield "causal", (2, 4, 4, 128, 128, 64, 64), dict(is_causal=True)
+    yield "causal L<S", (1, 4, 4, 17, 70, 32, 32), dict(is_causal=True)
+    yield "scale", (2, 2, 2, 50, 50, 32, 32), dict(scale=0.2)
+    yield "Dv != D", (1, 3, 3, 40, 33, 24, 40), {}
+    m = torch.rand(2, 1, 64, 80, generator=g) < 0.7
+    m[..., 0] = True
+    yield "bool mask (B,1,L,S)", (2, 4, 4, 64, 80, 32, 32), dict(attn_mask=m)
+    fm = torch.randn(64, 64, generator=g)
+    fm[torch.rand(64, 64, generator=g) < 0.2] = -math.inf
+    fm[:, 0] = 0
+    yield "float mask (L,S)", (2, 4, 4, 64, 64, 32, 32), dict(attn_mask=fm)
+    if GQA:
+        yield "gqa 8/2 causal", (2, 8, 2, 96, 96, 64, 64), dict(enable_gqa=True, is_causal=True)
+    yield "token-major views", (2, 4, 4, 64, 64, 64, 64), dict(layout="token_major",
+                                                                is_causal=True)
+    yield "T=512 causal", (1, 6, 6, 512, 512, 64, 64), dict(is_causal=True)
+
+
+def make(sizes, dtype, layout, g):
+    B, Hq, Hkv, L, S, E, Ev = sizes
+    if layout == "token_major":
+        return (torch.randn(B, L, Hq, E, generator=g).to(dtype).transpose(1, 2),
+                torch.randn(B, S, Hkv, E, generator=g).to(dtype).transpose(1, 2),
+                torch.randn(B, S, Hkv, Ev, generator=g).to(dtype).transpose(1, 2))
+    return (torch.randn(B, Hq, L, E, generator=g).to(dtype),
+            torch.randn(B, Hkv, S, E, generator=g).to(dtype),
+            torch.randn(B, Hkv, S, Ev, generator=g).to(dtype))
+
+
+def compare_sdpa():
+    ok = True
+    worst = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        for name, sizes, kw in cases():
+            kw = dict(kw)
+            layout = kw.pop("layout", "contiguous")
+            g = torch.Generator().manual_seed(1)
+            q, k, v = make(sizes, dtype, layout, g)
+            if "attn_mask" in kw and kw["attn_mask"].dtype != torch.bool:
+                kw["attn_mask"] = kw["attn_mask"].to(dtype)
+            dout = torch.randn(*sizes[:2], sizes[3], sizes[6], generator=g).to(dtype)
+            results = {}
+            for who, fn in (("attn", attn.scaled_dot_product_attention),
+                            ("torch", F.scaled_dot_product_attention)):
+                qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+                out = fn(qq, kk, vv, **kw)
+                grads = torch.autograd.grad(out, (qq, kk, vv), dout)
+                results[who] = (out.detach(),) + tuple(grads)
+            q64, k64, v64 = (t.detach().to(F64).requires_grad_(True) for t in (q, k, v))
+            out64 = maths(q64, k64, v64, **kw)
+            results["f64"] = (out64.detach(),) + torch.autograd.grad(out64, (q64, k64, v64),
+                                                                     dout.to(F64))
+            line = []
+            for n, what in enumerate(("out", "dq", "dk", "dv")):
+                a = results["attn"][n].to(F64)
+                t = results["torch"][n].to(F64)
+                r = results["f64"][n]
+                big = max(1.0, r.abs().max().item())
+                d_torch = (a - t).abs().max().item()
+                if dtype == torch.float32:
+                    bound = 2e-5 * max(1.0, t.abs().max().item())
+                    good = d_torch <= bound
+                    ratio = d_torch / bound
+                else:
+                    # attn against the float64 maths within the bf16 bounds of test_sdpa.py
+                    loose = what in ("dq", "dk")
+                    b = 2.0**-8 * r.abs() + (1e-2 if loose else 1e-4) * big
+                    ratio = ((a - r).abs() / b).max().item()
+                    good = ratio <= 1.0
+                key = (str(dtype).replace("torch.", ""), what)
+                worst[key] = max(worst.get(key, 0.0), d_torch)
+                line.append(f"{what} {d_torch:.2e} ({ratio:.2f})")
+                ok &= good
+            print(f"{str(dtype).replace('torch.', ''):9s} {name:22s} " + "  ".join(line)
+                  + ("" if ok else "  <-- FAIL"))
+    print("largest |attn - torch.nn.functional.scaled_dot_product_attention|:")
+    for (dt, what), d in sorted(worst.items()):
+        print(f"  {dt:9s} {what}: {d:.3e}")
+    return ok
+
+
+def check_patch():
+    """attn.patch_sdpa routes F.scaled_dot_product_attention to attn; the context
+    manager restores it; what attn does not cover falls back to PyTorch."""
+    if not hasattr(attn, "patch_sdpa"):
+        print("patch_sdpa: not in this build")
+        return True
+    original = F.scaled_dot_product_attention
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 16, 8, generator=g) for _ in range(3))
+    calls = attn.sdpa_stats()
+    with attn.sdpa_patched():
+        assert F.scaled_dot_product_attention is not original
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        f64 = F.scaled_dot_product_attention(q.double(), k.double(), v.double())  # falls back
+    assert F.scaled_dot_product_attention is original
+    after = attn.sdpa_stats()
+    assert after["attn"] == calls["attn"] + 1, after
+    assert after["torch"] == calls["torch"] + 1, after
+    assert torch.allclose(a, original(q, k, v, is_causal=True), atol=1e-5)
+    assert f64.dtype == torch.float64
+    print("patch_sdpa: routed fp32 to attn, float64 to PyTorch, restored on exit")
+    return True
+
+
+if __name__ == "__main__":
+    print(f"torch {torch.__version__}, attn {attn.__version__} (kernel target "
+          f"{attn.kernel_target()}), {torch.get_num_threads()} threads")
+    good = compare_sdpa()
+    good &= check_patch()
+    sys.exit(0 if good else 1)
