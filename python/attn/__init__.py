@@ -17,6 +17,7 @@ from ._sdpa import (
     scaled_dot_product_attention,
     set_num_threads,
 )
+from ._varlen import sdpa_varlen
 from ._patch import patch_sdpa, sdpa_patched, sdpa_stats, unpatch_sdpa
 from . import _attn
 
@@ -30,6 +31,7 @@ def kernel_target() -> str:
 
 __all__ = [
     "scaled_dot_product_attention",
+    "sdpa_varlen",
     "set_num_threads",
     "get_num_threads",
     "dropout_noise",

@@ -1,4 +1,4 @@
-from typing import ContextManager, Dict, Optional, Sequence
+from typing import ContextManager, Dict, Optional, Sequence, Union
 
 import torch
 
@@ -28,3 +28,21 @@ def patch_sdpa() -> None: ...
 def unpatch_sdpa() -> None: ...
 def sdpa_patched() -> ContextManager[None]: ...
 def sdpa_stats() -> Dict[str, int]: ...
+def sdpa_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: Union[torch.Tensor, Sequence[int]],
+    cu_seqlens_k: Union[torch.Tensor, Sequence[int]],
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = ...,
+    softmax_scale: Optional[float] = ...,
+    causal: bool = ...,
+    window_size: Sequence[int] = ...,
+    softcap: float = ...,
+    alibi_slopes: Optional[torch.Tensor] = ...,
+    *,
+    causal_alignment: str = ...,
+    dropout_seed: Optional[int] = ...,
+) -> torch.Tensor: ...

@@ -210,6 +210,130 @@ void backward_as(const View& dout, const View& q, const View& k, const View& v, 
   run(threads, [&] { attn::kernels::sdpa_backward(io, p); });
 }
 
+// ---- variable-length packed batches (attn::sdpa_varlen_*'s raw form) ---------------
+
+// cu_seqlens as offsets: 0 first, never decreasing, `total` last, every length <= max_seqlen.
+std::vector<int64_t> check_cu_seqlens(const char* name, std::vector<int64_t> c, int64_t total,
+                                      int64_t max_seqlen) {
+  if (c.size() < 2) fail(fmt::format("{} must hold nseq + 1 >= 2 offsets", name));
+  if (c[0] != 0) fail(fmt::format("{}[0] must be 0, got {}", name, c[0]));
+  for (size_t n = 1; n < c.size(); ++n) {
+    if (c[n] < c[n - 1])
+      fail(fmt::format("{} must not decrease: {}[{}] = {} after {}", name, name, n, c[n],
+                       c[n - 1]));
+    if (c[n] - c[n - 1] > max_seqlen)
+      fail(fmt::format("sequence {} of {} has length {} > max_seqlen {}", n - 1, name,
+                       c[n] - c[n - 1], max_seqlen));
+  }
+  if (c.back() != total)
+    fail(fmt::format("{} ends at {} but the tensor has {} tokens", name, c.back(), total));
+  return c;
+}
+
+// (total, H, W) token-major refs as the raw layer's (b, h, t) strides (b unused).
+attn::SdpaStrides token_major(const View& t) {
+  return {0, t.strides[1], t.strides[0], t.sizes[2] == 1 ? 1 : t.strides[2]};
+}
+
+struct Varlen {
+  std::vector<int64_t> cu_q, cu_k;  // what the problem's pointers point into
+};
+
+template <class T>
+attn::SdpaProblemT<T> varlen_problem(Varlen& keep, const View& q, const View& k, const View& v,
+                                     const std::vector<int64_t>& cu_q,
+                                     const std::vector<int64_t>& cu_k, int64_t max_q,
+                                     int64_t max_k, const std::optional<View>& alibi,
+                                     const Options& opt) {
+  for (const View* t : {&q, &k, &v})
+    if (t->sizes.size() != 3) fail(fmt::format("{} must be 3-D (total, H, D)", t->name));
+  const int64_t total_q = q.sizes[0], Hq = q.sizes[1], D = q.sizes[2];
+  const int64_t total_k = k.sizes[0], Hkv = k.sizes[1], Dv = v.sizes[2];
+  k.expect({total_k, Hkv, D}, q.dtype.c_str());
+  v.expect({total_k, Hkv, Dv}, q.dtype.c_str());
+  keep.cu_q = check_cu_seqlens("cu_seqlens_q", cu_q, total_q, max_q);
+  keep.cu_k = check_cu_seqlens("cu_seqlens_k", cu_k, total_k, max_k);
+  const int64_t nseq = int64_t(keep.cu_q.size()) - 1;
+  if (int64_t(keep.cu_k.size()) - 1 != nseq)
+    fail(fmt::format("cu_seqlens_q holds {} sequences but cu_seqlens_k holds {}", nseq,
+                     keep.cu_k.size() - 1));
+  attn::SdpaOptions o;
+  o.enable_gqa = opt.enable_gqa;
+  o.dropout_p = opt.dropout_p;
+  o.dropout_seed = opt.dropout_seed;
+  o.is_causal = opt.is_causal;
+  o.causal_alignment =
+      opt.bottom_right ? attn::CausalAlignment::kBottomRight : attn::CausalAlignment::kTopLeft;
+  o.scale = opt.scale;
+  o.window_left = opt.window_left, o.window_right = opt.window_right;
+  o.softcap = opt.softcap;
+  attn::detail::sdpa::check_heads(kWho, o, Hq, Hkv);
+  attn::detail::sdpa::check_scalar_options(kWho, o);
+  attn::SdpaProblemT<T> p;
+  p.B = nseq, p.Hq = Hq, p.Hkv = Hkv, p.Tq = total_q, p.Tk = total_k, p.D = D, p.Dv = Dv;
+  p.q = q.data<const T>(), p.k = k.data<const T>(), p.v = v.data<const T>();
+  p.q_strides = token_major(q), p.k_strides = token_major(k), p.v_strides = token_major(v);
+  p.cu_seqlens_q = keep.cu_q.data();
+  p.cu_seqlens_k = keep.cu_k.data();
+  if (alibi) {
+    const bool per_head = alibi->sizes == std::vector<int64_t>{Hq};
+    const bool per_seq = alibi->sizes == std::vector<int64_t>{nseq, Hq};
+    if ((!per_head && !per_seq) || alibi->dtype != "float32")
+      fail(fmt::format("alibi_slopes must be float32 (Hq) = ({}) or (nseq, Hq) = ({}, {})", Hq,
+                       nseq, Hq));
+    if (Hq > 1 && alibi->strides.back() != 1) fail("alibi_slopes must have last stride 1");
+    p.alibi_slopes = alibi->data<const float>();
+    p.alibi_b_stride = per_seq ? alibi->strides[0] : 0;
+  }
+  attn::detail::sdpa::set_options(p, o, D);
+  return p;
+}
+
+template <class T>
+void varlen_forward_as(const View& q, const View& k, const View& v, const View& out,
+                       const View& lse, const std::vector<int64_t>& cu_q,
+                       const std::vector<int64_t>& cu_k, int64_t max_q, int64_t max_k,
+                       const std::optional<View>& alibi, const Options& opt, int threads) {
+  Varlen keep;
+  const attn::SdpaProblemT<T> p =
+      varlen_problem<T>(keep, q, k, v, cu_q, cu_k, max_q, max_k, alibi, opt);
+  out.expect({p.Tq, p.Hq, p.Dv}, q.dtype.c_str());
+  lse.expect({p.Hq, p.Tq}, "float32");
+  attn::SdpaOutputT<T> o;
+  o.out = out.data<T>();
+  o.out_strides = token_major(out);
+  o.lse = lse.data<float>();
+  o.lse_strides = attn::SdpaStrides{0, lse.strides[0], lse.strides[1], 1};
+  run(threads, [&] { attn::kernels::sdpa_forward(o, p); });
+}
+
+template <class T>
+void varlen_backward_as(const View& dout, const View& q, const View& k, const View& v,
+                        const View& out, const View& lse, const View& dq, const View& dk,
+                        const View& dv, const std::vector<int64_t>& cu_q,
+                        const std::vector<int64_t>& cu_k, int64_t max_q, int64_t max_k,
+                        const std::optional<View>& alibi, const Options& opt, int threads) {
+  Varlen keep;
+  const attn::SdpaProblemT<T> p =
+      varlen_problem<T>(keep, q, k, v, cu_q, cu_k, max_q, max_k, alibi, opt);
+  const char* dtype = q.dtype.c_str();
+  dout.expect({p.Tq, p.Hq, p.Dv}, dtype);
+  out.expect({p.Tq, p.Hq, p.Dv}, dtype);
+  lse.expect({p.Hq, p.Tq}, "float32");
+  dq.expect({p.Tq, p.Hq, p.D}, dtype);
+  dk.expect({p.Tk, p.Hkv, p.D}, dtype);
+  dv.expect({p.Tk, p.Hkv, p.Dv}, dtype);
+  attn::SdpaBackwardIOT<T> io;
+  io.dout = dout.data<const T>(), io.dout_strides = token_major(dout);
+  io.out = out.data<const T>(), io.out_strides = token_major(out);
+  io.lse = lse.data<const float>();
+  io.lse_strides = attn::SdpaStrides{0, lse.strides[0], lse.strides[1], 1};
+  io.dq = dq.data<T>(), io.dq_strides = token_major(dq);
+  io.dk = dk.data<T>(), io.dk_strides = token_major(dk);
+  io.dv = dv.data<T>(), io.dv_strides = token_major(dv);
+  run(threads, [&] { attn::kernels::sdpa_backward(io, p); });
+}
+
 bool is_bf16(const View& q) {
   if (q.dtype == "float32") return false;
   if (q.dtype == "bfloat16") return true;
@@ -276,6 +400,59 @@ PYBIND11_MODULE(_attn, m) {
       py::arg("window_left"), py::arg("window_right"), py::arg("dropout_p"),
       py::arg("dropout_seed"), py::arg("enable_gqa"), py::arg("threads"),
       "Writes dq, dk, dv in place: attn's fused sdpa backward (out and lse from the forward).");
+
+  m.def(
+      "sdpa_varlen_forward",
+      [](const Ref& q, const Ref& k, const Ref& v, const Ref& out, const Ref& lse,
+         const std::vector<int64_t>& cu_q, const std::vector<int64_t>& cu_k, int64_t max_q,
+         int64_t max_k, const std::optional<Ref>& alibi, bool is_causal, bool bottom_right,
+         std::optional<float> scale, float softcap, int64_t window_left, int64_t window_right,
+         float dropout_p, uint64_t dropout_seed, bool enable_gqa, int threads) {
+        const View qv("q", q), kv("k", k), vv("v", v), ov("out", out), lv("lse", lse);
+        const Options opt = options_of(is_causal, bottom_right, scale, softcap, window_left,
+                                       window_right, dropout_p, dropout_seed, enable_gqa);
+        const auto av = optional_view("alibi_slopes", alibi);
+        if (is_bf16(qv))
+          varlen_forward_as<attn::BFloat16>(qv, kv, vv, ov, lv, cu_q, cu_k, max_q, max_k, av,
+                                            opt, threads);
+        else
+          varlen_forward_as<float>(qv, kv, vv, ov, lv, cu_q, cu_k, max_q, max_k, av, opt,
+                                   threads);
+      },
+      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"),
+      py::arg("cu_seqlens_q"), py::arg("cu_seqlens_k"), py::arg("max_seqlen_q"),
+      py::arg("max_seqlen_k"), py::arg("alibi"), py::arg("is_causal"), py::arg("bottom_right"),
+      py::arg("scale"), py::arg("softcap"), py::arg("window_left"), py::arg("window_right"),
+      py::arg("dropout_p"), py::arg("dropout_seed"), py::arg("enable_gqa"), py::arg("threads"),
+      "Packed variable-length batch: writes out (total_q, Hq, Dv) and lse (Hq, total_q).");
+
+  m.def(
+      "sdpa_varlen_backward",
+      [](const Ref& dout, const Ref& q, const Ref& k, const Ref& v, const Ref& out,
+         const Ref& lse, const Ref& dq, const Ref& dk, const Ref& dv,
+         const std::vector<int64_t>& cu_q, const std::vector<int64_t>& cu_k, int64_t max_q,
+         int64_t max_k, const std::optional<Ref>& alibi, bool is_causal, bool bottom_right,
+         std::optional<float> scale, float softcap, int64_t window_left, int64_t window_right,
+         float dropout_p, uint64_t dropout_seed, bool enable_gqa, int threads) {
+        const View gv("grad_out", dout), qv("q", q), kv("k", k), vv("v", v), ov("out", out),
+            lv("lse", lse), dqv("dq", dq), dkv("dk", dk), dvv("dv", dv);
+        const Options opt = options_of(is_causal, bottom_right, scale, softcap, window_left,
+                                       window_right, dropout_p, dropout_seed, enable_gqa);
+        const auto av = optional_view("alibi_slopes", alibi);
+        if (is_bf16(qv))
+          varlen_backward_as<attn::BFloat16>(gv, qv, kv, vv, ov, lv, dqv, dkv, dvv, cu_q, cu_k,
+                                             max_q, max_k, av, opt, threads);
+        else
+          varlen_backward_as<float>(gv, qv, kv, vv, ov, lv, dqv, dkv, dvv, cu_q, cu_k, max_q,
+                                    max_k, av, opt, threads);
+      },
+      py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"),
+      py::arg("dq"), py::arg("dk"), py::arg("dv"), py::arg("cu_seqlens_q"),
+      py::arg("cu_seqlens_k"), py::arg("max_seqlen_q"), py::arg("max_seqlen_k"),
+      py::arg("alibi"), py::arg("is_causal"), py::arg("bottom_right"), py::arg("scale"),
+      py::arg("softcap"), py::arg("window_left"), py::arg("window_right"), py::arg("dropout_p"),
+      py::arg("dropout_seed"), py::arg("enable_gqa"), py::arg("threads"),
+      "Packed variable-length batch: writes dq, dk, dv in place.");
 
   m.def(
       "dropout_noise",
