@@ -33,15 +33,16 @@ GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
 F64 = torch.float64
 
 
-def maths(q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False):
+def maths(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
     """The float64 definition, as python/tests/test_sdpa.py's oracle (no extras here)."""
     if enable_gqa and q.shape[-3] != k.shape[-3]:
         k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
         v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = (q @ k.transpose(-2, -1)) * scale
-    if mask is not None:
-        s = s.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else s + mask.to(F64)
+    if attn_mask is not None:
+        s = (s.masked_fill(~attn_mask, -math.inf) if attn_mask.dtype == torch.bool
+             else s + attn_mask.to(F64))
     if is_causal:
         L, S = s.shape[-2:]
         s = s.masked_fill(~torch.ones(L, S, dtype=torch.bool).tril(), -math.inf)
@@ -120,15 +121,20 @@ def compare_sdpa():
                     b = 2.0**-8 * r.abs() + (1e-2 if loose else 1e-4) * big
                     ratio = ((a - r).abs() / b).max().item()
                     good = ratio <= 1.0
+                    # PyTorch's own bf16 result against the same bound, for comparison.
+                    torch_ratio = ((t - r).abs() / b).max().item()
+                    key_t = ("bfloat16 (torch's own error / bound)", what)
+                    worst[key_t] = max(worst.get(key_t, 0.0), torch_ratio)
                 key = (str(dtype).replace("torch.", ""), what)
                 worst[key] = max(worst.get(key, 0.0), d_torch)
                 line.append(f"{what} {d_torch:.2e} ({ratio:.2f})")
                 ok &= good
             print(f"{str(dtype).replace('torch.', ''):9s} {name:22s} " + "  ".join(line)
                   + ("" if ok else "  <-- FAIL"))
-    print("largest |attn - torch.nn.functional.scaled_dot_product_attention|:")
+    print("largest |attn - torch.nn.functional.scaled_dot_product_attention| (and, for bf16, "
+          "PyTorch's own error against the float64 maths as a fraction of attn's bound):")
     for (dt, what), d in sorted(worst.items()):
-        print(f"  {dt:9s} {what}: {d:.3e}")
+        print(f"  {dt:9s} {what}: {d:.3e}" if "own" not in dt else f"  {dt} {what}: {d:.2f}")
     return ok
 
 
