@@ -11,6 +11,8 @@ the extension attn._attn holds no PyTorch code, tensors reach it as data
 pointers, sizes and strides. docs/python.md has the rest.
 """
 
+import torch
+
 from ._sdpa import (
     dropout_noise,
     get_num_threads,
@@ -19,7 +21,14 @@ from ._sdpa import (
 )
 from ._varlen import sdpa_varlen
 from ._patch import patch_sdpa, sdpa_patched, sdpa_stats, unpatch_sdpa
-from . import _attn
+from . import _attn, _sdpa
+
+# torch.compile support (PyTorch >= 2.4: torch.library.custom_op): attn's
+# forward and backward registered as the custom ops attn::sdpa_forward/backward.
+if hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_fake"):
+    from . import _ops
+
+    _sdpa._OPS = _ops
 
 __version__ = "0.1.0"
 

@@ -4,8 +4,8 @@ attn for the calls attn covers, to PyTorch's own function for the rest.
 Covered: CPU query, key, value, all float32 or all bfloat16, at least 2 dims,
 dense; an attn_mask that is bool, float32 or query's dtype, not requiring
 grad, not together with is_causal; Hq = Hkv or enable_gqa; equal batch dims;
-no zero-sized dim; not while torch.compile traces (so compiled graphs keep
-PyTorch's op). Everything else (CUDA, float16/float64, nested tensors, batch
+no zero-sized dim; under torch.compile only with PyTorch >= 2.4 (attn's
+custom ops, attn._ops; with an older PyTorch compiled graphs keep PyTorch's op). Everything else (CUDA, float16/float64, nested tensors, batch
 broadcasting, keywords attn does not know) goes to the original function,
 unchanged, errors included.
 """
@@ -17,6 +17,7 @@ from typing import Callable, Dict, Iterator, Optional
 
 import torch
 
+from . import _sdpa
 from ._sdpa import scaled_dot_product_attention as _attn_sdpa
 
 _stats: Dict[str, int] = {"attn": 0, "torch": 0}
@@ -25,14 +26,10 @@ _original: Optional[Callable] = None
 _DTYPES = (torch.float32, torch.bfloat16)
 
 
-def _compiling() -> bool:
-    dynamo = getattr(torch, "_dynamo", None)
-    is_compiling = getattr(dynamo, "is_compiling", None) if dynamo is not None else None
-    return bool(is_compiling()) if is_compiling is not None else False
-
-
 def _covers(query, key, value, attn_mask, is_causal, enable_gqa, extra) -> bool:
-    if extra or _compiling():
+    if extra:
+        return False
+    if _sdpa._compiling() and _sdpa._OPS is None:  # no custom ops: keep PyTorch's in the graph
         return False
     ts = (query, key, value)
     if not all(isinstance(t, torch.Tensor) for t in ts):

@@ -21,6 +21,19 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 # attn.set_num_threads(n); None: follow torch.get_num_threads() at every call.
 _user_threads: Optional[int] = None
 
+# attn._ops (the torch.library custom ops) on PyTorch >= 2.4, set by attn/__init__.py.
+_OPS = None
+
+
+def _compiling() -> bool:
+    """True while torch.compile (dynamo) traces the caller."""
+    compiler = getattr(torch, "compiler", None)
+    is_compiling = getattr(compiler, "is_compiling", None)
+    if is_compiling is None:
+        dynamo = getattr(torch, "_dynamo", None)
+        is_compiling = getattr(dynamo, "is_compiling", None)
+    return bool(is_compiling()) if is_compiling is not None else False
+
 
 def set_num_threads(n: Optional[int]) -> None:
     """Runs attn's kernels on n OpenMP threads; None goes back to following
@@ -143,7 +156,8 @@ def _additive_mask(attn_mask: torch.Tensor, q: torch.Tensor, lead, Hq, L, S, B) 
                 f"attn.scaled_dot_product_attention: Expected attn_mask dtype to be bool or "
                 f"float or to match query dtype, but got attn_mask.dtype: {m.dtype} and "
                 f"query.dtype: {q.dtype} instead.")
-        if bool(torch.isnan(m).any()) or bool(torch.isposinf(m).any()):
+        # (Not while torch.compile traces: a data-dependent branch would break the graph.)
+        if not _compiling() and (bool(torch.isnan(m).any()) or bool(torch.isposinf(m).any())):
             raise ValueError("attn.scaled_dot_product_attention: a float attn_mask must hold "
                              "finite values or -inf (NaN or +inf would make a row NaN)")
         m = m.to(torch.float32)  # no copy when already float32
@@ -237,6 +251,9 @@ def scaled_dot_product_attention(
     attn_mask (an attn_mask that requires grad is refused) or alibi_slopes.
     Threads: attn.get_num_threads() (torch.get_num_threads() unless
     attn.set_num_threads was called).
+    torch.compile (PyTorch >= 2.4): traced as the custom ops attn::sdpa_forward
+    and attn::sdpa_backward, so the graph does not break (dropout without a
+    dropout_seed still does: the seed is read from torch's generator).
     """
     for name, t in (("query", query), ("key", key), ("value", value)):
         _check_tensor(name, t)
@@ -348,7 +365,10 @@ def scaled_dot_product_attention(
         # From torch's default generator: torch.manual_seed makes the noise repeatable.
         opts.dropout_seed = int(torch.randint(0, 2**62, (), dtype=torch.int64).item())
 
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if _OPS is not None and _compiling():
+        # torch.compile: attn's forward and backward as custom ops (one graph node each).
+        out = _OPS.apply(q, k, v, mask, alibi, opts)
+    elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         out = _SdpaFunction.apply(q, k, v, mask, alibi, opts)
     else:
         out, _ = _forward(q, k, v, mask, alibi, opts)

@@ -2,7 +2,8 @@
 torch.nn.functional.scaled_dot_product_attention: outputs and the gradients of
 query, key and value, fp32 and bf16, on the options both have (masks,
 is_causal, scale, enable_gqa (PyTorch >= 2.5), Dv != D, non-contiguous views);
-then attn.patch_sdpa. Not run by ctest (Debian's PyTorch is 1.13); run in a
+then attn.patch_sdpa, torch.compile (fullgraph, PyTorch >= 2.4) and a small
+nanoGPT-shaped model patched vs unpatched. Not run by ctest (Debian's PyTorch is 1.13); run in a
 virtual environment with PyTorch 2.x and attn installed (docs/python.md):
 
     python -m venv /tmp/attn-venv && /tmp/attn-venv/bin/pip install torch .
@@ -18,6 +19,7 @@ against the float64 maths (python/tests/test_sdpa.py's bounds) and the
 difference to PyTorch is reported beside it.
 """
 
+import contextlib
 import math
 import sys
 
@@ -162,9 +164,122 @@ def check_patch():
     return True
 
 
+def check_compile():
+    """torch.compile (PyTorch >= 2.4) with fullgraph=True: attn's call, and PyTorch's SDPA
+    under patch_sdpa, compile without a graph break (attn's custom ops) and match eager."""
+    if attn._sdpa._OPS is None:
+        print("torch.compile: no torch.library.custom_op in this PyTorch; skipped")
+        return True
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 64, 32, generator=g, requires_grad=True) for _ in range(3))
+    mask = torch.rand(64, 64, generator=g) < 0.8
+    mask[:, 0] = True
+    ok = True
+
+    def direct(q, k, v):
+        return attn.scaled_dot_product_attention(q, k, v, is_causal=True, window_size=(16, 0))
+
+    def through_torch(q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    for backend in ("aot_eager", "inductor"):
+        eager = direct(q, k, v)
+        compiled = torch.compile(direct, backend=backend, fullgraph=True)(q, k, v)
+        ge = torch.autograd.grad(eager.sum(), (q, k, v))
+        gc = torch.autograd.grad(compiled.sum(), (q, k, v))
+        d = max([(compiled - eager).abs().max().item()]
+                + [(a - b).abs().max().item() for a, b in zip(gc, ge)])
+        with attn.sdpa_patched():
+            before = attn.sdpa_stats()["attn"]
+            patched = torch.compile(through_torch, backend=backend, fullgraph=True)(q, k, v, mask)
+            routed = attn.sdpa_stats()["attn"] - before
+        reference = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        dp = (patched - reference).abs().max().item()
+        print(f"torch.compile({backend}, fullgraph=True): attn's call vs eager {d:.1e} "
+              f"(out and grads); patched F.scaled_dot_product_attention routed to attn "
+              f"{routed}x while tracing, vs PyTorch {dp:.1e}")
+        ok &= d == 0.0 and dp < 1e-5 and routed >= 1
+    return ok
+
+
+class _Block(torch.nn.Module):
+    """A GPT-2 block in the usual form (pre-LayerNorm, causal self-attention through
+    F.scaled_dot_product_attention, GELU MLP), written here for the check."""
+
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(),
+                                       torch.nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        B, T, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (t.view(B, T, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(B, T, d))
+        return x + self.mlp(self.ln2(x))
+
+
+class _TinyGPT(torch.nn.Module):
+    def __init__(self, vocab=65, d=192, heads=6, layers=4, block=256):
+        super().__init__()
+        self.tok, self.pos = torch.nn.Embedding(vocab, d), torch.nn.Embedding(block, d)
+        self.blocks = torch.nn.Sequential(*[_Block(d, heads) for _ in range(layers)])
+        self.ln, self.head = torch.nn.LayerNorm(d), torch.nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx, targets):
+        T = idx.shape[1]
+        x = self.blocks(self.tok(idx) + self.pos(torch.arange(T)))
+        logits = self.head(self.ln(x))
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+
+def check_model():
+    """A character-level GPT in nanoGPT's shape (its code not used), unpatched and under
+    patch_sdpa: the same loss and gradients (fp32), and the time of a training step."""
+    import time
+
+    torch.manual_seed(0)
+    model = _TinyGPT()
+    g = torch.Generator().manual_seed(4)
+    idx = torch.randint(0, 65, (8, 256), generator=g)
+    targets = torch.randint(0, 65, (8, 256), generator=g)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        loss = model(idx, targets)
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    loss_t, grads_t = step()
+    with attn.sdpa_patched():
+        loss_a, grads_a = step()
+    dgrad = max((a - b).abs().max().item() for a, b in zip(grads_a, grads_t))
+    times = {}
+    for name, patched in (("torch", False), ("attn", True)):
+        ctx = attn.sdpa_patched() if patched else contextlib.nullcontext()
+        with ctx:
+            step()
+            t0 = time.perf_counter()
+            for _ in range(5):
+                step()
+            times[name] = (time.perf_counter() - t0) / 5 * 1e3
+    print(f"tiny GPT (4 layers, d 192, 6 heads, B 8, T 256), fp32: loss {loss_t.item():.6f} "
+          f"unpatched, {loss_a.item():.6f} patched (|diff| {abs(loss_a - loss_t).item():.1e}), "
+          f"largest gradient |diff| {dgrad:.1e}; training step {times['torch']:.0f} ms "
+          f"unpatched, {times['attn']:.0f} ms patched (under load, "
+          f"{torch.get_num_threads()} threads)")
+    return abs(loss_a - loss_t).item() < 1e-5 and dgrad < 1e-4
+
+
 if __name__ == "__main__":
     print(f"torch {torch.__version__}, attn {attn.__version__} (kernel target "
           f"{attn.kernel_target()}), {torch.get_num_threads()} threads")
     good = compare_sdpa()
     good &= check_patch()
+    good &= check_compile()
+    good &= check_model()
     sys.exit(0 if good else 1)
