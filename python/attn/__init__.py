@@ -20,6 +20,7 @@ from ._sdpa import (
     set_num_threads,
 )
 from ._varlen import sdpa_varlen
+from ._tokenizer import Tokenizer, get_encoding
 from ._patch import patch_sdpa, sdpa_patched, sdpa_stats, unpatch_sdpa
 from . import _attn, _sdpa
 
@@ -41,6 +42,8 @@ def kernel_target() -> str:
 __all__ = [
     "scaled_dot_product_attention",
     "sdpa_varlen",
+    "Tokenizer",
+    "get_encoding",
     "set_num_threads",
     "get_num_threads",
     "dropout_noise",

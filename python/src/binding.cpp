@@ -29,6 +29,7 @@
 
 #include "attn/sdpa.h"
 #include "attn/tensor.h"
+#include "attn/tokenizer.h"
 #include "attn/utf8.h"
 #include "kernels/philox.h"
 #include "nn/sdpa_common.h"
@@ -478,6 +479,40 @@ PYBIND11_MODULE(_attn, m) {
       },
       py::arg("noise"), py::arg("dropout_p"), py::arg("dropout_seed"),
       "Writes the dropout factors Z (0 or 1/(1-p)) the kernels apply for (b, h, i, j).");
+
+  // GPT-2's tokenizer (attn/tokenizer.h); python/attn/_tokenizer.py gives it tiktoken's API.
+  using attn::text::Tokenizer;
+  py::class_<Tokenizer>(m, "Tokenizer")
+      .def_static("gpt2", &Tokenizer::gpt2, py::return_value_policy::reference,
+                  "GPT-2's vocabulary, embedded in the library.")
+      .def_static("from_files", &Tokenizer::from_files, py::arg("vocab_json"),
+                  py::arg("merges_txt"), "A vocabulary in Hugging Face's vocab.json + merges.txt.")
+      .def(
+          "encode",
+          [](const Tokenizer& t, const std::string& text, bool allow_special, int threads) {
+            py::gil_scoped_release release;
+            return threads == 1 ? t.encode(text, allow_special)
+                                : t.encode_parallel(text, allow_special, threads);
+          },
+          py::arg("text"), py::arg("allow_special"), py::arg("threads"),
+          "The ids of UTF-8 text (threads 1: one thread; else encode_parallel's).")
+      .def(
+          "decode_bytes",
+          [](const Tokenizer& t, const std::vector<int64_t>& ids) {
+            std::string bytes;
+            {
+              py::gil_scoped_release release;
+              bytes = t.decode(ids);
+            }
+            return py::bytes(bytes);
+          },
+          py::arg("ids"), "The bytes of the tokens, joined.")
+      .def(
+          "token_bytes",
+          [](const Tokenizer& t, int64_t id) { return py::bytes(t.token_bytes(id)); },
+          py::arg("id"))
+      .def_property_readonly("vocab_size", &Tokenizer::vocab_size)
+      .def_property_readonly("eot_token", &Tokenizer::eot_token);
 
   m.def("kernel_target", [] { return std::string(attn::kernels::sdpa_target()); },
         "The SIMD target attn's sdpa kernel runs (\"AVX3\", \"AVX2\", ...).");
