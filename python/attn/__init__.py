@@ -22,7 +22,7 @@ from ._sdpa import (
 from ._varlen import sdpa_varlen
 from ._tokenizer import Tokenizer, get_encoding
 from ._patch import patch_sdpa, sdpa_patched, sdpa_stats, unpatch_sdpa
-from . import _attn, _sdpa
+from . import _attn, _sdpa, nn
 
 # torch.compile support (PyTorch >= 2.4: torch.library.custom_op): attn's
 # forward and backward registered as the custom ops attn::sdpa_forward/backward.
@@ -43,6 +43,7 @@ __all__ = [
     "scaled_dot_product_attention",
     "sdpa_varlen",
     "Tokenizer",
+    "nn",
     "get_encoding",
     "set_num_threads",
     "get_num_threads",
