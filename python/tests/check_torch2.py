@@ -275,6 +275,44 @@ def check_model():
     return abs(loss_a - loss_t).item() < 1e-5 and dgrad < 1e-4
 
 
+def check_tokenizer():
+    """attn.Tokenizer against tiktoken itself (when installed; its gpt2 encoding built
+    offline from data/gpt2 by tests/fixtures/make_tokenizer_fixtures.py): random texts,
+    the special-token rules, and decode."""
+    try:
+        import tiktoken  # noqa: F401
+    except ImportError:
+        print("tokenizer: tiktoken not installed; skipped")
+        return True
+    import os
+    import random
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.join(root, "tests", "fixtures"))
+    import make_tokenizer_fixtures
+
+    enc, tok = make_tokenizer_fixtures.gpt2(), attn.Tokenizer()
+    rng = random.Random(0)
+    pool = ["Hello", " world", "  ", "\n\n", "\t", "'s", "'ll", "123", "4.5", "ÆØÅ", "漢字",
+            "😀", "—", "<|endoftext|>", "<|endoftext", "|>", " a", "x" * 30, "\r\n", "café"]
+    texts = ["".join(rng.choice(pool) for _ in range(rng.randint(0, 40))) for _ in range(2000)]
+    bad = 0
+    for t in texts:
+        bad += tok.encode(t, allowed_special="all") != enc.encode(t, allowed_special="all")
+        bad += tok.encode_ordinary(t) != enc.encode_ordinary(t)
+        bad += tok.decode(enc.encode_ordinary(t)) != enc.decode(enc.encode_ordinary(t))
+        for fn in (tok.encode, enc.encode):
+            try:
+                fn(t)
+                raised = False
+            except ValueError:
+                raised = True
+            bad += raised != ("<|endoftext|>" in t)
+    print(f"tokenizer: {len(texts)} random texts, encode/encode_ordinary/decode/special-token "
+          f"errors against tiktoken {tiktoken.__version__}: {bad} differences")
+    return bad == 0
+
+
 if __name__ == "__main__":
     print(f"torch {torch.__version__}, attn {attn.__version__} (kernel target "
           f"{attn.kernel_target()}), {torch.get_num_threads()} threads")
@@ -282,4 +320,5 @@ if __name__ == "__main__":
     good &= check_patch()
     good &= check_compile()
     good &= check_model()
+    good &= check_tokenizer()
     sys.exit(0 if good else 1)
