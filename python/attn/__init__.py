@@ -8,7 +8,11 @@ on attn's fused kernel, forward and backward, for float32 and bfloat16 CPU
 tensors, with FlashAttention 2's window_size, alibi_slopes and softcap as
 keywords. It works with PyTorch 1.13 (which has no SDPA of its own) and 2.x:
 the extension attn._attn holds no PyTorch code, tensors reach it as data
-pointers, sizes and strides. docs/python.md has the rest.
+pointers, sizes and strides. Also: attn.sdpa_varlen (FlashAttention 2's
+varlen function), attn.patch_sdpa / attn.sdpa_patched (route PyTorch's own
+SDPA to attn, PyTorch >= 2.0), attn.nn (the book's attention modules and
+GPTModel), attn.Tokenizer (GPT-2's BPE with tiktoken's API), and
+set_num_threads / get_num_threads. docs/python.md has the rest.
 """
 
 import torch

@@ -4,6 +4,8 @@ import numpy
 
 import torch
 
+from . import nn as nn
+
 __version__: str
 
 def scaled_dot_product_attention(
