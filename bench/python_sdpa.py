@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Times attn.scaled_dot_product_attention (the Python package, docs/python.md)
+against PyTorch 2.x's torch.nn.functional.scaled_dot_product_attention in one
+run, on the same tensors: forward (under torch.no_grad) and forward+backward,
+causal, (B, H, T, D) head-major inputs, fp32 and bf16, T = 256 ... 4096.
+
+    python -m venv /tmp/attn-venv && /tmp/attn-venv/bin/pip install torch .
+    /tmp/attn-venv/bin/python bench/python_sdpa.py [--dtype float32 bfloat16]
+        [--T 256 512 1024 2048 4096] [--B 4] [--H 12] [--D 64] [--repeats 7]
+
+Both run on torch.get_num_threads() threads (attn follows PyTorch's count).
+Each figure is the median of --repeats timed calls after one warm-up; the two
+implementations alternate call by call, so a load passing over the machine
+hits both. Prints a Markdown table (ms and attn's speed-up).
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import attn
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--T", nargs="+", type=int, default=[256, 512, 1024, 2048, 4096])
+    ap.add_argument("--B", type=int, default=4)
+    ap.add_argument("--H", type=int, default=12)
+    ap.add_argument("--D", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=7)
+    args = ap.parse_args()
+    if not hasattr(F, "scaled_dot_product_attention"):
+        raise SystemExit(f"needs PyTorch >= 2.0, this is {torch.__version__}")
+
+    print(f"PyTorch {torch.__version__}, attn {attn.__version__} (kernel target "
+          f"{attn.kernel_target()}), {torch.get_num_threads()} threads, causal, "
+          f"B={args.B} H={args.H} D={args.D}")
+    print("| dtype | T | mode | PyTorch ms | attn ms | attn speed-up |")
+    print("|---|---|---|---|---|---|")
+    for dtype_name in args.dtype:
+        dtype = getattr(torch, dtype_name)
+        for T in args.T:
+            g = torch.Generator().manual_seed(T)
+            q, k, v = (torch.randn(args.B, args.H, T, args.D, generator=g).to(dtype)
+                       for _ in range(3))
+            dout = torch.randn(args.B, args.H, T, args.D, generator=g).to(dtype)
+            impls = {"torch": F.scaled_dot_product_attention,
+                     "attn": attn.scaled_dot_product_attention}
+
+            def forward(fn):
+                with torch.no_grad():
+                    fn(q, k, v, is_causal=True)
+
+            def forward_backward(fn):
+                qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))
+                fn(qq, kk, vv, is_causal=True).backward(dout)
+
+            for mode, run in (("fwd", forward), ("fwd+bwd", forward_backward)):
+                times = {name: [] for name in impls}
+                for name, fn in impls.items():
+                    run(fn)  # warm-up
+                for _ in range(args.repeats):
+                    for name, fn in impls.items():
+                        times[name].append(timed(lambda: run(fn)))
+                t_torch = statistics.median(times["torch"])
+                t_attn = statistics.median(times["attn"])
+                print(f"| {dtype_name} | {T} | {mode} | {t_torch:.1f} | {t_attn:.1f} | "
+                      f"{t_torch / t_attn:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

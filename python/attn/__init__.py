@@ -1,0 +1,61 @@
+"""attn from Python: attn's fused CPU attention kernels behind PyTorch's API.
+
+    import attn
+    out = attn.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+is torch.nn.functional.scaled_dot_product_attention (PyTorch 2.x semantics)
+on attn's fused kernel, forward and backward, for float32 and bfloat16 CPU
+tensors, with FlashAttention 2's window_size, alibi_slopes and softcap as
+keywords. It works with PyTorch 1.13 (which has no SDPA of its own) and 2.x:
+the extension attn._attn holds no PyTorch code, tensors reach it as data
+pointers, sizes and strides. Also: attn.sdpa_varlen (FlashAttention 2's
+varlen function), attn.patch_sdpa / attn.sdpa_patched (route PyTorch's own
+SDPA to attn, PyTorch >= 2.0), attn.nn (the book's attention modules and
+GPTModel), attn.Tokenizer (GPT-2's BPE with tiktoken's API), and
+set_num_threads / get_num_threads. docs/python.md has the rest.
+"""
+
+import torch
+
+from ._sdpa import (
+    dropout_noise,
+    get_num_threads,
+    scaled_dot_product_attention,
+    set_num_threads,
+)
+from ._varlen import sdpa_varlen
+from ._tokenizer import Tokenizer, get_encoding
+from ._patch import patch_sdpa, sdpa_patched, sdpa_stats, unpatch_sdpa
+from . import _attn, _sdpa, nn
+
+# torch.compile support (PyTorch >= 2.4: torch.library.custom_op): attn's
+# forward and backward registered as the custom ops attn::sdpa_forward/backward.
+if hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_fake"):
+    from . import _ops
+
+    _sdpa._OPS = _ops
+
+__version__ = "0.1.0"
+
+
+def kernel_target() -> str:
+    """The SIMD target attn's sdpa kernel runs on this CPU ("AVX3", "AVX2", ...)."""
+    return _attn.kernel_target()
+
+
+__all__ = [
+    "scaled_dot_product_attention",
+    "sdpa_varlen",
+    "Tokenizer",
+    "nn",
+    "get_encoding",
+    "set_num_threads",
+    "get_num_threads",
+    "dropout_noise",
+    "kernel_target",
+    "patch_sdpa",
+    "unpatch_sdpa",
+    "sdpa_patched",
+    "sdpa_stats",
+    "__version__",
+]

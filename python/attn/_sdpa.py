@@ -1,0 +1,389 @@
+"""attn.scaled_dot_product_attention: PyTorch 2.x's SDPA on attn's fused CPU kernel.
+
+The tensors never cross as copies: the extension (attn._attn, no PyTorch
+inside) receives each tensor's data pointer, sizes and strides, reads q, k, v
+in place and writes into tensors allocated here with torch.empty. Copies are
+made only where the kernel cannot read the caller's layout (see the docstring
+of scaled_dot_product_attention).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Tuple
+
+import torch
+
+from . import _attn
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+
+# attn.set_num_threads(n); None: follow torch.get_num_threads() at every call.
+_user_threads: Optional[int] = None
+
+# attn._ops (the torch.library custom ops) on PyTorch >= 2.4, set by attn/__init__.py.
+_OPS = None
+
+
+def _compiling() -> bool:
+    """True while torch.compile (dynamo) traces the caller."""
+    compiler = getattr(torch, "compiler", None)
+    is_compiling = getattr(compiler, "is_compiling", None)
+    if is_compiling is None:
+        dynamo = getattr(torch, "_dynamo", None)
+        is_compiling = getattr(dynamo, "is_compiling", None)
+    return bool(is_compiling()) if is_compiling is not None else False
+
+
+def set_num_threads(n: Optional[int]) -> None:
+    """Runs attn's kernels on n OpenMP threads; None goes back to following
+    torch.get_num_threads() (the default, so that attn and PyTorch's intra-op
+    pool share the cores instead of oversubscribing them)."""
+    global _user_threads
+    if n is not None:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"attn.set_num_threads: n must be an int >= 1 or None, got {n!r}")
+    _user_threads = n
+
+
+def get_num_threads() -> int:
+    """The thread count attn's next call will use."""
+    return _user_threads if _user_threads is not None else torch.get_num_threads()
+
+
+def _ref(t: torch.Tensor):
+    return (t.data_ptr(), _DTYPE_NAMES[t.dtype], tuple(t.shape), tuple(t.stride()))
+
+
+def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
+    # The kernel reads rows of the last dim with stride 1: anything else is copied.
+    return t if t.shape[-1] == 1 or t.stride(-1) == 1 else t.contiguous()
+
+
+class _Options:
+    __slots__ = ("is_causal", "bottom_right", "scale", "softcap", "window_left",
+                 "window_right", "dropout_p", "dropout_seed", "enable_gqa")
+
+    def kwargs(self, threads: int) -> dict:
+        d = {name: getattr(self, name) for name in self.__slots__}
+        d["threads"] = threads
+        return d
+
+
+def _forward(q, k, v, mask, alibi, opts: _Options):
+    B, Hq, Tq = q.shape[0], q.shape[1], q.shape[2]
+    out = torch.empty((B, Hq, Tq, v.shape[3]), dtype=q.dtype)
+    lse = torch.empty((B, Hq, Tq), dtype=torch.float32)
+    _attn.sdpa_forward(_ref(q), _ref(k), _ref(v), _ref(out), _ref(lse),
+                       None if mask is None else _ref(mask),
+                       None if alibi is None else _ref(alibi),
+                       **opts.kwargs(get_num_threads()))
+    return out, lse
+
+
+class _SdpaFunction(torch.autograd.Function):
+    """out = SDPA(q, k, v); backward runs attn's fused backward on the saved out and lse."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, alibi, opts):  # type: ignore[override]
+        out, lse = _forward(q, k, v, mask, alibi, opts)
+        ctx.save_for_backward(q, k, v, out, lse, mask, alibi)
+        ctx.opts = opts
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):  # type: ignore[override]
+        q, k, v, out, lse, mask, alibi = ctx.saved_tensors
+        dout = _rows_contiguous(dout)
+        dq = torch.empty(q.shape, dtype=q.dtype)
+        dk = torch.empty(k.shape, dtype=k.dtype)
+        dv = torch.empty(v.shape, dtype=v.dtype)
+        _attn.sdpa_backward(_ref(dout), _ref(q), _ref(k), _ref(v), _ref(out), _ref(lse),
+                            _ref(dq), _ref(dk), _ref(dv),
+                            None if mask is None else _ref(mask),
+                            None if alibi is None else _ref(alibi),
+                            **ctx.opts.kwargs(get_num_threads()))
+        return dq, dk, dv, None, None, None
+
+
+def _check_tensor(name: str, t) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"scaled_dot_product_attention(): {name} must be a Tensor, "
+                        f"got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise RuntimeError(f"attn.scaled_dot_product_attention: {name} is on device "
+                           f"{t.device}; attn runs on CPU tensors only")
+    if t.layout != torch.strided:
+        raise RuntimeError(f"attn.scaled_dot_product_attention: {name} has layout "
+                           f"{t.layout}; only dense (strided) tensors are supported")
+
+
+def _as_4d(name: str, t: torch.Tensor, lead: Tuple[int, ...]) -> torch.Tensor:
+    # (*lead, H, T, D) -> (B, H, T, D): a view whenever the strides allow (always
+    # for 2-D to 4-D inputs), else torch.reshape's copy.
+    if t.dim() == 2:
+        return t.unsqueeze(0).unsqueeze(0)
+    if t.dim() == 3:
+        return t.unsqueeze(0)
+    if t.dim() == 4:
+        return t
+    if tuple(t.shape[:-3]) != lead:
+        raise RuntimeError(
+            f"attn.scaled_dot_product_attention: query, key and value must have the same "
+            f"batch dims, got query {tuple(lead)} and {name} {tuple(t.shape[:-3])} "
+            f"(attn does not broadcast batch dims)")
+    return t.reshape((-1,) + tuple(t.shape[-3:]))
+
+
+def _additive_mask(attn_mask: torch.Tensor, q: torch.Tensor, lead, Hq, L, S, B) -> torch.Tensor:
+    """attn_mask (broadcastable to (*lead, Hq, L, S)) as the kernel's additive
+    float32 mask of 4 dims (B, Hq, L, S), broadcast dims of size 1."""
+    full = tuple(lead) + (Hq, L, S)
+    m = attn_mask
+    if m.dim() > len(full):
+        raise RuntimeError(f"attn.scaled_dot_product_attention: attn_mask of shape "
+                           f"{tuple(m.shape)} has more dims than the attention weights {full}")
+    for d in range(1, m.dim() + 1):
+        if m.shape[-d] != 1 and m.shape[-d] != full[-d]:
+            raise RuntimeError(
+                f"attn.scaled_dot_product_attention: attn_mask of shape {tuple(m.shape)} is not "
+                f"broadcastable to the attention weights of shape {full}")
+    if m.dtype == torch.bool:
+        m = torch.zeros(m.shape, dtype=torch.float32).masked_fill_(~m, -math.inf)
+    elif m.dtype in (torch.float32, torch.bfloat16):
+        if m.dtype != torch.float32 and m.dtype != q.dtype:
+            raise RuntimeError(
+                f"attn.scaled_dot_product_attention: Expected attn_mask dtype to be bool or "
+                f"float or to match query dtype, but got attn_mask.dtype: {m.dtype} and "
+                f"query.dtype: {q.dtype} instead.")
+        # (Not while torch.compile traces: a data-dependent branch would break the graph.)
+        if not _compiling() and (bool(torch.isnan(m).any()) or bool(torch.isposinf(m).any())):
+            raise ValueError("attn.scaled_dot_product_attention: a float attn_mask must hold "
+                             "finite values or -inf (NaN or +inf would make a row NaN)")
+        m = m.to(torch.float32)  # no copy when already float32
+    else:
+        raise RuntimeError(
+            f"attn.scaled_dot_product_attention: Expected attn_mask dtype to be bool or float "
+            f"or to match query dtype, but got attn_mask.dtype: {m.dtype} and "
+            f"query.dtype: {q.dtype} instead.")
+    # Pad to the weights' dims, then fold the batch dims into one.
+    m = m.reshape((1,) * (len(full) - m.dim()) + tuple(m.shape))
+    if len(full) == 4:
+        return m
+    nlead = len(lead)
+    if all(s == 1 for s in m.shape[:nlead]):
+        return m.reshape((1,) + tuple(m.shape[nlead:]))
+    return m.expand(full[:nlead] + tuple(m.shape[nlead:])).reshape((B,) + tuple(m.shape[nlead:]))
+
+
+def _math_sdpa(q, k, v, mask, opts: _Options):
+    # PyTorch's own maths, for the inputs the kernel has no work for (a zero-sized dim).
+    if opts.enable_gqa and k.shape[-3] != q.shape[-3]:
+        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+        v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
+    s = (q @ k.transpose(-2, -1)) * opts.scale
+    if mask is not None:
+        s = s + mask.to(s.dtype)
+    if opts.is_causal:
+        L, S = s.shape[-2], s.shape[-1]
+        s = s.masked_fill(torch.ones(L, S, dtype=torch.bool).tril().logical_not(), -math.inf)
+    return torch.softmax(s, dim=-1) @ v
+
+
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: Optional[torch.Tensor] = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+    *,
+    window_size: Optional[Sequence[int]] = None,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    softcap: float = 0.0,
+    causal_alignment: str = "top_left",
+    dropout_seed: Optional[int] = None,
+) -> torch.Tensor:
+    """torch.nn.functional.scaled_dot_product_attention (PyTorch 2.x) on attn's
+    fused CPU kernel, forward and backward.
+
+    query (N, ..., Hq, L, E), key (N, ..., Hkv, S, E), value (N, ..., Hkv, S, Ev)
+    -> (N, ..., Hq, L, Ev); also (L, E) and (H, L, E) inputs. CPU tensors,
+    all float32 or all bfloat16 (bf16: the kernel widens each tile to fp32 and
+    rounds the results once, as PyTorch's CPU SDPA on bf16).
+
+    attn_mask: bool (True = may attend) or float (added to the scores: float32,
+        or query's dtype), broadcastable to (N, ..., Hq, L, S). A bool mask, or
+        a bf16 one, is converted to an additive float32 mask of its own shape
+        (a copy of the mask only).
+    dropout_p: in [0, 1). The noise comes from attn's counter-based Philox
+        stream (not PyTorch's), keyed by a seed drawn from torch's default
+        generator, so torch.manual_seed makes it repeatable; backward applies
+        the same noise.
+    is_causal: query i sees keys j <= i (top-left diagonal, as PyTorch's).
+        PyTorch refuses attn_mask with is_causal; so does this function.
+    scale: default 1 / sqrt(E).
+    enable_gqa: Hq a multiple of Hkv; key/value heads are shared without copies.
+
+    FlashAttention-2's extras (keywords only):
+    window_size: (left, right), -1 for unbounded: query i sees keys
+        i - left <= j <= i + right (sliding-window attention).
+    alibi_slopes: float32 (Hq) or (N, Hq): adds -slope * |i - j| to the scores.
+    softcap: > 0 caps the scores as softcap * tanh(s / softcap) (Gemma 2).
+    causal_alignment: "top_left" (PyTorch's) or "bottom_right" (FlashAttention 2's,
+        a KV-cache decoder's: the last query sees the last key); it also places
+        the window and the ALiBi distance when L != S.
+    dropout_seed: the Philox key of the dropout noise (default: drawn from
+        torch's generator); attn.dropout_noise gives the factors it applies.
+
+    A row that may attend to no key gives 0 (and zero gradients), not NaN.
+
+    Copies: none of query, key, value when their last dim has stride 1 (any
+    other strides are read in place: transposed (B, L, H, E) views, slices of a
+    fused qkv buffer); an input whose last stride is not 1 is copied first, and
+    so is one with more than one leading batch dim that cannot be folded into a
+    view. The output is a new contiguous (..., Hq, L, Ev) tensor.
+
+    Autograd: gradients for query, key and value through attn's fused
+    backward (the forward's output and log-sum-exp are kept for it); none for
+    attn_mask (an attn_mask that requires grad is refused) or alibi_slopes.
+    Threads: attn.get_num_threads() (torch.get_num_threads() unless
+    attn.set_num_threads was called).
+    torch.compile (PyTorch >= 2.4): traced as the custom ops attn::sdpa_forward
+    and attn::sdpa_backward, so the graph does not break (dropout without a
+    dropout_seed still does: the seed is read from torch's generator).
+    """
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        _check_tensor(name, t)
+    if not (query.dtype == key.dtype == value.dtype):
+        raise RuntimeError(
+            f"attn.scaled_dot_product_attention: Expected query, key, and value to have the "
+            f"same dtype, but got query.dtype: {query.dtype} key.dtype: {key.dtype} and "
+            f"value.dtype: {value.dtype} instead.")
+    if query.dtype not in _DTYPE_NAMES:
+        raise RuntimeError(f"attn.scaled_dot_product_attention: query, key and value have "
+                           f"dtype {query.dtype}; attn supports torch.float32 and torch.bfloat16")
+    if not (query.dim() >= 2 and key.dim() == query.dim() and value.dim() == query.dim()):
+        raise RuntimeError(
+            f"attn.scaled_dot_product_attention: query, key and value must have the same "
+            f"number of dims, at least 2, got query {tuple(query.shape)}, key "
+            f"{tuple(key.shape)}, value {tuple(value.shape)}")
+    L, E = query.shape[-2], query.shape[-1]
+    S, Ev = key.shape[-2], value.shape[-1]
+    if key.shape[-1] != E:
+        raise RuntimeError(f"attn.scaled_dot_product_attention: query and key must have the "
+                           f"same head dim (last dim), got query {tuple(query.shape)} and key "
+                           f"{tuple(key.shape)}")
+    if value.shape[-2] != S:
+        raise RuntimeError(f"attn.scaled_dot_product_attention: key and value must have the "
+                           f"same sequence length (dim -2), got key {tuple(key.shape)} and "
+                           f"value {tuple(value.shape)}")
+    if query.dim() >= 3:
+        Hq, Hkv = query.shape[-3], key.shape[-3]
+        if value.shape[-3] != Hkv:
+            raise RuntimeError(f"attn.scaled_dot_product_attention: key and value must have "
+                               f"the same number of heads (dim -3), got key {tuple(key.shape)} "
+                               f"and value {tuple(value.shape)}")
+        if Hq != Hkv and not enable_gqa:
+            raise RuntimeError(
+                f"attn.scaled_dot_product_attention: query has {Hq} heads and key/value "
+                f"{Hkv} (dim -3): pass enable_gqa=True for grouped-query attention")
+        if Hq != Hkv and (Hkv == 0 or Hq % Hkv != 0):
+            raise RuntimeError(
+                f"attn.scaled_dot_product_attention: enable_gqa: query's heads ({Hq}) must be "
+                f"a multiple of key's and value's ({Hkv})")
+        if query.dim() >= 4 and (key.shape[:-3] != query.shape[:-3]
+                                 or value.shape[:-3] != query.shape[:-3]):
+            raise RuntimeError(
+                f"attn.scaled_dot_product_attention: query, key and value must have the same "
+                f"batch dims, got query {tuple(query.shape)}, key {tuple(key.shape)}, value "
+                f"{tuple(value.shape)} (attn does not broadcast batch dims)")
+    else:
+        Hq = 1
+    if attn_mask is not None:
+        _check_tensor("attn_mask", attn_mask)
+        if is_causal:
+            raise RuntimeError("attn.scaled_dot_product_attention: Explicit attn_mask should "
+                               "not be set when is_causal=True")
+        if attn_mask.requires_grad and torch.is_grad_enabled():
+            raise RuntimeError("attn.scaled_dot_product_attention: an attn_mask that requires "
+                               "grad is not supported (attn's kernel gives no mask gradient)")
+    if not (0.0 <= float(dropout_p) < 1.0):
+        raise ValueError(f"attn.scaled_dot_product_attention: dropout_p must be in [0, 1), "
+                         f"got {dropout_p}")
+    if causal_alignment not in ("top_left", "bottom_right"):
+        raise ValueError(f"attn.scaled_dot_product_attention: causal_alignment must be "
+                         f"'top_left' or 'bottom_right', got {causal_alignment!r}")
+    window_left, window_right = (-1, -1) if window_size is None else tuple(window_size)
+
+    opts = _Options()
+    opts.is_causal = bool(is_causal)
+    opts.bottom_right = causal_alignment == "bottom_right"
+    opts.scale = float(scale) if scale is not None else 1.0 / math.sqrt(E) if E > 0 else 1.0
+    opts.softcap = float(softcap)
+    opts.window_left, opts.window_right = int(window_left), int(window_right)
+    opts.dropout_p = float(dropout_p)
+    opts.dropout_seed = 0
+    opts.enable_gqa = bool(enable_gqa)
+
+    lead = tuple(query.shape[:-3])
+    if query.numel() == 0 or key.numel() == 0 or value.numel() == 0:
+        if (opts.softcap or window_size is not None or alibi_slopes is not None
+                or opts.dropout_p > 0 or opts.bottom_right):
+            raise ValueError("attn.scaled_dot_product_attention: an empty input works only "
+                             "without dropout, window_size, alibi_slopes, softcap and "
+                             "causal_alignment")
+        return _math_sdpa(query, key, value, attn_mask, opts)
+
+    q = _rows_contiguous(_as_4d("query", query, lead))
+    k = _rows_contiguous(_as_4d("key", key, lead))
+    v = _rows_contiguous(_as_4d("value", value, lead))
+    B = q.shape[0]
+    mask = None if attn_mask is None else _additive_mask(attn_mask, query, lead, Hq, L, S, B)
+    alibi = None
+    if alibi_slopes is not None:
+        _check_tensor("alibi_slopes", alibi_slopes)
+        if alibi_slopes.dtype != torch.float32:
+            raise RuntimeError(f"attn.scaled_dot_product_attention: alibi_slopes must be "
+                               f"float32, got {alibi_slopes.dtype}")
+        Hq4 = q.shape[1]
+        a = alibi_slopes.reshape(-1, alibi_slopes.shape[-1]) if alibi_slopes.dim() >= 1 else None
+        if a is None or a.shape[-1] != Hq4 or (alibi_slopes.dim() > 1 and a.shape[0] not in (1, B)):
+            raise RuntimeError(
+                f"attn.scaled_dot_product_attention: alibi_slopes must be (Hq,) = ({Hq4},) or "
+                f"(N, ..., Hq) with query's batch dims, got {tuple(alibi_slopes.shape)} for "
+                f"query {tuple(query.shape)}")
+        alibi = (a[0] if a.shape[0] == 1 else a).contiguous()
+    if dropout_seed is not None:
+        if not 0 <= int(dropout_seed) < 2**64:
+            raise ValueError(f"attn.scaled_dot_product_attention: dropout_seed must be in "
+                             f"[0, 2**64), got {dropout_seed}")
+        opts.dropout_seed = int(dropout_seed)
+    elif opts.dropout_p > 0.0:
+        # From torch's default generator: torch.manual_seed makes the noise repeatable.
+        opts.dropout_seed = int(torch.randint(0, 2**62, (), dtype=torch.int64).item())
+
+    if _OPS is not None and _compiling():
+        # torch.compile: attn's forward and backward as custom ops (one graph node each).
+        out = _OPS.apply(q, k, v, mask, alibi, opts)
+    elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        out = _SdpaFunction.apply(q, k, v, mask, alibi, opts)
+    else:
+        out, _ = _forward(q, k, v, mask, alibi, opts)
+    if query.dim() == 4:
+        return out
+    if query.dim() == 2:
+        return out[0, 0]
+    if query.dim() == 3:
+        return out[0]
+    return out.reshape(lead + tuple(out.shape[1:]))
+
+
+def dropout_noise(shape: Sequence[int], dropout_p: float, seed: int) -> torch.Tensor:
+    """The dropout factors Z (B, H, L, S), 0 or 1/(1-p), that attn's kernel applies
+    for `seed` (for tests: out = (softmax(scores) * Z) @ V)."""
+    z = torch.empty(tuple(shape), dtype=torch.float32)
+    _attn.dropout_noise(_ref(z), float(dropout_p), int(seed))
+    return z
