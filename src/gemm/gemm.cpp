@@ -25,6 +25,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "attn/tensor.h"
@@ -219,34 +220,39 @@ std::atomic<int> g_forced{-1};
 // The product the choice is measured on: a GPT-2 small layer's QKV projection
 // of 512 tokens, (512, 768) · (768, 2304), 1.8 GFLOP: a few ms per run on a
 // laptop's cores. (On the Xeon of this project's tests OpenBLAS's SkylakeX
-// sgemm beats oneDNN's at 2048³, oneDNN wins at the GPT's shapes; docs/gemm.md.)
+// sgemm beats oneDNN's at 2048³; at GPT-2's shapes the two were within noise
+// of each other under load; docs/gemm.md.)
 constexpr int64_t kProbeM = 512, kProbeN = 2304, kProbeK = 768;
 
 #ifdef ATTN_HAVE_ONEDNN
-// GFLOP/s of `lib` on the probe's product: the best of 3 runs after one
-// warm-up (oneDNN's JIT, the BLAS's threads).
-double probe_rate(FastLib lib) {
+// The GFLOP/s of oneDNN and of the BLAS on the probe's product: one warm-up
+// run of each (oneDNN's JIT, the threads), then three rounds of one run of
+// each, in turn, so that a busy machine slows both alike; the best run counts.
+std::pair<double, double> probe_rates() {
   std::vector<float> a(size_t(kProbeM * kProbeK)), b(size_t(kProbeK * kProbeN)),
       c(size_t(kProbeM * kProbeN));
   for (size_t i = 0; i < a.size(); ++i) a[i] = 0.01f * float(int(i % 13) - 6);
   for (size_t i = 0; i < b.size(); ++i) b[i] = 0.01f * float(int(i % 11) - 5);
   const GemmArgs g{kProbeM, kProbeN, kProbeK, kProbeK, kProbeN, kProbeN};
-  const auto run = [&] {
+  // GFLOP/s of one run of `lib`.
+  const auto rate = [&](FastLib lib) {
+    const auto t0 = std::chrono::steady_clock::now();
     if (lib == kOneDnn) {
       onednn_sgemm("gemm::fast_gemm_engine", Trans::kNo, Trans::kNo, kProbeM, kProbeN, kProbeK,
                    1.0f, a.data(), kProbeK, b.data(), kProbeN, 0.0f, c.data(), kProbeN);
-      return;
+    } else {
+      blas_rows_parallel(Trans::kNo, Trans::kNo, g, 1.0f, a.data(), b.data(), 0.0f, c.data());
     }
-    blas_rows_parallel(Trans::kNo, Trans::kNo, g, 1.0f, a.data(), b.data(), 0.0f, c.data());
-  };
-  double best = 0;
-  for (int rep = 0; rep < 4; ++rep) {
-    const auto t0 = std::chrono::steady_clock::now();
-    run();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (rep > 0) best = std::max(best, 2.0 * kProbeM * kProbeN * kProbeK / s * 1e-9);
+    return 2.0 * kProbeM * kProbeN * kProbeK / s * 1e-9;
+  };
+  rate(kOneDnn), rate(kBlasLib);
+  double onednn = 0, blas = 0;
+  for (int round = 0; round < 3; ++round) {
+    onednn = std::max(onednn, rate(kOneDnn));
+    blas = std::max(blas, rate(kBlasLib));
   }
-  return best;
+  return {onednn, blas};
 }
 #endif
 
@@ -261,9 +267,7 @@ const Measured& measured() {
   static const Measured m = [] {
     Measured r;
 #ifdef ATTN_HAVE_ONEDNN
-    // oneDNN first: the BLAS's idle threads spin for a while after a call.
-    r.onednn_gflops = probe_rate(kOneDnn);
-    r.blas_gflops = probe_rate(kBlasLib);
+    std::tie(r.onednn_gflops, r.blas_gflops) = probe_rates();
     // The BLAS must win clearly: the choice should not flip with noise.
     r.lib = r.blas_gflops > 1.1 * r.onednn_gflops ? kBlasLib : kOneDnn;
     r.reason = fmt::format(
