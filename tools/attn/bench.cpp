@@ -608,7 +608,7 @@ constexpr const char* kFooter =
 
 constexpr const char* kForcingHelp =
     "Forcing a path (read once at start; an unknown name is an error listing the valid ones):\n"
-    "  ATTN_SIMD_TARGET=NAME   the kernels' SIMD target (--target), e.g. AVX2, SSE4, EMU128\n"
+    "  ATTN_SIMD_TARGET=NAME   the kernels' SIMD target (--target), e.g. AVX2 or SSE4\n"
     "  ATTN_BF16_PATH=NAME     the bf16 attention path (--bf16-path), e.g. 'widened to fp32'\n"
     "  ATTN_GEMM_ENGINE=NAME   the fast gemm engine: onednn, blas or auto (the faster on a\n"
     "                          512x768x2304 product, measured once; docs/gemm.md)\n";
@@ -1080,10 +1080,12 @@ Command add_bench_command(CLI::App& app) {
             gemm::fast_gemm_reason());
       }
       if (peak > 0 && sgemm_fast < 0.5 * peak)
-        fmt::print("warning: the fast engine ({}{}) runs sgemm at {:.1f}% of the fp32 FMA peak\n",
-                   gemm::fast_gemm_name(),
-                   gemm::fast_gemm_engine() == std::string("blas") ? pinned : "",
-                   100.0 * sgemm_fast / peak);
+        fmt::print(
+            "warning: the fast engine ({}{}) runs sgemm at {:.1f}% of the fp32 FMA peak (or "
+            "the machine is busy: the peaks are timed on CPU time, sgemm on the wall "
+            "clock)\n",
+            gemm::fast_gemm_name(), gemm::fast_gemm_engine() == std::string("blas") ? pinned : "",
+            100.0 * sgemm_fast / peak);
       fmt::print("\n");
       print_table_header();
     }
