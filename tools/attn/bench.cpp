@@ -1075,7 +1075,8 @@ Command add_bench_command(CLI::App& app) {
         fmt::print(
             "warning: the BLAS engine ({}{}) runs sgemm at {:.1f}% of the fp32 FMA peak; the "
             "chapter modules keep it for PyTorch's sums, the GPT, training, generation, the "
-            "fused paths and the benchmarks use the fast engine ({}, {})\n",
+            "fused paths and the benchmarks use the fast engine ({}, {}); a busy machine reads "
+            "low too\n",
             gemm::blas_name(), pinned, 100.0 * sgemm_blas / peak, gemm::fast_gemm_name(),
             gemm::fast_gemm_reason());
       }
