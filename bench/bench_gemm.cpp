@@ -81,7 +81,14 @@ void Shapes(benchmark::internal::Benchmark* b) {
                                                     {16384, 65, 384, kNo, kYes},
                                                     {65, 384, 16384, kYes, kNo},
                                                     {16384, 384, 65, kNo, kNo},
-                                                    {2048, 2048, 2048, kNo, kNo}};
+                                                    {2048, 2048, 2048, kNo, kNo},
+                                                    // GPT-2 small (E 768), x · Wᵀ: QKV of 256
+                                                    // tokens, fc and proj of 1024, and the
+                                                    // product the fast engine is chosen on
+                                                    {256, 2304, 768, kNo, kYes},
+                                                    {1024, 3072, 768, kNo, kYes},
+                                                    {1024, 768, 3072, kNo, kYes},
+                                                    {512, 2304, 768, kNo, kNo}};
   for (const auto& s : shapes) {
     for (const int64_t engine : {0, 1, 2}) b->Args({engine, s[0], s[1], s[2], s[3], s[4]});
   }

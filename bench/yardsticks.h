@@ -1,5 +1,5 @@
 // bench/yardsticks.h - what the Google Benchmark programs report their rates
-// against, measured once at start-up: the BLAS's sgemm (bench/sgemm_rate.h)
+// against, measured once at start-up: the fast engine's sgemm (bench/sgemm_rate.h)
 // and the CPU's fp32 multiply-add peak on the kernel's SIMD target
 // (kernels::fma_peak_gflops). Counters per benchmark:
 //   GFLOP         useful GFLOP/s (iteration-invariant rate)
@@ -32,14 +32,15 @@ inline Yardsticks& yardsticks() {
 
 // Measures both (unless ATTN_BENCH_SKIP_SGEMM=1) and prints them.
 inline void measure_yardsticks() {
+  kernels::apply_path_environment();  // ATTN_SIMD_TARGET, ATTN_BF16_PATH (docs/gemm.md)
   const char* skip = std::getenv("ATTN_BENCH_SKIP_SGEMM");
   if (!(skip && *skip == '1')) {
     yardsticks().peak_gflops = kernels::fma_peak_gflops();
-    yardsticks().sgemm_gflops = sgemm_gflops();
+    yardsticks().sgemm_gflops = sgemm_gflops(4096, 5, gemm::Engine::kFast);
   }
   std::printf("fp32 FMA peak (%s, median of 5): %.1f GFLOP/s\n", kernels::flash_attention_target(),
               yardsticks().peak_gflops);
-  std::printf("sgemm 4096^3 (%s, median of 5): %.1f GFLOP/s\n", gemm::blas_name(),
+  std::printf("sgemm 4096^3 (%s, median of 5): %.1f GFLOP/s\n", gemm::fast_gemm_name(),
               yardsticks().sgemm_gflops);
 }
 
@@ -49,7 +50,8 @@ inline void add_rate_counters(benchmark::State& state, double flops_per_iter) {
   state.counters["GFLOP"] = benchmark::Counter(gflop, kRate);
   state.counters["pct_of_sgemm"] =
       benchmark::Counter(gflop * 100.0 / yardsticks().sgemm_gflops, kRate);
-  state.counters["pct_of_peak"] = benchmark::Counter(gflop * 100.0 / yardsticks().peak_gflops, kRate);
+  state.counters["pct_of_peak"] =
+      benchmark::Counter(gflop * 100.0 / yardsticks().peak_gflops, kRate);
 }
 
 }  // namespace attn::bench

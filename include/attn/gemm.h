@@ -8,12 +8,21 @@
 // Two engines multiply (Engine below):
 // - kBlas, the system BLAS (OpenBLAS): the library Debian's PyTorch 1.13 calls,
 //   so the reference path sums in PyTorch's order and prints PyTorch's digits.
-// - kFast, oneDNN's sgemm (Debian's libdnnl) when attn is built with it
-//   (ATTN_WITH_ONEDNN, on by default when found), else the BLAS: JIT kernels
-//   for the running CPU's widest vectors. On AMD Zen 4/5, whose AVX-512
-//   OpenBLAS 0.3.21 does not use, it is about twice as fast (docs/performance.md). The
-//   fused attention block and the GPT's layers (LayerImpl::kKernel) use it.
-//   It runs on OpenMP's threads (omp_get_max_threads()).
+// - kFast, the faster healthy engine of this machine: oneDNN's sgemm
+//   (Debian's libdnnl, JIT kernels for the running CPU's widest vectors;
+//   when attn is built with ATTN_WITH_ONEDNN, on by default when found) or
+//   the BLAS, whichever runs a GPT-sized product (512x768x2304) faster,
+//   measured once on first use (a few ms; the BLAS must beat oneDNN by 10%).
+//   A BLAS misdetecting the CPU or pinned to an old core (OPENBLAS_CORETYPE,
+//   e.g. Prescott kernels at 20% of the peak) thus loses to oneDNN; on AMD
+//   Zen 4/5, whose AVX-512 OpenBLAS 0.3.21 does not use, oneDNN is about
+//   twice as fast. ATTN_GEMM_ENGINE=onednn|blas|auto (read once) or
+//   fast_gemm_use() forces the choice; fast_gemm_name() and
+//   fast_gemm_reason() say what runs and why. Either way it runs on OpenMP's
+//   threads (omp_get_max_threads()): the BLAS as kFast runs one
+//   single-threaded call per block of rows, as sgemm_rows_parallel does. The
+//   fused attention block, the GPT's layers (LayerImpl::kKernel), training,
+//   generation and the benchmarks use it.
 //
 // Conventions:
 // - Row-major throughout. A matrix X of r rows and c columns "(r, c; ldx)"
@@ -40,6 +49,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace attn {
 struct BFloat16;  // attn/tensor.h: the high half of a float32's bits
@@ -118,7 +129,26 @@ void gemm_bf16_widened(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, floa
                        float* C, int64_t ldc);
 
 // What Engine::kFast runs on, e.g. "oneDNN 2.6.3 sgemm (avx512_core)", or the
-// BLAS's name when attn is built without oneDNN. A static string.
+// BLAS's name (blas_name()). A static string. Throws std::invalid_argument,
+// as every kFast product does, when ATTN_GEMM_ENGINE names no engine.
 const char* fast_gemm_name();
+// The engines kFast can run here: {"onednn", "blas"} (or {"blas"} without
+// oneDNN); the one it runs ("onednn" or "blas"); why: the measurement
+// ("measured at 512x768x2304 on 2 threads: oneDNN 210 GFLOP/s, BLAS 150
+// GFLOP/s"), "ATTN_GEMM_ENGINE=blas", "forced by gemm::fast_gemm_use" or
+// "built without oneDNN".
+std::vector<std::string> fast_gemm_engines();
+const char* fast_gemm_engine();
+std::string fast_gemm_reason();
+// The rates of the first-use measurement, GFLOP/s (measured now if it has
+// not run; 0 for an engine not built in).
+struct FastGemmRates {
+  double onednn_gflops = 0, blas_gflops = 0;
+};
+FastGemmRates fast_gemm_rates();
+// For tests and benchmarks: force kFast onto an engine of fast_gemm_engines()
+// (false for another name), or nullptr / "auto" for the automatic choice
+// (ATTN_GEMM_ENGINE, else the measurement). Not for use while products run.
+bool fast_gemm_use(const char* name);
 
 }  // namespace attn::gemm

@@ -132,18 +132,53 @@ void philox4x32(uint32_t out[4], const uint32_t counter[4], uint64_t key);
 
 // The SIMD target chosen at run time, e.g. "AVX3" or "AVX2".
 const char* flash_attention_target();
-// The machine's fp32 multiply-add peak in GFLOP/s on that target, over all
-// OpenMP threads: independent FMA chains, median of `repeats` runs of about
-// 20 ms (src/kernels/fma_peak.cpp). The hard ceiling for any fp32 kernel here;
-// benchmarks report against it beside the sgemm rate. Throws for repeats < 1.
+// ---- the machine's peaks: the ceilings "close to the limit" is measured against ----
+// What a peak probe measured (src/kernels/peak_rate.h says how): every OpenMP
+// thread runs independent accumulator chains; the chain count is swept (8..24
+// on 32-register targets, 8..14 on 16-register ones) and the fastest kept,
+// after a warm-up of >= 200 ms, as the median of `repeats` runs of >= 20 ms.
+// Cross-checked against the core clock (cpu_clock_ghz): FLOP per cycle per
+// thread must be one of the rates the vector width allows (e.g. fp32 FMA on
+// 16 lanes: 32 with one FMA unit, 64 with two); `plausible` says whether it is
+// and `verdict` says which rate it matched or why it is off.
+struct PeakProbe {
+  double gflops = 0;              // all threads, GFLOP/s (0: the CPU lacks the instruction)
+  int threads = 0;                // OpenMP threads that ran chains
+  int chains = 0;                 // independent accumulators per thread at the best rate
+  int lanes = 0;                  // fp32 results per instruction (AMX: per tile, 256)
+  double clock_ghz = 0;           // the core clock measured beside it (0: unknown)
+  double flops_per_cycle = 0;     // per thread: gflops / (threads · clock_ghz)
+  double expected_per_cycle = 0;  // the nearest rate the hardware allows
+  bool plausible = false;
+  std::string verdict;  // e.g. "2 FMA units x 16 lanes", or what is wrong
+};
+// The core clock in GHz: a chain of dependent one-cycle integer adds on the
+// calling thread, timed on the thread's CPU time (a busy machine does not
+// slow it), median of `repeats` runs of ~5 ms after a warm-up. 0 off x86-64.
+// Throws for repeats < 1.
+double cpu_clock_ghz(int repeats = 5);
+// The machine's fp32 multiply-add peak on the SIMD target the kernels run
+// (flash_attention_target()), over all OpenMP threads. The hard ceiling for
+// any fp32 kernel here; benchmarks report against it beside the sgemm rate.
+// fma_peak_gflops is its gflops. Throw for repeats < 1.
+PeakProbe fma_peak_probe(int repeats = 5);
 double fma_peak_gflops(int repeats = 5);
 // Whether the CPU has AVX512-BF16 (VDPBF16PS), asked at run time.
 bool has_avx512_bf16();
-// The bf16 dot-product peak in GFLOP/s over all OpenMP threads (VDPBF16PS
-// chains: bf16 products summed in fp32; src/kernels/bf16_peak.cpp), the
-// ceiling of a bf16 kernel on a CPU without AMX; 0 when the CPU has no
-// AVX512-BF16. Throws for repeats < 1.
+// The bf16 dot-product peak (VDPBF16PS chains: bf16 products summed in fp32;
+// src/kernels/bf16_peak.cpp), the ceiling of a bf16 kernel on the AVX512-BF16
+// path; gflops 0 when the CPU has no AVX512-BF16. Throw for repeats < 1.
+PeakProbe bf16_dot_peak_probe(int repeats = 5);
 double bf16_dot_peak_gflops(int repeats = 5);
+// Whether AMX bf16 can run here: the CPU has AMX-TILE and AMX-BF16, the OS
+// enabled the tile state (XCR0) and Linux granted this process the tile data
+// permission (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked once).
+bool has_amx_bf16();
+// The AMX bf16 peak (TDPBF16PS into four 16x16 fp32 tile accumulators;
+// src/kernels/amx_peak.cpp): gflops 0 where has_amx_bf16() is false.
+// Throw for repeats < 1.
+PeakProbe amx_bf16_peak_probe(int repeats = 5);
+double amx_bf16_peak_gflops(int repeats = 5);
 // For tests and benchmarks: the targets compiled in that this CPU can run,
 // best first (e.g. {"AVX3", "AVX2", "SSE4", "EMU128"}), and a way to run the
 // kernels with one of them. Returns false for a name not in that list, and
@@ -151,6 +186,15 @@ double bf16_dot_peak_gflops(int repeats = 5);
 // Highway's process-wide target choice: not for use while kernels run.
 std::vector<std::string> flash_attention_targets();
 bool flash_attention_use_target(const char* name);
+
+// The paths forced by the environment (read once, by the first call; the attn
+// CLI and the benchmarks call it at start-up, a program may call it too):
+//   ATTN_SIMD_TARGET  a name of flash_attention_targets(): flash_attention_use_target
+//   ATTN_BF16_PATH    a name of flash_attention_bf16_paths(): flash_attention_bf16_use_path
+// (ATTN_GEMM_ENGINE is read by attn/gemm.h's fast engine.) Unset or empty:
+// the automatic choice. An unknown name throws std::invalid_argument naming
+// the variable, the value and the valid names, on this and every later call.
+void apply_path_environment();
 
 // Throws std::invalid_argument naming the offending value; fills the
 // defaulted strides and scale. Called by every function above.

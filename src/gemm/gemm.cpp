@@ -13,7 +13,10 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <memory>
@@ -22,9 +25,11 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "attn/tensor.h"
+#include "attn/utf8.h"
 
 namespace attn::gemm {
 namespace {
@@ -181,38 +186,11 @@ bool empty_product(const GemmArgs& g, float beta, float* C) {
 // Row blocks smaller than this are not worth a thread of their own.
 constexpr int64_t kMinRowsPerThread = 64;
 
-}  // namespace
-
-void sgemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
-           Engine engine) {
-  const GemmArgs g = check_gemm("gemm::sgemm", ta, tb, M, N, K, lda, ldb, ldc);
-  if (empty_product(g, beta, C)) return;
-#ifdef ATTN_HAVE_ONEDNN
-  if (engine == Engine::kFast) {
-    onednn_sgemm("gemm::sgemm", ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    return;
-  }
-#else
-  (void)engine;
-#endif
-  cblas_sgemm(CblasRowMajor, cblas_trans(ta), cblas_trans(tb), g.M, g.N, g.K, alpha, A, g.lda, B,
-              g.ldb, beta, C, g.ldc);
-}
-
-void sgemm_rows_parallel(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,
-                         const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
-                         float* C, int64_t ldc, Engine engine) {
-  const GemmArgs g = check_gemm("gemm::sgemm_rows_parallel", ta, tb, M, N, K, lda, ldb, ldc);
-  if (empty_product(g, beta, C)) return;
-#ifdef ATTN_HAVE_ONEDNN
-  if (engine == Engine::kFast) {  // oneDNN splits the product over OpenMP's threads itself
-    onednn_sgemm("gemm::sgemm_rows_parallel", ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    return;
-  }
-#else
-  (void)engine;
-#endif
+// sgemm_rows_parallel's BLAS path: the rows of C split over OpenMP threads,
+// one single-threaded BLAS call each (arguments checked).
+void blas_rows_parallel(Trans ta, Trans tb, const GemmArgs& g, float alpha, const float* A,
+                        const float* B, float beta, float* C) {
+  const int64_t M = g.M, lda = g.lda, ldc = g.ldc;
   // Rows [r0, r1) of C = rows [r0, r1) of op(A) times op(B): those rows start
   // at row r0 of A, or at column r0 of A when A is stored transposed.
   const auto block = [&](int64_t r0, int64_t r1) {
@@ -231,6 +209,145 @@ void sgemm_rows_parallel(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, fl
 #pragma omp parallel for num_threads(static_cast <int>(n)) schedule(static)
   for (int64_t i = 0; i < n; ++i) block(M * i / n, M * (i + 1) / n);
   set_threads(saved_blas_threads);
+}
+
+// ---- Engine::kFast: which library, measured once ---------------------------------------
+// kOneDnn only with oneDNN built in. g_forced: -1 automatic, else a FastLib.
+enum FastLib : int { kOneDnn = 0, kBlasLib = 1 };
+constexpr const char* kFastLibNames[] = {"onednn", "blas"};
+std::atomic<int> g_forced{-1};
+
+// The product the choice is measured on: a GPT-2 small layer's QKV projection
+// of 512 tokens, (512, 768) · (768, 2304), 1.8 GFLOP: a few ms per run on a
+// laptop's cores. (On the Xeon of this project's tests OpenBLAS's SkylakeX
+// sgemm beats oneDNN's at 2048³; at GPT-2's shapes the two were within noise
+// of each other under load; docs/gemm.md.)
+constexpr int64_t kProbeM = 512, kProbeN = 2304, kProbeK = 768;
+
+#ifdef ATTN_HAVE_ONEDNN
+// The GFLOP/s of oneDNN and of the BLAS on the probe's product: one warm-up
+// run of each (oneDNN's JIT, the threads), then three rounds of one run of
+// each, in turn, so that a busy machine slows both alike; the best run counts.
+std::pair<double, double> probe_rates() {
+  std::vector<float> a(size_t(kProbeM * kProbeK)), b(size_t(kProbeK * kProbeN)),
+      c(size_t(kProbeM * kProbeN));
+  for (size_t i = 0; i < a.size(); ++i) a[i] = 0.01f * float(int(i % 13) - 6);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = 0.01f * float(int(i % 11) - 5);
+  const GemmArgs g{kProbeM, kProbeN, kProbeK, kProbeK, kProbeN, kProbeN};
+  // GFLOP/s of one run of `lib`.
+  const auto rate = [&](FastLib lib) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (lib == kOneDnn) {
+      onednn_sgemm("gemm::fast_gemm_engine", Trans::kNo, Trans::kNo, kProbeM, kProbeN, kProbeK,
+                   1.0f, a.data(), kProbeK, b.data(), kProbeN, 0.0f, c.data(), kProbeN);
+    } else {
+      blas_rows_parallel(Trans::kNo, Trans::kNo, g, 1.0f, a.data(), b.data(), 0.0f, c.data());
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return 2.0 * kProbeM * kProbeN * kProbeK / s * 1e-9;
+  };
+  rate(kOneDnn), rate(kBlasLib);
+  double onednn = 0, blas = 0;
+  for (int round = 0; round < 3; ++round) {
+    onednn = std::max(onednn, rate(kOneDnn));
+    blas = std::max(blas, rate(kBlasLib));
+  }
+  return {onednn, blas};
+}
+#endif
+
+// The measured choice (made once, on first need).
+struct Measured {
+  FastLib lib = kBlasLib;
+  double onednn_gflops = 0, blas_gflops = 0;
+  std::string reason;
+};
+
+const Measured& measured() {
+  static const Measured m = [] {
+    Measured r;
+#ifdef ATTN_HAVE_ONEDNN
+    std::tie(r.onednn_gflops, r.blas_gflops) = probe_rates();
+    // The BLAS must win clearly: the choice should not flip with noise.
+    r.lib = r.blas_gflops > 1.1 * r.onednn_gflops ? kBlasLib : kOneDnn;
+    r.reason = fmt::format(
+        "measured at {}x{}x{} on {} threads: oneDNN {:.0f} GFLOP/s, BLAS {:.0f} GFLOP/s{}", kProbeM,
+        kProbeK, kProbeN, omp_get_max_threads(), r.onednn_gflops, r.blas_gflops,
+        r.lib == kBlasLib ? " (BLAS > 1.1x oneDNN)" : "");
+#else
+    r.lib = kBlasLib;
+    r.reason = "built without oneDNN";
+#endif
+    return r;
+  }();
+  return m;
+}
+
+// ATTN_GEMM_ENGINE, read once: -1 unset, empty or "auto"; else a FastLib.
+int environment_engine() {
+  static const int forced = [] {
+    const char* value = std::getenv("ATTN_GEMM_ENGINE");
+    if (value == nullptr || *value == '\0' || std::string(value) == "auto") return -1;
+    for (const std::string& name : fast_gemm_engines())
+      if (name == value) return name == "onednn" ? int(kOneDnn) : int(kBlasLib);
+    return -2;  // invalid: reported by every use
+  }();
+  if (forced == -2) {
+    std::string valid;
+    for (const std::string& name : fast_gemm_engines()) valid += name + ", ";
+    throw std::invalid_argument(
+        fmt::format("gemm: ATTN_GEMM_ENGINE='{}' is not an engine of this build; valid: {}auto",
+                    printable(std::getenv("ATTN_GEMM_ENGINE")), valid));
+  }
+  return forced;
+}
+
+// The library Engine::kFast runs now.
+FastLib fast_lib() {
+  const int forced = g_forced.load(std::memory_order_relaxed);
+  if (forced >= 0) return FastLib(forced);
+  const int env = environment_engine();
+  if (env >= 0) return FastLib(env);
+  return measured().lib;
+}
+
+}  // namespace
+
+void sgemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
+           Engine engine) {
+  const GemmArgs g = check_gemm("gemm::sgemm", ta, tb, M, N, K, lda, ldb, ldc);
+  if (empty_product(g, beta, C)) return;
+  if (engine == Engine::kFast) {
+#ifdef ATTN_HAVE_ONEDNN
+    if (fast_lib() == kOneDnn) {
+      onednn_sgemm("gemm::sgemm", ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+      return;
+    }
+#endif
+    // The BLAS as the fast engine: on OpenMP's threads too (one pool for
+    // the kernels and the products; two would take turns spinning).
+    blas_rows_parallel(ta, tb, g, alpha, A, B, beta, C);
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, cblas_trans(ta), cblas_trans(tb), g.M, g.N, g.K, alpha, A, g.lda, B,
+              g.ldb, beta, C, g.ldc);
+}
+
+void sgemm_rows_parallel(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,
+                         const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+                         float* C, int64_t ldc, Engine engine) {
+  const GemmArgs g = check_gemm("gemm::sgemm_rows_parallel", ta, tb, M, N, K, lda, ldb, ldc);
+  if (empty_product(g, beta, C)) return;
+#ifdef ATTN_HAVE_ONEDNN
+  if (engine == Engine::kFast && fast_lib() == kOneDnn) {  // oneDNN splits the product itself
+    onednn_sgemm("gemm::sgemm_rows_parallel", ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+#else
+  (void)engine;
+#endif
+  blas_rows_parallel(ta, tb, g, alpha, A, B, beta, C);
 }
 
 void sgemv(Trans ta, int64_t M, int64_t N, float alpha, const float* A, int64_t lda, const float* x,
@@ -425,15 +542,15 @@ void gemm_bf16_widened(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, floa
 }
 
 const char* gemm_bf16_name() {
+  static const std::string kWidenedBlas = std::string("bf16 widened to fp32, then ") + blas_name();
 #ifdef ATTN_HAVE_ONEDNN
-  static const std::string kName =
-      onednn_has_bf16() ? onednn_version() + " matmul, bf16"
-                        : std::string("bf16 widened to fp32, then ") + fast_gemm_name();
-  return kName.c_str();
-#else
-  static const std::string kName = std::string("bf16 widened to fp32, then ") + blas_name();
-  return kName.c_str();
+  static const std::string kMatmul = onednn_version() + " matmul, bf16";
+  static const std::string kWidenedOneDnn =
+      std::string("bf16 widened to fp32, then ") + onednn_name();
+  if (onednn_has_bf16()) return kMatmul.c_str();
+  if (fast_lib() == kOneDnn) return kWidenedOneDnn.c_str();
 #endif
+  return kWidenedBlas.c_str();
 }
 
 int blas_threads() { return get_threads(); }
@@ -452,11 +569,46 @@ const char* blas_name() {
 
 const char* fast_gemm_name() {
 #ifdef ATTN_HAVE_ONEDNN
-  static const std::string kName = onednn_name();
-  return kName.c_str();
-#else
-  return blas_name();
+  static const std::string kOneDnnName = onednn_name();
+  if (fast_lib() == kOneDnn) return kOneDnnName.c_str();
 #endif
+  return blas_name();
+}
+
+std::vector<std::string> fast_gemm_engines() {
+#ifdef ATTN_HAVE_ONEDNN
+  return {"onednn", "blas"};
+#else
+  return {"blas"};
+#endif
+}
+
+const char* fast_gemm_engine() { return kFastLibNames[fast_lib()]; }
+
+std::string fast_gemm_reason() {
+  if (g_forced.load() >= 0) return "forced by gemm::fast_gemm_use";
+  if (environment_engine() >= 0)
+    return fmt::format("ATTN_GEMM_ENGINE={}", kFastLibNames[environment_engine()]);
+  return measured().reason;
+}
+
+FastGemmRates fast_gemm_rates() {
+  const Measured& m = measured();
+  return {m.onednn_gflops, m.blas_gflops};
+}
+
+bool fast_gemm_use(const char* name) {
+  if (name == nullptr || std::string(name) == "auto") {
+    g_forced = -1;
+    return true;
+  }
+  for (const std::string& engine : fast_gemm_engines()) {
+    if (engine == name) {
+      g_forced = engine == "onednn" ? int(kOneDnn) : int(kBlasLib);
+      return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace attn::gemm

@@ -8,6 +8,7 @@
 // Each OpenMP thread runs kChains independent chains acc += a·b (pairs of
 // bf16 products summed into each of the 16 fp32 lanes) for `iters` steps:
 //   FLOPs = 16 lanes · 2 products · 2 (multiply, add) · kChains · iters · threads.
+// The chain count is swept over 8..24 (32 registers; peak_rate.h).
 #include <immintrin.h>
 
 #include <cstddef>
@@ -18,17 +19,16 @@
 namespace attn::kernels {
 namespace {
 
-constexpr int kChains = 12;
-
+template <int kChains>
 __attribute__((target("avx512f,avx512bf16"))) float dot_chains(size_t iters, double* flops) {
   __m512 acc[kChains];
-#pragma GCC unroll 12
+#pragma GCC unroll 32
   for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_ps(0.01f * float(i));
   // 1.0 and 2^-20 in bf16: the chains grow slowly and stay finite.
   const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3F80);
   const __m512bh b = (__m512bh)_mm512_set1_epi16(0x3580);
   for (size_t it = 0; it < iters; ++it) {
-#pragma GCC unroll 12
+#pragma GCC unroll 32
     for (int i = 0; i < kChains; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
   }
   __m512 sum = acc[0];
@@ -42,6 +42,12 @@ __attribute__((target("avx512f,avx512bf16"))) float dot_chains(size_t iters, dou
   return total;
 }
 
+using ChainsFn = float (*)(size_t, double*);
+constexpr int kChainCounts[] = {8, 10, 12, 14, 16, 18, 20, 22, 24};
+constexpr ChainsFn kRuns[] = {dot_chains<8>,  dot_chains<10>, dot_chains<12>,
+                              dot_chains<14>, dot_chains<16>, dot_chains<18>,
+                              dot_chains<20>, dot_chains<22>, dot_chains<24>};
+
 }  // namespace
 
 bool has_avx512_bf16() {
@@ -49,9 +55,21 @@ bool has_avx512_bf16() {
   return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512f");
 }
 
-double bf16_dot_peak_gflops(int repeats) {
-  if (repeats >= 1 && !has_avx512_bf16()) return 0.0;
-  return median_peak_gflops("bf16_dot_peak_gflops", repeats, dot_chains);
+PeakProbe bf16_dot_peak_probe(int repeats) {
+  if (repeats >= 1 && !has_avx512_bf16()) {
+    PeakProbe none;
+    none.verdict = "no AVX512-BF16";
+    return none;
+  }
+  PeakProbe p = sweep_peak(
+      "bf16_dot_peak_gflops", repeats, std::size(kRuns),
+      [](size_t variant, size_t iters, double* flops) { return kRuns[variant](iters, flops); },
+      [](size_t variant) { return kChainCounts[variant]; });
+  p.lanes = 16;
+  // One VDPBF16PS: 16 lanes x 2 products x 2 FLOPs; half, one or two a cycle.
+  return judge_peak(p, 64.0, {0.5, 1.0, 2.0}, "VDPBF16PS unit");
 }
+
+double bf16_dot_peak_gflops(int repeats) { return bf16_dot_peak_probe(repeats).gflops; }
 
 }  // namespace attn::kernels

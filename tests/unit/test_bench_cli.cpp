@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "cli.h"
 
@@ -178,6 +180,12 @@ TEST(BenchCli, TablePrintsEveryCaseAndTheFormula) {
   EXPECT_NE(r.out.find("% peak"), std::string::npos);
   EXPECT_NE(r.out.find("fp32 FMA peak"), std::string::npos);
   EXPECT_NE(r.out.find("4*B*H*T^2*hd/2"), std::string::npos);
+  // The header names the CPU, the clock, the peaks per cycle and every path.
+  for (const char* part :
+       {"core clock ", " GHz", "FLOP/cycle/core", "SIMD target ", "paths: flash kernel ",
+        "bf16 attention ", "sdpa bf16 ", "decode gemv bf16 ", "gemm: fast engine ", "; BLAS ",
+        "bf16 gemm ", "AMX bf16 peak", "bf16 dot-product peak"})
+    EXPECT_NE(r.out.find(part), std::string::npos) << part << "\n" << r.out;
 }
 
 TEST(BenchCli, BadValuesAreOneLineUsageErrors) {
@@ -247,6 +255,123 @@ TEST(BenchCli, ExplicitCountsAreUsed) {
   EXPECT_EQ(row["B"], 1);  // not given: the default
   EXPECT_EQ(row["repeats"], 1);
   EXPECT_EQ(row["omp_threads"], 1);
+}
+
+// ---- forcing paths: the environment and the flags -------------------------------------
+
+// Sets an environment variable for the life of the object (the child `attn`
+// inherits it), then restores what was there.
+struct ScopedEnv {
+  std::string name;
+  bool had = false;
+  std::string old;
+  ScopedEnv(const char* n, const char* value) : name(n) {
+    if (const char* v = std::getenv(n)) had = true, old = v;
+    setenv(n, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had)
+      setenv(name.c_str(), old.c_str(), 1);
+    else
+      unsetenv(name.c_str());
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+};
+
+const std::string kTiny = "bench --json --kind core --shapes 1x20x32x2 --mode fwd --repeats 1";
+
+TEST(BenchCli, UnknownForcedPathsAreOneLineUsageErrorsListingTheValidNames) {
+  ATTN_REQUIRE_CLI();
+  struct Case {
+    const char* variable;
+    const char* value;
+    std::string message;
+  };
+  for (const auto& c :
+       {Case{"ATTN_GEMM_ENGINE", "mkl", "ATTN_GEMM_ENGINE='mkl' is not an engine of this build"},
+        Case{"ATTN_SIMD_TARGET", "AVX9", "ATTN_SIMD_TARGET='AVX9' is not a path this CPU can run"},
+        Case{"ATTN_BF16_PATH", "fp8", "ATTN_BF16_PATH='fp8' is not a path this CPU can run"}}) {
+    const ScopedEnv env(c.variable, c.value);
+    const auto r = run_cli(kTiny);
+    EXPECT_EQ(r.exit_code, 2) << c.variable;
+    EXPECT_EQ(lines_of(r.err).size(), 1u) << r.err;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("valid: "), std::string::npos) << r.err;
+  }
+  {
+    const ScopedEnv env("ATTN_GEMM_ENGINE", "mkl");
+    EXPECT_NE(run_cli(kTiny).err.find("valid: onednn, blas, auto"), std::string::npos);
+  }
+  for (const std::string flag : {"--target AVX9", "--bf16-path fp8"}) {
+    const auto r = run_cli(kTiny + " " + flag);
+    EXPECT_EQ(r.exit_code, 2) << flag;
+    EXPECT_EQ(lines_of(r.err).size(), 1u) << r.err;
+    EXPECT_NE(r.err.find("must be one of"), std::string::npos) << r.err;
+  }
+}
+
+// Every target this CPU runs can be forced, by flag or by variable, and the
+// rows and the machine facts say so.
+TEST(BenchCli, ForcedTargetAndBf16PathRun) {
+  ATTN_REQUIRE_CLI();
+  const auto all = run_cli(kTiny);
+  ASSERT_EQ(all.exit_code, 0) << all.err;
+  const auto machine = nlohmann::json::parse(all.out)[0]["machine"];
+  for (const std::string target : machine["simd_targets"]) {
+    const auto by_flag = run_cli(kTiny + " --target " + target);
+    ASSERT_EQ(by_flag.exit_code, 0) << by_flag.err;
+    EXPECT_EQ(nlohmann::json::parse(by_flag.out)[0]["simd_target"], target);
+    const ScopedEnv env("ATTN_SIMD_TARGET", target.c_str());
+    const auto by_env = run_cli(kTiny);
+    ASSERT_EQ(by_env.exit_code, 0) << by_env.err;
+    EXPECT_EQ(nlohmann::json::parse(by_env.out)[0]["machine"]["simd_target"], target);
+  }
+  for (const std::string path : machine["bf16_paths"]) {
+    const auto r = run_cli(kTiny + " --dtype bf16 --bf16-path '" + path + "'");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(nlohmann::json::parse(r.out)[0]["bf16_path"], path);
+    const ScopedEnv env("ATTN_BF16_PATH", path.c_str());
+    const auto e = run_cli(kTiny + " --dtype bf16");
+    ASSERT_EQ(e.exit_code, 0) << e.err;
+    EXPECT_EQ(nlohmann::json::parse(e.out)[0]["bf16_path"], path);
+  }
+}
+
+TEST(BenchCli, GemmEngineIsForcedByTheEnvironment) {
+  ATTN_REQUIRE_CLI();
+  for (const std::string engine : {"onednn", "blas"}) {
+    const ScopedEnv env("ATTN_GEMM_ENGINE", engine.c_str());
+    const auto r = run_cli(kTiny);
+    if (engine == "onednn" && r.exit_code == 2 &&
+        r.err.find("not an engine of this build") != std::string::npos)
+      continue;  // built without oneDNN
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto m = nlohmann::json::parse(r.out)[0]["machine"];
+    EXPECT_EQ(m["fast_gemm_engine"], engine);
+    EXPECT_EQ(m["fast_gemm_reason"], "ATTN_GEMM_ENGINE=" + engine);
+  }
+}
+
+// A BLAS pinned to an old core (OpenBLAS's Prescott kernels: SSE3, a fraction
+// of an AVX-512 core's peak) loses the measurement: the fast engine is oneDNN.
+TEST(BenchCli, BlasPinnedToPrescottLosesTheFastEngine) {
+  ATTN_REQUIRE_CLI();
+  const ScopedEnv env("OPENBLAS_CORETYPE", "Prescott");
+  const auto r = run_cli(kTiny + " --sgemm --sgemm-n 256");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto m = nlohmann::json::parse(r.out)[0]["machine"];
+  const std::string blas = m["blas"];
+  if (blas.find("OpenBLAS") == std::string::npos) GTEST_SKIP() << "not OpenBLAS: " << blas;
+  EXPECT_NE(blas.find("Prescott"), std::string::npos) << blas;
+  const auto engines = m["fast_gemm_reason"].get<std::string>();
+  if (engines == "built without oneDNN") GTEST_SKIP() << engines;
+  EXPECT_EQ(m["fast_gemm_engine"], "onednn") << engines;
+  EXPECT_NE(engines.find("measured at"), std::string::npos) << engines;
+  // The peaks came with the machine facts, FLOP/cycle and all.
+  EXPECT_GT(double(m["fma_peak"]["gflops"]), 0.0);
+  EXPECT_GT(double(m["clock_ghz"]), 0.0);
+  EXPECT_GT(double(m["fma_peak"]["flops_per_cycle"]), 0.0);
 }
 
 }  // namespace

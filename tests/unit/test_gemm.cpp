@@ -9,6 +9,8 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -436,4 +438,84 @@ TEST(GemmBf16, ArgumentErrorsNameTheValues) {
                               3);
       },
       "gemm::gemm_bf16: M = -1 is negative");
+}
+
+// ---- Engine::kFast: the faster healthy engine, forced or measured ----------------------
+namespace {
+
+// Forces kFast onto `name` for the life of the object, then back to automatic.
+struct ForcedFastEngine {
+  explicit ForcedFastEngine(const std::string& name) {
+    EXPECT_TRUE(attn::gemm::fast_gemm_use(name.c_str())) << name;
+  }
+  ~ForcedFastEngine() { attn::gemm::fast_gemm_use(nullptr); }
+  ForcedFastEngine(const ForcedFastEngine&) = delete;
+  ForcedFastEngine& operator=(const ForcedFastEngine&) = delete;
+};
+
+}  // namespace
+
+TEST(GemmFastEngine, EveryEngineMatchesTheDefinitionAndTheBlas) {
+  const auto engines = attn::gemm::fast_gemm_engines();
+  ASSERT_FALSE(engines.empty());
+  EXPECT_EQ(engines.back(), "blas");  // always built in
+  std::mt19937 gen(11);
+  for (const std::string& name : engines) {
+    const ForcedFastEngine forced(name);
+    EXPECT_EQ(attn::gemm::fast_gemm_engine(), name);
+    EXPECT_EQ(attn::gemm::fast_gemm_reason(), "forced by gemm::fast_gemm_use");
+    if (name == "blas") {
+      EXPECT_STREQ(attn::gemm::fast_gemm_name(), attn::gemm::blas_name());
+    } else {
+      EXPECT_NE(std::string(attn::gemm::fast_gemm_name()).find("oneDNN"), std::string::npos)
+          << attn::gemm::fast_gemm_name();
+    }
+    for (Trans ta : kBoth) {
+      for (Trans tb : kBoth) {
+        for (int64_t M : {1, 63, 200, 517}) {
+          for (bool rows_parallel : {false, true}) {
+            const std::string what = name + " " + combo(ta, tb) + " M " + std::to_string(M) +
+                                     (rows_parallel ? " rows parallel" : "");
+            Problem fast(ta, tb, M, 70, 130, 3, gen);
+            Problem blas = fast;
+            const Matrix want =
+                naive_gemm(ta, tb, fast.M, fast.N, fast.K, 0.5f, fast.A, fast.B, -1.0f, fast.C);
+            fast.run(0.5f, -1.0f, rows_parallel, Engine::kFast);
+            blas.run(0.5f, -1.0f, rows_parallel, Engine::kBlas);
+            expect_close(fast.C, want, fast.K, what);
+            expect_close(fast.C, blas.C, fast.K, what + " vs kBlas");
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(GemmFastEngine, UnknownNamesAreRefusedAndChangeNothing) {
+  const ForcedFastEngine forced("blas");
+  EXPECT_FALSE(attn::gemm::fast_gemm_use("mkl"));
+  EXPECT_FALSE(attn::gemm::fast_gemm_use(""));
+  EXPECT_FALSE(attn::gemm::fast_gemm_use("BLAS"));
+  EXPECT_EQ(std::string(attn::gemm::fast_gemm_engine()), "blas");
+}
+
+// Automatic (no ATTN_GEMM_ENGINE): the faster engine on the probe's product,
+// the BLAS only when it wins by more than 10%.
+TEST(GemmFastEngine, AutomaticChoiceIsTheMeasuredFasterEngine) {
+  const char* env = std::getenv("ATTN_GEMM_ENGINE");
+  if (env != nullptr && *env != '\0') GTEST_SKIP() << "ATTN_GEMM_ENGINE is set";
+  ASSERT_TRUE(attn::gemm::fast_gemm_use(nullptr));
+  const std::string engine = attn::gemm::fast_gemm_engine();
+  const std::string reason = attn::gemm::fast_gemm_reason();
+  std::printf("fast engine: %s (%s)\n", attn::gemm::fast_gemm_name(), reason.c_str());
+  const auto rates = attn::gemm::fast_gemm_rates();
+  if (attn::gemm::fast_gemm_engines().size() == 1) {
+    EXPECT_EQ(engine, "blas");
+    EXPECT_EQ(reason, "built without oneDNN");
+    return;
+  }
+  EXPECT_EQ(reason.rfind("measured at 512x768x2304 on ", 0), 0u) << reason;
+  EXPECT_GT(rates.onednn_gflops, 0.0);
+  EXPECT_GT(rates.blas_gflops, 0.0);
+  EXPECT_EQ(engine, rates.blas_gflops > 1.1 * rates.onednn_gflops ? "blas" : "onednn");
 }

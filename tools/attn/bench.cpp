@@ -325,6 +325,99 @@ std::string cpu_model() {
   return "unknown CPU";
 }
 
+// "family 6 model 143": /proc/cpuinfo's numbers, which name a CPU when its
+// model name does not (a VM's "Intel(R) Xeon(R) Processor").
+std::string cpu_family_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, family, model;
+  while (std::getline(in, line) && (family.empty() || model.empty())) {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos || colon + 2 > line.size()) continue;
+    if (line.rfind("cpu family", 0) == 0) family = line.substr(colon + 2);
+    if (line.rfind("model\t", 0) == 0) model = line.substr(colon + 2);
+  }
+  if (family.empty() || model.empty()) return "";
+  return fmt::format("family {} model {}", family, model);
+}
+
+// What the header and --json's "machine" say: the CPU, the paths chosen, the
+// peaks (measured only when `measure`).
+struct Machine {
+  std::string cpu, family_model, simd_target, bf16_path, sdpa_bf16_path, gemv_bf16_path;
+  std::vector<std::string> simd_targets, bf16_paths;
+  std::string fast_gemm, fast_gemm_engine, fast_gemm_reason, blas, gemm_bf16;
+  kernels::PeakProbe fma, bf16, amx;
+  double clock_ghz = 0;
+};
+
+Machine machine_facts(bool measure) {
+  Machine m;
+  m.cpu = cpu_model();
+  m.family_model = cpu_family_model();
+  m.simd_target = kernels::flash_attention_target();
+  m.simd_targets = kernels::flash_attention_targets();
+  m.bf16_path = kernels::flash_attention_bf16_path();
+  m.bf16_paths = kernels::flash_attention_bf16_paths();
+  m.sdpa_bf16_path = fmt::format("{} ({})", kernels::sdpa_bf16_path(), kernels::sdpa_target());
+  m.gemv_bf16_path = kernels::gemv_bf16_path();
+  m.fast_gemm = gemm::fast_gemm_name();
+  m.fast_gemm_engine = gemm::fast_gemm_engine();
+  m.fast_gemm_reason = gemm::fast_gemm_reason();
+  m.blas = gemm::blas_name();
+  m.gemm_bf16 = gemm::gemm_bf16_name();
+  if (measure) {
+    m.fma = kernels::fma_peak_probe(5);
+    m.bf16 = kernels::bf16_dot_peak_probe(5);
+    m.amx = kernels::amx_bf16_peak_probe(5);
+    m.clock_ghz = m.fma.clock_ghz;
+  }
+  return m;
+}
+
+nlohmann::json probe_json(const kernels::PeakProbe& p) {
+  return {{"gflops", p.gflops},
+          {"threads", p.threads},
+          {"chains", p.chains},
+          {"lanes", p.lanes},
+          {"flops_per_cycle", p.flops_per_cycle},
+          {"expected_per_cycle", p.expected_per_cycle},
+          {"plausible", p.plausible},
+          {"verdict", p.verdict}};
+}
+
+nlohmann::json machine_json(const Machine& m, bool measured) {
+  nlohmann::json j = {{"cpu", m.cpu},
+                      {"cpu_family_model", m.family_model},
+                      {"simd_target", m.simd_target},
+                      {"simd_targets", m.simd_targets},
+                      {"bf16_path", m.bf16_path},
+                      {"bf16_paths", m.bf16_paths},
+                      {"sdpa_bf16_path", m.sdpa_bf16_path},
+                      {"gemv_bf16_path", m.gemv_bf16_path},
+                      {"fast_gemm", m.fast_gemm},
+                      {"fast_gemm_engine", m.fast_gemm_engine},
+                      {"fast_gemm_reason", m.fast_gemm_reason},
+                      {"blas", m.blas},
+                      {"gemm_bf16", m.gemm_bf16}};
+  if (measured) {
+    j["clock_ghz"] = m.clock_ghz;
+    j["fma_peak"] = probe_json(m.fma);
+    j["bf16_dot_peak"] = probe_json(m.bf16);
+    j["amx_bf16_peak"] = probe_json(m.amx);
+  }
+  return j;
+}
+
+// "428.9 GFLOP/s = 65.0 FLOP/cycle/core: 2 FMA units x 16 lanes (24 chains)",
+// flagged when not plausible.
+std::string probe_text(const kernels::PeakProbe& p) {
+  if (p.gflops <= 0) return p.verdict;
+  if (p.flops_per_cycle <= 0)
+    return fmt::format("{:.1f} GFLOP/s ({} chains; {})", p.gflops, p.chains, p.verdict);
+  return fmt::format("{:.1f} GFLOP/s = {:.1f} FLOP/cycle/core: {}{} ({} chains)", p.gflops,
+                     p.flops_per_cycle, p.plausible ? "" : "IMPLAUSIBLE, ", p.verdict, p.chains);
+}
+
 // The variables that decide whether idle OpenMP threads spin (bench.h).
 std::string wait_policy() {
   const char* spin = std::getenv("GOMP_SPINCOUNT");
@@ -506,7 +599,19 @@ constexpr const char* kFooter =
     "projections 2*B*T*d_in*d_out per linear (q, k, v, out_proj), x3 for forward+backward.\n"
     "GFLOP/s = FLOPs / median; % sgemm = GFLOP/s / the sgemm rate measured above;\n"
     "% peak = GFLOP/s / the fp32 FMA peak measured above (the ceiling of any fp32 code);\n"
-    "for bf16 rows on the AVX512-BF16 path, / the bf16 dot-product peak instead.\n";
+    "for bf16 rows on the AVX512-BF16 path, / the bf16 dot-product peak instead (AMX path: the\n"
+    "AMX bf16 peak). Above 100% the probe is wrong, and the run says so.\n"
+    "The peaks: independent chains per thread, their count swept (8..24 on AVX-512, 8..14 on\n"
+    "AVX2), after a 200 ms warm-up, median of 5 runs; FLOP/cycle/core = peak / (threads x the\n"
+    "clock of a dependent integer-add chain), checked against the vector width (fp32 FMA:\n"
+    "2 x lanes x 1 or 2 units); an implausible figure is a warning.\n";
+
+constexpr const char* kForcingHelp =
+    "Forcing a path (read once at start; an unknown name is an error listing the valid ones):\n"
+    "  ATTN_SIMD_TARGET=NAME   the kernels' SIMD target (--target), e.g. AVX2 or SSE4\n"
+    "  ATTN_BF16_PATH=NAME     the bf16 attention path (--bf16-path), e.g. 'widened to fp32'\n"
+    "  ATTN_GEMM_ENGINE=NAME   the fast gemm engine: onednn, blas or auto (the faster on a\n"
+    "                          512x768x2304 product, measured once; docs/gemm.md)\n";
 
 }  // namespace
 
@@ -612,17 +717,18 @@ Command add_bench_command(CLI::App& app) {
     int64_t bandwidth_mib = 256;
     std::string mask = "none";
     bool no_causal = false;
-    int64_t kv_heads = 0, query_tokens = 0;  // kv_heads 0: --heads
+    int64_t kv_heads = 0, query_tokens = 0;                   // kv_heads 0: --heads
     std::vector<std::string> caches = {"4k", "32k", "128k"};  // --kind decode
     int64_t head_dim = 64, queries = 1;                       // --kind decode
     std::vector<int64_t> seqlens;
+    std::string simd_target, bf16_path;  // empty: the automatic choice (or the environment's)
   };
   auto f = std::make_shared<Flags>();
   CLI::App* cmd = app.add_subcommand(
       "bench",
       "Time the fused attention core and the MultiHeadAttention module (forward, "
       "forward+backward) beside this machine's sgemm rate");
-  cmd->footer(std::string(kFooter) +
+  cmd->footer(std::string(kFooter) + kForcingHelp +
               "Examples:\n  attn bench                      the table of docs/performance.md\n"
               "  attn bench --memory             T=16384: time and peak memory\n"
               "  attn bench --json --kind module --batch 1 --tokens 1024 --d-model 768 "
@@ -662,6 +768,14 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_option("--threads", f->threads,
                   "OpenMP and BLAS threads (default: OpenMP's default, OMP_NUM_THREADS)");
   cmd->add_flag("--quick", f->quick, "Fewer shapes and repeats, sgemm of 2048^3");
+  cmd->add_option("--target", f->simd_target,
+                  "Run the kernels (and the fp32 FMA peak probe) on this SIMD target, one of "
+                  "those the header lists, e.g. AVX2 on an AVX-512 CPU (as ATTN_SIMD_TARGET)")
+      ->type_name("NAME");
+  cmd->add_option("--bf16-path", f->bf16_path,
+                  "Run the bf16 attention kernels on this path, one of those the header lists, "
+                  "e.g. 'widened to fp32' (as ATTN_BF16_PATH)")
+      ->type_name("NAME");
   cmd->add_flag("--json", f->json,
                 "Print a JSON array of the results (ms_median, ms_min, gflops, ...) instead of "
                 "the table; skips the sgemm and peak measurements unless --sgemm is given");
@@ -760,8 +874,7 @@ Command add_bench_command(CLI::App& app) {
     for (size_t at = 0; at <= f->kind.size();) {
       const size_t comma = std::min(f->kind.find(',', at), f->kind.size());
       const std::string kind = f->kind.substr(at, comma - at);
-      if (kind != "all" && kind != "core" && kind != "module" && !is_sdpa(kind) &&
-          kind != "decode")
+      if (kind != "all" && kind != "core" && kind != "module" && !is_sdpa(kind) && kind != "decode")
         throw UsageError(fmt::format(
             "bench: --kind must be core, module, sdpa, sdpa-varlen or all, got '{}' (or decode, "
             "alone)",
@@ -774,7 +887,8 @@ Command add_bench_command(CLI::App& app) {
     }
     const bool decode = std::find(kinds.begin(), kinds.end(), "decode") != kinds.end();
     if (decode && kinds.size() != 1)
-      throw UsageError(fmt::format("bench: --kind decode runs alone, got '{}'", printable(f->kind)));
+      throw UsageError(
+          fmt::format("bench: --kind decode runs alone, got '{}'", printable(f->kind)));
     if (given("--seqlens")) {
       if (std::find(kinds.begin(), kinds.end(), "sdpa-varlen") == kinds.end())
         throw UsageError("bench: --seqlens applies to --kind sdpa-varlen only");
@@ -793,6 +907,14 @@ Command add_bench_command(CLI::App& app) {
     parse_backend(f->backend);
     if (given("--threads")) set_threads(f->threads);
     const int repeats = given("--repeats") ? f->repeats : (f->quick ? 3 : 5);
+    if (given("--target") && !kernels::flash_attention_use_target(f->simd_target.c_str()))
+      throw UsageError(fmt::format("bench: --target must be one of {}, got '{}'",
+                                   fmt::join(kernels::flash_attention_targets(), ", "),
+                                   printable(f->simd_target)));
+    if (given("--bf16-path") && !kernels::flash_attention_bf16_use_path(f->bf16_path.c_str()))
+      throw UsageError(fmt::format("bench: --bf16-path must be one of '{}', got '{}'",
+                                   fmt::join(kernels::flash_attention_bf16_paths(), "', '"),
+                                   printable(f->bf16_path)));
     const std::string target = kernels::flash_attention_target();
 
     if (decode) {
@@ -878,34 +1000,48 @@ Command add_bench_command(CLI::App& app) {
 
     double sgemm = -1, sgemm_blas = -1, sgemm_fast = -1, peak = -1, bf16_peak = -1;
     const int sgemm_n = given("--sgemm-n") ? f->sgemm_n : (f->quick ? 2048 : 4096);
-    if (!f->json || f->sgemm) {
-      peak = kernels::fma_peak_gflops(5);
-      if (kernels::has_avx512_bf16()) bf16_peak = kernels::bf16_dot_peak_gflops(5);
+    const bool measure = !f->json || f->sgemm;
+    Machine machine;
+    if (measure) {
+      machine = machine_facts(true);
+      peak = machine.fma.gflops;
+      if (machine.bf16.gflops > 0) bf16_peak = machine.bf16.gflops;
       sgemm_blas = attn::bench::sgemm_gflops(sgemm_n, f->quick ? 3 : 5, gemm::Engine::kBlas);
       sgemm_fast = attn::bench::sgemm_gflops(sgemm_n, f->quick ? 3 : 5, gemm::Engine::kFast);
       sgemm = std::max(sgemm_blas, sgemm_fast);  // the yardstick: the best product this build has
       // OpenBLAS's threads spin for a while after a call; let them go idle so
       // they do not slow the first case down.
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    } else {
+      machine = machine_facts(false);
     }
     if (!f->json) {
-      fmt::print("attn bench: {}, {} CPUs, SIMD target {}, {} OpenMP threads, {} BLAS threads\n",
-                 cpu_model(), std::thread::hardware_concurrency(), target, omp_threads(),
-                 gemm::blas_threads());
+      fmt::print("attn bench: {}{}, {} CPUs, {} OpenMP threads, {} BLAS threads\n", machine.cpu,
+                 machine.family_model.empty() ? "" : " (" + machine.family_model + ")",
+                 std::thread::hardware_concurrency(), omp_threads(), gemm::blas_threads());
+      fmt::print("SIMD target {} (this CPU runs: {}; ATTN_SIMD_TARGET or --target forces one)\n",
+                 target, fmt::join(machine.simd_targets, ", "));
       fmt::print("{}\n", wait_policy());
-      fmt::print("fp32 FMA peak ({}, {} threads, median of 5): {:.1f} GFLOP/s\n", target,
-                 omp_threads(), peak);
-      if (kernels::has_avx512_bf16()) {
-        fmt::print(
-            "bf16 dot-product peak (AVX512-BF16, {} threads, median of 5): {:.1f} GFLOP/s = "
-            "{:.2f}x the fp32 FMA peak\n",
-            omp_threads(), bf16_peak, bf16_peak / peak);
-      }
-      fmt::print("bf16 attention path: {}\n", kernels::flash_attention_bf16_path());
-      if (std::any_of(kinds.begin(), kinds.end(), is_sdpa) &&
-          std::find(dtypes.begin(), dtypes.end(), "bfloat16") != dtypes.end())
-        fmt::print("bf16 sdpa path: {} ({}; 'fused-wide' rows)\n", kernels::sdpa_bf16_path(),
-                   kernels::sdpa_target());
+      fmt::print(
+          "core clock {:.2f} GHz (a chain of dependent integer adds; FLOP/cycle below is per "
+          "thread at this clock)\n",
+          machine.clock_ghz);
+      fmt::print("fp32 FMA peak ({}, {} threads, median of 5): {}\n", target, omp_threads(),
+                 probe_text(machine.fma));
+      fmt::print("bf16 dot-product peak (AVX512-BF16 VDPBF16PS): {}{}\n", probe_text(machine.bf16),
+                 bf16_peak > 0 && peak > 0
+                     ? fmt::format(", {:.2f}x the fp32 peak", bf16_peak / peak)
+                     : std::string());
+      fmt::print("AMX bf16 peak (TDPBF16PS): {}\n", probe_text(machine.amx));
+      fmt::print(
+          "paths: flash kernel {}; bf16 attention {} (of: {}; ATTN_BF16_PATH or "
+          "--bf16-path forces one); sdpa bf16 {}; decode gemv bf16 {}\n",
+          target, machine.bf16_path, fmt::join(machine.bf16_paths, ", "), machine.sdpa_bf16_path,
+          machine.gemv_bf16_path);
+      fmt::print(
+          "gemm: fast engine {} ({}; ATTN_GEMM_ENGINE=onednn|blas forces one); BLAS {}; "
+          "bf16 gemm {}\n",
+          machine.fast_gemm, machine.fast_gemm_reason, machine.blas, machine.gemm_bf16);
       fmt::print("sgemm {}^3, BLAS engine ({}, median of {}): {:.1f} GFLOP/s = {:.1f}% of peak\n",
                  sgemm_n, gemm::blas_name(), f->quick ? 3 : 5, sgemm_blas,
                  100.0 * sgemm_blas / peak);
@@ -914,29 +1050,43 @@ Command add_bench_command(CLI::App& app) {
           "below is of the faster; {} repeats per case after a warm-up of 250 ms\n",
           sgemm_n, gemm::fast_gemm_name(), f->quick ? 3 : 5, sgemm_fast, 100.0 * sgemm_fast / peak,
           repeats);
+      for (const auto* probe : {&machine.fma, &machine.bf16, &machine.amx}) {
+        if (probe->gflops > 0 && probe->flops_per_cycle > 0 && !probe->plausible)
+          fmt::print("warning: a peak probe reads {:.1f} FLOP/cycle/core, {}\n",
+                     probe->flops_per_cycle, probe->verdict);
+      }
       // Nothing runs faster than the machine: a product above the measured
       // peak means the probe under-reads this CPU, and every "% peak" is too high.
       for (const auto& [name, rate] : {std::pair{gemm::blas_name(), sgemm_blas},
                                        std::pair{gemm::fast_gemm_name(), sgemm_fast}}) {
         if (peak > 0 && rate > peak)
           fmt::print(
-              "warning: sgemm on {} runs at {:.1f}% of the measured fp32 FMA peak: the peak "
-              "probe under-reads this CPU, so the % peak figures below are too high\n",
+              "warning: sgemm on {} runs at {:.1f}% of the measured fp32 FMA peak: the probe is "
+              "wrong (it under-reads this CPU), so the % peak figures below are too high\n",
               name, 100.0 * rate / peak);
       }
-      // A BLAS far below the peak (an old OpenBLAS on a newer CPU, or
+      // An engine far below the peak (an old OpenBLAS on a newer CPU, or
       // OPENBLAS_CORETYPE pinned to an old core) slows whatever runs on it.
+      const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+      const std::string pinned = coretype != nullptr
+                                     ? fmt::format(" (OPENBLAS_CORETYPE={})", printable(coretype))
+                                     : std::string();
       if (peak > 0 && sgemm_blas < 0.5 * peak) {
-        const char* coretype = std::getenv("OPENBLAS_CORETYPE");
         fmt::print(
-            "note: the BLAS engine ({}) reaches {:.1f}% of the fp32 FMA peak{}; the chapter "
-            "modules use it for PyTorch's sums, the GPT, training, generation and the fused "
-            "paths use the fast engine ({})\n",
-            gemm::blas_name(), 100.0 * sgemm_blas / peak,
-            coretype != nullptr ? fmt::format(" (OPENBLAS_CORETYPE={})", printable(coretype))
-                                : std::string(),
-            gemm::fast_gemm_name());
+            "warning: the BLAS engine ({}{}) runs sgemm at {:.1f}% of the fp32 FMA peak; the "
+            "chapter modules keep it for PyTorch's sums, the GPT, training, generation, the "
+            "fused paths and the benchmarks use the fast engine ({}, {}); a busy machine reads "
+            "low too\n",
+            gemm::blas_name(), pinned, 100.0 * sgemm_blas / peak, gemm::fast_gemm_name(),
+            gemm::fast_gemm_reason());
       }
+      if (peak > 0 && sgemm_fast < 0.5 * peak)
+        fmt::print(
+            "warning: the fast engine ({}{}) runs sgemm at {:.1f}% of the fp32 FMA peak (or "
+            "the machine is busy: the peaks are timed on CPU time, sgemm on the wall "
+            "clock)\n",
+            gemm::fast_gemm_name(), gemm::fast_gemm_engine() == std::string("blas") ? pinned : "",
+            100.0 * sgemm_fast / peak);
       fmt::print("\n");
       print_table_header();
     }
@@ -955,15 +1105,18 @@ Command add_bench_command(CLI::App& app) {
             }
             if (kind == "sdpa-varlen") c.seqlens = f->seqlens;
             BenchResult r = run_bench_case(c, repeats, f->backend);
-            const bool bf16_dots =
-                dtype == "bfloat16" && !is_sdpa(kind) &&
-                std::string(kernels::flash_attention_bf16_path()) == "AVX512-BF16";
-            const double ceiling = bf16_dots ? bf16_peak : peak;
+            const std::string bf16_path = kernels::flash_attention_bf16_path();
+            const bool bf16_rows = dtype == "bfloat16" && !is_sdpa(kind);
+            double ceiling = peak;
+            if (bf16_rows && bf16_path == "AVX512-BF16") ceiling = bf16_peak;
+            if (bf16_rows && bf16_path == "AMX" && machine.amx.gflops > 0)
+              ceiling = machine.amx.gflops;
             if (sgemm > 0) r.pct_sgemm = 100.0 * r.gflops / sgemm;
             if (ceiling > 0) r.pct_peak = 100.0 * r.gflops / ceiling;
             if (r.pct_peak > 100.0) ++above_peak;
             if (f->json) {
               rows.push_back(to_json(r, repeats));
+              rows.back()["machine"] = machine_json(machine, measure);
             } else {
               print_table_row(r);
             }
@@ -978,8 +1131,8 @@ Command add_bench_command(CLI::App& app) {
     }
     if (above_peak > 0) {
       fmt::print(stderr,
-                 "warning: {} case(s) ran above 100% of the measured peak: the peak probe "
-                 "under-reads this CPU (a bug in the probe, not a faster kernel)\n",
+                 "warning: {} case(s) ran above 100% of the measured peak: the probe is wrong "
+                 "(it under-reads this CPU; a bug in the probe, not a faster kernel)\n",
                  above_peak);
     }
     return 0;

@@ -37,10 +37,15 @@
 //   4096,
 //            --quick 2048, or --sgemm-n; median of 5 timings, --quick 3)
 //   % peak   that rate over the CPU's fp32 multiply-add peak on the kernel's
-//            SIMD target (kernels::fma_peak_gflops, median of 5): no fp32 code
-//            here can exceed it. sgemm does not reach it either: the header
-//            prints sgemm's own share of the peak, measured in the same run
-//            (80% on the machine of docs/performance.md).
+//            SIMD target (kernels::fma_peak_probe, median of 5; bf16 rows on
+//            the AVX512-BF16 path: the VDPBF16PS peak, on the AMX path the AMX
+//            peak): no code here can exceed it, and a row above 100% is
+//            reported as a wrong probe. sgemm does not reach it either: the
+//            header prints sgemm's own share of the peak, measured in the same
+//            run (80% on the machine of docs/performance.md).
+// The header also names the CPU, the SIMD target, the core clock, each peak
+// in FLOP/cycle/core with its plausibility, and every path chosen (docs/gemm.md);
+// --target and --bf16-path (or ATTN_SIMD_TARGET, ATTN_BF16_PATH) force one.
 // Threads (--threads n sets both OpenMP's and OpenBLAS's count): the core and
 // the fused module run on OpenMP's threads only: the flash kernel, and the
 // module's four projections too, each thread calling a single-threaded sgemm

@@ -7,11 +7,15 @@
 #include <fmt/ranges.h>
 
 #include <CLI/CLI.hpp>
+#include <cstdlib>
 #include <exception>
 #include <iostream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "attn/gemm.h"
+#include "attn/kernels.h"
 #include "attn/utf8.h"
 #include "bench.h"
 #include "command.h"
@@ -95,6 +99,16 @@ int main(int argc, char** argv) {
       return fail(kUsage, fmt::format("no command given (known: {}); see 'attn --help'",
                                       command_names(commands)));
     }
+    return fail(kUsage, e.what());
+  }
+
+  // The paths forced by the environment (ATTN_SIMD_TARGET, ATTN_BF16_PATH,
+  // ATTN_GEMM_ENGINE; attn bench --help): an unknown name is a usage error.
+  try {
+    attn::kernels::apply_path_environment();
+    const char* engine = std::getenv("ATTN_GEMM_ENGINE");
+    if (engine != nullptr && *engine != '\0') attn::gemm::fast_gemm_engine();
+  } catch (const std::invalid_argument& e) {
     return fail(kUsage, e.what());
   }
 
