@@ -25,6 +25,7 @@
 #include <string>
 
 #include "attn/kernels.h"
+#include "kernels/amx_tiles.h"
 #include "kernels/peak_rate.h"
 
 #if defined(__x86_64__)
@@ -49,17 +50,8 @@ bool cpu_and_os_have_amx_bf16() {
   return ((lo >> 17) & 3) == 3;  // XCR0: XTILECFG and XTILEDATA enabled
 }
 
-// The 64-byte tile configuration: palette 1, tiles 0..7 of 16 rows x 64 bytes.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 float amx_chains(size_t iters, double* flops) {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+  const amx::TileConfig cfg;  // tiles 0..7 of 16 rows x 64 bytes
   // A: bf16 1.0 (0x3F80); B: 2^-20 (0x3580): C grows by 2^-15 a step, stays finite.
   alignas(64) uint16_t a[16 * 32], b[16 * 32];
   for (auto& x : a) x = 0x3F80;

@@ -41,11 +41,8 @@
 // and O(tile) per thread, plus the whole-head dQ (Tp · hdp fp32 per thread).
 #include "kernels/flash_attention_amx.h"
 
-#include <cpuid.h>
 #include <hwy/aligned_allocator.h>
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -63,19 +60,11 @@
 
 namespace attn::kernels::amx {
 
+// The CPU, the OS (XCR0) and Linux's tile permission: has_amx_bf16()
+// (amx_peak.cpp, one request per process); the kernels' element-wise work
+// also uses AVX512-BF16.
 bool amx_usable() {
-  static const bool usable = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
-    const bool amx_bf16 = (d >> 22) & 1u, amx_tile = (d >> 24) & 1u;
-    if (!amx_bf16 || !amx_tile || !has_avx512_bf16()) return false;
-#if defined(__linux__) && defined(SYS_arch_prctl)
-    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-#else
-    return false;
-#endif
-  }();
+  static const bool usable = has_amx_bf16() && has_avx512_bf16();
   return usable;
 }
 
