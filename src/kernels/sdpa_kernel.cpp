@@ -867,9 +867,26 @@ void KeyGroupTask(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp, in
   std::fill(s.dK.get(), s.dK.get() + ng * kBc * bp.Dp, 0.0f);
   std::fill(s.dV.get(), s.dV.get() + ng * kBc * bp.Dvp, 0.0f);
   const TileRange qt = QueryTiles(bp, int64_t(j_first), int64_t(tile_j0(ng - 1) + tile_jn(ng - 1)));
+  // While the pairs run, a few rows per query tile: the next group's K and V
+  // rows (PackKeyTile reads them next) and this group's dK, dV rows (written
+  // at the end), so neither waits on memory in a burst.
+  const size_t group_end = tile_j0(ng - 1) + tile_jn(ng - 1);
+  const size_t n_steps =
+      std::max<size_t>(1, size_t(group) * ((qt.end - qt.begin + kBrBwd - 1) / kBrBwd));
+  auto per_step = [&](size_t rows) { return (rows + n_steps - 1) / n_steps; };
+  PrefetchTrickle<T> next_kv{first_view.k, first_view.v, first_view.ks, first_view.vs, D, Dv,
+                             group_end, std::min(Tk, group_end + kGroup * kBc), 1};
+  next_kv.per_call = per_step(next_kv.end - next_kv.next);
+  PrefetchTrickle<T> out_rows{io.dk + b * io.dk_strides.b + hk * io.dk_strides.h,
+                              io.dv + b * io.dv_strides.b + hk * io.dv_strides.h,
+                              size_t(io.dk_strides.t), size_t(io.dv_strides.t), D, Dv, j_first,
+                              group_end, 1};
+  out_rows.per_call = per_step(group_end - j_first);
   for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
     const HeadView<T> hv = MakeHeadView(bp, b, h);
     for (size_t i0 = qt.begin; i0 < qt.end; i0 += kBrBwd) {
+      next_kv();
+      out_rows();
       const size_t in = std::min(kBrBwd, size_t(p.Tq) - i0);
       const size_t next_end = std::min(size_t(p.Tq), i0 + in + kBrBwd);
       PrefetchRows(hv.q, hv.qs, i0 + in, next_end, D);
@@ -885,6 +902,8 @@ void KeyGroupTask(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp, in
       }
     }
   }
+  next_kv.rest();
+  out_rows.rest();
   for (size_t g = 0; g < ng; ++g)
     for (size_t jj = 0; jj < tile_jn(g); ++jj) {
       const int64_t t = int64_t(tile_j0(g) + jj);
