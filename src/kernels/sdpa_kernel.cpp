@@ -53,7 +53,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <new>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
@@ -280,10 +279,11 @@ struct HeadBuffer {
     if (n == 0) return;
     constexpr size_t kHuge = size_t{2} << 20;
     bytes = std::max(kHuge, (n * sizeof(float) + kHuge - 1) / kHuge * kHuge);
+    // nullptr when refused: the caller then reads the head in place (no
+    // exception may leave an OpenMP region).
     data = static_cast<float*>(std::aligned_alloc(kHuge, bytes));
-    if (data == nullptr) throw std::bad_alloc();
 #ifdef MADV_HUGEPAGE
-    madvise(data, bytes, MADV_HUGEPAGE);
+    if (data) madvise(data, bytes, MADV_HUGEPAGE);
 #endif
   }
   ~HeadBuffer() { std::free(data); }
@@ -568,11 +568,13 @@ void SdpaForwardImpl(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p) {
 #pragma omp for schedule(dynamic, 1)
       for (int64_t bh = 0; bh < BH; ++bh) {
         const int64_t b = bh / p.Hq, h = bh % p.Hq;
-        const HeadRows head = PackHead(buf.data, p, b, h / (p.Hq / p.Hkv));
+        HeadRows head{};
+        if (buf.data) head = PackHead(buf.data, p, b, h / (p.Hq / p.Hkv));
         for (int64_t group = n_groups - 1; group >= 0; --group) {
           const int64_t first = group * int64_t(kGroupFwd);
           const size_t ng = size_t(std::min(int64_t(kGroupFwd), n_qt - first));
-          ForwardGroup(out, p, band, b, h, size_t(first) * kBr, ng, scratch, &head);
+          ForwardGroup(out, p, band, b, h, size_t(first) * kBr, ng, scratch,
+                       buf.data ? &head : nullptr);
         }
       }
     }
@@ -1114,7 +1116,8 @@ void BatchedBackward(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp)
 #pragma omp for schedule(dynamic, 1)
       for (int64_t unit = 0; unit < BHkv; ++unit) {
         const int64_t b = unit / p.Hkv, hk = unit % p.Hkv;
-        const BackwardProblem<T> ub = copy ? HeadCopies(bp, b, hk, buf.data) : bp;
+        const bool copied = copy && buf.data != nullptr;
+        const BackwardProblem<T> ub = copied ? HeadCopies(bp, b, hk, buf.data) : bp;
         for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
           float* dq_head = ub.dq + b * ub.dqs.b + (h - ub.h0) * ub.dqs.h;
           for (size_t i = 0; i < Tq; ++i)
@@ -1124,7 +1127,7 @@ void BatchedBackward(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp)
           const auto [j_first, ng] = key_group(kg);
           KeyGroupTask(io, ub, b, hk, j_first, ng, true, scratch);
         }
-        if (copy) {  // dQ back where the caller (or the padded path) wants it
+        if (copied) {  // dQ back where the caller (or the padded path) wants it
           for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
             for (size_t i = 0; i < Tq; ++i) {
               const float* row = ub.dq + (h - ub.h0) * ub.dqs.h + int64_t(i) * ub.dqs.t;
