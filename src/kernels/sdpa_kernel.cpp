@@ -20,7 +20,7 @@
 // Q is scaled by c = scale·log2(e); with one, by scale / softcap, and
 // s₂ = softcap·log2(e)·tanh(x). ALiBi and the mask are added times log2(e).
 //
-// Forward, per (b, h, group of kGroup query tiles of Br rows): the key tiles
+// Forward, per (b, h, group of kGroupFwd query tiles of Br rows): the key tiles
 // that meet the group's band, in tiles of kBcFwd; a tile wholly outside a
 // query tile's band is never visited (a window costs O(T·w)); a tile that
 // crosses the band's edge skips the products wholly outside it at
