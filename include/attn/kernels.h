@@ -34,17 +34,25 @@
 //
 // SIMD: one source compiled for AVX-512, AVX2, SSE4 and a scalar fallback
 // (Highway dynamic dispatch); the best one for the running CPU is chosen on
-// first use (flash_attention_target() names it). Threads: OpenMP. Forward
-// runs (batch, head, query tile) items, heaviest first. Backward gives each
-// thread whole heads when there are at least two per thread; with fewer it
-// splits every head into key-tile tasks (dK, dV) and query-tile tasks (dQ),
-// recomputing the scores (seven T×T×hd products instead of five). Both ways
-// visit every sum in the same order, so they give the same bits.
+// first use (flash_attention_target() names it). The kernel is the sdpa
+// kernel's (attn/sdpa.h: these calls are its is_causal, Tq = Tk, one key/value
+// head per query head case, same bits). Threads: OpenMP. Forward: with B·H a
+// multiple of the threads (or at least 4 per thread) a thread takes whole
+// heads and copies the head's K and V once into a contiguous block; else
+// (batch, head, group of query tiles) items, heaviest first. Backward gives
+// each thread whole heads when there are at least two per thread (copying Q,
+// dO and summing dQ in a contiguous block); with fewer it splits every head
+// into key-tile tasks (dK, dV) and query-tile tasks (dQ), recomputing the
+// scores (seven T×T×hd products instead of five). Every way visits every sum
+// in the same order, so they give the same bits.
 //
-// Memory: forward keeps O(tile) per thread (about 160 KB at hd = 64); backward
-// adds two (B, H, T) arrays (D and lse in base 2) and about 310 KB per thread,
-// plus, only when hd is not a multiple of the vector width, four (T, hd)
-// padded copies of one head per thread.
+// Memory: forward keeps O(tile) per thread (about 160 KB at hd = 64), plus,
+// with whole heads, the head's K and V (2·T·hd floats per thread); backward
+// adds two (B, H, T) arrays (D and lse in base 2), about 310 KB per thread
+// and, with whole heads, 3·T·hd floats per thread (Q, dO, dQ; each copy at
+// most 64 MB, else the tiles are read in place), plus, only when hd is not a
+// multiple of the vector width, zero-padded (B, H, T, hd) copies of q, k, dout
+// and dq.
 #pragma once
 
 #include <cstdint>

@@ -42,25 +42,40 @@ constexpr float kLog2e = 1.44269504088896340736f;
 constexpr float kLn2 = 0.69314718055994530942f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// 2^x with a relative error below 2e-7 (Cephes exp2f's minimax polynomial on
-// [-1/2, 1/2], then the exponent bits); x < -126 (and -inf) gives exactly 0.
+// 2^x for x <= 0 (the softmax's exponents), with a relative error below 2e-7:
+// a degree-5 minimax polynomial for 2^f on [-1/2, 1/2] (max error 7.5e-8 in
+// exact arithmetic), times 2^n. -inf (and any x below -150) gives exactly 0.
+// On AVX-512 the power of two is one VSCALEFPS (10 vector operations in all,
+// against 16 with the exponent bits built by hand): per score the exp is
+// about a tenth of the two products' FMAs, so it sets much of the forward's
+// speed.
+// Elsewhere x < -126 gives 0 (no subnormal results), as before.
+HWY_INLINE VF Exp2Poly(DF d, VF f) {
+  VF p = hn::Set(d, 1.3276434366757512e-3f);
+  p = hn::MulAdd(p, f, hn::Set(d, 9.675533201063341e-3f));
+  p = hn::MulAdd(p, f, hn::Set(d, 5.550713313819009e-2f));
+  p = hn::MulAdd(p, f, hn::Set(d, 2.402211987657844e-1f));
+  p = hn::MulAdd(p, f, hn::Set(d, 6.931469670884293e-1f));
+  return hn::MulAdd(p, f, hn::Set(d, 1.0000000716230493f));
+}
+#if HWY_TARGET <= HWY_AVX3
+HWY_INLINE VF Exp2(DF d, VF x) {
+  x = hn::Min(hn::Max(x, hn::Set(d, -200.0f)), hn::Set(d, 126.0f));
+  const VF n = hn::Round(x);
+  return VF{_mm512_scalef_ps(Exp2Poly(d, hn::Sub(x, n)).raw, n.raw)};
+}
+#else
 HWY_INLINE VF Exp2(DF d, VF x) {
   const auto underflow = hn::Lt(x, hn::Set(d, -126.0f));
   x = hn::Min(hn::Max(x, hn::Set(d, -126.0f)), hn::Set(d, 126.0f));
   const VF n = hn::Round(x);
-  const VF f = hn::Sub(x, n);  // [-1/2, 1/2]
-  VF p = hn::Set(d, 1.535336188319500e-4f);
-  p = hn::MulAdd(p, f, hn::Set(d, 1.339887440266574e-3f));
-  p = hn::MulAdd(p, f, hn::Set(d, 9.618437357674640e-3f));
-  p = hn::MulAdd(p, f, hn::Set(d, 5.550332471162809e-2f));
-  p = hn::MulAdd(p, f, hn::Set(d, 2.402264791363012e-1f));
-  p = hn::MulAdd(p, f, hn::Set(d, 6.931472028550421e-1f));
-  p = hn::MulAdd(p, f, hn::Set(d, 1.0f));
+  const VF p = Exp2Poly(d, hn::Sub(x, n));  // f in [-1/2, 1/2]
   const hn::RebindToSigned<DF> di;
   const auto two_n =
       hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127))));
   return hn::IfThenZeroElse(underflow, hn::Mul(p, two_n));
 }
+#endif
 
 // Philox4x32-10 (kernels/philox.h) for L counters at once, one per lane of
 // plain arrays, written so that the compiler vectorises it for this target
@@ -113,6 +128,39 @@ HWY_INLINE void DropoutRowNoise(const Rule& rule, uint64_t seed, int64_t b, int6
   PhiloxLanes<kBlocks>(x[0], x[1], x[2], x[3], seed);
   for (size_t m = 0; m < kBlocks; ++m)
     for (size_t t = 0; t < 4; ++t) z[4 * m + t] = rule.noise(x[t][m]);
+}
+
+// The forward's online softmax on a key-major tile of base-2 scores sT (jn,
+// Br): lanes are queries (Br = kNV·N of them), rows keys. Per query: m_new =
+// max(m, the tile's scores), P = 2^(S - m_new) in place, α = 2^(m - m_new),
+// l = α·l + Σ P. A query whose scores so far are all -inf keeps m = -inf and
+// l = 0 (the exponents are taken against 0 then, so no -inf - -inf). The kNV
+// vectors of a row are done together: independent chains for the max and the sums.
+HWY_INLINE void SoftmaxTileT(DF d, size_t jn, float* HWY_RESTRICT sT, float* HWY_RESTRICT m,
+                             float* HWY_RESTRICT l, float* HWY_RESTRICT alpha) {
+  constexpr size_t kBr = kNV * kN;
+  VF mx[kNV], sum[kNV];
+  for (size_t v = 0; v < kNV; ++v) mx[v] = hn::Load(d, m + v * kN), sum[v] = hn::Zero(d);
+  for (size_t jj = 0; jj < jn; ++jj)
+    for (size_t v = 0; v < kNV; ++v) mx[v] = hn::Max(mx[v], hn::Load(d, sT + jj * kBr + v * kN));
+  VF m_use[kNV];
+  for (size_t v = 0; v < kNV; ++v)
+    m_use[v] = hn::IfThenZeroElse(hn::Eq(mx[v], hn::Set(d, kNegInf)), mx[v]);
+  for (size_t jj = 0; jj < jn; ++jj) {
+    float* HWY_RESTRICT row = sT + jj * kBr;
+    for (size_t v = 0; v < kNV; ++v) {
+      const VF pv = Exp2(d, hn::Sub(hn::Load(d, row + v * kN), m_use[v]));
+      hn::Store(pv, d, row + v * kN);
+      sum[v] = hn::Add(sum[v], pv);
+    }
+  }
+  for (size_t v = 0; v < kNV; ++v) {
+    const VF m_old = hn::Load(d, m + v * kN);
+    const VF a = Exp2(d, hn::Sub(m_old, m_use[v]));  // 0 while m_old = -inf
+    hn::Store(a, d, alpha + v * kN);
+    hn::Store(mx[v], d, m + v * kN);
+    hn::Store(hn::MulAdd(a, hn::Load(d, l + v * kN), sum[v]), d, l + v * kN);
+  }
 }
 
 // ---- the micro-kernel and its driver ------------------------------------------------------
@@ -178,9 +226,14 @@ struct Span {
 // span(r0, nr) narrows the work of each block of rows: on tiles that cross the
 // causal diagonal the products with masked entries are skipped (an overwritten
 // C keeps stale values there, which the caller masks).
-template <int kMode, class SpanFn>
+// after_block() runs after each micro-kernel call (a place to trickle prefetches).
+struct NoHook {
+  void operator()() const {}
+};
+template <int kMode, class SpanFn, class Hook = NoHook>
 void GemmSpans(size_t M, size_t W, const float* A, size_t ars, size_t aks, const float* Bm,
-               size_t bs, float* C, size_t cs, const float* c_scale, SpanFn span) {
+               size_t bs, float* C, size_t cs, const float* c_scale, SpanFn span,
+               Hook after_block = Hook()) {
   static constexpr auto table = MicroTable<kMode>(std::make_index_sequence<kMR * kNV>());
   for (size_t w0 = 0; w0 < W; w0 += kNV * kN) {
     const size_t nv = std::min(kNV, (W - w0) / kN);
@@ -193,6 +246,7 @@ void GemmSpans(size_t M, size_t W, const float* A, size_t ars, size_t aks, const
       table[(nr - 1) * kNV + (v1 - v0 - 1)](
           A + r0 * ars + sp.k0 * aks, ars, aks, Bm + sp.k0 * bs + w0 + v0 * kN, bs, K,
           C + r0 * cs + w0 + v0 * kN, cs, c_scale ? c_scale + r0 : nullptr);
+      after_block();
     }
   }
 }
@@ -218,6 +272,29 @@ inline void PrefetchRows(const T* base, size_t stride, size_t t0, size_t t1, siz
   for (size_t t = t0; t < t1; ++t)
     for (size_t dd = 0; dd < hd; dd += kLine) __builtin_prefetch(base + t * stride + dd, 0, 2);
 }
+
+// Rows [next, end) of up to two token-major heads (a: W_a wide, b: W_b wide),
+// to be brought towards L2 a few rows at a time. A burst of hundreds of
+// prefetches fills the L1 miss buffers and stalls the products behind it;
+// spread over the micro-kernel calls of the current tile, the misses overlap
+// the FMAs.
+template <class T>
+struct PrefetchTrickle {
+  const T* a = nullptr;
+  const T* b = nullptr;
+  size_t a_stride = 0, b_stride = 0, a_width = 0, b_width = 0;
+  size_t next = 0, end = 0, per_call = 1;
+  void operator()() {
+    for (size_t n = 0; n < per_call && next < end; ++n, ++next) {
+      if (a) PrefetchRows(a, a_stride, next, next + 1, a_width);
+      if (b) PrefetchRows(b, b_stride, next, next + 1, b_width);
+    }
+  }
+  void rest() {
+    per_call = end - next;
+    (*this)();
+  }
+};
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)
 }  // namespace HWY_NAMESPACE
