@@ -148,6 +148,13 @@ class LayerNorm : public Module {
                      DType out_dtype = DType::kFloat32);
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
+  // The residual add before the norm in the same pass: *x1 = a + r (float32,
+  // a's shape; the residual stream), then forward(*x1). The bits of add(a, r)
+  // then forward.
+  Tensor forward_add(const Tensor& a, const Tensor& r, Tensor* x1);
+  // backward(dy) + dresidual (the residual stream's gradient), in one pass
+  // with the kernels: the bits of add(dresidual, backward(dy)).
+  Tensor backward_add(const Tensor& dy, const Tensor& dresidual);
   Parameter scale;  // (E)
   Parameter shift;  // (E)
  private:
@@ -183,11 +190,32 @@ class FeedForward : public Module {
   explicit FeedForward(const GPTConfig& cfg, Generator& gen = default_generator(),
                        LayerImpl impl = LayerImpl::kKernel, DType dtype = DType::kFloat32);
   Tensor forward(const Tensor& x);
+  // forward(x) + residual (x's shape, float32). With LayerImpl::kKernel the
+  // add is the product's C (proj's bias and the residual written first).
+  Tensor forward_add(const Tensor& x, const Tensor& residual);
   Tensor backward(const Tensor& dy);
   Sequential layers;  // "layers.0", "layers.1", "layers.2"
   Linear fc;          // layers.0: (E -> 4E)
   GELU gelu;          // layers.1
   Linear proj;        // layers.2: (4E -> E)
+
+ private:
+  // LayerImpl::kKernel: fc's product (beta = 0), then its bias and the GELU in
+  // one pass (kernels::bias_gelu_forward), proj's product onto its bias (and
+  // the residual); backward: GELU's gradient and fc's bias gradient in one pass
+  // (kernels::gelu_backward_bias). The maths of the three modules, which
+  // LayerImpl::kReference runs one after the other.
+  Tensor forward_fused(const Tensor& x, const Tensor* residual);
+  Tensor backward_fused(const Tensor& dy);
+  LayerImpl impl_;
+  DType dtype_;
+  bool fused_forward_ = false;  // the last forward was forward_fused
+  Shape x_shape_;
+  Tensor x_;        // (N, E) the input (bf16 mode: rounded to bf16)
+  Tensor h_;        // (N, 4E) fc's output, float32 (GELU's input)
+  Tensor g_;        // (N, 4E) GELU's output, float32 or bf16 (proj's input)
+  Tensor w_fc_b_;   // bf16 mode: bf16(fc.weight) of the last forward
+  Tensor w_proj_b_; // bf16 mode: bf16(proj.weight)
 };
 
 // TransformerBlock(cfg): att, ff, norm1, norm2, drop_shortcut, created in that

@@ -54,12 +54,43 @@ void layer_norm_backward(float* dx, float* dscale, float* dshift, const float* d
                          const float* scale, const float* mean, const float* std, int64_t N,
                          int64_t C);
 
+// ---- the residual add fused with the layer norm that follows it ----
+// x1 = a + r (N, C) is written (the residual stream, one float add per
+// element), then layer_norm_forward of x1: the bits of add() then
+// layer_norm_forward (or _bf16), in one pass over the rows.
+void add_layer_norm_forward(float* x1, float* y, float* mean, float* std, const float* a,
+                            const float* r, const float* scale, const float* shift, int64_t N,
+                            int64_t C, float eps);
+void add_layer_norm_forward_bf16(float* x1, BFloat16* y, float* mean, float* std, const float* a,
+                                 const float* r, const float* scale, const float* shift,
+                                 int64_t N, int64_t C, float eps);
+// layer_norm_backward with the residual's gradient added: dx = dresidual +
+// layer_norm_backward's dx (dresidual (N, C)), the bits of the two steps.
+void layer_norm_backward_add(float* dx, float* dscale, float* dshift, const float* dy,
+                             const float* dresidual, const float* x, const float* scale,
+                             const float* mean, const float* std, int64_t N, int64_t C);
+
 // y[i] = 0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³))), n elements.
 void gelu_forward(float* y, const float* x, int64_t n);
 
 // dx[i] = dy · (0.5 · (1 + t) + 0.5 · x · (1 − t²) · √(2/π) · (1 + 3 · 0.044715 · x²)), t =
 // tanh(u).
 void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
+
+// ---- bias + GELU, FeedForward's fc and its activation (nn::FeedForward) ----
+// Rows per partial sum of gelu_backward_bias's db.
+inline constexpr int64_t kGeluChunkRows = 64;
+// h (M, N) holds x Wᵀ (a beta = 0 product); h += b (N) on every row, then
+// y = gelu(h) (gelu_forward's values; _bf16: rounded as stored), one pass.
+void bias_gelu_forward(float* h, float* y, const float* b, int64_t M, int64_t N);
+void bias_gelu_forward_bf16(float* h, BFloat16* y, const float* b, int64_t M, int64_t N);
+// dh = gelu_backward(dy, h) (M, N), and db (N) += Σ_rows dh (the float dh;
+// one partial sum per kGeluChunkRows rows, added in chunk order: the same bits
+// for any thread count), one pass. _bf16: dh rounded to bf16 as stored.
+void gelu_backward_bias(float* dh, float* db, const float* dy, const float* h, int64_t M,
+                        int64_t N);
+void gelu_backward_bias_bf16(BFloat16* dh, float* db, const float* dy, const float* h, int64_t M,
+                             int64_t N);
 
 // ---- AdamW's element update (attn/optim.h's AdamW::step) ----------------------------
 // The scalars of one step, as AdamW::step derives them (PyTorch 1.13's
@@ -68,6 +99,7 @@ void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
 struct AdamWScalars {
   float decay, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, neg_step_size,
       bias_correction2_sqrt;
+  float grad_scale = 1.0f;  // the gradient used is g·grad_scale (clip_grad_norm's coefficient)
 };
 // Per element, in PyTorch's order and float rounding:
 //   w = w·decay;  m = fma(g, 1 − beta1, m·beta1);  v = v·beta2 + (1 − beta2)·g·g
@@ -75,6 +107,12 @@ struct AdamWScalars {
 // Element by element, so SIMD lanes and threads give the scalar loop's bits
 // (on targets with FMA; without it, Highway's MulAdd rounds the product first).
 void adamw_update(float* w, float* m, float* v, const float* g, int64_t n, const AdamWScalars& c);
+// The same update, then g = 0 (the next step's zero_grad, in the same pass).
+void adamw_update_zero_grad(float* w, float* m, float* v, float* g, int64_t n,
+                            const AdamWScalars& c);
+// Σ x[i]² summed in double (clip_grad_norm's squared norm of one gradient):
+// fixed chunks in double vector lanes, added in chunk order (any thread count).
+double sum_of_squares(const float* x, int64_t n);
 
 // ---- bf16 rounding (the bf16 path's operands) -----------------------------------------
 // dst[i] = to_bfloat16(src[i]) (attn/tensor.h: round to nearest even, every
@@ -88,6 +126,10 @@ void gelu_forward_bf16(BFloat16* y, const float* x, int64_t n);
 // C (M, N; ldc): every row set to b (N), for a product that then adds onto it
 // (beta = 1). Rows split over the OpenMP threads.
 void fill_rows(float* C, int64_t ldc, const float* b, int64_t M, int64_t N);
+// C (M, N; ldc): every row set to R's row (ldr) + b, for a product that then
+// adds onto it: the residual add and the bias in the product's C.
+void fill_rows_add(float* C, int64_t ldc, const float* b, const float* R, int64_t ldr, int64_t M,
+                   int64_t N);
 // db (N) += Σ_rows A (M, N; lda), rows in order for every column, the
 // columns split over the OpenMP threads: the serial loop's bits for any
 // thread count. A in float32, or bf16 summed in float32.

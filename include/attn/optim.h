@@ -61,6 +61,11 @@ class AdamW {
   AdamW(nn::Module& model, const AdamWOptions& options);
   // One update of every parameter from its gradient.
   void step();
+  // The same update from grad_scale · gradient (clip_coefficient's value: the
+  // bits of clip_grad_norm's g *= coefficient, without writing g), and with
+  // zero_grad each gradient set to zero once read (the next step's zero_grad,
+  // in the same pass over the parameters).
+  void step(float grad_scale, bool zero_grad);
   // Sets every parameter's gradient to zero.
   void zero_grad();
   // The learning rate of every group (param_group["lr"] = lr).
@@ -92,6 +97,11 @@ class AdamW {
 // every gradient is multiplied by it. Returns total (before clipping).
 float clip_grad_norm(const std::vector<nn::Parameter*>& params, double max_norm);
 float clip_grad_norm(nn::Module& model, double max_norm);
+// The same total norm without touching the gradients: the coefficient that
+// clip_grad_norm multiplies them by (1 when it leaves them), for
+// AdamW::step(grad_scale, ...). total_norm (may be null) receives the norm.
+float clip_coefficient(const std::vector<nn::Parameter*>& params, double max_norm,
+                       float* total_norm = nullptr);
 
 // nanoGPT's get_lr: linear warm-up for warmup_iters iterations,
 // learning_rate · (it + 1) / (warmup_iters + 1); then cosine decay to min_lr at

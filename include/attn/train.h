@@ -259,6 +259,8 @@ class Trainer {
   // One iteration: learning rate for iteration iter(), a training batch,
   // forward, backward, clipping, AdamW. Returns the batch's loss. (gpt2: the
   // next batch of the training pass in progress, a new pass when it is done.)
+  // It leaves every gradient zero: AdamW's pass zeroes each once read, in
+  // place of the next step's zero_grad.
   float step();
   // The mean loss of eval_iters training batches, then of eval_iters
   // validation batches (in that order, from the run's generator), in eval()
@@ -315,6 +317,7 @@ class Trainer {
   std::vector<std::pair<std::string, nn::Parameter*>> params_;  // named_parameters()
   int64_t iter_ = 0;
   int64_t last_eval_iter_ = -1;
+  bool grads_zero_ = false;  // the last step() left every gradient zero
 };
 
 // The GPTConfig of a checkpoint's "config" JSON, and back.

@@ -108,13 +108,31 @@ HWY_INLINE void StoreOut(DF d, VF v, BFloat16* out) {
 inline void StoreOut(float v, float* out) { *out = v; }
 inline void StoreOut(float v, BFloat16* out) { *out = to_bfloat16(v); }
 
+// x1 = a + r over one row of C floats (a float add per element: add()'s bits).
+HWY_INLINE void AddRow(DF d, float* x1, const float* a, const float* r, size_t C) {
+  const size_t N = hn::Lanes(d);
+  size_t c = 0;
+  for (; c + N <= C; c += N) {
+    hn::StoreU(hn::Add(hn::LoadU(d, a + c), hn::LoadU(d, r + c)), d, x1 + c);
+  }
+  for (; c < C; ++c) x1[c] = a[c] + r[c];
+}
+
+// With residual != null the rows are x1 = x + residual, written to x1 first
+// (add_layer_norm_forward); otherwise x itself.
 template <class Out>
 void LayerNormRows(Out* y, float* mean, float* std, const float* x, const float* scale,
-                   const float* shift, int64_t n0, int64_t n1, size_t C, float eps) {
+                   const float* shift, int64_t n0, int64_t n1, size_t C, float eps,
+                   const float* residual = nullptr, float* x1 = nullptr) {
   const DF d;
   const size_t N = hn::Lanes(d);
   for (int64_t n = n0; n < n1; ++n) {
     const float* row = x + n * int64_t(C);
+    if (residual != nullptr) {
+      float* sum = x1 + n * int64_t(C);
+      AddRow(d, sum, row, residual + n * int64_t(C), C);
+      row = sum;
+    }
     Out* out = y + n * int64_t(C);
     // Corrected two-pass mean and variance: the float mean's rounding error
     // (large when |mean| >> std) is measured by Σ (x − mu) and taken out.
@@ -141,16 +159,18 @@ void LayerNormRows(Out* y, float* mean, float* std, const float* x, const float*
 
 template <class Out>
 void LayerNormForwardAs(Out* y, float* mean, float* std, const float* x, const float* scale,
-                        const float* shift, int64_t Nrows, int64_t C, float eps) {
+                        const float* shift, int64_t Nrows, int64_t C, float eps,
+                        const float* residual = nullptr, float* x1 = nullptr) {
   if (Nrows * C < kParallelElements) {
-    LayerNormRows(y, mean, std, x, scale, shift, 0, Nrows, size_t(C), eps);
+    LayerNormRows(y, mean, std, x, scale, shift, 0, Nrows, size_t(C), eps, residual, x1);
     return;
   }
 #pragma omp parallel for schedule(static)
   for (int64_t chunk = 0; chunk < (Nrows + kLayerNormChunkRows - 1) / kLayerNormChunkRows;
        ++chunk) {
     LayerNormRows(y, mean, std, x, scale, shift, chunk * kLayerNormChunkRows,
-                  std::min(Nrows, (chunk + 1) * kLayerNormChunkRows), size_t(C), eps);
+                  std::min(Nrows, (chunk + 1) * kLayerNormChunkRows), size_t(C), eps, residual,
+                  x1);
   }
 }
 
@@ -164,11 +184,24 @@ void LayerNormForwardBf16(BFloat16* y, float* mean, float* std, const float* x, 
   LayerNormForwardAs(y, mean, std, x, scale, shift, Nrows, C, eps);
 }
 
+void AddLayerNormForward(float* x1, float* y, float* mean, float* std, const float* a,
+                         const float* r, const float* scale, const float* shift, int64_t Nrows,
+                         int64_t C, float eps) {
+  LayerNormForwardAs(y, mean, std, a, scale, shift, Nrows, C, eps, r, x1);
+}
+
+void AddLayerNormForwardBf16(float* x1, BFloat16* y, float* mean, float* std, const float* a,
+                             const float* r, const float* scale, const float* shift,
+                             int64_t Nrows, int64_t C, float eps) {
+  LayerNormForwardAs(y, mean, std, a, scale, shift, Nrows, C, eps, r, x1);
+}
+
 // dx for rows [n0, n1); dy·x̂ and dy summed over those rows into ds, db (C),
 // which the caller zeroed.
+// With dresidual != null, dx = dresidual + the layer norm's dx (add()'s bits).
 void LayerNormBackwardRows(float* dx, float* ds, float* db, const float* dy, const float* x,
                            const float* scale, const float* mean, const float* std, int64_t n0,
-                           int64_t n1, size_t C) {
+                           int64_t n1, size_t C, const float* dresidual) {
   const DF d;
   const size_t N = hn::Lanes(d);
   for (int64_t n = n0; n < n1; ++n) {
@@ -201,21 +234,35 @@ void LayerNormBackwardRows(float* dx, float* ds, float* db, const float* dy, con
     const float mean_g = sg / float(C), mean_gx = sgx / float(C);
     // Pass 2: dx = (g − mean_g − x̂ · mean_gx) · r.
     const VF vmg = hn::Set(d, mean_g), vmgx = hn::Set(d, mean_gx);
-    for (c = 0; c + N <= C; c += N) {
-      const VF xhat = hn::Mul(hn::Sub(hn::LoadU(d, px + c), vmu), vr);
-      const VF g = hn::Mul(hn::LoadU(d, pdy + c), hn::LoadU(d, scale + c));
-      hn::StoreU(hn::Mul(hn::NegMulAdd(xhat, vmgx, hn::Sub(g, vmg)), vr), d, pdx + c);
-    }
-    for (; c < C; ++c) {
-      const float xhat = (px[c] - mu) * r, g = pdy[c] * scale[c];
-      pdx[c] = std::fma(-xhat, mean_gx, g - mean_g) * r;
+    if (dresidual == nullptr) {
+      for (c = 0; c + N <= C; c += N) {
+        const VF xhat = hn::Mul(hn::Sub(hn::LoadU(d, px + c), vmu), vr);
+        const VF g = hn::Mul(hn::LoadU(d, pdy + c), hn::LoadU(d, scale + c));
+        hn::StoreU(hn::Mul(hn::NegMulAdd(xhat, vmgx, hn::Sub(g, vmg)), vr), d, pdx + c);
+      }
+      for (; c < C; ++c) {
+        const float xhat = (px[c] - mu) * r, g = pdy[c] * scale[c];
+        pdx[c] = std::fma(-xhat, mean_gx, g - mean_g) * r;
+      }
+    } else {
+      const float* pdr = dresidual + n * int64_t(C);
+      for (c = 0; c + N <= C; c += N) {
+        const VF xhat = hn::Mul(hn::Sub(hn::LoadU(d, px + c), vmu), vr);
+        const VF g = hn::Mul(hn::LoadU(d, pdy + c), hn::LoadU(d, scale + c));
+        const VF ln = hn::Mul(hn::NegMulAdd(xhat, vmgx, hn::Sub(g, vmg)), vr);
+        hn::StoreU(hn::Add(hn::LoadU(d, pdr + c), ln), d, pdx + c);
+      }
+      for (; c < C; ++c) {
+        const float xhat = (px[c] - mu) * r, g = pdy[c] * scale[c];
+        pdx[c] = pdr[c] + std::fma(-xhat, mean_gx, g - mean_g) * r;
+      }
     }
   }
 }
 
 void LayerNormBackward(float* dx, float* dscale, float* dshift, const float* dy, const float* x,
                        const float* scale, const float* mean, const float* std, int64_t Nrows,
-                       int64_t C) {
+                       int64_t C, const float* dresidual) {
   // One partial (dscale, dshift) per chunk of kLayerNormChunkRows rows, added
   // in chunk order: the same bits for any thread count.
   const int64_t chunks = (Nrows + kLayerNormChunkRows - 1) / kLayerNormChunkRows;
@@ -223,7 +270,7 @@ void LayerNormBackward(float* dx, float* dscale, float* dshift, const float* dy,
   const auto run = [&](int64_t k) {
     float* ds = partial.data() + k * 2 * C;
     LayerNormBackwardRows(dx, ds, ds + C, dy, x, scale, mean, std, k * kLayerNormChunkRows,
-                          std::min(Nrows, (k + 1) * kLayerNormChunkRows), size_t(C));
+                          std::min(Nrows, (k + 1) * kLayerNormChunkRows), size_t(C), dresidual);
   };
   if (Nrows * C < kParallelElements) {
     for (int64_t k = 0; k < chunks; ++k) run(k);
@@ -343,17 +390,133 @@ void GeluForwardBf16(BFloat16* y, const float* x, int64_t n) {
   Chunked(n, [&](size_t i, size_t count) { GeluForwardBf16Range(y + i, x + i, count); });
 }
 
+// ---- bias + GELU (FeedForward's fc and its activation in one pass) ----
+
+// Rows [r0, r1) of h (M, C): h += b, then y = gelu(h) (float, or rounded to bf16).
+template <class Out>
+void BiasGeluRows(float* h, Out* y, const float* b, int64_t r0, int64_t r1, size_t C) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  for (int64_t r = r0; r < r1; ++r) {
+    float* ph = h + r * int64_t(C);
+    Out* py = y + r * int64_t(C);
+    size_t c = 0;
+    for (; c + N <= C; c += N) {
+      const VF v = hn::Add(hn::LoadU(d, ph + c), hn::LoadU(d, b + c));
+      hn::StoreU(v, d, ph + c);
+      StoreOut(d, GeluForwardVec(d, v), py + c);
+    }
+    if (c < C) {  // the tail: gelu on a zero-padded vector, stored lane by lane
+      const size_t n = C - c;
+      const VF v = hn::Add(LoadTail(d, ph + c, n), LoadTail(d, b + c, n));
+      HWY_ALIGN float vb[hn::MaxLanes(DF())], gb[hn::MaxLanes(DF())];
+      hn::Store(v, d, vb);
+      hn::Store(GeluForwardVec(d, v), d, gb);
+      for (size_t k = 0; k < n; ++k) {
+        ph[c + k] = vb[k];
+        StoreOut(gb[k], py + c + k);
+      }
+    }
+  }
+}
+
+// Runs f(r0, r1) over the rows [0, M) in chunks of kGeluChunkRows, on the
+// OpenMP threads when M·C is large.
+template <class F>
+void RowChunks(int64_t M, int64_t C, const F& f) {
+  const int64_t chunks = (M + kGeluChunkRows - 1) / kGeluChunkRows;
+  const auto run = [&](int64_t k) {
+    f(k, k * kGeluChunkRows, std::min(M, (k + 1) * kGeluChunkRows));
+  };
+  if (M * C < kParallelElements) {
+    for (int64_t k = 0; k < chunks; ++k) run(k);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t k = 0; k < chunks; ++k) run(k);
+}
+
+template <class Out>
+void BiasGeluForwardAs(float* h, Out* y, const float* b, int64_t M, int64_t C) {
+  RowChunks(M, C, [&](int64_t, int64_t r0, int64_t r1) { BiasGeluRows(h, y, b, r0, r1, size_t(C)); });
+}
+
+void BiasGeluForward(float* h, float* y, const float* b, int64_t M, int64_t C) {
+  BiasGeluForwardAs(h, y, b, M, C);
+}
+void BiasGeluForwardBf16(float* h, BFloat16* y, const float* b, int64_t M, int64_t C) {
+  BiasGeluForwardAs(h, y, b, M, C);
+}
+
+// Rows [r0, r1): dh = gelu'(h) ⊙ dy (GeluBackwardVec), stored as Out; the
+// float dh summed over these rows, in row order, into db_part (C, zeroed).
+template <class Out>
+void GeluBackwardBiasRows(Out* dh, float* db_part, const float* dy, const float* h, int64_t r0,
+                          int64_t r1, size_t C) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* pdy = dy + r * int64_t(C);
+    const float* ph = h + r * int64_t(C);
+    Out* pdh = dh + r * int64_t(C);
+    size_t c = 0;
+    for (; c + N <= C; c += N) {
+      const VF g = GeluBackwardVec(d, hn::LoadU(d, pdy + c), hn::LoadU(d, ph + c));
+      hn::StoreU(hn::Add(hn::LoadU(d, db_part + c), g), d, db_part + c);
+      StoreOut(d, g, pdh + c);
+    }
+    if (c < C) {
+      const size_t n = C - c;
+      HWY_ALIGN float gb[hn::MaxLanes(DF())];
+      hn::Store(GeluBackwardVec(d, LoadTail(d, pdy + c, n), LoadTail(d, ph + c, n)), d, gb);
+      for (size_t k = 0; k < n; ++k) {
+        db_part[c + k] += gb[k];
+        StoreOut(gb[k], pdh + c + k);
+      }
+    }
+  }
+}
+
+template <class Out>
+void GeluBackwardBiasAs(Out* dh, float* db, const float* dy, const float* h, int64_t M,
+                        int64_t C) {
+  // One partial db per chunk of kGeluChunkRows rows, added in chunk order:
+  // the same bits for any thread count.
+  const int64_t chunks = (M + kGeluChunkRows - 1) / kGeluChunkRows;
+  std::vector<float> partial(size_t(chunks * C), 0.0f);  // (chunks, C)
+  RowChunks(M, C, [&](int64_t k, int64_t r0, int64_t r1) {
+    GeluBackwardBiasRows(dh, partial.data() + k * C, dy, h, r0, r1, size_t(C));
+  });
+  for (int64_t k = 0; k < chunks; ++k) {
+    const float* p = partial.data() + k * C;
+    for (int64_t c = 0; c < C; ++c) db[c] += p[c];
+  }
+}
+
+void GeluBackwardBias(float* dh, float* db, const float* dy, const float* h, int64_t M,
+                      int64_t C) {
+  GeluBackwardBiasAs(dh, db, dy, h, M, C);
+}
+void GeluBackwardBiasBf16(BFloat16* dh, float* db, const float* dy, const float* h, int64_t M,
+                          int64_t C) {
+  GeluBackwardBiasAs(dh, db, dy, h, M, C);
+}
+
 // AdamW's element update (attn/layer_kernels.h states it), n elements from 0.
-void AdamWRange(float* w, float* m, float* v, const float* g, size_t n, const AdamWScalars& c) {
+// The gradient is g·grad_scale (clip_grad_norm's g *= clip_coef, the same
+// rounding); with ZeroGrad, g is set to 0 once read (the next zero_grad).
+template <bool ZeroGrad>
+void AdamWRange(float* w, float* m, float* v, float* g, size_t n, const AdamWScalars& c) {
   const DF d;
   const size_t N = hn::Lanes(d);
   const VF decay = hn::Set(d, c.decay), beta1 = hn::Set(d, c.beta1), beta2 = hn::Set(d, c.beta2);
   const VF omb1 = hn::Set(d, c.one_minus_beta1), omb2 = hn::Set(d, c.one_minus_beta2);
   const VF bc2 = hn::Set(d, c.bias_correction2_sqrt), eps = hn::Set(d, c.eps);
-  const VF nss = hn::Set(d, c.neg_step_size);
+  const VF nss = hn::Set(d, c.neg_step_size), gscale = hn::Set(d, c.grad_scale);
   size_t i = 0;
   for (; i + N <= n; i += N) {
-    const VF gi = hn::LoadU(d, g + i);
+    const VF gi = hn::Mul(hn::LoadU(d, g + i), gscale);
+    if constexpr (ZeroGrad) hn::StoreU(hn::Zero(d), d, g + i);
     const VF wi = hn::Mul(hn::LoadU(d, w + i), decay);
     const VF mi = hn::MulAdd(gi, omb1, hn::Mul(hn::LoadU(d, m + i), beta1));
     const VF vi = hn::Add(hn::Mul(hn::LoadU(d, v + i), beta2), hn::Mul(hn::Mul(omb2, gi), gi));
@@ -363,16 +526,61 @@ void AdamWRange(float* w, float* m, float* v, const float* g, size_t n, const Ad
     hn::StoreU(vi, d, v + i);
   }
   for (; i < n; ++i) {
+    const float gi = g[i] * c.grad_scale;
+    if constexpr (ZeroGrad) g[i] = 0.0f;
     w[i] = w[i] * c.decay;
-    m[i] = std::fma(g[i], c.one_minus_beta1, m[i] * c.beta1);
-    v[i] = v[i] * c.beta2 + c.one_minus_beta2 * g[i] * g[i];
+    m[i] = std::fma(gi, c.one_minus_beta1, m[i] * c.beta1);
+    v[i] = v[i] * c.beta2 + c.one_minus_beta2 * gi * gi;
     const float denom = std::sqrt(v[i]) / c.bias_correction2_sqrt + c.eps;
     w[i] = w[i] + c.neg_step_size * m[i] / denom;
   }
 }
 
 void AdamWUpdate(float* w, float* m, float* v, const float* g, int64_t n, const AdamWScalars& c) {
-  Chunked(n, [&](size_t i, size_t count) { AdamWRange(w + i, m + i, v + i, g + i, count, c); });
+  // ZeroGrad = false never writes g.
+  auto* gw = const_cast<float*>(g);
+  Chunked(n, [&](size_t i, size_t count) {
+    AdamWRange<false>(w + i, m + i, v + i, gw + i, count, c);
+  });
+}
+
+void AdamWUpdateZeroGrad(float* w, float* m, float* v, float* g, int64_t n,
+                         const AdamWScalars& c) {
+  Chunked(n, [&](size_t i, size_t count) {
+    AdamWRange<true>(w + i, m + i, v + i, g + i, count, c);
+  });
+}
+
+// Σ x[i]² in double over [0, n): double lanes, added across the lanes at the end.
+double SumSquaresRange(const float* x, size_t n) {
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> df;  // half-width float vectors, promoted
+  const size_t N = hn::Lanes(dd);
+  auto acc0 = hn::Zero(dd), acc1 = hn::Zero(dd);
+  size_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    const auto a = hn::PromoteTo(dd, hn::LoadU(df, x + i));
+    const auto b = hn::PromoteTo(dd, hn::LoadU(df, x + i + N));
+    acc0 = hn::MulAdd(a, a, acc0);
+    acc1 = hn::MulAdd(b, b, acc1);
+  }
+  double sum = hn::GetLane(hn::SumOfLanes(dd, hn::Add(acc0, acc1)));
+  for (; i < n; ++i) sum += static_cast<double>(x[i]) * x[i];
+  return sum;
+}
+
+double SumSquares(const float* x, int64_t n) {
+  // Fixed chunks, their sums added in chunk order: the same bits for any thread count.
+  constexpr int64_t kChunk = int64_t{1} << 14;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> partial(size_t(chunks), 0.0);
+#pragma omp parallel for schedule(static) if (n >= kParallelElements * 4)
+  for (int64_t k = 0; k < chunks; ++k) {
+    partial[size_t(k)] = SumSquaresRange(x + k * kChunk, size_t(std::min(kChunk, n - k * kChunk)));
+  }
+  double sum = 0.0;
+  for (double p : partial) sum += p;
+  return sum;
 }
 
 const char* LayerKernelsTarget() { return hwy::TargetName(HWY_TARGET); }
@@ -394,6 +602,14 @@ HWY_EXPORT(AdamWUpdate);
 HWY_EXPORT(RoundToBf16);
 HWY_EXPORT(GeluForwardBf16);
 HWY_EXPORT(LayerKernelsTarget);
+HWY_EXPORT(AddLayerNormForward);
+HWY_EXPORT(AddLayerNormForwardBf16);
+HWY_EXPORT(BiasGeluForward);
+HWY_EXPORT(BiasGeluForwardBf16);
+HWY_EXPORT(GeluBackwardBias);
+HWY_EXPORT(GeluBackwardBiasBf16);
+HWY_EXPORT(AdamWUpdateZeroGrad);
+HWY_EXPORT(SumSquares);
 
 void layer_norm_forward(float* y, float* mean, float* std, const float* x, const float* scale,
                         const float* shift, int64_t N, int64_t C, float eps) {
@@ -412,7 +628,57 @@ void layer_norm_backward(float* dx, float* dscale, float* dshift, const float* d
                          const float* scale, const float* mean, const float* std, int64_t N,
                          int64_t C) {
   if (N <= 0 || C <= 0) return;
-  HWY_DYNAMIC_DISPATCH(LayerNormBackward)(dx, dscale, dshift, dy, x, scale, mean, std, N, C);
+  HWY_DYNAMIC_DISPATCH(LayerNormBackward)(dx, dscale, dshift, dy, x, scale, mean, std, N, C,
+                                          nullptr);
+}
+
+void layer_norm_backward_add(float* dx, float* dscale, float* dshift, const float* dy,
+                             const float* dresidual, const float* x, const float* scale,
+                             const float* mean, const float* std, int64_t N, int64_t C) {
+  if (N <= 0 || C <= 0) return;
+  HWY_DYNAMIC_DISPATCH(LayerNormBackward)(dx, dscale, dshift, dy, x, scale, mean, std, N, C,
+                                          dresidual);
+}
+
+void add_layer_norm_forward(float* x1, float* y, float* mean, float* std, const float* a,
+                            const float* r, const float* scale, const float* shift, int64_t N,
+                            int64_t C, float eps) {
+  if (N <= 0 || C <= 0) return;
+  HWY_DYNAMIC_DISPATCH(AddLayerNormForward)(x1, y, mean, std, a, r, scale, shift, N, C, eps);
+}
+
+void add_layer_norm_forward_bf16(float* x1, BFloat16* y, float* mean, float* std, const float* a,
+                                 const float* r, const float* scale, const float* shift,
+                                 int64_t N, int64_t C, float eps) {
+  if (N <= 0 || C <= 0) return;
+  HWY_DYNAMIC_DISPATCH(AddLayerNormForwardBf16)(x1, y, mean, std, a, r, scale, shift, N, C, eps);
+}
+
+void bias_gelu_forward(float* h, float* y, const float* b, int64_t M, int64_t N) {
+  if (M > 0 && N > 0) HWY_DYNAMIC_DISPATCH(BiasGeluForward)(h, y, b, M, N);
+}
+
+void bias_gelu_forward_bf16(float* h, BFloat16* y, const float* b, int64_t M, int64_t N) {
+  if (M > 0 && N > 0) HWY_DYNAMIC_DISPATCH(BiasGeluForwardBf16)(h, y, b, M, N);
+}
+
+void gelu_backward_bias(float* dh, float* db, const float* dy, const float* h, int64_t M,
+                        int64_t N) {
+  if (M > 0 && N > 0) HWY_DYNAMIC_DISPATCH(GeluBackwardBias)(dh, db, dy, h, M, N);
+}
+
+void gelu_backward_bias_bf16(BFloat16* dh, float* db, const float* dy, const float* h, int64_t M,
+                             int64_t N) {
+  if (M > 0 && N > 0) HWY_DYNAMIC_DISPATCH(GeluBackwardBiasBf16)(dh, db, dy, h, M, N);
+}
+
+void adamw_update_zero_grad(float* w, float* m, float* v, float* g, int64_t n,
+                            const AdamWScalars& c) {
+  if (n > 0) HWY_DYNAMIC_DISPATCH(AdamWUpdateZeroGrad)(w, m, v, g, n, c);
+}
+
+double sum_of_squares(const float* x, int64_t n) {
+  return n > 0 ? HWY_DYNAMIC_DISPATCH(SumSquares)(x, n) : 0.0;
 }
 
 void gelu_forward(float* y, const float* x, int64_t n) {
@@ -469,6 +735,16 @@ void column_sums(float* db, const T* A, int64_t lda, int64_t M, int64_t N) {
 void fill_rows(float* C, int64_t ldc, const float* b, int64_t M, int64_t N) {
 #pragma omp parallel for schedule(static) if (M * N >= kRowsParallelElements)
   for (int64_t r = 0; r < M; ++r) std::copy_n(b, N, C + r * ldc);
+}
+
+void fill_rows_add(float* C, int64_t ldc, const float* b, const float* R, int64_t ldr, int64_t M,
+                   int64_t N) {
+#pragma omp parallel for schedule(static) if (M * N >= kRowsParallelElements)
+  for (int64_t r = 0; r < M; ++r) {
+    float* c = C + r * ldc;
+    const float* x = R + r * ldr;
+    for (int64_t j = 0; j < N; ++j) c[j] = x[j] + b[j];
+  }
 }
 
 void column_sums_accumulate(float* db, const float* A, int64_t lda, int64_t M, int64_t N) {

@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "attn/functional.h"
+#include "attn/gemm.h"
 #include "attn/layer_kernels.h"
 #include "attn/linear_cross_entropy.h"
 #include "attn/ops.h"
@@ -151,10 +152,52 @@ Tensor LayerNorm::backward(const Tensor& dy) {
     return ref::layer_norm_backward(dy, x_, scale.value, saved_, scale.grad, shift.grad);
   }
   const Tensor dyc = dy.contiguous();
-  Tensor dx(x_.shape());  // (..., E)
+  Tensor dx = Tensor::empty(x_.shape());  // (..., E), every element written
   kernels::layer_norm_backward(dx.data(), scale.grad.data(), shift.grad.data(), dyc.data(),
                                x_.data(), scale.value.data(), saved_.mean.data(), saved_.std.data(),
                                x_.numel() / emb_dim_, emb_dim_);
+  return dx;
+}
+
+Tensor LayerNorm::forward_add(const Tensor& a, const Tensor& r, Tensor* x1) {
+  const bool fusable = impl_ == LayerImpl::kKernel && a.dtype() == DType::kFloat32 &&
+                       r.dtype() == DType::kFloat32 && a.shape() == r.shape() && a.dim() >= 1 &&
+                       a.size(-1) == emb_dim_;
+  if (!fusable) {
+    *x1 = add(a, r);
+    return forward(*x1);
+  }
+  const Tensor ac = a.contiguous(), rc = r.contiguous();
+  *x1 = Tensor::empty(a.shape());  // (..., E)
+  x_ = *x1;
+  has_forward_ = true;
+  const int64_t N = a.numel() / emb_dim_;
+  Tensor y = Tensor::empty(a.shape(), out_dtype_);  // (..., E)
+  saved_ = {Tensor({N}), Tensor({N})};              // mean, std (N)
+  if (out_dtype_ == DType::kBFloat16) {
+    kernels::add_layer_norm_forward_bf16(x1->data(), y.data_ptr<BFloat16>(), saved_.mean.data(),
+                                         saved_.std.data(), ac.data(), rc.data(),
+                                         scale.value.data(), shift.value.data(), N, emb_dim_, eps_);
+  } else {
+    kernels::add_layer_norm_forward(x1->data(), y.data(), saved_.mean.data(), saved_.std.data(),
+                                    ac.data(), rc.data(), scale.value.data(), shift.value.data(), N,
+                                    emb_dim_, eps_);
+  }
+  return y;
+}
+
+Tensor LayerNorm::backward_add(const Tensor& dy, const Tensor& dresidual) {
+  require_forward(has_forward_, "LayerNorm");
+  detail::check_grad("LayerNorm", dy, x_.shape());
+  if (impl_ == LayerImpl::kReference || dresidual.shape() != x_.shape() ||
+      dresidual.dtype() != DType::kFloat32) {
+    return add(dresidual, backward(dy));
+  }
+  const Tensor dyc = dy.contiguous(), drc = dresidual.contiguous();
+  Tensor dx = Tensor::empty(x_.shape());  // (..., E), every element written
+  kernels::layer_norm_backward_add(dx.data(), scale.grad.data(), shift.grad.data(), dyc.data(),
+                                   drc.data(), x_.data(), scale.value.data(), saved_.mean.data(),
+                                   saved_.std.data(), x_.numel() / emb_dim_, emb_dim_);
   return dx;
 }
 
@@ -189,7 +232,7 @@ Tensor GELU::backward(const Tensor& dy) {
   detail::check_grad("GELU", dy, x_.shape());
   if (impl_ == LayerImpl::kReference) return ref::gelu_backward(dy, x_);
   const Tensor dyc = dy.contiguous();
-  Tensor dx(x_.shape());
+  Tensor dx = Tensor::empty(x_.shape());  // every element written
   kernels::gelu_backward(dx.data(), dyc.data(), x_.data(), x_.numel());
   return dx;
 }
@@ -199,17 +242,138 @@ Tensor GELU::backward(const Tensor& dy) {
 FeedForward::FeedForward(const GPTConfig& cfg, Generator& gen, LayerImpl impl, DType dtype)
     : fc({cfg.emb_dim, 4 * cfg.emb_dim, true, engine_of(impl), dtype}, gen),
       gelu(impl, dtype),  // bf16 mode: bf16 out, proj's operand as it is
-      proj({4 * cfg.emb_dim, cfg.emb_dim, true, engine_of(impl), dtype}, gen) {
+      proj({4 * cfg.emb_dim, cfg.emb_dim, true, engine_of(impl), dtype}, gen),
+      impl_(impl),
+      dtype_(dtype) {
   layers.append(&fc);
   layers.append(&gelu);
   layers.append(&proj);
   register_module("layers", &layers);
 }
 
-Tensor FeedForward::forward(const Tensor& x) { return proj.forward(gelu.forward(fc.forward(x))); }
+Tensor FeedForward::forward(const Tensor& x) {
+  if (impl_ == LayerImpl::kKernel) return forward_fused(x, nullptr);
+  fused_forward_ = false;
+  return proj.forward(gelu.forward(fc.forward(x)));
+}
+
+Tensor FeedForward::forward_add(const Tensor& x, const Tensor& residual) {
+  if (impl_ == LayerImpl::kKernel && residual.dtype() == DType::kFloat32 && x.dim() >= 1 &&
+      residual.shape() == x.shape() && x.size(-1) == fc.options().in_features) {
+    return forward_fused(x, &residual);
+  }
+  return add(forward(x), residual);
+}
 
 Tensor FeedForward::backward(const Tensor& dy) {
+  if (fused_forward_) return backward_fused(dy);
   return fc.backward(gelu.backward(proj.backward(dy)));
+}
+
+namespace {
+// t rounded to bf16 (contiguous), or t itself when it is bf16 already.
+Tensor as_bf16(const Tensor& t) {
+  if (t.dtype() == DType::kBFloat16) return t.contiguous();
+  const Tensor src = t.contiguous();
+  Tensor out = Tensor::empty(t.shape(), DType::kBFloat16);
+  kernels::round_to_bf16(out.data_ptr<BFloat16>(), src.data(), src.numel());
+  return out;
+}
+}  // namespace
+
+// With N the rows of x, E = emb_dim, H = 4E (bf16 mode: the products' operands
+// rounded to bf16, as Linear's bf16 mode; sums and everything else float32):
+//   h = x W_fcᵀ                    (N, H)  a beta = 0 product
+//   h += b_fc;  g = gelu(h)        (N, H)  one pass (g bf16 in bf16 mode)
+//   y = [residual +] b_proj        (N, E)  then y += g W_projᵀ (beta = 1)
+Tensor FeedForward::forward_fused(const Tensor& x, const Tensor* residual) {
+  const int64_t E = fc.options().in_features, H = fc.options().out_features;
+  if (x.dim() < 1 || x.size(-1) != E) {
+    throw std::invalid_argument(
+        fmt::format("FeedForward: input shape {} does not end in emb_dim {}", shape_str(x.shape()), E));
+  }
+  const bool bf16 = dtype_ == DType::kBFloat16;
+  if (x.dtype() != DType::kFloat32 && !(bf16 && x.dtype() == DType::kBFloat16)) {
+    throw std::invalid_argument(fmt::format("FeedForward: input must be float32{}, got {} of shape {}",
+                                            bf16 ? " or bfloat16" : "", dtype_name(x.dtype()),
+                                            shape_str(x.shape())));
+  }
+  const int64_t N = x.numel() / E;
+  x_shape_ = x.shape();
+  fused_forward_ = true;
+  h_ = Tensor::empty({N, H});
+  g_ = Tensor::empty({N, H}, dtype_);
+  Tensor y = Tensor::empty({N, E});
+  const Tensor rc = residual != nullptr ? residual->contiguous() : Tensor();
+  if (bf16) {
+    x_ = as_bf16(x).reshape({N, E});
+    w_fc_b_ = as_bf16(fc.weight.value);
+    w_proj_b_ = as_bf16(proj.weight.value);
+    gemm::gemm_bf16(gemm::Trans::kNo, gemm::Trans::kYes, N, H, E, 1.0f, x_.data_ptr<BFloat16>(), E,
+                    w_fc_b_.data_ptr<BFloat16>(), E, 0.0f, h_.data(), H);
+    kernels::bias_gelu_forward_bf16(h_.data(), g_.data_ptr<BFloat16>(), fc.bias.value.data(), N,
+                                    H);
+  } else {
+    x_ = x.contiguous().reshape({N, E});
+    gemm::sgemm(gemm::Trans::kNo, gemm::Trans::kYes, N, H, E, 1.0f, x_.data(), E,
+                fc.weight.value.data(), E, 0.0f, h_.data(), H, gemm::Engine::kFast);
+    kernels::bias_gelu_forward(h_.data(), g_.data(), fc.bias.value.data(), N, H);
+  }
+  if (residual != nullptr) {
+    kernels::fill_rows_add(y.data(), E, proj.bias.value.data(), rc.data(), E, N, E);
+  } else {
+    kernels::fill_rows(y.data(), E, proj.bias.value.data(), N, E);
+  }
+  if (bf16) {
+    gemm::gemm_bf16(gemm::Trans::kNo, gemm::Trans::kYes, N, E, H, 1.0f, g_.data_ptr<BFloat16>(), H,
+                    w_proj_b_.data_ptr<BFloat16>(), H, 1.0f, y.data(), E);
+  } else {
+    gemm::sgemm(gemm::Trans::kNo, gemm::Trans::kYes, N, E, H, 1.0f, g_.data(), H,
+                proj.weight.value.data(), H, 1.0f, y.data(), E, gemm::Engine::kFast);
+  }
+  return y.reshape(x_shape_);
+}
+
+//   dW_proj += dyᵀ g,  db_proj += Σ_rows dy,  dg = dy W_proj         (N, H)
+//   dh = gelu'(h) ⊙ dg,  db_fc += Σ_rows dh                          one pass
+//   dW_fc += dhᵀ x,    dx = dh W_fc                                  (N, E)
+Tensor FeedForward::backward_fused(const Tensor& dy) {
+  detail::check_grad("FeedForward", dy, x_shape_);
+  const int64_t E = fc.options().in_features, H = fc.options().out_features;
+  const int64_t N = h_.size(0);
+  const Tensor dyc = dy.contiguous();
+  Tensor dg = Tensor::empty({N, H});
+  Tensor dx = Tensor::empty({N, E});
+  using gemm::Trans;
+  if (dtype_ == DType::kBFloat16) {
+    const Tensor dyb = as_bf16(dyc);
+    gemm::gemm_bf16(Trans::kYes, Trans::kNo, E, H, N, 1.0f, dyb.data_ptr<BFloat16>(), E,
+                    g_.data_ptr<BFloat16>(), H, 1.0f, proj.weight.grad.data(), H);
+    kernels::column_sums_accumulate(proj.bias.grad.data(), dyc.data(), E, N, E);
+    gemm::gemm_bf16(Trans::kNo, Trans::kNo, N, H, E, 1.0f, dyb.data_ptr<BFloat16>(), E,
+                    w_proj_b_.data_ptr<BFloat16>(), H, 0.0f, dg.data(), H);
+    Tensor dhb = Tensor::empty({N, H}, DType::kBFloat16);
+    kernels::gelu_backward_bias_bf16(dhb.data_ptr<BFloat16>(), fc.bias.grad.data(), dg.data(),
+                                     h_.data(), N, H);
+    gemm::gemm_bf16(Trans::kYes, Trans::kNo, H, E, N, 1.0f, dhb.data_ptr<BFloat16>(), H,
+                    x_.data_ptr<BFloat16>(), E, 1.0f, fc.weight.grad.data(), E);
+    gemm::gemm_bf16(Trans::kNo, Trans::kNo, N, E, H, 1.0f, dhb.data_ptr<BFloat16>(), H,
+                    w_fc_b_.data_ptr<BFloat16>(), E, 0.0f, dx.data(), E);
+  } else {
+    const gemm::Engine fast = gemm::Engine::kFast;
+    gemm::sgemm(Trans::kYes, Trans::kNo, E, H, N, 1.0f, dyc.data(), E, g_.data(), H, 1.0f,
+                proj.weight.grad.data(), H, fast);
+    kernels::column_sums_accumulate(proj.bias.grad.data(), dyc.data(), E, N, E);
+    gemm::sgemm(Trans::kNo, Trans::kNo, N, H, E, 1.0f, dyc.data(), E, proj.weight.value.data(), H,
+                0.0f, dg.data(), H, fast);
+    // dh in place of dg: each element is read before it is written.
+    kernels::gelu_backward_bias(dg.data(), fc.bias.grad.data(), dg.data(), h_.data(), N, H);
+    gemm::sgemm(Trans::kYes, Trans::kNo, H, E, N, 1.0f, dg.data(), H, x_.data(), E, 1.0f,
+                fc.weight.grad.data(), E, fast);
+    gemm::sgemm(Trans::kNo, Trans::kNo, N, E, H, 1.0f, dg.data(), H, fc.weight.value.data(), E,
+                0.0f, dx.data(), E, fast);
+  }
+  return dx.reshape(x_shape_);
 }
 
 // ---- TransformerBlock -----------------------------------------------------------------
@@ -290,6 +454,15 @@ Tensor TransformerBlock::forward(const Tensor& x) {
   // x (B, T, E); att checks the shape and T <= context_length.
   const Tensor h = norm1.forward(x);
   const Tensor a = latent_att ? latent_att->forward(h) : att.forward(h);  // (B, T, E)
+  if (!drop_shortcut.is_active()) {
+    // No masks: the residual adds inside norm2's pass and ff's product.
+    noise_att_ = Tensor();
+    noise_ff_ = Tensor();
+    Tensor x1;                                      // x + a (B, T, E)
+    const Tensor h2 = norm2.forward_add(a, x, &x1);  // norm2(x1)
+    has_forward_ = true;
+    return ff.forward_add(h2, x1);  // x1 + ff(norm2(x1))
+  }
   noise_att_ = drop_shortcut.sample_noise(a.shape());    // empty when off
   const Tensor x1 = add(apply_noise(a, noise_att_), x);  // (B, T, E)
   const Tensor f = ff.forward(norm2.forward(x1));        // (B, T, E)
@@ -300,6 +473,10 @@ Tensor TransformerBlock::forward(const Tensor& x) {
 
 Tensor TransformerBlock::backward(const Tensor& dy) {
   require_forward(has_forward_, "TransformerBlock");
+  if (noise_ff_.empty() && noise_att_.empty()) {  // the residual adds in the norms' passes
+    const Tensor dx1 = norm2.backward_add(ff.backward(dy), dy);
+    return norm1.backward_add(latent_att ? latent_att->backward(dx1) : att.backward(dx1), dx1);
+  }
   // out = x1 + drop(ff(norm2(x1))): dx1 = dy + norm2ᵀ ffᵀ (dy ⊙ noise_ff)
   const Tensor dff = noise_ff_.empty() ? dy : ref::dropout_backward(dy, noise_ff_);
   const Tensor dx1 = add(dy, norm2.backward(ff.backward(dff)));

@@ -89,7 +89,9 @@ void AdamW::zero_grad() {
 //   denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
 //   param.addcdiv_(exp_avg, denom, value=-step_size)             param + (−step_size·m) / denom
 // The Python scalars are doubles; the kernels take them as float.
-void AdamW::step() {
+void AdamW::step() { step(1.0f, false); }
+
+void AdamW::step(float grad_scale, bool zero_grad) {
   ++steps_;
   const double lr = options_.lr, beta1 = options_.beta1, beta2 = options_.beta2;
   const double t = static_cast<double>(steps_);
@@ -113,15 +115,20 @@ void AdamW::step() {
                                         .one_minus_beta2 = one_minus_beta2,
                                         .eps = eps,
                                         .neg_step_size = neg_step_size,
-                                        .bias_correction2_sqrt = bc2_sqrt};
+                                        .bias_correction2_sqrt = bc2_sqrt,
+                                        .grad_scale = grad_scale};
     for (size_t pi = 0; pi < groups_[gi].params.size(); ++pi) {
       nn::Parameter& p = *groups_[gi].params[pi];
-      const Tensor grad = p.grad.contiguous();
       float* w = p.value.data();
-      const float* g = grad.data();
       float* m = state_[gi][pi].exp_avg.data();
       float* v = state_[gi][pi].exp_avg_sq.data();
-      kernels::adamw_update(w, m, v, g, p.value.numel(), scalars);
+      if (zero_grad && p.grad.is_contiguous()) {
+        kernels::adamw_update_zero_grad(w, m, v, p.grad.data(), p.value.numel(), scalars);
+        continue;
+      }
+      const Tensor grad = p.grad.contiguous();
+      kernels::adamw_update(w, m, v, grad.data(), p.value.numel(), scalars);
+      if (zero_grad) p.grad.fill_(0.0f);
     }
   }
 }
@@ -129,23 +136,33 @@ void AdamW::step() {
 // torch.nn.utils.clip_grad_norm_ (1.13): total_norm = norm(stack([norm(g) for g])),
 // clip_coef = max_norm / (total_norm + 1e-6), which Python evaluates as
 // reciprocal(total_norm + 1e-6) * max_norm in float, clamped to 1.
-float clip_grad_norm(const std::vector<nn::Parameter*>& params, double max_norm) {
-  if (params.empty()) return 0.0f;
+// Each gradient's Σ g² in double (SIMD lanes, fixed chunks: kernels::sum_of_squares).
+float clip_coefficient(const std::vector<nn::Parameter*>& params, double max_norm,
+                       float* total_norm_out) {
   double total_sq = 0.0;
   for (const nn::Parameter* p : params) {
     const Tensor grad = p->grad.contiguous();
-    const float* g = grad.data();
-    double sq = 0.0;
-    for (int64_t i = 0; i < grad.numel(); ++i) sq += static_cast<double>(g[i]) * g[i];
+    const double sq = kernels::sum_of_squares(grad.data(), grad.numel());
     const auto norm = static_cast<float>(std::sqrt(sq));  // torch.norm(p.grad): a float
     total_sq += static_cast<double>(norm) * norm;
   }
   const auto total_norm = static_cast<float>(std::sqrt(total_sq));
+  if (total_norm_out != nullptr) *total_norm_out = total_norm;
+  if (params.empty()) return 1.0f;
   const float clip_coef = (1.0f / (total_norm + 1e-6f)) * static_cast<float>(max_norm);
+  return clip_coef < 1.0f ? clip_coef : 1.0f;
+}
+
+float clip_grad_norm(const std::vector<nn::Parameter*>& params, double max_norm) {
+  if (params.empty()) return 0.0f;
+  float total_norm = 0.0f;
+  const float clip_coef = clip_coefficient(params, max_norm, &total_norm);
   if (clip_coef < 1.0f) {
     for (nn::Parameter* p : params) {
       float* g = p->grad.data();
-      for (int64_t i = 0; i < p->grad.numel(); ++i) g[i] *= clip_coef;
+      const int64_t n = p->grad.numel();
+#pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 16))
+      for (int64_t i = 0; i < n; ++i) g[i] *= clip_coef;
     }
   }
   return total_norm;

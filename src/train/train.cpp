@@ -599,12 +599,23 @@ float Trainer::step() {
   optimizer_->set_lr(options_.lr_schedule == "constant" ? options_.lr
                                                        : optim::get_lr(iter_, schedule));
   auto [x, y] = next_train_batch();
-  optimizer_->zero_grad();
+  // The last step's AdamW pass left every gradient zero (step(.., true) below).
+  if (!grads_zero_) optimizer_->zero_grad();
+  grads_zero_ = false;
   // The mean cross-entropy, and with fused_loss its gradients, in one pass.
   const float loss = model_->forward_loss(x, y);
   model_->backward_loss();
-  if (options_.grad_clip > 0.0) optim::clip_grad_norm(*model_, options_.grad_clip);
-  optimizer_->step();
+  // clip_grad_norm's g *= coefficient happens inside AdamW's pass (the same
+  // bits), which also zeroes each gradient once read: one pass over them.
+  float grad_scale = 1.0f;
+  if (options_.grad_clip > 0.0) {
+    std::vector<nn::Parameter*> params;
+    params.reserve(params_.size());
+    for (auto& [name, p] : params_) params.push_back(p);
+    grad_scale = optim::clip_coefficient(params, options_.grad_clip);
+  }
+  optimizer_->step(grad_scale, /*zero_grad=*/true);
+  grads_zero_ = true;
   ++iter_;
   return loss;
 }
