@@ -366,8 +366,8 @@ void ForwardStep(const SdpaProblemT<T>& p, const Band& band, int64_t b, int64_t 
                  size_t in, size_t j0, size_t jn, const float* k_tile, size_t k_tile_stride,
                  const float* v_tile, size_t v_tile_stride, const float* HWY_RESTRICT qT,
                  float* HWY_RESTRICT sT, float* HWY_RESTRICT o, float* HWY_RESTRICT m,
-                 float* HWY_RESTRICT l, float* HWY_RESTRICT alpha,
-                 PrefetchTrickle<T>& prefetch) {
+                 float* HWY_RESTRICT l, float* HWY_RESTRICT alpha, PrefetchTrickle<T>& prefetch,
+                 PrefetchTrickle<T>& ahead) {
   const DF d;
   const size_t D = size_t(p.D), Dvp = RoundUp(size_t(p.Dv), kN);
   const DropoutRule rule(p.dropout_p);
@@ -375,16 +375,20 @@ void ForwardStep(const SdpaProblemT<T>& p, const Band& band, int64_t b, int64_t 
   const bool edge = !band.covers(I0, I0 + int64_t(kBr), J0, J0 + int64_t(jn));
   // Sᵀ (jn, Br) = K_tile · qT; at the band's edge a block of keys skips the
   // query vectors wholly outside it.
-  GemmSpans<kOverwrite>(jn, kBr, k_tile, k_tile_stride, 1, qT, kBr, sT, kBr, nullptr,
-                        [&](size_t r0, size_t nr) {
-                          if (!edge) return Span{0, D, 0, kNV};
-                          const int64_t first = band.first_query(J0 + int64_t(r0)) - I0;
-                          const int64_t last = band.last_query(J0 + int64_t(r0 + nr) - 1) - I0;
-                          const size_t v0 = first > 0 ? Clamp(first / int64_t(kN), kNV) : 0;
-                          const size_t v1 = last < 0 ? 0 : Clamp(last / int64_t(kN) + 1, kNV);
-                          return Span{0, D, v0, v1};
-                        },
-                        [&] { prefetch(); });
+  GemmSpans<kOverwrite>(
+      jn, kBr, k_tile, k_tile_stride, 1, qT, kBr, sT, kBr, nullptr,
+      [&](size_t r0, size_t nr) {
+        if (!edge) return Span{0, D, 0, kNV};
+        const int64_t first = band.first_query(J0 + int64_t(r0)) - I0;
+        const int64_t last = band.last_query(J0 + int64_t(r0 + nr) - 1) - I0;
+        const size_t v0 = first > 0 ? Clamp(first / int64_t(kN), kNV) : 0;
+        const size_t v1 = last < 0 ? 0 : Clamp(last / int64_t(kN) + 1, kNV);
+        return Span{0, D, v0, v1};
+      },
+      [&] {
+        prefetch();
+        ahead();
+      });
   ScoreMods(p, b, h, i0, in, j0, jn, sT);
   if (edge) {
     for (size_t jj = 0; jj < jn; ++jj) {
@@ -405,23 +409,30 @@ void ForwardStep(const SdpaProblemT<T>& p, const Band& band, int64_t b, int64_t 
   }
   // O (in, Dvp) = α ⊙ O + P (in, jn) · V_tile (jn, Dvp), P read from Sᵀ; at the
   // band's edge a block of queries sums only over the keys its band reaches.
-  GemmSpans<kScaleAccumulate>(in, Dvp, sT, 1, kBr, v_tile, v_tile_stride, o, Dvp, alpha,
-                              [&](size_t r0, size_t nr) {
-                                if (!edge) return Span{0, jn, 0, kNV};
-                                const int64_t first = band.first_key(I0 + int64_t(r0)) - J0;
-                                const int64_t last = band.last_key(I0 + int64_t(r0 + nr) - 1) - J0;
-                                const size_t k0 = Clamp(first, jn), k1 = Clamp(last + 1, jn);
-                                return Span{k0, std::max(k0, k1), 0, kNV};
-                              },
-                              [&] { prefetch(); });
+  GemmSpans<kScaleAccumulate>(
+      in, Dvp, sT, 1, kBr, v_tile, v_tile_stride, o, Dvp, alpha,
+      [&](size_t r0, size_t nr) {
+        if (!edge) return Span{0, jn, 0, kNV};
+        const int64_t first = band.first_key(I0 + int64_t(r0)) - J0;
+        const int64_t last = band.last_key(I0 + int64_t(r0 + nr) - 1) - J0;
+        const size_t k0 = Clamp(first, jn), k1 = Clamp(last + 1, jn);
+        return Span{k0, std::max(k0, k1), 0, kNV};
+      },
+      [&] {
+        prefetch();
+        ahead();
+      });
 }
 
 // Query tiles i_first, i_first + Br, ... (ng of them) of head (b, h).
 // `head`, when given, is the key/value head's rows already copied (HeadRows).
+// q_next, when given, is the first of the q_next_n query rows (q's token
+// stride apart) that the thread packs next: they are brought towards L2 while
+// this group computes, with the group's output rows.
 template <class T>
 void ForwardGroup(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p, const Band& band, int64_t b,
                   int64_t h, size_t i_first, size_t ng, ForwardScratch& s,
-                  const HeadRows* head = nullptr) {
+                  const HeadRows* head = nullptr, const T* q_next = nullptr, size_t q_next_n = 0) {
   const size_t Tq = size_t(p.Tq), Tk = size_t(p.Tk), D = size_t(p.D), Dv = size_t(p.Dv);
   const size_t Dvp = RoundUp(Dv, kN);
   const float c = p.softcap > 0.0f ? p.scale / p.softcap : p.scale * kLog2e;
@@ -429,13 +440,22 @@ void ForwardGroup(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p, const Ban
   auto tile_i0 = [&](size_t g) { return i_first + g * kBr; };
   auto tile_in = [&](size_t g) { return std::min(kBr, Tq - tile_i0(g)); };
   const T* q_head = At(p.q, p.q_strides, b, h);
+  const size_t qs = size_t(p.q_strides.t);
+  const size_t group_rows = std::min(ng * kBr, Tq - i_first);
+  // Each query row asked for a few rows before it is read (rows a few KB
+  // apart defeat the hardware prefetchers; a burst of them all stalls on the
+  // L1 miss buffers).
+  constexpr size_t kAhead = 8;
+  PrefetchRows(q_head, qs, i_first, i_first + std::min(kAhead, group_rows), D);
   for (size_t g = 0; g < ng; ++g) {
     // qT (D, Br) = c · Q_tileᵀ, zero columns past Tq.
     float* HWY_RESTRICT qT = s.qT.get() + g * D * kBr;
     const size_t i0 = tile_i0(g), in = tile_in(g);
-    PrefetchRows(q_head, size_t(p.q_strides.t), i0, i0 + in, D);
     for (size_t i = 0; i < kBr; ++i) {
-      const T* qi = i < in ? q_head + int64_t(i0 + i) * p.q_strides.t : nullptr;
+      const size_t ahead_row = g * kBr + i + kAhead;
+      if (i < in && ahead_row < group_rows)
+        PrefetchRows(q_head, qs, i_first + ahead_row, i_first + ahead_row + 1, D);
+      const T* qi = i < in ? q_head + (i0 + i) * qs : nullptr;
       for (size_t dd = 0; dd < D; ++dd) qT[dd * kBr + i] = qi ? c * Widen(qi[dd]) : 0.0f;
     }
   }
@@ -452,13 +472,31 @@ void ForwardGroup(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p, const Ban
   const T* k_head = At(p.k, p.k_strides, b, hk);
   const T* v_head = At(p.v, p.v_strides, b, hk);
   const size_t ks = size_t(p.k_strides.t), vs = size_t(p.v_strides.t);
+  // This group's output rows and the next group's query rows, a row or so
+  // after each micro-kernel call of the group (2·ceil(Br/6) calls a step):
+  // else the final stores and the next packing wait on memory.
+  size_t group_steps = 0;
+  for (size_t j0 = group_begin; j0 < group_end; j0 += kBcFwd)
+    for (size_t g = 0; g < ng; ++g) group_steps += j0 < key_end(g) && j0 + kBcFwd > key_begin(g);
+  T* out_rows = At(out.out, out.out_strides, b, h, int64_t(i_first));
+  PrefetchTrickle<T> ahead{out_rows,
+                           q_next,
+                           size_t(out.out_strides.t),
+                           qs,
+                           Dv,
+                           D,
+                           0,
+                           q_next ? std::min(group_rows, q_next_n) : group_rows,
+                           1};
+  ahead.per_call = (ahead.end + 2 * group_steps * ((kBr + kMR - 1) / kMR) - 1) /
+                   std::max<size_t>(1, 2 * group_steps * ((kBr + kMR - 1) / kMR));
   for (size_t j0 = group_begin; j0 < group_end; j0 += kBcFwd) {
     // The next tile's K and V rows, a row or so after each micro-kernel call
     // of this tile's steps (ng steps of about 2·ceil(Br/6) calls each).
     const size_t next_end = head ? j0 : std::min(group_end, j0 + 2 * kBcFwd);
     size_t steps = 0;
     for (size_t g = 0; g < ng; ++g) steps += j0 < key_end(g) && j0 + kBcFwd > key_begin(g);
-    PrefetchTrickle<T> prefetch{k_head, v_head, ks, vs, D, Dv, std::min(j0 + kBcFwd, next_end),
+    PrefetchTrickle<T> prefetch{k_head,   v_head, ks, vs, D, Dv, std::min(j0 + kBcFwd, next_end),
                                 next_end, 1};
     const size_t calls = std::max<size_t>(1, steps * 2 * ((kBr + kMR - 1) / kMR));
     prefetch.per_call = (prefetch.end - prefetch.next + calls - 1) / calls;
@@ -480,10 +518,12 @@ void ForwardGroup(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p, const Ban
       if (MaskHidesTile(p, b, h, tile_i0(g), tile_in(g), j0, jn)) continue;
       ForwardStep(p, band, b, h, tile_i0(g), tile_in(g), j0, jn, k_tile, k_tile_stride, v_tile,
                   v_tile_stride, s.qT.get() + g * D * kBr, s.sT.get(), s.o.get() + g * kBr * Dvp,
-                  s.m.get() + g * kBr, s.l.get() + g * kBr, s.alpha.get() + g * kBr, prefetch);
+                  s.m.get() + g * kBr, s.l.get() + g * kBr, s.alpha.get() + g * kBr, prefetch,
+                  ahead);
     }
     prefetch.rest();
   }
+  ahead.rest();
   // O /= l; lse = ln(2^m · l) = (m + log2 l) · ln 2; l = 0 (no key): O = 0, lse = -inf.
   const SdpaStrides ls = sdpa_lse_strides(out.lse_strides, p);
   for (size_t g = 0; g < ng; ++g) {
@@ -573,8 +613,12 @@ void SdpaForwardImpl(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p) {
         for (int64_t group = n_groups - 1; group >= 0; --group) {
           const int64_t first = group * int64_t(kGroupFwd);
           const size_t ng = size_t(std::min(int64_t(kGroupFwd), n_qt - first));
+          // The group this thread packs next: the one before, in this head.
+          const size_t next_first = group > 0 ? size_t(first - int64_t(kGroupFwd)) * kBr : 0;
+          const T* q_next = group > 0 ? At(p.q, p.q_strides, b, h, int64_t(next_first)) : nullptr;
           ForwardGroup(out, p, band, b, h, size_t(first) * kBr, ng, scratch,
-                       buf.data ? &head : nullptr);
+                       buf.data ? &head : nullptr, q_next,
+                       std::min(kGroupFwd * kBr, size_t(p.Tq) - next_first));
         }
       }
     }
@@ -767,7 +811,8 @@ void TilePair(const HeadView<T>& hv, const BackwardProblem<T>& bp, size_t j0, si
       if (ms.d == 1) {  // whole vectors of contiguous keys
         const VF l2e = hn::Set(d, kLog2e);
         for (; jj + kN <= jn; jj += kN)
-          hn::Store(hn::MulAdd(l2e, hn::LoadU(d, mrow + j0 + jj), hn::Load(d, Si + jj)), d, Si + jj);
+          hn::Store(hn::MulAdd(l2e, hn::LoadU(d, mrow + j0 + jj), hn::Load(d, Si + jj)), d,
+                    Si + jj);
       }
       for (; jj < jn; ++jj) Si[jj] += kLog2e * mrow[int64_t(j0 + jj) * ms.d];
     }
@@ -876,13 +921,25 @@ void KeyGroupTask(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp, in
   const size_t n_steps =
       std::max<size_t>(1, size_t(group) * ((qt.end - qt.begin + kBrBwd - 1) / kBrBwd));
   auto per_step = [&](size_t rows) { return (rows + n_steps - 1) / n_steps; };
-  PrefetchTrickle<T> next_kv{first_view.k, first_view.v, first_view.ks, first_view.vs, D, Dv,
-                             group_end, std::min(Tk, group_end + kGroup * kBc), 1};
+  PrefetchTrickle<T> next_kv{first_view.k,
+                             first_view.v,
+                             first_view.ks,
+                             first_view.vs,
+                             D,
+                             Dv,
+                             group_end,
+                             std::min(Tk, group_end + kGroup * kBc),
+                             1};
   next_kv.per_call = per_step(next_kv.end - next_kv.next);
   PrefetchTrickle<T> out_rows{io.dk + b * io.dk_strides.b + hk * io.dk_strides.h,
                               io.dv + b * io.dv_strides.b + hk * io.dv_strides.h,
-                              size_t(io.dk_strides.t), size_t(io.dv_strides.t), D, Dv, j_first,
-                              group_end, 1};
+                              size_t(io.dk_strides.t),
+                              size_t(io.dv_strides.t),
+                              D,
+                              Dv,
+                              j_first,
+                              group_end,
+                              1};
   out_rows.per_call = per_step(group_end - j_first);
   for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
     const HeadView<T> hv = MakeHeadView(bp, b, h);
@@ -1071,8 +1128,7 @@ BackwardProblem<T> HeadCopies(const BackwardProblem<T>& bp, int64_t b, int64_t h
           PrefetchRows(do_head, size_t(bp.dos.t), size_t(t + 8), size_t(t + 9), size_t(Dvp));
         }
         std::copy(q_head + t * bp.qs.t, q_head + t * bp.qs.t + Dp, q + (g * Tq + t) * Dp);
-        std::copy(do_head + t * bp.dos.t, do_head + t * bp.dos.t + Dvp,
-                  dout + (g * Tq + t) * Dvp);
+        std::copy(do_head + t * bp.dos.t, do_head + t * bp.dos.t + Dvp, dout + (g * Tq + t) * Dvp);
       }
     }
     u.q = q, u.qs = {0, Tq * Dp, Dp, 1};
