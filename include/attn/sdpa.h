@@ -303,8 +303,25 @@ void sdpa_backward(const SdpaBackwardIO& io, const SdpaProblem& p);
 // once, at the end.
 void sdpa_forward(const SdpaOutputBf16& o, const SdpaProblemBf16& p);
 void sdpa_backward(const SdpaBackwardIOBf16& io, const SdpaProblemBf16& p);
-// The bf16 path: "bf16 tiles widened to fp32" (every CPU; the SIMD target is sdpa_target's).
+// The bf16 paths of attn::scaled_dot_product_attention*:
+//  - "AMX": the core's AMX kernel (flash_attention_forward_bf16 / _backward_bf16,
+//    attn/kernels.h), taken when flash_attention_bf16_path() is "AMX" (so
+//    flash_attention_bf16_use_path and ATTN_BF16_PATH force it off) and the call is
+//    exactly the core's problem: the fused backend, no attn_mask, window, ALiBi or
+//    softcap, Hq = Hkv, Tq = Tk, D = Dv <= kMaxHeadDim, scale >= 0; dropout any p
+//    (the same Philox noise). q, k, v (dout, out) are read in place when they are
+//    transposed views of packed (B, T, H, D) buffers, else copied so; the results
+//    are copied to sdpa's (B, H, T, D). Forward and backward route alike. Its
+//    numerics are the core's bf16 ones (P and dS rounded to bf16 where they enter
+//    a product), not the widened path's bits.
+//  - "bf16 tiles widened to fp32": the kernels above (every CPU, every option;
+//    the SIMD target is sdpa_target's). sdpa_varlen_* always take it.
+// sdpa_bf16_path(): a summary for this CPU; sdpa_bf16_path(q, k, v, options): the
+// path that call takes ("reference (fp32 on the widened values)" for the
+// reference backend; checks the arguments as the call would).
 const char* sdpa_bf16_path();
+const char* sdpa_bf16_path(const Tensor& q, const Tensor& k, const Tensor& v,
+                           const SdpaOptions& options = {});
 // The SIMD target it runs ("AVX3", "AVX2", ...); flash_attention_use_target
 // (attn/kernels.h) chooses for it too.
 const char* sdpa_target();

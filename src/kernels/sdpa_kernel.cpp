@@ -62,6 +62,7 @@
 #include <vector>
 
 #include "attn/sdpa.h"
+#include "attn/kernels.h"
 #include "kernels/philox.h"
 
 #ifdef _OPENMP
@@ -1398,7 +1399,14 @@ void sdpa_backward(const SdpaBackwardIOBf16& io, const SdpaProblemBf16& p) {
 
 const char* sdpa_target() { return HWY_DYNAMIC_DISPATCH(SdpaTargetName)(); }
 
-const char* sdpa_bf16_path() { return "bf16 tiles widened to fp32"; }
+// Where the core's bf16 path is AMX, attn::scaled_dot_product_attention routes
+// the calls that are exactly the core's problem there (src/nn/sdpa.cpp;
+// sdpa_bf16_path(q, k, v, options) names a given call's path).
+const char* sdpa_bf16_path() {
+  return std::strcmp(flash_attention_bf16_path(), "AMX") == 0
+             ? "AMX where the call allows it, else bf16 tiles widened to fp32"
+             : "bf16 tiles widened to fp32";
+}
 
 }  // namespace attn::kernels
 #endif  // HWY_ONCE

@@ -8,12 +8,14 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
 
+#include "attn/kernels.h"
 #include "nn/sdpa_common.h"
 
 namespace attn {
@@ -76,6 +78,56 @@ Sizes check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOpt
   detail::sdpa::check_heads(kWho, o, s.Hq, s.Hkv);
   detail::sdpa::check_scalar_options(kWho, o);
   return s;
+}
+
+// ---- bf16 on the core's AMX kernel (attn/kernels.h's flash_attention_*_bf16) ----------
+// The call is exactly the core's problem when it has no mask, window, ALiBi or
+// softcap, Hq = Hkv, Tq = Tk (so both causal alignments are the core's
+// top-left), D = Dv, and a scale >= 0 (the core reads a negative scale as
+// "the default"). The core's dropout noise is sdpa's: Philox counters (j/4,
+// i, h, b) with the same key and rule, so dropout is served too. Forward and
+// backward decide with this one predicate, so they route alike.
+bool amx_serves(const Sizes& s, const SdpaOptions& o) {
+  if (std::strcmp(kernels::flash_attention_bf16_path(), "AMX") != 0) return false;
+  if (o.backend != SdpaBackend::kFused) return false;
+  if (!o.attn_mask.empty() || !o.alibi_slopes.empty() || o.softcap != 0.0f) return false;
+  if (o.window_left != -1 || o.window_right != -1) return false;
+  if (s.Hq != s.Hkv || s.Tq != s.Tk || s.D != s.Dv || s.D > kernels::kMaxHeadDim) return false;
+  const float scale = o.scale ? *o.scale : 1.0f / std::sqrt(float(s.D));
+  return scale >= 0.0f;
+}
+
+kernels::FlashAttentionParams amx_params(const Sizes& s, const SdpaOptions& o) {
+  kernels::FlashAttentionParams p;
+  p.B = s.B, p.T = s.Tq, p.H = s.Hq, p.hd = s.D;
+  p.causal = o.is_causal;
+  p.scale = o.scale ? *o.scale : 1.0f / std::sqrt(float(s.D));
+  p.dropout_p = o.dropout_p;
+  p.dropout_seed = o.dropout_seed;
+  return p;  // strides 0: packed (B, T, H, D) buffers
+}
+
+// x (B, H, T, D) as the packed token-major (B, T, H, D) buffer the core reads:
+// in place when x is already such a buffer's transposed view, else a copy
+// (O(B·H·T·D), beside the O(B·H·T²·D) attention).
+Tensor token_major(const Tensor& x) {
+  const Tensor t = x.transpose(1, 2);
+  return t.is_contiguous() ? t : t.contiguous();
+}
+
+// A (B, T, H, D) result as sdpa returns it: (B, H, T, D) contiguous.
+Tensor head_major(const Tensor& x) { return x.transpose(1, 2).contiguous(); }
+
+SdpaForward forward_amx(const Tensor& q, const Tensor& k, const Tensor& v, const Sizes& s,
+                        const SdpaOptions& o) {
+  const Tensor qt = token_major(q), kt = token_major(k), vt = token_major(v);
+  Tensor out_t = Tensor::empty({s.B, s.Tq, s.Hq, s.Dv}, DType::kBFloat16);
+  SdpaForward f{Tensor(), Tensor::empty({s.B, s.Hq, s.Tq})};
+  kernels::flash_attention_forward_bf16(out_t.data_ptr<BFloat16>(), f.lse.data(),
+                                        qt.data_ptr<BFloat16>(), kt.data_ptr<BFloat16>(),
+                                        vt.data_ptr<BFloat16>(), amx_params(s, o));
+  f.out = head_major(out_t);
+  return f;
 }
 
 // The problem the reference and the kernel read; q, k, v already rows_contiguous.
@@ -204,8 +256,12 @@ SdpaForward scaled_dot_product_attention_forward(const Tensor& q, const Tensor& 
     f.out = f.out.to(DType::kBFloat16);
     return f;
   }
-  return q.dtype() == DType::kBFloat16 ? forward<BFloat16>(q, k, v, options)
-                                       : forward<float>(q, k, v, options);
+  if (q.dtype() == DType::kBFloat16) {
+    const Sizes s = check_qkv(q, k, v, options);
+    if (amx_serves(s, options)) return forward_amx(q, k, v, s, options);
+    return forward<BFloat16>(q, k, v, options);
+  }
+  return forward<float>(q, k, v, options);
 }
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -215,12 +271,10 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 
 namespace {
 
-template <class T>
-SdpaGrads backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                   const Tensor& out, const Tensor& lse, const SdpaOptions& options) {
-  const Prepared<T> r = prepare<T>(q, k, v, options);
-  const SdpaProblemT<T>& p = r.p;
-  const Shape out_shape{p.B, p.Hq, p.Tq, p.Dv};
+// dout, out (B, Hq, Tq, Dv) in q's dtype and lse (B, Hq, Tq) float32.
+void check_backward_io(const Tensor& dout, const Tensor& out, const Tensor& lse, const Tensor& q,
+                       const Sizes& s) {
+  const Shape out_shape{s.B, s.Hq, s.Tq, s.Dv};
   check_same_dtype("dout", dout, q);
   check_same_dtype("out", out, q);
   check_float32("lse", lse);
@@ -230,9 +284,33 @@ SdpaGrads backward(const Tensor& dout, const Tensor& q, const Tensor& k, const T
   if (out.shape() != out_shape)
     fail(fmt::format("out has shape {} but the output is {}", shape_str(out.shape()),
                      shape_str(out_shape)));
-  if (lse.shape() != Shape{p.B, p.Hq, p.Tq})
+  if (lse.shape() != Shape{s.B, s.Hq, s.Tq})
     fail(fmt::format("lse has shape {} but must be (B, Hq, Tq) = {}", shape_str(lse.shape()),
-                     shape_str({p.B, p.Hq, p.Tq})));
+                     shape_str({s.B, s.Hq, s.Tq})));
+}
+
+SdpaGrads backward_amx(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const Tensor& out, const Tensor& lse, const Sizes& s,
+                       const SdpaOptions& o) {
+  check_backward_io(dout, out, lse, q, s);
+  const Tensor qt = token_major(q), kt = token_major(k), vt = token_major(v);
+  const Tensor dout_t = token_major(dout), out_t = token_major(out), lse_c = lse.contiguous();
+  const Shape shape{s.B, s.Tq, s.Hq, s.D};
+  Tensor dq = Tensor::empty(shape, DType::kBFloat16), dk = Tensor::empty(shape, DType::kBFloat16),
+         dv = Tensor::empty(shape, DType::kBFloat16);
+  kernels::flash_attention_backward_bf16(
+      dq.data_ptr<BFloat16>(), dk.data_ptr<BFloat16>(), dv.data_ptr<BFloat16>(),
+      dout_t.data_ptr<BFloat16>(), qt.data_ptr<BFloat16>(), kt.data_ptr<BFloat16>(),
+      vt.data_ptr<BFloat16>(), out_t.data_ptr<BFloat16>(), lse_c.data(), amx_params(s, o));
+  return {head_major(dq), head_major(dk), head_major(dv)};
+}
+
+template <class T>
+SdpaGrads backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const Tensor& out, const Tensor& lse, const SdpaOptions& options) {
+  const Prepared<T> r = prepare<T>(q, k, v, options);
+  const SdpaProblemT<T>& p = r.p;
+  check_backward_io(dout, out, lse, q, {p.B, p.Hq, p.Hkv, p.Tq, p.Tk, p.D, p.Dv});
   const Tensor dout_r = rows_contiguous(dout), out_r = rows_contiguous(out);
   const Tensor lse_c = lse.contiguous();
   constexpr DType dtype = dtype_of<T>();
@@ -271,8 +349,22 @@ SdpaGrads scaled_dot_product_attention_backward(const Tensor& dout, const Tensor
         backward<float>(dout.to(f32), q.to(f32), k.to(f32), v.to(f32), out.to(f32), lse, options);
     return {g.dq.to(bf16), g.dk.to(bf16), g.dv.to(bf16)};
   }
-  return q.dtype() == DType::kBFloat16 ? backward<BFloat16>(dout, q, k, v, out, lse, options)
-                                       : backward<float>(dout, q, k, v, out, lse, options);
+  if (q.dtype() == DType::kBFloat16) {
+    const Sizes s = check_qkv(q, k, v, options);
+    if (amx_serves(s, options)) return backward_amx(dout, q, k, v, out, lse, s, options);
+    return backward<BFloat16>(dout, q, k, v, out, lse, options);
+  }
+  return backward<float>(dout, q, k, v, out, lse, options);
 }
+
+namespace kernels {
+
+const char* sdpa_bf16_path(const Tensor& q, const Tensor& k, const Tensor& v,
+                           const SdpaOptions& options) {
+  if (is_bf16_reference(q, options)) return "reference (fp32 on the widened values)";
+  return amx_serves(check_qkv(q, k, v, options), options) ? "AMX" : "bf16 tiles widened to fp32";
+}
+
+}  // namespace kernels
 
 }  // namespace attn

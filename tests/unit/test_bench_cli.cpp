@@ -91,17 +91,30 @@ TEST(BenchCli, SdpaCasesCountTheirPairs) {
   }
 }
 
-// --kind sdpa --dtype bfloat16 times the bf16 tensors; the row names the path that ran.
+// --kind sdpa --dtype bfloat16 times the bf16 tensors; the row names the path that ran:
+// the core's AMX kernel where the core's bf16 path is AMX and the call is the core's
+// problem (square causal here), else bf16 tiles widened to fp32 (as with a window,
+// or with the widened path forced).
 TEST(BenchCli, SdpaRunsInBfloat16AndNamesItsPath) {
   ATTN_REQUIRE_CLI();
-  const auto r =
-      run_cli("bench --json --kind sdpa --dtype bf16 --shapes 1x40x32x2 --mode fwdbwd --repeats 1");
+  const std::string cmd =
+      "bench --json --kind sdpa --dtype bf16 --shapes 1x40x32x2 --mode fwdbwd --repeats 1";
+  const auto r = run_cli(cmd);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto rows = nlohmann::json::parse(r.out);
   ASSERT_EQ(rows.size(), 1u);
   EXPECT_EQ(rows[0]["dtype"], "bfloat16");
-  EXPECT_EQ(rows[0]["backend"], "fused-wide");
-  EXPECT_EQ(rows[0]["bf16_path"], "bf16 tiles widened to fp32");
+  const bool amx = rows[0]["machine"]["bf16_path"] == "AMX";
+  EXPECT_EQ(rows[0]["backend"], amx ? "fused-amx" : "fused-wide");
+  EXPECT_EQ(rows[0]["bf16_path"], amx ? "AMX" : "bf16 tiles widened to fp32");
+  for (const std::string more : {" --window-left 8", " --bf16-path 'widened to fp32'"}) {
+    const auto w = run_cli(cmd + more);
+    ASSERT_EQ(w.exit_code, 0) << w.err;
+    const auto wrows = nlohmann::json::parse(w.out);
+    ASSERT_EQ(wrows.size(), 1u);
+    EXPECT_EQ(wrows[0]["backend"], more == " --window-left 8" ? "fused-wide w8" : "fused-wide");
+    EXPECT_EQ(wrows[0]["bf16_path"], "bf16 tiles widened to fp32") << more;
+  }
 }
 
 // An sdpa-varlen row: one packed batch of the --seqlens lengths; its FLOPs are

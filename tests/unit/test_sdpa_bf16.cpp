@@ -46,6 +46,7 @@
 #include "attn/kernels.h"
 #include "attn/sdpa.h"
 #include "attn/tensor.h"
+#include "bf16_path_guard.h"
 #include "gradcheck.h"
 
 #ifdef _OPENMP
@@ -342,7 +343,15 @@ void compare(const Case& c, uint64_t seed) {
   g_worst.identical = std::min(g_worst.identical, identical);
 }
 
-TEST(SdpaBf16, FusedMatchesFp32KernelAndReferenceOnRandomConfigurations) {
+// These tests pin the widened path's contract (its bits are the fp32 kernel's on
+// the widened values), so they force the core's bf16 path to "widened to fp32",
+// which keeps scaled_dot_product_attention off its AMX route (attn/sdpa.h);
+// test_sdpa_amx.cpp tests that route.
+class SdpaBf16 : public ::testing::Test {
+  attn::test::Bf16PathGuard widened_{"widened to fp32"};
+};
+
+TEST_F(SdpaBf16, FusedMatchesFp32KernelAndReferenceOnRandomConfigurations) {
   std::mt19937 gen(2016);
   for (int n = 0; n < 120; ++n) {
     const Case c = random_case(gen, n % 4 != 3);
@@ -357,7 +366,7 @@ TEST(SdpaBf16, FusedMatchesFp32KernelAndReferenceOnRandomConfigurations) {
       g_worst.out, g_worst.lse, g_worst.dq, g_worst.dv, g_worst.dk, g_worst.identical);
 }
 
-TEST(SdpaBf16, FusedMatchesOnEdgeCases) {
+TEST_F(SdpaBf16, FusedMatchesOnEdgeCases) {
   std::vector<Case> cases;
   for (int64_t T : {1, 15, 16, 17, 63, 64, 65, 129}) {
     Case c;
@@ -398,7 +407,7 @@ TEST(SdpaBf16, FusedMatchesOnEdgeCases) {
 }
 
 // Every SIMD target this CPU runs (flash_attention_use_target chooses for sdpa too).
-TEST(SdpaBf16, EverySimdTargetMatches) {
+TEST_F(SdpaBf16, EverySimdTargetMatches) {
   std::mt19937 gen(16);
   std::vector<Case> cases;
   for (int n = 0; n < 10; ++n) cases.push_back(random_case(gen, true));
@@ -415,7 +424,7 @@ TEST(SdpaBf16, EverySimdTargetMatches) {
 
 // 2 (b, key/value head) units take the split backward on 2 threads and the
 // whole-unit one on 1; 8 take the latter on both.
-TEST(SdpaBf16, BitIdenticalForAnyThreadCount) {
+TEST_F(SdpaBf16, BitIdenticalForAnyThreadCount) {
 #ifdef _OPENMP
   const int saved = omp_get_max_threads();
   std::vector<Case> cases;
@@ -445,7 +454,7 @@ TEST(SdpaBf16, BitIdenticalForAnyThreadCount) {
 #endif
 }
 
-TEST(SdpaBf16, FullyMaskedRowsGiveZeroOutputAndGradient) {
+TEST_F(SdpaBf16, FullyMaskedRowsGiveZeroOutputAndGradient) {
   for (SdpaBackend backend : {SdpaBackend::kFused, SdpaBackend::kReference}) {
     Case c;
     c.Hq = 2, c.Hkv = 2, c.Tq = 5, c.Tk = 6, c.D = 8, c.Dv = 8;
@@ -476,7 +485,7 @@ void expect_error(const std::function<void()>& f, const std::string& fragment) {
   }
 }
 
-TEST(SdpaBf16, BadDtypesThrowNamingThem) {
+TEST_F(SdpaBf16, BadDtypesThrowNamingThem) {
   const Tensor q = randn_bf16({1, 2, 5, 8}, 1), k = randn_bf16({1, 2, 6, 8}, 2);
   const Tensor v = randn_bf16({1, 2, 6, 8}, 3);
   for (SdpaBackend backend : {SdpaBackend::kFused, SdpaBackend::kReference}) {

@@ -38,6 +38,7 @@
 #include "attn/kernels.h"
 #include "attn/sdpa.h"
 #include "attn/tensor.h"
+#include "bf16_path_guard.h"
 #include "gradcheck.h"
 
 #ifdef _OPENMP
@@ -344,7 +345,15 @@ Case random_case(std::mt19937& gen) {
   return c;
 }
 
-TEST(SdpaVarlenBf16, FusedMatchesReferenceInBfloat16) {
+// These tests pin the widened path's contract (its bits are the fp32 kernel's on
+// the widened values), so they force the core's bf16 path to "widened to fp32",
+// which keeps scaled_dot_product_attention off its AMX route (attn/sdpa.h);
+// test_sdpa_amx.cpp tests that route.
+class SdpaVarlenBf16 : public ::testing::Test {
+  attn::test::Bf16PathGuard widened_{"widened to fp32"};
+};
+
+TEST_F(SdpaVarlenBf16, FusedMatchesReferenceInBfloat16) {
   std::mt19937 gen(2024);
   std::vector<Case> cases;
   for (int n = 0; n < 50; ++n) cases.push_back(random_case(gen));
@@ -370,7 +379,7 @@ TEST(SdpaVarlenBf16, FusedMatchesReferenceInBfloat16) {
             << g_worst.dq << ", dk " << g_worst.dk << ", dv " << g_worst.dv << "\n";
 }
 
-TEST(SdpaVarlenBf16, EverySimdTargetMatchesTheFp32Kernel) {
+TEST_F(SdpaVarlenBf16, EverySimdTargetMatchesTheFp32Kernel) {
   std::mt19937 gen(11);
   std::vector<Case> cases;
   for (int n = 0; n < 6; ++n) cases.push_back(random_case(gen));
@@ -386,7 +395,7 @@ TEST(SdpaVarlenBf16, EverySimdTargetMatchesTheFp32Kernel) {
 
 // Each sequence through the batched bf16 entry point alone ((1, H, T, D) views
 // of its rows): the same bits, forward and backward, kernel and reference.
-TEST(SdpaVarlenBf16, EachSequenceEqualsTheBatchedBf16CallOnItAlone) {
+TEST_F(SdpaVarlenBf16, EachSequenceEqualsTheBatchedBf16CallOnItAlone) {
   std::vector<Case> cases;
   Case c;
   c.lens_q = {70, 1, 0, 129, 33};
@@ -444,7 +453,7 @@ TEST(SdpaVarlenBf16, EachSequenceEqualsTheBatchedBf16CallOnItAlone) {
 
 // 1 and 2 threads: the same bits (2 sequences x 1 key/value head take the
 // split backward on 2 threads and the whole-unit one on 1; 5 x 2 the latter on both).
-TEST(SdpaVarlenBf16, BitIdenticalForAnyThreadCountInBfloat16) {
+TEST_F(SdpaVarlenBf16, BitIdenticalForAnyThreadCountInBfloat16) {
 #ifdef _OPENMP
   const int saved = omp_get_max_threads();
   std::vector<Case> cases;
@@ -477,7 +486,7 @@ TEST(SdpaVarlenBf16, BitIdenticalForAnyThreadCountInBfloat16) {
 }
 
 // Every sequence empty, or no key at all: bf16 zeros, lse -inf.
-TEST(SdpaVarlenBf16, EmptyTotalsGiveBf16Zeros) {
+TEST_F(SdpaVarlenBf16, EmptyTotalsGiveBf16Zeros) {
   Case c;
   c.lens_q = {0, 3}, c.lens_k = {0, 0};
   c.Hq = 2, c.Hkv = 2, c.D = 8, c.Dv = 8;
@@ -503,7 +512,7 @@ void expect_error(const std::function<void()>& f, const std::string& fragment) {
   }
 }
 
-TEST(SdpaVarlenBf16, BadDtypesThrowNamingThem) {
+TEST_F(SdpaVarlenBf16, BadDtypesThrowNamingThem) {
   Case c;
   c.lens_q = {5, 2}, c.lens_k = {6, 3};
   c.Hq = 2, c.Hkv = 2, c.D = 8, c.Dv = 8;

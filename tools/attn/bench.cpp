@@ -562,8 +562,7 @@ nlohmann::json to_json(const BenchResult& r, int repeats) {
                       {"head_dim", head_dim_of(r.c)},
                       {"backend", r.backend},
                       {"dtype", r.c.dtype},
-                      {"bf16_path", is_sdpa(r.c.kind) ? kernels::sdpa_bf16_path()
-                                                      : kernels::flash_attention_bf16_path()},
+                      {"bf16_path", is_sdpa(r.c.kind) ? r.bf16_path : kernels::flash_attention_bf16_path()},
                       {"ms_median", r.ms_median},
                       {"ms_min", r.ms_min},
                       {"flops", r.flops},
@@ -634,7 +633,7 @@ BenchResult run_bench_case(const BenchCase& c, int repeats, const std::string& b
   check_case(c);
   if (repeats < 1) throw UsageError(fmt::format("bench: --repeats must be >= 1, got {}", repeats));
   const bool backward = c.mode == "fwdbwd";
-  BenchResult r{.c = c, .backend = "fused"};
+  BenchResult r{.c = c, .backend = "fused", .bf16_path = ""};
   // Warm-up: the first repeat (its outputs checked), then more until
   // kWarmUpMs have passed. Right after start-up OpenBLAS's idle threads spin
   // for a while and take a core from the kernel's threads, so a short case
@@ -659,8 +658,11 @@ BenchResult run_bench_case(const BenchCase& c, int repeats, const std::string& b
         throw std::runtime_error("bench: scaled_dot_product_attention gave a non-finite result");
     });
     r.backend = backend == "reference" ? "reference" : "fused";
+    r.bf16_path = c.dtype == "bfloat16" ? kernels::sdpa_bf16_path(pr.q, pr.k, pr.v, pr.options)
+                                        : kernels::sdpa_bf16_path();
     // bf16: the path that ran (the row's dtype column says bf16)
-    if (c.dtype == "bfloat16" && backend != "reference") r.backend += "-wide";
+    if (c.dtype == "bfloat16" && backend != "reference")
+      r.backend += r.bf16_path == "AMX" ? "-amx" : "-wide";
     if (c.window_left >= 0) r.backend += fmt::format(" w{}", c.window_left);
     if (c.mask != "none") r.backend += " " + c.mask + "-mask";
     if (!c.causal && c.mask == "none") r.backend += " full";
@@ -675,6 +677,7 @@ BenchResult run_bench_case(const BenchCase& c, int repeats, const std::string& b
         throw std::runtime_error("bench: sdpa_varlen gave a non-finite result");
     });
     r.backend = backend == "reference" ? "reference" : "fused";
+    r.bf16_path = "bf16 tiles widened to fp32";  // sdpa_varlen_* never route to AMX
     if (c.dtype == "bfloat16" && backend != "reference") r.backend += "-wide";
     if (c.window_left >= 0) r.backend += fmt::format(" w{}", c.window_left);
   } else if (c.kind == "core") {
@@ -751,8 +754,9 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_option("--dtype", f->dtype,
                   "float32 (or fp32), bfloat16 (or bf16) or all: the core's inputs and outputs "
                   "(bfloat16: the bf16 kernels, path AVX512-BF16 or widened to fp32); sdpa's and "
-                  "sdpa-varlen's q, k, v, dout (bfloat16: bf16 tiles widened to fp32, rows "
-                  "'fused-wide'); the module's compute dtype (bfloat16: mixed precision, fp32 "
+                  "sdpa-varlen's q, k, v, dout (bfloat16: sdpa rows the core's problem run on the "
+                  "core's AMX kernel where its bf16 path is AMX, rows 'fused-amx'; the others "
+                  "bf16 tiles widened to fp32, rows 'fused-wide'); the module's compute dtype (bfloat16: mixed precision, fp32 "
                   "weights)")
       ->capture_default_str();
   cmd->add_option("--backend", f->backend,
@@ -1110,6 +1114,9 @@ Command add_bench_command(CLI::App& app) {
             double ceiling = peak;
             if (bf16_rows && bf16_path == "AVX512-BF16") ceiling = bf16_peak;
             if (bf16_rows && bf16_path == "AMX" && machine.amx.gflops > 0)
+              ceiling = machine.amx.gflops;
+            if (is_sdpa(kind) && dtype == "bfloat16" && r.bf16_path == "AMX" &&
+                machine.amx.gflops > 0)
               ceiling = machine.amx.gflops;
             if (sgemm > 0) r.pct_sgemm = 100.0 * r.gflops / sgemm;
             if (ceiling > 0) r.pct_peak = 100.0 * r.gflops / ceiling;

@@ -86,6 +86,9 @@ struct BenchCase {
 struct BenchResult {
   BenchCase c;
   std::string backend;  // the path the module took ("fused", "reference"); "fused" for core
+  // sdpa rows: the bf16 path this call takes (kernels::sdpa_bf16_path(q, k, v, options);
+  // fp32 rows: the summary kernels::sdpa_bf16_path()); empty for the other kinds.
+  std::string bf16_path;
   double ms_median = 0, ms_min = 0;
   double flops = 0;       // useful FLOPs of one repeat
   double gflops = 0;      // flops / median

@@ -1,0 +1,324 @@
+// scaled_dot_product_attention on bfloat16 tensors routed to the core's AMX
+// kernel (attn/sdpa.h: the bf16 path is "AMX" when the core's is and the call
+// is exactly the core's problem): forward, lse and every gradient against the
+// specification (the fp32 reference on the widened inputs), causal and full,
+// with dropout, T on and off the tiles of 16 and 64, D 64, 80 and 128, every
+// input layout; which calls route and which do not (and that the ones that do
+// not give the widened path's bits); forcing the core's path off AMX turns the
+// route off. Skipped, with the reason, where the CPU has no AMX.
+//
+// Bounds: the core's bf16 ones (tests/unit/test_flash_attention_bf16.cpp):
+// max |got − want| <= 8e-3 · max |want| for out, 4e-2 · max |want| for dq, dk
+// and dv, lse within 1e-5 · max(1, |lse|). The AMX path rounds P (and dS) to
+// bf16 where they enter a product, so it is not held to the widened path's
+// per-element bounds (test_sdpa_bf16.cpp); the largest errors are printed.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "attn/kernels.h"
+#include "attn/sdpa.h"
+#include "attn/tensor.h"
+#include "bf16_path_guard.h"
+#include "gradcheck.h"
+
+namespace {
+
+using attn::DType;
+using attn::SdpaBackend;
+using attn::SdpaOptions;
+using attn::Shape;
+using attn::Tensor;
+namespace kn = attn::kernels;
+
+constexpr DType kBf16 = DType::kBFloat16, kF32 = DType::kFloat32;
+constexpr double kOutTol = 8e-3, kGradTol = 4e-2, kLseTol = 1e-5;
+constexpr const char* kWidened = "bf16 tiles widened to fp32";
+
+bool has_amx() {
+  const std::vector<std::string> paths = kn::flash_attention_bf16_paths();
+  return std::find(paths.begin(), paths.end(), "AMX") != paths.end();
+}
+
+#define ATTN_REQUIRE_AMX() \
+  if (!has_amx()) GTEST_SKIP() << "this CPU (or the OS) has no AMX-BF16: no AMX route to test"
+
+enum class Layout { kHeadMajor, kTokenMajor, kFusedQkv, kStridedD };
+
+Tensor randn_bf16(const Shape& shape, uint64_t seed) {
+  return attn::test::random_tensor(shape, seed).to(kBf16);
+}
+
+struct Inputs {
+  Tensor q, k, v, dout;  // bf16, (B, H, T, D) views in the case's layout
+};
+
+Inputs make_inputs(int64_t B, int64_t H, int64_t T, int64_t D, Layout layout, uint64_t seed) {
+  Inputs in;
+  auto one = [&](uint64_t s) {
+    switch (layout) {
+      case Layout::kHeadMajor:
+        return randn_bf16({B, H, T, D}, s);
+      case Layout::kTokenMajor:
+        return randn_bf16({B, T, H, D}, s).transpose(1, 2);
+      case Layout::kStridedD:
+        return randn_bf16({B, H, D, T}, s).transpose(2, 3);
+      case Layout::kFusedQkv:
+        break;
+    }
+    return Tensor();
+  };
+  if (layout == Layout::kFusedQkv) {
+    const Tensor qkv = randn_bf16({B, T, 3 * H * D}, seed);
+    in.q = qkv.slice(2, 0, H * D).view({B, T, H, D}).transpose(1, 2);
+    in.k = qkv.slice(2, H * D, 2 * H * D).view({B, T, H, D}).transpose(1, 2);
+    in.v = qkv.slice(2, 2 * H * D, 3 * H * D).view({B, T, H, D}).transpose(1, 2);
+  } else {
+    in.q = one(seed), in.k = one(seed + 1), in.v = one(seed + 2);
+  }
+  in.dout = randn_bf16({B, H, T, D}, seed + 3);
+  return in;
+}
+
+struct Result {
+  attn::SdpaForward f;
+  attn::SdpaGrads g;
+};
+
+Result run(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, SdpaOptions o,
+           SdpaBackend backend) {
+  o.backend = backend;
+  Result r;
+  r.f = attn::scaled_dot_product_attention_forward(q, k, v, o);
+  r.g = attn::scaled_dot_product_attention_backward(dout, q, k, v, r.f.out, r.f.lse, o);
+  return r;
+}
+
+// max |got − want| / max |want|, or max |got − want| where want is all 0 (T = 1: one
+// key, dq = dk = 0 exactly, while the kernel's D = rowsum(dO ⊙ out) reads the
+// bf16 out and leaves scale · ΔD · k; the core's tests measure it the same way).
+double rel_err(const Tensor& got, const Tensor& want) {
+  EXPECT_EQ(got.shape(), want.shape());
+  const std::vector<float> x = got.to_vector(), y = want.to_vector();
+  double err = 0.0, scale = 0.0;
+  for (size_t n = 0; n < x.size(); ++n) {
+    if (!std::isfinite(x[n])) return INFINITY;
+    err = std::max(err, std::fabs(double(x[n]) - double(y[n])));
+    scale = std::max(scale, std::fabs(double(y[n])));
+  }
+  return scale > 0.0 ? err / scale : err;
+}
+
+double lse_err(const Tensor& got, const Tensor& want) {
+  const std::vector<float> x = got.to_vector(), y = want.to_vector();
+  double worst = 0.0;
+  for (size_t n = 0; n < x.size(); ++n)
+    worst = std::max(worst, std::fabs(double(x[n]) - double(y[n])) /
+                                std::max(1.0, std::fabs(double(y[n]))));
+  return worst;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
+  const std::vector<float> x = a.to_vector(), y = b.to_vector();
+  return std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+}
+
+struct Worst {
+  double out = 0, lse = 0, dq = 0, dk = 0, dv = 0;
+};
+
+// One routed call against the specification; returns the routed result.
+Result check_routed(const Inputs& in, const SdpaOptions& o, Worst& worst, const std::string& what) {
+  SCOPED_TRACE(what);
+  EXPECT_STREQ(kn::sdpa_bf16_path(in.q, in.k, in.v, o), "AMX");
+  const Result amx = run(in.q, in.k, in.v, in.dout, o, SdpaBackend::kFused);
+  EXPECT_EQ(amx.f.out.dtype(), kBf16);
+  EXPECT_EQ(amx.f.lse.dtype(), kF32);
+  EXPECT_EQ(amx.g.dq.dtype(), kBf16);
+  EXPECT_TRUE(amx.f.out.is_contiguous() && amx.g.dq.is_contiguous() && amx.g.dk.is_contiguous() &&
+              amx.g.dv.is_contiguous());
+  const Result spec = run(in.q.to(kF32), in.k.to(kF32), in.v.to(kF32), in.dout.to(kF32), o,
+                          SdpaBackend::kReference);
+  const double e_out = rel_err(amx.f.out, spec.f.out), e_lse = lse_err(amx.f.lse, spec.f.lse);
+  const double e_dq = rel_err(amx.g.dq, spec.g.dq), e_dk = rel_err(amx.g.dk, spec.g.dk),
+               e_dv = rel_err(amx.g.dv, spec.g.dv);
+  EXPECT_LE(e_out, kOutTol) << "out";
+  EXPECT_LE(e_lse, kLseTol) << "lse";
+  EXPECT_LE(e_dq, kGradTol) << "dq";
+  EXPECT_LE(e_dk, kGradTol) << "dk";
+  EXPECT_LE(e_dv, kGradTol) << "dv";
+  worst.out = std::max(worst.out, e_out), worst.lse = std::max(worst.lse, e_lse);
+  worst.dq = std::max(worst.dq, e_dq), worst.dk = std::max(worst.dk, e_dk);
+  worst.dv = std::max(worst.dv, e_dv);
+  return amx;
+}
+
+void print(const Worst& w, const char* name) {
+  std::cout << name << ": largest relative errors out " << w.out << ", lse " << w.lse << ", dq "
+            << w.dq << ", dk " << w.dk << ", dv " << w.dv << "\n";
+}
+
+TEST(SdpaAmx, RoutedCallsMatchTheReferenceCausalAndFull) {
+  ATTN_REQUIRE_AMX();
+  const attn::test::Bf16PathGuard amx("AMX");
+  ASSERT_TRUE(amx.forced());
+  Worst worst;
+  uint64_t seed = 100;
+  for (const int64_t D : {64, 80, 128})
+    for (const int64_t T : {1, 15, 16, 17, 63, 64, 65, 100, 129, 200})
+      for (const bool causal : {true, false}) {
+        const int64_t B = T % 2 + 1, H = T < 64 ? 3 : 2;
+        const Inputs in = make_inputs(B, H, T, D, Layout::kHeadMajor, seed += 4);
+        SdpaOptions o;
+        o.is_causal = causal;
+        check_routed(in, o, worst,
+                     "D " + std::to_string(D) + " T " + std::to_string(T) + (causal ? " causal" : " full"));
+      }
+  print(worst, "causal and full");
+}
+
+TEST(SdpaAmx, RoutedCallsReadEveryLayoutAndTheScale) {
+  ATTN_REQUIRE_AMX();
+  const attn::test::Bf16PathGuard amx("AMX");
+  ASSERT_TRUE(amx.forced());
+  Worst worst;
+  uint64_t seed = 900;
+  for (const Layout layout :
+       {Layout::kHeadMajor, Layout::kTokenMajor, Layout::kFusedQkv, Layout::kStridedD})
+    for (const float scale : {-1.0f, 0.05f, 0.0f}) {
+      const Inputs in = make_inputs(2, 3, 77, 80, layout, seed += 4);
+      SdpaOptions o;
+      o.is_causal = true;
+      if (scale >= 0.0f) o.scale = scale;
+      check_routed(in, o, worst,
+                   "layout " + std::to_string(int(layout)) + " scale " + std::to_string(scale));
+    }
+  print(worst, "layouts and scales");
+}
+
+// The core's dropout noise is sdpa's (Philox counters (j/4, i, h, b)): the
+// reference, drawing its own noise, agrees with the routed kernel only if so.
+TEST(SdpaAmx, RoutedDropoutDrawsTheReferencesNoise) {
+  ATTN_REQUIRE_AMX();
+  const attn::test::Bf16PathGuard amx("AMX");
+  ASSERT_TRUE(amx.forced());
+  Worst worst;
+  uint64_t seed = 500;
+  for (const int64_t D : {64, 80, 128})
+    for (const int64_t T : {17, 64, 130})
+      for (const bool causal : {true, false}) {
+        const Inputs in = make_inputs(2, 2, T, D, Layout::kTokenMajor, seed += 4);
+        SdpaOptions o;
+        o.is_causal = causal;
+        o.dropout_p = 0.2f;
+        o.dropout_seed = seed;
+        check_routed(in, o, worst,
+                     "dropout D " + std::to_string(D) + " T " + std::to_string(T) +
+                         (causal ? " causal" : " full"));
+      }
+  print(worst, "dropout");
+}
+
+// The route changes the bits (it is taken), and forcing the core's path off
+// AMX turns it off: the widened path's bits come back.
+TEST(SdpaAmx, ForcingTheWidenedPathTurnsTheRouteOff) {
+  ATTN_REQUIRE_AMX();
+  const Inputs in = make_inputs(1, 2, 200, 64, Layout::kHeadMajor, 77);
+  SdpaOptions o;
+  o.is_causal = true;
+  Result on, off;
+  {
+    const attn::test::Bf16PathGuard amx("AMX");
+    ASSERT_TRUE(amx.forced());
+    EXPECT_STREQ(kn::sdpa_bf16_path(in.q, in.k, in.v, o), "AMX");
+    on = run(in.q, in.k, in.v, in.dout, o, SdpaBackend::kFused);
+  }
+  {
+    const attn::test::Bf16PathGuard widened("widened to fp32");
+    ASSERT_TRUE(widened.forced());
+    EXPECT_STREQ(kn::sdpa_bf16_path(in.q, in.k, in.v, o), kWidened);
+    EXPECT_STREQ(kn::sdpa_bf16_path(), kWidened);
+    off = run(in.q, in.k, in.v, in.dout, o, SdpaBackend::kFused);
+  }
+  EXPECT_FALSE(same_bits(on.f.out, off.f.out));
+  EXPECT_FALSE(same_bits(on.g.dq, off.g.dq));
+  // The widened path is the fp32 kernel on the widened values, rounded once.
+  const Tensor q = in.q.to(kF32), k = in.k.to(kF32), v = in.v.to(kF32);
+  EXPECT_TRUE(same_bits(off.f.out, attn::scaled_dot_product_attention(q, k, v, o).to(kBf16)));
+}
+
+// Calls that are not the core's problem stay on the widened path: its name,
+// and its bits (the widened path forced gives the same).
+TEST(SdpaAmx, CallsTheCoreCannotServeStayOnTheWidenedPath) {
+  ATTN_REQUIRE_AMX();
+  struct Variant {
+    const char* name;
+    int64_t Hkv, Tk, Dv;
+    SdpaOptions o;
+  };
+  std::vector<Variant> variants;
+  auto add = [&](const char* name, int64_t Hkv, int64_t Tk, int64_t Dv, auto edit) {
+    Variant v{name, Hkv, Tk, Dv, SdpaOptions{}};
+    v.o.is_causal = true;
+    edit(v.o);
+    variants.push_back(v);
+  };
+  add("attn_mask", 2, 40, 64, [](SdpaOptions& o) {
+    o.is_causal = false;
+    o.attn_mask = Tensor::zeros({40, 40});
+  });
+  add("window", 2, 40, 64, [](SdpaOptions& o) { o.window_left = 8; });
+  add("alibi", 2, 40, 64, [](SdpaOptions& o) { o.alibi_slopes = Tensor({2}, {0.5f, 0.25f}); });
+  add("softcap", 2, 40, 64, [](SdpaOptions& o) { o.softcap = 5.0f; });
+  add("gqa", 1, 40, 64, [](SdpaOptions& o) { o.enable_gqa = true; });
+  add("Tq != Tk", 2, 47, 64, [](SdpaOptions&) {});
+  add("D != Dv", 2, 40, 32, [](SdpaOptions&) {});
+  add("negative scale", 2, 40, 64, [](SdpaOptions& o) { o.scale = -0.125f; });
+  for (const Variant& var : variants) {
+    SCOPED_TRACE(var.name);
+    const Tensor q = randn_bf16({1, 2, 40, 64}, 1), k = randn_bf16({1, var.Hkv, var.Tk, 64}, 2),
+                 v = randn_bf16({1, var.Hkv, var.Tk, var.Dv}, 3),
+                 dout = randn_bf16({1, 2, 40, var.Dv}, 4);
+    EXPECT_STREQ(kn::sdpa_bf16_path(q, k, v, var.o), kWidened);
+    const Result routed = run(q, k, v, dout, var.o, SdpaBackend::kFused);
+    const attn::test::Bf16PathGuard widened("widened to fp32");
+    const Result wide = run(q, k, v, dout, var.o, SdpaBackend::kFused);
+    EXPECT_TRUE(same_bits(routed.f.out, wide.f.out));
+    EXPECT_TRUE(same_bits(routed.f.lse, wide.f.lse));
+    EXPECT_TRUE(same_bits(routed.g.dq, wide.g.dq));
+    EXPECT_TRUE(same_bits(routed.g.dk, wide.g.dk));
+    EXPECT_TRUE(same_bits(routed.g.dv, wide.g.dv));
+  }
+  // The reference backend is named as such.
+  const Tensor q = randn_bf16({1, 1, 8, 16}, 5);
+  SdpaOptions ref;
+  ref.backend = SdpaBackend::kReference;
+  EXPECT_STREQ(kn::sdpa_bf16_path(q, q, q, ref), "reference (fp32 on the widened values)");
+}
+
+// The routed backward checks its tensors as the widened one does.
+TEST(SdpaAmx, RoutedBackwardChecksItsTensors) {
+  ATTN_REQUIRE_AMX();
+  const attn::test::Bf16PathGuard amx("AMX");
+  const Inputs in = make_inputs(1, 2, 20, 64, Layout::kHeadMajor, 3);
+  SdpaOptions o;
+  o.is_causal = true;
+  const attn::SdpaForward f = attn::scaled_dot_product_attention_forward(in.q, in.k, in.v, o);
+  EXPECT_THROW(attn::scaled_dot_product_attention_backward(in.dout.to(kF32), in.q, in.k, in.v,
+                                                           f.out, f.lse, o),
+               std::invalid_argument);
+  EXPECT_THROW(attn::scaled_dot_product_attention_backward(in.dout, in.q, in.k, in.v, f.out,
+                                                           f.lse.slice(2, 0, 10), o),
+               std::invalid_argument);
+  EXPECT_THROW(attn::scaled_dot_product_attention_backward(in.dout.slice(2, 0, 10), in.q, in.k,
+                                                           in.v, f.out, f.lse, o),
+               std::invalid_argument);
+}
+
+}  // namespace
