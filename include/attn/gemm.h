@@ -8,16 +8,17 @@
 // Two engines multiply (Engine below):
 // - kBlas, the system BLAS (OpenBLAS): the library Debian's PyTorch 1.13 calls,
 //   so the reference path sums in PyTorch's order and prints PyTorch's digits.
-// - kFast, the faster healthy engine of this machine: oneDNN's sgemm
-//   (Debian's libdnnl, JIT kernels for the running CPU's widest vectors;
-//   when attn is built with ATTN_WITH_ONEDNN, on by default when found) or
-//   the BLAS, whichever runs a GPT-sized product (512x768x2304) faster,
-//   measured once on first use (a few ms; the BLAS must beat oneDNN by 10%).
-//   A BLAS misdetecting the CPU or pinned to an old core (OPENBLAS_CORETYPE,
-//   e.g. Prescott kernels at 20% of the peak) thus loses to oneDNN; on AMD
-//   Zen 4/5, whose AVX-512 OpenBLAS 0.3.21 does not use, oneDNN is about
-//   twice as fast. ATTN_GEMM_ENGINE=onednn|blas|auto (read once) or
-//   fast_gemm_use() forces the choice; fast_gemm_name() and
+// - kFast, the fast engine: oneDNN's sgemm (Debian's libdnnl, JIT kernels
+//   for the running CPU's widest vectors; when attn is built with
+//   ATTN_WITH_ONEDNN, on by default when found), else the BLAS. The choice is
+//   fixed, not timed, so two runs of one command multiply with the same
+//   engine and give the same bits (training's losses, --resume). oneDNN
+//   cannot be pinned to an old core as a BLAS can (OPENBLAS_CORETYPE, e.g.
+//   Prescott kernels at 20% of the peak); on AMD Zen 4/5, whose AVX-512
+//   OpenBLAS 0.3.21 does not use, it is about twice as fast. fast_gemm_rates()
+//   measures both on a GPT-sized product (512x768x2304) for attn bench, which
+//   warns about an engine far below the peak. ATTN_GEMM_ENGINE=onednn|blas|auto
+//   (read once) or fast_gemm_use() forces the choice; fast_gemm_name() and
 //   fast_gemm_reason() say what runs and why. Either way it runs on OpenMP's
 //   threads (omp_get_max_threads()): the BLAS as kFast runs one
 //   single-threaded call per block of rows, as sgemm_rows_parallel does. The
@@ -133,22 +134,22 @@ void gemm_bf16_widened(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, floa
 // as every kFast product does, when ATTN_GEMM_ENGINE names no engine.
 const char* fast_gemm_name();
 // The engines kFast can run here: {"onednn", "blas"} (or {"blas"} without
-// oneDNN); the one it runs ("onednn" or "blas"); why: the measurement
-// ("measured at 512x768x2304 on 2 threads: oneDNN 210 GFLOP/s, BLAS 150
-// GFLOP/s"), "ATTN_GEMM_ENGINE=blas", "forced by gemm::fast_gemm_use" or
-// "built without oneDNN".
+// oneDNN); the one it runs ("onednn" or "blas"); why: the default ("oneDNN
+// unless ATTN_GEMM_ENGINE=blas: ..."), "ATTN_GEMM_ENGINE=blas", "forced by
+// gemm::fast_gemm_use" or "built without oneDNN".
 std::vector<std::string> fast_gemm_engines();
 const char* fast_gemm_engine();
 std::string fast_gemm_reason();
-// The rates of the first-use measurement, GFLOP/s (measured now if it has
-// not run; 0 for an engine not built in).
+// Both engines' GFLOP/s on the 512x768x2304 product with the OpenMP threads
+// (measured on the first call, a few ms, then kept; 0 for an engine not built
+// in). Reported by attn bench; the choice above does not depend on it.
 struct FastGemmRates {
   double onednn_gflops = 0, blas_gflops = 0;
 };
 FastGemmRates fast_gemm_rates();
 // For tests and benchmarks: force kFast onto an engine of fast_gemm_engines()
 // (false for another name), or nullptr / "auto" for the automatic choice
-// (ATTN_GEMM_ENGINE, else the measurement). Not for use while products run.
+// (ATTN_GEMM_ENGINE, else oneDNN). Not for use while products run.
 bool fast_gemm_use(const char* name);
 
 }  // namespace attn::gemm

@@ -211,13 +211,13 @@ void blas_rows_parallel(Trans ta, Trans tb, const GemmArgs& g, float alpha, cons
   set_threads(saved_blas_threads);
 }
 
-// ---- Engine::kFast: which library, measured once ---------------------------------------
+// ---- Engine::kFast: which library ---------------------------------------------------
 // kOneDnn only with oneDNN built in. g_forced: -1 automatic, else a FastLib.
 enum FastLib : int { kOneDnn = 0, kBlasLib = 1 };
 constexpr const char* kFastLibNames[] = {"onednn", "blas"};
 std::atomic<int> g_forced{-1};
 
-// The product the choice is measured on: a GPT-2 small layer's QKV projection
+// The product both engines' rates are measured on (for attn bench): a GPT-2 small layer's QKV projection
 // of 512 tokens, (512, 768) · (768, 2304), 1.8 GFLOP: a few ms per run on a
 // laptop's cores. (On the Xeon of this project's tests OpenBLAS's SkylakeX
 // sgemm beats oneDNN's at 2048³; at GPT-2's shapes the two were within noise
@@ -256,31 +256,32 @@ std::pair<double, double> probe_rates() {
 }
 #endif
 
-// The measured choice (made once, on first need).
-struct Measured {
-  FastLib lib = kBlasLib;
-  double onednn_gflops = 0, blas_gflops = 0;
-  std::string reason;
-};
-
-const Measured& measured() {
-  static const Measured m = [] {
-    Measured r;
+// The automatic choice is fixed, not measured: a choice by timing could
+// differ between two runs of the same command (the engines are within noise
+// of each other at GPT-2's shapes on some CPUs), and the bits of every kFast
+// product, so training's losses and --resume's exactness, with it. oneDNN
+// JITs its kernels for the running CPU and cannot be pinned to an old core as
+// a BLAS can (OPENBLAS_CORETYPE); the BLAS runs kFast only when asked for.
 #ifdef ATTN_HAVE_ONEDNN
-    std::tie(r.onednn_gflops, r.blas_gflops) = probe_rates();
-    // The BLAS must win clearly: the choice should not flip with noise.
-    r.lib = r.blas_gflops > 1.1 * r.onednn_gflops ? kBlasLib : kOneDnn;
-    r.reason = fmt::format(
-        "measured at {}x{}x{} on {} threads: oneDNN {:.0f} GFLOP/s, BLAS {:.0f} GFLOP/s{}", kProbeM,
-        kProbeK, kProbeN, omp_get_max_threads(), r.onednn_gflops, r.blas_gflops,
-        r.lib == kBlasLib ? " (BLAS > 1.1x oneDNN)" : "");
+constexpr FastLib kDefaultLib = kOneDnn;
+constexpr const char* kDefaultReason =
+    "oneDNN unless ATTN_GEMM_ENGINE=blas: the same engine in every run, so the same bits";
 #else
-    r.lib = kBlasLib;
-    r.reason = "built without oneDNN";
+constexpr FastLib kDefaultLib = kBlasLib;
+constexpr const char* kDefaultReason = "built without oneDNN";
 #endif
-    return r;
+
+// Both engines' rates on the probe's product, measured once when first asked
+// (attn bench reports them and warns about an engine far below the peak).
+const FastGemmRates& measured_rates() {
+  static const FastGemmRates r = [] {
+    FastGemmRates m;
+#ifdef ATTN_HAVE_ONEDNN
+    std::tie(m.onednn_gflops, m.blas_gflops) = probe_rates();
+#endif
+    return m;
   }();
-  return m;
+  return r;
 }
 
 // ATTN_GEMM_ENGINE, read once: -1 unset, empty or "auto"; else a FastLib.
@@ -308,7 +309,7 @@ FastLib fast_lib() {
   if (forced >= 0) return FastLib(forced);
   const int env = environment_engine();
   if (env >= 0) return FastLib(env);
-  return measured().lib;
+  return kDefaultLib;
 }
 
 }  // namespace
@@ -589,13 +590,10 @@ std::string fast_gemm_reason() {
   if (g_forced.load() >= 0) return "forced by gemm::fast_gemm_use";
   if (environment_engine() >= 0)
     return fmt::format("ATTN_GEMM_ENGINE={}", kFastLibNames[environment_engine()]);
-  return measured().reason;
+  return kDefaultReason;
 }
 
-FastGemmRates fast_gemm_rates() {
-  const Measured& m = measured();
-  return {m.onednn_gflops, m.blas_gflops};
-}
+FastGemmRates fast_gemm_rates() { return measured_rates(); }
 
 bool fast_gemm_use(const char* name) {
   if (name == nullptr || std::string(name) == "auto") {
