@@ -97,16 +97,10 @@ struct Options {
 
 // The problem over q, k, v (4-D refs of one dtype), the optional additive fp32
 // mask (4-D, each size 1 or full) and ALiBi slopes ((Hq) or (B, Hq), fp32, last stride 1).
-template <class T>
-attn::SdpaProblemT<T> problem(const View& q, const View& k, const View& v,
-                              const std::optional<View>& mask, const std::optional<View>& alibi,
-                              const Options& opt) {
-  for (const View* t : {&q, &k, &v})
-    if (t->sizes.size() != 4) fail(fmt::format("{} must be 4-D (B, H, T, D)", t->name));
-  const int64_t B = q.sizes[0], Hq = q.sizes[1], Tq = q.sizes[2], D = q.sizes[3];
-  const int64_t Hkv = k.sizes[1], Tk = k.sizes[2], Dv = v.sizes[3];
-  k.expect({B, Hkv, Tk, D}, q.dtype.c_str());
-  v.expect({B, Hkv, Tk, Dv}, q.dtype.c_str());
+// The Python call's options as attn's, checked as the C++ entry points check
+// them (the heads rule, dropout, scale, window, softcap), for the batched and
+// the varlen calls alike.
+attn::SdpaOptions sdpa_options(const Options& opt, int64_t Hq, int64_t Hkv) {
   attn::SdpaOptions o;
   o.enable_gqa = opt.enable_gqa;
   o.dropout_p = opt.dropout_p;
@@ -119,6 +113,20 @@ attn::SdpaProblemT<T> problem(const View& q, const View& k, const View& v,
   o.softcap = opt.softcap;
   attn::detail::sdpa::check_heads(kWho, o, Hq, Hkv);
   attn::detail::sdpa::check_scalar_options(kWho, o);
+  return o;
+}
+
+template <class T>
+attn::SdpaProblemT<T> problem(const View& q, const View& k, const View& v,
+                              const std::optional<View>& mask, const std::optional<View>& alibi,
+                              const Options& opt) {
+  for (const View* t : {&q, &k, &v})
+    if (t->sizes.size() != 4) fail(fmt::format("{} must be 4-D (B, H, T, D)", t->name));
+  const int64_t B = q.sizes[0], Hq = q.sizes[1], Tq = q.sizes[2], D = q.sizes[3];
+  const int64_t Hkv = k.sizes[1], Tk = k.sizes[2], Dv = v.sizes[3];
+  k.expect({B, Hkv, Tk, D}, q.dtype.c_str());
+  v.expect({B, Hkv, Tk, Dv}, q.dtype.c_str());
+  const attn::SdpaOptions o = sdpa_options(opt, Hq, Hkv);
 
   attn::SdpaProblemT<T> p;
   p.B = B, p.Hq = Hq, p.Hkv = Hkv, p.Tq = Tq, p.Tk = Tk, p.D = D, p.Dv = Dv;
@@ -258,18 +266,7 @@ attn::SdpaProblemT<T> varlen_problem(Varlen& keep, const View& q, const View& k,
   if (int64_t(keep.cu_k.size()) - 1 != nseq)
     fail(fmt::format("cu_seqlens_q holds {} sequences but cu_seqlens_k holds {}", nseq,
                      keep.cu_k.size() - 1));
-  attn::SdpaOptions o;
-  o.enable_gqa = opt.enable_gqa;
-  o.dropout_p = opt.dropout_p;
-  o.dropout_seed = opt.dropout_seed;
-  o.is_causal = opt.is_causal;
-  o.causal_alignment =
-      opt.bottom_right ? attn::CausalAlignment::kBottomRight : attn::CausalAlignment::kTopLeft;
-  o.scale = opt.scale;
-  o.window_left = opt.window_left, o.window_right = opt.window_right;
-  o.softcap = opt.softcap;
-  attn::detail::sdpa::check_heads(kWho, o, Hq, Hkv);
-  attn::detail::sdpa::check_scalar_options(kWho, o);
+  const attn::SdpaOptions o = sdpa_options(opt, Hq, Hkv);
   attn::SdpaProblemT<T> p;
   p.B = nseq, p.Hq = Hq, p.Hkv = Hkv, p.Tq = total_q, p.Tk = total_k, p.D = D, p.Dv = Dv;
   p.q = q.data<const T>(), p.k = k.data<const T>(), p.v = v.data<const T>();
