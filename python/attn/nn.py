@@ -38,6 +38,46 @@ def _merge(ctx: torch.Tensor) -> torch.Tensor:
     return ctx.transpose(1, 2).reshape(b, T, H * hd)
 
 
+def _qkv_linears(m: nn.Module, d_in: int, d_q: int, d_kv: int, qkv_bias: bool, dtype=None,
+                 order=("W_query", "W_key", "W_value")) -> None:
+    """The book's W_query (d_in -> d_q), W_key and W_value (d_in -> d_kv), registered
+    in `order` (the book's order, so state_dict lists the keys as the book's does)."""
+    width = {"W_query": d_q, "W_key": d_kv, "W_value": d_kv}
+    for name in order:
+        setattr(m, name, nn.Linear(d_in, width[name], bias=qkv_bias, dtype=dtype))
+
+
+def _causal_mask_buffer(m: nn.Module, context_length: int) -> None:
+    # The book's `mask` buffer (triu of ones), kept for its state_dict key: the
+    # kernel applies the causal band itself.
+    m.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1))
+
+
+class _MultiHead(nn.Module):
+    """What the book's multi-head modules share: num_heads heads of head_dim =
+    d_out // num_heads over num_kv_heads key/value heads, the projections, out_proj,
+    dropout on the attention weights; forward runs attn's kernel on token-major
+    views of the projections (no copies) and merges the heads."""
+
+    def _set_up(self, d_in, d_out, dropout, num_heads, num_kv_heads, qkv_bias, *,
+                dtype=None, out_bias=True, order=("W_query", "W_key", "W_value")):
+        assert d_out % num_heads == 0, "d_out must be divisible by num_heads"
+        self.d_out = d_out
+        self.num_heads = num_heads
+        self.head_dim = d_out // num_heads
+        self._kv_heads = num_kv_heads
+        _qkv_linears(self, d_in, d_out, num_kv_heads * self.head_dim, qkv_bias, dtype, order)
+        self.out_proj = nn.Linear(d_out, d_out, bias=out_bias, dtype=dtype)
+        self.dropout = nn.Dropout(dropout)
+
+    def _attend(self, x, **kw):  # x (b, T, d_in) -> (b, T, d_out)
+        q = _heads(self.W_query(x), self.num_heads)
+        k = _heads(self.W_key(x), self._kv_heads)
+        v = _heads(self.W_value(x), self._kv_heads)
+        p = self.dropout.p if self.training else 0.0
+        return self.out_proj(_merge(_sdpa(q, k, v, dropout_p=p, is_causal=True, **kw)))
+
+
 class CausalAttention(nn.Module):
     """Chapter 3's single-head causal attention: W_query, W_key, W_value
     (nn.Linear(d_in, d_out, bias=qkv_bias)), dropout on the weights, and the
@@ -47,12 +87,9 @@ class CausalAttention(nn.Module):
     def __init__(self, d_in, d_out, context_length, dropout, qkv_bias=False):
         super().__init__()
         self.d_out = d_out
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        _qkv_linears(self, d_in, d_out, d_out, qkv_bias)
         self.dropout = nn.Dropout(dropout)
-        self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length),
-                                                diagonal=1))
+        _causal_mask_buffer(self, context_length)
 
     def forward(self, x):  # x (b, T, d_in) -> (b, T, d_out)
         q, k, v = (self.W_query(x).unsqueeze(1), self.W_key(x).unsqueeze(1),
@@ -61,33 +98,20 @@ class CausalAttention(nn.Module):
         return _sdpa(q, k, v, dropout_p=p, is_causal=True).squeeze(1)
 
 
-class MultiHeadAttention(nn.Module):
+class MultiHeadAttention(_MultiHead):
     """Chapter 3's MultiHeadAttention (weight splits): W_query, W_key, W_value,
     out_proj, dropout, the `mask` buffer; heads of head_dim = d_out // num_heads."""
 
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
         super().__init__()
-        assert d_out % num_heads == 0, "d_out must be divisible by num_heads"
-        self.d_out = d_out
-        self.num_heads = num_heads
-        self.head_dim = d_out // num_heads
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.out_proj = nn.Linear(d_out, d_out)
-        self.dropout = nn.Dropout(dropout)
-        self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length),
-                                                diagonal=1))
+        self._set_up(d_in, d_out, dropout, num_heads, num_heads, qkv_bias)
+        _causal_mask_buffer(self, context_length)
 
     def forward(self, x):  # x (b, T, d_in) -> (b, T, d_out)
-        H = self.num_heads
-        q, k, v = (_heads(self.W_query(x), H), _heads(self.W_key(x), H),
-                   _heads(self.W_value(x), H))
-        p = self.dropout.p if self.training else 0.0
-        return self.out_proj(_merge(_sdpa(q, k, v, dropout_p=p, is_causal=True)))
+        return self._attend(x)
 
 
-class GroupedQueryAttention(nn.Module):
+class GroupedQueryAttention(_MultiHead):
     """ch04/04_gqa's GroupedQueryAttention: W_key and W_value project to
     num_kv_groups heads shared by num_heads // num_kv_groups query heads each
     (read in place by the kernel, no repeat_interleave); out_proj without bias."""
@@ -95,29 +119,17 @@ class GroupedQueryAttention(nn.Module):
     def __init__(self, d_in, d_out, dropout, num_heads, num_kv_groups, dtype=None,
                  qkv_bias=False):
         super().__init__()
-        assert d_out % num_heads == 0, "d_out must be divisible by num_heads"
         assert num_heads % num_kv_groups == 0, "num_heads must be divisible by num_kv_groups"
-        self.d_out = d_out
-        self.num_heads = num_heads
-        self.head_dim = d_out // num_heads
+        self._set_up(d_in, d_out, dropout, num_heads, num_kv_groups, qkv_bias, dtype=dtype,
+                     out_bias=False, order=("W_key", "W_value", "W_query"))
         self.num_kv_groups = num_kv_groups
         self.group_size = num_heads // num_kv_groups
-        self.W_key = nn.Linear(d_in, num_kv_groups * self.head_dim, bias=qkv_bias, dtype=dtype)
-        self.W_value = nn.Linear(d_in, num_kv_groups * self.head_dim, bias=qkv_bias, dtype=dtype)
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias, dtype=dtype)
-        self.out_proj = nn.Linear(d_out, d_out, bias=False, dtype=dtype)
-        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x):
-        q = _heads(self.W_query(x), self.num_heads)
-        k = _heads(self.W_key(x), self.num_kv_groups)
-        v = _heads(self.W_value(x), self.num_kv_groups)
-        p = self.dropout.p if self.training else 0.0
-        ctx = _sdpa(q, k, v, dropout_p=p, is_causal=True, enable_gqa=True)
-        return self.out_proj(_merge(ctx))
+        return self._attend(x, enable_gqa=True)
 
 
-class MultiHeadAttentionWithSWA(nn.Module):
+class MultiHeadAttentionWithSWA(_MultiHead):
     """ch04/06_swa's MultiHeadAttentionWithSWA: query i sees keys j with
     0 <= i - j < sliding_window_size (None: every earlier key); the window
     costs O(T·w) in the kernel, not O(T²)."""
@@ -125,26 +137,12 @@ class MultiHeadAttentionWithSWA(nn.Module):
     def __init__(self, d_in, d_out, dropout, num_heads, qkv_bias=False,
                  sliding_window_size: Optional[int] = None):
         super().__init__()
-        assert d_out % num_heads == 0, "d_out must be divisible by num_heads"
-        self.d_out = d_out
-        self.num_heads = num_heads
-        self.head_dim = d_out // num_heads
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.out_proj = nn.Linear(d_out, d_out)
-        self.dropout = nn.Dropout(dropout)
+        self._set_up(d_in, d_out, dropout, num_heads, num_heads, qkv_bias)
         self.sliding_window_size = sliding_window_size
 
     def forward(self, x):
-        H = self.num_heads
-        q, k, v = (_heads(self.W_query(x), H), _heads(self.W_key(x), H),
-                   _heads(self.W_value(x), H))
         w = self.sliding_window_size
-        window = None if w is None else (int(w) - 1, 0)
-        p = self.dropout.p if self.training else 0.0
-        ctx = _sdpa(q, k, v, dropout_p=p, is_causal=True, window_size=window)
-        return self.out_proj(_merge(ctx))
+        return self._attend(x, window_size=None if w is None else (int(w) - 1, 0))
 
 
 class LayerNorm(nn.Module):
