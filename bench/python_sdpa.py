@@ -38,13 +38,21 @@ def main():
     ap.add_argument("--H", type=int, default=12)
     ap.add_argument("--D", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--attn-bf16-path", default=None,
+                    help="force the core's bf16 path (a name of attn._attn.bf16_paths(): "
+                         "'AMX', 'widened to fp32' for attn's route before AMX was reachable "
+                         "from Python, ...); default: automatic")
     args = ap.parse_args()
+    if args.attn_bf16_path is not None and not attn._attn.use_bf16_path(args.attn_bf16_path):
+        raise SystemExit(f"unknown bf16 path {args.attn_bf16_path!r}; this CPU has "
+                         f"{attn._attn.bf16_paths()}")
     if not hasattr(F, "scaled_dot_product_attention"):
         raise SystemExit(f"needs PyTorch >= 2.0, this is {torch.__version__}")
 
     print(f"PyTorch {torch.__version__}, attn {attn.__version__} (kernel target "
           f"{attn.kernel_target()}), {torch.get_num_threads()} threads, causal, "
-          f"B={args.B} H={args.H} D={args.D}")
+          f"B={args.B} H={args.H} D={args.D}, attn's bf16 path "
+          f"{attn._path(*(torch.empty(1, 1, 8, args.D, dtype=torch.bfloat16),) * 3, is_causal=True)!r}")
     print("| dtype | T | mode | PyTorch ms | attn ms | attn speed-up |")
     print("|---|---|---|---|---|---|")
     for dtype_name in args.dtype:

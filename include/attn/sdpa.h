@@ -325,6 +325,24 @@ const char* sdpa_bf16_path(const Tensor& q, const Tensor& k, const Tensor& v,
 // The SIMD target it runs ("AVX3", "AVX2", ...); flash_attention_use_target
 // (attn/kernels.h) chooses for it too.
 const char* sdpa_target();
+// The path a raw bf16 problem takes in sdpa_forward_routed / sdpa_backward_routed
+// below: "AMX" or "bf16 tiles widened to fp32", by the same rule as the Tensor
+// entry points (a varlen problem is never "AMX").
+const char* sdpa_bf16_path(const SdpaProblemBf16& p);
 }  // namespace kernels
+
+// ---- the raw layer, routed as the Tensor entry points route ---------------------------
+// For callers that own their buffers (the Python binding): the same choice of
+// path as scaled_dot_product_attention_forward / _backward with the fused
+// backend, on the raw problem. fp32: kernels::sdpa_forward / _backward. bf16:
+// the core's AMX kernel when kernels::sdpa_bf16_path(p) is "AMX", reading and
+// writing in place the tensors that are token-major (B, T, H, D) buffers (head
+// stride = the row width, last stride 1; q and dq, k and dk, v and dv, out
+// and dout each with the same token stride in the backward) and packed copies
+// of the others; else kernels::sdpa_forward / _backward. lse (any strides).
+void sdpa_forward_routed(const SdpaOutput& o, const SdpaProblem& p);
+void sdpa_forward_routed(const SdpaOutputBf16& o, const SdpaProblemBf16& p);
+void sdpa_backward_routed(const SdpaBackwardIO& io, const SdpaProblem& p);
+void sdpa_backward_routed(const SdpaBackwardIOBf16& io, const SdpaProblemBf16& p);
 
 }  // namespace attn

@@ -18,6 +18,7 @@ set_num_threads / get_num_threads. docs/python.md has the rest.
 import torch
 
 from ._sdpa import (
+    _path,
     dropout_noise,
     get_num_threads,
     scaled_dot_product_attention,

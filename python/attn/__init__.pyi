@@ -24,6 +24,22 @@ def scaled_dot_product_attention(
     causal_alignment: str = ...,
     dropout_seed: Optional[int] = ...,
 ) -> torch.Tensor: ...
+def _path(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: Optional[torch.Tensor] = ...,
+    dropout_p: float = ...,
+    is_causal: bool = ...,
+    scale: Optional[float] = ...,
+    enable_gqa: bool = ...,
+    *,
+    window_size: Optional[Sequence[int]] = ...,
+    alibi_slopes: Optional[torch.Tensor] = ...,
+    softcap: float = ...,
+    causal_alignment: str = ...,
+    dropout_seed: Optional[int] = ...,
+) -> str: ...
 def set_num_threads(n: Optional[int]) -> None: ...
 def get_num_threads() -> int: ...
 def dropout_noise(shape: Sequence[int], dropout_p: float, seed: int) -> torch.Tensor: ...

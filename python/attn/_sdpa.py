@@ -190,71 +190,32 @@ def _math_sdpa(q, k, v, mask, opts: _Options):
     return torch.softmax(s, dim=-1) @ v
 
 
-def scaled_dot_product_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: Optional[torch.Tensor] = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: Optional[float] = None,
-    enable_gqa: bool = False,
-    *,
-    window_size: Optional[Sequence[int]] = None,
-    alibi_slopes: Optional[torch.Tensor] = None,
-    softcap: float = 0.0,
-    causal_alignment: str = "top_left",
-    dropout_seed: Optional[int] = None,
-) -> torch.Tensor:
-    """torch.nn.functional.scaled_dot_product_attention (PyTorch 2.x) on attn's
-    fused CPU kernel, forward and backward.
+class _Call:
+    """One call's tensors as the kernel takes them: q, k, v (B, H, T, D) views,
+    the additive float32 mask (4-D) and the ALiBi slopes, the options, and how
+    to give the output the query's shape back (`empty`: the inputs of a call
+    with a zero-sized dim, which PyTorch's own maths answers)."""
 
-    query (N, ..., Hq, L, E), key (N, ..., Hkv, S, E), value (N, ..., Hkv, S, Ev)
-    -> (N, ..., Hq, L, Ev); also (L, E) and (H, L, E) inputs. CPU tensors,
-    all float32 or all bfloat16 (bf16: the kernel widens each tile to fp32 and
-    rounds the results once, as PyTorch's CPU SDPA on bf16).
+    __slots__ = ("q", "k", "v", "mask", "alibi", "opts", "lead", "ndim", "empty")
 
-    attn_mask: bool (True = may attend) or float (added to the scores: float32,
-        or query's dtype), broadcastable to (N, ..., Hq, L, S). A bool mask, or
-        a bf16 one, is converted to an additive float32 mask of its own shape
-        (a copy of the mask only).
-    dropout_p: in [0, 1). The noise comes from attn's counter-based Philox
-        stream (not PyTorch's), keyed by a seed drawn from torch's default
-        generator, so torch.manual_seed makes it repeatable; backward applies
-        the same noise.
-    is_causal: query i sees keys j <= i (top-left diagonal, as PyTorch's).
-        PyTorch refuses attn_mask with is_causal; so does this function.
-    scale: default 1 / sqrt(E).
-    enable_gqa: Hq a multiple of Hkv; key/value heads are shared without copies.
+    def __init__(self, q, k, v, mask, alibi, opts, lead, ndim, empty):
+        self.q, self.k, self.v, self.mask, self.alibi = q, k, v, mask, alibi
+        self.opts, self.lead, self.ndim, self.empty = opts, lead, ndim, empty
 
-    FlashAttention-2's extras (keywords only):
-    window_size: (left, right), -1 for unbounded: query i sees keys
-        i - left <= j <= i + right (sliding-window attention).
-    alibi_slopes: float32 (Hq) or (N, Hq): adds -slope * |i - j| to the scores.
-    softcap: > 0 caps the scores as softcap * tanh(s / softcap) (Gemma 2).
-    causal_alignment: "top_left" (PyTorch's) or "bottom_right" (FlashAttention 2's,
-        a KV-cache decoder's: the last query sees the last key); it also places
-        the window and the ALiBi distance when L != S.
-    dropout_seed: the Philox key of the dropout noise (default: drawn from
-        torch's generator); attn.dropout_noise gives the factors it applies.
+    def shaped(self, out: torch.Tensor) -> torch.Tensor:
+        """The kernel's (B, Hq, L, Ev) output in the query's layout of dims."""
+        if self.ndim == 4:
+            return out
+        if self.ndim == 2:
+            return out[0, 0]
+        if self.ndim == 3:
+            return out[0]
+        return out.reshape(self.lead + tuple(out.shape[1:]))
 
-    A row that may attend to no key gives 0 (and zero gradients), not NaN.
 
-    Copies: none of query, key, value when their last dim has stride 1 (any
-    other strides are read in place: transposed (B, L, H, E) views, slices of a
-    fused qkv buffer); an input whose last stride is not 1 is copied first, and
-    so is one with more than one leading batch dim that cannot be folded into a
-    view. The output is a new contiguous (..., Hq, L, Ev) tensor.
-
-    Autograd: gradients for query, key and value through attn's fused
-    backward (the forward's output and log-sum-exp are kept for it); none for
-    attn_mask (an attn_mask that requires grad is refused) or alibi_slopes.
-    Threads: attn.get_num_threads() (torch.get_num_threads() unless
-    attn.set_num_threads was called).
-    torch.compile (PyTorch >= 2.4): traced as the custom ops attn::sdpa_forward
-    and attn::sdpa_backward, so the graph does not break (dropout without a
-    dropout_seed still does: the seed is read from torch's generator).
-    """
+def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+             window_size, alibi_slopes, softcap, causal_alignment, dropout_seed) -> _Call:
+    """Checks a call as PyTorch's SDPA does and sets up its kernel arguments."""
     for name, t in (("query", query), ("key", key), ("value", value)):
         _check_tensor(name, t)
     if not (query.dtype == key.dtype == value.dtype):
@@ -335,7 +296,8 @@ def scaled_dot_product_attention(
             raise ValueError("attn.scaled_dot_product_attention: an empty input works only "
                              "without dropout, window_size, alibi_slopes, softcap and "
                              "causal_alignment")
-        return _math_sdpa(query, key, value, attn_mask, opts)
+        return _Call(None, None, None, attn_mask, None, opts, lead, query.dim(),
+                     (query, key, value))
 
     q = _rows_contiguous(_as_4d("query", query, lead))
     k = _rows_contiguous(_as_4d("key", key, lead))
@@ -365,6 +327,79 @@ def scaled_dot_product_attention(
         # From torch's default generator: torch.manual_seed makes the noise repeatable.
         opts.dropout_seed = int(torch.randint(0, 2**62, (), dtype=torch.int64).item())
 
+    return _Call(q, k, v, mask, alibi, opts, lead, query.dim(), None)
+
+
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: Optional[torch.Tensor] = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+    *,
+    window_size: Optional[Sequence[int]] = None,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    softcap: float = 0.0,
+    causal_alignment: str = "top_left",
+    dropout_seed: Optional[int] = None,
+) -> torch.Tensor:
+    """torch.nn.functional.scaled_dot_product_attention (PyTorch 2.x) on attn's
+    fused CPU kernel, forward and backward.
+
+    query (N, ..., Hq, L, E), key (N, ..., Hkv, S, E), value (N, ..., Hkv, S, Ev)
+    -> (N, ..., Hq, L, Ev); also (L, E) and (H, L, E) inputs. CPU tensors,
+    all float32 or all bfloat16 (bf16: the kernel widens each tile to fp32 and
+    rounds the results once, as PyTorch's CPU SDPA on bf16).
+
+    attn_mask: bool (True = may attend) or float (added to the scores: float32,
+        or query's dtype), broadcastable to (N, ..., Hq, L, S). A bool mask, or
+        a bf16 one, is converted to an additive float32 mask of its own shape
+        (a copy of the mask only).
+    dropout_p: in [0, 1). The noise comes from attn's counter-based Philox
+        stream (not PyTorch's), keyed by a seed drawn from torch's default
+        generator, so torch.manual_seed makes it repeatable; backward applies
+        the same noise.
+    is_causal: query i sees keys j <= i (top-left diagonal, as PyTorch's).
+        PyTorch refuses attn_mask with is_causal; so does this function.
+    scale: default 1 / sqrt(E).
+    enable_gqa: Hq a multiple of Hkv; key/value heads are shared without copies.
+
+    FlashAttention-2's extras (keywords only):
+    window_size: (left, right), -1 for unbounded: query i sees keys
+        i - left <= j <= i + right (sliding-window attention).
+    alibi_slopes: float32 (Hq) or (N, Hq): adds -slope * |i - j| to the scores.
+    softcap: > 0 caps the scores as softcap * tanh(s / softcap) (Gemma 2).
+    causal_alignment: "top_left" (PyTorch's) or "bottom_right" (FlashAttention 2's,
+        a KV-cache decoder's: the last query sees the last key); it also places
+        the window and the ALiBi distance when L != S.
+    dropout_seed: the Philox key of the dropout noise (default: drawn from
+        torch's generator); attn.dropout_noise gives the factors it applies.
+
+    A row that may attend to no key gives 0 (and zero gradients), not NaN.
+
+    Copies: none of query, key, value when their last dim has stride 1 (any
+    other strides are read in place: transposed (B, L, H, E) views, slices of a
+    fused qkv buffer); an input whose last stride is not 1 is copied first, and
+    so is one with more than one leading batch dim that cannot be folded into a
+    view. The output is a new contiguous (..., Hq, L, Ev) tensor.
+
+    Autograd: gradients for query, key and value through attn's fused
+    backward (the forward's output and log-sum-exp are kept for it); none for
+    attn_mask (an attn_mask that requires grad is refused) or alibi_slopes.
+    Threads: attn.get_num_threads() (torch.get_num_threads() unless
+    attn.set_num_threads was called).
+    torch.compile (PyTorch >= 2.4): traced as the custom ops attn::sdpa_forward
+    and attn::sdpa_backward, so the graph does not break (dropout without a
+    dropout_seed still does: the seed is read from torch's generator).
+    """
+    c = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                 window_size, alibi_slopes, softcap, causal_alignment, dropout_seed)
+    if c.empty is not None:
+        return _math_sdpa(*c.empty, c.mask, c.opts)
+    q, k, v, mask, alibi, opts = c.q, c.k, c.v, c.mask, c.alibi, c.opts
     if _OPS is not None and _compiling():
         # torch.compile: attn's forward and backward as custom ops (one graph node each).
         out = _OPS.apply(q, k, v, mask, alibi, opts)
@@ -372,13 +407,41 @@ def scaled_dot_product_attention(
         out = _SdpaFunction.apply(q, k, v, mask, alibi, opts)
     else:
         out, _ = _forward(q, k, v, mask, alibi, opts)
-    if query.dim() == 4:
-        return out
-    if query.dim() == 2:
-        return out[0, 0]
-    if query.dim() == 3:
-        return out[0]
-    return out.reshape(lead + tuple(out.shape[1:]))
+    return c.shaped(out)
+
+
+
+def _path(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: Optional[torch.Tensor] = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+    *,
+    window_size: Optional[Sequence[int]] = None,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    softcap: float = 0.0,
+    causal_alignment: str = "top_left",
+    dropout_seed: Optional[int] = None,
+) -> str:
+    """The path attn.scaled_dot_product_attention takes, forward and backward, for
+    these arguments (checked as that call checks them): "fp32 kernel", or for
+    bfloat16 attn::kernels::sdpa_bf16_path's "AMX" (the core's AMX kernel: no
+    mask, window, ALiBi or softcap, Hq = Hkv, L = S, E = Ev, scale >= 0, on a
+    CPU with AMX) or "bf16 tiles widened to fp32"; "PyTorch's maths" for an
+    input with a zero-sized dim. The C++ entry points take the same paths."""
+    c = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                 window_size, alibi_slopes, softcap, causal_alignment,
+                 0 if dropout_seed is None else dropout_seed)
+    if c.empty is not None:
+        return "PyTorch's maths"
+    return _attn.sdpa_path(_ref(c.q), _ref(c.k), _ref(c.v),
+                           None if c.mask is None else _ref(c.mask),
+                           None if c.alibi is None else _ref(c.alibi),
+                           **{n: getattr(c.opts, n) for n in _Options.__slots__})
 
 
 def dropout_noise(shape: Sequence[int], dropout_p: float, seed: int) -> torch.Tensor:

@@ -27,6 +27,7 @@
 #include <tuple>
 #include <vector>
 
+#include "attn/kernels.h"
 #include "attn/sdpa.h"
 #include "attn/tensor.h"
 #include "attn/tokenizer.h"
@@ -193,7 +194,7 @@ void forward_as(const View& q, const View& k, const View& v, const View& out, co
   o.out_strides = out.strides4();
   o.lse = lse.data<float>();
   o.lse_strides = lse.strides3();
-  run(threads, [&] { attn::kernels::sdpa_forward(o, p); });
+  run(threads, [&] { attn::sdpa_forward_routed(o, p); });
 }
 
 template <class T>
@@ -216,7 +217,7 @@ void backward_as(const View& dout, const View& q, const View& k, const View& v, 
   io.dq = dq.data<T>(), io.dq_strides = dq.strides4();
   io.dk = dk.data<T>(), io.dk_strides = dk.strides4();
   io.dv = dv.data<T>(), io.dv_strides = dv.strides4();
-  run(threads, [&] { attn::kernels::sdpa_backward(io, p); });
+  run(threads, [&] { attn::sdpa_backward_routed(io, p); });
 }
 
 // ---- variable-length packed batches (attn::sdpa_varlen_*'s raw form) ---------------
@@ -302,7 +303,7 @@ void varlen_forward_as(const View& q, const View& k, const View& v, const View& 
   o.out_strides = token_major(out);
   o.lse = lse.data<float>();
   o.lse_strides = attn::SdpaStrides{0, lse.strides[0], lse.strides[1], 1};
-  run(threads, [&] { attn::kernels::sdpa_forward(o, p); });
+  run(threads, [&] { attn::sdpa_forward_routed(o, p); });
 }
 
 template <class T>
@@ -329,7 +330,7 @@ void varlen_backward_as(const View& dout, const View& q, const View& k, const Vi
   io.dq = dq.data<T>(), io.dq_strides = token_major(dq);
   io.dk = dk.data<T>(), io.dk_strides = token_major(dk);
   io.dv = dv.data<T>(), io.dv_strides = token_major(dv);
-  run(threads, [&] { attn::kernels::sdpa_backward(io, p); });
+  run(threads, [&] { attn::sdpa_backward_routed(io, p); });
 }
 
 bool is_bf16(const View& q) {
@@ -372,6 +373,30 @@ PYBIND11_MODULE(_attn, m) {
       py::arg("softcap"), py::arg("window_left"), py::arg("window_right"), py::arg("dropout_p"),
       py::arg("dropout_seed"), py::arg("enable_gqa"), py::arg("threads"),
       "Writes out (B, Hq, Tq, Dv) and lse (B, Hq, Tq) in place: attn's fused sdpa kernel.");
+
+  m.def(
+      "sdpa_path",
+      [](const Ref& q, const Ref& k, const Ref& v, const std::optional<Ref>& mask,
+         const std::optional<Ref>& alibi, bool is_causal, bool bottom_right,
+         std::optional<float> scale, float softcap, int64_t window_left, int64_t window_right,
+         float dropout_p, uint64_t dropout_seed, bool enable_gqa) {
+        const View qv("query", q), kv("key", k), vv("value", v);
+        const Options opt = options_of(is_causal, bottom_right, scale, softcap, window_left,
+                                       window_right, dropout_p, dropout_seed, enable_gqa);
+        const auto mv = optional_view("attn_mask", mask), av = optional_view("alibi_slopes", alibi);
+        if (!is_bf16(qv)) {
+          problem<float>(qv, kv, vv, mv, av, opt);  // checked as the call would be
+          return std::string("fp32 kernel");
+        }
+        return std::string(
+            attn::kernels::sdpa_bf16_path(problem<attn::BFloat16>(qv, kv, vv, mv, av, opt)));
+      },
+      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"), py::arg("alibi"),
+      py::arg("is_causal"), py::arg("bottom_right"), py::arg("scale"), py::arg("softcap"),
+      py::arg("window_left"), py::arg("window_right"), py::arg("dropout_p"),
+      py::arg("dropout_seed"), py::arg("enable_gqa"),
+      "The path sdpa_forward and sdpa_backward take for this call: \"fp32 kernel\", or "
+      "attn::kernels::sdpa_bf16_path's \"AMX\" or \"bf16 tiles widened to fp32\".");
 
   m.def(
       "sdpa_backward",
@@ -513,6 +538,16 @@ PYBIND11_MODULE(_attn, m) {
 
   m.def("kernel_target", [] { return std::string(attn::kernels::sdpa_target()); },
         "The SIMD target attn's sdpa kernel runs (\"AVX3\", \"AVX2\", ...).");
+  m.def("bf16_paths", &attn::kernels::flash_attention_bf16_paths,
+        "The bf16 paths of the core's kernel this CPU can run, best first (\"AMX\", ...).");
+  m.def(
+      "use_bf16_path",
+      [](const std::optional<std::string>& name) {
+        return attn::kernels::flash_attention_bf16_use_path(name ? name->c_str() : nullptr);
+      },
+      py::arg("name"),
+      "Forces the core's bf16 path (a name of bf16_paths(); None: the automatic choice); "
+      "false for an unknown name. For tests and benchmarks, not while kernels run.");
   m.def("max_threads", [] { return omp_get_max_threads(); },
         "OpenMP's default thread count in this process (omp_get_max_threads).");
 }

@@ -14,6 +14,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "attn/kernels.h"
 #include "nn/sdpa_common.h"
@@ -87,14 +88,26 @@ Sizes check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOpt
 // "the default"). The core's dropout noise is sdpa's: Philox counters (j/4,
 // i, h, b) with the same key and rule, so dropout is served too. Forward and
 // backward decide with this one predicate, so they route alike.
-bool amx_serves(const Sizes& s, const SdpaOptions& o) {
+bool amx_takes(const Sizes& s, bool plain, float scale) {
   if (std::strcmp(kernels::flash_attention_bf16_path(), "AMX") != 0) return false;
-  if (o.backend != SdpaBackend::kFused) return false;
-  if (!o.attn_mask.empty() || !o.alibi_slopes.empty() || o.softcap != 0.0f) return false;
-  if (o.window_left != -1 || o.window_right != -1) return false;
+  if (!plain) return false;
   if (s.Hq != s.Hkv || s.Tq != s.Tk || s.D != s.Dv || s.D > kernels::kMaxHeadDim) return false;
-  const float scale = o.scale ? *o.scale : 1.0f / std::sqrt(float(s.D));
   return scale >= 0.0f;
+}
+
+bool amx_serves(const Sizes& s, const SdpaOptions& o) {
+  const bool plain = o.backend == SdpaBackend::kFused && o.attn_mask.empty() &&
+                     o.alibi_slopes.empty() && o.softcap == 0.0f && o.window_left == -1 &&
+                     o.window_right == -1;
+  return amx_takes(s, plain, o.scale ? *o.scale : 1.0f / std::sqrt(float(s.D)));
+}
+
+// The same rule on a raw problem (its scale already resolved; varlen never).
+template <class T>
+bool amx_serves(const SdpaProblemT<T>& p) {
+  const bool plain = !p.mask && !p.alibi_slopes && p.softcap == 0.0f && p.window_left == -1 &&
+                     p.window_right == -1 && !p.cu_seqlens_q && !p.cu_seqlens_k;
+  return amx_takes({p.B, p.Hq, p.Hkv, p.Tq, p.Tk, p.D, p.Dv}, plain, p.scale);
 }
 
 kernels::FlashAttentionParams amx_params(const Sizes& s, const SdpaOptions& o) {
@@ -357,7 +370,158 @@ SdpaGrads scaled_dot_product_attention_backward(const Tensor& dout, const Tensor
   return backward<float>(dout, q, k, v, out, lse, options);
 }
 
+// ---- the raw layer, routed (sdpa_forward_routed / sdpa_backward_routed) ----------------
+namespace {
+
+// A (B, H, T, W) strided buffer as the core's token-major rows: in place when it
+// is one (last stride 1, head stride W, batch stride T · token stride, rows not
+// overlapping), else a packed (B, T, H, W) copy (O(B·T·H·W), beside the attention's
+// O(B·H·T²·W)); `stride` is the token stride the core reads it with.
+struct TokenRows {
+  BFloat16* data = nullptr;
+  int64_t stride = 0;
+  std::vector<BFloat16> packed;
+};
+
+bool token_major_in_place(const SdpaStrides& s, int64_t B, int64_t H, int64_t T, int64_t W) {
+  return (W == 1 || s.d == 1) && (H == 1 || s.h == W) && s.t >= H * W &&
+         (B == 1 || s.b == T * s.t);
+}
+
+// One (b, h, t) row of W elements at base + b·s.b + h·s.h + t·s.t, step s.d.
+template <class F>
+void for_rows(const SdpaStrides& s, int64_t B, int64_t H, int64_t T, int64_t W, F&& f) {
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H; ++h) f(b * s.b + h * s.h + t * s.t, ((b * T + t) * H + h) * W);
+}
+
+TokenRows packed_rows(int64_t B, int64_t H, int64_t T, int64_t W) {
+  TokenRows r;
+  r.packed.resize(size_t(B * T * H * W));
+  r.data = r.packed.data();
+  r.stride = H * W;
+  return r;
+}
+
+// An input: in place when `in_place`, else a packed copy.
+TokenRows input_rows(const BFloat16* x, const SdpaStrides& s, int64_t B, int64_t H, int64_t T,
+                     int64_t W, bool in_place) {
+  if (in_place) return {const_cast<BFloat16*>(x), s.t, {}};
+  TokenRows r = packed_rows(B, H, T, W);
+  const int64_t sd = W == 1 ? 1 : s.d;
+  for_rows(s, B, H, T, W, [&](int64_t from, int64_t to) {
+    for (int64_t d = 0; d < W; ++d) r.packed[size_t(to + d)] = x[from + d * sd];
+  });
+  return r;
+}
+
+// An output: written in place when `in_place`, else into a packed buffer that
+// scatter() copies to x afterwards.
+TokenRows output_rows(BFloat16* x, const SdpaStrides& s, int64_t B, int64_t H, int64_t T,
+                      int64_t W, bool in_place) {
+  if (in_place) return {x, s.t, {}};
+  return packed_rows(B, H, T, W);
+}
+
+void scatter(const TokenRows& r, BFloat16* x, const SdpaStrides& s, int64_t B, int64_t H,
+             int64_t T, int64_t W) {
+  if (r.packed.empty()) return;
+  const int64_t sd = W == 1 ? 1 : s.d;
+  for_rows(s, B, H, T, W, [&](int64_t to, int64_t from) {
+    for (int64_t d = 0; d < W; ++d) x[to + d * sd] = r.packed[size_t(from + d)];
+  });
+}
+
+kernels::FlashAttentionParams raw_amx_params(const SdpaProblemBf16& p) {
+  kernels::FlashAttentionParams f;
+  f.B = p.B, f.T = p.Tq, f.H = p.Hq, f.hd = p.D;
+  f.causal = p.is_causal;
+  f.scale = p.scale;
+  f.dropout_p = p.dropout_p;
+  f.dropout_seed = p.dropout_seed;
+  return f;
+}
+
+// lse (B, H, T) with the given strides; the core's is contiguous.
+bool lse_contiguous(const SdpaStrides& s, int64_t H, int64_t T) {
+  return s.t == 1 && (H == 1 || s.h == T) && s.b == H * T;
+}
+
+}  // namespace
+
+void sdpa_forward_routed(const SdpaOutput& o, const SdpaProblem& p) { kernels::sdpa_forward(o, p); }
+
+void sdpa_backward_routed(const SdpaBackwardIO& io, const SdpaProblem& p) {
+  kernels::sdpa_backward(io, p);
+}
+
+void sdpa_forward_routed(const SdpaOutputBf16& o, const SdpaProblemBf16& p) {
+  if (!amx_serves(p)) return kernels::sdpa_forward(o, p);
+  const int64_t B = p.B, H = p.Hq, T = p.Tq, D = p.D;
+  auto in_place = [&](const SdpaStrides& s) { return token_major_in_place(s, B, H, T, D); };
+  const TokenRows q = input_rows(p.q, p.q_strides, B, H, T, D, in_place(p.q_strides));
+  const TokenRows k = input_rows(p.k, p.k_strides, B, H, T, D, in_place(p.k_strides));
+  const TokenRows v = input_rows(p.v, p.v_strides, B, H, T, D, in_place(p.v_strides));
+  const TokenRows out = output_rows(o.out, o.out_strides, B, H, T, D, in_place(o.out_strides));
+  const SdpaStrides ls = sdpa_lse_strides(o.lse_strides, p);
+  std::vector<float> lse_packed;
+  if (!lse_contiguous(ls, H, T)) lse_packed.resize(size_t(B * H * T));
+  float* lse = lse_packed.empty() ? o.lse : lse_packed.data();
+  kernels::FlashAttentionParams f = raw_amx_params(p);
+  f.q_stride = q.stride, f.k_stride = k.stride, f.v_stride = v.stride, f.o_stride = out.stride;
+  kernels::flash_attention_forward_bf16(out.data, lse, q.data, k.data, v.data, f);
+  scatter(out, o.out, o.out_strides, B, H, T, D);
+  if (!lse_packed.empty())
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t t = 0; t < T; ++t)
+          o.lse[b * ls.b + h * ls.h + t * ls.t] = lse_packed[size_t((b * H + h) * T + t)];
+}
+
+void sdpa_backward_routed(const SdpaBackwardIOBf16& io, const SdpaProblemBf16& p) {
+  if (!amx_serves(p)) return kernels::sdpa_backward(io, p);
+  const int64_t B = p.B, H = p.Hq, T = p.Tq, D = p.D;
+  // Each input shares its token stride with its partner (q with dq, out with
+  // dout, ...): the pair is read in place only when both are token-major with one stride.
+  auto pair = [&](const SdpaStrides& a, const SdpaStrides& b) {
+    return token_major_in_place(a, B, H, T, D) && token_major_in_place(b, B, H, T, D) &&
+           a.t == b.t;
+  };
+  const bool qq = pair(p.q_strides, io.dq_strides), kk = pair(p.k_strides, io.dk_strides),
+             vv = pair(p.v_strides, io.dv_strides), oo = pair(io.out_strides, io.dout_strides);
+  const TokenRows q = input_rows(p.q, p.q_strides, B, H, T, D, qq);
+  const TokenRows k = input_rows(p.k, p.k_strides, B, H, T, D, kk);
+  const TokenRows v = input_rows(p.v, p.v_strides, B, H, T, D, vv);
+  const TokenRows out = input_rows(io.out, io.out_strides, B, H, T, D, oo);
+  const TokenRows dout = input_rows(io.dout, io.dout_strides, B, H, T, D, oo);
+  const TokenRows dq = output_rows(io.dq, io.dq_strides, B, H, T, D, qq);
+  const TokenRows dk = output_rows(io.dk, io.dk_strides, B, H, T, D, kk);
+  const TokenRows dv = output_rows(io.dv, io.dv_strides, B, H, T, D, vv);
+  const SdpaStrides ls = sdpa_lse_strides(io.lse_strides, p);
+  std::vector<float> lse_packed;
+  if (!lse_contiguous(ls, H, T)) {
+    lse_packed.resize(size_t(B * H * T));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t t = 0; t < T; ++t)
+          lse_packed[size_t((b * H + h) * T + t)] = io.lse[b * ls.b + h * ls.h + t * ls.t];
+  }
+  kernels::FlashAttentionParams f = raw_amx_params(p);
+  f.q_stride = q.stride, f.k_stride = k.stride, f.v_stride = v.stride, f.o_stride = out.stride;
+  kernels::flash_attention_backward_bf16(dq.data, dk.data, dv.data, dout.data, q.data, k.data,
+                                         v.data, out.data,
+                                         lse_packed.empty() ? io.lse : lse_packed.data(), f);
+  scatter(dq, io.dq, io.dq_strides, B, H, T, D);
+  scatter(dk, io.dk, io.dk_strides, B, H, T, D);
+  scatter(dv, io.dv, io.dv_strides, B, H, T, D);
+}
+
 namespace kernels {
+
+const char* sdpa_bf16_path(const SdpaProblemBf16& p) {
+  return amx_serves(p) ? "AMX" : "bf16 tiles widened to fp32";
+}
 
 const char* sdpa_bf16_path(const Tensor& q, const Tensor& k, const Tensor& v,
                            const SdpaOptions& options) {

@@ -321,4 +321,116 @@ TEST(SdpaAmx, RoutedBackwardChecksItsTensors) {
                std::invalid_argument);
 }
 
+// ---- the raw layer routed (sdpa_forward_routed / sdpa_backward_routed) ----------------
+// What the Python binding calls: the same route on the caller's buffers. On
+// every layout (in place or packed copies, outputs written through their
+// strides, lse non-contiguous) its bits are the Tensor entry points' (the
+// same core on the same values), forward and backward; and a call the core
+// cannot serve takes kernels::sdpa_* as before.
+attn::SdpaStrides strides4(const Tensor& t) {
+  return {t.stride(0), t.stride(1), t.stride(2), t.stride(3)};
+}
+
+attn::SdpaProblemBf16 raw_problem(const Inputs& in, const SdpaOptions& o) {
+  attn::SdpaProblemBf16 p;
+  p.B = in.q.size(0), p.Hq = in.q.size(1), p.Hkv = in.k.size(1), p.Tq = in.q.size(2),
+  p.Tk = in.k.size(2), p.D = in.q.size(3), p.Dv = in.v.size(3);
+  p.q = in.q.data_ptr<attn::BFloat16>(), p.k = in.k.data_ptr<attn::BFloat16>(),
+  p.v = in.v.data_ptr<attn::BFloat16>();
+  p.q_strides = strides4(in.q), p.k_strides = strides4(in.k), p.v_strides = strides4(in.v);
+  p.is_causal = o.is_causal;
+  p.scale = o.scale ? *o.scale : 1.0f / std::sqrt(float(p.D));
+  p.window_left = o.window_left;
+  p.dropout_p = o.dropout_p, p.dropout_seed = o.dropout_seed;
+  return p;
+}
+
+// A (B, H, T, W) bf16 buffer in `layout` (outputs: head-major, token-major or strided d).
+Tensor empty_in(Layout layout, int64_t B, int64_t H, int64_t T, int64_t W) {
+  switch (layout) {
+    case Layout::kTokenMajor:
+    case Layout::kFusedQkv:
+      return Tensor::empty({B, T, H, W}, kBf16).transpose(1, 2);
+    case Layout::kStridedD:
+      return Tensor::empty({B, H, W, T}, kBf16).transpose(2, 3);
+    case Layout::kHeadMajor:
+      break;
+  }
+  return Tensor::empty({B, H, T, W}, kBf16);
+}
+
+Result run_raw(const Inputs& in, const SdpaOptions& o, Layout out_layout) {
+  const attn::SdpaProblemBf16 p = raw_problem(in, o);
+  const int64_t B = p.B, H = p.Hq, T = p.Tq, D = p.D;
+  Result r;
+  r.f.out = empty_in(out_layout, B, H, T, D);
+  // lse (B, H, T) as a (B, T, H) buffer's transposed view: never the core's layout.
+  r.f.lse = Tensor::empty({B, T, H}).transpose(1, 2);
+  attn::SdpaOutputBf16 o_raw;
+  o_raw.out = r.f.out.data_ptr<attn::BFloat16>(), o_raw.out_strides = strides4(r.f.out);
+  o_raw.lse = r.f.lse.data_ptr<float>();
+  o_raw.lse_strides = attn::SdpaStrides{r.f.lse.stride(0), r.f.lse.stride(1), r.f.lse.stride(2), 1};
+  attn::sdpa_forward_routed(o_raw, p);
+  r.g.dq = empty_in(out_layout, B, H, T, D);
+  r.g.dk = empty_in(out_layout, B, H, T, D);
+  r.g.dv = empty_in(out_layout, B, H, T, D);
+  attn::SdpaBackwardIOBf16 io;
+  io.dout = in.dout.data_ptr<attn::BFloat16>(), io.dout_strides = strides4(in.dout);
+  io.out = r.f.out.data_ptr<attn::BFloat16>(), io.out_strides = strides4(r.f.out);
+  io.lse = r.f.lse.data_ptr<float>(), io.lse_strides = o_raw.lse_strides;
+  io.dq = r.g.dq.data_ptr<attn::BFloat16>(), io.dq_strides = strides4(r.g.dq);
+  io.dk = r.g.dk.data_ptr<attn::BFloat16>(), io.dk_strides = strides4(r.g.dk);
+  io.dv = r.g.dv.data_ptr<attn::BFloat16>(), io.dv_strides = strides4(r.g.dv);
+  attn::sdpa_backward_routed(io, p);
+  return r;
+}
+
+void expect_same_result(const Result& a, const Result& b) {
+  EXPECT_TRUE(same_bits(a.f.out, b.f.out)) << "out";
+  EXPECT_TRUE(same_bits(a.f.lse, b.f.lse)) << "lse";
+  EXPECT_TRUE(same_bits(a.g.dq, b.g.dq)) << "dq";
+  EXPECT_TRUE(same_bits(a.g.dk, b.g.dk)) << "dk";
+  EXPECT_TRUE(same_bits(a.g.dv, b.g.dv)) << "dv";
+}
+
+TEST(SdpaAmx, RawRoutedCallsGiveTheTensorEntryPointsBitsOnEveryLayout) {
+  ATTN_REQUIRE_AMX();
+  const attn::test::Bf16PathGuard amx("AMX");
+  ASSERT_TRUE(amx.forced());
+  uint64_t seed = 1300;
+  for (const Layout in_layout :
+       {Layout::kHeadMajor, Layout::kTokenMajor, Layout::kFusedQkv, Layout::kStridedD})
+    for (const Layout out_layout : {Layout::kHeadMajor, Layout::kTokenMajor, Layout::kStridedD})
+      for (const bool causal : {true, false}) {
+        SCOPED_TRACE("in " + std::to_string(int(in_layout)) + " out " +
+                     std::to_string(int(out_layout)) + (causal ? " causal" : " full"));
+        const Inputs in = make_inputs(2, 3, 45, 64, in_layout, seed += 4);
+        SdpaOptions o;
+        o.is_causal = causal;
+        o.dropout_p = causal ? 0.0f : 0.1f;
+        o.dropout_seed = seed;
+        EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), "AMX");
+        expect_same_result(run_raw(in, o, out_layout), run(in.q, in.k, in.v, in.dout, o,
+                                                            SdpaBackend::kFused));
+      }
+}
+
+TEST(SdpaAmx, RawRoutedCallsTheCoreCannotServeTakeTheWidenedKernel) {
+  ATTN_REQUIRE_AMX();
+  const attn::test::Bf16PathGuard amx("AMX");
+  const Inputs in = make_inputs(1, 2, 40, 64, Layout::kTokenMajor, 3);
+  SdpaOptions o;
+  o.is_causal = true;
+  o.window_left = 8;
+  EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), kWidened);
+  expect_same_result(run_raw(in, o, Layout::kHeadMajor),
+                     run(in.q, in.k, in.v, in.dout, o, SdpaBackend::kFused));
+  // The widened path forced: the raw rule follows it.
+  const attn::test::Bf16PathGuard widened("widened to fp32");
+  o.window_left = -1;
+  EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), kWidened);
+  expect_same_result(run_raw(in, o, Layout::kTokenMajor),
+                     run(in.q, in.k, in.v, in.dout, o, SdpaBackend::kFused));
+}
+
 }  // namespace

@@ -1,0 +1,166 @@
+"""bf16 from Python takes attn::scaled_dot_product_attention's routes: the
+core's AMX kernel where the C++ entry points take it (no mask, window, ALiBi
+or softcap, Hq = Hkv, L = S, E = Ev), forward and backward, else the widened
+kernel. attn._path names the route; forcing the core's path off AMX
+(attn._attn.use_bf16_path) changes the bits, so the route is seen to run.
+Outputs and gradients against the definition in float64 within the AMX
+path's bf16 bounds (it rounds P and dS to bf16 where they enter a product, as
+PyTorch's bf16 SDPA does): max|got - want| <= 8e-3 · max|want| for the output,
+4e-2 · max|want| for the gradients (tests/unit/test_sdpa_amx.cpp's).
+Skipped where the CPU has no AMX."""
+
+import pytest
+import torch
+
+import attn
+from attn import _attn
+
+from test_sdpa import oracle
+
+BF16 = torch.bfloat16
+F64 = torch.float64
+WIDENED = "bf16 tiles widened to fp32"
+
+needs_amx = pytest.mark.skipif("AMX" not in _attn.bf16_paths(),
+                               reason="this CPU (or the OS) has no AMX-BF16")
+
+
+@pytest.fixture
+def forced_path():
+    """forced_path(name): the core's bf16 path forced for the test; the automatic choice after."""
+    def force(name):
+        assert _attn.use_bf16_path(name), name
+    yield force
+    _attn.use_bf16_path(None)
+
+
+def layout_qkv(layout, B, H, T, E, gen):
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen).to(BF16)
+    if layout == "contiguous":
+        return rnd(B, H, T, E), rnd(B, H, T, E), rnd(B, H, T, E)
+    if layout == "token_major":
+        return tuple(rnd(B, T, H, E).transpose(1, 2) for _ in range(3))
+    if layout == "fused_qkv":  # nanoGPT's c_attn(x).split(C, dim=2)
+        qkv = rnd(B, T, 3 * H * E)
+        return tuple(t.view(B, T, H, E).transpose(1, 2) for t in qkv.split(H * E, dim=2))
+    if layout == "last_stride_2":
+        return tuple(rnd(B, H, T, 2 * E)[..., ::2] for _ in range(3))
+    raise AssertionError(layout)
+
+
+def rel_err(got, want):
+    """max|got - want| / max|want|, or max|got - want| where want is all 0 (T = 1: one key,
+    dq = dk = 0 exactly, while D = rowsum(dO ⊙ out) reads the bf16 out; as the C++ tests)."""
+    want = want.to(F64)
+    err = (got.to(F64) - want).abs().max().item()
+    big = want.abs().max().item()
+    return err / big if big > 0 else err
+
+
+def run(q, k, v, dout, **kw):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = attn.scaled_dot_product_attention(q, k, v, **kw)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    return out, dq, dk, dv
+
+
+def check_against_oracle(q, k, v, dout, record_error, **kw):
+    out, dq, dk, dv = run(q, k, v, dout, **kw)
+    q64, k64, v64 = (t.detach().to(F64).requires_grad_() for t in (q, k, v))
+    want = oracle(q64, k64, v64, is_causal=kw.get("is_causal", False), scale=kw.get("scale"))
+    wq, wk, wv = torch.autograd.grad(want, (q64, k64, v64), dout.to(F64))
+    for name, got, w, bound in (("out", out, want, 8e-3), ("dq", dq, wq, 4e-2),
+                                ("dk", dk, wk, 4e-2), ("dv", dv, wv, 4e-2)):
+        assert got.dtype == BF16 and got.shape == w.shape, name
+        e = rel_err(got, w)
+        record_error(f"bf16 AMX {name} (rel)", e, e / bound)
+        assert e <= bound, f"{name}: relative error {e:.3e} > {bound}"
+    return out, dq, dk, dv
+
+
+@needs_amx
+@pytest.mark.parametrize("layout", ["contiguous", "token_major", "fused_qkv", "last_stride_2"])
+@pytest.mark.parametrize("is_causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("T,E", [(1, 64), (17, 64), (64, 32), (100, 80)])
+def test_plain_bf16_calls_take_amx_and_match_the_definition(layout, is_causal, T, E,
+                                                            record_error):
+    gen = torch.Generator().manual_seed(1000 + T + E)
+    q, k, v = layout_qkv(layout, 2, 3, T, E, gen)
+    dout = torch.randn(2, 3, T, E, generator=gen).to(BF16)
+    assert attn._path(q, k, v, is_causal=is_causal) == "AMX"
+    check_against_oracle(q, k, v, dout, record_error, is_causal=is_causal)
+
+
+@needs_amx
+def test_scale_and_dropout_stay_on_amx(record_error):
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = layout_qkv("token_major", 2, 2, 40, 64, gen)
+    dout = torch.randn(2, 2, 40, 64, generator=gen).to(BF16)
+    assert attn._path(q, k, v, scale=0.05) == "AMX"
+    check_against_oracle(q, k, v, dout, record_error, scale=0.05)
+    # Dropout: the core draws sdpa's Philox noise, so the definition with attn's noise agrees.
+    assert attn._path(q, k, v, dropout_p=0.2, is_causal=True) == "AMX"
+    out, *_ = run(q, k, v, dout, dropout_p=0.2, is_causal=True, dropout_seed=99)
+    noise = attn.dropout_noise((2, 2, 40, 40), 0.2, 99).to(F64)
+    want = oracle(q.to(F64), k.to(F64), v.to(F64), is_causal=True, noise=noise)
+    assert rel_err(out, want) <= 8e-3
+
+
+@needs_amx
+def test_the_route_runs_forcing_the_widened_path_changes_the_bits(forced_path):
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = layout_qkv("fused_qkv", 1, 2, 130, 64, gen)
+    dout = torch.randn(1, 2, 130, 64, generator=gen).to(BF16)
+    auto = run(q, k, v, dout, is_causal=True)
+    forced_path("AMX")
+    amx = run(q, k, v, dout, is_causal=True)
+    forced_path("widened to fp32")
+    assert attn._path(q, k, v, is_causal=True) == WIDENED
+    wide = run(q, k, v, dout, is_causal=True)
+    for a, b, c in zip(auto, amx, wide):
+        assert torch.equal(a, b)       # the automatic choice is AMX, forward and backward
+        assert not torch.equal(b, c)   # and AMX is not the widened kernel's bits
+
+
+@needs_amx
+@pytest.mark.parametrize("what", ["mask", "window", "alibi", "softcap", "gqa", "L != S",
+                                  "E != Ev", "fp32"])
+def test_calls_the_core_cannot_serve_take_the_widened_kernel(what, forced_path):
+    gen = torch.Generator().manual_seed(11)
+    B, H, L, S, E, Ev, Hkv = 1, 2, 24, 24, 32, 32, 2
+    kw = {}
+    if what == "mask":
+        kw["attn_mask"] = torch.randn(L, S, generator=gen)
+    elif what == "window":
+        kw.update(is_causal=True, window_size=(8, 0))
+    elif what == "alibi":
+        kw["alibi_slopes"] = torch.tensor([0.5, 0.25])
+    elif what == "softcap":
+        kw["softcap"] = 5.0
+    elif what == "gqa":
+        Hkv, kw["enable_gqa"] = 1, True
+    elif what == "L != S":
+        S = 31
+    elif what == "E != Ev":
+        Ev = 16
+    dtype = torch.float32 if what == "fp32" else BF16
+    q = torch.randn(B, H, L, E, generator=gen).to(dtype)
+    k = torch.randn(B, Hkv, S, E, generator=gen).to(dtype)
+    v = torch.randn(B, Hkv, S, Ev, generator=gen).to(dtype)
+    dout = torch.randn(B, H, L, Ev, generator=gen).to(dtype)
+    assert attn._path(q, k, v, **kw) == ("fp32 kernel" if what == "fp32" else WIDENED)
+    routed = run(q, k, v, dout, **kw)
+    forced_path("widened to fp32")
+    wide = run(q, k, v, dout, **kw)
+    for a, b in zip(routed, wide):
+        assert torch.equal(a, b)
+
+
+def test_path_names_every_route_and_checks_its_arguments():
+    q = torch.randn(1, 2, 8, 16)
+    assert attn._path(q, q, q) == "fp32 kernel"
+    assert attn._path(q.to(BF16), q.to(BF16), q.to(BF16)) in ("AMX", WIDENED)
+    assert attn._path(q[..., :0], q[..., :0], q[..., :0]) == "PyTorch's maths"
+    with pytest.raises(RuntimeError, match="same dtype"):
+        attn._path(q, q.to(BF16), q)
