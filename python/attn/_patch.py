@@ -39,18 +39,14 @@ def _covers(query, key, value, attn_mask, is_causal, enable_gqa, extra) -> bool:
             return False
         if t.dtype != query.dtype or t.numel() == 0:
             return False
-    if query.dtype not in _DTYPES or query.dim() < 2:
-        return False
-    if not (key.dim() == value.dim() == query.dim()):
+    if query.dtype not in _DTYPES or min(t.dim() for t in ts) < 2:
         return False
     if key.shape[-1] != query.shape[-1] or value.shape[-2] != key.shape[-2]:
         return False
-    if query.dim() >= 3:
-        Hq, Hkv = query.shape[-3], key.shape[-3]
-        if value.shape[-3] != Hkv or (Hq != Hkv and not (enable_gqa and Hq % Hkv == 0)):
-            return False
-        if query.shape[:-3] != key.shape[:-3] or query.shape[:-3] != value.shape[:-3]:
-            return False
+    try:  # batch dims and heads broadcast as PyTorch's (views only)
+        _sdpa._Broadcast(query, key, value, enable_gqa)
+    except RuntimeError:
+        return False
     if attn_mask is not None:
         if is_causal or not isinstance(attn_mask, torch.Tensor):
             return False
@@ -60,7 +56,7 @@ def _covers(query, key, value, attn_mask, is_causal, enable_gqa, extra) -> bool:
             return False
         if attn_mask.requires_grad and torch.is_grad_enabled():
             return False
-        if attn_mask.dim() > query.dim():
+        if attn_mask.dim() > max(t.dim() for t in ts):
             return False
     return True
 

@@ -118,21 +118,70 @@ def _check_tensor(name: str, t) -> None:
                            f"{t.layout}; only dense (strided) tensors are supported")
 
 
-def _as_4d(name: str, t: torch.Tensor, lead: Tuple[int, ...]) -> torch.Tensor:
-    # (*lead, H, T, D) -> (B, H, T, D): a view whenever the strides allow (always
-    # for 2-D to 4-D inputs), else torch.reshape's copy.
-    if t.dim() == 2:
-        return t.unsqueeze(0).unsqueeze(0)
-    if t.dim() == 3:
-        return t.unsqueeze(0)
-    if t.dim() == 4:
-        return t
-    if tuple(t.shape[:-3]) != lead:
-        raise RuntimeError(
-            f"attn.scaled_dot_product_attention: query, key and value must have the same "
-            f"batch dims, got query {tuple(lead)} and {name} {tuple(t.shape[:-3])} "
-            f"(attn does not broadcast batch dims)")
-    return t.reshape((-1,) + tuple(t.shape[-3:]))
+class _Broadcast:
+    """query, key, value broadcast as PyTorch's SDPA broadcasts them, as the kernel's
+    (B, H, T, E) views: the batch dims (all but the last 3; fewer dims count as 1s
+    on the left) broadcast to N and are folded into B; the heads are equal, or
+    key/value's a divisor of query's with enable_gqa, or one side has 1 head (1
+    key/value head: the kernel shares it as a group, no copy; 1 query head: the
+    query is expanded to key/value's heads). Broadcast dims are stride-0 views;
+    folding N into one dim is a view where the strides allow (always for one
+    batch dim), else torch.reshape's copy. Gradients of the broadcast inputs
+    are summed by autograd through these views."""
+
+    def __init__(self, query, key, value, enable_gqa):
+        self.ndim = nd = max(query.dim(), key.dim(), value.dim())
+
+        def padded(t):  # (1, ..., 1, *t.shape) with nd >= 3 dims: a view
+            return t[(None,) * (max(nd, 3) - t.dim())]
+
+        q, k, v = padded(query), padded(key), padded(value)
+        Hq, Hk, Hv = q.shape[-3], k.shape[-3], v.shape[-3]
+        if Hk != Hv:
+            if Hk != 1 and Hv != 1:
+                raise RuntimeError(
+                    f"attn.scaled_dot_product_attention: key and value must have the same "
+                    f"number of heads (dim -3), got key {tuple(key.shape)} and value "
+                    f"{tuple(value.shape)}")
+        Hkv = max(Hk, Hv)
+        self.kernel_gqa = False
+        H = Hq
+        if Hq != Hkv:
+            if enable_gqa and Hkv != 0 and Hq % Hkv == 0:
+                self.kernel_gqa = True
+            elif enable_gqa and Hkv != 1 and Hq != 1:
+                raise RuntimeError(
+                    f"attn.scaled_dot_product_attention: enable_gqa: query's heads ({Hq}) must "
+                    f"be a multiple of key's and value's ({Hkv})")
+            elif Hkv == 1:
+                self.kernel_gqa = True  # one key/value head for every query head
+            elif Hq == 1:
+                H = Hkv  # the query broadcast over key/value's heads
+            else:
+                raise RuntimeError(
+                    f"attn.scaled_dot_product_attention: query has {Hq} heads and key/value "
+                    f"{Hkv} (dim -3): pass enable_gqa=True for grouped-query attention")
+        try:
+            N = tuple(torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3]))
+        except RuntimeError:
+            raise RuntimeError(
+                f"attn.scaled_dot_product_attention: the batch dims of query "
+                f"{tuple(query.shape)}, key {tuple(key.shape)} and value {tuple(value.shape)} "
+                f"(all but the last 3) are not broadcastable") from None
+        self.lead, self.H = N, H
+        Hk_out = Hkv if self.kernel_gqa or Hq == Hkv else H
+
+        def folded(t, heads):  # (N..., heads, T, E) -> (B, heads, T, E)
+            t = t.expand(N + (heads,) + tuple(t.shape[-2:]))
+            if len(N) == 1:
+                return t
+            if len(N) == 0:
+                return t.unsqueeze(0)
+            return t.reshape((-1,) + tuple(t.shape[-3:]))
+
+        self.q = _rows_contiguous(folded(q, H))
+        self.k = _rows_contiguous(folded(k, Hk_out))
+        self.v = _rows_contiguous(folded(v, Hk_out))
 
 
 def _additive_mask(attn_mask: torch.Tensor, q: torch.Tensor, lead, Hq, L, S, B) -> torch.Tensor:
@@ -203,13 +252,10 @@ class _Call:
         self.opts, self.lead, self.ndim, self.empty = opts, lead, ndim, empty
 
     def shaped(self, out: torch.Tensor) -> torch.Tensor:
-        """The kernel's (B, Hq, L, Ev) output in the query's layout of dims."""
-        if self.ndim == 4:
-            return out
+        """The kernel's (B, H, L, Ev) output as (N..., H, L, Ev), N the broadcast batch
+        dims ((L, Ev) when every input was 2-D)."""
         if self.ndim == 2:
             return out[0, 0]
-        if self.ndim == 3:
-            return out[0]
         return out.reshape(self.lead + tuple(out.shape[1:]))
 
 
@@ -226,11 +272,11 @@ def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_g
     if query.dtype not in _DTYPE_NAMES:
         raise RuntimeError(f"attn.scaled_dot_product_attention: query, key and value have "
                            f"dtype {query.dtype}; attn supports torch.float32 and torch.bfloat16")
-    if not (query.dim() >= 2 and key.dim() == query.dim() and value.dim() == query.dim()):
+    if not (query.dim() >= 2 and key.dim() >= 2 and value.dim() >= 2):
         raise RuntimeError(
-            f"attn.scaled_dot_product_attention: query, key and value must have the same "
-            f"number of dims, at least 2, got query {tuple(query.shape)}, key "
-            f"{tuple(key.shape)}, value {tuple(value.shape)}")
+            f"attn.scaled_dot_product_attention: query, key and value must have at least 2 "
+            f"dims, got query {tuple(query.shape)}, key {tuple(key.shape)}, value "
+            f"{tuple(value.shape)}")
     L, E = query.shape[-2], query.shape[-1]
     S, Ev = key.shape[-2], value.shape[-1]
     if key.shape[-1] != E:
@@ -241,28 +287,8 @@ def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_g
         raise RuntimeError(f"attn.scaled_dot_product_attention: key and value must have the "
                            f"same sequence length (dim -2), got key {tuple(key.shape)} and "
                            f"value {tuple(value.shape)}")
-    if query.dim() >= 3:
-        Hq, Hkv = query.shape[-3], key.shape[-3]
-        if value.shape[-3] != Hkv:
-            raise RuntimeError(f"attn.scaled_dot_product_attention: key and value must have "
-                               f"the same number of heads (dim -3), got key {tuple(key.shape)} "
-                               f"and value {tuple(value.shape)}")
-        if Hq != Hkv and not enable_gqa:
-            raise RuntimeError(
-                f"attn.scaled_dot_product_attention: query has {Hq} heads and key/value "
-                f"{Hkv} (dim -3): pass enable_gqa=True for grouped-query attention")
-        if Hq != Hkv and (Hkv == 0 or Hq % Hkv != 0):
-            raise RuntimeError(
-                f"attn.scaled_dot_product_attention: enable_gqa: query's heads ({Hq}) must be "
-                f"a multiple of key's and value's ({Hkv})")
-        if query.dim() >= 4 and (key.shape[:-3] != query.shape[:-3]
-                                 or value.shape[:-3] != query.shape[:-3]):
-            raise RuntimeError(
-                f"attn.scaled_dot_product_attention: query, key and value must have the same "
-                f"batch dims, got query {tuple(query.shape)}, key {tuple(key.shape)}, value "
-                f"{tuple(value.shape)} (attn does not broadcast batch dims)")
-    else:
-        Hq = 1
+    bq = _Broadcast(query, key, value, enable_gqa)
+    lead, Hq = bq.lead, bq.H
     if attn_mask is not None:
         _check_tensor("attn_mask", attn_mask)
         if is_causal:
@@ -289,7 +315,6 @@ def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_g
     opts.dropout_seed = 0
     opts.enable_gqa = bool(enable_gqa)
 
-    lead = tuple(query.shape[:-3])
     if query.numel() == 0 or key.numel() == 0 or value.numel() == 0:
         if (opts.softcap or window_size is not None or alibi_slopes is not None
                 or opts.dropout_p > 0 or opts.bottom_right):
@@ -299,9 +324,8 @@ def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_g
         return _Call(None, None, None, attn_mask, None, opts, lead, query.dim(),
                      (query, key, value))
 
-    q = _rows_contiguous(_as_4d("query", query, lead))
-    k = _rows_contiguous(_as_4d("key", key, lead))
-    v = _rows_contiguous(_as_4d("value", value, lead))
+    q, k, v = bq.q, bq.k, bq.v
+    opts.enable_gqa = bq.kernel_gqa
     B = q.shape[0]
     mask = None if attn_mask is None else _additive_mask(attn_mask, query, lead, Hq, L, S, B)
     alibi = None
@@ -327,7 +351,7 @@ def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_g
         # From torch's default generator: torch.manual_seed makes the noise repeatable.
         opts.dropout_seed = int(torch.randint(0, 2**62, (), dtype=torch.int64).item())
 
-    return _Call(q, k, v, mask, alibi, opts, lead, query.dim(), None)
+    return _Call(q, k, v, mask, alibi, opts, lead, bq.ndim, None)
 
 
 def scaled_dot_product_attention(
@@ -349,8 +373,12 @@ def scaled_dot_product_attention(
     """torch.nn.functional.scaled_dot_product_attention (PyTorch 2.x) on attn's
     fused CPU kernel, forward and backward.
 
-    query (N, ..., Hq, L, E), key (N, ..., Hkv, S, E), value (N, ..., Hkv, S, Ev)
-    -> (N, ..., Hq, L, Ev); also (L, E) and (H, L, E) inputs. CPU tensors,
+    query (N..., Hq, L, E), key (N..., Hkv, S, E), value (N..., Hkv, S, Ev)
+    -> (N..., H, L, Ev); any number of dims >= 2. The batch dims (all but the
+    last 3) broadcast as PyTorch's (fewer dims count as 1s on the left, dims
+    of size 1 stretch, read through stride-0 views, no copies); the heads are
+    equal, or Hkv divides Hq with enable_gqa, or either side has 1 head
+    (broadcast: H is the larger). CPU tensors,
     all float32 or all bfloat16 (bf16: the kernel widens each tile to fp32 and
     rounds the results once, as PyTorch's CPU SDPA on bf16).
 
@@ -382,9 +410,10 @@ def scaled_dot_product_attention(
 
     Copies: none of query, key, value when their last dim has stride 1 (any
     other strides are read in place: transposed (B, L, H, E) views, slices of a
-    fused qkv buffer); an input whose last stride is not 1 is copied first, and
-    so is one with more than one leading batch dim that cannot be folded into a
-    view. The output is a new contiguous (..., Hq, L, Ev) tensor.
+    fused qkv buffer, broadcast batch dims); an input whose last stride is not 1
+    is copied first, and so is one whose batch dims (two or more) cannot be
+    folded into one as a view (e.g. broadcast along one of them only). The
+    output is a new contiguous (N..., H, L, Ev) tensor.
 
     Autograd: gradients for query, key and value through attn's fused
     backward (the forward's output and log-sum-exp are kept for it); none for

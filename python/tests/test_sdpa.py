@@ -371,14 +371,14 @@ ERRORS = [
      RuntimeError, "device meta"),
     ("not a tensor", lambda: attn.scaled_dot_product_attention([1.0], _t(2, 8), _t(2, 8)),
      TypeError, "must be a Tensor"),
-    ("ranks differ", lambda: attn.scaled_dot_product_attention(
-        _t(1, 2, 4, 8), _t(2, 4, 8), _t(2, 4, 8)), RuntimeError, "same number of dims"),
+    ("1-D key", lambda: attn.scaled_dot_product_attention(
+        _t(1, 2, 4, 8), _t(8), _t(2, 4, 8)), RuntimeError, "at least 2 dims"),
     ("head dims differ", lambda: attn.scaled_dot_product_attention(
         _t(1, 2, 4, 8), _t(1, 2, 4, 7), _t(1, 2, 4, 8)), RuntimeError, "same head dim"),
     ("lengths differ", lambda: attn.scaled_dot_product_attention(
         _t(1, 2, 4, 8), _t(1, 2, 5, 8), _t(1, 2, 6, 8)), RuntimeError, "sequence length"),
-    ("batch differs", lambda: attn.scaled_dot_product_attention(
-        _t(2, 2, 4, 8), _t(1, 2, 4, 8), _t(1, 2, 4, 8)), RuntimeError, "batch dims"),
+    ("batch not broadcastable", lambda: attn.scaled_dot_product_attention(
+        _t(2, 2, 4, 8), _t(3, 2, 4, 8), _t(3, 2, 4, 8)), RuntimeError, "not broadcastable"),
     ("heads without gqa", lambda: attn.scaled_dot_product_attention(
         _t(1, 4, 4, 8), _t(1, 2, 4, 8), _t(1, 2, 4, 8)), RuntimeError, "enable_gqa=True"),
     ("gqa not a multiple", lambda: attn.scaled_dot_product_attention(
@@ -481,9 +481,15 @@ def test_patched_function_routes_what_attn_covers(record_error):
     check_close("out", out, oracle(q.to(F64), k.to(F64), v.to(F64), is_causal=True), False,
                 record_error)
     assert attn.sdpa_stats()["attn"] == before["attn"] + 1 and not seen
-    # float64, batch broadcasting, mask with is_causal: PyTorch's function.
+    # batch broadcasting: attn's too
+    out = patched(q, k[:1], v[:1])
+    check_close("out", out, oracle(q.to(F64), k[:1].to(F64), v[:1].to(F64)), False,
+                record_error)
+    assert attn.sdpa_stats()["attn"] == before["attn"] + 2 and not seen
+    # float64, batch dims that do not broadcast, mask with is_causal: PyTorch's function.
     patched(q.double(), k.double(), v.double())
-    patched(q, k[:1], v[:1])
+    with pytest.raises(RuntimeError):  # the stand-in's matmul refuses it, as PyTorch would
+        patched(q, torch.cat([k, k[:1]]), torch.cat([v, v[:1]]))
     patched(q, k, v, attn_mask=torch.ones(12, 12, dtype=torch.bool), is_causal=True)
     assert [s[0] for s in seen] == [F64, torch.float32, torch.float32]
     assert attn.sdpa_stats()["torch"] == before["torch"] + 3
