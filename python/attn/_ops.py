@@ -18,7 +18,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _attn
-from ._sdpa import _Options, _forward, _ref, _rows_contiguous, get_num_threads
+from ._sdpa import _Options, _forward, _mask_grad, _ref, _rows_contiguous, get_num_threads
 
 _OPTION_NAMES = ("is_causal", "bottom_right", "scale", "softcap", "window_left", "window_right",
                  "dropout_p", "dropout_seed", "enable_gqa")
@@ -85,7 +85,10 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse, mask, alibi = ctx.saved_tensors
     dq, dk, dv = sdpa_backward(dout, q, k, v, out, lse, mask, alibi, *ctx.options)
-    return (dq, dk, dv) + (None,) * (2 + len(_OPTION_NAMES))
+    dmask = None
+    if ctx.needs_input_grad[3]:  # a float attn_mask that requires grad (torch ops: traceable)
+        dmask = _mask_grad(dout, q, k, v, out, lse, mask, alibi, _options(ctx.options))
+    return (dq, dk, dv, dmask) + (None,) * (1 + len(_OPTION_NAMES))
 
 
 sdpa_forward.register_autograd(_backward, setup_context=_setup_context)

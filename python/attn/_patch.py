@@ -54,8 +54,6 @@ def _covers(query, key, value, attn_mask, is_causal, enable_gqa, extra) -> bool:
             return False
         if attn_mask.dtype not in (torch.bool, torch.float32, query.dtype):
             return False
-        if attn_mask.requires_grad and torch.is_grad_enabled():
-            return False
         if attn_mask.dim() > max(t.dim() for t in ts):
             return False
     return True

@@ -81,6 +81,49 @@ def _forward(q, k, v, mask, alibi, opts: _Options):
     return out, lse
 
 
+def _mask_grad(dout, q, k, v, out, lse, mask, alibi, opts: _Options) -> torch.Tensor:
+    """The gradient of an additive float mask (4-D, dims of 1 broadcast): dS, the
+    softmax backward's output before the scale (the mask is added after it),
+    summed over the mask's broadcast dims. The kernel's backward does not write
+    dS, so it is recomputed here with torch ops in float32 from the forward's
+    lse (O(B·H·L·S) memory, as the mask's own full size):
+        P = exp(s - lse)   (s the scores as the kernel forms them; 0 where lse = -inf)
+        dP = (dO Vᵀ) ⊙ Z   (Z the dropout noise)
+        dS = P ⊙ (dP - rowsum(dO ⊙ O))"""
+    f32 = torch.float32
+    qf, kf, vf, dof, of = (t.to(f32) for t in (q, k, v, dout, out))
+    B, Hq, L, S = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    if k.shape[1] != Hq:  # grouped-query heads
+        kf = kf.repeat_interleave(Hq // k.shape[1], dim=1)
+        vf = vf.repeat_interleave(Hq // v.shape[1], dim=1)
+    s = (qf @ kf.transpose(-2, -1)) * opts.scale
+    if opts.softcap > 0:
+        s = opts.softcap * torch.tanh(s / opts.softcap)
+    i = torch.arange(L, dtype=f32).unsqueeze(1)
+    j = torch.arange(S, dtype=f32).unsqueeze(0)
+    delta = S - L if opts.bottom_right else 0
+    if alibi is not None:
+        slopes = alibi.reshape(-1, Hq) if alibi.dim() == 2 else alibi.reshape(1, Hq)
+        s = s - slopes.reshape(slopes.shape[0], Hq, 1, 1) * (i + delta - j).abs()
+    s = s + mask
+    allowed = torch.ones(L, S, dtype=torch.bool)
+    if opts.is_causal:
+        allowed &= j <= i + delta
+    if opts.window_left >= 0:
+        allowed &= j >= i + delta - opts.window_left
+    if opts.window_right >= 0:
+        allowed &= j <= i + delta + opts.window_right
+    lse4 = lse.unsqueeze(-1)
+    no_key = torch.isneginf(lse4)
+    p = torch.exp(s - lse4.masked_fill(no_key, 0.0))
+    p = p.masked_fill(~allowed, 0.0).masked_fill(no_key, 0.0)
+    dp = dof @ vf.transpose(-2, -1)
+    if opts.dropout_p > 0:
+        dp = dp * dropout_noise((B, Hq, L, S), opts.dropout_p, opts.dropout_seed)
+    ds = p * (dp - (dof * of).sum(dim=-1, keepdim=True))
+    return ds.sum_to_size(mask.shape)
+
+
 class _SdpaFunction(torch.autograd.Function):
     """out = SDPA(q, k, v); backward runs attn's fused backward on the saved out and lse."""
 
@@ -103,7 +146,10 @@ class _SdpaFunction(torch.autograd.Function):
                             None if mask is None else _ref(mask),
                             None if alibi is None else _ref(alibi),
                             **ctx.opts.kwargs(get_num_threads()))
-        return dq, dk, dv, None, None, None
+        dmask = None
+        if ctx.needs_input_grad[3]:
+            dmask = _mask_grad(dout, q, k, v, out, lse, mask, alibi, ctx.opts)
+        return dq, dk, dv, dmask, None, None
 
 
 def _check_tensor(name: str, t) -> None:
@@ -294,9 +340,6 @@ def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_g
         if is_causal:
             raise RuntimeError("attn.scaled_dot_product_attention: Explicit attn_mask should "
                                "not be set when is_causal=True")
-        if attn_mask.requires_grad and torch.is_grad_enabled():
-            raise RuntimeError("attn.scaled_dot_product_attention: an attn_mask that requires "
-                               "grad is not supported (attn's kernel gives no mask gradient)")
     if not (0.0 <= float(dropout_p) < 1.0):
         raise ValueError(f"attn.scaled_dot_product_attention: dropout_p must be in [0, 1), "
                          f"got {dropout_p}")
@@ -416,8 +459,11 @@ def scaled_dot_product_attention(
     output is a new contiguous (N..., H, L, Ev) tensor.
 
     Autograd: gradients for query, key and value through attn's fused
-    backward (the forward's output and log-sum-exp are kept for it); none for
-    attn_mask (an attn_mask that requires grad is refused) or alibi_slopes.
+    backward (the forward's output and log-sum-exp are kept for it); for a
+    float attn_mask that requires grad, as PyTorch's SDPA gives it: dS (the
+    softmax backward's output) summed over the mask's broadcast dims,
+    recomputed with torch ops from the saved log-sum-exp (O(N·H·L·S) memory,
+    like the mask at full size); none for alibi_slopes.
     Threads: attn.get_num_threads() (torch.get_num_threads() unless
     attn.set_num_threads was called).
     torch.compile (PyTorch >= 2.4): traced as the custom ops attn::sdpa_forward
@@ -432,7 +478,8 @@ def scaled_dot_product_attention(
     if _OPS is not None and _compiling():
         # torch.compile: attn's forward and backward as custom ops (one graph node each).
         out = _OPS.apply(q, k, v, mask, alibi, opts)
-    elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                      or (mask is not None and mask.requires_grad)):
         out = _SdpaFunction.apply(q, k, v, mask, alibi, opts)
     else:
         out, _ = _forward(q, k, v, mask, alibi, opts)

@@ -2,6 +2,7 @@
 torch.nn.functional.scaled_dot_product_attention: outputs and the gradients of
 query, key and value, fp32 and bf16, on the options both have (masks,
 is_causal, scale, enable_gqa (PyTorch >= 2.5), Dv != D, non-contiguous views);
+broadcast batch dims and the gradient of a float attn_mask (PyTorch's own);
 then attn.patch_sdpa, torch.compile (fullgraph, PyTorch >= 2.4) and a small
 nanoGPT-shaped model patched vs unpatched. Not run by ctest (Debian's PyTorch is 1.13); run in a
 virtual environment with PyTorch 2.x and attn installed (docs/python.md):
@@ -147,6 +148,59 @@ def compare_sdpa():
           "PyTorch's own error against the float64 maths as a fraction of attn's bound):")
     for (dt, what), d in sorted(worst.items()):
         print(f"  {dt:9s} {what}: {d:.3e}" if "own" not in dt else f"  {dt} {what}: {d:.2f}")
+    return ok
+
+
+def check_broadcast_and_mask_grad():
+    """Broadcast batch dims and heads, and the gradient of a float attn_mask that
+    requires grad, against PyTorch's SDPA itself (fp32; out and every gradient
+    within 2e-5 · max(1, max|torch|)); then the mask gradient through
+    torch.compile (attn's custom ops) against eager."""
+    ok = True
+    g = torch.Generator().manual_seed(4)
+    shapes = [
+        ("key/value batch 1", (2, 3, 9, 8), (1, 3, 11, 8), (1, 3, 11, 8), None),
+        ("3-D key, 4-D query", (2, 3, 9, 8), (3, 11, 8), (3, 11, 8), None),
+        ("2-D key/value", (2, 3, 9, 8), (11, 8), (11, 8), None),
+        ("one key/value head", (2, 4, 9, 8), (2, 1, 11, 8), (2, 1, 11, 8), None),
+        ("5-D both ways", (2, 4, 3, 9, 8), (2, 1, 3, 11, 8), (1, 4, 3, 11, 8), None),
+        ("mask grad (L,S)", (2, 3, 9, 8), (2, 3, 11, 8), (2, 3, 11, 8), (9, 11)),
+        ("mask grad (B,1,L,S)", (2, 3, 9, 8), (2, 3, 11, 8), (2, 3, 11, 8), (2, 1, 9, 11)),
+        ("mask grad, broadcast", (3, 2, 9, 8), (1, 2, 11, 8), (3, 2, 11, 8), (3, 2, 9, 11)),
+    ]
+    for name, sq, sk, sv, smask in shapes:
+        q, k, v = (torch.randn(*s, generator=g) for s in (sq, sk, sv))
+        mask = None if smask is None else torch.randn(*smask, generator=g)
+        results = {}
+        for who, fn in (("attn", attn.scaled_dot_product_attention),
+                        ("torch", F.scaled_dot_product_attention)):
+            ins = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+            m = None if mask is None else mask.detach().clone().requires_grad_(True)
+            out = fn(*ins, attn_mask=m)
+            dout = torch.ones_like(out) + torch.arange(out.numel()).reshape(out.shape) % 7 / 7
+            grads = torch.autograd.grad(out, ins + ([] if m is None else [m]), dout)
+            results[who] = (out,) + tuple(grads)
+        worst = 0.0
+        for a, t in zip(results["attn"], results["torch"]):
+            assert a.shape == t.shape, name
+            worst = max(worst, (a - t).abs().max().item() / (2e-5 * max(1.0, t.abs().max().item())))
+        print(f"float32   {name:22s} out and every gradient: largest |attn - torch| "
+              f"{worst:.2f} of the bound" + ("" if worst <= 1.0 else "  <-- FAIL"))
+        ok &= worst <= 1.0
+    if attn._sdpa._OPS is not None:
+        q, k, v = (torch.randn(2, 3, 16, 8, generator=g, requires_grad=True) for _ in range(3))
+        mask = torch.randn(16, 16, generator=g, requires_grad=True)
+
+        def call(q, k, v, mask):
+            return attn.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+        ge = torch.autograd.grad(call(q, k, v, mask).sum(), (q, k, v, mask))
+        compiled = torch.compile(call, backend="aot_eager", fullgraph=True)
+        gc = torch.autograd.grad(compiled(q, k, v, mask).sum(), (q, k, v, mask))
+        d = max((a - b).abs().max().item() for a, b in zip(gc, ge))
+        print(f"torch.compile(aot_eager, fullgraph=True) with a mask requiring grad: "
+              f"gradients vs eager {d:.1e}")
+        ok &= d < 1e-6
     return ok
 
 
@@ -327,6 +381,7 @@ if __name__ == "__main__":
     print(f"torch {torch.__version__}, attn {attn.__version__} (kernel target "
           f"{attn.kernel_target()}), {torch.get_num_threads()} threads")
     good = compare_sdpa()
+    good &= check_broadcast_and_mask_grad()
     good &= check_patch()
     good &= check_compile()
     good &= check_model()

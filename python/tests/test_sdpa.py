@@ -425,13 +425,6 @@ def test_bad_input_raises(call, exc, match):
         call()
 
 
-def test_mask_requiring_grad_is_refused():
-    mask = torch.zeros(4, 4, requires_grad=True)
-    with pytest.raises(RuntimeError, match="requires grad"):
-        attn.scaled_dot_product_attention(_t(1, 2, 4, 8), _t(1, 2, 4, 8), _t(1, 2, 4, 8),
-                                          attn_mask=mask)
-
-
 def test_the_extension_refuses_inconsistent_refs():
     # The last line of defence: the binding checks what it is handed (ValueError).
     q = torch.zeros(1, 2, 4, 8)
