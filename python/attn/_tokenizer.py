@@ -106,6 +106,8 @@ class Tokenizer:
 
     def encode_ordinary_batch(self, text: Sequence[str], *, num_threads: int = 8
                               ) -> List[List[int]]:
+        """encode_ordinary of each text (num_threads: tiktoken's argument, accepted;
+        the texts are encoded one after the other)."""
         return [self.encode_ordinary(t) for t in text]
 
     def encode_to_numpy(self, text: str, *,
@@ -127,10 +129,12 @@ class Tokenizer:
         return self.decode_bytes(tokens).decode("utf-8", errors=errors)
 
     def decode_single_token_bytes(self, token: int) -> bytes:
+        """The bytes of one token (ValueError for an id outside the vocabulary)."""
         return self._impl.token_bytes(int(token))
 
     def decode_batch(self, batch: Sequence[Sequence[int]], *, errors: str = "replace",
                      num_threads: int = 8) -> List[str]:
+        """decode of each list of ids (num_threads accepted as tiktoken's)."""
         return [self.decode(tokens, errors=errors) for tokens in batch]
 
     def __repr__(self) -> str:

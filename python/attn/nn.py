@@ -92,6 +92,7 @@ class CausalAttention(nn.Module):
         _causal_mask_buffer(self, context_length)
 
     def forward(self, x):  # x (b, T, d_in) -> (b, T, d_out)
+        """Causal attention of x (b, T, d_in) -> (b, T, d_out), one head."""
         q, k, v = (self.W_query(x).unsqueeze(1), self.W_key(x).unsqueeze(1),
                    self.W_value(x).unsqueeze(1))
         p = self.dropout.p if self.training else 0.0
@@ -108,6 +109,7 @@ class MultiHeadAttention(_MultiHead):
         _causal_mask_buffer(self, context_length)
 
     def forward(self, x):  # x (b, T, d_in) -> (b, T, d_out)
+        """Causal multi-head attention of x (b, T, d_in) -> (b, T, d_out)."""
         return self._attend(x)
 
 
@@ -126,6 +128,7 @@ class GroupedQueryAttention(_MultiHead):
         self.group_size = num_heads // num_kv_groups
 
     def forward(self, x):
+        """Causal grouped-query attention of x (b, T, d_in) -> (b, T, d_out)."""
         return self._attend(x, enable_gqa=True)
 
 
@@ -141,6 +144,7 @@ class MultiHeadAttentionWithSWA(_MultiHead):
         self.sliding_window_size = sliding_window_size
 
     def forward(self, x):
+        """Causal sliding-window attention of x (b, T, d_in) -> (b, T, d_out)."""
         w = self.sliding_window_size
         return self._attend(x, window_size=None if w is None else (int(w) - 1, 0))
 
@@ -155,6 +159,7 @@ class LayerNorm(nn.Module):
         self.shift = nn.Parameter(torch.zeros(emb_dim))
 
     def forward(self, x):
+        """Normalises the last dim: scale · (x − mean) / sqrt(var + eps) + shift."""
         mean = x.mean(dim=-1, keepdim=True)
         var = x.var(dim=-1, keepdim=True, unbiased=False)
         return self.scale * ((x - mean) / torch.sqrt(var + self.eps)) + self.shift
@@ -164,6 +169,7 @@ class GELU(nn.Module):
     """Chapter 4's GELU, the tanh approximation."""
 
     def forward(self, x):
+        """0.5 · x · (1 + tanh(sqrt(2/π) · (x + 0.044715 · x³)))."""
         return 0.5 * x * (1 + torch.tanh(torch.sqrt(torch.tensor(2.0 / math.pi))
                                          * (x + 0.044715 * torch.pow(x, 3))))
 
@@ -177,6 +183,7 @@ class FeedForward(nn.Module):
         self.layers = nn.Sequential(nn.Linear(E, 4 * E), GELU(), nn.Linear(4 * E, E))
 
     def forward(self, x):
+        """Linear, GELU, Linear on the last dim."""
         return self.layers(x)
 
 
@@ -209,6 +216,7 @@ class TransformerBlock(nn.Module):
         self.drop_shortcut = nn.Dropout(cfg["drop_rate"])
 
     def forward(self, x):
+        """x + attention(norm1(x)), then + feed-forward(norm2(x)) (shortcut dropout)."""
         x = x + self.drop_shortcut(self.att(self.norm1(x)))
         return x + self.drop_shortcut(self.ff(self.norm2(x)))
 
@@ -228,6 +236,7 @@ class GPTModel(nn.Module):
         self.out_head = nn.Linear(cfg["emb_dim"], cfg["vocab_size"], bias=False)
 
     def forward(self, in_idx):  # (b, T) token ids -> (b, T, vocab_size) logits
+        """The logits (b, T, vocab_size) of token ids in_idx (b, T)."""
         T = in_idx.shape[1]
         x = self.tok_emb(in_idx) + self.pos_emb(torch.arange(T, device=in_idx.device))
         x = self.trf_blocks(self.drop_emb(x))
