@@ -97,6 +97,13 @@ constexpr size_t kGroupFwd = 4;             // forward: query tiles per group, s
 constexpr int64_t kFar = int64_t{1} << 40;  // an unbounded side of the band
 // The most floats a thread copies a key/value head into (64 MB: Tk = 131072 at D = Dv = 64).
 constexpr size_t kHeadRowsMax = size_t{16} << 20;
+// How many rows ahead a loop that copies or packs the rows of a token-major
+// head asks for them (PrefetchRows). Each row is on its own 4 KB page (rows are
+// H·D floats apart), so every row costs a TLB walk (two-level under a
+// hypervisor) and a miss to L3 or memory, ~1-2k cycles; a copy loop spends
+// ~20 cycles a row, so only a long lead keeps enough misses in flight.
+// T = 4096, one thread: 8 rows ahead left the copies and packing ~20% of the forward.
+constexpr size_t kRowsAhead = 32;
 
 // Query i sees keys j with i + lo <= j <= i + hi (before clipping to [0, Tk)).
 struct Band {
@@ -299,9 +306,9 @@ HeadRows PackHead(float* HWY_RESTRICT buf, const SdpaProblemT<T>& p, int64_t b, 
   float* k = buf;
   float* v = buf + Tk * D;
   for (size_t t = 0; t < Tk; ++t) {
-    if (t + 8 < Tk) {
-      PrefetchRows(k_head, size_t(p.k_strides.t), t + 8, t + 9, D);
-      PrefetchRows(v_head, size_t(p.v_strides.t), t + 8, t + 9, Dv);
+    if (t + kRowsAhead < Tk) {
+      PrefetchRows(k_head, size_t(p.k_strides.t), t + kRowsAhead, t + kRowsAhead + 1, D);
+      PrefetchRows(v_head, size_t(p.v_strides.t), t + kRowsAhead, t + kRowsAhead + 1, Dv);
     }
     WidenRow(k + t * D, k_head + int64_t(t) * p.k_strides.t, D, D);
     WidenRow(v + t * Dvp, v_head + int64_t(t) * p.v_strides.t, Dv, Dvp);
@@ -446,7 +453,7 @@ void ForwardGroup(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p, const Ban
   // Each query row asked for a few rows before it is read (rows a few KB
   // apart defeat the hardware prefetchers; a burst of them all stalls on the
   // L1 miss buffers).
-  constexpr size_t kAhead = 8;
+  constexpr size_t kAhead = kRowsAhead;
   PrefetchRows(q_head, qs, i_first, i_first + std::min(kAhead, group_rows), D);
   for (size_t g = 0; g < ng; ++g) {
     // qT (D, Br) = c · Q_tileᵀ, zero columns past Tq.
@@ -527,6 +534,15 @@ void ForwardGroup(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p, const Ban
   ahead.rest();
   // O /= l; lse = ln(2^m · l) = (m + log2 l) · ln 2; l = 0 (no key): O = 0, lse = -inf.
   const SdpaStrides ls = sdpa_lse_strides(out.lse_strides, p);
+  T* o_head = out.out + b * out.out_strides.b + h * out.out_strides.h;
+  auto prefetch_out_row = [&](size_t t) {  // with intent to write
+    T* row = o_head + int64_t(t) * out.out_strides.t;
+    for (size_t dd = 0; dd < Dv; dd += 64 / sizeof(T)) __builtin_prefetch(row + dd, 1, 3);
+  };
+  // The rows trickled in during the products are gone after a long head's K,
+  // V streamed through L2: each row asked for again kRowsAhead before it is written.
+  for (size_t t = i_first; t < i_first + std::min(kRowsAhead, group_rows); ++t)
+    prefetch_out_row(t);
   for (size_t g = 0; g < ng; ++g) {
     const float* o = s.o.get() + g * kBr * Dvp;
     const float* m = s.m.get() + g * kBr;
@@ -534,8 +550,8 @@ void ForwardGroup(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p, const Ban
     for (size_t i = 0; i < tile_in(g); ++i) {
       const size_t t = tile_i0(g) + i;
       const float inv_l = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-      T* oi =
-          out.out + b * out.out_strides.b + h * out.out_strides.h + int64_t(t) * out.out_strides.t;
+      if (t + kRowsAhead < i_first + group_rows) prefetch_out_row(t + kRowsAhead);
+      T* oi = o_head + int64_t(t) * out.out_strides.t;
       for (size_t dd = 0; dd < Dv; ++dd) oi[dd] = Narrow<T>(o[i * Dvp + dd] * inv_l);
       out.lse[b * ls.b + h * ls.h + int64_t(t) * ls.t] =
           l[i] > 0.0f ? (m[i] + std::log2(l[i])) * kLn2 : kNegInf;
@@ -1124,9 +1140,12 @@ BackwardProblem<T> HeadCopies(const BackwardProblem<T>& bp, int64_t b, int64_t h
       const float* q_head = At(bp.q, bp.qs, b, hk * group + g);
       const float* do_head = At(bp.dout, bp.dos, b, hk * group + g);
       for (int64_t t = 0; t < Tq; ++t) {
-        if (t + 8 < Tq) {
-          PrefetchRows(q_head, size_t(bp.qs.t), size_t(t + 8), size_t(t + 9), size_t(Dp));
-          PrefetchRows(do_head, size_t(bp.dos.t), size_t(t + 8), size_t(t + 9), size_t(Dvp));
+        const int64_t ahead = int64_t(kRowsAhead);
+        if (t + ahead < Tq) {
+          PrefetchRows(q_head, size_t(bp.qs.t), size_t(t + ahead), size_t(t + ahead + 1),
+                       size_t(Dp));
+          PrefetchRows(do_head, size_t(bp.dos.t), size_t(t + ahead), size_t(t + ahead + 1),
+                       size_t(Dvp));
         }
         std::copy(q_head + t * bp.qs.t, q_head + t * bp.qs.t + Dp, q + (g * Tq + t) * Dp);
         std::copy(do_head + t * bp.dos.t, do_head + t * bp.dos.t + Dvp, dout + (g * Tq + t) * Dvp);

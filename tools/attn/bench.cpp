@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -142,18 +143,55 @@ double case_flops(const BenchCase& c) {
 
 // ---- the two things timed ---------------------------------------------------------------
 
+// Buffers of 2 MiB and more start on a 2 MiB boundary with transparent huge
+// pages asked for (MADV_HUGEPAGE), as attn::Tensor's storage does
+// (src/tensor/storage_cache.cpp): the core then reads what the module's
+// tensors give it. The kernel reads one head's row of each token, a row per
+// 4 KB page, so with small pages every row costs a TLB walk: T = 4096 on this
+// Xeon (a KVM guest), 1 thread, ~5% of the forward and of forward+backward.
+template <class T>
+struct HugePageAllocator {
+  using value_type = T;
+  HugePageAllocator() = default;
+  template <class U>
+  explicit HugePageAllocator(const HugePageAllocator<U>&) {}
+  T* allocate(size_t n) {
+    constexpr size_t kHuge = size_t{2} << 20;
+    const size_t bytes = n * sizeof(T);
+    void* p = nullptr;
+    if (posix_memalign(&p, bytes >= kHuge ? kHuge : 64, std::max<size_t>(bytes, 1)) != 0)
+      throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+    if (bytes >= kHuge) madvise(p, bytes, MADV_HUGEPAGE);  // a hint
+#endif
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) { std::free(p); }
+  template <class U>
+  bool operator==(const HugePageAllocator<U>&) const {
+    return true;
+  }
+  template <class U>
+  bool operator!=(const HugePageAllocator<U>&) const {
+    return false;
+  }
+};
+template <class T>
+using HugeVector = std::vector<T, HugePageAllocator<T>>;
+
 // The flash kernel alone on packed (B, T, H, hd) buffers, in float32 or bfloat16.
 struct CoreProblem {
   kernels::FlashAttentionParams p;
   bool bf16 = false;
-  std::vector<float> q, k, v, out, lse, dout, dq, dk, dv;
-  std::vector<BFloat16> qb, kb, vb, outb, doutb, dqb, dkb, dvb;  // bf16: these instead
+  HugeVector<float> q, k, v, out, lse, dout, dq, dk, dv;
+  HugeVector<BFloat16> qb, kb, vb, outb, doutb, dqb, dkb, dvb;  // bf16: these instead
   explicit CoreProblem(const BenchCase& c) : bf16(c.dtype == "bfloat16") {
     p.B = c.B, p.T = c.T, p.H = c.heads, p.hd = head_dim_of(c), p.causal = true;
     const int64_t n = c.B * c.T * c.d_model;
-    auto values = [&](uint64_t seed, std::vector<float>& f, std::vector<BFloat16>& b) {
+    auto values = [&](uint64_t seed, HugeVector<float>& f, HugeVector<BFloat16>& b) {
       if (!bf16) {
-        f = normal_values(n, seed);
+        const std::vector<float> x = normal_values(n, seed);
+        f.assign(x.begin(), x.end());
         return;
       }
       for (const float x : normal_values(n, seed)) b.push_back(to_bfloat16(x));
