@@ -91,6 +91,18 @@ void gelu_backward_bias(float* dh, float* db, const float* dy, const float* h, i
                         int64_t N);
 void gelu_backward_bias_bf16(BFloat16* dh, float* db, const float* dy, const float* h, int64_t M,
                              int64_t N);
+// The same pair with the slope kept for the backward (nn::FeedForward's
+// training path: one tanh per element, in the forward, instead of two):
+// bias_gelu_forward_slope writes y as bias_gelu_forward does, but h = s =
+// gelu'(h + b) (the factor gelu_backward multiplies dy by, its bits) instead
+// of h + b; slope_backward_bias then writes dh = dy ⊙ s and db += Σ_rows dh,
+// the bits of gelu_backward_bias(dh, db, dy, h + b) (_bf16 as above).
+void bias_gelu_forward_slope(float* h, float* y, const float* b, int64_t M, int64_t N);
+void bias_gelu_forward_slope_bf16(float* h, BFloat16* y, const float* b, int64_t M, int64_t N);
+void slope_backward_bias(float* dh, float* db, const float* dy, const float* slope, int64_t M,
+                         int64_t N);
+void slope_backward_bias_bf16(BFloat16* dh, float* db, const float* dy, const float* slope,
+                              int64_t M, int64_t N);
 
 // ---- AdamW's element update (attn/optim.h's AdamW::step) ----------------------------
 // The scalars of one step, as AdamW::step derives them (PyTorch 1.13's

@@ -5,6 +5,8 @@
 //   bias_gelu_forward(_bf16)         = h + b, then gelu_forward (rounded)     bit for bit
 //   gelu_backward_bias(_bf16)        = gelu_backward (rounded) bit for bit; db = Σ_rows dh
 //                                      within float rounding of the row sums
+//   bias_gelu_forward_slope(_bf16)   = bias_gelu_forward's y, h = gelu_backward(1, h + b)
+//   slope_backward_bias(_bf16)       = gelu_backward_bias from h + b          bit for bit
 //   adamw_update_zero_grad, grad_scale = adamw_update of g·scale, then g = 0  bit for bit
 //   sum_of_squares                   = Σ x² in double (order aside)
 // and nn::FeedForward's fused path (LayerImpl::kKernel) against the module
@@ -156,6 +158,29 @@ void check_bias_gelu(const std::string& target) {
                                      s.M, s.N);
     expect_same_bf16(dh16, dh_want, "gelu backward + bias bf16 dh, " + what);
     expect_same_bits(db16, db, "gelu backward + bias bf16 db (the float dh's sums), " + what);
+
+    // The slope pair: y as above, h = gelu'(h + b); then dy ⊙ slope has the
+    // bits of gelu_backward_bias from h + b (in place too, and bf16).
+    Tensor slope = h0.clone(), ys({s.M, s.N});
+    kernels::bias_gelu_forward_slope(slope.data(), ys.data(), b.data(), s.M, s.N);
+    expect_same_bits(ys, y_want, "bias+gelu+slope y, " + what);
+    Tensor ones = Tensor::full({s.M, s.N}, 1.0f), slope_want({s.M, s.N});
+    kernels::gelu_backward(slope_want.data(), ones.data(), h_want.data(), s.M * s.N);
+    expect_same_bits(slope, slope_want, "bias+gelu+slope h = gelu'(h + b), " + what);
+    Tensor slope16 = h0.clone(), ys16 = Tensor::empty({s.M, s.N}, DType::kBFloat16);
+    kernels::bias_gelu_forward_slope_bf16(slope16.data(), ys16.data_ptr<BFloat16>(), b.data(),
+                                          s.M, s.N);
+    expect_same_bf16(ys16, y_want, "bias+gelu+slope bf16 y, " + what);
+    expect_same_bits(slope16, slope_want, "bias+gelu+slope bf16 h, " + what);
+    Tensor dhs = dy.clone(), dbs = Tensor::full({s.N}, 0.25f);
+    kernels::slope_backward_bias(dhs.data(), dbs.data(), dhs.data(), slope.data(), s.M, s.N);
+    expect_same_bits(dhs, dh, "slope backward + bias in place dh, " + what);
+    expect_same_bits(dbs, db, "slope backward + bias in place db, " + what);
+    Tensor dhs16 = Tensor::empty({s.M, s.N}, DType::kBFloat16), dbs16 = Tensor::full({s.N}, 0.25f);
+    kernels::slope_backward_bias_bf16(dhs16.data_ptr<BFloat16>(), dbs16.data(), dy.data(),
+                                      slope.data(), s.M, s.N);
+    expect_same_bf16(dhs16, dh_want, "slope backward + bias bf16 dh, " + what);
+    expect_same_bits(dbs16, db, "slope backward + bias bf16 db, " + what);
   }
 }
 
@@ -245,8 +270,12 @@ TEST(FusedLayerKernels, BitsDoNotDependOnTheThreadCount) {
     Tensor h = a.clone(), g({M, N}), dh({M, N}), db = Tensor::zeros({N});
     kernels::bias_gelu_forward(h.data(), g.data(), b.data(), M, N);
     kernels::gelu_backward_bias(dh.data(), db.data(), dy.data(), h.data(), M, N);
+    Tensor slope = a.clone(), gs({M, N}), dhs({M, N}), dbs = Tensor::zeros({N});
+    kernels::bias_gelu_forward_slope(slope.data(), gs.data(), b.data(), M, N);
+    kernels::slope_backward_bias(dhs.data(), dbs.data(), dy.data(), slope.data(), M, N);
     std::vector<float> all;
-    for (const Tensor* t : {&x1, &y, &mean, &sd, &dx, &ds, &dsh, &h, &g, &dh, &db})
+    for (const Tensor* t :
+         {&x1, &y, &mean, &sd, &dx, &ds, &dsh, &h, &g, &dh, &db, &slope, &gs, &dhs, &dbs})
       all.insert(all.end(), t->data(), t->data() + t->numel());
     runs.push_back(all);
     squares.push_back(kernels::sum_of_squares(a.data(), M * N));
