@@ -126,6 +126,20 @@ void adamw_update_zero_grad(float* w, float* m, float* v, float* g, int64_t n,
 // fixed chunks in double vector lanes, added in chunk order (any thread count).
 double sum_of_squares(const float* x, int64_t n);
 
+// ---- every parameter in one parallel region (AdamW::step) ----
+// At a small model's sizes one fork and join per parameter costs more than
+// the update; these split the chunks of all the tensors over the threads at
+// once, each element computed as the one-tensor kernel computes it.
+struct AdamWTensor {
+  float *w, *m, *v, *g;
+  int64_t n;
+  const AdamWScalars* scalars;  // its group's
+};
+// adamw_update_zero_grad on each of tensors[0, count): the same bits.
+void adamw_update_zero_grad(const AdamWTensor* tensors, int64_t count);
+// sums[t] = sum_of_squares(xs[t], ns[t]) for t in [0, count): the same bits.
+void sum_of_squares(double* sums, const float* const* xs, const int64_t* ns, int64_t count);
+
 // ---- bf16 rounding (the bf16 path's operands) -----------------------------------------
 // dst[i] = to_bfloat16(src[i]) (attn/tensor.h: round to nearest even, every
 // NaN to 0xFFFF), bit for bit, n elements, on the OpenMP threads when n is large.

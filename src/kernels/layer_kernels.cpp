@@ -625,6 +625,55 @@ double SumSquares(const float* x, int64_t n) {
   return sum;
 }
 
+// ---- many tensors in one parallel region (AdamW::step and its clipping) ----
+// Chunks of every tensor, in tensor order, as the one-tensor kernels cut them;
+// a task is one chunk: (tensor, begin, count).
+struct ChunkTask {
+  int64_t tensor, begin, count;
+};
+std::vector<ChunkTask> ChunkTasks(const int64_t* sizes, int64_t count, int64_t chunk) {
+  std::vector<ChunkTask> tasks;
+  for (int64_t t = 0; t < count; ++t)
+    for (int64_t b = 0; b < sizes[t]; b += chunk) tasks.push_back({t, b, std::min(chunk, sizes[t] - b)});
+  return tasks;
+}
+
+// Runs f(task) for every task, on the OpenMP threads when there are
+// kParallelElements elements in all or more: one fork and join for them all.
+template <class F>
+void RunTasks(const std::vector<ChunkTask>& tasks, int64_t total, const F& f) {
+  const auto n = static_cast<int64_t>(tasks.size());
+#pragma omp parallel for schedule(static) if (total >= kParallelElements)
+  for (int64_t i = 0; i < n; ++i) f(tasks[size_t(i)]);
+}
+
+void AdamWUpdateZeroGradMany(const AdamWTensor* tensors, int64_t count) {
+  std::vector<int64_t> sizes(static_cast<size_t>(count));
+  int64_t total = 0;
+  for (int64_t t = 0; t < count; ++t) total += (sizes[size_t(t)] = tensors[t].n);
+  constexpr int64_t kChunk = 1 << 13;  // Chunked's
+  RunTasks(ChunkTasks(sizes.data(), count, kChunk), total, [&](const ChunkTask& k) {
+    const AdamWTensor& a = tensors[k.tensor];
+    AdamWRange<true>(a.w + k.begin, a.m + k.begin, a.v + k.begin, a.g + k.begin, size_t(k.count),
+                     *a.scalars);
+  });
+}
+
+void SumSquaresMany(double* sums, const float* const* xs, const int64_t* ns, int64_t count) {
+  constexpr int64_t kChunk = int64_t{1} << 14;  // SumSquares's
+  const std::vector<ChunkTask> tasks = ChunkTasks(ns, count, kChunk);
+  int64_t total = 0;
+  for (int64_t t = 0; t < count; ++t) total += ns[t];
+  std::vector<double> partial(tasks.size(), 0.0);
+  const ChunkTask* first = tasks.data();
+  RunTasks(tasks, total, [&](const ChunkTask& k) {
+    partial[size_t(&k - first)] = SumSquaresRange(xs[k.tensor] + k.begin, size_t(k.count));
+  });
+  // Each tensor's chunk sums in chunk order from 0.0: SumSquares's bits.
+  for (int64_t t = 0; t < count; ++t) sums[t] = 0.0;
+  for (size_t i = 0; i < tasks.size(); ++i) sums[tasks[i].tensor] += partial[i];
+}
+
 const char* LayerKernelsTarget() { return hwy::TargetName(HWY_TARGET); }
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)
@@ -656,6 +705,8 @@ HWY_EXPORT(SlopeBackwardBias);
 HWY_EXPORT(SlopeBackwardBiasBf16);
 HWY_EXPORT(AdamWUpdateZeroGrad);
 HWY_EXPORT(SumSquares);
+HWY_EXPORT(AdamWUpdateZeroGradMany);
+HWY_EXPORT(SumSquaresMany);
 
 void layer_norm_forward(float* y, float* mean, float* std, const float* x, const float* scale,
                         const float* shift, int64_t N, int64_t C, float eps) {
@@ -739,6 +790,14 @@ void slope_backward_bias_bf16(BFloat16* dh, float* db, const float* dy, const fl
 void adamw_update_zero_grad(float* w, float* m, float* v, float* g, int64_t n,
                             const AdamWScalars& c) {
   if (n > 0) HWY_DYNAMIC_DISPATCH(AdamWUpdateZeroGrad)(w, m, v, g, n, c);
+}
+
+void adamw_update_zero_grad(const AdamWTensor* tensors, int64_t count) {
+  if (count > 0) HWY_DYNAMIC_DISPATCH(AdamWUpdateZeroGradMany)(tensors, count);
+}
+
+void sum_of_squares(double* sums, const float* const* xs, const int64_t* ns, int64_t count) {
+  if (count > 0) HWY_DYNAMIC_DISPATCH(SumSquaresMany)(sums, xs, ns, count);
 }
 
 double sum_of_squares(const float* x, int64_t n) {

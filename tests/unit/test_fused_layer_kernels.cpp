@@ -9,6 +9,8 @@
 //   slope_backward_bias(_bf16)       = gelu_backward_bias from h + b          bit for bit
 //   adamw_update_zero_grad, grad_scale = adamw_update of g·scale, then g = 0  bit for bit
 //   sum_of_squares                   = Σ x² in double (order aside)
+//   adamw_update_zero_grad, sum_of_squares over many tensors in one region
+//                                    = the one-tensor kernels, tensor by tensor  bit for bit
 // and nn::FeedForward's fused path (LayerImpl::kKernel) against the module
 // chain Linear, GELU, Linear: reference modules in float32, the same modules'
 // bf16 mode in bf16. Thread counts 1 and 2 give the same bits.
@@ -229,6 +231,68 @@ void check_sum_of_squares(const std::string& target) {
   }
 }
 
+// The one-region kernels over many tensors (AdamW::step) against the
+// one-tensor kernels, tensor by tensor: sizes below, at and past a chunk and
+// the parallel threshold, two groups' scalars; 1 and 2 threads.
+void check_many_tensors(const std::string& target) {
+  const int64_t sizes[] = {1, 17, 8192, 40003, 0, 16384 + 5, 300000, 3};
+  constexpr int64_t kCount = std::size(sizes);
+  kernels::AdamWScalars groups[2] = {{.decay = 0.9999f,
+                                      .beta1 = 0.9f,
+                                      .beta2 = 0.99f,
+                                      .one_minus_beta1 = 0.1f,
+                                      .one_minus_beta2 = 0.01f,
+                                      .eps = 1e-8f,
+                                      .neg_step_size = -1.3e-3f,
+                                      .bias_correction2_sqrt = 0.17f,
+                                      .grad_scale = 0.37f}};
+  groups[1] = groups[0];
+  groups[1].decay = 1.0f;
+  std::vector<Tensor> w0, m0, v0, g0;
+  for (int64_t t = 0; t < kCount; ++t) {
+    const Shape shape{sizes[t]};
+    const uint64_t seed = 40 + 4 * uint64_t(t);
+    w0.push_back(sizes[t] == 0 ? Tensor(shape) : random_tensor(shape, seed));
+    m0.push_back(sizes[t] == 0 ? Tensor(shape) : random_tensor(shape, seed + 1));
+    v0.push_back(sizes[t] == 0 ? Tensor(shape)
+                               : mul(random_tensor(shape, seed + 2), random_tensor(shape, seed + 2)));
+    g0.push_back(sizes[t] == 0 ? Tensor(shape) : mul(random_tensor(shape, seed + 3), 3.0f));
+  }
+  const int saved = omp_get_max_threads();
+  for (const int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    const std::string what = target + " threads " + std::to_string(threads);
+    std::vector<Tensor> w, m, v, g;
+    std::vector<kernels::AdamWTensor> all;
+    std::vector<const float*> xs;
+    for (int64_t t = 0; t < kCount; ++t) {
+      w.push_back(w0[size_t(t)].clone()), m.push_back(m0[size_t(t)].clone());
+      v.push_back(v0[size_t(t)].clone()), g.push_back(g0[size_t(t)].clone());
+      xs.push_back(g0[size_t(t)].data());
+    }
+    for (int64_t t = 0; t < kCount; ++t) {
+      const auto i = size_t(t);
+      all.push_back({w[i].data(), m[i].data(), v[i].data(), g[i].data(), sizes[t], &groups[t % 2]});
+    }
+    std::vector<double> sums(kCount, -1.0);
+    kernels::sum_of_squares(sums.data(), xs.data(), sizes, kCount);
+    kernels::adamw_update_zero_grad(all.data(), kCount);
+    for (int64_t t = 0; t < kCount; ++t) {
+      const auto i = size_t(t);
+      EXPECT_EQ(sums[i], kernels::sum_of_squares(g0[i].data(), sizes[t])) << what << " tensor " << t;
+      Tensor w1 = w0[i].clone(), m1 = m0[i].clone(), v1 = v0[i].clone(), g1 = g0[i].clone();
+      kernels::adamw_update_zero_grad(w1.data(), m1.data(), v1.data(), g1.data(), sizes[t],
+                                      groups[t % 2]);
+      const std::string each = what + " tensor " + std::to_string(t);
+      expect_same_bits(w[i], w1, "adamw many w, " + each);
+      expect_same_bits(m[i], m1, "adamw many m, " + each);
+      expect_same_bits(v[i], v1, "adamw many v, " + each);
+      expect_same_bits(g[i], Tensor::zeros({sizes[t]}), "adamw many zeroed g, " + each);
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
 TEST(FusedLayerKernels, EveryTargetMatchesTheUnfusedKernels) {
   for (const std::string& target : kernels::flash_attention_targets()) {
     ASSERT_TRUE(kernels::flash_attention_use_target(target.c_str()));
@@ -237,6 +301,7 @@ TEST(FusedLayerKernels, EveryTargetMatchesTheUnfusedKernels) {
     check_bias_gelu(target);
     check_adamw_zero_grad(target);
     check_sum_of_squares(target);
+    check_many_tensors(target);
   }
   kernels::flash_attention_use_target(nullptr);
 }
