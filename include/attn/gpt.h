@@ -201,9 +201,10 @@ class FeedForward : public Module {
 
  private:
   // LayerImpl::kKernel: fc's product (beta = 0), then its bias and the GELU in
-  // one pass (kernels::bias_gelu_forward), proj's product onto its bias (and
-  // the residual); backward: GELU's gradient and fc's bias gradient in one pass
-  // (kernels::gelu_backward_bias). The maths of the three modules, which
+  // one pass, which keeps GELU's slope for the backward
+  // (kernels::bias_gelu_forward_slope), proj's product onto its bias (and the
+  // residual); backward: GELU's gradient and fc's bias gradient in one pass
+  // (kernels::slope_backward_bias). The maths of the three modules, which
   // LayerImpl::kReference runs one after the other.
   Tensor forward_fused(const Tensor& x, const Tensor* residual);
   Tensor backward_fused(const Tensor& dy);
@@ -212,7 +213,7 @@ class FeedForward : public Module {
   bool fused_forward_ = false;  // the last forward was forward_fused
   Shape x_shape_;
   Tensor x_;        // (N, E) the input (bf16 mode: rounded to bf16)
-  Tensor h_;        // (N, 4E) fc's output, float32 (GELU's input)
+  Tensor h_;        // (N, 4E) gelu'(fc's output), float32: the slope of the GELU
   Tensor g_;        // (N, 4E) GELU's output, float32 or bf16 (proj's input)
   Tensor w_fc_b_;   // bf16 mode: bf16(fc.weight) of the last forward
   Tensor w_proj_b_; // bf16 mode: bf16(proj.weight)

@@ -91,6 +91,18 @@ void gelu_backward_bias(float* dh, float* db, const float* dy, const float* h, i
                         int64_t N);
 void gelu_backward_bias_bf16(BFloat16* dh, float* db, const float* dy, const float* h, int64_t M,
                              int64_t N);
+// The same pair with the slope kept for the backward (nn::FeedForward's
+// training path: one tanh per element, in the forward, instead of two):
+// bias_gelu_forward_slope writes y as bias_gelu_forward does, but h = s =
+// gelu'(h + b) (the factor gelu_backward multiplies dy by, its bits) instead
+// of h + b; slope_backward_bias then writes dh = dy ⊙ s and db += Σ_rows dh,
+// the bits of gelu_backward_bias(dh, db, dy, h + b) (_bf16 as above).
+void bias_gelu_forward_slope(float* h, float* y, const float* b, int64_t M, int64_t N);
+void bias_gelu_forward_slope_bf16(float* h, BFloat16* y, const float* b, int64_t M, int64_t N);
+void slope_backward_bias(float* dh, float* db, const float* dy, const float* slope, int64_t M,
+                         int64_t N);
+void slope_backward_bias_bf16(BFloat16* dh, float* db, const float* dy, const float* slope,
+                              int64_t M, int64_t N);
 
 // ---- AdamW's element update (attn/optim.h's AdamW::step) ----------------------------
 // The scalars of one step, as AdamW::step derives them (PyTorch 1.13's
@@ -113,6 +125,20 @@ void adamw_update_zero_grad(float* w, float* m, float* v, float* g, int64_t n,
 // Σ x[i]² summed in double (clip_grad_norm's squared norm of one gradient):
 // fixed chunks in double vector lanes, added in chunk order (any thread count).
 double sum_of_squares(const float* x, int64_t n);
+
+// ---- every parameter in one parallel region (AdamW::step) ----
+// At a small model's sizes one fork and join per parameter costs more than
+// the update; these split the chunks of all the tensors over the threads at
+// once, each element computed as the one-tensor kernel computes it.
+struct AdamWTensor {
+  float *w, *m, *v, *g;
+  int64_t n;
+  const AdamWScalars* scalars;  // its group's
+};
+// adamw_update_zero_grad on each of tensors[0, count): the same bits.
+void adamw_update_zero_grad(const AdamWTensor* tensors, int64_t count);
+// sums[t] = sum_of_squares(xs[t], ns[t]) for t in [0, count): the same bits.
+void sum_of_squares(double* sums, const float* const* xs, const int64_t* ns, int64_t count);
 
 // ---- bf16 rounding (the bf16 path's operands) -----------------------------------------
 // dst[i] = to_bfloat16(src[i]) (attn/tensor.h: round to nearest even, every

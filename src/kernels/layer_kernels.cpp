@@ -300,18 +300,29 @@ HWY_INLINE VF GeluForwardVec(DF d, VF x) {
   return hn::MulAdd(half_x, t, half_x);  // 0.5 x (1 + t)
 }
 
-HWY_INLINE VF GeluBackwardVec(DF d, VF dy, VF x) {
+// gelu'(x) from t = tanh(u): 0.5 (1 + t) + 0.5 x (1 − t²) du/dx.
+HWY_INLINE VF GeluSlopeFromTanh(DF d, VF x, VF t) {
   const float k0 = static_cast<float>(std::numbers::sqrt2 / std::sqrt(std::numbers::pi));
-  const VF t = hn::Tanh(d, GeluInner(d, x));
   const VF half = hn::Set(d, 0.5f);
   const VF x2 = hn::Mul(x, x);
   // du/dx = k0 (1 + 3 · 0.044715 x²)
   const VF du = hn::MulAdd(hn::Set(d, k0 * 3.0f * kGeluCubic), x2, hn::Set(d, k0));
   const VF one_minus_t2 = hn::NegMulAdd(t, t, hn::Set(d, 1.0f));
   // 0.5 (1 + t) + 0.5 x (1 − t²) du
-  const VF grad =
-      hn::MulAdd(hn::Mul(hn::Mul(half, x), one_minus_t2), du, hn::MulAdd(half, t, half));
-  return hn::Mul(dy, grad);
+  return hn::MulAdd(hn::Mul(hn::Mul(half, x), one_minus_t2), du, hn::MulAdd(half, t, half));
+}
+
+HWY_INLINE VF GeluBackwardVec(DF d, VF dy, VF x) {
+  return hn::Mul(dy, GeluSlopeFromTanh(d, x, hn::Tanh(d, GeluInner(d, x))));
+}
+
+// gelu(x) (GeluForwardVec's bits) and gelu'(x) (the factor GeluBackwardVec
+// multiplies dy by, its bits) from one tanh.
+HWY_INLINE VF GeluForwardSlopeVec(DF d, VF x, VF& slope) {
+  const VF t = hn::Tanh(d, GeluInner(d, x));
+  slope = GeluSlopeFromTanh(d, x, t);
+  const VF half_x = hn::Mul(hn::Set(d, 0.5f), x);
+  return hn::MulAdd(half_x, t, half_x);  // 0.5 x (1 + t)
 }
 
 void GeluForwardRange(float* y, const float* x, size_t n) {
@@ -392,26 +403,35 @@ void GeluForwardBf16(BFloat16* y, const float* x, int64_t n) {
 
 // ---- bias + GELU (FeedForward's fc and its activation in one pass) ----
 
-// Rows [r0, r1) of h (M, C): h += b, then y = gelu(h) (float, or rounded to bf16).
-template <class Out>
+// Rows [r0, r1) of h (M, C): h += b, then y = gelu(h) (float, or rounded to
+// bf16); with kSlope, h = gelu'(h + b) is stored instead of h + b.
+template <bool kSlope, class Out>
 void BiasGeluRows(float* h, Out* y, const float* b, int64_t r0, int64_t r1, size_t C) {
   const DF d;
   const size_t N = hn::Lanes(d);
+  // y = gelu(v); the value h keeps.
+  const auto gelu = [&](VF v, VF& keep) {
+    if constexpr (kSlope) return GeluForwardSlopeVec(d, v, keep);
+    keep = v;
+    return GeluForwardVec(d, v);
+  };
   for (int64_t r = r0; r < r1; ++r) {
     float* ph = h + r * int64_t(C);
     Out* py = y + r * int64_t(C);
     size_t c = 0;
     for (; c + N <= C; c += N) {
-      const VF v = hn::Add(hn::LoadU(d, ph + c), hn::LoadU(d, b + c));
-      hn::StoreU(v, d, ph + c);
-      StoreOut(d, GeluForwardVec(d, v), py + c);
+      VF keep;
+      const VF g = gelu(hn::Add(hn::LoadU(d, ph + c), hn::LoadU(d, b + c)), keep);
+      hn::StoreU(keep, d, ph + c);
+      StoreOut(d, g, py + c);
     }
     if (c < C) {  // the tail: gelu on a zero-padded vector, stored lane by lane
       const size_t n = C - c;
-      const VF v = hn::Add(LoadTail(d, ph + c, n), LoadTail(d, b + c, n));
+      VF keep;
+      const VF g = gelu(hn::Add(LoadTail(d, ph + c, n), LoadTail(d, b + c, n)), keep);
       HWY_ALIGN float vb[hn::MaxLanes(DF())], gb[hn::MaxLanes(DF())];
-      hn::Store(v, d, vb);
-      hn::Store(GeluForwardVec(d, v), d, gb);
+      hn::Store(keep, d, vb);
+      hn::Store(g, d, gb);
       for (size_t k = 0; k < n; ++k) {
         ph[c + k] = vb[k];
         StoreOut(gb[k], py + c + k);
@@ -436,39 +456,53 @@ void RowChunks(int64_t M, int64_t C, const F& f) {
   for (int64_t k = 0; k < chunks; ++k) run(k);
 }
 
-template <class Out>
+template <bool kSlope, class Out>
 void BiasGeluForwardAs(float* h, Out* y, const float* b, int64_t M, int64_t C) {
-  RowChunks(M, C, [&](int64_t, int64_t r0, int64_t r1) { BiasGeluRows(h, y, b, r0, r1, size_t(C)); });
+  RowChunks(M, C, [&](int64_t, int64_t r0, int64_t r1) {
+    BiasGeluRows<kSlope>(h, y, b, r0, r1, size_t(C));
+  });
 }
 
 void BiasGeluForward(float* h, float* y, const float* b, int64_t M, int64_t C) {
-  BiasGeluForwardAs(h, y, b, M, C);
+  BiasGeluForwardAs<false>(h, y, b, M, C);
 }
 void BiasGeluForwardBf16(float* h, BFloat16* y, const float* b, int64_t M, int64_t C) {
-  BiasGeluForwardAs(h, y, b, M, C);
+  BiasGeluForwardAs<false>(h, y, b, M, C);
+}
+void BiasGeluForwardSlope(float* h, float* y, const float* b, int64_t M, int64_t C) {
+  BiasGeluForwardAs<true>(h, y, b, M, C);
+}
+void BiasGeluForwardSlopeBf16(float* h, BFloat16* y, const float* b, int64_t M, int64_t C) {
+  BiasGeluForwardAs<true>(h, y, b, M, C);
 }
 
-// Rows [r0, r1): dh = gelu'(h) ⊙ dy (GeluBackwardVec), stored as Out; the
-// float dh summed over these rows, in row order, into db_part (C, zeroed).
-template <class Out>
+// Rows [r0, r1): dh = gelu'(h) ⊙ dy (GeluBackwardVec), or with kFromSlope
+// dh = dy ⊙ s where s = gelu'(h) was stored by the forward (the same bits),
+// stored as Out; the float dh summed over these rows, in row order, into
+// db_part (C, zeroed).
+template <bool kFromSlope, class Out>
 void GeluBackwardBiasRows(Out* dh, float* db_part, const float* dy, const float* h, int64_t r0,
                           int64_t r1, size_t C) {
   const DF d;
   const size_t N = hn::Lanes(d);
+  const auto grad = [&](VF vdy, VF vh) {
+    if constexpr (kFromSlope) return hn::Mul(vdy, vh);
+    return GeluBackwardVec(d, vdy, vh);
+  };
   for (int64_t r = r0; r < r1; ++r) {
     const float* pdy = dy + r * int64_t(C);
     const float* ph = h + r * int64_t(C);
     Out* pdh = dh + r * int64_t(C);
     size_t c = 0;
     for (; c + N <= C; c += N) {
-      const VF g = GeluBackwardVec(d, hn::LoadU(d, pdy + c), hn::LoadU(d, ph + c));
+      const VF g = grad(hn::LoadU(d, pdy + c), hn::LoadU(d, ph + c));
       hn::StoreU(hn::Add(hn::LoadU(d, db_part + c), g), d, db_part + c);
       StoreOut(d, g, pdh + c);
     }
     if (c < C) {
       const size_t n = C - c;
       HWY_ALIGN float gb[hn::MaxLanes(DF())];
-      hn::Store(GeluBackwardVec(d, LoadTail(d, pdy + c, n), LoadTail(d, ph + c, n)), d, gb);
+      hn::Store(grad(LoadTail(d, pdy + c, n), LoadTail(d, ph + c, n)), d, gb);
       for (size_t k = 0; k < n; ++k) {
         db_part[c + k] += gb[k];
         StoreOut(gb[k], pdh + c + k);
@@ -477,7 +511,7 @@ void GeluBackwardBiasRows(Out* dh, float* db_part, const float* dy, const float*
   }
 }
 
-template <class Out>
+template <bool kFromSlope, class Out>
 void GeluBackwardBiasAs(Out* dh, float* db, const float* dy, const float* h, int64_t M,
                         int64_t C) {
   // One partial db per chunk of kGeluChunkRows rows, added in chunk order:
@@ -485,7 +519,7 @@ void GeluBackwardBiasAs(Out* dh, float* db, const float* dy, const float* h, int
   const int64_t chunks = (M + kGeluChunkRows - 1) / kGeluChunkRows;
   std::vector<float> partial(size_t(chunks * C), 0.0f);  // (chunks, C)
   RowChunks(M, C, [&](int64_t k, int64_t r0, int64_t r1) {
-    GeluBackwardBiasRows(dh, partial.data() + k * C, dy, h, r0, r1, size_t(C));
+    GeluBackwardBiasRows<kFromSlope>(dh, partial.data() + k * C, dy, h, r0, r1, size_t(C));
   });
   for (int64_t k = 0; k < chunks; ++k) {
     const float* p = partial.data() + k * C;
@@ -495,11 +529,19 @@ void GeluBackwardBiasAs(Out* dh, float* db, const float* dy, const float* h, int
 
 void GeluBackwardBias(float* dh, float* db, const float* dy, const float* h, int64_t M,
                       int64_t C) {
-  GeluBackwardBiasAs(dh, db, dy, h, M, C);
+  GeluBackwardBiasAs<false>(dh, db, dy, h, M, C);
 }
 void GeluBackwardBiasBf16(BFloat16* dh, float* db, const float* dy, const float* h, int64_t M,
                           int64_t C) {
-  GeluBackwardBiasAs(dh, db, dy, h, M, C);
+  GeluBackwardBiasAs<false>(dh, db, dy, h, M, C);
+}
+void SlopeBackwardBias(float* dh, float* db, const float* dy, const float* slope, int64_t M,
+                       int64_t C) {
+  GeluBackwardBiasAs<true>(dh, db, dy, slope, M, C);
+}
+void SlopeBackwardBiasBf16(BFloat16* dh, float* db, const float* dy, const float* slope,
+                           int64_t M, int64_t C) {
+  GeluBackwardBiasAs<true>(dh, db, dy, slope, M, C);
 }
 
 // AdamW's element update (attn/layer_kernels.h states it), n elements from 0.
@@ -583,6 +625,55 @@ double SumSquares(const float* x, int64_t n) {
   return sum;
 }
 
+// ---- many tensors in one parallel region (AdamW::step and its clipping) ----
+// Chunks of every tensor, in tensor order, as the one-tensor kernels cut them;
+// a task is one chunk: (tensor, begin, count).
+struct ChunkTask {
+  int64_t tensor, begin, count;
+};
+std::vector<ChunkTask> ChunkTasks(const int64_t* sizes, int64_t count, int64_t chunk) {
+  std::vector<ChunkTask> tasks;
+  for (int64_t t = 0; t < count; ++t)
+    for (int64_t b = 0; b < sizes[t]; b += chunk) tasks.push_back({t, b, std::min(chunk, sizes[t] - b)});
+  return tasks;
+}
+
+// Runs f(task) for every task, on the OpenMP threads when there are
+// kParallelElements elements in all or more: one fork and join for them all.
+template <class F>
+void RunTasks(const std::vector<ChunkTask>& tasks, int64_t total, const F& f) {
+  const auto n = static_cast<int64_t>(tasks.size());
+#pragma omp parallel for schedule(static) if (total >= kParallelElements)
+  for (int64_t i = 0; i < n; ++i) f(tasks[size_t(i)]);
+}
+
+void AdamWUpdateZeroGradMany(const AdamWTensor* tensors, int64_t count) {
+  std::vector<int64_t> sizes(static_cast<size_t>(count));
+  int64_t total = 0;
+  for (int64_t t = 0; t < count; ++t) total += (sizes[size_t(t)] = tensors[t].n);
+  constexpr int64_t kChunk = 1 << 13;  // Chunked's
+  RunTasks(ChunkTasks(sizes.data(), count, kChunk), total, [&](const ChunkTask& k) {
+    const AdamWTensor& a = tensors[k.tensor];
+    AdamWRange<true>(a.w + k.begin, a.m + k.begin, a.v + k.begin, a.g + k.begin, size_t(k.count),
+                     *a.scalars);
+  });
+}
+
+void SumSquaresMany(double* sums, const float* const* xs, const int64_t* ns, int64_t count) {
+  constexpr int64_t kChunk = int64_t{1} << 14;  // SumSquares's
+  const std::vector<ChunkTask> tasks = ChunkTasks(ns, count, kChunk);
+  int64_t total = 0;
+  for (int64_t t = 0; t < count; ++t) total += ns[t];
+  std::vector<double> partial(tasks.size(), 0.0);
+  const ChunkTask* first = tasks.data();
+  RunTasks(tasks, total, [&](const ChunkTask& k) {
+    partial[size_t(&k - first)] = SumSquaresRange(xs[k.tensor] + k.begin, size_t(k.count));
+  });
+  // Each tensor's chunk sums in chunk order from 0.0: SumSquares's bits.
+  for (int64_t t = 0; t < count; ++t) sums[t] = 0.0;
+  for (size_t i = 0; i < tasks.size(); ++i) sums[tasks[i].tensor] += partial[i];
+}
+
 const char* LayerKernelsTarget() { return hwy::TargetName(HWY_TARGET); }
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)
@@ -608,8 +699,14 @@ HWY_EXPORT(BiasGeluForward);
 HWY_EXPORT(BiasGeluForwardBf16);
 HWY_EXPORT(GeluBackwardBias);
 HWY_EXPORT(GeluBackwardBiasBf16);
+HWY_EXPORT(BiasGeluForwardSlope);
+HWY_EXPORT(BiasGeluForwardSlopeBf16);
+HWY_EXPORT(SlopeBackwardBias);
+HWY_EXPORT(SlopeBackwardBiasBf16);
 HWY_EXPORT(AdamWUpdateZeroGrad);
 HWY_EXPORT(SumSquares);
+HWY_EXPORT(AdamWUpdateZeroGradMany);
+HWY_EXPORT(SumSquaresMany);
 
 void layer_norm_forward(float* y, float* mean, float* std, const float* x, const float* scale,
                         const float* shift, int64_t N, int64_t C, float eps) {
@@ -672,9 +769,35 @@ void gelu_backward_bias_bf16(BFloat16* dh, float* db, const float* dy, const flo
   if (M > 0 && N > 0) HWY_DYNAMIC_DISPATCH(GeluBackwardBiasBf16)(dh, db, dy, h, M, N);
 }
 
+void bias_gelu_forward_slope(float* h, float* y, const float* b, int64_t M, int64_t N) {
+  if (M > 0 && N > 0) HWY_DYNAMIC_DISPATCH(BiasGeluForwardSlope)(h, y, b, M, N);
+}
+
+void bias_gelu_forward_slope_bf16(float* h, BFloat16* y, const float* b, int64_t M, int64_t N) {
+  if (M > 0 && N > 0) HWY_DYNAMIC_DISPATCH(BiasGeluForwardSlopeBf16)(h, y, b, M, N);
+}
+
+void slope_backward_bias(float* dh, float* db, const float* dy, const float* slope, int64_t M,
+                         int64_t N) {
+  if (M > 0 && N > 0) HWY_DYNAMIC_DISPATCH(SlopeBackwardBias)(dh, db, dy, slope, M, N);
+}
+
+void slope_backward_bias_bf16(BFloat16* dh, float* db, const float* dy, const float* slope,
+                              int64_t M, int64_t N) {
+  if (M > 0 && N > 0) HWY_DYNAMIC_DISPATCH(SlopeBackwardBiasBf16)(dh, db, dy, slope, M, N);
+}
+
 void adamw_update_zero_grad(float* w, float* m, float* v, float* g, int64_t n,
                             const AdamWScalars& c) {
   if (n > 0) HWY_DYNAMIC_DISPATCH(AdamWUpdateZeroGrad)(w, m, v, g, n, c);
+}
+
+void adamw_update_zero_grad(const AdamWTensor* tensors, int64_t count) {
+  if (count > 0) HWY_DYNAMIC_DISPATCH(AdamWUpdateZeroGradMany)(tensors, count);
+}
+
+void sum_of_squares(double* sums, const float* const* xs, const int64_t* ns, int64_t count) {
+  if (count > 0) HWY_DYNAMIC_DISPATCH(SumSquaresMany)(sums, xs, ns, count);
 }
 
 double sum_of_squares(const float* x, int64_t n) {

@@ -284,7 +284,8 @@ Tensor as_bf16(const Tensor& t) {
 // With N the rows of x, E = emb_dim, H = 4E (bf16 mode: the products' operands
 // rounded to bf16, as Linear's bf16 mode; sums and everything else float32):
 //   h = x W_fcᵀ                    (N, H)  a beta = 0 product
-//   h += b_fc;  g = gelu(h)        (N, H)  one pass (g bf16 in bf16 mode)
+//   g = gelu(h + b_fc), h = gelu'(h + b_fc)   (N, H)  one pass, one tanh (g bf16
+//                                  in bf16 mode; the slope h is what the backward needs)
 //   y = [residual +] b_proj        (N, E)  then y += g W_projᵀ (beta = 1)
 Tensor FeedForward::forward_fused(const Tensor& x, const Tensor* residual) {
   const int64_t E = fc.options().in_features, H = fc.options().out_features;
@@ -311,13 +312,13 @@ Tensor FeedForward::forward_fused(const Tensor& x, const Tensor* residual) {
     w_proj_b_ = as_bf16(proj.weight.value);
     gemm::gemm_bf16(gemm::Trans::kNo, gemm::Trans::kYes, N, H, E, 1.0f, x_.data_ptr<BFloat16>(), E,
                     w_fc_b_.data_ptr<BFloat16>(), E, 0.0f, h_.data(), H);
-    kernels::bias_gelu_forward_bf16(h_.data(), g_.data_ptr<BFloat16>(), fc.bias.value.data(), N,
-                                    H);
+    kernels::bias_gelu_forward_slope_bf16(h_.data(), g_.data_ptr<BFloat16>(),
+                                          fc.bias.value.data(), N, H);
   } else {
     x_ = x.contiguous().reshape({N, E});
     gemm::sgemm(gemm::Trans::kNo, gemm::Trans::kYes, N, H, E, 1.0f, x_.data(), E,
                 fc.weight.value.data(), E, 0.0f, h_.data(), H, gemm::Engine::kFast);
-    kernels::bias_gelu_forward(h_.data(), g_.data(), fc.bias.value.data(), N, H);
+    kernels::bias_gelu_forward_slope(h_.data(), g_.data(), fc.bias.value.data(), N, H);
   }
   if (residual != nullptr) {
     kernels::fill_rows_add(y.data(), E, proj.bias.value.data(), rc.data(), E, N, E);
@@ -335,7 +336,7 @@ Tensor FeedForward::forward_fused(const Tensor& x, const Tensor* residual) {
 }
 
 //   dW_proj += dyᵀ g,  db_proj += Σ_rows dy,  dg = dy W_proj         (N, H)
-//   dh = gelu'(h) ⊙ dg,  db_fc += Σ_rows dh                          one pass
+//   dh = gelu'(h) ⊙ dg,  db_fc += Σ_rows dh    one pass (gelu'(h) kept by the forward)
 //   dW_fc += dhᵀ x,    dx = dh W_fc                                  (N, E)
 Tensor FeedForward::backward_fused(const Tensor& dy) {
   detail::check_grad("FeedForward", dy, x_shape_);
@@ -353,8 +354,8 @@ Tensor FeedForward::backward_fused(const Tensor& dy) {
     gemm::gemm_bf16(Trans::kNo, Trans::kNo, N, H, E, 1.0f, dyb.data_ptr<BFloat16>(), E,
                     w_proj_b_.data_ptr<BFloat16>(), H, 0.0f, dg.data(), H);
     Tensor dhb = Tensor::empty({N, H}, DType::kBFloat16);
-    kernels::gelu_backward_bias_bf16(dhb.data_ptr<BFloat16>(), fc.bias.grad.data(), dg.data(),
-                                     h_.data(), N, H);
+    kernels::slope_backward_bias_bf16(dhb.data_ptr<BFloat16>(), fc.bias.grad.data(), dg.data(),
+                                      h_.data(), N, H);
     gemm::gemm_bf16(Trans::kYes, Trans::kNo, H, E, N, 1.0f, dhb.data_ptr<BFloat16>(), H,
                     x_.data_ptr<BFloat16>(), E, 1.0f, fc.weight.grad.data(), E);
     gemm::gemm_bf16(Trans::kNo, Trans::kNo, N, E, H, 1.0f, dhb.data_ptr<BFloat16>(), H,
@@ -367,7 +368,7 @@ Tensor FeedForward::backward_fused(const Tensor& dy) {
     gemm::sgemm(Trans::kNo, Trans::kNo, N, H, E, 1.0f, dyc.data(), E, proj.weight.value.data(), H,
                 0.0f, dg.data(), H, fast);
     // dh in place of dg: each element is read before it is written.
-    kernels::gelu_backward_bias(dg.data(), fc.bias.grad.data(), dg.data(), h_.data(), N, H);
+    kernels::slope_backward_bias(dg.data(), fc.bias.grad.data(), dg.data(), h_.data(), N, H);
     gemm::sgemm(Trans::kYes, Trans::kNo, H, E, N, 1.0f, dg.data(), H, x_.data(), E, 1.0f,
                 fc.weight.grad.data(), E, fast);
     gemm::sgemm(Trans::kNo, Trans::kNo, N, E, H, 1.0f, dg.data(), H, fc.weight.value.data(), E,

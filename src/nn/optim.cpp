@@ -6,6 +6,7 @@
 #include <cmath>
 #include <numbers>
 #include <stdexcept>
+#include <vector>
 
 #include "attn/layer_kernels.h"
 
@@ -106,31 +107,38 @@ void AdamW::step(float grad_scale, bool zero_grad) {
   const auto eps = static_cast<float>(options_.eps);
   const auto neg_step_size = static_cast<float>(-step_size);
   const auto bc2_sqrt = static_cast<float>(bias_correction2_sqrt);
+  std::vector<kernels::AdamWScalars> scalars;  // one per group
+  for (const ParamGroup& g : groups_) {
+    scalars.push_back({.decay = static_cast<float>(1.0 - lr * g.weight_decay),
+                       .beta1 = beta1_f,
+                       .beta2 = beta2_f,
+                       .one_minus_beta1 = one_minus_beta1,
+                       .one_minus_beta2 = one_minus_beta2,
+                       .eps = eps,
+                       .neg_step_size = neg_step_size,
+                       .bias_correction2_sqrt = bc2_sqrt,
+                       .grad_scale = grad_scale});
+  }
+  // With zero_grad, every parameter with a contiguous gradient in one pass on
+  // the threads (one fork and join, not one per parameter); the others, and
+  // all without zero_grad, one at a time. The same bits either way.
+  std::vector<kernels::AdamWTensor> together;
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
-    const auto decay = static_cast<float>(1.0 - lr * groups_[gi].weight_decay);
-    const kernels::AdamWScalars scalars{.decay = decay,
-                                        .beta1 = beta1_f,
-                                        .beta2 = beta2_f,
-                                        .one_minus_beta1 = one_minus_beta1,
-                                        .one_minus_beta2 = one_minus_beta2,
-                                        .eps = eps,
-                                        .neg_step_size = neg_step_size,
-                                        .bias_correction2_sqrt = bc2_sqrt,
-                                        .grad_scale = grad_scale};
     for (size_t pi = 0; pi < groups_[gi].params.size(); ++pi) {
       nn::Parameter& p = *groups_[gi].params[pi];
       float* w = p.value.data();
       float* m = state_[gi][pi].exp_avg.data();
       float* v = state_[gi][pi].exp_avg_sq.data();
       if (zero_grad && p.grad.is_contiguous()) {
-        kernels::adamw_update_zero_grad(w, m, v, p.grad.data(), p.value.numel(), scalars);
+        together.push_back({w, m, v, p.grad.data(), p.value.numel(), &scalars[gi]});
         continue;
       }
       const Tensor grad = p.grad.contiguous();
-      kernels::adamw_update(w, m, v, grad.data(), p.value.numel(), scalars);
+      kernels::adamw_update(w, m, v, grad.data(), p.value.numel(), scalars[gi]);
       if (zero_grad) p.grad.fill_(0.0f);
     }
   }
+  kernels::adamw_update_zero_grad(together.data(), static_cast<int64_t>(together.size()));
 }
 
 // torch.nn.utils.clip_grad_norm_ (1.13): total_norm = norm(stack([norm(g) for g])),
@@ -139,10 +147,21 @@ void AdamW::step(float grad_scale, bool zero_grad) {
 // Each gradient's Σ g² in double (SIMD lanes, fixed chunks: kernels::sum_of_squares).
 float clip_coefficient(const std::vector<nn::Parameter*>& params, double max_norm,
                        float* total_norm_out) {
-  double total_sq = 0.0;
+  // Every gradient's Σ g² in one pass on the threads (kernels::sum_of_squares
+  // over all of them: each one's bits as alone).
+  std::vector<Tensor> grads;  // contiguous (the gradient itself when it is)
+  std::vector<const float*> data;
+  std::vector<int64_t> sizes;
   for (const nn::Parameter* p : params) {
-    const Tensor grad = p->grad.contiguous();
-    const double sq = kernels::sum_of_squares(grad.data(), grad.numel());
+    grads.push_back(p->grad.contiguous());
+    data.push_back(grads.back().data());
+    sizes.push_back(grads.back().numel());
+  }
+  std::vector<double> squares(params.size());
+  kernels::sum_of_squares(squares.data(), data.data(), sizes.data(),
+                          static_cast<int64_t>(params.size()));
+  double total_sq = 0.0;
+  for (const double sq : squares) {
     const auto norm = static_cast<float>(std::sqrt(sq));  // torch.norm(p.grad): a float
     total_sq += static_cast<double>(norm) * norm;
   }

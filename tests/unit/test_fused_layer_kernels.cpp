@@ -5,8 +5,12 @@
 //   bias_gelu_forward(_bf16)         = h + b, then gelu_forward (rounded)     bit for bit
 //   gelu_backward_bias(_bf16)        = gelu_backward (rounded) bit for bit; db = Σ_rows dh
 //                                      within float rounding of the row sums
+//   bias_gelu_forward_slope(_bf16)   = bias_gelu_forward's y, h = gelu_backward(1, h + b)
+//   slope_backward_bias(_bf16)       = gelu_backward_bias from h + b          bit for bit
 //   adamw_update_zero_grad, grad_scale = adamw_update of g·scale, then g = 0  bit for bit
 //   sum_of_squares                   = Σ x² in double (order aside)
+//   adamw_update_zero_grad, sum_of_squares over many tensors in one region
+//                                    = the one-tensor kernels, tensor by tensor  bit for bit
 // and nn::FeedForward's fused path (LayerImpl::kKernel) against the module
 // chain Linear, GELU, Linear: reference modules in float32, the same modules'
 // bf16 mode in bf16. Thread counts 1 and 2 give the same bits.
@@ -156,6 +160,29 @@ void check_bias_gelu(const std::string& target) {
                                      s.M, s.N);
     expect_same_bf16(dh16, dh_want, "gelu backward + bias bf16 dh, " + what);
     expect_same_bits(db16, db, "gelu backward + bias bf16 db (the float dh's sums), " + what);
+
+    // The slope pair: y as above, h = gelu'(h + b); then dy ⊙ slope has the
+    // bits of gelu_backward_bias from h + b (in place too, and bf16).
+    Tensor slope = h0.clone(), ys({s.M, s.N});
+    kernels::bias_gelu_forward_slope(slope.data(), ys.data(), b.data(), s.M, s.N);
+    expect_same_bits(ys, y_want, "bias+gelu+slope y, " + what);
+    Tensor ones = Tensor::full({s.M, s.N}, 1.0f), slope_want({s.M, s.N});
+    kernels::gelu_backward(slope_want.data(), ones.data(), h_want.data(), s.M * s.N);
+    expect_same_bits(slope, slope_want, "bias+gelu+slope h = gelu'(h + b), " + what);
+    Tensor slope16 = h0.clone(), ys16 = Tensor::empty({s.M, s.N}, DType::kBFloat16);
+    kernels::bias_gelu_forward_slope_bf16(slope16.data(), ys16.data_ptr<BFloat16>(), b.data(),
+                                          s.M, s.N);
+    expect_same_bf16(ys16, y_want, "bias+gelu+slope bf16 y, " + what);
+    expect_same_bits(slope16, slope_want, "bias+gelu+slope bf16 h, " + what);
+    Tensor dhs = dy.clone(), dbs = Tensor::full({s.N}, 0.25f);
+    kernels::slope_backward_bias(dhs.data(), dbs.data(), dhs.data(), slope.data(), s.M, s.N);
+    expect_same_bits(dhs, dh, "slope backward + bias in place dh, " + what);
+    expect_same_bits(dbs, db, "slope backward + bias in place db, " + what);
+    Tensor dhs16 = Tensor::empty({s.M, s.N}, DType::kBFloat16), dbs16 = Tensor::full({s.N}, 0.25f);
+    kernels::slope_backward_bias_bf16(dhs16.data_ptr<BFloat16>(), dbs16.data(), dy.data(),
+                                      slope.data(), s.M, s.N);
+    expect_same_bf16(dhs16, dh_want, "slope backward + bias bf16 dh, " + what);
+    expect_same_bits(dbs16, db, "slope backward + bias bf16 db, " + what);
   }
 }
 
@@ -204,6 +231,68 @@ void check_sum_of_squares(const std::string& target) {
   }
 }
 
+// The one-region kernels over many tensors (AdamW::step) against the
+// one-tensor kernels, tensor by tensor: sizes below, at and past a chunk and
+// the parallel threshold, two groups' scalars; 1 and 2 threads.
+void check_many_tensors(const std::string& target) {
+  const int64_t sizes[] = {1, 17, 8192, 40003, 0, 16384 + 5, 300000, 3};
+  constexpr int64_t kCount = std::size(sizes);
+  kernels::AdamWScalars groups[2] = {{.decay = 0.9999f,
+                                      .beta1 = 0.9f,
+                                      .beta2 = 0.99f,
+                                      .one_minus_beta1 = 0.1f,
+                                      .one_minus_beta2 = 0.01f,
+                                      .eps = 1e-8f,
+                                      .neg_step_size = -1.3e-3f,
+                                      .bias_correction2_sqrt = 0.17f,
+                                      .grad_scale = 0.37f}};
+  groups[1] = groups[0];
+  groups[1].decay = 1.0f;
+  std::vector<Tensor> w0, m0, v0, g0;
+  for (int64_t t = 0; t < kCount; ++t) {
+    const Shape shape{sizes[t]};
+    const uint64_t seed = 40 + 4 * uint64_t(t);
+    w0.push_back(sizes[t] == 0 ? Tensor(shape) : random_tensor(shape, seed));
+    m0.push_back(sizes[t] == 0 ? Tensor(shape) : random_tensor(shape, seed + 1));
+    v0.push_back(sizes[t] == 0 ? Tensor(shape)
+                               : mul(random_tensor(shape, seed + 2), random_tensor(shape, seed + 2)));
+    g0.push_back(sizes[t] == 0 ? Tensor(shape) : mul(random_tensor(shape, seed + 3), 3.0f));
+  }
+  const int saved = omp_get_max_threads();
+  for (const int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    const std::string what = target + " threads " + std::to_string(threads);
+    std::vector<Tensor> w, m, v, g;
+    std::vector<kernels::AdamWTensor> all;
+    std::vector<const float*> xs;
+    for (int64_t t = 0; t < kCount; ++t) {
+      w.push_back(w0[size_t(t)].clone()), m.push_back(m0[size_t(t)].clone());
+      v.push_back(v0[size_t(t)].clone()), g.push_back(g0[size_t(t)].clone());
+      xs.push_back(g0[size_t(t)].data());
+    }
+    for (int64_t t = 0; t < kCount; ++t) {
+      const auto i = size_t(t);
+      all.push_back({w[i].data(), m[i].data(), v[i].data(), g[i].data(), sizes[t], &groups[t % 2]});
+    }
+    std::vector<double> sums(kCount, -1.0);
+    kernels::sum_of_squares(sums.data(), xs.data(), sizes, kCount);
+    kernels::adamw_update_zero_grad(all.data(), kCount);
+    for (int64_t t = 0; t < kCount; ++t) {
+      const auto i = size_t(t);
+      EXPECT_EQ(sums[i], kernels::sum_of_squares(g0[i].data(), sizes[t])) << what << " tensor " << t;
+      Tensor w1 = w0[i].clone(), m1 = m0[i].clone(), v1 = v0[i].clone(), g1 = g0[i].clone();
+      kernels::adamw_update_zero_grad(w1.data(), m1.data(), v1.data(), g1.data(), sizes[t],
+                                      groups[t % 2]);
+      const std::string each = what + " tensor " + std::to_string(t);
+      expect_same_bits(w[i], w1, "adamw many w, " + each);
+      expect_same_bits(m[i], m1, "adamw many m, " + each);
+      expect_same_bits(v[i], v1, "adamw many v, " + each);
+      expect_same_bits(g[i], Tensor::zeros({sizes[t]}), "adamw many zeroed g, " + each);
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
 TEST(FusedLayerKernels, EveryTargetMatchesTheUnfusedKernels) {
   for (const std::string& target : kernels::flash_attention_targets()) {
     ASSERT_TRUE(kernels::flash_attention_use_target(target.c_str()));
@@ -212,6 +301,7 @@ TEST(FusedLayerKernels, EveryTargetMatchesTheUnfusedKernels) {
     check_bias_gelu(target);
     check_adamw_zero_grad(target);
     check_sum_of_squares(target);
+    check_many_tensors(target);
   }
   kernels::flash_attention_use_target(nullptr);
 }
@@ -245,8 +335,12 @@ TEST(FusedLayerKernels, BitsDoNotDependOnTheThreadCount) {
     Tensor h = a.clone(), g({M, N}), dh({M, N}), db = Tensor::zeros({N});
     kernels::bias_gelu_forward(h.data(), g.data(), b.data(), M, N);
     kernels::gelu_backward_bias(dh.data(), db.data(), dy.data(), h.data(), M, N);
+    Tensor slope = a.clone(), gs({M, N}), dhs({M, N}), dbs = Tensor::zeros({N});
+    kernels::bias_gelu_forward_slope(slope.data(), gs.data(), b.data(), M, N);
+    kernels::slope_backward_bias(dhs.data(), dbs.data(), dy.data(), slope.data(), M, N);
     std::vector<float> all;
-    for (const Tensor* t : {&x1, &y, &mean, &sd, &dx, &ds, &dsh, &h, &g, &dh, &db})
+    for (const Tensor* t :
+         {&x1, &y, &mean, &sd, &dx, &ds, &dsh, &h, &g, &dh, &db, &slope, &gs, &dhs, &dbs})
       all.insert(all.end(), t->data(), t->data() + t->numel());
     runs.push_back(all);
     squares.push_back(kernels::sum_of_squares(a.data(), M * N));
