@@ -221,7 +221,12 @@ Command add_train_command(CLI::App& app) {
       "  attn train --text input.txt --out run --resume --max-iters 4000\n"
       "  attn train --text the-verdict.txt --out run --tokenizer gpt2 --context-length 256 "
       "--batch-size 2 --epochs 10\n"
-      "  attn train --recipe book-ch5 --text the-verdict.txt --out run   (the book's chapter 5)");
+      "  attn train --recipe book-ch5 --text the-verdict.txt --out run   (the book's chapter 5)\n"
+      "Data parallel (MPI; docs/distributed.md): each rank computes its micro-batches of every global\n"
+      "batch (ranks x --grad-accum-steps x --batch-size), gradients summed across ranks while backward\n"
+      "runs; rank 0 prints and writes; --resume works at any rank count with the same ranks x K.\n"
+      "  mpirun -np 2 --bind-to none attn train --text input.txt --out run\n"
+      "  mpirun -np 8 --hostfile hosts attn train --text input.txt --out /shared/run --deterministic");
   cmd->add_option("--text", flags->text, "The training text (UTF-8)")->required()->type_name("FILE");
   cmd->add_option("--out", flags->out, "Folder for checkpoint.safetensors and metrics.jsonl")
       ->required()
@@ -243,6 +248,11 @@ Command add_train_command(CLI::App& app) {
                   "other lose their core. Losses are reproducible (and --resume exact) for the "
                   "same thread count")
       ->type_name("N");
+  cmd->add_flag("--deterministic", flags->deterministic,
+                "Under mpirun: sum the ranks' gradients in rank order (an allgather of each bucket, "
+                "then g0 + g1 + ...), so the weights are bit-identical to one rank with "
+                "--grad-accum-steps N (same threads per rank); without it MPI_Iallreduce's order, "
+                "equal within float32 rounding (for 2 ranks identical anyway)");
   train::TrainOptions& o = flags->o;
   // Each flag with how to copy it from one TrainOptions to another (--resume
   // starts from the checkpoint's flags and applies the ones given).
