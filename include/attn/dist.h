@@ -53,6 +53,7 @@ class MpiCollective : public train::Collective {
   void start_bucket(size_t b) override;
   void finish_buckets() override;
   std::vector<double> allgather(const std::vector<double>& values) override;
+  void broadcast(float* data, int64_t n, int root) override;
 
   // Ends every rank of the job (MPI_Abort) with this exit code.
   [[noreturn]] void abort(int code);

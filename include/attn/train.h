@@ -294,6 +294,8 @@ class Collective {
   virtual void finish_buckets() = 0;
   // Every rank's values, rank after rank (size() x values.size()).
   virtual std::vector<double> allgather(const std::vector<double>& values) = 0;
+  // data[0, n) of rank `root` onto every rank (MPI_Bcast).
+  virtual void broadcast(float* data, int64_t n, int root) = 0;
 };
 
 // The seed of micro-batch m's dropout masks at step `step` of a run seeded
@@ -336,9 +338,24 @@ class Trainer {
   // resume(); the collective must outlive the trainer's steps.
   void set_collective(Collective* collective);
   int ranks() const { return collective_ ? collective_->size() : 1; }
+  // ZeRO stage 1 (after set_collective, before step() and resume()): each
+  // parameter gets an owner rank (whole parameters, the largest first to the
+  // least loaded rank); a rank keeps AdamW's moments for its own parameters
+  // only and updates only those, then every parameter is broadcast from its
+  // owner. The gradients are still allreduced whole (the clip needs their
+  // global norm, computed as without sharding), so the weights are
+  // bit-identical to the unsharded run. save() becomes collective: every rank
+  // must call it (the moments are gathered; rank 0 writes the same file as
+  // unsharded), and resume() reads a rank's own moments from it.
+  void shard_optimizer();
+  bool sharded() const { return !owner_.empty(); }
+  // Bytes of AdamW moments this rank holds.
+  int64_t optimizer_bytes() const;
   // Micro-batches per step over all ranks: ranks() x grad_accum_steps.
   int64_t micro_batches() const { return ranks() * options_.grad_accum_steps; }
-  // Writes the checkpoint atomically (temporary file, fsync, rename).
+  // Writes the checkpoint atomically (temporary file, fsync, rename). In a
+  // data-parallel run only rank 0 writes (call it on every rank: with
+  // shard_optimizer() it gathers the moments).
   void save(const std::string& path) const;
   // Loads a checkpoint written by save(): weights, optimizer moments and step,
   // iteration, generator state and last_eval_iter. Throws std::invalid_argument
@@ -395,7 +412,9 @@ class Trainer {
   bool grads_zero_ = false;  // the last step() left every gradient zero
   Collective* collective_ = nullptr;
   std::vector<std::vector<size_t>> buckets_;  // indices into params_, in ready order
-  std::vector<Tensor> accum_;  // K > 1: the sum of the earlier micro-batches' gradients (params_ order)
+  std::vector<Tensor> accum_;
+  std::vector<int> owner_;  // shard_optimizer: the rank that updates params_[i]
+  std::vector<optim::ParamGroup> full_groups_;  // shard_optimizer: the unsharded groups  // K > 1: the sum of the earlier micro-batches' gradients (params_ order)
 };
 
 // The GPTConfig of a checkpoint's "config" JSON, and back.

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -42,6 +43,7 @@ void MpiCollective::set_buckets(const std::vector<std::vector<nn::Parameter*>>&)
 void MpiCollective::start_bucket(size_t) {}
 void MpiCollective::finish_buckets() {}
 std::vector<double> MpiCollective::allgather(const std::vector<double>& v) { return v; }
+void MpiCollective::broadcast(float*, int64_t, int) {}
 bool MpiCollective::any(bool mine) { return mine; }
 void MpiCollective::abort(int code) { std::exit(code); }
 void MpiCollective::check_agreement(const std::vector<std::pair<std::string, std::string>>&) {}
@@ -193,6 +195,13 @@ std::vector<double> MpiCollective::allgather(const std::vector<double>& values) 
 void MpiCollective::abort(int code) {
   MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);
+}
+
+void MpiCollective::broadcast(float* data, int64_t n, int root) {
+  constexpr int64_t kChunk = int64_t{1} << 30;  // MPI counts are int
+  for (int64_t at = 0; at < n; at += kChunk)
+    check(MPI_Bcast(data + at, static_cast<int>(std::min(kChunk, n - at)), MPI_FLOAT, root, MPI_COMM_WORLD),
+          "MPI_Bcast");
 }
 
 bool MpiCollective::any(bool mine) {

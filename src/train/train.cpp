@@ -637,6 +637,50 @@ void Trainer::set_collective(Collective* collective) {
   collective_->set_buckets(buckets);
 }
 
+void Trainer::shard_optimizer() {
+  const int N = ranks();
+  if (N < 2 || sharded()) return;
+  // Owners: the largest parameters first, each to the least-loaded rank (ties:
+  // the lowest rank, then params_ order), the same on every rank.
+  std::vector<size_t> order(params_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return params_[a].second->value.numel() > params_[b].second->value.numel();
+  });
+  owner_.assign(params_.size(), 0);
+  std::vector<int64_t> load(static_cast<size_t>(N), 0);
+  for (size_t i : order) {
+    const auto r = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    owner_[i] = static_cast<int>(r);
+    load[r] += params_[i].second->value.numel();
+  }
+  const int me = collective_->rank();
+  full_groups_ = optimizer_->groups();
+  std::vector<optim::ParamGroup> mine;
+  for (const auto& g : full_groups_) {
+    optim::ParamGroup own{.params = {}, .weight_decay = g.weight_decay};
+    for (nn::Parameter* p : g.params) {
+      const auto it = std::find_if(params_.begin(), params_.end(), [&](const auto& np) { return np.second == p; });
+      if (owner_[static_cast<size_t>(it - params_.begin())] == me) own.params.push_back(p);
+    }
+    mine.push_back(std::move(own));
+  }
+  const int64_t steps = optimizer_->steps();
+  optimizer_ = std::make_unique<optim::AdamW>(mine, optim::AdamWOptions{.lr = options_.lr,
+                                                                        .beta1 = options_.beta1,
+                                                                        .beta2 = options_.beta2,
+                                                                        .eps = 1e-8,
+                                                                        .weight_decay = options_.weight_decay});
+  optimizer_->set_steps(steps);
+}
+
+int64_t Trainer::optimizer_bytes() const {
+  int64_t n = 0;
+  for (const auto& g : optimizer_->groups())
+    for (const nn::Parameter* p : g.params) n += 2 * p->value.numel() * static_cast<int64_t>(sizeof(float));
+  return n;
+}
+
 void Trainer::bucket_ready(size_t b) {
   if (!accum_.empty()) {  // grad = acc + g_last: one add, as the sum in micro-batch order
     for (size_t i : buckets_[b]) {
@@ -756,6 +800,13 @@ float Trainer::step() {
     grad_scale = optim::clip_coefficient(params, options_.grad_clip);
   }
   optimizer_->step(grad_scale, /*zero_grad=*/true);
+  if (sharded()) {  // the others' parameters: zero their gradients, take their values from the owner
+    for (size_t i = 0; i < params_.size(); ++i) {
+      nn::Parameter* p = params_[i].second;
+      if (owner_[i] != collective_->rank()) p->grad.fill_(0.0f);
+      collective_->broadcast(p->value.data(), p->value.numel(), owner_[i]);
+    }
+  }
   grads_zero_ = true;
   ++iter_;
   return loss;
@@ -837,11 +888,38 @@ void for_each_moment(optim::AdamW& opt, const std::vector<std::pair<std::string,
 }  // namespace
 
 void Trainer::save(const std::string& path) const {
+  const bool root = !collective_ || collective_->rank() == 0;
   std::vector<std::pair<std::string, Tensor>> tensors = model_->state_dict();
-  for_each_moment(*optimizer_, params_, [&](const std::string& name, const Tensor& m, const Tensor& v) {
-    tensors.emplace_back("optim." + name + ".exp_avg", m);
-    tensors.emplace_back("optim." + name + ".exp_avg_sq", v);
-  });
+  if (!sharded()) {
+    if (!root) return;
+    for_each_moment(*optimizer_, params_, [&](const std::string& name, const Tensor& m, const Tensor& v) {
+      tensors.emplace_back("optim." + name + ".exp_avg", m);
+      tensors.emplace_back("optim." + name + ".exp_avg_sq", v);
+    });
+  } else {
+    // Every moment from its owner, in the unsharded optimizer's order.
+    std::map<const nn::Parameter*, std::pair<Tensor, Tensor>> own;
+    for_each_moment(*optimizer_, params_, [&](const std::string& name, const Tensor& m, const Tensor& v) {
+      const auto it = std::find_if(params_.begin(), params_.end(), [&](const auto& np) { return np.first == name; });
+      own[it->second] = {m, v};
+    });
+    for (const auto& g : full_groups_) {
+      for (const nn::Parameter* p : g.params) {
+        const auto it = std::find_if(params_.begin(), params_.end(), [&](const auto& np) { return np.second == p; });
+        const int owner = owner_[static_cast<size_t>(it - params_.begin())];
+        Tensor m(p->value.shape()), v(p->value.shape());
+        if (owner == collective_->rank()) {
+          m.copy_(own.at(p).first);
+          v.copy_(own.at(p).second);
+        }
+        collective_->broadcast(m.data(), m.numel(), owner);
+        collective_->broadcast(v.data(), v.numel(), owner);
+        tensors.emplace_back("optim." + it->first + ".exp_avg", m);
+        tensors.emplace_back("optim." + it->first + ".exp_avg_sq", v);
+      }
+    }
+    if (!root) return;
+  }
   io::write_safetensors(path, tensors, metadata());
 }
 
@@ -942,6 +1020,13 @@ void Trainer::resume(const std::string& path) {
     want("optim." + name + ".exp_avg", mo);
     want("optim." + name + ".exp_avg_sq", v);
   });
+  if (sharded()) {  // the other ranks' moments are theirs to read
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (owner_[i] == collective_->rank()) continue;
+      by_name.erase("optim." + params_[i].first + ".exp_avg");
+      by_name.erase("optim." + params_[i].first + ".exp_avg_sq");
+    }
+  }
   if (!by_name.empty())
     throw std::invalid_argument(
         fmt::format("checkpoint '{}' has an unexpected tensor \"{}\"", printable(path), printable(by_name.begin()->first)));

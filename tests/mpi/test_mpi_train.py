@@ -16,6 +16,9 @@ a few steps and compares what it wrote:
                (at 2 ranks, and at 1 rank with K = 2) ends with the uninterrupted
                run's losses and weights.
   global-batch resuming with another global batch is refused, naming both.
+  shard        --shard-optimizer (ZeRO-1) on 2 ranks: the unsharded run's losses
+               and checkpoint bit for bit, half the AdamW bytes on rank 0, and a
+               sharded run killed and resumed the same.
 Usage: test_mpi_train.py --attn BUILD/attn --mpirun MPIRUN --text FILE --out DIR [--only CASE]
 """
 import argparse
@@ -215,8 +218,28 @@ def case_global_batch():
           f"global-batch: another global batch refused: {p.stderr.strip()[:200]}")
 
 
+def case_shard():
+    plain = d("two-k1")
+    p1, _ = train(plain, 2, ("--drop-rate", "0.1"))
+    shard = d("two-shard")
+    p2, _ = train(shard, 2, ("--drop-rate", "0.1", "--shard-optimizer"))
+    check(step_losses(p1.stdout) == step_losses(p2.stdout) and len(step_losses(p2.stdout)) == 12,
+          "shard: --shard-optimizer's step losses == unsharded")
+    compare_checkpoints(plain, shard, "shard: checkpoint (moments gathered from their owners)")
+    full, part = metrics(plain)[-1]["optimizer_bytes"], metrics(shard)[-1]["optimizer_bytes"]
+    check(full == 2 * 4 * 30272 and 0.4 * full <= part <= 0.6 * full,
+          f"shard: rank 0 holds {part} of {full} bytes of AdamW moments")
+    # Killed and resumed sharded: each rank reads its own moments back.
+    killed = d("shard-killed")
+    train(killed, 2, ("--drop-rate", "0.1", "--shard-optimizer"),
+          {"ATTN_TEST_KILL_RANK": "0", "ATTN_TEST_KILL_STEP": "7",
+           "OMPI_MCA_mca_base_env_list": "ATTN_TEST_KILL_RANK;ATTN_TEST_KILL_STEP"}, expect_ok=False)
+    train(killed, 2, ("--resume", "--shard-optimizer"))
+    compare_checkpoints(plain, killed, "shard: killed at step 8 and resumed sharded")
+
+
 CASES = {"equal": case_equal, "np3": case_np3, "agreement": case_agreement, "kill": case_kill,
-         "global-batch": case_global_batch}
+         "global-batch": case_global_batch, "shard": case_shard}
 
 
 def main():

@@ -204,6 +204,7 @@ Command add_train_command(CLI::App& app) {
     std::string text, out, recipe;
     bool resume = false;
     bool deterministic = false;
+    bool shard_optimizer = false;
     int threads = 0;  // 0: OpenMP's default (OMP_NUM_THREADS, else every core)
     train::TrainOptions o;
   };
@@ -253,6 +254,10 @@ Command add_train_command(CLI::App& app) {
                 "then g0 + g1 + ...), so the weights are bit-identical to one rank with "
                 "--grad-accum-steps N (same threads per rank); without it MPI_Iallreduce's order, "
                 "equal within float32 rounding (for 2 ranks identical anyway)");
+  cmd->add_flag("--shard-optimizer", flags->shard_optimizer,
+                "Under mpirun: ZeRO stage 1, each rank keeps AdamW's moments for about 1/N of the "
+                "parameters and updates those, then broadcasts them; the same weights as without "
+                "(bit for bit), optimizer memory / N (optimizer_bytes in metrics.jsonl)");
   train::TrainOptions& o = flags->o;
   // Each flag with how to copy it from one TrainOptions to another (--resume
   // starts from the checkpoint's flags and applies the ones given).
@@ -341,7 +346,8 @@ Command add_train_command(CLI::App& app) {
     // The checkpoint, and for a GPT-2 BPE run the same weights in Hugging Face's
     // layout beside it (config.json, model.safetensors, vocab.json, merges.txt).
     auto save = [&](train::Trainer& trainer) {
-      trainer.save(checkpoint);
+      trainer.save(checkpoint);  // collective with --shard-optimizer; rank 0 writes
+      if (!root) return;
       const nn::GPTConfig& c = trainer.model().config();
       // GPT-2's layout has no RoPE, latent, grouped-query or sliding-window attention.
       if (trainer.tokenizer_name() == "gpt2" && !c.rope && c.latent_dim == 0 && c.n_kv_groups == 0 &&
@@ -437,9 +443,13 @@ Command add_train_command(CLI::App& app) {
       mpi->check_agreement({{"the training flags (train_args)", trainer.options().to_json()},
                             {"--resume", flags->resume ? "1" : "0"},
                             {"--deterministic", flags->deterministic ? "1" : "0"},
+                            {"--shard-optimizer", flags->shard_optimizer ? "1" : "0"},
                             {"the --text file's contents", text},
                             {"the attn binary (its bytes)", read_self()}});
       trainer.set_collective(mpi);
+      if (flags->shard_optimizer) trainer.shard_optimizer();
+    } else if (flags->shard_optimizer) {
+      throw UsageError("--shard-optimizer shards AdamW's state over the ranks of an mpirun; this is one process");
     }
     options = trainer.options();  // max_iters resolved from --epochs
     if (book) return run_book_recipe(trainer, flags->out, save);
@@ -454,12 +464,13 @@ Command add_train_command(CLI::App& app) {
     if (mpi != nullptr || trainer.micro_batches() > 1)
       out << fmt::format(
           "data parallel: {} ranks x {} micro-batches of {} = {} windows per step{}; {} threads per rank; "
-          "{} gradient buckets of {} bytes in all ({})\n",
+          "{} gradient buckets of {} bytes in all ({}); AdamW moments {} bytes on this rank{}\n",
           trainer.ranks(), options.grad_accum_steps, options.batch_size,
           trainer.micro_batches() * options.batch_size,
           mpi != nullptr ? fmt::format(" ({} on this host)", mpi->local_size()) : std::string(),
           omp_get_max_threads(), options.n_layers + 1, mpi != nullptr ? mpi->bucket_bytes() : 0,
-          mpi == nullptr ? "one process" : mpi->deterministic() && mpi->size() > 2 ? "rank-ordered allgather" : "MPI_Iallreduce");
+          mpi == nullptr ? "one process" : mpi->deterministic() && mpi->size() > 2 ? "rank-ordered allgather" : "MPI_Iallreduce",
+          trainer.optimizer_bytes(), trainer.sharded() ? " (sharded, ZeRO-1)" : "");
     out << fmt::format(
         "attn train: {} tokens ({}), vocabulary {}, {} train / {} val tokens{}; {} parameters; "
         "{} layers, {} heads, emb {}, context {}, batch {}{}; iterations {} -> {}\n",
@@ -526,11 +537,12 @@ Command add_train_command(CLI::App& app) {
           const double wait_s = mpi != nullptr ? mpi->take_wait_seconds() : 0.0;
           j["mpi_wait_ms_per_iter"] = step_ms.empty() ? 0.0 : wait_s * 1e3 / static_cast<double>(step_ms.size());
           j["gradient_bytes"] = mpi != nullptr ? mpi->bucket_bytes() : 0;
+          j["optimizer_bytes"] = trainer.optimizer_bytes();  // rank 0's AdamW moments
         }
         step_ms.clear();
+        save(trainer);
         if (root) {
           metrics.push_back(j.dump());
-          save(trainer);
           std::string all;
           for (const auto& line : metrics) all += line + "\n";
           write_file_atomically(metrics_path, all);
@@ -572,7 +584,7 @@ Command add_train_command(CLI::App& app) {
     sigaction(SIGINT, &old, nullptr);
     const double wall = std::chrono::duration<double>(clock::now() - start).count();
     if (interrupted) {
-      if (root) save(trainer);
+      save(trainer);
       out << (bar ? "\r\033[K" : "")
                 << fmt::format("interrupted after iteration {}: checkpoint written to {}; continue with --resume\n",
                                trainer.iter(), printable(checkpoint));
