@@ -788,6 +788,7 @@ TEST(Trainer, GradAccumWithDropoutIsReproducibleAndSeededPerMicroBatch) {
   o.drop_rate = 0.2;
   Trainer a(text, o), b(text, o);
   for (int s = 0; s < 4; ++s) EXPECT_EQ(a.step(), b.step()) << "step " << s;
+  using attn::train::micro_batch_seed;
   EXPECT_NE(micro_batch_seed(7, 0, 0), micro_batch_seed(7, 0, 1));
   EXPECT_NE(micro_batch_seed(7, 0, 1), micro_batch_seed(7, 1, 0));
   EXPECT_EQ(micro_batch_seed(7, 3, 2), micro_batch_seed(7, 3, 2));
