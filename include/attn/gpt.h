@@ -35,6 +35,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -250,9 +251,14 @@ class TransformerBlocks : public Module {
   Tensor backward(const Tensor& dy);
   int64_t size() const { return static_cast<int64_t>(blocks_.size()); }
   TransformerBlock& operator[](int64_t i) { return *blocks_.at(static_cast<size_t>(i)); }
+  // Called by backward() with block i as soon as block i's parameter gradients
+  // are complete (n_layers - 1 first): data parallelism starts summing them
+  // over ranks while the blocks below compute (attn/train.h). Empty: none.
+  void set_backward_hook(std::function<void(int64_t)> hook) { backward_hook_ = std::move(hook); }
 
  private:
   std::vector<std::unique_ptr<TransformerBlock>> blocks_;
+  std::function<void(int64_t)> backward_hook_;
 };
 
 // F.cross_entropy(logits.flatten(0, 1), targets.flatten()): the mean over the

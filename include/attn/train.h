@@ -21,6 +21,37 @@
 // run draws from k on, and computes the same losses bit for bit (on the same
 // machine and thread count).
 //
+// Global batches (--grad-accum-steps K, data parallelism over N ranks): a step
+// is one global batch of M = N x K micro-batches of batch_size windows each,
+// numbered m = 0 .. M-1; rank r computes micro-batches r·K .. r·K + K-1. The
+// unit of randomness is the micro-batch, never the rank or the thread count:
+//   - windows: every rank advances the one shared Generator identically,
+//     drawing the offsets (char runs) or taking the loader's next batches
+//     (gpt2 runs) of all M micro-batches in micro-batch order, and keeps its
+//     own. With M = 1 that is exactly the draws of a plain run, so the default
+//     run (1 rank, K = 1) draws what it always drew.
+//   - dropout (M > 1 only): micro-batch m's masks come from a Generator seeded
+//     with splitmix64(seed, step, m) (micro_batch_seed); the shared Generator
+//     is put back after the step, so its stream holds the windows only. (M = 1
+//     keeps the plain run's order: the masks follow the offsets in the shared
+//     stream.)
+//   - gradients: each micro-batch's loss is the mean over its tokens; the
+//     step's gradient is the sum of the M micro-batch gradients times 1/M (the
+//     loss of each micro-batch scaled by 1/(K·N), as nanoGPT does), then one
+//     clip and one AdamW step. A rank sums its K micro-batches in order
+//     ((g0 + g1) + g2) ..., each computed from zero gradients; the ranks' sums
+//     are then summed by the Collective (attn/dist.h: MPI). With K = 1 on N
+//     ranks in rank order that is the same sum, add for add, as one rank with
+//     K = N, so with a rank-ordered reduction (--deterministic; any reduction
+//     for N = 2, as a + b = b + a) the weights are bit-identical for the same
+//     threads per rank.
+//   - the reported loss is the mean of the M micro-batch losses, summed in
+//     micro-batch order.
+// The checkpoint's "global_batch" ({"ranks", "grad_accum_steps",
+// "micro_batches"}, written when M > 1) lets a resumed run check its M: a run
+// may resume at any N and K with the same N x K (the same windows, masks and
+// sums but for the reduction order), and is refused otherwise.
+//
 // The checkpoint (checkpoint.safetensors, the format `attn generate` reads):
 // tensors: the model's state_dict() (F32) and "optim.<param>.exp_avg",
 // "optim.<param>.exp_avg_sq"; __metadata__: "format" = "attn-checkpoint-1",
@@ -213,6 +244,9 @@ struct TrainOptions {
   int64_t n_kv_groups = 0;
   int64_t sliding_window_size = 0;
   int64_t sliding_window_stride = -1;
+  // Micro-batches of batch_size each rank accumulates per step (nanoGPT's
+  // gradient_accumulation_steps); the global batch is ranks x K x batch_size.
+  int64_t grad_accum_steps = 1;
 
   // Throws std::invalid_argument naming the first bad value: a count or size
   // < 1 (warmup_iters, max_iters < 0), n_heads not dividing emb_dim, lr <= 0,
@@ -238,6 +272,35 @@ struct Split {
   std::vector<int64_t> train, val;
 };
 Split split_90_10(const std::vector<int64_t>& tokens);
+
+// Data parallelism: the collectives a Trainer on one of size() ranks needs
+// (attn/dist.h implements them over MPI). Per step the Trainer calls
+// start_bucket(b) for b = 0, 1, ... in order, as each bucket's gradients are
+// final on this rank (during the last micro-batch's backward), then
+// finish_buckets(), then allgather once for the losses.
+class Collective {
+ public:
+  virtual ~Collective() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Once, before the first step: the parameters in buckets, in the order their
+  // gradients become ready (the last block and the head first, the
+  // embeddings last).
+  virtual void set_buckets(const std::vector<std::vector<nn::Parameter*>>& buckets) = 0;
+  // Bucket b's gradients are final on this rank: start summing them over the
+  // ranks (non-blocking).
+  virtual void start_bucket(size_t b) = 0;
+  // Waits for every bucket: each parameter's grad is then the sum over ranks.
+  virtual void finish_buckets() = 0;
+  // Every rank's values, rank after rank (size() x values.size()).
+  virtual std::vector<double> allgather(const std::vector<double>& values) = 0;
+  // data[0, n) of rank `root` onto every rank (MPI_Bcast).
+  virtual void broadcast(float* data, int64_t n, int root) = 0;
+};
+
+// The seed of micro-batch m's dropout masks at step `step` of a run seeded
+// with `seed` (splitmix64 of the three; used when a step has > 1 micro-batch).
+uint64_t micro_batch_seed(uint64_t seed, int64_t step, int64_t micro_batch);
 
 struct EvalResult {
   int64_t iter = 0;
@@ -267,8 +330,32 @@ class Trainer {
   // mode; training mode is restored after. (gpt2: as the book's
   // calc_loss_loader, the first min(eval_iters, batches) batches of a fresh
   // pass over each loader, the mean of their losses.)
-  EvalResult evaluate();
-  // Writes the checkpoint atomically (temporary file, fsync, rename).
+  // With compute = false (ranks other than 0 of a data-parallel run) only the
+  // draws are made, so the generator stays in step; the losses are 0.
+  EvalResult evaluate(bool compute = true);
+  // Data parallelism: this trainer is rank collective->rank() of
+  // collective->size() (nullptr: one process). Call before step() and
+  // resume(); the collective must outlive the trainer's steps.
+  void set_collective(Collective* collective);
+  int ranks() const { return collective_ ? collective_->size() : 1; }
+  // ZeRO stage 1 (after set_collective, before step() and resume()): each
+  // parameter gets an owner rank (whole parameters, the largest first to the
+  // least loaded rank); a rank keeps AdamW's moments for its own parameters
+  // only and updates only those, then every parameter is broadcast from its
+  // owner. The gradients are still allreduced whole (the clip needs their
+  // global norm, computed as without sharding), so the weights are
+  // bit-identical to the unsharded run. save() becomes collective: every rank
+  // must call it (the moments are gathered; rank 0 writes the same file as
+  // unsharded), and resume() reads a rank's own moments from it.
+  void shard_optimizer();
+  bool sharded() const { return !owner_.empty(); }
+  // Bytes of AdamW moments this rank holds.
+  int64_t optimizer_bytes() const;
+  // Micro-batches per step over all ranks: ranks() x grad_accum_steps.
+  int64_t micro_batches() const { return ranks() * options_.grad_accum_steps; }
+  // Writes the checkpoint atomically (temporary file, fsync, rename). In a
+  // data-parallel run only rank 0 writes (call it on every rank: with
+  // shard_optimizer() it gathers the moments).
   void save(const std::string& path) const;
   // Loads a checkpoint written by save(): weights, optimizer moments and step,
   // iteration, generator state and last_eval_iter. Throws std::invalid_argument
@@ -296,8 +383,11 @@ class Trainer {
   int64_t epoch() const { return passes_ > 0 ? passes_ - 1 : 0; }
   const WindowLoader* train_loader() const { return train_loader_.get(); }
   const WindowLoader* val_loader() const { return val_loader_.get(); }
-  // Tokens one step processes: batch_size x context_length.
-  int64_t tokens_per_step() const { return options_.batch_size * options_.context_length; }
+  // Tokens one step processes over all ranks: micro_batches() x batch_size x
+  // context_length.
+  int64_t tokens_per_step() const {
+    return micro_batches() * options_.batch_size * options_.context_length;
+  }
 
   // The metadata a checkpoint of this trainer carries (see the file comment).
   std::map<std::string, std::string> metadata() const;
@@ -305,6 +395,8 @@ class Trainer {
  private:
   void build(int64_t vocab_size);
   std::pair<Tensor, Tensor> next_train_batch();
+  float step_global();            // micro_batches() > 1 or a collective
+  void bucket_ready(size_t b);    // the last micro-batch's bucket b is done on this rank
 
   TrainOptions options_;
   std::optional<CharTokenizer> chars_;     // char runs
@@ -318,6 +410,11 @@ class Trainer {
   int64_t iter_ = 0;
   int64_t last_eval_iter_ = -1;
   bool grads_zero_ = false;  // the last step() left every gradient zero
+  Collective* collective_ = nullptr;
+  std::vector<std::vector<size_t>> buckets_;  // indices into params_, in ready order
+  std::vector<Tensor> accum_;
+  std::vector<int> owner_;  // shard_optimizer: the rank that updates params_[i]
+  std::vector<optim::ParamGroup> full_groups_;  // shard_optimizer: the unsharded groups  // K > 1: the sum of the earlier micro-batches' gradients (params_ order)
 };
 
 // The GPTConfig of a checkpoint's "config" JSON, and back.

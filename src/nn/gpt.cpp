@@ -515,7 +515,10 @@ Tensor TransformerBlocks::forward(const Tensor& x) {
 
 Tensor TransformerBlocks::backward(const Tensor& dy) {
   Tensor d = dy;
-  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) d = (*it)->backward(d);
+  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
+    d = (*it)->backward(d);
+    if (backward_hook_) backward_hook_(static_cast<int64_t>(blocks_.rend() - it) - 1);
+  }
   return d;
 }
 

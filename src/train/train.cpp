@@ -208,6 +208,7 @@ void TrainOptions::validate() const {
   at_least("warmup-iters", warmup_iters, 0);
   at_least("eval-interval", eval_interval, 1);
   at_least("eval-iters", eval_iters, 1);
+  at_least("grad-accum-steps", grad_accum_steps, 1);
   if (emb_dim % n_heads != 0)
     throw std::invalid_argument(
         fmt::format("--n-heads {} must divide --emb-dim {}", n_heads, emb_dim));
@@ -310,6 +311,7 @@ std::string TrainOptions::to_json() const {
   j["n_kv_groups"] = n_kv_groups;
   j["sliding_window_size"] = sliding_window_size;
   j["sliding_window_stride"] = sliding_window_stride;
+  if (grad_accum_steps != 1) j["grad_accum_steps"] = grad_accum_steps;  // the others keep their bytes
   return j.dump();
 }
 
@@ -356,6 +358,7 @@ TrainOptions TrainOptions::from_json(const std::string& text, TrainOptions o) {
     get("n_kv_groups", o.n_kv_groups);
     get("sliding_window_size", o.sliding_window_size);
     get("sliding_window_stride", o.sliding_window_stride);
+    get("grad_accum_steps", o.grad_accum_steps);
   } catch (const json::exception& e) {
     throw std::invalid_argument(fmt::format("train_args: {}", e.what()));
   }
@@ -524,7 +527,8 @@ Trainer::Trainer(std::string_view text, const TrainOptions& options)
   val_loader_ = std::make_unique<WindowLoader>(
       bpe.encode(text.substr(split_byte), /*allow_special=*/true), options_.batch_size,
       options_.context_length, stride, /*shuffle=*/false, /*drop_last=*/false, "validation");
-  if (options_.epochs > 0) options_.max_iters = options_.epochs * train_loader_->batches();
+  if (options_.epochs > 0)
+    options_.max_iters = options_.epochs * train_loader_->batches() / options_.grad_accum_steps;
   build(bpe.vocab_size());
 }
 
@@ -591,6 +595,182 @@ std::pair<Tensor, Tensor> Trainer::next_train_batch() {
   return train_loader_->next();
 }
 
+uint64_t micro_batch_seed(uint64_t seed, int64_t step, int64_t micro_batch) {
+  auto splitmix64 = [](uint64_t z) {
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  return splitmix64(splitmix64(splitmix64(seed) ^ static_cast<uint64_t>(step)) ^
+                    static_cast<uint64_t>(micro_batch));
+}
+
+void Trainer::set_collective(Collective* collective) {
+  collective_ = collective;
+  if (train_loader_ && options_.epochs > 0)
+    options_.max_iters = options_.epochs * train_loader_->batches() / micro_batches();
+  buckets_.clear();
+  if (!collective_) return;
+  // Buckets in the order backward finishes them: block n-1 (with final_norm and
+  // out_head, whose gradients come first), ..., block 0, then the rest (the
+  // embeddings, and a tied head).
+  const int64_t L = options_.n_layers;
+  buckets_.resize(static_cast<size_t>(L + 1));
+  const bool tied = model_->config().tie_embeddings;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const std::string& name = params_[i].first;
+    size_t b = static_cast<size_t>(L);
+    if (name.rfind("trf_blocks.", 0) == 0) {
+      const int64_t block = std::stoll(name.substr(11));
+      b = static_cast<size_t>(L - 1 - block);
+    } else if (!tied && (name.rfind("final_norm.", 0) == 0 || name.rfind("out_head.", 0) == 0)) {
+      b = 0;
+    }
+    buckets_[b].push_back(i);
+  }
+  std::vector<std::vector<nn::Parameter*>> buckets;
+  for (const auto& bucket : buckets_) {
+    buckets.emplace_back();
+    for (size_t i : bucket) buckets.back().push_back(params_[i].second);
+  }
+  collective_->set_buckets(buckets);
+}
+
+void Trainer::shard_optimizer() {
+  const int N = ranks();
+  if (N < 2 || sharded()) return;
+  // Owners: the largest parameters first, each to the least-loaded rank (ties:
+  // the lowest rank, then params_ order), the same on every rank.
+  std::vector<size_t> order(params_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return params_[a].second->value.numel() > params_[b].second->value.numel();
+  });
+  owner_.assign(params_.size(), 0);
+  std::vector<int64_t> load(static_cast<size_t>(N), 0);
+  for (size_t i : order) {
+    const auto r = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    owner_[i] = static_cast<int>(r);
+    load[r] += params_[i].second->value.numel();
+  }
+  const int me = collective_->rank();
+  full_groups_ = optimizer_->groups();
+  std::vector<optim::ParamGroup> mine;
+  for (const auto& g : full_groups_) {
+    optim::ParamGroup own{.params = {}, .weight_decay = g.weight_decay};
+    for (nn::Parameter* p : g.params) {
+      const auto it = std::find_if(params_.begin(), params_.end(), [&](const auto& np) { return np.second == p; });
+      if (owner_[static_cast<size_t>(it - params_.begin())] == me) own.params.push_back(p);
+    }
+    mine.push_back(std::move(own));
+  }
+  const int64_t steps = optimizer_->steps();
+  optimizer_ = std::make_unique<optim::AdamW>(mine, optim::AdamWOptions{.lr = options_.lr,
+                                                                        .beta1 = options_.beta1,
+                                                                        .beta2 = options_.beta2,
+                                                                        .eps = 1e-8,
+                                                                        .weight_decay = options_.weight_decay});
+  optimizer_->set_steps(steps);
+}
+
+int64_t Trainer::optimizer_bytes() const {
+  int64_t n = 0;
+  for (const auto& g : optimizer_->groups())
+    for (const nn::Parameter* p : g.params) n += 2 * p->value.numel() * static_cast<int64_t>(sizeof(float));
+  return n;
+}
+
+void Trainer::bucket_ready(size_t b) {
+  if (!accum_.empty()) {  // grad = acc + g_last: one add, as the sum in micro-batch order
+    for (size_t i : buckets_[b]) {
+      float* g = params_[i].second->grad.data();
+      const float* a = accum_[i].data();
+      const int64_t n = accum_[i].numel();
+#pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 16))
+      for (int64_t j = 0; j < n; ++j) g[j] += a[j];
+    }
+  }
+  if (collective_) collective_->start_bucket(b);
+}
+
+float Trainer::step_global() {
+  const int64_t K = options_.grad_accum_steps, M = micro_batches();
+  const int64_t rank = collective_ ? collective_->rank() : 0;
+  // The whole global batch's windows, in micro-batch order, from the shared
+  // generator; this rank keeps micro-batches rank·K .. rank·K + K-1.
+  std::vector<std::pair<Tensor, Tensor>> mine;
+  for (int64_t m = 0; m < M; ++m) {
+    auto xy = next_train_batch();
+    if (m / K == rank) mine.push_back(std::move(xy));
+  }
+  const bool reseed = M > 1 && options_.drop_rate > 0.0;
+  const GeneratorState shared = gen_->get_state();
+  if (!grads_zero_) optimizer_->zero_grad();
+  grads_zero_ = false;
+  if (collective_ && buckets_.empty()) set_collective(collective_);
+  if (buckets_.empty()) {  // one process: one bucket of everything
+    buckets_.emplace_back();
+    for (size_t i = 0; i < params_.size(); ++i) buckets_[0].push_back(i);
+  }
+  if (K > 1 && accum_.size() != params_.size()) {
+    accum_.clear();
+    for (auto& [name, p] : params_) accum_.emplace_back(p->grad.shape());
+  }
+  std::vector<double> losses(static_cast<size_t>(K));
+  for (int64_t k = 0; k < K; ++k) {
+    const int64_t m = rank * K + k;
+    if (reseed) gen_->set_state(Generator(micro_batch_seed(options_.seed, iter_, m)).get_state());
+    const auto& [x, y] = mine[static_cast<size_t>(k)];
+    losses[static_cast<size_t>(k)] = model_->forward_loss(x, y);
+    if (k + 1 < K) {
+      model_->backward_loss();
+      // accum = (accum + g_k), the gradients zeroed for the next micro-batch.
+      for (size_t i = 0; i < params_.size(); ++i) {
+        float* g = params_[i].second->grad.data();
+        float* a = accum_[i].data();
+        const int64_t n = accum_[i].numel();
+        if (k == 0) {
+#pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 16))
+          for (int64_t j = 0; j < n; ++j) { a[j] = g[j]; g[j] = 0.0f; }
+        } else {
+#pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 16))
+          for (int64_t j = 0; j < n; ++j) { a[j] += g[j]; g[j] = 0.0f; }
+        }
+      }
+      continue;
+    }
+    // The last micro-batch: each bucket is handed on as backward finishes it.
+    const size_t buckets = buckets_.size();
+    if (buckets > 1) {
+      model_->trf_blocks.set_backward_hook(
+          [&](int64_t block) { bucket_ready(static_cast<size_t>(options_.n_layers - 1 - block)); });
+    }
+    struct Unhook {
+      nn::GPTModel& model;
+      ~Unhook() { model.trf_blocks.set_backward_hook(nullptr); }
+    } unhook{*model_};
+    model_->backward_loss();
+    bucket_ready(buckets - 1);
+  }
+  if (reseed) gen_->set_state(shared);
+  if (collective_) collective_->finish_buckets();
+  const std::vector<double> all = collective_ ? collective_->allgather(losses) : losses;
+  double loss_sum = 0.0;
+  for (double l : all) loss_sum += l;
+  // The mean over the M micro-batches: g · (1/M).
+  if (M > 1) {
+    const float inv = 1.0f / static_cast<float>(M);
+    for (auto& [name, p] : params_) {
+      float* g = p->grad.data();
+      const int64_t n = p->grad.numel();
+#pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 16))
+      for (int64_t j = 0; j < n; ++j) g[j] *= inv;
+    }
+  }
+  return static_cast<float>(loss_sum / static_cast<double>(M));
+}
+
 float Trainer::step() {
   const optim::CosineSchedule schedule{.learning_rate = options_.lr,
                                        .min_lr = options_.min_lr,
@@ -598,13 +778,18 @@ float Trainer::step() {
                                        .lr_decay_iters = options_.max_iters};
   optimizer_->set_lr(options_.lr_schedule == "constant" ? options_.lr
                                                        : optim::get_lr(iter_, schedule));
-  auto [x, y] = next_train_batch();
-  // The last step's AdamW pass left every gradient zero (step(.., true) below).
-  if (!grads_zero_) optimizer_->zero_grad();
-  grads_zero_ = false;
-  // The mean cross-entropy, and with fused_loss its gradients, in one pass.
-  const float loss = model_->forward_loss(x, y);
-  model_->backward_loss();
+  float loss = 0.0f;
+  if (micro_batches() > 1 || collective_) {
+    loss = step_global();
+  } else {
+    auto [x, y] = next_train_batch();
+    // The last step's AdamW pass left every gradient zero (step(.., true) below).
+    if (!grads_zero_) optimizer_->zero_grad();
+    grads_zero_ = false;
+    // The mean cross-entropy, and with fused_loss its gradients, in one pass.
+    loss = model_->forward_loss(x, y);
+    model_->backward_loss();
+  }
   // clip_grad_norm's g *= coefficient happens inside AdamW's pass (the same
   // bits), which also zeroes each gradient once read: one pass over them.
   float grad_scale = 1.0f;
@@ -615,15 +800,22 @@ float Trainer::step() {
     grad_scale = optim::clip_coefficient(params, options_.grad_clip);
   }
   optimizer_->step(grad_scale, /*zero_grad=*/true);
+  if (sharded()) {  // the others' parameters: zero their gradients, take their values from the owner
+    for (size_t i = 0; i < params_.size(); ++i) {
+      nn::Parameter* p = params_[i].second;
+      if (owner_[i] != collective_->rank()) p->grad.fill_(0.0f);
+      collective_->broadcast(p->value.data(), p->value.numel(), owner_[i]);
+    }
+  }
   grads_zero_ = true;
   ++iter_;
   return loss;
 }
 
-EvalResult Trainer::evaluate() {
+EvalResult Trainer::evaluate(bool compute) {
   model_->eval();
   auto batch_loss = [&](const std::pair<Tensor, Tensor>& xy) {
-    return static_cast<double>(model_->forward_loss(xy.first, xy.second));
+    return compute ? static_cast<double>(model_->forward_loss(xy.first, xy.second)) : 0.0;
   };
   auto mean_loss = [&](const Batcher& data) {
     double sum = 0.0;
@@ -659,6 +851,13 @@ std::map<std::string, std::string> Trainer::metadata() const {
                                        {"generator", generator_to_json(gen_->get_state())},
                                        {"last_eval_iter", std::to_string(last_eval_iter_)}};
   if (chars_) m["vocab"] = chars_->to_json();
+  if (micro_batches() > 1) {  // only then: a plain run's checkpoint keeps its bytes
+    nlohmann::ordered_json g;
+    g["ranks"] = ranks();
+    g["grad_accum_steps"] = options_.grad_accum_steps;
+    g["micro_batches"] = micro_batches();
+    m["global_batch"] = g.dump();
+  }
   if (train_loader_) {
     nlohmann::ordered_json loader;
     loader["passes"] = passes_;
@@ -689,11 +888,38 @@ void for_each_moment(optim::AdamW& opt, const std::vector<std::pair<std::string,
 }  // namespace
 
 void Trainer::save(const std::string& path) const {
+  const bool root = !collective_ || collective_->rank() == 0;
   std::vector<std::pair<std::string, Tensor>> tensors = model_->state_dict();
-  for_each_moment(*optimizer_, params_, [&](const std::string& name, const Tensor& m, const Tensor& v) {
-    tensors.emplace_back("optim." + name + ".exp_avg", m);
-    tensors.emplace_back("optim." + name + ".exp_avg_sq", v);
-  });
+  if (!sharded()) {
+    if (!root) return;
+    for_each_moment(*optimizer_, params_, [&](const std::string& name, const Tensor& m, const Tensor& v) {
+      tensors.emplace_back("optim." + name + ".exp_avg", m);
+      tensors.emplace_back("optim." + name + ".exp_avg_sq", v);
+    });
+  } else {
+    // Every moment from its owner, in the unsharded optimizer's order.
+    std::map<const nn::Parameter*, std::pair<Tensor, Tensor>> own;
+    for_each_moment(*optimizer_, params_, [&](const std::string& name, const Tensor& m, const Tensor& v) {
+      const auto it = std::find_if(params_.begin(), params_.end(), [&](const auto& np) { return np.first == name; });
+      own[it->second] = {m, v};
+    });
+    for (const auto& g : full_groups_) {
+      for (const nn::Parameter* p : g.params) {
+        const auto it = std::find_if(params_.begin(), params_.end(), [&](const auto& np) { return np.second == p; });
+        const int owner = owner_[static_cast<size_t>(it - params_.begin())];
+        Tensor m(p->value.shape()), v(p->value.shape());
+        if (owner == collective_->rank()) {
+          m.copy_(own.at(p).first);
+          v.copy_(own.at(p).second);
+        }
+        collective_->broadcast(m.data(), m.numel(), owner);
+        collective_->broadcast(v.data(), v.numel(), owner);
+        tensors.emplace_back("optim." + it->first + ".exp_avg", m);
+        tensors.emplace_back("optim." + it->first + ".exp_avg_sq", v);
+      }
+    }
+    if (!root) return;
+  }
   io::write_safetensors(path, tensors, metadata());
 }
 
@@ -715,6 +941,21 @@ void Trainer::resume(const std::string& path) {
           "checkpoint '{}' has a vocabulary of {} characters that differs from this text's {} characters",
           printable(path), vocab.size(), chars_->size()));
   }
+  int64_t saved_micro = 1;
+  if (const auto gb = m.find("global_batch"); gb != m.end()) {
+    try {
+      saved_micro = json::parse(gb->second).at("micro_batches").get<int64_t>();
+    } catch (const json::exception& e) {
+      throw std::invalid_argument(
+          fmt::format("checkpoint '{}': metadata \"global_batch\": {}", printable(path), printable(e.what())));
+    }
+  }
+  if (saved_micro != micro_batches())
+    throw std::invalid_argument(fmt::format(
+        "checkpoint '{}' was trained with {} micro-batches per step (ranks x --grad-accum-steps), "
+        "this run has {} ranks x {} = {}: a resumed run needs the same global batch (choose "
+        "--grad-accum-steps so that ranks x K = {})",
+        printable(path), saved_micro, ranks(), options_.grad_accum_steps, micro_batches(), saved_micro));
   int64_t passes = 0, loader_seed = 0, loader_position = 0;
   bool in_pass = false;
   if (train_loader_) {
@@ -779,6 +1020,13 @@ void Trainer::resume(const std::string& path) {
     want("optim." + name + ".exp_avg", mo);
     want("optim." + name + ".exp_avg_sq", v);
   });
+  if (sharded()) {  // the other ranks' moments are theirs to read
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (owner_[i] == collective_->rank()) continue;
+      by_name.erase("optim." + params_[i].first + ".exp_avg");
+      by_name.erase("optim." + params_[i].first + ".exp_avg_sq");
+    }
+  }
   if (!by_name.empty())
     throw std::invalid_argument(
         fmt::format("checkpoint '{}' has an unexpected tensor \"{}\"", printable(path), printable(by_name.begin()->first)));

@@ -17,10 +17,12 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <omp.h>
 
+#include "attn/dist.h"
 #include "attn/gemm.h"
 #include "attn/utf8.h"
 #include "attn/safetensors.h"
@@ -50,6 +52,20 @@ std::string read_text_file(const std::string& path) {
   if (in.bad()) throw std::runtime_error(fmt::format("--text '{}': read error", printable(path)));
   if (s.str().empty()) throw std::runtime_error(fmt::format("--text '{}': the file is empty", printable(path)));
   return s.str();
+}
+
+// A stream that drops what it is given (ranks other than 0 print nothing).
+std::ostream& null_stream() {
+  static std::ostream s(nullptr);
+  return s;
+}
+
+// The running binary's bytes (/proc/self/exe): the start-up agreement's version.
+std::string read_self() {
+  std::ifstream in("/proc/self/exe", std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str() + ATTN_VERSION;
 }
 
 double median(std::vector<double> v) {
@@ -187,6 +203,8 @@ Command add_train_command(CLI::App& app) {
   struct Flags {
     std::string text, out, recipe;
     bool resume = false;
+    bool deterministic = false;
+    bool shard_optimizer = false;
     int threads = 0;  // 0: OpenMP's default (OMP_NUM_THREADS, else every core)
     train::TrainOptions o;
   };
@@ -204,7 +222,12 @@ Command add_train_command(CLI::App& app) {
       "  attn train --text input.txt --out run --resume --max-iters 4000\n"
       "  attn train --text the-verdict.txt --out run --tokenizer gpt2 --context-length 256 "
       "--batch-size 2 --epochs 10\n"
-      "  attn train --recipe book-ch5 --text the-verdict.txt --out run   (the book's chapter 5)");
+      "  attn train --recipe book-ch5 --text the-verdict.txt --out run   (the book's chapter 5)\n"
+      "Data parallel (MPI; docs/distributed.md): each rank computes its micro-batches of every global\n"
+      "batch (ranks x --grad-accum-steps x --batch-size), gradients summed across ranks while backward\n"
+      "runs; rank 0 prints and writes; --resume works at any rank count with the same ranks x K.\n"
+      "  mpirun -np 2 --bind-to none attn train --text input.txt --out run\n"
+      "  mpirun -np 8 --hostfile hosts attn train --text input.txt --out /shared/run --deterministic");
   cmd->add_option("--text", flags->text, "The training text (UTF-8)")->required()->type_name("FILE");
   cmd->add_option("--out", flags->out, "Folder for checkpoint.safetensors and metrics.jsonl")
       ->required()
@@ -226,6 +249,15 @@ Command add_train_command(CLI::App& app) {
                   "other lose their core. Losses are reproducible (and --resume exact) for the "
                   "same thread count")
       ->type_name("N");
+  cmd->add_flag("--deterministic", flags->deterministic,
+                "Under mpirun: sum the ranks' gradients in rank order (an allgather of each bucket, "
+                "then g0 + g1 + ...), so the weights are bit-identical to one rank with "
+                "--grad-accum-steps N (same threads per rank); without it MPI_Iallreduce's order, "
+                "equal within float32 rounding (for 2 ranks identical anyway)");
+  cmd->add_flag("--shard-optimizer", flags->shard_optimizer,
+                "Under mpirun: ZeRO stage 1, each rank keeps AdamW's moments for about 1/N of the "
+                "parameters and updates those, then broadcasts them; the same weights as without "
+                "(bit for bit), optimizer memory / N (optimizer_bytes in metrics.jsonl)");
   train::TrainOptions& o = flags->o;
   // Each flag with how to copy it from one TrainOptions to another (--resume
   // starts from the checkpoint's flags and applies the ones given).
@@ -249,6 +281,11 @@ Command add_train_command(CLI::App& app) {
                   "then one full, repeated (Gemma 3: 5); 0 none; -1 every layer");
   ATTN_TRAIN_FLAG("--context-length", context_length, "Tokens per training window");
   ATTN_TRAIN_FLAG("--batch-size", batch_size, "Windows per step");
+  ATTN_TRAIN_FLAG("--grad-accum-steps", grad_accum_steps,
+                  "Micro-batches of --batch-size each rank accumulates per step (nanoGPT's "
+                  "gradient_accumulation_steps): the global batch is ranks x K x --batch-size, one "
+                  "clip and one AdamW step per global batch; windows and dropout masks depend on "
+                  "(seed, step, micro-batch), not on the rank (docs/distributed.md)");
   ATTN_TRAIN_FLAG("--max-iters", max_iters, "Training steps (also where the cosine decay ends)");
   ATTN_TRAIN_FLAG("--lr", lr, "Peak learning rate");
   ATTN_TRAIN_FLAG("--min-lr", min_lr, "Learning rate at the end of the cosine decay");
@@ -300,14 +337,17 @@ Command add_train_command(CLI::App& app) {
                   "false: the logits, then the loss (the plain path)");
 #undef ATTN_TRAIN_FLAG
 
-  auto run = [flags, given]() -> int {
+  CLI::Option* accum_flag = cmd->get_option("--grad-accum-steps");
+  auto run_rank = [flags, given, accum_flag](dist::MpiCollective* mpi) -> int {
     namespace fs = std::filesystem;
+    const bool root = mpi == nullptr || mpi->rank() == 0;
     const std::string checkpoint = (fs::path(flags->out) / "checkpoint.safetensors").string();
     const std::string metrics_path = (fs::path(flags->out) / "metrics.jsonl").string();
     // The checkpoint, and for a GPT-2 BPE run the same weights in Hugging Face's
     // layout beside it (config.json, model.safetensors, vocab.json, merges.txt).
     auto save = [&](train::Trainer& trainer) {
-      trainer.save(checkpoint);
+      trainer.save(checkpoint);  // collective with --shard-optimizer; rank 0 writes
+      if (!root) return;
       const nn::GPTConfig& c = trainer.model().config();
       // GPT-2's layout has no RoPE, latent, grouped-query or sliding-window attention.
       if (trainer.tokenizer_name() == "gpt2" && !c.rope && c.latent_dim == 0 && c.n_kv_groups == 0 &&
@@ -322,6 +362,13 @@ Command add_train_command(CLI::App& app) {
       if (flags->threads < 1) throw UsageError(fmt::format("--threads must be >= 1, got {}", flags->threads));
       omp_set_num_threads(flags->threads);
       gemm::set_blas_threads(flags->threads);
+    } else if (mpi != nullptr && std::getenv("OMP_NUM_THREADS") == nullptr) {
+      // No oversubscription: the cores (those this rank may run on) shared by the ranks of this host.
+      const int cores = std::max(1, omp_get_num_procs());
+      const int per_rank = std::max(1, std::min(cores, static_cast<int>(std::thread::hardware_concurrency()) /
+                                                           std::max(1, mpi->local_size())));
+      omp_set_num_threads(per_rank);
+      gemm::set_blas_threads(per_rank);
     }
     train::TrainOptions options = flags->o;
     std::error_code ec;
@@ -330,6 +377,8 @@ Command add_train_command(CLI::App& app) {
     if (book) {
       if (flags->recipe != "book-ch5")
         throw UsageError(fmt::format("--recipe must be book-ch5, got '{}'", printable(flags->recipe)));
+      if (mpi != nullptr)
+        throw UsageError("--recipe book-ch5 (the book's own loop) runs on one process, not under mpirun");
       if (flags->resume)
         throw UsageError(
             "--resume cannot be combined with --recipe book-ch5: the book's loop "
@@ -355,6 +404,20 @@ Command add_train_command(CLI::App& app) {
       for (const auto& [opt, copy] : given) {
         if (opt->count() > 0) copy(options, flags->o);
       }
+      // The same global batch at another rank count: K = micro-batches / ranks when that divides.
+      const auto gb = header.metadata.find("global_batch");
+      const int ranks = mpi != nullptr ? mpi->size() : 1;
+      if (accum_flag->count() == 0) {
+        int64_t micro = 1;
+        if (gb != header.metadata.end()) {
+          try {
+            micro = nlohmann::json::parse(gb->second).at("micro_batches").get<int64_t>();
+          } catch (const nlohmann::json::exception&) {
+            micro = 0;  // Trainer::resume names the problem
+          }
+        }
+        if (micro > 0 && micro % ranks == 0) options.grad_accum_steps = micro / ranks;
+      }
     }
     try {
       options.validate();
@@ -375,6 +438,19 @@ Command add_train_command(CLI::App& app) {
           printable(flags->out)));
 
     train::Trainer trainer(text, options);
+    if (mpi != nullptr) {
+      // Start-up agreement, before any step: the same flags, data and binary on every rank.
+      mpi->check_agreement({{"the training flags (train_args)", trainer.options().to_json()},
+                            {"--resume", flags->resume ? "1" : "0"},
+                            {"--deterministic", flags->deterministic ? "1" : "0"},
+                            {"--shard-optimizer", flags->shard_optimizer ? "1" : "0"},
+                            {"the --text file's contents", text},
+                            {"the attn binary (its bytes)", read_self()}});
+      trainer.set_collective(mpi);
+      if (flags->shard_optimizer) trainer.shard_optimizer();
+    } else if (flags->shard_optimizer) {
+      throw UsageError("--shard-optimizer shards AdamW's state over the ranks of an mpirun; this is one process");
+    }
     options = trainer.options();  // max_iters resolved from --epochs
     if (book) return run_book_recipe(trainer, flags->out, save);
     std::vector<std::string> metrics;
@@ -383,8 +459,19 @@ Command add_train_command(CLI::App& app) {
       metrics = kept_metrics(metrics_path, trainer.last_eval_iter());
     }
 
-    const bool bar = ::isatty(STDOUT_FILENO) == 1 && std::getenv("CI") == nullptr;
-    std::cout << fmt::format(
+    const bool bar = root && ::isatty(STDOUT_FILENO) == 1 && std::getenv("CI") == nullptr;
+    std::ostream& out = root ? std::cout : null_stream();
+    if (mpi != nullptr || trainer.micro_batches() > 1)
+      out << fmt::format(
+          "data parallel: {} ranks x {} micro-batches of {} = {} windows per step{}; {} threads per rank; "
+          "{} gradient buckets of {} bytes in all ({}); AdamW moments {} bytes on this rank{}\n",
+          trainer.ranks(), options.grad_accum_steps, options.batch_size,
+          trainer.micro_batches() * options.batch_size,
+          mpi != nullptr ? fmt::format(" ({} on this host)", mpi->local_size()) : std::string(),
+          omp_get_max_threads(), options.n_layers + 1, mpi != nullptr ? mpi->bucket_bytes() : 0,
+          mpi == nullptr ? "one process" : mpi->deterministic() && mpi->size() > 2 ? "rank-ordered allgather" : "MPI_Iallreduce",
+          trainer.optimizer_bytes(), trainer.sharded() ? " (sharded, ZeRO-1)" : "");
+    out << fmt::format(
         "attn train: {} tokens ({}), vocabulary {}, {} train / {} val tokens{}; {} parameters; "
         "{} layers, {} heads, emb {}, context {}, batch {}{}; iterations {} -> {}\n",
         trainer.train_tokens() + trainer.val_tokens(),
@@ -399,7 +486,7 @@ Command add_train_command(CLI::App& app) {
         : options.latent_dim ? fmt::format(", latent attention (latent_dim {})", options.latent_dim)
                              : std::string(),
         trainer.iter(), options.max_iters);
-    std::cout.flush();
+    out.flush();
 
     struct sigaction sa {};
     sa.sa_handler = on_sigint;
@@ -425,7 +512,7 @@ Command add_train_command(CLI::App& app) {
     while (true) {
       const int64_t it = trainer.iter();
       if ((it % options.eval_interval == 0 || it == options.max_iters) && trainer.last_eval_iter() != it) {
-        const train::EvalResult r = trainer.evaluate();
+        const train::EvalResult r = trainer.evaluate(/*compute=*/root);  // the other ranks only draw
         nlohmann::ordered_json j;
         j["iter"] = r.iter;
         j["train_loss"] = r.train_loss;
@@ -443,24 +530,36 @@ Command add_train_command(CLI::App& app) {
                       ? optim::get_lr(it, {options.lr, options.min_lr, options.warmup_iters, options.max_iters})
                       : options.min_lr;
         j["elapsed_s"] = std::chrono::duration<double>(clock::now() - start).count();
-        metrics.push_back(j.dump());
+        if (mpi != nullptr || trainer.micro_batches() > 1) {
+          j["ranks"] = trainer.ranks();
+          j["grad_accum_steps"] = options.grad_accum_steps;
+          // Time this rank (0) sat in MPI_Waitall per step: the communication backward did not hide.
+          const double wait_s = mpi != nullptr ? mpi->take_wait_seconds() : 0.0;
+          j["mpi_wait_ms_per_iter"] = step_ms.empty() ? 0.0 : wait_s * 1e3 / static_cast<double>(step_ms.size());
+          j["gradient_bytes"] = mpi != nullptr ? mpi->bucket_bytes() : 0;
+          j["optimizer_bytes"] = trainer.optimizer_bytes();  // rank 0's AdamW moments
+        }
         step_ms.clear();
         save(trainer);
-        std::string all;
-        for (const auto& line : metrics) all += line + "\n";
-        write_file_atomically(metrics_path, all);
-        std::cout << (bar ? "\r\033[K" : "")
+        if (root) {
+          metrics.push_back(j.dump());
+          std::string all;
+          for (const auto& line : metrics) all += line + "\n";
+          write_file_atomically(metrics_path, all);
+        }
+        out << (bar ? "\r\033[K" : "")
                   << fmt::format("iter {}: train loss {:.4f}, val loss {:.4f}{}\n", r.iter, r.train_loss,
                                  r.val_loss,
                                  ms > 0 ? fmt::format(", {:.1f} ms/iter", ms) : std::string());
-        std::cout.flush();
+        out.flush();
       }
       if (it >= options.max_iters) break;
-      if (g_stop) {
+      if (mpi != nullptr ? mpi->any(g_stop != 0) : g_stop != 0) {  // every rank stops at the same step
         interrupted = true;
         break;
       }
       const auto t0 = clock::now();
+      if (mpi != nullptr) mpi->set_step(trainer.iter());
       loss = trainer.step();
       const double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
       step_ms.push_back(ms);
@@ -471,34 +570,56 @@ Command add_train_command(CLI::App& app) {
         last_draw = clock::now();  // at most 10 redraws a second
         const int64_t width = 24;
         const int64_t filled = options.max_iters > 0 ? width * done / options.max_iters : width;
-        std::cout << fmt::format("\r\033[K[{}{}] {}/{} loss {:.4f} {:.0f} tok/s ETA {}",
+        out << fmt::format("\r\033[K[{}{}] {}/{} loss {:.4f} {:.0f} tok/s ETA {}",
                                  std::string(static_cast<size_t>(filled), '#'),
                                  std::string(static_cast<size_t>(width - filled), '.'), done, options.max_iters,
                                  loss, tok_s, duration(eta(done)));
-        std::cout.flush();
+        out.flush();
       } else if (!bar && done % log_every == 0) {
-        std::cout << fmt::format("step {}/{} loss {:.4f} {:.0f} tok/s ETA {}\n", done, options.max_iters, loss,
+        out << fmt::format("step {}/{} loss {:.4f} {:.0f} tok/s ETA {}\n", done, options.max_iters, loss,
                                  tok_s, duration(eta(done)));
-        std::cout.flush();
+        out.flush();
       }
     }
     sigaction(SIGINT, &old, nullptr);
     const double wall = std::chrono::duration<double>(clock::now() - start).count();
     if (interrupted) {
       save(trainer);
-      std::cout << (bar ? "\r\033[K" : "")
+      out << (bar ? "\r\033[K" : "")
                 << fmt::format("interrupted after iteration {}: checkpoint written to {}; continue with --resume\n",
                                trainer.iter(), printable(checkpoint));
-      std::cout.flush();
+      out.flush();
       return kInterrupted;
     }
     // The loss curve of the whole run (every evaluation in metrics.jsonl), as a picture beside it.
     const std::string loss_curve = (fs::path(flags->out) / "loss.svg").string();
-    plot::write_loss_curve(metrics_path, loss_curve);
-    std::cout << fmt::format("done: {} iterations in {:.1f} s ({:.1f} ms/iter median); checkpoint {}; loss curve {}\n",
+    if (root) plot::write_loss_curve(metrics_path, loss_curve);
+    out << fmt::format("done: {} iterations in {:.1f} s ({:.1f} ms/iter median); checkpoint {}; loss curve {}\n",
                              trainer.iter() - first_iter, wall, median(all_ms), printable(checkpoint), loss_curve);
-    std::cout.flush();
+    out.flush();
     return std::cout ? 0 : 1;
+  };
+  auto run = [run_rank, flags]() -> int {
+    if (!dist::launched()) return run_rank(nullptr);
+    if (!dist::available())
+      throw std::runtime_error(fmt::format(
+          "started by an MPI launcher (mpirun) but {}",
+          "this attn was built without MPI: install OpenMPI (apt-get install openmpi-bin libopenmpi-dev, "
+          "or ./scripts/bootstrap --tests) and configure and build again"));
+    auto mpi = dist::MpiCollective::init(flags->deterministic);
+    try {
+      return run_rank(mpi.get());
+    } catch (const dist::DisagreementError& e) {
+      // Every rank saw the same disagreement: rank 0 says it, all end together.
+      if (mpi->rank() == 0) std::cerr << "attn: train: " << e.what() << "\n";
+      return 1;
+    } catch (const std::exception& e) {
+      // One rank's error: say which, and end the whole job (the others may wait on it).
+      std::cerr << fmt::format("attn: train: rank {} of {}: {}\n", mpi->rank(), mpi->size(), e.what());
+      std::cerr.flush();
+      if (mpi->size() == 1) throw;
+      mpi->abort(dynamic_cast<const UsageError*>(&e) != nullptr ? 2 : 1);
+    }
   };
   return Command{cmd, run};
 }
