@@ -25,6 +25,7 @@
 #include "attn/utf8.h"
 #include "attn/safetensors.h"
 #include "attn/hf_gpt2.h"
+#include "attn/token_shards.h"
 #include "attn/tokenizer.h"
 #include "attn/train.h"
 #include "attn/train_book.h"
@@ -186,6 +187,7 @@ int run_book_recipe(train::Trainer& trainer, const std::string& out,
 Command add_train_command(CLI::App& app) {
   struct Flags {
     std::string text, out, recipe;
+    std::string data_shards;  // attn prepare's folder, read in place of --text
     bool resume = false;
     int threads = 0;  // 0: OpenMP's default (OMP_NUM_THREADS, else every core)
     train::TrainOptions o;
@@ -205,7 +207,12 @@ Command add_train_command(CLI::App& app) {
       "  attn train --text the-verdict.txt --out run --tokenizer gpt2 --context-length 256 "
       "--batch-size 2 --epochs 10\n"
       "  attn train --recipe book-ch5 --text the-verdict.txt --out run   (the book's chapter 5)");
-  cmd->add_option("--text", flags->text, "The training text (UTF-8)")->required()->type_name("FILE");
+  cmd->add_option("--text", flags->text, "The training text (UTF-8)")->type_name("FILE");
+  cmd->add_option("--data-shards", flags->data_shards,
+                  "Train on the token shards attn prepare wrote in DIR instead of --text (GPT-2 BPE; "
+                  "memory-mapped, each batch reads only its windows; the first 90% of the tokens "
+                  "train, the rest validate)")
+      ->type_name("DIR");
   cmd->add_option("--out", flags->out, "Folder for checkpoint.safetensors and metrics.jsonl")
       ->required()
       ->type_name("DIR");
@@ -361,7 +368,16 @@ Command add_train_command(CLI::App& app) {
     } catch (const std::invalid_argument& e) {
       throw UsageError(e.what());
     }
-    const std::string text = read_text_file(flags->text);
+    if (flags->text.empty() == flags->data_shards.empty())
+      throw UsageError("give the training data as --text FILE or --data-shards DIR (one of them)");
+    if (book && !flags->data_shards.empty())
+      throw UsageError("--recipe book-ch5 reads --text (the book splits the text by characters)");
+    std::shared_ptr<const data::ShardedTokens> shards;
+    if (!flags->data_shards.empty()) {
+      shards = std::make_shared<const data::ShardedTokens>(flags->data_shards);
+      options.tokenizer = shards->manifest().tokenizer;
+    }
+    const std::string text = shards ? std::string() : read_text_file(flags->text);
 
     fs::create_directories(flags->out, ec);
     if (ec || !fs::is_directory(flags->out))
@@ -374,7 +390,9 @@ Command add_train_command(CLI::App& app) {
           "--out '{}' already holds a checkpoint; pass --resume to continue it or choose another folder",
           printable(flags->out)));
 
-    train::Trainer trainer(text, options);
+    auto trainer_ptr = shards ? std::make_unique<train::Trainer>(shards, shards->vocab_size(), options)
+                              : std::make_unique<train::Trainer>(text, options);
+    train::Trainer& trainer = *trainer_ptr;
     options = trainer.options();  // max_iters resolved from --epochs
     if (book) return run_book_recipe(trainer, flags->out, save);
     std::vector<std::string> metrics;
