@@ -61,8 +61,9 @@ Command add_prepare_command(CLI::App& app) {
     const data::Manifest m = data::prepare_token_shards(flags->inputs, flags->out, flags->o);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (flags->verify) data::ShardedTokens check(flags->out, /*verify=*/true);
-    std::cout << fmt::format("attn prepare: {} files -> {} tokens ({}) in {} shards, {:.1f} s ({:.2f} M tokens/s){}; {}\n",
-                             m.documents, m.tokens, m.tokenizer, m.shards.size(), s,
+    std::cout << fmt::format("attn prepare: {} file{} -> {} tokens ({}) in {} shard{}, {:.1f} s ({:.2f} M tokens/s){}; {}\n",
+                             m.documents, m.documents == 1 ? "" : "s", m.tokens, m.tokenizer, m.shards.size(),
+                             m.shards.size() == 1 ? "" : "s", s,
                              static_cast<double>(m.tokens) / std::max(s, 1e-9) * 1e-6,
                              flags->verify ? ", verified" : "",
                              printable(flags->out + "/" + data::kManifestName));
