@@ -490,6 +490,10 @@ TEST(PrepareCli, WritesShardsThatTrainReads) {
             std::string::npos)
       << r.out;
   EXPECT_TRUE(fs::exists(run + "/checkpoint.safetensors"));
+  // The shards' tokenizer is the run's: another one asked for is a usage error.
+  r = run_cli("train --data-shards '" + dir + "' --out '" + temp_path("cli-run") + "' --tokenizer char");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--tokenizer char: the shards in"), std::string::npos) << r.err;
   // --resume continues on the same shards.
   r = run_cli("train --data-shards '" + dir + "' --out '" + run + "' --resume --max-iters 3 --threads 1");
   EXPECT_EQ(r.exit_code, 0) << r.err;

@@ -307,7 +307,8 @@ Command add_train_command(CLI::App& app) {
                   "false: the logits, then the loss (the plain path)");
 #undef ATTN_TRAIN_FLAG
 
-  auto run = [flags, given]() -> int {
+  CLI::Option* tokenizer_flag = cmd->get_option("--tokenizer");
+  auto run = [flags, given, tokenizer_flag]() -> int {
     namespace fs = std::filesystem;
     const std::string checkpoint = (fs::path(flags->out) / "checkpoint.safetensors").string();
     const std::string metrics_path = (fs::path(flags->out) / "metrics.jsonl").string();
@@ -375,6 +376,10 @@ Command add_train_command(CLI::App& app) {
     std::shared_ptr<const data::ShardedTokens> shards;
     if (!flags->data_shards.empty()) {
       shards = std::make_shared<const data::ShardedTokens>(flags->data_shards);
+      if (tokenizer_flag->count() > 0 && options.tokenizer != shards->manifest().tokenizer)
+        throw UsageError(fmt::format("--tokenizer {}: the shards in '{}' hold {} tokens",
+                                     printable(options.tokenizer), printable(flags->data_shards),
+                                     printable(shards->manifest().tokenizer)));
       options.tokenizer = shards->manifest().tokenizer;
     }
     const std::string text = shards ? std::string() : read_text_file(flags->text);
