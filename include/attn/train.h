@@ -75,6 +75,7 @@
 #include "attn/optim.h"
 #include "attn/random.h"
 #include "attn/tensor.h"
+#include "attn/token_shards.h"
 #include "attn/utf8.h"
 
 namespace attn::train {
@@ -145,9 +146,13 @@ class WindowLoader {
   // windows than one batch; the message names the values.
   WindowLoader(std::vector<int64_t> ids, int64_t batch_size, int64_t max_length, int64_t stride,
                bool shuffle, bool drop_last, std::string name = "data");
+  // The same over tokens read by position (a memory-mapped corpus,
+  // attn/token_shards.h): a batch reads only its windows.
+  WindowLoader(std::shared_ptr<const data::TokenSource> tokens, int64_t batch_size, int64_t max_length,
+               int64_t stride, bool shuffle, bool drop_last, std::string name = "data");
   int64_t windows() const { return windows_; }
   int64_t batches() const;  // per pass (len(loader))
-  int64_t tokens() const { return static_cast<int64_t>(ids_->size()); }
+  int64_t tokens() const { return tokens_->size(); }
 
   // Begins a pass, drawing from gen as a DataLoader's iterator does.
   void start_pass(Generator& gen);
@@ -168,7 +173,7 @@ class WindowLoader {
 
  private:
   void set_order(int64_t seed);
-  std::shared_ptr<const std::vector<int64_t>> ids_;  // shared by copies (evaluation passes)
+  std::shared_ptr<const data::TokenSource> tokens_;  // shared by copies (evaluation passes)
   int64_t batch_size_, max_length_, stride_;
   bool shuffle_, drop_last_;
   std::string name_;
@@ -316,6 +321,12 @@ class Trainer {
   // window (char: context_length + 1 tokens; gpt2: a batch of training windows
   // and one validation window).
   Trainer(std::string_view text, const TrainOptions& options);
+  // A gpt2 run on tokens already made (attn train --data-shards: a
+  // memory-mapped ShardedTokens): the first 90% of the positions (rounded
+  // down) train, the rest validate, each through a WindowLoader as above; no
+  // token is read before its window is. Throws std::invalid_argument unless
+  // options.tokenizer is gpt2, or as the text constructor does.
+  Trainer(std::shared_ptr<const data::TokenSource> tokens, int64_t vocab_size, const TrainOptions& options);
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 

@@ -262,7 +262,7 @@ std::vector<int64_t> Tokenizer::encode_parallel(std::string_view text, bool allo
     }
     work.push_back({s.text.substr(begin)});
   }
-  if (work.size() == 1 || nthreads == 1)
+  if (work.size() <= 1 || nthreads == 1)  // one item, or none (empty text with allow_special)
     return encode_valid(*vocab_, text, allow_special);  // nothing to share
   // Plain threads taking work items in order from a shared counter (the
   // calling thread is one of them); no OpenMP team, whose idle threads spin

@@ -123,7 +123,13 @@ std::pair<Tensor, Tensor> Batcher::next(Generator& gen) const {
 
 WindowLoader::WindowLoader(std::vector<int64_t> ids, int64_t batch_size, int64_t max_length,
                            int64_t stride, bool shuffle, bool drop_last, std::string name)
-    : ids_(std::make_shared<const std::vector<int64_t>>(std::move(ids))),
+    : WindowLoader(std::make_shared<const data::TokenVector>(std::move(ids)), batch_size, max_length,
+                   stride, shuffle, drop_last, std::move(name)) {}
+
+WindowLoader::WindowLoader(std::shared_ptr<const data::TokenSource> tokens, int64_t batch_size,
+                           int64_t max_length, int64_t stride, bool shuffle, bool drop_last,
+                           std::string name)
+    : tokens_(std::move(tokens)),
       batch_size_(batch_size),
       max_length_(max_length),
       stride_(stride),
@@ -134,7 +140,7 @@ WindowLoader::WindowLoader(std::vector<int64_t> ids, int64_t batch_size, int64_t
     throw std::invalid_argument(
         fmt::format("{} loader: batch_size {}, max_length {} and stride {} must be >= 1", name_,
                     batch_size, max_length, stride));
-  const auto n = static_cast<int64_t>(ids_->size());
+  const int64_t n = tokens_->size();
   // range(0, n - max_length, stride)
   windows_ = n > max_length ? (n - max_length + stride - 1) / stride : 0;
   if (windows_ == 0)
@@ -183,11 +189,12 @@ std::pair<Tensor, Tensor> WindowLoader::next() {
   const int64_t first = position_ * batch_size_;
   const int64_t B = std::min(batch_size_, windows_ - first), T = max_length_;
   std::vector<int64_t> x(static_cast<size_t>(B * T)), y(static_cast<size_t>(B * T));  // (B, T) each
+  std::vector<int64_t> window(static_cast<size_t>(T + 1));
   for (int64_t b = 0; b < B; ++b) {
     const int64_t start = order_[static_cast<size_t>(first + b)] * stride_;
-    const auto src = ids_->begin() + static_cast<std::ptrdiff_t>(start);
-    std::copy_n(src, T, x.begin() + static_cast<std::ptrdiff_t>(b * T));
-    std::copy_n(src + 1, T, y.begin() + static_cast<std::ptrdiff_t>(b * T));
+    tokens_->read(start, T + 1, window.data());
+    std::copy_n(window.begin(), T, x.begin() + static_cast<std::ptrdiff_t>(b * T));
+    std::copy_n(window.begin() + 1, T, y.begin() + static_cast<std::ptrdiff_t>(b * T));
   }
   if (++position_ == batches()) in_pass_ = false;
   return {Tensor::from_int64({B, T}, x), Tensor::from_int64({B, T}, y)};
@@ -530,6 +537,24 @@ Trainer::Trainer(std::string_view text, const TrainOptions& options)
   if (options_.epochs > 0)
     options_.max_iters = options_.epochs * train_loader_->batches() / options_.grad_accum_steps;
   build(bpe.vocab_size());
+}
+
+Trainer::Trainer(std::shared_ptr<const data::TokenSource> tokens, int64_t vocab_size, const TrainOptions& options)
+    : options_(validated(options)), gen_(std::make_unique<Generator>(options.seed)) {
+  if (options_.tokenizer != "gpt2")
+    throw std::invalid_argument(fmt::format(
+        "training on prepared tokens needs --tokenizer gpt2 (the book's window loaders), got '{}'",
+        printable(options_.tokenizer)));
+  const int64_t n = tokens->size(), split = n * 9 / 10;
+  const int64_t stride = options_.stride > 0 ? options_.stride : options_.context_length;
+  train_loader_ = std::make_unique<WindowLoader>(data::slice(tokens, 0, split), options_.batch_size,
+                                                 options_.context_length, stride, /*shuffle=*/true,
+                                                 /*drop_last=*/true, "training");
+  val_loader_ = std::make_unique<WindowLoader>(data::slice(tokens, split, n), options_.batch_size,
+                                               options_.context_length, stride, /*shuffle=*/false,
+                                               /*drop_last=*/false, "validation");
+  if (options_.epochs > 0) options_.max_iters = options_.epochs * train_loader_->batches();
+  build(vocab_size);
 }
 
 void Trainer::build(int64_t vocab_size) {

@@ -24,6 +24,7 @@
 #include "generate.h"
 #include "inspect.h"
 #include "plot.h"
+#include "prepare.h"
 #include "tokenize.h"
 #include "train.h"
 #include "walkthrough.h"
@@ -80,6 +81,7 @@ int main(int argc, char** argv) {
   commands.push_back(attn::cli::add_generate_command(app));
   commands.push_back(attn::cli::add_train_command(app));
   commands.push_back(attn::cli::add_tokenize_command(app));
+  commands.push_back(attn::cli::add_prepare_command(app));
   commands.push_back(attn::cli::add_export_command(app));
   commands.push_back(attn::cli::add_eval_command(app));
 

@@ -27,6 +27,7 @@
 #include "attn/utf8.h"
 #include "attn/safetensors.h"
 #include "attn/hf_gpt2.h"
+#include "attn/token_shards.h"
 #include "attn/tokenizer.h"
 #include "attn/train.h"
 #include "attn/train_book.h"
@@ -202,6 +203,7 @@ int run_book_recipe(train::Trainer& trainer, const std::string& out,
 Command add_train_command(CLI::App& app) {
   struct Flags {
     std::string text, out, recipe;
+    std::string data_shards;  // attn prepare's folder, read in place of --text
     bool resume = false;
     bool deterministic = false;
     bool shard_optimizer = false;
@@ -228,7 +230,12 @@ Command add_train_command(CLI::App& app) {
       "runs; rank 0 prints and writes; --resume works at any rank count with the same ranks x K.\n"
       "  mpirun -np 2 --bind-to none attn train --text input.txt --out run\n"
       "  mpirun -np 8 --hostfile hosts attn train --text input.txt --out /shared/run --deterministic");
-  cmd->add_option("--text", flags->text, "The training text (UTF-8)")->required()->type_name("FILE");
+  cmd->add_option("--text", flags->text, "The training text (UTF-8)")->type_name("FILE");
+  cmd->add_option("--data-shards", flags->data_shards,
+                  "Train on the token shards attn prepare wrote in DIR instead of --text (GPT-2 BPE; "
+                  "memory-mapped, each batch reads only its windows; the first 90% of the tokens "
+                  "train, the rest validate)")
+      ->type_name("DIR");
   cmd->add_option("--out", flags->out, "Folder for checkpoint.safetensors and metrics.jsonl")
       ->required()
       ->type_name("DIR");
@@ -338,7 +345,8 @@ Command add_train_command(CLI::App& app) {
 #undef ATTN_TRAIN_FLAG
 
   CLI::Option* accum_flag = cmd->get_option("--grad-accum-steps");
-  auto run_rank = [flags, given, accum_flag](dist::MpiCollective* mpi) -> int {
+  CLI::Option* tokenizer_flag = cmd->get_option("--tokenizer");
+  auto run_rank = [flags, given, accum_flag, tokenizer_flag](dist::MpiCollective* mpi) -> int {
     namespace fs = std::filesystem;
     const bool root = mpi == nullptr || mpi->rank() == 0;
     const std::string checkpoint = (fs::path(flags->out) / "checkpoint.safetensors").string();
@@ -424,7 +432,20 @@ Command add_train_command(CLI::App& app) {
     } catch (const std::invalid_argument& e) {
       throw UsageError(e.what());
     }
-    const std::string text = read_text_file(flags->text);
+    if (flags->text.empty() == flags->data_shards.empty())
+      throw UsageError("give the training data as --text FILE or --data-shards DIR (one of them)");
+    if (book && !flags->data_shards.empty())
+      throw UsageError("--recipe book-ch5 reads --text (the book splits the text by characters)");
+    std::shared_ptr<const data::ShardedTokens> shards;
+    if (!flags->data_shards.empty()) {
+      shards = std::make_shared<const data::ShardedTokens>(flags->data_shards);
+      if (tokenizer_flag->count() > 0 && options.tokenizer != shards->manifest().tokenizer)
+        throw UsageError(fmt::format("--tokenizer {}: the shards in '{}' hold {} tokens",
+                                     printable(options.tokenizer), printable(flags->data_shards),
+                                     printable(shards->manifest().tokenizer)));
+      options.tokenizer = shards->manifest().tokenizer;
+    }
+    const std::string text = shards ? std::string() : read_text_file(flags->text);
 
     fs::create_directories(flags->out, ec);
     if (ec || !fs::is_directory(flags->out))
@@ -437,14 +458,17 @@ Command add_train_command(CLI::App& app) {
           "--out '{}' already holds a checkpoint; pass --resume to continue it or choose another folder",
           printable(flags->out)));
 
-    train::Trainer trainer(text, options);
+    auto trainer_ptr = shards ? std::make_unique<train::Trainer>(shards, shards->vocab_size(), options)
+                              : std::make_unique<train::Trainer>(text, options);
+    train::Trainer& trainer = *trainer_ptr;
     if (mpi != nullptr) {
       // Start-up agreement, before any step: the same flags, data and binary on every rank.
       mpi->check_agreement({{"the training flags (train_args)", trainer.options().to_json()},
                             {"--resume", flags->resume ? "1" : "0"},
                             {"--deterministic", flags->deterministic ? "1" : "0"},
                             {"--shard-optimizer", flags->shard_optimizer ? "1" : "0"},
-                            {"the --text file's contents", text},
+                            {shards ? "the --data-shards manifest" : "the --text file's contents",
+                             shards ? shards->manifest().to_json() : text},
                             {"the attn binary (its bytes)", read_self()}});
       trainer.set_collective(mpi);
       if (flags->shard_optimizer) trainer.shard_optimizer();

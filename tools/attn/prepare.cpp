@@ -1,0 +1,76 @@
+// `attn prepare` (prepare.h).
+#include "prepare.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attn/token_shards.h"
+#include "attn/utf8.h"
+
+namespace attn::cli {
+
+Command add_prepare_command(CLI::App& app) {
+  struct Flags {
+    std::vector<std::string> inputs;
+    std::string out;
+    data::PrepareOptions o;
+    bool verify = false;
+  };
+  auto flags = std::make_shared<Flags>();
+  CLI::App* cmd = app.add_subcommand(
+      "prepare",
+      "Tokenize a corpus of UTF-8 text files once, in parallel, into memory-mapped token shards "
+      "(uint16 tokens behind a header with the vocabulary, the count and an FNV-1a checksum) and "
+      "DIR/manifest.json, for attn train --data-shards DIR");
+  cmd->footer(
+      "The files are tokenized in order, with GPT-2's end-of-text token (50256) between them; "
+      "\"<|endoftext|>\" inside a file is that token too. The ids equal those of tokenizing each "
+      "file whole, one after the other, for any --threads.\n"
+      "Format: docs/distributed.md and include/attn/token_shards.h.\n"
+      "Examples:\n"
+      "  attn prepare --tokenizer gpt2 data/tinyshakespeare.txt --out shakespeare\n"
+      "  attn prepare --tokenizer gpt2 corpus/*.txt --out corpus-tok --shard-tokens 100000000 --threads 16\n"
+      "  attn train --data-shards shakespeare --out run --context-length 256 --batch-size 4");
+  cmd->add_option("inputs", flags->inputs, "The text files (UTF-8)")->required()->type_name("IN...");
+  cmd->add_option("--out", flags->out, "Folder for shard-NNNNN.tok and manifest.json (created; must not hold a manifest)")
+      ->required()
+      ->type_name("DIR");
+  cmd->add_option("--tokenizer", flags->o.tokenizer, "gpt2: GPT-2's byte-level BPE (50,257 tokens)")
+      ->required()
+      ->type_name("NAME");
+  cmd->add_option("--shard-tokens", flags->o.shard_tokens, "Tokens per shard (2 bytes each)")
+      ->capture_default_str()
+      ->type_name("N");
+  cmd->add_option("--threads", flags->o.threads, "Tokenizer threads (0: every core)")
+      ->capture_default_str()
+      ->type_name("N");
+  cmd->add_flag("--verify", flags->verify, "Read the shards back and check their checksums");
+  auto run = [flags]() -> int {
+    if (flags->o.tokenizer != "gpt2")
+      throw UsageError(fmt::format("--tokenizer must be gpt2, got '{}'", printable(flags->o.tokenizer, 64)));
+    if (flags->o.shard_tokens < 1)
+      throw UsageError(fmt::format("--shard-tokens must be >= 1, got {}", flags->o.shard_tokens));
+    if (flags->o.threads < 0) throw UsageError(fmt::format("--threads must be >= 0, got {}", flags->o.threads));
+    const auto start = std::chrono::steady_clock::now();
+    const data::Manifest m = data::prepare_token_shards(flags->inputs, flags->out, flags->o);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (flags->verify) data::ShardedTokens check(flags->out, /*verify=*/true);
+    std::cout << fmt::format("attn prepare: {} file{} -> {} tokens ({}) in {} shard{}, {:.1f} s ({:.2f} M tokens/s){}; {}\n",
+                             m.documents, m.documents == 1 ? "" : "s", m.tokens, m.tokenizer, m.shards.size(),
+                             m.shards.size() == 1 ? "" : "s", s,
+                             static_cast<double>(m.tokens) / std::max(s, 1e-9) * 1e-6,
+                             flags->verify ? ", verified" : "",
+                             printable(flags->out + "/" + data::kManifestName));
+    std::cout.flush();
+    return std::cout ? 0 : 1;
+  };
+  return Command{cmd, run};
+}
+
+}  // namespace attn::cli
