@@ -37,6 +37,8 @@
 // query-tile tasks (dQ) that recompute S and dP; every accumulator sees its
 // products in one order either way, so the bits do not depend on the
 // thread count. Causal tiles on the diagonal are computed whole and masked.
+// The vector helpers (exp2, masks, rounding into words, widening loads,
+// horizontal reductions) are flash_attention_bf16.cpp's: avx512_bf16-inl.h.
 // Memory: the packed copies (3 · Tp · hdp bf16 per head forward, 7 backward)
 // and O(tile) per thread, plus the whole-head dQ (Tp · hdp fp32 per thread).
 #include "kernels/flash_attention_amx.h"
@@ -52,6 +54,7 @@
 
 #include "attn/tensor.h"
 #include "kernels/amx_tiles.h"
+#include "kernels/avx512_bf16-inl.h"
 #include "kernels/philox.h"
 
 #ifdef _OPENMP
@@ -210,65 +213,16 @@ template void tile_gemm<true>(size_t, size_t, size_t, const uint32_t*, size_t, c
 
 namespace {
 
-// ---- vector helpers (flash_attention_bf16.cpp's) ----------------------------------------------
-
-// 2^x with a relative error below 2e-7 for x >= -126; exactly 0 for x <= -160.
-inline __m512 Exp2(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-160.0f));
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x, n);  // [-1/2, 1/2]
-  __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
-
-// Lanes whose index i0 + lane is below `limit`.
-inline __mmask16 LanesBelow(size_t i0, size_t limit) {
-  if (limit <= i0) return 0;
-  return limit - i0 >= kN ? __mmask16(0xFFFF) : __mmask16((1u << (limit - i0)) - 1u);
-}
-
-// Mask of the elements [c0, min(limit, c0 + 32)) of a chunk of 32.
-inline __mmask32 Elements32(size_t c0, size_t limit) {
-  if (limit <= c0) return 0;
-  return limit - c0 >= 32 ? __mmask32(0xFFFFFFFFu) : __mmask32((1u << (limit - c0)) - 1u);
-}
-
-// The permutation of 32 bf16 (a0..a15, b0..b15) into 16 words (a[w], b[w]).
-inline __m512i InterleaveIndex() {
-  return _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
-                          6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-}
-
-// 16 fp32 of row a and 16 of row b, rounded to bf16 (nearest even), as 16 words (a[w], b[w]).
-inline __m512i InterleaveToWords(__m512 a, __m512 b) {
-  const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(b, a);  // a0..a15, b0..b15
-  return _mm512_permutexvar_epi16(InterleaveIndex(), both);
-}
-
-// 32 fp32 of one row (lo: the first 16) rounded to bf16: 16 consecutive words.
-inline __m512i RowToWords(__m512 lo, __m512 hi) { return (__m512i)_mm512_cvtne2ps_pbh(hi, lo); }
-
-// Largest and total of 16 lanes, in a fixed order.
-inline float HMax(__m512 v) {
-  const __m256 a = _mm256_max_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-  __m128 b = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  b = _mm_max_ps(b, _mm_movehl_ps(b, b));
-  b = _mm_max_ss(b, _mm_shuffle_ps(b, b, 1));
-  return _mm_cvtss_f32(b);
-}
-inline float HSum(__m512 v) {
-  const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-  __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  b = _mm_add_ps(b, _mm_movehl_ps(b, b));
-  b = _mm_add_ss(b, _mm_shuffle_ps(b, b, 1));
-  return _mm_cvtss_f32(b);
-}
+// The vector helpers of both bf16 kernels (avx512_bf16-inl.h).
+using avx512::Elements32;
+using avx512::Exp2;
+using avx512::HMax;
+using avx512::HSum;
+using avx512::InterleaveIndex;
+using avx512::InterleaveToWords;
+using avx512::LanesBelow;
+using avx512::LoadWidened;
+using avx512::RowToWords;
 
 // ---- packing: once per head, O(T · hd)
 // -----------------------------------------------------------
@@ -568,11 +522,7 @@ float DotBf16(const uint16_t* x, const uint16_t* y, size_t hd) {
   __m512 sum = _mm512_setzero_ps();
   for (size_t c0 = 0; c0 < hd; c0 += kN) {
     const __mmask16 in = LanesBelow(c0, hd);
-    auto widen = [&](const uint16_t* p) {
-      return _mm512_castsi512_ps(
-          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(in, p + c0)), 16));
-    };
-    sum = _mm512_fmadd_ps(widen(x), widen(y), sum);
+    sum = _mm512_fmadd_ps(LoadWidened(in, x + c0), LoadWidened(in, y + c0), sum);
   }
   return HSum(sum);
 }

@@ -33,7 +33,9 @@
 // intrinsics under a target pragma (after every header: inline functions from
 // headers keep the default target and cannot be merged with AVX-512 copies)
 // and runs only when the CPU reports the feature. Elsewhere the public entry
-// points widen to fp32 and run the fp32 kernel (the "widened" path).
+// points widen to fp32 and run the fp32 kernel (the "widened" path). The
+// vector helpers it shares with the AMX kernel (exp2, lane masks, rounding
+// into words) are in avx512_bf16-inl.h.
 #include <hwy/aligned_allocator.h>
 #include <immintrin.h>
 
@@ -51,6 +53,7 @@
 #include "attn/kernels.h"
 #include "attn/tensor.h"
 #include "kernels/amx_tiles.h"
+#include "kernels/avx512_bf16-inl.h"
 #include "kernels/flash_attention_amx.h"
 #include "kernels/philox.h"
 
@@ -99,53 +102,15 @@ uint32_t Word(uint16_t lo, uint16_t hi) { return uint32_t(lo) | (uint32_t(hi) <<
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-// 2^x with a relative error below 2e-7 for x >= -126 (the fp32 kernel's
-// polynomial: Cephes exp2f's on [-1/2, 1/2]); VSCALEFPS applies 2^n and
-// gives exactly 0 for x <= -160 (the clamp also turns NaN into -160: callers
-// mask the lanes whose scores are not to count).
-inline __m512 Exp2(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-160.0f));
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x, n);  // [-1/2, 1/2]
-  __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
-
-// Lanes whose index i0 + lane is below `limit`.
-inline __mmask16 LanesBelow(size_t i0, size_t limit) {
-  if (limit <= i0) return 0;
-  return limit - i0 >= kN ? __mmask16(0xFFFF) : __mmask16((1u << (limit - i0)) - 1u);
-}
-
-// The permutation of 32 bf16 (a0..a15, b0..b15) into 16 words (a[w], b[w]).
-inline __m512i InterleaveIndex() {
-  return _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
-                          6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-}
-
-// 16 fp32 of row a and 16 of row b, rounded to bf16 (nearest even) and
-// interleaved into 16 words (a[w], b[w]).
-inline __m512i InterleaveToWords(__m512 a, __m512 b) {
-  const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(b, a);  // a0..a15, b0..b15
-  return _mm512_permutexvar_epi16(InterleaveIndex(), both);
-}
-
-// 32 fp32 of one row (lo: the first 16) rounded to bf16: 16 consecutive words.
-inline __m512i RowToWords(__m512 lo, __m512 hi) { return (__m512i)_mm512_cvtne2ps_pbh(hi, lo); }
+// The vector helpers of both bf16 kernels (avx512_bf16-inl.h).
+using avx512::Elements32;
+using avx512::Exp2;
+using avx512::InterleaveIndex;
+using avx512::InterleaveToWords;
+using avx512::LanesBelow;
+using avx512::RowToWords;
 
 // ---- packing the bf16 inputs: O(tile) per tile (the products are O(tile²)) ----------------
-
-// Mask of the elements [c0, min(limit, c0 + 32)) of a chunk of 32.
-inline __mmask32 Elements32(size_t c0, size_t limit) {
-  if (limit <= c0) return 0;
-  return limit - c0 >= 32 ? __mmask32(0xFFFFFFFFu) : __mmask32((1u << (limit - c0)) - 1u);
-}
 
 // Rows r < n of a token-major head (hd bf16 each, `stride` apart) as words:
 // dst (rows, hd2) with word p of row r = (x[r][2p], x[r][2p+1]); zero past hd

@@ -1,14 +1,14 @@
 // kernels::rope_rows (attn/rope.h): rotary position embedding over the rows of
 // (B, H, T, hd) in parallel. Each row is one OpenMP iteration running the
-// reference's row loop (src/reference/rope_row.h), so the bits do not depend on
-// the thread count and equal ref::rope_rows'. RoPE reads and writes each value
+// reference's row loop (kernels/rope_row.h, the loop ref::rope_rows runs too),
+// so the bits do not depend on the thread count and equal ref::rope_rows'. RoPE reads and writes each value
 // once (memory-bound): the contiguous pair loop, vectorised by the compiler at
 // the build's baseline, is all it needs.
 #include <type_traits>
 #include <vector>
 
 #include "attn/rope.h"
-#include "reference/rope_row.h"
+#include "kernels/rope_row.h"
 
 namespace attn::kernels {
 namespace {

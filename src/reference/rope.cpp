@@ -5,7 +5,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "reference/rope_row.h"
+#include "kernels/rope_row.h"
 
 namespace attn::ref {
 namespace {

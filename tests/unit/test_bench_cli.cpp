@@ -38,6 +38,10 @@ TEST(BenchCli, JsonRowsHaveTheFieldsCompareTorchReads) {
     EXPECT_LE(min, median);
     EXPECT_TRUE(row["pct_sgemm"].is_null());  // --json skips sgemm unless --sgemm
     EXPECT_TRUE(row["pct_peak"].is_null());   // and the FMA peak
+    // It says so, with the peaks' keys there and null (nothing stands in for them).
+    EXPECT_FALSE(row["machine"]["peaks_measured"].get<bool>()) << row["machine"];
+    for (const char* key : {"clock_ghz", "fma_peak", "bf16_dot_peak", "amx_bf16_peak"})
+      EXPECT_TRUE(row["machine"].contains(key) && row["machine"][key].is_null()) << key;
     // FLOPs: module fwd+bwd = 3 × projections + 3.5 × causal core forward.
     const double B = 2, T = 33, d = 48;
     const double core = 4.0 * B * T * T * d / 2.0;
@@ -170,6 +174,35 @@ TEST(BenchCli, SgemmFlagAddsBothYardsticks) {
   // Both are the same GFLOP/s over a positive rate.
   EXPECT_GT(double(row["pct_sgemm"]), 0.0);
   EXPECT_GT(double(row["pct_peak"]), 0.0);
+  // The peaks came with the machine facts, FLOP/cycle and all.
+  const auto m = row["machine"];
+  EXPECT_TRUE(m["peaks_measured"].get<bool>()) << m;
+  EXPECT_GT(double(m["fma_peak"]["gflops"]), 0.0);
+  EXPECT_GT(double(m["clock_ghz"]), 0.0);
+  EXPECT_GT(double(m["fma_peak"]["flops_per_cycle"]), 0.0);
+}
+
+// --no-probe in the table: sgemm still runs, the peaks do not (about 5 s
+// saved), and nothing stands in for them: a note in the header, "-" under
+// % peak. (In JSON: BlasPinnedToPrescottLosesTheFastEngine.)
+TEST(BenchCli, NoProbeSaysThePeaksWereNotMeasured) {
+  ATTN_REQUIRE_CLI();
+  const auto t = run_cli(
+      "bench --no-probe --sgemm-n 64 --kind core --shapes 1x20x32x2 --mode fwd --repeats 1");
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  EXPECT_NE(t.out.find("peaks not measured (--no-probe)"), std::string::npos) << t.out;
+  EXPECT_EQ(t.out.find("core clock "), std::string::npos) << t.out;
+  EXPECT_EQ(t.out.find("fp32 FMA peak ("), std::string::npos) << t.out;
+  EXPECT_EQ(t.out.find("% of peak"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("GFLOP/s; % sgemm below is of the faster"), std::string::npos) << t.out;
+  bool row_seen = false;
+  for (const auto& line : lines_of(t.out)) {
+    if (line.find("1x20x32x2") == std::string::npos) continue;
+    row_seen = true;
+    EXPECT_EQ(line.substr(line.find_last_not_of(' ')), "-") << line;  // % peak
+  }
+  EXPECT_TRUE(row_seen) << t.out;
+  EXPECT_NE(run_cli("bench --help").out.find("--no-probe"), std::string::npos);
 }
 
 TEST(BenchCli, ReferenceBackendIsTimedWhenAskedFor) {
@@ -371,9 +404,16 @@ TEST(BenchCli, GemmEngineIsForcedByTheEnvironment) {
 TEST(BenchCli, BlasPinnedToPrescottLosesTheFastEngine) {
   ATTN_REQUIRE_CLI();
   const ScopedEnv env("OPENBLAS_CORETYPE", "Prescott");
-  const auto r = run_cli(kTiny + " --sgemm --sgemm-n 256");
+  const auto r = run_cli(kTiny + " --sgemm --no-probe --sgemm-n 256");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto m = nlohmann::json::parse(r.out)[0]["machine"];
+  const auto row = nlohmann::json::parse(r.out)[0];
+  const auto m = row["machine"];
+  // --no-probe: sgemm ran, the peaks did not, and they are null, not estimated.
+  EXPECT_GT(double(row["pct_sgemm"]), 0.0) << r.out;
+  EXPECT_TRUE(row["pct_peak"].is_null()) << r.out;
+  EXPECT_FALSE(m["peaks_measured"].get<bool>()) << m;
+  for (const char* key : {"clock_ghz", "fma_peak", "bf16_dot_peak", "amx_bf16_peak"})
+    EXPECT_TRUE(m[key].is_null()) << key << ": " << m;
   const std::string blas = m["blas"];
   if (blas.find("OpenBLAS") == std::string::npos) GTEST_SKIP() << "not OpenBLAS: " << blas;
   EXPECT_NE(blas.find("Prescott"), std::string::npos) << blas;
@@ -381,10 +421,6 @@ TEST(BenchCli, BlasPinnedToPrescottLosesTheFastEngine) {
   if (engines == "built without oneDNN") GTEST_SKIP() << engines;
   EXPECT_EQ(m["fast_gemm_engine"], "onednn") << engines;
   EXPECT_EQ(engines.rfind("oneDNN unless ATTN_GEMM_ENGINE=blas", 0), 0u) << engines;
-  // The peaks came with the machine facts, FLOP/cycle and all.
-  EXPECT_GT(double(m["fma_peak"]["gflops"]), 0.0);
-  EXPECT_GT(double(m["clock_ghz"]), 0.0);
-  EXPECT_GT(double(m["fma_peak"]["flops_per_cycle"]), 0.0);
 }
 
 }  // namespace

@@ -149,6 +149,18 @@ Errors compare_with_reference(const Case& c, uint32_t seed) {
   return e;
 }
 
+// The larger of each error.
+Errors max_of(const Errors& a, const Errors& b) {
+  return {std::max(a.out, b.out), std::max(a.lse, b.lse), std::max(a.dq, b.dq),
+          std::max(a.dk, b.dk), std::max(a.dv, b.dv)};
+}
+
+// Every error of the worst case is above zero: a zero would mean the
+// comparison saw one buffer twice.
+void expect_nonzero(const Errors& worst) {
+  for (const double err : {worst.out, worst.dq, worst.dk, worst.dv}) EXPECT_GT(err, 0.0);
+}
+
 Errors expect_close(const Case& c, uint32_t seed) {
   const Errors e = compare_with_reference(c, seed);
   EXPECT_LE(e.out, kOutTol) << name(c);
@@ -157,6 +169,13 @@ Errors expect_close(const Case& c, uint32_t seed) {
   EXPECT_LE(e.dk, kGradTol) << name(c);
   EXPECT_LE(e.dv, kGradTol) << name(c);
   return e;
+}
+
+void print_worst(const Errors& worst) {
+  std::printf(
+      "%s: largest relative errors vs the fp64 reference: out %.2e lse %.2e dq %.2e "
+      "dk %.2e dv %.2e\n",
+      kn::flash_attention_bf16_path(), worst.out, worst.lse, worst.dq, worst.dk, worst.dv);
 }
 
 // Runs body once on every bf16 path this CPU has, then restores the automatic choice.
@@ -261,16 +280,9 @@ TEST(FlashAttentionBf16, LargestErrorsAreWithinTheDocumentedBound) {
   on_every_path([&] {
     Errors worst{};
     uint32_t seed = 900;
-    for (const Case& c : cases) {
-      const Errors e = expect_close(c, seed++);
-      worst = {std::max(worst.out, e.out), std::max(worst.lse, e.lse), std::max(worst.dq, e.dq),
-               std::max(worst.dk, e.dk), std::max(worst.dv, e.dv)};
-    }
-    std::printf(
-        "%s: largest relative errors vs the fp64 reference: out %.2e lse %.2e dq %.2e "
-        "dk %.2e dv %.2e\n",
-        kn::flash_attention_bf16_path(), worst.out, worst.lse, worst.dq, worst.dk, worst.dv);
-    for (const double err : {worst.out, worst.dq, worst.dk, worst.dv}) EXPECT_GT(err, 0.0);
+    for (const Case& c : cases) worst = max_of(worst, expect_close(c, seed++));
+    print_worst(worst);
+    expect_nonzero(worst);
   });
 }
 
@@ -295,35 +307,45 @@ std::vector<uint8_t> run_all(const FlashAttentionParams& p, const Bf16Buffer& q,
 }
 
 #ifdef _OPENMP
+struct ThreadShape {
+  int64_t B, H, T, hd;
+};
+
+// Each shape, with and without `dropout`, causal and full, on the path in
+// use: the same bytes on 1 thread as on each of `threads`. Inputs drawn from
+// seeds `seed` to seed + 3.
+void expect_same_bits_for_threads(const std::vector<ThreadShape>& shapes, float dropout,
+                                  uint64_t dropout_seed, uint32_t seed,
+                                  const std::vector<int>& threads) {
+  for (const ThreadShape& shape : shapes)
+    for (float p_drop : {0.0f, dropout})
+      for (bool causal : {true, false}) {
+        FlashAttentionParams p;
+        p.B = shape.B, p.T = shape.T, p.H = shape.H, p.hd = shape.hd, p.causal = causal;
+        p.dropout_p = p_drop, p.dropout_seed = dropout_seed;
+        const size_t n = size_t(p.B * p.T * p.H * p.hd);
+        const auto q = randn_bf16(n, seed), k = randn_bf16(n, seed + 1),
+                   v = randn_bf16(n, seed + 2), dout = randn_bf16(n, seed + 3);
+        const int saved = omp_get_max_threads();
+        omp_set_num_threads(1);
+        const auto one = run_all(p, q, k, v, dout);
+        for (int t : threads) {
+          omp_set_num_threads(t);
+          EXPECT_TRUE(one == run_all(p, q, k, v, dout))
+              << kn::flash_attention_bf16_path() << ": threads differ: B=" << p.B << " H=" << p.H
+              << " T=" << p.T << " hd=" << p.hd << " causal=" << causal << " p=" << p_drop
+              << " (1 vs " << t << " threads)";
+        }
+        omp_set_num_threads(saved);
+      }
+}
+
 TEST(FlashAttentionBf16, SameBitsForAnyThreadCount) {
   // B·H = 6: one head per thread; B·H = 2: whole heads on 1 thread, key-tile
   // and query-tile tasks on 2 and 3.
-  struct Shape {
-    int64_t B, H, T, hd;
-  };
   on_every_path([] {
-    for (const Shape& shape : {Shape{2, 3, 333, 64}, Shape{1, 2, 333, 64}, Shape{1, 2, 100, 23}})
-      for (float dropout : {0.0f, 0.2f})
-        for (bool causal : {true, false}) {
-          FlashAttentionParams p;
-          p.B = shape.B, p.T = shape.T, p.H = shape.H, p.hd = shape.hd, p.causal = causal;
-          p.dropout_p = dropout, p.dropout_seed = 7;
-          const size_t n = size_t(p.B * p.T * p.H * p.hd);
-          const auto q = randn_bf16(n, 1), k = randn_bf16(n, 2), v = randn_bf16(n, 3);
-          const auto dout = randn_bf16(n, 4);
-          const int saved = omp_get_max_threads();
-          std::vector<std::vector<uint8_t>> results;
-          for (int threads : {1, 2, 3}) {
-            omp_set_num_threads(threads);
-            results.push_back(run_all(p, q, k, v, dout));
-          }
-          omp_set_num_threads(saved);
-          for (size_t r = 1; r < results.size(); ++r)
-            EXPECT_TRUE(results[0] == results[r])
-                << kn::flash_attention_bf16_path() << ": threads differ: B=" << p.B << " H=" << p.H
-                << " hd=" << p.hd << " causal=" << causal << " p=" << dropout << " (1 vs " << r + 1
-                << " threads)";
-        }
+    expect_same_bits_for_threads({{2, 3, 333, 64}, {1, 2, 333, 64}, {1, 2, 100, 23}}, 0.2f, 7, 1,
+                                 {2, 3});
   });
 }
 #endif
@@ -374,47 +396,34 @@ TEST(FlashAttentionBf16, ErrorsNameTheValues) {
 
 // ---- the AMX path alone: its tile edges (16-row tiles, hd padded to 32) --------------------
 
-// Runs body with the AMX path forced; skips (saying why) on a CPU without it.
-#define SKIP_WITHOUT_AMX()                                                                   \
-  do {                                                                                       \
-    if (!has_path("AMX"))                                                                    \
-      GTEST_SKIP() << "no AMX path: this CPU lacks AMX-BF16/AMX-TILE or the kernel refused " \
-                      "the tile state";                                                      \
-    ASSERT_TRUE(kn::flash_attention_bf16_use_path("AMX"));                                   \
-  } while (0)
-
-struct RestoreAutomaticPath {
-  ~RestoreAutomaticPath() { kn::flash_attention_bf16_use_path(nullptr); }
+// The AMX path forced for each test, the automatic choice put back after it;
+// skipped (saying why) on a CPU without it.
+class FlashAttentionBf16Amx : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!has_path("AMX"))
+      GTEST_SKIP() << "no AMX path: this CPU lacks AMX-BF16/AMX-TILE or the kernel refused "
+                      "the tile state";
+    ASSERT_TRUE(kn::flash_attention_bf16_use_path("AMX"));
+  }
+  void TearDown() override { kn::flash_attention_bf16_use_path(nullptr); }
 };
 
-TEST(FlashAttentionBf16Amx, TileEdgesAndHeadDimsMatchReference) {
-  SKIP_WITHOUT_AMX();
-  RestoreAutomaticPath restore;
-  Errors worst{};
-  uint32_t seed = 2000;
+TEST_F(FlashAttentionBf16Amx, TileEdgesAndHeadDimsMatchReference) {
+  std::vector<Case> cases;
   for (int64_t T : {1, 15, 16, 17, 33, 100})
     for (int64_t hd : {16, 64, 80, 128, 256})
-      for (bool causal : {true, false}) {
-        const Errors e = expect_close({1, T, 2, hd, causal}, seed++);
-        worst = {std::max(worst.out, e.out), std::max(worst.lse, e.lse), std::max(worst.dq, e.dq),
-                 std::max(worst.dk, e.dk), std::max(worst.dv, e.dv)};
-      }
+      for (bool causal : {true, false}) cases.push_back({1, T, 2, hd, causal});
   for (int64_t hd : {64, 128})
-    for (bool causal : {true, false}) {
-      const Errors e = expect_close({1, 1000, 2, hd, causal}, seed++);
-      worst = {std::max(worst.out, e.out), std::max(worst.lse, e.lse), std::max(worst.dq, e.dq),
-               std::max(worst.dk, e.dk), std::max(worst.dv, e.dv)};
-    }
-  std::printf(
-      "AMX: largest relative errors vs the fp64 reference: out %.2e lse %.2e dq %.2e "
-      "dk %.2e dv %.2e\n",
-      worst.out, worst.lse, worst.dq, worst.dk, worst.dv);
-  for (const double err : {worst.out, worst.dq, worst.dk, worst.dv}) EXPECT_GT(err, 0.0);
+    for (bool causal : {true, false}) cases.push_back({1, 1000, 2, hd, causal});
+  Errors worst{};
+  uint32_t seed = 2000;
+  for (const Case& c : cases) worst = max_of(worst, expect_close(c, seed++));
+  print_worst(worst);
+  expect_nonzero(worst);
 }
 
-TEST(FlashAttentionBf16Amx, DropoutAndFusedQkvMatchReference) {
-  SKIP_WITHOUT_AMX();
-  RestoreAutomaticPath restore;
+TEST_F(FlashAttentionBf16Amx, DropoutAndFusedQkvMatchReference) {
   uint32_t seed = 2100;
   for (bool causal : {true, false})
     for (int64_t T : {15, 17, 100}) {
@@ -428,40 +437,16 @@ TEST(FlashAttentionBf16Amx, DropoutAndFusedQkvMatchReference) {
 }
 
 #ifdef _OPENMP
-TEST(FlashAttentionBf16Amx, SameBitsForOneAndTwoThreads) {
-  SKIP_WITHOUT_AMX();
-  RestoreAutomaticPath restore;
+TEST_F(FlashAttentionBf16Amx, SameBitsForOneAndTwoThreads) {
   // B·H = 1 and 3: split into key- and query-tile tasks on 2 threads (whole
   // heads on 1); B·H = 8: whole heads either way.
-  struct Shape {
-    int64_t B, H, T, hd;
-  };
-  for (const Shape& shape : {Shape{1, 1, 100, 80}, Shape{1, 3, 257, 64}, Shape{2, 4, 70, 16}})
-    for (float dropout : {0.0f, 0.25f})
-      for (bool causal : {true, false}) {
-        FlashAttentionParams p;
-        p.B = shape.B, p.T = shape.T, p.H = shape.H, p.hd = shape.hd, p.causal = causal;
-        p.dropout_p = dropout, p.dropout_seed = 11;
-        const size_t n = size_t(p.B * p.T * p.H * p.hd);
-        const auto q = randn_bf16(n, 21), k = randn_bf16(n, 22), v = randn_bf16(n, 23);
-        const auto dout = randn_bf16(n, 24);
-        const int saved = omp_get_max_threads();
-        omp_set_num_threads(1);
-        const auto one = run_all(p, q, k, v, dout);
-        omp_set_num_threads(2);
-        const auto two = run_all(p, q, k, v, dout);
-        omp_set_num_threads(saved);
-        EXPECT_TRUE(one == two) << "AMX: 1 and 2 threads differ: B=" << p.B << " H=" << p.H
-                                << " T=" << p.T << " hd=" << p.hd << " causal=" << causal
-                                << " p=" << dropout;
-      }
+  expect_same_bits_for_threads({{1, 1, 100, 80}, {1, 3, 257, 64}, {2, 4, 70, 16}}, 0.25f, 11, 21,
+                               {2});
 }
 #endif
 
-TEST(FlashAttentionBf16Amx, CloseToTheAvx512Bf16Path) {
+TEST_F(FlashAttentionBf16Amx, CloseToTheAvx512Bf16Path) {
   // The same numerics by other instructions: outputs within a few bf16 ulps.
-  SKIP_WITHOUT_AMX();
-  RestoreAutomaticPath restore;
   if (!has_path("AVX512-BF16")) GTEST_SKIP() << "no AVX512-BF16 path to compare with";
   FlashAttentionParams p;
   p.B = 2, p.T = 150, p.H = 3, p.hd = 64, p.causal = true;

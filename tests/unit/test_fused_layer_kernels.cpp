@@ -19,6 +19,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attn/gpt.h"
@@ -29,6 +30,7 @@
 #include "attn/random.h"
 #include "expect.h"
 #include "gradcheck.h"
+#include "layer_kernel_checks.h"
 
 namespace attn::test {
 namespace {
@@ -57,18 +59,6 @@ void expect_same_bf16(const Tensor& got16, const Tensor& want32, const std::stri
     ASSERT_EQ(got16.data_ptr<BFloat16>()[i].bits, to_bfloat16(want32.data()[i]).bits)
         << what << " element " << i;
   }
-}
-
-void expect_near_rel(const Tensor& got, const Tensor& want, double rel, const std::string& what) {
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  double worst = 0.0;
-  for (int64_t i = 0; i < got.numel(); ++i) {
-    const double w = want.data()[i], err = std::fabs(double(got.data()[i]) - w);
-    worst = std::max(worst, err / (1.0 + std::fabs(w)));
-    ASSERT_LE(err, rel * (1.0 + std::fabs(w)))
-        << what << "[" << i << "]: got " << got.data()[i] << " want " << w;
-  }
-  std::cout << "[fused kernels] " << what << ": max error / (1 + |want|) " << worst << "\n";
 }
 
 void check_add_layer_norm(const std::string& target) {
@@ -294,16 +284,13 @@ void check_many_tensors(const std::string& target) {
 }
 
 TEST(FusedLayerKernels, EveryTargetMatchesTheUnfusedKernels) {
-  for (const std::string& target : kernels::flash_attention_targets()) {
-    ASSERT_TRUE(kernels::flash_attention_use_target(target.c_str()));
-    EXPECT_EQ(std::string(kernels::layer_kernels_target()), target);
+  on_every_simd_target([](const std::string& target) {
     check_add_layer_norm(target);
     check_bias_gelu(target);
     check_adamw_zero_grad(target);
     check_sum_of_squares(target);
     check_many_tensors(target);
-  }
-  kernels::flash_attention_use_target(nullptr);
+  });
 }
 
 TEST(FusedLayerKernels, FillRowsAddIsTheResidualPlusTheBias) {
@@ -321,11 +308,7 @@ TEST(FusedLayerKernels, BitsDoNotDependOnTheThreadCount) {
   const Tensor a = random_tensor({M, N}, 28), r = random_tensor({M, N}, 29);
   const Tensor dy = random_tensor({M, N}, 30), b = random_tensor({N}, 31);
   const Tensor scale = random_tensor({N}, 32), shift = random_tensor({N}, 33);
-  std::vector<std::vector<float>> runs;
-  std::vector<double> squares;
-  const int saved = omp_get_max_threads();
-  for (int threads : {1, 2}) {
-    omp_set_num_threads(threads);
+  expect_same_bits_on_1_and_2_threads([&] {
     Tensor x1({M, N}), y({M, N}), mean({M}), sd({M}), dx({M, N}), ds = Tensor::zeros({N}),
                                                                   dsh = Tensor::zeros({N});
     kernels::add_layer_norm_forward(x1.data(), y.data(), mean.data(), sd.data(), a.data(),
@@ -338,16 +321,10 @@ TEST(FusedLayerKernels, BitsDoNotDependOnTheThreadCount) {
     Tensor slope = a.clone(), gs({M, N}), dhs({M, N}), dbs = Tensor::zeros({N});
     kernels::bias_gelu_forward_slope(slope.data(), gs.data(), b.data(), M, N);
     kernels::slope_backward_bias(dhs.data(), dbs.data(), dy.data(), slope.data(), M, N);
-    std::vector<float> all;
-    for (const Tensor* t :
-         {&x1, &y, &mean, &sd, &dx, &ds, &dsh, &h, &g, &dh, &db, &slope, &gs, &dhs, &dbs})
-      all.insert(all.end(), t->data(), t->data() + t->numel());
-    runs.push_back(all);
-    squares.push_back(kernels::sum_of_squares(a.data(), M * N));
-  }
-  omp_set_num_threads(saved);
-  EXPECT_EQ(runs[0], runs[1]);
-  EXPECT_EQ(squares[0], squares[1]);
+    return std::make_pair(
+        all_values({&x1, &y, &mean, &sd, &dx, &ds, &dsh, &h, &g, &dh, &db, &slope, &gs, &dhs, &dbs}),
+        kernels::sum_of_squares(a.data(), M * N));
+  });
 }
 
 // nn::FeedForward with LayerImpl::kKernel (the fused path) against the chain

@@ -25,23 +25,10 @@
 #include "attn/random.h"
 #include "expect.h"
 #include "gradcheck.h"
+#include "layer_kernel_checks.h"
 
 namespace attn::test {
 namespace {
-
-void expect_near_rel(const Tensor& got, const Tensor& want, double rel, const std::string& what) {
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  const float* g = got.data();
-  const float* w = want.data();
-  double worst = 0.0;
-  for (int64_t i = 0; i < got.numel(); ++i) {
-    const double err = std::fabs(double(g[i]) - double(w[i]));
-    worst = std::max(worst, err / (1.0 + std::fabs(double(w[i]))));
-    ASSERT_LE(err, rel * (1.0 + std::fabs(double(w[i]))))
-        << what << "[" << i << "]: kernel " << g[i] << " reference " << w[i];
-  }
-  std::cout << "[layer kernels] " << what << ": max error / (1 + |ref|) " << worst << "\n";
-}
 
 struct NC {
   int64_t N, C;
@@ -173,14 +160,11 @@ void check_round_to_bf16(const std::string& target) {
 
 // Every SIMD target compiled in that this CPU runs (AVX3, AVX2, SSE4, scalar).
 TEST(LayerKernels, EveryTargetMatchesTheReference) {
-  for (const std::string& target : kernels::flash_attention_targets()) {
-    ASSERT_TRUE(kernels::flash_attention_use_target(target.c_str()));
-    EXPECT_EQ(std::string(kernels::layer_kernels_target()), target);
+  on_every_simd_target([](const std::string& target) {
     check_layer_norm_against_reference(target);
     check_gelu_against_reference(target);
     check_round_to_bf16(target);
-  }
-  kernels::flash_attention_use_target(nullptr);
+  });
 }
 
 // fill_rows and column_sums_accumulate against their loops, with a leading
@@ -242,8 +226,7 @@ TEST(LayerKernels, AdamWUpdateIsTheScalarFormulaOnEveryTarget) {
     const float denom = std::sqrt(v_ref[i]) / c.bias_correction2_sqrt + c.eps;
     w_ref[i] = w_ref[i] + c.neg_step_size * m_ref[i] / denom;
   }
-  for (const std::string& target : kernels::flash_attention_targets()) {
-    ASSERT_TRUE(kernels::flash_attention_use_target(target.c_str()));
+  on_every_simd_target([&](const std::string& target) {
     std::vector<float> w = w0, m = m0, v = v0;
     kernels::adamw_update(w.data(), m.data(), v.data(), g.data(), n, c);
     if (target == "AVX3" || target == "AVX2") {
@@ -254,8 +237,7 @@ TEST(LayerKernels, AdamWUpdateIsTheScalarFormulaOnEveryTarget) {
       expect_near_rel(Tensor({n}, w), Tensor({n}, w_ref), 1e-6, "adamw w, " + target);
       expect_near_rel(Tensor({n}, m), Tensor({n}, m_ref), 1e-6, "adamw m, " + target);
     }
-  }
-  kernels::flash_attention_use_target(nullptr);
+  });
 }
 
 TEST(LayerKernels, GeluPropagatesNaNAndSaturates) {
@@ -276,10 +258,7 @@ TEST(LayerKernels, BitsDoNotDependOnTheThreadCount) {
   const int64_t N = 1000, C = 200;  // past the parallel threshold
   const Tensor x = random_tensor({N, C}, 9), dy = random_tensor({N, C}, 10);
   const Tensor scale = random_tensor({C}, 11), shift = random_tensor({C}, 12);
-  std::vector<std::vector<float>> runs;
-  const int saved = omp_get_max_threads();
-  for (int threads : {1, 2}) {
-    omp_set_num_threads(threads);
+  expect_same_bits_on_1_and_2_threads([&] {
     Tensor y({N, C}), mean({N}), sd({N}), dx({N, C}), ds = Tensor::zeros({C}),
                                                       db = Tensor::zeros({C});
     Tensor g({N, C}), gdx({N, C});
@@ -289,13 +268,8 @@ TEST(LayerKernels, BitsDoNotDependOnTheThreadCount) {
                                  mean.data(), sd.data(), N, C);
     kernels::gelu_forward(g.data(), x.data(), N * C);
     kernels::gelu_backward(gdx.data(), dy.data(), x.data(), N * C);
-    std::vector<float> all;
-    for (const Tensor* t : {&y, &mean, &sd, &dx, &ds, &db, &g, &gdx})
-      all.insert(all.end(), t->data(), t->data() + t->numel());
-    runs.push_back(all);
-  }
-  omp_set_num_threads(saved);
-  EXPECT_EQ(runs[0], runs[1]);
+    return all_values({&y, &mean, &sd, &dx, &ds, &db, &g, &gdx});
+  });
 }
 
 TEST(LayerKernels, TargetIsNamed) {

@@ -164,65 +164,79 @@ void print(const Worst& w, const char* name) {
             << w.dq << ", dk " << w.dk << ", dv " << w.dv << "\n";
 }
 
-TEST(SdpaAmx, RoutedCallsMatchTheReferenceCausalAndFull) {
-  ATTN_REQUIRE_AMX();
+// One routed call of a sweep: the inputs' shape, layout and seed, the options.
+struct RoutedCase {
+  int64_t B, H, T, D;
+  Layout layout;
+  uint64_t seed;
+  SdpaOptions o;
+  std::string what;
+};
+
+SdpaOptions causal_options(bool causal) {
+  SdpaOptions o;
+  o.is_causal = causal;
+  return o;
+}
+
+std::string dims_name(int64_t D, int64_t T, bool causal) {
+  return "D " + std::to_string(D) + " T " + std::to_string(T) + (causal ? " causal" : " full");
+}
+
+// Every case with the core's path forced to AMX, against the specification;
+// prints the largest errors of the sweep under `title`.
+void expect_routed_cases(const std::vector<RoutedCase>& cases, const char* title) {
   const attn::test::Bf16PathGuard amx("AMX");
   ASSERT_TRUE(amx.forced());
   Worst worst;
+  for (const RoutedCase& c : cases)
+    check_routed(make_inputs(c.B, c.H, c.T, c.D, c.layout, c.seed), c.o, worst, c.what);
+  print(worst, title);
+}
+
+TEST(SdpaAmx, RoutedCallsMatchTheReferenceCausalAndFull) {
+  ATTN_REQUIRE_AMX();
+  std::vector<RoutedCase> cases;
   uint64_t seed = 100;
   for (const int64_t D : {64, 80, 128})
     for (const int64_t T : {1, 15, 16, 17, 63, 64, 65, 100, 129, 200})
-      for (const bool causal : {true, false}) {
-        const int64_t B = T % 2 + 1, H = T < 64 ? 3 : 2;
-        const Inputs in = make_inputs(B, H, T, D, Layout::kHeadMajor, seed += 4);
-        SdpaOptions o;
-        o.is_causal = causal;
-        check_routed(in, o, worst,
-                     "D " + std::to_string(D) + " T " + std::to_string(T) + (causal ? " causal" : " full"));
-      }
-  print(worst, "causal and full");
+      for (const bool causal : {true, false})
+        cases.push_back({T % 2 + 1, T < 64 ? 3 : 2, T, D, Layout::kHeadMajor, seed += 4,
+                         causal_options(causal), dims_name(D, T, causal)});
+  expect_routed_cases(cases, "causal and full");
 }
 
 TEST(SdpaAmx, RoutedCallsReadEveryLayoutAndTheScale) {
   ATTN_REQUIRE_AMX();
-  const attn::test::Bf16PathGuard amx("AMX");
-  ASSERT_TRUE(amx.forced());
-  Worst worst;
+  std::vector<RoutedCase> cases;
   uint64_t seed = 900;
   for (const Layout layout :
        {Layout::kHeadMajor, Layout::kTokenMajor, Layout::kFusedQkv, Layout::kStridedD})
     for (const float scale : {-1.0f, 0.05f, 0.0f}) {
-      const Inputs in = make_inputs(2, 3, 77, 80, layout, seed += 4);
-      SdpaOptions o;
-      o.is_causal = true;
+      SdpaOptions o = causal_options(true);
       if (scale >= 0.0f) o.scale = scale;
-      check_routed(in, o, worst,
-                   "layout " + std::to_string(int(layout)) + " scale " + std::to_string(scale));
+      cases.push_back({2, 3, 77, 80, layout, seed += 4, o,
+                       "layout " + std::to_string(int(layout)) + " scale " + std::to_string(scale)});
     }
-  print(worst, "layouts and scales");
+  expect_routed_cases(cases, "layouts and scales");
 }
 
 // The core's dropout noise is sdpa's (Philox counters (j/4, i, h, b)): the
 // reference, drawing its own noise, agrees with the routed kernel only if so.
 TEST(SdpaAmx, RoutedDropoutDrawsTheReferencesNoise) {
   ATTN_REQUIRE_AMX();
-  const attn::test::Bf16PathGuard amx("AMX");
-  ASSERT_TRUE(amx.forced());
-  Worst worst;
+  std::vector<RoutedCase> cases;
   uint64_t seed = 500;
   for (const int64_t D : {64, 80, 128})
     for (const int64_t T : {17, 64, 130})
       for (const bool causal : {true, false}) {
-        const Inputs in = make_inputs(2, 2, T, D, Layout::kTokenMajor, seed += 4);
-        SdpaOptions o;
-        o.is_causal = causal;
+        SdpaOptions o = causal_options(causal);
         o.dropout_p = 0.2f;
-        o.dropout_seed = seed;
-        check_routed(in, o, worst,
-                     "dropout D " + std::to_string(D) + " T " + std::to_string(T) +
-                         (causal ? " causal" : " full"));
+        o.dropout_seed = seed += 4;
+        cases.push_back(
+            {2, 2, T, D, Layout::kTokenMajor, seed, o, "dropout " + dims_name(D, T, causal)});
       }
-  print(worst, "dropout");
+  expect_routed_cases(cases, "dropout");
 }
 
 // The route changes the bits (it is taken), and forcing the core's path off

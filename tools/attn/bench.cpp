@@ -379,7 +379,7 @@ std::string cpu_family_model() {
 }
 
 // What the header and --json's "machine" say: the CPU, the paths chosen, the
-// peaks (measured only when `measure`).
+// peaks (measured only when `measure`: the three probes take about 5 s).
 struct Machine {
   std::string cpu, family_model, simd_target, bf16_path, sdpa_bf16_path, gemv_bf16_path;
   std::vector<std::string> simd_targets, bf16_paths;
@@ -423,6 +423,8 @@ nlohmann::json probe_json(const kernels::PeakProbe& p) {
           {"verdict", p.verdict}};
 }
 
+// `measured`: whether the peaks were probed. Without them the peaks are null
+// and "peaks_measured" is false (--json without --sgemm, or --no-probe).
 nlohmann::json machine_json(const Machine& m, bool measured) {
   nlohmann::json j = {{"cpu", m.cpu},
                       {"cpu_family_model", m.family_model},
@@ -437,12 +439,11 @@ nlohmann::json machine_json(const Machine& m, bool measured) {
                       {"fast_gemm_reason", m.fast_gemm_reason},
                       {"blas", m.blas},
                       {"gemm_bf16", m.gemm_bf16}};
-  if (measured) {
-    j["clock_ghz"] = m.clock_ghz;
-    j["fma_peak"] = probe_json(m.fma);
-    j["bf16_dot_peak"] = probe_json(m.bf16);
-    j["amx_bf16_peak"] = probe_json(m.amx);
-  }
+  j["peaks_measured"] = measured;
+  j["clock_ghz"] = measured ? nlohmann::json(m.clock_ghz) : nlohmann::json(nullptr);
+  j["fma_peak"] = measured ? probe_json(m.fma) : nlohmann::json(nullptr);
+  j["bf16_dot_peak"] = measured ? probe_json(m.bf16) : nlohmann::json(nullptr);
+  j["amx_bf16_peak"] = measured ? probe_json(m.amx) : nlohmann::json(nullptr);
   return j;
 }
 
@@ -753,6 +754,7 @@ Command add_bench_command(CLI::App& app) {
     int64_t batch = 1, tokens = 1024, d_model = 768, heads = 12;
     int repeats = 5, threads = 0, sgemm_n = 4096;  // --quick: 3 repeats, sgemm of 2048
     bool quick = false, json = false, memory = false, sgemm = false, bandwidth = false;
+    bool no_probe = false;  // skip the peak probes (about 5 s)
     int64_t memory_tokens = 16384;
     int64_t window_left = -1;
     int64_t bandwidth_mib = 256;
@@ -824,6 +826,10 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_flag("--sgemm", f->sgemm,
                 "With --json: measure sgemm and the FMA peak too (pct_sgemm, pct_peak)");
   cmd->add_option("--sgemm-n", f->sgemm_n, "Size n of the sgemm n^3 (default 4096, --quick 2048)");
+  cmd->add_flag("--no-probe", f->no_probe,
+                "Skip the three peak probes (fp32 FMA, bf16 dot product, AMX; about 5 s): the "
+                "header says the peaks were not measured, % peak is '-' (--json: pct_peak null, "
+                "machine.peaks_measured false and its peaks null); sgemm still runs");
   cmd->add_flag("--memory", f->memory,
                 "Memory mode: one forward+backward of the core and of the module at B=1, "
                 "T=--memory-tokens, 12 heads of 64; peak memory beyond inputs, outputs and "
@@ -1043,9 +1049,10 @@ Command add_bench_command(CLI::App& app) {
     double sgemm = -1, sgemm_blas = -1, sgemm_fast = -1, peak = -1, bf16_peak = -1;
     const int sgemm_n = given("--sgemm-n") ? f->sgemm_n : (f->quick ? 2048 : 4096);
     const bool measure = !f->json || f->sgemm;
+    const bool probe_peaks = measure && !f->no_probe;
     Machine machine;
     if (measure) {
-      machine = machine_facts(true);
+      machine = machine_facts(probe_peaks);
       peak = machine.fma.gflops;
       if (machine.bf16.gflops > 0) bf16_peak = machine.bf16.gflops;
       sgemm_blas = attn::bench::sgemm_gflops(sgemm_n, f->quick ? 3 : 5, gemm::Engine::kBlas);
@@ -1064,17 +1071,22 @@ Command add_bench_command(CLI::App& app) {
       fmt::print("SIMD target {} (this CPU runs: {}; ATTN_SIMD_TARGET or --target forces one)\n",
                  target, fmt::join(machine.simd_targets, ", "));
       fmt::print("{}\n", wait_policy());
-      fmt::print(
-          "core clock {:.2f} GHz (a chain of dependent integer adds; FLOP/cycle below is per "
-          "thread at this clock)\n",
-          machine.clock_ghz);
-      fmt::print("fp32 FMA peak ({}, {} threads, median of 5): {}\n", target, omp_threads(),
-                 probe_text(machine.fma));
-      fmt::print("bf16 dot-product peak (AVX512-BF16 VDPBF16PS): {}{}\n", probe_text(machine.bf16),
-                 bf16_peak > 0 && peak > 0
-                     ? fmt::format(", {:.2f}x the fp32 peak", bf16_peak / peak)
-                     : std::string());
-      fmt::print("AMX bf16 peak (TDPBF16PS): {}\n", probe_text(machine.amx));
+      if (probe_peaks) {
+        fmt::print(
+            "core clock {:.2f} GHz (a chain of dependent integer adds; FLOP/cycle below is per "
+            "thread at this clock)\n",
+            machine.clock_ghz);
+        fmt::print("fp32 FMA peak ({}, {} threads, median of 5): {}\n", target, omp_threads(),
+                   probe_text(machine.fma));
+        fmt::print("bf16 dot-product peak (AVX512-BF16 VDPBF16PS): {}{}\n",
+                   probe_text(machine.bf16),
+                   bf16_peak > 0 && peak > 0
+                       ? fmt::format(", {:.2f}x the fp32 peak", bf16_peak / peak)
+                       : std::string());
+        fmt::print("AMX bf16 peak (TDPBF16PS): {}\n", probe_text(machine.amx));
+      } else {
+        fmt::print("peaks not measured (--no-probe): no clock, no FLOP/cycle, % peak is -\n");
+      }
       fmt::print(
           "paths: flash kernel {}; bf16 attention {} (of: {}; ATTN_BF16_PATH or "
           "--bf16-path forces one); sdpa bf16 {}; decode gemv bf16 {}\n",
@@ -1084,13 +1096,16 @@ Command add_bench_command(CLI::App& app) {
           "gemm: fast engine {} ({}; ATTN_GEMM_ENGINE=onednn|blas forces one); BLAS {}; "
           "bf16 gemm {}\n",
           machine.fast_gemm, machine.fast_gemm_reason, machine.blas, machine.gemm_bf16);
-      fmt::print("sgemm {}^3, BLAS engine ({}, median of {}): {:.1f} GFLOP/s = {:.1f}% of peak\n",
-                 sgemm_n, gemm::blas_name(), f->quick ? 3 : 5, sgemm_blas,
-                 100.0 * sgemm_blas / peak);
+      // "= 12.3% of peak", or nothing where the peak was not measured.
+      const auto of_peak = [&](double rate) {
+        return peak > 0 ? fmt::format(" = {:.1f}% of peak", 100.0 * rate / peak) : std::string();
+      };
+      fmt::print("sgemm {}^3, BLAS engine ({}, median of {}): {:.1f} GFLOP/s{}\n", sgemm_n,
+                 gemm::blas_name(), f->quick ? 3 : 5, sgemm_blas, of_peak(sgemm_blas));
       fmt::print(
-          "sgemm {}^3, fast engine ({}, median of {}): {:.1f} GFLOP/s = {:.1f}% of peak; % sgemm "
+          "sgemm {}^3, fast engine ({}, median of {}): {:.1f} GFLOP/s{}; % sgemm "
           "below is of the faster; {} repeats per case after a warm-up of 250 ms\n",
-          sgemm_n, gemm::fast_gemm_name(), f->quick ? 3 : 5, sgemm_fast, 100.0 * sgemm_fast / peak,
+          sgemm_n, gemm::fast_gemm_name(), f->quick ? 3 : 5, sgemm_fast, of_peak(sgemm_fast),
           repeats);
       for (const auto* probe : {&machine.fma, &machine.bf16, &machine.amx}) {
         if (probe->gflops > 0 && probe->flops_per_cycle > 0 && !probe->plausible)
@@ -1161,7 +1176,7 @@ Command add_bench_command(CLI::App& app) {
             if (r.pct_peak > 100.0) ++above_peak;
             if (f->json) {
               rows.push_back(to_json(r, repeats));
-              rows.back()["machine"] = machine_json(machine, measure);
+              rows.back()["machine"] = machine_json(machine, probe_peaks);
             } else {
               print_table_row(r);
             }

@@ -1,7 +1,9 @@
-// src/reference/rope_row.h - one row of rotary position embedding (attn/rope.h),
+// src/kernels/rope_row.h - one row of rotary position embedding (attn/rope.h),
 // the loop both ref::rope_rows and kernels::rope_rows run, so the two agree bit
 // for bit. The pairs (i, i + h) are independent and contiguous in x, cos and
-// sin: the compiler vectorises the loop.
+// sin: the compiler vectorises the loop. It sits with the kernels, the lower
+// layer, so that src/reference includes it from below (as it does philox.h)
+// and no kernel includes anything of src/reference.
 #pragma once
 
 #include <cstdint>
