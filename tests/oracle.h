@@ -1,6 +1,6 @@
-// tests/oracle.h - reading the golden files that ship in data/ (both test binaries)
-// and the reference values that PyTorch wrote (tests/torch/oracle.py;
-// attn_torch_tests only).
+// tests/oracle.h - reading the golden files that ship in data/ and the fixtures
+// committed under tests/fixtures/ (both test binaries), and the reference values
+// that PyTorch wrote (tests/torch/oracle.py; attn_torch_tests only).
 //
 // A file that cannot be opened fails with a message that names the file, the full
 // path it was looked for at, and what puts it there: the checkout's data/ folder
@@ -9,14 +9,17 @@
 // so that tests/unit/test_oracle_messages.cpp can check them without PyTorch.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -60,6 +63,18 @@ inline std::string missing_oracle_message(const std::string& name, const std::st
          python + " tests/torch/oracle.py --out " + full_path(oracle_dir) + " --only " + only + ")";
 }
 
+// The message for the committed fixture `name` (relative to tests/fixtures/)
+// looked for under `tests_dir` (ATTN_TESTS_DIR); `recorder`, where given, is
+// the command that recorded it (e.g. "/usr/bin/python3 tests/torch/record_ch5_training.py
+// PATH, about 25 minutes of 2 idle cores").
+inline std::string missing_fixture_message(const std::string& name, const std::string& tests_dir,
+                                           const std::string& recorder = "") {
+  const std::string path = full_path(tests_dir + "/fixtures/" + name);
+  return "cannot open the test fixture " + name + ": " + path + " " + why_unreadable(path) +
+         ". It is committed with the tests: restore it with git checkout -- tests/fixtures/" +
+         name + (recorder.empty() ? "" : " (it was recorded once by " + recorder + ")");
+}
+
 // Parses the JSON file at path; throws std::runtime_error(missing()) when it cannot
 // be opened. Json is nlohmann::json or nlohmann::ordered_json.
 template <class Json = nlohmann::json, class Message>
@@ -81,6 +96,22 @@ inline nlohmann::json read_data_json(const std::string& name) {
 }
 #endif
 
+// ---- committed fixtures in tests/fixtures/ (ATTN_TESTS_DIR) ---------------------------
+#ifdef ATTN_TESTS_DIR
+inline std::string fixture_path(const std::string& name) {
+  return std::string(ATTN_TESTS_DIR) + "/fixtures/" + name;
+}
+
+// The fixture `name` (e.g. "gqa_swa/book_1.13.json"); `recorder` as for
+// missing_fixture_message.
+template <class Json = nlohmann::json>
+Json read_fixture_json(const std::string& name, const std::string& recorder = "") {
+  return read_json_file<Json>(fixture_path(name), [&] {
+    return missing_fixture_message(name, ATTN_TESTS_DIR, recorder);
+  });
+}
+#endif
+
 // ---- PyTorch's reference outputs (attn_torch_tests only) ---------------------------
 #ifdef ATTN_ORACLE_DIR
 inline std::string oracle_path(const std::string& name) {
@@ -94,7 +125,38 @@ Json read_oracle_json(const std::string& name, const std::string& script) {
     return missing_oracle_message(name, ATTN_ORACLE_DIR, script, ATTN_TORCH_PYTHON);
   });
 }
+
+// The list `key` (e.g. "printed") of oracle output `name`; with a `section`,
+// only its entries whose "section" is that one.
+inline nlohmann::json read_oracle_list(const std::string& name, const std::string& script,
+                                       const std::string& key, const std::string& section = "") {
+  const nlohmann::json all = read_oracle_json(name, script).at(key);
+  if (section.empty()) return all;
+  nlohmann::json some = nlohmann::json::array();
+  for (const auto& entry : all) {
+    if (entry.at("section") == section) some.push_back(entry);
+  }
+  return some;
+}
 #endif
+
+// The first line where a text attn printed and torch's differ, both versions
+// (how the walkthrough tests report a print that is not PyTorch's).
+inline std::string first_difference(const std::string& ours, const std::string& torch) {
+  const auto lines = [](const std::string& text) {
+    std::vector<std::string> out;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) out.push_back(line);
+    return out;
+  };
+  const std::vector<std::string> a = lines(ours), b = lines(torch);
+  for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+    const std::string la = i < a.size() ? a[i] : "(no line)";
+    const std::string lb = i < b.size() ? b[i] : "(no line)";
+    if (la != lb) return "line " + std::to_string(i + 1) + "\n  attn:  " + la + "\n  torch: " + lb;
+  }
+  return "(same lines, different line endings)";
+}
 
 // {"shape": [...], "values": [...]} -> Tensor.
 inline Tensor tensor_from_json(const nlohmann::json& j) {

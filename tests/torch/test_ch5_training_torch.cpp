@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "cli.h"
+#include "oracle.h"
 
 namespace {
 
@@ -42,14 +43,11 @@ constexpr double kLossTol = 2e-4;
 const std::string kVerdict = std::string(ATTN_DATA_DIR) + "/the-verdict.txt";
 
 json fixture() {
-  const std::string path =
-      std::string(ATTN_TESTS_DIR) + "/fixtures/ch5_training/torch_1.13.json";
-  if (!std::filesystem::is_regular_file(path)) {
-    throw std::runtime_error(path + " is missing: it is written once by /usr/bin/python3 "
-                             "tests/torch/record_ch5_training.py " + path +
-                             " (about 25 minutes of 2 idle cores) and committed");
-  }
-  return json::parse(attn::test::read_text(path));
+  const std::string name = "ch5_training/torch_1.13.json";
+  return attn::test::read_fixture_json(
+      name, "/usr/bin/python3 tests/torch/record_ch5_training.py " +
+                attn::test::full_path(attn::test::fixture_path(name)) +
+                ", about 25 minutes of 2 idle cores");
 }
 
 // The fixture's prints of the first `epochs` epochs (evaluation lines and samples).

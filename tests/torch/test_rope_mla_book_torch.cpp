@@ -14,7 +14,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -32,12 +31,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-Json fixture() {
-  const std::string path = std::string(ATTN_TESTS_DIR) + "/fixtures/rope_mla/book.json";
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("cannot open " + path + " (committed; restore it with git)");
-  return Json::parse(in);
-}
+Json fixture() { return read_fixture_json("rope_mla/book.json"); }
 
 double rel_err(const Tensor& got, const Tensor& want) {
   EXPECT_EQ(got.shape(), want.shape());

@@ -20,20 +20,14 @@
 
 namespace {
 
+using attn::test::first_difference;
 using nlohmann::json;
 
 constexpr double kAtol = 1e-5;
 constexpr double kRtol = 1e-4;
 
 json torch_printed(const std::string& section = "") {
-  const json all = attn::test::read_oracle_json("walkthrough_ch4.json", "oracle_walkthrough_ch4.py")
-                       .at("printed");
-  if (section.empty()) return all;
-  json some = json::array();
-  for (const auto& p : all) {
-    if (p.at("section") == section) some.push_back(p);
-  }
-  return some;
+  return attn::test::read_oracle_list("walkthrough_ch4.json", "oracle_walkthrough_ch4.py", "printed", section);
 }
 
 // `attn walkthrough --chapter 4 <args>`.
@@ -42,17 +36,6 @@ attn::test::CliResult run_ch4(const std::string& args) {
   EXPECT_EQ(r.exit_code, 0) << "attn walkthrough --chapter 4 " << args << ": " << r.err;
   return r;
 }
-std::string first_difference(const std::string& ours, const std::string& torch) {
-  const auto a = attn::test::lines_of(ours);
-  const auto b = attn::test::lines_of(torch);
-  for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
-    const std::string la = i < a.size() ? a[i] : "(no line)";
-    const std::string lb = i < b.size() ? b[i] : "(no line)";
-    if (la != lb) return "line " + std::to_string(i + 1) + "\n  attn:  " + la + "\n  torch: " + lb;
-  }
-  return "(same lines, different line endings)";
-}
-
 // Compares a value: tensors ({"shape", "values"}) within the tolerance, the rest equal.
 // Returns the largest |ours - torch| of a float tensor (0 otherwise).
 double compare_value(const json& ours, const json& torch, const std::string& where) {

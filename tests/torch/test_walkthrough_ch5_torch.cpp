@@ -30,6 +30,7 @@
 
 namespace {
 
+using attn::test::first_difference;
 using nlohmann::json;
 
 constexpr double kAtol = 1e-5;
@@ -39,31 +40,13 @@ constexpr double kLoaderLossTol = 1e-5;  // the issue's bound for calc_loss_load
 const std::string kText = std::string("--text '") + ATTN_DATA_DIR + "/the-verdict.txt'";
 
 json torch_printed(const std::string& section = "") {
-  const json all = attn::test::read_oracle_json("walkthrough_ch5.json", "oracle_walkthrough_ch5.py")
-                       .at("printed");
-  if (section.empty()) return all;
-  json some = json::array();
-  for (const auto& p : all) {
-    if (p.at("section") == section) some.push_back(p);
-  }
-  return some;
+  return attn::test::read_oracle_list("walkthrough_ch5.json", "oracle_walkthrough_ch5.py", "printed", section);
 }
 
 attn::test::CliResult run_ch5(const std::string& args) {
   const auto r = attn::test::run_cli("walkthrough --chapter 5 " + kText + " " + args);
   EXPECT_EQ(r.exit_code, 0) << "attn walkthrough --chapter 5 " << args << ": " << r.err;
   return r;
-}
-
-std::string first_difference(const std::string& ours, const std::string& torch) {
-  const auto a = attn::test::lines_of(ours);
-  const auto b = attn::test::lines_of(torch);
-  for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
-    const std::string la = i < a.size() ? a[i] : "(no line)";
-    const std::string lb = i < b.size() ? b[i] : "(no line)";
-    if (la != lb) return "line " + std::to_string(i + 1) + "\n  attn:  " + la + "\n  torch: " + lb;
-  }
-  return "(same lines, different line endings)";
 }
 
 bool is_loader_loss(const json& p) { return p.at("section") == "loader_loss"; }

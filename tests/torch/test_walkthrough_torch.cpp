@@ -16,6 +16,7 @@
 
 namespace {
 
+using attn::test::first_difference;
 using nlohmann::json;
 
 constexpr double kAtol = 1e-5;
@@ -23,13 +24,7 @@ constexpr double kRtol = 1e-4;
 
 // The torch oracle's tensors, optionally only one section's.
 json torch_tensors(const std::string& file, const std::string& section = "") {
-  const json all = attn::test::read_oracle_json(file, "oracle_walkthrough.py").at("tensors");
-  if (section.empty()) return all;
-  json some = json::array();
-  for (const auto& t : all) {
-    if (t.at("section") == section) some.push_back(t);
-  }
-  return some;
+  return attn::test::read_oracle_list(file, "oracle_walkthrough.py", "tensors", section);
 }
 
 json run_walkthrough_json(const std::string& args) {
@@ -43,20 +38,6 @@ bool value_close(const json& ours, const json& theirs) {
   if (theirs.is_string() || ours.is_string()) return ours == theirs;  // "inf", "-inf", "nan"
   const double a = ours.get<double>(), b = theirs.get<double>();
   return std::fabs(a - b) <= kAtol + kRtol * std::fabs(b);
-}
-
-// The first line where two printed tensors differ, both versions.
-std::string first_difference(const std::string& ours, const std::string& torch) {
-  const auto a = attn::test::lines_of(ours);
-  const auto b = attn::test::lines_of(torch);
-  for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
-    const std::string la = i < a.size() ? a[i] : "(no line)";
-    const std::string lb = i < b.size() ? b[i] : "(no line)";
-    if (la != lb) {
-      return "line " + std::to_string(i + 1) + "\n  attn:  " + la + "\n  torch: " + lb;
-    }
-  }
-  return "(same lines, different line endings)";
 }
 
 // Compares tensor by tensor; returns how many print exactly as torch prints them.

@@ -16,7 +16,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -37,12 +36,7 @@ using Json = nlohmann::json;
 using namespace attn::nn;
 
 const Json& fixture() {
-  static const Json j = [] {
-    const std::string path = std::string(ATTN_TESTS_DIR) + "/fixtures/gqa_swa/book_1.13.json";
-    std::ifstream in(path);
-    if (!in) throw std::runtime_error("cannot read " + path);
-    return Json::parse(in);
-  }();
+  static const Json j = read_fixture_json("gqa_swa/book_1.13.json");
   return j;
 }
 

@@ -59,6 +59,30 @@ TEST(OracleMessages, MissingOracleOutputNamesThePathAndTheScript) {
                    dir + " --only ops)");
 }
 
+TEST(OracleMessages, MissingFixtureNamesThePathAndHowToRestoreIt) {
+  const std::string tests = absent_folder("tests");
+  const std::string m = attn::test::missing_fixture_message("gqa_swa/x.json", tests);
+  EXPECT_EQ(m, "cannot open the test fixture gqa_swa/x.json: " + tests +
+                   "/fixtures/gqa_swa/x.json does not exist. It is committed with the tests: "
+                   "restore it with git checkout -- tests/fixtures/gqa_swa/x.json");
+  const std::string r = attn::test::missing_fixture_message("a.json", tests, "record.py PATH");
+  EXPECT_TRUE(contains(r, "(it was recorded once by record.py PATH)")) << r;
+  // The real reader on a real fixture, and on a name that is not there.
+  EXPECT_TRUE(attn::test::read_fixture_json("tokenizer/cases.json").contains("cases"));
+  try {
+    attn::test::read_fixture_json("no/such.json");
+    FAIL() << "expected std::runtime_error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_TRUE(contains(e.what(), "tests/fixtures/no/such.json does not exist")) << e.what();
+  }
+}
+
+TEST(OracleMessages, FirstDifferenceShowsBothVersionsOfTheLine) {
+  EXPECT_EQ(attn::test::first_difference("a\nb\nc", "a\nB\nc"), "line 2\n  attn:  b\n  torch: B");
+  EXPECT_EQ(attn::test::first_difference("a", "a\nz"), "line 2\n  attn:  (no line)\n  torch: z");
+  EXPECT_EQ(attn::test::first_difference("a\n", "a"), "(same lines, different line endings)");
+}
+
 TEST(OracleMessages, AFileThatExistsButCannotBeParsedIsNotCalledMissing) {
   // An existing file gives the JSON parser's error, not the missing-file message.
   const std::string path = attn::test::temp_path("bad.json");

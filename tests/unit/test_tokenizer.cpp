@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -18,6 +17,7 @@
 #include "attn/tokenizer.h"
 #include "attn/utf8.h"
 #include "cli.h"
+#include "oracle.h"
 #include "text/bpe.h"
 #include "text/encoder.h"
 #include "text/pretokenize.h"
@@ -34,10 +34,7 @@ std::string read_data(const std::string& name) {
 }
 
 const nlohmann::json& cases() {
-  static const nlohmann::json j = [] {
-    std::ifstream in(std::string(ATTN_TESTS_DIR) + "/fixtures/tokenizer/cases.json");
-    return nlohmann::json::parse(in);
-  }();
+  static const nlohmann::json j = attn::test::read_fixture_json("tokenizer/cases.json");
   return j.at("cases");
 }
 
@@ -425,10 +422,7 @@ TEST(Tokenizer, MalformedFilesNameTheFileAndLineOrKey) {
 namespace {
 
 const nlohmann::json& bulk() {
-  static const nlohmann::json j = [] {
-    std::ifstream in(std::string(ATTN_TESTS_DIR) + "/fixtures/tokenizer/bulk.json");
-    return nlohmann::json::parse(in);
-  }();
+  static const nlohmann::json j = attn::test::read_fixture_json("tokenizer/bulk.json");
   return j;
 }
 

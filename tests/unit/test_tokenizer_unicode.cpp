@@ -4,21 +4,19 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "text/unicode_classes.h"
+#include "oracle.h"
 
 namespace {
 
 using attn::text::CharClass;
 
 std::vector<uint8_t> tiktoken_classes() {
-  std::ifstream in(std::string(ATTN_TESTS_DIR) + "/fixtures/tokenizer/unicode_classes.json");
-  EXPECT_TRUE(in.good()) << "cannot open unicode_classes.json";
-  const nlohmann::json j = nlohmann::json::parse(in);
+  const nlohmann::json j = attn::test::read_fixture_json("tokenizer/unicode_classes.json");
   std::vector<uint8_t> cls(0x110000, static_cast<uint8_t>(CharClass::kOther));
   const std::pair<const char*, CharClass> names[] = {
       {"L", CharClass::kLetter}, {"N", CharClass::kNumber}, {"s", CharClass::kSpace}};
