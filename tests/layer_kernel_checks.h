@@ -20,6 +20,18 @@
 
 namespace attn::test {
 
+// The AdamW scalars the kernel tests run with (grad_scale 1: no clipping).
+inline kernels::AdamWScalars test_adamw_scalars() {
+  return {.decay = 0.9999f,
+          .beta1 = 0.9f,
+          .beta2 = 0.99f,
+          .one_minus_beta1 = 0.1f,
+          .one_minus_beta2 = 0.01f,
+          .eps = 1e-8f,
+          .neg_step_size = -1.3e-3f,
+          .bias_correction2_sqrt = 0.17f};
+}
+
 // |got − want| <= rel · (1 + |want|) element by element (same shapes); prints
 // the largest error / (1 + |want|) under `what`.
 inline void expect_near_rel(const Tensor& got, const Tensor& want, double rel,

@@ -177,14 +177,7 @@ void check_bias_gelu(const std::string& target) {
 }
 
 void check_adamw_zero_grad(const std::string& target) {
-  const kernels::AdamWScalars plain{.decay = 0.9999f,
-                                    .beta1 = 0.9f,
-                                    .beta2 = 0.99f,
-                                    .one_minus_beta1 = 0.1f,
-                                    .one_minus_beta2 = 0.01f,
-                                    .eps = 1e-8f,
-                                    .neg_step_size = -1.3e-3f,
-                                    .bias_correction2_sqrt = 0.17f};
+  const kernels::AdamWScalars plain = test_adamw_scalars();
   for (const float scale : {1.0f, 0.37f}) {
     kernels::AdamWScalars scaled = plain;
     scaled.grad_scale = scale;
@@ -227,15 +220,8 @@ void check_sum_of_squares(const std::string& target) {
 void check_many_tensors(const std::string& target) {
   const int64_t sizes[] = {1, 17, 8192, 40003, 0, 16384 + 5, 300000, 3};
   constexpr int64_t kCount = std::size(sizes);
-  kernels::AdamWScalars groups[2] = {{.decay = 0.9999f,
-                                      .beta1 = 0.9f,
-                                      .beta2 = 0.99f,
-                                      .one_minus_beta1 = 0.1f,
-                                      .one_minus_beta2 = 0.01f,
-                                      .eps = 1e-8f,
-                                      .neg_step_size = -1.3e-3f,
-                                      .bias_correction2_sqrt = 0.17f,
-                                      .grad_scale = 0.37f}};
+  kernels::AdamWScalars groups[2] = {test_adamw_scalars(), {}};
+  groups[0].grad_scale = 0.37f;
   groups[1] = groups[0];
   groups[1].decay = 1.0f;
   std::vector<Tensor> w0, m0, v0, g0;

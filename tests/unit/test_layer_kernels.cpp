@@ -204,14 +204,7 @@ TEST(LayerKernels, BiasRowsAndColumnSumsAreTheLoopsForAnyThreadCount) {
 // AdamW's update against the scalar formula of AdamW::step (PyTorch's order):
 // bit for bit where the target has FMA (AVX2, AVX3), within float rounding elsewhere.
 TEST(LayerKernels, AdamWUpdateIsTheScalarFormulaOnEveryTarget) {
-  const kernels::AdamWScalars c{.decay = 0.9999f,
-                                .beta1 = 0.9f,
-                                .beta2 = 0.99f,
-                                .one_minus_beta1 = 0.1f,
-                                .one_minus_beta2 = 0.01f,
-                                .eps = 1e-8f,
-                                .neg_step_size = -1.3e-3f,
-                                .bias_correction2_sqrt = 0.17f};
+  const kernels::AdamWScalars c = test_adamw_scalars();
   const int64_t n = 40003;  // past the parallel threshold, with a tail
   const std::vector<float> w0 = random_tensor({n}, 21).to_vector(),
                            g = random_tensor({n}, 22).to_vector();
