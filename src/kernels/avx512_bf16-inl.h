@@ -29,14 +29,17 @@
 
 namespace attn::kernels::avx512 {
 
-// 2^x with a relative error below 2e-7 for x >= -126 (the fp32 kernel's
-// polynomial: Cephes exp2f's on [-1/2, 1/2]); VSCALEFPS applies 2^n and
-// gives exactly 0 for x <= -160 (the clamp also turns NaN into -160: callers
-// mask the lanes whose scores are not to count).
+// 2^x with a relative error below 2e-7 for x >= -125 (Cephes exp2f's
+// polynomial on [-1/2, 1/2]); VSCALEFPS applies 2^n. x below -125 (and -inf,
+// NaN: callers mask the lanes whose scores are not to count) gives exactly 0
+// with those lanes masked off, so no result is subnormal: an underflowing
+// result costs a ~160-cycle microcode assist on Intel cores, and every masked
+// score of a diagonal tile paid it (kernels/flash_tiles-inl.h, Exp2).
 inline __m512 Exp2(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-160.0f));
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x, n);  // [-1/2, 1/2]
+  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-125.0f), _CMP_GE_OQ);
+  const __m512 n =
+      _mm512_maskz_roundscale_ps(live, x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_maskz_sub_ps(live, x, n);  // [-1/2, 1/2]; 0 off the live lanes
   __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
@@ -44,7 +47,7 @@ inline __m512 Exp2(__m512 x) {
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
+  return _mm512_maskz_scalef_ps(live, p, n);
 }
 
 // Lanes (of 16 fp32) whose index i0 + lane is below `limit`.

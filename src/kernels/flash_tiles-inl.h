@@ -44,12 +44,18 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // 2^x for x <= 0 (the softmax's exponents), with a relative error below 2e-7:
 // a degree-5 minimax polynomial for 2^f on [-1/2, 1/2] (max error 7.5e-8 in
-// exact arithmetic), times 2^n. -inf (and any x below -150) gives exactly 0.
+// exact arithmetic), times 2^n. x below kExp2Min (and -inf, NaN) gives exactly
+// 0, and no result is subnormal: an fp32 result that underflows (subnormal or
+// rounded to 0) costs a microcode assist of ~160 cycles on Intel cores, for
+// the whole vector. Every masked score of a diagonal tile (-inf) paid it: a
+// 64 x 64 tile's softmax with its upper triangle at -inf took 170 cycles a
+// vector against 11 (Xeon family 6 model 167, 2^-200 through VSCALEFPS).
+// A weight below 2^-125 beside the row's largest (1) is below fp32's
+// resolution of any sum it joins.
 // On AVX-512 the power of two is one VSCALEFPS (9 vector operations in all,
 // against 16 with the exponent bits built by hand): per score the exp is
 // about a tenth of the two products' FMAs, so it sets much of the forward's
 // speed.
-// Elsewhere x < -126 gives 0 (no subnormal results), as before.
 HWY_INLINE VF Exp2Poly(DF d, VF f) {
   VF p = hn::Set(d, 1.3276434366757512e-3f);
   p = hn::MulAdd(p, f, hn::Set(d, 9.675533201063341e-3f));
@@ -58,19 +64,21 @@ HWY_INLINE VF Exp2Poly(DF d, VF f) {
   p = hn::MulAdd(p, f, hn::Set(d, 6.931469670884293e-1f));
   return hn::MulAdd(p, f, hn::Set(d, 1.0000000716230493f));
 }
+constexpr float kExp2Min = -125.0f;  // 2^x below it is 0: p · 2^n stays normal
 #if HWY_TARGET <= HWY_AVX3
 // VREDUCEPS gives f = x - round(x) in one operation (round(x) = x - f, exactly):
-// 9 vector operations (was 11 with VRNDSCALEPS, two operations, and an upper
-// clamp; x <= 0 here, and 2^x above 2^127 would be +inf). 2^0 stays exactly 1.
+// 9 vector operations (x <= 0 here, and 2^x above 2^127 would be +inf). The
+// lanes below kExp2Min are masked off (a zeroing VREDUCEPS, then a zeroing
+// VSCALEFPS), so their scaling never runs. 2^0 stays exactly 1.
 HWY_INLINE VF Exp2(DF d, VF x) {
-  x = hn::Max(x, hn::Set(d, -200.0f));  // -inf -> 2^-200 · p: exactly 0
-  const VF f{_mm512_reduce_ps(x.raw, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
-  return VF{_mm512_scalef_ps(Exp2Poly(d, f).raw, hn::Sub(x, f).raw)};
+  const __mmask16 live = _mm512_cmp_ps_mask(x.raw, hn::Set(d, kExp2Min).raw, _CMP_GE_OQ);
+  const VF f{_mm512_maskz_reduce_ps(live, x.raw, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
+  return VF{_mm512_maskz_scalef_ps(live, Exp2Poly(d, f).raw, hn::Sub(x, f).raw)};
 }
 #else
 HWY_INLINE VF Exp2(DF d, VF x) {
-  const auto underflow = hn::Lt(x, hn::Set(d, -126.0f));
-  x = hn::Min(hn::Max(x, hn::Set(d, -126.0f)), hn::Set(d, 126.0f));
+  const auto underflow = hn::Lt(x, hn::Set(d, kExp2Min));
+  x = hn::Min(hn::Max(x, hn::Set(d, kExp2Min)), hn::Set(d, 126.0f));
   const VF n = hn::Round(x);
   const VF p = Exp2Poly(d, hn::Sub(x, n));  // f in [-1/2, 1/2]
   const hn::RebindToSigned<DF> di;
