@@ -309,9 +309,9 @@ struct ForwardPacked {
   Words QR, KT, VP;  // (BH, ...) each, per head d.rows() words
 };
 
-void ForwardTile(uint16_t* out, float* lse, const ForwardPacked& pk, const FlashAttentionParams& p,
-                 const Dims& d, int64_t b, int64_t h, size_t i0, float* S, uint32_t* Pw, float* O,
-                 float* m, float* l, float* z) {
+void ForwardTile(uint16_t* out, float* lse, const ForwardStrides& st, const ForwardPacked& pk,
+                 const FlashAttentionParams& p, const Dims& d, int64_t b, int64_t h, size_t i0,
+                 float* S, uint32_t* Pw, float* O, float* m, float* l, float* z) {
   alignas(64) float row_max[kB], alpha[kB];
   const size_t bh = size_t(b * p.H + h), in = std::min(kB, d.T - i0);
   const uint32_t* QR = pk.QR.get() + bh * d.rows();
@@ -386,18 +386,19 @@ void ForwardTile(uint16_t* out, float* lse, const ForwardPacked& pk, const Flash
     tile_gemm<true>(kB, d.hdp, kBw * halves, Pw, kBcw, VP + j0 / 2 * d.hdp, d.hdp, O, d.hdp);
   }
   // O /= l, rounded to bf16; lse = (m + log2 l) · ln 2.
-  const size_t head = size_t(h) * d.hd;
+  uint16_t* o_head = out + b * st.out.b + h * st.out.h;
+  float* lse_head = lse + b * st.lse.b + h * st.lse.h;
   for (size_t ii = 0; ii < in; ++ii) {
     const size_t t = i0 + ii;
     const float inv_l = 1.0f / l[ii];
-    uint16_t* oi = out + (size_t(b) * d.T + t) * size_t(p.o_stride) + head;
+    uint16_t* oi = o_head + int64_t(t) * st.out.t;
     const float* o = O + ii * d.hdp;
     for (size_t c0 = 0; c0 < d.hd; c0 += kN) {
       const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(o + c0), _mm512_set1_ps(inv_l));
       const __m256i y = (__m256i)_mm512_cvtneps_pbh(x);
       _mm256_mask_storeu_epi16(oi + c0, LanesBelow(c0, d.hd), y);
     }
-    lse[bh * d.T + t] = (m[ii] + std::log2(l[ii])) * kLn2;
+    lse_head[int64_t(t) * st.lse.t] = (m[ii] + std::log2(l[ii])) * kLn2;
   }
 }
 
@@ -555,8 +556,19 @@ void QueryTileTask(uint16_t* dq, const BackwardPacked& pk, const FlashAttentionP
 
 }  // namespace
 
+ForwardStrides token_major_strides(const FlashAttentionParams& p) {
+  auto rows = [&](int64_t stride) { return RowStrides{p.T * stride, p.hd, stride}; };
+  return {rows(p.q_stride), rows(p.k_stride), rows(p.v_stride), rows(p.o_stride),
+          RowStrides{p.H * p.T, p.T, 1}};
+}
+
 void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,
              const FlashAttentionParams& p) {
+  forward(out, lse, q, k, v, p, token_major_strides(p));
+}
+
+void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+             const FlashAttentionParams& p, const ForwardStrides& st) {
   const Dims d(p);
   const int64_t BH = p.B * p.H;
   ForwardPacked pk{words(size_t(BH) * d.rows()), words(size_t(BH) * d.rows()),
@@ -566,14 +578,12 @@ void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, co
     auto rows = words(d.rows());
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < BH; ++bh) {
-      const size_t b = size_t(bh / p.H), head = size_t(bh % p.H) * d.hd,
-                   off = size_t(bh) * d.rows();
-      PackRows(pk.QR.get() + off, q + b * d.T * size_t(p.q_stride) + head, size_t(p.q_stride), d.T,
-               d);
-      PackRows(rows.get(), k + b * d.T * size_t(p.k_stride) + head, size_t(p.k_stride), d.T, d);
+      const int64_t b = bh / p.H, h = bh % p.H;
+      const size_t off = size_t(bh) * d.rows();
+      PackRows(pk.QR.get() + off, q + b * st.q.b + h * st.q.h, size_t(st.q.t), d.T, d);
+      PackRows(rows.get(), k + b * st.k.b + h * st.k.h, size_t(st.k.t), d.T, d);
       TransposeTiles(pk.KT.get() + off, rows.get(), d);
-      PackPairs(pk.VP.get() + off, v + b * d.T * size_t(p.v_stride) + head, size_t(p.v_stride), d.T,
-                d);
+      PackPairs(pk.VP.get() + off, v + b * st.v.b + h * st.v.h, size_t(st.v.t), d.T, d);
     }
   }
   const int64_t n_qt = int64_t(d.Tp / kB);
@@ -586,7 +596,7 @@ void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, co
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < BH * n_qt; ++item) {
       const int64_t qt = p.causal ? n_qt - 1 - item / BH : item / BH, bh = item % BH;
-      ForwardTile(out, lse, pk, p, d, bh / p.H, bh % p.H, size_t(qt) * kB, S.get(), Pw.get(),
+      ForwardTile(out, lse, st, pk, p, d, bh / p.H, bh % p.H, size_t(qt) * kB, S.get(), Pw.get(),
                   O.get(), m.get(), l.get(), z.get());
     }
   }
