@@ -49,13 +49,19 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <mutex>
+#include <new>
 
 #include "attn/tensor.h"
 #include "kernels/amx_tiles.h"
 #include "kernels/avx512_bf16-inl.h"
 #include "kernels/philox.h"
+
+#include <sys/mman.h>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -305,8 +311,82 @@ size_t KeysSeen(const FlashAttentionParams& p, size_t T, size_t i, size_t j0, si
 
 // ---- forward ------------------------------------------------------------------------------------
 
+// A block of words for a call's packed operands, on 2 MB pages where Linux
+// grants them (madvise) when it fills at least half of one.
+struct Block {
+  uint32_t* data = nullptr;
+  size_t bytes = 0;
+  explicit Block(size_t n) {
+    constexpr size_t kHuge = size_t{2} << 20;
+    bytes = std::max<size_t>(n, 1) * sizeof(uint32_t);
+    if (bytes >= kHuge / 2) {
+      bytes = RoundUp(bytes, kHuge);
+      data = static_cast<uint32_t*>(std::aligned_alloc(kHuge, bytes));
+#ifdef MADV_HUGEPAGE
+      if (data) madvise(data, bytes, MADV_HUGEPAGE);
+#endif
+    } else {
+      bytes = RoundUp(bytes, 64);
+      data = static_cast<uint32_t*>(std::aligned_alloc(64, bytes));
+    }
+    if (!data) throw std::bad_alloc();
+  }
+  Block(const Block&) = delete;
+  Block& operator=(const Block&) = delete;
+  ~Block() { std::free(data); }
+};
+
+// The most bytes of packed operands kept from one call for the next.
+constexpr size_t kKeptBytesMax = size_t{32} << 20;
+
+std::mutex& KeptMutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::unique_ptr<Block>& Kept() {
+  static std::unique_ptr<Block> kept;
+  return kept;
+}
+
+// n words that every thread reads, written once a call. Fresh pages cost a
+// fault each (~1 us a 4 KB page: locks, LRU, memcg, beyond the clearing; a
+// call's buffer was fresh memory every time, glibc handing it back at the
+// end: ~20% of the forward at B = 1, 12 heads of 64, T = 1024; 2 MB pages
+// still clear 2 MB, ~7% at T = 256). So the block of the last call, up to
+// kKeptBytesMax, is kept for the next: a call that fits takes it (one at a
+// time; a concurrent call allocates its own) and the larger of the two is kept after.
+class PackedWords {
+ public:
+  explicit PackedWords(size_t n) {
+    {
+      const std::lock_guard<std::mutex> lock(KeptMutex());
+      std::unique_ptr<Block>& kept = Kept();
+      if (kept && kept->bytes >= n * sizeof(uint32_t)) block_ = std::move(kept);
+    }
+    if (!block_) block_ = std::make_unique<Block>(n);
+  }
+  PackedWords(const PackedWords&) = delete;
+  PackedWords& operator=(const PackedWords&) = delete;
+  ~PackedWords() {
+    if (block_->bytes > kKeptBytesMax) return;
+    const std::lock_guard<std::mutex> lock(KeptMutex());
+    std::unique_ptr<Block>& kept = Kept();
+    if (!kept || kept->bytes < block_->bytes) kept = std::move(block_);
+  }
+  uint32_t* get() const { return block_->data; }
+
+ private:
+  std::unique_ptr<Block> block_;
+};
+
 struct ForwardPacked {
-  Words QR, KT, VP;  // (BH, ...) each, per head d.rows() words
+  PackedWords all;           // QR, KT, VP one after the other
+  uint32_t *QR, *KT, *VP;    // (BH, ...) each, per head d.rows() words
+  ForwardPacked(size_t BH, const Dims& d)
+      : all(3 * BH * d.rows()),
+        QR(all.get()),
+        KT(QR + BH * d.rows()),
+        VP(KT + BH * d.rows()) {}
 };
 
 void ForwardTile(uint16_t* out, float* lse, const ForwardStrides& st, const ForwardPacked& pk,
@@ -314,9 +394,9 @@ void ForwardTile(uint16_t* out, float* lse, const ForwardStrides& st, const Forw
                  float* S, uint32_t* Pw, float* O, float* m, float* l, float* z) {
   alignas(64) float row_max[kB], alpha[kB];
   const size_t bh = size_t(b * p.H + h), in = std::min(kB, d.T - i0);
-  const uint32_t* QR = pk.QR.get() + bh * d.rows();
-  const uint32_t* KT = pk.KT.get() + bh * d.rows();
-  const uint32_t* VP = pk.VP.get() + bh * d.rows();
+  const uint32_t* QR = pk.QR + bh * d.rows();
+  const uint32_t* KT = pk.KT + bh * d.rows();
+  const uint32_t* VP = pk.VP + bh * d.rows();
   const DropoutRule rule(p.dropout_p);
   std::fill(O, O + kB * d.hdp, 0.0f);
   std::fill(m, m + kB, kNegInf);  // rows past T too: their α is 0 (2^(-inf − 0))
@@ -571,8 +651,7 @@ void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, co
              const FlashAttentionParams& p, const ForwardStrides& st) {
   const Dims d(p);
   const int64_t BH = p.B * p.H;
-  ForwardPacked pk{words(size_t(BH) * d.rows()), words(size_t(BH) * d.rows()),
-                   words(size_t(BH) * d.rows())};
+  const ForwardPacked pk(size_t(BH), d);
 #pragma omp parallel
   {
     auto rows = words(d.rows());
@@ -580,10 +659,10 @@ void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, co
     for (int64_t bh = 0; bh < BH; ++bh) {
       const int64_t b = bh / p.H, h = bh % p.H;
       const size_t off = size_t(bh) * d.rows();
-      PackRows(pk.QR.get() + off, q + b * st.q.b + h * st.q.h, size_t(st.q.t), d.T, d);
+      PackRows(pk.QR + off, q + b * st.q.b + h * st.q.h, size_t(st.q.t), d.T, d);
       PackRows(rows.get(), k + b * st.k.b + h * st.k.h, size_t(st.k.t), d.T, d);
-      TransposeTiles(pk.KT.get() + off, rows.get(), d);
-      PackPairs(pk.VP.get() + off, v + b * st.v.b + h * st.v.h, size_t(st.v.t), d.T, d);
+      TransposeTiles(pk.KT + off, rows.get(), d);
+      PackPairs(pk.VP + off, v + b * st.v.b + h * st.v.h, size_t(st.v.t), d.T, d);
     }
   }
   const int64_t n_qt = int64_t(d.Tp / kB);
