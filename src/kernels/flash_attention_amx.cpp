@@ -485,8 +485,20 @@ void ForwardTile(uint16_t* out, float* lse, const ForwardStrides& st, const Forw
 // ---- backward -----------------------------------------------------------------------------------
 
 struct BackwardPacked {
-  Words QR, dOR, KT, VT, KP, QtP, dOtP;  // (BH, ...) each, per head d.rows() words
-  Floats D, lse2;                        // (BH, T)
+  PackedWords all;                            // all of the below, one after the other
+  uint32_t *QR, *dOR, *KT, *VT, *KP, *QtP, *dOtP;  // (BH, ...) each, per head d.rows() words
+  float *D, *lse2;                            // (BH, T) each (T rounded up to 16 apart)
+  BackwardPacked(size_t BH, const Dims& d)
+      : all(7 * BH * d.rows() + 2 * BH * RoundUp(d.T, kN)),
+        QR(all.get()),
+        dOR(QR + BH * d.rows()),
+        KT(dOR + BH * d.rows()),
+        VT(KT + BH * d.rows()),
+        KP(VT + BH * d.rows()),
+        QtP(KP + BH * d.rows()),
+        dOtP(QtP + BH * d.rows()),
+        D(reinterpret_cast<float*>(dOtP + BH * d.rows())),
+        lse2(D + BH * RoundUp(d.T, kN)) {}
 };
 
 struct BackwardScratch {
@@ -515,15 +527,15 @@ void TilePair(const BackwardPacked& pk, const FlashAttentionParams& p, const Dim
               float* dQ) {
   const size_t bh = size_t(b * p.H + h), in = std::min(kB, d.T - i0);
   const size_t off = bh * d.rows();
-  const float* D = pk.D.get() + bh * d.T;
-  const float* lse2 = pk.lse2.get() + bh * d.T;
+  const float* D = pk.D + bh * d.T;
+  const float* lse2 = pk.lse2 + bh * d.T;
   const DropoutRule rule(p.dropout_p);
   float* S = s.S.get();
   float* dP = s.dP.get();
-  tile_gemm<false>(kB, kB, d.hdw, pk.QR.get() + off + i0 * d.hdw, d.hdw,
-                   pk.KT.get() + off + j0 * d.hdw, kB, S, kB);
-  tile_gemm<false>(kB, kB, d.hdw, pk.dOR.get() + off + i0 * d.hdw, d.hdw,
-                   pk.VT.get() + off + j0 * d.hdw, kB, dP, kB);
+  tile_gemm<false>(kB, kB, d.hdw, pk.QR + off + i0 * d.hdw, d.hdw,
+                   pk.KT + off + j0 * d.hdw, kB, S, kB);
+  tile_gemm<false>(kB, kB, d.hdw, pk.dOR + off + i0 * d.hdw, d.hdw,
+                   pk.VT + off + j0 * d.hdw, kB, dP, kB);
   const __m512 cv = _mm512_set1_ps(p.scale * kLog2e);
   const __m512 scale_v = _mm512_set1_ps(p.scale);
   const size_t pairs = (in + 1) / 2;
@@ -573,12 +585,12 @@ void TilePair(const BackwardPacked& pk, const FlashAttentionParams& p, const Dim
     std::memset(s.dSR.get() + 2 * pairs * kBw, 0, (kB - 2 * pairs) * kBw * sizeof(uint32_t));
   }
   if (dVt)  // dVᵀ (hdp, 64) += dOᵀ (P ⊙ Z)
-    tile_gemm<true>(d.hdp, kB, kBw, pk.dOtP.get() + off + i0 * d.hdw, kBw, s.PzV.get(), kB, dVt,
+    tile_gemm<true>(d.hdp, kB, kBw, pk.dOtP + off + i0 * d.hdw, kBw, s.PzV.get(), kB, dVt,
                     kB);
   if (dKt)  // dKᵀ (hdp, 64) += Qᵀ dS
-    tile_gemm<true>(d.hdp, kB, kBw, pk.QtP.get() + off + i0 * d.hdw, kBw, s.dSV.get(), kB, dKt, kB);
+    tile_gemm<true>(d.hdp, kB, kBw, pk.QtP + off + i0 * d.hdw, kBw, s.dSV.get(), kB, dKt, kB);
   if (dQ)  // dQ (64, hdp) += dS K
-    tile_gemm<true>(kB, d.hdp, kBw, s.dSR.get(), kBw, pk.KP.get() + off + j0 / 2 * d.hdp, d.hdp, dQ,
+    tile_gemm<true>(kB, d.hdp, kBw, s.dSR.get(), kBw, pk.KP + off + j0 / 2 * d.hdp, d.hdp, dQ,
                     d.hdp);
 }
 
@@ -686,16 +698,7 @@ void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
               const FlashAttentionParams& p) {
   const Dims d(p);
   const int64_t BH = p.B * p.H;
-  const size_t n = size_t(BH) * d.rows();
-  BackwardPacked pk{words(n),
-                    words(n),
-                    words(n),
-                    words(n),
-                    words(n),
-                    words(n),
-                    words(n),
-                    floats(size_t(BH) * d.T),
-                    floats(size_t(BH) * d.T)};
+  const BackwardPacked pk(size_t(BH), d);
 #pragma omp parallel
   {
     auto tmp = words(d.rows());
@@ -708,17 +711,17 @@ void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
       const uint16_t* vh = v + b * d.T * size_t(p.v_stride) + head;
       const uint16_t* doh = dout + b * d.T * size_t(p.o_stride) + head;
       const uint16_t* oh = out + b * d.T * size_t(p.o_stride) + head;
-      PackRows(pk.QR.get() + off, qh, size_t(p.q_stride), d.T, d);
-      PackRows(pk.dOR.get() + off, doh, size_t(p.o_stride), d.T, d);
+      PackRows(pk.QR + off, qh, size_t(p.q_stride), d.T, d);
+      PackRows(pk.dOR + off, doh, size_t(p.o_stride), d.T, d);
       PackRows(tmp.get(), kh, size_t(p.k_stride), d.T, d);
-      TransposeTiles(pk.KT.get() + off, tmp.get(), d);
+      TransposeTiles(pk.KT + off, tmp.get(), d);
       PackRows(tmp.get(), vh, size_t(p.v_stride), d.T, d);
-      TransposeTiles(pk.VT.get() + off, tmp.get(), d);
-      PackPairs(pk.KP.get() + off, kh, size_t(p.k_stride), d.T, d);
+      TransposeTiles(pk.VT + off, tmp.get(), d);
+      PackPairs(pk.KP + off, kh, size_t(p.k_stride), d.T, d);
       PackPairs(tmp.get(), qh, size_t(p.q_stride), d.T, d);
-      TransposePairTiles(pk.QtP.get() + off, tmp.get(), d);
+      TransposePairTiles(pk.QtP + off, tmp.get(), d);
       PackPairs(tmp.get(), doh, size_t(p.o_stride), d.T, d);
-      TransposePairTiles(pk.dOtP.get() + off, tmp.get(), d);
+      TransposePairTiles(pk.dOtP + off, tmp.get(), d);
       // D = rowsum(dO ⊙ O) from the bf16 values, and lse · log2(e).
       for (size_t i = 0; i < d.T; ++i) {
         pk.D[size_t(bh) * d.T + i] =
