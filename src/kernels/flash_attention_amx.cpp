@@ -623,27 +623,31 @@ float DotBf16(const uint16_t* x, const uint16_t* y, size_t hd) {
 size_t FirstQueryTile(const FlashAttentionParams& p, size_t j0) { return p.causal ? j0 : 0; }
 
 // dK, dV of key tile j0 (with dQ (Tp, hdp) given, the head's dQ accumulates too).
-void KeyTileTask(uint16_t* dk, uint16_t* dv, float* dQ, const BackwardPacked& pk,
-                 const FlashAttentionParams& p, const Dims& d, int64_t b, int64_t h, size_t j0,
-                 BackwardScratch& s) {
+void KeyTileTask(uint16_t* dk, uint16_t* dv, float* dQ, const BackwardStrides& st,
+                 const BackwardPacked& pk, const FlashAttentionParams& p, const Dims& d, int64_t b,
+                 int64_t h, size_t j0, BackwardScratch& s) {
   std::fill(s.dKt.get(), s.dKt.get() + d.hdp * kB, 0.0f);
   std::fill(s.dVt.get(), s.dVt.get() + d.hdp * kB, 0.0f);
   for (size_t i0 = FirstQueryTile(p, j0); i0 < d.T; i0 += kB)
     TilePair(pk, p, d, b, h, j0, i0, s, s.dKt.get(), s.dVt.get(), dQ ? dQ + i0 * d.hdp : nullptr);
-  const size_t jn = std::min(kB, d.T - j0), t = size_t(b) * d.T + j0, head = size_t(h) * d.hd;
-  StoreRows(dk + t * size_t(p.k_stride) + head, size_t(p.k_stride), s.dKt.get(), jn, d, true);
-  StoreRows(dv + t * size_t(p.v_stride) + head, size_t(p.v_stride), s.dVt.get(), jn, d, true);
+  const size_t jn = std::min(kB, d.T - j0);
+  const int64_t t = int64_t(j0);
+  StoreRows(dk + b * st.dk.b + h * st.dk.h + t * st.dk.t, size_t(st.dk.t), s.dKt.get(), jn, d,
+            true);
+  StoreRows(dv + b * st.dv.b + h * st.dv.h + t * st.dv.t, size_t(st.dv.t), s.dVt.get(), jn, d,
+            true);
 }
 
 // dQ of query tile i0: its key tiles in order, the same pairs as KeyTileTask's.
-void QueryTileTask(uint16_t* dq, const BackwardPacked& pk, const FlashAttentionParams& p,
-                   const Dims& d, int64_t b, int64_t h, size_t i0, BackwardScratch& s) {
+void QueryTileTask(uint16_t* dq, const BackwardStrides& st, const BackwardPacked& pk,
+                   const FlashAttentionParams& p, const Dims& d, int64_t b, int64_t h, size_t i0,
+                   BackwardScratch& s) {
   float* dQ = s.dQ.get();  // (64, hdp)
   std::fill(dQ, dQ + kB * d.hdp, 0.0f);
   for (size_t j0 = 0; j0 < d.T && FirstQueryTile(p, j0) <= i0; j0 += kB)
     TilePair(pk, p, d, b, h, j0, i0, s, nullptr, nullptr, dQ);
-  StoreRows(dq + (size_t(b) * d.T + i0) * size_t(p.q_stride) + size_t(h) * d.hd, size_t(p.q_stride),
-            dQ, std::min(kB, d.T - i0), d, false);
+  StoreRows(dq + b * st.dq.b + h * st.dq.h + int64_t(i0) * st.dq.t, size_t(st.dq.t), dQ,
+            std::min(kB, d.T - i0), d, false);
 }
 
 }  // namespace
@@ -657,6 +661,11 @@ ForwardStrides token_major_strides(const FlashAttentionParams& p) {
 void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,
              const FlashAttentionParams& p) {
   forward(out, lse, q, k, v, p, token_major_strides(p));
+}
+
+BackwardStrides token_major_backward_strides(const FlashAttentionParams& p) {
+  const ForwardStrides f = token_major_strides(p);
+  return {f.out, f.q, f.k, f.v, f.out, f.lse, f.q, f.k, f.v};
 }
 
 void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,
@@ -696,6 +705,12 @@ void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, co
 void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
               const uint16_t* k, const uint16_t* v, const uint16_t* out, const float* lse,
               const FlashAttentionParams& p) {
+  backward(dq, dk, dv, dout, q, k, v, out, lse, p, token_major_backward_strides(p));
+}
+
+void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
+              const uint16_t* k, const uint16_t* v, const uint16_t* out, const float* lse,
+              const FlashAttentionParams& p, const BackwardStrides& st) {
   const Dims d(p);
   const int64_t BH = p.B * p.H;
   const BackwardPacked pk(size_t(BH), d);
@@ -704,29 +719,31 @@ void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
     auto tmp = words(d.rows());
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < BH; ++bh) {
-      const size_t b = size_t(bh / p.H), head = size_t(bh % p.H) * d.hd,
-                   off = size_t(bh) * d.rows();
-      const uint16_t* qh = q + b * d.T * size_t(p.q_stride) + head;
-      const uint16_t* kh = k + b * d.T * size_t(p.k_stride) + head;
-      const uint16_t* vh = v + b * d.T * size_t(p.v_stride) + head;
-      const uint16_t* doh = dout + b * d.T * size_t(p.o_stride) + head;
-      const uint16_t* oh = out + b * d.T * size_t(p.o_stride) + head;
-      PackRows(pk.QR + off, qh, size_t(p.q_stride), d.T, d);
-      PackRows(pk.dOR + off, doh, size_t(p.o_stride), d.T, d);
-      PackRows(tmp.get(), kh, size_t(p.k_stride), d.T, d);
+      const int64_t b = bh / p.H, h = bh % p.H;
+      const size_t off = size_t(bh) * d.rows();
+      const uint16_t* qh = q + b * st.q.b + h * st.q.h;
+      const uint16_t* kh = k + b * st.k.b + h * st.k.h;
+      const uint16_t* vh = v + b * st.v.b + h * st.v.h;
+      const uint16_t* doh = dout + b * st.dout.b + h * st.dout.h;
+      const uint16_t* oh = out + b * st.out.b + h * st.out.h;
+      const float* lse_h = lse + b * st.lse.b + h * st.lse.h;
+      const size_t qs = size_t(st.q.t), ks = size_t(st.k.t), vs = size_t(st.v.t),
+                   dos = size_t(st.dout.t), os = size_t(st.out.t);
+      PackRows(pk.QR + off, qh, qs, d.T, d);
+      PackRows(pk.dOR + off, doh, dos, d.T, d);
+      PackRows(tmp.get(), kh, ks, d.T, d);
       TransposeTiles(pk.KT + off, tmp.get(), d);
-      PackRows(tmp.get(), vh, size_t(p.v_stride), d.T, d);
+      PackRows(tmp.get(), vh, vs, d.T, d);
       TransposeTiles(pk.VT + off, tmp.get(), d);
-      PackPairs(pk.KP + off, kh, size_t(p.k_stride), d.T, d);
-      PackPairs(tmp.get(), qh, size_t(p.q_stride), d.T, d);
+      PackPairs(pk.KP + off, kh, ks, d.T, d);
+      PackPairs(tmp.get(), qh, qs, d.T, d);
       TransposePairTiles(pk.QtP + off, tmp.get(), d);
-      PackPairs(tmp.get(), doh, size_t(p.o_stride), d.T, d);
+      PackPairs(tmp.get(), doh, dos, d.T, d);
       TransposePairTiles(pk.dOtP + off, tmp.get(), d);
       // D = rowsum(dO ⊙ O) from the bf16 values, and lse · log2(e).
       for (size_t i = 0; i < d.T; ++i) {
-        pk.D[size_t(bh) * d.T + i] =
-            DotBf16(doh + i * size_t(p.o_stride), oh + i * size_t(p.o_stride), d.hd);
-        pk.lse2[size_t(bh) * d.T + i] = lse[size_t(bh) * d.T + i] * kLog2e;
+        pk.D[size_t(bh) * d.T + i] = DotBf16(doh + i * dos, oh + i * os, d.hd);
+        pk.lse2[size_t(bh) * d.T + i] = lse_h[int64_t(i) * st.lse.t] * kLog2e;
       }
     }
   }
@@ -741,9 +758,8 @@ void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
         const int64_t b = bh / p.H, h = bh % p.H;
         std::fill(s.dQ.get(), s.dQ.get() + d.Tp * d.hdp, 0.0f);
         for (size_t j0 = 0; j0 < d.T; j0 += kB)
-          KeyTileTask(dk, dv, s.dQ.get(), pk, p, d, b, h, j0, s);
-        StoreRows(dq + size_t(b) * d.T * size_t(p.q_stride) + size_t(h) * d.hd, size_t(p.q_stride),
-                  s.dQ.get(), d.T, d, false);
+          KeyTileTask(dk, dv, s.dQ.get(), st, pk, p, d, b, h, j0, s);
+        StoreRows(dq + b * st.dq.b + h * st.dq.h, size_t(st.dq.t), s.dQ.get(), d.T, d, false);
       }
     }
     return;
@@ -756,12 +772,12 @@ void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < BH * n_t; ++item) {
       const int64_t kt = item / BH, bh = item % BH;
-      KeyTileTask(dk, dv, nullptr, pk, p, d, bh / p.H, bh % p.H, size_t(kt) * kB, s);
+      KeyTileTask(dk, dv, nullptr, st, pk, p, d, bh / p.H, bh % p.H, size_t(kt) * kB, s);
     }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < BH * n_t; ++item) {
       const int64_t qt = n_t - 1 - item / BH, bh = item % BH;
-      QueryTileTask(dq, pk, p, d, bh / p.H, bh % p.H, size_t(qt) * kB, s);
+      QueryTileTask(dq, st, pk, p, d, bh / p.H, bh % p.H, size_t(qt) * kB, s);
     }
   }
 }

@@ -30,6 +30,16 @@ ForwardStrides token_major_strides(const FlashAttentionParams& p);
 // layout's (only the addresses differ). The params' x_stride are ignored.
 void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,
              const FlashAttentionParams& p, const ForwardStrides& s);
+
+// Every operand of a backward.
+struct BackwardStrides {
+  RowStrides dout, q, k, v, out, lse, dq, dk, dv;
+};
+BackwardStrides token_major_backward_strides(const FlashAttentionParams& p);
+// The backward on operands of any row strides: the packed layout's bits.
+void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
+              const uint16_t* k, const uint16_t* v, const uint16_t* out, const float* lse,
+              const FlashAttentionParams& p, const BackwardStrides& s);
 void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
               const uint16_t* k, const uint16_t* v, const uint16_t* out, const float* lse,
               const FlashAttentionParams& p);

@@ -325,6 +325,32 @@ SdpaGrads backward_amx(const Tensor& dout, const Tensor& q, const Tensor& k, con
                        const Tensor& out, const Tensor& lse, const Sizes& s,
                        const SdpaOptions& o) {
   check_backward_io(dout, out, lse, q, s);
+  // Rows of contiguous elements (any other strides): read in place, the
+  // gradients written head-major straight away.
+  auto rows = [](const Tensor& x) { return x.size(3) == 1 || x.stride(3) == 1; };
+  if (rows(q) && rows(k) && rows(v) && rows(dout) && rows(out)) {
+    const Tensor lse_c = lse.contiguous();
+    const Shape shape{s.B, s.Hq, s.Tq, s.D};
+    SdpaGrads g{Tensor::empty(shape, DType::kBFloat16), Tensor::empty(shape, DType::kBFloat16),
+                Tensor::empty(shape, DType::kBFloat16)};
+    auto at = [](const Tensor& x) {
+      return kernels::amx::RowStrides{x.stride(0), x.stride(1), x.stride(2)};
+    };
+    const kernels::amx::BackwardStrides st{at(dout),
+                                           at(q),
+                                           at(k),
+                                           at(v),
+                                           at(out),
+                                           kernels::amx::RowStrides{s.Hq * s.Tq, s.Tq, 1},
+                                           at(g.dq),
+                                           at(g.dk),
+                                           at(g.dv)};
+    auto in = [](const Tensor& x) { return reinterpret_cast<const uint16_t*>(x.data_ptr<BFloat16>()); };
+    auto grad = [](Tensor& x) { return reinterpret_cast<uint16_t*>(x.data_ptr<BFloat16>()); };
+    kernels::amx::backward(grad(g.dq), grad(g.dk), grad(g.dv), in(dout), in(q), in(k), in(v),
+                           in(out), lse_c.data(), amx_params(s, o), st);
+    return g;
+  }
   const Tensor qt = token_major(q), kt = token_major(k), vt = token_major(v);
   const Tensor dout_t = token_major(dout), out_t = token_major(out), lse_c = lse.contiguous();
   const Shape shape{s.B, s.Tq, s.Hq, s.D};
@@ -516,6 +542,22 @@ void sdpa_forward_routed(const SdpaOutputBf16& o, const SdpaProblemBf16& p) {
 void sdpa_backward_routed(const SdpaBackwardIOBf16& io, const SdpaProblemBf16& p) {
   if (!amx_serves(p)) return kernels::sdpa_backward(io, p);
   const int64_t B = p.B, H = p.Hq, T = p.Tq, D = p.D;
+  // Rows of contiguous elements, any (b, h, t) strides: in place, as the forward.
+  auto rows = [&](const SdpaStrides& s) { return D == 1 || s.d == 1; };
+  if (rows(p.q_strides) && rows(p.k_strides) && rows(p.v_strides) && rows(io.out_strides) &&
+      rows(io.dout_strides) && rows(io.dq_strides) && rows(io.dk_strides) &&
+      rows(io.dv_strides)) {
+    auto at = [](const SdpaStrides& s) { return kernels::amx::RowStrides{s.b, s.h, s.t}; };
+    const kernels::amx::BackwardStrides st{
+        at(io.dout_strides),  at(p.q_strides),   at(p.k_strides),
+        at(p.v_strides),      at(io.out_strides), at(sdpa_lse_strides(io.lse_strides, p)),
+        at(io.dq_strides),    at(io.dk_strides), at(io.dv_strides)};
+    auto in = [](const BFloat16* x) { return reinterpret_cast<const uint16_t*>(x); };
+    auto out = [](BFloat16* x) { return reinterpret_cast<uint16_t*>(x); };
+    kernels::amx::backward(out(io.dq), out(io.dk), out(io.dv), in(io.dout), in(p.q), in(p.k),
+                           in(p.v), in(io.out), io.lse, raw_amx_params(p), st);
+    return;
+  }
   // Each input shares its token stride with its partner (q with dq, out with
   // dout, ...): the pair is read in place only when both are token-major with one stride.
   auto pair = [&](const SdpaStrides& a, const SdpaStrides& b) {

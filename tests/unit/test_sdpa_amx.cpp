@@ -429,11 +429,12 @@ TEST(SdpaAmx, RawRoutedCallsGiveTheTensorEntryPointsBitsOnEveryLayout) {
       }
 }
 
-// The routed forward reads q, k, v in place and writes out and lse through
-// their strides (no token-major copies): its bits must be the core's on the
-// packed token-major copies of the same values (what the route ran before),
-// for every input layout, head-major outputs (PyTorch's) and the Tensor entry point.
-TEST(SdpaAmx, InPlaceForwardGivesTheCoresBitsOnItsPackedCopies) {
+// The routed forward and backward read their inputs in place and write out,
+// lse and the gradients through their strides (no token-major copies): their
+// bits must be the core's on packed token-major copies of the same values
+// (what the route ran before), for every input layout, head-major outputs
+// (PyTorch's) and the Tensor entry points.
+TEST(SdpaAmx, InPlaceCallsGiveTheCoresBitsOnItsPackedCopies) {
   ATTN_REQUIRE_AMX();
   const attn::test::Bf16PathGuard amx("AMX");
   ASSERT_TRUE(amx.forced());
@@ -468,6 +469,24 @@ TEST(SdpaAmx, InPlaceForwardGivesTheCoresBitsOnItsPackedCopies) {
       EXPECT_TRUE(f.out.is_contiguous());
       EXPECT_TRUE(same_bits(f.out, want)) << "tensor out";
       EXPECT_TRUE(same_bits(f.lse, lse_core)) << "tensor lse";
+      // Backward: the core on packed copies of dout and its own out, lse.
+      const Tensor dout_t = in.dout.transpose(1, 2).contiguous();
+      Tensor dq = Tensor::empty({B, T, H, D}, kBf16), dk = Tensor::empty({B, T, H, D}, kBf16),
+             dv = Tensor::empty({B, T, H, D}, kBf16);
+      kn::flash_attention_backward_bf16(
+          dq.data_ptr<attn::BFloat16>(), dk.data_ptr<attn::BFloat16>(),
+          dv.data_ptr<attn::BFloat16>(), dout_t.data_ptr<attn::BFloat16>(),
+          qt.data_ptr<attn::BFloat16>(), kt.data_ptr<attn::BFloat16>(),
+          vt.data_ptr<attn::BFloat16>(), out_core.data_ptr<attn::BFloat16>(), lse_core.data(), fp);
+      EXPECT_TRUE(same_bits(raw.g.dq, dq.transpose(1, 2))) << "raw dq";
+      EXPECT_TRUE(same_bits(raw.g.dk, dk.transpose(1, 2))) << "raw dk";
+      EXPECT_TRUE(same_bits(raw.g.dv, dv.transpose(1, 2))) << "raw dv";
+      const attn::SdpaGrads g =
+          attn::scaled_dot_product_attention_backward(in.dout, in.q, in.k, in.v, f.out, f.lse, o);
+      EXPECT_TRUE(g.dq.is_contiguous() && g.dk.is_contiguous() && g.dv.is_contiguous());
+      EXPECT_TRUE(same_bits(g.dq, dq.transpose(1, 2))) << "tensor dq";
+      EXPECT_TRUE(same_bits(g.dk, dk.transpose(1, 2))) << "tensor dk";
+      EXPECT_TRUE(same_bits(g.dv, dv.transpose(1, 2))) << "tensor dv";
     }
 }
 
