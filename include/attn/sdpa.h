@@ -336,10 +336,9 @@ const char* sdpa_bf16_path(const SdpaProblemBf16& p);
 // path as scaled_dot_product_attention_forward / _backward with the fused
 // backend, on the raw problem. fp32: kernels::sdpa_forward / _backward. bf16:
 // the core's AMX kernel when kernels::sdpa_bf16_path(p) is "AMX", reading and
-// writing in place the tensors that are token-major (B, T, H, D) buffers (head
-// stride = the row width, last stride 1; q and dq, k and dk, v and dv, out
-// and dout each with the same token stride in the backward) and packed copies
-// of the others; else kernels::sdpa_forward / _backward. lse (any strides).
+// writing every tensor in place through its (b, h, t) strides when all of them
+// have stride 1 along D (head-major, token-major, fused-qkv slices), else on
+// packed token-major copies; else kernels::sdpa_forward / _backward. lse (any strides).
 void sdpa_forward_routed(const SdpaOutput& o, const SdpaProblem& p);
 void sdpa_forward_routed(const SdpaOutputBf16& o, const SdpaProblemBf16& p);
 void sdpa_backward_routed(const SdpaBackwardIO& io, const SdpaProblem& p);

@@ -49,13 +49,19 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <mutex>
+#include <new>
 
 #include "attn/tensor.h"
 #include "kernels/amx_tiles.h"
 #include "kernels/avx512_bf16-inl.h"
 #include "kernels/philox.h"
+
+#include <sys/mman.h>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -305,18 +311,92 @@ size_t KeysSeen(const FlashAttentionParams& p, size_t T, size_t i, size_t j0, si
 
 // ---- forward ------------------------------------------------------------------------------------
 
-struct ForwardPacked {
-  Words QR, KT, VP;  // (BH, ...) each, per head d.rows() words
+// A block of words for a call's packed operands, on 2 MB pages where Linux
+// grants them (madvise) when it fills at least half of one.
+struct Block {
+  uint32_t* data = nullptr;
+  size_t bytes = 0;
+  explicit Block(size_t n) {
+    constexpr size_t kHuge = size_t{2} << 20;
+    bytes = std::max<size_t>(n, 1) * sizeof(uint32_t);
+    if (bytes >= kHuge / 2) {
+      bytes = RoundUp(bytes, kHuge);
+      data = static_cast<uint32_t*>(std::aligned_alloc(kHuge, bytes));
+#ifdef MADV_HUGEPAGE
+      if (data) madvise(data, bytes, MADV_HUGEPAGE);
+#endif
+    } else {
+      bytes = RoundUp(bytes, 64);
+      data = static_cast<uint32_t*>(std::aligned_alloc(64, bytes));
+    }
+    if (!data) throw std::bad_alloc();
+  }
+  Block(const Block&) = delete;
+  Block& operator=(const Block&) = delete;
+  ~Block() { std::free(data); }
 };
 
-void ForwardTile(uint16_t* out, float* lse, const ForwardPacked& pk, const FlashAttentionParams& p,
-                 const Dims& d, int64_t b, int64_t h, size_t i0, float* S, uint32_t* Pw, float* O,
-                 float* m, float* l, float* z) {
+// The most bytes of packed operands kept from one call for the next.
+constexpr size_t kKeptBytesMax = size_t{32} << 20;
+
+std::mutex& KeptMutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::unique_ptr<Block>& Kept() {
+  static std::unique_ptr<Block> kept;
+  return kept;
+}
+
+// n words that every thread reads, written once a call. Fresh pages cost a
+// fault each (~1 us a 4 KB page: locks, LRU, memcg, beyond the clearing; a
+// call's buffer was fresh memory every time, glibc handing it back at the
+// end: ~20% of the forward at B = 1, 12 heads of 64, T = 1024; 2 MB pages
+// still clear 2 MB, ~7% at T = 256). So the block of the last call, up to
+// kKeptBytesMax, is kept for the next: a call that fits takes it (one at a
+// time; a concurrent call allocates its own) and the larger of the two is kept after.
+class PackedWords {
+ public:
+  explicit PackedWords(size_t n) {
+    {
+      const std::lock_guard<std::mutex> lock(KeptMutex());
+      std::unique_ptr<Block>& kept = Kept();
+      if (kept && kept->bytes >= n * sizeof(uint32_t)) block_ = std::move(kept);
+    }
+    if (!block_) block_ = std::make_unique<Block>(n);
+  }
+  PackedWords(const PackedWords&) = delete;
+  PackedWords& operator=(const PackedWords&) = delete;
+  ~PackedWords() {
+    if (block_->bytes > kKeptBytesMax) return;
+    const std::lock_guard<std::mutex> lock(KeptMutex());
+    std::unique_ptr<Block>& kept = Kept();
+    if (!kept || kept->bytes < block_->bytes) kept = std::move(block_);
+  }
+  uint32_t* get() const { return block_->data; }
+
+ private:
+  std::unique_ptr<Block> block_;
+};
+
+struct ForwardPacked {
+  PackedWords all;           // QR, KT, VP one after the other
+  uint32_t *QR, *KT, *VP;    // (BH, ...) each, per head d.rows() words
+  ForwardPacked(size_t BH, const Dims& d)
+      : all(3 * BH * d.rows()),
+        QR(all.get()),
+        KT(QR + BH * d.rows()),
+        VP(KT + BH * d.rows()) {}
+};
+
+void ForwardTile(uint16_t* out, float* lse, const ForwardStrides& st, const ForwardPacked& pk,
+                 const FlashAttentionParams& p, const Dims& d, int64_t b, int64_t h, size_t i0,
+                 float* S, uint32_t* Pw, float* O, float* m, float* l, float* z) {
   alignas(64) float row_max[kB], alpha[kB];
   const size_t bh = size_t(b * p.H + h), in = std::min(kB, d.T - i0);
-  const uint32_t* QR = pk.QR.get() + bh * d.rows();
-  const uint32_t* KT = pk.KT.get() + bh * d.rows();
-  const uint32_t* VP = pk.VP.get() + bh * d.rows();
+  const uint32_t* QR = pk.QR + bh * d.rows();
+  const uint32_t* KT = pk.KT + bh * d.rows();
+  const uint32_t* VP = pk.VP + bh * d.rows();
   const DropoutRule rule(p.dropout_p);
   std::fill(O, O + kB * d.hdp, 0.0f);
   std::fill(m, m + kB, kNegInf);  // rows past T too: their α is 0 (2^(-inf − 0))
@@ -386,26 +466,39 @@ void ForwardTile(uint16_t* out, float* lse, const ForwardPacked& pk, const Flash
     tile_gemm<true>(kB, d.hdp, kBw * halves, Pw, kBcw, VP + j0 / 2 * d.hdp, d.hdp, O, d.hdp);
   }
   // O /= l, rounded to bf16; lse = (m + log2 l) · ln 2.
-  const size_t head = size_t(h) * d.hd;
+  uint16_t* o_head = out + b * st.out.b + h * st.out.h;
+  float* lse_head = lse + b * st.lse.b + h * st.lse.h;
   for (size_t ii = 0; ii < in; ++ii) {
     const size_t t = i0 + ii;
     const float inv_l = 1.0f / l[ii];
-    uint16_t* oi = out + (size_t(b) * d.T + t) * size_t(p.o_stride) + head;
+    uint16_t* oi = o_head + int64_t(t) * st.out.t;
     const float* o = O + ii * d.hdp;
     for (size_t c0 = 0; c0 < d.hd; c0 += kN) {
       const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(o + c0), _mm512_set1_ps(inv_l));
       const __m256i y = (__m256i)_mm512_cvtneps_pbh(x);
       _mm256_mask_storeu_epi16(oi + c0, LanesBelow(c0, d.hd), y);
     }
-    lse[bh * d.T + t] = (m[ii] + std::log2(l[ii])) * kLn2;
+    lse_head[int64_t(t) * st.lse.t] = (m[ii] + std::log2(l[ii])) * kLn2;
   }
 }
 
 // ---- backward -----------------------------------------------------------------------------------
 
 struct BackwardPacked {
-  Words QR, dOR, KT, VT, KP, QtP, dOtP;  // (BH, ...) each, per head d.rows() words
-  Floats D, lse2;                        // (BH, T)
+  PackedWords all;                            // all of the below, one after the other
+  uint32_t *QR, *dOR, *KT, *VT, *KP, *QtP, *dOtP;  // (BH, ...) each, per head d.rows() words
+  float *D, *lse2;                            // (BH, T) each (T rounded up to 16 apart)
+  BackwardPacked(size_t BH, const Dims& d)
+      : all(7 * BH * d.rows() + 2 * BH * RoundUp(d.T, kN)),
+        QR(all.get()),
+        dOR(QR + BH * d.rows()),
+        KT(dOR + BH * d.rows()),
+        VT(KT + BH * d.rows()),
+        KP(VT + BH * d.rows()),
+        QtP(KP + BH * d.rows()),
+        dOtP(QtP + BH * d.rows()),
+        D(reinterpret_cast<float*>(dOtP + BH * d.rows())),
+        lse2(D + BH * RoundUp(d.T, kN)) {}
 };
 
 struct BackwardScratch {
@@ -434,15 +527,15 @@ void TilePair(const BackwardPacked& pk, const FlashAttentionParams& p, const Dim
               float* dQ) {
   const size_t bh = size_t(b * p.H + h), in = std::min(kB, d.T - i0);
   const size_t off = bh * d.rows();
-  const float* D = pk.D.get() + bh * d.T;
-  const float* lse2 = pk.lse2.get() + bh * d.T;
+  const float* D = pk.D + bh * d.T;
+  const float* lse2 = pk.lse2 + bh * d.T;
   const DropoutRule rule(p.dropout_p);
   float* S = s.S.get();
   float* dP = s.dP.get();
-  tile_gemm<false>(kB, kB, d.hdw, pk.QR.get() + off + i0 * d.hdw, d.hdw,
-                   pk.KT.get() + off + j0 * d.hdw, kB, S, kB);
-  tile_gemm<false>(kB, kB, d.hdw, pk.dOR.get() + off + i0 * d.hdw, d.hdw,
-                   pk.VT.get() + off + j0 * d.hdw, kB, dP, kB);
+  tile_gemm<false>(kB, kB, d.hdw, pk.QR + off + i0 * d.hdw, d.hdw,
+                   pk.KT + off + j0 * d.hdw, kB, S, kB);
+  tile_gemm<false>(kB, kB, d.hdw, pk.dOR + off + i0 * d.hdw, d.hdw,
+                   pk.VT + off + j0 * d.hdw, kB, dP, kB);
   const __m512 cv = _mm512_set1_ps(p.scale * kLog2e);
   const __m512 scale_v = _mm512_set1_ps(p.scale);
   const size_t pairs = (in + 1) / 2;
@@ -492,12 +585,12 @@ void TilePair(const BackwardPacked& pk, const FlashAttentionParams& p, const Dim
     std::memset(s.dSR.get() + 2 * pairs * kBw, 0, (kB - 2 * pairs) * kBw * sizeof(uint32_t));
   }
   if (dVt)  // dVᵀ (hdp, 64) += dOᵀ (P ⊙ Z)
-    tile_gemm<true>(d.hdp, kB, kBw, pk.dOtP.get() + off + i0 * d.hdw, kBw, s.PzV.get(), kB, dVt,
+    tile_gemm<true>(d.hdp, kB, kBw, pk.dOtP + off + i0 * d.hdw, kBw, s.PzV.get(), kB, dVt,
                     kB);
   if (dKt)  // dKᵀ (hdp, 64) += Qᵀ dS
-    tile_gemm<true>(d.hdp, kB, kBw, pk.QtP.get() + off + i0 * d.hdw, kBw, s.dSV.get(), kB, dKt, kB);
+    tile_gemm<true>(d.hdp, kB, kBw, pk.QtP + off + i0 * d.hdw, kBw, s.dSV.get(), kB, dKt, kB);
   if (dQ)  // dQ (64, hdp) += dS K
-    tile_gemm<true>(kB, d.hdp, kBw, s.dSR.get(), kBw, pk.KP.get() + off + j0 / 2 * d.hdp, d.hdp, dQ,
+    tile_gemm<true>(kB, d.hdp, kBw, s.dSR.get(), kBw, pk.KP + off + j0 / 2 * d.hdp, d.hdp, dQ,
                     d.hdp);
 }
 
@@ -530,50 +623,67 @@ float DotBf16(const uint16_t* x, const uint16_t* y, size_t hd) {
 size_t FirstQueryTile(const FlashAttentionParams& p, size_t j0) { return p.causal ? j0 : 0; }
 
 // dK, dV of key tile j0 (with dQ (Tp, hdp) given, the head's dQ accumulates too).
-void KeyTileTask(uint16_t* dk, uint16_t* dv, float* dQ, const BackwardPacked& pk,
-                 const FlashAttentionParams& p, const Dims& d, int64_t b, int64_t h, size_t j0,
-                 BackwardScratch& s) {
+void KeyTileTask(uint16_t* dk, uint16_t* dv, float* dQ, const BackwardStrides& st,
+                 const BackwardPacked& pk, const FlashAttentionParams& p, const Dims& d, int64_t b,
+                 int64_t h, size_t j0, BackwardScratch& s) {
   std::fill(s.dKt.get(), s.dKt.get() + d.hdp * kB, 0.0f);
   std::fill(s.dVt.get(), s.dVt.get() + d.hdp * kB, 0.0f);
   for (size_t i0 = FirstQueryTile(p, j0); i0 < d.T; i0 += kB)
     TilePair(pk, p, d, b, h, j0, i0, s, s.dKt.get(), s.dVt.get(), dQ ? dQ + i0 * d.hdp : nullptr);
-  const size_t jn = std::min(kB, d.T - j0), t = size_t(b) * d.T + j0, head = size_t(h) * d.hd;
-  StoreRows(dk + t * size_t(p.k_stride) + head, size_t(p.k_stride), s.dKt.get(), jn, d, true);
-  StoreRows(dv + t * size_t(p.v_stride) + head, size_t(p.v_stride), s.dVt.get(), jn, d, true);
+  const size_t jn = std::min(kB, d.T - j0);
+  const int64_t t = int64_t(j0);
+  StoreRows(dk + b * st.dk.b + h * st.dk.h + t * st.dk.t, size_t(st.dk.t), s.dKt.get(), jn, d,
+            true);
+  StoreRows(dv + b * st.dv.b + h * st.dv.h + t * st.dv.t, size_t(st.dv.t), s.dVt.get(), jn, d,
+            true);
 }
 
 // dQ of query tile i0: its key tiles in order, the same pairs as KeyTileTask's.
-void QueryTileTask(uint16_t* dq, const BackwardPacked& pk, const FlashAttentionParams& p,
-                   const Dims& d, int64_t b, int64_t h, size_t i0, BackwardScratch& s) {
+void QueryTileTask(uint16_t* dq, const BackwardStrides& st, const BackwardPacked& pk,
+                   const FlashAttentionParams& p, const Dims& d, int64_t b, int64_t h, size_t i0,
+                   BackwardScratch& s) {
   float* dQ = s.dQ.get();  // (64, hdp)
   std::fill(dQ, dQ + kB * d.hdp, 0.0f);
   for (size_t j0 = 0; j0 < d.T && FirstQueryTile(p, j0) <= i0; j0 += kB)
     TilePair(pk, p, d, b, h, j0, i0, s, nullptr, nullptr, dQ);
-  StoreRows(dq + (size_t(b) * d.T + i0) * size_t(p.q_stride) + size_t(h) * d.hd, size_t(p.q_stride),
-            dQ, std::min(kB, d.T - i0), d, false);
+  StoreRows(dq + b * st.dq.b + h * st.dq.h + int64_t(i0) * st.dq.t, size_t(st.dq.t), dQ,
+            std::min(kB, d.T - i0), d, false);
 }
 
 }  // namespace
 
+ForwardStrides token_major_strides(const FlashAttentionParams& p) {
+  auto rows = [&](int64_t stride) { return RowStrides{p.T * stride, p.hd, stride}; };
+  return {rows(p.q_stride), rows(p.k_stride), rows(p.v_stride), rows(p.o_stride),
+          RowStrides{p.H * p.T, p.T, 1}};
+}
+
 void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,
              const FlashAttentionParams& p) {
+  forward(out, lse, q, k, v, p, token_major_strides(p));
+}
+
+BackwardStrides token_major_backward_strides(const FlashAttentionParams& p) {
+  const ForwardStrides f = token_major_strides(p);
+  return {f.out, f.q, f.k, f.v, f.out, f.lse, f.q, f.k, f.v};
+}
+
+void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+             const FlashAttentionParams& p, const ForwardStrides& st) {
   const Dims d(p);
   const int64_t BH = p.B * p.H;
-  ForwardPacked pk{words(size_t(BH) * d.rows()), words(size_t(BH) * d.rows()),
-                   words(size_t(BH) * d.rows())};
+  const ForwardPacked pk(size_t(BH), d);
 #pragma omp parallel
   {
     auto rows = words(d.rows());
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < BH; ++bh) {
-      const size_t b = size_t(bh / p.H), head = size_t(bh % p.H) * d.hd,
-                   off = size_t(bh) * d.rows();
-      PackRows(pk.QR.get() + off, q + b * d.T * size_t(p.q_stride) + head, size_t(p.q_stride), d.T,
-               d);
-      PackRows(rows.get(), k + b * d.T * size_t(p.k_stride) + head, size_t(p.k_stride), d.T, d);
-      TransposeTiles(pk.KT.get() + off, rows.get(), d);
-      PackPairs(pk.VP.get() + off, v + b * d.T * size_t(p.v_stride) + head, size_t(p.v_stride), d.T,
-                d);
+      const int64_t b = bh / p.H, h = bh % p.H;
+      const size_t off = size_t(bh) * d.rows();
+      PackRows(pk.QR + off, q + b * st.q.b + h * st.q.h, size_t(st.q.t), d.T, d);
+      PackRows(rows.get(), k + b * st.k.b + h * st.k.h, size_t(st.k.t), d.T, d);
+      TransposeTiles(pk.KT + off, rows.get(), d);
+      PackPairs(pk.VP + off, v + b * st.v.b + h * st.v.h, size_t(st.v.t), d.T, d);
     }
   }
   const int64_t n_qt = int64_t(d.Tp / kB);
@@ -586,7 +696,7 @@ void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, co
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < BH * n_qt; ++item) {
       const int64_t qt = p.causal ? n_qt - 1 - item / BH : item / BH, bh = item % BH;
-      ForwardTile(out, lse, pk, p, d, bh / p.H, bh % p.H, size_t(qt) * kB, S.get(), Pw.get(),
+      ForwardTile(out, lse, st, pk, p, d, bh / p.H, bh % p.H, size_t(qt) * kB, S.get(), Pw.get(),
                   O.get(), m.get(), l.get(), z.get());
     }
   }
@@ -595,46 +705,45 @@ void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, co
 void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
               const uint16_t* k, const uint16_t* v, const uint16_t* out, const float* lse,
               const FlashAttentionParams& p) {
+  backward(dq, dk, dv, dout, q, k, v, out, lse, p, token_major_backward_strides(p));
+}
+
+void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
+              const uint16_t* k, const uint16_t* v, const uint16_t* out, const float* lse,
+              const FlashAttentionParams& p, const BackwardStrides& st) {
   const Dims d(p);
   const int64_t BH = p.B * p.H;
-  const size_t n = size_t(BH) * d.rows();
-  BackwardPacked pk{words(n),
-                    words(n),
-                    words(n),
-                    words(n),
-                    words(n),
-                    words(n),
-                    words(n),
-                    floats(size_t(BH) * d.T),
-                    floats(size_t(BH) * d.T)};
+  const BackwardPacked pk(size_t(BH), d);
 #pragma omp parallel
   {
     auto tmp = words(d.rows());
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < BH; ++bh) {
-      const size_t b = size_t(bh / p.H), head = size_t(bh % p.H) * d.hd,
-                   off = size_t(bh) * d.rows();
-      const uint16_t* qh = q + b * d.T * size_t(p.q_stride) + head;
-      const uint16_t* kh = k + b * d.T * size_t(p.k_stride) + head;
-      const uint16_t* vh = v + b * d.T * size_t(p.v_stride) + head;
-      const uint16_t* doh = dout + b * d.T * size_t(p.o_stride) + head;
-      const uint16_t* oh = out + b * d.T * size_t(p.o_stride) + head;
-      PackRows(pk.QR.get() + off, qh, size_t(p.q_stride), d.T, d);
-      PackRows(pk.dOR.get() + off, doh, size_t(p.o_stride), d.T, d);
-      PackRows(tmp.get(), kh, size_t(p.k_stride), d.T, d);
-      TransposeTiles(pk.KT.get() + off, tmp.get(), d);
-      PackRows(tmp.get(), vh, size_t(p.v_stride), d.T, d);
-      TransposeTiles(pk.VT.get() + off, tmp.get(), d);
-      PackPairs(pk.KP.get() + off, kh, size_t(p.k_stride), d.T, d);
-      PackPairs(tmp.get(), qh, size_t(p.q_stride), d.T, d);
-      TransposePairTiles(pk.QtP.get() + off, tmp.get(), d);
-      PackPairs(tmp.get(), doh, size_t(p.o_stride), d.T, d);
-      TransposePairTiles(pk.dOtP.get() + off, tmp.get(), d);
+      const int64_t b = bh / p.H, h = bh % p.H;
+      const size_t off = size_t(bh) * d.rows();
+      const uint16_t* qh = q + b * st.q.b + h * st.q.h;
+      const uint16_t* kh = k + b * st.k.b + h * st.k.h;
+      const uint16_t* vh = v + b * st.v.b + h * st.v.h;
+      const uint16_t* doh = dout + b * st.dout.b + h * st.dout.h;
+      const uint16_t* oh = out + b * st.out.b + h * st.out.h;
+      const float* lse_h = lse + b * st.lse.b + h * st.lse.h;
+      const size_t qs = size_t(st.q.t), ks = size_t(st.k.t), vs = size_t(st.v.t),
+                   dos = size_t(st.dout.t), os = size_t(st.out.t);
+      PackRows(pk.QR + off, qh, qs, d.T, d);
+      PackRows(pk.dOR + off, doh, dos, d.T, d);
+      PackRows(tmp.get(), kh, ks, d.T, d);
+      TransposeTiles(pk.KT + off, tmp.get(), d);
+      PackRows(tmp.get(), vh, vs, d.T, d);
+      TransposeTiles(pk.VT + off, tmp.get(), d);
+      PackPairs(pk.KP + off, kh, ks, d.T, d);
+      PackPairs(tmp.get(), qh, qs, d.T, d);
+      TransposePairTiles(pk.QtP + off, tmp.get(), d);
+      PackPairs(tmp.get(), doh, dos, d.T, d);
+      TransposePairTiles(pk.dOtP + off, tmp.get(), d);
       // D = rowsum(dO ⊙ O) from the bf16 values, and lse · log2(e).
       for (size_t i = 0; i < d.T; ++i) {
-        pk.D[size_t(bh) * d.T + i] =
-            DotBf16(doh + i * size_t(p.o_stride), oh + i * size_t(p.o_stride), d.hd);
-        pk.lse2[size_t(bh) * d.T + i] = lse[size_t(bh) * d.T + i] * kLog2e;
+        pk.D[size_t(bh) * d.T + i] = DotBf16(doh + i * dos, oh + i * os, d.hd);
+        pk.lse2[size_t(bh) * d.T + i] = lse_h[int64_t(i) * st.lse.t] * kLog2e;
       }
     }
   }
@@ -649,9 +758,8 @@ void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
         const int64_t b = bh / p.H, h = bh % p.H;
         std::fill(s.dQ.get(), s.dQ.get() + d.Tp * d.hdp, 0.0f);
         for (size_t j0 = 0; j0 < d.T; j0 += kB)
-          KeyTileTask(dk, dv, s.dQ.get(), pk, p, d, b, h, j0, s);
-        StoreRows(dq + size_t(b) * d.T * size_t(p.q_stride) + size_t(h) * d.hd, size_t(p.q_stride),
-                  s.dQ.get(), d.T, d, false);
+          KeyTileTask(dk, dv, s.dQ.get(), st, pk, p, d, b, h, j0, s);
+        StoreRows(dq + b * st.dq.b + h * st.dq.h, size_t(st.dq.t), s.dQ.get(), d.T, d, false);
       }
     }
     return;
@@ -664,12 +772,12 @@ void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < BH * n_t; ++item) {
       const int64_t kt = item / BH, bh = item % BH;
-      KeyTileTask(dk, dv, nullptr, pk, p, d, bh / p.H, bh % p.H, size_t(kt) * kB, s);
+      KeyTileTask(dk, dv, nullptr, st, pk, p, d, bh / p.H, bh % p.H, size_t(kt) * kB, s);
     }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < BH * n_t; ++item) {
       const int64_t qt = n_t - 1 - item / BH, bh = item % BH;
-      QueryTileTask(dq, pk, p, d, bh / p.H, bh % p.H, size_t(qt) * kB, s);
+      QueryTileTask(dq, st, pk, p, d, bh / p.H, bh % p.H, size_t(qt) * kB, s);
     }
   }
 }

@@ -12,6 +12,34 @@ namespace attn::kernels::amx {
 
 void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,
              const FlashAttentionParams& p);
+
+// Where row t of head (b, h) of one operand starts: base + b·b + h·h + t·t
+// (elements; the row's hd elements are contiguous).
+struct RowStrides {
+  int64_t b = 0, h = 0, t = 0;
+};
+// Every operand of a forward (lse: where its (b, h, t) entry is).
+struct ForwardStrides {
+  RowStrides q, k, v, out, lse;
+};
+// The layout the params describe: token-major (B, T, H, hd) rows x_stride
+// apart, lse (B, H, T) contiguous.
+ForwardStrides token_major_strides(const FlashAttentionParams& p);
+// The same forward on operands of any row strides (e.g. head-major (B, H, T,
+// hd) tensors, read and written in place): the same bits as the packed
+// layout's (only the addresses differ). The params' x_stride are ignored.
+void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+             const FlashAttentionParams& p, const ForwardStrides& s);
+
+// Every operand of a backward.
+struct BackwardStrides {
+  RowStrides dout, q, k, v, out, lse, dq, dk, dv;
+};
+BackwardStrides token_major_backward_strides(const FlashAttentionParams& p);
+// The backward on operands of any row strides: the packed layout's bits.
+void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
+              const uint16_t* k, const uint16_t* v, const uint16_t* out, const float* lse,
+              const FlashAttentionParams& p, const BackwardStrides& s);
 void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
               const uint16_t* k, const uint16_t* v, const uint16_t* out, const float* lse,
               const FlashAttentionParams& p);

@@ -207,6 +207,18 @@ std::pair<const float*, size_t> PackRows(float* HWY_RESTRICT buf, const T* head,
   return {buf, Wp};
 }
 
+// The forward's K or V tile: rows of a head-major head (W apart, as
+// PyTorch's (B, H, T, D) tensors) read in place where TileRows can (fp32, W =
+// Wp); others copied (PackRows): a token-major head's rows lie a multiple of
+// 1 KB apart and would fall into a few of L1's sets. The same values either way.
+template <class T>
+std::pair<const float*, size_t> ForwardTileRows(float* HWY_RESTRICT buf, const T* head,
+                                                size_t stride, size_t t0, size_t n, size_t W,
+                                                size_t Wp) {
+  if (stride == W) return TileRows(buf, head, stride, t0, n, W, Wp);
+  return PackRows(buf, head, stride, t0, n, W, Wp);
+}
+
 // What a widened tile buffer holds: rows from t0 of the head at `head`
 // (nullptr: nothing yet). Consecutive tile pairs often read the same tile.
 struct WideTag {
@@ -314,6 +326,22 @@ HeadRows PackHead(float* HWY_RESTRICT buf, const SdpaProblemT<T>& p, int64_t b, 
     WidenRow(v + t * Dvp, v_head + int64_t(t) * p.v_strides.t, Dv, Dvp);
   }
   return {k, v};
+}
+
+// Key/value head (b, hk)'s rows in place when they already are PackHead's
+// layout: fp32, K rows D apart and V rows Dv apart, Dv a whole number of
+// vectors (PyTorch's head-major (B, H, T, D) tensors): the copy would hold the
+// same values in the same places, so the bits do not change. {nullptr,
+// nullptr} otherwise (bf16, token-major heads, padded V rows: PackHead).
+template <class T>
+HeadRows HeadInPlace(const SdpaProblemT<T>& p, int64_t b, int64_t hk) {
+  if constexpr (std::is_same_v<T, float>) {
+    const int64_t D = p.D, Dv = p.Dv;
+    if (Dv % int64_t(kN) == 0 && p.v_strides.d == 1 && p.v_strides.t == Dv &&
+        (D == 1 || p.k_strides.d == 1) && p.k_strides.t == D)
+      return {At(p.k, p.k_strides, b, hk), At(p.v, p.v_strides, b, hk)};
+  }
+  return {nullptr, nullptr};
 }
 
 struct ForwardScratch {
@@ -510,16 +538,17 @@ void ForwardGroup(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p, const Ban
     prefetch.per_call = (prefetch.end - prefetch.next + calls - 1) / calls;
     // K rows as they are (fp32) or widened (bf16); V's B rows must hold whole
     // vectors: as they are, or a zero-padded (and widened) copy.
-    // Always copied (or read from the thread's copy of the head): rows of a
-    // token-major head lie a multiple of 1 KB apart, so a tile read in place
-    // falls into a few of L1's sets and is evicted while the products read it.
+    // Copied (or read from the thread's copy of the head) unless the head is
+    // head-major (ForwardTileRows): rows of a token-major head lie a multiple
+    // of 1 KB apart, so a tile read in place falls into a few of L1's sets and
+    // is evicted while the products read it.
     const size_t tile_jn = std::min(kBcFwd, group_end - j0);
     const auto [k_tile, k_tile_stride] =
         head ? std::pair<const float*, size_t>(head->k + j0 * D, D)
-             : PackRows(s.k_wide.get(), k_head, ks, j0, tile_jn, D, D);
+             : ForwardTileRows(s.k_wide.get(), k_head, ks, j0, tile_jn, D, D);
     const auto [v_tile, v_tile_stride] =
         head ? std::pair<const float*, size_t>(head->v + j0 * Dvp, Dvp)
-             : PackRows(s.v_pad.get(), v_head, vs, j0, tile_jn, Dv, Dvp);
+             : ForwardTileRows(s.v_pad.get(), v_head, vs, j0, tile_jn, Dv, Dvp);
     for (size_t g = 0; g < ng; ++g) {
       if (j0 >= key_end(g) || j0 + kBcFwd <= key_begin(g)) continue;
       const size_t jn = std::min(kBcFwd, key_end(g) - j0);
@@ -618,15 +647,17 @@ void SdpaForwardImpl(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p) {
   const bool by_head = n_groups > 1 && head_floats <= kHeadRowsMax &&
                        (BH >= 4 * threads || (BH >= threads && BH % threads == 0));
   if (by_head) {
+    // Heads already in PackHead's layout are read in place: no buffer to fault in, no copy.
+    const bool in_place = HeadInPlace(p, 0, 0).k != nullptr;
 #pragma omp parallel
     {
       ForwardScratch scratch(D, Dvp);
-      HeadBuffer buf(head_floats);
+      HeadBuffer buf(in_place ? 0 : head_floats);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t bh = 0; bh < BH; ++bh) {
         const int64_t b = bh / p.Hq, h = bh % p.Hq;
-        HeadRows head{};
-        if (buf.data) head = PackHead(buf.data, p, b, h / (p.Hq / p.Hkv));
+        HeadRows head = HeadInPlace(p, b, h / (p.Hq / p.Hkv));
+        if (!head.k && buf.data) head = PackHead(buf.data, p, b, h / (p.Hq / p.Hkv));
         for (int64_t group = n_groups - 1; group >= 0; --group) {
           const int64_t first = group * int64_t(kGroupFwd);
           const size_t ng = size_t(std::min(int64_t(kGroupFwd), n_qt - first));
@@ -634,7 +665,7 @@ void SdpaForwardImpl(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p) {
           const size_t next_first = group > 0 ? size_t(first - int64_t(kGroupFwd)) * kBr : 0;
           const T* q_next = group > 0 ? At(p.q, p.q_strides, b, h, int64_t(next_first)) : nullptr;
           ForwardGroup(out, p, band, b, h, size_t(first) * kBr, ng, scratch,
-                       buf.data ? &head : nullptr, q_next,
+                       head.k ? &head : nullptr, q_next,
                        std::min(kGroupFwd * kBr, size_t(p.Tq) - next_first));
         }
       }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "attn/kernels.h"
+#include "kernels/flash_attention_amx.h"
 #include "nn/sdpa_common.h"
 
 namespace attn {
@@ -133,6 +134,24 @@ Tensor head_major(const Tensor& x) { return x.transpose(1, 2).contiguous(); }
 
 SdpaForward forward_amx(const Tensor& q, const Tensor& k, const Tensor& v, const Sizes& s,
                         const SdpaOptions& o) {
+  // Rows of contiguous elements (any other strides): read in place and the
+  // output written head-major straight away (the kernel packs each head itself).
+  auto rows = [](const Tensor& x) { return x.size(3) == 1 || x.stride(3) == 1; };
+  if (rows(q) && rows(k) && rows(v)) {
+    SdpaForward f{Tensor::empty({s.B, s.Hq, s.Tq, s.Dv}, DType::kBFloat16),
+                  Tensor::empty({s.B, s.Hq, s.Tq})};
+    auto at = [](const Tensor& x) {
+      return kernels::amx::RowStrides{x.stride(0), x.stride(1), x.stride(2)};
+    };
+    const kernels::amx::ForwardStrides st{at(q), at(k), at(v), at(f.out),
+                                          kernels::amx::RowStrides{s.Hq * s.Tq, s.Tq, 1}};
+    auto bits = [](const Tensor& x) {
+      return reinterpret_cast<const uint16_t*>(x.data_ptr<BFloat16>());
+    };
+    kernels::amx::forward(reinterpret_cast<uint16_t*>(f.out.data_ptr<BFloat16>()), f.lse.data(),
+                          bits(q), bits(k), bits(v), amx_params(s, o), st);
+    return f;
+  }
   const Tensor qt = token_major(q), kt = token_major(k), vt = token_major(v);
   Tensor out_t = Tensor::empty({s.B, s.Tq, s.Hq, s.Dv}, DType::kBFloat16);
   SdpaForward f{Tensor(), Tensor::empty({s.B, s.Hq, s.Tq})};
@@ -306,6 +325,32 @@ SdpaGrads backward_amx(const Tensor& dout, const Tensor& q, const Tensor& k, con
                        const Tensor& out, const Tensor& lse, const Sizes& s,
                        const SdpaOptions& o) {
   check_backward_io(dout, out, lse, q, s);
+  // Rows of contiguous elements (any other strides): read in place, the
+  // gradients written head-major straight away.
+  auto rows = [](const Tensor& x) { return x.size(3) == 1 || x.stride(3) == 1; };
+  if (rows(q) && rows(k) && rows(v) && rows(dout) && rows(out)) {
+    const Tensor lse_c = lse.contiguous();
+    const Shape shape{s.B, s.Hq, s.Tq, s.D};
+    SdpaGrads g{Tensor::empty(shape, DType::kBFloat16), Tensor::empty(shape, DType::kBFloat16),
+                Tensor::empty(shape, DType::kBFloat16)};
+    auto at = [](const Tensor& x) {
+      return kernels::amx::RowStrides{x.stride(0), x.stride(1), x.stride(2)};
+    };
+    const kernels::amx::BackwardStrides st{at(dout),
+                                           at(q),
+                                           at(k),
+                                           at(v),
+                                           at(out),
+                                           kernels::amx::RowStrides{s.Hq * s.Tq, s.Tq, 1},
+                                           at(g.dq),
+                                           at(g.dk),
+                                           at(g.dv)};
+    auto in = [](const Tensor& x) { return reinterpret_cast<const uint16_t*>(x.data_ptr<BFloat16>()); };
+    auto grad = [](Tensor& x) { return reinterpret_cast<uint16_t*>(x.data_ptr<BFloat16>()); };
+    kernels::amx::backward(grad(g.dq), grad(g.dk), grad(g.dv), in(dout), in(q), in(k), in(v),
+                           in(out), lse_c.data(), amx_params(s, o), st);
+    return g;
+  }
   const Tensor qt = token_major(q), kt = token_major(k), vt = token_major(v);
   const Tensor dout_t = token_major(dout), out_t = token_major(out), lse_c = lse.contiguous();
   const Shape shape{s.B, s.Tq, s.Hq, s.D};
@@ -459,6 +504,21 @@ void sdpa_backward_routed(const SdpaBackwardIO& io, const SdpaProblem& p) {
 void sdpa_forward_routed(const SdpaOutputBf16& o, const SdpaProblemBf16& p) {
   if (!amx_serves(p)) return kernels::sdpa_forward(o, p);
   const int64_t B = p.B, H = p.Hq, T = p.Tq, D = p.D;
+  // Rows of contiguous elements (any (b, h, t) strides: head-major tensors as
+  // PyTorch's, token-major views, slices): the AMX kernel reads and writes them
+  // in place. It packs each head into its tile layouts anyway, so a token-major
+  // copy first would only add a pass over q, k, v and out (at T = 256 it doubled the call).
+  auto rows = [&](const SdpaStrides& s) { return D == 1 || s.d == 1; };
+  if (rows(p.q_strides) && rows(p.k_strides) && rows(p.v_strides) && rows(o.out_strides)) {
+    auto at = [](const SdpaStrides& s) { return kernels::amx::RowStrides{s.b, s.h, s.t}; };
+    const SdpaStrides ls = sdpa_lse_strides(o.lse_strides, p);
+    const kernels::amx::ForwardStrides st{at(p.q_strides), at(p.k_strides), at(p.v_strides),
+                                          at(o.out_strides), at(ls)};
+    auto bits = [](const BFloat16* x) { return reinterpret_cast<const uint16_t*>(x); };
+    kernels::amx::forward(reinterpret_cast<uint16_t*>(o.out), o.lse, bits(p.q), bits(p.k),
+                          bits(p.v), raw_amx_params(p), st);
+    return;
+  }
   auto in_place = [&](const SdpaStrides& s) { return token_major_in_place(s, B, H, T, D); };
   const TokenRows q = input_rows(p.q, p.q_strides, B, H, T, D, in_place(p.q_strides));
   const TokenRows k = input_rows(p.k, p.k_strides, B, H, T, D, in_place(p.k_strides));
@@ -482,6 +542,22 @@ void sdpa_forward_routed(const SdpaOutputBf16& o, const SdpaProblemBf16& p) {
 void sdpa_backward_routed(const SdpaBackwardIOBf16& io, const SdpaProblemBf16& p) {
   if (!amx_serves(p)) return kernels::sdpa_backward(io, p);
   const int64_t B = p.B, H = p.Hq, T = p.Tq, D = p.D;
+  // Rows of contiguous elements, any (b, h, t) strides: in place, as the forward.
+  auto rows = [&](const SdpaStrides& s) { return D == 1 || s.d == 1; };
+  if (rows(p.q_strides) && rows(p.k_strides) && rows(p.v_strides) && rows(io.out_strides) &&
+      rows(io.dout_strides) && rows(io.dq_strides) && rows(io.dk_strides) &&
+      rows(io.dv_strides)) {
+    auto at = [](const SdpaStrides& s) { return kernels::amx::RowStrides{s.b, s.h, s.t}; };
+    const kernels::amx::BackwardStrides st{
+        at(io.dout_strides),  at(p.q_strides),   at(p.k_strides),
+        at(p.v_strides),      at(io.out_strides), at(sdpa_lse_strides(io.lse_strides, p)),
+        at(io.dq_strides),    at(io.dk_strides), at(io.dv_strides)};
+    auto in = [](const BFloat16* x) { return reinterpret_cast<const uint16_t*>(x); };
+    auto out = [](BFloat16* x) { return reinterpret_cast<uint16_t*>(x); };
+    kernels::amx::backward(out(io.dq), out(io.dk), out(io.dv), in(io.dout), in(p.q), in(p.k),
+                           in(p.v), in(io.out), io.lse, raw_amx_params(p), st);
+    return;
+  }
   // Each input shares its token stride with its partner (q with dq, out with
   // dout, ...): the pair is read in place only when both are token-major with one stride.
   auto pair = [&](const SdpaStrides& a, const SdpaStrides& b) {

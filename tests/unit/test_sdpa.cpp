@@ -405,6 +405,42 @@ TEST(Sdpa, AgreesWithTheFlashKernelOnSquareCausal) {
   EXPECT_LE(rel_err(f.lse, Tensor({B, H, T}, lse)), 1e-5);
 }
 
+// Head-major fp32 heads (PyTorch's (B, H, T, D) tensors) are read in place
+// (whole heads, and K, V tiles), token-major ones copied first: the same bits,
+// on 1 and 2 threads (two threads take whole heads at B·H = 8), T on one query
+// group and on several, V rows padded (Dv = 40) or not, plain causal and with dropout.
+TEST(Sdpa, HeadMajorInputsGiveTheTokenMajorBits) {
+#ifdef _OPENMP
+  const int saved = omp_get_max_threads();
+#endif
+  uint64_t seed = 40;
+  for (const int threads : {1, 2})
+    for (const int64_t T : {200, 300})
+      for (const int64_t Dv : {64, 40})
+        for (const float dropout : {0.0f, 0.2f}) {
+          SCOPED_TRACE(fmt::format("threads {} T {} Dv {} dropout {}", threads, T, Dv, dropout));
+#ifdef _OPENMP
+          omp_set_num_threads(threads);
+#endif
+          const int64_t B = 2, H = 4, D = 64;
+          SdpaOptions o;
+          o.is_causal = true;
+          o.dropout_p = dropout;
+          o.dropout_seed = seed;
+          const Tensor q = randn({B, T, H, D}, seed += 3), k = randn({B, T, H, D}, seed + 1),
+                       v = randn({B, T, H, Dv}, seed + 2);
+          const Tensor qt = q.transpose(1, 2), kt = k.transpose(1, 2), vt = v.transpose(1, 2);
+          const attn::SdpaForward token = attn::scaled_dot_product_attention_forward(qt, kt, vt, o);
+          const attn::SdpaForward head = attn::scaled_dot_product_attention_forward(
+              qt.contiguous(), kt.contiguous(), vt.contiguous(), o);
+          EXPECT_TRUE(same_bits(head.out, token.out));
+          EXPECT_TRUE(same_bits(head.lse, token.lse));
+        }
+#ifdef _OPENMP
+  omp_set_num_threads(saved);
+#endif
+}
+
 // ---- behaviour --------------------------------------------------------------------
 
 // Rows whose keys are all masked: output 0, lse -inf, gradients 0, no NaN.

@@ -429,6 +429,67 @@ TEST(SdpaAmx, RawRoutedCallsGiveTheTensorEntryPointsBitsOnEveryLayout) {
       }
 }
 
+// The routed forward and backward read their inputs in place and write out,
+// lse and the gradients through their strides (no token-major copies): their
+// bits must be the core's on packed token-major copies of the same values
+// (what the route ran before), for every input layout, head-major outputs
+// (PyTorch's) and the Tensor entry points.
+TEST(SdpaAmx, InPlaceCallsGiveTheCoresBitsOnItsPackedCopies) {
+  ATTN_REQUIRE_AMX();
+  const attn::test::Bf16PathGuard amx("AMX");
+  ASSERT_TRUE(amx.forced());
+  uint64_t seed = 1700;
+  for (const Layout in_layout :
+       {Layout::kHeadMajor, Layout::kTokenMajor, Layout::kFusedQkv, Layout::kStridedD})
+    for (const bool causal : {true, false}) {
+      SCOPED_TRACE("in " + std::to_string(int(in_layout)) + (causal ? " causal" : " full"));
+      const int64_t B = 2, H = 3, T = 70, D = 80;
+      const Inputs in = make_inputs(B, H, T, D, in_layout, seed += 4);
+      SdpaOptions o;
+      o.is_causal = causal;
+      o.dropout_p = causal ? 0.0f : 0.1f;
+      o.dropout_seed = seed;
+      // The core on packed (B, T, H, D) copies.
+      const Tensor qt = in.q.transpose(1, 2).contiguous(), kt = in.k.transpose(1, 2).contiguous(),
+                   vt = in.v.transpose(1, 2).contiguous();
+      Tensor out_core = Tensor::empty({B, T, H, D}, kBf16), lse_core({B, H, T});
+      kn::FlashAttentionParams fp;
+      fp.B = B, fp.T = T, fp.H = H, fp.hd = D, fp.causal = causal;
+      fp.dropout_p = o.dropout_p, fp.dropout_seed = o.dropout_seed;
+      kn::flash_attention_forward_bf16(out_core.data_ptr<attn::BFloat16>(), lse_core.data(),
+                                       qt.data_ptr<attn::BFloat16>(),
+                                       kt.data_ptr<attn::BFloat16>(),
+                                       vt.data_ptr<attn::BFloat16>(), fp);
+      const Tensor want = out_core.transpose(1, 2);
+      const Result raw = run_raw(in, o, Layout::kHeadMajor);
+      EXPECT_TRUE(same_bits(raw.f.out, want)) << "raw out";
+      EXPECT_TRUE(same_bits(raw.f.lse, lse_core)) << "raw lse";
+      o.backend = SdpaBackend::kFused;
+      const attn::SdpaForward f = attn::scaled_dot_product_attention_forward(in.q, in.k, in.v, o);
+      EXPECT_TRUE(f.out.is_contiguous());
+      EXPECT_TRUE(same_bits(f.out, want)) << "tensor out";
+      EXPECT_TRUE(same_bits(f.lse, lse_core)) << "tensor lse";
+      // Backward: the core on packed copies of dout and its own out, lse.
+      const Tensor dout_t = in.dout.transpose(1, 2).contiguous();
+      Tensor dq = Tensor::empty({B, T, H, D}, kBf16), dk = Tensor::empty({B, T, H, D}, kBf16),
+             dv = Tensor::empty({B, T, H, D}, kBf16);
+      kn::flash_attention_backward_bf16(
+          dq.data_ptr<attn::BFloat16>(), dk.data_ptr<attn::BFloat16>(),
+          dv.data_ptr<attn::BFloat16>(), dout_t.data_ptr<attn::BFloat16>(),
+          qt.data_ptr<attn::BFloat16>(), kt.data_ptr<attn::BFloat16>(),
+          vt.data_ptr<attn::BFloat16>(), out_core.data_ptr<attn::BFloat16>(), lse_core.data(), fp);
+      EXPECT_TRUE(same_bits(raw.g.dq, dq.transpose(1, 2))) << "raw dq";
+      EXPECT_TRUE(same_bits(raw.g.dk, dk.transpose(1, 2))) << "raw dk";
+      EXPECT_TRUE(same_bits(raw.g.dv, dv.transpose(1, 2))) << "raw dv";
+      const attn::SdpaGrads g =
+          attn::scaled_dot_product_attention_backward(in.dout, in.q, in.k, in.v, f.out, f.lse, o);
+      EXPECT_TRUE(g.dq.is_contiguous() && g.dk.is_contiguous() && g.dv.is_contiguous());
+      EXPECT_TRUE(same_bits(g.dq, dq.transpose(1, 2))) << "tensor dq";
+      EXPECT_TRUE(same_bits(g.dk, dk.transpose(1, 2))) << "tensor dk";
+      EXPECT_TRUE(same_bits(g.dv, dv.transpose(1, 2))) << "tensor dv";
+    }
+}
+
 TEST(SdpaAmx, RawRoutedCallsTheCoreCannotServeTakeTheWidenedKernel) {
   ATTN_REQUIRE_AMX();
   const attn::test::Bf16PathGuard amx("AMX");
