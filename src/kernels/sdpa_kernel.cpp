@@ -1125,8 +1125,23 @@ void SdpaBackwardImpl(const SdpaBackwardIOT<T>& io, const SdpaProblemT<T>& p) {
     for (size_t i = 0; i < Tq; ++i) {
       const T* doi = At(io.dout, io.dout_strides, b, h, int64_t(i));
       const T* oi = At(io.out, io.out_strides, b, h, int64_t(i));
+      if (i + kRowsAhead < Tq) {  // rows a stride apart: each a miss without this
+        PrefetchRows(At(io.dout, io.dout_strides, b, h, 0), size_t(io.dout_strides.t),
+                     i + kRowsAhead, i + kRowsAhead + 1, Dv);
+        PrefetchRows(At(io.out, io.out_strides, b, h, 0), size_t(io.out_strides.t),
+                     i + kRowsAhead, i + kRowsAhead + 1, Dv);
+      }
+      // Whole vectors lane by lane, then their lanes summed and the tail added:
+      // one fixed order whatever the thread count.
       float sum = 0.0f;
-      for (size_t dd = 0; dd < Dv; ++dd) sum += Widen(doi[dd]) * Widen(oi[dd]);
+      size_t dd = 0;
+      if constexpr (!kWide) {
+        const DF d;
+        VF acc = hn::Zero(d);
+        for (; dd + kN <= Dv; dd += kN) acc = hn::MulAdd(hn::LoadU(d, doi + dd), hn::LoadU(d, oi + dd), acc);
+        sum = hn::GetLane(hn::SumOfLanes(d, acc));
+      }
+      for (; dd < Dv; ++dd) sum += Widen(doi[dd]) * Widen(oi[dd]);
       const float lse = io.lse[b * ls.b + h * ls.h + int64_t(i) * ls.t];
       Drow[size_t(bh) * Tq + i] = lse == kNegInf ? 0.0f : sum;
       lse2[size_t(bh) * Tq + i] = lse == kNegInf ? -kNegInf : lse * kLog2e;
