@@ -1122,6 +1122,7 @@ void SdpaBackwardImpl(const SdpaBackwardIOT<T>& io, const SdpaProblemT<T>& p) {
 #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < BH; ++bh) {
     const int64_t b = bh / p.Hq, h = bh % p.Hq;
+    std::vector<float> wide(kWide ? 2 * Dv : 0);  // a bf16 row pair widened
     for (size_t i = 0; i < Tq; ++i) {
       const T* doi = At(io.dout, io.dout_strides, b, h, int64_t(i));
       const T* oi = At(io.out, io.out_strides, b, h, int64_t(i));
@@ -1132,16 +1133,23 @@ void SdpaBackwardImpl(const SdpaBackwardIOT<T>& io, const SdpaProblemT<T>& p) {
                      i + kRowsAhead, i + kRowsAhead + 1, Dv);
       }
       // Whole vectors lane by lane, then their lanes summed and the tail added:
-      // one fixed order whatever the thread count.
-      float sum = 0.0f;
-      size_t dd = 0;
-      if constexpr (!kWide) {
-        const DF d;
-        VF acc = hn::Zero(d);
-        for (; dd + kN <= Dv; dd += kN) acc = hn::MulAdd(hn::LoadU(d, doi + dd), hn::LoadU(d, oi + dd), acc);
-        sum = hn::GetLane(hn::SumOfLanes(d, acc));
+      // one fixed order whatever the thread count, and bf16 rows widened
+      // first, so that bf16 gives the bits of fp32 on the widened inputs.
+      const float* dof = nullptr;
+      const float* of = nullptr;
+      if constexpr (kWide) {
+        WidenRow(wide.data(), doi, Dv, Dv), WidenRow(wide.data() + Dv, oi, Dv, Dv);
+        dof = wide.data(), of = wide.data() + Dv;
+      } else {
+        dof = doi, of = oi;
       }
-      for (; dd < Dv; ++dd) sum += Widen(doi[dd]) * Widen(oi[dd]);
+      const DF d;
+      VF acc = hn::Zero(d);
+      size_t dd = 0;
+      for (; dd + kN <= Dv; dd += kN)
+        acc = hn::MulAdd(hn::LoadU(d, dof + dd), hn::LoadU(d, of + dd), acc);
+      float sum = hn::GetLane(hn::SumOfLanes(d, acc));
+      for (; dd < Dv; ++dd) sum += dof[dd] * of[dd];
       const float lse = io.lse[b * ls.b + h * ls.h + int64_t(i) * ls.t];
       Drow[size_t(bh) * Tq + i] = lse == kNegInf ? 0.0f : sum;
       lse2[size_t(bh) * Tq + i] = lse == kNegInf ? -kNegInf : lse * kLog2e;
