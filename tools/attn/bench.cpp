@@ -36,6 +36,7 @@
 #include "attn/random.h"
 #include "attn/sdpa.h"
 #include "attn/utf8.h"
+#include "omp_policy.h"
 #include "sgemm_rate.h"
 
 namespace attn::cli {
@@ -461,8 +462,9 @@ std::string probe_text(const kernels::PeakProbe& p) {
 std::string wait_policy() {
   const char* spin = std::getenv("GOMP_SPINCOUNT");
   const char* policy = std::getenv("OMP_WAIT_POLICY");
-  return fmt::format("GOMP_SPINCOUNT={}, OMP_WAIT_POLICY={}", spin ? spin : "unset",
-                     policy ? policy : "unset");
+  const auto chosen = choose_omp_policy([](const char* name) { return std::getenv(name); });
+  return fmt::format("GOMP_SPINCOUNT={}, OMP_WAIT_POLICY={}; {}", spin ? spin : "unset",
+                     policy ? policy : "unset", chosen.text);
 }
 
 int omp_threads() {

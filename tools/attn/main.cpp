@@ -23,6 +23,7 @@
 #include "export.h"
 #include "generate.h"
 #include "inspect.h"
+#include "omp_policy.h"
 #include "plot.h"
 #include "prepare.h"
 #include "tokenize.h"
@@ -65,6 +66,8 @@ std::string command_names(const std::vector<attn::cli::Command>& commands) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Bounded OpenMP spinning (omp_policy.h): may execute this binary again, once.
+  attn::cli::apply_omp_policy(argv);
   CLI::App app{
       "attn: the attention mechanisms of GPT-style models as readable C++, printing the same "
       "numbers PyTorch 1.13 prints for the same seed.",
