@@ -1,5 +1,8 @@
 // attn prepare's library half (attn/token_shards.h, prepare_token_shards): a
 // corpus of text files tokenized once into token shards and a manifest.
+// It lives in src/text, above src/io: the tokenizing half is text's; the shard
+// file format (header, checksum, atomic write, manifest, reader) stays in
+// src/io (token_shards.cpp), which knows nothing of tokenizers.
 //
 // Each file is read a block at a time; a block is tokenized up to the last
 // place where GPT-2's pattern cannot join pieces across a cut
