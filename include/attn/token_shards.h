@@ -146,6 +146,7 @@ class ShardedTokens final : public TokenSource {
   // or one that disagrees with the manifest.
   explicit ShardedTokens(const std::string& dir, bool verify = false);
   const Manifest& manifest() const { return manifest_; }
+  const std::string& dir() const { return dir_; }  // as given
   int64_t size() const override { return manifest_.tokens; }
   int64_t vocab_size() const { return manifest_.vocab_size; }
   const std::vector<std::unique_ptr<TokenShard>>& shards() const { return shards_; }

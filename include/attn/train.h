@@ -413,6 +413,9 @@ class Trainer {
   std::optional<CharTokenizer> chars_;     // char runs
   std::unique_ptr<Batcher> train_, val_;    // char runs
   std::unique_ptr<WindowLoader> train_loader_, val_loader_;  // gpt2 runs
+  // --data-shards runs: {"dir", "manifest_fnv1a64", "tokens"} of the shards,
+  // written to the checkpoint's metadata and checked on resume.
+  std::string data_shards_;
   int64_t passes_ = 0;  // gpt2: training passes begun
   std::unique_ptr<Generator> gen_;  // before model_: the model's dropouts hold a pointer to it
   std::unique_ptr<nn::GPTModel> model_;

@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "attn/safetensors.h"
+#include "attn/token_shards.h"
 
 namespace attn::train {
 
@@ -554,6 +555,14 @@ Trainer::Trainer(std::shared_ptr<const data::TokenSource> tokens, int64_t vocab_
                                                options_.context_length, stride, /*shuffle=*/false,
                                                /*drop_last=*/false, "validation");
   if (options_.epochs > 0) options_.max_iters = options_.epochs * train_loader_->batches();
+  if (const auto* shards = dynamic_cast<const data::ShardedTokens*>(tokens.get())) {
+    const std::string manifest = shards->manifest().to_json();
+    nlohmann::ordered_json id;
+    id["dir"] = shards->dir();
+    id["manifest_fnv1a64"] = fmt::format("{:016x}", data::fnv1a64(manifest.data(), manifest.size()));
+    id["tokens"] = shards->size();
+    data_shards_ = id.dump();
+  }
   build(vocab_size);
 }
 
@@ -883,6 +892,7 @@ std::map<std::string, std::string> Trainer::metadata() const {
     g["micro_batches"] = micro_batches();
     m["global_batch"] = g.dump();
   }
+  if (!data_shards_.empty()) m["data_shards"] = data_shards_;
   if (train_loader_) {
     nlohmann::ordered_json loader;
     loader["passes"] = passes_;
@@ -965,6 +975,36 @@ void Trainer::resume(const std::string& path) {
       throw std::invalid_argument(fmt::format(
           "checkpoint '{}' has a vocabulary of {} characters that differs from this text's {} characters",
           printable(path), vocab.size(), chars_->size()));
+  }
+  // The token shards a --data-shards run trained on: another folder's (by its
+  // manifest's checksum and token count) would continue on other data. A
+  // checkpoint without the field (a text run, or older) resumes as before.
+  if (const auto ds = m.find("data_shards"); ds != m.end()) {
+    std::string dir, sum;
+    int64_t tokens = 0;
+    try {
+      const json saved = json::parse(ds->second);
+      dir = saved.at("dir").get<std::string>();
+      sum = saved.at("manifest_fnv1a64").get<std::string>();
+      tokens = saved.at("tokens").get<int64_t>();
+    } catch (const json::exception& e) {
+      throw std::invalid_argument(
+          fmt::format("checkpoint '{}': metadata \"data_shards\": {}", printable(path), printable(e.what())));
+    }
+    if (data_shards_.empty())
+      throw std::invalid_argument(fmt::format(
+          "checkpoint '{}' was trained on the token shards in '{}'; this run reads a text: resume it "
+          "with --data-shards",
+          printable(path), printable(dir)));
+    const json now = json::parse(data_shards_);
+    const std::string now_sum = now.at("manifest_fnv1a64").get<std::string>();
+    const int64_t now_tokens = now.at("tokens").get<int64_t>();
+    if (sum != now_sum || tokens != now_tokens)
+      throw std::invalid_argument(fmt::format(
+          "checkpoint '{}' was trained on the token shards in '{}' (manifest {}, {} tokens); "
+          "this run reads '{}' (manifest {}, {} tokens)",
+          printable(path), printable(dir), printable(sum), tokens,
+          printable(now.at("dir").get<std::string>()), now_sum, now_tokens));
   }
   int64_t saved_micro = 1;
   if (const auto gb = m.find("global_batch"); gb != m.end()) {

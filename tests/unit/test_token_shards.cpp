@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "attn/atomic_file.h"
+#include "attn/safetensors.h"
 #include "attn/token_shards.h"
 #include "attn/tokenizer.h"
 #include "attn/train.h"
@@ -496,6 +497,43 @@ TEST(PrepareCli, WritesShardsThatTrainReads) {
   EXPECT_NE(r.err.find("--tokenizer char: the shards in"), std::string::npos) << r.err;
   // --resume continues on the same shards.
   r = run_cli("train --data-shards '" + dir + "' --out '" + run + "' --resume --max-iters 3 --threads 1");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+// A checkpoint names the shards it trained on (dir, the manifest's FNV-1a 64,
+// the token count): --resume on another folder's tokens, or on a text, is
+// refused with one line naming both; the same shards resume.
+TEST(PrepareCli, ResumeRefusesOtherShards) {
+  ATTN_REQUIRE_CLI();
+  const std::string verdict = std::string(ATTN_DATA_DIR) + "/the-verdict.txt";
+  const std::string twice = temp_path("cli-prep-twice"), once = temp_path("cli-prep-once");
+  auto r = run_cli("prepare --tokenizer gpt2 '" + verdict + "' '" + verdict + "' --out '" + twice + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run_cli("prepare --tokenizer gpt2 '" + verdict + "' --out '" + once + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string run = temp_path("cli-run-shards");
+  const std::string model =
+      " --n-layers 1 --n-heads 2 --emb-dim 16 --context-length 16 --batch-size 2 --eval-interval 2"
+      " --eval-iters 1 --threads 1";
+  r = run_cli("train --data-shards '" + twice + "' --out '" + run + "' --max-iters 2" + model);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto meta = attn::io::read_safetensors(run + "/checkpoint.safetensors").metadata;
+  ASSERT_EQ(meta.count("data_shards"), 1u);
+  EXPECT_NE(meta.at("data_shards").find("\"tokens\":10291"), std::string::npos) << meta.at("data_shards");
+
+  r = run_cli("train --data-shards '" + once + "' --out '" + run + "' --resume --max-iters 3" + model);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_NE(r.err.find("was trained on the token shards in"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("10291 tokens); this run reads"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("5145 tokens"), std::string::npos) << r.err;
+
+  r = run_cli("train --text '" + verdict + "' --tokenizer gpt2 --out '" + run + "' --resume --max-iters 3" +
+              model);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("this run reads a text"), std::string::npos) << r.err;
+
+  r = run_cli("train --data-shards '" + twice + "' --out '" + run + "' --resume --max-iters 3" + model);
   EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
