@@ -88,6 +88,82 @@ HWY_INLINE VF Exp2(DF d, VF x) {
 }
 #endif
 
+// ScaledTransposeN: dst[j·ds + i] = c · src_i[j] for i, j < kN, src_i = src +
+// i·ss: an N x N block (one vector a row) transposed in registers, scaled on
+// the way; against N² scalar stores, N loads, N stores and 4N (AVX-512) or
+// 3N (AVX2) shuffles. The same products c · x as a scalar loop, so the same
+// bits. Src: fp32 rows, or bf16 rows widened exactly. Defined (and
+// ATTN_HAVE_TRANSPOSE_N set) on AVX-512 and AVX2; other targets pack with scalar loops.
+#undef ATTN_HAVE_TRANSPOSE_N
+#if HWY_TARGET <= HWY_AVX3
+#define ATTN_HAVE_TRANSPOSE_N 1
+HWY_INLINE __m512 LoadWideN(const float* src) { return _mm512_loadu_ps(src); }
+template <class B16>
+HWY_INLINE __m512 LoadWideN(const B16* src) {
+  static_assert(sizeof(B16) == 2, "bfloat16 rows");
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+template <class T>
+HWY_INLINE void ScaledTransposeN(const T* HWY_RESTRICT src, size_t ss, float* HWY_RESTRICT dst,
+                                 size_t ds, float c) {
+  const __m512 cv = _mm512_set1_ps(c);
+  __m512 r[16], t[16];
+  for (size_t i = 0; i < 16; ++i) r[i] = _mm512_mul_ps(cv, LoadWideN(src + i * ss));
+  for (size_t k = 0; k < 8; ++k) {  // pairs of rows interleaved
+    t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+    t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+  }
+  for (size_t k = 0; k < 4; ++k) {  // 4 x 4 blocks within each 128-bit lane
+    r[4 * k] = _mm512_shuffle_ps(t[4 * k], t[4 * k + 2], 0x44);
+    r[4 * k + 1] = _mm512_shuffle_ps(t[4 * k], t[4 * k + 2], 0xEE);
+    r[4 * k + 2] = _mm512_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0x44);
+    r[4 * k + 3] = _mm512_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0xEE);
+  }
+  for (size_t k = 0; k < 2; ++k)  // then the 128-bit lanes across registers
+    for (size_t q = 0; q < 4; ++q) {
+      t[8 * k + q] = _mm512_shuffle_f32x4(r[8 * k + q], r[8 * k + 4 + q], 0x88);
+      t[8 * k + 4 + q] = _mm512_shuffle_f32x4(r[8 * k + q], r[8 * k + 4 + q], 0xDD);
+    }
+  for (size_t q = 0; q < 8; ++q) {
+    r[q] = _mm512_shuffle_f32x4(t[q], t[8 + q], 0x88);
+    r[8 + q] = _mm512_shuffle_f32x4(t[q], t[8 + q], 0xDD);
+  }
+  for (size_t j = 0; j < 16; ++j) _mm512_storeu_ps(dst + j * ds, r[j]);
+}
+#elif HWY_TARGET == HWY_AVX2
+#define ATTN_HAVE_TRANSPOSE_N 1
+HWY_INLINE __m256 LoadWideN(const float* src) { return _mm256_loadu_ps(src); }
+template <class B16>
+HWY_INLINE __m256 LoadWideN(const B16* src) {
+  static_assert(sizeof(B16) == 2, "bfloat16 rows");
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+template <class T>
+HWY_INLINE void ScaledTransposeN(const T* HWY_RESTRICT src, size_t ss, float* HWY_RESTRICT dst,
+                                 size_t ds, float c) {
+  const __m256 cv = _mm256_set1_ps(c);
+  __m256 r[8], t[8];
+  for (size_t i = 0; i < 8; ++i) r[i] = _mm256_mul_ps(cv, LoadWideN(src + i * ss));
+  for (size_t k = 0; k < 4; ++k) {  // pairs of rows interleaved
+    t[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+    t[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+  }
+  for (size_t k = 0; k < 2; ++k) {  // 4 x 4 blocks within each 128-bit lane
+    r[4 * k] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], 0x44);
+    r[4 * k + 1] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], 0xEE);
+    r[4 * k + 2] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0x44);
+    r[4 * k + 3] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0xEE);
+  }
+  for (size_t q = 0; q < 4; ++q) {  // then the 128-bit halves across registers
+    t[q] = _mm256_permute2f128_ps(r[q], r[4 + q], 0x20);
+    t[4 + q] = _mm256_permute2f128_ps(r[q], r[4 + q], 0x31);
+  }
+  for (size_t j = 0; j < 8; ++j) _mm256_storeu_ps(dst + j * ds, t[j]);
+}
+#endif
+
 // Philox4x32-10 (kernels/philox.h) for L counters at once, one per lane of
 // plain arrays, written so that the compiler vectorises it for this target
 // (32 x 32 -> 64-bit multiplies: vpmuludq). Same bits as philox4x32_10.
