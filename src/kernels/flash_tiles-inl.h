@@ -322,6 +322,12 @@ void GemmSpans(size_t M, size_t W, const float* A, size_t ars, size_t aks, const
                size_t bs, float* C, size_t cs, const float* c_scale, SpanFn span,
                Hook after_block = Hook()) {
   static constexpr auto table = MicroTable<kMode>(std::make_index_sequence<kMR * kNV>());
+  // A block of rows whose scales are all 1 (the online softmax's rescale once
+  // a row's running max has settled, most tiles of a long row) skips the
+  // multiplies: 1 · C = C exactly, so the bits are the same.
+  static constexpr auto table_unscaled =
+      MicroTable<kMode == kScaleAccumulate ? kAccumulate : kMode>(
+          std::make_index_sequence<kMR * kNV>());
   for (size_t w0 = 0; w0 < W; w0 += kNV * kN) {
     const size_t nv = std::min(kNV, (W - w0) / kN);
     for (size_t r0 = 0; r0 < M; r0 += kMR) {
@@ -330,7 +336,12 @@ void GemmSpans(size_t M, size_t W, const float* A, size_t ars, size_t aks, const
       const size_t v0 = w0 == 0 ? sp.v0 : 0, v1 = w0 == 0 ? std::min(nv, sp.v1) : nv;
       const size_t K = sp.k1 > sp.k0 ? sp.k1 - sp.k0 : 0;
       if (v0 >= v1 || (K == 0 && kMode == kAccumulate)) continue;
-      table[(nr - 1) * kNV + (v1 - v0 - 1)](
+      bool unscaled = false;
+      if constexpr (kMode == kScaleAccumulate) {
+        unscaled = true;
+        for (size_t r = 0; r < nr; ++r) unscaled &= c_scale[r0 + r] == 1.0f;
+      }
+      (unscaled ? table_unscaled : table)[(nr - 1) * kNV + (v1 - v0 - 1)](
           A + r0 * ars + sp.k0 * aks, ars, aks, Bm + sp.k0 * bs + w0 + v0 * kN, bs, K,
           C + r0 * cs + w0 + v0 * kN, cs, c_scale ? c_scale + r0 : nullptr);
       after_block();
