@@ -165,10 +165,20 @@ HWY_INLINE T Narrow(float x) {
   }
 }
 
+// dst[0:n] = src[0:n], inline vectors: the rows copied here are a few hundred
+// bytes, where a call to memmove costs as much as the copy (a whole head's
+// rows per head and thread: ~1.5% of the fp32 forward at T = 1024).
+HWY_INLINE void CopyRow(float* HWY_RESTRICT dst, const float* HWY_RESTRICT src, size_t n) {
+  const DF d;
+  size_t w = 0;
+  for (; w + kN <= n; w += kN) hn::StoreU(hn::LoadU(d, src + w), d, dst + w);
+  for (; w < n; ++w) dst[w] = src[w];
+}
+
 // dst[0:W] = src[0:W] widened to fp32, dst[W:Wp] = 0.
 HWY_INLINE void WidenRow(float* HWY_RESTRICT dst, const float* HWY_RESTRICT src, size_t W,
                          size_t Wp) {
-  std::copy(src, src + W, dst);
+  CopyRow(dst, src, W);
   std::fill(dst + W, dst + Wp, 0.0f);
 }
 HWY_INLINE void WidenRow(float* HWY_RESTRICT dst, const BFloat16* HWY_RESTRICT src, size_t W,
@@ -1261,8 +1271,8 @@ BackwardProblem<T> HeadCopies(const BackwardProblem<T>& bp, int64_t b, int64_t h
           PrefetchRows(do_head, size_t(bp.dos.t), size_t(t + ahead), size_t(t + ahead + 1),
                        size_t(Dvp));
         }
-        std::copy(q_head + t * bp.qs.t, q_head + t * bp.qs.t + Dp, q + (g * Tq + t) * Dp);
-        std::copy(do_head + t * bp.dos.t, do_head + t * bp.dos.t + Dvp, dout + (g * Tq + t) * Dvp);
+        CopyRow(q + (g * Tq + t) * Dp, q_head + t * bp.qs.t, size_t(Dp));
+        CopyRow(dout + (g * Tq + t) * Dvp, do_head + t * bp.dos.t, size_t(Dvp));
       }
     }
     u.q = q, u.qs = {0, Tq * Dp, Dp, 1};
@@ -1321,7 +1331,7 @@ void BatchedBackward(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp)
           for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
             for (size_t i = 0; i < Tq; ++i) {
               const float* row = ub.dq + (h - ub.h0) * ub.dqs.h + int64_t(i) * ub.dqs.t;
-              std::copy(row, row + Dp, bp.dq + b * bp.dqs.b + h * bp.dqs.h + int64_t(i) * bp.dqs.t);
+              CopyRow(bp.dq + b * bp.dqs.b + h * bp.dqs.h + int64_t(i) * bp.dqs.t, row, size_t(Dp));
             }
         }
       }
