@@ -24,10 +24,9 @@
 // Fused scaled-dot-product attention, forward and backward (FlashAttention-2
 // style): the maths, the layouts and the dropout rule are described in
 // attn/kernels.h. Since the sdpa kernel (sdpa_kernel.cpp, attn/sdpa.h) grew
-// from this file's and covers its problem exactly (is_causal top-left, Tq =
-// Tk, one key/value head per query head, the same Philox counters, lse
-// (B, H, T)), the two entry points here describe their token-major buffers to
-// it and run it: one fp32 kernel to tune (its tiles, exp2 and micro-kernel are
+// from this file's and covers its problem exactly (kernels/flash_as_sdpa.h),
+// the two entry points here describe their token-major buffers to it and run
+// it: one fp32 kernel to tune (its tiles, exp2 and micro-kernel are
 // kernels/flash_tiles-inl.h), the bits of both entry points the same.
 // What stays here: the SIMD target report and choice (Highway's dynamic
 // dispatch is process-wide, so it is the sdpa kernel's too).
@@ -36,6 +35,7 @@
 
 #include "attn/kernels.h"
 #include "attn/sdpa.h"
+#include "kernels/flash_as_sdpa.h"
 
 #include "kernels/hwy_targets.h"
 #undef HWY_TARGET_INCLUDE
@@ -59,51 +59,15 @@ namespace attn::kernels {
 
 HWY_EXPORT(TargetName);
 
-namespace {
-
-// Token t of batch b, head h of a token-major buffer: ptr + (b·T + t)·stride + h·hd.
-SdpaStrides TokenMajor(const FlashAttentionParams& p, int64_t stride) {
-  return {p.T * stride, p.hd, stride, 1};
-}
-
-// The sdpa kernel's problem for validated params p.
-SdpaProblem AsSdpa(const FlashAttentionParams& p, const float* q, const float* k, const float* v) {
-  SdpaProblem s;
-  s.B = p.B, s.Hq = s.Hkv = p.H, s.Tq = s.Tk = p.T, s.D = s.Dv = p.hd;
-  s.q = q, s.k = k, s.v = v;
-  s.q_strides = TokenMajor(p, p.q_stride);
-  s.k_strides = TokenMajor(p, p.k_stride);
-  s.v_strides = TokenMajor(p, p.v_stride);
-  s.is_causal = p.causal;  // top-left: key j <= query i
-  s.scale = p.scale;
-  s.dropout_p = p.dropout_p;
-  s.dropout_seed = p.dropout_seed;
-  return s;
-}
-
-}  // namespace
-
 void flash_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                              const FlashAttentionParams& params) {
-  const FlashAttentionParams p = validated(params);
-  SdpaOutput o;
-  o.out = out, o.out_strides = TokenMajor(p, p.o_stride);
-  o.lse = lse;  // (B, H, T)
-  sdpa_forward(o, AsSdpa(p, q, k, v));
+  ForwardAsSdpa(out, lse, q, k, v, validated(params));
 }
 
 void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
                               const float* k, const float* v, const float* out, const float* lse,
                               const FlashAttentionParams& params) {
-  const FlashAttentionParams p = validated(params);
-  SdpaBackwardIO io;
-  io.dout = dout, io.dout_strides = TokenMajor(p, p.o_stride);
-  io.out = out, io.out_strides = TokenMajor(p, p.o_stride);
-  io.lse = lse;
-  io.dq = dq, io.dq_strides = TokenMajor(p, p.q_stride);
-  io.dk = dk, io.dk_strides = TokenMajor(p, p.k_stride);
-  io.dv = dv, io.dv_strides = TokenMajor(p, p.v_stride);
-  sdpa_backward(io, AsSdpa(p, q, k, v));
+  BackwardAsSdpa(dq, dk, dv, dout, q, k, v, out, lse, validated(params));
 }
 
 const char* flash_attention_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }

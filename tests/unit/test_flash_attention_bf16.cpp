@@ -350,6 +350,53 @@ TEST(FlashAttentionBf16, SameBitsForAnyThreadCount) {
 }
 #endif
 
+// The widened path's contract: its bits are the fp32 kernel's on the widened
+// values, each output rounded once (it runs the sdpa kernel's bf16 tiles,
+// widened as they are packed, not widened copies of the tensors). Fused-QKV
+// strides, a gap after each output token, dropout, a partial last tile.
+TEST(FlashAttentionBf16, WidenedPathIsTheFp32KernelOnWidenedValues) {
+  ASSERT_TRUE(kn::flash_attention_bf16_use_path("widened to fp32"));
+  for (const bool causal : {true, false}) {
+    FlashAttentionParams p;
+    p.B = 2, p.T = 150, p.H = 3, p.hd = 64, p.causal = causal;
+    p.dropout_p = causal ? 0.1f : 0.0f, p.dropout_seed = 99;
+    const int64_t w = p.H * p.hd;
+    p.q_stride = p.k_stride = p.v_stride = 3 * w, p.o_stride = w + 5;
+    const size_t n_in = size_t(p.B * p.T * 3 * w), n_out = size_t(p.B * p.T * p.o_stride);
+    const auto qkv = randn_bf16(n_in, 31), dout = randn_bf16(n_out, 32);
+    std::vector<BFloat16> out(n_out), dqkv(n_in);
+    std::vector<float> lse(size_t(p.B * p.H * p.T));
+    kn::flash_attention_forward_bf16(out.data(), lse.data(), qkv.bf.data(), qkv.bf.data() + w,
+                                     qkv.bf.data() + 2 * w, p);
+    kn::flash_attention_backward_bf16(dqkv.data(), dqkv.data() + w, dqkv.data() + 2 * w,
+                                      dout.bf.data(), qkv.bf.data(), qkv.bf.data() + w,
+                                      qkv.bf.data() + 2 * w, out.data(), lse.data(), p);
+    // fp32 on the widened values; the backward reads the bf16 output widened.
+    std::vector<float> out32(n_out), dqkv32(n_in), lse32(lse.size());
+    kn::flash_attention_forward(out32.data(), lse32.data(), qkv.f.data(), qkv.f.data() + w,
+                                qkv.f.data() + 2 * w, p);
+    const std::vector<float> out_w = widen(out);
+    kn::flash_attention_backward(dqkv32.data(), dqkv32.data() + w, dqkv32.data() + 2 * w,
+                                 dout.f.data(), qkv.f.data(), qkv.f.data() + w,
+                                 qkv.f.data() + 2 * w, out_w.data(), lse.data(), p);
+    size_t out_diff = 0, grad_diff = 0;
+    for (int64_t t = 0; t < p.B * p.T; ++t)
+      for (int64_t x = 0; x < w; ++x) {
+        const size_t o = size_t(t * p.o_stride + x);
+        out_diff += out[o].bits != attn::to_bfloat16(out32[o]).bits;
+        for (int64_t part = 0; part < 3; ++part) {
+          const size_t g = size_t(t * 3 * w + part * w + x);
+          grad_diff += dqkv[g].bits != attn::to_bfloat16(dqkv32[g]).bits;
+        }
+      }
+    EXPECT_EQ(out_diff, 0u) << "causal " << causal;
+    EXPECT_EQ(grad_diff, 0u) << "causal " << causal;
+    EXPECT_EQ(0, std::memcmp(lse.data(), lse32.data(), lse.size() * sizeof(float)))
+        << "causal " << causal;
+  }
+  ASSERT_TRUE(kn::flash_attention_bf16_use_path(nullptr));
+}
+
 TEST(FlashAttentionBf16, CausalNeverReadsFutureKeys) {
   // Keys, values and output gradients of tokens >= t0 (a multiple of every
   // tile) are NaN: rows before t0 of the output and of dq come out
