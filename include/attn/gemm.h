@@ -115,14 +115,29 @@ const char* blas_name();
 // C in float32: the products of bf16 values are exact in float32 and are
 // summed in float32 (as PyTorch's bf16 matmul accumulates before it rounds;
 // here C stays float32). Conventions and argument checks as sgemm.
-// With oneDNN: its matmul primitive, which uses AVX512-BF16 dot products or
-// AMX tiles where the CPU has them (one primitive per shape, made on first use
-// and kept); where oneDNN has no bf16 kernel for the CPU, and without oneDNN,
-// A and B are widened to float32 and multiplied by sgemm (exact widening, the
-// same sums up to order). gemm_bf16_name() says which runs.
+// Two routes (gemm_bf16_route() says which runs, gemm_bf16_name() names it):
+// - "matmul": oneDNN's matmul primitive (one per shape, made on first use and
+//   kept), on AMX tiles or AVX512-BF16 dot products. Taken where oneDNN runs
+//   it on AMX, or on AVX512-BF16 of an AMD core (Zen 4/5: VDPBF16PS at the
+//   FMA's rate).
+// - "widened": A and B widened to float32 (exact) and multiplied by the fast
+//   sgemm (the same sums up to order). Taken elsewhere: on Intel cores without
+//   AMX VDPBF16PS runs at half the FMA's rate, and the matmul was 1.3-1.6x
+//   slower than the widened product (docs/gemm.md); and without a bf16 matmul.
+// ATTN_BF16_GEMM=matmul|widened|auto (read once; another value makes every
+// bf16 product throw std::invalid_argument naming it) or gemm_bf16_use force one.
 void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const BFloat16* A,
                int64_t lda, const BFloat16* B, int64_t ldb, float beta, float* C, int64_t ldc);
 const char* gemm_bf16_name();
+// The routes gemm_bf16 can take here ({"matmul", "widened"}, or {"widened"}
+// without a bf16 matmul), the one it takes, and why: the automatic rule's
+// reason, "ATTN_BF16_GEMM=..." or "forced by gemm::gemm_bf16_use".
+std::vector<std::string> gemm_bf16_routes();
+const char* gemm_bf16_route();
+std::string gemm_bf16_reason();
+// For tests and benchmarks: force a route of gemm_bf16_routes() (false for
+// another name), or nullptr / "auto" for the automatic one. Not while products run.
+bool gemm_bf16_use(const char* name);
 // The portable product gemm_bf16 falls back to: op(A), op(B) widened to
 // float32 (exact), then sgemm on Engine::kFast. Same contract.
 void gemm_bf16_widened(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,

@@ -5,6 +5,9 @@
 #include "attn/gemm.h"
 
 #include <cblas.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <fmt/format.h>
 #include <omp.h>
 
@@ -377,21 +380,60 @@ float sdot(int64_t n, const float* x, const float* y) {
 // ---- bf16 ------------------------------------------------------------------------------
 namespace {
 
+// A buffer of n floats for widened operands (slot 0: A, 1: B), kept per
+// thread from one call to the next up to kWidenKeptFloats (fresh pages cost a
+// fault per 4 KB: the buffers of a GPT-2 layer's products, allocated per call,
+// were most of the widening's time); larger ones live for the call.
+constexpr size_t kWidenKeptFloats = size_t{16} << 20;  // 64 MB a slot
+float* widen_buffer(int slot, size_t n, std::vector<float>& transient) {
+  thread_local std::vector<float> kept[2];
+  if (n > kWidenKeptFloats) {
+    transient.resize(n);
+    return transient.data();
+  }
+  if (kept[slot].size() < n) kept[slot].resize(n);
+  return kept[slot].data();
+}
+
+// d[0:n] = the floats whose high halves are s[0:n] (to_float), compiled for
+// AVX-512, AVX2 and the baseline and chosen at load time (this file has no
+// SIMD dispatch of its own; with SSE2 alone the widening was ~6% of a bf16
+// training step on an Intel core without AMX).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+void widen_row(uint32_t* __restrict d, const uint16_t* __restrict s, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) d[j] = uint32_t(s[j]) << 16;
+}
+
+// dst (rows, cols) = src (rows, cols; ld) widened (exact), rows in parallel
+// when there are enough of them to pay for the threads.
+void widen_rows(float* __restrict dst, const BFloat16* __restrict src, int64_t rows, int64_t cols,
+                int64_t ld) {
+  const auto* bits = reinterpret_cast<const uint16_t*>(src);
+  const auto row = [&](int64_t i) {
+    widen_row(reinterpret_cast<uint32_t*>(dst + i * cols), bits + i * ld, cols);
+  };
+  if (rows * cols < (int64_t{1} << 16) || omp_in_parallel()) {
+    for (int64_t i = 0; i < rows; ++i) row(i);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows; ++i) row(i);
+}
+
 // A and B widened to float32 (exact), then sgemm on the fast engine; arguments checked.
 void widened_gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,
                        const BFloat16* A, int64_t lda, const BFloat16* B, int64_t ldb, float beta,
                        float* C, int64_t ldc) {
   const int64_t a_rows = ta == Trans::kNo ? M : K, a_cols = ta == Trans::kNo ? K : M;
   const int64_t b_rows = tb == Trans::kNo ? K : N, b_cols = tb == Trans::kNo ? N : K;
-  std::vector<float> a(static_cast<size_t>(a_rows * a_cols)),
-      b(static_cast<size_t>(b_rows * b_cols));
-  for (int64_t i = 0; i < a_rows; ++i)
-    for (int64_t j = 0; j < a_cols; ++j)
-      a[static_cast<size_t>(i * a_cols + j)] = to_float(A[i * lda + j]);
-  for (int64_t i = 0; i < b_rows; ++i)
-    for (int64_t j = 0; j < b_cols; ++j)
-      b[static_cast<size_t>(i * b_cols + j)] = to_float(B[i * ldb + j]);
-  sgemm(ta, tb, M, N, K, alpha, a.data(), a_cols, b.data(), b_cols, beta, C, ldc, Engine::kFast);
+  std::vector<float> a_transient, b_transient;
+  float* a = widen_buffer(0, static_cast<size_t>(a_rows * a_cols), a_transient);
+  float* b = widen_buffer(1, static_cast<size_t>(b_rows * b_cols), b_transient);
+  widen_rows(a, A, a_rows, a_cols, lda);
+  widen_rows(b, B, b_rows, b_cols, ldb);
+  sgemm(ta, tb, M, N, K, alpha, a, a_cols, b, b_cols, beta, C, ldc, Engine::kFast);
 }
 
 #ifdef ATTN_HAVE_ONEDNN
@@ -514,6 +556,84 @@ bool onednn_has_bf16() {
 }
 #endif
 
+// ---- gemm_bf16: which route -----------------------------------------------------------
+// kMatmul: oneDNN's bf16 matmul (with oneDNN, where it has a bf16 kernel);
+// kWidened: widened_gemm_bf16. g_bf16_forced: -1 automatic, else a Bf16Route.
+enum Bf16Route : int { kMatmul = 0, kWidenedRoute = 1 };
+constexpr const char* kBf16RouteNames[] = {"matmul", "widened"};
+std::atomic<int> g_bf16_forced{-1};
+
+bool matmul_available() {
+#ifdef ATTN_HAVE_ONEDNN
+  return onednn_has_bf16();
+#else
+  return false;
+#endif
+}
+
+bool cpu_is_amd() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) == 0) return false;
+  return ebx == 0x68747541u && edx == 0x69746e65u && ecx == 0x444d4163u;  // "AuthenticAMD"
+#else
+  return false;
+#endif
+}
+
+// The automatic route and why. oneDNN's bf16 matmul runs on AMX tiles where
+// it has them, else on AVX512-BF16's VDPBF16PS: two products a lane, at the
+// FMA's instruction rate on AMD Zen 4/5 (twice fp32's products) but at half
+// of it on Intel cores, so that there bf16 products come no faster than
+// fp32's, and oneDNN's bf16 matmul ran a GPT-2 layer's projections 1.3-1.6x
+// slower than fp32 sgemm (Xeon with AMX off through ONEDNN_MAX_CPU_ISA,
+// docs/gemm.md). Widening both operands (exact) and running the fp32 sgemm
+// costs a pass over them instead. A fixed rule, not a timing: the same route
+// in every run, so the same bits.
+std::pair<Bf16Route, const char*> automatic_bf16_route() {
+  if (!matmul_available())
+    return {kWidenedRoute, "no bf16 matmul in this build or for this CPU: widened"};
+#ifdef ATTN_HAVE_ONEDNN
+  const dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+  if ((isa & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx)
+    return {kMatmul, "oneDNN's bf16 matmul runs on AMX"};
+  if ((isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16 && cpu_is_amd())
+    return {kMatmul, "AVX512-BF16 at the FMA's rate (AMD): oneDNN's bf16 matmul"};
+#endif
+  return {kWidenedRoute,
+          "no AMX, and bf16 dot products no faster than fp32 FMA here: widened to fp32, then the "
+          "fast sgemm"};
+}
+
+// ATTN_BF16_GEMM, read once: -1 unset, empty or "auto"; else a Bf16Route; -2 invalid.
+int environment_bf16_route() {
+  static const int forced = [] {
+    const char* value = std::getenv("ATTN_BF16_GEMM");
+    if (value == nullptr || *value == '\0' || std::string(value) == "auto") return -1;
+    for (const std::string& name : gemm_bf16_routes())
+      if (name == value) return name == "matmul" ? int(kMatmul) : int(kWidenedRoute);
+    return -2;
+  }();
+  if (forced == -2) {
+    std::string valid;
+    for (const std::string& name : gemm_bf16_routes()) valid += name + ", ";
+    throw std::invalid_argument(
+        fmt::format("gemm: ATTN_BF16_GEMM='{}' is not a bf16 route of this build and CPU; valid: "
+                    "{}auto",
+                    printable(std::getenv("ATTN_BF16_GEMM")), valid));
+  }
+  return forced;
+}
+
+Bf16Route bf16_route() {
+  const int forced = g_bf16_forced.load(std::memory_order_relaxed);
+  if (forced >= 0) return Bf16Route(forced);
+  const int env = environment_bf16_route();
+  if (env >= 0) return Bf16Route(env);
+  static const Bf16Route automatic = automatic_bf16_route().first;
+  return automatic;
+}
+
 }  // namespace
 
 void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const BFloat16* A,
@@ -523,7 +643,7 @@ void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,
 #ifdef ATTN_HAVE_ONEDNN
   // (alpha and beta are part of a primitive's key; a NaN would break the cache's ordering.)
   const bool finite_scalars = std::isfinite(alpha) && std::isfinite(beta);
-  if (Bf16Matmul* m = !finite_scalars
+  if (Bf16Matmul* m = !finite_scalars || bf16_route() != kMatmul
                           ? nullptr
                           : Bf16Matmul::get({ta == Trans::kNo ? 0 : 1, tb == Trans::kNo ? 0 : 1, M,
                                              N, K, lda, ldb, ldc, alpha, beta})) {
@@ -545,13 +665,41 @@ void gemm_bf16_widened(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, floa
 const char* gemm_bf16_name() {
   static const std::string kWidenedBlas = std::string("bf16 widened to fp32, then ") + blas_name();
 #ifdef ATTN_HAVE_ONEDNN
-  static const std::string kMatmul = onednn_version() + " matmul, bf16";
+  static const std::string kMatmulName = onednn_version() + " matmul, bf16";
   static const std::string kWidenedOneDnn =
       std::string("bf16 widened to fp32, then ") + onednn_name();
-  if (onednn_has_bf16()) return kMatmul.c_str();
+  if (bf16_route() == kMatmul) return kMatmulName.c_str();
   if (fast_lib() == kOneDnn) return kWidenedOneDnn.c_str();
 #endif
   return kWidenedBlas.c_str();
+}
+
+std::vector<std::string> gemm_bf16_routes() {
+  if (matmul_available()) return {"matmul", "widened"};
+  return {"widened"};
+}
+
+const char* gemm_bf16_route() { return kBf16RouteNames[bf16_route()]; }
+
+std::string gemm_bf16_reason() {
+  if (g_bf16_forced.load() >= 0) return "forced by gemm::gemm_bf16_use";
+  if (environment_bf16_route() >= 0)
+    return fmt::format("ATTN_BF16_GEMM={}", kBf16RouteNames[environment_bf16_route()]);
+  return automatic_bf16_route().second;
+}
+
+bool gemm_bf16_use(const char* name) {
+  if (name == nullptr || std::string(name) == "auto") {
+    g_bf16_forced = -1;
+    return true;
+  }
+  for (const std::string& route : gemm_bf16_routes()) {
+    if (route == name) {
+      g_bf16_forced = route == "matmul" ? int(kMatmul) : int(kWidenedRoute);
+      return true;
+    }
+  }
+  return false;
 }
 
 int blas_threads() { return get_threads(); }

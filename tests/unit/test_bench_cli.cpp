@@ -337,7 +337,8 @@ TEST(BenchCli, UnknownForcedPathsAreOneLineUsageErrorsListingTheValidNames) {
   for (const auto& c :
        {Case{"ATTN_GEMM_ENGINE", "mkl", "ATTN_GEMM_ENGINE='mkl' is not an engine of this build"},
         Case{"ATTN_SIMD_TARGET", "AVX9", "ATTN_SIMD_TARGET='AVX9' is not a path this CPU can run"},
-        Case{"ATTN_BF16_PATH", "fp8", "ATTN_BF16_PATH='fp8' is not a path this CPU can run"}}) {
+        Case{"ATTN_BF16_PATH", "fp8", "ATTN_BF16_PATH='fp8' is not a path this CPU can run"},
+        Case{"ATTN_BF16_GEMM", "amx", "ATTN_BF16_GEMM='amx' is not a bf16 route of this build"}}) {
     const ScopedEnv env(c.variable, c.value);
     const auto r = run_cli(kTiny);
     EXPECT_EQ(r.exit_code, 2) << c.variable;
@@ -372,6 +373,15 @@ TEST(BenchCli, ForcedTargetAndBf16PathRun) {
     const auto by_env = run_cli(kTiny);
     ASSERT_EQ(by_env.exit_code, 0) << by_env.err;
     EXPECT_EQ(nlohmann::json::parse(by_env.out)[0]["machine"]["simd_target"], target);
+  }
+  {  // the bf16 products' route: the widened one runs everywhere
+    const ScopedEnv env("ATTN_BF16_GEMM", "widened");
+    const auto r = run_cli(kTiny);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto m = nlohmann::json::parse(r.out)[0]["machine"];
+    EXPECT_EQ(m["gemm_bf16_route"], "widened");
+    EXPECT_EQ(m["gemm_bf16_reason"], "ATTN_BF16_GEMM=widened");
+    EXPECT_EQ(m["gemm_bf16"].get<std::string>().rfind("bf16 widened to fp32", 0), 0u);
   }
   for (const std::string path : machine["bf16_paths"]) {
     const auto r = run_cli(kTiny + " --dtype bf16 --bf16-path '" + path + "'");

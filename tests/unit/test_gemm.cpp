@@ -406,6 +406,42 @@ TEST(GemmBf16, AllTransposeCombinationsMatchTheDefinition) {
   }
 }
 
+// The routes: each this build and CPU has, forced, gives the definition's
+// values (the test above runs the automatic one) and names itself; an unknown
+// name is refused and leaves the route as it was; "auto" restores the rule.
+TEST(GemmBf16, EveryRouteMatchesTheDefinitionAndNamesItself) {
+  namespace g = attn::gemm;
+  const std::vector<std::string> routes = g::gemm_bf16_routes();
+  ASSERT_FALSE(routes.empty());
+  EXPECT_EQ(routes.back(), "widened");  // every build has it
+  const std::string automatic = g::gemm_bf16_route();
+  EXPECT_NE(std::find(routes.begin(), routes.end(), automatic), routes.end());
+  std::printf("[ GEMM BF16 ] automatic route %s: %s\n", automatic.c_str(),
+              g::gemm_bf16_reason().c_str());
+  std::mt19937 gen(13);
+  for (const std::string& route : routes) {
+    ASSERT_TRUE(g::gemm_bf16_use(route.c_str()));
+    EXPECT_EQ(g::gemm_bf16_route(), route);
+    EXPECT_EQ(g::gemm_bf16_reason(), "forced by gemm::gemm_bf16_use");
+    EXPECT_EQ(std::string(g::gemm_bf16_name()).rfind("bf16 widened to fp32", 0) == 0,
+              route == "widened")
+        << g::gemm_bf16_name();
+    for (Trans ta : kBoth) {
+      Problem p(ta, Trans::kYes, 300, 70, 257, /*pad=*/2, gen);  // past the widening's row split
+      const Matrix want = naive_gemm(ta, Trans::kYes, p.M, p.N, p.K, 1.0f,
+                                     bf16_test::rounded(p.A), bf16_test::rounded(p.B), 0.5f, p.C);
+      const auto a16 = bf16_test::to_bf16(p.A), b16 = bf16_test::to_bf16(p.B);
+      g::gemm_bf16(ta, Trans::kYes, p.M, p.N, p.K, 1.0f, a16.data(), p.A.ld, b16.data(), p.B.ld,
+                   0.5f, p.C.data(), p.C.ld);
+      expect_close(p.C, want, p.K, "bf16 route " + route + " " + combo(ta, Trans::kYes));
+    }
+  }
+  EXPECT_FALSE(g::gemm_bf16_use("amx"));
+  EXPECT_EQ(g::gemm_bf16_route(), routes.back());  // still the last one forced
+  ASSERT_TRUE(g::gemm_bf16_use("auto"));
+  EXPECT_EQ(g::gemm_bf16_route(), automatic);
+}
+
 TEST(GemmBf16, BetaZeroOverwritesNaNAndEmptyProductsScale) {
   std::mt19937 gen(12);
   Problem p(Trans::kNo, Trans::kYes, 4, 6, 5, 2, gen);

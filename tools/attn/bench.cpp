@@ -384,7 +384,8 @@ std::string cpu_family_model() {
 struct Machine {
   std::string cpu, family_model, simd_target, bf16_path, sdpa_bf16_path, gemv_bf16_path;
   std::vector<std::string> simd_targets, bf16_paths;
-  std::string fast_gemm, fast_gemm_engine, fast_gemm_reason, blas, gemm_bf16;
+  std::string fast_gemm, fast_gemm_engine, fast_gemm_reason, blas, gemm_bf16, gemm_bf16_route,
+      gemm_bf16_reason;
   kernels::PeakProbe fma, bf16, amx;
   double clock_ghz = 0;
 };
@@ -404,6 +405,8 @@ Machine machine_facts(bool measure) {
   m.fast_gemm_reason = gemm::fast_gemm_reason();
   m.blas = gemm::blas_name();
   m.gemm_bf16 = gemm::gemm_bf16_name();
+  m.gemm_bf16_route = gemm::gemm_bf16_route();
+  m.gemm_bf16_reason = gemm::gemm_bf16_reason();
   if (measure) {
     m.fma = kernels::fma_peak_probe(5);
     m.bf16 = kernels::bf16_dot_peak_probe(5);
@@ -439,7 +442,9 @@ nlohmann::json machine_json(const Machine& m, bool measured) {
                       {"fast_gemm_engine", m.fast_gemm_engine},
                       {"fast_gemm_reason", m.fast_gemm_reason},
                       {"blas", m.blas},
-                      {"gemm_bf16", m.gemm_bf16}};
+                      {"gemm_bf16", m.gemm_bf16},
+                      {"gemm_bf16_route", m.gemm_bf16_route},
+                      {"gemm_bf16_reason", m.gemm_bf16_reason}};
   j["peaks_measured"] = measured;
   j["clock_ghz"] = measured ? nlohmann::json(m.clock_ghz) : nlohmann::json(nullptr);
   j["fma_peak"] = measured ? probe_json(m.fma) : nlohmann::json(nullptr);
@@ -650,8 +655,11 @@ constexpr const char* kForcingHelp =
     "Forcing a path (read once at start; an unknown name is an error listing the valid ones):\n"
     "  ATTN_SIMD_TARGET=NAME   the kernels' SIMD target (--target), e.g. AVX2 or SSE4\n"
     "  ATTN_BF16_PATH=NAME     the bf16 attention path (--bf16-path), e.g. 'widened to fp32'\n"
-    "  ATTN_GEMM_ENGINE=NAME   the fast gemm engine: onednn, blas or auto (the faster on a\n"
-    "                          512x768x2304 product, measured once; docs/gemm.md)\n";
+    "  ATTN_GEMM_ENGINE=NAME   the fast gemm engine: onednn, blas or auto (oneDNN where it is\n"
+    "                          built in: the same engine every run; docs/gemm.md)\n"
+    "  ATTN_BF16_GEMM=NAME     the bf16 products' route: matmul (oneDNN's bf16 matmul), widened\n"
+    "                          (bf16 widened to fp32, then sgemm) or auto (matmul on AMX or AMD's\n"
+    "                          AVX512-BF16, else widened; docs/gemm.md)\n";
 
 }  // namespace
 
@@ -1096,8 +1104,9 @@ Command add_bench_command(CLI::App& app) {
           machine.gemv_bf16_path);
       fmt::print(
           "gemm: fast engine {} ({}; ATTN_GEMM_ENGINE=onednn|blas forces one); BLAS {}; "
-          "bf16 gemm {}\n",
-          machine.fast_gemm, machine.fast_gemm_reason, machine.blas, machine.gemm_bf16);
+          "bf16 gemm {} (route {}: {}; ATTN_BF16_GEMM=matmul|widened forces one)\n",
+          machine.fast_gemm, machine.fast_gemm_reason, machine.blas, machine.gemm_bf16,
+          machine.gemm_bf16_route, machine.gemm_bf16_reason);
       // "= 12.3% of peak", or nothing where the peak was not measured.
       const auto of_peak = [&](double rate) {
         return peak > 0 ? fmt::format(" = {:.1f}% of peak", 100.0 * rate / peak) : std::string();

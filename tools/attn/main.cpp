@@ -108,11 +108,13 @@ int main(int argc, char** argv) {
   }
 
   // The paths forced by the environment (ATTN_SIMD_TARGET, ATTN_BF16_PATH,
-  // ATTN_GEMM_ENGINE; attn bench --help): an unknown name is a usage error.
+  // ATTN_GEMM_ENGINE, ATTN_BF16_GEMM; attn bench --help): an unknown name is a usage error.
   try {
     attn::kernels::apply_path_environment();
     const char* engine = std::getenv("ATTN_GEMM_ENGINE");
     if (engine != nullptr && *engine != '\0') attn::gemm::fast_gemm_engine();
+    const char* bf16_route = std::getenv("ATTN_BF16_GEMM");
+    if (bf16_route != nullptr && *bf16_route != '\0') attn::gemm::gemm_bf16_route();
   } catch (const std::invalid_argument& e) {
     return fail(kUsage, e.what());
   }
