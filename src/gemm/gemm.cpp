@@ -383,8 +383,9 @@ namespace {
 // A buffer of n floats for widened operands (slot 0: A, 1: B), kept per
 // thread from one call to the next up to kWidenKeptFloats (fresh pages cost a
 // fault per 4 KB: the buffers of a GPT-2 layer's products, allocated per call,
-// were most of the widening's time); larger ones live for the call.
-constexpr size_t kWidenKeptFloats = size_t{16} << 20;  // 64 MB a slot
+// were most of the widening's time); larger ones live for the call. 16 MB a
+// slot holds GPT-2 small's largest layer weight (768 x 3072) and 5,000 rows of 768.
+constexpr size_t kWidenKeptFloats = size_t{4} << 20;
 float* widen_buffer(int slot, size_t n, std::vector<float>& transient) {
   thread_local std::vector<float> kept[2];
   if (n > kWidenKeptFloats) {
