@@ -20,6 +20,7 @@
 #include "attn/gpt.h"
 #include "attn/random.h"
 #include "attn/tensor.h"
+#include "gpt_config_json.h"
 #include "oracle.h"
 
 namespace {
@@ -41,14 +42,9 @@ const Json& gpt_oracle() {
 }
 
 GPTConfig config_from(const Json& c, bool tied) {
-  return {.vocab_size = c.at("vocab_size").get<int64_t>(),
-          .context_length = c.at("context_length").get<int64_t>(),
-          .emb_dim = c.at("emb_dim").get<int64_t>(),
-          .n_heads = c.at("n_heads").get<int64_t>(),
-          .n_layers = c.at("n_layers").get<int64_t>(),
-          .drop_rate = c.at("drop_rate").get<float>(),
-          .qkv_bias = c.at("qkv_bias").get<bool>(),
-          .tie_embeddings = tied};
+  GPTConfig g = attn::test::gpt_config_from_json(c);
+  g.tie_embeddings = tied;
+  return g;
 }
 
 // The fused loss and every gradient against torch's; returns the worst gradient error.

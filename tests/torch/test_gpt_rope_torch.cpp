@@ -25,6 +25,7 @@
 #include "attn/gpt.h"
 #include "attn/optim.h"
 #include "attn/random.h"
+#include "gpt_config_json.h"
 #include "oracle.h"
 
 namespace attn::test {
@@ -39,18 +40,7 @@ const Json& oracle() {
   return j;
 }
 
-GPTConfig config_from(const Json& c) {
-  return {.vocab_size = c.at("vocab_size"),
-          .context_length = c.at("context_length"),
-          .emb_dim = c.at("emb_dim"),
-          .n_heads = c.at("n_heads"),
-          .n_layers = c.at("n_layers"),
-          .drop_rate = c.at("drop_rate"),
-          .qkv_bias = c.at("qkv_bias"),
-          .rope = c.at("rope"),
-          .theta_base = c.at("theta_base"),
-          .latent_dim = c.value("latent_dim", int64_t{0})};
-}
+GPTConfig config_from(const Json& c) { return attn::test::gpt_config_from_json(c); }
 
 double rel(double a, double b) { return std::fabs(a - b) / std::max(1.0, std::fabs(b)); }
 

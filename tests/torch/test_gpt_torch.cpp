@@ -27,6 +27,7 @@
 #include "attn/optim.h"
 #include "attn/random.h"
 #include "attn/tensor.h"
+#include "gpt_config_json.h"
 #include "oracle.h"
 
 namespace {
@@ -42,15 +43,7 @@ const Json& oracle() {
   return j;
 }
 
-GPTConfig config_from(const Json& c) {
-  return {.vocab_size = c.at("vocab_size").get<int64_t>(),
-          .context_length = c.at("context_length").get<int64_t>(),
-          .emb_dim = c.at("emb_dim").get<int64_t>(),
-          .n_heads = c.at("n_heads").get<int64_t>(),
-          .n_layers = c.at("n_layers").get<int64_t>(),
-          .drop_rate = c.at("drop_rate").get<float>(),
-          .qkv_bias = c.at("qkv_bias").get<bool>()};
-}
+GPTConfig config_from(const Json& c) { return attn::test::gpt_config_from_json(c); }
 
 using attn::test::crc32;
 
