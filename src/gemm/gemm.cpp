@@ -214,6 +214,51 @@ void blas_rows_parallel(Trans ta, Trans tb, const GemmArgs& g, float alpha, cons
   set_threads(saved_blas_threads);
 }
 
+// ---- choices forced by name (the fast engine, the bf16 route) ----------------------------
+// `names` lists every value of the choice's enum in order; `available` those
+// this build and CPU can take. The enum value of `name`, -1 for "auto", -2
+// for a name that is not available.
+template <size_t N>
+int named_choice(const std::string& name, const std::vector<std::string>& available,
+                 const char* const (&names)[N]) {
+  if (name == "auto") return -1;
+  if (std::find(available.begin(), available.end(), name) == available.end()) return -2;
+  for (size_t i = 0; i < N; ++i)
+    if (name == names[i]) return static_cast<int>(i);
+  return -2;
+}
+
+// What the environment variable `var` forces: -1 unset or empty, else as named_choice.
+template <size_t N>
+int environment_choice(const char* var, const std::vector<std::string>& available,
+                       const char* const (&names)[N]) {
+  const char* value = std::getenv(var);
+  if (value == nullptr || *value == '\0') return -1;
+  return named_choice(value, available, names);
+}
+
+// forced, unless it is -2: then an exception naming the variable's value, what
+// it is not ("an engine of this build") and the valid names.
+int checked_choice(int forced, const char* var, const char* what,
+                   const std::vector<std::string>& available) {
+  if (forced != -2) return forced;
+  std::string valid;
+  for (const std::string& name : available) valid += name + ", ";
+  throw std::invalid_argument(fmt::format("gemm: {}='{}' is not {}; valid: {}auto", var,
+                                          printable(std::getenv(var)), what, valid));
+}
+
+// gemm::fast_gemm_use and gemm_bf16_use: force `name` into `forced` (nullptr
+// or "auto": the automatic choice again); false for a name not available.
+template <size_t N>
+bool use_choice(std::atomic<int>& forced, const char* name,
+                const std::vector<std::string>& available, const char* const (&names)[N]) {
+  const int choice = name == nullptr ? -1 : named_choice(name, available, names);
+  if (choice == -2) return false;
+  forced = choice;
+  return true;
+}
+
 // ---- Engine::kFast: which library ---------------------------------------------------
 // kOneDnn only with oneDNN built in. g_forced: -1 automatic, else a FastLib.
 enum FastLib : int { kOneDnn = 0, kBlasLib = 1 };
@@ -287,23 +332,13 @@ const FastGemmRates& measured_rates() {
   return r;
 }
 
-// ATTN_GEMM_ENGINE, read once: -1 unset, empty or "auto"; else a FastLib.
+// ATTN_GEMM_ENGINE, read once: -1 unset, empty or "auto"; else a FastLib (an
+// invalid name is reported by every use).
 int environment_engine() {
-  static const int forced = [] {
-    const char* value = std::getenv("ATTN_GEMM_ENGINE");
-    if (value == nullptr || *value == '\0' || std::string(value) == "auto") return -1;
-    for (const std::string& name : fast_gemm_engines())
-      if (name == value) return name == "onednn" ? int(kOneDnn) : int(kBlasLib);
-    return -2;  // invalid: reported by every use
-  }();
-  if (forced == -2) {
-    std::string valid;
-    for (const std::string& name : fast_gemm_engines()) valid += name + ", ";
-    throw std::invalid_argument(
-        fmt::format("gemm: ATTN_GEMM_ENGINE='{}' is not an engine of this build; valid: {}auto",
-                    printable(std::getenv("ATTN_GEMM_ENGINE")), valid));
-  }
-  return forced;
+  static const int forced =
+      environment_choice("ATTN_GEMM_ENGINE", fast_gemm_engines(), kFastLibNames);
+  return checked_choice(forced, "ATTN_GEMM_ENGINE", "an engine of this build",
+                        fast_gemm_engines());
 }
 
 // The library Engine::kFast runs now.
@@ -412,15 +447,10 @@ void widen_row(uint32_t* __restrict d, const uint16_t* __restrict s, int64_t n) 
 void widen_rows(float* __restrict dst, const BFloat16* __restrict src, int64_t rows, int64_t cols,
                 int64_t ld) {
   const auto* bits = reinterpret_cast<const uint16_t*>(src);
-  const auto row = [&](int64_t i) {
+  const bool parallel = rows * cols >= (int64_t{1} << 16) && !omp_in_parallel();
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t i = 0; i < rows; ++i)
     widen_row(reinterpret_cast<uint32_t*>(dst + i * cols), bits + i * ld, cols);
-  };
-  if (rows * cols < (int64_t{1} << 16) || omp_in_parallel()) {
-    for (int64_t i = 0; i < rows; ++i) row(i);
-    return;
-  }
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < rows; ++i) row(i);
 }
 
 // A and B widened to float32 (exact), then sgemm on the fast engine; arguments checked.
@@ -591,7 +621,7 @@ bool cpu_is_amd() {
 // docs/gemm.md). Widening both operands (exact) and running the fp32 sgemm
 // costs a pass over them instead. A fixed rule, not a timing: the same route
 // in every run, so the same bits.
-std::pair<Bf16Route, const char*> automatic_bf16_route() {
+std::pair<Bf16Route, const char*> decide_bf16_route() {
   if (!matmul_available())
     return {kWidenedRoute, "no bf16 matmul in this build or for this CPU: widened"};
 #ifdef ATTN_HAVE_ONEDNN
@@ -606,24 +636,19 @@ std::pair<Bf16Route, const char*> automatic_bf16_route() {
           "fast sgemm"};
 }
 
-// ATTN_BF16_GEMM, read once: -1 unset, empty or "auto"; else a Bf16Route; -2 invalid.
+// The automatic route and its reason, decided once.
+const std::pair<Bf16Route, const char*>& automatic_bf16_route() {
+  static const std::pair<Bf16Route, const char*> route = decide_bf16_route();
+  return route;
+}
+
+// ATTN_BF16_GEMM, read once: -1 unset, empty or "auto"; else a Bf16Route (an
+// invalid name is reported by every use).
 int environment_bf16_route() {
-  static const int forced = [] {
-    const char* value = std::getenv("ATTN_BF16_GEMM");
-    if (value == nullptr || *value == '\0' || std::string(value) == "auto") return -1;
-    for (const std::string& name : gemm_bf16_routes())
-      if (name == value) return name == "matmul" ? int(kMatmul) : int(kWidenedRoute);
-    return -2;
-  }();
-  if (forced == -2) {
-    std::string valid;
-    for (const std::string& name : gemm_bf16_routes()) valid += name + ", ";
-    throw std::invalid_argument(
-        fmt::format("gemm: ATTN_BF16_GEMM='{}' is not a bf16 route of this build and CPU; valid: "
-                    "{}auto",
-                    printable(std::getenv("ATTN_BF16_GEMM")), valid));
-  }
-  return forced;
+  static const int forced =
+      environment_choice("ATTN_BF16_GEMM", gemm_bf16_routes(), kBf16RouteNames);
+  return checked_choice(forced, "ATTN_BF16_GEMM", "a bf16 route of this build and CPU",
+                        gemm_bf16_routes());
 }
 
 Bf16Route bf16_route() {
@@ -631,8 +656,7 @@ Bf16Route bf16_route() {
   if (forced >= 0) return Bf16Route(forced);
   const int env = environment_bf16_route();
   if (env >= 0) return Bf16Route(env);
-  static const Bf16Route automatic = automatic_bf16_route().first;
-  return automatic;
+  return automatic_bf16_route().first;
 }
 
 }  // namespace
@@ -690,17 +714,7 @@ std::string gemm_bf16_reason() {
 }
 
 bool gemm_bf16_use(const char* name) {
-  if (name == nullptr || std::string(name) == "auto") {
-    g_bf16_forced = -1;
-    return true;
-  }
-  for (const std::string& route : gemm_bf16_routes()) {
-    if (route == name) {
-      g_bf16_forced = route == "matmul" ? int(kMatmul) : int(kWidenedRoute);
-      return true;
-    }
-  }
-  return false;
+  return use_choice(g_bf16_forced, name, gemm_bf16_routes(), kBf16RouteNames);
 }
 
 int blas_threads() { return get_threads(); }
@@ -745,17 +759,7 @@ std::string fast_gemm_reason() {
 FastGemmRates fast_gemm_rates() { return measured_rates(); }
 
 bool fast_gemm_use(const char* name) {
-  if (name == nullptr || std::string(name) == "auto") {
-    g_forced = -1;
-    return true;
-  }
-  for (const std::string& engine : fast_gemm_engines()) {
-    if (engine == name) {
-      g_forced = engine == "onednn" ? int(kOneDnn) : int(kBlasLib);
-      return true;
-    }
-  }
-  return false;
+  return use_choice(g_forced, name, fast_gemm_engines(), kFastLibNames);
 }
 
 }  // namespace attn::gemm

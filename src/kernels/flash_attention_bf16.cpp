@@ -730,7 +730,7 @@ void Backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
 
-// ---- the widened path: bf16 -> fp32, the fp32 kernel, fp32 -> bf16 ---------------------
+// ---- the paths and the choice between them --------------------------------------------
 
 // The paths, best first where the CPU has them all. AMX runs where the CPU
 // has the tiles and the kernel lets this process use them. Without AMX the
