@@ -248,37 +248,97 @@ std::pair<const float*, size_t> CachedTileRows(float* HWY_RESTRICT buf, WideTag&
 
 // ---- forward ------------------------------------------------------------------------------
 
-// Whether the mask is -inf on every (i, j) of queries [i0, i0 + in) x keys
-// [j0, j0 + jn) of head (b, h). Such a tile changes nothing (its weights are
-// exactly 0: the running max, sum and output keep their bits; backward adds
-// exact zeros), so forward and backward skip it: a padding or block-diagonal
-// mask costs only the tiles it leaves open. Stops at the first open entry.
-// Whether every mask value of queries [i0, i0 + in) x keys [j0, j0 + jn) of
-// head (b, h) equals x (-inf: the tile is hidden; 0: it adds nothing). Whole
-// vectors along a row when the keys are contiguous; stops at the first other value.
-template <class T>
-bool MaskTileIs(const SdpaProblemT<T>& p, float x, int64_t b, int64_t h, size_t i0, size_t in,
-                size_t j0, size_t jn) {
-  const SdpaStrides& ms = p.mask_strides;
-  const DF d;
-  const VF vx = hn::Set(d, x);
-  for (size_t ii = 0; ii < in; ++ii) {
-    const float* mrow = p.mask + b * ms.b + h * ms.h + int64_t(i0 + ii) * ms.t;
-    size_t jj = 0;
-    if (ms.d == 1) {
-      for (; jj + kN <= jn; jj += kN)
-        if (!hn::AllTrue(d, hn::Eq(hn::LoadU(d, mrow + j0 + jj), vx))) return false;
-    }
-    for (; jj < jn; ++jj)
-      if (mrow[int64_t(j0 + jj) * ms.d] != x) return false;
+// ---- the mask's blocks ---------------------------------------------------------------------
+
+// The additive mask, classified once per call in blocks of kMaskBlock queries x
+// kMaskBlock keys of each mask plane (the (b, h) pairs its strides tell apart:
+// a (Tq, Tk) mask broadcast over batch and heads is one plane): whether a block
+// holds a value other than -inf (it is open) and one other than 0 (it adds
+// something). A tile whose blocks are all closed changes nothing (its weights
+// are exactly 0: the running max, sum and output keep their bits; backward adds
+// exact zeros), so forward and backward skip it: a padding, block-diagonal or
+// causal mask costs only the tiles it leaves open. A tile whose blocks add
+// nothing (below a causal pattern's diagonal, a padding mask's open keys)
+// skips the add (x + 0 = x). A tile that is not aligned to the blocks (at a
+// window's edge) is judged by the blocks it touches: never skipped wrongly.
+// The mask is read once a call, in vectors along its rows, instead of a scan of
+// each (b, h, tile) in turn: 12 heads sharing a 64 MB mask (T = 4096) read it 12
+// times and more (forward and backward).
+constexpr size_t kMaskBlock = 16;
+
+class MaskBlocks {
+ public:
+  MaskBlocks() = default;  // no mask: nothing hidden, nothing added
+  template <class T>
+  explicit MaskBlocks(const SdpaProblemT<T>& p);
+  // Whether the mask is -inf on every (i, j) of queries [i0, i0 + in) x keys
+  // [j0, j0 + jn) of head (b, h); whether it is 0 there (or there is no mask).
+  bool Hidden(int64_t b, int64_t h, size_t i0, size_t in, size_t j0, size_t jn) const {
+    return masked_ && (Flags(b, h, i0, in, j0, jn) & kOpen) == 0;
   }
-  return true;
-}
+  bool AddsNothing(int64_t b, int64_t h, size_t i0, size_t in, size_t j0, size_t jn) const {
+    return !masked_ || (Flags(b, h, i0, in, j0, jn) & kNonZero) == 0;
+  }
+
+ private:
+  static constexpr uint8_t kOpen = 1, kNonZero = 2;
+  uint8_t Flags(int64_t b, int64_t h, size_t i0, size_t in, size_t j0, size_t jn) const {
+    const size_t plane = size_t(per_b_ ? b : 0) * planes_h_ + size_t(per_h_ ? h : 0);
+    const uint8_t* f = flags_.data() + plane * nbi_ * nbj_;
+    uint8_t flags = 0;
+    for (size_t bi = i0 / kMaskBlock; bi <= (i0 + in - 1) / kMaskBlock; ++bi)
+      for (size_t bj = j0 / kMaskBlock; bj <= (j0 + jn - 1) / kMaskBlock; ++bj)
+        flags |= f[bi * nbj_ + bj];
+    return flags;
+  }
+  bool masked_ = false, per_b_ = false, per_h_ = false;
+  size_t planes_h_ = 1, nbi_ = 0, nbj_ = 0;
+  std::vector<uint8_t> flags_;  // (plane, block row, block column)
+};
 
 template <class T>
-bool MaskHidesTile(const SdpaProblemT<T>& p, int64_t b, int64_t h, size_t i0, size_t in, size_t j0,
-                   size_t jn) {
-  return p.mask && MaskTileIs(p, kNegInf, b, h, i0, in, j0, jn);
+MaskBlocks::MaskBlocks(const SdpaProblemT<T>& p) : masked_(p.mask != nullptr) {
+  if (!masked_) return;
+  const SdpaStrides& ms = p.mask_strides;
+  per_b_ = ms.b != 0, per_h_ = ms.h != 0;  // a broadcast axis has stride 0
+  planes_h_ = per_h_ ? size_t(p.Hq) : 1;
+  const size_t planes = (per_b_ ? size_t(p.B) : 1) * planes_h_;
+  const size_t Tq = size_t(p.Tq), Tk = size_t(p.Tk);
+  nbi_ = (Tq + kMaskBlock - 1) / kMaskBlock, nbj_ = (Tk + kMaskBlock - 1) / kMaskBlock;
+  flags_.assign(planes * nbi_ * nbj_, 0);
+  const int64_t block_rows = int64_t(planes * nbi_);
+#ifdef _OPENMP
+  const bool parallel = block_rows > 1 && !omp_in_parallel();
+#endif
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t r = 0; r < block_rows; ++r) {
+    const size_t plane = size_t(r) / nbi_, bi = size_t(r) % nbi_;
+    const int64_t b = int64_t(plane / planes_h_), h = int64_t(plane % planes_h_);
+    uint8_t* f = flags_.data() + size_t(r) * nbj_;
+    const DF d;
+    const VF closed = hn::Set(d, kNegInf), zero = hn::Zero(d);
+    for (size_t i = bi * kMaskBlock; i < std::min(Tq, (bi + 1) * kMaskBlock); ++i) {
+      const float* mrow = p.mask + b * ms.b + h * ms.h + int64_t(i) * ms.t;
+      for (size_t bj = 0; bj < nbj_; ++bj) {
+        const size_t j1 = std::min(Tk, (bj + 1) * kMaskBlock);
+        uint8_t flags = 0;
+        size_t j = bj * kMaskBlock;
+        if (ms.d == 1) {
+          for (; j + kN <= j1; j += kN) {
+            const VF x = hn::LoadU(d, mrow + j);
+            if (!hn::AllTrue(d, hn::Eq(x, closed))) flags |= kOpen;
+            if (!hn::AllTrue(d, hn::Eq(x, zero))) flags |= kNonZero;
+          }
+        }
+        for (; j < j1; ++j) {
+          const float x = mrow[int64_t(j) * ms.d];
+          if (x != kNegInf) flags |= kOpen;
+          if (x != 0.0f) flags |= kNonZero;
+        }
+        f[bj] |= flags;
+      }
+    }
+  }
 }
 
 int MaxThreads() {
@@ -401,8 +461,8 @@ struct ForwardScratch {
 // Softcap, ALiBi and the mask on a key-major tile of base-2 scores sT (jn, Br)
 // of queries i0.. (lanes) against keys j0.. (rows); `in` queries are real.
 template <class T>
-void ScoreMods(const SdpaProblemT<T>& p, int64_t b, int64_t h, size_t i0, size_t in, size_t j0,
-               size_t jn, float* HWY_RESTRICT sT) {
+void ScoreMods(const SdpaProblemT<T>& p, const MaskBlocks& mask_blocks, int64_t b, int64_t h,
+               size_t i0, size_t in, size_t j0, size_t jn, float* HWY_RESTRICT sT) {
   const DF d;
   if (p.softcap > 0.0f) {
     const VF cap = hn::Set(d, p.softcap * kLog2e);
@@ -419,9 +479,7 @@ void ScoreMods(const SdpaProblemT<T>& p, int64_t b, int64_t h, size_t i0, size_t
         hn::Store(hn::MulAdd(slope, dist, hn::Load(d, sp)), d, sp);
       }
   }
-  // An all-zero mask tile (below a causal pattern's diagonal, a padding
-  // mask's open keys) adds nothing: skipped after a vector scan.
-  if (p.mask && !MaskTileIs(p, 0.0f, b, h, i0, in, j0, jn)) {
+  if (!mask_blocks.AddsNothing(b, h, i0, in, j0, jn)) {
     const SdpaStrides& ms = p.mask_strides;
     for (size_t ii = 0; ii < in; ++ii) {
       const float* mrow = p.mask + b * ms.b + h * ms.h + int64_t(i0 + ii) * ms.t;
@@ -434,7 +492,8 @@ void ScoreMods(const SdpaProblemT<T>& p, int64_t b, int64_t h, size_t i0, size_t
 // One query tile [i0, i0 + in) against keys [j0, j0 + jn): scores, online
 // softmax, O update. qT, o, m, l, alpha are the tile's own state.
 template <class T>
-void ForwardStep(const SdpaProblemT<T>& p, const Band& band, int64_t b, int64_t h, size_t i0,
+void ForwardStep(const SdpaProblemT<T>& p, const Band& band, const MaskBlocks& mask_blocks,
+                 int64_t b, int64_t h, size_t i0,
                  size_t in, size_t j0, size_t jn, const float* k_tile, size_t k_tile_stride,
                  const float* v_tile, size_t v_tile_stride, const float* HWY_RESTRICT qT,
                  float* HWY_RESTRICT sT, float* HWY_RESTRICT o, float* HWY_RESTRICT m,
@@ -461,7 +520,7 @@ void ForwardStep(const SdpaProblemT<T>& p, const Band& band, int64_t b, int64_t 
         prefetch();
         ahead();
       });
-  ScoreMods(p, b, h, i0, in, j0, jn, sT);
+  ScoreMods(p, mask_blocks, b, h, i0, in, j0, jn, sT);
   if (edge) {
     for (size_t jj = 0; jj < jn; ++jj) {
       const int64_t first = band.first_query(J0 + int64_t(jj)) - I0;
@@ -502,8 +561,8 @@ void ForwardStep(const SdpaProblemT<T>& p, const Band& band, int64_t b, int64_t 
 // stride apart) that the thread packs next: they are brought towards L2 while
 // this group computes, with the group's output rows.
 template <class T>
-void ForwardGroup(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p, const Band& band, int64_t b,
-                  int64_t h, size_t i_first, size_t ng, ForwardScratch& s,
+void ForwardGroup(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p, const Band& band,
+                  const MaskBlocks& mask_blocks, int64_t b, int64_t h, size_t i_first, size_t ng, ForwardScratch& s,
                   const HeadRows* head = nullptr, const T* q_next = nullptr, size_t q_next_n = 0) {
   const size_t Tq = size_t(p.Tq), Tk = size_t(p.Tk), D = size_t(p.D), Dv = size_t(p.Dv);
   const size_t Dvp = RoundUp(Dv, kN);
@@ -605,8 +664,8 @@ void ForwardGroup(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p, const Ban
     for (size_t g = 0; g < ng; ++g) {
       if (j0 >= key_end(g) || j0 + kBcFwd <= key_begin(g)) continue;
       const size_t jn = std::min(kBcFwd, key_end(g) - j0);
-      if (MaskHidesTile(p, b, h, tile_i0(g), tile_in(g), j0, jn)) continue;
-      ForwardStep(p, band, b, h, tile_i0(g), tile_in(g), j0, jn, k_tile, k_tile_stride, v_tile,
+      if (mask_blocks.Hidden(b, h, tile_i0(g), tile_in(g), j0, jn)) continue;
+      ForwardStep(p, band, mask_blocks, b, h, tile_i0(g), tile_in(g), j0, jn, k_tile, k_tile_stride, v_tile,
                   v_tile_stride, s.qT.get() + g * D * kBr, s.sT.get(), s.o.get() + g * kBr * Dvp,
                   s.m.get() + g * kBr, s.l.get() + g * kBr, s.alpha.get() + g * kBr, prefetch,
                   ahead);
@@ -671,7 +730,7 @@ void VarlenForward(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p) {
       const int64_t n_qt = (ps.Tq + int64_t(kBr) - 1) / int64_t(kBr);
       const int64_t first = group * int64_t(kGroupFwd);
       const size_t ng = size_t(std::min(int64_t(kGroupFwd), n_qt - first));
-      ForwardGroup(sdpa_sequence(out, p, b), ps, MakeBand(ps), b, h, size_t(first) * kBr, ng,
+      ForwardGroup(sdpa_sequence(out, p, b), ps, MakeBand(ps), MaskBlocks(), b, h, size_t(first) * kBr, ng,
                    scratch);
     }
   }
@@ -686,6 +745,7 @@ void SdpaForwardImpl(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p) {
     return;
   }
   const Band band = MakeBand(p);
+  const MaskBlocks mask_blocks(p);
   const size_t D = size_t(p.D), Dvp = RoundUp(size_t(p.Dv), kN);
   const int64_t n_qt = (p.Tq + int64_t(kBr) - 1) / int64_t(kBr);
   const int64_t n_groups = (n_qt + int64_t(kGroupFwd) - 1) / int64_t(kGroupFwd);
@@ -717,7 +777,7 @@ void SdpaForwardImpl(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p) {
           // The group this thread packs next: the one before, in this head.
           const size_t next_first = group > 0 ? size_t(first - int64_t(kGroupFwd)) * kBr : 0;
           const T* q_next = group > 0 ? At(p.q, p.q_strides, b, h, int64_t(next_first)) : nullptr;
-          ForwardGroup(out, p, band, b, h, size_t(first) * kBr, ng, scratch,
+          ForwardGroup(out, p, band, mask_blocks, b, h, size_t(first) * kBr, ng, scratch,
                        head.k ? &head : nullptr, q_next,
                        std::min(kGroupFwd * kBr, size_t(p.Tq) - next_first));
         }
@@ -735,7 +795,8 @@ void SdpaForwardImpl(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p) {
       const int64_t bh = item % BH;
       const int64_t first = group * int64_t(kGroupFwd);
       const size_t ng = size_t(std::min(int64_t(kGroupFwd), n_qt - first));
-      ForwardGroup(out, p, band, bh / p.Hq, bh % p.Hq, size_t(first) * kBr, ng, scratch);
+      ForwardGroup(out, p, band, mask_blocks, bh / p.Hq, bh % p.Hq, size_t(first) * kBr, ng,
+                   scratch);
     }
   }
 }
@@ -783,6 +844,7 @@ struct BackwardProblem {
   const float* Drow;  // (B, Hq, Tq) rowsum(dO ⊙ O)
   const float* lse2;  // (B, Hq, Tq) lse in base 2; +inf for a row with no key
   SdpaStrides rows;   // Drow's and lse2's (b, h, t) strides (t = 1)
+  const MaskBlocks* mask_blocks;  // the mask's classes (an empty MaskBlocks without a mask)
   size_t Dp, Dvp;
   int64_t h0 = 0;  // q, dout and dq hold heads from h0 (a thread's copies: HeadCopies)
 };
@@ -871,6 +933,7 @@ void TilePair(const HeadView<T>& hv, const BackwardProblem<T>& bp, size_t j0, si
   float* HWY_RESTRICT Pz = s.Pz.get();
   const bool edge = !band.covers(I0, I0 + int64_t(in), J0, J0 + int64_t(jn));
   const bool masked = edge || jn < kBc;
+  const bool adds_mask = !bp.mask_blocks->AddsNothing(hv.b, hv.h, i0, in, j0, jn);
   // The rows of Q and dO (and of K, for dQ) the products read, in fp32: the
   // fp32 rows in place (already Dp, Dvp wide), bf16 rows widened and padded.
   constexpr bool kWide = !std::is_same_v<T, float>;
@@ -922,7 +985,7 @@ void TilePair(const HeadView<T>& hv, const BackwardProblem<T>& bp, size_t j0, si
         hn::Store(hn::MulAdd(slope, dist, hn::Load(d, Si + v0)), d, Si + v0);
       }
     }
-    if (p.mask) {
+    if (adds_mask) {
       const SdpaStrides& ms = p.mask_strides;
       const float* mrow = p.mask + hv.b * ms.b + hv.h * ms.h + int64_t(i) * ms.t;
       size_t jj = 0;
@@ -1071,7 +1134,7 @@ void KeyGroupTask(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp, in
       for (size_t g = 0; g < ng; ++g) {
         if (!bp.band.meets(int64_t(i0), int64_t(i0 + in), int64_t(tile_j0(g)),
                            int64_t(tile_j0(g) + tile_jn(g))) ||
-            MaskHidesTile(p, b, h, i0, in, tile_j0(g), tile_jn(g)))
+            bp.mask_blocks->Hidden(b, h, i0, in, tile_j0(g), tile_jn(g)))
           continue;
         TilePair(hv, bp, tile_j0(g), tile_jn(g), i0, in, s.kT.get() + g * D * kBc,
                  s.vT.get() + g * Dv * kBc, s, s.dK.get() + g * kBc * bp.Dp,
@@ -1117,7 +1180,7 @@ void QueryTileTask(const BackwardProblem<T>& bp, int64_t b, int64_t h, size_t i0
   for (size_t j0 = kt.begin; j0 < kt.end; j0 += kBc) {
     const size_t jn = std::min(kBc, size_t(p.Tk) - j0);
     if (!bp.band.meets(int64_t(i0), int64_t(i0 + in), int64_t(j0), int64_t(j0 + jn)) ||
-        MaskHidesTile(p, b, h, i0, in, j0, jn))
+        bp.mask_blocks->Hidden(b, h, i0, in, j0, jn))
       continue;
     PackKeyTile(s.kT.get(), s.vT.get(), bp, hv, j0, jn);
     TilePair(hv, bp, j0, jn, i0, in, s.kT.get(), s.vT.get(), s, nullptr, nullptr, hv.dQ);
@@ -1199,9 +1262,11 @@ void SdpaBackwardImpl(const SdpaBackwardIOT<T>& io, const SdpaProblemT<T>& p) {
       lse2[size_t(bh) * Tq + i] = lse == kNegInf ? -kNegInf : lse * kLog2e;
     }
   }
+  const MaskBlocks mask_blocks(p);
   BackwardProblem<T> bp{};
   bp.p = &p;
   bp.band = MakeBand(p);
+  bp.mask_blocks = &mask_blocks;
   bp.q = p.q, bp.k = p.k, bp.dout = io.dout;
   bp.qs = p.q_strides, bp.ks = p.k_strides, bp.dos = io.dout_strides;
   if constexpr (!kWide) bp.dq = io.dq, bp.dqs = io.dq_strides;  // else dq_pad, below

@@ -169,6 +169,24 @@ struct Prepared {
   SdpaProblemT<T> p;
 };
 
+constexpr float kInf = std::numeric_limits<float>::infinity();
+// Masks of at least this many elements are checked and converted on OpenMP's threads.
+constexpr int64_t kParallelElements = int64_t{1} << 16;
+
+// The first i in [0, n) with bad(i), or -1: a parallel scan that only says
+// whether there is one (a mask of T = 4096 is 16.8M values, checked every
+// call), then a serial search for the first when there is.
+template <class Bad>
+int64_t first_where(int64_t n, Bad bad) {
+  int any = 0;
+#pragma omp parallel for schedule(static) reduction(| : any) if (n >= kParallelElements)
+  for (int64_t i = 0; i < n; ++i) any |= bad(i) ? 1 : 0;
+  if (any == 0) return -1;
+  for (int64_t i = 0; i < n; ++i)
+    if (bad(i)) return i;
+  return -1;
+}
+
 Tensor additive_mask(const SdpaOptions& o, const Sizes& s) {
   const Tensor& m = o.attn_mask;
   if (m.dim() < 1 || m.dim() > 4)
@@ -190,36 +208,38 @@ Tensor additive_mask(const SdpaOptions& o, const Sizes& s) {
                       dtype_name(m.dtype())));
     // A NaN or +inf score would make its row's softmax NaN: refused here, not
     // passed on silently (-inf is a mask; any finite value a bias).
-    const std::vector<float> values = m.to_vector();
-    for (size_t n = 0; n < values.size(); ++n) {
-      if (std::isnan(values[n]) || values[n] == std::numeric_limits<float>::infinity())
-        fail(fmt::format(
-            "an additive attn_mask must hold finite values or -inf, got {} at flat index {}",
-            values[n], n));
-    }
-    return m.reshape(shape);
+    const Tensor c = m.contiguous();  // m itself, unless it is strided
+    const float* x = c.data();
+    const int64_t n = first_where(c.numel(), [x](int64_t i) {
+      return !(x[i] <= std::numeric_limits<float>::max()) && x[i] != -kInf;  // NaN or +inf
+    });
+    if (n >= 0)
+      fail(fmt::format(
+          "an additive attn_mask must hold finite values or -inf, got {} at flat index {}", x[n],
+          n));
+    return c.reshape(shape);
   }
   if (m.dtype() == DType::kBFloat16)
     fail("a boolean attn_mask must be float32 or int64 holding 0 and 1, got bfloat16");
   // Boolean: true (1) adds 0, false (0) adds -inf (PyTorch's conversion).
   Tensor out(shape);
   float* dst = out.data();
-  if (m.dtype() == DType::kInt64) {
-    const std::vector<int64_t> values = m.to_int64_vector();
-    for (size_t n = 0; n < values.size(); ++n) {
-      if (values[n] != 0 && values[n] != 1)
-        fail(
-            fmt::format("a boolean attn_mask holds 0 or 1, got {} at flat index {}", values[n], n));
-      dst[n] = values[n] ? 0.0f : -std::numeric_limits<float>::infinity();
-    }
+  const Tensor c = m.contiguous();
+  const int64_t count = c.numel();
+  if (c.dtype() == DType::kInt64) {
+    const int64_t* x = c.data_ptr<int64_t>();
+    const int64_t n = first_where(count, [x](int64_t i) { return x[i] != 0 && x[i] != 1; });
+    if (n >= 0)
+      fail(fmt::format("a boolean attn_mask holds 0 or 1, got {} at flat index {}", x[n], n));
+#pragma omp parallel for schedule(static) if (count >= kParallelElements)
+    for (int64_t i = 0; i < count; ++i) dst[i] = x[i] != 0 ? 0.0f : -kInf;
   } else {
-    const std::vector<float> values = m.to_vector();
-    for (size_t n = 0; n < values.size(); ++n) {
-      if (values[n] != 0.0f && values[n] != 1.0f)
-        fail(
-            fmt::format("a boolean attn_mask holds 0 or 1, got {} at flat index {}", values[n], n));
-      dst[n] = values[n] != 0.0f ? 0.0f : -std::numeric_limits<float>::infinity();
-    }
+    const float* x = c.data();
+    const int64_t n = first_where(count, [x](int64_t i) { return x[i] != 0.0f && x[i] != 1.0f; });
+    if (n >= 0)
+      fail(fmt::format("a boolean attn_mask holds 0 or 1, got {} at flat index {}", x[n], n));
+#pragma omp parallel for schedule(static) if (count >= kParallelElements)
+    for (int64_t i = 0; i < count; ++i) dst[i] = x[i] != 0.0f ? 0.0f : -kInf;
   }
   return out;
 }

@@ -328,6 +328,58 @@ TEST(Sdpa, MasksThatHideWholeTilesMatchReference) {
   }
 }
 
+// The kernel classifies the mask once per call, in blocks of 16 x 16 of each
+// plane its strides tell apart: a tile whose blocks are all -inf is skipped, one
+// whose blocks are all 0 adds nothing. Planes per (b, h), per b, and one shared
+// plane; a lone bias or a lone open key inside a block that is otherwise 0 or
+// -inf, at positions that no tile or block boundary meets; a transposed (key
+// stride != 1) mask; a window whose edges cut through tiles and blocks. Each
+// against the reference, forward and backward.
+TEST(Sdpa, MaskBlocksClassifiedPerPlaneMatchReference) {
+  const int64_t T = 200, B = 2, H = 3;
+  // (b, h) plane: a causal pattern of -inf; a lone open key inside a 64 x 64
+  // tile that is otherwise hidden, and a lone bias inside one that is otherwise
+  // 0, each off the first row of its 16 x 16 block and at another place in each
+  // plane; a block row of biases (0 in head 0).
+  auto pattern = [&](int64_t b, int64_t h, int64_t i, int64_t j) -> float {
+    if (i == 20 + 30 * b + h && j == 150 - 40 * b) return -0.5f;  // tile (0, 128) or (0, 64)
+    if (i == 150 + 20 * b + h && j == 30 + h) return 0.75f;        // tile (128, 0)
+    if (i >= 100 && i < 116 && j < 100) return 0.25f * float(h);
+    return j <= i ? 0.0f : -kInf;
+  };
+  for (const Shape& shape : {Shape{B, H, T, T}, Shape{B, 1, T, T}, Shape{T, T}}) {
+    for (const bool transposed : {false, true}) {
+      for (const bool window : {false, true}) {
+        Case c;
+        c.B = B, c.Hq = H, c.Hkv = H, c.Tq = T, c.Tk = T, c.D = 32, c.Dv = 32;
+        if (window) c.left = 129, c.right = 131;  // edges through tiles and blocks
+        Inputs in = make_inputs(c, 97);
+        const int64_t nb = shape.size() == 4 ? shape[0] : 1;
+        const int64_t nh = shape.size() == 4 ? shape[1] : 1;
+        Tensor mask({nb, nh, T, T});  // stored (i, j), or (j, i) to be transposed
+        for (int64_t b = 0; b < nb; ++b)
+          for (int64_t h = 0; h < nh; ++h)
+            for (int64_t i = 0; i < T; ++i)
+              for (int64_t j = 0; j < T; ++j)
+                mask.at({b, h, transposed ? j : i, transposed ? i : j}) = pattern(b, h, i, j);
+        Tensor m = transposed ? mask.transpose(2, 3) : mask;  // key stride T when transposed
+        if (shape.size() == 2) m = m.select(0, 0).select(0, 0);
+        in.opt.attn_mask = m;
+        in.opt.attn_mask_type = MaskType::kAdditive;
+        const std::string what = fmt::format("mask {}{}{}", attn::shape_str(shape),
+                                             transposed ? " transposed" : "",
+                                             window ? " window(129, 131)" : "");
+        const Result fused = run(in, SdpaBackend::kFused), ref = run(in, SdpaBackend::kReference);
+        EXPECT_LE(rel_err(fused.f.out, ref.f.out), kRelTol) << what;
+        EXPECT_LE(rel_err(fused.g.dq, ref.g.dq), kRelTol) << what;
+        EXPECT_LE(rel_err(fused.g.dk, ref.g.dk), kRelTol) << what;
+        EXPECT_LE(rel_err(fused.g.dv, ref.g.dv), kRelTol) << what;
+        expect_lse_close(fused.f.lse, ref.f.lse, what);
+      }
+    }
+  }
+}
+
 // Every SIMD target this CPU runs (Highway's choice is process-wide: the
 // flash kernels and this one switch together).
 TEST(Sdpa, EverySimdTargetMatchesReference) {
