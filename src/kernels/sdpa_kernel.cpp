@@ -246,15 +246,16 @@ std::pair<const float*, size_t> CachedTileRows(float* HWY_RESTRICT buf, WideTag&
   return TileRows(buf, head, stride, t0, n, W, Wp);
 }
 
-// ---- forward ------------------------------------------------------------------------------
-
 // ---- the mask's blocks ---------------------------------------------------------------------
 
 // The additive mask, classified once per call in blocks of kMaskBlock queries x
 // kMaskBlock keys of each mask plane (the (b, h) pairs its strides tell apart:
 // a (Tq, Tk) mask broadcast over batch and heads is one plane): whether a block
-// holds a value other than -inf (it is open) and one other than 0 (it adds
-// something). A tile whose blocks are all closed changes nothing (its weights
+// holds a value that is open and one other than 0 (it adds something). Closed
+// is what the scores add as -inf: -inf, and the values below -FLT_MAX / log2(e)
+// (about -2.4e38), whose base-2 product overflows to -inf, such as the
+// float32 minimum that transformers' masks hold for masked keys (the kernel
+// adds log2(e) · mask to scores in base 2, so their weights are exactly 0 too). A tile whose blocks are all closed changes nothing (its weights
 // are exactly 0: the running max, sum and output keep their bits; backward adds
 // exact zeros), so forward and backward skip it: a padding, block-diagonal or
 // causal mask costs only the tiles it leaves open. A tile whose blocks add
@@ -316,7 +317,7 @@ MaskBlocks::MaskBlocks(const SdpaProblemT<T>& p) : masked_(p.mask != nullptr) {
     const int64_t b = int64_t(plane / planes_h_), h = int64_t(plane % planes_h_);
     uint8_t* f = flags_.data() + size_t(r) * nbj_;
     const DF d;
-    const VF closed = hn::Set(d, kNegInf), zero = hn::Zero(d);
+    const VF closed = hn::Set(d, kNegInf), zero = hn::Zero(d), l2e = hn::Set(d, kLog2e);
     for (size_t i = bi * kMaskBlock; i < std::min(Tq, (bi + 1) * kMaskBlock); ++i) {
       const float* mrow = p.mask + b * ms.b + h * ms.h + int64_t(i) * ms.t;
       for (size_t bj = 0; bj < nbj_; ++bj) {
@@ -326,13 +327,13 @@ MaskBlocks::MaskBlocks(const SdpaProblemT<T>& p) : masked_(p.mask != nullptr) {
         if (ms.d == 1) {
           for (; j + kN <= j1; j += kN) {
             const VF x = hn::LoadU(d, mrow + j);
-            if (!hn::AllTrue(d, hn::Eq(x, closed))) flags |= kOpen;
+            if (!hn::AllTrue(d, hn::Eq(hn::Mul(l2e, x), closed))) flags |= kOpen;
             if (!hn::AllTrue(d, hn::Eq(x, zero))) flags |= kNonZero;
           }
         }
         for (; j < j1; ++j) {
           const float x = mrow[int64_t(j) * ms.d];
-          if (x != kNegInf) flags |= kOpen;
+          if (kLog2e * x != kNegInf) flags |= kOpen;
           if (x != 0.0f) flags |= kNonZero;
         }
         f[bj] |= flags;
@@ -340,6 +341,8 @@ MaskBlocks::MaskBlocks(const SdpaProblemT<T>& p) : masked_(p.mask != nullptr) {
     }
   }
 }
+
+// ---- forward ------------------------------------------------------------------------------
 
 int MaxThreads() {
 #ifdef _OPENMP
@@ -493,11 +496,11 @@ void ScoreMods(const SdpaProblemT<T>& p, const MaskBlocks& mask_blocks, int64_t 
 // softmax, O update. qT, o, m, l, alpha are the tile's own state.
 template <class T>
 void ForwardStep(const SdpaProblemT<T>& p, const Band& band, const MaskBlocks& mask_blocks,
-                 int64_t b, int64_t h, size_t i0,
-                 size_t in, size_t j0, size_t jn, const float* k_tile, size_t k_tile_stride,
-                 const float* v_tile, size_t v_tile_stride, const float* HWY_RESTRICT qT,
-                 float* HWY_RESTRICT sT, float* HWY_RESTRICT o, float* HWY_RESTRICT m,
-                 float* HWY_RESTRICT l, float* HWY_RESTRICT alpha, PrefetchTrickle<T>& prefetch,
+                 int64_t b, int64_t h, size_t i0, size_t in, size_t j0, size_t jn,
+                 const float* k_tile, size_t k_tile_stride, const float* v_tile,
+                 size_t v_tile_stride, const float* HWY_RESTRICT qT, float* HWY_RESTRICT sT,
+                 float* HWY_RESTRICT o, float* HWY_RESTRICT m, float* HWY_RESTRICT l,
+                 float* HWY_RESTRICT alpha, PrefetchTrickle<T>& prefetch,
                  PrefetchTrickle<T>& ahead) {
   const DF d;
   const size_t D = size_t(p.D), Dvp = RoundUp(size_t(p.Dv), kN);
@@ -562,8 +565,9 @@ void ForwardStep(const SdpaProblemT<T>& p, const Band& band, const MaskBlocks& m
 // this group computes, with the group's output rows.
 template <class T>
 void ForwardGroup(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p, const Band& band,
-                  const MaskBlocks& mask_blocks, int64_t b, int64_t h, size_t i_first, size_t ng, ForwardScratch& s,
-                  const HeadRows* head = nullptr, const T* q_next = nullptr, size_t q_next_n = 0) {
+                  const MaskBlocks& mask_blocks, int64_t b, int64_t h, size_t i_first, size_t ng,
+                  ForwardScratch& s, const HeadRows* head = nullptr, const T* q_next = nullptr,
+                  size_t q_next_n = 0) {
   const size_t Tq = size_t(p.Tq), Tk = size_t(p.Tk), D = size_t(p.D), Dv = size_t(p.Dv);
   const size_t Dvp = RoundUp(Dv, kN);
   const float c = p.softcap > 0.0f ? p.scale / p.softcap : p.scale * kLog2e;
@@ -665,10 +669,10 @@ void ForwardGroup(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p, const Ban
       if (j0 >= key_end(g) || j0 + kBcFwd <= key_begin(g)) continue;
       const size_t jn = std::min(kBcFwd, key_end(g) - j0);
       if (mask_blocks.Hidden(b, h, tile_i0(g), tile_in(g), j0, jn)) continue;
-      ForwardStep(p, band, mask_blocks, b, h, tile_i0(g), tile_in(g), j0, jn, k_tile, k_tile_stride, v_tile,
-                  v_tile_stride, s.qT.get() + g * D * kBr, s.sT.get(), s.o.get() + g * kBr * Dvp,
-                  s.m.get() + g * kBr, s.l.get() + g * kBr, s.alpha.get() + g * kBr, prefetch,
-                  ahead);
+      ForwardStep(p, band, mask_blocks, b, h, tile_i0(g), tile_in(g), j0, jn, k_tile, k_tile_stride,
+                  v_tile, v_tile_stride, s.qT.get() + g * D * kBr, s.sT.get(),
+                  s.o.get() + g * kBr * Dvp, s.m.get() + g * kBr, s.l.get() + g * kBr,
+                  s.alpha.get() + g * kBr, prefetch, ahead);
     }
     prefetch.rest();
   }
@@ -730,8 +734,8 @@ void VarlenForward(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p) {
       const int64_t n_qt = (ps.Tq + int64_t(kBr) - 1) / int64_t(kBr);
       const int64_t first = group * int64_t(kGroupFwd);
       const size_t ng = size_t(std::min(int64_t(kGroupFwd), n_qt - first));
-      ForwardGroup(sdpa_sequence(out, p, b), ps, MakeBand(ps), MaskBlocks(), b, h, size_t(first) * kBr, ng,
-                   scratch);
+      ForwardGroup(sdpa_sequence(out, p, b), ps, MakeBand(ps), MaskBlocks(), b, h,
+                   size_t(first) * kBr, ng, scratch);
     }
   }
 }
