@@ -76,6 +76,12 @@ enum class SdpaBackend : uint8_t {
 struct SdpaOptions {
   // Broadcastable to (B, Hq, Tq, Tk): up to 4 dims, aligned on the right, each
   // 1 or the full size ((Tq, Tk), (B, 1, 1, Tk), (1, Hq, Tq, Tk), ...). Empty: no mask.
+  // The fused backend runs a mask that is exactly the causal pattern of a
+  // square problem (one plane: open on and below the diagonal, closed above:
+  // false, -inf, or a value whose weight is exactly 0 such as transformers'
+  // float32 minimum) as is_causal: the same sums, at is_causal's speed (bf16 on
+  // AMX where it runs). Other masks: the kernel classifies their 16 x 16 blocks
+  // once a call and skips the tiles they close.
   Tensor attn_mask;
   MaskType attn_mask_type = MaskType::kAdditive;
   float dropout_p = 0.0f;     // in [0, 1)

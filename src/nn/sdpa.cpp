@@ -173,17 +173,34 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 // Masks of at least this many elements are checked and converted on OpenMP's threads.
 constexpr int64_t kParallelElements = int64_t{1} << 16;
 
-// The first i in [0, n) with bad(i), or -1: a parallel scan that only says
-// whether there is one (a mask of T = 4096 is 16.8M values, checked every
-// call), then a serial search for the first when there is.
-template <class Bad>
-int64_t first_where(int64_t n, Bad bad) {
+// Whether pred holds for every x[j · stride], j < n: one pass without an
+// early exit, which the compiler vectorises (stride 1).
+template <class T, class Pred, class Stride>
+bool all_of(const T* x, int64_t n, Stride stride, Pred pred) {
+  int bad = 0;
+  for (int64_t j = 0; j < n; ++j) bad |= pred(x[j * stride]) ? 0 : 1;
+  return bad == 0;
+}
+
+// The first i in [0, n) with bad(x[i]), or -1: a parallel vectorised scan that
+// only says whether there is one (a mask of T = 4096 is 16.8M values, checked
+// every call), then a serial search for the first when there is.
+template <class T, class Bad>
+int64_t first_where(const T* x, int64_t n, Bad bad) {
+  constexpr int64_t kChunk = int64_t{1} << 14;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
   int any = 0;
 #pragma omp parallel for schedule(static) reduction(| : any) if (n >= kParallelElements)
-  for (int64_t i = 0; i < n; ++i) any |= bad(i) ? 1 : 0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t i0 = c * kChunk;
+    any |= all_of(x + i0, std::min(kChunk, n - i0), std::integral_constant<int64_t, 1>(),
+                  [&bad](T v) { return !bad(v); })
+               ? 0
+               : 1;
+  }
   if (any == 0) return -1;
   for (int64_t i = 0; i < n; ++i)
-    if (bad(i)) return i;
+    if (bad(x[i])) return i;
   return -1;
 }
 
@@ -210,8 +227,8 @@ Tensor additive_mask(const SdpaOptions& o, const Sizes& s) {
     // passed on silently (-inf is a mask; any finite value a bias).
     const Tensor c = m.contiguous();  // m itself, unless it is strided
     const float* x = c.data();
-    const int64_t n = first_where(c.numel(), [x](int64_t i) {
-      return !(x[i] <= std::numeric_limits<float>::max()) && x[i] != -kInf;  // NaN or +inf
+    const int64_t n = first_where(x, c.numel(), [](float y) {
+      return !(y <= std::numeric_limits<float>::max()) && y != -kInf;  // NaN or +inf
     });
     if (n >= 0)
       fail(fmt::format(
@@ -228,20 +245,113 @@ Tensor additive_mask(const SdpaOptions& o, const Sizes& s) {
   const int64_t count = c.numel();
   if (c.dtype() == DType::kInt64) {
     const int64_t* x = c.data_ptr<int64_t>();
-    const int64_t n = first_where(count, [x](int64_t i) { return x[i] != 0 && x[i] != 1; });
+    const int64_t n = first_where(x, count, [](int64_t y) { return y != 0 && y != 1; });
     if (n >= 0)
       fail(fmt::format("a boolean attn_mask holds 0 or 1, got {} at flat index {}", x[n], n));
 #pragma omp parallel for schedule(static) if (count >= kParallelElements)
     for (int64_t i = 0; i < count; ++i) dst[i] = x[i] != 0 ? 0.0f : -kInf;
   } else {
     const float* x = c.data();
-    const int64_t n = first_where(count, [x](int64_t i) { return x[i] != 0.0f && x[i] != 1.0f; });
+    const int64_t n = first_where(x, count, [](float y) { return y != 0.0f && y != 1.0f; });
     if (n >= 0)
       fail(fmt::format("a boolean attn_mask holds 0 or 1, got {} at flat index {}", x[n], n));
 #pragma omp parallel for schedule(static) if (count >= kParallelElements)
     for (int64_t i = 0; i < count; ++i) dst[i] = x[i] != 0.0f ? 0.0f : -kInf;
   }
   return out;
+}
+
+// Whether the (T, T) plane x (rows si, keys sj apart) is open (open(x)) on
+// and below the diagonal and closed above. The first two rows alone first
+// (where most other masks differ), then every row on OpenMP's threads, each
+// row's two loops without an early exit (vectorised for contiguous rows).
+template <class E, class Open, class Closed>
+bool plane_is_causal(const E* x, int64_t T, int64_t si, int64_t sj, Open open, Closed closed) {
+  auto row_is_causal = [&](int64_t i, auto key_stride) {
+    return all_of(x + i * si, i + 1, key_stride, open) &&
+           all_of(x + i * si + (i + 1) * key_stride, T - i - 1, key_stride, closed);
+  };
+  auto rows_are_causal = [&](auto key_stride) {
+    for (int64_t i = 0; i < std::min<int64_t>(T, 2); ++i)
+      if (!row_is_causal(i, key_stride)) return false;
+    int bad = 0;
+#pragma omp parallel for schedule(static) reduction(| : bad) if (T * T >= kParallelElements)
+    for (int64_t i = 2; i < T; ++i)
+      if (bad == 0 && !row_is_causal(i, key_stride)) bad = 1;
+    return bad == 0;
+  };
+  return sj == 1 ? rows_are_causal(std::integral_constant<int64_t, 1>()) : rows_are_causal(sj);
+}
+
+// An additive mask's open and closed values: 0; -inf, or a value whose product
+// with log2(e) overflows to -inf (the kernel's scores there are -inf).
+constexpr float kLog2e = 1.44269504088896340736f;
+bool additive_open(float y) { return y == 0.0f; }
+bool additive_closed(float y) { return kLog2e * y == -kInf; }
+
+// Whether attn_mask is exactly the causal pattern of a square problem, one
+// (T, T) plane shared by every batch and head: open (additive 0, boolean true)
+// on and below the diagonal, closed above (boolean false, additive -inf or a
+// value below -FLT_MAX / log2(e), such as the float32 minimum that
+// transformers' masks hold: its weight is exactly 0, in the kernel as in the
+// definition, beside the row's open diagonal). Such a call runs as is_causal:
+// the same sums (adding 0 leaves a score's bits, and a closed key's weight is 0
+// either way), without the mask's checks and scans, the tiles above the
+// diagonal never visited, and bf16 on the AMX kernel where it runs. Stops at
+// the first other value (most masks that are not causal: in the first rows).
+// The reference backend keeps the mask: it is the definition.
+bool mask_is_causal(const SdpaOptions& o, const Sizes& s) {
+  const Tensor& m = o.attn_mask;
+  if (m.empty() || o.is_causal || o.backend == SdpaBackend::kReference || s.Tq != s.Tk ||
+      o.window_left != -1 || o.window_right != -1 || m.dim() < 2 || m.dim() > 4)
+    return false;
+  const int64_t T = s.Tq, dims = m.dim();
+  if (m.size(dims - 2) != T || m.size(dims - 1) != T) return false;
+  for (int64_t d = 0; d + 2 < dims; ++d)
+    if (m.size(d) != 1) return false;
+  const int64_t si = m.stride(dims - 2), sj = m.stride(dims - 1);
+  auto causal = [&](const auto* x, auto open, auto closed) {
+    return plane_is_causal(x, T, si, sj, open, closed);
+  };
+  if (m.dtype() == DType::kInt64) {
+    if (o.attn_mask_type != MaskType::kBoolean) return false;
+    return causal(
+        m.data_ptr<int64_t>(), [](int64_t y) { return y == 1; }, [](int64_t y) { return y == 0; });
+  }
+  if (m.dtype() != DType::kFloat32) return false;
+  const float* x = m.data_ptr<float>();
+  if (o.attn_mask_type == MaskType::kBoolean)
+    return causal(x, [](float y) { return y == 1.0f; }, [](float y) { return y == 0.0f; });
+  return causal(x, additive_open, additive_closed);
+}
+
+// The options a call runs with: options itself, or is_causal in place of a
+// causal mask (mask_is_causal).
+SdpaOptions as_run(const SdpaOptions& options, const Sizes& s) {
+  if (!mask_is_causal(options, s)) return options;
+  SdpaOptions o = options;
+  o.attn_mask = Tensor();
+  o.attn_mask_type = MaskType::kAdditive;
+  o.is_causal = true;
+  o.causal_alignment = CausalAlignment::kTopLeft;
+  return o;
+}
+
+// The raw layer's rule (the Python binding's calls): a problem whose additive
+// mask is one causal plane of a square, windowless problem runs as is_causal.
+template <class T>
+SdpaProblemT<T> as_run(const SdpaProblemT<T>& p) {
+  const SdpaStrides& ms = p.mask_strides;
+  if (!p.mask || p.is_causal || p.cu_seqlens_q || p.Tq != p.Tk || p.window_left != -1 ||
+      p.window_right != -1 || (ms.b != 0 && p.B > 1) || (ms.h != 0 && p.Hq > 1) ||
+      !plane_is_causal(p.mask, p.Tq, ms.t, ms.d, additive_open, additive_closed))
+    return p;
+  SdpaProblemT<T> r = p;
+  r.mask = nullptr;
+  r.mask_strides = {};
+  r.is_causal = true;
+  r.causal_alignment = CausalAlignment::kTopLeft;
+  return r;
 }
 
 template <class T>
@@ -308,12 +418,13 @@ SdpaForward scaled_dot_product_attention_forward(const Tensor& q, const Tensor& 
     f.out = f.out.to(DType::kBFloat16);
     return f;
   }
+  const Sizes s = check_qkv(q, k, v, options);
+  const SdpaOptions o = as_run(options, s);
   if (q.dtype() == DType::kBFloat16) {
-    const Sizes s = check_qkv(q, k, v, options);
-    if (amx_serves(s, options)) return forward_amx(q, k, v, s, options);
-    return forward<BFloat16>(q, k, v, options);
+    if (amx_serves(s, o)) return forward_amx(q, k, v, s, o);
+    return forward<BFloat16>(q, k, v, o);
   }
-  return forward<float>(q, k, v, options);
+  return forward<float>(q, k, v, o);
 }
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -427,12 +538,13 @@ SdpaGrads scaled_dot_product_attention_backward(const Tensor& dout, const Tensor
         backward<float>(dout.to(f32), q.to(f32), k.to(f32), v.to(f32), out.to(f32), lse, options);
     return {g.dq.to(bf16), g.dk.to(bf16), g.dv.to(bf16)};
   }
+  const Sizes s = check_qkv(q, k, v, options);
+  const SdpaOptions o = as_run(options, s);
   if (q.dtype() == DType::kBFloat16) {
-    const Sizes s = check_qkv(q, k, v, options);
-    if (amx_serves(s, options)) return backward_amx(dout, q, k, v, out, lse, s, options);
-    return backward<BFloat16>(dout, q, k, v, out, lse, options);
+    if (amx_serves(s, o)) return backward_amx(dout, q, k, v, out, lse, s, o);
+    return backward<BFloat16>(dout, q, k, v, out, lse, o);
   }
-  return backward<float>(dout, q, k, v, out, lse, options);
+  return backward<float>(dout, q, k, v, out, lse, o);
 }
 
 // ---- the raw layer, routed (sdpa_forward_routed / sdpa_backward_routed) ----------------
@@ -515,13 +627,16 @@ bool lse_contiguous(const SdpaStrides& s, int64_t H, int64_t T) {
 
 }  // namespace
 
-void sdpa_forward_routed(const SdpaOutput& o, const SdpaProblem& p) { kernels::sdpa_forward(o, p); }
-
-void sdpa_backward_routed(const SdpaBackwardIO& io, const SdpaProblem& p) {
-  kernels::sdpa_backward(io, p);
+void sdpa_forward_routed(const SdpaOutput& o, const SdpaProblem& p) {
+  kernels::sdpa_forward(o, as_run(p));
 }
 
-void sdpa_forward_routed(const SdpaOutputBf16& o, const SdpaProblemBf16& p) {
+void sdpa_backward_routed(const SdpaBackwardIO& io, const SdpaProblem& p) {
+  kernels::sdpa_backward(io, as_run(p));
+}
+
+void sdpa_forward_routed(const SdpaOutputBf16& o, const SdpaProblemBf16& given) {
+  const SdpaProblemBf16 p = as_run(given);
   if (!amx_serves(p)) return kernels::sdpa_forward(o, p);
   const int64_t B = p.B, H = p.Hq, T = p.Tq, D = p.D;
   // Rows of contiguous elements (any (b, h, t) strides: head-major tensors as
@@ -559,7 +674,8 @@ void sdpa_forward_routed(const SdpaOutputBf16& o, const SdpaProblemBf16& p) {
           o.lse[b * ls.b + h * ls.h + t * ls.t] = lse_packed[size_t((b * H + h) * T + t)];
 }
 
-void sdpa_backward_routed(const SdpaBackwardIOBf16& io, const SdpaProblemBf16& p) {
+void sdpa_backward_routed(const SdpaBackwardIOBf16& io, const SdpaProblemBf16& given) {
+  const SdpaProblemBf16 p = as_run(given);
   if (!amx_serves(p)) return kernels::sdpa_backward(io, p);
   const int64_t B = p.B, H = p.Hq, T = p.Tq, D = p.D;
   // Rows of contiguous elements, any (b, h, t) strides: in place, as the forward.
@@ -616,13 +732,14 @@ void sdpa_backward_routed(const SdpaBackwardIOBf16& io, const SdpaProblemBf16& p
 namespace kernels {
 
 const char* sdpa_bf16_path(const SdpaProblemBf16& p) {
-  return amx_serves(p) ? "AMX" : "bf16 tiles widened to fp32";
+  return amx_serves(as_run(p)) ? "AMX" : "bf16 tiles widened to fp32";
 }
 
 const char* sdpa_bf16_path(const Tensor& q, const Tensor& k, const Tensor& v,
                            const SdpaOptions& options) {
   if (is_bf16_reference(q, options)) return "reference (fp32 on the widened values)";
-  return amx_serves(check_qkv(q, k, v, options), options) ? "AMX" : "bf16 tiles widened to fp32";
+  const Sizes s = check_qkv(q, k, v, options);
+  return amx_serves(s, as_run(options, s)) ? "AMX" : "bf16 tiles widened to fp32";
 }
 
 }  // namespace kernels

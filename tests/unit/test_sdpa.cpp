@@ -383,6 +383,75 @@ TEST(Sdpa, MaskBlocksClassifiedPerPlaneMatchReference) {
   }
 }
 
+// A mask that is exactly the causal pattern runs as is_causal (fp32 and bf16,
+// where bf16 takes the AMX kernel if this CPU has it): the same bits, output,
+// lse and every gradient, whatever form the mask takes; and the path names it.
+// A mask that differs in one entry is not taken for causal (the reference's
+// answer, and the widened path).
+TEST(Sdpa, CausalMaskRunsAsIsCausal) {
+  using attn::DType;
+  const int64_t T = 150;
+  Case c;
+  c.B = 2, c.Hq = 3, c.Hkv = 3, c.Tq = T, c.Tk = T, c.D = 32, c.Dv = 32;
+  auto causal_plane = [&](Shape shape, DType dtype, float open, float closed) {
+    Tensor m(shape);
+    const int64_t n = m.numel();
+    for (int64_t f = 0; f < n; ++f) m.values()[size_t(f)] = f % T <= f / T % T ? open : closed;
+    return dtype == DType::kFloat32 ? m : m.to(dtype);
+  };
+  auto bits = [](const Tensor& t) { return t.to(DType::kFloat32).to_vector(); };
+  for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    Inputs in = make_inputs(c, 131);
+    if (dtype == DType::kBFloat16)
+      for (Tensor* t : {&in.q, &in.k, &in.v, &in.dout}) *t = t->to(dtype);
+    Inputs causal = in;
+    causal.opt.is_causal = true;
+    const Result want = run(causal, SdpaBackend::kFused);
+    const std::string want_path = attn::kernels::sdpa_bf16_path(in.q, in.k, in.v, causal.opt);
+    struct Form {
+      const char* what;
+      Tensor mask;
+      MaskType type;
+    };
+    const float lowest = std::numeric_limits<float>::lowest();
+    const std::vector<Form> forms = {
+        {"additive -inf (T, T)", causal_plane({T, T}, DType::kFloat32, 0.0f, -kInf),
+         MaskType::kAdditive},
+        {"additive float32 minimum (1, 1, T, T)",
+         causal_plane({1, 1, T, T}, DType::kFloat32, 0.0f, lowest), MaskType::kAdditive},
+        {"boolean float (T, T)", causal_plane({T, T}, DType::kFloat32, 1.0f, 0.0f),
+         MaskType::kBoolean},
+        {"boolean int64 (1, T, T)", causal_plane({1, T, T}, DType::kInt64, 1.0f, 0.0f),
+         MaskType::kBoolean}};
+    for (const Form& form : forms) {
+      const std::string what = std::string(attn::dtype_name(dtype)) + " " + form.what;
+      Inputs masked = in;
+      masked.opt.attn_mask = form.mask;
+      masked.opt.attn_mask_type = form.type;
+      EXPECT_EQ(attn::kernels::sdpa_bf16_path(in.q, in.k, in.v, masked.opt), want_path) << what;
+      const Result got = run(masked, SdpaBackend::kFused);
+      EXPECT_EQ(bits(got.f.out), bits(want.f.out)) << what;
+      EXPECT_EQ(bits(got.f.lse), bits(want.f.lse)) << what;
+      EXPECT_EQ(bits(got.g.dq), bits(want.g.dq)) << what;
+      EXPECT_EQ(bits(got.g.dk), bits(want.g.dk)) << what;
+      EXPECT_EQ(bits(got.g.dv), bits(want.g.dv)) << what;
+    }
+    // One key above the diagonal opened: a mask like any other.
+    Tensor almost = causal_plane({T, T}, DType::kFloat32, 0.0f, -kInf);
+    almost.at({100, 120}) = 0.0f;
+    Inputs masked = in;
+    masked.opt.attn_mask = almost;
+    EXPECT_EQ(std::string(attn::kernels::sdpa_bf16_path(in.q, in.k, in.v, masked.opt)),
+              "bf16 tiles widened to fp32");
+    if (dtype == DType::kFloat32) {
+      const Result got = run(masked, SdpaBackend::kFused), ref = run(masked, SdpaBackend::kReference);
+      EXPECT_LE(rel_err(got.f.out, ref.f.out), kRelTol);
+      EXPECT_LE(rel_err(got.g.dk, ref.g.dk), kRelTol);
+      EXPECT_NE(bits(got.f.out), bits(want.f.out));
+    }
+  }
+}
+
 // Every SIMD target this CPU runs (Highway's choice is process-wide: the
 // flash kernels and this one switch together).
 TEST(Sdpa, EverySimdTargetMatchesReference) {

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstring>
 #include <iostream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -356,6 +357,13 @@ attn::SdpaProblemBf16 raw_problem(const Inputs& in, const SdpaOptions& o) {
   p.scale = o.scale ? *o.scale : 1.0f / std::sqrt(float(p.D));
   p.window_left = o.window_left;
   p.dropout_p = o.dropout_p, p.dropout_seed = o.dropout_seed;
+  if (!o.attn_mask.empty()) {  // a 4-D float32 additive mask, as the binding passes it
+    const Tensor& m = o.attn_mask;
+    int64_t st[4];
+    for (int64_t d = 0; d < 4; ++d) st[d] = m.size(d) == 1 ? 0 : m.stride(d);
+    p.mask = m.data_ptr<float>();
+    p.mask_strides = {st[0], st[1], st[2], st[3]};
+  }
   return p;
 }
 
@@ -427,6 +435,34 @@ TEST(SdpaAmx, RawRoutedCallsGiveTheTensorEntryPointsBitsOnEveryLayout) {
         expect_same_result(run_raw(in, o, out_layout), run(in.q, in.k, in.v, in.dout, o,
                                                             SdpaBackend::kFused));
       }
+}
+
+// The raw layer (the Python binding's calls) runs an additive mask that is
+// exactly the causal pattern (-inf, or transformers' float32 minimum, above the
+// diagonal) as is_causal: on the AMX kernel, with is_causal's bits; a mask
+// that differs in one entry stays on the widened path.
+TEST(SdpaAmx, RawCausalMaskRunsAsIsCausal) {
+  ATTN_REQUIRE_AMX();
+  const attn::test::Bf16PathGuard amx("AMX");
+  ASSERT_TRUE(amx.forced());
+  const int64_t T = 90;
+  const Inputs in = make_inputs(2, 3, T, 64, Layout::kHeadMajor, 1900);
+  SdpaOptions causal;
+  causal.is_causal = true;
+  const Result want = run_raw(in, causal, Layout::kHeadMajor);
+  for (const float closed : {-std::numeric_limits<float>::infinity(),
+                             std::numeric_limits<float>::lowest()}) {
+    Tensor mask({1, 1, T, T});
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t j = 0; j < T; ++j) mask.at({0, 0, i, j}) = j <= i ? 0.0f : closed;
+    SdpaOptions o;
+    o.attn_mask = mask;
+    SCOPED_TRACE(closed);
+    EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), "AMX");
+    expect_same_result(run_raw(in, o, Layout::kHeadMajor), want);
+    mask.at({0, 0, 40, 41}) = 0.0f;
+    EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), "bf16 tiles widened to fp32");
+  }
 }
 
 // The routed forward and backward read their inputs in place and write out,
