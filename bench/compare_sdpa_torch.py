@@ -10,6 +10,9 @@ Cases (12 heads of 64, B = 1; each at T = 1024 and 4096 unless it says):
   causal      is_causal (the baseline both sides are best at)
   bool-mask   the causal pattern as a dense (T, T) boolean attn_mask
   float-mask  the same as an additive float mask (0 / -inf)
+  padded-mask the causal pattern with the last T/8 keys closed too (a right-padded
+              sequence), additive, the dtype's minimum where closed (as transformers
+              builds it): not causal, so attn runs its general masked kernel
   gqa4        is_causal, 3 kv heads for 12 query heads (enable_gqa, no copies)
   cross       256 queries against 4096 keys, no mask (cross-attention; T = 4096 only)
   window512   T = 8192, causal sliding window of 512 keys: attn's window_left; PyTorch
@@ -45,6 +48,7 @@ def cases(quick):
         out.append(("causal", T, [], {}))
         out.append(("bool-mask", T, ["--mask", "bool"], {"mask": "bool"}))
         out.append(("float-mask", T, ["--mask", "float"], {"mask": "float"}))
+        out.append(("padded-mask", T, ["--mask", "padded"], {"mask": "padded"}))
         out.append(("gqa4", T, ["--kv-heads", "3"], {"kv_heads": 3}))
     out.append(("cross", 4096, ["--no-causal", "--query-tokens", "256"], {"causal": False, "query_tokens": 256}))
     if not quick:
@@ -75,6 +79,10 @@ def worker(opts):
         allowed = j <= i
         if opts["mask"] == "bool":
             kwargs["attn_mask"] = allowed
+        elif opts["mask"] == "padded":
+            allowed = allowed & (j < T - T // 8)
+            kwargs["attn_mask"] = torch.zeros(Tq, T, dtype=dtype).masked_fill(
+                ~allowed, torch.finfo(dtype).min)
         else:
             kwargs["attn_mask"] = torch.zeros(Tq, T, dtype=dtype).masked_fill(~allowed, float("-inf"))
     elif opts.get("window"):

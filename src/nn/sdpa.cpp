@@ -262,9 +262,10 @@ Tensor additive_mask(const SdpaOptions& o, const Sizes& s) {
 }
 
 // Whether the (T, T) plane x (rows si, keys sj apart) is open (open(x)) on
-// and below the diagonal and closed above. The first two rows alone first
-// (where most other masks differ), then every row on OpenMP's threads, each
-// row's two loops without an early exit (vectorised for contiguous rows).
+// and below the diagonal and closed above. The first two and the last two rows
+// alone first (where most other masks differ: a padding mask's last row), then
+// every row on OpenMP's threads, each row's two loops without an early exit
+// (vectorised for contiguous rows).
 template <class E, class Open, class Closed>
 bool plane_is_causal(const E* x, int64_t T, int64_t si, int64_t sj, Open open, Closed closed) {
   auto row_is_causal = [&](int64_t i, auto key_stride) {
@@ -272,11 +273,12 @@ bool plane_is_causal(const E* x, int64_t T, int64_t si, int64_t sj, Open open, C
            all_of(x + i * si + (i + 1) * key_stride, T - i - 1, key_stride, closed);
   };
   auto rows_are_causal = [&](auto key_stride) {
-    for (int64_t i = 0; i < std::min<int64_t>(T, 2); ++i)
-      if (!row_is_causal(i, key_stride)) return false;
+    const int64_t ends = std::min<int64_t>(T, 2);  // rows [0, ends) and [T - ends, T)
+    for (int64_t i = 0; i < ends; ++i)
+      if (!row_is_causal(i, key_stride) || !row_is_causal(T - 1 - i, key_stride)) return false;
     int bad = 0;
 #pragma omp parallel for schedule(static) reduction(| : bad) if (T * T >= kParallelElements)
-    for (int64_t i = 2; i < T; ++i)
+    for (int64_t i = ends; i < T - ends; ++i)
       if (bad == 0 && !row_is_causal(i, key_stride)) bad = 1;
     return bad == 0;
   };
@@ -286,8 +288,8 @@ bool plane_is_causal(const E* x, int64_t T, int64_t si, int64_t sj, Open open, C
 // An additive mask's open and closed values: 0; -inf, or a value whose product
 // with log2(e) overflows to -inf (the kernel's scores there are -inf).
 constexpr float kLog2e = 1.44269504088896340736f;
-bool additive_open(float y) { return y == 0.0f; }
-bool additive_closed(float y) { return kLog2e * y == -kInf; }
+constexpr auto additive_open = [](float y) { return y == 0.0f; };
+constexpr auto additive_closed = [](float y) { return kLog2e * y == -kInf; };
 
 // Whether attn_mask is exactly the causal pattern of a square problem, one
 // (T, T) plane shared by every batch and head: open (additive 0, boolean true)

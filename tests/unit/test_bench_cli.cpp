@@ -253,7 +253,7 @@ TEST(BenchCli, BadValuesAreOneLineUsageErrors) {
         Case{"bench --kind sdpa --dtype float16",
              "bench: --dtype must be float32, bfloat16 or all, got 'float16'"},
         Case{"bench --kind sdpa --window-left -2", "bench: --window-left must be >= 0, got -2"},
-        Case{"bench --kind sdpa --mask soft", "bench: --mask must be bool or float, got 'soft'"},
+        Case{"bench --kind sdpa --mask soft", "bench: --mask must be bool, float or padded, got 'soft'"},
         Case{"bench --kind sdpa --kv-heads 5", "bench: --kv-heads must divide --heads 12, got 5"},
         Case{"bench --kind sdpa-varlen --dtype float16",
              "bench: --dtype must be float32, bfloat16 or all, got 'float16'"},

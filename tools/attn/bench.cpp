@@ -82,9 +82,9 @@ void check_case(const BenchCase& c) {
   if (c.dtype != "float32" && c.dtype != "bfloat16")
     throw UsageError(
         fmt::format("bench: --dtype must be float32, bfloat16 or all, got '{}'", c.dtype));
-  if (c.mask != "none" && c.mask != "bool" && c.mask != "float")
+  if (c.mask != "none" && c.mask != "bool" && c.mask != "float" && c.mask != "padded")
     throw UsageError(
-        fmt::format("bench: --mask must be bool or float, got '{}'", printable(c.mask)));
+        fmt::format("bench: --mask must be bool, float or padded, got '{}'", printable(c.mask)));
   if (c.kv_heads < 0 || (c.kv_heads > 0 && c.heads % c.kv_heads != 0))
     throw UsageError(
         fmt::format("bench: --kv-heads must divide --heads {}, got {}", c.heads, c.kv_heads));
@@ -266,11 +266,16 @@ struct SdpaBenchProblem {
     options.is_causal = c.causal && c.mask == "none";
     if (c.mask != "none") {  // the causal pattern, top-left: key j <= query i
       std::vector<float> m(static_cast<size_t>(Tq * c.T));
-      const float hidden = c.mask == "bool" ? 0.0f : -std::numeric_limits<float>::infinity();
+      // padded: a right-padded sequence as transformers masks it (its last T/8
+      // keys closed too, the float32 minimum for a closed key): not causal.
+      const float hidden = c.mask == "bool"     ? 0.0f
+                           : c.mask == "padded" ? std::numeric_limits<float>::lowest()
+                                                : -std::numeric_limits<float>::infinity();
       const float seen = c.mask == "bool" ? 1.0f : 0.0f;
+      const int64_t keys = c.mask == "padded" ? c.T - c.T / 8 : c.T;
       for (int64_t i = 0; i < Tq; ++i)
         for (int64_t j = 0; j < c.T; ++j)
-          m[static_cast<size_t>(i * c.T + j)] = j <= i ? seen : hidden;
+          m[static_cast<size_t>(i * c.T + j)] = j <= i && j < keys ? seen : hidden;
       options.attn_mask = Tensor({Tq, c.T}, m);
       options.attn_mask_type = c.mask == "bool" ? MaskType::kBoolean : MaskType::kAdditive;
     }
@@ -850,7 +855,9 @@ Command add_bench_command(CLI::App& app) {
       ->type_name("W");
   cmd->add_option("--mask", f->mask,
                   "sdpa rows: bool or float, the causal pattern as a dense (Tq, T) attn_mask "
-                  "instead of is_causal")
+                  "instead of is_causal (attn runs it as is_causal); padded, the causal pattern "
+                  "with the last T/8 keys closed too, float32 minimum where closed (a "
+                  "right-padded sequence as transformers masks it; the general masked kernel)")
       ->type_name("KIND");
   cmd->add_flag("--no-causal", f->no_causal, "sdpa rows: attend to every key (cross-attention)");
   cmd->add_option("--kv-heads", f->kv_heads,
@@ -907,9 +914,9 @@ Command add_bench_command(CLI::App& app) {
     }
     if (given("--window-left") && f->window_left < 0)
       throw UsageError(fmt::format("bench: --window-left must be >= 0, got {}", f->window_left));
-    if (f->mask != "none" && f->mask != "bool" && f->mask != "float")
-      throw UsageError(
-          fmt::format("bench: --mask must be bool or float, got '{}'", printable(f->mask)));
+    if (f->mask != "none" && f->mask != "bool" && f->mask != "float" && f->mask != "padded")
+      throw UsageError(fmt::format("bench: --mask must be bool, float or padded, got '{}'",
+                                   printable(f->mask)));
     // Every shape's heads, before anything is printed (--kind decode checks
     // its --heads and --kv-heads itself).
     if (given("--kv-heads") && f->kind != "decode") {
