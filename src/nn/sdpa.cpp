@@ -299,8 +299,8 @@ constexpr auto additive_closed = [](float y) { return kLog2e * y == -kInf; };
 // definition, beside the row's open diagonal). Such a call runs as is_causal:
 // the same sums (adding 0 leaves a score's bits, and a closed key's weight is 0
 // either way), without the mask's checks and scans, the tiles above the
-// diagonal never visited, and bf16 on the AMX kernel where it runs. Stops at
-// the first other value (most masks that are not causal: in the first rows).
+// diagonal never visited, and bf16 on the AMX kernel where it runs. Most masks
+// that are not causal are told by their first or last two rows, at once.
 // The reference backend keeps the mask: it is the definition.
 bool mask_is_causal(const SdpaOptions& o, const Sizes& s) {
   const Tensor& m = o.attn_mask;
