@@ -64,6 +64,7 @@
 #include "attn/sdpa.h"
 #include "attn/kernels.h"
 #include "kernels/philox.h"
+#include "kernels/sdpa_mask.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -252,19 +253,18 @@ std::pair<const float*, size_t> CachedTileRows(float* HWY_RESTRICT buf, WideTag&
 // kMaskBlock keys of each mask plane (the (b, h) pairs its strides tell apart:
 // a (Tq, Tk) mask broadcast over batch and heads is one plane): whether a block
 // holds a value that is open and one other than 0 (it adds something). Closed
-// is what the scores add as -inf: -inf, and the values below -FLT_MAX / log2(e)
-// (about -2.4e38), whose base-2 product overflows to -inf, such as the
-// float32 minimum that transformers' masks hold for masked keys (the kernel
-// adds log2(e) · mask to scores in base 2, so their weights are exactly 0 too). A tile whose blocks are all closed changes nothing (its weights
-// are exactly 0: the running max, sum and output keep their bits; backward adds
-// exact zeros), so forward and backward skip it: a padding, block-diagonal or
-// causal mask costs only the tiles it leaves open. A tile whose blocks add
-// nothing (below a causal pattern's diagonal, a padding mask's open keys)
-// skips the add (x + 0 = x). A tile that is not aligned to the blocks (at a
-// window's edge) is judged by the blocks it touches: never skipped wrongly.
-// The mask is read once a call, in vectors along its rows, instead of a scan of
-// each (b, h, tile) in turn: 12 heads sharing a 64 MB mask (T = 4096) read it 12
-// times and more (forward and backward).
+// is what kernels/sdpa_mask.h says: -inf, or a value whose base-2 product
+// overflows to -inf, such as transformers' float32 minimum. A tile whose
+// blocks are all closed changes nothing (its weights are exactly 0: the
+// running max, sum and output keep their bits; backward adds exact zeros), so
+// forward and backward skip it: a padding, block-diagonal or causal mask costs
+// only the tiles it leaves open. A tile whose blocks add nothing (below a
+// causal pattern's diagonal, a padding mask's open keys) skips the add (x + 0
+// = x). A tile that is not aligned to the blocks (at a window's edge) is judged
+// by the blocks it touches: never skipped wrongly. The mask is read once a
+// call, in vectors along its rows, instead of a scan of each (b, h, tile) in
+// turn: 12 heads sharing a 64 MB mask (T = 4096) read it 12 times and more
+// (forward and backward).
 constexpr size_t kMaskBlock = 16;
 
 class MaskBlocks {
@@ -317,7 +317,8 @@ MaskBlocks::MaskBlocks(const SdpaProblemT<T>& p) : masked_(p.mask != nullptr) {
     const int64_t b = int64_t(plane / planes_h_), h = int64_t(plane % planes_h_);
     uint8_t* f = flags_.data() + size_t(r) * nbj_;
     const DF d;
-    const VF closed = hn::Set(d, kNegInf), zero = hn::Zero(d), l2e = hn::Set(d, kLog2e);
+    // mask_value_closes in vectors: log2(e) · x == -inf.
+    const VF closed = hn::Set(d, kNegInf), zero = hn::Zero(d), l2e = hn::Set(d, kMaskLog2e);
     for (size_t i = bi * kMaskBlock; i < std::min(Tq, (bi + 1) * kMaskBlock); ++i) {
       const float* mrow = p.mask + b * ms.b + h * ms.h + int64_t(i) * ms.t;
       for (size_t bj = 0; bj < nbj_; ++bj) {
@@ -333,7 +334,7 @@ MaskBlocks::MaskBlocks(const SdpaProblemT<T>& p) : masked_(p.mask != nullptr) {
         }
         for (; j < j1; ++j) {
           const float x = mrow[int64_t(j) * ms.d];
-          if (kLog2e * x != kNegInf) flags |= kOpen;
+          if (!mask_value_closes(x)) flags |= kOpen;
           if (x != 0.0f) flags |= kNonZero;
         }
         f[bj] |= flags;

@@ -18,6 +18,7 @@
 
 #include "attn/kernels.h"
 #include "kernels/flash_attention_amx.h"
+#include "kernels/sdpa_mask.h"
 #include "nn/sdpa_common.h"
 
 namespace attn {
@@ -285,11 +286,10 @@ bool plane_is_causal(const E* x, int64_t T, int64_t si, int64_t sj, Open open, C
   return sj == 1 ? rows_are_causal(std::integral_constant<int64_t, 1>()) : rows_are_causal(sj);
 }
 
-// An additive mask's open and closed values: 0; -inf, or a value whose product
-// with log2(e) overflows to -inf (the kernel's scores there are -inf).
-constexpr float kLog2e = 1.44269504088896340736f;
+// An additive mask's open and closed values: 0; what closes a key in the
+// kernel (kernels/sdpa_mask.h: -inf, or the float32 minimum and its like).
 constexpr auto additive_open = [](float y) { return y == 0.0f; };
-constexpr auto additive_closed = [](float y) { return kLog2e * y == -kInf; };
+constexpr auto additive_closed = [](float y) { return kernels::mask_value_closes(y); };
 
 // Whether attn_mask is exactly the causal pattern of a square problem, one
 // (T, T) plane shared by every batch and head: open (additive 0, boolean true)
