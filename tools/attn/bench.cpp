@@ -73,6 +73,13 @@ std::vector<int64_t> varlen_lengths(const BenchCase& c) {
   return c.seqlens.empty() ? std::vector<int64_t>(size_t(c.B), c.T) : c.seqlens;
 }
 
+// --mask: none (no mask), bool, float or padded (SdpaBenchProblem builds each).
+void check_mask(const std::string& mask) {
+  if (mask != "none" && mask != "bool" && mask != "float" && mask != "padded")
+    throw UsageError(
+        fmt::format("bench: --mask must be bool, float or padded, got '{}'", printable(mask)));
+}
+
 void check_case(const BenchCase& c) {
   if (c.kind != "core" && c.kind != "module" && !is_sdpa(c.kind))
     throw UsageError(fmt::format(
@@ -82,9 +89,7 @@ void check_case(const BenchCase& c) {
   if (c.dtype != "float32" && c.dtype != "bfloat16")
     throw UsageError(
         fmt::format("bench: --dtype must be float32, bfloat16 or all, got '{}'", c.dtype));
-  if (c.mask != "none" && c.mask != "bool" && c.mask != "float" && c.mask != "padded")
-    throw UsageError(
-        fmt::format("bench: --mask must be bool, float or padded, got '{}'", printable(c.mask)));
+  check_mask(c.mask);
   if (c.kv_heads < 0 || (c.kv_heads > 0 && c.heads % c.kv_heads != 0))
     throw UsageError(
         fmt::format("bench: --kv-heads must divide --heads {}, got {}", c.heads, c.kv_heads));
@@ -914,9 +919,7 @@ Command add_bench_command(CLI::App& app) {
     }
     if (given("--window-left") && f->window_left < 0)
       throw UsageError(fmt::format("bench: --window-left must be >= 0, got {}", f->window_left));
-    if (f->mask != "none" && f->mask != "bool" && f->mask != "float" && f->mask != "padded")
-      throw UsageError(fmt::format("bench: --mask must be bool, float or padded, got '{}'",
-                                   printable(f->mask)));
+    check_mask(f->mask);
     // Every shape's heads, before anything is printed (--kind decode checks
     // its --heads and --kv-heads itself).
     if (given("--kv-heads") && f->kind != "decode") {
