@@ -79,9 +79,9 @@ struct SdpaOptions {
   // The fused backend runs a mask that is exactly the causal pattern of a
   // square problem (one plane: open on and below the diagonal, closed above:
   // false, -inf, or a value whose weight is exactly 0 such as transformers'
-  // float32 minimum) as is_causal: the same sums, at is_causal's speed (bf16 on
-  // AMX where it runs). Other masks: the kernel classifies their 16 x 16 blocks
-  // once a call and skips the tiles they close.
+  // float32 minimum) as is_causal: the same sums, at is_causal's speed. Other
+  // masks: the kernel classifies their blocks (16 x 16; 64 x 64 on AMX) once a
+  // call and skips the tiles they close. bf16 runs on AMX where it runs, masked or not.
   Tensor attn_mask;
   MaskType attn_mask_type = MaskType::kAdditive;
   float dropout_p = 0.0f;     // in [0, 1)
@@ -313,13 +313,14 @@ void sdpa_backward(const SdpaBackwardIOBf16& io, const SdpaProblemBf16& p);
 //  - "AMX": the core's AMX kernel (flash_attention_forward_bf16 / _backward_bf16,
 //    attn/kernels.h), taken when flash_attention_bf16_path() is "AMX" (so
 //    flash_attention_bf16_use_path and ATTN_BF16_PATH force it off) and the call is
-//    exactly the core's problem: the fused backend, no attn_mask, window, ALiBi or
-//    softcap, Hq = Hkv, Tq = Tk, D = Dv <= kMaxHeadDim, scale >= 0; dropout any p
-//    (the same Philox noise). q, k, v (dout, out) are read in place when they are
-//    transposed views of packed (B, T, H, D) buffers, else copied so; the results
-//    are copied to sdpa's (B, H, T, D). Forward and backward route alike. Its
-//    numerics are the core's bf16 ones (P and dS rounded to bf16 where they enter
-//    a product), not the widened path's bits.
+//    the core's problem: the fused backend, no window, ALiBi or softcap, Hq = Hkv,
+//    Tq = Tk, D = Dv <= kMaxHeadDim, scale >= 0; dropout any p (the same Philox
+//    noise); any attn_mask (the AMX kernel adds it, skipping the tiles it hides).
+//    q, k, v (dout, out) are read in place where their rows are contiguous (any
+//    (b, h, t) strides), else copied so; the results are written in sdpa's
+//    layout. Forward and backward route alike. Its numerics are the core's bf16
+//    ones (P and dS rounded to bf16 where they enter a product), not the widened
+//    path's bits.
 //  - "bf16 tiles widened to fp32": the kernels above (every CPU, every option;
 //    the SIMD target is sdpa_target's). sdpa_varlen_* always take it.
 // sdpa_bf16_path(): a summary for this CPU; sdpa_bf16_path(q, k, v, options): the

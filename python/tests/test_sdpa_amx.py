@@ -1,7 +1,7 @@
 """bf16 from Python takes attn::scaled_dot_product_attention's routes: the
-core's AMX kernel where the C++ entry points take it (no mask, window, ALiBi
-or softcap, Hq = Hkv, L = S, E = Ev), forward and backward, else the widened
-kernel. attn._path names the route; forcing the core's path off AMX
+core's AMX kernel where the C++ entry points take it (no window, ALiBi or
+softcap, Hq = Hkv, L = S, E = Ev; masks of any kind), forward and backward,
+else the widened kernel. attn._path names the route; forcing the core's path off AMX
 (attn._attn.use_bf16_path) changes the bits, so the route is seen to run.
 Outputs and gradients against the definition in float64 within the AMX
 path's bf16 bounds (it rounds P and dS to bf16 where they enter a product, as
@@ -68,7 +68,8 @@ def run(q, k, v, dout, **kw):
 def check_against_oracle(q, k, v, dout, record_error, **kw):
     out, dq, dk, dv = run(q, k, v, dout, **kw)
     q64, k64, v64 = (t.detach().to(F64).requires_grad_() for t in (q, k, v))
-    want = oracle(q64, k64, v64, is_causal=kw.get("is_causal", False), scale=kw.get("scale"))
+    want = oracle(q64, k64, v64, mask=kw.get("attn_mask"), is_causal=kw.get("is_causal", False),
+                  scale=kw.get("scale"))
     wq, wk, wv = torch.autograd.grad(want, (q64, k64, v64), dout.to(F64))
     for name, got, w, bound in (("out", out, want, 8e-3), ("dq", dq, wq, 4e-2),
                                 ("dk", dk, wk, 4e-2), ("dv", dv, wv, 4e-2)):
@@ -90,6 +91,33 @@ def test_plain_bf16_calls_take_amx_and_match_the_definition(layout, is_causal, T
     dout = torch.randn(2, 3, T, E, generator=gen).to(BF16)
     assert attn._path(q, k, v, is_causal=is_causal) == "AMX"
     check_against_oracle(q, k, v, dout, record_error, is_causal=is_causal)
+
+
+@needs_amx
+@pytest.mark.parametrize("kind", ["float", "bool", "padding", "padding_causal"])
+@pytest.mark.parametrize("T", [40, 130])
+def test_masked_bf16_calls_take_amx_and_match_the_definition(kind, T, record_error):
+    gen = torch.Generator().manual_seed(3000 + T)
+    B, H, E = 2, 3, 64
+    q, k, v = layout_qkv("token_major", B, H, T, E, gen)
+    dout = torch.randn(B, H, T, E, generator=gen).to(BF16)
+    kw = {}
+    if kind == "float":  # a finite bias per head, and a third of the keys at -inf
+        bias = torch.randn(1, H, T, T, generator=gen)
+        closed = (torch.rand(T, T, generator=gen) < 0.33) & ~torch.eye(T, dtype=torch.bool)
+        kw["attn_mask"] = bias.masked_fill(closed, float("-inf"))
+    elif kind == "bool":
+        kw["attn_mask"] = (torch.rand(T, T, generator=gen) > 0.33) | torch.eye(T, dtype=torch.bool)
+    else:  # right padding as transformers builds it: the float32 minimum on batch b's last keys
+        pad = torch.zeros(B, 1, 1, T)
+        pad[0, ..., T - 9:] = torch.finfo(torch.float32).min
+        pad[1, ..., T - 29:] = torch.finfo(torch.float32).min
+        if kind == "padding_causal":  # with the causal pattern (PyTorch's API: no is_causal)
+            upper = torch.ones(T, T, dtype=torch.bool).triu(1)
+            pad = pad.expand(B, 1, T, T).masked_fill(upper, torch.finfo(torch.float32).min)
+        kw["attn_mask"] = pad
+    assert attn._path(q, k, v, **kw) == "AMX"
+    check_against_oracle(q, k, v, dout, record_error, **kw)
 
 
 @needs_amx
@@ -124,15 +152,13 @@ def test_the_route_runs_forcing_the_widened_path_changes_the_bits(forced_path):
 
 
 @needs_amx
-@pytest.mark.parametrize("what", ["mask", "window", "alibi", "softcap", "gqa", "L != S",
-                                  "E != Ev", "fp32"])
+@pytest.mark.parametrize("what", ["window", "alibi", "softcap", "gqa", "L != S", "E != Ev",
+                                  "fp32"])
 def test_calls_the_core_cannot_serve_take_the_widened_kernel(what, forced_path):
     gen = torch.Generator().manual_seed(11)
     B, H, L, S, E, Ev, Hkv = 1, 2, 24, 24, 32, 32, 2
     kw = {}
-    if what == "mask":
-        kw["attn_mask"] = torch.randn(L, S, generator=gen)
-    elif what == "window":
+    if what == "window":
         kw.update(is_causal=True, window_size=(8, 0))
     elif what == "alibi":
         kw["alibi_slopes"] = torch.tensor([0.5, 0.25])

@@ -32,6 +32,13 @@
 //   dQ  (64, hdp) += dS K                           A: dS rows, B: KP
 // (dK and dV accumulate transposed, so that P and dS never need a
 // transpose; they are transposed once when rounded into dk and dv.)
+// An additive mask (sdpa's attn_mask, AdditiveMask): its 64 x 64 tiles are
+// classified once a call (TileMask: any open value? any not 0?). A tile with
+// no open key is skipped, forward and backward (its weights are exactly 0); a
+// forward block with a mask value to add takes its scores to base 2 in place
+// (c·S + log2(e)·mask) before the softmax, and the backward adds the same to
+// recompute P. A row whose keys are all closed ends with l = 0: output 0, lse
+// -inf, and adds nothing to the gradients.
 // Threads and orders are flash_attention_bf16.cpp's: whole heads per thread
 // when there are at least two per thread, else key-tile tasks (dK, dV) and
 // query-tile tasks (dQ) that recompute S and dP; every accumulator sees its
@@ -45,6 +52,7 @@
 
 #include <hwy/aligned_allocator.h>
 #include <immintrin.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cmath>
@@ -55,13 +63,13 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <vector>
 
 #include "attn/tensor.h"
 #include "kernels/amx_tiles.h"
 #include "kernels/avx512_bf16-inl.h"
 #include "kernels/philox.h"
-
-#include <sys/mman.h>
+#include "kernels/sdpa_mask.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -309,6 +317,78 @@ size_t KeysSeen(const FlashAttentionParams& p, size_t T, size_t i, size_t j0, si
   return end > j0 ? std::min(width, end - j0) : 0;
 }
 
+// ---- the mask -----------------------------------------------------------------------------------
+
+// The mask's 64 x 64 tiles (the kernels' query and key tiles) in each of its
+// planes (the (b, h) pairs its strides tell apart), classified once per call
+// as sdpa_kernel.cpp's MaskBlocks classifies its 16 x 16 blocks: whether a
+// tile holds a value that is open (kernels/sdpa_mask.h), and one that is not
+// 0. A tile with no open value is skipped (its weights are exactly 0), one of
+// zeros adds nothing; the mask is read once here, in vectors along its rows.
+class TileMask {
+ public:
+  TileMask(const AdditiveMask& m, const FlashAttentionParams& p, const Dims& d)
+      : m_(m),
+        per_b_(m.b != 0),
+        per_h_(m.h != 0),
+        planes_h_(per_h_ ? size_t(p.H) : 1),
+        nt_(d.Tp / kB),
+        flags_((per_b_ ? size_t(p.B) : 1) * planes_h_ * nt_ * nt_, 0) {
+    const int64_t tile_rows = int64_t(flags_.size() / nt_);
+#pragma omp parallel for schedule(static) if (tile_rows > 1)
+    for (int64_t r = 0; r < tile_rows; ++r) {
+      const size_t plane = size_t(r) / nt_, ti = size_t(r) % nt_;
+      const int64_t b = int64_t(plane / planes_h_), h = int64_t(plane % planes_h_);
+      uint8_t* f = flags_.data() + size_t(r) * nt_;
+      const __m512 closed = _mm512_set1_ps(kNegInf), l2e = _mm512_set1_ps(kMaskLog2e);
+      for (size_t i = ti * kB; i < std::min(d.T, (ti + 1) * kB); ++i) {
+        const float* row = Row(b, h, i);
+        for (size_t tj = 0; tj < nt_; ++tj) {
+          __mmask16 open = 0, nonzero = 0;
+          for (size_t j = tj * kB; j < std::min(d.T, (tj + 1) * kB); j += kN) {
+            const __mmask16 valid = LanesBelow(j, d.T);
+            const __m512 x = Load(row, j, valid);
+            // mask_value_closes in vectors: log2(e) · x == -inf
+            open |= _mm512_mask_cmp_ps_mask(valid, _mm512_mul_ps(l2e, x), closed, _CMP_NEQ_UQ);
+            nonzero |= _mm512_mask_cmp_ps_mask(valid, x, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+          }
+          f[tj] |= uint8_t((open ? kOpen : 0) | (nonzero ? kNonZero : 0));
+        }
+      }
+    }
+  }
+  // Whether every value of query tile i0 x key tile j0 of head (b, h) is closed;
+  // whether one is not 0.
+  bool Hidden(int64_t b, int64_t h, size_t i0, size_t j0) const {
+    return (Flags(b, h, i0, j0) & kOpen) == 0;
+  }
+  bool Adds(int64_t b, int64_t h, size_t i0, size_t j0) const {
+    return (Flags(b, h, i0, j0) & kNonZero) != 0;
+  }
+  // Query i's row of head (b, h), and its keys j .. j + 15 (the valid lanes; 0 elsewhere).
+  const float* Row(int64_t b, int64_t h, size_t i) const {
+    return m_.data + b * m_.b + h * m_.h + int64_t(i) * m_.t;
+  }
+  __m512 Load(const float* row, size_t j, __mmask16 valid) const {
+    if (m_.d == 1) return _mm512_maskz_loadu_ps(valid, row + j);
+    alignas(64) float x[kN] = {};
+    for (size_t u = 0; u < kN; ++u)
+      if ((valid >> u) & 1) x[u] = row[int64_t(j + u) * m_.d];
+    return _mm512_load_ps(x);
+  }
+
+ private:
+  static constexpr uint8_t kOpen = 1, kNonZero = 2;
+  uint8_t Flags(int64_t b, int64_t h, size_t i0, size_t j0) const {
+    const size_t plane = size_t(per_b_ ? b : 0) * planes_h_ + size_t(per_h_ ? h : 0);
+    return flags_[(plane * nt_ + i0 / kB) * nt_ + j0 / kB];
+  }
+  AdditiveMask m_;
+  bool per_b_, per_h_;
+  size_t planes_h_, nt_;
+  std::vector<uint8_t> flags_;  // (plane, query tile, key tile)
+};
+
 // ---- forward ------------------------------------------------------------------------------------
 
 // A block of words for a call's packed operands, on 2 MB pages where Linux
@@ -390,8 +470,9 @@ struct ForwardPacked {
 };
 
 void ForwardTile(uint16_t* out, float* lse, const ForwardStrides& st, const ForwardPacked& pk,
-                 const FlashAttentionParams& p, const Dims& d, int64_t b, int64_t h, size_t i0,
-                 float* S, uint32_t* Pw, float* O, float* m, float* l, float* z) {
+                 const FlashAttentionParams& p, const Dims& d, const TileMask* mask, int64_t b,
+                 int64_t h, size_t i0, float* S, uint32_t* Pw, float* O, float* m, float* l,
+                 float* z) {
   alignas(64) float row_max[kB], alpha[kB];
   const size_t bh = size_t(b * p.H + h), in = std::min(kB, d.T - i0);
   const uint32_t* QR = pk.QR + bh * d.rows();
@@ -406,24 +487,61 @@ void ForwardTile(uint16_t* out, float* lse, const ForwardStrides& st, const Forw
   const __m512 cv = _mm512_set1_ps(c);
   const size_t key_end = p.causal ? i0 + in : d.T;
   for (size_t j0 = 0; j0 < key_end; j0 += kBc) {
-    // S (64, 128) = Q_tile Kᵀ_tile, by halves of 64 keys (the second one only if it has a key)
-    const size_t halves = j0 + kB < key_end ? 2 : 1, nv = 4 * halves;
-    for (size_t half = 0; half < halves; ++half)
+    // S (64, 128) = Q_tile Kᵀ_tile, by halves of 64 keys (the second one only
+    // if it has a key). With a mask: a half it hides wholly is -inf without a
+    // product (a block of two such halves is skipped: it changes nothing), a
+    // hidden second half is dropped, and the block's scores are taken to base 2
+    // with the mask added in place (c·S + log2(e)·mask), so c becomes 1 below.
+    size_t halves = j0 + kB < key_end ? 2 : 1;
+    bool hidden[2] = {false, false}, base2 = false;
+    if (mask) {
+      for (size_t half = 0; half < halves; ++half) {
+        hidden[half] = mask->Hidden(b, h, i0, j0 + half * kB);
+        base2 = base2 || hidden[half] || mask->Adds(b, h, i0, j0 + half * kB);
+      }
+      if (hidden[0] && (halves == 1 || hidden[1])) continue;
+      if (halves == 2 && hidden[1]) halves = 1;
+    }
+    const size_t nv = 4 * halves;
+    for (size_t half = 0; half < halves; ++half) {
+      if (hidden[half]) {
+        for (size_t ii = 0; ii < kB; ++ii) std::fill_n(S + ii * kBc + half * kB, kB, kNegInf);
+        continue;
+      }
       tile_gemm<false>(kB, kB, d.hdw, QR + i0 * d.hdw, d.hdw, KT + (j0 + half * kB) * d.hdw, kB,
                        S + half * kB, kBc);
-    // Each row's max over the keys it sees (>= 1: key j0 <= i), c · max in
-    // base 2; then the new running max and α = 2^(m_old − m_new) for 16 rows at once.
+    }
+    if (base2) {
+      const __m512 l2e = _mm512_set1_ps(kLog2e);
+      for (size_t ii = 0; ii < in; ++ii) {
+        const size_t seen = std::min(KeysSeen(p, d.T, i0 + ii, j0, kBc), kB * halves);
+        const float* row = mask->Row(b, h, i0 + ii);
+        float* s = S + ii * kBc;
+        for (size_t v = 0; v * kN < seen; ++v) {
+          if (hidden[v / 4]) continue;
+          const __m512 add =
+              _mm512_mul_ps(l2e, mask->Load(row, j0 + v * kN, LanesBelow(v * kN, seen)));
+          _mm512_storeu_ps(s + v * kN, _mm512_fmadd_ps(_mm512_loadu_ps(s + v * kN), cv, add));
+        }
+      }
+    }
+    const float cb = base2 ? 1.0f : c;  // S's multiplier into base 2
+    const __m512 cbv = _mm512_set1_ps(cb);
+    // Each row's max over the keys it sees (>= 1 without a mask: key j0 <= i),
+    // in base 2; then the new running max and α = 2^(m_old − m_new) for 16 rows
+    // at once. A row whose keys so far are all closed keeps m = -inf: its α and
+    // weights are 2^NaN and 2^-inf, both exactly 0 (Exp2), and so are its l and O.
     for (size_t ii = 0; ii < kB; ++ii) {
       if (ii >= in) {
         row_max[ii] = 0.0f;  // rows past T: anything finite
         continue;
       }
-      const size_t seen = KeysSeen(p, d.T, i0 + ii, j0, kBc);
+      const size_t seen = std::min(KeysSeen(p, d.T, i0 + ii, j0, kBc), kB * halves);
       const float* s = S + ii * kBc;
       __m512 mx = _mm512_set1_ps(kNegInf);
       for (size_t v = 0; v * kN < seen; ++v)  // seen <= 16 · nv
         mx = _mm512_mask_max_ps(mx, LanesBelow(v * kN, seen), mx, _mm512_loadu_ps(s + v * kN));
-      row_max[ii] = HMax(mx) * c;
+      row_max[ii] = HMax(mx) * cb;
     }
     for (size_t v0 = 0; v0 < kB; v0 += kN) {
       const __m512 m_old = _mm512_loadu_ps(m + v0);
@@ -434,7 +552,7 @@ void ForwardTile(uint16_t* out, float* lse, const ForwardStrides& st, const Forw
     // P = 2^(c·S − m) on the keys each row sees: summed into l (before
     // dropout: l is the softmax denominator), times Z, rounded to bf16 rows.
     for (size_t ii = 0; ii < in; ++ii) {
-      const size_t i = i0 + ii, seen = KeysSeen(p, d.T, i, j0, kBc);
+      const size_t i = i0 + ii, seen = std::min(KeysSeen(p, d.T, i, j0, kBc), kB * halves);
       const float* s = S + ii * kBc;
       const __m512 mv = _mm512_set1_ps(m[ii]);
       __m512 pv[8], sum = _mm512_setzero_ps();
@@ -444,7 +562,7 @@ void ForwardTile(uint16_t* out, float* lse, const ForwardStrides& st, const Forw
           continue;
         }
         pv[v] = _mm512_maskz_mov_ps(LanesBelow(v * kN, seen),
-                                    Exp2(_mm512_fmsub_ps(_mm512_loadu_ps(s + v * kN), cv, mv)));
+                                    Exp2(_mm512_fmsub_ps(_mm512_loadu_ps(s + v * kN), cbv, mv)));
         sum = _mm512_add_ps(sum, pv[v]);
       }
       l[ii] = alpha[ii] * l[ii] + HSum(sum);
@@ -465,12 +583,13 @@ void ForwardTile(uint16_t* out, float* lse, const ForwardStrides& st, const Forw
     // O (64, hdp) += P (64, 64 · halves) V_tile
     tile_gemm<true>(kB, d.hdp, kBw * halves, Pw, kBcw, VP + j0 / 2 * d.hdp, d.hdp, O, d.hdp);
   }
-  // O /= l, rounded to bf16; lse = (m + log2 l) · ln 2.
+  // O /= l, rounded to bf16; lse = (m + log2 l) · ln 2. A row that saw only
+  // closed keys (l = 0, m = -inf) gets 0 and -inf.
   uint16_t* o_head = out + b * st.out.b + h * st.out.h;
   float* lse_head = lse + b * st.lse.b + h * st.lse.h;
   for (size_t ii = 0; ii < in; ++ii) {
     const size_t t = i0 + ii;
-    const float inv_l = 1.0f / l[ii];
+    const float inv_l = l[ii] > 0.0f ? 1.0f / l[ii] : 0.0f;
     uint16_t* oi = o_head + int64_t(t) * st.out.t;
     const float* o = O + ii * d.hdp;
     for (size_t c0 = 0; c0 < d.hd; c0 += kN) {
@@ -522,9 +641,11 @@ struct BackwardScratch {
 
 // One (key tile j0, query tile i0): recompute P and dS, accumulate whichever of
 // dKt, dVt (hdp, 64) and dQ (64, hdp) are given.
-void TilePair(const BackwardPacked& pk, const FlashAttentionParams& p, const Dims& d, int64_t b,
-              int64_t h, size_t j0, size_t i0, BackwardScratch& s, float* dKt, float* dVt,
-              float* dQ) {
+void TilePair(const BackwardPacked& pk, const FlashAttentionParams& p, const Dims& d,
+              const TileMask* mask, int64_t b, int64_t h, size_t j0, size_t i0, BackwardScratch& s,
+              float* dKt, float* dVt, float* dQ) {
+  if (mask && mask->Hidden(b, h, i0, j0)) return;  // every weight exactly 0: nothing to add
+  const bool adds = mask && mask->Adds(b, h, i0, j0);
   const size_t bh = size_t(b * p.H + h), in = std::min(kB, d.T - i0);
   const size_t off = bh * d.rows();
   const float* D = pk.D + bh * d.T;
@@ -536,7 +657,7 @@ void TilePair(const BackwardPacked& pk, const FlashAttentionParams& p, const Dim
                    pk.KT + off + j0 * d.hdw, kB, S, kB);
   tile_gemm<false>(kB, kB, d.hdw, pk.dOR + off + i0 * d.hdw, d.hdw,
                    pk.VT + off + j0 * d.hdw, kB, dP, kB);
-  const __m512 cv = _mm512_set1_ps(p.scale * kLog2e);
+  const __m512 cv = _mm512_set1_ps(p.scale * kLog2e), l2e = _mm512_set1_ps(kLog2e);
   const __m512 scale_v = _mm512_set1_ps(p.scale);
   const size_t pairs = (in + 1) / 2;
   for (size_t pr = 0; pr < pairs; ++pr) {
@@ -557,7 +678,15 @@ void TilePair(const BackwardPacked& pk, const FlashAttentionParams& p, const Dim
         }
         const size_t at = ii * kB + v * kN;
         const __mmask16 valid = LanesBelow(v * kN, seen);
-        const __m512 pv = Exp2(_mm512_fmsub_ps(_mm512_loadu_ps(S + at), cv, li));
+        // P = 2^(c·S − lse2), or with the mask 2^((c·S + log2(e)·mask) − lse2),
+        // the forward's base-2 score (a closed key's is -inf: P = 0).
+        const __m512 pv =
+            adds ? Exp2(_mm512_sub_ps(
+                       _mm512_fmadd_ps(
+                           _mm512_loadu_ps(S + at), cv,
+                           _mm512_mul_ps(l2e, mask->Load(mask->Row(b, h, i), j0 + v * kN, valid))),
+                       li))
+                 : Exp2(_mm512_fmsub_ps(_mm512_loadu_ps(S + at), cv, li));
         __m512 dpv = _mm512_loadu_ps(dP + at), pzv = pv;
         if (rule.active()) {
           const __m512 zv = _mm512_loadu_ps(s.z.get() + t * kB + v * kN);
@@ -624,12 +753,13 @@ size_t FirstQueryTile(const FlashAttentionParams& p, size_t j0) { return p.causa
 
 // dK, dV of key tile j0 (with dQ (Tp, hdp) given, the head's dQ accumulates too).
 void KeyTileTask(uint16_t* dk, uint16_t* dv, float* dQ, const BackwardStrides& st,
-                 const BackwardPacked& pk, const FlashAttentionParams& p, const Dims& d, int64_t b,
-                 int64_t h, size_t j0, BackwardScratch& s) {
+                 const BackwardPacked& pk, const FlashAttentionParams& p, const Dims& d,
+                 const TileMask* mask, int64_t b, int64_t h, size_t j0, BackwardScratch& s) {
   std::fill(s.dKt.get(), s.dKt.get() + d.hdp * kB, 0.0f);
   std::fill(s.dVt.get(), s.dVt.get() + d.hdp * kB, 0.0f);
   for (size_t i0 = FirstQueryTile(p, j0); i0 < d.T; i0 += kB)
-    TilePair(pk, p, d, b, h, j0, i0, s, s.dKt.get(), s.dVt.get(), dQ ? dQ + i0 * d.hdp : nullptr);
+    TilePair(pk, p, d, mask, b, h, j0, i0, s, s.dKt.get(), s.dVt.get(),
+             dQ ? dQ + i0 * d.hdp : nullptr);
   const size_t jn = std::min(kB, d.T - j0);
   const int64_t t = int64_t(j0);
   StoreRows(dk + b * st.dk.b + h * st.dk.h + t * st.dk.t, size_t(st.dk.t), s.dKt.get(), jn, d,
@@ -640,12 +770,12 @@ void KeyTileTask(uint16_t* dk, uint16_t* dv, float* dQ, const BackwardStrides& s
 
 // dQ of query tile i0: its key tiles in order, the same pairs as KeyTileTask's.
 void QueryTileTask(uint16_t* dq, const BackwardStrides& st, const BackwardPacked& pk,
-                   const FlashAttentionParams& p, const Dims& d, int64_t b, int64_t h, size_t i0,
-                   BackwardScratch& s) {
+                   const FlashAttentionParams& p, const Dims& d, const TileMask* mask, int64_t b,
+                   int64_t h, size_t i0, BackwardScratch& s) {
   float* dQ = s.dQ.get();  // (64, hdp)
   std::fill(dQ, dQ + kB * d.hdp, 0.0f);
   for (size_t j0 = 0; j0 < d.T && FirstQueryTile(p, j0) <= i0; j0 += kB)
-    TilePair(pk, p, d, b, h, j0, i0, s, nullptr, nullptr, dQ);
+    TilePair(pk, p, d, mask, b, h, j0, i0, s, nullptr, nullptr, dQ);
   StoreRows(dq + b * st.dq.b + h * st.dq.h + int64_t(i0) * st.dq.t, size_t(st.dq.t), dQ,
             std::min(kB, d.T - i0), d, false);
 }
@@ -669,8 +799,10 @@ BackwardStrides token_major_backward_strides(const FlashAttentionParams& p) {
 }
 
 void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,
-             const FlashAttentionParams& p, const ForwardStrides& st) {
+             const FlashAttentionParams& p, const ForwardStrides& st, const AdditiveMask& mask) {
   const Dims d(p);
+  const std::unique_ptr<const TileMask> tiles_of_mask =
+      mask.data ? std::make_unique<const TileMask>(mask, p, d) : nullptr;
   const int64_t BH = p.B * p.H;
   const ForwardPacked pk(size_t(BH), d);
 #pragma omp parallel
@@ -696,8 +828,8 @@ void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, co
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < BH * n_qt; ++item) {
       const int64_t qt = p.causal ? n_qt - 1 - item / BH : item / BH, bh = item % BH;
-      ForwardTile(out, lse, st, pk, p, d, bh / p.H, bh % p.H, size_t(qt) * kB, S.get(), Pw.get(),
-                  O.get(), m.get(), l.get(), z.get());
+      ForwardTile(out, lse, st, pk, p, d, tiles_of_mask.get(), bh / p.H, bh % p.H, size_t(qt) * kB,
+                  S.get(), Pw.get(), O.get(), m.get(), l.get(), z.get());
     }
   }
 }
@@ -710,8 +842,10 @@ void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
 
 void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
               const uint16_t* k, const uint16_t* v, const uint16_t* out, const float* lse,
-              const FlashAttentionParams& p, const BackwardStrides& st) {
+              const FlashAttentionParams& p, const BackwardStrides& st, const AdditiveMask& mask) {
   const Dims d(p);
+  const std::unique_ptr<const TileMask> tiles_of_mask =
+      mask.data ? std::make_unique<const TileMask>(mask, p, d) : nullptr;
   const int64_t BH = p.B * p.H;
   const BackwardPacked pk(size_t(BH), d);
 #pragma omp parallel
@@ -740,7 +874,9 @@ void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
       TransposePairTiles(pk.QtP + off, tmp.get(), d);
       PackPairs(tmp.get(), doh, dos, d.T, d);
       TransposePairTiles(pk.dOtP + off, tmp.get(), d);
-      // D = rowsum(dO ⊙ O) from the bf16 values, and lse · log2(e).
+      // D = rowsum(dO ⊙ O) from the bf16 values, and lse · log2(e). (A row
+      // whose keys the mask all closes has lse -inf and scores -inf: its
+      // weights are 2^NaN, exactly 0 in Exp2.)
       for (size_t i = 0; i < d.T; ++i) {
         pk.D[size_t(bh) * d.T + i] = DotBf16(doh + i * dos, oh + i * os, d.hd);
         pk.lse2[size_t(bh) * d.T + i] = lse_h[int64_t(i) * st.lse.t] * kLog2e;
@@ -758,7 +894,7 @@ void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
         const int64_t b = bh / p.H, h = bh % p.H;
         std::fill(s.dQ.get(), s.dQ.get() + d.Tp * d.hdp, 0.0f);
         for (size_t j0 = 0; j0 < d.T; j0 += kB)
-          KeyTileTask(dk, dv, s.dQ.get(), st, pk, p, d, b, h, j0, s);
+          KeyTileTask(dk, dv, s.dQ.get(), st, pk, p, d, tiles_of_mask.get(), b, h, j0, s);
         StoreRows(dq + b * st.dq.b + h * st.dq.h, size_t(st.dq.t), s.dQ.get(), d.T, d, false);
       }
     }
@@ -772,12 +908,13 @@ void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < BH * n_t; ++item) {
       const int64_t kt = item / BH, bh = item % BH;
-      KeyTileTask(dk, dv, nullptr, st, pk, p, d, bh / p.H, bh % p.H, size_t(kt) * kB, s);
+      KeyTileTask(dk, dv, nullptr, st, pk, p, d, tiles_of_mask.get(), bh / p.H, bh % p.H,
+                  size_t(kt) * kB, s);
     }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < BH * n_t; ++item) {
       const int64_t qt = n_t - 1 - item / BH, bh = item % BH;
-      QueryTileTask(dq, st, pk, p, d, bh / p.H, bh % p.H, size_t(qt) * kB, s);
+      QueryTileTask(dq, st, pk, p, d, tiles_of_mask.get(), bh / p.H, bh % p.H, size_t(qt) * kB, s);
     }
   }
 }

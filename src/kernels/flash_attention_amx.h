@@ -13,6 +13,17 @@ namespace attn::kernels::amx {
 void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,
              const FlashAttentionParams& p);
 
+// An additive float32 mask (sdpa's attn_mask, a boolean one already turned
+// into 0 / -inf), added to the scores: element (b, h, query i, key j) at data +
+// b·b + h·h + i·t + j·d, a stride of 0 broadcasting. The values are finite or
+// -inf (the caller checks); the ones that kernels/sdpa_mask.h says close a key
+// weigh exactly 0. A row whose keys are all closed gets output 0 and lse -inf,
+// as in the sdpa kernel. data nullptr: no mask.
+struct AdditiveMask {
+  const float* data = nullptr;
+  int64_t b = 0, h = 0, t = 0, d = 1;
+};
+
 // Where row t of head (b, h) of one operand starts: base + b·b + h·h + t·t
 // (elements; the row's hd elements are contiguous).
 struct RowStrides {
@@ -29,7 +40,7 @@ ForwardStrides token_major_strides(const FlashAttentionParams& p);
 // hd) tensors, read and written in place): the same bits as the packed
 // layout's (only the addresses differ). The params' x_stride are ignored.
 void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,
-             const FlashAttentionParams& p, const ForwardStrides& s);
+             const FlashAttentionParams& p, const ForwardStrides& s, const AdditiveMask& mask = {});
 
 // Every operand of a backward.
 struct BackwardStrides {
@@ -39,7 +50,8 @@ BackwardStrides token_major_backward_strides(const FlashAttentionParams& p);
 // The backward on operands of any row strides: the packed layout's bits.
 void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
               const uint16_t* k, const uint16_t* v, const uint16_t* out, const float* lse,
-              const FlashAttentionParams& p, const BackwardStrides& s);
+              const FlashAttentionParams& p, const BackwardStrides& s,
+              const AdditiveMask& mask = {});
 void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
               const uint16_t* k, const uint16_t* v, const uint16_t* out, const float* lse,
               const FlashAttentionParams& p);

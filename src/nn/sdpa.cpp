@@ -84,12 +84,14 @@ Sizes check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOpt
 }
 
 // ---- bf16 on the core's AMX kernel (attn/kernels.h's flash_attention_*_bf16) ----------
-// The call is exactly the core's problem when it has no mask, window, ALiBi or
-// softcap, Hq = Hkv, Tq = Tk (so both causal alignments are the core's
-// top-left), D = Dv, and a scale >= 0 (the core reads a negative scale as
-// "the default"). The core's dropout noise is sdpa's: Philox counters (j/4,
-// i, h, b) with the same key and rule, so dropout is served too. Forward and
-// backward decide with this one predicate, so they route alike.
+// The call is the core's problem when it has no window, ALiBi or softcap,
+// Hq = Hkv, Tq = Tk (so both causal alignments are the core's top-left), D =
+// Dv, and a scale >= 0 (the core reads a negative scale as "the default"); an
+// attn_mask the AMX kernel adds itself (kernels::amx::AdditiveMask, with the
+// sdpa kernel's rules: closed keys weigh 0, tiles the mask hides are skipped).
+// The core's dropout noise is sdpa's: Philox counters (j/4, i, h, b) with the
+// same key and rule, so dropout is served too. Forward and backward decide
+// with this one predicate, so they route alike.
 bool amx_takes(const Sizes& s, bool plain, float scale) {
   if (std::strcmp(kernels::flash_attention_bf16_path(), "AMX") != 0) return false;
   if (!plain) return false;
@@ -98,16 +100,15 @@ bool amx_takes(const Sizes& s, bool plain, float scale) {
 }
 
 bool amx_serves(const Sizes& s, const SdpaOptions& o) {
-  const bool plain = o.backend == SdpaBackend::kFused && o.attn_mask.empty() &&
-                     o.alibi_slopes.empty() && o.softcap == 0.0f && o.window_left == -1 &&
-                     o.window_right == -1;
+  const bool plain = o.backend == SdpaBackend::kFused && o.alibi_slopes.empty() &&
+                     o.softcap == 0.0f && o.window_left == -1 && o.window_right == -1;
   return amx_takes(s, plain, o.scale ? *o.scale : 1.0f / std::sqrt(float(s.D)));
 }
 
 // The same rule on a raw problem (its scale already resolved; varlen never).
 template <class T>
 bool amx_serves(const SdpaProblemT<T>& p) {
-  const bool plain = !p.mask && !p.alibi_slopes && p.softcap == 0.0f && p.window_left == -1 &&
+  const bool plain = !p.alibi_slopes && p.softcap == 0.0f && p.window_left == -1 &&
                      p.window_right == -1 && !p.cu_seqlens_q && !p.cu_seqlens_k;
   return amx_takes({p.B, p.Hq, p.Hkv, p.Tq, p.Tk, p.D, p.Dv}, plain, p.scale);
 }
@@ -133,12 +134,29 @@ Tensor token_major(const Tensor& x) {
 // A (B, T, H, D) result as sdpa returns it: (B, H, T, D) contiguous.
 Tensor head_major(const Tensor& x) { return x.transpose(1, 2).contiguous(); }
 
-SdpaForward forward_amx(const Tensor& q, const Tensor& k, const Tensor& v, const Sizes& s,
+Tensor additive_mask(const SdpaOptions& o, const Sizes& s);
+
+// attn_mask as the AMX kernel reads it (checked, a boolean one turned into 0 /
+// -inf, held by `held`; a dim of size 1 broadcasts), or none.
+kernels::amx::AdditiveMask amx_mask(const SdpaOptions& o, const Sizes& s, Tensor& held) {
+  if (o.attn_mask.empty()) return {};
+  held = additive_mask(o, s);
+  auto at = [&](int64_t d) { return held.size(d) == 1 ? 0 : held.stride(d); };
+  return {held.data_ptr<float>(), at(0), at(1), at(2), at(3)};
+}
+
+SdpaForward forward_amx(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Sizes& s,
                         const SdpaOptions& o) {
   // Rows of contiguous elements (any other strides): read in place and the
-  // output written head-major straight away (the kernel packs each head itself).
+  // output written head-major straight away (the kernel packs each head
+  // itself). Only this form takes a mask: other inputs are made rows first.
   auto rows = [](const Tensor& x) { return x.size(3) == 1 || x.stride(3) == 1; };
+  const bool masked = !o.attn_mask.empty();
+  const Tensor q = masked ? rows_contiguous(q_in) : q_in, k = masked ? rows_contiguous(k_in) : k_in,
+               v = masked ? rows_contiguous(v_in) : v_in;
   if (rows(q) && rows(k) && rows(v)) {
+    Tensor held;
+    const kernels::amx::AdditiveMask mask = amx_mask(o, s, held);
     SdpaForward f{Tensor::empty({s.B, s.Hq, s.Tq, s.Dv}, DType::kBFloat16),
                   Tensor::empty({s.B, s.Hq, s.Tq})};
     auto at = [](const Tensor& x) {
@@ -150,7 +168,7 @@ SdpaForward forward_amx(const Tensor& q, const Tensor& k, const Tensor& v, const
       return reinterpret_cast<const uint16_t*>(x.data_ptr<BFloat16>());
     };
     kernels::amx::forward(reinterpret_cast<uint16_t*>(f.out.data_ptr<BFloat16>()), f.lse.data(),
-                          bits(q), bits(k), bits(v), amx_params(s, o), st);
+                          bits(q), bits(k), bits(v), amx_params(s, o), st, mask);
     return f;
   }
   const Tensor qt = token_major(q), kt = token_major(k), vt = token_major(v);
@@ -454,14 +472,20 @@ void check_backward_io(const Tensor& dout, const Tensor& out, const Tensor& lse,
                      shape_str({s.B, s.Hq, s.Tq})));
 }
 
-SdpaGrads backward_amx(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                       const Tensor& out, const Tensor& lse, const Sizes& s,
+SdpaGrads backward_amx(const Tensor& dout_in, const Tensor& q_in, const Tensor& k_in,
+                       const Tensor& v_in, const Tensor& out_in, const Tensor& lse, const Sizes& s,
                        const SdpaOptions& o) {
-  check_backward_io(dout, out, lse, q, s);
+  check_backward_io(dout_in, out_in, lse, q_in, s);
   // Rows of contiguous elements (any other strides): read in place, the
-  // gradients written head-major straight away.
+  // gradients written head-major straight away. A mask needs this form.
   auto rows = [](const Tensor& x) { return x.size(3) == 1 || x.stride(3) == 1; };
+  const bool masked = !o.attn_mask.empty();
+  auto as_rows = [&](const Tensor& x) { return masked ? rows_contiguous(x) : x; };
+  const Tensor dout = as_rows(dout_in), q = as_rows(q_in), k = as_rows(k_in), v = as_rows(v_in),
+               out = as_rows(out_in);
   if (rows(q) && rows(k) && rows(v) && rows(dout) && rows(out)) {
+    Tensor held;
+    const kernels::amx::AdditiveMask mask = amx_mask(o, s, held);
     const Tensor lse_c = lse.contiguous();
     const Shape shape{s.B, s.Hq, s.Tq, s.D};
     SdpaGrads g{Tensor::empty(shape, DType::kBFloat16), Tensor::empty(shape, DType::kBFloat16),
@@ -481,7 +505,7 @@ SdpaGrads backward_amx(const Tensor& dout, const Tensor& q, const Tensor& k, con
     auto in = [](const Tensor& x) { return reinterpret_cast<const uint16_t*>(x.data_ptr<BFloat16>()); };
     auto grad = [](Tensor& x) { return reinterpret_cast<uint16_t*>(x.data_ptr<BFloat16>()); };
     kernels::amx::backward(grad(g.dq), grad(g.dk), grad(g.dv), in(dout), in(q), in(k), in(v),
-                           in(out), lse_c.data(), amx_params(s, o), st);
+                           in(out), lse_c.data(), amx_params(s, o), st, mask);
     return g;
   }
   const Tensor qt = token_major(q), kt = token_major(k), vt = token_major(v);
@@ -552,22 +576,21 @@ SdpaGrads scaled_dot_product_attention_backward(const Tensor& dout, const Tensor
 // ---- the raw layer, routed (sdpa_forward_routed / sdpa_backward_routed) ----------------
 namespace {
 
-// A (B, H, T, W) strided buffer as the core's token-major rows: in place when it
-// is one (last stride 1, head stride W, batch stride T · token stride, rows not
-// overlapping), else a packed (B, T, H, W) copy (O(B·T·H·W), beside the attention's
-// O(B·H·T²·W)); `stride` is the token stride the core reads it with.
-struct TokenRows {
+// One (B, H, T, W) strided operand of the AMX kernel, which reads and writes
+// rows of contiguous elements at any (b, h, t) strides: x itself when its rows
+// are contiguous (head-major tensors as PyTorch's, token-major views, slices;
+// the kernel packs each head into its tile layouts anyway, so a token-major
+// copy first would only add a pass: at T = 256 it doubled the call), else a
+// packed (B, T, H, W) copy of an input, or a buffer for an output that
+// scatter() copies back afterwards.
+struct AmxRows {
   BFloat16* data = nullptr;
-  int64_t stride = 0;
-  std::vector<BFloat16> packed;
+  kernels::amx::RowStrides st;
+  std::vector<BFloat16> packed;  // empty in place
 };
 
-bool token_major_in_place(const SdpaStrides& s, int64_t B, int64_t H, int64_t T, int64_t W) {
-  return (W == 1 || s.d == 1) && (H == 1 || s.h == W) && s.t >= H * W &&
-         (B == 1 || s.b == T * s.t);
-}
-
-// One (b, h, t) row of W elements at base + b·s.b + h·s.h + t·s.t, step s.d.
+// One (b, h, t) row of W elements at base + b·s.b + h·s.h + t·s.t, step s.d,
+// and its place in the packed (B, T, H, W) buffer.
 template <class F>
 void for_rows(const SdpaStrides& s, int64_t B, int64_t H, int64_t T, int64_t W, F&& f) {
   for (int64_t b = 0; b < B; ++b)
@@ -575,40 +598,29 @@ void for_rows(const SdpaStrides& s, int64_t B, int64_t H, int64_t T, int64_t W, 
       for (int64_t h = 0; h < H; ++h) f(b * s.b + h * s.h + t * s.t, ((b * T + t) * H + h) * W);
 }
 
-TokenRows packed_rows(int64_t B, int64_t H, int64_t T, int64_t W) {
-  TokenRows r;
+AmxRows amx_rows(const BFloat16* x, const SdpaStrides& s, int64_t B, int64_t H, int64_t T,
+                 int64_t W, bool input) {
+  AmxRows r;
+  if (W == 1 || s.d == 1) {
+    r.data = const_cast<BFloat16*>(x);
+    r.st = {s.b, s.h, s.t};
+    return r;
+  }
   r.packed.resize(size_t(B * T * H * W));
   r.data = r.packed.data();
-  r.stride = H * W;
+  r.st = {T * H * W, W, H * W};
+  if (input)
+    for_rows(s, B, H, T, W, [&](int64_t from, int64_t to) {
+      for (int64_t d = 0; d < W; ++d) r.packed[size_t(to + d)] = x[from + d * s.d];
+    });
   return r;
 }
 
-// An input: in place when `in_place`, else a packed copy.
-TokenRows input_rows(const BFloat16* x, const SdpaStrides& s, int64_t B, int64_t H, int64_t T,
-                     int64_t W, bool in_place) {
-  if (in_place) return {const_cast<BFloat16*>(x), s.t, {}};
-  TokenRows r = packed_rows(B, H, T, W);
-  const int64_t sd = W == 1 ? 1 : s.d;
-  for_rows(s, B, H, T, W, [&](int64_t from, int64_t to) {
-    for (int64_t d = 0; d < W; ++d) r.packed[size_t(to + d)] = x[from + d * sd];
-  });
-  return r;
-}
-
-// An output: written in place when `in_place`, else into a packed buffer that
-// scatter() copies to x afterwards.
-TokenRows output_rows(BFloat16* x, const SdpaStrides& s, int64_t B, int64_t H, int64_t T,
-                      int64_t W, bool in_place) {
-  if (in_place) return {x, s.t, {}};
-  return packed_rows(B, H, T, W);
-}
-
-void scatter(const TokenRows& r, BFloat16* x, const SdpaStrides& s, int64_t B, int64_t H,
-             int64_t T, int64_t W) {
+void scatter(const AmxRows& r, BFloat16* x, const SdpaStrides& s, int64_t B, int64_t H, int64_t T,
+             int64_t W) {
   if (r.packed.empty()) return;
-  const int64_t sd = W == 1 ? 1 : s.d;
   for_rows(s, B, H, T, W, [&](int64_t to, int64_t from) {
-    for (int64_t d = 0; d < W; ++d) x[to + d * sd] = r.packed[size_t(from + d)];
+    for (int64_t d = 0; d < W; ++d) x[to + d * s.d] = r.packed[size_t(from + d)];
   });
 }
 
@@ -622,10 +634,18 @@ kernels::FlashAttentionParams raw_amx_params(const SdpaProblemBf16& p) {
   return f;
 }
 
-// lse (B, H, T) with the given strides; the core's is contiguous.
-bool lse_contiguous(const SdpaStrides& s, int64_t H, int64_t T) {
-  return s.t == 1 && (H == 1 || s.h == T) && s.b == H * T;
+kernels::amx::AdditiveMask raw_amx_mask(const SdpaProblemBf16& p) {
+  const SdpaStrides& m = p.mask_strides;
+  return {p.mask, m.b, m.h, m.t, m.d};
 }
+
+kernels::amx::RowStrides lse_rows(const std::optional<SdpaStrides>& lse_strides,
+                                  const SdpaProblemBf16& p) {
+  const SdpaStrides ls = sdpa_lse_strides(lse_strides, p);
+  return {ls.b, ls.h, ls.t};
+}
+
+uint16_t* bits(BFloat16* x) { return reinterpret_cast<uint16_t*>(x); }
 
 }  // namespace
 
@@ -641,91 +661,33 @@ void sdpa_forward_routed(const SdpaOutputBf16& o, const SdpaProblemBf16& given) 
   const SdpaProblemBf16 p = as_run(given);
   if (!amx_serves(p)) return kernels::sdpa_forward(o, p);
   const int64_t B = p.B, H = p.Hq, T = p.Tq, D = p.D;
-  // Rows of contiguous elements (any (b, h, t) strides: head-major tensors as
-  // PyTorch's, token-major views, slices): the AMX kernel reads and writes them
-  // in place. It packs each head into its tile layouts anyway, so a token-major
-  // copy first would only add a pass over q, k, v and out (at T = 256 it doubled the call).
-  auto rows = [&](const SdpaStrides& s) { return D == 1 || s.d == 1; };
-  if (rows(p.q_strides) && rows(p.k_strides) && rows(p.v_strides) && rows(o.out_strides)) {
-    auto at = [](const SdpaStrides& s) { return kernels::amx::RowStrides{s.b, s.h, s.t}; };
-    const SdpaStrides ls = sdpa_lse_strides(o.lse_strides, p);
-    const kernels::amx::ForwardStrides st{at(p.q_strides), at(p.k_strides), at(p.v_strides),
-                                          at(o.out_strides), at(ls)};
-    auto bits = [](const BFloat16* x) { return reinterpret_cast<const uint16_t*>(x); };
-    kernels::amx::forward(reinterpret_cast<uint16_t*>(o.out), o.lse, bits(p.q), bits(p.k),
-                          bits(p.v), raw_amx_params(p), st);
-    return;
-  }
-  auto in_place = [&](const SdpaStrides& s) { return token_major_in_place(s, B, H, T, D); };
-  const TokenRows q = input_rows(p.q, p.q_strides, B, H, T, D, in_place(p.q_strides));
-  const TokenRows k = input_rows(p.k, p.k_strides, B, H, T, D, in_place(p.k_strides));
-  const TokenRows v = input_rows(p.v, p.v_strides, B, H, T, D, in_place(p.v_strides));
-  const TokenRows out = output_rows(o.out, o.out_strides, B, H, T, D, in_place(o.out_strides));
-  const SdpaStrides ls = sdpa_lse_strides(o.lse_strides, p);
-  std::vector<float> lse_packed;
-  if (!lse_contiguous(ls, H, T)) lse_packed.resize(size_t(B * H * T));
-  float* lse = lse_packed.empty() ? o.lse : lse_packed.data();
-  kernels::FlashAttentionParams f = raw_amx_params(p);
-  f.q_stride = q.stride, f.k_stride = k.stride, f.v_stride = v.stride, f.o_stride = out.stride;
-  kernels::flash_attention_forward_bf16(out.data, lse, q.data, k.data, v.data, f);
+  const AmxRows q = amx_rows(p.q, p.q_strides, B, H, T, D, true);
+  const AmxRows k = amx_rows(p.k, p.k_strides, B, H, T, D, true);
+  const AmxRows v = amx_rows(p.v, p.v_strides, B, H, T, D, true);
+  const AmxRows out = amx_rows(o.out, o.out_strides, B, H, T, D, false);
+  const kernels::amx::ForwardStrides st{q.st, k.st, v.st, out.st, lse_rows(o.lse_strides, p)};
+  kernels::amx::forward(bits(out.data), o.lse, bits(q.data), bits(k.data), bits(v.data),
+                        raw_amx_params(p), st, raw_amx_mask(p));
   scatter(out, o.out, o.out_strides, B, H, T, D);
-  if (!lse_packed.empty())
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t t = 0; t < T; ++t)
-          o.lse[b * ls.b + h * ls.h + t * ls.t] = lse_packed[size_t((b * H + h) * T + t)];
 }
 
 void sdpa_backward_routed(const SdpaBackwardIOBf16& io, const SdpaProblemBf16& given) {
   const SdpaProblemBf16 p = as_run(given);
   if (!amx_serves(p)) return kernels::sdpa_backward(io, p);
   const int64_t B = p.B, H = p.Hq, T = p.Tq, D = p.D;
-  // Rows of contiguous elements, any (b, h, t) strides: in place, as the forward.
-  auto rows = [&](const SdpaStrides& s) { return D == 1 || s.d == 1; };
-  if (rows(p.q_strides) && rows(p.k_strides) && rows(p.v_strides) && rows(io.out_strides) &&
-      rows(io.dout_strides) && rows(io.dq_strides) && rows(io.dk_strides) &&
-      rows(io.dv_strides)) {
-    auto at = [](const SdpaStrides& s) { return kernels::amx::RowStrides{s.b, s.h, s.t}; };
-    const kernels::amx::BackwardStrides st{
-        at(io.dout_strides),  at(p.q_strides),   at(p.k_strides),
-        at(p.v_strides),      at(io.out_strides), at(sdpa_lse_strides(io.lse_strides, p)),
-        at(io.dq_strides),    at(io.dk_strides), at(io.dv_strides)};
-    auto in = [](const BFloat16* x) { return reinterpret_cast<const uint16_t*>(x); };
-    auto out = [](BFloat16* x) { return reinterpret_cast<uint16_t*>(x); };
-    kernels::amx::backward(out(io.dq), out(io.dk), out(io.dv), in(io.dout), in(p.q), in(p.k),
-                           in(p.v), in(io.out), io.lse, raw_amx_params(p), st);
-    return;
-  }
-  // Each input shares its token stride with its partner (q with dq, out with
-  // dout, ...): the pair is read in place only when both are token-major with one stride.
-  auto pair = [&](const SdpaStrides& a, const SdpaStrides& b) {
-    return token_major_in_place(a, B, H, T, D) && token_major_in_place(b, B, H, T, D) &&
-           a.t == b.t;
-  };
-  const bool qq = pair(p.q_strides, io.dq_strides), kk = pair(p.k_strides, io.dk_strides),
-             vv = pair(p.v_strides, io.dv_strides), oo = pair(io.out_strides, io.dout_strides);
-  const TokenRows q = input_rows(p.q, p.q_strides, B, H, T, D, qq);
-  const TokenRows k = input_rows(p.k, p.k_strides, B, H, T, D, kk);
-  const TokenRows v = input_rows(p.v, p.v_strides, B, H, T, D, vv);
-  const TokenRows out = input_rows(io.out, io.out_strides, B, H, T, D, oo);
-  const TokenRows dout = input_rows(io.dout, io.dout_strides, B, H, T, D, oo);
-  const TokenRows dq = output_rows(io.dq, io.dq_strides, B, H, T, D, qq);
-  const TokenRows dk = output_rows(io.dk, io.dk_strides, B, H, T, D, kk);
-  const TokenRows dv = output_rows(io.dv, io.dv_strides, B, H, T, D, vv);
-  const SdpaStrides ls = sdpa_lse_strides(io.lse_strides, p);
-  std::vector<float> lse_packed;
-  if (!lse_contiguous(ls, H, T)) {
-    lse_packed.resize(size_t(B * H * T));
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t t = 0; t < T; ++t)
-          lse_packed[size_t((b * H + h) * T + t)] = io.lse[b * ls.b + h * ls.h + t * ls.t];
-  }
-  kernels::FlashAttentionParams f = raw_amx_params(p);
-  f.q_stride = q.stride, f.k_stride = k.stride, f.v_stride = v.stride, f.o_stride = out.stride;
-  kernels::flash_attention_backward_bf16(dq.data, dk.data, dv.data, dout.data, q.data, k.data,
-                                         v.data, out.data,
-                                         lse_packed.empty() ? io.lse : lse_packed.data(), f);
+  const AmxRows dout = amx_rows(io.dout, io.dout_strides, B, H, T, D, true);
+  const AmxRows q = amx_rows(p.q, p.q_strides, B, H, T, D, true);
+  const AmxRows k = amx_rows(p.k, p.k_strides, B, H, T, D, true);
+  const AmxRows v = amx_rows(p.v, p.v_strides, B, H, T, D, true);
+  const AmxRows out = amx_rows(io.out, io.out_strides, B, H, T, D, true);
+  const AmxRows dq = amx_rows(io.dq, io.dq_strides, B, H, T, D, false);
+  const AmxRows dk = amx_rows(io.dk, io.dk_strides, B, H, T, D, false);
+  const AmxRows dv = amx_rows(io.dv, io.dv_strides, B, H, T, D, false);
+  const kernels::amx::BackwardStrides st{
+      dout.st, q.st, k.st, v.st, out.st, lse_rows(io.lse_strides, p), dq.st, dk.st, dv.st};
+  kernels::amx::backward(bits(dq.data), bits(dk.data), bits(dv.data), bits(dout.data), bits(q.data),
+                         bits(k.data), bits(v.data), bits(out.data), io.lse, raw_amx_params(p), st,
+                         raw_amx_mask(p));
   scatter(dq, io.dq, io.dq_strides, B, H, T, D);
   scatter(dk, io.dk, io.dk_strides, B, H, T, D);
   scatter(dv, io.dv, io.dv_strides, B, H, T, D);

@@ -240,6 +240,119 @@ TEST(SdpaAmx, RoutedDropoutDrawsTheReferencesNoise) {
   expect_routed_cases(cases, "dropout");
 }
 
+// ---- attention masks on the AMX kernel ---------------------------------------------------
+// The kernel adds an additive mask itself (a boolean one as 0 / -inf), skips
+// the 64 x 64 tiles it hides wholly and drops the add where a tile is all 0:
+// against the specification, masks of every broadcast shape (one plane, per
+// batch, per head), with is_causal and without, with dropout, every input
+// layout; tiles hidden wholly, in part, and rows whose keys are all closed.
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kLowest = std::numeric_limits<float>::lowest();
+
+// A (Bm, Hm, T, T) mask with value(b, h, i, j).
+template <class F>
+Tensor mask_of(int64_t Bm, int64_t Hm, int64_t T, F value) {
+  Tensor m = Tensor::zeros({Bm, Hm, T, T});
+  for (int64_t b = 0; b < Bm; ++b)
+    for (int64_t h = 0; h < Hm; ++h)
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t j = 0; j < T; ++j) m.at({b, h, i, j}) = value(b, h, i, j);
+  return m;
+}
+
+// A fixed pseudo-random value in [0, 1) for (b, h, i, j).
+float hash01(int64_t b, int64_t h, int64_t i, int64_t j) {
+  uint64_t x = uint64_t(((b * 131 + h) * 8191 + i) * 65537 + j) * 0x9E3779B97F4A7C15ull;
+  x ^= x >> 29;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 32;
+  return float(x >> 40) / float(1 << 24);
+}
+
+TEST(SdpaAmx, MasksMatchTheReference) {
+  ATTN_REQUIRE_AMX();
+  std::vector<RoutedCase> cases;
+  uint64_t seed = 2100;
+  for (const int64_t T : {40, 64, 130, 200}) {
+    // Key padding, transformers' style: batch b's last 9 + 40·b keys hold the
+    // float32 minimum, with is_causal (a (B, 1, 1, T) mask).
+    Tensor pad = Tensor::zeros({2, 1, 1, T});
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t j = std::max<int64_t>(1, T - 9 - 40 * b); j < T; ++j)
+        pad.at({b, 0, 0, j}) = kLowest;
+    SdpaOptions padded = causal_options(true);
+    padded.attn_mask = pad;
+    cases.push_back(
+        {2, 3, T, 64, Layout::kHeadMajor, seed += 4, padded, "padded T " + std::to_string(T)});
+    // The same padding on the full (B, 1, T, T) causal pattern, without is_causal.
+    SdpaOptions padded_causal;
+    padded_causal.attn_mask = mask_of(2, 1, T, [&](int64_t b, int64_t, int64_t i, int64_t j) {
+      return j > i || j >= std::max<int64_t>(1, T - 9 - 40 * b) ? kLowest : 0.0f;
+    });
+    cases.push_back({2, 2, T, 80, Layout::kTokenMajor, seed += 4, padded_causal,
+                     "padded causal pattern T " + std::to_string(T)});
+    // A boolean (T, T) mask, a third closed (the diagonal open), full attention.
+    SdpaOptions boolean;
+    boolean.attn_mask = mask_of(1, 1, T, [](int64_t b, int64_t h, int64_t i, int64_t j) {
+                          return i == j || hash01(b, h, i, j) > 0.33f ? 1.0f : 0.0f;
+                        }).view({T, T});
+    boolean.attn_mask_type = attn::MaskType::kBoolean;
+    cases.push_back(
+        {1, 2, T, 64, Layout::kStridedD, seed += 4, boolean, "boolean T " + std::to_string(T)});
+    // A finite bias per head (nothing closed), causal.
+    SdpaOptions bias = causal_options(true);
+    bias.attn_mask = mask_of(1, 3, T, [](int64_t b, int64_t h, int64_t i, int64_t j) {
+      return 4.0f * hash01(b, h, i, j) - 2.0f;
+    });
+    cases.push_back(
+        {2, 3, T, 128, Layout::kFusedQkv, seed += 4, bias, "bias T " + std::to_string(T)});
+    // Documents packed into one sequence (block diagonal, -inf between), with
+    // dropout: whole tiles hidden, and tiles cut by a document's edge.
+    SdpaOptions docs = causal_options(true);
+    docs.attn_mask = mask_of(1, 1, T, [](int64_t, int64_t, int64_t i, int64_t j) {
+      return i / 70 == j / 70 ? 0.0f : kNegInf;
+    });
+    docs.dropout_p = 0.2f;
+    docs.dropout_seed = seed;
+    cases.push_back(
+        {2, 2, T, 64, Layout::kHeadMajor, seed += 4, docs, "documents T " + std::to_string(T)});
+  }
+  expect_routed_cases(cases, "masks");
+}
+
+// A row whose keys the mask all closes (-inf) gets output 0 and lse -inf, and
+// adds nothing to the gradients, as in the specification; the other rows are
+// unchanged by it.
+TEST(SdpaAmx, RowsTheMaskClosesWhollyGiveZero) {
+  ATTN_REQUIRE_AMX();
+  const attn::test::Bf16PathGuard amx("AMX");
+  ASSERT_TRUE(amx.forced());
+  for (const int64_t T : {50, 150}) {
+    SCOPED_TRACE(T);
+    const Inputs in = make_inputs(1, 2, T, 64, Layout::kHeadMajor, 2300 + uint64_t(T));
+    auto closed_row = [](int64_t i) { return (i >= 10 && i < 20) || i == 99; };
+    SdpaOptions o;
+    o.attn_mask = mask_of(1, 1, T, [&](int64_t, int64_t, int64_t i, int64_t j) {
+      return closed_row(i) || j > i ? kNegInf : 0.0f;
+    });
+    Worst worst;
+    const Result r = check_routed(in, o, worst, "closed rows");
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t i = 0; i < T; ++i) {
+        const float lse = r.f.lse.at({0, h, i});
+        if (!closed_row(i)) {
+          EXPECT_TRUE(std::isfinite(lse)) << i;
+          continue;
+        }
+        EXPECT_EQ(lse, kNegInf) << i;
+        for (int64_t d = 0; d < 64; ++d) {
+          EXPECT_EQ(r.f.out.to(kF32).at({0, h, i, d}), 0.0f);
+          EXPECT_EQ(r.g.dq.to(kF32).at({0, h, i, d}), 0.0f);
+        }
+      }
+  }
+}
+
 // The route changes the bits (it is taken), and forcing the core's path off
 // AMX turns it off: the widened path's bits come back.
 TEST(SdpaAmx, ForcingTheWidenedPathTurnsTheRouteOff) {
@@ -284,10 +397,6 @@ TEST(SdpaAmx, CallsTheCoreCannotServeStayOnTheWidenedPath) {
     edit(v.o);
     variants.push_back(v);
   };
-  add("attn_mask", 2, 40, 64, [](SdpaOptions& o) {
-    o.is_causal = false;
-    o.attn_mask = Tensor::zeros({40, 40});
-  });
   add("window", 2, 40, 64, [](SdpaOptions& o) { o.window_left = 8; });
   add("alibi", 2, 40, 64, [](SdpaOptions& o) { o.alibi_slopes = Tensor({2}, {0.5f, 0.25f}); });
   add("softcap", 2, 40, 64, [](SdpaOptions& o) { o.softcap = 5.0f; });
@@ -440,7 +549,7 @@ TEST(SdpaAmx, RawRoutedCallsGiveTheTensorEntryPointsBitsOnEveryLayout) {
 // The raw layer (the Python binding's calls) runs an additive mask that is
 // exactly the causal pattern (-inf, or transformers' float32 minimum, above the
 // diagonal) as is_causal: on the AMX kernel, with is_causal's bits; a mask
-// that differs in one entry stays on the widened path.
+// that differs in one entry runs the masked AMX kernel, to another result.
 TEST(SdpaAmx, RawCausalMaskRunsAsIsCausal) {
   ATTN_REQUIRE_AMX();
   const attn::test::Bf16PathGuard amx("AMX");
@@ -460,8 +569,9 @@ TEST(SdpaAmx, RawCausalMaskRunsAsIsCausal) {
     SCOPED_TRACE(closed);
     EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), "AMX");
     expect_same_result(run_raw(in, o, Layout::kHeadMajor), want);
-    mask.at({0, 0, 40, 41}) = 0.0f;
-    EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), "bf16 tiles widened to fp32");
+    mask.at({0, 0, 40, 41}) = 0.0f;  // not causal: the masked kernel, another result
+    EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), "AMX");
+    EXPECT_FALSE(same_bits(run_raw(in, o, Layout::kHeadMajor).f.out, want.f.out));
   }
 }
 
@@ -542,6 +652,44 @@ TEST(SdpaAmx, RawRoutedCallsTheCoreCannotServeTakeTheWidenedKernel) {
   EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), kWidened);
   expect_same_result(run_raw(in, o, Layout::kTokenMajor),
                      run(in.q, in.k, in.v, in.dout, o, SdpaBackend::kFused));
+}
+
+// The raw layer (the Python binding's calls) takes masks with any strides
+// (here a transposed one, and a key-padding row broadcast over queries): the
+// Tensor entry points' bits, on every layout.
+TEST(SdpaAmx, RawMaskedCallsGiveTheTensorEntryPointsBits) {
+  ATTN_REQUIRE_AMX();
+  const attn::test::Bf16PathGuard amx("AMX");
+  ASSERT_TRUE(amx.forced());
+  const int64_t T = 100;
+  const Tensor lower = mask_of(1, 1, T, [](int64_t, int64_t, int64_t i, int64_t j) {
+    return j > i || hash01(0, 0, i, j) < 0.2f ? kLowest : 0.0f;
+  });
+  Tensor keys = Tensor::zeros({2, 1, 1, T});
+  for (int64_t j = 70; j < T; ++j) keys.at({1, 0, 0, j}) = kNegInf;
+  // The same values as `lower`, read with key stride T.
+  const Tensor strided = lower.transpose(2, 3).contiguous().transpose(2, 3);
+  ASSERT_EQ(strided.stride(3), T);
+  struct Case {
+    const char* name;
+    Tensor mask;
+    bool causal;
+  };
+  const std::vector<Case> masks{{"(1, 1, T, T)", lower, false},
+                                {"key stride T", strided, false},
+                                {"(B, 1, 1, T) with is_causal", keys, true}};
+  uint64_t seed = 2500;
+  for (const Layout layout : {Layout::kHeadMajor, Layout::kTokenMajor, Layout::kStridedD})
+    for (const Case& c : masks) {
+      SCOPED_TRACE(std::string(c.name) + " layout " + std::to_string(int(layout)));
+      const Inputs in = make_inputs(2, 3, T, 64, layout, seed += 4);
+      SdpaOptions o;
+      o.attn_mask = c.mask;
+      o.is_causal = c.causal;
+      EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), "AMX");
+      expect_same_result(run_raw(in, o, layout),
+                         run(in.q, in.k, in.v, in.dout, o, SdpaBackend::kFused));
+    }
 }
 
 }  // namespace

@@ -811,13 +811,15 @@ Command add_bench_command(CLI::App& app) {
                   "read and their share of the read bandwidth measured in the run")
       ->capture_default_str();
   cmd->add_option("--mode", f->mode, "fwd, fwdbwd or all")->capture_default_str();
-  cmd->add_option("--dtype", f->dtype,
-                  "float32 (or fp32), bfloat16 (or bf16) or all: the core's inputs and outputs "
-                  "(bfloat16: the bf16 kernels, path AVX512-BF16 or widened to fp32); sdpa's and "
-                  "sdpa-varlen's q, k, v, dout (bfloat16: sdpa rows the core's problem run on the "
-                  "core's AMX kernel where its bf16 path is AMX, rows 'fused-amx'; the others "
-                  "bf16 tiles widened to fp32, rows 'fused-wide'); the module's compute dtype (bfloat16: mixed precision, fp32 "
-                  "weights)")
+  cmd->add_option(
+         "--dtype", f->dtype,
+         "float32 (or fp32), bfloat16 (or bf16) or all: the core's inputs and outputs "
+         "(bfloat16: the bf16 kernels, path AVX512-BF16 or widened to fp32); sdpa's and "
+         "sdpa-varlen's q, k, v, dout (bfloat16: sdpa rows the core's AMX kernel takes (the "
+         "core's problem, with or without a mask) run on it where its bf16 path is AMX, "
+         "rows 'fused-amx'; the others bf16 tiles widened to fp32, rows 'fused-wide'); the "
+         "module's compute dtype (bfloat16: mixed precision, fp32 "
+         "weights)")
       ->capture_default_str();
   cmd->add_option("--backend", f->backend,
                   "The module's (and sdpa's) path: auto, reference or fused")
@@ -862,7 +864,7 @@ Command add_bench_command(CLI::App& app) {
                   "sdpa rows: bool or float, the causal pattern as a dense (Tq, T) attn_mask "
                   "instead of is_causal (attn runs it as is_causal); padded, the causal pattern "
                   "with the last T/8 keys closed too, float32 minimum where closed (a "
-                  "right-padded sequence as transformers masks it; the general masked kernel)")
+                  "right-padded sequence as transformers masks it; the masked kernels)")
       ->type_name("KIND");
   cmd->add_flag("--no-causal", f->no_causal, "sdpa rows: attend to every key (cross-attention)");
   cmd->add_option("--kv-heads", f->kv_heads,
