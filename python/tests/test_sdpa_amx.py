@@ -1,7 +1,7 @@
 """bf16 from Python takes attn::scaled_dot_product_attention's routes: the
 core's AMX kernel where the C++ entry points take it (no window, ALiBi or
-softcap, Hq = Hkv, L = S, E = Ev; masks of any kind), forward and backward,
-else the widened kernel. attn._path names the route; forcing the core's path off AMX
+softcap, L = S, E = Ev; masks of any kind, grouped-query heads), forward and
+backward, else the widened kernel. attn._path names the route; forcing the core's path off AMX
 (attn._attn.use_bf16_path) changes the bits, so the route is seen to run.
 Outputs and gradients against the definition in float64 within the AMX
 path's bf16 bounds (it rounds P and dS to bf16 where they enter a product, as
@@ -69,7 +69,7 @@ def check_against_oracle(q, k, v, dout, record_error, **kw):
     out, dq, dk, dv = run(q, k, v, dout, **kw)
     q64, k64, v64 = (t.detach().to(F64).requires_grad_() for t in (q, k, v))
     want = oracle(q64, k64, v64, mask=kw.get("attn_mask"), is_causal=kw.get("is_causal", False),
-                  scale=kw.get("scale"))
+                  scale=kw.get("scale"), enable_gqa=kw.get("enable_gqa", False))
     wq, wk, wv = torch.autograd.grad(want, (q64, k64, v64), dout.to(F64))
     for name, got, w, bound in (("out", out, want, 8e-3), ("dq", dq, wq, 4e-2),
                                 ("dk", dk, wk, 4e-2), ("dv", dv, wv, 4e-2)):
@@ -121,6 +121,22 @@ def test_masked_bf16_calls_take_amx_and_match_the_definition(kind, T, record_err
 
 
 @needs_amx
+@pytest.mark.parametrize("Hkv", [1, 2])
+@pytest.mark.parametrize("is_causal", [True, False], ids=["causal", "full"])
+def test_grouped_query_heads_take_amx_and_match_the_definition(Hkv, is_causal, record_error):
+    gen = torch.Generator().manual_seed(4000 + Hkv)
+    B, H, T, E = 2, 4, 70, 64
+    q = torch.randn(B, H, T, E, generator=gen).to(BF16)
+    k = torch.randn(B, T, Hkv, E, generator=gen).to(BF16).transpose(1, 2)
+    v = torch.randn(B, T, Hkv, E, generator=gen).to(BF16).transpose(1, 2)
+    dout = torch.randn(B, H, T, E, generator=gen).to(BF16)
+    assert attn._path(q, k, v, is_causal=is_causal, enable_gqa=True) == "AMX"
+    out, dq, dk, dv = check_against_oracle(q, k, v, dout, record_error, is_causal=is_causal,
+                                           enable_gqa=True)
+    assert dk.shape == k.shape and dv.shape == v.shape
+
+
+@needs_amx
 def test_scale_and_dropout_stay_on_amx(record_error):
     gen = torch.Generator().manual_seed(7)
     q, k, v = layout_qkv("token_major", 2, 2, 40, 64, gen)
@@ -152,8 +168,7 @@ def test_the_route_runs_forcing_the_widened_path_changes_the_bits(forced_path):
 
 
 @needs_amx
-@pytest.mark.parametrize("what", ["window", "alibi", "softcap", "gqa", "L != S", "E != Ev",
-                                  "fp32"])
+@pytest.mark.parametrize("what", ["window", "alibi", "softcap", "L != S", "E != Ev", "fp32"])
 def test_calls_the_core_cannot_serve_take_the_widened_kernel(what, forced_path):
     gen = torch.Generator().manual_seed(11)
     B, H, L, S, E, Ev, Hkv = 1, 2, 24, 24, 32, 32, 2
@@ -164,8 +179,6 @@ def test_calls_the_core_cannot_serve_take_the_widened_kernel(what, forced_path):
         kw["alibi_slopes"] = torch.tensor([0.5, 0.25])
     elif what == "softcap":
         kw["softcap"] = 5.0
-    elif what == "gqa":
-        Hkv, kw["enable_gqa"] = 1, True
     elif what == "L != S":
         S = 31
     elif what == "E != Ev":

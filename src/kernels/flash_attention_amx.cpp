@@ -46,8 +46,13 @@
 // thread count. Causal tiles on the diagonal are computed whole and masked.
 // The vector helpers (exp2, masks, rounding into words, widening loads,
 // horizontal reductions) are flash_attention_bf16.cpp's: avx512_bf16-inl.h.
-// Memory: the packed copies (3 · Tp · hdp bf16 per head forward, 7 backward)
-// and O(tile) per thread, plus the whole-head dQ (Tp · hdp fp32 per thread).
+// Grouped-query heads (SdpaExtras::Hkv): K and V are packed once per
+// key/value head and read by each query head of its group; backward's units
+// are key/value heads, whose dK and dV sum over the group's query heads in
+// order (heads outer, query tiles inner), in either schedule.
+// Memory: the packed copies (3 · Tp · hdp bf16 per head forward, 7 backward;
+// K and V ones per key/value head) and O(tile) per thread, plus the
+// whole-head dQ (G · Tp · hdp fp32 per thread, G query heads per key/value head).
 #include "kernels/flash_attention_amx.h"
 
 #include <hwy/aligned_allocator.h>
@@ -121,6 +126,17 @@ struct Dims {
         hdp(RoundUp(size_t(p.hd), 32)),
         hdw(RoundUp(size_t(p.hd), 32) / 2) {}
   size_t rows() const { return Tp * hdw; }  // words of (Tp, hdw), (hdw, Tp), (Tp/2, hdp), ...
+};
+
+// The query heads and the key/value heads they read (SdpaExtras): packed
+// operands of query-side tensors (Q, dO, D, lse) are per query head q(b, h),
+// those of K and V per key/value head kv(b, h).
+struct Heads {
+  int64_t H, Hkv, G;
+  Heads(const FlashAttentionParams& p, int64_t kv_heads)
+      : H(p.H), Hkv(kv_heads > 0 ? kv_heads : p.H), G(p.H / (kv_heads > 0 ? kv_heads : p.H)) {}
+  size_t q(int64_t b, int64_t h) const { return size_t(b * H + h); }
+  size_t kv(int64_t b, int64_t h) const { return size_t(b * Hkv + h / G); }
 };
 
 }  // namespace
@@ -461,23 +477,23 @@ class PackedWords {
 
 struct ForwardPacked {
   PackedWords all;           // QR, KT, VP one after the other
-  uint32_t *QR, *KT, *VP;    // (BH, ...) each, per head d.rows() words
-  ForwardPacked(size_t BH, const Dims& d)
-      : all(3 * BH * d.rows()),
+  uint32_t *QR, *KT, *VP;    // QR (B·H, ...), KT and VP (B·Hkv, ...): per head d.rows() words
+  ForwardPacked(size_t BH, size_t BHkv, const Dims& d)
+      : all((BH + 2 * BHkv) * d.rows()),
         QR(all.get()),
         KT(QR + BH * d.rows()),
-        VP(KT + BH * d.rows()) {}
+        VP(KT + BHkv * d.rows()) {}
 };
 
 void ForwardTile(uint16_t* out, float* lse, const ForwardStrides& st, const ForwardPacked& pk,
-                 const FlashAttentionParams& p, const Dims& d, const TileMask* mask, int64_t b,
-                 int64_t h, size_t i0, float* S, uint32_t* Pw, float* O, float* m, float* l,
-                 float* z) {
+                 const FlashAttentionParams& p, const Dims& d, const Heads& heads,
+                 const TileMask* mask, int64_t b, int64_t h, size_t i0, float* S, uint32_t* Pw,
+                 float* O, float* m, float* l, float* z) {
   alignas(64) float row_max[kB], alpha[kB];
-  const size_t bh = size_t(b * p.H + h), in = std::min(kB, d.T - i0);
-  const uint32_t* QR = pk.QR + bh * d.rows();
-  const uint32_t* KT = pk.KT + bh * d.rows();
-  const uint32_t* VP = pk.VP + bh * d.rows();
+  const size_t in = std::min(kB, d.T - i0);
+  const uint32_t* QR = pk.QR + heads.q(b, h) * d.rows();
+  const uint32_t* KT = pk.KT + heads.kv(b, h) * d.rows();
+  const uint32_t* VP = pk.VP + heads.kv(b, h) * d.rows();
   const DropoutRule rule(p.dropout_p);
   std::fill(O, O + kB * d.hdp, 0.0f);
   std::fill(m, m + kB, kNegInf);  // rows past T too: their α is 0 (2^(-inf − 0))
@@ -604,19 +620,20 @@ void ForwardTile(uint16_t* out, float* lse, const ForwardStrides& st, const Forw
 // ---- backward -----------------------------------------------------------------------------------
 
 struct BackwardPacked {
-  PackedWords all;                            // all of the below, one after the other
-  uint32_t *QR, *dOR, *KT, *VT, *KP, *QtP, *dOtP;  // (BH, ...) each, per head d.rows() words
-  float *D, *lse2;                            // (BH, T) each (T rounded up to 16 apart)
-  BackwardPacked(size_t BH, const Dims& d)
-      : all(7 * BH * d.rows() + 2 * BH * RoundUp(d.T, kN)),
+  PackedWords all;                  // all of the below, one after the other
+  uint32_t *QR, *dOR, *QtP, *dOtP;  // (B·H, ...) each, per query head d.rows() words
+  uint32_t *KT, *VT, *KP;           // (B·Hkv, ...) each, per key/value head d.rows() words
+  float *D, *lse2;                  // (B·H, T) each (T rounded up to 16 apart)
+  BackwardPacked(size_t BH, size_t BHkv, const Dims& d)
+      : all((4 * BH + 3 * BHkv) * d.rows() + 2 * BH * RoundUp(d.T, kN)),
         QR(all.get()),
         dOR(QR + BH * d.rows()),
-        KT(dOR + BH * d.rows()),
-        VT(KT + BH * d.rows()),
-        KP(VT + BH * d.rows()),
-        QtP(KP + BH * d.rows()),
+        QtP(dOR + BH * d.rows()),
         dOtP(QtP + BH * d.rows()),
-        D(reinterpret_cast<float*>(dOtP + BH * d.rows())),
+        KT(dOtP + BH * d.rows()),
+        VT(KT + BHkv * d.rows()),
+        KP(VT + BHkv * d.rows()),
+        D(reinterpret_cast<float*>(KP + BHkv * d.rows())),
         lse2(D + BH * RoundUp(d.T, kN)) {}
 };
 
@@ -625,7 +642,7 @@ struct BackwardScratch {
   Words dSR;        // (64, 32)   dS rows in bf16
   Words PzV, dSV;   // (32, 64)   P ⊙ Z, dS: query pairs × keys
   Floats dKt, dVt;  // (hdp, 64)  transposed accumulators
-  Floats dQ;        // (Tp, hdp) whole-head dQ, or (64, hdp)
+  Floats dQ;        // (G, Tp, hdp) a group's whole-head dQ, or (64, hdp)
   Floats z;         // (2, 64)    two rows of noise
   BackwardScratch(size_t q_rows, const Dims& d)
       : S(floats(kB * kB)),
@@ -642,21 +659,21 @@ struct BackwardScratch {
 // One (key tile j0, query tile i0): recompute P and dS, accumulate whichever of
 // dKt, dVt (hdp, 64) and dQ (64, hdp) are given.
 void TilePair(const BackwardPacked& pk, const FlashAttentionParams& p, const Dims& d,
-              const TileMask* mask, int64_t b, int64_t h, size_t j0, size_t i0, BackwardScratch& s,
-              float* dKt, float* dVt, float* dQ) {
+              const Heads& heads, const TileMask* mask, int64_t b, int64_t h, size_t j0, size_t i0,
+              BackwardScratch& s, float* dKt, float* dVt, float* dQ) {
   if (mask && mask->Hidden(b, h, i0, j0)) return;  // every weight exactly 0: nothing to add
   const bool adds = mask && mask->Adds(b, h, i0, j0);
-  const size_t bh = size_t(b * p.H + h), in = std::min(kB, d.T - i0);
-  const size_t off = bh * d.rows();
+  const size_t bh = heads.q(b, h), in = std::min(kB, d.T - i0);
+  const size_t off = bh * d.rows(), off_kv = heads.kv(b, h) * d.rows();
   const float* D = pk.D + bh * d.T;
   const float* lse2 = pk.lse2 + bh * d.T;
   const DropoutRule rule(p.dropout_p);
   float* S = s.S.get();
   float* dP = s.dP.get();
-  tile_gemm<false>(kB, kB, d.hdw, pk.QR + off + i0 * d.hdw, d.hdw,
-                   pk.KT + off + j0 * d.hdw, kB, S, kB);
-  tile_gemm<false>(kB, kB, d.hdw, pk.dOR + off + i0 * d.hdw, d.hdw,
-                   pk.VT + off + j0 * d.hdw, kB, dP, kB);
+  tile_gemm<false>(kB, kB, d.hdw, pk.QR + off + i0 * d.hdw, d.hdw, pk.KT + off_kv + j0 * d.hdw, kB,
+                   S, kB);
+  tile_gemm<false>(kB, kB, d.hdw, pk.dOR + off + i0 * d.hdw, d.hdw, pk.VT + off_kv + j0 * d.hdw, kB,
+                   dP, kB);
   const __m512 cv = _mm512_set1_ps(p.scale * kLog2e), l2e = _mm512_set1_ps(kLog2e);
   const __m512 scale_v = _mm512_set1_ps(p.scale);
   const size_t pairs = (in + 1) / 2;
@@ -719,7 +736,7 @@ void TilePair(const BackwardPacked& pk, const FlashAttentionParams& p, const Dim
   if (dKt)  // dKᵀ (hdp, 64) += Qᵀ dS
     tile_gemm<true>(d.hdp, kB, kBw, pk.QtP + off + i0 * d.hdw, kBw, s.dSV.get(), kB, dKt, kB);
   if (dQ)  // dQ (64, hdp) += dS K
-    tile_gemm<true>(kB, d.hdp, kBw, s.dSR.get(), kBw, pk.KP + off + j0 / 2 * d.hdp, d.hdp, dQ,
+    tile_gemm<true>(kB, d.hdp, kBw, s.dSR.get(), kBw, pk.KP + off_kv + j0 / 2 * d.hdp, d.hdp, dQ,
                     d.hdp);
 }
 
@@ -752,30 +769,37 @@ float DotBf16(const uint16_t* x, const uint16_t* y, size_t hd) {
 size_t FirstQueryTile(const FlashAttentionParams& p, size_t j0) { return p.causal ? j0 : 0; }
 
 // dK, dV of key tile j0 (with dQ (Tp, hdp) given, the head's dQ accumulates too).
+// dK, dV of key tile j0 of key/value head (b, hk): the group's query heads in
+// order, each over its query tiles (with dQ given, (G, Tp, hdp): the group's
+// whole-head dQ accumulates too).
 void KeyTileTask(uint16_t* dk, uint16_t* dv, float* dQ, const BackwardStrides& st,
                  const BackwardPacked& pk, const FlashAttentionParams& p, const Dims& d,
-                 const TileMask* mask, int64_t b, int64_t h, size_t j0, BackwardScratch& s) {
+                 const Heads& heads, const TileMask* mask, int64_t b, int64_t hk, size_t j0,
+                 BackwardScratch& s) {
   std::fill(s.dKt.get(), s.dKt.get() + d.hdp * kB, 0.0f);
   std::fill(s.dVt.get(), s.dVt.get() + d.hdp * kB, 0.0f);
-  for (size_t i0 = FirstQueryTile(p, j0); i0 < d.T; i0 += kB)
-    TilePair(pk, p, d, mask, b, h, j0, i0, s, s.dKt.get(), s.dVt.get(),
-             dQ ? dQ + i0 * d.hdp : nullptr);
+  for (int64_t g = 0; g < heads.G; ++g) {
+    float* dQ_head = dQ ? dQ + size_t(g) * d.Tp * d.hdp : nullptr;
+    for (size_t i0 = FirstQueryTile(p, j0); i0 < d.T; i0 += kB)
+      TilePair(pk, p, d, heads, mask, b, hk * heads.G + g, j0, i0, s, s.dKt.get(), s.dVt.get(),
+               dQ_head ? dQ_head + i0 * d.hdp : nullptr);
+  }
   const size_t jn = std::min(kB, d.T - j0);
   const int64_t t = int64_t(j0);
-  StoreRows(dk + b * st.dk.b + h * st.dk.h + t * st.dk.t, size_t(st.dk.t), s.dKt.get(), jn, d,
+  StoreRows(dk + b * st.dk.b + hk * st.dk.h + t * st.dk.t, size_t(st.dk.t), s.dKt.get(), jn, d,
             true);
-  StoreRows(dv + b * st.dv.b + h * st.dv.h + t * st.dv.t, size_t(st.dv.t), s.dVt.get(), jn, d,
+  StoreRows(dv + b * st.dv.b + hk * st.dv.h + t * st.dv.t, size_t(st.dv.t), s.dVt.get(), jn, d,
             true);
 }
 
 // dQ of query tile i0: its key tiles in order, the same pairs as KeyTileTask's.
 void QueryTileTask(uint16_t* dq, const BackwardStrides& st, const BackwardPacked& pk,
-                   const FlashAttentionParams& p, const Dims& d, const TileMask* mask, int64_t b,
-                   int64_t h, size_t i0, BackwardScratch& s) {
+                   const FlashAttentionParams& p, const Dims& d, const Heads& heads,
+                   const TileMask* mask, int64_t b, int64_t h, size_t i0, BackwardScratch& s) {
   float* dQ = s.dQ.get();  // (64, hdp)
   std::fill(dQ, dQ + kB * d.hdp, 0.0f);
   for (size_t j0 = 0; j0 < d.T && FirstQueryTile(p, j0) <= i0; j0 += kB)
-    TilePair(pk, p, d, mask, b, h, j0, i0, s, nullptr, nullptr, dQ);
+    TilePair(pk, p, d, heads, mask, b, h, j0, i0, s, nullptr, nullptr, dQ);
   StoreRows(dq + b * st.dq.b + h * st.dq.h + int64_t(i0) * st.dq.t, size_t(st.dq.t), dQ,
             std::min(kB, d.T - i0), d, false);
 }
@@ -799,23 +823,28 @@ BackwardStrides token_major_backward_strides(const FlashAttentionParams& p) {
 }
 
 void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,
-             const FlashAttentionParams& p, const ForwardStrides& st, const AdditiveMask& mask) {
+             const FlashAttentionParams& p, const ForwardStrides& st, const SdpaExtras& x) {
   const Dims d(p);
+  const Heads heads(p, x.Hkv);
   const std::unique_ptr<const TileMask> tiles_of_mask =
-      mask.data ? std::make_unique<const TileMask>(mask, p, d) : nullptr;
-  const int64_t BH = p.B * p.H;
-  const ForwardPacked pk(size_t(BH), d);
+      x.mask.data ? std::make_unique<const TileMask>(x.mask, p, d) : nullptr;
+  const int64_t BH = p.B * p.H, BHkv = p.B * heads.Hkv;
+  const ForwardPacked pk(size_t(BH), size_t(BHkv), d);
 #pragma omp parallel
   {
     auto rows = words(d.rows());
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
     for (int64_t bh = 0; bh < BH; ++bh) {
       const int64_t b = bh / p.H, h = bh % p.H;
-      const size_t off = size_t(bh) * d.rows();
-      PackRows(pk.QR + off, q + b * st.q.b + h * st.q.h, size_t(st.q.t), d.T, d);
-      PackRows(rows.get(), k + b * st.k.b + h * st.k.h, size_t(st.k.t), d.T, d);
+      PackRows(pk.QR + size_t(bh) * d.rows(), q + b * st.q.b + h * st.q.h, size_t(st.q.t), d.T, d);
+    }
+#pragma omp for schedule(static)
+    for (int64_t bhk = 0; bhk < BHkv; ++bhk) {
+      const int64_t b = bhk / heads.Hkv, hk = bhk % heads.Hkv;
+      const size_t off = size_t(bhk) * d.rows();
+      PackRows(rows.get(), k + b * st.k.b + hk * st.k.h, size_t(st.k.t), d.T, d);
       TransposeTiles(pk.KT + off, rows.get(), d);
-      PackPairs(pk.VP + off, v + b * st.v.b + h * st.v.h, size_t(st.v.t), d.T, d);
+      PackPairs(pk.VP + off, v + b * st.v.b + hk * st.v.h, size_t(st.v.t), d.T, d);
     }
   }
   const int64_t n_qt = int64_t(d.Tp / kB);
@@ -828,8 +857,8 @@ void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, co
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < BH * n_qt; ++item) {
       const int64_t qt = p.causal ? n_qt - 1 - item / BH : item / BH, bh = item % BH;
-      ForwardTile(out, lse, st, pk, p, d, tiles_of_mask.get(), bh / p.H, bh % p.H, size_t(qt) * kB,
-                  S.get(), Pw.get(), O.get(), m.get(), l.get(), z.get());
+      ForwardTile(out, lse, st, pk, p, d, heads, tiles_of_mask.get(), bh / p.H, bh % p.H,
+                  size_t(qt) * kB, S.get(), Pw.get(), O.get(), m.get(), l.get(), z.get());
     }
   }
 }
@@ -842,34 +871,27 @@ void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
 
 void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
               const uint16_t* k, const uint16_t* v, const uint16_t* out, const float* lse,
-              const FlashAttentionParams& p, const BackwardStrides& st, const AdditiveMask& mask) {
+              const FlashAttentionParams& p, const BackwardStrides& st, const SdpaExtras& x) {
   const Dims d(p);
+  const Heads heads(p, x.Hkv);
   const std::unique_ptr<const TileMask> tiles_of_mask =
-      mask.data ? std::make_unique<const TileMask>(mask, p, d) : nullptr;
-  const int64_t BH = p.B * p.H;
-  const BackwardPacked pk(size_t(BH), d);
+      x.mask.data ? std::make_unique<const TileMask>(x.mask, p, d) : nullptr;
+  const int64_t BH = p.B * p.H, BHkv = p.B * heads.Hkv;
+  const BackwardPacked pk(size_t(BH), size_t(BHkv), d);
 #pragma omp parallel
   {
     auto tmp = words(d.rows());
-#pragma omp for schedule(static)
-    for (int64_t bh = 0; bh < BH; ++bh) {
+#pragma omp for schedule(static) nowait
+    for (int64_t bh = 0; bh < BH; ++bh) {  // the query side
       const int64_t b = bh / p.H, h = bh % p.H;
       const size_t off = size_t(bh) * d.rows();
       const uint16_t* qh = q + b * st.q.b + h * st.q.h;
-      const uint16_t* kh = k + b * st.k.b + h * st.k.h;
-      const uint16_t* vh = v + b * st.v.b + h * st.v.h;
       const uint16_t* doh = dout + b * st.dout.b + h * st.dout.h;
       const uint16_t* oh = out + b * st.out.b + h * st.out.h;
       const float* lse_h = lse + b * st.lse.b + h * st.lse.h;
-      const size_t qs = size_t(st.q.t), ks = size_t(st.k.t), vs = size_t(st.v.t),
-                   dos = size_t(st.dout.t), os = size_t(st.out.t);
+      const size_t qs = size_t(st.q.t), dos = size_t(st.dout.t), os = size_t(st.out.t);
       PackRows(pk.QR + off, qh, qs, d.T, d);
       PackRows(pk.dOR + off, doh, dos, d.T, d);
-      PackRows(tmp.get(), kh, ks, d.T, d);
-      TransposeTiles(pk.KT + off, tmp.get(), d);
-      PackRows(tmp.get(), vh, vs, d.T, d);
-      TransposeTiles(pk.VT + off, tmp.get(), d);
-      PackPairs(pk.KP + off, kh, ks, d.T, d);
       PackPairs(tmp.get(), qh, qs, d.T, d);
       TransposePairTiles(pk.QtP + off, tmp.get(), d);
       PackPairs(tmp.get(), doh, dos, d.T, d);
@@ -882,20 +904,37 @@ void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
         pk.lse2[size_t(bh) * d.T + i] = lse_h[int64_t(i) * st.lse.t] * kLog2e;
       }
     }
+#pragma omp for schedule(static)
+    for (int64_t bhk = 0; bhk < BHkv; ++bhk) {  // the key/value side
+      const int64_t b = bhk / heads.Hkv, hk = bhk % heads.Hkv;
+      const size_t off = size_t(bhk) * d.rows();
+      const uint16_t* kh = k + b * st.k.b + hk * st.k.h;
+      const uint16_t* vh = v + b * st.v.b + hk * st.v.h;
+      const size_t ks = size_t(st.k.t), vs = size_t(st.v.t);
+      PackRows(tmp.get(), kh, ks, d.T, d);
+      TransposeTiles(pk.KT + off, tmp.get(), d);
+      PackRows(tmp.get(), vh, vs, d.T, d);
+      TransposeTiles(pk.VT + off, tmp.get(), d);
+      PackPairs(pk.KP + off, kh, ks, d.T, d);
+    }
   }
   const int64_t threads = MaxThreads(), n_t = int64_t(d.Tp / kB);
-  if (!(threads > 1 && BH < 2 * threads)) {  // a whole head per thread
+  if (!(threads > 1 && BHkv < 2 * threads)) {  // a whole key/value head (and its group) per thread
 #pragma omp parallel
     {
       const TileScope tiles;
-      BackwardScratch s(d.Tp, d);
+      BackwardScratch s(size_t(heads.G) * d.Tp, d);
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t bh = 0; bh < BH; ++bh) {
-        const int64_t b = bh / p.H, h = bh % p.H;
-        std::fill(s.dQ.get(), s.dQ.get() + d.Tp * d.hdp, 0.0f);
+      for (int64_t bhk = 0; bhk < BHkv; ++bhk) {
+        const int64_t b = bhk / heads.Hkv, hk = bhk % heads.Hkv;
+        std::fill(s.dQ.get(), s.dQ.get() + size_t(heads.G) * d.Tp * d.hdp, 0.0f);
         for (size_t j0 = 0; j0 < d.T; j0 += kB)
-          KeyTileTask(dk, dv, s.dQ.get(), st, pk, p, d, tiles_of_mask.get(), b, h, j0, s);
-        StoreRows(dq + b * st.dq.b + h * st.dq.h, size_t(st.dq.t), s.dQ.get(), d.T, d, false);
+          KeyTileTask(dk, dv, s.dQ.get(), st, pk, p, d, heads, tiles_of_mask.get(), b, hk, j0, s);
+        for (int64_t g = 0; g < heads.G; ++g) {
+          const int64_t h = hk * heads.G + g;
+          StoreRows(dq + b * st.dq.b + h * st.dq.h, size_t(st.dq.t),
+                    s.dQ.get() + size_t(g) * d.Tp * d.hdp, d.T, d, false);
+        }
       }
     }
     return;
@@ -906,15 +945,16 @@ void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
     const TileScope tiles;
     BackwardScratch s(kB, d);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < BH * n_t; ++item) {
-      const int64_t kt = item / BH, bh = item % BH;
-      KeyTileTask(dk, dv, nullptr, st, pk, p, d, tiles_of_mask.get(), bh / p.H, bh % p.H,
-                  size_t(kt) * kB, s);
+    for (int64_t item = 0; item < BHkv * n_t; ++item) {
+      const int64_t kt = item / BHkv, bhk = item % BHkv;
+      KeyTileTask(dk, dv, nullptr, st, pk, p, d, heads, tiles_of_mask.get(), bhk / heads.Hkv,
+                  bhk % heads.Hkv, size_t(kt) * kB, s);
     }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < BH * n_t; ++item) {
       const int64_t qt = n_t - 1 - item / BH, bh = item % BH;
-      QueryTileTask(dq, st, pk, p, d, tiles_of_mask.get(), bh / p.H, bh % p.H, size_t(qt) * kB, s);
+      QueryTileTask(dq, st, pk, p, d, heads, tiles_of_mask.get(), bh / p.H, bh % p.H,
+                    size_t(qt) * kB, s);
     }
   }
 }

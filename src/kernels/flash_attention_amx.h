@@ -24,6 +24,16 @@ struct AdditiveMask {
   int64_t b = 0, h = 0, t = 0, d = 1;
 };
 
+// What the sdpa routes add to the core's problem: a mask, and grouped-query
+// heads: Hkv key/value heads (dividing p.H; 0 means p.H), query head h
+// reading key/value head h / (p.H / Hkv). The strides of k, v (dk, dv) are
+// then the key/value heads'; dK and dV sum over each group's query heads in
+// one fixed order.
+struct SdpaExtras {
+  AdditiveMask mask;
+  int64_t Hkv = 0;
+};
+
 // Where row t of head (b, h) of one operand starts: base + b·b + h·h + t·t
 // (elements; the row's hd elements are contiguous).
 struct RowStrides {
@@ -40,7 +50,7 @@ ForwardStrides token_major_strides(const FlashAttentionParams& p);
 // hd) tensors, read and written in place): the same bits as the packed
 // layout's (only the addresses differ). The params' x_stride are ignored.
 void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,
-             const FlashAttentionParams& p, const ForwardStrides& s, const AdditiveMask& mask = {});
+             const FlashAttentionParams& p, const ForwardStrides& s, const SdpaExtras& x = {});
 
 // Every operand of a backward.
 struct BackwardStrides {
@@ -50,8 +60,7 @@ BackwardStrides token_major_backward_strides(const FlashAttentionParams& p);
 // The backward on operands of any row strides: the packed layout's bits.
 void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
               const uint16_t* k, const uint16_t* v, const uint16_t* out, const float* lse,
-              const FlashAttentionParams& p, const BackwardStrides& s,
-              const AdditiveMask& mask = {});
+              const FlashAttentionParams& p, const BackwardStrides& s, const SdpaExtras& x = {});
 void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
               const uint16_t* k, const uint16_t* v, const uint16_t* out, const float* lse,
               const FlashAttentionParams& p);

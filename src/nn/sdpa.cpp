@@ -85,17 +85,19 @@ Sizes check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOpt
 
 // ---- bf16 on the core's AMX kernel (attn/kernels.h's flash_attention_*_bf16) ----------
 // The call is the core's problem when it has no window, ALiBi or softcap,
-// Hq = Hkv, Tq = Tk (so both causal alignments are the core's top-left), D =
-// Dv, and a scale >= 0 (the core reads a negative scale as "the default"); an
-// attn_mask the AMX kernel adds itself (kernels::amx::AdditiveMask, with the
-// sdpa kernel's rules: closed keys weigh 0, tiles the mask hides are skipped).
+// Tq = Tk (so both causal alignments are the core's top-left), D = Dv, and a
+// scale >= 0 (the core reads a negative scale as "the default"); an attn_mask
+// and grouped-query heads the AMX kernel takes itself (kernels::amx::SdpaExtras:
+// the mask with the sdpa kernel's rules, closed keys weighing 0 and the tiles
+// it hides skipped; K and V packed once per key/value head).
 // The core's dropout noise is sdpa's: Philox counters (j/4, i, h, b) with the
 // same key and rule, so dropout is served too. Forward and backward decide
 // with this one predicate, so they route alike.
 bool amx_takes(const Sizes& s, bool plain, float scale) {
   if (std::strcmp(kernels::flash_attention_bf16_path(), "AMX") != 0) return false;
   if (!plain) return false;
-  if (s.Hq != s.Hkv || s.Tq != s.Tk || s.D != s.Dv || s.D > kernels::kMaxHeadDim) return false;
+  if (s.Hkv <= 0 || s.Hq % s.Hkv != 0 || s.Tq != s.Tk || s.D != s.Dv || s.D > kernels::kMaxHeadDim)
+    return false;
   return scale >= 0.0f;
 }
 
@@ -136,27 +138,32 @@ Tensor head_major(const Tensor& x) { return x.transpose(1, 2).contiguous(); }
 
 Tensor additive_mask(const SdpaOptions& o, const Sizes& s);
 
-// attn_mask as the AMX kernel reads it (checked, a boolean one turned into 0 /
-// -inf, held by `held`; a dim of size 1 broadcasts), or none.
-kernels::amx::AdditiveMask amx_mask(const SdpaOptions& o, const Sizes& s, Tensor& held) {
-  if (o.attn_mask.empty()) return {};
+// The mask (checked, a boolean one turned into 0 / -inf, held by `held`; a
+// dim of size 1 broadcasts) and the key/value heads, as the AMX kernel takes them.
+kernels::amx::SdpaExtras amx_extras(const SdpaOptions& o, const Sizes& s, Tensor& held) {
+  kernels::amx::SdpaExtras x;
+  x.Hkv = s.Hkv;
+  if (o.attn_mask.empty()) return x;
   held = additive_mask(o, s);
   auto at = [&](int64_t d) { return held.size(d) == 1 ? 0 : held.stride(d); };
-  return {held.data_ptr<float>(), at(0), at(1), at(2), at(3)};
+  x.mask = {held.data_ptr<float>(), at(0), at(1), at(2), at(3)};
+  return x;
 }
 
 SdpaForward forward_amx(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Sizes& s,
                         const SdpaOptions& o) {
   // Rows of contiguous elements (any other strides): read in place and the
   // output written head-major straight away (the kernel packs each head
-  // itself). Only this form takes a mask: other inputs are made rows first.
+  // itself). Only this form takes a mask or grouped heads: other inputs are
+  // made rows first.
   auto rows = [](const Tensor& x) { return x.size(3) == 1 || x.stride(3) == 1; };
-  const bool masked = !o.attn_mask.empty();
-  const Tensor q = masked ? rows_contiguous(q_in) : q_in, k = masked ? rows_contiguous(k_in) : k_in,
-               v = masked ? rows_contiguous(v_in) : v_in;
+  const bool general = !o.attn_mask.empty() || s.Hq != s.Hkv;
+  const Tensor q = general ? rows_contiguous(q_in) : q_in,
+               k = general ? rows_contiguous(k_in) : k_in,
+               v = general ? rows_contiguous(v_in) : v_in;
   if (rows(q) && rows(k) && rows(v)) {
     Tensor held;
-    const kernels::amx::AdditiveMask mask = amx_mask(o, s, held);
+    const kernels::amx::SdpaExtras extras = amx_extras(o, s, held);
     SdpaForward f{Tensor::empty({s.B, s.Hq, s.Tq, s.Dv}, DType::kBFloat16),
                   Tensor::empty({s.B, s.Hq, s.Tq})};
     auto at = [](const Tensor& x) {
@@ -168,7 +175,7 @@ SdpaForward forward_amx(const Tensor& q_in, const Tensor& k_in, const Tensor& v_
       return reinterpret_cast<const uint16_t*>(x.data_ptr<BFloat16>());
     };
     kernels::amx::forward(reinterpret_cast<uint16_t*>(f.out.data_ptr<BFloat16>()), f.lse.data(),
-                          bits(q), bits(k), bits(v), amx_params(s, o), st, mask);
+                          bits(q), bits(k), bits(v), amx_params(s, o), st, extras);
     return f;
   }
   const Tensor qt = token_major(q), kt = token_major(k), vt = token_major(v);
@@ -477,19 +484,19 @@ SdpaGrads backward_amx(const Tensor& dout_in, const Tensor& q_in, const Tensor& 
                        const SdpaOptions& o) {
   check_backward_io(dout_in, out_in, lse, q_in, s);
   // Rows of contiguous elements (any other strides): read in place, the
-  // gradients written head-major straight away. A mask needs this form.
+  // gradients written head-major straight away. A mask or grouped heads need this form.
   auto rows = [](const Tensor& x) { return x.size(3) == 1 || x.stride(3) == 1; };
-  const bool masked = !o.attn_mask.empty();
-  auto as_rows = [&](const Tensor& x) { return masked ? rows_contiguous(x) : x; };
+  const bool general = !o.attn_mask.empty() || s.Hq != s.Hkv;
+  auto as_rows = [&](const Tensor& x) { return general ? rows_contiguous(x) : x; };
   const Tensor dout = as_rows(dout_in), q = as_rows(q_in), k = as_rows(k_in), v = as_rows(v_in),
                out = as_rows(out_in);
   if (rows(q) && rows(k) && rows(v) && rows(dout) && rows(out)) {
     Tensor held;
-    const kernels::amx::AdditiveMask mask = amx_mask(o, s, held);
+    const kernels::amx::SdpaExtras extras = amx_extras(o, s, held);
     const Tensor lse_c = lse.contiguous();
-    const Shape shape{s.B, s.Hq, s.Tq, s.D};
-    SdpaGrads g{Tensor::empty(shape, DType::kBFloat16), Tensor::empty(shape, DType::kBFloat16),
-                Tensor::empty(shape, DType::kBFloat16)};
+    const Shape q_shape{s.B, s.Hq, s.Tq, s.D}, kv_shape{s.B, s.Hkv, s.Tk, s.D};
+    SdpaGrads g{Tensor::empty(q_shape, DType::kBFloat16), Tensor::empty(kv_shape, DType::kBFloat16),
+                Tensor::empty(kv_shape, DType::kBFloat16)};
     auto at = [](const Tensor& x) {
       return kernels::amx::RowStrides{x.stride(0), x.stride(1), x.stride(2)};
     };
@@ -505,7 +512,7 @@ SdpaGrads backward_amx(const Tensor& dout_in, const Tensor& q_in, const Tensor& 
     auto in = [](const Tensor& x) { return reinterpret_cast<const uint16_t*>(x.data_ptr<BFloat16>()); };
     auto grad = [](Tensor& x) { return reinterpret_cast<uint16_t*>(x.data_ptr<BFloat16>()); };
     kernels::amx::backward(grad(g.dq), grad(g.dk), grad(g.dv), in(dout), in(q), in(k), in(v),
-                           in(out), lse_c.data(), amx_params(s, o), st, mask);
+                           in(out), lse_c.data(), amx_params(s, o), st, extras);
     return g;
   }
   const Tensor qt = token_major(q), kt = token_major(k), vt = token_major(v);
@@ -634,9 +641,12 @@ kernels::FlashAttentionParams raw_amx_params(const SdpaProblemBf16& p) {
   return f;
 }
 
-kernels::amx::AdditiveMask raw_amx_mask(const SdpaProblemBf16& p) {
+kernels::amx::SdpaExtras raw_amx_extras(const SdpaProblemBf16& p) {
   const SdpaStrides& m = p.mask_strides;
-  return {p.mask, m.b, m.h, m.t, m.d};
+  kernels::amx::SdpaExtras x;
+  x.mask = {p.mask, m.b, m.h, m.t, m.d};
+  x.Hkv = p.Hkv;
+  return x;
 }
 
 kernels::amx::RowStrides lse_rows(const std::optional<SdpaStrides>& lse_strides,
@@ -660,37 +670,37 @@ void sdpa_backward_routed(const SdpaBackwardIO& io, const SdpaProblem& p) {
 void sdpa_forward_routed(const SdpaOutputBf16& o, const SdpaProblemBf16& given) {
   const SdpaProblemBf16 p = as_run(given);
   if (!amx_serves(p)) return kernels::sdpa_forward(o, p);
-  const int64_t B = p.B, H = p.Hq, T = p.Tq, D = p.D;
+  const int64_t B = p.B, H = p.Hq, Hkv = p.Hkv, T = p.Tq, D = p.D;
   const AmxRows q = amx_rows(p.q, p.q_strides, B, H, T, D, true);
-  const AmxRows k = amx_rows(p.k, p.k_strides, B, H, T, D, true);
-  const AmxRows v = amx_rows(p.v, p.v_strides, B, H, T, D, true);
+  const AmxRows k = amx_rows(p.k, p.k_strides, B, Hkv, T, D, true);
+  const AmxRows v = amx_rows(p.v, p.v_strides, B, Hkv, T, D, true);
   const AmxRows out = amx_rows(o.out, o.out_strides, B, H, T, D, false);
   const kernels::amx::ForwardStrides st{q.st, k.st, v.st, out.st, lse_rows(o.lse_strides, p)};
   kernels::amx::forward(bits(out.data), o.lse, bits(q.data), bits(k.data), bits(v.data),
-                        raw_amx_params(p), st, raw_amx_mask(p));
+                        raw_amx_params(p), st, raw_amx_extras(p));
   scatter(out, o.out, o.out_strides, B, H, T, D);
 }
 
 void sdpa_backward_routed(const SdpaBackwardIOBf16& io, const SdpaProblemBf16& given) {
   const SdpaProblemBf16 p = as_run(given);
   if (!amx_serves(p)) return kernels::sdpa_backward(io, p);
-  const int64_t B = p.B, H = p.Hq, T = p.Tq, D = p.D;
+  const int64_t B = p.B, H = p.Hq, Hkv = p.Hkv, T = p.Tq, D = p.D;
   const AmxRows dout = amx_rows(io.dout, io.dout_strides, B, H, T, D, true);
   const AmxRows q = amx_rows(p.q, p.q_strides, B, H, T, D, true);
-  const AmxRows k = amx_rows(p.k, p.k_strides, B, H, T, D, true);
-  const AmxRows v = amx_rows(p.v, p.v_strides, B, H, T, D, true);
+  const AmxRows k = amx_rows(p.k, p.k_strides, B, Hkv, T, D, true);
+  const AmxRows v = amx_rows(p.v, p.v_strides, B, Hkv, T, D, true);
   const AmxRows out = amx_rows(io.out, io.out_strides, B, H, T, D, true);
   const AmxRows dq = amx_rows(io.dq, io.dq_strides, B, H, T, D, false);
-  const AmxRows dk = amx_rows(io.dk, io.dk_strides, B, H, T, D, false);
-  const AmxRows dv = amx_rows(io.dv, io.dv_strides, B, H, T, D, false);
+  const AmxRows dk = amx_rows(io.dk, io.dk_strides, B, Hkv, T, D, false);
+  const AmxRows dv = amx_rows(io.dv, io.dv_strides, B, Hkv, T, D, false);
   const kernels::amx::BackwardStrides st{
       dout.st, q.st, k.st, v.st, out.st, lse_rows(io.lse_strides, p), dq.st, dk.st, dv.st};
   kernels::amx::backward(bits(dq.data), bits(dk.data), bits(dv.data), bits(dout.data), bits(q.data),
                          bits(k.data), bits(v.data), bits(out.data), io.lse, raw_amx_params(p), st,
-                         raw_amx_mask(p));
+                         raw_amx_extras(p));
   scatter(dq, io.dq, io.dq_strides, B, H, T, D);
-  scatter(dk, io.dk, io.dk_strides, B, H, T, D);
-  scatter(dv, io.dv, io.dv_strides, B, H, T, D);
+  scatter(dk, io.dk, io.dk_strides, B, Hkv, T, D);
+  scatter(dv, io.dv, io.dv_strides, B, Hkv, T, D);
 }
 
 namespace kernels {

@@ -28,6 +28,10 @@
 #include "bf16_path_guard.h"
 #include "gradcheck.h"
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 namespace {
 
 using attn::DType;
@@ -400,7 +404,6 @@ TEST(SdpaAmx, CallsTheCoreCannotServeStayOnTheWidenedPath) {
   add("window", 2, 40, 64, [](SdpaOptions& o) { o.window_left = 8; });
   add("alibi", 2, 40, 64, [](SdpaOptions& o) { o.alibi_slopes = Tensor({2}, {0.5f, 0.25f}); });
   add("softcap", 2, 40, 64, [](SdpaOptions& o) { o.softcap = 5.0f; });
-  add("gqa", 1, 40, 64, [](SdpaOptions& o) { o.enable_gqa = true; });
   add("Tq != Tk", 2, 47, 64, [](SdpaOptions&) {});
   add("D != Dv", 2, 40, 32, [](SdpaOptions&) {});
   add("negative scale", 2, 40, 64, [](SdpaOptions& o) { o.scale = -0.125f; });
@@ -503,8 +506,8 @@ Result run_raw(const Inputs& in, const SdpaOptions& o, Layout out_layout) {
   o_raw.lse_strides = attn::SdpaStrides{r.f.lse.stride(0), r.f.lse.stride(1), r.f.lse.stride(2), 1};
   attn::sdpa_forward_routed(o_raw, p);
   r.g.dq = empty_in(out_layout, B, H, T, D);
-  r.g.dk = empty_in(out_layout, B, H, T, D);
-  r.g.dv = empty_in(out_layout, B, H, T, D);
+  r.g.dk = empty_in(out_layout, B, p.Hkv, T, D);
+  r.g.dv = empty_in(out_layout, B, p.Hkv, T, D);
   attn::SdpaBackwardIOBf16 io;
   io.dout = in.dout.data_ptr<attn::BFloat16>(), io.dout_strides = strides4(in.dout);
   io.out = r.f.out.data_ptr<attn::BFloat16>(), io.out_strides = strides4(r.f.out);
@@ -690,6 +693,74 @@ TEST(SdpaAmx, RawMaskedCallsGiveTheTensorEntryPointsBits) {
       expect_same_result(run_raw(in, o, layout),
                          run(in.q, in.k, in.v, in.dout, o, SdpaBackend::kFused));
     }
+}
+
+// ---- grouped-query heads on the AMX kernel -------------------------------------------------
+// K and V packed once per key/value head, read by each query head of its
+// group; dK and dV summed over the group in one order, in both backward
+// schedules (whole key/value heads per thread, or key- and query-tile tasks):
+// against the specification, and the same bits on 1 and 2 threads.
+
+// q (B, Hq, T, D) and k, v (B, Hkv, T, D) in `layout` (head-major or token-major).
+Inputs make_gqa_inputs(int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int64_t D, Layout layout,
+                       uint64_t seed) {
+  auto one = [&](int64_t H, uint64_t s) {
+    return layout == Layout::kTokenMajor ? randn_bf16({B, T, H, D}, s).transpose(1, 2)
+                                         : randn_bf16({B, H, T, D}, s);
+  };
+  return {one(Hq, seed), one(Hkv, seed + 1), one(Hkv, seed + 2),
+          randn_bf16({B, Hq, T, D}, seed + 3)};
+}
+
+TEST(SdpaAmx, GroupedQueryHeadsMatchTheReference) {
+  ATTN_REQUIRE_AMX();
+  const attn::test::Bf16PathGuard amx("AMX");
+  ASSERT_TRUE(amx.forced());
+  struct Heads {
+    int64_t B, Hq, Hkv;
+  };
+  Worst worst;
+  uint64_t seed = 2700;
+  // B·Hkv of 1, 2 (tile tasks on 2 threads) and 4, 6 (whole key/value heads).
+  for (const Heads hd : {Heads{1, 4, 1}, Heads{1, 6, 2}, Heads{2, 4, 2}, Heads{2, 6, 3}})
+    for (const int64_t T : {33, 130})
+      for (const int variant : {0, 1, 2}) {
+        SdpaOptions o;
+        o.enable_gqa = true;
+        o.is_causal = variant != 1;
+        std::string what = "B " + std::to_string(hd.B) + " Hq " + std::to_string(hd.Hq) + " Hkv " +
+                           std::to_string(hd.Hkv) + " T " + std::to_string(T);
+        if (variant == 1) {  // full, a key-padding mask per batch
+          Tensor pad = Tensor::zeros({hd.B, 1, 1, T});
+          for (int64_t b = 0; b < hd.B; ++b)
+            for (int64_t j = T - 5 - 20 * b; j < T; ++j) pad.at({b, 0, 0, j}) = kLowest;
+          o.attn_mask = pad;
+          what += " padded";
+        }
+        if (variant == 2) {  // causal with dropout
+          o.dropout_p = 0.2f;
+          o.dropout_seed = seed;
+          what += " dropout";
+        }
+        const Layout layout = variant == 0 ? Layout::kTokenMajor : Layout::kHeadMajor;
+        const Inputs in = make_gqa_inputs(hd.B, hd.Hq, hd.Hkv, T, 64, layout, seed += 4);
+        const Result r = check_routed(in, o, worst, what);
+        EXPECT_EQ(r.g.dk.shape(), (Shape{hd.B, hd.Hkv, T, 64})) << what;
+#ifdef _OPENMP
+        const int saved = omp_get_max_threads();
+        omp_set_num_threads(1);
+        const Result one = run(in.q, in.k, in.v, in.dout, o, SdpaBackend::kFused);
+        omp_set_num_threads(2);
+        const Result two = run(in.q, in.k, in.v, in.dout, o, SdpaBackend::kFused);
+        omp_set_num_threads(saved);
+        SCOPED_TRACE(what + ": 1 and 2 threads");
+        expect_same_result(one, two);
+#endif
+        // The raw layer (the Python binding's calls): the same bits.
+        EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), "AMX") << what;
+        expect_same_result(run_raw(in, o, Layout::kTokenMajor), r);
+      }
+  print(worst, "grouped-query heads");
 }
 
 }  // namespace
