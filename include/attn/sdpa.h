@@ -313,10 +313,11 @@ void sdpa_backward(const SdpaBackwardIOBf16& io, const SdpaProblemBf16& p);
 //  - "AMX": the core's AMX kernel (flash_attention_forward_bf16 / _backward_bf16,
 //    attn/kernels.h), taken when flash_attention_bf16_path() is "AMX" (so
 //    flash_attention_bf16_use_path and ATTN_BF16_PATH force it off) and the call is
-//    the core's problem: the fused backend, no window, ALiBi or softcap, Tq = Tk,
-//    D = Dv <= kMaxHeadDim, scale >= 0; dropout any p (the same Philox noise);
-//    any attn_mask (the AMX kernel adds it, skipping the tiles it hides) and
-//    grouped-query heads (K and V packed once per key/value head).
+//    the core's problem: the fused backend, no window, ALiBi or softcap, D = Dv <=
+//    kMaxHeadDim, scale >= 0; dropout any p (the same Philox noise); any
+//    attn_mask (the AMX kernel adds it, skipping the tiles it hides),
+//    grouped-query heads (K and V packed once per key/value head), and Tq != Tk
+//    with either causal alignment.
 //    q, k, v (dout, out) are read in place where their rows are contiguous (any
 //    (b, h, t) strides), else copied so; the results are written in sdpa's
 //    layout. Forward and backward route alike. Its numerics are the core's bf16

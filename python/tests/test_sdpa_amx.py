@@ -1,7 +1,7 @@
 """bf16 from Python takes attn::scaled_dot_product_attention's routes: the
 core's AMX kernel where the C++ entry points take it (no window, ALiBi or
-softcap, L = S, E = Ev; masks of any kind, grouped-query heads), forward and
-backward, else the widened kernel. attn._path names the route; forcing the core's path off AMX
+softcap, E = Ev; masks of any kind, grouped-query heads, L != S), forward
+and backward, else the widened kernel. attn._path names the route; forcing the core's path off AMX
 (attn._attn.use_bf16_path) changes the bits, so the route is seen to run.
 Outputs and gradients against the definition in float64 within the AMX
 path's bf16 bounds (it rounds P and dS to bf16 where they enter a product, as
@@ -137,6 +137,22 @@ def test_grouped_query_heads_take_amx_and_match_the_definition(Hkv, is_causal, r
 
 
 @needs_amx
+@pytest.mark.parametrize("L,S", [(20, 90), (90, 20)])
+@pytest.mark.parametrize("is_causal", [True, False], ids=["causal", "full"])
+def test_queries_and_keys_of_different_lengths_take_amx(L, S, is_causal, record_error):
+    """L != S (PyTorch's causal pattern is top-left: key j <= query i)."""
+    gen = torch.Generator().manual_seed(5000 + L)
+    B, H, E = 2, 3, 64
+    q = torch.randn(B, H, L, E, generator=gen).to(BF16)
+    k = torch.randn(B, H, S, E, generator=gen).to(BF16)
+    v = torch.randn(B, H, S, E, generator=gen).to(BF16)
+    dout = torch.randn(B, H, L, E, generator=gen).to(BF16)
+    assert attn._path(q, k, v, is_causal=is_causal) == "AMX"
+    out, dq, dk, dv = check_against_oracle(q, k, v, dout, record_error, is_causal=is_causal)
+    assert out.shape == (B, H, L, E) and dk.shape == k.shape
+
+
+@needs_amx
 def test_scale_and_dropout_stay_on_amx(record_error):
     gen = torch.Generator().manual_seed(7)
     q, k, v = layout_qkv("token_major", 2, 2, 40, 64, gen)
@@ -168,7 +184,7 @@ def test_the_route_runs_forcing_the_widened_path_changes_the_bits(forced_path):
 
 
 @needs_amx
-@pytest.mark.parametrize("what", ["window", "alibi", "softcap", "L != S", "E != Ev", "fp32"])
+@pytest.mark.parametrize("what", ["window", "alibi", "softcap", "E != Ev", "fp32"])
 def test_calls_the_core_cannot_serve_take_the_widened_kernel(what, forced_path):
     gen = torch.Generator().manual_seed(11)
     B, H, L, S, E, Ev, Hkv = 1, 2, 24, 24, 32, 32, 2
@@ -179,8 +195,6 @@ def test_calls_the_core_cannot_serve_take_the_widened_kernel(what, forced_path):
         kw["alibi_slopes"] = torch.tensor([0.5, 0.25])
     elif what == "softcap":
         kw["softcap"] = 5.0
-    elif what == "L != S":
-        S = 31
     elif what == "E != Ev":
         Ev = 16
     dtype = torch.float32 if what == "fp32" else BF16

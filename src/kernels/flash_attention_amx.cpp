@@ -7,9 +7,11 @@
 // (bf16, VNNI packed), on 16 × 16 tiles.
 //
 // Layouts. hdp = hd rounded up to 32 (a tile's reduction depth), hdw = hdp/2
-// words; Tp = T rounded up to the tile of 64. Each head's inputs are first
-// packed once (in parallel over heads, O(T · hd) work) into zero-padded
-// copies, so that every operand of every product is a plain tile load:
+// words; Tp = T rounded up to the tile of 64 (Tq's for Q and dO, Tk's for K
+// and V: the sdpa routes' queries and keys may differ in number, Dims). Each
+// head's inputs are first packed once (in parallel over heads, O(T · hd)
+// work) into zero-padded copies, so that every operand of every product is a
+// plain tile load:
 //   QR, dOR (Tp, hdw)     rows of words (Q, dO as A operands)
 //   KT, VT  (Tp/64, hdw, 64)    dim pairs × tokens (Kᵀ, Vᵀ as B operands)
 //   VP, KP  (Tp/2, hdp)         token pairs × dims (V, K as B operands)
@@ -116,16 +118,38 @@ int MaxThreads() {
 #endif
 }
 
-// The sizes of one problem's packed operands.
+// The sizes of one problem's packed operands: Tq queries (p.T), Tk keys
+// (SdpaExtras::Tk, or p.T), each rounded up to the tile (Tqp, Tkp); and which
+// keys a query sees: causal, key j <= i + delta (delta = Tk - Tq when the
+// causal pattern is aligned bottom-right, else 0).
 struct Dims {
-  size_t T, Tp, hd, hdp, hdw;
-  explicit Dims(const FlashAttentionParams& p)
-      : T(size_t(p.T)),
-        Tp(RoundUp(size_t(p.T), kB)),
+  size_t Tq, Tk, Tqp, Tkp, hd, hdp, hdw;
+  bool causal;
+  int64_t delta;
+  Dims(const FlashAttentionParams& p, const SdpaExtras& x)
+      : Tq(size_t(p.T)),
+        Tk(size_t(x.Tk > 0 ? x.Tk : p.T)),
+        Tqp(RoundUp(Tq, kB)),
+        Tkp(RoundUp(Tk, kB)),
         hd(size_t(p.hd)),
         hdp(RoundUp(size_t(p.hd), 32)),
-        hdw(RoundUp(size_t(p.hd), 32) / 2) {}
-  size_t rows() const { return Tp * hdw; }  // words of (Tp, hdw), (hdw, Tp), (Tp/2, hdp), ...
+        hdw(RoundUp(size_t(p.hd), 32) / 2),
+        causal(p.causal),
+        delta(x.bottom_right ? int64_t(Tk) - int64_t(Tq) : 0) {}
+  // Words of a head's packed query-side and key-side operands ((Tp, hdw), (hdw, Tp), (Tp/2, hdp),
+  // ...).
+  size_t q_rows() const { return Tqp * hdw; }
+  size_t k_rows() const { return Tkp * hdw; }
+  // The keys [0, end) that query i sees.
+  size_t KeyEnd(size_t i) const {
+    if (!causal) return Tk;
+    return size_t(std::clamp<int64_t>(int64_t(i) + delta + 1, 0, int64_t(Tk)));
+  }
+  // The first query tile that sees key j0 (queries i >= j0 - delta, causal).
+  size_t FirstQueryTile(size_t j0) const {
+    if (!causal) return 0;
+    return size_t(std::max<int64_t>(0, int64_t(j0) - delta)) / kB * kB;
+  }
 };
 
 // The query heads and the key/value heads they read (SdpaExtras): packed
@@ -257,10 +281,11 @@ using avx512::RowToWords;
 // ---- packing: once per head, O(T · hd)
 // -----------------------------------------------------------
 
-// dst (Tp, hdw): row r < n is x's row r (hd bf16) zero-padded to hdp; rows >= n are zero.
+// dst (Tp, hdw), Tp = n rounded up to the tile: row r < n is x's row r (hd
+// bf16) zero-padded to hdp; rows >= n are zero.
 void PackRows(uint32_t* dst, const uint16_t* x, size_t stride, size_t n, const Dims& d) {
   auto* out = reinterpret_cast<uint16_t*>(dst);
-  for (size_t r = 0; r < d.Tp; ++r)
+  for (size_t r = 0; r < RoundUp(n, kB); ++r)
     for (size_t c0 = 0; c0 < d.hdp; c0 += 32) {
       const __m512i v = r < n ? _mm512_maskz_loadu_epi16(Elements32(c0, d.hd), x + r * stride + c0)
                               : _mm512_setzero_si512();
@@ -271,7 +296,7 @@ void PackRows(uint32_t* dst, const uint16_t* x, size_t stride, size_t n, const D
 // dst (Tp/2, hdp): dst[p · hdp + c] = (x[2p][c], x[2p+1][c]); zero past hd and past n.
 void PackPairs(uint32_t* dst, const uint16_t* x, size_t stride, size_t n, const Dims& d) {
   const __m512i idx = InterleaveIndex();
-  for (size_t pr = 0; pr < d.Tp / 2; ++pr) {
+  for (size_t pr = 0; pr < RoundUp(n, kB) / 2; ++pr) {
     const uint16_t* a = x + 2 * pr * stride;
     for (size_t c0 = 0; c0 < d.hdp; c0 += kN) {
       const __mmask16 dims = LanesBelow(c0, d.hd);
@@ -298,13 +323,13 @@ void TransposeWords(uint32_t* dst, size_t ldd, const uint32_t* src, size_t lds, 
 }
 
 // Rows (Tp, hdw) into tiles of 64 tokens transposed: tile t at t · 64 · hdw is (hdw, 64).
-void TransposeTiles(uint32_t* dst, const uint32_t* rows, const Dims& d) {
-  for (size_t t0 = 0; t0 < d.Tp; t0 += kB)
+void TransposeTiles(uint32_t* dst, const uint32_t* rows, size_t Tp, const Dims& d) {
+  for (size_t t0 = 0; t0 < Tp; t0 += kB)
     TransposeWords(dst + t0 * d.hdw, kB, rows + t0 * d.hdw, d.hdw, kB, d.hdw);
 }
 // Token pairs (Tp/2, hdp) into tiles of 32 pairs transposed: tile t at t · 64 · hdw is (hdp, 32).
-void TransposePairTiles(uint32_t* dst, const uint32_t* pairs, const Dims& d) {
-  for (size_t t0 = 0; t0 < d.Tp; t0 += kB)
+void TransposePairTiles(uint32_t* dst, const uint32_t* pairs, size_t Tp, const Dims& d) {
+  for (size_t t0 = 0; t0 < Tp; t0 += kB)
     TransposeWords(dst + t0 * d.hdw, kBw, pairs + t0 * d.hdw, d.hdp, kBw, d.hdp);
 }
 
@@ -327,9 +352,9 @@ void NoiseRow(float* z, const DropoutRule& rule, uint64_t seed, int64_t b, int64
     for (size_t u = 0; u < 4; ++u) z[4 * m + u] = rule.noise(x[u][m]);
 }
 
-// Keys j0 .. j0 + 63 that query i sees: those below T and (causal) up to i.
-size_t KeysSeen(const FlashAttentionParams& p, size_t T, size_t i, size_t j0, size_t width = kB) {
-  const size_t end = p.causal ? std::min(T, i + 1) : T;
+// Keys j0 .. j0 + width - 1 that query i sees: those below Tk and (causal) up to i + delta.
+size_t KeysSeen(const Dims& d, size_t i, size_t j0, size_t width = kB) {
+  const size_t end = d.KeyEnd(i);
   return end > j0 ? std::min(width, end - j0) : 0;
 }
 
@@ -348,21 +373,22 @@ class TileMask {
         per_b_(m.b != 0),
         per_h_(m.h != 0),
         planes_h_(per_h_ ? size_t(p.H) : 1),
-        nt_(d.Tp / kB),
-        flags_((per_b_ ? size_t(p.B) : 1) * planes_h_ * nt_ * nt_, 0) {
-    const int64_t tile_rows = int64_t(flags_.size() / nt_);
+        nti_(d.Tqp / kB),
+        ntj_(d.Tkp / kB),
+        flags_((per_b_ ? size_t(p.B) : 1) * planes_h_ * nti_ * ntj_, 0) {
+    const int64_t tile_rows = int64_t(flags_.size() / ntj_);
 #pragma omp parallel for schedule(static) if (tile_rows > 1)
     for (int64_t r = 0; r < tile_rows; ++r) {
-      const size_t plane = size_t(r) / nt_, ti = size_t(r) % nt_;
+      const size_t plane = size_t(r) / nti_, ti = size_t(r) % nti_;
       const int64_t b = int64_t(plane / planes_h_), h = int64_t(plane % planes_h_);
-      uint8_t* f = flags_.data() + size_t(r) * nt_;
+      uint8_t* f = flags_.data() + size_t(r) * ntj_;
       const __m512 closed = _mm512_set1_ps(kNegInf), l2e = _mm512_set1_ps(kMaskLog2e);
-      for (size_t i = ti * kB; i < std::min(d.T, (ti + 1) * kB); ++i) {
+      for (size_t i = ti * kB; i < std::min(d.Tq, (ti + 1) * kB); ++i) {
         const float* row = Row(b, h, i);
-        for (size_t tj = 0; tj < nt_; ++tj) {
+        for (size_t tj = 0; tj < ntj_; ++tj) {
           __mmask16 open = 0, nonzero = 0;
-          for (size_t j = tj * kB; j < std::min(d.T, (tj + 1) * kB); j += kN) {
-            const __mmask16 valid = LanesBelow(j, d.T);
+          for (size_t j = tj * kB; j < std::min(d.Tk, (tj + 1) * kB); j += kN) {
+            const __mmask16 valid = LanesBelow(j, d.Tk);
             const __m512 x = Load(row, j, valid);
             // mask_value_closes in vectors: log2(e) · x == -inf
             open |= _mm512_mask_cmp_ps_mask(valid, _mm512_mul_ps(l2e, x), closed, _CMP_NEQ_UQ);
@@ -397,11 +423,11 @@ class TileMask {
   static constexpr uint8_t kOpen = 1, kNonZero = 2;
   uint8_t Flags(int64_t b, int64_t h, size_t i0, size_t j0) const {
     const size_t plane = size_t(per_b_ ? b : 0) * planes_h_ + size_t(per_h_ ? h : 0);
-    return flags_[(plane * nt_ + i0 / kB) * nt_ + j0 / kB];
+    return flags_[(plane * nti_ + i0 / kB) * ntj_ + j0 / kB];
   }
   AdditiveMask m_;
   bool per_b_, per_h_;
-  size_t planes_h_, nt_;
+  size_t planes_h_, nti_, ntj_;
   std::vector<uint8_t> flags_;  // (plane, query tile, key tile)
 };
 
@@ -477,12 +503,12 @@ class PackedWords {
 
 struct ForwardPacked {
   PackedWords all;           // QR, KT, VP one after the other
-  uint32_t *QR, *KT, *VP;    // QR (B·H, ...), KT and VP (B·Hkv, ...): per head d.rows() words
+  uint32_t *QR, *KT, *VP;    // QR (B·H, q_rows), KT and VP (B·Hkv, k_rows)
   ForwardPacked(size_t BH, size_t BHkv, const Dims& d)
-      : all((BH + 2 * BHkv) * d.rows()),
+      : all(BH * d.q_rows() + 2 * BHkv * d.k_rows()),
         QR(all.get()),
-        KT(QR + BH * d.rows()),
-        VP(KT + BHkv * d.rows()) {}
+        KT(QR + BH * d.q_rows()),
+        VP(KT + BHkv * d.k_rows()) {}
 };
 
 void ForwardTile(uint16_t* out, float* lse, const ForwardStrides& st, const ForwardPacked& pk,
@@ -490,10 +516,10 @@ void ForwardTile(uint16_t* out, float* lse, const ForwardStrides& st, const Forw
                  const TileMask* mask, int64_t b, int64_t h, size_t i0, float* S, uint32_t* Pw,
                  float* O, float* m, float* l, float* z) {
   alignas(64) float row_max[kB], alpha[kB];
-  const size_t in = std::min(kB, d.T - i0);
-  const uint32_t* QR = pk.QR + heads.q(b, h) * d.rows();
-  const uint32_t* KT = pk.KT + heads.kv(b, h) * d.rows();
-  const uint32_t* VP = pk.VP + heads.kv(b, h) * d.rows();
+  const size_t in = std::min(kB, d.Tq - i0);
+  const uint32_t* QR = pk.QR + heads.q(b, h) * d.q_rows();
+  const uint32_t* KT = pk.KT + heads.kv(b, h) * d.k_rows();
+  const uint32_t* VP = pk.VP + heads.kv(b, h) * d.k_rows();
   const DropoutRule rule(p.dropout_p);
   std::fill(O, O + kB * d.hdp, 0.0f);
   std::fill(m, m + kB, kNegInf);  // rows past T too: their α is 0 (2^(-inf − 0))
@@ -501,7 +527,7 @@ void ForwardTile(uint16_t* out, float* lse, const ForwardStrides& st, const Forw
   std::memset(Pw, 0, kB * kBcw * sizeof(uint32_t));  // rows >= in stay zero
   const float c = p.scale * kLog2e;
   const __m512 cv = _mm512_set1_ps(c);
-  const size_t key_end = p.causal ? i0 + in : d.T;
+  const size_t key_end = d.KeyEnd(i0 + in - 1);  // the tile's last query sees the most
   for (size_t j0 = 0; j0 < key_end; j0 += kBc) {
     // S (64, 128) = Q_tile Kᵀ_tile, by halves of 64 keys (the second one only
     // if it has a key). With a mask: a half it hides wholly is -inf without a
@@ -530,7 +556,7 @@ void ForwardTile(uint16_t* out, float* lse, const ForwardStrides& st, const Forw
     if (base2) {
       const __m512 l2e = _mm512_set1_ps(kLog2e);
       for (size_t ii = 0; ii < in; ++ii) {
-        const size_t seen = std::min(KeysSeen(p, d.T, i0 + ii, j0, kBc), kB * halves);
+        const size_t seen = std::min(KeysSeen(d, i0 + ii, j0, kBc), kB * halves);
         const float* row = mask->Row(b, h, i0 + ii);
         float* s = S + ii * kBc;
         for (size_t v = 0; v * kN < seen; ++v) {
@@ -552,12 +578,12 @@ void ForwardTile(uint16_t* out, float* lse, const ForwardStrides& st, const Forw
         row_max[ii] = 0.0f;  // rows past T: anything finite
         continue;
       }
-      const size_t seen = std::min(KeysSeen(p, d.T, i0 + ii, j0, kBc), kB * halves);
+      const size_t seen = std::min(KeysSeen(d, i0 + ii, j0, kBc), kB * halves);
       const float* s = S + ii * kBc;
       __m512 mx = _mm512_set1_ps(kNegInf);
       for (size_t v = 0; v * kN < seen; ++v)  // seen <= 16 · nv
         mx = _mm512_mask_max_ps(mx, LanesBelow(v * kN, seen), mx, _mm512_loadu_ps(s + v * kN));
-      row_max[ii] = HMax(mx) * cb;
+      row_max[ii] = seen ? HMax(mx) * cb : kNegInf;  // no key yet (bottom-right): as all closed
     }
     for (size_t v0 = 0; v0 < kB; v0 += kN) {
       const __m512 m_old = _mm512_loadu_ps(m + v0);
@@ -568,7 +594,7 @@ void ForwardTile(uint16_t* out, float* lse, const ForwardStrides& st, const Forw
     // P = 2^(c·S − m) on the keys each row sees: summed into l (before
     // dropout: l is the softmax denominator), times Z, rounded to bf16 rows.
     for (size_t ii = 0; ii < in; ++ii) {
-      const size_t i = i0 + ii, seen = std::min(KeysSeen(p, d.T, i, j0, kBc), kB * halves);
+      const size_t i = i0 + ii, seen = std::min(KeysSeen(d, i, j0, kBc), kB * halves);
       const float* s = S + ii * kBc;
       const __m512 mv = _mm512_set1_ps(m[ii]);
       __m512 pv[8], sum = _mm512_setzero_ps();
@@ -600,7 +626,7 @@ void ForwardTile(uint16_t* out, float* lse, const ForwardStrides& st, const Forw
     tile_gemm<true>(kB, d.hdp, kBw * halves, Pw, kBcw, VP + j0 / 2 * d.hdp, d.hdp, O, d.hdp);
   }
   // O /= l, rounded to bf16; lse = (m + log2 l) · ln 2. A row that saw only
-  // closed keys (l = 0, m = -inf) gets 0 and -inf.
+  // closed keys, or none (l = 0, m = -inf), gets 0 and -inf.
   uint16_t* o_head = out + b * st.out.b + h * st.out.h;
   float* lse_head = lse + b * st.lse.b + h * st.lse.h;
   for (size_t ii = 0; ii < in; ++ii) {
@@ -621,20 +647,20 @@ void ForwardTile(uint16_t* out, float* lse, const ForwardStrides& st, const Forw
 
 struct BackwardPacked {
   PackedWords all;                  // all of the below, one after the other
-  uint32_t *QR, *dOR, *QtP, *dOtP;  // (B·H, ...) each, per query head d.rows() words
-  uint32_t *KT, *VT, *KP;           // (B·Hkv, ...) each, per key/value head d.rows() words
-  float *D, *lse2;                  // (B·H, T) each (T rounded up to 16 apart)
+  uint32_t *QR, *dOR, *QtP, *dOtP;  // (B·H, q_rows) each
+  uint32_t *KT, *VT, *KP;           // (B·Hkv, k_rows) each
+  float *D, *lse2;                  // (B·H, Tq) each (Tq rounded up to 16 apart)
   BackwardPacked(size_t BH, size_t BHkv, const Dims& d)
-      : all((4 * BH + 3 * BHkv) * d.rows() + 2 * BH * RoundUp(d.T, kN)),
+      : all(4 * BH * d.q_rows() + 3 * BHkv * d.k_rows() + 2 * BH * RoundUp(d.Tq, kN)),
         QR(all.get()),
-        dOR(QR + BH * d.rows()),
-        QtP(dOR + BH * d.rows()),
-        dOtP(QtP + BH * d.rows()),
-        KT(dOtP + BH * d.rows()),
-        VT(KT + BHkv * d.rows()),
-        KP(VT + BHkv * d.rows()),
-        D(reinterpret_cast<float*>(KP + BHkv * d.rows())),
-        lse2(D + BH * RoundUp(d.T, kN)) {}
+        dOR(QR + BH * d.q_rows()),
+        QtP(dOR + BH * d.q_rows()),
+        dOtP(QtP + BH * d.q_rows()),
+        KT(dOtP + BH * d.q_rows()),
+        VT(KT + BHkv * d.k_rows()),
+        KP(VT + BHkv * d.k_rows()),
+        D(reinterpret_cast<float*>(KP + BHkv * d.k_rows())),
+        lse2(D + BH * RoundUp(d.Tq, kN)) {}
 };
 
 struct BackwardScratch {
@@ -663,10 +689,10 @@ void TilePair(const BackwardPacked& pk, const FlashAttentionParams& p, const Dim
               BackwardScratch& s, float* dKt, float* dVt, float* dQ) {
   if (mask && mask->Hidden(b, h, i0, j0)) return;  // every weight exactly 0: nothing to add
   const bool adds = mask && mask->Adds(b, h, i0, j0);
-  const size_t bh = heads.q(b, h), in = std::min(kB, d.T - i0);
-  const size_t off = bh * d.rows(), off_kv = heads.kv(b, h) * d.rows();
-  const float* D = pk.D + bh * d.T;
-  const float* lse2 = pk.lse2 + bh * d.T;
+  const size_t bh = heads.q(b, h), in = std::min(kB, d.Tq - i0);
+  const size_t off = bh * d.q_rows(), off_kv = heads.kv(b, h) * d.k_rows();
+  const float* D = pk.D + bh * RoundUp(d.Tq, kN);
+  const float* lse2 = pk.lse2 + bh * RoundUp(d.Tq, kN);
   const DropoutRule rule(p.dropout_p);
   float* S = s.S.get();
   float* dP = s.dP.get();
@@ -685,7 +711,7 @@ void TilePair(const BackwardPacked& pk, const FlashAttentionParams& p, const Dim
         for (size_t v = 0; v < 4; ++v) pz[t][v] = ds[t][v] = _mm512_setzero_ps();
         continue;
       }
-      const size_t seen = KeysSeen(p, d.T, i, j0);
+      const size_t seen = KeysSeen(d, i, j0);
       const __m512 li = _mm512_set1_ps(lse2[i]), Di = _mm512_set1_ps(D[i]);
       if (rule.active()) NoiseRow(s.z.get() + t * kB, rule, p.dropout_seed, b, h, i, j0);
       for (size_t v = 0; v < 4; ++v) {
@@ -766,8 +792,6 @@ float DotBf16(const uint16_t* x, const uint16_t* y, size_t hd) {
   return HSum(sum);
 }
 
-size_t FirstQueryTile(const FlashAttentionParams& p, size_t j0) { return p.causal ? j0 : 0; }
-
 // dK, dV of key tile j0 (with dQ (Tp, hdp) given, the head's dQ accumulates too).
 // dK, dV of key tile j0 of key/value head (b, hk): the group's query heads in
 // order, each over its query tiles (with dQ given, (G, Tp, hdp): the group's
@@ -779,12 +803,12 @@ void KeyTileTask(uint16_t* dk, uint16_t* dv, float* dQ, const BackwardStrides& s
   std::fill(s.dKt.get(), s.dKt.get() + d.hdp * kB, 0.0f);
   std::fill(s.dVt.get(), s.dVt.get() + d.hdp * kB, 0.0f);
   for (int64_t g = 0; g < heads.G; ++g) {
-    float* dQ_head = dQ ? dQ + size_t(g) * d.Tp * d.hdp : nullptr;
-    for (size_t i0 = FirstQueryTile(p, j0); i0 < d.T; i0 += kB)
+    float* dQ_head = dQ ? dQ + size_t(g) * d.Tqp * d.hdp : nullptr;
+    for (size_t i0 = d.FirstQueryTile(j0); i0 < d.Tq; i0 += kB)
       TilePair(pk, p, d, heads, mask, b, hk * heads.G + g, j0, i0, s, s.dKt.get(), s.dVt.get(),
                dQ_head ? dQ_head + i0 * d.hdp : nullptr);
   }
-  const size_t jn = std::min(kB, d.T - j0);
+  const size_t jn = std::min(kB, d.Tk - j0);
   const int64_t t = int64_t(j0);
   StoreRows(dk + b * st.dk.b + hk * st.dk.h + t * st.dk.t, size_t(st.dk.t), s.dKt.get(), jn, d,
             true);
@@ -798,10 +822,10 @@ void QueryTileTask(uint16_t* dq, const BackwardStrides& st, const BackwardPacked
                    const TileMask* mask, int64_t b, int64_t h, size_t i0, BackwardScratch& s) {
   float* dQ = s.dQ.get();  // (64, hdp)
   std::fill(dQ, dQ + kB * d.hdp, 0.0f);
-  for (size_t j0 = 0; j0 < d.T && FirstQueryTile(p, j0) <= i0; j0 += kB)
+  for (size_t j0 = 0; j0 < d.Tk && d.FirstQueryTile(j0) <= i0; j0 += kB)
     TilePair(pk, p, d, heads, mask, b, h, j0, i0, s, nullptr, nullptr, dQ);
   StoreRows(dq + b * st.dq.b + h * st.dq.h + int64_t(i0) * st.dq.t, size_t(st.dq.t), dQ,
-            std::min(kB, d.T - i0), d, false);
+            std::min(kB, d.Tq - i0), d, false);
 }
 
 }  // namespace
@@ -824,7 +848,7 @@ BackwardStrides token_major_backward_strides(const FlashAttentionParams& p) {
 
 void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,
              const FlashAttentionParams& p, const ForwardStrides& st, const SdpaExtras& x) {
-  const Dims d(p);
+  const Dims d(p, x);
   const Heads heads(p, x.Hkv);
   const std::unique_ptr<const TileMask> tiles_of_mask =
       x.mask.data ? std::make_unique<const TileMask>(x.mask, p, d) : nullptr;
@@ -832,22 +856,23 @@ void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, co
   const ForwardPacked pk(size_t(BH), size_t(BHkv), d);
 #pragma omp parallel
   {
-    auto rows = words(d.rows());
+    auto rows = words(d.k_rows());
 #pragma omp for schedule(static) nowait
     for (int64_t bh = 0; bh < BH; ++bh) {
       const int64_t b = bh / p.H, h = bh % p.H;
-      PackRows(pk.QR + size_t(bh) * d.rows(), q + b * st.q.b + h * st.q.h, size_t(st.q.t), d.T, d);
+      PackRows(pk.QR + size_t(bh) * d.q_rows(), q + b * st.q.b + h * st.q.h, size_t(st.q.t), d.Tq,
+               d);
     }
 #pragma omp for schedule(static)
     for (int64_t bhk = 0; bhk < BHkv; ++bhk) {
       const int64_t b = bhk / heads.Hkv, hk = bhk % heads.Hkv;
-      const size_t off = size_t(bhk) * d.rows();
-      PackRows(rows.get(), k + b * st.k.b + hk * st.k.h, size_t(st.k.t), d.T, d);
-      TransposeTiles(pk.KT + off, rows.get(), d);
-      PackPairs(pk.VP + off, v + b * st.v.b + hk * st.v.h, size_t(st.v.t), d.T, d);
+      const size_t off = size_t(bhk) * d.k_rows();
+      PackRows(rows.get(), k + b * st.k.b + hk * st.k.h, size_t(st.k.t), d.Tk, d);
+      TransposeTiles(pk.KT + off, rows.get(), d.Tkp, d);
+      PackPairs(pk.VP + off, v + b * st.v.b + hk * st.v.h, size_t(st.v.t), d.Tk, d);
     }
   }
-  const int64_t n_qt = int64_t(d.Tp / kB);
+  const int64_t n_qt = int64_t(d.Tqp / kB);
 #pragma omp parallel
   {
     const TileScope tiles;
@@ -872,7 +897,7 @@ void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
 void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
               const uint16_t* k, const uint16_t* v, const uint16_t* out, const float* lse,
               const FlashAttentionParams& p, const BackwardStrides& st, const SdpaExtras& x) {
-  const Dims d(p);
+  const Dims d(p, x);
   const Heads heads(p, x.Hkv);
   const std::unique_ptr<const TileMask> tiles_of_mask =
       x.mask.data ? std::make_unique<const TileMask>(x.mask, p, d) : nullptr;
@@ -880,60 +905,61 @@ void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
   const BackwardPacked pk(size_t(BH), size_t(BHkv), d);
 #pragma omp parallel
   {
-    auto tmp = words(d.rows());
+    auto tmp = words(std::max(d.q_rows(), d.k_rows()));
 #pragma omp for schedule(static) nowait
     for (int64_t bh = 0; bh < BH; ++bh) {  // the query side
       const int64_t b = bh / p.H, h = bh % p.H;
-      const size_t off = size_t(bh) * d.rows();
+      const size_t off = size_t(bh) * d.q_rows();
       const uint16_t* qh = q + b * st.q.b + h * st.q.h;
       const uint16_t* doh = dout + b * st.dout.b + h * st.dout.h;
       const uint16_t* oh = out + b * st.out.b + h * st.out.h;
       const float* lse_h = lse + b * st.lse.b + h * st.lse.h;
       const size_t qs = size_t(st.q.t), dos = size_t(st.dout.t), os = size_t(st.out.t);
-      PackRows(pk.QR + off, qh, qs, d.T, d);
-      PackRows(pk.dOR + off, doh, dos, d.T, d);
-      PackPairs(tmp.get(), qh, qs, d.T, d);
-      TransposePairTiles(pk.QtP + off, tmp.get(), d);
-      PackPairs(tmp.get(), doh, dos, d.T, d);
-      TransposePairTiles(pk.dOtP + off, tmp.get(), d);
+      PackRows(pk.QR + off, qh, qs, d.Tq, d);
+      PackRows(pk.dOR + off, doh, dos, d.Tq, d);
+      PackPairs(tmp.get(), qh, qs, d.Tq, d);
+      TransposePairTiles(pk.QtP + off, tmp.get(), d.Tqp, d);
+      PackPairs(tmp.get(), doh, dos, d.Tq, d);
+      TransposePairTiles(pk.dOtP + off, tmp.get(), d.Tqp, d);
       // D = rowsum(dO ⊙ O) from the bf16 values, and lse · log2(e). (A row
       // whose keys the mask all closes has lse -inf and scores -inf: its
       // weights are 2^NaN, exactly 0 in Exp2.)
-      for (size_t i = 0; i < d.T; ++i) {
-        pk.D[size_t(bh) * d.T + i] = DotBf16(doh + i * dos, oh + i * os, d.hd);
-        pk.lse2[size_t(bh) * d.T + i] = lse_h[int64_t(i) * st.lse.t] * kLog2e;
+      const size_t at = size_t(bh) * RoundUp(d.Tq, kN);
+      for (size_t i = 0; i < d.Tq; ++i) {
+        pk.D[at + i] = DotBf16(doh + i * dos, oh + i * os, d.hd);
+        pk.lse2[at + i] = lse_h[int64_t(i) * st.lse.t] * kLog2e;
       }
     }
 #pragma omp for schedule(static)
     for (int64_t bhk = 0; bhk < BHkv; ++bhk) {  // the key/value side
       const int64_t b = bhk / heads.Hkv, hk = bhk % heads.Hkv;
-      const size_t off = size_t(bhk) * d.rows();
+      const size_t off = size_t(bhk) * d.k_rows();
       const uint16_t* kh = k + b * st.k.b + hk * st.k.h;
       const uint16_t* vh = v + b * st.v.b + hk * st.v.h;
       const size_t ks = size_t(st.k.t), vs = size_t(st.v.t);
-      PackRows(tmp.get(), kh, ks, d.T, d);
-      TransposeTiles(pk.KT + off, tmp.get(), d);
-      PackRows(tmp.get(), vh, vs, d.T, d);
-      TransposeTiles(pk.VT + off, tmp.get(), d);
-      PackPairs(pk.KP + off, kh, ks, d.T, d);
+      PackRows(tmp.get(), kh, ks, d.Tk, d);
+      TransposeTiles(pk.KT + off, tmp.get(), d.Tkp, d);
+      PackRows(tmp.get(), vh, vs, d.Tk, d);
+      TransposeTiles(pk.VT + off, tmp.get(), d.Tkp, d);
+      PackPairs(pk.KP + off, kh, ks, d.Tk, d);
     }
   }
-  const int64_t threads = MaxThreads(), n_t = int64_t(d.Tp / kB);
+  const int64_t threads = MaxThreads(), n_qt = int64_t(d.Tqp / kB), n_kt = int64_t(d.Tkp / kB);
   if (!(threads > 1 && BHkv < 2 * threads)) {  // a whole key/value head (and its group) per thread
 #pragma omp parallel
     {
       const TileScope tiles;
-      BackwardScratch s(size_t(heads.G) * d.Tp, d);
+      BackwardScratch s(size_t(heads.G) * d.Tqp, d);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t bhk = 0; bhk < BHkv; ++bhk) {
         const int64_t b = bhk / heads.Hkv, hk = bhk % heads.Hkv;
-        std::fill(s.dQ.get(), s.dQ.get() + size_t(heads.G) * d.Tp * d.hdp, 0.0f);
-        for (size_t j0 = 0; j0 < d.T; j0 += kB)
+        std::fill(s.dQ.get(), s.dQ.get() + size_t(heads.G) * d.Tqp * d.hdp, 0.0f);
+        for (size_t j0 = 0; j0 < d.Tk; j0 += kB)
           KeyTileTask(dk, dv, s.dQ.get(), st, pk, p, d, heads, tiles_of_mask.get(), b, hk, j0, s);
         for (int64_t g = 0; g < heads.G; ++g) {
           const int64_t h = hk * heads.G + g;
           StoreRows(dq + b * st.dq.b + h * st.dq.h, size_t(st.dq.t),
-                    s.dQ.get() + size_t(g) * d.Tp * d.hdp, d.T, d, false);
+                    s.dQ.get() + size_t(g) * d.Tqp * d.hdp, d.Tq, d, false);
         }
       }
     }
@@ -945,14 +971,14 @@ void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
     const TileScope tiles;
     BackwardScratch s(kB, d);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < BHkv * n_t; ++item) {
+    for (int64_t item = 0; item < BHkv * n_kt; ++item) {
       const int64_t kt = item / BHkv, bhk = item % BHkv;
       KeyTileTask(dk, dv, nullptr, st, pk, p, d, heads, tiles_of_mask.get(), bhk / heads.Hkv,
                   bhk % heads.Hkv, size_t(kt) * kB, s);
     }
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < BH * n_t; ++item) {
-      const int64_t qt = n_t - 1 - item / BH, bh = item % BH;
+    for (int64_t item = 0; item < BH * n_qt; ++item) {
+      const int64_t qt = n_qt - 1 - item / BH, bh = item % BH;
       QueryTileTask(dq, st, pk, p, d, heads, tiles_of_mask.get(), bh / p.H, bh % p.H,
                     size_t(qt) * kB, s);
     }

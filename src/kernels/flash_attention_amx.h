@@ -24,14 +24,18 @@ struct AdditiveMask {
   int64_t b = 0, h = 0, t = 0, d = 1;
 };
 
-// What the sdpa routes add to the core's problem: a mask, and grouped-query
+// What the sdpa routes add to the core's problem: a mask; grouped-query
 // heads: Hkv key/value heads (dividing p.H; 0 means p.H), query head h
-// reading key/value head h / (p.H / Hkv). The strides of k, v (dk, dv) are
-// then the key/value heads'; dK and dV sum over each group's query heads in
-// one fixed order.
+// reading key/value head h / (p.H / Hkv), the strides of k, v (dk, dv) then
+// the key/value heads', dK and dV summed over each group's query heads in one
+// fixed order; and Tk keys for the p.T queries (0 means p.T), the causal
+// pattern aligned top-left (key j <= query i) or bottom-right (j <= i + Tk -
+// Tq; a query that sees no key gets output 0 and lse -inf).
 struct SdpaExtras {
   AdditiveMask mask;
   int64_t Hkv = 0;
+  int64_t Tk = 0;
+  bool bottom_right = false;
 };
 
 // Where row t of head (b, h) of one operand starts: base + b·b + h·h + t·t

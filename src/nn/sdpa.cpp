@@ -84,19 +84,20 @@ Sizes check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOpt
 }
 
 // ---- bf16 on the core's AMX kernel (attn/kernels.h's flash_attention_*_bf16) ----------
-// The call is the core's problem when it has no window, ALiBi or softcap,
-// Tq = Tk (so both causal alignments are the core's top-left), D = Dv, and a
-// scale >= 0 (the core reads a negative scale as "the default"); an attn_mask
-// and grouped-query heads the AMX kernel takes itself (kernels::amx::SdpaExtras:
-// the mask with the sdpa kernel's rules, closed keys weighing 0 and the tiles
-// it hides skipped; K and V packed once per key/value head).
+// The call is the core's problem when it has no window, ALiBi or softcap, D =
+// Dv, and a scale >= 0 (the core reads a negative scale as "the default"); an
+// attn_mask, grouped-query heads and Tq != Tk (either causal alignment) the
+// AMX kernel takes itself (kernels::amx::SdpaExtras: the mask with the sdpa
+// kernel's rules, closed keys weighing 0 and the tiles it hides skipped; K and
+// V packed once per key/value head; a query that sees no key gives 0).
 // The core's dropout noise is sdpa's: Philox counters (j/4, i, h, b) with the
 // same key and rule, so dropout is served too. Forward and backward decide
 // with this one predicate, so they route alike.
 bool amx_takes(const Sizes& s, bool plain, float scale) {
   if (std::strcmp(kernels::flash_attention_bf16_path(), "AMX") != 0) return false;
   if (!plain) return false;
-  if (s.Hkv <= 0 || s.Hq % s.Hkv != 0 || s.Tq != s.Tk || s.D != s.Dv || s.D > kernels::kMaxHeadDim)
+  if (s.Hkv <= 0 || s.Hq % s.Hkv != 0 || s.Tq < 1 || s.Tk < 1 || s.D != s.Dv ||
+      s.D > kernels::kMaxHeadDim)
     return false;
   return scale >= 0.0f;
 }
@@ -143,6 +144,8 @@ Tensor additive_mask(const SdpaOptions& o, const Sizes& s);
 kernels::amx::SdpaExtras amx_extras(const SdpaOptions& o, const Sizes& s, Tensor& held) {
   kernels::amx::SdpaExtras x;
   x.Hkv = s.Hkv;
+  x.Tk = s.Tk;
+  x.bottom_right = o.causal_alignment == CausalAlignment::kBottomRight;
   if (o.attn_mask.empty()) return x;
   held = additive_mask(o, s);
   auto at = [&](int64_t d) { return held.size(d) == 1 ? 0 : held.stride(d); };
@@ -154,10 +157,10 @@ SdpaForward forward_amx(const Tensor& q_in, const Tensor& k_in, const Tensor& v_
                         const SdpaOptions& o) {
   // Rows of contiguous elements (any other strides): read in place and the
   // output written head-major straight away (the kernel packs each head
-  // itself). Only this form takes a mask or grouped heads: other inputs are
-  // made rows first.
+  // itself). Only this form takes a mask, grouped heads or Tq != Tk: other
+  // inputs are made rows first.
   auto rows = [](const Tensor& x) { return x.size(3) == 1 || x.stride(3) == 1; };
-  const bool general = !o.attn_mask.empty() || s.Hq != s.Hkv;
+  const bool general = !o.attn_mask.empty() || s.Hq != s.Hkv || s.Tq != s.Tk;
   const Tensor q = general ? rows_contiguous(q_in) : q_in,
                k = general ? rows_contiguous(k_in) : k_in,
                v = general ? rows_contiguous(v_in) : v_in;
@@ -484,9 +487,9 @@ SdpaGrads backward_amx(const Tensor& dout_in, const Tensor& q_in, const Tensor& 
                        const SdpaOptions& o) {
   check_backward_io(dout_in, out_in, lse, q_in, s);
   // Rows of contiguous elements (any other strides): read in place, the
-  // gradients written head-major straight away. A mask or grouped heads need this form.
+  // gradients written head-major straight away. A mask, grouped heads or Tq != Tk need this form.
   auto rows = [](const Tensor& x) { return x.size(3) == 1 || x.stride(3) == 1; };
-  const bool general = !o.attn_mask.empty() || s.Hq != s.Hkv;
+  const bool general = !o.attn_mask.empty() || s.Hq != s.Hkv || s.Tq != s.Tk;
   auto as_rows = [&](const Tensor& x) { return general ? rows_contiguous(x) : x; };
   const Tensor dout = as_rows(dout_in), q = as_rows(q_in), k = as_rows(k_in), v = as_rows(v_in),
                out = as_rows(out_in);
@@ -646,6 +649,8 @@ kernels::amx::SdpaExtras raw_amx_extras(const SdpaProblemBf16& p) {
   kernels::amx::SdpaExtras x;
   x.mask = {p.mask, m.b, m.h, m.t, m.d};
   x.Hkv = p.Hkv;
+  x.Tk = p.Tk;
+  x.bottom_right = p.causal_alignment == CausalAlignment::kBottomRight;
   return x;
 }
 
@@ -670,10 +675,10 @@ void sdpa_backward_routed(const SdpaBackwardIO& io, const SdpaProblem& p) {
 void sdpa_forward_routed(const SdpaOutputBf16& o, const SdpaProblemBf16& given) {
   const SdpaProblemBf16 p = as_run(given);
   if (!amx_serves(p)) return kernels::sdpa_forward(o, p);
-  const int64_t B = p.B, H = p.Hq, Hkv = p.Hkv, T = p.Tq, D = p.D;
+  const int64_t B = p.B, H = p.Hq, Hkv = p.Hkv, T = p.Tq, Tk = p.Tk, D = p.D;
   const AmxRows q = amx_rows(p.q, p.q_strides, B, H, T, D, true);
-  const AmxRows k = amx_rows(p.k, p.k_strides, B, Hkv, T, D, true);
-  const AmxRows v = amx_rows(p.v, p.v_strides, B, Hkv, T, D, true);
+  const AmxRows k = amx_rows(p.k, p.k_strides, B, Hkv, Tk, D, true);
+  const AmxRows v = amx_rows(p.v, p.v_strides, B, Hkv, Tk, D, true);
   const AmxRows out = amx_rows(o.out, o.out_strides, B, H, T, D, false);
   const kernels::amx::ForwardStrides st{q.st, k.st, v.st, out.st, lse_rows(o.lse_strides, p)};
   kernels::amx::forward(bits(out.data), o.lse, bits(q.data), bits(k.data), bits(v.data),
@@ -684,23 +689,23 @@ void sdpa_forward_routed(const SdpaOutputBf16& o, const SdpaProblemBf16& given) 
 void sdpa_backward_routed(const SdpaBackwardIOBf16& io, const SdpaProblemBf16& given) {
   const SdpaProblemBf16 p = as_run(given);
   if (!amx_serves(p)) return kernels::sdpa_backward(io, p);
-  const int64_t B = p.B, H = p.Hq, Hkv = p.Hkv, T = p.Tq, D = p.D;
+  const int64_t B = p.B, H = p.Hq, Hkv = p.Hkv, T = p.Tq, Tk = p.Tk, D = p.D;
   const AmxRows dout = amx_rows(io.dout, io.dout_strides, B, H, T, D, true);
   const AmxRows q = amx_rows(p.q, p.q_strides, B, H, T, D, true);
-  const AmxRows k = amx_rows(p.k, p.k_strides, B, Hkv, T, D, true);
-  const AmxRows v = amx_rows(p.v, p.v_strides, B, Hkv, T, D, true);
+  const AmxRows k = amx_rows(p.k, p.k_strides, B, Hkv, Tk, D, true);
+  const AmxRows v = amx_rows(p.v, p.v_strides, B, Hkv, Tk, D, true);
   const AmxRows out = amx_rows(io.out, io.out_strides, B, H, T, D, true);
   const AmxRows dq = amx_rows(io.dq, io.dq_strides, B, H, T, D, false);
-  const AmxRows dk = amx_rows(io.dk, io.dk_strides, B, Hkv, T, D, false);
-  const AmxRows dv = amx_rows(io.dv, io.dv_strides, B, Hkv, T, D, false);
+  const AmxRows dk = amx_rows(io.dk, io.dk_strides, B, Hkv, Tk, D, false);
+  const AmxRows dv = amx_rows(io.dv, io.dv_strides, B, Hkv, Tk, D, false);
   const kernels::amx::BackwardStrides st{
       dout.st, q.st, k.st, v.st, out.st, lse_rows(io.lse_strides, p), dq.st, dk.st, dv.st};
   kernels::amx::backward(bits(dq.data), bits(dk.data), bits(dv.data), bits(dout.data), bits(q.data),
                          bits(k.data), bits(v.data), bits(out.data), io.lse, raw_amx_params(p), st,
                          raw_amx_extras(p));
   scatter(dq, io.dq, io.dq_strides, B, H, T, D);
-  scatter(dk, io.dk, io.dk_strides, B, Hkv, T, D);
-  scatter(dv, io.dv, io.dv_strides, B, Hkv, T, D);
+  scatter(dk, io.dk, io.dk_strides, B, Hkv, Tk, D);
+  scatter(dv, io.dv, io.dv_strides, B, Hkv, Tk, D);
 }
 
 namespace kernels {

@@ -404,7 +404,6 @@ TEST(SdpaAmx, CallsTheCoreCannotServeStayOnTheWidenedPath) {
   add("window", 2, 40, 64, [](SdpaOptions& o) { o.window_left = 8; });
   add("alibi", 2, 40, 64, [](SdpaOptions& o) { o.alibi_slopes = Tensor({2}, {0.5f, 0.25f}); });
   add("softcap", 2, 40, 64, [](SdpaOptions& o) { o.softcap = 5.0f; });
-  add("Tq != Tk", 2, 47, 64, [](SdpaOptions&) {});
   add("D != Dv", 2, 40, 32, [](SdpaOptions&) {});
   add("negative scale", 2, 40, 64, [](SdpaOptions& o) { o.scale = -0.125f; });
   for (const Variant& var : variants) {
@@ -466,6 +465,7 @@ attn::SdpaProblemBf16 raw_problem(const Inputs& in, const SdpaOptions& o) {
   p.v = in.v.data_ptr<attn::BFloat16>();
   p.q_strides = strides4(in.q), p.k_strides = strides4(in.k), p.v_strides = strides4(in.v);
   p.is_causal = o.is_causal;
+  p.causal_alignment = o.causal_alignment;
   p.scale = o.scale ? *o.scale : 1.0f / std::sqrt(float(p.D));
   p.window_left = o.window_left;
   p.dropout_p = o.dropout_p, p.dropout_seed = o.dropout_seed;
@@ -506,8 +506,8 @@ Result run_raw(const Inputs& in, const SdpaOptions& o, Layout out_layout) {
   o_raw.lse_strides = attn::SdpaStrides{r.f.lse.stride(0), r.f.lse.stride(1), r.f.lse.stride(2), 1};
   attn::sdpa_forward_routed(o_raw, p);
   r.g.dq = empty_in(out_layout, B, H, T, D);
-  r.g.dk = empty_in(out_layout, B, p.Hkv, T, D);
-  r.g.dv = empty_in(out_layout, B, p.Hkv, T, D);
+  r.g.dk = empty_in(out_layout, B, p.Hkv, p.Tk, D);
+  r.g.dv = empty_in(out_layout, B, p.Hkv, p.Tk, D);
   attn::SdpaBackwardIOBf16 io;
   io.dout = in.dout.data_ptr<attn::BFloat16>(), io.dout_strides = strides4(in.dout);
   io.out = r.f.out.data_ptr<attn::BFloat16>(), io.out_strides = strides4(r.f.out);
@@ -701,15 +701,15 @@ TEST(SdpaAmx, RawMaskedCallsGiveTheTensorEntryPointsBits) {
 // schedules (whole key/value heads per thread, or key- and query-tile tasks):
 // against the specification, and the same bits on 1 and 2 threads.
 
-// q (B, Hq, T, D) and k, v (B, Hkv, T, D) in `layout` (head-major or token-major).
-Inputs make_gqa_inputs(int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int64_t D, Layout layout,
-                       uint64_t seed) {
-  auto one = [&](int64_t H, uint64_t s) {
+// q (B, Hq, Tq, D) and k, v (B, Hkv, Tk, D) in `layout` (head-major or token-major).
+Inputs make_gqa_inputs(int64_t B, int64_t Hq, int64_t Hkv, int64_t Tq, int64_t Tk, int64_t D,
+                       Layout layout, uint64_t seed) {
+  auto one = [&](int64_t H, int64_t T, uint64_t s) {
     return layout == Layout::kTokenMajor ? randn_bf16({B, T, H, D}, s).transpose(1, 2)
                                          : randn_bf16({B, H, T, D}, s);
   };
-  return {one(Hq, seed), one(Hkv, seed + 1), one(Hkv, seed + 2),
-          randn_bf16({B, Hq, T, D}, seed + 3)};
+  return {one(Hq, Tq, seed), one(Hkv, Tk, seed + 1), one(Hkv, Tk, seed + 2),
+          randn_bf16({B, Hq, Tq, D}, seed + 3)};
 }
 
 TEST(SdpaAmx, GroupedQueryHeadsMatchTheReference) {
@@ -743,7 +743,7 @@ TEST(SdpaAmx, GroupedQueryHeadsMatchTheReference) {
           what += " dropout";
         }
         const Layout layout = variant == 0 ? Layout::kTokenMajor : Layout::kHeadMajor;
-        const Inputs in = make_gqa_inputs(hd.B, hd.Hq, hd.Hkv, T, 64, layout, seed += 4);
+        const Inputs in = make_gqa_inputs(hd.B, hd.Hq, hd.Hkv, T, T, 64, layout, seed += 4);
         const Result r = check_routed(in, o, worst, what);
         EXPECT_EQ(r.g.dk.shape(), (Shape{hd.B, hd.Hkv, T, 64})) << what;
 #ifdef _OPENMP
@@ -761,6 +761,63 @@ TEST(SdpaAmx, GroupedQueryHeadsMatchTheReference) {
         expect_same_result(run_raw(in, o, Layout::kTokenMajor), r);
       }
   print(worst, "grouped-query heads");
+}
+
+// ---- Tq != Tk on the AMX kernel ----------------------------------------------------------
+// Queries and keys of different lengths (cross-attention; a chunk of new
+// queries against a longer cache): full, causal top-left and bottom-right
+// (where a query may see no key: output 0, lse -inf), with a mask, grouped
+// heads and dropout; against the specification, the raw layer's bits.
+TEST(SdpaAmx, QueriesAndKeysOfDifferentLengthsMatchTheReference) {
+  ATTN_REQUIRE_AMX();
+  const attn::test::Bf16PathGuard amx("AMX");
+  ASSERT_TRUE(amx.forced());
+  Worst worst;
+  uint64_t seed = 2900;
+  const std::vector<std::pair<int64_t, int64_t>> lengths{{33, 130}, {130, 33}, {64, 200},
+                                                         {200, 64}, {1, 77},   {77, 1}};
+  for (const auto& [Tq, Tk] : lengths)
+    for (const int variant : {0, 1, 2, 3, 4}) {
+      SdpaOptions o;
+      std::string what = "Tq " + std::to_string(Tq) + " Tk " + std::to_string(Tk);
+      int64_t Hq = 3, Hkv = 3;
+      if (variant == 1) {
+        o.is_causal = true;
+        what += " causal top-left";
+      } else if (variant == 2) {
+        o.is_causal = true;
+        o.causal_alignment = attn::CausalAlignment::kBottomRight;
+        o.dropout_p = 0.2f;
+        o.dropout_seed = seed;
+        what += " causal bottom-right, dropout";
+      } else if (variant == 4) {  // scale 0: every score 0, rows without keys still -inf
+        o.is_causal = true;
+        o.causal_alignment = attn::CausalAlignment::kBottomRight;
+        o.scale = 0.0f;
+        what += " causal bottom-right, scale 0";
+      } else if (variant == 3) {  // a key-padding mask per batch, grouped heads
+        Tensor pad = Tensor::zeros({2, 1, 1, Tk});
+        for (int64_t j = Tk - Tk / 3; j < Tk; ++j) pad.at({1, 0, 0, j}) = kLowest;
+        o.attn_mask = pad;
+        o.enable_gqa = true;
+        Hkv = 1;
+        what += " padded, 3 heads on 1";
+      } else {
+        what += " full";
+      }
+      const Layout layout = variant % 2 == 0 ? Layout::kTokenMajor : Layout::kHeadMajor;
+      const Inputs in = make_gqa_inputs(2, Hq, Hkv, Tq, Tk, 64, layout, seed += 4);
+      const Result r = check_routed(in, o, worst, what);
+      if (variant == 2 || variant == 4)  // bottom-right: query i sees keys j <= i + Tk - Tq
+        for (int64_t i = 0; i < Tq && i + Tk - Tq < 0; ++i) {
+          EXPECT_EQ(r.f.lse.at({0, 0, i}), kNegInf) << what << " row " << i;
+          EXPECT_EQ(r.f.out.to(kF32).at({1, 2, i, 5}), 0.0f) << what << " row " << i;
+        }
+      EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), "AMX") << what;
+      SCOPED_TRACE(what + ": the raw layer");
+      expect_same_result(run_raw(in, o, Layout::kHeadMajor), r);
+    }
+  print(worst, "Tq != Tk");
 }
 
 }  // namespace
