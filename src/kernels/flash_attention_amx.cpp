@@ -522,7 +522,7 @@ void ForwardTile(uint16_t* out, float* lse, const ForwardStrides& st, const Forw
   const uint32_t* VP = pk.VP + heads.kv(b, h) * d.k_rows();
   const DropoutRule rule(p.dropout_p);
   std::fill(O, O + kB * d.hdp, 0.0f);
-  std::fill(m, m + kB, kNegInf);  // rows past T too: their α is 0 (2^(-inf − 0))
+  std::fill(m, m + kB, kNegInf);  // rows past Tq too: their α is 0 (2^(-inf − 0))
   std::fill(l, l + kB, 0.0f);
   std::memset(Pw, 0, kB * kBcw * sizeof(uint32_t));  // rows >= in stay zero
   const float c = p.scale * kLog2e;
