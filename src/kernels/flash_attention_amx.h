@@ -1,7 +1,8 @@
 // The AMX path of the bf16 attention kernels (flash_attention_amx.cpp), for
-// flash_attention_bf16.cpp's public entry points: same arguments, validated
-// params (strides and scale filled in), bf16 as raw bits. Call only when
-// amx::amx_usable().
+// flash_attention_bf16.cpp's public entry points (same arguments, validated
+// params: strides and scale filled in) and for the bf16 sdpa routes
+// (nn/sdpa.cpp: any row strides, and SdpaExtras: a mask, grouped-query heads,
+// Tq != Tk); bf16 as raw bits. Call only when amx::amx_usable().
 #pragma once
 
 #include <cstdint>
