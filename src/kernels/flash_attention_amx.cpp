@@ -119,13 +119,17 @@ int MaxThreads() {
 }
 
 // The sizes of one problem's packed operands: Tq queries (p.T), Tk keys
-// (SdpaExtras::Tk, or p.T), each rounded up to the tile (Tqp, Tkp); and which
+// (SdpaExtras::Tk, or p.T), each rounded up to the tile (Tqp, Tkp); which
 // keys a query sees: causal, key j <= i + delta (delta = Tk - Tq when the
-// causal pattern is aligned bottom-right, else 0).
+// causal pattern is aligned bottom-right, else 0); and the heads: H query
+// heads reading Hkv key/value heads (SdpaExtras::Hkv, or H), G = H / Hkv per
+// group. Packed query-side operands (Q, dO, D, lse) are per query head q(b,
+// h), those of K and V per key/value head kv(b, h).
 struct Dims {
   size_t Tq, Tk, Tqp, Tkp, hd, hdp, hdw;
   bool causal;
   int64_t delta;
+  int64_t H, Hkv, G;
   Dims(const FlashAttentionParams& p, const SdpaExtras& x)
       : Tq(size_t(p.T)),
         Tk(size_t(x.Tk > 0 ? x.Tk : p.T)),
@@ -135,7 +139,12 @@ struct Dims {
         hdp(RoundUp(size_t(p.hd), 32)),
         hdw(RoundUp(size_t(p.hd), 32) / 2),
         causal(p.causal),
-        delta(x.bottom_right ? int64_t(Tk) - int64_t(Tq) : 0) {}
+        delta(x.bottom_right ? int64_t(Tk) - int64_t(Tq) : 0),
+        H(p.H),
+        Hkv(x.Hkv > 0 ? x.Hkv : p.H),
+        G(H / Hkv) {}
+  size_t q(int64_t b, int64_t h) const { return size_t(b * H + h); }
+  size_t kv(int64_t b, int64_t h) const { return size_t(b * Hkv + h / G); }
   // Words of a head's packed query-side and key-side operands ((Tp, hdw), (hdw, Tp), (Tp/2, hdp),
   // ...).
   size_t q_rows() const { return Tqp * hdw; }
@@ -150,17 +159,6 @@ struct Dims {
     if (!causal) return 0;
     return size_t(std::max<int64_t>(0, int64_t(j0) - delta)) / kB * kB;
   }
-};
-
-// The query heads and the key/value heads they read (SdpaExtras): packed
-// operands of query-side tensors (Q, dO, D, lse) are per query head q(b, h),
-// those of K and V per key/value head kv(b, h).
-struct Heads {
-  int64_t H, Hkv, G;
-  Heads(const FlashAttentionParams& p, int64_t kv_heads)
-      : H(p.H), Hkv(kv_heads > 0 ? kv_heads : p.H), G(p.H / (kv_heads > 0 ? kv_heads : p.H)) {}
-  size_t q(int64_t b, int64_t h) const { return size_t(b * H + h); }
-  size_t kv(int64_t b, int64_t h) const { return size_t(b * Hkv + h / G); }
 };
 
 }  // namespace
@@ -431,6 +429,12 @@ class TileMask {
   std::vector<uint8_t> flags_;  // (plane, query tile, key tile)
 };
 
+// The mask's tile classes, or nullptr without a mask.
+std::unique_ptr<const TileMask> TilesOf(const AdditiveMask& m, const FlashAttentionParams& p,
+                                        const Dims& d) {
+  return m.data ? std::make_unique<const TileMask>(m, p, d) : nullptr;
+}
+
 // ---- forward ------------------------------------------------------------------------------------
 
 // A block of words for a call's packed operands, on 2 MB pages where Linux
@@ -512,14 +516,14 @@ struct ForwardPacked {
 };
 
 void ForwardTile(uint16_t* out, float* lse, const ForwardStrides& st, const ForwardPacked& pk,
-                 const FlashAttentionParams& p, const Dims& d, const Heads& heads,
-                 const TileMask* mask, int64_t b, int64_t h, size_t i0, float* S, uint32_t* Pw,
-                 float* O, float* m, float* l, float* z) {
+                 const FlashAttentionParams& p, const Dims& d, const TileMask* mask, int64_t b,
+                 int64_t h, size_t i0, float* S, uint32_t* Pw, float* O, float* m, float* l,
+                 float* z) {
   alignas(64) float row_max[kB], alpha[kB];
   const size_t in = std::min(kB, d.Tq - i0);
-  const uint32_t* QR = pk.QR + heads.q(b, h) * d.q_rows();
-  const uint32_t* KT = pk.KT + heads.kv(b, h) * d.k_rows();
-  const uint32_t* VP = pk.VP + heads.kv(b, h) * d.k_rows();
+  const uint32_t* QR = pk.QR + d.q(b, h) * d.q_rows();
+  const uint32_t* KT = pk.KT + d.kv(b, h) * d.k_rows();
+  const uint32_t* VP = pk.VP + d.kv(b, h) * d.k_rows();
   const DropoutRule rule(p.dropout_p);
   std::fill(O, O + kB * d.hdp, 0.0f);
   std::fill(m, m + kB, kNegInf);  // rows past Tq too: their α is 0 (2^(-inf − 0))
@@ -685,12 +689,12 @@ struct BackwardScratch {
 // One (key tile j0, query tile i0): recompute P and dS, accumulate whichever of
 // dKt, dVt (hdp, 64) and dQ (64, hdp) are given.
 void TilePair(const BackwardPacked& pk, const FlashAttentionParams& p, const Dims& d,
-              const Heads& heads, const TileMask* mask, int64_t b, int64_t h, size_t j0, size_t i0,
-              BackwardScratch& s, float* dKt, float* dVt, float* dQ) {
+              const TileMask* mask, int64_t b, int64_t h, size_t j0, size_t i0, BackwardScratch& s,
+              float* dKt, float* dVt, float* dQ) {
   if (mask && mask->Hidden(b, h, i0, j0)) return;  // every weight exactly 0: nothing to add
   const bool adds = mask && mask->Adds(b, h, i0, j0);
-  const size_t bh = heads.q(b, h), in = std::min(kB, d.Tq - i0);
-  const size_t off = bh * d.q_rows(), off_kv = heads.kv(b, h) * d.k_rows();
+  const size_t bh = d.q(b, h), in = std::min(kB, d.Tq - i0);
+  const size_t off = bh * d.q_rows(), off_kv = d.kv(b, h) * d.k_rows();
   const float* D = pk.D + bh * RoundUp(d.Tq, kN);
   const float* lse2 = pk.lse2 + bh * RoundUp(d.Tq, kN);
   const DropoutRule rule(p.dropout_p);
@@ -798,14 +802,13 @@ float DotBf16(const uint16_t* x, const uint16_t* y, size_t hd) {
 // whole-head dQ accumulates too).
 void KeyTileTask(uint16_t* dk, uint16_t* dv, float* dQ, const BackwardStrides& st,
                  const BackwardPacked& pk, const FlashAttentionParams& p, const Dims& d,
-                 const Heads& heads, const TileMask* mask, int64_t b, int64_t hk, size_t j0,
-                 BackwardScratch& s) {
+                 const TileMask* mask, int64_t b, int64_t hk, size_t j0, BackwardScratch& s) {
   std::fill(s.dKt.get(), s.dKt.get() + d.hdp * kB, 0.0f);
   std::fill(s.dVt.get(), s.dVt.get() + d.hdp * kB, 0.0f);
-  for (int64_t g = 0; g < heads.G; ++g) {
+  for (int64_t g = 0; g < d.G; ++g) {
     float* dQ_head = dQ ? dQ + size_t(g) * d.Tqp * d.hdp : nullptr;
     for (size_t i0 = d.FirstQueryTile(j0); i0 < d.Tq; i0 += kB)
-      TilePair(pk, p, d, heads, mask, b, hk * heads.G + g, j0, i0, s, s.dKt.get(), s.dVt.get(),
+      TilePair(pk, p, d, mask, b, hk * d.G + g, j0, i0, s, s.dKt.get(), s.dVt.get(),
                dQ_head ? dQ_head + i0 * d.hdp : nullptr);
   }
   const size_t jn = std::min(kB, d.Tk - j0);
@@ -818,12 +821,12 @@ void KeyTileTask(uint16_t* dk, uint16_t* dv, float* dQ, const BackwardStrides& s
 
 // dQ of query tile i0: its key tiles in order, the same pairs as KeyTileTask's.
 void QueryTileTask(uint16_t* dq, const BackwardStrides& st, const BackwardPacked& pk,
-                   const FlashAttentionParams& p, const Dims& d, const Heads& heads,
-                   const TileMask* mask, int64_t b, int64_t h, size_t i0, BackwardScratch& s) {
+                   const FlashAttentionParams& p, const Dims& d, const TileMask* mask, int64_t b,
+                   int64_t h, size_t i0, BackwardScratch& s) {
   float* dQ = s.dQ.get();  // (64, hdp)
   std::fill(dQ, dQ + kB * d.hdp, 0.0f);
   for (size_t j0 = 0; j0 < d.Tk && d.FirstQueryTile(j0) <= i0; j0 += kB)
-    TilePair(pk, p, d, heads, mask, b, h, j0, i0, s, nullptr, nullptr, dQ);
+    TilePair(pk, p, d, mask, b, h, j0, i0, s, nullptr, nullptr, dQ);
   StoreRows(dq + b * st.dq.b + h * st.dq.h + int64_t(i0) * st.dq.t, size_t(st.dq.t), dQ,
             std::min(kB, d.Tq - i0), d, false);
 }
@@ -849,10 +852,8 @@ BackwardStrides token_major_backward_strides(const FlashAttentionParams& p) {
 void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,
              const FlashAttentionParams& p, const ForwardStrides& st, const SdpaExtras& x) {
   const Dims d(p, x);
-  const Heads heads(p, x.Hkv);
-  const std::unique_ptr<const TileMask> tiles_of_mask =
-      x.mask.data ? std::make_unique<const TileMask>(x.mask, p, d) : nullptr;
-  const int64_t BH = p.B * p.H, BHkv = p.B * heads.Hkv;
+  const std::unique_ptr<const TileMask> tiles_of_mask = TilesOf(x.mask, p, d);
+  const int64_t BH = p.B * d.H, BHkv = p.B * d.Hkv;
   const ForwardPacked pk(size_t(BH), size_t(BHkv), d);
 #pragma omp parallel
   {
@@ -865,7 +866,7 @@ void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, co
     }
 #pragma omp for schedule(static)
     for (int64_t bhk = 0; bhk < BHkv; ++bhk) {
-      const int64_t b = bhk / heads.Hkv, hk = bhk % heads.Hkv;
+      const int64_t b = bhk / d.Hkv, hk = bhk % d.Hkv;
       const size_t off = size_t(bhk) * d.k_rows();
       PackRows(rows.get(), k + b * st.k.b + hk * st.k.h, size_t(st.k.t), d.Tk, d);
       TransposeTiles(pk.KT + off, rows.get(), d.Tkp, d);
@@ -882,8 +883,8 @@ void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, co
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < BH * n_qt; ++item) {
       const int64_t qt = p.causal ? n_qt - 1 - item / BH : item / BH, bh = item % BH;
-      ForwardTile(out, lse, st, pk, p, d, heads, tiles_of_mask.get(), bh / p.H, bh % p.H,
-                  size_t(qt) * kB, S.get(), Pw.get(), O.get(), m.get(), l.get(), z.get());
+      ForwardTile(out, lse, st, pk, p, d, tiles_of_mask.get(), bh / p.H, bh % p.H, size_t(qt) * kB,
+                  S.get(), Pw.get(), O.get(), m.get(), l.get(), z.get());
     }
   }
 }
@@ -898,10 +899,8 @@ void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
               const uint16_t* k, const uint16_t* v, const uint16_t* out, const float* lse,
               const FlashAttentionParams& p, const BackwardStrides& st, const SdpaExtras& x) {
   const Dims d(p, x);
-  const Heads heads(p, x.Hkv);
-  const std::unique_ptr<const TileMask> tiles_of_mask =
-      x.mask.data ? std::make_unique<const TileMask>(x.mask, p, d) : nullptr;
-  const int64_t BH = p.B * p.H, BHkv = p.B * heads.Hkv;
+  const std::unique_ptr<const TileMask> tiles_of_mask = TilesOf(x.mask, p, d);
+  const int64_t BH = p.B * d.H, BHkv = p.B * d.Hkv;
   const BackwardPacked pk(size_t(BH), size_t(BHkv), d);
 #pragma omp parallel
   {
@@ -932,7 +931,7 @@ void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
     }
 #pragma omp for schedule(static)
     for (int64_t bhk = 0; bhk < BHkv; ++bhk) {  // the key/value side
-      const int64_t b = bhk / heads.Hkv, hk = bhk % heads.Hkv;
+      const int64_t b = bhk / d.Hkv, hk = bhk % d.Hkv;
       const size_t off = size_t(bhk) * d.k_rows();
       const uint16_t* kh = k + b * st.k.b + hk * st.k.h;
       const uint16_t* vh = v + b * st.v.b + hk * st.v.h;
@@ -949,15 +948,15 @@ void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
 #pragma omp parallel
     {
       const TileScope tiles;
-      BackwardScratch s(size_t(heads.G) * d.Tqp, d);
+      BackwardScratch s(size_t(d.G) * d.Tqp, d);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t bhk = 0; bhk < BHkv; ++bhk) {
-        const int64_t b = bhk / heads.Hkv, hk = bhk % heads.Hkv;
-        std::fill(s.dQ.get(), s.dQ.get() + size_t(heads.G) * d.Tqp * d.hdp, 0.0f);
+        const int64_t b = bhk / d.Hkv, hk = bhk % d.Hkv;
+        std::fill(s.dQ.get(), s.dQ.get() + size_t(d.G) * d.Tqp * d.hdp, 0.0f);
         for (size_t j0 = 0; j0 < d.Tk; j0 += kB)
-          KeyTileTask(dk, dv, s.dQ.get(), st, pk, p, d, heads, tiles_of_mask.get(), b, hk, j0, s);
-        for (int64_t g = 0; g < heads.G; ++g) {
-          const int64_t h = hk * heads.G + g;
+          KeyTileTask(dk, dv, s.dQ.get(), st, pk, p, d, tiles_of_mask.get(), b, hk, j0, s);
+        for (int64_t g = 0; g < d.G; ++g) {
+          const int64_t h = hk * d.G + g;
           StoreRows(dq + b * st.dq.b + h * st.dq.h, size_t(st.dq.t),
                     s.dQ.get() + size_t(g) * d.Tqp * d.hdp, d.Tq, d, false);
         }
@@ -973,14 +972,13 @@ void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < BHkv * n_kt; ++item) {
       const int64_t kt = item / BHkv, bhk = item % BHkv;
-      KeyTileTask(dk, dv, nullptr, st, pk, p, d, heads, tiles_of_mask.get(), bhk / heads.Hkv,
-                  bhk % heads.Hkv, size_t(kt) * kB, s);
+      KeyTileTask(dk, dv, nullptr, st, pk, p, d, tiles_of_mask.get(), bhk / d.Hkv, bhk % d.Hkv,
+                  size_t(kt) * kB, s);
     }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < BH * n_qt; ++item) {
       const int64_t qt = n_qt - 1 - item / BH, bh = item % BH;
-      QueryTileTask(dq, st, pk, p, d, heads, tiles_of_mask.get(), bh / p.H, bh % p.H,
-                    size_t(qt) * kB, s);
+      QueryTileTask(dq, st, pk, p, d, tiles_of_mask.get(), bh / p.H, bh % p.H, size_t(qt) * kB, s);
     }
   }
 }
