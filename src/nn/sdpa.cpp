@@ -28,6 +28,7 @@ namespace {
 constexpr const char* kWho = "scaled_dot_product_attention";
 constexpr int64_t kMaxTokens = int64_t{1} << 31;
 
+using detail::sdpa::has_rows;
 using detail::sdpa::is_bf16_reference;
 using detail::sdpa::rows_contiguous;
 [[noreturn]] void fail(const std::string& what) { detail::sdpa::fail(kWho, what); }
@@ -153,18 +154,21 @@ kernels::amx::SdpaExtras amx_extras(const SdpaOptions& o, const Sizes& s, Tensor
   return x;
 }
 
+// An operand of the AMX route: as given, or made rows when the call needs
+// the kernel's strided form (a mask, grouped heads or Tq != Tk: the core's
+// token-major fallback runs none of them).
+Tensor amx_operand(const Tensor& x, const Sizes& s, const SdpaOptions& o) {
+  const bool strided_only = !o.attn_mask.empty() || s.Hq != s.Hkv || s.Tq != s.Tk;
+  return strided_only ? rows_contiguous(x) : x;
+}
+
 SdpaForward forward_amx(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Sizes& s,
                         const SdpaOptions& o) {
   // Rows of contiguous elements (any other strides): read in place and the
-  // output written head-major straight away (the kernel packs each head
-  // itself). Only this form takes a mask, grouped heads or Tq != Tk: other
-  // inputs are made rows first.
-  auto rows = [](const Tensor& x) { return x.size(3) == 1 || x.stride(3) == 1; };
-  const bool general = !o.attn_mask.empty() || s.Hq != s.Hkv || s.Tq != s.Tk;
-  const Tensor q = general ? rows_contiguous(q_in) : q_in,
-               k = general ? rows_contiguous(k_in) : k_in,
-               v = general ? rows_contiguous(v_in) : v_in;
-  if (rows(q) && rows(k) && rows(v)) {
+  // output written head-major straight away (the kernel packs each head itself).
+  const Tensor q = amx_operand(q_in, s, o), k = amx_operand(k_in, s, o),
+               v = amx_operand(v_in, s, o);
+  if (has_rows(q) && has_rows(k) && has_rows(v)) {
     Tensor held;
     const kernels::amx::SdpaExtras extras = amx_extras(o, s, held);
     SdpaForward f{Tensor::empty({s.B, s.Hq, s.Tq, s.Dv}, DType::kBFloat16),
@@ -487,13 +491,11 @@ SdpaGrads backward_amx(const Tensor& dout_in, const Tensor& q_in, const Tensor& 
                        const SdpaOptions& o) {
   check_backward_io(dout_in, out_in, lse, q_in, s);
   // Rows of contiguous elements (any other strides): read in place, the
-  // gradients written head-major straight away. A mask, grouped heads or Tq != Tk need this form.
-  auto rows = [](const Tensor& x) { return x.size(3) == 1 || x.stride(3) == 1; };
-  const bool general = !o.attn_mask.empty() || s.Hq != s.Hkv || s.Tq != s.Tk;
-  auto as_rows = [&](const Tensor& x) { return general ? rows_contiguous(x) : x; };
-  const Tensor dout = as_rows(dout_in), q = as_rows(q_in), k = as_rows(k_in), v = as_rows(v_in),
-               out = as_rows(out_in);
-  if (rows(q) && rows(k) && rows(v) && rows(dout) && rows(out)) {
+  // gradients written head-major straight away.
+  const Tensor dout = amx_operand(dout_in, s, o), q = amx_operand(q_in, s, o),
+               k = amx_operand(k_in, s, o), v = amx_operand(v_in, s, o),
+               out = amx_operand(out_in, s, o);
+  if (has_rows(q) && has_rows(k) && has_rows(v) && has_rows(dout) && has_rows(out)) {
     Tensor held;
     const kernels::amx::SdpaExtras extras = amx_extras(o, s, held);
     const Tensor lse_c = lse.contiguous();

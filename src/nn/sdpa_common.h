@@ -80,10 +80,9 @@ void set_options(SdpaProblemT<T>& p, const SdpaOptions& o, int64_t D) {
   p.dropout_seed = o.dropout_seed;
 }
 
-// The kernel reads rows of D (or Dv) floats: last stride 1 (any stride when the dim is 1).
-inline Tensor rows_contiguous(const Tensor& t) {
-  return t.size(-1) == 1 || t.stride(-1) == 1 ? t : t.contiguous();
-}
+// The kernels read rows of D (or Dv) elements: last stride 1 (any stride when the dim is 1).
+inline bool has_rows(const Tensor& t) { return t.size(-1) == 1 || t.stride(-1) == 1; }
+inline Tensor rows_contiguous(const Tensor& t) { return has_rows(t) ? t : t.contiguous(); }
 
 // bf16 inputs on the reference: it runs on their exact fp32 widening.
 inline bool is_bf16_reference(const Tensor& q, const SdpaOptions& options) {
