@@ -323,6 +323,12 @@ void sdpa_backward(const SdpaBackwardIOBf16& io, const SdpaProblemBf16& p);
 //    layout. Forward and backward route alike. Its numerics are the core's bf16
 //    ones (P and dS rounded to bf16 where they enter a product), not the widened
 //    path's bits.
+//  - "AVX512-BF16": the core's VDPBF16PS kernel, taken the same way when
+//    flash_attention_bf16_path() is "AVX512-BF16" (AMD Zen 4/5, where VDPBF16PS
+//    runs at twice the FMA's FLOPs), for the core's problem without extras: the
+//    conditions above and no attn_mask (a mask that is exactly the causal
+//    pattern runs as is_causal, so it is taken), Hq = Hkv and Tq = Tk. The same
+//    in-place reads and numerics.
 //  - "bf16 tiles widened to fp32": the kernels above (every CPU, every option;
 //    the SIMD target is sdpa_target's). sdpa_varlen_* always take it.
 // sdpa_bf16_path(): a summary for this CPU; sdpa_bf16_path(q, k, v, options): the
@@ -335,8 +341,8 @@ const char* sdpa_bf16_path(const Tensor& q, const Tensor& k, const Tensor& v,
 // (attn/kernels.h) chooses for it too.
 const char* sdpa_target();
 // The path a raw bf16 problem takes in sdpa_forward_routed / sdpa_backward_routed
-// below: "AMX" or "bf16 tiles widened to fp32", by the same rule as the Tensor
-// entry points (a varlen problem is never "AMX").
+// below: "AMX", "AVX512-BF16" or "bf16 tiles widened to fp32", by the same rule
+// as the Tensor entry points (a varlen problem always takes the widened tiles).
 const char* sdpa_bf16_path(const SdpaProblemBf16& p);
 }  // namespace kernels
 
@@ -344,7 +350,7 @@ const char* sdpa_bf16_path(const SdpaProblemBf16& p);
 // For callers that own their buffers (the Python binding): the same choice of
 // path as scaled_dot_product_attention_forward / _backward with the fused
 // backend, on the raw problem. fp32: kernels::sdpa_forward / _backward. bf16:
-// the core's AMX kernel when kernels::sdpa_bf16_path(p) is "AMX", reading and
+// the core's kernel when kernels::sdpa_bf16_path(p) is "AMX" or "AVX512-BF16", reading and
 // writing every tensor in place through its (b, h, t) strides when all of them
 // have stride 1 along D (head-major, token-major, fused-qkv slices), else on
 // packed token-major copies; else kernels::sdpa_forward / _backward. lse (any strides).

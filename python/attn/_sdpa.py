@@ -526,8 +526,10 @@ def _path(
     """The path attn.scaled_dot_product_attention takes, forward and backward, for
     these arguments (checked as that call checks them): "fp32 kernel", or for
     bfloat16 attn::kernels::sdpa_bf16_path's "AMX" (the core's AMX kernel: no
-    mask, window, ALiBi or softcap, Hq = Hkv, L = S, E = Ev, scale >= 0, on a
-    CPU with AMX) or "bf16 tiles widened to fp32"; "PyTorch's maths" for an
+    window, ALiBi or softcap, E = Ev, scale >= 0, on a CPU with AMX; masks,
+    grouped heads and L != S included), "AVX512-BF16" (the core's VDPBF16PS
+    kernel where that is the core's path, AMD Zen 4/5: the same, but no mask,
+    Hq = Hkv and L = S) or "bf16 tiles widened to fp32"; "PyTorch's maths" for an
     input with a zero-sized dim. The C++ entry points take the same paths."""
     c = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                  window_size, alibi_slopes, softcap, causal_alignment,

@@ -396,7 +396,8 @@ PYBIND11_MODULE(_attn, m) {
       py::arg("window_left"), py::arg("window_right"), py::arg("dropout_p"),
       py::arg("dropout_seed"), py::arg("enable_gqa"),
       "The path sdpa_forward and sdpa_backward take for this call: \"fp32 kernel\", or "
-      "attn::kernels::sdpa_bf16_path's \"AMX\" or \"bf16 tiles widened to fp32\".");
+      "attn::kernels::sdpa_bf16_path's \"AMX\", \"AVX512-BF16\" or \"bf16 tiles widened to "
+      "fp32\".");
 
   m.def(
       "sdpa_backward",

@@ -107,7 +107,7 @@ def compare_sdpa():
             out64 = maths(q64, k64, v64, **kw)
             results["f64"] = (out64.detach(),) + torch.autograd.grad(out64, (q64, k64, v64),
                                                                      dout.to(F64))
-            amx = dtype == torch.bfloat16 and attn._path(q, k, v, **kw) == "AMX"
+            amx = dtype == torch.bfloat16 and attn._path(q, k, v, **kw) in ("AMX", "AVX512-BF16")
             line = []
             case_ok = True
             for n, what in enumerate(("out", "dq", "dk", "dv")):

@@ -1,13 +1,16 @@
 """bf16 from Python takes attn::scaled_dot_product_attention's routes: the
 core's AMX kernel where the C++ entry points take it (no window, ALiBi or
-softcap, E = Ev; masks of any kind, grouped-query heads, L != S), forward
-and backward, else the widened kernel. attn._path names the route; forcing the core's path off AMX
+softcap, E = Ev; masks of any kind, grouped-query heads, L != S), the core's
+AVX512-BF16 kernel where that is the core's path (the same, but no mask,
+grouped heads or L != S), forward and backward, else the widened kernel.
+attn._path names the route; forcing the core's path to the widened one
 (attn._attn.use_bf16_path) changes the bits, so the route is seen to run.
-Outputs and gradients against the definition in float64 within the AMX
-path's bf16 bounds (it rounds P and dS to bf16 where they enter a product, as
+Outputs and gradients against the definition in float64 within the core's
+bf16 bounds (it rounds P and dS to bf16 where they enter a product, as
 PyTorch's bf16 SDPA does): max|got - want| <= 8e-3 · max|want| for the output,
-4e-2 · max|want| for the gradients (tests/unit/test_sdpa_amx.cpp's).
-Skipped where the CPU has no AMX."""
+4e-2 · max|want| for the gradients (tests/unit/test_sdpa_amx.cpp's). The
+tests of the core's problem run on each of the two paths the CPU has; those
+of masks, grouped heads and L != S on AMX. Skipped where the CPU has neither."""
 
 import pytest
 import torch
@@ -23,6 +26,11 @@ WIDENED = "bf16 tiles widened to fp32"
 
 needs_amx = pytest.mark.skipif("AMX" not in _attn.bf16_paths(),
                                reason="this CPU (or the OS) has no AMX-BF16")
+# The core's paths that take sdpa's calls, each skipped where the CPU lacks it.
+each_core_path = pytest.mark.parametrize("core", [
+    pytest.param(name, marks=pytest.mark.skipif(name not in _attn.bf16_paths(),
+                                                reason=f"this CPU (or the OS) has no {name}"))
+    for name in ("AMX", "AVX512-BF16")])
 
 
 @pytest.fixture
@@ -80,16 +88,17 @@ def check_against_oracle(q, k, v, dout, record_error, **kw):
     return out, dq, dk, dv
 
 
-@needs_amx
+@each_core_path
 @pytest.mark.parametrize("layout", ["contiguous", "token_major", "fused_qkv", "last_stride_2"])
 @pytest.mark.parametrize("is_causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("T,E", [(1, 64), (17, 64), (64, 32), (100, 80)])
-def test_plain_bf16_calls_take_amx_and_match_the_definition(layout, is_causal, T, E,
-                                                            record_error):
+def test_plain_bf16_calls_take_the_core_and_match_the_definition(core, layout, is_causal, T, E,
+                                                                 record_error, forced_path):
+    forced_path(core)
     gen = torch.Generator().manual_seed(1000 + T + E)
     q, k, v = layout_qkv(layout, 2, 3, T, E, gen)
     dout = torch.randn(2, 3, T, E, generator=gen).to(BF16)
-    assert attn._path(q, k, v, is_causal=is_causal) == "AMX"
+    assert attn._path(q, k, v, is_causal=is_causal) == core
     check_against_oracle(q, k, v, dout, record_error, is_causal=is_causal)
 
 
@@ -152,40 +161,47 @@ def test_queries_and_keys_of_different_lengths_take_amx(L, S, is_causal, record_
     assert out.shape == (B, H, L, E) and dk.shape == k.shape
 
 
-@needs_amx
-def test_scale_and_dropout_stay_on_amx(record_error):
+@each_core_path
+def test_scale_and_dropout_stay_on_the_core(core, record_error, forced_path):
+    forced_path(core)
     gen = torch.Generator().manual_seed(7)
     q, k, v = layout_qkv("token_major", 2, 2, 40, 64, gen)
     dout = torch.randn(2, 2, 40, 64, generator=gen).to(BF16)
-    assert attn._path(q, k, v, scale=0.05) == "AMX"
+    assert attn._path(q, k, v, scale=0.05) == core
     check_against_oracle(q, k, v, dout, record_error, scale=0.05)
     # Dropout: the core draws sdpa's Philox noise, so the definition with attn's noise agrees.
-    assert attn._path(q, k, v, dropout_p=0.2, is_causal=True) == "AMX"
+    assert attn._path(q, k, v, dropout_p=0.2, is_causal=True) == core
     out, *_ = run(q, k, v, dout, dropout_p=0.2, is_causal=True, dropout_seed=99)
     noise = attn.dropout_noise((2, 2, 40, 40), 0.2, 99).to(F64)
     want = oracle(q.to(F64), k.to(F64), v.to(F64), is_causal=True, noise=noise)
     assert rel_err(out, want) <= 8e-3
 
 
-@needs_amx
-def test_the_route_runs_forcing_the_widened_path_changes_the_bits(forced_path):
+@each_core_path
+def test_the_route_runs_forcing_the_widened_path_changes_the_bits(core, forced_path):
     gen = torch.Generator().manual_seed(3)
     q, k, v = layout_qkv("fused_qkv", 1, 2, 130, 64, gen)
     dout = torch.randn(1, 2, 130, 64, generator=gen).to(BF16)
+    automatic = attn._path(q, k, v, is_causal=True)
     auto = run(q, k, v, dout, is_causal=True)
-    forced_path("AMX")
-    amx = run(q, k, v, dout, is_causal=True)
+    forced_path(core)
+    on_core = run(q, k, v, dout, is_causal=True)
     forced_path("widened to fp32")
     assert attn._path(q, k, v, is_causal=True) == WIDENED
     wide = run(q, k, v, dout, is_causal=True)
-    for a, b, c in zip(auto, amx, wide):
-        assert torch.equal(a, b)       # the automatic choice is AMX, forward and backward
-        assert not torch.equal(b, c)   # and AMX is not the widened kernel's bits
+    for a, b, c in zip(auto, on_core, wide):
+        if automatic == core:
+            assert torch.equal(a, b)   # the automatic choice, forward and backward
+        assert not torch.equal(b, c)   # and the core is not the widened kernel's bits
 
 
-@needs_amx
-@pytest.mark.parametrize("what", ["window", "alibi", "softcap", "E != Ev", "fp32"])
-def test_calls_the_core_cannot_serve_take_the_widened_kernel(what, forced_path):
+@each_core_path
+@pytest.mark.parametrize("what", ["window", "alibi", "softcap", "E != Ev", "fp32", "mask",
+                                  "grouped heads", "L != S"])
+def test_calls_the_core_cannot_serve_take_the_widened_kernel(core, what, forced_path):
+    if core == "AMX" and what in ("mask", "grouped heads", "L != S"):
+        pytest.skip("the AMX kernel takes these (the tests above)")
+    forced_path(core)
     gen = torch.Generator().manual_seed(11)
     B, H, L, S, E, Ev, Hkv = 1, 2, 24, 24, 32, 32, 2
     kw = {}
@@ -197,6 +213,13 @@ def test_calls_the_core_cannot_serve_take_the_widened_kernel(what, forced_path):
         kw["softcap"] = 5.0
     elif what == "E != Ev":
         Ev = 16
+    elif what == "mask":
+        kw["attn_mask"] = torch.randn(L, S, generator=gen)
+    elif what == "grouped heads":
+        Hkv = 1
+        kw["enable_gqa"] = True
+    elif what == "L != S":
+        S = 40
     dtype = torch.float32 if what == "fp32" else BF16
     q = torch.randn(B, H, L, E, generator=gen).to(dtype)
     k = torch.randn(B, Hkv, S, E, generator=gen).to(dtype)
@@ -213,7 +236,7 @@ def test_calls_the_core_cannot_serve_take_the_widened_kernel(what, forced_path):
 def test_path_names_every_route_and_checks_its_arguments():
     q = torch.randn(1, 2, 8, 16)
     assert attn._path(q, q, q) == "fp32 kernel"
-    assert attn._path(q.to(BF16), q.to(BF16), q.to(BF16)) in ("AMX", WIDENED)
+    assert attn._path(q.to(BF16), q.to(BF16), q.to(BF16)) in ("AMX", "AVX512-BF16", WIDENED)
     assert attn._path(q[..., :0], q[..., :0], q[..., :0]) == "PyTorch's maths"
     with pytest.raises(RuntimeError, match="same dtype"):
         attn._path(q, q.to(BF16), q)

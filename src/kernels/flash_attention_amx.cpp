@@ -833,20 +833,9 @@ void QueryTileTask(uint16_t* dq, const BackwardStrides& st, const BackwardPacked
 
 }  // namespace
 
-ForwardStrides token_major_strides(const FlashAttentionParams& p) {
-  auto rows = [&](int64_t stride) { return RowStrides{p.T * stride, p.hd, stride}; };
-  return {rows(p.q_stride), rows(p.k_stride), rows(p.v_stride), rows(p.o_stride),
-          RowStrides{p.H * p.T, p.T, 1}};
-}
-
 void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,
              const FlashAttentionParams& p) {
   forward(out, lse, q, k, v, p, token_major_strides(p));
-}
-
-BackwardStrides token_major_backward_strides(const FlashAttentionParams& p) {
-  const ForwardStrides f = token_major_strides(p);
-  return {f.out, f.q, f.k, f.v, f.out, f.lse, f.q, f.k, f.v};
 }
 
 void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,

@@ -8,61 +8,19 @@
 #include <cstdint>
 
 #include "attn/kernels.h"
+#include "kernels/flash_bf16_strided.h"
 
 namespace attn::kernels::amx {
 
 void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,
              const FlashAttentionParams& p);
 
-// An additive float32 mask (sdpa's attn_mask, a boolean one already turned
-// into 0 / -inf), added to the scores: element (b, h, query i, key j) at data +
-// b·b + h·h + i·t + j·d, a stride of 0 broadcasting. The values are finite or
-// -inf (the caller checks); the ones that kernels/sdpa_mask.h says close a key
-// weigh exactly 0. A row whose keys are all closed gets output 0 and lse -inf,
-// as in the sdpa kernel. data nullptr: no mask.
-struct AdditiveMask {
-  const float* data = nullptr;
-  int64_t b = 0, h = 0, t = 0, d = 1;
-};
-
-// What the sdpa routes add to the core's problem: a mask; grouped-query
-// heads: Hkv key/value heads (dividing p.H; 0 means p.H), query head h
-// reading key/value head h / (p.H / Hkv), the strides of k, v (dk, dv) then
-// the key/value heads', dK and dV summed over each group's query heads in one
-// fixed order; and Tk keys for the p.T queries (0 means p.T), the causal
-// pattern aligned top-left (key j <= query i) or bottom-right (j <= i + Tk -
-// Tq; a query that sees no key gets output 0 and lse -inf).
-struct SdpaExtras {
-  AdditiveMask mask;
-  int64_t Hkv = 0;
-  int64_t Tk = 0;
-  bool bottom_right = false;
-};
-
-// Where row t of head (b, h) of one operand starts: base + b·b + h·h + t·t
-// (elements; the row's hd elements are contiguous).
-struct RowStrides {
-  int64_t b = 0, h = 0, t = 0;
-};
-// Every operand of a forward (lse: where its (b, h, t) entry is).
-struct ForwardStrides {
-  RowStrides q, k, v, out, lse;
-};
-// The layout the params describe: token-major (B, T, H, hd) rows x_stride
-// apart, lse (B, H, T) contiguous.
-ForwardStrides token_major_strides(const FlashAttentionParams& p);
-// The same forward on operands of any row strides (e.g. head-major (B, H, T,
-// hd) tensors, read and written in place): the same bits as the packed
-// layout's (only the addresses differ). The params' x_stride are ignored.
+// The strided form (any row strides) and the extras (a mask, grouped-query
+// heads, Tq != Tk), all of them; kernels/flash_bf16_strided.h says what they
+// mean. The same bits as the packed layout's (only the addresses differ).
 void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,
              const FlashAttentionParams& p, const ForwardStrides& s, const SdpaExtras& x = {});
 
-// Every operand of a backward.
-struct BackwardStrides {
-  RowStrides dout, q, k, v, out, lse, dq, dk, dv;
-};
-BackwardStrides token_major_backward_strides(const FlashAttentionParams& p);
-// The backward on operands of any row strides: the packed layout's bits.
 void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
               const uint16_t* k, const uint16_t* v, const uint16_t* out, const float* lse,
               const FlashAttentionParams& p, const BackwardStrides& s, const SdpaExtras& x = {});

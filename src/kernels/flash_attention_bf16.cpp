@@ -39,6 +39,7 @@
 // first, which made it ~1.8x slower than fp32 (Xeon, T = 1024; now ~1.0x). The
 // vector helpers it shares with the AMX kernel (exp2, lane masks, rounding
 // into words) are in avx512_bf16-inl.h.
+#include <fmt/format.h>
 #include <hwy/aligned_allocator.h>
 #include <immintrin.h>
 
@@ -59,6 +60,7 @@
 #include "kernels/avx512_bf16-inl.h"
 #include "kernels/flash_as_sdpa.h"
 #include "kernels/flash_attention_amx.h"
+#include "kernels/flash_bf16_strided.h"
 #include "kernels/philox.h"
 
 #ifdef _OPENMP
@@ -372,25 +374,25 @@ void ForwardStep(const FlashAttentionParams& p, int64_t b, int64_t h, size_t i0,
 }
 
 void ForwardGroup(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k,
-                  const uint16_t* v, const FlashAttentionParams& p, int64_t b, int64_t h,
-                  size_t i_first, size_t ng, ForwardScratch& s) {
+                  const uint16_t* v, const FlashAttentionParams& p, const ForwardStrides& st,
+                  int64_t b, int64_t h, size_t i_first, size_t ng, ForwardScratch& s) {
   const size_t T = size_t(p.T), hd = size_t(p.hd), hd2 = Pairs(hd), hdp = RoundUp(hd, kN);
-  const size_t head = size_t(h) * hd;
   auto tile_i0 = [&](size_t g) { return i_first + g * kBr; };
   auto tile_in = [&](size_t g) { return std::min(kBr, T - tile_i0(g)); };
+  const uint16_t* q_head = q + b * st.q.b + h * st.q.h;
   for (size_t g = 0; g < ng; ++g)
-    PackRowsT(s.qT.get() + g * hd2 * kBr, q + (size_t(b) * T + tile_i0(g)) * p.q_stride + head,
-              p.q_stride, tile_in(g), kBr, hd);
+    PackRowsT(s.qT.get() + g * hd2 * kBr, q_head + tile_i0(g) * st.q.t, size_t(st.q.t), tile_in(g),
+              kBr, hd);
   std::fill(s.m.get(), s.m.get() + ng * kBr, kNegInf);
   std::fill(s.l.get(), s.l.get() + ng * kBr, 0.0f);
   std::fill(s.o.get(), s.o.get() + ng * kBr * hdp, 0.0f);
   auto key_end = [&](size_t g) { return p.causal ? tile_i0(g) + tile_in(g) : T; };
-  const uint16_t* k_head = k + size_t(b) * T * p.k_stride + head;
-  const uint16_t* v_head = v + size_t(b) * T * p.v_stride + head;
+  const uint16_t* k_head = k + b * st.k.b + h * st.k.h;
+  const uint16_t* v_head = v + b * st.v.b + h * st.v.h;
   for (size_t j0 = 0; j0 < key_end(ng - 1); j0 += kBcFwd) {
     const size_t jn_all = std::min(kBcFwd, key_end(ng - 1) - j0);
-    PackRows(s.kR.get(), k_head + j0 * p.k_stride, p.k_stride, jn_all, kBcFwd, hd);
-    PackRowPairs(s.vP.get(), v_head + j0 * p.v_stride, p.v_stride, jn_all, kBcFwd, hd, hdp);
+    PackRows(s.kR.get(), k_head + j0 * st.k.t, size_t(st.k.t), jn_all, kBcFwd, hd);
+    PackRowPairs(s.vP.get(), v_head + j0 * st.v.t, size_t(st.v.t), jn_all, kBcFwd, hd, hdp);
     for (size_t g = 0; g < ng; ++g) {
       if (j0 >= key_end(g)) continue;
       const size_t jn = std::min(kBcFwd, key_end(g) - j0);
@@ -407,15 +409,15 @@ void ForwardGroup(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* 
     for (size_t i = 0; i < tile_in(g); ++i) {
       const size_t t = tile_i0(g) + i;
       const float inv_l = 1.0f / l[i];
-      uint16_t* oi = out + (size_t(b) * T + t) * p.o_stride + head;
+      uint16_t* oi = out + b * st.out.b + h * st.out.h + int64_t(t) * st.out.t;
       for (size_t dd = 0; dd < hd; ++dd) oi[dd] = to_bfloat16(o[i * hdp + dd] * inv_l).bits;
-      lse[(size_t(b) * p.H + h) * T + t] = (m[i] + std::log2(l[i])) * kLn2;
+      lse[b * st.lse.b + h * st.lse.h + int64_t(t) * st.lse.t] = (m[i] + std::log2(l[i])) * kLn2;
     }
   }
 }
 
 void Forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,
-             const FlashAttentionParams& p) {
+             const FlashAttentionParams& p, const ForwardStrides& st) {
   const size_t hd = size_t(p.hd), hdp = RoundUp(hd, kN);
   const int64_t n_qt = (p.T + int64_t(kBr) - 1) / int64_t(kBr);
   const int64_t n_groups = (n_qt + int64_t(kGroup) - 1) / int64_t(kGroup);
@@ -428,7 +430,7 @@ void Forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, co
       const int64_t group = n_groups - 1 - item / BH, bh = item % BH;
       const int64_t first = group * int64_t(kGroup);
       const size_t ng = size_t(std::min(int64_t(kGroup), n_qt - first));
-      ForwardGroup(out, lse, q, k, v, p, bh / p.H, bh % p.H, size_t(first) * kBr, ng, scratch);
+      ForwardGroup(out, lse, q, k, v, p, st, bh / p.H, bh % p.H, size_t(first) * kBr, ng, scratch);
     }
   }
 }
@@ -465,24 +467,31 @@ struct BackwardScratch {
         z(floats(2 * kBc)) {}
 };
 
-// One head (b, h): its rows in the token-major buffers, and its D and lse (base 2).
+// One head (b, h): its first rows and the elements between its rows, and its
+// D and lse (base 2).
 struct HeadView {
   int64_t b, h;
   const uint16_t *q, *k, *v, *dout;
+  size_t q_t, k_t, v_t, dout_t;
   const float* D;     // (T) rowsum(dO ⊙ O)
   const float* lse2;  // (T)
 };
 
 HeadView MakeHeadView(const uint16_t* dout, const uint16_t* q, const uint16_t* k, const uint16_t* v,
-                      const float* D, const float* lse2, const FlashAttentionParams& p, int64_t b,
-                      int64_t h) {
-  const size_t T = size_t(p.T), head = size_t(h) * size_t(p.hd), bh = size_t(b * p.H + h);
+                      const float* D, const float* lse2, const FlashAttentionParams& p,
+                      const BackwardStrides& st, int64_t b, int64_t h) {
+  const size_t T = size_t(p.T), bh = size_t(b * p.H + h);
+  auto at = [&](const uint16_t* x, const RowStrides& r) { return x + b * r.b + h * r.h; };
   return HeadView{b,
                   h,
-                  q + size_t(b) * T * p.q_stride + head,
-                  k + size_t(b) * T * p.k_stride + head,
-                  v + size_t(b) * T * p.v_stride + head,
-                  dout + size_t(b) * T * p.o_stride + head,
+                  at(q, st.q),
+                  at(k, st.k),
+                  at(v, st.v),
+                  at(dout, st.dout),
+                  size_t(st.q.t),
+                  size_t(st.k.t),
+                  size_t(st.v.t),
+                  size_t(st.dout.t),
                   D + bh * T,
                   lse2 + bh * T};
 }
@@ -491,20 +500,19 @@ HeadView MakeHeadView(const uint16_t* dout, const uint16_t* q, const uint16_t* k
 void PackKeyTile(BackwardScratch& s, size_t g, const HeadView& hv, const FlashAttentionParams& p,
                  size_t j0, size_t jn) {
   const size_t hd = size_t(p.hd), hd2 = Pairs(hd), hdp = RoundUp(hd, kN);
-  PackRowsT(s.kT.get() + g * hd2 * kBc, hv.k + j0 * p.k_stride, p.k_stride, jn, kBc, hd);
-  PackRowsT(s.vT.get() + g * hd2 * kBc, hv.v + j0 * p.v_stride, p.v_stride, jn, kBc, hd);
-  PackRowPairs(s.kP.get() + g * kBc / 2 * hdp, hv.k + j0 * p.k_stride, p.k_stride, jn, kBc, hd,
-               hdp);
+  PackRowsT(s.kT.get() + g * hd2 * kBc, hv.k + j0 * hv.k_t, hv.k_t, jn, kBc, hd);
+  PackRowsT(s.vT.get() + g * hd2 * kBc, hv.v + j0 * hv.v_t, hv.v_t, jn, kBc, hd);
+  PackRowPairs(s.kP.get() + g * kBc / 2 * hdp, hv.k + j0 * hv.k_t, hv.k_t, jn, kBc, hd, hdp);
 }
 
 // Query tile [i0, i0 + in): Q and dO as rows (for S and dP) and as query pairs (for dK, dV).
 void PackQueryTile(BackwardScratch& s, const HeadView& hv, const FlashAttentionParams& p, size_t i0,
                    size_t in) {
   const size_t hd = size_t(p.hd), hdp = RoundUp(hd, kN);
-  PackRows(s.qR.get(), hv.q + i0 * p.q_stride, p.q_stride, in, kBrBwd, hd);
-  PackRows(s.dOR.get(), hv.dout + i0 * p.o_stride, p.o_stride, in, kBrBwd, hd);
-  PackRowPairs(s.qP.get(), hv.q + i0 * p.q_stride, p.q_stride, in, kBrBwd, hd, hdp);
-  PackRowPairs(s.dOP.get(), hv.dout + i0 * p.o_stride, p.o_stride, in, kBrBwd, hd, hdp);
+  PackRows(s.qR.get(), hv.q + i0 * hv.q_t, hv.q_t, in, kBrBwd, hd);
+  PackRows(s.dOR.get(), hv.dout + i0 * hv.dout_t, hv.dout_t, in, kBrBwd, hd);
+  PackRowPairs(s.qP.get(), hv.q + i0 * hv.q_t, hv.q_t, in, kBrBwd, hd, hdp);
+  PackRowPairs(s.dOP.get(), hv.dout + i0 * hv.dout_t, hv.dout_t, in, kBrBwd, hd, hdp);
 }
 
 // One pair (key tile g of the group, keys [j0, j0 + jn); the packed query tile
@@ -620,7 +628,8 @@ void StoreRows(uint16_t* dst, size_t stride, const float* acc, size_t n, size_t 
 // dK, dV of key tiles j_first, j_first + Bc, ... (ng of them), written out;
 // with dQ (T, hdp) given, the head's dQ accumulates too.
 void KeyGroupTask(uint16_t* dk, uint16_t* dv, float* dQ, const HeadView& hv,
-                  const FlashAttentionParams& p, size_t j_first, size_t ng, BackwardScratch& s) {
+                  const FlashAttentionParams& p, const BackwardStrides& st, size_t j_first,
+                  size_t ng, BackwardScratch& s) {
   const size_t T = size_t(p.T), hd = size_t(p.hd), hdp = RoundUp(hd, kN);
   auto tile_j0 = [&](size_t g) { return j_first + g * kBc; };
   auto tile_jn = [&](size_t g) { return std::min(kBc, T - tile_j0(g)); };
@@ -636,19 +645,18 @@ void KeyGroupTask(uint16_t* dk, uint16_t* dv, float* dQ, const HeadView& hv,
                s.dV.get() + g * kBc * hdp, dQ ? dQ + i0 * hdp : nullptr);
     }
   }
-  const size_t head = size_t(hv.h) * hd;
   for (size_t g = 0; g < ng; ++g) {
-    const size_t t = size_t(hv.b) * T + tile_j0(g);
-    StoreRows(dk + t * p.k_stride + head, p.k_stride, s.dK.get() + g * kBc * hdp, tile_jn(g), hd,
-              hdp);
-    StoreRows(dv + t * p.v_stride + head, p.v_stride, s.dV.get() + g * kBc * hdp, tile_jn(g), hd,
-              hdp);
+    const int64_t t = int64_t(tile_j0(g));
+    StoreRows(dk + hv.b * st.dk.b + hv.h * st.dk.h + t * st.dk.t, size_t(st.dk.t),
+              s.dK.get() + g * kBc * hdp, tile_jn(g), hd, hdp);
+    StoreRows(dv + hv.b * st.dv.b + hv.h * st.dv.h + t * st.dv.t, size_t(st.dv.t),
+              s.dV.get() + g * kBc * hdp, tile_jn(g), hd, hdp);
   }
 }
 
 // dQ of query tile i0: its key tiles in order, the same pairs as KeyGroupTask's.
-void QueryTileTask(uint16_t* dq, const HeadView& hv, const FlashAttentionParams& p, size_t i0,
-                   BackwardScratch& s) {
+void QueryTileTask(uint16_t* dq, const HeadView& hv, const FlashAttentionParams& p,
+                   const BackwardStrides& st, size_t i0, BackwardScratch& s) {
   const size_t T = size_t(p.T), hd = size_t(p.hd), hdp = RoundUp(hd, kN);
   const size_t in = std::min(kBrBwd, T - i0);
   float* dQ = s.dQ.get();  // (in, hdp)
@@ -659,23 +667,22 @@ void QueryTileTask(uint16_t* dq, const HeadView& hv, const FlashAttentionParams&
     PackKeyTile(s, 0, hv, p, j0, jn);
     TilePair(hv, p, 0, j0, jn, i0, in, s, nullptr, nullptr, dQ);
   }
-  StoreRows(dq + (size_t(hv.b) * T + i0) * p.q_stride + size_t(hv.h) * hd, p.q_stride, dQ, in, hd,
-            hdp);
+  StoreRows(dq + hv.b * st.dq.b + hv.h * st.dq.h + int64_t(i0) * st.dq.t, size_t(st.dq.t), dQ, in,
+            hd, hdp);
 }
 
 void BackwardHead(uint16_t* dq, uint16_t* dk, uint16_t* dv, const HeadView& hv,
-                  const FlashAttentionParams& p, BackwardScratch& s) {
+                  const FlashAttentionParams& p, const BackwardStrides& st, BackwardScratch& s) {
   const size_t T = size_t(p.T), hd = size_t(p.hd), hdp = RoundUp(hd, kN);
   std::fill(s.dQ.get(), s.dQ.get() + T * hdp, 0.0f);
   for (size_t j0 = 0; j0 < T; j0 += kGroup * kBc)
-    KeyGroupTask(dk, dv, s.dQ.get(), hv, p, j0, std::min(kGroup, (T - j0 + kBc - 1) / kBc), s);
-  StoreRows(dq + size_t(hv.b) * T * p.q_stride + size_t(hv.h) * hd, p.q_stride, s.dQ.get(), T, hd,
-            hdp);
+    KeyGroupTask(dk, dv, s.dQ.get(), hv, p, st, j0, std::min(kGroup, (T - j0 + kBc - 1) / kBc), s);
+  StoreRows(dq + hv.b * st.dq.b + hv.h * st.dq.h, size_t(st.dq.t), s.dQ.get(), T, hd, hdp);
 }
 
 void Backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
               const uint16_t* k, const uint16_t* v, const uint16_t* out, const float* lse,
-              const FlashAttentionParams& p) {
+              const FlashAttentionParams& p, const BackwardStrides& st) {
   const size_t T = size_t(p.T), hd = size_t(p.hd), hdp = RoundUp(hd, kN);
   const int64_t BH = p.B * p.H;
   // D = rowsum(dO ⊙ O) from the bf16 values, and lse · log2(e): (B, H, T) each.
@@ -685,16 +692,18 @@ void Backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
   for (int64_t bh = 0; bh < BH; ++bh) {
     const int64_t b = bh / p.H, h = bh % p.H;
     for (size_t i = 0; i < T; ++i) {
-      const size_t at = (size_t(b) * T + i) * p.o_stride + size_t(h) * hd;
+      const int64_t t = int64_t(i);
+      const uint16_t* dout_i = dout + b * st.dout.b + h * st.dout.h + t * st.dout.t;
+      const uint16_t* out_i = out + b * st.out.b + h * st.out.h + t * st.out.t;
       float sum = 0.0f;
       for (size_t dd = 0; dd < hd; ++dd)
-        sum += to_float(BFloat16{dout[at + dd]}) * to_float(BFloat16{out[at + dd]});
+        sum += to_float(BFloat16{dout_i[dd]}) * to_float(BFloat16{out_i[dd]});
       D[size_t(bh) * T + i] = sum;
-      lse2[size_t(bh) * T + i] = lse[size_t(bh) * T + i] * kLog2e;
+      lse2[size_t(bh) * T + i] = lse[b * st.lse.b + h * st.lse.h + t * st.lse.t] * kLog2e;
     }
   }
   auto view = [&](int64_t bh) {
-    return MakeHeadView(dout, q, k, v, D.get(), lse2.get(), p, bh / p.H, bh % p.H);
+    return MakeHeadView(dout, q, k, v, D.get(), lse2.get(), p, st, bh / p.H, bh % p.H);
   };
   const int64_t threads = MaxThreads();
   if (!(threads > 1 && BH < 2 * threads)) {  // a whole head per thread
@@ -702,7 +711,7 @@ void Backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
     {
       BackwardScratch scratch(T, hd, hdp);
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t bh = 0; bh < BH; ++bh) BackwardHead(dq, dk, dv, view(bh), p, scratch);
+      for (int64_t bh = 0; bh < BH; ++bh) BackwardHead(dq, dk, dv, view(bh), p, st, scratch);
     }
     return;
   }
@@ -716,13 +725,13 @@ void Backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
     for (int64_t item = 0; item < BH * n_kg; ++item) {
       const int64_t kg = item / BH, bh = item % BH;
       const int64_t first = kg * int64_t(kGroup);
-      KeyGroupTask(dk, dv, nullptr, view(bh), p, size_t(first) * kBc,
+      KeyGroupTask(dk, dv, nullptr, view(bh), p, st, size_t(first) * kBc,
                    size_t(std::min(int64_t(kGroup), n_kt - first)), scratch);
     }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < BH * n_qt; ++item) {
       const int64_t qt = n_qt - 1 - item / BH, bh = item % BH;
-      QueryTileTask(dq, view(bh), p, size_t(qt) * kBrBwd, scratch);
+      QueryTileTask(dq, view(bh), p, st, size_t(qt) * kBrBwd, scratch);
     }
   }
 }
@@ -783,6 +792,20 @@ const char* PathName(Path path) {
 const uint16_t* bits(const BFloat16* x) { return reinterpret_cast<const uint16_t*>(x); }
 uint16_t* bits(BFloat16* x) { return reinterpret_cast<uint16_t*>(x); }
 
+// The strided form off AMX: the AVX512-BF16 kernel on the core's own problem.
+void CheckStridedServes(Path path, const SdpaExtras& x, const FlashAttentionParams& p) {
+  if (path != Path::kAvx512Bf16)
+    throw std::invalid_argument(
+        "flash attention bf16: the strided form needs the AMX or AVX512-BF16 path, the chosen "
+        "path is " +
+        std::string(PathName(path)));
+  if (!adds_nothing(x, p.H, p.T))
+    throw std::invalid_argument(fmt::format(
+        "flash attention bf16: the AVX512-BF16 path takes no mask, Hkv = H ({}) and Tk = T ({}); "
+        "got a mask: {}, Hkv {}, Tk {}",
+        p.H, p.T, x.mask.data ? "yes" : "no", x.Hkv, x.Tk));
+}
+
 }  // namespace
 
 void flash_attention_forward_bf16(BFloat16* out, float* lse, const BFloat16* q, const BFloat16* k,
@@ -793,7 +816,7 @@ void flash_attention_forward_bf16(BFloat16* out, float* lse, const BFloat16* q, 
     return;
   }
   if (ChosenPath() == Path::kAvx512Bf16) {
-    Forward(bits(out), lse, bits(q), bits(k), bits(v), p);
+    Forward(bits(out), lse, bits(q), bits(k), bits(v), p, token_major_strides(p));
     return;
   }
   ForwardAsSdpa(out, lse, q, k, v, p);
@@ -810,11 +833,33 @@ void flash_attention_backward_bf16(BFloat16* dq, BFloat16* dk, BFloat16* dv, con
     return;
   }
   if (ChosenPath() == Path::kAvx512Bf16) {
-    Backward(bits(dq), bits(dk), bits(dv), bits(dout), bits(q), bits(k), bits(v), bits(out), lse,
-             p);
+    Backward(bits(dq), bits(dk), bits(dv), bits(dout), bits(q), bits(k), bits(v), bits(out), lse, p,
+             token_major_backward_strides(p));
     return;
   }
   BackwardAsSdpa(dq, dk, dv, dout, q, k, v, out, lse, p);
+}
+
+void flash_attention_forward_bf16(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k,
+                                  const uint16_t* v, const FlashAttentionParams& params,
+                                  const ForwardStrides& st, const SdpaExtras& x) {
+  const FlashAttentionParams p = validated(params);
+  const Path path = ChosenPath();
+  if (path == Path::kAmx) return amx::forward(out, lse, q, k, v, p, st, x);
+  CheckStridedServes(path, x, p);
+  Forward(out, lse, q, k, v, p, st);
+}
+
+void flash_attention_backward_bf16(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout,
+                                   const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                   const uint16_t* out, const float* lse,
+                                   const FlashAttentionParams& params, const BackwardStrides& st,
+                                   const SdpaExtras& x) {
+  const FlashAttentionParams p = validated(params);
+  const Path path = ChosenPath();
+  if (path == Path::kAmx) return amx::backward(dq, dk, dv, dout, q, k, v, out, lse, p, st, x);
+  CheckStridedServes(path, x, p);
+  Backward(dq, dk, dv, dout, q, k, v, out, lse, p, st);
 }
 
 const char* flash_attention_bf16_path() { return PathName(ChosenPath()); }

@@ -1616,9 +1616,12 @@ const char* sdpa_target() { return HWY_DYNAMIC_DISPATCH(SdpaTargetName)(); }
 // the calls that are exactly the core's problem there (src/nn/sdpa.cpp;
 // sdpa_bf16_path(q, k, v, options) names a given call's path).
 const char* sdpa_bf16_path() {
-  return std::strcmp(flash_attention_bf16_path(), "AMX") == 0
-             ? "AMX where the call allows it, else bf16 tiles widened to fp32"
-             : "bf16 tiles widened to fp32";
+  const char* core = flash_attention_bf16_path();
+  if (std::strcmp(core, "AMX") == 0)
+    return "AMX where the call allows it, else bf16 tiles widened to fp32";
+  if (std::strcmp(core, "AVX512-BF16") == 0)
+    return "AVX512-BF16 where the call is the core's problem, else bf16 tiles widened to fp32";
+  return "bf16 tiles widened to fp32";
 }
 
 }  // namespace attn::kernels

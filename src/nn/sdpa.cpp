@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "attn/kernels.h"
-#include "kernels/flash_attention_amx.h"
+#include "kernels/flash_bf16_strided.h"
 #include "kernels/sdpa_mask.h"
 #include "nn/sdpa_common.h"
 
@@ -84,40 +84,49 @@ Sizes check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOpt
   return s;
 }
 
-// ---- bf16 on the core's AMX kernel (attn/kernels.h's flash_attention_*_bf16) ----------
-// The call is the core's problem when it has no window, ALiBi or softcap, D =
-// Dv, and a scale >= 0 (the core reads a negative scale as "the default"); an
-// attn_mask, grouped-query heads and Tq != Tk (either causal alignment) the
-// AMX kernel takes itself (kernels::amx::SdpaExtras: the mask with the sdpa
-// kernel's rules, closed keys weighing 0 and the tiles it hides skipped; K and
-// V packed once per key/value head; a query that sees no key gives 0).
+// ---- bf16 on the core's kernels (AMX, AVX512-BF16) -------------------------------------
+// attn/kernels.h's flash_attention_*_bf16 on the path they chose, in their
+// strided form (kernels/flash_bf16_strided.h). The call is the core's
+// problem when it has no window, ALiBi or softcap, D = Dv, and a scale >= 0
+// (the core reads a negative scale as "the default"). The AMX kernel takes
+// an attn_mask, grouped-query heads and Tq != Tk (either causal alignment)
+// itself (kernels::SdpaExtras: the mask with the sdpa kernel's rules, closed
+// keys weighing 0 and the tiles it hides skipped; K and V packed once per
+// key/value head; a query that sees no key gives 0); the AVX512-BF16 kernel
+// (AMD Zen 4/5, where VDPBF16PS runs at twice the FMA's FLOPs) takes the
+// core's problem only: no mask, Hq = Hkv, Tq = Tk. Elsewhere, and for the
+// calls they do not take, the sdpa kernel's bf16 tiles widened to fp32 serve.
 // The core's dropout noise is sdpa's: Philox counters (j/4, i, h, b) with the
 // same key and rule, so dropout is served too. Forward and backward decide
 // with this one predicate, so they route alike.
-bool amx_takes(const Sizes& s, bool plain, float scale) {
-  if (std::strcmp(kernels::flash_attention_bf16_path(), "AMX") != 0) return false;
+bool core_takes(const Sizes& s, bool plain, bool masked, float scale) {
+  const char* path = kernels::flash_attention_bf16_path();
+  const bool amx = std::strcmp(path, "AMX") == 0;
+  if (!amx && std::strcmp(path, "AVX512-BF16") != 0) return false;
   if (!plain) return false;
   if (s.Hkv <= 0 || s.Hq % s.Hkv != 0 || s.Tq < 1 || s.Tk < 1 || s.D != s.Dv ||
       s.D > kernels::kMaxHeadDim)
     return false;
+  if (!amx && (masked || s.Hq != s.Hkv || s.Tq != s.Tk)) return false;
   return scale >= 0.0f;
 }
 
-bool amx_serves(const Sizes& s, const SdpaOptions& o) {
+bool core_serves(const Sizes& s, const SdpaOptions& o) {
   const bool plain = o.backend == SdpaBackend::kFused && o.alibi_slopes.empty() &&
                      o.softcap == 0.0f && o.window_left == -1 && o.window_right == -1;
-  return amx_takes(s, plain, o.scale ? *o.scale : 1.0f / std::sqrt(float(s.D)));
+  return core_takes(s, plain, !o.attn_mask.empty(),
+                    o.scale ? *o.scale : 1.0f / std::sqrt(float(s.D)));
 }
 
 // The same rule on a raw problem (its scale already resolved; varlen never).
 template <class T>
-bool amx_serves(const SdpaProblemT<T>& p) {
+bool core_serves(const SdpaProblemT<T>& p) {
   const bool plain = !p.alibi_slopes && p.softcap == 0.0f && p.window_left == -1 &&
                      p.window_right == -1 && !p.cu_seqlens_q && !p.cu_seqlens_k;
-  return amx_takes({p.B, p.Hq, p.Hkv, p.Tq, p.Tk, p.D, p.Dv}, plain, p.scale);
+  return core_takes({p.B, p.Hq, p.Hkv, p.Tq, p.Tk, p.D, p.Dv}, plain, p.mask != nullptr, p.scale);
 }
 
-kernels::FlashAttentionParams amx_params(const Sizes& s, const SdpaOptions& o) {
+kernels::FlashAttentionParams core_params(const Sizes& s, const SdpaOptions& o) {
   kernels::FlashAttentionParams p;
   p.B = s.B, p.T = s.Tq, p.H = s.Hq, p.hd = s.D;
   p.causal = o.is_causal;
@@ -141,9 +150,9 @@ Tensor head_major(const Tensor& x) { return x.transpose(1, 2).contiguous(); }
 Tensor additive_mask(const SdpaOptions& o, const Sizes& s);
 
 // The mask (checked, a boolean one turned into 0 / -inf, held by `held`; a
-// dim of size 1 broadcasts) and the key/value heads, as the AMX kernel takes them.
-kernels::amx::SdpaExtras amx_extras(const SdpaOptions& o, const Sizes& s, Tensor& held) {
-  kernels::amx::SdpaExtras x;
+// dim of size 1 broadcasts) and the key/value heads, as the core's kernels take them.
+kernels::SdpaExtras core_extras(const SdpaOptions& o, const Sizes& s, Tensor& held) {
+  kernels::SdpaExtras x;
   x.Hkv = s.Hkv;
   x.Tk = s.Tk;
   x.bottom_right = o.causal_alignment == CausalAlignment::kBottomRight;
@@ -154,35 +163,36 @@ kernels::amx::SdpaExtras amx_extras(const SdpaOptions& o, const Sizes& s, Tensor
   return x;
 }
 
-// An operand of the AMX route: as given, or made rows when the call needs
+// An operand of the core route: as given, or made rows when the call needs
 // the kernel's strided form (a mask, grouped heads or Tq != Tk: the core's
 // token-major fallback runs none of them).
-Tensor amx_operand(const Tensor& x, const Sizes& s, const SdpaOptions& o) {
+Tensor core_operand(const Tensor& x, const Sizes& s, const SdpaOptions& o) {
   const bool strided_only = !o.attn_mask.empty() || s.Hq != s.Hkv || s.Tq != s.Tk;
   return strided_only ? rows_contiguous(x) : x;
 }
 
-SdpaForward forward_amx(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Sizes& s,
-                        const SdpaOptions& o) {
+SdpaForward forward_core(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Sizes& s,
+                         const SdpaOptions& o) {
   // Rows of contiguous elements (any other strides): read in place and the
   // output written head-major straight away (the kernel packs each head itself).
-  const Tensor q = amx_operand(q_in, s, o), k = amx_operand(k_in, s, o),
-               v = amx_operand(v_in, s, o);
+  const Tensor q = core_operand(q_in, s, o), k = core_operand(k_in, s, o),
+               v = core_operand(v_in, s, o);
   if (has_rows(q) && has_rows(k) && has_rows(v)) {
     Tensor held;
-    const kernels::amx::SdpaExtras extras = amx_extras(o, s, held);
+    const kernels::SdpaExtras extras = core_extras(o, s, held);
     SdpaForward f{Tensor::empty({s.B, s.Hq, s.Tq, s.Dv}, DType::kBFloat16),
                   Tensor::empty({s.B, s.Hq, s.Tq})};
     auto at = [](const Tensor& x) {
-      return kernels::amx::RowStrides{x.stride(0), x.stride(1), x.stride(2)};
+      return kernels::RowStrides{x.stride(0), x.stride(1), x.stride(2)};
     };
-    const kernels::amx::ForwardStrides st{at(q), at(k), at(v), at(f.out),
-                                          kernels::amx::RowStrides{s.Hq * s.Tq, s.Tq, 1}};
+    const kernels::ForwardStrides st{at(q), at(k), at(v), at(f.out),
+                                     kernels::RowStrides{s.Hq * s.Tq, s.Tq, 1}};
     auto bits = [](const Tensor& x) {
       return reinterpret_cast<const uint16_t*>(x.data_ptr<BFloat16>());
     };
-    kernels::amx::forward(reinterpret_cast<uint16_t*>(f.out.data_ptr<BFloat16>()), f.lse.data(),
-                          bits(q), bits(k), bits(v), amx_params(s, o), st, extras);
+    kernels::flash_attention_forward_bf16(reinterpret_cast<uint16_t*>(f.out.data_ptr<BFloat16>()),
+                                          f.lse.data(), bits(q), bits(k), bits(v),
+                                          core_params(s, o), st, extras);
     return f;
   }
   const Tensor qt = token_major(q), kt = token_major(k), vt = token_major(v);
@@ -190,7 +200,7 @@ SdpaForward forward_amx(const Tensor& q_in, const Tensor& k_in, const Tensor& v_
   SdpaForward f{Tensor(), Tensor::empty({s.B, s.Hq, s.Tq})};
   kernels::flash_attention_forward_bf16(out_t.data_ptr<BFloat16>(), f.lse.data(),
                                         qt.data_ptr<BFloat16>(), kt.data_ptr<BFloat16>(),
-                                        vt.data_ptr<BFloat16>(), amx_params(s, o));
+                                        vt.data_ptr<BFloat16>(), core_params(s, o));
   f.out = head_major(out_t);
   return f;
 }
@@ -331,7 +341,7 @@ constexpr auto additive_closed = [](float y) { return kernels::mask_value_closes
 // definition, beside the row's open diagonal). Such a call runs as is_causal:
 // the same sums (adding 0 leaves a score's bits, and a closed key's weight is 0
 // either way), without the mask's checks and scans, the tiles above the
-// diagonal never visited, and bf16 on the AMX kernel where it runs. Most masks
+// diagonal never visited, and bf16 on the core's kernels where they run. Most masks
 // that are not causal are told by their first or last two rows, at once.
 // The reference backend keeps the mask: it is the definition.
 bool mask_is_causal(const SdpaOptions& o, const Sizes& s) {
@@ -455,7 +465,7 @@ SdpaForward scaled_dot_product_attention_forward(const Tensor& q, const Tensor& 
   const Sizes s = check_qkv(q, k, v, options);
   const SdpaOptions o = as_run(options, s);
   if (q.dtype() == DType::kBFloat16) {
-    if (amx_serves(s, o)) return forward_amx(q, k, v, s, o);
+    if (core_serves(s, o)) return forward_core(q, k, v, s, o);
     return forward<BFloat16>(q, k, v, o);
   }
   return forward<float>(q, k, v, o);
@@ -486,38 +496,33 @@ void check_backward_io(const Tensor& dout, const Tensor& out, const Tensor& lse,
                      shape_str({s.B, s.Hq, s.Tq})));
 }
 
-SdpaGrads backward_amx(const Tensor& dout_in, const Tensor& q_in, const Tensor& k_in,
-                       const Tensor& v_in, const Tensor& out_in, const Tensor& lse, const Sizes& s,
-                       const SdpaOptions& o) {
+SdpaGrads backward_core(const Tensor& dout_in, const Tensor& q_in, const Tensor& k_in,
+                        const Tensor& v_in, const Tensor& out_in, const Tensor& lse, const Sizes& s,
+                        const SdpaOptions& o) {
   check_backward_io(dout_in, out_in, lse, q_in, s);
   // Rows of contiguous elements (any other strides): read in place, the
   // gradients written head-major straight away.
-  const Tensor dout = amx_operand(dout_in, s, o), q = amx_operand(q_in, s, o),
-               k = amx_operand(k_in, s, o), v = amx_operand(v_in, s, o),
-               out = amx_operand(out_in, s, o);
+  const Tensor dout = core_operand(dout_in, s, o), q = core_operand(q_in, s, o),
+               k = core_operand(k_in, s, o), v = core_operand(v_in, s, o),
+               out = core_operand(out_in, s, o);
   if (has_rows(q) && has_rows(k) && has_rows(v) && has_rows(dout) && has_rows(out)) {
     Tensor held;
-    const kernels::amx::SdpaExtras extras = amx_extras(o, s, held);
+    const kernels::SdpaExtras extras = core_extras(o, s, held);
     const Tensor lse_c = lse.contiguous();
     const Shape q_shape{s.B, s.Hq, s.Tq, s.D}, kv_shape{s.B, s.Hkv, s.Tk, s.D};
     SdpaGrads g{Tensor::empty(q_shape, DType::kBFloat16), Tensor::empty(kv_shape, DType::kBFloat16),
                 Tensor::empty(kv_shape, DType::kBFloat16)};
     auto at = [](const Tensor& x) {
-      return kernels::amx::RowStrides{x.stride(0), x.stride(1), x.stride(2)};
+      return kernels::RowStrides{x.stride(0), x.stride(1), x.stride(2)};
     };
-    const kernels::amx::BackwardStrides st{at(dout),
-                                           at(q),
-                                           at(k),
-                                           at(v),
-                                           at(out),
-                                           kernels::amx::RowStrides{s.Hq * s.Tq, s.Tq, 1},
-                                           at(g.dq),
-                                           at(g.dk),
-                                           at(g.dv)};
+    const kernels::BackwardStrides st{at(dout), at(q),    at(k),
+                                      at(v),    at(out),  kernels::RowStrides{s.Hq * s.Tq, s.Tq, 1},
+                                      at(g.dq), at(g.dk), at(g.dv)};
     auto in = [](const Tensor& x) { return reinterpret_cast<const uint16_t*>(x.data_ptr<BFloat16>()); };
     auto grad = [](Tensor& x) { return reinterpret_cast<uint16_t*>(x.data_ptr<BFloat16>()); };
-    kernels::amx::backward(grad(g.dq), grad(g.dk), grad(g.dv), in(dout), in(q), in(k), in(v),
-                           in(out), lse_c.data(), amx_params(s, o), st, extras);
+    kernels::flash_attention_backward_bf16(grad(g.dq), grad(g.dk), grad(g.dv), in(dout), in(q),
+                                           in(k), in(v), in(out), lse_c.data(), core_params(s, o),
+                                           st, extras);
     return g;
   }
   const Tensor qt = token_major(q), kt = token_major(k), vt = token_major(v);
@@ -528,7 +533,7 @@ SdpaGrads backward_amx(const Tensor& dout_in, const Tensor& q_in, const Tensor& 
   kernels::flash_attention_backward_bf16(
       dq.data_ptr<BFloat16>(), dk.data_ptr<BFloat16>(), dv.data_ptr<BFloat16>(),
       dout_t.data_ptr<BFloat16>(), qt.data_ptr<BFloat16>(), kt.data_ptr<BFloat16>(),
-      vt.data_ptr<BFloat16>(), out_t.data_ptr<BFloat16>(), lse_c.data(), amx_params(s, o));
+      vt.data_ptr<BFloat16>(), out_t.data_ptr<BFloat16>(), lse_c.data(), core_params(s, o));
   return {head_major(dq), head_major(dk), head_major(dv)};
 }
 
@@ -579,7 +584,7 @@ SdpaGrads scaled_dot_product_attention_backward(const Tensor& dout, const Tensor
   const Sizes s = check_qkv(q, k, v, options);
   const SdpaOptions o = as_run(options, s);
   if (q.dtype() == DType::kBFloat16) {
-    if (amx_serves(s, o)) return backward_amx(dout, q, k, v, out, lse, s, o);
+    if (core_serves(s, o)) return backward_core(dout, q, k, v, out, lse, s, o);
     return backward<BFloat16>(dout, q, k, v, out, lse, o);
   }
   return backward<float>(dout, q, k, v, out, lse, o);
@@ -588,16 +593,16 @@ SdpaGrads scaled_dot_product_attention_backward(const Tensor& dout, const Tensor
 // ---- the raw layer, routed (sdpa_forward_routed / sdpa_backward_routed) ----------------
 namespace {
 
-// One (B, H, T, W) strided operand of the AMX kernel, which reads and writes
+// One (B, H, T, W) strided operand of the core's kernels, which read and write
 // rows of contiguous elements at any (b, h, t) strides: x itself when its rows
 // are contiguous (head-major tensors as PyTorch's, token-major views, slices;
-// the kernel packs each head into its tile layouts anyway, so a token-major
+// the kernels pack each head into their tile layouts anyway, so a token-major
 // copy first would only add a pass: at T = 256 it doubled the call), else a
 // packed (B, T, H, W) copy of an input, or a buffer for an output that
 // scatter() copies back afterwards.
-struct AmxRows {
+struct CoreRows {
   BFloat16* data = nullptr;
-  kernels::amx::RowStrides st;
+  kernels::RowStrides st;
   std::vector<BFloat16> packed;  // empty in place
 };
 
@@ -610,9 +615,9 @@ void for_rows(const SdpaStrides& s, int64_t B, int64_t H, int64_t T, int64_t W, 
       for (int64_t h = 0; h < H; ++h) f(b * s.b + h * s.h + t * s.t, ((b * T + t) * H + h) * W);
 }
 
-AmxRows amx_rows(const BFloat16* x, const SdpaStrides& s, int64_t B, int64_t H, int64_t T,
-                 int64_t W, bool input) {
-  AmxRows r;
+CoreRows core_rows(const BFloat16* x, const SdpaStrides& s, int64_t B, int64_t H, int64_t T,
+                   int64_t W, bool input) {
+  CoreRows r;
   if (W == 1 || s.d == 1) {
     r.data = const_cast<BFloat16*>(x);
     r.st = {s.b, s.h, s.t};
@@ -628,7 +633,7 @@ AmxRows amx_rows(const BFloat16* x, const SdpaStrides& s, int64_t B, int64_t H, 
   return r;
 }
 
-void scatter(const AmxRows& r, BFloat16* x, const SdpaStrides& s, int64_t B, int64_t H, int64_t T,
+void scatter(const CoreRows& r, BFloat16* x, const SdpaStrides& s, int64_t B, int64_t H, int64_t T,
              int64_t W) {
   if (r.packed.empty()) return;
   for_rows(s, B, H, T, W, [&](int64_t to, int64_t from) {
@@ -636,7 +641,7 @@ void scatter(const AmxRows& r, BFloat16* x, const SdpaStrides& s, int64_t B, int
   });
 }
 
-kernels::FlashAttentionParams raw_amx_params(const SdpaProblemBf16& p) {
+kernels::FlashAttentionParams raw_core_params(const SdpaProblemBf16& p) {
   kernels::FlashAttentionParams f;
   f.B = p.B, f.T = p.Tq, f.H = p.Hq, f.hd = p.D;
   f.causal = p.is_causal;
@@ -646,9 +651,9 @@ kernels::FlashAttentionParams raw_amx_params(const SdpaProblemBf16& p) {
   return f;
 }
 
-kernels::amx::SdpaExtras raw_amx_extras(const SdpaProblemBf16& p) {
+kernels::SdpaExtras raw_core_extras(const SdpaProblemBf16& p) {
   const SdpaStrides& m = p.mask_strides;
-  kernels::amx::SdpaExtras x;
+  kernels::SdpaExtras x;
   x.mask = {p.mask, m.b, m.h, m.t, m.d};
   x.Hkv = p.Hkv;
   x.Tk = p.Tk;
@@ -656,8 +661,8 @@ kernels::amx::SdpaExtras raw_amx_extras(const SdpaProblemBf16& p) {
   return x;
 }
 
-kernels::amx::RowStrides lse_rows(const std::optional<SdpaStrides>& lse_strides,
-                                  const SdpaProblemBf16& p) {
+kernels::RowStrides lse_rows(const std::optional<SdpaStrides>& lse_strides,
+                             const SdpaProblemBf16& p) {
   const SdpaStrides ls = sdpa_lse_strides(lse_strides, p);
   return {ls.b, ls.h, ls.t};
 }
@@ -676,35 +681,35 @@ void sdpa_backward_routed(const SdpaBackwardIO& io, const SdpaProblem& p) {
 
 void sdpa_forward_routed(const SdpaOutputBf16& o, const SdpaProblemBf16& given) {
   const SdpaProblemBf16 p = as_run(given);
-  if (!amx_serves(p)) return kernels::sdpa_forward(o, p);
+  if (!core_serves(p)) return kernels::sdpa_forward(o, p);
   const int64_t B = p.B, H = p.Hq, Hkv = p.Hkv, T = p.Tq, Tk = p.Tk, D = p.D;
-  const AmxRows q = amx_rows(p.q, p.q_strides, B, H, T, D, true);
-  const AmxRows k = amx_rows(p.k, p.k_strides, B, Hkv, Tk, D, true);
-  const AmxRows v = amx_rows(p.v, p.v_strides, B, Hkv, Tk, D, true);
-  const AmxRows out = amx_rows(o.out, o.out_strides, B, H, T, D, false);
-  const kernels::amx::ForwardStrides st{q.st, k.st, v.st, out.st, lse_rows(o.lse_strides, p)};
-  kernels::amx::forward(bits(out.data), o.lse, bits(q.data), bits(k.data), bits(v.data),
-                        raw_amx_params(p), st, raw_amx_extras(p));
+  const CoreRows q = core_rows(p.q, p.q_strides, B, H, T, D, true);
+  const CoreRows k = core_rows(p.k, p.k_strides, B, Hkv, Tk, D, true);
+  const CoreRows v = core_rows(p.v, p.v_strides, B, Hkv, Tk, D, true);
+  const CoreRows out = core_rows(o.out, o.out_strides, B, H, T, D, false);
+  const kernels::ForwardStrides st{q.st, k.st, v.st, out.st, lse_rows(o.lse_strides, p)};
+  kernels::flash_attention_forward_bf16(bits(out.data), o.lse, bits(q.data), bits(k.data),
+                                        bits(v.data), raw_core_params(p), st, raw_core_extras(p));
   scatter(out, o.out, o.out_strides, B, H, T, D);
 }
 
 void sdpa_backward_routed(const SdpaBackwardIOBf16& io, const SdpaProblemBf16& given) {
   const SdpaProblemBf16 p = as_run(given);
-  if (!amx_serves(p)) return kernels::sdpa_backward(io, p);
+  if (!core_serves(p)) return kernels::sdpa_backward(io, p);
   const int64_t B = p.B, H = p.Hq, Hkv = p.Hkv, T = p.Tq, Tk = p.Tk, D = p.D;
-  const AmxRows dout = amx_rows(io.dout, io.dout_strides, B, H, T, D, true);
-  const AmxRows q = amx_rows(p.q, p.q_strides, B, H, T, D, true);
-  const AmxRows k = amx_rows(p.k, p.k_strides, B, Hkv, Tk, D, true);
-  const AmxRows v = amx_rows(p.v, p.v_strides, B, Hkv, Tk, D, true);
-  const AmxRows out = amx_rows(io.out, io.out_strides, B, H, T, D, true);
-  const AmxRows dq = amx_rows(io.dq, io.dq_strides, B, H, T, D, false);
-  const AmxRows dk = amx_rows(io.dk, io.dk_strides, B, Hkv, Tk, D, false);
-  const AmxRows dv = amx_rows(io.dv, io.dv_strides, B, Hkv, Tk, D, false);
-  const kernels::amx::BackwardStrides st{
-      dout.st, q.st, k.st, v.st, out.st, lse_rows(io.lse_strides, p), dq.st, dk.st, dv.st};
-  kernels::amx::backward(bits(dq.data), bits(dk.data), bits(dv.data), bits(dout.data), bits(q.data),
-                         bits(k.data), bits(v.data), bits(out.data), io.lse, raw_amx_params(p), st,
-                         raw_amx_extras(p));
+  const CoreRows dout = core_rows(io.dout, io.dout_strides, B, H, T, D, true);
+  const CoreRows q = core_rows(p.q, p.q_strides, B, H, T, D, true);
+  const CoreRows k = core_rows(p.k, p.k_strides, B, Hkv, Tk, D, true);
+  const CoreRows v = core_rows(p.v, p.v_strides, B, Hkv, Tk, D, true);
+  const CoreRows out = core_rows(io.out, io.out_strides, B, H, T, D, true);
+  const CoreRows dq = core_rows(io.dq, io.dq_strides, B, H, T, D, false);
+  const CoreRows dk = core_rows(io.dk, io.dk_strides, B, Hkv, Tk, D, false);
+  const CoreRows dv = core_rows(io.dv, io.dv_strides, B, Hkv, Tk, D, false);
+  const kernels::BackwardStrides st{dout.st, q.st,  k.st, v.st, out.st, lse_rows(io.lse_strides, p),
+                                    dq.st,   dk.st, dv.st};
+  kernels::flash_attention_backward_bf16(
+      bits(dq.data), bits(dk.data), bits(dv.data), bits(dout.data), bits(q.data), bits(k.data),
+      bits(v.data), bits(out.data), io.lse, raw_core_params(p), st, raw_core_extras(p));
   scatter(dq, io.dq, io.dq_strides, B, H, T, D);
   scatter(dk, io.dk, io.dk_strides, B, Hkv, Tk, D);
   scatter(dv, io.dv, io.dv_strides, B, Hkv, Tk, D);
@@ -713,14 +718,15 @@ void sdpa_backward_routed(const SdpaBackwardIOBf16& io, const SdpaProblemBf16& g
 namespace kernels {
 
 const char* sdpa_bf16_path(const SdpaProblemBf16& p) {
-  return amx_serves(as_run(p)) ? "AMX" : "bf16 tiles widened to fp32";
+  return core_serves(as_run(p)) ? flash_attention_bf16_path() : "bf16 tiles widened to fp32";
 }
 
 const char* sdpa_bf16_path(const Tensor& q, const Tensor& k, const Tensor& v,
                            const SdpaOptions& options) {
   if (is_bf16_reference(q, options)) return "reference (fp32 on the widened values)";
   const Sizes s = check_qkv(q, k, v, options);
-  return amx_serves(s, as_run(options, s)) ? "AMX" : "bf16 tiles widened to fp32";
+  return core_serves(s, as_run(options, s)) ? flash_attention_bf16_path()
+                                            : "bf16 tiles widened to fp32";
 }
 
 }  // namespace kernels

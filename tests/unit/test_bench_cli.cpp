@@ -96,9 +96,9 @@ TEST(BenchCli, SdpaCasesCountTheirPairs) {
 }
 
 // --kind sdpa --dtype bfloat16 times the bf16 tensors; the row names the path that ran:
-// the core's AMX kernel where the core's bf16 path is AMX and the call is the core's
-// problem (square causal here), else bf16 tiles widened to fp32 (as with a window,
-// or with the widened path forced).
+// the core's AMX or AVX512-BF16 kernel where that is the core's bf16 path and the call
+// is the core's problem (square causal here), else bf16 tiles widened to fp32 (as with
+// a window, or with the widened path forced).
 TEST(BenchCli, SdpaRunsInBfloat16AndNamesItsPath) {
   ATTN_REQUIRE_CLI();
   const std::string cmd =
@@ -108,9 +108,11 @@ TEST(BenchCli, SdpaRunsInBfloat16AndNamesItsPath) {
   const auto rows = nlohmann::json::parse(r.out);
   ASSERT_EQ(rows.size(), 1u);
   EXPECT_EQ(rows[0]["dtype"], "bfloat16");
-  const bool amx = rows[0]["machine"]["bf16_path"] == "AMX";
-  EXPECT_EQ(rows[0]["backend"], amx ? "fused-amx" : "fused-wide");
-  EXPECT_EQ(rows[0]["bf16_path"], amx ? "AMX" : "bf16 tiles widened to fp32");
+  const std::string core = rows[0]["machine"]["bf16_path"];
+  EXPECT_EQ(rows[0]["backend"], core == "AMX"           ? "fused-amx"
+                                : core == "AVX512-BF16" ? "fused-bf16dot"
+                                                        : "fused-wide");
+  EXPECT_EQ(rows[0]["bf16_path"], core == "widened to fp32" ? "bf16 tiles widened to fp32" : core);
   for (const std::string more : {" --window-left 8", " --bf16-path 'widened to fp32'"}) {
     const auto w = run_cli(cmd + more);
     ASSERT_EQ(w.exit_code, 0) << w.err;

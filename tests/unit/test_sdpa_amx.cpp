@@ -1,11 +1,16 @@
-// scaled_dot_product_attention on bfloat16 tensors routed to the core's AMX
-// kernel (attn/sdpa.h: the bf16 path is "AMX" when the core's is and the call
-// is exactly the core's problem): forward, lse and every gradient against the
-// specification (the fp32 reference on the widened inputs), causal and full,
-// with dropout, T on and off the tiles of 16 and 64, D 64, 80 and 128, every
-// input layout; which calls route and which do not (and that the ones that do
-// not give the widened path's bits); forcing the core's path off AMX turns the
-// route off. Skipped, with the reason, where the CPU has no AMX.
+// scaled_dot_product_attention on bfloat16 tensors routed to the core's
+// kernels (attn/sdpa.h: the bf16 path is the core's, "AMX" or "AVX512-BF16",
+// when the core's is and the call is the core's problem): forward, lse and
+// every gradient against the specification (the fp32 reference on the
+// widened inputs), causal and full, with dropout, T on and off the tiles of 16
+// and 64, D 64, 80 and 128, every input layout; which calls route and which
+// do not (and that the ones that do not give the widened path's bits);
+// forcing the core's path to "widened to fp32" turns the route off. The
+// SdpaCore tests run once for each of the two paths the CPU has (AMX: Intel
+// Sapphire Rapids and later; AVX512-BF16: AMD Zen 4/5, Intel Cooper Lake and
+// later); the SdpaAmx tests are what only the AMX kernel takes (masks,
+// grouped-query heads, Tq != Tk). Skipped, with the reason, where the CPU has
+// neither.
 //
 // Bounds: the core's bf16 ones (tests/unit/test_flash_attention_bf16.cpp):
 // max |got − want| <= 8e-3 · max |want| for out, 4e-2 · max |want| for dq, dk
@@ -52,6 +57,19 @@ bool has_amx() {
 
 #define ATTN_REQUIRE_AMX() \
   if (!has_amx()) GTEST_SKIP() << "this CPU (or the OS) has no AMX-BF16: no AMX route to test"
+
+// The core's paths with a strided form (kernels/flash_bf16_strided.h) that this CPU runs.
+std::vector<std::string> core_paths() {
+  std::vector<std::string> out;
+  for (const std::string& path : kn::flash_attention_bf16_paths())
+    if (path == "AMX" || path == "AVX512-BF16") out.push_back(path);
+  return out;
+}
+
+#define ATTN_REQUIRE_CORE_PATH()                                                              \
+  if (core_paths().empty())                                                                   \
+  GTEST_SKIP() << "this CPU (or the OS) has neither AMX-BF16 nor AVX512-BF16: no core route " \
+                  "to test"
 
 enum class Layout { kHeadMajor, kTokenMajor, kFusedQkv, kStridedD };
 
@@ -141,18 +159,18 @@ struct Worst {
 // One routed call against the specification; returns the routed result.
 Result check_routed(const Inputs& in, const SdpaOptions& o, Worst& worst, const std::string& what) {
   SCOPED_TRACE(what);
-  EXPECT_STREQ(kn::sdpa_bf16_path(in.q, in.k, in.v, o), "AMX");
-  const Result amx = run(in.q, in.k, in.v, in.dout, o, SdpaBackend::kFused);
-  EXPECT_EQ(amx.f.out.dtype(), kBf16);
-  EXPECT_EQ(amx.f.lse.dtype(), kF32);
-  EXPECT_EQ(amx.g.dq.dtype(), kBf16);
-  EXPECT_TRUE(amx.f.out.is_contiguous() && amx.g.dq.is_contiguous() && amx.g.dk.is_contiguous() &&
-              amx.g.dv.is_contiguous());
+  EXPECT_STREQ(kn::sdpa_bf16_path(in.q, in.k, in.v, o), kn::flash_attention_bf16_path());
+  const Result core = run(in.q, in.k, in.v, in.dout, o, SdpaBackend::kFused);
+  EXPECT_EQ(core.f.out.dtype(), kBf16);
+  EXPECT_EQ(core.f.lse.dtype(), kF32);
+  EXPECT_EQ(core.g.dq.dtype(), kBf16);
+  EXPECT_TRUE(core.f.out.is_contiguous() && core.g.dq.is_contiguous() &&
+              core.g.dk.is_contiguous() && core.g.dv.is_contiguous());
   const Result spec = run(in.q.to(kF32), in.k.to(kF32), in.v.to(kF32), in.dout.to(kF32), o,
                           SdpaBackend::kReference);
-  const double e_out = rel_err(amx.f.out, spec.f.out), e_lse = lse_err(amx.f.lse, spec.f.lse);
-  const double e_dq = rel_err(amx.g.dq, spec.g.dq), e_dk = rel_err(amx.g.dk, spec.g.dk),
-               e_dv = rel_err(amx.g.dv, spec.g.dv);
+  const double e_out = rel_err(core.f.out, spec.f.out), e_lse = lse_err(core.f.lse, spec.f.lse);
+  const double e_dq = rel_err(core.g.dq, spec.g.dq), e_dk = rel_err(core.g.dk, spec.g.dk),
+               e_dv = rel_err(core.g.dv, spec.g.dv);
   EXPECT_LE(e_out, kOutTol) << "out";
   EXPECT_LE(e_lse, kLseTol) << "lse";
   EXPECT_LE(e_dq, kGradTol) << "dq";
@@ -161,7 +179,7 @@ Result check_routed(const Inputs& in, const SdpaOptions& o, Worst& worst, const 
   worst.out = std::max(worst.out, e_out), worst.lse = std::max(worst.lse, e_lse);
   worst.dq = std::max(worst.dq, e_dq), worst.dk = std::max(worst.dk, e_dk);
   worst.dv = std::max(worst.dv, e_dv);
-  return amx;
+  return core;
 }
 
 void print(const Worst& w, const char* name) {
@@ -188,19 +206,23 @@ std::string dims_name(int64_t D, int64_t T, bool causal) {
   return "D " + std::to_string(D) + " T " + std::to_string(T) + (causal ? " causal" : " full");
 }
 
-// Every case with the core's path forced to AMX, against the specification;
-// prints the largest errors of the sweep under `title`.
-void expect_routed_cases(const std::vector<RoutedCase>& cases, const char* title) {
-  const attn::test::Bf16PathGuard amx("AMX");
-  ASSERT_TRUE(amx.forced());
-  Worst worst;
-  for (const RoutedCase& c : cases)
-    check_routed(make_inputs(c.B, c.H, c.T, c.D, c.layout, c.seed), c.o, worst, c.what);
-  print(worst, title);
+// Every case with the core's path forced to each of `paths`, against the
+// specification; prints the largest errors of each path's sweep under `title`.
+void expect_routed_cases(const std::vector<RoutedCase>& cases, const char* title,
+                         const std::vector<std::string>& paths = {"AMX"}) {
+  for (const std::string& path : paths) {
+    SCOPED_TRACE(path);
+    const attn::test::Bf16PathGuard forced(path.c_str());
+    ASSERT_TRUE(forced.forced());
+    Worst worst;
+    for (const RoutedCase& c : cases)
+      check_routed(make_inputs(c.B, c.H, c.T, c.D, c.layout, c.seed), c.o, worst, c.what);
+    print(worst, (path + ", " + title).c_str());
+  }
 }
 
-TEST(SdpaAmx, RoutedCallsMatchTheReferenceCausalAndFull) {
-  ATTN_REQUIRE_AMX();
+TEST(SdpaCore, RoutedCallsMatchTheReferenceCausalAndFull) {
+  ATTN_REQUIRE_CORE_PATH();
   std::vector<RoutedCase> cases;
   uint64_t seed = 100;
   for (const int64_t D : {64, 80, 128})
@@ -208,11 +230,11 @@ TEST(SdpaAmx, RoutedCallsMatchTheReferenceCausalAndFull) {
       for (const bool causal : {true, false})
         cases.push_back({T % 2 + 1, T < 64 ? 3 : 2, T, D, Layout::kHeadMajor, seed += 4,
                          causal_options(causal), dims_name(D, T, causal)});
-  expect_routed_cases(cases, "causal and full");
+  expect_routed_cases(cases, "causal and full", core_paths());
 }
 
-TEST(SdpaAmx, RoutedCallsReadEveryLayoutAndTheScale) {
-  ATTN_REQUIRE_AMX();
+TEST(SdpaCore, RoutedCallsReadEveryLayoutAndTheScale) {
+  ATTN_REQUIRE_CORE_PATH();
   std::vector<RoutedCase> cases;
   uint64_t seed = 900;
   for (const Layout layout :
@@ -223,13 +245,13 @@ TEST(SdpaAmx, RoutedCallsReadEveryLayoutAndTheScale) {
       cases.push_back({2, 3, 77, 80, layout, seed += 4, o,
                        "layout " + std::to_string(int(layout)) + " scale " + std::to_string(scale)});
     }
-  expect_routed_cases(cases, "layouts and scales");
+  expect_routed_cases(cases, "layouts and scales", core_paths());
 }
 
 // The core's dropout noise is sdpa's (Philox counters (j/4, i, h, b)): the
 // reference, drawing its own noise, agrees with the routed kernel only if so.
-TEST(SdpaAmx, RoutedDropoutDrawsTheReferencesNoise) {
-  ATTN_REQUIRE_AMX();
+TEST(SdpaCore, RoutedDropoutDrawsTheReferencesNoise) {
+  ATTN_REQUIRE_CORE_PATH();
   std::vector<RoutedCase> cases;
   uint64_t seed = 500;
   for (const int64_t D : {64, 80, 128})
@@ -241,7 +263,7 @@ TEST(SdpaAmx, RoutedDropoutDrawsTheReferencesNoise) {
         cases.push_back(
             {2, 2, T, D, Layout::kTokenMajor, seed, o, "dropout " + dims_name(D, T, causal)});
       }
-  expect_routed_cases(cases, "dropout");
+  expect_routed_cases(cases, "dropout", core_paths());
 }
 
 // ---- attention masks on the AMX kernel ---------------------------------------------------
@@ -359,92 +381,114 @@ TEST(SdpaAmx, RowsTheMaskClosesWhollyGiveZero) {
 
 // The route changes the bits (it is taken), and forcing the core's path off
 // AMX turns it off: the widened path's bits come back.
-TEST(SdpaAmx, ForcingTheWidenedPathTurnsTheRouteOff) {
-  ATTN_REQUIRE_AMX();
-  const Inputs in = make_inputs(1, 2, 200, 64, Layout::kHeadMajor, 77);
-  SdpaOptions o;
-  o.is_causal = true;
-  Result on, off;
-  {
-    const attn::test::Bf16PathGuard amx("AMX");
-    ASSERT_TRUE(amx.forced());
-    EXPECT_STREQ(kn::sdpa_bf16_path(in.q, in.k, in.v, o), "AMX");
-    on = run(in.q, in.k, in.v, in.dout, o, SdpaBackend::kFused);
+TEST(SdpaCore, ForcingTheWidenedPathTurnsTheRouteOff) {
+  ATTN_REQUIRE_CORE_PATH();
+  for (const std::string& path : core_paths()) {
+    SCOPED_TRACE(path);
+    const attn::test::Bf16PathGuard core(path.c_str());
+    ASSERT_TRUE(core.forced());
+    const Inputs in = make_inputs(1, 2, 200, 64, Layout::kHeadMajor, 77);
+    SdpaOptions o;
+    o.is_causal = true;
+    Result on, off;
+    {
+      EXPECT_STREQ(kn::sdpa_bf16_path(in.q, in.k, in.v, o), path.c_str());
+      on = run(in.q, in.k, in.v, in.dout, o, SdpaBackend::kFused);
+    }
+    {
+      const attn::test::Bf16PathGuard widened("widened to fp32");
+      ASSERT_TRUE(widened.forced());
+      EXPECT_STREQ(kn::sdpa_bf16_path(in.q, in.k, in.v, o), kWidened);
+      EXPECT_STREQ(kn::sdpa_bf16_path(), kWidened);
+      off = run(in.q, in.k, in.v, in.dout, o, SdpaBackend::kFused);
+    }
+    EXPECT_FALSE(same_bits(on.f.out, off.f.out));
+    EXPECT_FALSE(same_bits(on.g.dq, off.g.dq));
+    // The widened path is the fp32 kernel on the widened values, rounded once.
+    const Tensor q = in.q.to(kF32), k = in.k.to(kF32), v = in.v.to(kF32);
+    EXPECT_TRUE(same_bits(off.f.out, attn::scaled_dot_product_attention(q, k, v, o).to(kBf16)));
   }
-  {
-    const attn::test::Bf16PathGuard widened("widened to fp32");
-    ASSERT_TRUE(widened.forced());
-    EXPECT_STREQ(kn::sdpa_bf16_path(in.q, in.k, in.v, o), kWidened);
-    EXPECT_STREQ(kn::sdpa_bf16_path(), kWidened);
-    off = run(in.q, in.k, in.v, in.dout, o, SdpaBackend::kFused);
-  }
-  EXPECT_FALSE(same_bits(on.f.out, off.f.out));
-  EXPECT_FALSE(same_bits(on.g.dq, off.g.dq));
-  // The widened path is the fp32 kernel on the widened values, rounded once.
-  const Tensor q = in.q.to(kF32), k = in.k.to(kF32), v = in.v.to(kF32);
-  EXPECT_TRUE(same_bits(off.f.out, attn::scaled_dot_product_attention(q, k, v, o).to(kBf16)));
 }
 
 // Calls that are not the core's problem stay on the widened path: its name,
 // and its bits (the widened path forced gives the same).
-TEST(SdpaAmx, CallsTheCoreCannotServeStayOnTheWidenedPath) {
-  ATTN_REQUIRE_AMX();
-  struct Variant {
-    const char* name;
-    int64_t Hkv, Tk, Dv;
-    SdpaOptions o;
-  };
-  std::vector<Variant> variants;
-  auto add = [&](const char* name, int64_t Hkv, int64_t Tk, int64_t Dv, auto edit) {
-    Variant v{name, Hkv, Tk, Dv, SdpaOptions{}};
-    v.o.is_causal = true;
-    edit(v.o);
-    variants.push_back(v);
-  };
-  add("window", 2, 40, 64, [](SdpaOptions& o) { o.window_left = 8; });
-  add("alibi", 2, 40, 64, [](SdpaOptions& o) { o.alibi_slopes = Tensor({2}, {0.5f, 0.25f}); });
-  add("softcap", 2, 40, 64, [](SdpaOptions& o) { o.softcap = 5.0f; });
-  add("D != Dv", 2, 40, 32, [](SdpaOptions&) {});
-  add("negative scale", 2, 40, 64, [](SdpaOptions& o) { o.scale = -0.125f; });
-  for (const Variant& var : variants) {
-    SCOPED_TRACE(var.name);
-    const Tensor q = randn_bf16({1, 2, 40, 64}, 1), k = randn_bf16({1, var.Hkv, var.Tk, 64}, 2),
-                 v = randn_bf16({1, var.Hkv, var.Tk, var.Dv}, 3),
-                 dout = randn_bf16({1, 2, 40, var.Dv}, 4);
-    EXPECT_STREQ(kn::sdpa_bf16_path(q, k, v, var.o), kWidened);
-    const Result routed = run(q, k, v, dout, var.o, SdpaBackend::kFused);
-    const attn::test::Bf16PathGuard widened("widened to fp32");
-    const Result wide = run(q, k, v, dout, var.o, SdpaBackend::kFused);
-    EXPECT_TRUE(same_bits(routed.f.out, wide.f.out));
-    EXPECT_TRUE(same_bits(routed.f.lse, wide.f.lse));
-    EXPECT_TRUE(same_bits(routed.g.dq, wide.g.dq));
-    EXPECT_TRUE(same_bits(routed.g.dk, wide.g.dk));
-    EXPECT_TRUE(same_bits(routed.g.dv, wide.g.dv));
+TEST(SdpaCore, CallsTheCoreCannotServeStayOnTheWidenedPath) {
+  ATTN_REQUIRE_CORE_PATH();
+  for (const std::string& path : core_paths()) {
+    SCOPED_TRACE(path);
+    const attn::test::Bf16PathGuard core(path.c_str());
+    ASSERT_TRUE(core.forced());
+    struct Variant {
+      const char* name;
+      int64_t Hkv, Tk, Dv;
+      SdpaOptions o;
+    };
+    std::vector<Variant> variants;
+    auto add = [&](const char* name, int64_t Hkv, int64_t Tk, int64_t Dv, auto edit) {
+      Variant v{name, Hkv, Tk, Dv, SdpaOptions{}};
+      v.o.is_causal = true;
+      edit(v.o);
+      variants.push_back(v);
+    };
+    add("window", 2, 40, 64, [](SdpaOptions& o) { o.window_left = 8; });
+    add("alibi", 2, 40, 64, [](SdpaOptions& o) { o.alibi_slopes = Tensor({2}, {0.5f, 0.25f}); });
+    add("softcap", 2, 40, 64, [](SdpaOptions& o) { o.softcap = 5.0f; });
+    add("D != Dv", 2, 40, 32, [](SdpaOptions&) {});
+    add("negative scale", 2, 40, 64, [](SdpaOptions& o) { o.scale = -0.125f; });
+    if (path == "AVX512-BF16") {  // what only the AMX kernel adds to the core's problem
+      add("mask", 2, 40, 64, [](SdpaOptions& o) {
+        o.is_causal = false;
+        o.attn_mask = Tensor({40, 40});
+        for (int64_t i = 0; i < 40; ++i)
+          for (int64_t j = 0; j < 40; ++j) o.attn_mask.at({i, j}) = float((i + 2 * j) % 5) - 2.0f;
+      });
+      add("grouped heads", 1, 40, 64, [](SdpaOptions& o) { o.enable_gqa = true; });
+      add("Tq != Tk", 2, 56, 64, [](SdpaOptions&) {});
+    }
+    for (const Variant& var : variants) {
+      SCOPED_TRACE(var.name);
+      const Tensor q = randn_bf16({1, 2, 40, 64}, 1), k = randn_bf16({1, var.Hkv, var.Tk, 64}, 2),
+                   v = randn_bf16({1, var.Hkv, var.Tk, var.Dv}, 3),
+                   dout = randn_bf16({1, 2, 40, var.Dv}, 4);
+      EXPECT_STREQ(kn::sdpa_bf16_path(q, k, v, var.o), kWidened);
+      const Result routed = run(q, k, v, dout, var.o, SdpaBackend::kFused);
+      const attn::test::Bf16PathGuard widened("widened to fp32");
+      const Result wide = run(q, k, v, dout, var.o, SdpaBackend::kFused);
+      EXPECT_TRUE(same_bits(routed.f.out, wide.f.out));
+      EXPECT_TRUE(same_bits(routed.f.lse, wide.f.lse));
+      EXPECT_TRUE(same_bits(routed.g.dq, wide.g.dq));
+      EXPECT_TRUE(same_bits(routed.g.dk, wide.g.dk));
+      EXPECT_TRUE(same_bits(routed.g.dv, wide.g.dv));
+    }
+    // The reference backend is named as such.
+    const Tensor q = randn_bf16({1, 1, 8, 16}, 5);
+    SdpaOptions ref;
+    ref.backend = SdpaBackend::kReference;
+    EXPECT_STREQ(kn::sdpa_bf16_path(q, q, q, ref), "reference (fp32 on the widened values)");
   }
-  // The reference backend is named as such.
-  const Tensor q = randn_bf16({1, 1, 8, 16}, 5);
-  SdpaOptions ref;
-  ref.backend = SdpaBackend::kReference;
-  EXPECT_STREQ(kn::sdpa_bf16_path(q, q, q, ref), "reference (fp32 on the widened values)");
 }
 
 // The routed backward checks its tensors as the widened one does.
-TEST(SdpaAmx, RoutedBackwardChecksItsTensors) {
-  ATTN_REQUIRE_AMX();
-  const attn::test::Bf16PathGuard amx("AMX");
-  const Inputs in = make_inputs(1, 2, 20, 64, Layout::kHeadMajor, 3);
-  SdpaOptions o;
-  o.is_causal = true;
-  const attn::SdpaForward f = attn::scaled_dot_product_attention_forward(in.q, in.k, in.v, o);
-  EXPECT_THROW(attn::scaled_dot_product_attention_backward(in.dout.to(kF32), in.q, in.k, in.v,
-                                                           f.out, f.lse, o),
-               std::invalid_argument);
-  EXPECT_THROW(attn::scaled_dot_product_attention_backward(in.dout, in.q, in.k, in.v, f.out,
-                                                           f.lse.slice(2, 0, 10), o),
-               std::invalid_argument);
-  EXPECT_THROW(attn::scaled_dot_product_attention_backward(in.dout.slice(2, 0, 10), in.q, in.k,
-                                                           in.v, f.out, f.lse, o),
-               std::invalid_argument);
+TEST(SdpaCore, RoutedBackwardChecksItsTensors) {
+  ATTN_REQUIRE_CORE_PATH();
+  for (const std::string& path : core_paths()) {
+    SCOPED_TRACE(path);
+    const attn::test::Bf16PathGuard core(path.c_str());
+    ASSERT_TRUE(core.forced());
+    const Inputs in = make_inputs(1, 2, 20, 64, Layout::kHeadMajor, 3);
+    SdpaOptions o;
+    o.is_causal = true;
+    const attn::SdpaForward f = attn::scaled_dot_product_attention_forward(in.q, in.k, in.v, o);
+    EXPECT_THROW(attn::scaled_dot_product_attention_backward(in.dout.to(kF32), in.q, in.k, in.v,
+                                                             f.out, f.lse, o),
+                 std::invalid_argument);
+    EXPECT_THROW(attn::scaled_dot_product_attention_backward(in.dout, in.q, in.k, in.v, f.out,
+                                                             f.lse.slice(2, 0, 10), o),
+                 std::invalid_argument);
+    EXPECT_THROW(attn::scaled_dot_product_attention_backward(in.dout.slice(2, 0, 10), in.q, in.k,
+                                                             in.v, f.out, f.lse, o),
+                 std::invalid_argument);
+  }
 }
 
 // ---- the raw layer routed (sdpa_forward_routed / sdpa_backward_routed) ----------------
@@ -527,54 +571,61 @@ void expect_same_result(const Result& a, const Result& b) {
   EXPECT_TRUE(same_bits(a.g.dv, b.g.dv)) << "dv";
 }
 
-TEST(SdpaAmx, RawRoutedCallsGiveTheTensorEntryPointsBitsOnEveryLayout) {
-  ATTN_REQUIRE_AMX();
-  const attn::test::Bf16PathGuard amx("AMX");
-  ASSERT_TRUE(amx.forced());
-  uint64_t seed = 1300;
-  for (const Layout in_layout :
-       {Layout::kHeadMajor, Layout::kTokenMajor, Layout::kFusedQkv, Layout::kStridedD})
-    for (const Layout out_layout : {Layout::kHeadMajor, Layout::kTokenMajor, Layout::kStridedD})
-      for (const bool causal : {true, false}) {
-        SCOPED_TRACE("in " + std::to_string(int(in_layout)) + " out " +
-                     std::to_string(int(out_layout)) + (causal ? " causal" : " full"));
-        const Inputs in = make_inputs(2, 3, 45, 64, in_layout, seed += 4);
-        SdpaOptions o;
-        o.is_causal = causal;
-        o.dropout_p = causal ? 0.0f : 0.1f;
-        o.dropout_seed = seed;
-        EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), "AMX");
-        expect_same_result(run_raw(in, o, out_layout), run(in.q, in.k, in.v, in.dout, o,
-                                                            SdpaBackend::kFused));
-      }
+TEST(SdpaCore, RawRoutedCallsGiveTheTensorEntryPointsBitsOnEveryLayout) {
+  ATTN_REQUIRE_CORE_PATH();
+  for (const std::string& path : core_paths()) {
+    SCOPED_TRACE(path);
+    const attn::test::Bf16PathGuard core(path.c_str());
+    ASSERT_TRUE(core.forced());
+    uint64_t seed = 1300;
+    for (const Layout in_layout :
+         {Layout::kHeadMajor, Layout::kTokenMajor, Layout::kFusedQkv, Layout::kStridedD})
+      for (const Layout out_layout : {Layout::kHeadMajor, Layout::kTokenMajor, Layout::kStridedD})
+        for (const bool causal : {true, false}) {
+          SCOPED_TRACE("in " + std::to_string(int(in_layout)) + " out " +
+                       std::to_string(int(out_layout)) + (causal ? " causal" : " full"));
+          const Inputs in = make_inputs(2, 3, 45, 64, in_layout, seed += 4);
+          SdpaOptions o;
+          o.is_causal = causal;
+          o.dropout_p = causal ? 0.0f : 0.1f;
+          o.dropout_seed = seed;
+          EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), path.c_str());
+          expect_same_result(run_raw(in, o, out_layout),
+                             run(in.q, in.k, in.v, in.dout, o, SdpaBackend::kFused));
+        }
+  }
 }
 
 // The raw layer (the Python binding's calls) runs an additive mask that is
 // exactly the causal pattern (-inf, or transformers' float32 minimum, above the
-// diagonal) as is_causal: on the AMX kernel, with is_causal's bits; a mask
-// that differs in one entry runs the masked AMX kernel, to another result.
-TEST(SdpaAmx, RawCausalMaskRunsAsIsCausal) {
-  ATTN_REQUIRE_AMX();
-  const attn::test::Bf16PathGuard amx("AMX");
-  ASSERT_TRUE(amx.forced());
-  const int64_t T = 90;
-  const Inputs in = make_inputs(2, 3, T, 64, Layout::kHeadMajor, 1900);
-  SdpaOptions causal;
-  causal.is_causal = true;
-  const Result want = run_raw(in, causal, Layout::kHeadMajor);
-  for (const float closed : {-std::numeric_limits<float>::infinity(),
-                             std::numeric_limits<float>::lowest()}) {
-    Tensor mask({1, 1, T, T});
-    for (int64_t i = 0; i < T; ++i)
-      for (int64_t j = 0; j < T; ++j) mask.at({0, 0, i, j}) = j <= i ? 0.0f : closed;
-    SdpaOptions o;
-    o.attn_mask = mask;
-    SCOPED_TRACE(closed);
-    EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), "AMX");
-    expect_same_result(run_raw(in, o, Layout::kHeadMajor), want);
-    mask.at({0, 0, 40, 41}) = 0.0f;  // not causal: the masked kernel, another result
-    EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), "AMX");
-    EXPECT_FALSE(same_bits(run_raw(in, o, Layout::kHeadMajor).f.out, want.f.out));
+// diagonal) as is_causal: on the core's kernel, with is_causal's bits; a mask
+// that differs in one entry runs the masked AMX kernel (off AMX the widened
+// kernel), to another result.
+TEST(SdpaCore, RawCausalMaskRunsAsIsCausal) {
+  ATTN_REQUIRE_CORE_PATH();
+  for (const std::string& path : core_paths()) {
+    SCOPED_TRACE(path);
+    const attn::test::Bf16PathGuard core(path.c_str());
+    ASSERT_TRUE(core.forced());
+    const int64_t T = 90;
+    const Inputs in = make_inputs(2, 3, T, 64, Layout::kHeadMajor, 1900);
+    SdpaOptions causal;
+    causal.is_causal = true;
+    const Result want = run_raw(in, causal, Layout::kHeadMajor);
+    for (const float closed :
+         {-std::numeric_limits<float>::infinity(), std::numeric_limits<float>::lowest()}) {
+      Tensor mask({1, 1, T, T});
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t j = 0; j < T; ++j) mask.at({0, 0, i, j}) = j <= i ? 0.0f : closed;
+      SdpaOptions o;
+      o.attn_mask = mask;
+      SCOPED_TRACE(closed);
+      EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), path.c_str());
+      expect_same_result(run_raw(in, o, Layout::kHeadMajor), want);
+      mask.at({0, 0, 40, 41}) = 0.0f;  // not causal: the masked kernel, another result
+      EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), path == "AMX" ? "AMX" : kWidened);
+      EXPECT_FALSE(same_bits(run_raw(in, o, Layout::kHeadMajor).f.out, want.f.out));
+    }
   }
 }
 
@@ -583,78 +634,85 @@ TEST(SdpaAmx, RawCausalMaskRunsAsIsCausal) {
 // bits must be the core's on packed token-major copies of the same values
 // (what the route ran before), for every input layout, head-major outputs
 // (PyTorch's) and the Tensor entry points.
-TEST(SdpaAmx, InPlaceCallsGiveTheCoresBitsOnItsPackedCopies) {
-  ATTN_REQUIRE_AMX();
-  const attn::test::Bf16PathGuard amx("AMX");
-  ASSERT_TRUE(amx.forced());
-  uint64_t seed = 1700;
-  for (const Layout in_layout :
-       {Layout::kHeadMajor, Layout::kTokenMajor, Layout::kFusedQkv, Layout::kStridedD})
-    for (const bool causal : {true, false}) {
-      SCOPED_TRACE("in " + std::to_string(int(in_layout)) + (causal ? " causal" : " full"));
-      const int64_t B = 2, H = 3, T = 70, D = 80;
-      const Inputs in = make_inputs(B, H, T, D, in_layout, seed += 4);
-      SdpaOptions o;
-      o.is_causal = causal;
-      o.dropout_p = causal ? 0.0f : 0.1f;
-      o.dropout_seed = seed;
-      // The core on packed (B, T, H, D) copies.
-      const Tensor qt = in.q.transpose(1, 2).contiguous(), kt = in.k.transpose(1, 2).contiguous(),
-                   vt = in.v.transpose(1, 2).contiguous();
-      Tensor out_core = Tensor::empty({B, T, H, D}, kBf16), lse_core({B, H, T});
-      kn::FlashAttentionParams fp;
-      fp.B = B, fp.T = T, fp.H = H, fp.hd = D, fp.causal = causal;
-      fp.dropout_p = o.dropout_p, fp.dropout_seed = o.dropout_seed;
-      kn::flash_attention_forward_bf16(out_core.data_ptr<attn::BFloat16>(), lse_core.data(),
-                                       qt.data_ptr<attn::BFloat16>(),
-                                       kt.data_ptr<attn::BFloat16>(),
-                                       vt.data_ptr<attn::BFloat16>(), fp);
-      const Tensor want = out_core.transpose(1, 2);
-      const Result raw = run_raw(in, o, Layout::kHeadMajor);
-      EXPECT_TRUE(same_bits(raw.f.out, want)) << "raw out";
-      EXPECT_TRUE(same_bits(raw.f.lse, lse_core)) << "raw lse";
-      o.backend = SdpaBackend::kFused;
-      const attn::SdpaForward f = attn::scaled_dot_product_attention_forward(in.q, in.k, in.v, o);
-      EXPECT_TRUE(f.out.is_contiguous());
-      EXPECT_TRUE(same_bits(f.out, want)) << "tensor out";
-      EXPECT_TRUE(same_bits(f.lse, lse_core)) << "tensor lse";
-      // Backward: the core on packed copies of dout and its own out, lse.
-      const Tensor dout_t = in.dout.transpose(1, 2).contiguous();
-      Tensor dq = Tensor::empty({B, T, H, D}, kBf16), dk = Tensor::empty({B, T, H, D}, kBf16),
-             dv = Tensor::empty({B, T, H, D}, kBf16);
-      kn::flash_attention_backward_bf16(
-          dq.data_ptr<attn::BFloat16>(), dk.data_ptr<attn::BFloat16>(),
-          dv.data_ptr<attn::BFloat16>(), dout_t.data_ptr<attn::BFloat16>(),
-          qt.data_ptr<attn::BFloat16>(), kt.data_ptr<attn::BFloat16>(),
-          vt.data_ptr<attn::BFloat16>(), out_core.data_ptr<attn::BFloat16>(), lse_core.data(), fp);
-      EXPECT_TRUE(same_bits(raw.g.dq, dq.transpose(1, 2))) << "raw dq";
-      EXPECT_TRUE(same_bits(raw.g.dk, dk.transpose(1, 2))) << "raw dk";
-      EXPECT_TRUE(same_bits(raw.g.dv, dv.transpose(1, 2))) << "raw dv";
-      const attn::SdpaGrads g =
-          attn::scaled_dot_product_attention_backward(in.dout, in.q, in.k, in.v, f.out, f.lse, o);
-      EXPECT_TRUE(g.dq.is_contiguous() && g.dk.is_contiguous() && g.dv.is_contiguous());
-      EXPECT_TRUE(same_bits(g.dq, dq.transpose(1, 2))) << "tensor dq";
-      EXPECT_TRUE(same_bits(g.dk, dk.transpose(1, 2))) << "tensor dk";
-      EXPECT_TRUE(same_bits(g.dv, dv.transpose(1, 2))) << "tensor dv";
-    }
+TEST(SdpaCore, InPlaceCallsGiveTheCoresBitsOnItsPackedCopies) {
+  ATTN_REQUIRE_CORE_PATH();
+  for (const std::string& path : core_paths()) {
+    SCOPED_TRACE(path);
+    const attn::test::Bf16PathGuard core(path.c_str());
+    ASSERT_TRUE(core.forced());
+    uint64_t seed = 1700;
+    for (const Layout in_layout :
+         {Layout::kHeadMajor, Layout::kTokenMajor, Layout::kFusedQkv, Layout::kStridedD})
+      for (const bool causal : {true, false}) {
+        SCOPED_TRACE("in " + std::to_string(int(in_layout)) + (causal ? " causal" : " full"));
+        const int64_t B = 2, H = 3, T = 70, D = 80;
+        const Inputs in = make_inputs(B, H, T, D, in_layout, seed += 4);
+        SdpaOptions o;
+        o.is_causal = causal;
+        o.dropout_p = causal ? 0.0f : 0.1f;
+        o.dropout_seed = seed;
+        // The core on packed (B, T, H, D) copies.
+        const Tensor qt = in.q.transpose(1, 2).contiguous(), kt = in.k.transpose(1, 2).contiguous(),
+                     vt = in.v.transpose(1, 2).contiguous();
+        Tensor out_core = Tensor::empty({B, T, H, D}, kBf16), lse_core({B, H, T});
+        kn::FlashAttentionParams fp;
+        fp.B = B, fp.T = T, fp.H = H, fp.hd = D, fp.causal = causal;
+        fp.dropout_p = o.dropout_p, fp.dropout_seed = o.dropout_seed;
+        kn::flash_attention_forward_bf16(
+            out_core.data_ptr<attn::BFloat16>(), lse_core.data(), qt.data_ptr<attn::BFloat16>(),
+            kt.data_ptr<attn::BFloat16>(), vt.data_ptr<attn::BFloat16>(), fp);
+        const Tensor want = out_core.transpose(1, 2);
+        const Result raw = run_raw(in, o, Layout::kHeadMajor);
+        EXPECT_TRUE(same_bits(raw.f.out, want)) << "raw out";
+        EXPECT_TRUE(same_bits(raw.f.lse, lse_core)) << "raw lse";
+        o.backend = SdpaBackend::kFused;
+        const attn::SdpaForward f = attn::scaled_dot_product_attention_forward(in.q, in.k, in.v, o);
+        EXPECT_TRUE(f.out.is_contiguous());
+        EXPECT_TRUE(same_bits(f.out, want)) << "tensor out";
+        EXPECT_TRUE(same_bits(f.lse, lse_core)) << "tensor lse";
+        // Backward: the core on packed copies of dout and its own out, lse.
+        const Tensor dout_t = in.dout.transpose(1, 2).contiguous();
+        Tensor dq = Tensor::empty({B, T, H, D}, kBf16), dk = Tensor::empty({B, T, H, D}, kBf16),
+               dv = Tensor::empty({B, T, H, D}, kBf16);
+        kn::flash_attention_backward_bf16(
+            dq.data_ptr<attn::BFloat16>(), dk.data_ptr<attn::BFloat16>(),
+            dv.data_ptr<attn::BFloat16>(), dout_t.data_ptr<attn::BFloat16>(),
+            qt.data_ptr<attn::BFloat16>(), kt.data_ptr<attn::BFloat16>(),
+            vt.data_ptr<attn::BFloat16>(), out_core.data_ptr<attn::BFloat16>(), lse_core.data(),
+            fp);
+        EXPECT_TRUE(same_bits(raw.g.dq, dq.transpose(1, 2))) << "raw dq";
+        EXPECT_TRUE(same_bits(raw.g.dk, dk.transpose(1, 2))) << "raw dk";
+        EXPECT_TRUE(same_bits(raw.g.dv, dv.transpose(1, 2))) << "raw dv";
+        const attn::SdpaGrads g =
+            attn::scaled_dot_product_attention_backward(in.dout, in.q, in.k, in.v, f.out, f.lse, o);
+        EXPECT_TRUE(g.dq.is_contiguous() && g.dk.is_contiguous() && g.dv.is_contiguous());
+        EXPECT_TRUE(same_bits(g.dq, dq.transpose(1, 2))) << "tensor dq";
+        EXPECT_TRUE(same_bits(g.dk, dk.transpose(1, 2))) << "tensor dk";
+        EXPECT_TRUE(same_bits(g.dv, dv.transpose(1, 2))) << "tensor dv";
+      }
+  }
 }
 
-TEST(SdpaAmx, RawRoutedCallsTheCoreCannotServeTakeTheWidenedKernel) {
-  ATTN_REQUIRE_AMX();
-  const attn::test::Bf16PathGuard amx("AMX");
-  const Inputs in = make_inputs(1, 2, 40, 64, Layout::kTokenMajor, 3);
-  SdpaOptions o;
-  o.is_causal = true;
-  o.window_left = 8;
-  EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), kWidened);
-  expect_same_result(run_raw(in, o, Layout::kHeadMajor),
-                     run(in.q, in.k, in.v, in.dout, o, SdpaBackend::kFused));
-  // The widened path forced: the raw rule follows it.
-  const attn::test::Bf16PathGuard widened("widened to fp32");
-  o.window_left = -1;
-  EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), kWidened);
-  expect_same_result(run_raw(in, o, Layout::kTokenMajor),
-                     run(in.q, in.k, in.v, in.dout, o, SdpaBackend::kFused));
+TEST(SdpaCore, RawRoutedCallsTheCoreCannotServeTakeTheWidenedKernel) {
+  ATTN_REQUIRE_CORE_PATH();
+  for (const std::string& path : core_paths()) {
+    SCOPED_TRACE(path);
+    const attn::test::Bf16PathGuard core(path.c_str());
+    ASSERT_TRUE(core.forced());
+    const Inputs in = make_inputs(1, 2, 40, 64, Layout::kTokenMajor, 3);
+    SdpaOptions o;
+    o.is_causal = true;
+    o.window_left = 8;
+    EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), kWidened);
+    expect_same_result(run_raw(in, o, Layout::kHeadMajor),
+                       run(in.q, in.k, in.v, in.dout, o, SdpaBackend::kFused));
+    // The widened path forced: the raw rule follows it.
+    const attn::test::Bf16PathGuard widened("widened to fp32");
+    o.window_left = -1;
+    EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), kWidened);
+    expect_same_result(run_raw(in, o, Layout::kTokenMajor),
+                       run(in.q, in.k, in.v, in.dout, o, SdpaBackend::kFused));
+  }
 }
 
 // The raw layer (the Python binding's calls) takes masks with any strides

@@ -721,7 +721,9 @@ BenchResult run_bench_case(const BenchCase& c, int repeats, const std::string& b
                                         : kernels::sdpa_bf16_path();
     // bf16: the path that ran (the row's dtype column says bf16)
     if (c.dtype == "bfloat16" && backend != "reference")
-      r.backend += r.bf16_path == "AMX" ? "-amx" : "-wide";
+      r.backend += r.bf16_path == "AMX"           ? "-amx"
+                   : r.bf16_path == "AVX512-BF16" ? "-bf16dot"
+                                                  : "-wide";
     if (c.window_left >= 0) r.backend += fmt::format(" w{}", c.window_left);
     if (c.mask != "none") r.backend += " " + c.mask + "-mask";
     if (!c.causal && c.mask == "none") r.backend += " full";
@@ -817,7 +819,9 @@ Command add_bench_command(CLI::App& app) {
          "(bfloat16: the bf16 kernels, path AVX512-BF16 or widened to fp32); sdpa's and "
          "sdpa-varlen's q, k, v, dout (bfloat16: sdpa rows the core's AMX kernel takes (the "
          "core's problem, with or without a mask) run on it where its bf16 path is AMX, "
-         "rows 'fused-amx'; the others bf16 tiles widened to fp32, rows 'fused-wide'); the "
+         "rows 'fused-amx'; where it is AVX512-BF16, the core's problem without a mask, "
+         "grouped heads or Tq != Tk runs on that kernel, rows 'fused-bf16dot'; the others "
+         "bf16 tiles widened to fp32, rows 'fused-wide'); the "
          "module's compute dtype (bfloat16: mixed precision, fp32 "
          "weights)")
       ->capture_default_str();
@@ -1194,6 +1198,8 @@ Command add_bench_command(CLI::App& app) {
             if (is_sdpa(kind) && dtype == "bfloat16" && r.bf16_path == "AMX" &&
                 machine.amx.gflops > 0)
               ceiling = machine.amx.gflops;
+            if (is_sdpa(kind) && dtype == "bfloat16" && r.bf16_path == "AVX512-BF16")
+              ceiling = bf16_peak;
             if (sgemm > 0) r.pct_sgemm = 100.0 * r.gflops / sgemm;
             if (ceiling > 0) r.pct_peak = 100.0 * r.gflops / ceiling;
             if (r.pct_peak > 100.0) ++above_peak;
