@@ -375,7 +375,7 @@ void ForwardStep(const FlashAttentionParams& p, int64_t b, int64_t h, size_t i0,
 
 void ForwardGroup(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k,
                   const uint16_t* v, const FlashAttentionParams& p, const ForwardStrides& st,
-                  int64_t b, int64_t h, size_t i_first, size_t ng, ForwardScratch& s) {
+                  int64_t b, int64_t h, int64_t hk, size_t i_first, size_t ng, ForwardScratch& s) {
   const size_t T = size_t(p.T), hd = size_t(p.hd), hd2 = Pairs(hd), hdp = RoundUp(hd, kN);
   auto tile_i0 = [&](size_t g) { return i_first + g * kBr; };
   auto tile_in = [&](size_t g) { return std::min(kBr, T - tile_i0(g)); };
@@ -387,8 +387,8 @@ void ForwardGroup(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* 
   std::fill(s.l.get(), s.l.get() + ng * kBr, 0.0f);
   std::fill(s.o.get(), s.o.get() + ng * kBr * hdp, 0.0f);
   auto key_end = [&](size_t g) { return p.causal ? tile_i0(g) + tile_in(g) : T; };
-  const uint16_t* k_head = k + b * st.k.b + h * st.k.h;
-  const uint16_t* v_head = v + b * st.v.b + h * st.v.h;
+  const uint16_t* k_head = k + b * st.k.b + hk * st.k.h;
+  const uint16_t* v_head = v + b * st.v.b + hk * st.v.h;
   for (size_t j0 = 0; j0 < key_end(ng - 1); j0 += kBcFwd) {
     const size_t jn_all = std::min(kBcFwd, key_end(ng - 1) - j0);
     PackRows(s.kR.get(), k_head + j0 * st.k.t, size_t(st.k.t), jn_all, kBcFwd, hd);
@@ -416,8 +416,9 @@ void ForwardGroup(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* 
   }
 }
 
+// G query heads per key/value head (query head h reads key/value head h / G).
 void Forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,
-             const FlashAttentionParams& p, const ForwardStrides& st) {
+             const FlashAttentionParams& p, const ForwardStrides& st, int64_t G) {
   const size_t hd = size_t(p.hd), hdp = RoundUp(hd, kN);
   const int64_t n_qt = (p.T + int64_t(kBr) - 1) / int64_t(kBr);
   const int64_t n_groups = (n_qt + int64_t(kGroup) - 1) / int64_t(kGroup);
@@ -430,7 +431,8 @@ void Forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, co
       const int64_t group = n_groups - 1 - item / BH, bh = item % BH;
       const int64_t first = group * int64_t(kGroup);
       const size_t ng = size_t(std::min(int64_t(kGroup), n_qt - first));
-      ForwardGroup(out, lse, q, k, v, p, st, bh / p.H, bh % p.H, size_t(first) * kBr, ng, scratch);
+      const int64_t h = bh % p.H;
+      ForwardGroup(out, lse, q, k, v, p, st, bh / p.H, h, h / G, size_t(first) * kBr, ng, scratch);
     }
   }
 }
@@ -446,9 +448,9 @@ struct BackwardScratch {
   Words dSW;       // (BrBwd, Bc/2)     dS rows in bf16
   Words PzT, dST;  // (BrBwd/2, Bc)     P ⊙ Z, dS: query pairs × keys
   Floats dK, dV;   // (G, Bc, hdp)      fp32 accumulators
-  Floats dQ;       // (T, hdp) whole-head dQ, or (BrBwd, hdp) for one query tile
+  Floats dQ;       // (G, T, hdp) a unit's whole-head dQ, or (BrBwd, hdp) for one query tile
   Floats z;        // (2, Bc)           two rows of dropout noise
-  BackwardScratch(size_t T, size_t hd, size_t hdp)
+  BackwardScratch(size_t dq_rows, size_t hd, size_t hdp)
       : kT(words(kGroup * Pairs(hd) * kBc)),
         vT(words(kGroup * Pairs(hd) * kBc)),
         kP(words(kGroup * kBc / 2 * hdp)),
@@ -463,14 +465,14 @@ struct BackwardScratch {
         dST(words(kBrBwd / 2 * kBc)),
         dK(floats(kGroup * kBc * hdp)),
         dV(floats(kGroup * kBc * hdp)),
-        dQ(floats(std::max(T, kBrBwd) * hdp)),
+        dQ(floats(std::max(dq_rows, kBrBwd) * hdp)),
         z(floats(2 * kBc)) {}
 };
 
 // One head (b, h): its first rows and the elements between its rows, and its
 // D and lse (base 2).
 struct HeadView {
-  int64_t b, h;
+  int64_t b, h, hk;  // hk: the key/value head h reads
   const uint16_t *q, *k, *v, *dout;
   size_t q_t, k_t, v_t, dout_t;
   const float* D;     // (T) rowsum(dO ⊙ O)
@@ -479,15 +481,19 @@ struct HeadView {
 
 HeadView MakeHeadView(const uint16_t* dout, const uint16_t* q, const uint16_t* k, const uint16_t* v,
                       const float* D, const float* lse2, const FlashAttentionParams& p,
-                      const BackwardStrides& st, int64_t b, int64_t h) {
+                      const BackwardStrides& st, int64_t b, int64_t h, int64_t G) {
   const size_t T = size_t(p.T), bh = size_t(b * p.H + h);
-  auto at = [&](const uint16_t* x, const RowStrides& r) { return x + b * r.b + h * r.h; };
+  const int64_t hk = h / G;
+  auto at = [&](const uint16_t* x, const RowStrides& r, int64_t head) {
+    return x + b * r.b + head * r.h;
+  };
   return HeadView{b,
                   h,
-                  at(q, st.q),
-                  at(k, st.k),
-                  at(v, st.v),
-                  at(dout, st.dout),
+                  hk,
+                  at(q, st.q, h),
+                  at(k, st.k, hk),
+                  at(v, st.v, hk),
+                  at(dout, st.dout, h),
                   size_t(st.q.t),
                   size_t(st.k.t),
                   size_t(st.v.t),
@@ -625,31 +631,38 @@ void StoreRows(uint16_t* dst, size_t stride, const float* acc, size_t n, size_t 
     for (size_t dd = 0; dd < hd; ++dd) dst[r * stride + dd] = to_bfloat16(acc[r * hdp + dd]).bits;
 }
 
-// dK, dV of key tiles j_first, j_first + Bc, ... (ng of them), written out;
-// with dQ (T, hdp) given, the head's dQ accumulates too.
-void KeyGroupTask(uint16_t* dk, uint16_t* dv, float* dQ, const HeadView& hv,
+// dK, dV of key tiles j_first, j_first + Bc, ... (ng of them) of one
+// key/value head, summed over the query heads that read it (heads[0 .. G),
+// in order; query tiles in order inside), written out; with dQ (G, T, hdp)
+// given, the heads' dQ accumulates too.
+void KeyGroupTask(uint16_t* dk, uint16_t* dv, float* dQ, const HeadView* heads, int64_t G,
                   const FlashAttentionParams& p, const BackwardStrides& st, size_t j_first,
                   size_t ng, BackwardScratch& s) {
   const size_t T = size_t(p.T), hd = size_t(p.hd), hdp = RoundUp(hd, kN);
   auto tile_j0 = [&](size_t g) { return j_first + g * kBc; };
   auto tile_jn = [&](size_t g) { return std::min(kBc, T - tile_j0(g)); };
-  for (size_t g = 0; g < ng; ++g) PackKeyTile(s, g, hv, p, tile_j0(g), tile_jn(g));
+  for (size_t g = 0; g < ng; ++g) PackKeyTile(s, g, heads[0], p, tile_j0(g), tile_jn(g));
   std::fill(s.dK.get(), s.dK.get() + ng * kBc * hdp, 0.0f);
   std::fill(s.dV.get(), s.dV.get() + ng * kBc * hdp, 0.0f);
-  for (size_t i0 = FirstQueryTile(p, j_first); i0 < T; i0 += kBrBwd) {
-    const size_t in = std::min(kBrBwd, T - i0);
-    PackQueryTile(s, hv, p, i0, in);
-    for (size_t g = 0; g < ng; ++g) {
-      if (FirstQueryTile(p, tile_j0(g)) > i0) break;
-      TilePair(hv, p, g, tile_j0(g), tile_jn(g), i0, in, s, s.dK.get() + g * kBc * hdp,
-               s.dV.get() + g * kBc * hdp, dQ ? dQ + i0 * hdp : nullptr);
+  for (int64_t u = 0; u < G; ++u) {
+    const HeadView& hv = heads[u];
+    float* dQ_head = dQ ? dQ + size_t(u) * T * hdp : nullptr;
+    for (size_t i0 = FirstQueryTile(p, j_first); i0 < T; i0 += kBrBwd) {
+      const size_t in = std::min(kBrBwd, T - i0);
+      PackQueryTile(s, hv, p, i0, in);
+      for (size_t g = 0; g < ng; ++g) {
+        if (FirstQueryTile(p, tile_j0(g)) > i0) break;
+        TilePair(hv, p, g, tile_j0(g), tile_jn(g), i0, in, s, s.dK.get() + g * kBc * hdp,
+                 s.dV.get() + g * kBc * hdp, dQ_head ? dQ_head + i0 * hdp : nullptr);
+      }
     }
   }
+  const HeadView& hv = heads[0];
   for (size_t g = 0; g < ng; ++g) {
     const int64_t t = int64_t(tile_j0(g));
-    StoreRows(dk + hv.b * st.dk.b + hv.h * st.dk.h + t * st.dk.t, size_t(st.dk.t),
+    StoreRows(dk + hv.b * st.dk.b + hv.hk * st.dk.h + t * st.dk.t, size_t(st.dk.t),
               s.dK.get() + g * kBc * hdp, tile_jn(g), hd, hdp);
-    StoreRows(dv + hv.b * st.dv.b + hv.h * st.dv.h + t * st.dv.t, size_t(st.dv.t),
+    StoreRows(dv + hv.b * st.dv.b + hv.hk * st.dv.h + t * st.dv.t, size_t(st.dv.t),
               s.dV.get() + g * kBc * hdp, tile_jn(g), hd, hdp);
   }
 }
@@ -671,20 +684,26 @@ void QueryTileTask(uint16_t* dq, const HeadView& hv, const FlashAttentionParams&
             hd, hdp);
 }
 
-void BackwardHead(uint16_t* dq, uint16_t* dk, uint16_t* dv, const HeadView& hv,
+// One key/value head and the G query heads that read it (heads[0 .. G)).
+void BackwardUnit(uint16_t* dq, uint16_t* dk, uint16_t* dv, const HeadView* heads, int64_t G,
                   const FlashAttentionParams& p, const BackwardStrides& st, BackwardScratch& s) {
   const size_t T = size_t(p.T), hd = size_t(p.hd), hdp = RoundUp(hd, kN);
-  std::fill(s.dQ.get(), s.dQ.get() + T * hdp, 0.0f);
+  std::fill(s.dQ.get(), s.dQ.get() + size_t(G) * T * hdp, 0.0f);
   for (size_t j0 = 0; j0 < T; j0 += kGroup * kBc)
-    KeyGroupTask(dk, dv, s.dQ.get(), hv, p, st, j0, std::min(kGroup, (T - j0 + kBc - 1) / kBc), s);
-  StoreRows(dq + hv.b * st.dq.b + hv.h * st.dq.h, size_t(st.dq.t), s.dQ.get(), T, hd, hdp);
+    KeyGroupTask(dk, dv, s.dQ.get(), heads, G, p, st, j0,
+                 std::min(kGroup, (T - j0 + kBc - 1) / kBc), s);
+  for (int64_t u = 0; u < G; ++u) {
+    const HeadView& hv = heads[u];
+    StoreRows(dq + hv.b * st.dq.b + hv.h * st.dq.h, size_t(st.dq.t),
+              s.dQ.get() + size_t(u) * T * hdp, T, hd, hdp);
+  }
 }
 
 void Backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
               const uint16_t* k, const uint16_t* v, const uint16_t* out, const float* lse,
-              const FlashAttentionParams& p, const BackwardStrides& st) {
+              const FlashAttentionParams& p, const BackwardStrides& st, int64_t G) {
   const size_t T = size_t(p.T), hd = size_t(p.hd), hdp = RoundUp(hd, kN);
-  const int64_t BH = p.B * p.H;
+  const int64_t BH = p.B * p.H, Hkv = p.H / G, BHkv = p.B * Hkv;
   // D = rowsum(dO ⊙ O) from the bf16 values, and lse · log2(e): (B, H, T) each.
   auto D = floats(size_t(BH) * T);
   auto lse2 = floats(size_t(BH) * T);
@@ -703,29 +722,37 @@ void Backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
     }
   }
   auto view = [&](int64_t bh) {
-    return MakeHeadView(dout, q, k, v, D.get(), lse2.get(), p, st, bh / p.H, bh % p.H);
+    return MakeHeadView(dout, q, k, v, D.get(), lse2.get(), p, st, bh / p.H, bh % p.H, G);
+  };
+  // The query heads of unit (b, key/value head hk), in order.
+  auto unit_views = [&](int64_t unit) {
+    std::vector<HeadView> heads;
+    const int64_t b = unit / Hkv, hk = unit % Hkv;
+    for (int64_t h = hk * G; h < (hk + 1) * G; ++h) heads.push_back(view(b * p.H + h));
+    return heads;
   };
   const int64_t threads = MaxThreads();
-  if (!(threads > 1 && BH < 2 * threads)) {  // a whole head per thread
+  if (!(threads > 1 && BHkv < 2 * threads)) {  // a whole unit per thread
 #pragma omp parallel
     {
-      BackwardScratch scratch(T, hd, hdp);
+      BackwardScratch scratch(size_t(G) * T, hd, hdp);
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t bh = 0; bh < BH; ++bh) BackwardHead(dq, dk, dv, view(bh), p, st, scratch);
+      for (int64_t unit = 0; unit < BHkv; ++unit)
+        BackwardUnit(dq, dk, dv, unit_views(unit).data(), G, p, st, scratch);
     }
     return;
   }
-  // Few heads: dK, dV over key-tile groups, then dQ over query tiles (S and dP recomputed).
+  // Few units: dK, dV over key-tile groups, then dQ over query tiles (S and dP recomputed).
   const int64_t n_kt = int64_t((T + kBc - 1) / kBc), n_qt = int64_t((T + kBrBwd - 1) / kBrBwd);
   const int64_t n_kg = (n_kt + int64_t(kGroup) - 1) / int64_t(kGroup);
 #pragma omp parallel
   {
     BackwardScratch scratch(kBrBwd, hd, hdp);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < BH * n_kg; ++item) {
-      const int64_t kg = item / BH, bh = item % BH;
+    for (int64_t item = 0; item < BHkv * n_kg; ++item) {
+      const int64_t kg = item / BHkv, unit = item % BHkv;
       const int64_t first = kg * int64_t(kGroup);
-      KeyGroupTask(dk, dv, nullptr, view(bh), p, st, size_t(first) * kBc,
+      KeyGroupTask(dk, dv, nullptr, unit_views(unit).data(), G, p, st, size_t(first) * kBc,
                    size_t(std::min(int64_t(kGroup), n_kt - first)), scratch);
     }
 #pragma omp for schedule(dynamic, 1)
@@ -792,18 +819,20 @@ const char* PathName(Path path) {
 const uint16_t* bits(const BFloat16* x) { return reinterpret_cast<const uint16_t*>(x); }
 uint16_t* bits(BFloat16* x) { return reinterpret_cast<uint16_t*>(x); }
 
-// The strided form off AMX: the AVX512-BF16 kernel on the core's own problem.
+// The strided form off AMX: the AVX512-BF16 kernel on the core's own problem,
+// grouped-query heads included.
 void CheckStridedServes(Path path, const SdpaExtras& x, const FlashAttentionParams& p) {
   if (path != Path::kAvx512Bf16)
     throw std::invalid_argument(
         "flash attention bf16: the strided form needs the AMX or AVX512-BF16 path, the chosen "
         "path is " +
         std::string(PathName(path)));
-  if (!adds_nothing(x, p.H, p.T))
+  if (x.mask.data != nullptr || (x.Tk != 0 && x.Tk != p.T) || x.Hkv < 0 ||
+      (x.Hkv > 0 && p.H % x.Hkv != 0))
     throw std::invalid_argument(fmt::format(
-        "flash attention bf16: the AVX512-BF16 path takes no mask, Hkv = H ({}) and Tk = T ({}); "
-        "got a mask: {}, Hkv {}, Tk {}",
-        p.H, p.T, x.mask.data ? "yes" : "no", x.Hkv, x.Tk));
+        "flash attention bf16: the AVX512-BF16 path takes no mask, Tk = T ({}) and Hkv dividing "
+        "H ({}); got a mask: {}, Tk {}, Hkv {}",
+        p.T, p.H, x.mask.data ? "yes" : "no", x.Tk, x.Hkv));
 }
 
 }  // namespace
@@ -816,7 +845,7 @@ void flash_attention_forward_bf16(BFloat16* out, float* lse, const BFloat16* q, 
     return;
   }
   if (ChosenPath() == Path::kAvx512Bf16) {
-    Forward(bits(out), lse, bits(q), bits(k), bits(v), p, token_major_strides(p));
+    Forward(bits(out), lse, bits(q), bits(k), bits(v), p, token_major_strides(p), 1);
     return;
   }
   ForwardAsSdpa(out, lse, q, k, v, p);
@@ -834,7 +863,7 @@ void flash_attention_backward_bf16(BFloat16* dq, BFloat16* dk, BFloat16* dv, con
   }
   if (ChosenPath() == Path::kAvx512Bf16) {
     Backward(bits(dq), bits(dk), bits(dv), bits(dout), bits(q), bits(k), bits(v), bits(out), lse, p,
-             token_major_backward_strides(p));
+             token_major_backward_strides(p), 1);
     return;
   }
   BackwardAsSdpa(dq, dk, dv, dout, q, k, v, out, lse, p);
@@ -847,7 +876,7 @@ void flash_attention_forward_bf16(uint16_t* out, float* lse, const uint16_t* q, 
   const Path path = ChosenPath();
   if (path == Path::kAmx) return amx::forward(out, lse, q, k, v, p, st, x);
   CheckStridedServes(path, x, p);
-  Forward(out, lse, q, k, v, p, st);
+  Forward(out, lse, q, k, v, p, st, x.Hkv > 0 ? p.H / x.Hkv : 1);
 }
 
 void flash_attention_backward_bf16(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout,
@@ -859,7 +888,7 @@ void flash_attention_backward_bf16(uint16_t* dq, uint16_t* dk, uint16_t* dv, con
   const Path path = ChosenPath();
   if (path == Path::kAmx) return amx::backward(dq, dk, dv, dout, q, k, v, out, lse, p, st, x);
   CheckStridedServes(path, x, p);
-  Backward(dq, dk, dv, dout, q, k, v, out, lse, p, st);
+  Backward(dq, dk, dv, dout, q, k, v, out, lse, p, st, x.Hkv > 0 ? p.H / x.Hkv : 1);
 }
 
 const char* flash_attention_bf16_path() { return PathName(ChosenPath()); }

@@ -8,8 +8,8 @@
 // forcing the core's path to "widened to fp32" turns the route off. The
 // SdpaCore tests run once for each of the two paths the CPU has (AMX: Intel
 // Sapphire Rapids and later; AVX512-BF16: AMD Zen 4/5, Intel Cooper Lake and
-// later); the SdpaAmx tests are what only the AMX kernel takes (masks,
-// grouped-query heads, Tq != Tk). Skipped, with the reason, where the CPU has
+// later), grouped-query heads among them; the SdpaAmx tests are what only
+// the AMX kernel takes (masks, Tq != Tk). Skipped, with the reason, where the CPU has
 // neither.
 //
 // Bounds: the core's bf16 ones (tests/unit/test_flash_attention_bf16.cpp):
@@ -442,7 +442,6 @@ TEST(SdpaCore, CallsTheCoreCannotServeStayOnTheWidenedPath) {
         for (int64_t i = 0; i < 40; ++i)
           for (int64_t j = 0; j < 40; ++j) o.attn_mask.at({i, j}) = float((i + 2 * j) % 5) - 2.0f;
       });
-      add("grouped heads", 1, 40, 64, [](SdpaOptions& o) { o.enable_gqa = true; });
       add("Tq != Tk", 2, 56, 64, [](SdpaOptions&) {});
     }
     for (const Variant& var : variants) {
@@ -770,55 +769,59 @@ Inputs make_gqa_inputs(int64_t B, int64_t Hq, int64_t Hkv, int64_t Tq, int64_t T
           randn_bf16({B, Hq, Tq, D}, seed + 3)};
 }
 
-TEST(SdpaAmx, GroupedQueryHeadsMatchTheReference) {
-  ATTN_REQUIRE_AMX();
-  const attn::test::Bf16PathGuard amx("AMX");
-  ASSERT_TRUE(amx.forced());
-  struct Heads {
-    int64_t B, Hq, Hkv;
-  };
-  Worst worst;
-  uint64_t seed = 2700;
-  // B·Hkv of 1, 2 (tile tasks on 2 threads) and 4, 6 (whole key/value heads).
-  for (const Heads hd : {Heads{1, 4, 1}, Heads{1, 6, 2}, Heads{2, 4, 2}, Heads{2, 6, 3}})
-    for (const int64_t T : {33, 130})
-      for (const int variant : {0, 1, 2}) {
-        SdpaOptions o;
-        o.enable_gqa = true;
-        o.is_causal = variant != 1;
-        std::string what = "B " + std::to_string(hd.B) + " Hq " + std::to_string(hd.Hq) + " Hkv " +
-                           std::to_string(hd.Hkv) + " T " + std::to_string(T);
-        if (variant == 1) {  // full, a key-padding mask per batch
-          Tensor pad = Tensor::zeros({hd.B, 1, 1, T});
-          for (int64_t b = 0; b < hd.B; ++b)
-            for (int64_t j = T - 5 - 20 * b; j < T; ++j) pad.at({b, 0, 0, j}) = kLowest;
-          o.attn_mask = pad;
-          what += " padded";
-        }
-        if (variant == 2) {  // causal with dropout
-          o.dropout_p = 0.2f;
-          o.dropout_seed = seed;
-          what += " dropout";
-        }
-        const Layout layout = variant == 0 ? Layout::kTokenMajor : Layout::kHeadMajor;
-        const Inputs in = make_gqa_inputs(hd.B, hd.Hq, hd.Hkv, T, T, 64, layout, seed += 4);
-        const Result r = check_routed(in, o, worst, what);
-        EXPECT_EQ(r.g.dk.shape(), (Shape{hd.B, hd.Hkv, T, 64})) << what;
+TEST(SdpaCore, GroupedQueryHeadsMatchTheReference) {
+  ATTN_REQUIRE_CORE_PATH();
+  for (const std::string& path : core_paths()) {
+    SCOPED_TRACE(path);
+    const attn::test::Bf16PathGuard core(path.c_str());
+    ASSERT_TRUE(core.forced());
+    struct Heads {
+      int64_t B, Hq, Hkv;
+    };
+    Worst worst;
+    uint64_t seed = 2700;
+    // B·Hkv of 1, 2 (tile tasks on 2 threads) and 4, 6 (whole key/value heads).
+    for (const Heads hd : {Heads{1, 4, 1}, Heads{1, 6, 2}, Heads{2, 4, 2}, Heads{2, 6, 3}})
+      for (const int64_t T : {33, 130})
+        for (const int variant : {0, 1, 2}) {
+          SdpaOptions o;
+          o.enable_gqa = true;
+          o.is_causal = variant != 1;
+          std::string what = "B " + std::to_string(hd.B) + " Hq " + std::to_string(hd.Hq) +
+                             " Hkv " + std::to_string(hd.Hkv) + " T " + std::to_string(T);
+          if (variant == 1 && path == "AMX") {  // full, a key-padding mask per batch
+            Tensor pad = Tensor::zeros({hd.B, 1, 1, T});
+            for (int64_t b = 0; b < hd.B; ++b)
+              for (int64_t j = T - 5 - 20 * b; j < T; ++j) pad.at({b, 0, 0, j}) = kLowest;
+            o.attn_mask = pad;
+            what += " padded";
+          }
+          if (variant == 1 && path != "AMX") what += " full";  // AVX512-BF16 takes no mask
+          if (variant == 2) {                                  // causal with dropout
+            o.dropout_p = 0.2f;
+            o.dropout_seed = seed;
+            what += " dropout";
+          }
+          const Layout layout = variant == 0 ? Layout::kTokenMajor : Layout::kHeadMajor;
+          const Inputs in = make_gqa_inputs(hd.B, hd.Hq, hd.Hkv, T, T, 64, layout, seed += 4);
+          const Result r = check_routed(in, o, worst, what);
+          EXPECT_EQ(r.g.dk.shape(), (Shape{hd.B, hd.Hkv, T, 64})) << what;
 #ifdef _OPENMP
-        const int saved = omp_get_max_threads();
-        omp_set_num_threads(1);
-        const Result one = run(in.q, in.k, in.v, in.dout, o, SdpaBackend::kFused);
-        omp_set_num_threads(2);
-        const Result two = run(in.q, in.k, in.v, in.dout, o, SdpaBackend::kFused);
-        omp_set_num_threads(saved);
-        SCOPED_TRACE(what + ": 1 and 2 threads");
-        expect_same_result(one, two);
+          const int saved = omp_get_max_threads();
+          omp_set_num_threads(1);
+          const Result one = run(in.q, in.k, in.v, in.dout, o, SdpaBackend::kFused);
+          omp_set_num_threads(2);
+          const Result two = run(in.q, in.k, in.v, in.dout, o, SdpaBackend::kFused);
+          omp_set_num_threads(saved);
+          SCOPED_TRACE(what + ": 1 and 2 threads");
+          expect_same_result(one, two);
 #endif
-        // The raw layer (the Python binding's calls): the same bits.
-        EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), "AMX") << what;
-        expect_same_result(run_raw(in, o, Layout::kTokenMajor), r);
-      }
-  print(worst, "grouped-query heads");
+          // The raw layer (the Python binding's calls): the same bits.
+          EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), path.c_str()) << what;
+          expect_same_result(run_raw(in, o, Layout::kTokenMajor), r);
+        }
+    print(worst, (path + ", grouped-query heads").c_str());
+  }
 }
 
 // ---- Tq != Tk on the AMX kernel ----------------------------------------------------------
