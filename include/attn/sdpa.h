@@ -326,9 +326,9 @@ void sdpa_backward(const SdpaBackwardIOBf16& io, const SdpaProblemBf16& p);
 //  - "AVX512-BF16": the core's VDPBF16PS kernel, taken the same way when
 //    flash_attention_bf16_path() is "AVX512-BF16" (AMD Zen 4/5, where VDPBF16PS
 //    runs at twice the FMA's FLOPs), for the core's problem with grouped-query
-//    heads or not: the conditions above, no attn_mask (a mask that is exactly
-//    the causal pattern runs as is_causal, so it is taken) and Tq = Tk. The
-//    same in-place reads and numerics.
+//    heads or not and Tq = Tk or not (either causal alignment): the conditions
+//    above and no attn_mask (a mask that is exactly the causal pattern runs as
+//    is_causal, so it is taken). The same in-place reads and numerics.
 //  - "bf16 tiles widened to fp32": the kernels above (every CPU, every option;
 //    the SIMD target is sdpa_target's). sdpa_varlen_* always take it.
 // sdpa_bf16_path(): a summary for this CPU; sdpa_bf16_path(q, k, v, options): the

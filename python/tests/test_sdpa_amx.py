@@ -1,16 +1,16 @@
 """bf16 from Python takes attn::scaled_dot_product_attention's routes: the
 core's AMX kernel where the C++ entry points take it (no window, ALiBi or
 softcap, E = Ev; masks of any kind, grouped-query heads, L != S), the core's
-AVX512-BF16 kernel where that is the core's path (the same, but no mask and
-L = S), forward and backward, else the widened kernel.
+AVX512-BF16 kernel where that is the core's path (the same, but no mask),
+forward and backward, else the widened kernel.
 attn._path names the route; forcing the core's path to the widened one
 (attn._attn.use_bf16_path) changes the bits, so the route is seen to run.
 Outputs and gradients against the definition in float64 within the core's
 bf16 bounds (it rounds P and dS to bf16 where they enter a product, as
 PyTorch's bf16 SDPA does): max|got - want| <= 8e-3 · max|want| for the output,
 4e-2 · max|want| for the gradients (tests/unit/test_sdpa_amx.cpp's). The
-tests of the core's problem and of grouped heads run on each of the two
-paths the CPU has; those of masks and L != S on AMX. Skipped where the CPU has neither."""
+tests of the core's problem, grouped heads and L != S run on each of the two
+paths the CPU has; those of masks on AMX. Skipped where the CPU has neither."""
 
 import pytest
 import torch
@@ -147,18 +147,20 @@ def test_grouped_query_heads_take_the_core_and_match_the_definition(core, Hkv, i
     assert dk.shape == k.shape and dv.shape == v.shape
 
 
-@needs_amx
+@each_core_path
 @pytest.mark.parametrize("L,S", [(20, 90), (90, 20)])
 @pytest.mark.parametrize("is_causal", [True, False], ids=["causal", "full"])
-def test_queries_and_keys_of_different_lengths_take_amx(L, S, is_causal, record_error):
+def test_queries_and_keys_of_different_lengths_take_the_core(core, L, S, is_causal, record_error,
+                                                             forced_path):
     """L != S (PyTorch's causal pattern is top-left: key j <= query i)."""
+    forced_path(core)
     gen = torch.Generator().manual_seed(5000 + L)
     B, H, E = 2, 3, 64
     q = torch.randn(B, H, L, E, generator=gen).to(BF16)
     k = torch.randn(B, H, S, E, generator=gen).to(BF16)
     v = torch.randn(B, H, S, E, generator=gen).to(BF16)
     dout = torch.randn(B, H, L, E, generator=gen).to(BF16)
-    assert attn._path(q, k, v, is_causal=is_causal) == "AMX"
+    assert attn._path(q, k, v, is_causal=is_causal) == core
     out, dq, dk, dv = check_against_oracle(q, k, v, dout, record_error, is_causal=is_causal)
     assert out.shape == (B, H, L, E) and dk.shape == k.shape
 
@@ -198,11 +200,10 @@ def test_the_route_runs_forcing_the_widened_path_changes_the_bits(core, forced_p
 
 
 @each_core_path
-@pytest.mark.parametrize("what", ["window", "alibi", "softcap", "E != Ev", "fp32", "mask",
-                                  "L != S"])
+@pytest.mark.parametrize("what", ["window", "alibi", "softcap", "E != Ev", "fp32", "mask"])
 def test_calls_the_core_cannot_serve_take_the_widened_kernel(core, what, forced_path):
-    if core == "AMX" and what in ("mask", "L != S"):
-        pytest.skip("the AMX kernel takes these (the tests above)")
+    if core == "AMX" and what == "mask":
+        pytest.skip("the AMX kernel takes masks (the tests above)")
     forced_path(core)
     gen = torch.Generator().manual_seed(11)
     B, H, L, S, E, Ev, Hkv = 1, 2, 24, 24, 32, 32, 2
@@ -217,8 +218,6 @@ def test_calls_the_core_cannot_serve_take_the_widened_kernel(core, what, forced_
         Ev = 16
     elif what == "mask":
         kw["attn_mask"] = torch.randn(L, S, generator=gen)
-    elif what == "L != S":
-        S = 40
     dtype = torch.float32 if what == "fp32" else BF16
     q = torch.randn(B, H, L, E, generator=gen).to(dtype)
     k = torch.randn(B, Hkv, S, E, generator=gen).to(dtype)

@@ -90,6 +90,29 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 size_t RoundUp(size_t x, size_t m) { return (x + m - 1) / m * m; }
 size_t Pairs(size_t n) { return (n + 1) / 2; }
 
+// The params with the keys: Tk keys for the T queries, and the causal
+// offset: query i sees key j <= i + off (0: top-left; Tk - T: bottom-right).
+// Tk = T and off = 0 are the core's own problem.
+struct Problem : FlashAttentionParams {
+  size_t Tk = 0;
+  int64_t off = 0;
+  Problem(const FlashAttentionParams& p, int64_t keys, bool bottom_right)
+      : FlashAttentionParams(p),
+        Tk(size_t(keys > 0 ? keys : p.T)),
+        off(bottom_right ? int64_t(Tk) - p.T : 0) {}
+  // How many keys (from key 0) the query rows before i_end see together.
+  size_t KeyEnd(size_t i_end) const {
+    if (!causal) return Tk;
+    const int64_t e = int64_t(i_end) + off;
+    return e <= 0 ? 0 : std::min(Tk, size_t(e));
+  }
+  // The first query that sees key j (causal).
+  size_t FirstQuery(size_t j) const {
+    const int64_t i = int64_t(j) - off;
+    return i <= 0 ? 0 : size_t(i);
+  }
+};
+
 int MaxThreads() {
 #ifdef _OPENMP
   return omp_get_max_threads();
@@ -292,26 +315,27 @@ struct ForwardScratch {
 };
 
 // One query tile [i0, i0 + in) against keys [j0, j0 + jn) (packed in kR, vP).
-void ForwardStep(const FlashAttentionParams& p, int64_t b, int64_t h, size_t i0, size_t in,
-                 size_t j0, size_t jn, const uint32_t* kR, const uint32_t* vP, const uint32_t* qT,
-                 ForwardScratch& s, float* __restrict o, float* __restrict m, float* __restrict l,
+void ForwardStep(const Problem& p, int64_t b, int64_t h, size_t i0, size_t in, size_t j0, size_t jn,
+                 const uint32_t* kR, const uint32_t* vP, const uint32_t* qT, ForwardScratch& s,
+                 float* __restrict o, float* __restrict m, float* __restrict l,
                  float* __restrict alpha) {
   const size_t hd = size_t(p.hd), hd2 = Pairs(hd), hdp = RoundUp(hd, kN);
   const DropoutRule rule(p.dropout_p);
   float* __restrict sT = s.sT.get();
   uint32_t* __restrict pW = s.pW.get();
-  const bool diagonal = p.causal && j0 + jn - 1 > i0;
+  // A tile some of whose keys the first query does not see (the diagonal).
+  const bool diagonal = p.causal && j0 + jn > p.KeyEnd(i0 + 1);
   // Sᵀ (jn, Br) = K_tile · Q_tileᵀ; on the diagonal, key j skips the query vectors before it.
   GemmSpans<kOverwrite>(jn, kBr, kR, hd2, 1, qT, kBr, sT, kBr, nullptr, [&](size_t r0, size_t) {
-    const size_t j = j0 + r0;
-    return Span{0, hd2, diagonal && j > i0 ? (j - i0) / kN : 0, kNV};
+    const size_t i = p.FirstQuery(j0 + r0);
+    return Span{0, hd2, diagonal && i > i0 ? std::min(kNV, (i - i0) / kN) : 0, kNV};
   });
   // Online softmax down the key axis, N queries per vector, in base 2
   // (c = scale · log2 e); key j counts for lanes i >= j only.
   const __m512 c = _mm512_set1_ps(p.scale * kLog2e);
   const __m512 neg_inf = _mm512_set1_ps(kNegInf);
-  auto past = [&](size_t v0, size_t j) -> __mmask16 {  // lanes i0 + v0 + lane >= j
-    return diagonal ? __mmask16(~LanesBelow(i0 + v0, j)) : __mmask16(0xFFFF);
+  auto past = [&](size_t v0, size_t j) -> __mmask16 {  // lanes i0 + v0 + lane that see key j
+    return diagonal ? __mmask16(~LanesBelow(i0 + v0, p.FirstQuery(j))) : __mmask16(0xFFFF);
   };
   for (size_t v0 = 0; v0 < kBr; v0 += kN) {
     __m512 tile_max = neg_inf;
@@ -367,15 +391,15 @@ void ForwardStep(const FlashAttentionParams& p, int64_t b, int64_t h, size_t i0,
   // O (in, hdp) = α ⊙ O + P (in, jn) · V_tile; on the diagonal, queries up to i stop at key i.
   GemmSpans<kScaleAccumulate>(
       in, hdp, pW, 1, kBr, vP, hdp, o, hdp, alpha, [&](size_t r0, size_t nr) {
-        const size_t i_end = i0 + r0 + nr;
-        const size_t keys = !diagonal ? jn : i_end > j0 ? std::min(jn, i_end - j0) : 0;
+        const size_t seen = p.KeyEnd(i0 + r0 + nr);
+        const size_t keys = !diagonal ? jn : seen > j0 ? std::min(jn, seen - j0) : 0;
         return Span{0, Pairs(keys), 0, kNV};
       });
 }
 
 void ForwardGroup(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k,
-                  const uint16_t* v, const FlashAttentionParams& p, const ForwardStrides& st,
-                  int64_t b, int64_t h, int64_t hk, size_t i_first, size_t ng, ForwardScratch& s) {
+                  const uint16_t* v, const Problem& p, const ForwardStrides& st, int64_t b,
+                  int64_t h, int64_t hk, size_t i_first, size_t ng, ForwardScratch& s) {
   const size_t T = size_t(p.T), hd = size_t(p.hd), hd2 = Pairs(hd), hdp = RoundUp(hd, kN);
   auto tile_i0 = [&](size_t g) { return i_first + g * kBr; };
   auto tile_in = [&](size_t g) { return std::min(kBr, T - tile_i0(g)); };
@@ -386,7 +410,7 @@ void ForwardGroup(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* 
   std::fill(s.m.get(), s.m.get() + ng * kBr, kNegInf);
   std::fill(s.l.get(), s.l.get() + ng * kBr, 0.0f);
   std::fill(s.o.get(), s.o.get() + ng * kBr * hdp, 0.0f);
-  auto key_end = [&](size_t g) { return p.causal ? tile_i0(g) + tile_in(g) : T; };
+  auto key_end = [&](size_t g) { return p.KeyEnd(tile_i0(g) + tile_in(g)); };
   const uint16_t* k_head = k + b * st.k.b + hk * st.k.h;
   const uint16_t* v_head = v + b * st.v.b + hk * st.v.h;
   for (size_t j0 = 0; j0 < key_end(ng - 1); j0 += kBcFwd) {
@@ -401,24 +425,26 @@ void ForwardGroup(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* 
                   s.l.get() + g * kBr, s.alpha.get() + g * kBr);
     }
   }
-  // O /= l, rounded to bf16; lse = (m + log2 l) · ln 2.
+  // O /= l, rounded to bf16; lse = (m + log2 l) · ln 2; a query that sees no
+  // key (Tq != Tk, causal) gets 0 and -inf.
   for (size_t g = 0; g < ng; ++g) {
     const float* o = s.o.get() + g * kBr * hdp;
     const float* m = s.m.get() + g * kBr;
     const float* l = s.l.get() + g * kBr;
     for (size_t i = 0; i < tile_in(g); ++i) {
       const size_t t = tile_i0(g) + i;
-      const float inv_l = 1.0f / l[i];
+      const float inv_l = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
       uint16_t* oi = out + b * st.out.b + h * st.out.h + int64_t(t) * st.out.t;
       for (size_t dd = 0; dd < hd; ++dd) oi[dd] = to_bfloat16(o[i * hdp + dd] * inv_l).bits;
-      lse[b * st.lse.b + h * st.lse.h + int64_t(t) * st.lse.t] = (m[i] + std::log2(l[i])) * kLn2;
+      lse[b * st.lse.b + h * st.lse.h + int64_t(t) * st.lse.t] =
+          l[i] > 0.0f ? (m[i] + std::log2(l[i])) * kLn2 : kNegInf;
     }
   }
 }
 
 // G query heads per key/value head (query head h reads key/value head h / G).
 void Forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,
-             const FlashAttentionParams& p, const ForwardStrides& st, int64_t G) {
+             const Problem& p, const ForwardStrides& st, int64_t G) {
   const size_t hd = size_t(p.hd), hdp = RoundUp(hd, kN);
   const int64_t n_qt = (p.T + int64_t(kBr) - 1) / int64_t(kBr);
   const int64_t n_groups = (n_qt + int64_t(kGroup) - 1) / int64_t(kGroup);
@@ -525,17 +551,17 @@ void PackQueryTile(BackwardScratch& s, const HeadView& hv, const FlashAttentionP
 // [i0, i0 + in)): recompute P and dS, then accumulate whichever of dK, dV
 // (Bc, hdp) and dQ (in, hdp) are given. The pairs of an output are visited
 // in one order by every caller.
-void TilePair(const HeadView& hv, const FlashAttentionParams& p, size_t g, size_t j0, size_t jn,
-              size_t i0, size_t in, BackwardScratch& s, float* dK, float* dV, float* dQ) {
+void TilePair(const HeadView& hv, const Problem& p, size_t g, size_t j0, size_t jn, size_t i0,
+              size_t in, BackwardScratch& s, float* dK, float* dV, float* dQ) {
   const size_t hd = size_t(p.hd), hd2 = Pairs(hd), hdp = RoundUp(hd, kN);
   const DropoutRule rule(p.dropout_p);
   float* __restrict S = s.S.get();
   float* __restrict dP = s.dP.get();
-  const bool diagonal = p.causal && j0 + jn - 1 > i0;
+  const bool diagonal = p.causal && j0 + jn > p.KeyEnd(i0 + 1);
   const bool masked = jn < kBc || diagonal;
   auto key_vectors = [&](size_t r0, size_t nr) {
-    const size_t i_end = i0 + r0 + nr;
-    const size_t v1 = !diagonal ? kNV : i_end > j0 ? (i_end - j0 + kN - 1) / kN : 0;
+    const size_t seen = p.KeyEnd(i0 + r0 + nr);
+    const size_t v1 = !diagonal ? kNV : seen > j0 ? std::min(kNV, (seen - j0 + kN - 1) / kN) : 0;
     return Span{0, hd2, 0, v1};
   };
   // S (in, Bc) = Q Kᵀ;  dP (in, Bc) = dO Vᵀ.
@@ -554,13 +580,13 @@ void TilePair(const HeadView& hv, const FlashAttentionParams& p, size_t g, size_
   for (size_t pr = 0; pr < Pairs(in); ++pr) {
     const size_t rows = std::min<size_t>(2, in - 2 * pr);
     __m512 lse_i[2], D_i[2];
-    __mmask16 valid[2][kNV];  // keys j valid for query i: j < T and (causal) j <= i
+    __mmask16 valid[2][kNV];  // keys j valid for query i: j < Tk and (causal) j <= i + off
     for (size_t t = 0; t < 2; ++t) {
       const size_t ii = 2 * pr + std::min(t, rows - 1), i = i0 + ii;
       lse_i[t] = _mm512_set1_ps(hv.lse2[i]);
       D_i[t] = _mm512_set1_ps(hv.D[i]);
-      const size_t j_lim =
-          t < rows ? std::min(jn, p.causal ? (i + 1 > j0 ? i + 1 - j0 : 0) : jn) : 0;
+      const size_t seen = p.KeyEnd(i + 1);
+      const size_t j_lim = t < rows ? (seen > j0 ? std::min(jn, seen - j0) : 0) : 0;
       for (size_t vv = 0; vv < kNV; ++vv)
         valid[t][vv] = masked || t >= rows ? LanesBelow(vv * kN, j_lim) : __mmask16(0xFFFF);
       if (rule.active() && t < rows) {  // z (2, Bc): Philox block m serves keys 4m .. 4m+3
@@ -604,12 +630,12 @@ void TilePair(const HeadView& hv, const FlashAttentionParams& p, size_t g, size_
   // On the diagonal, keys from j see queries from i = j only (from the pair
   // holding j), and queries up to i see keys up to i only.
   auto from_query = [&](size_t r0, size_t) {
-    const size_t j = j0 + r0;
-    return Span{diagonal && j > i0 ? (j - i0) / 2 : 0, Pairs(in), 0, kNV};
+    const size_t i = p.FirstQuery(j0 + r0);
+    return Span{diagonal && i > i0 ? std::min(Pairs(in), (i - i0) / 2) : 0, Pairs(in), 0, kNV};
   };
   auto to_key = [&](size_t r0, size_t nr) {
-    const size_t i_end = i0 + r0 + nr;
-    const size_t keys = !diagonal ? jn : i_end > j0 ? std::min(jn, i_end - j0) : 0;
+    const size_t seen = p.KeyEnd(i0 + r0 + nr);
+    const size_t keys = !diagonal ? jn : seen > j0 ? std::min(jn, seen - j0) : 0;
     return Span{0, Pairs(keys), 0, kNV};
   };
   if (dV)
@@ -621,8 +647,9 @@ void TilePair(const HeadView& hv, const FlashAttentionParams& p, size_t g, size_
                            nullptr, to_key);
 }
 
-size_t FirstQueryTile(const FlashAttentionParams& p, size_t j0) {
-  return p.causal ? j0 / kBrBwd * kBrBwd : 0;
+// The first query tile that sees key j0 (all of them when not causal).
+size_t FirstQueryTile(const Problem& p, size_t j0) {
+  return p.causal ? p.FirstQuery(j0) / kBrBwd * kBrBwd : 0;
 }
 
 // Rows of an fp32 (n, hdp) accumulator rounded into a token-major bf16 buffer.
@@ -636,11 +663,11 @@ void StoreRows(uint16_t* dst, size_t stride, const float* acc, size_t n, size_t 
 // in order; query tiles in order inside), written out; with dQ (G, T, hdp)
 // given, the heads' dQ accumulates too.
 void KeyGroupTask(uint16_t* dk, uint16_t* dv, float* dQ, const HeadView* heads, int64_t G,
-                  const FlashAttentionParams& p, const BackwardStrides& st, size_t j_first,
-                  size_t ng, BackwardScratch& s) {
+                  const Problem& p, const BackwardStrides& st, size_t j_first, size_t ng,
+                  BackwardScratch& s) {
   const size_t T = size_t(p.T), hd = size_t(p.hd), hdp = RoundUp(hd, kN);
   auto tile_j0 = [&](size_t g) { return j_first + g * kBc; };
-  auto tile_jn = [&](size_t g) { return std::min(kBc, T - tile_j0(g)); };
+  auto tile_jn = [&](size_t g) { return std::min(kBc, p.Tk - tile_j0(g)); };
   for (size_t g = 0; g < ng; ++g) PackKeyTile(s, g, heads[0], p, tile_j0(g), tile_jn(g));
   std::fill(s.dK.get(), s.dK.get() + ng * kBc * hdp, 0.0f);
   std::fill(s.dV.get(), s.dV.get() + ng * kBc * hdp, 0.0f);
@@ -668,15 +695,15 @@ void KeyGroupTask(uint16_t* dk, uint16_t* dv, float* dQ, const HeadView* heads, 
 }
 
 // dQ of query tile i0: its key tiles in order, the same pairs as KeyGroupTask's.
-void QueryTileTask(uint16_t* dq, const HeadView& hv, const FlashAttentionParams& p,
-                   const BackwardStrides& st, size_t i0, BackwardScratch& s) {
+void QueryTileTask(uint16_t* dq, const HeadView& hv, const Problem& p, const BackwardStrides& st,
+                   size_t i0, BackwardScratch& s) {
   const size_t T = size_t(p.T), hd = size_t(p.hd), hdp = RoundUp(hd, kN);
   const size_t in = std::min(kBrBwd, T - i0);
   float* dQ = s.dQ.get();  // (in, hdp)
   std::fill(dQ, dQ + in * hdp, 0.0f);
   PackQueryTile(s, hv, p, i0, in);
-  for (size_t j0 = 0; j0 < T && FirstQueryTile(p, j0) <= i0; j0 += kBc) {
-    const size_t jn = std::min(kBc, T - j0);
+  for (size_t j0 = 0; j0 < p.Tk && FirstQueryTile(p, j0) <= i0; j0 += kBc) {
+    const size_t jn = std::min(kBc, p.Tk - j0);
     PackKeyTile(s, 0, hv, p, j0, jn);
     TilePair(hv, p, 0, j0, jn, i0, in, s, nullptr, nullptr, dQ);
   }
@@ -686,12 +713,12 @@ void QueryTileTask(uint16_t* dq, const HeadView& hv, const FlashAttentionParams&
 
 // One key/value head and the G query heads that read it (heads[0 .. G)).
 void BackwardUnit(uint16_t* dq, uint16_t* dk, uint16_t* dv, const HeadView* heads, int64_t G,
-                  const FlashAttentionParams& p, const BackwardStrides& st, BackwardScratch& s) {
+                  const Problem& p, const BackwardStrides& st, BackwardScratch& s) {
   const size_t T = size_t(p.T), hd = size_t(p.hd), hdp = RoundUp(hd, kN);
   std::fill(s.dQ.get(), s.dQ.get() + size_t(G) * T * hdp, 0.0f);
-  for (size_t j0 = 0; j0 < T; j0 += kGroup * kBc)
+  for (size_t j0 = 0; j0 < p.Tk; j0 += kGroup * kBc)
     KeyGroupTask(dk, dv, s.dQ.get(), heads, G, p, st, j0,
-                 std::min(kGroup, (T - j0 + kBc - 1) / kBc), s);
+                 std::min(kGroup, (p.Tk - j0 + kBc - 1) / kBc), s);
   for (int64_t u = 0; u < G; ++u) {
     const HeadView& hv = heads[u];
     StoreRows(dq + hv.b * st.dq.b + hv.h * st.dq.h, size_t(st.dq.t),
@@ -701,7 +728,7 @@ void BackwardUnit(uint16_t* dq, uint16_t* dk, uint16_t* dv, const HeadView* head
 
 void Backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
               const uint16_t* k, const uint16_t* v, const uint16_t* out, const float* lse,
-              const FlashAttentionParams& p, const BackwardStrides& st, int64_t G) {
+              const Problem& p, const BackwardStrides& st, int64_t G) {
   const size_t T = size_t(p.T), hd = size_t(p.hd), hdp = RoundUp(hd, kN);
   const int64_t BH = p.B * p.H, Hkv = p.H / G, BHkv = p.B * Hkv;
   // D = rowsum(dO ⊙ O) from the bf16 values, and lse · log2(e): (B, H, T) each.
@@ -717,8 +744,10 @@ void Backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
       float sum = 0.0f;
       for (size_t dd = 0; dd < hd; ++dd)
         sum += to_float(BFloat16{dout_i[dd]}) * to_float(BFloat16{out_i[dd]});
-      D[size_t(bh) * T + i] = sum;
-      lse2[size_t(bh) * T + i] = lse[b * st.lse.b + h * st.lse.h + t * st.lse.t] * kLog2e;
+      // A query that sees no key (lse -inf): +inf, so that its P is 2^-inf = 0.
+      const float lse_i = lse[b * st.lse.b + h * st.lse.h + t * st.lse.t];
+      D[size_t(bh) * T + i] = lse_i == kNegInf ? 0.0f : sum;
+      lse2[size_t(bh) * T + i] = lse_i == kNegInf ? -kNegInf : lse_i * kLog2e;
     }
   }
   auto view = [&](int64_t bh) {
@@ -743,7 +772,7 @@ void Backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
     return;
   }
   // Few units: dK, dV over key-tile groups, then dQ over query tiles (S and dP recomputed).
-  const int64_t n_kt = int64_t((T + kBc - 1) / kBc), n_qt = int64_t((T + kBrBwd - 1) / kBrBwd);
+  const int64_t n_kt = int64_t((p.Tk + kBc - 1) / kBc), n_qt = int64_t((T + kBrBwd - 1) / kBrBwd);
   const int64_t n_kg = (n_kt + int64_t(kGroup) - 1) / int64_t(kGroup);
 #pragma omp parallel
   {
@@ -819,20 +848,19 @@ const char* PathName(Path path) {
 const uint16_t* bits(const BFloat16* x) { return reinterpret_cast<const uint16_t*>(x); }
 uint16_t* bits(BFloat16* x) { return reinterpret_cast<uint16_t*>(x); }
 
-// The strided form off AMX: the AVX512-BF16 kernel on the core's own problem,
-// grouped-query heads included.
+// The strided form off AMX: the AVX512-BF16 kernel on the core's problem,
+// grouped-query heads and Tq != Tk included (no mask).
 void CheckStridedServes(Path path, const SdpaExtras& x, const FlashAttentionParams& p) {
   if (path != Path::kAvx512Bf16)
     throw std::invalid_argument(
         "flash attention bf16: the strided form needs the AMX or AVX512-BF16 path, the chosen "
         "path is " +
         std::string(PathName(path)));
-  if (x.mask.data != nullptr || (x.Tk != 0 && x.Tk != p.T) || x.Hkv < 0 ||
-      (x.Hkv > 0 && p.H % x.Hkv != 0))
+  if (x.mask.data != nullptr || x.Tk < 0 || x.Hkv < 0 || (x.Hkv > 0 && p.H % x.Hkv != 0))
     throw std::invalid_argument(fmt::format(
-        "flash attention bf16: the AVX512-BF16 path takes no mask, Tk = T ({}) and Hkv dividing "
-        "H ({}); got a mask: {}, Tk {}, Hkv {}",
-        p.T, p.H, x.mask.data ? "yes" : "no", x.Tk, x.Hkv));
+        "flash attention bf16: the AVX512-BF16 path takes no mask, Tk >= 0 and Hkv dividing H "
+        "({}); got a mask: {}, Tk {}, Hkv {}",
+        p.H, x.mask.data ? "yes" : "no", x.Tk, x.Hkv));
 }
 
 }  // namespace
@@ -845,7 +873,8 @@ void flash_attention_forward_bf16(BFloat16* out, float* lse, const BFloat16* q, 
     return;
   }
   if (ChosenPath() == Path::kAvx512Bf16) {
-    Forward(bits(out), lse, bits(q), bits(k), bits(v), p, token_major_strides(p), 1);
+    Forward(bits(out), lse, bits(q), bits(k), bits(v), Problem(p, p.T, false),
+            token_major_strides(p), 1);
     return;
   }
   ForwardAsSdpa(out, lse, q, k, v, p);
@@ -862,8 +891,8 @@ void flash_attention_backward_bf16(BFloat16* dq, BFloat16* dk, BFloat16* dv, con
     return;
   }
   if (ChosenPath() == Path::kAvx512Bf16) {
-    Backward(bits(dq), bits(dk), bits(dv), bits(dout), bits(q), bits(k), bits(v), bits(out), lse, p,
-             token_major_backward_strides(p), 1);
+    Backward(bits(dq), bits(dk), bits(dv), bits(dout), bits(q), bits(k), bits(v), bits(out), lse,
+             Problem(p, p.T, false), token_major_backward_strides(p), 1);
     return;
   }
   BackwardAsSdpa(dq, dk, dv, dout, q, k, v, out, lse, p);
@@ -876,7 +905,7 @@ void flash_attention_forward_bf16(uint16_t* out, float* lse, const uint16_t* q, 
   const Path path = ChosenPath();
   if (path == Path::kAmx) return amx::forward(out, lse, q, k, v, p, st, x);
   CheckStridedServes(path, x, p);
-  Forward(out, lse, q, k, v, p, st, x.Hkv > 0 ? p.H / x.Hkv : 1);
+  Forward(out, lse, q, k, v, Problem(p, x.Tk, x.bottom_right), st, x.Hkv > 0 ? p.H / x.Hkv : 1);
 }
 
 void flash_attention_backward_bf16(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout,
@@ -888,7 +917,8 @@ void flash_attention_backward_bf16(uint16_t* dq, uint16_t* dk, uint16_t* dv, con
   const Path path = ChosenPath();
   if (path == Path::kAmx) return amx::backward(dq, dk, dv, dout, q, k, v, out, lse, p, st, x);
   CheckStridedServes(path, x, p);
-  Backward(dq, dk, dv, dout, q, k, v, out, lse, p, st, x.Hkv > 0 ? p.H / x.Hkv : 1);
+  Backward(dq, dk, dv, dout, q, k, v, out, lse, Problem(p, x.Tk, x.bottom_right), st,
+           x.Hkv > 0 ? p.H / x.Hkv : 1);
 }
 
 const char* flash_attention_bf16_path() { return PathName(ChosenPath()); }

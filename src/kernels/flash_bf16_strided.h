@@ -3,7 +3,7 @@
 // written in place, token-major views, slices) and, on the AMX path, what
 // sdpa adds to the core's problem (SdpaExtras). The paths' own files
 // implement it: flash_attention_amx.cpp (AMX, every extra) and
-// flash_attention_bf16.cpp (AVX512-BF16: grouped-query heads, no mask, Tk = T).
+// flash_attention_bf16.cpp (AVX512-BF16: grouped-query heads and Tk != T, no mask).
 // bf16 as raw bits; the params validated (scale filled in; their x_stride
 // are ignored).
 #pragma once
@@ -68,9 +68,9 @@ inline BackwardStrides token_major_backward_strides(const FlashAttentionParams& 
 // The chosen bf16 path (flash_attention_bf16_path()) on strided operands: the
 // same bits as the packed layout's (only the addresses differ). AMX takes
 // every extra; AVX512-BF16 grouped-query heads (the same fixed order of the
-// group's sums) but no mask and Tk = T (bottom-right is then top-left); other
-// extras throw std::invalid_argument, as does the widened path, which has no
-// strided form (the sdpa kernel serves those calls itself).
+// group's sums) and Tk != T, but no mask (a mask throws
+// std::invalid_argument, as does the widened path, which has no strided form:
+// the sdpa kernel serves those calls itself).
 void flash_attention_forward_bf16(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k,
                                   const uint16_t* v, const FlashAttentionParams& p,
                                   const ForwardStrides& s, const SdpaExtras& x = {});

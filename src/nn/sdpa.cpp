@@ -94,8 +94,8 @@ Sizes check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOpt
 // keys weighing 0 and the tiles it hides skipped; K and V packed once per
 // key/value head; a query that sees no key gives 0); the AVX512-BF16 kernel
 // (AMD Zen 4/5, where VDPBF16PS runs at twice the FMA's FLOPs) takes
-// grouped-query heads too (units of a key/value head and its query heads),
-// but no mask and Tq = Tk. Elsewhere, and for the
+// grouped-query heads (units of a key/value head and its query heads) and
+// Tq != Tk too, but no mask. Elsewhere, and for the
 // calls they do not take, the sdpa kernel's bf16 tiles widened to fp32 serve.
 // The core's dropout noise is sdpa's: Philox counters (j/4, i, h, b) with the
 // same key and rule, so dropout is served too. Forward and backward decide
@@ -108,7 +108,7 @@ bool core_takes(const Sizes& s, bool plain, bool masked, float scale) {
   if (s.Hkv <= 0 || s.Hq % s.Hkv != 0 || s.Tq < 1 || s.Tk < 1 || s.D != s.Dv ||
       s.D > kernels::kMaxHeadDim)
     return false;
-  if (!amx && (masked || s.Tq != s.Tk)) return false;
+  if (!amx && masked) return false;
   return scale >= 0.0f;
 }
 

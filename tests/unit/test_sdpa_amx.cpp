@@ -8,8 +8,8 @@
 // forcing the core's path to "widened to fp32" turns the route off. The
 // SdpaCore tests run once for each of the two paths the CPU has (AMX: Intel
 // Sapphire Rapids and later; AVX512-BF16: AMD Zen 4/5, Intel Cooper Lake and
-// later), grouped-query heads among them; the SdpaAmx tests are what only
-// the AMX kernel takes (masks, Tq != Tk). Skipped, with the reason, where the CPU has
+// later), grouped-query heads and Tq != Tk among them; the SdpaAmx tests are
+// what only the AMX kernel takes (masks). Skipped, with the reason, where the CPU has
 // neither.
 //
 // Bounds: the core's bf16 ones (tests/unit/test_flash_attention_bf16.cpp):
@@ -442,7 +442,6 @@ TEST(SdpaCore, CallsTheCoreCannotServeStayOnTheWidenedPath) {
         for (int64_t i = 0; i < 40; ++i)
           for (int64_t j = 0; j < 40; ++j) o.attn_mask.at({i, j}) = float((i + 2 * j) % 5) - 2.0f;
       });
-      add("Tq != Tk", 2, 56, 64, [](SdpaOptions&) {});
     }
     for (const Variant& var : variants) {
       SCOPED_TRACE(var.name);
@@ -824,61 +823,67 @@ TEST(SdpaCore, GroupedQueryHeadsMatchTheReference) {
   }
 }
 
-// ---- Tq != Tk on the AMX kernel ----------------------------------------------------------
+// ---- Tq != Tk on the core's kernels ------------------------------------------------------
 // Queries and keys of different lengths (cross-attention; a chunk of new
 // queries against a longer cache): full, causal top-left and bottom-right
-// (where a query may see no key: output 0, lse -inf), with a mask, grouped
-// heads and dropout; against the specification, the raw layer's bits.
-TEST(SdpaAmx, QueriesAndKeysOfDifferentLengthsMatchTheReference) {
-  ATTN_REQUIRE_AMX();
-  const attn::test::Bf16PathGuard amx("AMX");
-  ASSERT_TRUE(amx.forced());
-  Worst worst;
-  uint64_t seed = 2900;
-  const std::vector<std::pair<int64_t, int64_t>> lengths{{33, 130}, {130, 33}, {64, 200},
-                                                         {200, 64}, {1, 77},   {77, 1}};
-  for (const auto& [Tq, Tk] : lengths)
-    for (const int variant : {0, 1, 2, 3, 4}) {
-      SdpaOptions o;
-      std::string what = "Tq " + std::to_string(Tq) + " Tk " + std::to_string(Tk);
-      int64_t Hq = 3, Hkv = 3;
-      if (variant == 1) {
-        o.is_causal = true;
-        what += " causal top-left";
-      } else if (variant == 2) {
-        o.is_causal = true;
-        o.causal_alignment = attn::CausalAlignment::kBottomRight;
-        o.dropout_p = 0.2f;
-        o.dropout_seed = seed;
-        what += " causal bottom-right, dropout";
-      } else if (variant == 4) {  // scale 0: every score 0, rows without keys still -inf
-        o.is_causal = true;
-        o.causal_alignment = attn::CausalAlignment::kBottomRight;
-        o.scale = 0.0f;
-        what += " causal bottom-right, scale 0";
-      } else if (variant == 3) {  // a key-padding mask per batch, grouped heads
-        Tensor pad = Tensor::zeros({2, 1, 1, Tk});
-        for (int64_t j = Tk - Tk / 3; j < Tk; ++j) pad.at({1, 0, 0, j}) = kLowest;
-        o.attn_mask = pad;
-        o.enable_gqa = true;
-        Hkv = 1;
-        what += " padded, 3 heads on 1";
-      } else {
-        what += " full";
-      }
-      const Layout layout = variant % 2 == 0 ? Layout::kTokenMajor : Layout::kHeadMajor;
-      const Inputs in = make_gqa_inputs(2, Hq, Hkv, Tq, Tk, 64, layout, seed += 4);
-      const Result r = check_routed(in, o, worst, what);
-      if (variant == 2 || variant == 4)  // bottom-right: query i sees keys j <= i + Tk - Tq
-        for (int64_t i = 0; i < Tq && i + Tk - Tq < 0; ++i) {
-          EXPECT_EQ(r.f.lse.at({0, 0, i}), kNegInf) << what << " row " << i;
-          EXPECT_EQ(r.f.out.to(kF32).at({1, 2, i, 5}), 0.0f) << what << " row " << i;
+// (where a query may see no key: output 0, lse -inf), grouped heads (with a
+// mask on AMX) and dropout; against the specification, the raw layer's bits.
+TEST(SdpaCore, QueriesAndKeysOfDifferentLengthsMatchTheReference) {
+  ATTN_REQUIRE_CORE_PATH();
+  for (const std::string& path : core_paths()) {
+    SCOPED_TRACE(path);
+    const attn::test::Bf16PathGuard core(path.c_str());
+    ASSERT_TRUE(core.forced());
+    Worst worst;
+    uint64_t seed = 2900;
+    const std::vector<std::pair<int64_t, int64_t>> lengths{{33, 130}, {130, 33}, {64, 200},
+                                                           {200, 64}, {1, 77},   {77, 1}};
+    for (const auto& [Tq, Tk] : lengths)
+      for (const int variant : {0, 1, 2, 3, 4}) {
+        SdpaOptions o;
+        std::string what = "Tq " + std::to_string(Tq) + " Tk " + std::to_string(Tk);
+        int64_t Hq = 3, Hkv = 3;
+        if (variant == 1) {
+          o.is_causal = true;
+          what += " causal top-left";
+        } else if (variant == 2) {
+          o.is_causal = true;
+          o.causal_alignment = attn::CausalAlignment::kBottomRight;
+          o.dropout_p = 0.2f;
+          o.dropout_seed = seed;
+          what += " causal bottom-right, dropout";
+        } else if (variant == 4) {  // scale 0: every score 0, rows without keys still -inf
+          o.is_causal = true;
+          o.causal_alignment = attn::CausalAlignment::kBottomRight;
+          o.scale = 0.0f;
+          what += " causal bottom-right, scale 0";
+        } else if (variant == 3) {  // grouped heads; on AMX a key-padding mask per batch too
+          if (path == "AMX") {
+            Tensor pad = Tensor::zeros({2, 1, 1, Tk});
+            for (int64_t j = Tk - Tk / 3; j < Tk; ++j) pad.at({1, 0, 0, j}) = kLowest;
+            o.attn_mask = pad;
+            what += " padded,";
+          }
+          o.enable_gqa = true;
+          Hkv = 1;
+          what += " 3 heads on 1";
+        } else {
+          what += " full";
         }
-      EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), "AMX") << what;
-      SCOPED_TRACE(what + ": the raw layer");
-      expect_same_result(run_raw(in, o, Layout::kHeadMajor), r);
-    }
-  print(worst, "Tq != Tk");
+        const Layout layout = variant % 2 == 0 ? Layout::kTokenMajor : Layout::kHeadMajor;
+        const Inputs in = make_gqa_inputs(2, Hq, Hkv, Tq, Tk, 64, layout, seed += 4);
+        const Result r = check_routed(in, o, worst, what);
+        if (variant == 2 || variant == 4)  // bottom-right: query i sees keys j <= i + Tk - Tq
+          for (int64_t i = 0; i < Tq && i + Tk - Tq < 0; ++i) {
+            EXPECT_EQ(r.f.lse.at({0, 0, i}), kNegInf) << what << " row " << i;
+            EXPECT_EQ(r.f.out.to(kF32).at({1, 2, i, 5}), 0.0f) << what << " row " << i;
+          }
+        EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), path.c_str()) << what;
+        SCOPED_TRACE(what + ": the raw layer");
+        expect_same_result(run_raw(in, o, Layout::kHeadMajor), r);
+      }
+    print(worst, (path + ", Tq != Tk").c_str());
+  }
 }
 
 }  // namespace

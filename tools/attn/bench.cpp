@@ -820,7 +820,7 @@ Command add_bench_command(CLI::App& app) {
          "sdpa-varlen's q, k, v, dout (bfloat16: sdpa rows the core's AMX kernel takes (the "
          "core's problem, with or without a mask) run on it where its bf16 path is AMX, "
          "rows 'fused-amx'; where it is AVX512-BF16, the core's problem without a mask "
-         "and with Tq = Tk runs on that kernel, rows 'fused-bf16dot'; the others "
+         "runs on that kernel, rows 'fused-bf16dot'; the others "
          "bf16 tiles widened to fp32, rows 'fused-wide'); the "
          "module's compute dtype (bfloat16: mixed precision, fp32 "
          "weights)")
