@@ -9,8 +9,8 @@
 // SdpaCore tests run once for each of the two paths the CPU has (AMX: Intel
 // Sapphire Rapids and later; AVX512-BF16: AMD Zen 4/5, Intel Cooper Lake and
 // later), grouped-query heads and Tq != Tk among them; the SdpaAmx tests are
-// what only the AMX kernel takes (masks). Skipped, with the reason, where the CPU has
-// neither.
+// what only the AMX kernel takes (masks). Skipped, with the reason, where the
+// CPU has neither.
 //
 // Bounds: the core's bf16 ones (tests/unit/test_flash_attention_bf16.cpp):
 // max |got − want| <= 8e-3 · max |want| for out, 4e-2 · max |want| for dq, dk
