@@ -66,6 +66,17 @@ std::vector<std::string> core_paths() {
   return out;
 }
 
+// body(path) once for each of `paths`, with that bf16 path forced (and traced).
+template <class Body>
+void with_each_path(const std::vector<std::string>& paths, Body&& body) {
+  for (const std::string& path : paths) {
+    SCOPED_TRACE(path);
+    const attn::test::Bf16PathGuard forced(path.c_str());
+    ASSERT_TRUE(forced.forced());
+    body(path);
+  }
+}
+
 #define ATTN_REQUIRE_CORE_PATH()                                                              \
   if (core_paths().empty())                                                                   \
   GTEST_SKIP() << "this CPU (or the OS) has neither AMX-BF16 nor AVX512-BF16: no core route " \
@@ -210,15 +221,12 @@ std::string dims_name(int64_t D, int64_t T, bool causal) {
 // specification; prints the largest errors of each path's sweep under `title`.
 void expect_routed_cases(const std::vector<RoutedCase>& cases, const char* title,
                          const std::vector<std::string>& paths = {"AMX"}) {
-  for (const std::string& path : paths) {
-    SCOPED_TRACE(path);
-    const attn::test::Bf16PathGuard forced(path.c_str());
-    ASSERT_TRUE(forced.forced());
+  with_each_path(paths, [&](const std::string& path) {
     Worst worst;
     for (const RoutedCase& c : cases)
       check_routed(make_inputs(c.B, c.H, c.T, c.D, c.layout, c.seed), c.o, worst, c.what);
     print(worst, (path + ", " + title).c_str());
-  }
+  });
 }
 
 TEST(SdpaCore, RoutedCallsMatchTheReferenceCausalAndFull) {
@@ -383,10 +391,7 @@ TEST(SdpaAmx, RowsTheMaskClosesWhollyGiveZero) {
 // AMX turns it off: the widened path's bits come back.
 TEST(SdpaCore, ForcingTheWidenedPathTurnsTheRouteOff) {
   ATTN_REQUIRE_CORE_PATH();
-  for (const std::string& path : core_paths()) {
-    SCOPED_TRACE(path);
-    const attn::test::Bf16PathGuard core(path.c_str());
-    ASSERT_TRUE(core.forced());
+  with_each_path(core_paths(), [&](const std::string& path) {
     const Inputs in = make_inputs(1, 2, 200, 64, Layout::kHeadMajor, 77);
     SdpaOptions o;
     o.is_causal = true;
@@ -407,17 +412,14 @@ TEST(SdpaCore, ForcingTheWidenedPathTurnsTheRouteOff) {
     // The widened path is the fp32 kernel on the widened values, rounded once.
     const Tensor q = in.q.to(kF32), k = in.k.to(kF32), v = in.v.to(kF32);
     EXPECT_TRUE(same_bits(off.f.out, attn::scaled_dot_product_attention(q, k, v, o).to(kBf16)));
-  }
+  });
 }
 
 // Calls that are not the core's problem stay on the widened path: its name,
 // and its bits (the widened path forced gives the same).
 TEST(SdpaCore, CallsTheCoreCannotServeStayOnTheWidenedPath) {
   ATTN_REQUIRE_CORE_PATH();
-  for (const std::string& path : core_paths()) {
-    SCOPED_TRACE(path);
-    const attn::test::Bf16PathGuard core(path.c_str());
-    ASSERT_TRUE(core.forced());
+  with_each_path(core_paths(), [&](const std::string& path) {
     struct Variant {
       const char* name;
       int64_t Hkv, Tk, Dv;
@@ -463,16 +465,13 @@ TEST(SdpaCore, CallsTheCoreCannotServeStayOnTheWidenedPath) {
     SdpaOptions ref;
     ref.backend = SdpaBackend::kReference;
     EXPECT_STREQ(kn::sdpa_bf16_path(q, q, q, ref), "reference (fp32 on the widened values)");
-  }
+  });
 }
 
 // The routed backward checks its tensors as the widened one does.
 TEST(SdpaCore, RoutedBackwardChecksItsTensors) {
   ATTN_REQUIRE_CORE_PATH();
-  for (const std::string& path : core_paths()) {
-    SCOPED_TRACE(path);
-    const attn::test::Bf16PathGuard core(path.c_str());
-    ASSERT_TRUE(core.forced());
+  with_each_path(core_paths(), [&](const std::string&) {
     const Inputs in = make_inputs(1, 2, 20, 64, Layout::kHeadMajor, 3);
     SdpaOptions o;
     o.is_causal = true;
@@ -486,7 +485,7 @@ TEST(SdpaCore, RoutedBackwardChecksItsTensors) {
     EXPECT_THROW(attn::scaled_dot_product_attention_backward(in.dout.slice(2, 0, 10), in.q, in.k,
                                                              in.v, f.out, f.lse, o),
                  std::invalid_argument);
-  }
+  });
 }
 
 // ---- the raw layer routed (sdpa_forward_routed / sdpa_backward_routed) ----------------
@@ -571,10 +570,7 @@ void expect_same_result(const Result& a, const Result& b) {
 
 TEST(SdpaCore, RawRoutedCallsGiveTheTensorEntryPointsBitsOnEveryLayout) {
   ATTN_REQUIRE_CORE_PATH();
-  for (const std::string& path : core_paths()) {
-    SCOPED_TRACE(path);
-    const attn::test::Bf16PathGuard core(path.c_str());
-    ASSERT_TRUE(core.forced());
+  with_each_path(core_paths(), [&](const std::string& path) {
     uint64_t seed = 1300;
     for (const Layout in_layout :
          {Layout::kHeadMajor, Layout::kTokenMajor, Layout::kFusedQkv, Layout::kStridedD})
@@ -591,7 +587,7 @@ TEST(SdpaCore, RawRoutedCallsGiveTheTensorEntryPointsBitsOnEveryLayout) {
           expect_same_result(run_raw(in, o, out_layout),
                              run(in.q, in.k, in.v, in.dout, o, SdpaBackend::kFused));
         }
-  }
+  });
 }
 
 // The raw layer (the Python binding's calls) runs an additive mask that is
@@ -601,10 +597,7 @@ TEST(SdpaCore, RawRoutedCallsGiveTheTensorEntryPointsBitsOnEveryLayout) {
 // kernel), to another result.
 TEST(SdpaCore, RawCausalMaskRunsAsIsCausal) {
   ATTN_REQUIRE_CORE_PATH();
-  for (const std::string& path : core_paths()) {
-    SCOPED_TRACE(path);
-    const attn::test::Bf16PathGuard core(path.c_str());
-    ASSERT_TRUE(core.forced());
+  with_each_path(core_paths(), [&](const std::string& path) {
     const int64_t T = 90;
     const Inputs in = make_inputs(2, 3, T, 64, Layout::kHeadMajor, 1900);
     SdpaOptions causal;
@@ -624,7 +617,7 @@ TEST(SdpaCore, RawCausalMaskRunsAsIsCausal) {
       EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), path == "AMX" ? "AMX" : kWidened);
       EXPECT_FALSE(same_bits(run_raw(in, o, Layout::kHeadMajor).f.out, want.f.out));
     }
-  }
+  });
 }
 
 // The routed forward and backward read their inputs in place and write out,
@@ -634,10 +627,7 @@ TEST(SdpaCore, RawCausalMaskRunsAsIsCausal) {
 // (PyTorch's) and the Tensor entry points.
 TEST(SdpaCore, InPlaceCallsGiveTheCoresBitsOnItsPackedCopies) {
   ATTN_REQUIRE_CORE_PATH();
-  for (const std::string& path : core_paths()) {
-    SCOPED_TRACE(path);
-    const attn::test::Bf16PathGuard core(path.c_str());
-    ASSERT_TRUE(core.forced());
+  with_each_path(core_paths(), [&](const std::string&) {
     uint64_t seed = 1700;
     for (const Layout in_layout :
          {Layout::kHeadMajor, Layout::kTokenMajor, Layout::kFusedQkv, Layout::kStridedD})
@@ -688,15 +678,12 @@ TEST(SdpaCore, InPlaceCallsGiveTheCoresBitsOnItsPackedCopies) {
         EXPECT_TRUE(same_bits(g.dk, dk.transpose(1, 2))) << "tensor dk";
         EXPECT_TRUE(same_bits(g.dv, dv.transpose(1, 2))) << "tensor dv";
       }
-  }
+  });
 }
 
 TEST(SdpaCore, RawRoutedCallsTheCoreCannotServeTakeTheWidenedKernel) {
   ATTN_REQUIRE_CORE_PATH();
-  for (const std::string& path : core_paths()) {
-    SCOPED_TRACE(path);
-    const attn::test::Bf16PathGuard core(path.c_str());
-    ASSERT_TRUE(core.forced());
+  with_each_path(core_paths(), [&](const std::string&) {
     const Inputs in = make_inputs(1, 2, 40, 64, Layout::kTokenMajor, 3);
     SdpaOptions o;
     o.is_causal = true;
@@ -710,7 +697,7 @@ TEST(SdpaCore, RawRoutedCallsTheCoreCannotServeTakeTheWidenedKernel) {
     EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), kWidened);
     expect_same_result(run_raw(in, o, Layout::kTokenMajor),
                        run(in.q, in.k, in.v, in.dout, o, SdpaBackend::kFused));
-  }
+  });
 }
 
 // The raw layer (the Python binding's calls) takes masks with any strides
@@ -770,10 +757,7 @@ Inputs make_gqa_inputs(int64_t B, int64_t Hq, int64_t Hkv, int64_t Tq, int64_t T
 
 TEST(SdpaCore, GroupedQueryHeadsMatchTheReference) {
   ATTN_REQUIRE_CORE_PATH();
-  for (const std::string& path : core_paths()) {
-    SCOPED_TRACE(path);
-    const attn::test::Bf16PathGuard core(path.c_str());
-    ASSERT_TRUE(core.forced());
+  with_each_path(core_paths(), [&](const std::string& path) {
     struct Heads {
       int64_t B, Hq, Hkv;
     };
@@ -820,7 +804,7 @@ TEST(SdpaCore, GroupedQueryHeadsMatchTheReference) {
           expect_same_result(run_raw(in, o, Layout::kTokenMajor), r);
         }
     print(worst, (path + ", grouped-query heads").c_str());
-  }
+  });
 }
 
 // ---- Tq != Tk on the core's kernels ------------------------------------------------------
@@ -830,10 +814,7 @@ TEST(SdpaCore, GroupedQueryHeadsMatchTheReference) {
 // mask on AMX) and dropout; against the specification, the raw layer's bits.
 TEST(SdpaCore, QueriesAndKeysOfDifferentLengthsMatchTheReference) {
   ATTN_REQUIRE_CORE_PATH();
-  for (const std::string& path : core_paths()) {
-    SCOPED_TRACE(path);
-    const attn::test::Bf16PathGuard core(path.c_str());
-    ASSERT_TRUE(core.forced());
+  with_each_path(core_paths(), [&](const std::string& path) {
     Worst worst;
     uint64_t seed = 2900;
     const std::vector<std::pair<int64_t, int64_t>> lengths{{33, 130}, {130, 33}, {64, 200},
@@ -883,7 +864,7 @@ TEST(SdpaCore, QueriesAndKeysOfDifferentLengthsMatchTheReference) {
         expect_same_result(run_raw(in, o, Layout::kHeadMajor), r);
       }
     print(worst, (path + ", Tq != Tk").c_str());
-  }
+  });
 }
 
 }  // namespace
