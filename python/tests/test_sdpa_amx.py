@@ -1,16 +1,15 @@
 """bf16 from Python takes attn::scaled_dot_product_attention's routes: the
-core's AMX kernel where the C++ entry points take it (no window, ALiBi or
-softcap, E = Ev; masks of any kind, grouped-query heads, L != S), the core's
-AVX512-BF16 kernel where that is the core's path (the same, but no mask),
-forward and backward, else the widened kernel.
+core's kernel, AMX or AVX512-BF16, where that is the core's path and the C++
+entry points take the call (no window, ALiBi or softcap, E = Ev; masks of any
+kind, grouped-query heads, L != S), forward and backward, else the widened
+kernel.
 attn._path names the route; forcing the core's path to the widened one
 (attn._attn.use_bf16_path) changes the bits, so the route is seen to run.
 Outputs and gradients against the definition in float64 within the core's
 bf16 bounds (it rounds P and dS to bf16 where they enter a product, as
 PyTorch's bf16 SDPA does): max|got - want| <= 8e-3 · max|want| for the output,
 4e-2 · max|want| for the gradients (tests/unit/test_sdpa_amx.cpp's). The
-tests of the core's problem, grouped heads and L != S run on each of the two
-paths the CPU has; those of masks on AMX. Skipped where the CPU has neither."""
+tests run on each of the two paths the CPU has; skipped where it has neither."""
 
 import pytest
 import torch
@@ -24,8 +23,6 @@ BF16 = torch.bfloat16
 F64 = torch.float64
 WIDENED = "bf16 tiles widened to fp32"
 
-needs_amx = pytest.mark.skipif("AMX" not in _attn.bf16_paths(),
-                               reason="this CPU (or the OS) has no AMX-BF16")
 # The core's paths that take sdpa's calls, each skipped where the CPU lacks it.
 each_core_path = pytest.mark.parametrize("core", [
     pytest.param(name, marks=pytest.mark.skipif(name not in _attn.bf16_paths(),
@@ -102,10 +99,12 @@ def test_plain_bf16_calls_take_the_core_and_match_the_definition(core, layout, i
     check_against_oracle(q, k, v, dout, record_error, is_causal=is_causal)
 
 
-@needs_amx
+@each_core_path
 @pytest.mark.parametrize("kind", ["float", "bool", "padding", "padding_causal"])
 @pytest.mark.parametrize("T", [40, 130])
-def test_masked_bf16_calls_take_amx_and_match_the_definition(kind, T, record_error):
+def test_masked_bf16_calls_take_the_core_and_match_the_definition(core, kind, T, record_error,
+                                                                  forced_path):
+    forced_path(core)
     gen = torch.Generator().manual_seed(3000 + T)
     B, H, E = 2, 3, 64
     q, k, v = layout_qkv("token_major", B, H, T, E, gen)
@@ -125,7 +124,7 @@ def test_masked_bf16_calls_take_amx_and_match_the_definition(kind, T, record_err
             upper = torch.ones(T, T, dtype=torch.bool).triu(1)
             pad = pad.expand(B, 1, T, T).masked_fill(upper, torch.finfo(torch.float32).min)
         kw["attn_mask"] = pad
-    assert attn._path(q, k, v, **kw) == "AMX"
+    assert attn._path(q, k, v, **kw) == core
     check_against_oracle(q, k, v, dout, record_error, **kw)
 
 
@@ -200,10 +199,8 @@ def test_the_route_runs_forcing_the_widened_path_changes_the_bits(core, forced_p
 
 
 @each_core_path
-@pytest.mark.parametrize("what", ["window", "alibi", "softcap", "E != Ev", "fp32", "mask"])
+@pytest.mark.parametrize("what", ["window", "alibi", "softcap", "E != Ev", "fp32"])
 def test_calls_the_core_cannot_serve_take_the_widened_kernel(core, what, forced_path):
-    if core == "AMX" and what == "mask":
-        pytest.skip("the AMX kernel takes masks (the tests above)")
     forced_path(core)
     gen = torch.Generator().manual_seed(11)
     B, H, L, S, E, Ev, Hkv = 1, 2, 24, 24, 32, 32, 2
@@ -216,8 +213,6 @@ def test_calls_the_core_cannot_serve_take_the_widened_kernel(core, what, forced_
         kw["softcap"] = 5.0
     elif what == "E != Ev":
         Ev = 16
-    elif what == "mask":
-        kw["attn_mask"] = torch.randn(L, S, generator=gen)
     dtype = torch.float32 if what == "fp32" else BF16
     q = torch.randn(B, H, L, E, generator=gen).to(dtype)
     k = torch.randn(B, Hkv, S, E, generator=gen).to(dtype)

@@ -76,7 +76,7 @@
 #include "kernels/amx_tiles.h"
 #include "kernels/avx512_bf16-inl.h"
 #include "kernels/philox.h"
-#include "kernels/sdpa_mask.h"
+#include "kernels/tile_mask-inl.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -358,81 +358,13 @@ size_t KeysSeen(const Dims& d, size_t i, size_t j0, size_t width = kB) {
 
 // ---- the mask -----------------------------------------------------------------------------------
 
-// The mask's 64 x 64 tiles (the kernels' query and key tiles) in each of its
-// planes (the (b, h) pairs its strides tell apart), classified once per call
-// as sdpa_kernel.cpp's MaskBlocks classifies its 16 x 16 blocks: whether a
-// tile holds a value that is open (kernels/sdpa_mask.h), and one that is not
-// 0. A tile with no open value is skipped (its weights are exactly 0), one of
-// zeros adds nothing; the mask is read once here, in vectors along its rows.
-class TileMask {
- public:
-  TileMask(const AdditiveMask& m, const FlashAttentionParams& p, const Dims& d)
-      : m_(m),
-        per_b_(m.b != 0),
-        per_h_(m.h != 0),
-        planes_h_(per_h_ ? size_t(p.H) : 1),
-        nti_(d.Tqp / kB),
-        ntj_(d.Tkp / kB),
-        flags_((per_b_ ? size_t(p.B) : 1) * planes_h_ * nti_ * ntj_, 0) {
-    const int64_t tile_rows = int64_t(flags_.size() / ntj_);
-#pragma omp parallel for schedule(static) if (tile_rows > 1)
-    for (int64_t r = 0; r < tile_rows; ++r) {
-      const size_t plane = size_t(r) / nti_, ti = size_t(r) % nti_;
-      const int64_t b = int64_t(plane / planes_h_), h = int64_t(plane % planes_h_);
-      uint8_t* f = flags_.data() + size_t(r) * ntj_;
-      const __m512 closed = _mm512_set1_ps(kNegInf), l2e = _mm512_set1_ps(kMaskLog2e);
-      for (size_t i = ti * kB; i < std::min(d.Tq, (ti + 1) * kB); ++i) {
-        const float* row = Row(b, h, i);
-        for (size_t tj = 0; tj < ntj_; ++tj) {
-          __mmask16 open = 0, nonzero = 0;
-          for (size_t j = tj * kB; j < std::min(d.Tk, (tj + 1) * kB); j += kN) {
-            const __mmask16 valid = LanesBelow(j, d.Tk);
-            const __m512 x = Load(row, j, valid);
-            // mask_value_closes in vectors: log2(e) · x == -inf
-            open |= _mm512_mask_cmp_ps_mask(valid, _mm512_mul_ps(l2e, x), closed, _CMP_NEQ_UQ);
-            nonzero |= _mm512_mask_cmp_ps_mask(valid, x, _mm512_setzero_ps(), _CMP_NEQ_UQ);
-          }
-          f[tj] |= uint8_t((open ? kOpen : 0) | (nonzero ? kNonZero : 0));
-        }
-      }
-    }
-  }
-  // Whether every value of query tile i0 x key tile j0 of head (b, h) is closed;
-  // whether one is not 0.
-  bool Hidden(int64_t b, int64_t h, size_t i0, size_t j0) const {
-    return (Flags(b, h, i0, j0) & kOpen) == 0;
-  }
-  bool Adds(int64_t b, int64_t h, size_t i0, size_t j0) const {
-    return (Flags(b, h, i0, j0) & kNonZero) != 0;
-  }
-  // Query i's row of head (b, h), and its keys j .. j + 15 (the valid lanes; 0 elsewhere).
-  const float* Row(int64_t b, int64_t h, size_t i) const {
-    return m_.data + b * m_.b + h * m_.h + int64_t(i) * m_.t;
-  }
-  __m512 Load(const float* row, size_t j, __mmask16 valid) const {
-    if (m_.d == 1) return _mm512_maskz_loadu_ps(valid, row + j);
-    alignas(64) float x[kN] = {};
-    for (size_t u = 0; u < kN; ++u)
-      if ((valid >> u) & 1) x[u] = row[int64_t(j + u) * m_.d];
-    return _mm512_load_ps(x);
-  }
-
- private:
-  static constexpr uint8_t kOpen = 1, kNonZero = 2;
-  uint8_t Flags(int64_t b, int64_t h, size_t i0, size_t j0) const {
-    const size_t plane = size_t(per_b_ ? b : 0) * planes_h_ + size_t(per_h_ ? h : 0);
-    return flags_[(plane * nti_ + i0 / kB) * ntj_ + j0 / kB];
-  }
-  AdditiveMask m_;
-  bool per_b_, per_h_;
-  size_t planes_h_, nti_, ntj_;
-  std::vector<uint8_t> flags_;  // (plane, query tile, key tile)
-};
+// Its 64 x 64 tiles, the kernels' query and key tiles (tile_mask-inl.h).
+using avx512::TileMask;
 
 // The mask's tile classes, or nullptr without a mask.
 std::unique_ptr<const TileMask> TilesOf(const AdditiveMask& m, const FlashAttentionParams& p,
                                         const Dims& d) {
-  return m.data ? std::make_unique<const TileMask>(m, p, d) : nullptr;
+  return m.data ? std::make_unique<const TileMask>(m, p.B, p.H, d.Tq, d.Tk) : nullptr;
 }
 
 // ---- forward ------------------------------------------------------------------------------------

@@ -49,6 +49,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -62,6 +63,7 @@
 #include "kernels/flash_attention_amx.h"
 #include "kernels/flash_bf16_strided.h"
 #include "kernels/philox.h"
+#include "kernels/tile_mask-inl.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -90,12 +92,14 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 size_t RoundUp(size_t x, size_t m) { return (x + m - 1) / m * m; }
 size_t Pairs(size_t n) { return (n + 1) / 2; }
 
-// The params with the keys: Tk keys for the T queries, and the causal
-// offset: query i sees key j <= i + off (0: top-left; Tk - T: bottom-right).
-// Tk = T and off = 0 are the core's own problem.
+// The params with the keys: Tk keys for the T queries, the causal offset:
+// query i sees key j <= i + off (0: top-left; Tk - T: bottom-right), and an
+// additive mask's tiles (tile_mask-inl.h). Tk = T, off = 0 and no mask are
+// the core's own problem.
 struct Problem : FlashAttentionParams {
   size_t Tk = 0;
   int64_t off = 0;
+  const avx512::TileMask* mask = nullptr;
   Problem(const FlashAttentionParams& p, int64_t keys, bool bottom_right)
       : FlashAttentionParams(p),
         Tk(size_t(keys > 0 ? keys : p.T)),
@@ -127,9 +131,10 @@ uint32_t Word(uint16_t lo, uint16_t hi) { return uint32_t(lo) | (uint32_t(hi) <<
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")
 // GCC 12's AVX-512 headers start some intrinsics from an "undefined" vector
-// (_mm512_undefined_*), which -Wmaybe-uninitialized reports once inlined.
+// (_mm512_undefined_*), which -W(maybe-)uninitialized reports once inlined.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 // The vector helpers of both bf16 kernels (avx512_bf16-inl.h).
 using avx512::Elements32;
@@ -299,6 +304,7 @@ struct ForwardScratch {
   Floats sT;           // (Bc, Br)       scores, key-major
   Words pW;            // (Bc/2, Br)     weights in bf16: key pairs × queries
   Floats z;            // (Bc, Br)       the tile's dropout noise
+  Floats maskT;        // (Bc, Br)       the mask's tile, key-major
   Floats o;            // (G, Br, hdp)   unnormalised outputs
   Floats m, l, alpha;  // (G, Br) running max (base 2), sum, rescale
   ForwardScratch(size_t hd, size_t hdp)
@@ -308,6 +314,7 @@ struct ForwardScratch {
         sT(floats(kBcFwd * kBr)),
         pW(words(kBcFwd / 2 * kBr)),
         z(floats(kBcFwd * kBr)),
+        maskT(floats(kBcFwd * kBr)),
         o(floats(kGroup * kBr * hdp)),
         m(floats(kGroup * kBr)),
         l(floats(kGroup * kBr)),
@@ -330,9 +337,24 @@ void ForwardStep(const Problem& p, int64_t b, int64_t h, size_t i0, size_t in, s
     const size_t i = p.FirstQuery(j0 + r0);
     return Span{0, hd2, diagonal && i > i0 ? std::min(kNV, (i - i0) / kN) : 0, kNV};
   });
+  // A mask with values to add on this tile: Sᵀ taken to base 2 in place with
+  // them added (c·S + log2(e)·mask; the mask's tile transposed, keys by
+  // queries), so that c is 1 below. A closed key's score is -inf: weight 0.
+  const bool adds = p.mask && p.mask->Adds(b, h, i0, j0);
+  if (adds) {
+    float* __restrict mT = s.maskT.get();
+    p.mask->LoadTransposed(b, h, i0, in, j0, jn, mT);
+    const __m512 c0 = _mm512_set1_ps(p.scale * kLog2e), l2e = _mm512_set1_ps(kLog2e);
+    for (size_t jj = 0; jj < jn; ++jj)
+      for (size_t v0 = 0; v0 < kBr; v0 += kN) {
+        const __m512 add = _mm512_mul_ps(l2e, _mm512_loadu_ps(mT + jj * kBr + v0));
+        float* s_at = sT + jj * kBr + v0;
+        _mm512_storeu_ps(s_at, _mm512_fmadd_ps(_mm512_loadu_ps(s_at), c0, add));
+      }
+  }
   // Online softmax down the key axis, N queries per vector, in base 2
-  // (c = scale · log2 e); key j counts for lanes i >= j only.
-  const __m512 c = _mm512_set1_ps(p.scale * kLog2e);
+  // (c = scale · log2 e, or 1 after the mask's add); key j counts for lanes i >= j only.
+  const __m512 c = _mm512_set1_ps(adds ? 1.0f : p.scale * kLog2e);
   const __m512 neg_inf = _mm512_set1_ps(kNegInf);
   auto past = [&](size_t v0, size_t j) -> __mmask16 {  // lanes i0 + v0 + lane that see key j
     return diagonal ? __mmask16(~LanesBelow(i0 + v0, p.FirstQuery(j))) : __mmask16(0xFFFF);
@@ -413,12 +435,20 @@ void ForwardGroup(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* 
   auto key_end = [&](size_t g) { return p.KeyEnd(tile_i0(g) + tile_in(g)); };
   const uint16_t* k_head = k + b * st.k.b + hk * st.k.h;
   const uint16_t* v_head = v + b * st.v.b + hk * st.v.h;
+  // Whether query tile g sees keys of the tile at j0: before its causal end,
+  // and not hidden wholly by the mask (a hidden tile changes nothing).
+  auto sees = [&](size_t g, size_t j0) {
+    return j0 < key_end(g) && !(p.mask && p.mask->Hidden(b, h, tile_i0(g), j0));
+  };
   for (size_t j0 = 0; j0 < key_end(ng - 1); j0 += kBcFwd) {
+    bool any = false;
+    for (size_t g = 0; g < ng; ++g) any = any || sees(g, j0);
+    if (!any) continue;
     const size_t jn_all = std::min(kBcFwd, key_end(ng - 1) - j0);
     PackRows(s.kR.get(), k_head + j0 * st.k.t, size_t(st.k.t), jn_all, kBcFwd, hd);
     PackRowPairs(s.vP.get(), v_head + j0 * st.v.t, size_t(st.v.t), jn_all, kBcFwd, hd, hdp);
     for (size_t g = 0; g < ng; ++g) {
-      if (j0 >= key_end(g)) continue;
+      if (!sees(g, j0)) continue;
       const size_t jn = std::min(kBcFwd, key_end(g) - j0);
       ForwardStep(p, b, h, tile_i0(g), tile_in(g), j0, jn, s.kR.get(), s.vP.get(),
                   s.qT.get() + g * hd2 * kBr, s, s.o.get() + g * kBr * hdp, s.m.get() + g * kBr,
@@ -426,7 +456,7 @@ void ForwardGroup(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* 
     }
   }
   // O /= l, rounded to bf16; lse = (m + log2 l) · ln 2; a query that sees no
-  // key (Tq != Tk, causal) gets 0 and -inf.
+  // key (Tq != Tk, causal), or only keys the mask closes, gets 0 and -inf.
   for (size_t g = 0; g < ng; ++g) {
     const float* o = s.o.get() + g * kBr * hdp;
     const float* m = s.m.get() + g * kBr;
@@ -553,6 +583,8 @@ void PackQueryTile(BackwardScratch& s, const HeadView& hv, const FlashAttentionP
 // in one order by every caller.
 void TilePair(const HeadView& hv, const Problem& p, size_t g, size_t j0, size_t jn, size_t i0,
               size_t in, BackwardScratch& s, float* dK, float* dV, float* dQ) {
+  if (p.mask && p.mask->Hidden(hv.b, hv.h, i0, j0)) return;  // every weight exactly 0
+  const avx512::TileMask* adds = p.mask && p.mask->Adds(hv.b, hv.h, i0, j0) ? p.mask : nullptr;
   const size_t hd = size_t(p.hd), hd2 = Pairs(hd), hdp = RoundUp(hd, kN);
   const DropoutRule rule(p.dropout_p);
   float* __restrict S = s.S.get();
@@ -569,10 +601,12 @@ void TilePair(const HeadView& hv, const Problem& p, size_t g, size_t j0, size_t 
                         nullptr, key_vectors);
   GemmSpans<kOverwrite>(in, kBc, s.dOR.get(), hd2, 1, s.vT.get() + g * hd2 * kBc, kBc, dP, kBc,
                         nullptr, key_vectors);
-  // Two query rows at a time: P = 2^(c·S − lse2), Pz = P ⊙ Z, dS = scale · P ⊙
+  // Two query rows at a time: P = 2^(c·S − lse2) (2^(c·S + log2(e)·mask − lse2)
+  // where the mask adds, the forward's rounding), Pz = P ⊙ Z, dS = scale · P ⊙
   // (dP ⊙ Z − D), rounded to bf16 as dS rows (for dQ) and, query pairs
   // interleaved, Pz and dS (for dV, dK); a missing odd row is zero.
   const __m512 c = _mm512_set1_ps(p.scale * kLog2e);
+  const __m512 l2e = _mm512_set1_ps(kLog2e);
   const __m512 scale_v = _mm512_set1_ps(p.scale);
   uint32_t* __restrict dSW = s.dSW.get();
   uint32_t* __restrict PzT = s.PzT.get();
@@ -581,8 +615,10 @@ void TilePair(const HeadView& hv, const Problem& p, size_t g, size_t j0, size_t 
     const size_t rows = std::min<size_t>(2, in - 2 * pr);
     __m512 lse_i[2], D_i[2];
     __mmask16 valid[2][kNV];  // keys j valid for query i: j < Tk and (causal) j <= i + off
+    const float* mask_row[2] = {nullptr, nullptr};
     for (size_t t = 0; t < 2; ++t) {
       const size_t ii = 2 * pr + std::min(t, rows - 1), i = i0 + ii;
+      if (adds) mask_row[t] = adds->Row(hv.b, hv.h, i);
       lse_i[t] = _mm512_set1_ps(hv.lse2[i]);
       D_i[t] = _mm512_set1_ps(hv.D[i]);
       const size_t seen = p.KeyEnd(i + 1);
@@ -605,7 +641,14 @@ void TilePair(const HeadView& hv, const Problem& p, size_t g, size_t j0, size_t 
     for (size_t t = 0; t < 2; ++t)
       for (size_t vv = 0; vv < kNV; ++vv) {
         const size_t at = (2 * pr + std::min(t, rows - 1)) * kBc + vv * kN;
-        const __m512 pv = Exp2(_mm512_fmsub_ps(_mm512_loadu_ps(S + at), c, lse_i[t]));
+        const __m512 sv = _mm512_loadu_ps(S + at);
+        const __m512 pv =
+            adds ? Exp2(_mm512_sub_ps(
+                       _mm512_fmadd_ps(sv, c,
+                                       _mm512_mul_ps(l2e, adds->Load(mask_row[t], j0 + vv * kN,
+                                                                     LanesBelow(vv * kN, jn)))),
+                       lse_i[t]))
+                 : Exp2(_mm512_fmsub_ps(sv, c, lse_i[t]));
         __m512 dpv = _mm512_loadu_ps(dP + at);
         __m512 pzv = pv;
         if (rule.active()) {
@@ -849,18 +892,29 @@ const uint16_t* bits(const BFloat16* x) { return reinterpret_cast<const uint16_t
 uint16_t* bits(BFloat16* x) { return reinterpret_cast<uint16_t*>(x); }
 
 // The strided form off AMX: the AVX512-BF16 kernel on the core's problem,
-// grouped-query heads and Tq != Tk included (no mask).
+// with a mask, grouped-query heads and Tq != Tk.
 void CheckStridedServes(Path path, const SdpaExtras& x, const FlashAttentionParams& p) {
   if (path != Path::kAvx512Bf16)
     throw std::invalid_argument(
         "flash attention bf16: the strided form needs the AMX or AVX512-BF16 path, the chosen "
         "path is " +
         std::string(PathName(path)));
-  if (x.mask.data != nullptr || x.Tk < 0 || x.Hkv < 0 || (x.Hkv > 0 && p.H % x.Hkv != 0))
+  if (x.Tk < 0 || x.Hkv < 0 || (x.Hkv > 0 && p.H % x.Hkv != 0))
     throw std::invalid_argument(fmt::format(
-        "flash attention bf16: the AVX512-BF16 path takes no mask, Tk >= 0 and Hkv dividing H "
-        "({}); got a mask: {}, Tk {}, Hkv {}",
-        p.H, x.mask.data ? "yes" : "no", x.Tk, x.Hkv));
+        "flash attention bf16: the AVX512-BF16 path takes Tk >= 0 and Hkv dividing H ({}); got "
+        "Tk {}, Hkv {}",
+        p.H, x.Tk, x.Hkv));
+}
+
+// The strided form's problem on the AVX512-BF16 kernel; `tiles` holds the
+// mask's tile classes while it runs.
+Problem StridedProblem(const FlashAttentionParams& p, const SdpaExtras& x,
+                       std::unique_ptr<const avx512::TileMask>& tiles) {
+  Problem pr(p, x.Tk, x.bottom_right);
+  if (x.mask.data)
+    tiles = std::make_unique<const avx512::TileMask>(x.mask, p.B, p.H, size_t(p.T), pr.Tk);
+  pr.mask = tiles.get();
+  return pr;
 }
 
 }  // namespace
@@ -905,7 +959,8 @@ void flash_attention_forward_bf16(uint16_t* out, float* lse, const uint16_t* q, 
   const Path path = ChosenPath();
   if (path == Path::kAmx) return amx::forward(out, lse, q, k, v, p, st, x);
   CheckStridedServes(path, x, p);
-  Forward(out, lse, q, k, v, Problem(p, x.Tk, x.bottom_right), st, x.Hkv > 0 ? p.H / x.Hkv : 1);
+  std::unique_ptr<const avx512::TileMask> tiles;
+  Forward(out, lse, q, k, v, StridedProblem(p, x, tiles), st, x.Hkv > 0 ? p.H / x.Hkv : 1);
 }
 
 void flash_attention_backward_bf16(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout,
@@ -917,7 +972,8 @@ void flash_attention_backward_bf16(uint16_t* dq, uint16_t* dk, uint16_t* dv, con
   const Path path = ChosenPath();
   if (path == Path::kAmx) return amx::backward(dq, dk, dv, dout, q, k, v, out, lse, p, st, x);
   CheckStridedServes(path, x, p);
-  Backward(dq, dk, dv, dout, q, k, v, out, lse, Problem(p, x.Tk, x.bottom_right), st,
+  std::unique_ptr<const avx512::TileMask> tiles;
+  Backward(dq, dk, dv, dout, q, k, v, out, lse, StridedProblem(p, x, tiles), st,
            x.Hkv > 0 ? p.H / x.Hkv : 1);
 }
 

@@ -88,35 +88,32 @@ Sizes check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOpt
 // attn/kernels.h's flash_attention_*_bf16 on the path they chose, in their
 // strided form (kernels/flash_bf16_strided.h). The call is the core's
 // problem when it has no window, ALiBi or softcap, D = Dv, and a scale >= 0
-// (the core reads a negative scale as "the default"). The AMX kernel takes
-// an attn_mask, grouped-query heads and Tq != Tk (either causal alignment)
-// itself (kernels::SdpaExtras: the mask with the sdpa kernel's rules, closed
-// keys weighing 0 and the tiles it hides skipped; K and V packed once per
-// key/value head; a query that sees no key gives 0); the AVX512-BF16 kernel
-// (AMD Zen 4/5, where VDPBF16PS runs at twice the FMA's FLOPs) takes
-// grouped-query heads (units of a key/value head and its query heads) and
-// Tq != Tk too, but no mask. Elsewhere, and for the
-// calls they do not take, the sdpa kernel's bf16 tiles widened to fp32 serve.
+// (the core reads a negative scale as "the default"). Both kernels, AMX and
+// AVX512-BF16 (AMD Zen 4/5, where VDPBF16PS runs at twice the FMA's FLOPs),
+// take an attn_mask, grouped-query heads and Tq != Tk (either causal
+// alignment) themselves (kernels::SdpaExtras: the mask with the sdpa
+// kernel's rules, closed keys weighing 0 and the 64 x 64 tiles it hides
+// skipped; K and V packed once per key/value head, the backward's units a
+// key/value head and its query heads; a query that sees no key gives 0).
+// Elsewhere, and for the calls they do not take, the sdpa kernel's bf16
+// tiles widened to fp32 serve.
 // The core's dropout noise is sdpa's: Philox counters (j/4, i, h, b) with the
 // same key and rule, so dropout is served too. Forward and backward decide
 // with this one predicate, so they route alike.
-bool core_takes(const Sizes& s, bool plain, bool masked, float scale) {
+bool core_takes(const Sizes& s, bool plain, float scale) {
   const char* path = kernels::flash_attention_bf16_path();
-  const bool amx = std::strcmp(path, "AMX") == 0;
-  if (!amx && std::strcmp(path, "AVX512-BF16") != 0) return false;
+  if (std::strcmp(path, "AMX") != 0 && std::strcmp(path, "AVX512-BF16") != 0) return false;
   if (!plain) return false;
   if (s.Hkv <= 0 || s.Hq % s.Hkv != 0 || s.Tq < 1 || s.Tk < 1 || s.D != s.Dv ||
       s.D > kernels::kMaxHeadDim)
     return false;
-  if (!amx && masked) return false;
   return scale >= 0.0f;
 }
 
 bool core_serves(const Sizes& s, const SdpaOptions& o) {
   const bool plain = o.backend == SdpaBackend::kFused && o.alibi_slopes.empty() &&
                      o.softcap == 0.0f && o.window_left == -1 && o.window_right == -1;
-  return core_takes(s, plain, !o.attn_mask.empty(),
-                    o.scale ? *o.scale : 1.0f / std::sqrt(float(s.D)));
+  return core_takes(s, plain, o.scale ? *o.scale : 1.0f / std::sqrt(float(s.D)));
 }
 
 // The same rule on a raw problem (its scale already resolved; varlen never).
@@ -124,7 +121,7 @@ template <class T>
 bool core_serves(const SdpaProblemT<T>& p) {
   const bool plain = !p.alibi_slopes && p.softcap == 0.0f && p.window_left == -1 &&
                      p.window_right == -1 && !p.cu_seqlens_q && !p.cu_seqlens_k;
-  return core_takes({p.B, p.Hq, p.Hkv, p.Tq, p.Tk, p.D, p.Dv}, plain, p.mask != nullptr, p.scale);
+  return core_takes({p.B, p.Hq, p.Hkv, p.Tq, p.Tk, p.D, p.Dv}, plain, p.scale);
 }
 
 kernels::FlashAttentionParams core_params(const Sizes& s, const SdpaOptions& o) {

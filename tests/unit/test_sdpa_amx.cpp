@@ -6,11 +6,10 @@
 // and 64, D 64, 80 and 128, every input layout; which calls route and which
 // do not (and that the ones that do not give the widened path's bits);
 // forcing the core's path to "widened to fp32" turns the route off. The
-// SdpaCore tests run once for each of the two paths the CPU has (AMX: Intel
+// tests run once for each of the two paths the CPU has (AMX: Intel
 // Sapphire Rapids and later; AVX512-BF16: AMD Zen 4/5, Intel Cooper Lake and
-// later), grouped-query heads and Tq != Tk among them; the SdpaAmx tests are
-// what only the AMX kernel takes (masks). Skipped, with the reason, where the
-// CPU has neither.
+// later), masks, grouped-query heads and Tq != Tk among them. Skipped, with
+// the reason, where the CPU has neither.
 //
 // Bounds: the core's bf16 ones (tests/unit/test_flash_attention_bf16.cpp):
 // max |got − want| <= 8e-3 · max |want| for out, 4e-2 · max |want| for dq, dk
@@ -49,14 +48,6 @@ namespace kn = attn::kernels;
 constexpr DType kBf16 = DType::kBFloat16, kF32 = DType::kFloat32;
 constexpr double kOutTol = 8e-3, kGradTol = 4e-2, kLseTol = 1e-5;
 constexpr const char* kWidened = "bf16 tiles widened to fp32";
-
-bool has_amx() {
-  const std::vector<std::string> paths = kn::flash_attention_bf16_paths();
-  return std::find(paths.begin(), paths.end(), "AMX") != paths.end();
-}
-
-#define ATTN_REQUIRE_AMX() \
-  if (!has_amx()) GTEST_SKIP() << "this CPU (or the OS) has no AMX-BF16: no AMX route to test"
 
 // The core's paths with a strided form (kernels/flash_bf16_strided.h) that this CPU runs.
 std::vector<std::string> core_paths() {
@@ -219,9 +210,8 @@ std::string dims_name(int64_t D, int64_t T, bool causal) {
 
 // Every case with the core's path forced to each of `paths`, against the
 // specification; prints the largest errors of each path's sweep under `title`.
-void expect_routed_cases(const std::vector<RoutedCase>& cases, const char* title,
-                         const std::vector<std::string>& paths = {"AMX"}) {
-  with_each_path(paths, [&](const std::string& path) {
+void expect_routed_cases(const std::vector<RoutedCase>& cases, const char* title) {
+  with_each_path(core_paths(), [&](const std::string& path) {
     Worst worst;
     for (const RoutedCase& c : cases)
       check_routed(make_inputs(c.B, c.H, c.T, c.D, c.layout, c.seed), c.o, worst, c.what);
@@ -238,7 +228,7 @@ TEST(SdpaCore, RoutedCallsMatchTheReferenceCausalAndFull) {
       for (const bool causal : {true, false})
         cases.push_back({T % 2 + 1, T < 64 ? 3 : 2, T, D, Layout::kHeadMajor, seed += 4,
                          causal_options(causal), dims_name(D, T, causal)});
-  expect_routed_cases(cases, "causal and full", core_paths());
+  expect_routed_cases(cases, "causal and full");
 }
 
 TEST(SdpaCore, RoutedCallsReadEveryLayoutAndTheScale) {
@@ -253,7 +243,7 @@ TEST(SdpaCore, RoutedCallsReadEveryLayoutAndTheScale) {
       cases.push_back({2, 3, 77, 80, layout, seed += 4, o,
                        "layout " + std::to_string(int(layout)) + " scale " + std::to_string(scale)});
     }
-  expect_routed_cases(cases, "layouts and scales", core_paths());
+  expect_routed_cases(cases, "layouts and scales");
 }
 
 // The core's dropout noise is sdpa's (Philox counters (j/4, i, h, b)): the
@@ -271,11 +261,11 @@ TEST(SdpaCore, RoutedDropoutDrawsTheReferencesNoise) {
         cases.push_back(
             {2, 2, T, D, Layout::kTokenMajor, seed, o, "dropout " + dims_name(D, T, causal)});
       }
-  expect_routed_cases(cases, "dropout", core_paths());
+  expect_routed_cases(cases, "dropout");
 }
 
-// ---- attention masks on the AMX kernel ---------------------------------------------------
-// The kernel adds an additive mask itself (a boolean one as 0 / -inf), skips
+// ---- attention masks on the core's kernels -----------------------------------------------
+// The kernels add an additive mask themselves (a boolean one as 0 / -inf), skips
 // the 64 x 64 tiles it hides wholly and drops the add where a tile is all 0:
 // against the specification, masks of every broadcast shape (one plane, per
 // batch, per head), with is_causal and without, with dropout, every input
@@ -303,8 +293,8 @@ float hash01(int64_t b, int64_t h, int64_t i, int64_t j) {
   return float(x >> 40) / float(1 << 24);
 }
 
-TEST(SdpaAmx, MasksMatchTheReference) {
-  ATTN_REQUIRE_AMX();
+TEST(SdpaCore, MasksMatchTheReference) {
+  ATTN_REQUIRE_CORE_PATH();
   std::vector<RoutedCase> cases;
   uint64_t seed = 2100;
   for (const int64_t T : {40, 64, 130, 200}) {
@@ -357,38 +347,38 @@ TEST(SdpaAmx, MasksMatchTheReference) {
 // A row whose keys the mask all closes (-inf) gets output 0 and lse -inf, and
 // adds nothing to the gradients, as in the specification; the other rows are
 // unchanged by it.
-TEST(SdpaAmx, RowsTheMaskClosesWhollyGiveZero) {
-  ATTN_REQUIRE_AMX();
-  const attn::test::Bf16PathGuard amx("AMX");
-  ASSERT_TRUE(amx.forced());
-  for (const int64_t T : {50, 150}) {
-    SCOPED_TRACE(T);
-    const Inputs in = make_inputs(1, 2, T, 64, Layout::kHeadMajor, 2300 + uint64_t(T));
-    auto closed_row = [](int64_t i) { return (i >= 10 && i < 20) || i == 99; };
-    SdpaOptions o;
-    o.attn_mask = mask_of(1, 1, T, [&](int64_t, int64_t, int64_t i, int64_t j) {
-      return closed_row(i) || j > i ? kNegInf : 0.0f;
-    });
-    Worst worst;
-    const Result r = check_routed(in, o, worst, "closed rows");
-    for (int64_t h = 0; h < 2; ++h)
-      for (int64_t i = 0; i < T; ++i) {
-        const float lse = r.f.lse.at({0, h, i});
-        if (!closed_row(i)) {
-          EXPECT_TRUE(std::isfinite(lse)) << i;
-          continue;
+TEST(SdpaCore, RowsTheMaskClosesWhollyGiveZero) {
+  ATTN_REQUIRE_CORE_PATH();
+  with_each_path(core_paths(), [&](const std::string&) {
+    for (const int64_t T : {50, 150}) {
+      SCOPED_TRACE(T);
+      const Inputs in = make_inputs(1, 2, T, 64, Layout::kHeadMajor, 2300 + uint64_t(T));
+      auto closed_row = [](int64_t i) { return (i >= 10 && i < 20) || i == 99; };
+      SdpaOptions o;
+      o.attn_mask = mask_of(1, 1, T, [&](int64_t, int64_t, int64_t i, int64_t j) {
+        return closed_row(i) || j > i ? kNegInf : 0.0f;
+      });
+      Worst worst;
+      const Result r = check_routed(in, o, worst, "closed rows");
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t i = 0; i < T; ++i) {
+          const float lse = r.f.lse.at({0, h, i});
+          if (!closed_row(i)) {
+            EXPECT_TRUE(std::isfinite(lse)) << i;
+            continue;
+          }
+          EXPECT_EQ(lse, kNegInf) << i;
+          for (int64_t d = 0; d < 64; ++d) {
+            EXPECT_EQ(r.f.out.to(kF32).at({0, h, i, d}), 0.0f);
+            EXPECT_EQ(r.g.dq.to(kF32).at({0, h, i, d}), 0.0f);
+          }
         }
-        EXPECT_EQ(lse, kNegInf) << i;
-        for (int64_t d = 0; d < 64; ++d) {
-          EXPECT_EQ(r.f.out.to(kF32).at({0, h, i, d}), 0.0f);
-          EXPECT_EQ(r.g.dq.to(kF32).at({0, h, i, d}), 0.0f);
-        }
-      }
-  }
+    }
+  });
 }
 
 // The route changes the bits (it is taken), and forcing the core's path off
-// AMX turns it off: the widened path's bits come back.
+// the core's kernels turns it off: the widened path's bits come back.
 TEST(SdpaCore, ForcingTheWidenedPathTurnsTheRouteOff) {
   ATTN_REQUIRE_CORE_PATH();
   with_each_path(core_paths(), [&](const std::string& path) {
@@ -419,7 +409,7 @@ TEST(SdpaCore, ForcingTheWidenedPathTurnsTheRouteOff) {
 // and its bits (the widened path forced gives the same).
 TEST(SdpaCore, CallsTheCoreCannotServeStayOnTheWidenedPath) {
   ATTN_REQUIRE_CORE_PATH();
-  with_each_path(core_paths(), [&](const std::string& path) {
+  with_each_path(core_paths(), [&](const std::string&) {
     struct Variant {
       const char* name;
       int64_t Hkv, Tk, Dv;
@@ -437,14 +427,6 @@ TEST(SdpaCore, CallsTheCoreCannotServeStayOnTheWidenedPath) {
     add("softcap", 2, 40, 64, [](SdpaOptions& o) { o.softcap = 5.0f; });
     add("D != Dv", 2, 40, 32, [](SdpaOptions&) {});
     add("negative scale", 2, 40, 64, [](SdpaOptions& o) { o.scale = -0.125f; });
-    if (path == "AVX512-BF16") {  // what only the AMX kernel adds to the core's problem
-      add("mask", 2, 40, 64, [](SdpaOptions& o) {
-        o.is_causal = false;
-        o.attn_mask = Tensor({40, 40});
-        for (int64_t i = 0; i < 40; ++i)
-          for (int64_t j = 0; j < 40; ++j) o.attn_mask.at({i, j}) = float((i + 2 * j) % 5) - 2.0f;
-      });
-    }
     for (const Variant& var : variants) {
       SCOPED_TRACE(var.name);
       const Tensor q = randn_bf16({1, 2, 40, 64}, 1), k = randn_bf16({1, var.Hkv, var.Tk, 64}, 2),
@@ -593,8 +575,7 @@ TEST(SdpaCore, RawRoutedCallsGiveTheTensorEntryPointsBitsOnEveryLayout) {
 // The raw layer (the Python binding's calls) runs an additive mask that is
 // exactly the causal pattern (-inf, or transformers' float32 minimum, above the
 // diagonal) as is_causal: on the core's kernel, with is_causal's bits; a mask
-// that differs in one entry runs the masked AMX kernel (off AMX the widened
-// kernel), to another result.
+// that differs in one entry runs the same path's masked kernel, to another result.
 TEST(SdpaCore, RawCausalMaskRunsAsIsCausal) {
   ATTN_REQUIRE_CORE_PATH();
   with_each_path(core_paths(), [&](const std::string& path) {
@@ -614,7 +595,7 @@ TEST(SdpaCore, RawCausalMaskRunsAsIsCausal) {
       EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), path.c_str());
       expect_same_result(run_raw(in, o, Layout::kHeadMajor), want);
       mask.at({0, 0, 40, 41}) = 0.0f;  // not causal: the masked kernel, another result
-      EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), path == "AMX" ? "AMX" : kWidened);
+      EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), path.c_str());
       EXPECT_FALSE(same_bits(run_raw(in, o, Layout::kHeadMajor).f.out, want.f.out));
     }
   });
@@ -703,42 +684,42 @@ TEST(SdpaCore, RawRoutedCallsTheCoreCannotServeTakeTheWidenedKernel) {
 // The raw layer (the Python binding's calls) takes masks with any strides
 // (here a transposed one, and a key-padding row broadcast over queries): the
 // Tensor entry points' bits, on every layout.
-TEST(SdpaAmx, RawMaskedCallsGiveTheTensorEntryPointsBits) {
-  ATTN_REQUIRE_AMX();
-  const attn::test::Bf16PathGuard amx("AMX");
-  ASSERT_TRUE(amx.forced());
-  const int64_t T = 100;
-  const Tensor lower = mask_of(1, 1, T, [](int64_t, int64_t, int64_t i, int64_t j) {
-    return j > i || hash01(0, 0, i, j) < 0.2f ? kLowest : 0.0f;
+TEST(SdpaCore, RawMaskedCallsGiveTheTensorEntryPointsBits) {
+  ATTN_REQUIRE_CORE_PATH();
+  with_each_path(core_paths(), [&](const std::string& path) {
+    const int64_t T = 100;
+    const Tensor lower = mask_of(1, 1, T, [](int64_t, int64_t, int64_t i, int64_t j) {
+      return j > i || hash01(0, 0, i, j) < 0.2f ? kLowest : 0.0f;
+    });
+    Tensor keys = Tensor::zeros({2, 1, 1, T});
+    for (int64_t j = 70; j < T; ++j) keys.at({1, 0, 0, j}) = kNegInf;
+    // The same values as `lower`, read with key stride T.
+    const Tensor strided = lower.transpose(2, 3).contiguous().transpose(2, 3);
+    ASSERT_EQ(strided.stride(3), T);
+    struct Case {
+      const char* name;
+      Tensor mask;
+      bool causal;
+    };
+    const std::vector<Case> masks{{"(1, 1, T, T)", lower, false},
+                                  {"key stride T", strided, false},
+                                  {"(B, 1, 1, T) with is_causal", keys, true}};
+    uint64_t seed = 2500;
+    for (const Layout layout : {Layout::kHeadMajor, Layout::kTokenMajor, Layout::kStridedD})
+      for (const Case& c : masks) {
+        SCOPED_TRACE(std::string(c.name) + " layout " + std::to_string(int(layout)));
+        const Inputs in = make_inputs(2, 3, T, 64, layout, seed += 4);
+        SdpaOptions o;
+        o.attn_mask = c.mask;
+        o.is_causal = c.causal;
+        EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), path.c_str());
+        expect_same_result(run_raw(in, o, layout),
+                           run(in.q, in.k, in.v, in.dout, o, SdpaBackend::kFused));
+      }
   });
-  Tensor keys = Tensor::zeros({2, 1, 1, T});
-  for (int64_t j = 70; j < T; ++j) keys.at({1, 0, 0, j}) = kNegInf;
-  // The same values as `lower`, read with key stride T.
-  const Tensor strided = lower.transpose(2, 3).contiguous().transpose(2, 3);
-  ASSERT_EQ(strided.stride(3), T);
-  struct Case {
-    const char* name;
-    Tensor mask;
-    bool causal;
-  };
-  const std::vector<Case> masks{{"(1, 1, T, T)", lower, false},
-                                {"key stride T", strided, false},
-                                {"(B, 1, 1, T) with is_causal", keys, true}};
-  uint64_t seed = 2500;
-  for (const Layout layout : {Layout::kHeadMajor, Layout::kTokenMajor, Layout::kStridedD})
-    for (const Case& c : masks) {
-      SCOPED_TRACE(std::string(c.name) + " layout " + std::to_string(int(layout)));
-      const Inputs in = make_inputs(2, 3, T, 64, layout, seed += 4);
-      SdpaOptions o;
-      o.attn_mask = c.mask;
-      o.is_causal = c.causal;
-      EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), "AMX");
-      expect_same_result(run_raw(in, o, layout),
-                         run(in.q, in.k, in.v, in.dout, o, SdpaBackend::kFused));
-    }
 }
 
-// ---- grouped-query heads on the AMX kernel -------------------------------------------------
+// ---- grouped-query heads on the core's kernels ---------------------------------------------
 // K and V packed once per key/value head, read by each query head of its
 // group; dK and dV summed over the group in one order, in both backward
 // schedules (whole key/value heads per thread, or key- and query-tile tasks):
@@ -772,15 +753,14 @@ TEST(SdpaCore, GroupedQueryHeadsMatchTheReference) {
           o.is_causal = variant != 1;
           std::string what = "B " + std::to_string(hd.B) + " Hq " + std::to_string(hd.Hq) +
                              " Hkv " + std::to_string(hd.Hkv) + " T " + std::to_string(T);
-          if (variant == 1 && path == "AMX") {  // full, a key-padding mask per batch
+          if (variant == 1) {  // full, a key-padding mask per batch
             Tensor pad = Tensor::zeros({hd.B, 1, 1, T});
             for (int64_t b = 0; b < hd.B; ++b)
               for (int64_t j = T - 5 - 20 * b; j < T; ++j) pad.at({b, 0, 0, j}) = kLowest;
             o.attn_mask = pad;
             what += " padded";
           }
-          if (variant == 1 && path != "AMX") what += " full";  // AVX512-BF16 takes no mask
-          if (variant == 2) {                                  // causal with dropout
+          if (variant == 2) {  // causal with dropout
             o.dropout_p = 0.2f;
             o.dropout_seed = seed;
             what += " dropout";
@@ -810,8 +790,8 @@ TEST(SdpaCore, GroupedQueryHeadsMatchTheReference) {
 // ---- Tq != Tk on the core's kernels ------------------------------------------------------
 // Queries and keys of different lengths (cross-attention; a chunk of new
 // queries against a longer cache): full, causal top-left and bottom-right
-// (where a query may see no key: output 0, lse -inf), grouped heads (with a
-// mask on AMX) and dropout; against the specification, the raw layer's bits.
+// (where a query may see no key: output 0, lse -inf), grouped heads with a
+// key-padding mask, and dropout; against the specification, the raw layer's bits.
 TEST(SdpaCore, QueriesAndKeysOfDifferentLengthsMatchTheReference) {
   ATTN_REQUIRE_CORE_PATH();
   with_each_path(core_paths(), [&](const std::string& path) {
@@ -838,13 +818,11 @@ TEST(SdpaCore, QueriesAndKeysOfDifferentLengthsMatchTheReference) {
           o.causal_alignment = attn::CausalAlignment::kBottomRight;
           o.scale = 0.0f;
           what += " causal bottom-right, scale 0";
-        } else if (variant == 3) {  // grouped heads; on AMX a key-padding mask per batch too
-          if (path == "AMX") {
-            Tensor pad = Tensor::zeros({2, 1, 1, Tk});
-            for (int64_t j = Tk - Tk / 3; j < Tk; ++j) pad.at({1, 0, 0, j}) = kLowest;
-            o.attn_mask = pad;
-            what += " padded,";
-          }
+        } else if (variant == 3) {  // grouped heads, a key-padding mask per batch
+          Tensor pad = Tensor::zeros({2, 1, 1, Tk});
+          for (int64_t j = Tk - Tk / 3; j < Tk; ++j) pad.at({1, 0, 0, j}) = kLowest;
+          o.attn_mask = pad;
+          what += " padded,";
           o.enable_gqa = true;
           Hkv = 1;
           what += " 3 heads on 1";
