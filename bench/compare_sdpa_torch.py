@@ -12,7 +12,8 @@ Cases (12 heads of 64, B = 1; each at T = 1024 and 4096 unless it says):
   float-mask  the same as an additive float mask (0 / -inf)
   padded-mask the causal pattern with the last T/8 keys closed too (a right-padded
               sequence), additive, the dtype's minimum where closed (as transformers
-              builds it): not causal, so attn runs its masked kernels (bf16: AMX where it runs)
+              builds it): not causal, so attn runs its masked kernels (bf16: the core's
+              AMX or AVX512-BF16 kernel where it runs)
   gqa4        is_causal, 3 kv heads for 12 query heads (enable_gqa, no copies)
   cross       256 queries against 4096 keys, no mask (cross-attention; T = 4096 only)
   window512   T = 8192, causal sliding window of 512 keys: attn's window_left; PyTorch

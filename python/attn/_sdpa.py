@@ -528,8 +528,8 @@ def _path(
     bfloat16 attn::kernels::sdpa_bf16_path's "AMX" (the core's AMX kernel: no
     window, ALiBi or softcap, E = Ev, scale >= 0, on a CPU with AMX; masks,
     grouped heads and L != S included), "AVX512-BF16" (the core's VDPBF16PS
-    kernel where that is the core's path, AMD Zen 4/5: the same, grouped-query
-    heads and L != S included, but no mask) or "bf16 tiles widened to fp32";
+    kernel where that is the core's path, AMD Zen 4/5: the same, masks,
+    grouped-query heads and L != S included) or "bf16 tiles widened to fp32";
     "PyTorch's maths" for an input with a zero-sized dim. The C++ entry points
     take the same paths."""
     c = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,

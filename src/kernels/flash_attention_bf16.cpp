@@ -28,6 +28,14 @@
 // dQ, dK and dV accumulate in fp32 and are rounded to bf16 once, at the end.
 // Threads, tile order, causal skipping and the Philox dropout noise are the
 // fp32 kernel's, so the results do not depend on the thread count either.
+// The sdpa routes' extras (flash_bf16_strided.h): any row strides;
+// grouped-query heads (the backward's unit a key/value head and its query
+// heads); Tk != T keys; and an additive mask, whose 64 x 64 tiles (this
+// kernel's query and key tiles) tile_mask-inl.h classifies once a call: a
+// tile it hides wholly is skipped, forward and backward, one with values to
+// add takes its scores to base 2 with them added (c·S + log2(e)·mask; the
+// forward's key-major Sᵀ reads the mask's tile transposed), and a row whose
+// keys are all closed gives output 0 and lse -inf, as in the sdpa kernel.
 //
 // AVX512-BF16 is not among Highway 1.0.3's targets, so this file uses the
 // intrinsics under a target pragma (after every header: inline functions from

@@ -2,8 +2,9 @@
 // operands of any row strides (head-major (B, H, T, hd) tensors read and
 // written in place, token-major views, slices) and, on the AMX path, what
 // sdpa adds to the core's problem (SdpaExtras). The paths' own files
-// implement it: flash_attention_amx.cpp (AMX, every extra) and
-// flash_attention_bf16.cpp (AVX512-BF16: grouped-query heads and Tk != T, no mask).
+// implement it, every extra: flash_attention_amx.cpp (AMX) and
+// flash_attention_bf16.cpp (AVX512-BF16); the mask's tiles as tile_mask-inl.h
+// classifies them.
 // bf16 as raw bits; the params validated (scale filled in; their x_stride
 // are ignored).
 #pragma once
@@ -66,11 +67,10 @@ inline BackwardStrides token_major_backward_strides(const FlashAttentionParams& 
 }
 
 // The chosen bf16 path (flash_attention_bf16_path()) on strided operands: the
-// same bits as the packed layout's (only the addresses differ). AMX takes
-// every extra; AVX512-BF16 grouped-query heads (the same fixed order of the
-// group's sums) and Tk != T, but no mask (a mask throws
-// std::invalid_argument, as does the widened path, which has no strided form:
-// the sdpa kernel serves those calls itself).
+// same bits as the packed layout's (only the addresses differ). AMX and
+// AVX512-BF16 take every extra (grouped-query heads: the same fixed order of
+// the group's sums); the widened path has no strided form and throws
+// std::invalid_argument (the sdpa kernel serves those calls itself).
 void flash_attention_forward_bf16(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k,
                                   const uint16_t* v, const FlashAttentionParams& p,
                                   const ForwardStrides& s, const SdpaExtras& x = {});

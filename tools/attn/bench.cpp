@@ -813,17 +813,15 @@ Command add_bench_command(CLI::App& app) {
                   "read and their share of the read bandwidth measured in the run")
       ->capture_default_str();
   cmd->add_option("--mode", f->mode, "fwd, fwdbwd or all")->capture_default_str();
-  cmd->add_option(
-         "--dtype", f->dtype,
-         "float32 (or fp32), bfloat16 (or bf16) or all: the core's inputs and outputs "
-         "(bfloat16: the bf16 kernels, path AVX512-BF16 or widened to fp32); sdpa's and "
-         "sdpa-varlen's q, k, v, dout (bfloat16: sdpa rows the core's AMX kernel takes (the "
-         "core's problem, with or without a mask) run on it where its bf16 path is AMX, "
-         "rows 'fused-amx'; where it is AVX512-BF16, the core's problem without a mask "
-         "runs on that kernel, rows 'fused-bf16dot'; the others "
-         "bf16 tiles widened to fp32, rows 'fused-wide'); the "
-         "module's compute dtype (bfloat16: mixed precision, fp32 "
-         "weights)")
+  cmd->add_option("--dtype", f->dtype,
+                  "float32 (or fp32), bfloat16 (or bf16) or all: the core's inputs and outputs "
+                  "(bfloat16: the bf16 kernels, path AVX512-BF16 or widened to fp32); sdpa's and "
+                  "sdpa-varlen's q, k, v, dout (bfloat16: sdpa rows the core's kernels take (the "
+                  "core's problem, with or without a mask) run on them where its bf16 path is AMX, "
+                  "rows 'fused-amx', or AVX512-BF16, rows 'fused-bf16dot'; the others "
+                  "bf16 tiles widened to fp32, rows 'fused-wide'); the "
+                  "module's compute dtype (bfloat16: mixed precision, fp32 "
+                  "weights)")
       ->capture_default_str();
   cmd->add_option("--backend", f->backend,
                   "The module's (and sdpa's) path: auto, reference or fused")
