@@ -98,6 +98,9 @@ constexpr size_t kGroupFwd = 4;             // forward: query tiles per group, s
 constexpr int64_t kFar = int64_t{1} << 40;  // an unbounded side of the band
 // The most floats a thread copies a key/value head into (64 MB: Tk = 131072 at D = Dv = 64).
 constexpr size_t kHeadRowsMax = size_t{16} << 20;
+// The most floats of query heads' dK, dV terms the per-head backward keeps
+// (256 MB: 16 query heads at Tk = 32768, D = Dv = 64); beyond, the split schedule.
+constexpr size_t kTermsFloatsMax = size_t{64} << 20;
 // How many rows ahead a loop that copies or packs the rows of a token-major
 // head asks for them (PrefetchRows). Each row is on its own 4 KB page (rows are
 // H·D floats apart), so every row costs a TLB walk (two-level under a
@@ -815,6 +818,7 @@ struct BackwardScratch {
   hwy::AlignedFreeUniquePtr<float[]> S, dP, Pz;  // (BrBwd, Bc)
   hwy::AlignedFreeUniquePtr<float[]> cap;        // (BrBwd, Bc) 1 - tanh², with a softcap
   hwy::AlignedFreeUniquePtr<float[]> dK, dV;     // (G, Bc, Dp), (G, Bc, Dvp)
+  hwy::AlignedFreeUniquePtr<float[]> dKh, dVh;   // the same: one query head's terms (GQA)
   hwy::AlignedFreeUniquePtr<float[]> z;          // (Bc) one row of dropout noise
   // bf16 only: the rows of a pair's Q, dO (BrBwd, Dp), (BrBwd, Dvp) and K (G, Bc, Dp) tiles,
   // widened (K: a slot per tile of a key group), and what each holds
@@ -829,6 +833,8 @@ struct BackwardScratch {
         cap(hwy::AllocateAligned<float>(kBrBwd * kBc)),
         dK(hwy::AllocateAligned<float>(kGroup * kBc * Dp)),
         dV(hwy::AllocateAligned<float>(kGroup * kBc * Dvp)),
+        dKh(hwy::AllocateAligned<float>(kGroup * kBc * Dp)),
+        dVh(hwy::AllocateAligned<float>(kGroup * kBc * Dvp)),
         z(hwy::AllocateAligned<float>(kBc)),
         q_wide(hwy::AllocateAligned<float>(widen ? kBrBwd * Dp : 1)),
         do_wide(hwy::AllocateAligned<float>(widen ? kBrBwd * Dvp : 1)),
@@ -1082,15 +1088,37 @@ TileRange QueryTiles(const BackwardProblem<T>& bp, int64_t j_begin, int64_t j_en
   return {first / kBrBwd * kBrBwd, end};
 }
 
+// dst[0 .. n) += src[0 .. n) (n a multiple of N; any alignment).
+HWY_INLINE void AddRow(float* HWY_RESTRICT dst, const float* HWY_RESTRICT src, size_t n) {
+  const DF d;
+  for (size_t i = 0; i < n; i += kN)
+    hn::StoreU(hn::Add(hn::LoadU(d, dst + i), hn::LoadU(d, src + i)), d, dst + i);
+}
+
+// One query head's dK and dV terms, fp32 rows (Tk, Dp) and (Tk, Dvp), kept
+// for the sum over its group (BatchedBackward's per-head schedule).
+struct HeadTerms {
+  float* dk = nullptr;
+  float* dv = nullptr;
+};
+
 // dK, dV of key tiles j_first, j_first + Bc, ... (ng of them) of key/value
-// head (b, hk): every query head of the group, its query tiles in order;
-// written out at the end. dQ accumulated too when `with_dq`.
+// head (b, hk): the query heads [h_begin, h_end) of the group (all of it by
+// default), each one's query tiles in order; written out at the end, or,
+// with `terms`, kept in fp32 as the one head's terms. dQ accumulated too
+// when `with_dq`. With grouped-query heads, each query head's terms are
+// summed alone (query tiles in order) and the heads' sums then added in
+// order, h_begin's first: the association of the per-head schedule's sum
+// over its kept terms, so that every schedule gives the same bits.
 template <class T>
 void KeyGroupTask(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp, int64_t b, int64_t hk,
-                  size_t j_first, size_t ng, bool with_dq, BackwardScratch& s) {
+                  size_t j_first, size_t ng, bool with_dq, BackwardScratch& s, int64_t h_begin = -1,
+                  int64_t h_end = -1, HeadTerms terms = {}) {
   const SdpaProblemT<T>& p = *bp.p;
   const size_t Tk = size_t(p.Tk), D = size_t(p.D), Dv = size_t(p.Dv);
   const int64_t group = p.Hq / p.Hkv;
+  if (h_begin < 0) h_begin = hk * group, h_end = (hk + 1) * group;
+  const bool per_head = group > 1 && h_end - h_begin > 1;
   auto tile_j0 = [&](size_t g) { return j_first + g * kBc; };
   auto tile_jn = [&](size_t g) { return std::min(kBc, Tk - tile_j0(g)); };
   const HeadView<T> first_view = MakeHeadView(bp, b, hk * group);
@@ -1105,7 +1133,7 @@ void KeyGroupTask(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp, in
   // at the end), so neither waits on memory in a burst.
   const size_t group_end = tile_j0(ng - 1) + tile_jn(ng - 1);
   const size_t n_steps =
-      std::max<size_t>(1, size_t(group) * ((qt.end - qt.begin + kBrBwd - 1) / kBrBwd));
+      std::max<size_t>(1, size_t(h_end - h_begin) * ((qt.end - qt.begin + kBrBwd - 1) / kBrBwd));
   auto per_step = [&](size_t rows) { return (rows + n_steps - 1) / n_steps; };
   PrefetchTrickle<T> next_kv{first_view.k,
                              first_view.v,
@@ -1127,8 +1155,14 @@ void KeyGroupTask(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp, in
                               group_end,
                               1};
   out_rows.per_call = per_step(group_end - j_first);
-  for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+  float* dK_acc = per_head ? s.dKh.get() : s.dK.get();
+  float* dV_acc = per_head ? s.dVh.get() : s.dV.get();
+  for (int64_t h = h_begin; h < h_end; ++h) {
     const HeadView<T> hv = MakeHeadView(bp, b, h);
+    if (per_head) {
+      std::fill(dK_acc, dK_acc + ng * kBc * bp.Dp, 0.0f);
+      std::fill(dV_acc, dV_acc + ng * kBc * bp.Dvp, 0.0f);
+    }
     for (size_t i0 = qt.begin; i0 < qt.end; i0 += kBrBwd) {
       next_kv();
       out_rows();
@@ -1142,13 +1176,32 @@ void KeyGroupTask(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp, in
             bp.mask_blocks->Hidden(b, h, i0, in, tile_j0(g), tile_jn(g)))
           continue;
         TilePair(hv, bp, tile_j0(g), tile_jn(g), i0, in, s.kT.get() + g * D * kBc,
-                 s.vT.get() + g * Dv * kBc, s, s.dK.get() + g * kBc * bp.Dp,
-                 s.dV.get() + g * kBc * bp.Dvp, with_dq ? hv.dQ : nullptr);
+                 s.vT.get() + g * Dv * kBc, s, dK_acc + g * kBc * bp.Dp, dV_acc + g * kBc * bp.Dvp,
+                 with_dq ? hv.dQ : nullptr);
+      }
+    }
+    if (per_head) {  // the head's sums into the group's: the first copied, the others added
+      if (h == h_begin) {
+        std::copy(dK_acc, dK_acc + ng * kBc * bp.Dp, s.dK.get());
+        std::copy(dV_acc, dV_acc + ng * kBc * bp.Dvp, s.dV.get());
+      } else {
+        AddRow(s.dK.get(), dK_acc, ng * kBc * bp.Dp);
+        AddRow(s.dV.get(), dV_acc, ng * kBc * bp.Dvp);
       }
     }
   }
   next_kv.rest();
   out_rows.rest();
+  if (terms.dk) {  // one head's terms, kept in fp32
+    for (size_t g = 0; g < ng; ++g) {
+      const size_t j0 = tile_j0(g);
+      std::copy(s.dK.get() + g * kBc * bp.Dp, s.dK.get() + (g * kBc + tile_jn(g)) * bp.Dp,
+                terms.dk + j0 * bp.Dp);
+      std::copy(s.dV.get() + g * kBc * bp.Dvp, s.dV.get() + (g * kBc + tile_jn(g)) * bp.Dvp,
+                terms.dv + j0 * bp.Dvp);
+    }
+    return;
+  }
   for (size_t g = 0; g < ng; ++g)
     for (size_t jj = 0; jj < tile_jn(g); ++jj) {
       const int64_t t = int64_t(tile_j0(g) + jj);
@@ -1369,8 +1422,14 @@ void BatchedBackward(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp)
                                      size_t(std::min(int64_t(kGroup), n_kt - first)));
   };
   // With at least two (b, key/value head) units per thread, a thread owns a
-  // unit and accumulates its heads' dQ in the same pass; with fewer, dK and dV
-  // over key groups, then dQ over query tiles (S and dP recomputed).
+  // unit and accumulates its heads' dQ in the same pass. With fewer units but
+  // grouped-query heads, two query heads or more per thread: a thread owns a
+  // query head (b, h), all its key groups, its dQ summed in the same pass and
+  // its dK, dV terms kept in fp32 (HeadTerms, within kTermsFloatsMax), then
+  // each key/value head's terms summed over its group in order (the
+  // association KeyGroupTask gives them elsewhere, so the same bits). Else
+  // dK and dV over key groups, then dQ over query tiles (S and dP recomputed:
+  // 7 products instead of 5).
   // fp32: the unit's heads of Q, dO and dQ are copied into one contiguous
   // block per thread (on huge pages), which every key group reads: a head of
   // a token-major tensor spans all its pages, and its rows crowd a few L1
@@ -1404,6 +1463,46 @@ void BatchedBackward(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp)
               CopyRow(bp.dq + b * bp.dqs.b + h * bp.dqs.h + int64_t(i) * bp.dqs.t, row, size_t(Dp));
             }
         }
+      }
+    }
+  } else if (group > 1 && BH >= 2 * threads &&
+             size_t(BH) * size_t(p.Tk) * (Dp + Dvp) <= kTermsFloatsMax) {
+    const size_t Tk = size_t(p.Tk);
+    auto dk_terms = hwy::AllocateAligned<float>(size_t(BH) * Tk * Dp);
+    auto dv_terms = hwy::AllocateAligned<float>(size_t(BH) * Tk * Dvp);
+#pragma omp parallel
+    {
+      BackwardScratch scratch(D, Dv, Dp, Dvp, kWide);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t bh = 0; bh < BH; ++bh) {
+        const int64_t b = bh / p.Hq, h = bh % p.Hq;
+        float* dq_head = bp.dq + b * bp.dqs.b + h * bp.dqs.h;
+        for (size_t i = 0; i < Tq; ++i)
+          std::fill(dq_head + i * size_t(bp.dqs.t), dq_head + i * size_t(bp.dqs.t) + Dp, 0.0f);
+        const HeadTerms terms{dk_terms.get() + size_t(bh) * Tk * Dp,
+                              dv_terms.get() + size_t(bh) * Tk * Dvp};
+        for (int64_t kg = 0; kg < n_kg; ++kg) {
+          const auto [j_first, ng] = key_group(kg);
+          KeyGroupTask(io, bp, b, h / group, j_first, ng, true, scratch, h, h + 1, terms);
+        }
+      }
+      // dK, dV of each key/value head's key j: its group's terms in order.
+      std::vector<float> sum(std::max(Dp, Dvp));
+#pragma omp for schedule(static)
+      for (int64_t row = 0; row < BHkv * p.Tk; ++row) {
+        const int64_t b = row / (p.Hkv * p.Tk), hk = row / p.Tk % p.Hkv, j = row % p.Tk;
+        auto reduce = [&](const float* terms, size_t Wp, size_t W, T* dst) {
+          const size_t h0 = size_t(b * p.Hq + hk * group);
+          std::copy(terms + (h0 * Tk + size_t(j)) * Wp, terms + (h0 * Tk + size_t(j)) * Wp + Wp,
+                    sum.data());
+          for (size_t u = 1; u < size_t(group); ++u)
+            AddRow(sum.data(), terms + ((h0 + u) * Tk + size_t(j)) * Wp, Wp);
+          std::transform(sum.data(), sum.data() + W, dst, Narrow<T>);
+        };
+        reduce(dk_terms.get(), Dp, D,
+               io.dk + b * io.dk_strides.b + hk * io.dk_strides.h + j * io.dk_strides.t);
+        reduce(dv_terms.get(), Dvp, Dv,
+               io.dv + b * io.dv_strides.b + hk * io.dv_strides.h + j * io.dv_strides.t);
       }
     }
   } else {

@@ -475,8 +475,10 @@ bool same_bits(const Tensor& a, const Tensor& b) {
   return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
 }
 
-// One thread and two give the same bits: 2 (b, key/value head) units take the
-// split backward on 2 threads and the whole-unit one on 1; 8 take the latter on both.
+// One thread and two give the same bits: on 1 thread every problem takes the
+// whole-unit backward; on 2, one key/value head of 4 query heads takes the
+// per-head one (each query head's dK, dV terms kept, then summed over the
+// group), one of 2 query heads the split one, and 8 units the whole-unit one.
 TEST(Sdpa, BitIdenticalForAnyThreadCount) {
 #ifdef _OPENMP
   const int saved = omp_get_max_threads();
@@ -485,6 +487,12 @@ TEST(Sdpa, BitIdenticalForAnyThreadCount) {
   c.B = 1, c.Hq = 4, c.Hkv = 1, c.Tq = 150, c.Tk = 170, c.D = 32, c.Dv = 40, c.causal = true;
   c.align = CausalAlignment::kBottomRight, c.alibi = true, c.dropout_p = 0.1f;
   cases.push_back(c);
+  Case keys = c;  // several key groups (of 256 keys), plain causal
+  keys.Tq = 280, keys.Tk = 300, keys.D = keys.Dv = 64, keys.alibi = false, keys.dropout_p = 0.0f;
+  cases.push_back(keys);
+  Case pair = keys;  // 2 query heads: the split schedule on 2 threads
+  pair.Hq = 2, pair.align = CausalAlignment::kTopLeft, pair.dropout_p = 0.2f;
+  cases.push_back(pair);
   c.B = 2, c.Hq = 8, c.Hkv = 4, c.D = 17, c.Dv = 17, c.causal = false, c.left = 30, c.right = 5;
   c.mask = MaskKind::kAdditive, c.mask_shape = {c.Tq, c.Tk}, c.softcap = 3.0f, c.dropout_p = 0.0f;
   cases.push_back(c);
