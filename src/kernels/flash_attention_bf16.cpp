@@ -93,6 +93,9 @@ constexpr size_t kBcFwd = 64;     // forward key tile (a multiple of 4 for Philo
 constexpr size_t kBc = kNV * kN;  // backward key tile (64)
 constexpr size_t kBrBwd = 64;     // backward query tile
 constexpr size_t kGroup = 4;      // tiles sharing the other side's tile while it is in cache
+// The most floats of query heads' dK, dV terms the per-head backward keeps
+// (256 MB); beyond, the split schedule.
+constexpr size_t kTermsFloatsMax = size_t{64} << 20;
 constexpr float kLog2e = 1.44269504088896340736f;
 constexpr float kLn2 = 0.69314718055994530942f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -512,6 +515,7 @@ struct BackwardScratch {
   Words dSW;       // (BrBwd, Bc/2)     dS rows in bf16
   Words PzT, dST;  // (BrBwd/2, Bc)     P ⊙ Z, dS: query pairs × keys
   Floats dK, dV;   // (G, Bc, hdp)      fp32 accumulators
+  Floats dKh, dVh;  // (G, Bc, hdp)      the same: one query head's terms (grouped heads)
   Floats dQ;       // (G, T, hdp) a unit's whole-head dQ, or (BrBwd, hdp) for one query tile
   Floats z;        // (2, Bc)           two rows of dropout noise
   BackwardScratch(size_t dq_rows, size_t hd, size_t hdp)
@@ -529,6 +533,8 @@ struct BackwardScratch {
         dST(words(kBrBwd / 2 * kBc)),
         dK(floats(kGroup * kBc * hdp)),
         dV(floats(kGroup * kBc * hdp)),
+        dKh(floats(kGroup * kBc * hdp)),
+        dVh(floats(kGroup * kBc * hdp)),
         dQ(floats(std::max(dq_rows, kBrBwd) * hdp)),
         z(floats(2 * kBc)) {}
 };
@@ -709,31 +715,73 @@ void StoreRows(uint16_t* dst, size_t stride, const float* acc, size_t n, size_t 
     for (size_t dd = 0; dd < hd; ++dd) dst[r * stride + dd] = to_bfloat16(acc[r * hdp + dd]).bits;
 }
 
+// One query head's dK and dV terms, fp32 rows (Tk, hdp) each, kept for the
+// sum over its group (Backward's per-head schedule).
+struct HeadTerms {
+  float* dk = nullptr;
+  float* dv = nullptr;
+};
+
+// dst[0 .. n) += src[0 .. n) (n a multiple of 16).
+void AddRow(float* __restrict dst, const float* __restrict src, size_t n) {
+  for (size_t i = 0; i < n; i += kN)
+    _mm512_storeu_ps(dst + i, _mm512_add_ps(_mm512_loadu_ps(dst + i), _mm512_loadu_ps(src + i)));
+}
+
 // dK, dV of key tiles j_first, j_first + Bc, ... (ng of them) of one
 // key/value head, summed over the query heads that read it (heads[0 .. G),
-// in order; query tiles in order inside), written out; with dQ (G, T, hdp)
-// given, the heads' dQ accumulates too.
+// in order; query tiles in order inside), written out, or with `terms` (G =
+// 1) kept in fp32 as the one head's terms; with dQ (G, T, hdp) given, the
+// heads' dQ accumulates too. With G > 1 each head's terms are summed alone
+// and the heads' sums then added in order (the first copied): the
+// association of the per-head schedule's sum over kept terms, so that every
+// schedule gives the same bits.
 void KeyGroupTask(uint16_t* dk, uint16_t* dv, float* dQ, const HeadView* heads, int64_t G,
                   const Problem& p, const BackwardStrides& st, size_t j_first, size_t ng,
-                  BackwardScratch& s) {
+                  BackwardScratch& s, HeadTerms terms = {}) {
   const size_t T = size_t(p.T), hd = size_t(p.hd), hdp = RoundUp(hd, kN);
   auto tile_j0 = [&](size_t g) { return j_first + g * kBc; };
   auto tile_jn = [&](size_t g) { return std::min(kBc, p.Tk - tile_j0(g)); };
   for (size_t g = 0; g < ng; ++g) PackKeyTile(s, g, heads[0], p, tile_j0(g), tile_jn(g));
   std::fill(s.dK.get(), s.dK.get() + ng * kBc * hdp, 0.0f);
   std::fill(s.dV.get(), s.dV.get() + ng * kBc * hdp, 0.0f);
+  const bool per_head = G > 1;
+  float* dK_acc = per_head ? s.dKh.get() : s.dK.get();
+  float* dV_acc = per_head ? s.dVh.get() : s.dV.get();
   for (int64_t u = 0; u < G; ++u) {
     const HeadView& hv = heads[u];
     float* dQ_head = dQ ? dQ + size_t(u) * T * hdp : nullptr;
+    if (per_head) {
+      std::fill(dK_acc, dK_acc + ng * kBc * hdp, 0.0f);
+      std::fill(dV_acc, dV_acc + ng * kBc * hdp, 0.0f);
+    }
     for (size_t i0 = FirstQueryTile(p, j_first); i0 < T; i0 += kBrBwd) {
       const size_t in = std::min(kBrBwd, T - i0);
       PackQueryTile(s, hv, p, i0, in);
       for (size_t g = 0; g < ng; ++g) {
         if (FirstQueryTile(p, tile_j0(g)) > i0) break;
-        TilePair(hv, p, g, tile_j0(g), tile_jn(g), i0, in, s, s.dK.get() + g * kBc * hdp,
-                 s.dV.get() + g * kBc * hdp, dQ_head ? dQ_head + i0 * hdp : nullptr);
+        TilePair(hv, p, g, tile_j0(g), tile_jn(g), i0, in, s, dK_acc + g * kBc * hdp,
+                 dV_acc + g * kBc * hdp, dQ_head ? dQ_head + i0 * hdp : nullptr);
       }
     }
+    if (per_head) {  // the head's sums into the group's: the first copied, the others added
+      if (u == 0) {
+        std::copy(dK_acc, dK_acc + ng * kBc * hdp, s.dK.get());
+        std::copy(dV_acc, dV_acc + ng * kBc * hdp, s.dV.get());
+      } else {
+        AddRow(s.dK.get(), dK_acc, ng * kBc * hdp);
+        AddRow(s.dV.get(), dV_acc, ng * kBc * hdp);
+      }
+    }
+  }
+  if (terms.dk) {  // one head's terms, kept in fp32
+    for (size_t g = 0; g < ng; ++g) {
+      std::copy(s.dK.get() + g * kBc * hdp, s.dK.get() + (g * kBc + tile_jn(g)) * hdp,
+                terms.dk + tile_j0(g) * hdp);
+      std::copy(s.dV.get() + g * kBc * hdp, s.dV.get() + (g * kBc + tile_jn(g)) * hdp,
+                terms.dv + tile_j0(g) * hdp);
+    }
+    return;
   }
   const HeadView& hv = heads[0];
   for (size_t g = 0; g < ng; ++g) {
@@ -822,7 +870,51 @@ void Backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
     }
     return;
   }
-  // Few units: dK, dV over key-tile groups, then dQ over query tiles (S and dP recomputed).
+  // Few units but grouped-query heads, two query heads or more per thread:
+  // a query head per thread, all its key groups, its dQ summed in the same
+  // pass and its dK, dV terms kept in fp32 (within kTermsFloatsMax); then each
+  // key/value head's terms summed over its group in order (KeyGroupTask's
+  // association, so the same bits as the schedules above and below).
+  const size_t Tk = p.Tk;
+  if (G > 1 && BH >= 2 * threads && size_t(BH) * Tk * 2 * hdp <= kTermsFloatsMax) {
+    auto dk_terms = floats(size_t(BH) * Tk * hdp);
+    auto dv_terms = floats(size_t(BH) * Tk * hdp);
+#pragma omp parallel
+    {
+      BackwardScratch scratch(T, hd, hdp);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t bh = 0; bh < BH; ++bh) {
+        const HeadView hv = view(bh);
+        std::fill(scratch.dQ.get(), scratch.dQ.get() + T * hdp, 0.0f);
+        const HeadTerms terms{dk_terms.get() + size_t(bh) * Tk * hdp,
+                              dv_terms.get() + size_t(bh) * Tk * hdp};
+        for (size_t j0 = 0; j0 < Tk; j0 += kGroup * kBc)
+          KeyGroupTask(dk, dv, scratch.dQ.get(), &hv, 1, p, st, j0,
+                       std::min(kGroup, (Tk - j0 + kBc - 1) / kBc), scratch, terms);
+        StoreRows(dq + hv.b * st.dq.b + hv.h * st.dq.h, size_t(st.dq.t), scratch.dQ.get(), T, hd,
+                  hdp);
+      }
+      // dK, dV of each key/value head's key j: its group's terms in order.
+      Floats sum = floats(hdp);
+#pragma omp for schedule(static)
+      for (int64_t row = 0; row < BHkv * int64_t(Tk); ++row) {
+        const int64_t b = row / (Hkv * int64_t(Tk)), hk = row / int64_t(Tk) % Hkv;
+        const size_t j = size_t(row % int64_t(Tk));
+        auto reduce = [&](const float* terms, uint16_t* dst, const RowStrides& rs) {
+          const size_t h0 = size_t(b * p.H + hk * G);
+          std::copy(terms + (h0 * Tk + j) * hdp, terms + (h0 * Tk + j + 1) * hdp, sum.get());
+          for (size_t u = 1; u < size_t(G); ++u)
+            AddRow(sum.get(), terms + ((h0 + u) * Tk + j) * hdp, hdp);
+          StoreRows(dst + b * rs.b + hk * rs.h + int64_t(j) * rs.t, size_t(rs.t), sum.get(), 1, hd,
+                    hdp);
+        };
+        reduce(dk_terms.get(), dk, st.dk);
+        reduce(dv_terms.get(), dv, st.dv);
+      }
+    }
+    return;
+  }
+  // Else dK, dV over key-tile groups, then dQ over query tiles (S and dP recomputed).
   const int64_t n_kt = int64_t((p.Tk + kBc - 1) / kBc), n_qt = int64_t((T + kBrBwd - 1) / kBrBwd);
   const int64_t n_kg = (n_kt + int64_t(kGroup) - 1) / int64_t(kGroup);
 #pragma omp parallel

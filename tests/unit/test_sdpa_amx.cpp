@@ -744,8 +744,12 @@ TEST(SdpaCore, GroupedQueryHeadsMatchTheReference) {
     };
     Worst worst;
     uint64_t seed = 2700;
-    // B·Hkv of 1, 2 (tile tasks on 2 threads) and 4, 6 (whole key/value heads).
-    for (const Heads hd : {Heads{1, 4, 1}, Heads{1, 6, 2}, Heads{2, 4, 2}, Heads{2, 6, 3}})
+    // On 2 threads: B·Hkv of 1 with 2 query heads (the split schedule: key-
+    // and query-tile tasks), 1 and 2 with 4 and 6 (AVX512-BF16: a query head
+    // per task, its dK, dV terms summed over the group after), 4 and 6 (whole
+    // key/value heads); on 1 thread whole key/value heads, the same bits.
+    for (const Heads hd :
+         {Heads{1, 2, 1}, Heads{1, 4, 1}, Heads{1, 6, 2}, Heads{2, 4, 2}, Heads{2, 6, 3}})
       for (const int64_t T : {33, 130})
         for (const int variant : {0, 1, 2}) {
           SdpaOptions o;
