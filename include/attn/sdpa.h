@@ -80,8 +80,9 @@ struct SdpaOptions {
   // square problem (one plane: open on and below the diagonal, closed above:
   // false, -inf, or a value whose weight is exactly 0 such as transformers'
   // float32 minimum) as is_causal: the same sums, at is_causal's speed. Other
-  // masks: the kernel classifies their blocks (16 x 16; 64 x 64 on AMX) once a
-  // call and skips the tiles they close. bf16 runs on AMX where it runs, masked or not.
+  // masks: the kernel classifies their blocks (16 x 16; 64 x 64 on the bf16 core's
+  // AMX and AVX512-BF16 kernels) once a call and skips the tiles they close. bf16
+  // runs on the core's kernel where that is AMX or AVX512-BF16, masked or not.
   Tensor attn_mask;
   MaskType attn_mask_type = MaskType::kAdditive;
   float dropout_p = 0.0f;     // in [0, 1)
@@ -325,10 +326,9 @@ void sdpa_backward(const SdpaBackwardIOBf16& io, const SdpaProblemBf16& p);
 //    path's bits.
 //  - "AVX512-BF16": the core's VDPBF16PS kernel, taken the same way when
 //    flash_attention_bf16_path() is "AVX512-BF16" (AMD Zen 4/5, where VDPBF16PS
-//    runs at twice the FMA's FLOPs), for the core's problem with grouped-query
-//    heads or not and Tq = Tk or not (either causal alignment): the conditions
-//    above and no attn_mask (a mask that is exactly the causal pattern runs as
-//    is_causal, so it is taken). The same in-place reads and numerics.
+//    runs at twice the FMA's FLOPs): the conditions above, any attn_mask (the
+//    same 64 x 64 tile classes), grouped-query heads and Tq != Tk. The same
+//    in-place reads and numerics.
 //  - "bf16 tiles widened to fp32": the kernels above (every CPU, every option;
 //    the SIMD target is sdpa_target's). sdpa_varlen_* always take it.
 // sdpa_bf16_path(): a summary for this CPU; sdpa_bf16_path(q, k, v, options): the
