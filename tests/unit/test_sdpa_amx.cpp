@@ -83,28 +83,34 @@ struct Inputs {
   Tensor q, k, v, dout;  // bf16, (B, H, T, D) views in the case's layout
 };
 
-Inputs make_inputs(int64_t B, int64_t H, int64_t T, int64_t D, Layout layout, uint64_t seed) {
+// q, dout (B, H, T, D) and k, v (B, Hkv, Tk, D) (Hkv, Tk 0: H, T) in `layout`
+// (grouped heads and Tk != T: head-major or token-major).
+Inputs make_inputs(int64_t B, int64_t H, int64_t T, int64_t D, Layout layout, uint64_t seed,
+                   int64_t Hkv = 0, int64_t Tk = 0) {
   Inputs in;
-  auto one = [&](uint64_t s) {
+  auto one = [&](int64_t heads, int64_t tokens, uint64_t s) {
     switch (layout) {
       case Layout::kHeadMajor:
-        return randn_bf16({B, H, T, D}, s);
+        return randn_bf16({B, heads, tokens, D}, s);
       case Layout::kTokenMajor:
-        return randn_bf16({B, T, H, D}, s).transpose(1, 2);
+        return randn_bf16({B, tokens, heads, D}, s).transpose(1, 2);
       case Layout::kStridedD:
-        return randn_bf16({B, H, D, T}, s).transpose(2, 3);
+        return randn_bf16({B, heads, D, tokens}, s).transpose(2, 3);
       case Layout::kFusedQkv:
         break;
     }
     return Tensor();
   };
+  if (Hkv == 0) Hkv = H;
+  if (Tk == 0) Tk = T;
   if (layout == Layout::kFusedQkv) {
+    EXPECT_TRUE(Hkv == H && Tk == T) << "a fused qkv buffer holds H heads of T tokens each";
     const Tensor qkv = randn_bf16({B, T, 3 * H * D}, seed);
     in.q = qkv.slice(2, 0, H * D).view({B, T, H, D}).transpose(1, 2);
     in.k = qkv.slice(2, H * D, 2 * H * D).view({B, T, H, D}).transpose(1, 2);
     in.v = qkv.slice(2, 2 * H * D, 3 * H * D).view({B, T, H, D}).transpose(1, 2);
   } else {
-    in.q = one(seed), in.k = one(seed + 1), in.v = one(seed + 2);
+    in.q = one(H, T, seed), in.k = one(Hkv, Tk, seed + 1), in.v = one(Hkv, Tk, seed + 2);
   }
   in.dout = randn_bf16({B, H, T, D}, seed + 3);
   return in;
@@ -725,17 +731,6 @@ TEST(SdpaCore, RawMaskedCallsGiveTheTensorEntryPointsBits) {
 // schedules (whole key/value heads per thread, or key- and query-tile tasks):
 // against the specification, and the same bits on 1 and 2 threads.
 
-// q (B, Hq, Tq, D) and k, v (B, Hkv, Tk, D) in `layout` (head-major or token-major).
-Inputs make_gqa_inputs(int64_t B, int64_t Hq, int64_t Hkv, int64_t Tq, int64_t Tk, int64_t D,
-                       Layout layout, uint64_t seed) {
-  auto one = [&](int64_t H, int64_t T, uint64_t s) {
-    return layout == Layout::kTokenMajor ? randn_bf16({B, T, H, D}, s).transpose(1, 2)
-                                         : randn_bf16({B, H, T, D}, s);
-  };
-  return {one(Hq, Tq, seed), one(Hkv, Tk, seed + 1), one(Hkv, Tk, seed + 2),
-          randn_bf16({B, Hq, Tq, D}, seed + 3)};
-}
-
 TEST(SdpaCore, GroupedQueryHeadsMatchTheReference) {
   ATTN_REQUIRE_CORE_PATH();
   with_each_path(core_paths(), [&](const std::string& path) {
@@ -770,7 +765,7 @@ TEST(SdpaCore, GroupedQueryHeadsMatchTheReference) {
             what += " dropout";
           }
           const Layout layout = variant == 0 ? Layout::kTokenMajor : Layout::kHeadMajor;
-          const Inputs in = make_gqa_inputs(hd.B, hd.Hq, hd.Hkv, T, T, 64, layout, seed += 4);
+          const Inputs in = make_inputs(hd.B, hd.Hq, T, 64, layout, seed += 4, hd.Hkv);
           const Result r = check_routed(in, o, worst, what);
           EXPECT_EQ(r.g.dk.shape(), (Shape{hd.B, hd.Hkv, T, 64})) << what;
 #ifdef _OPENMP
@@ -834,7 +829,7 @@ TEST(SdpaCore, QueriesAndKeysOfDifferentLengthsMatchTheReference) {
           what += " full";
         }
         const Layout layout = variant % 2 == 0 ? Layout::kTokenMajor : Layout::kHeadMajor;
-        const Inputs in = make_gqa_inputs(2, Hq, Hkv, Tq, Tk, 64, layout, seed += 4);
+        const Inputs in = make_inputs(2, Hq, Tq, 64, layout, seed += 4, Hkv, Tk);
         const Result r = check_routed(in, o, worst, what);
         if (variant == 2 || variant == 4)  // bottom-right: query i sees keys j <= i + Tk - Tq
           for (int64_t i = 0; i < Tq && i + Tk - Tq < 0; ++i) {
