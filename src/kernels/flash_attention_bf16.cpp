@@ -810,14 +810,16 @@ void QueryTileTask(uint16_t* dq, const HeadView& hv, const Problem& p, const Bac
             hd, hdp);
 }
 
-// One key/value head and the G query heads that read it (heads[0 .. G)).
+// One key/value head and the G query heads that read it (heads[0 .. G)), or
+// with `terms` one query head (G = 1), its dK, dV terms kept (KeyGroupTask).
 void BackwardUnit(uint16_t* dq, uint16_t* dk, uint16_t* dv, const HeadView* heads, int64_t G,
-                  const Problem& p, const BackwardStrides& st, BackwardScratch& s) {
+                  const Problem& p, const BackwardStrides& st, BackwardScratch& s,
+                  HeadTerms terms = {}) {
   const size_t T = size_t(p.T), hd = size_t(p.hd), hdp = RoundUp(hd, kN);
   std::fill(s.dQ.get(), s.dQ.get() + size_t(G) * T * hdp, 0.0f);
   for (size_t j0 = 0; j0 < p.Tk; j0 += kGroup * kBc)
     KeyGroupTask(dk, dv, s.dQ.get(), heads, G, p, st, j0,
-                 std::min(kGroup, (p.Tk - j0 + kBc - 1) / kBc), s);
+                 std::min(kGroup, (p.Tk - j0 + kBc - 1) / kBc), s, terms);
   for (int64_t u = 0; u < G; ++u) {
     const HeadView& hv = heads[u];
     StoreRows(dq + hv.b * st.dq.b + hv.h * st.dq.h, size_t(st.dq.t),
@@ -885,14 +887,9 @@ void Backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
 #pragma omp for schedule(dynamic, 1)
       for (int64_t bh = 0; bh < BH; ++bh) {
         const HeadView hv = view(bh);
-        std::fill(scratch.dQ.get(), scratch.dQ.get() + T * hdp, 0.0f);
-        const HeadTerms terms{dk_terms.get() + size_t(bh) * Tk * hdp,
-                              dv_terms.get() + size_t(bh) * Tk * hdp};
-        for (size_t j0 = 0; j0 < Tk; j0 += kGroup * kBc)
-          KeyGroupTask(dk, dv, scratch.dQ.get(), &hv, 1, p, st, j0,
-                       std::min(kGroup, (Tk - j0 + kBc - 1) / kBc), scratch, terms);
-        StoreRows(dq + hv.b * st.dq.b + hv.h * st.dq.h, size_t(st.dq.t), scratch.dQ.get(), T, hd,
-                  hdp);
+        BackwardUnit(
+            dq, dk, dv, &hv, 1, p, st, scratch,
+            {dk_terms.get() + size_t(bh) * Tk * hdp, dv_terms.get() + size_t(bh) * Tk * hdp});
       }
       // dK, dV of each key/value head's key j: its group's terms in order.
       Floats sum = floats(hdp);

@@ -889,6 +889,14 @@ HeadView<T> MakeHeadView(const BackwardProblem<T>& bp, int64_t b, int64_t h) {
   return hv;
 }
 
+// Head (b, h)'s dQ rows (Tq of them, Dp wide) set to 0: dQ accumulates in place.
+template <class T>
+void ZeroDq(const BackwardProblem<T>& bp, int64_t b, int64_t h) {
+  const HeadView<T> hv = MakeHeadView(bp, b, h);
+  for (size_t i = 0; i < size_t(bp.p->Tq); ++i)
+    std::fill(hv.dQ + i * hv.dQs, hv.dQ + i * hv.dQs + bp.Dp, 0.0f);
+}
+
 // kT (D, Bc) = c · K_tileᵀ, vT (Dv, Bc) = V_tileᵀ for keys [j0, j0 + jn) of
 // key/value head hk, zero columns past jn.
 template <class T>
@@ -1447,11 +1455,7 @@ void BatchedBackward(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp)
         const int64_t b = unit / p.Hkv, hk = unit % p.Hkv;
         const bool copied = copy && buf.data != nullptr;
         const BackwardProblem<T> ub = copied ? HeadCopies(bp, b, hk, buf.data) : bp;
-        for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-          float* dq_head = ub.dq + b * ub.dqs.b + (h - ub.h0) * ub.dqs.h;
-          for (size_t i = 0; i < Tq; ++i)
-            std::fill(dq_head + i * size_t(ub.dqs.t), dq_head + i * size_t(ub.dqs.t) + Dp, 0.0f);
-        }
+        for (int64_t h = hk * group; h < (hk + 1) * group; ++h) ZeroDq(ub, b, h);
         for (int64_t kg = 0; kg < n_kg; ++kg) {
           const auto [j_first, ng] = key_group(kg);
           KeyGroupTask(io, ub, b, hk, j_first, ng, true, scratch);
@@ -1476,9 +1480,7 @@ void BatchedBackward(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp)
 #pragma omp for schedule(dynamic, 1)
       for (int64_t bh = 0; bh < BH; ++bh) {
         const int64_t b = bh / p.Hq, h = bh % p.Hq;
-        float* dq_head = bp.dq + b * bp.dqs.b + h * bp.dqs.h;
-        for (size_t i = 0; i < Tq; ++i)
-          std::fill(dq_head + i * size_t(bp.dqs.t), dq_head + i * size_t(bp.dqs.t) + Dp, 0.0f);
+        ZeroDq(bp, b, h);
         const HeadTerms terms{dk_terms.get() + size_t(bh) * Tk * Dp,
                               dv_terms.get() + size_t(bh) * Tk * Dvp};
         for (int64_t kg = 0; kg < n_kg; ++kg) {
@@ -1577,11 +1579,7 @@ void VarlenBackward(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp) 
         const SdpaProblemT<T> ps = sdpa_sequence(p, b);
         const SdpaBackwardIOT<T> ios = sdpa_sequence(io, p, b);
         const BackwardProblem<T> bps = SequenceView(bp, ps, b);
-        for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-          float* dq_head = bps.dq + h * bps.dqs.h;
-          for (size_t i = 0; i < size_t(ps.Tq); ++i)
-            std::fill(dq_head + i * size_t(bps.dqs.t), dq_head + i * size_t(bps.dqs.t) + Dp, 0.0f);
-        }
+        for (int64_t h = hk * group; h < (hk + 1) * group; ++h) ZeroDq(bps, b, h);
         for (int64_t kg = 0; kg < n_kg(b); ++kg) {
           const auto [j_first, ng] = key_group(b, kg);
           KeyGroupTask(ios, bps, b, hk, j_first, ng, true, scratch);
