@@ -57,10 +57,10 @@ std::vector<std::string> core_paths() {
   return out;
 }
 
-// body(path) once for each of `paths`, with that bf16 path forced (and traced).
+// body(path) once for each of core_paths(), with that bf16 path forced (and traced).
 template <class Body>
-void with_each_path(const std::vector<std::string>& paths, Body&& body) {
-  for (const std::string& path : paths) {
+void with_each_core_path(Body&& body) {
+  for (const std::string& path : core_paths()) {
     SCOPED_TRACE(path);
     const attn::test::Bf16PathGuard forced(path.c_str());
     ASSERT_TRUE(forced.forced());
@@ -214,10 +214,10 @@ std::string dims_name(int64_t D, int64_t T, bool causal) {
   return "D " + std::to_string(D) + " T " + std::to_string(T) + (causal ? " causal" : " full");
 }
 
-// Every case with the core's path forced to each of `paths`, against the
+// Every case with the core's path forced to each of core_paths(), against the
 // specification; prints the largest errors of each path's sweep under `title`.
 void expect_routed_cases(const std::vector<RoutedCase>& cases, const char* title) {
-  with_each_path(core_paths(), [&](const std::string& path) {
+  with_each_core_path([&](const std::string& path) {
     Worst worst;
     for (const RoutedCase& c : cases)
       check_routed(make_inputs(c.B, c.H, c.T, c.D, c.layout, c.seed), c.o, worst, c.what);
@@ -271,8 +271,8 @@ TEST(SdpaCore, RoutedDropoutDrawsTheReferencesNoise) {
 }
 
 // ---- attention masks on the core's kernels -----------------------------------------------
-// The kernels add an additive mask themselves (a boolean one as 0 / -inf), skips
-// the 64 x 64 tiles it hides wholly and drops the add where a tile is all 0:
+// The kernels add an additive mask themselves (a boolean one as 0 / -inf), skip
+// the 64 x 64 tiles it hides wholly and drop the add where a tile is all 0:
 // against the specification, masks of every broadcast shape (one plane, per
 // batch, per head), with is_causal and without, with dropout, every input
 // layout; tiles hidden wholly, in part, and rows whose keys are all closed.
@@ -355,7 +355,7 @@ TEST(SdpaCore, MasksMatchTheReference) {
 // unchanged by it.
 TEST(SdpaCore, RowsTheMaskClosesWhollyGiveZero) {
   ATTN_REQUIRE_CORE_PATH();
-  with_each_path(core_paths(), [&](const std::string&) {
+  with_each_core_path([&](const std::string&) {
     for (const int64_t T : {50, 150}) {
       SCOPED_TRACE(T);
       const Inputs in = make_inputs(1, 2, T, 64, Layout::kHeadMajor, 2300 + uint64_t(T));
@@ -383,11 +383,11 @@ TEST(SdpaCore, RowsTheMaskClosesWhollyGiveZero) {
   });
 }
 
-// The route changes the bits (it is taken), and forcing the core's path off
-// the core's kernels turns it off: the widened path's bits come back.
+// The route changes the bits (it is taken), and forcing the core's path to
+// "widened to fp32" turns it off: the widened path's bits come back.
 TEST(SdpaCore, ForcingTheWidenedPathTurnsTheRouteOff) {
   ATTN_REQUIRE_CORE_PATH();
-  with_each_path(core_paths(), [&](const std::string& path) {
+  with_each_core_path([&](const std::string& path) {
     const Inputs in = make_inputs(1, 2, 200, 64, Layout::kHeadMajor, 77);
     SdpaOptions o;
     o.is_causal = true;
@@ -415,7 +415,7 @@ TEST(SdpaCore, ForcingTheWidenedPathTurnsTheRouteOff) {
 // and its bits (the widened path forced gives the same).
 TEST(SdpaCore, CallsTheCoreCannotServeStayOnTheWidenedPath) {
   ATTN_REQUIRE_CORE_PATH();
-  with_each_path(core_paths(), [&](const std::string&) {
+  with_each_core_path([&](const std::string&) {
     struct Variant {
       const char* name;
       int64_t Hkv, Tk, Dv;
@@ -459,7 +459,7 @@ TEST(SdpaCore, CallsTheCoreCannotServeStayOnTheWidenedPath) {
 // The routed backward checks its tensors as the widened one does.
 TEST(SdpaCore, RoutedBackwardChecksItsTensors) {
   ATTN_REQUIRE_CORE_PATH();
-  with_each_path(core_paths(), [&](const std::string&) {
+  with_each_core_path([&](const std::string&) {
     const Inputs in = make_inputs(1, 2, 20, 64, Layout::kHeadMajor, 3);
     SdpaOptions o;
     o.is_causal = true;
@@ -558,7 +558,7 @@ void expect_same_result(const Result& a, const Result& b) {
 
 TEST(SdpaCore, RawRoutedCallsGiveTheTensorEntryPointsBitsOnEveryLayout) {
   ATTN_REQUIRE_CORE_PATH();
-  with_each_path(core_paths(), [&](const std::string& path) {
+  with_each_core_path([&](const std::string& path) {
     uint64_t seed = 1300;
     for (const Layout in_layout :
          {Layout::kHeadMajor, Layout::kTokenMajor, Layout::kFusedQkv, Layout::kStridedD})
@@ -584,7 +584,7 @@ TEST(SdpaCore, RawRoutedCallsGiveTheTensorEntryPointsBitsOnEveryLayout) {
 // that differs in one entry runs the same path's masked kernel, to another result.
 TEST(SdpaCore, RawCausalMaskRunsAsIsCausal) {
   ATTN_REQUIRE_CORE_PATH();
-  with_each_path(core_paths(), [&](const std::string& path) {
+  with_each_core_path([&](const std::string& path) {
     const int64_t T = 90;
     const Inputs in = make_inputs(2, 3, T, 64, Layout::kHeadMajor, 1900);
     SdpaOptions causal;
@@ -614,7 +614,7 @@ TEST(SdpaCore, RawCausalMaskRunsAsIsCausal) {
 // (PyTorch's) and the Tensor entry points.
 TEST(SdpaCore, InPlaceCallsGiveTheCoresBitsOnItsPackedCopies) {
   ATTN_REQUIRE_CORE_PATH();
-  with_each_path(core_paths(), [&](const std::string&) {
+  with_each_core_path([&](const std::string&) {
     uint64_t seed = 1700;
     for (const Layout in_layout :
          {Layout::kHeadMajor, Layout::kTokenMajor, Layout::kFusedQkv, Layout::kStridedD})
@@ -670,7 +670,7 @@ TEST(SdpaCore, InPlaceCallsGiveTheCoresBitsOnItsPackedCopies) {
 
 TEST(SdpaCore, RawRoutedCallsTheCoreCannotServeTakeTheWidenedKernel) {
   ATTN_REQUIRE_CORE_PATH();
-  with_each_path(core_paths(), [&](const std::string&) {
+  with_each_core_path([&](const std::string&) {
     const Inputs in = make_inputs(1, 2, 40, 64, Layout::kTokenMajor, 3);
     SdpaOptions o;
     o.is_causal = true;
@@ -692,7 +692,7 @@ TEST(SdpaCore, RawRoutedCallsTheCoreCannotServeTakeTheWidenedKernel) {
 // Tensor entry points' bits, on every layout.
 TEST(SdpaCore, RawMaskedCallsGiveTheTensorEntryPointsBits) {
   ATTN_REQUIRE_CORE_PATH();
-  with_each_path(core_paths(), [&](const std::string& path) {
+  with_each_core_path([&](const std::string& path) {
     const int64_t T = 100;
     const Tensor lower = mask_of(1, 1, T, [](int64_t, int64_t, int64_t i, int64_t j) {
       return j > i || hash01(0, 0, i, j) < 0.2f ? kLowest : 0.0f;
@@ -733,7 +733,7 @@ TEST(SdpaCore, RawMaskedCallsGiveTheTensorEntryPointsBits) {
 
 TEST(SdpaCore, GroupedQueryHeadsMatchTheReference) {
   ATTN_REQUIRE_CORE_PATH();
-  with_each_path(core_paths(), [&](const std::string& path) {
+  with_each_core_path([&](const std::string& path) {
     struct Heads {
       int64_t B, Hq, Hkv;
     };
@@ -793,7 +793,7 @@ TEST(SdpaCore, GroupedQueryHeadsMatchTheReference) {
 // key-padding mask, and dropout; against the specification, the raw layer's bits.
 TEST(SdpaCore, QueriesAndKeysOfDifferentLengthsMatchTheReference) {
   ATTN_REQUIRE_CORE_PATH();
-  with_each_path(core_paths(), [&](const std::string& path) {
+  with_each_core_path([&](const std::string& path) {
     Worst worst;
     uint64_t seed = 2900;
     const std::vector<std::pair<int64_t, int64_t>> lengths{{33, 130}, {130, 33}, {64, 200},
