@@ -140,6 +140,11 @@ void philox4x32(uint32_t out[4], const uint32_t counter[4], uint64_t key);
 
 // The SIMD target chosen at run time, e.g. "AVX3" or "AVX2".
 const char* flash_attention_target();
+// For tests: the fp32 kernels' 2^x (Exp2 in kernels/flash_tiles-inl.h, the
+// softmax's exponent) on that target, y[i] = 2^x[i]: for -125 <= x <= 0 within
+// 2.2e-7 of it (relative) and never subnormal; exactly 0 below -125, for -inf
+// and for NaN.
+void kernel_exp2(const float* x, float* y, size_t n);
 // ---- the machine's peaks: the ceilings "close to the limit" is measured against ----
 // What a peak probe measured (src/kernels/peak_rate.h says how): every OpenMP
 // thread runs independent accumulator chains; the chain count is swept (8..24

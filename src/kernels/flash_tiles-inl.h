@@ -42,20 +42,17 @@ constexpr float kLog2e = 1.44269504088896340736f;
 constexpr float kLn2 = 0.69314718055994530942f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// 2^x for x <= 0 (the softmax's exponents), with a relative error below 2e-7:
-// a degree-5 minimax polynomial for 2^f on [-1/2, 1/2] (max error 7.5e-8 in
-// exact arithmetic), times 2^n. x below kExp2Min (and -inf, NaN) gives exactly
-// 0, and no result is subnormal: an fp32 result that underflows (subnormal or
-// rounded to 0) costs a microcode assist of ~160 cycles on Intel cores, for
-// the whole vector. Every masked score of a diagonal tile (-inf) paid it: a
-// 64 x 64 tile's softmax with its upper triangle at -inf took 170 cycles a
-// vector against 11 (Xeon family 6 model 167, 2^-200 through VSCALEFPS).
-// A weight below 2^-125 beside the row's largest (1) is below fp32's
-// resolution of any sum it joins.
-// On AVX-512 the power of two is one VSCALEFPS (9 vector operations in all,
-// against 16 with the exponent bits built by hand): per score the exp is
-// about a tenth of the two products' FMAs, so it sets much of the forward's
-// speed.
+// 2^x for x <= 0 (the softmax's exponents), with a relative error below 2.2e-7 (2.14e-7 is the
+// largest over every float in [-125, 0], 2^0 = 1 + 2^-23 among them): a degree-5 minimax
+// polynomial for 2^f on [-1/2, 1/2] (max error 7.5e-8 in exact arithmetic; fp32's roundings add
+// the rest), times 2^n. x below kExp2Min (and -inf, NaN) gives exactly 0, and no result is
+// subnormal: an fp32 result that underflows (subnormal or rounded to 0) costs a microcode assist
+// of ~160 cycles on Intel cores, for the whole vector. Every masked score of a diagonal tile
+// (-inf) paid it: a 64 x 64 tile's softmax with its upper triangle at -inf took 170 cycles a
+// vector against 11 (Xeon family 6 model 167, 2^-200 through VSCALEFPS). A weight below 2^-125
+// beside the row's largest (1) is below fp32's resolution of any sum it joins. Per score the exp
+// is about a tenth of the two products' FMAs, so its operation count sets much of the forward's
+// speed. kernel_exp2 (attn/kernels.h) runs it for the tests.
 HWY_INLINE VF Exp2Poly(DF d, VF f) {
   VF p = hn::Set(d, 1.3276434366757512e-3f);
   p = hn::MulAdd(p, f, hn::Set(d, 9.675533201063341e-3f));
@@ -69,22 +66,30 @@ constexpr float kExp2Min = -125.0f;  // 2^x below it is 0: p · 2^n stays normal
 // VREDUCEPS gives f = x - round(x) in one operation (round(x) = x - f, exactly):
 // 9 vector operations (x <= 0 here, and 2^x above 2^127 would be +inf). The
 // lanes below kExp2Min are masked off (a zeroing VREDUCEPS, then a zeroing
-// VSCALEFPS), so their scaling never runs. 2^0 stays exactly 1.
+// VSCALEFPS), so their scaling never runs.
 HWY_INLINE VF Exp2(DF d, VF x) {
   const __mmask16 live = _mm512_cmp_ps_mask(x.raw, hn::Set(d, kExp2Min).raw, _CMP_GE_OQ);
   const VF f{_mm512_maskz_reduce_ps(live, x.raw, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
   return VF{_mm512_maskz_scalef_ps(live, Exp2Poly(d, f).raw, hn::Sub(x, f).raw)};
 }
 #else
+// Elsewhere (AVX2 and older) the rounding is the magic-number one: t = x + 1.5·2^23 rounds x to
+// the nearest integer n (ties to even, as VROUNDPS) and leaves n in t's low mantissa bits, as
+// 2^22 + n; shifted left by 23 that is n·2^23 (mod 2^32), which added to p's bits is p · 2^n.
+// 12 vector operations, against 15 with a round, a conversion and a multiply, and the same bits
+// (every float checked): p · 2^n is normal for n >= -125 (p >= 0.7), so adding to the exponent
+// field is the exact product. The lanes below kExp2Min (and -inf, NaN) are zeroed by the
+// compare; what t holds there is not read. x above 126 (never a softmax exponent; a wrong lse
+// given to a backward) is taken as 126: a large finite weight, not a wrapped exponent.
 HWY_INLINE VF Exp2(DF d, VF x) {
-  const auto underflow = hn::Lt(x, hn::Set(d, kExp2Min));
-  x = hn::Min(hn::Max(x, hn::Set(d, kExp2Min)), hn::Set(d, 126.0f));
-  const VF n = hn::Round(x);
-  const VF p = Exp2Poly(d, hn::Sub(x, n));  // f in [-1/2, 1/2]
+  const auto live = hn::Ge(x, hn::Set(d, kExp2Min));
+  x = hn::Min(x, hn::Set(d, 126.0f));
+  const VF magic = hn::Set(d, 12582912.0f);  // 1.5 · 2^23
+  const VF t = hn::Add(x, magic);
+  const VF p = Exp2Poly(d, hn::Sub(x, hn::Sub(t, magic)));  // f = x - n in [-1/2, 1/2]
   const hn::RebindToSigned<DF> di;
-  const auto two_n =
-      hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127))));
-  return hn::IfThenZeroElse(underflow, hn::Mul(p, two_n));
+  const auto bits = hn::Add(hn::BitCast(di, p), hn::ShiftLeft<23>(hn::BitCast(di, t)));
+  return hn::IfThenElseZero(live, hn::BitCast(d, bits));
 }
 #endif
 
@@ -233,14 +238,15 @@ HWY_INLINE void SoftmaxTileT(DF d, size_t jn, float* HWY_RESTRICT sT, float* HWY
   VF m_use[kNV];
   for (size_t v = 0; v < kNV; ++v)
     m_use[v] = hn::IfThenZeroElse(hn::Eq(mx[v], hn::Set(d, kNegInf)), mx[v]);
-  for (size_t jj = 0; jj < jn; ++jj) {
-    float* HWY_RESTRICT row = sT + jj * kBr;
-    for (size_t v = 0; v < kNV; ++v) {
-      const VF pv = Exp2(d, hn::Sub(hn::Load(d, row + v * kN), m_use[v]));
-      hn::Store(pv, d, row + v * kN);
+  // One column of vectors at a time: its m and its sum stay in registers beside
+  // Exp2's constants (with all kNV columns at once, 16-register targets spill them).
+  for (size_t v = 0; v < kNV; ++v)
+    for (size_t jj = 0; jj < jn; ++jj) {
+      float* HWY_RESTRICT at = sT + jj * kBr + v * kN;
+      const VF pv = Exp2(d, hn::Sub(hn::Load(d, at), m_use[v]));
+      hn::Store(pv, d, at);
       sum[v] = hn::Add(sum[v], pv);
     }
-  }
   for (size_t v = 0; v < kNV; ++v) {
     const VF m_old = hn::Load(d, m + v * kN);
     const VF a = Exp2(d, hn::Sub(m_old, m_use[v]));  // 0 while m_old = -inf

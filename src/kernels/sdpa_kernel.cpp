@@ -1633,6 +1633,17 @@ void SdpaBackwardBf16(const SdpaBackwardIOBf16& io, const SdpaProblemBf16& p) {
 
 const char* SdpaTargetName() { return hwy::TargetName(HWY_TARGET); }
 
+void Exp2Rows(const float* HWY_RESTRICT x, float* HWY_RESTRICT y, size_t n) {
+  const DF d;
+  size_t i = 0;
+  for (; i + kN <= n; i += kN) hn::StoreU(Exp2(d, hn::LoadU(d, x + i)), d, y + i);
+  if (i == n) return;
+  HWY_ALIGN float tail[kN] = {};
+  std::copy(x + i, x + n, tail);
+  hn::Store(Exp2(d, hn::Load(d, tail)), d, tail);
+  std::copy(tail, tail + (n - i), y + i);
+}
+
 // NOLINTNEXTLINE(google-readability-namespace-comments)
 }  // namespace HWY_NAMESPACE
 }  // namespace attn::kernels
@@ -1646,6 +1657,7 @@ HWY_EXPORT(SdpaForwardBf16);
 HWY_EXPORT(SdpaBackwardF32);
 HWY_EXPORT(SdpaBackwardBf16);
 HWY_EXPORT(SdpaTargetName);
+HWY_EXPORT(Exp2Rows);
 
 namespace {
 
@@ -1708,6 +1720,8 @@ void sdpa_backward(const SdpaBackwardIOBf16& io, const SdpaProblemBf16& p) {
 }
 
 const char* sdpa_target() { return HWY_DYNAMIC_DISPATCH(SdpaTargetName)(); }
+
+void kernel_exp2(const float* x, float* y, size_t n) { HWY_DYNAMIC_DISPATCH(Exp2Rows)(x, y, n); }
 
 // Where the core's bf16 path is AMX, attn::scaled_dot_product_attention routes
 // the calls that are exactly the core's problem there (src/nn/sdpa.cpp;

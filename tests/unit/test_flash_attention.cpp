@@ -10,7 +10,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -185,6 +187,40 @@ TEST(FlashAttention, EverySimdTargetMatchesReference) {
   }
   ASSERT_TRUE(kn::flash_attention_use_target(nullptr));
   EXPECT_EQ(std::string(kn::flash_attention_target()), targets.front());
+}
+
+TEST(FlashAttention, Exp2OnEverySimdTargetKeepsItsPromises) {
+  // The softmax's 2^x on each target (AVX-512's VREDUCEPS and VSCALEFPS, the
+  // magic-number rounding elsewhere): every float in [-126, 0] on a fine grid
+  // and the edges, against std::exp2 in double.
+  std::vector<float> x;
+  for (float t = -126.0f; t <= 0.0f; t += 1.0f / 512) x.push_back(t);
+  for (float t :
+       {-125.5f, -125.0f, -124.999f, -0.5f, 0.5f, -1e-30f, -0.0f, 0.0f,
+        std::nextafter(-125.0f, 0.0f), std::nextafter(-125.0f, -200.0f), -1e30f,
+        -std::numeric_limits<float>::max(), -std::numeric_limits<float>::infinity(),
+        std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN()})
+    x.push_back(t);
+  std::vector<float> y(x.size() + 1, -1.0f);  // y.back(): the sentinel past n
+  for (const std::string& target : kn::flash_attention_targets()) {
+    ASSERT_TRUE(kn::flash_attention_use_target(target.c_str()));
+    kn::kernel_exp2(x.data(), y.data(), x.size());
+    EXPECT_EQ(y.back(), -1.0f) << target << ": wrote past n";
+    double worst = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float xi = x[i], yi = y[i];
+      if (std::isnan(xi) || xi < -125.0f) {
+        EXPECT_EQ(std::bit_cast<uint32_t>(yi), 0u) << target << ": 2^" << xi << " = " << yi;
+        continue;
+      }
+      EXPECT_TRUE(std::isnormal(yi)) << target << ": 2^" << xi << " = " << yi;
+      const double want = std::exp2(double(xi));
+      worst = std::max(worst, std::abs(double(yi) - want) / want);
+    }
+    EXPECT_LT(worst, 2.2e-7) << target;
+    std::printf("target %s: 2^x within %.2e\n", target.c_str(), worst);
+  }
+  ASSERT_TRUE(kn::flash_attention_use_target(nullptr));
 }
 
 TEST(FlashAttention, TileEdgesMatchReference) {
