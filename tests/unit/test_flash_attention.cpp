@@ -191,8 +191,8 @@ TEST(FlashAttention, EverySimdTargetMatchesReference) {
 
 TEST(FlashAttention, Exp2OnEverySimdTargetKeepsItsPromises) {
   // The softmax's 2^x on each target (AVX-512's VREDUCEPS and VSCALEFPS, the
-  // magic-number rounding elsewhere): every float in [-126, 0] on a fine grid
-  // and the edges, against std::exp2 in double.
+  // magic-number rounding elsewhere): x on a 1/512 grid over [-126, 0] and the
+  // edges, against std::exp2 in double.
   std::vector<float> x;
   for (float t = -126.0f; t <= 0.0f; t += 1.0f / 512) x.push_back(t);
   for (float t :
