@@ -76,11 +76,11 @@ HWY_INLINE VF Exp2(DF d, VF x) {
 // Elsewhere (AVX2 and older) the rounding is the magic-number one: t = x + 1.5·2^23 rounds x to
 // the nearest integer n (ties to even, as VROUNDPS) and leaves n in t's low mantissa bits, as
 // 2^22 + n; shifted left by 23 that is n·2^23 (mod 2^32), which added to p's bits is p · 2^n.
-// 12 vector operations, against 15 with a round, a conversion and a multiply, and the same bits
-// (every float checked): p · 2^n is normal for n >= -125 (p >= 0.7), so adding to the exponent
-// field is the exact product. The lanes below kExp2Min (and -inf, NaN) are zeroed by the
-// compare; what t holds there is not read. x above 126 (never a softmax exponent; a wrong lse
-// given to a backward) is taken as 126: a large finite weight, not a wrapped exponent.
+// 13 vector operations, against 15 with a round, a conversion and a multiply, and the same bits
+// (every float but NaN checked; NaN gives 0 here): p · 2^n is normal for n >= -125 (p >= 0.7), so
+// adding to the exponent field is the exact product. The lanes below kExp2Min (and -inf, NaN) are
+// zeroed by the compare; what t holds there is not read. x above 126 (never a softmax exponent; a
+// wrong lse given to a backward) is taken as 126: a large finite weight, not a wrapped exponent.
 HWY_INLINE VF Exp2(DF d, VF x) {
   const auto live = hn::Ge(x, hn::Set(d, kExp2Min));
   x = hn::Min(x, hn::Set(d, 126.0f));
