@@ -28,6 +28,7 @@
 // where the CPU has AVX512-BF16: AMD Zen 4 and later, Intel Cooper Lake,
 // Sapphire Rapids and later) and "widened" (each bf16 widened to fp32,
 // exactly, and fused multiply-adds; every CPU); gemv_bf16_use_path forces one.
+// A forced SIMD target below AVX-512 chooses "widened", as on a CPU without it.
 #pragma once
 
 #include <cstdint>

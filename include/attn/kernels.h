@@ -140,6 +140,12 @@ void philox4x32(uint32_t out[4], const uint32_t counter[4], uint64_t key);
 
 // The SIMD target chosen at run time, e.g. "AVX3" or "AVX2".
 const char* flash_attention_target();
+// Whether that target is an AVX-512 one ("AVX3", "AVX3_DL", ...). The automatic
+// bf16 paths outside Highway (AMX, AVX512-BF16: the attention kernels here and
+// decode's gemv) need it too, so a forced AVX2 target (ATTN_SIMD_TARGET=AVX2)
+// also chooses their widened paths: the whole library runs as on a CPU without
+// AVX-512. A forced path (ATTN_BF16_PATH, *_use_path) still runs as asked.
+bool simd_target_has_avx512();
 // For tests: the fp32 kernels' 2^x (Exp2 in kernels/flash_tiles-inl.h, the
 // softmax's exponent) on that target, y[i] = 2^x[i]: for -125 <= x <= 0 within
 // 2.2e-7 of it (relative) and never subnormal; exactly 0 below -125, for -inf

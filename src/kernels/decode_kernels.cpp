@@ -166,9 +166,12 @@ void parallel_rows(int64_t M, int64_t N, int64_t K, const Rows& rows) {
 enum class Bf16Path { kAuto, kAvx512Bf16, kWidened };
 Bf16Path g_forced = Bf16Path::kAuto;
 
+// AVX512-BF16 where the CPU has it, unless a forced SIMD target below AVX-512
+// (ATTN_SIMD_TARGET=AVX2) stands for a CPU without it.
+bool avx512_bf16_first() { return has_avx512_bf16() && simd_target_has_avx512(); }
 Bf16Path chosen_path() {
   if (g_forced != Bf16Path::kAuto) return g_forced;
-  return has_avx512_bf16() ? Bf16Path::kAvx512Bf16 : Bf16Path::kWidened;
+  return avx512_bf16_first() ? Bf16Path::kAvx512Bf16 : Bf16Path::kWidened;
 }
 const char* path_name(Bf16Path p) { return p == Bf16Path::kAvx512Bf16 ? "AVX512-BF16" : "widened"; }
 
@@ -227,8 +230,10 @@ const char* gemv_bf16_path() { return path_name(chosen_path()); }
 
 std::vector<std::string> gemv_bf16_paths() {
   std::vector<std::string> names;
-  if (has_avx512_bf16()) names.emplace_back(path_name(Bf16Path::kAvx512Bf16));
+  if (avx512_bf16_first()) names.emplace_back(path_name(Bf16Path::kAvx512Bf16));
   names.emplace_back(path_name(Bf16Path::kWidened));
+  if (has_avx512_bf16() && !avx512_bf16_first())
+    names.emplace_back(path_name(Bf16Path::kAvx512Bf16));
   return names;
 }
 

@@ -31,12 +31,12 @@
 // What stays here: the SIMD target report and choice (Highway's dynamic
 // dispatch is process-wide, so it is the sdpa kernel's too).
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "attn/kernels.h"
 #include "attn/sdpa.h"
 #include "kernels/flash_as_sdpa.h"
-
 #include "kernels/hwy_targets.h"
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/flash_attention.cpp"
@@ -71,6 +71,10 @@ void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout
 }
 
 const char* flash_attention_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
+
+bool simd_target_has_avx512() {
+  return std::string_view(flash_attention_target()).substr(0, 4) == "AVX3";
+}
 
 std::vector<std::string> flash_attention_targets() {
   std::vector<std::string> names;

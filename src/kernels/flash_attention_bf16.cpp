@@ -947,6 +947,9 @@ void Backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
 // therefore comes before "widened to fp32" only when the measured bf16
 // dot-product peak is about the fp32 FMA peak (>= 0.75 of it; bf16_peak.cpp,
 // fma_peak.cpp; probed once, about 0.2 s, the first time the choice is needed).
+// A forced SIMD target below AVX-512 (ATTN_SIMD_TARGET=AVX2) stands for a CPU
+// without it, so "widened to fp32" comes first there and the others, which
+// use AVX-512 registers, after it (forcing one still runs it).
 enum class Path { kAmx, kAvx512Bf16, kWidened };
 int g_forced = -1;                  // -1: automatic
 constexpr double kSameRate = 0.75;  // bf16 dot peak / fp32 FMA peak: 1 on AMD, 0.5 on Intel
@@ -959,19 +962,24 @@ bool Avx512Bf16BeatsWidened() {
   }();
   return beats;
 }
+// The peaks are probed only under an AVX-512 target (the FMA peak is the
+// target's own), and kept.
 std::vector<Path> Paths() {
+  const bool avx512 = simd_target_has_avx512(), amx = amx::amx_usable();
+  const bool dot_first = avx512 && Avx512Bf16BeatsWidened();  // false without AVX512-BF16
   std::vector<Path> paths;
-  if (amx::amx_usable()) paths.push_back(Path::kAmx);
-  if (has_avx512_bf16() && Avx512Bf16BeatsWidened()) paths.push_back(Path::kAvx512Bf16);
+  if (avx512 && amx) paths.push_back(Path::kAmx);
+  if (dot_first) paths.push_back(Path::kAvx512Bf16);
   paths.push_back(Path::kWidened);
-  if (has_avx512_bf16() && !Avx512Bf16BeatsWidened()) paths.push_back(Path::kAvx512Bf16);
+  if (has_avx512_bf16() && !dot_first) paths.push_back(Path::kAvx512Bf16);
+  if (!avx512 && amx) paths.push_back(Path::kAmx);
   return paths;
 }
 Path ChosenPath() {
   if (g_forced >= 0) return Path(g_forced);
+  if (!simd_target_has_avx512()) return Path::kWidened;
   if (amx::amx_usable()) return Path::kAmx;  // no need to probe the peaks
-  static const Path best = Paths().front();
-  return best;
+  return Avx512Bf16BeatsWidened() ? Path::kAvx512Bf16 : Path::kWidened;
 }
 const char* PathName(Path path) {
   switch (path) {

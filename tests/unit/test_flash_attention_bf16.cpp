@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/decode_kernels.h"
 #include "attn/functional.h"
 #include "attn/kernels.h"
 #include "attn/tensor.h"
@@ -203,7 +204,7 @@ TEST(FlashAttentionBf16, ReportsPaths) {
   EXPECT_EQ(kn::has_avx512_bf16(), has_path("AVX512-BF16"));
   // AMX first wherever it runs; without it, AVX512-BF16 first only where its
   // measured dot-product peak is about the fp32 FMA peak (>= 0.75 of it).
-  if (has_path("AMX")) {
+  if (has_path("AMX") && kn::simd_target_has_avx512()) {
     EXPECT_EQ(paths.front(), "AMX");
   } else if (kn::has_avx512_bf16()) {
     const double ratio = kn::bf16_dot_peak_gflops(3) / kn::fma_peak_gflops(3);
@@ -213,6 +214,56 @@ TEST(FlashAttentionBf16, ReportsPaths) {
   std::string all;
   for (const auto& path : paths) all += " [" + path + "]";
   std::printf("bf16 attention paths on this CPU:%s\n", all.c_str());
+}
+
+// A forced SIMD target below AVX-512 stands for a CPU without it: the
+// automatic bf16 choices (attention, decode's gemv) widen to fp32 there, the
+// others stay listed after it and can still be forced; the CPU's own target
+// brings the CPU's own choices back.
+TEST(FlashAttentionBf16, ForcedAvx2TargetChoosesWhatAnAvx2CpuWould) {
+  const auto targets = kn::flash_attention_targets();
+  const bool has_avx2 = std::find(targets.begin(), targets.end(), "AVX2") != targets.end();
+  if (!has_avx2) GTEST_SKIP() << "this CPU has no AVX2 target";
+  const std::vector<std::string> own = kn::flash_attention_bf16_paths();
+  const std::vector<std::string> own_gemv = kn::gemv_bf16_paths();
+  const std::string own_path = kn::flash_attention_bf16_path();
+  const std::string own_gemv_path = kn::gemv_bf16_path();
+  EXPECT_EQ(kn::simd_target_has_avx512(), targets.front().rfind("AVX3", 0) == 0);
+
+  ASSERT_TRUE(kn::flash_attention_use_target("AVX2"));
+  EXPECT_FALSE(kn::simd_target_has_avx512());
+  const std::vector<std::string> paths = kn::flash_attention_bf16_paths();
+  const std::string path = kn::flash_attention_bf16_path();
+  const std::string gemv_path = kn::gemv_bf16_path();
+  const std::vector<std::string> gemv_paths = kn::gemv_bf16_paths();
+  bool forced_each = true;
+  for (const std::string& name : own) {
+    forced_each = forced_each && kn::flash_attention_bf16_use_path(name.c_str()) &&
+                  kn::flash_attention_bf16_path() == name;
+  }
+  ASSERT_TRUE(kn::flash_attention_bf16_use_path(nullptr));
+  ASSERT_TRUE(kn::flash_attention_use_target(nullptr));
+
+  EXPECT_EQ(path, "widened to fp32");
+  EXPECT_EQ(gemv_path, "widened");
+  ASSERT_FALSE(paths.empty());
+  EXPECT_EQ(paths.front(), path);
+  EXPECT_EQ(gemv_paths.front(), gemv_path);
+  EXPECT_TRUE(std::is_permutation(paths.begin(), paths.end(), own.begin(), own.end()));
+  EXPECT_TRUE(
+      std::is_permutation(gemv_paths.begin(), gemv_paths.end(), own_gemv.begin(), own_gemv.end()));
+  EXPECT_TRUE(forced_each);
+  // Back on the CPU's own target: its own choices, first in its own lists.
+  EXPECT_EQ(kn::flash_attention_bf16_path(), own_path);
+  EXPECT_EQ(kn::gemv_bf16_path(), own_gemv_path);
+  EXPECT_EQ(kn::flash_attention_bf16_paths(), own);
+  EXPECT_EQ(own.front(), own_path);
+  EXPECT_EQ(own_gemv.front(), own_gemv_path);
+  if (targets.front().rfind("AVX3", 0) == 0 && kn::has_avx512_bf16()) {
+    EXPECT_EQ(own_gemv_path, "AVX512-BF16");
+  }
+  std::printf("on AVX2: %s, gemv %s; on %s: %s, gemv %s\n", path.c_str(), gemv_path.c_str(),
+              targets.front().c_str(), own_path.c_str(), own_gemv_path.c_str());
 }
 
 TEST(FlashAttentionBf16, TileEdgesMatchReference) {
