@@ -143,6 +143,12 @@ bool gemm_bf16_use(const char* name);
 void gemm_bf16_widened(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,
                        const BFloat16* A, int64_t lda, const BFloat16* B, int64_t ldb, float beta,
                        float* C, int64_t ldc);
+// dst[0:n) = src[0:n) widened to float32 (exact; on the OpenMP threads when n
+// is large): the widened route's first step, for a caller that multiplies one
+// bf16 operand in several products. Widened once, then sgemm on Engine::kFast,
+// it gives the widened route's bits without widening it per product. Throws
+// std::invalid_argument for n < 0.
+void widen_bf16(float* dst, const BFloat16* src, int64_t n);
 
 // What Engine::kFast runs on, e.g. "oneDNN 2.6.3 sgemm (avx512_core)", or the
 // BLAS's name (blas_name()). A static string. Throws std::invalid_argument,

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <limits>
 #include <stdexcept>
+#include <string_view>
 #include <vector>
 
 #include "attn/gemm.h"
@@ -95,8 +96,13 @@ float linear_cross_entropy(const Tensor& h_in, const Tensor& W_in, const Tensor&
   Tensor logits = Tensor::empty({C, V});  // (C, V): the chunk's logits, then its dlogits
   std::vector<double> row_loss(static_cast<size_t>(N));
   const bool bf16 = o.dtype == DType::kBFloat16;
+  // bf16 on gemm_bf16's widened route (a CPU without a fast bf16 product): h
+  // and W widened once, each chunk's bf16(dlogits) widened back in place, then
+  // the fp32 products below. The route's bits, without widening W (V, E) and
+  // the chunk's dlogits once per product and chunk (GPT-2's W: 38.6M values).
+  const bool widened = bf16 && std::string_view(gemm::gemm_bf16_route()) == "widened";
   using gemm::Trans;
-  if (bf16) {
+  if (bf16 && !widened) {
     const Tensor hb = to_bf16(h_in), Wb = to_bf16(W_in);                      // (N, E), (V, E)
     Tensor dlb = grads ? Tensor::empty({C, V}, DType::kBFloat16) : Tensor();  // bf16(dlogits)
     const BFloat16 *h = hb.data_ptr<BFloat16>(), *Wp = Wb.data_ptr<BFloat16>();
@@ -117,7 +123,15 @@ float linear_cross_entropy(const Tensor& h_in, const Tensor& W_in, const Tensor&
                         dW->data(), E);
     }
   } else {
-    const Tensor hc = h_in.contiguous(), Wc = W_in.contiguous();
+    Tensor hc, Wc, dlb;
+    if (widened) {
+      hc = Tensor::empty({N, E}), Wc = Tensor::empty({V, E});
+      gemm::widen_bf16(hc.data(), to_bf16(h_in).data_ptr<BFloat16>(), N * E);
+      gemm::widen_bf16(Wc.data(), to_bf16(W_in).data_ptr<BFloat16>(), V * E);
+      if (grads) dlb = Tensor::empty({C, V}, DType::kBFloat16);
+    } else {
+      hc = h_in.contiguous(), Wc = W_in.contiguous();
+    }
     const float *h = hc.data(), *Wp = Wc.data();
     constexpr auto fast = gemm::Engine::kFast;
     for (int64_t r0 = 0; r0 < N; r0 += C) {
@@ -127,6 +141,10 @@ float linear_cross_entropy(const Tensor& h_in, const Tensor& W_in, const Tensor&
       kernels::cross_entropy_rows(row_loss.data() + r0, logits.data(), V, t.data() + r0, m, V,
                                   o.ignore_index, grads, scale);
       if (!grads) continue;
+      if (widened) {  // dlogits as the bf16 products take them: rounded to bf16, widened
+        kernels::round_to_bf16(dlb.data_ptr<BFloat16>(), logits.data(), m * V);
+        gemm::widen_bf16(logits.data(), dlb.data_ptr<BFloat16>(), m * V);
+      }
       if (dh != nullptr)
         gemm::sgemm(Trans::kNo, Trans::kNo, m, E, V, 1.0f, logits.data(), V, Wp, E, 0.0f,
                     dh->data() + r0 * E, E, fast);

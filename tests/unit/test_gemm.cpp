@@ -442,6 +442,34 @@ TEST(GemmBf16, EveryRouteMatchesTheDefinitionAndNamesItself) {
   EXPECT_EQ(g::gemm_bf16_route(), automatic);
 }
 
+// widen_bf16 is exact for every bf16 bit pattern (NaNs and subnormals
+// included), in and across its 8192-float blocks and on the threads, writes
+// nothing past n, and refuses n < 0.
+TEST(GemmBf16, WidenIsExactForEveryBitPattern) {
+  for (const int64_t n :
+       {int64_t{0}, int64_t{1}, int64_t{8191}, int64_t{8193}, int64_t{65536}, int64_t{200003}}) {
+    std::vector<attn::BFloat16> src(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) src[size_t(i)].bits = uint16_t((i * 40503) & 0xFFFF);
+    std::vector<float> dst(static_cast<size_t>(n) + 1, 7.0f);
+    attn::gemm::widen_bf16(dst.data(), src.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t bits = 0;
+      std::memcpy(&bits, &dst[size_t(i)], sizeof bits);
+      ASSERT_EQ(bits, uint32_t(src[size_t(i)].bits) << 16) << "n " << n << " at " << i;
+    }
+    EXPECT_EQ(dst[size_t(n)], 7.0f) << "n " << n;
+  }
+  std::vector<attn::BFloat16> all(65536);
+  for (size_t i = 0; i < all.size(); ++i) all[i].bits = uint16_t(i);
+  std::vector<float> wide(all.size());
+  attn::gemm::widen_bf16(wide.data(), all.data(), int64_t(all.size()));
+  for (size_t i = 0; i < all.size(); ++i) {
+    const float want = attn::to_float(all[i]);
+    ASSERT_EQ(std::memcmp(&wide[i], &want, sizeof want), 0) << i;
+  }
+  EXPECT_THROW(attn::gemm::widen_bf16(wide.data(), all.data(), -1), std::invalid_argument);
+}
+
 TEST(GemmBf16, BetaZeroOverwritesNaNAndEmptyProductsScale) {
   std::mt19937 gen(12);
   Problem p(Trans::kNo, Trans::kYes, 4, 6, 5, 2, gen);

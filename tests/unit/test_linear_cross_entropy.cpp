@@ -23,7 +23,9 @@
 
 #include "attn/functional.h"
 #include "attn/functional_gpt.h"
+#include "attn/gemm.h"
 #include "attn/gpt.h"
+#include "attn/layer_kernels.h"
 #include "attn/linear_cross_entropy.h"
 #include "attn/ops.h"
 #include "attn/random.h"
@@ -143,6 +145,59 @@ TEST(LinearCrossEntropy, Fp32MatchesThePlainPath) {
 
 TEST(LinearCrossEntropy, Bf16MatchesThePlainBf16Path) {
   for (const Case& c : kCases) check_case(c, DType::kBFloat16);
+}
+
+// Every route of gemm_bf16 this build and CPU has, forced (the widened route
+// widens W and h once and each chunk's dlogits in place, not per product).
+TEST(LinearCrossEntropy, Bf16OnEveryGemmRouteMatchesThePlainBf16Path) {
+  for (const std::string& route : gemm::gemm_bf16_routes()) {
+    SCOPED_TRACE("gemm_bf16 route " + route);
+    ASSERT_TRUE(gemm::gemm_bf16_use(route.c_str()));
+    for (const Case& c : kCases) check_case(c, DType::kBFloat16);
+  }
+  ASSERT_TRUE(gemm::gemm_bf16_use("auto"));
+}
+
+// On the widened route the fused loss widens W, h and each chunk's
+// bf16(dlogits) once: the bits of the same steps with every product through
+// gemm_bf16_widened (each widening its operands itself), chunk by chunk.
+TEST(LinearCrossEntropy, Bf16WidenedRouteGivesThePerProductBits) {
+  const int64_t N = 300, E = 24, V = 97, C = 128;
+  const Tensor h = random_tensor({N, E}, 5), W = mul(random_tensor({V, E}, 6), 0.5f);
+  const Tensor targets = targets_of(N, V, 7, 9);
+  ASSERT_TRUE(gemm::gemm_bf16_use("widened"));
+  Tensor dh, dW(W.shape());
+  const float loss =
+      linear_cross_entropy(h, W, targets, {.chunk_rows = C, .dtype = DType::kBFloat16}, &dh, &dW);
+  ASSERT_TRUE(gemm::gemm_bf16_use("auto"));
+  // The per-product steps.
+  const Tensor hb = h.to(DType::kBFloat16), Wb = W.to(DType::kBFloat16);
+  const std::vector<int64_t> t = targets.to_int64_vector();
+  int64_t counted = 0;
+  for (const int64_t v : t) counted += v != ref::kIgnoreIndex;
+  Tensor logits({C, V}), want_dh({N, E}), want_dW(W.shape());
+  Tensor dlb = Tensor::empty({C, V}, DType::kBFloat16);
+  std::vector<double> row_loss(static_cast<size_t>(N));
+  using gemm::Trans;
+  const BFloat16 *hp = hb.data_ptr<BFloat16>(), *Wp = Wb.data_ptr<BFloat16>();
+  for (int64_t r0 = 0; r0 < N; r0 += C) {
+    const int64_t m = std::min(C, N - r0);
+    gemm::gemm_bf16_widened(Trans::kNo, Trans::kYes, m, V, E, 1.0f, hp + r0 * E, E, Wp, E, 0.0f,
+                            logits.data(), V);
+    kernels::cross_entropy_rows(row_loss.data() + r0, logits.data(), V, t.data() + r0, m, V,
+                                ref::kIgnoreIndex, true, 1.0f / float(counted));
+    kernels::round_to_bf16(dlb.data_ptr<BFloat16>(), logits.data(), m * V);
+    const BFloat16* dl = dlb.data_ptr<BFloat16>();
+    gemm::gemm_bf16_widened(Trans::kNo, Trans::kNo, m, E, V, 1.0f, dl, V, Wp, E, 0.0f,
+                            want_dh.data() + r0 * E, E);
+    gemm::gemm_bf16_widened(Trans::kYes, Trans::kNo, V, E, m, 1.0f, dl, V, hp + r0 * E, E, 1.0f,
+                            want_dW.data(), E);
+  }
+  double total = 0.0;
+  for (const double l : row_loss) total += l;
+  EXPECT_EQ(loss, static_cast<float>(total / static_cast<double>(counted)));
+  EXPECT_EQ(max_abs_diff(dh, want_dh), 0.0f);
+  EXPECT_EQ(max_abs_diff(dW, want_dW), 0.0f);
 }
 
 TEST(LinearCrossEntropy, TheChunkSizeChangesNothingButRounding) {
