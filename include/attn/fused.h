@@ -45,6 +45,7 @@
 #include <array>
 #include <cstdint>
 
+#include "attn/bf16_operand.h"
 #include "attn/kernels.h"
 #include "attn/tensor.h"
 
@@ -97,17 +98,23 @@ struct AttentionBlockOptions {
 // first step: fresh buffers of tens of MB cost a page fault per 4 KB);
 // assigning {} releases everything.
 struct AttentionBlockSaved {
-  Tensor x;        // (B, T, d_in)     fp32; bf16 in bf16 mode (x rounded)
+  Tensor x;        // (B, T, d_in)     fp32 mode: x (bf16 mode: empty, x_bf16)
   Tensor qkv;      // (B, T, 3·d_out)  q | k | v, in the compute dtype
   Tensor context;  // (B, T, d_out)    the kernel's output, out_proj's input, in the compute dtype
-  std::array<Tensor, 4> weights_bf16;  // bf16 mode: W_query, W_key, W_value, W_out rounded
+  // bf16 mode: the products' operands, each made once for the forward's and
+  // the backward's products in the form gemm_bf16's route takes
+  // (attn/bf16_operand.h): x rounded (B, T, d_in), the context, and W_query,
+  // W_key, W_value, W_out rounded.
+  kernels::Bf16Operand x_bf16, context_bf16;
+  std::array<kernels::Bf16Operand, 4> weights_bf16;
   Tensor lse;                          // (B, H, T)        natural-log log-sum-exp of each score row
   kernels::FlashAttentionParams params;
   Tensor dcontext;  // (B, T, d_out)    backward: dy W_out (empty without W_out)
   Tensor dqkv;      // (B, T, 3·d_out)  backward: dq | dk | dv from the kernel (compute dtype)
   // bf16 mode: the fp32 sums of qkv and dcontext before they are rounded,
-  // and dy rounded; scratch, kept only to be reused.
-  Tensor qkv_f32, dcontext_f32, dy_bf16;
+  // and the operands dy rounded and dqkv; scratch, kept only to be reused.
+  Tensor qkv_f32, dcontext_f32;
+  kernels::Bf16Operand dy_bf16, dqkv_bf16;
   Tensor rope_cos, rope_sin;  // the forward's RoPE tables (empty without)
 };
 

@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/bf16_operand.h"
 #include "attn/functional_gpt.h"
 #include "attn/mla.h"
 #include "attn/nn.h"
@@ -213,11 +214,13 @@ class FeedForward : public Module {
   DType dtype_;
   bool fused_forward_ = false;  // the last forward was forward_fused
   Shape x_shape_;
-  Tensor x_;        // (N, E) the input (bf16 mode: rounded to bf16)
-  Tensor h_;        // (N, 4E) gelu'(fc's output), float32: the slope of the GELU
-  Tensor g_;        // (N, 4E) GELU's output, float32 or bf16 (proj's input)
-  Tensor w_fc_b_;   // bf16 mode: bf16(fc.weight) of the last forward
-  Tensor w_proj_b_; // bf16 mode: bf16(proj.weight)
+  Tensor x_;  // (N, E) the input (float32 mode)
+  Tensor h_;  // (N, 4E) gelu'(fc's output), float32: the slope of the GELU
+  Tensor g_;  // (N, 4E) GELU's output (float32 mode; bf16 mode: the kernel's bf16 output)
+  // bf16 mode, of the last forward: the products' operands bf16(x), bf16(g),
+  // bf16(fc.weight), bf16(proj.weight), each made once for its two products
+  // (the forward's and the backward's) in the form gemm_bf16's route takes.
+  kernels::Bf16Operand x_b_, g_b_, w_fc_b_, w_proj_b_;
 };
 
 // TransformerBlock(cfg): att, ff, norm1, norm2, drop_shortcut, created in that

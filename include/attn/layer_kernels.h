@@ -144,6 +144,10 @@ void sum_of_squares(double* sums, const float* const* xs, const int64_t* ns, int
 // dst[i] = to_bfloat16(src[i]) (attn/tensor.h: round to nearest even, every
 // NaN to 0xFFFF), bit for bit, n elements, on the OpenMP threads when n is large.
 void round_to_bf16(BFloat16* dst, const float* src, int64_t n);
+// dst[i] = to_float(to_bfloat16(src[i])): the same rounding, kept in float32
+// (a bf16 product's operand on a CPU that widens bf16 to fp32 anyway:
+// attn/bf16_operand.h). dst may be src.
+void round_to_bf16_values(float* dst, const float* src, int64_t n);
 // y[i] = to_bfloat16(gelu(x[i])): gelu_forward's values rounded as they are
 // stored (the bf16 path's input of the next product, in one pass).
 void gelu_forward_bf16(BFloat16* y, const float* x, int64_t n);

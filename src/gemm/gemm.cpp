@@ -442,15 +442,51 @@ void widen_row(uint32_t* __restrict d, const uint16_t* __restrict s, int64_t n) 
   for (int64_t j = 0; j < n; ++j) d[j] = uint32_t(s[j]) << 16;
 }
 
-// dst (rows, cols) = src (rows, cols; ld) widened (exact), rows in parallel
-// when there are enough of them to pay for the threads.
-void widen_rows(float* __restrict dst, const BFloat16* __restrict src, int64_t rows, int64_t cols,
-                int64_t ld) {
-  const auto* bits = reinterpret_cast<const uint16_t*>(src);
-  const bool parallel = rows * cols >= (int64_t{1} << 16) && !omp_in_parallel();
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t i = 0; i < rows; ++i)
-    widen_row(reinterpret_cast<uint32_t*>(dst + i * cols), bits + i * ld, cols);
+// A matrix to widen: dst (rows, cols) = src (rows, cols; ld), exactly.
+struct WidenJob {
+  float* dst;
+  const BFloat16* src;
+  int64_t rows, cols, ld;
+};
+
+// The elements [e0, e1) of the jobs, in row-major order across them.
+void widen_range(const WidenJob* jobs, int n_jobs, int64_t e0, int64_t e1) {
+  for (int j = 0; j < n_jobs && e0 < e1; ++j) {
+    const WidenJob& w = jobs[j];
+    const int64_t size = w.rows * w.cols;
+    if (e0 >= size) {
+      e0 -= size;
+      e1 -= size;
+      continue;
+    }
+    const int64_t end = std::min(e1, size);
+    const auto* bits = reinterpret_cast<const uint16_t*>(w.src);
+    for (int64_t e = e0; e < end;) {
+      const int64_t i = e / w.cols, c = e % w.cols, n = std::min(w.cols - c, end - e);
+      widen_row(reinterpret_cast<uint32_t*>(w.dst + i * w.cols + c), bits + i * w.ld + c, n);
+      e += n;
+    }
+    e0 = 0;
+    e1 -= size;
+  }
+}
+
+// Every job widened in one parallel region, the threads splitting the
+// elements evenly, when there are enough of them to pay for the threads (one
+// region for both operands of a product: each region is a fork and a join,
+// and a bf16 training step of the small recipe makes about a hundred).
+void widen_all(const WidenJob* jobs, int n_jobs) {
+  int64_t total = 0;
+  for (int j = 0; j < n_jobs; ++j) total += jobs[j].rows * jobs[j].cols;
+  if (total < (int64_t{1} << 15) || omp_in_parallel()) {
+    widen_range(jobs, n_jobs, 0, total);
+    return;
+  }
+#pragma omp parallel
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    widen_range(jobs, n_jobs, total * t / nt, total * (t + 1) / nt);
+  }
 }
 
 // A and B widened to float32 (exact), then sgemm on the fast engine; arguments checked.
@@ -462,8 +498,8 @@ void widened_gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, floa
   std::vector<float> a_transient, b_transient;
   float* a = widen_buffer(0, static_cast<size_t>(a_rows * a_cols), a_transient);
   float* b = widen_buffer(1, static_cast<size_t>(b_rows * b_cols), b_transient);
-  widen_rows(a, A, a_rows, a_cols, lda);
-  widen_rows(b, B, b_rows, b_cols, ldb);
+  const WidenJob jobs[2] = {{a, A, a_rows, a_cols, lda}, {b, B, b_rows, b_cols, ldb}};
+  widen_all(jobs, 2);
   sgemm(ta, tb, M, N, K, alpha, a, a_cols, b, b_cols, beta, C, ldc, Engine::kFast);
 }
 

@@ -86,18 +86,19 @@ void rope_qk(V* qkv, const Tensor& cos, const Tensor& sin, const kernels::FlashA
   kernels::rope_rows(qkv + d_out, r);  // k
 }
 
+using kernels::Bf16At;
+using kernels::Bf16Operand;
 using kernels::round_to_bf16;  // dst[i] = bf16(src[i]) (nearest even), SIMD on OpenMP's threads
-// C (M, N; ldc) = beta·C + op(A) · op(B) on bf16 operands (gemm::gemm_bf16).
-void gemm_bf16(Trans ta, Trans tb, float* C, int64_t ldc, const BFloat16* A, int64_t lda,
-               const BFloat16* Bm, int64_t ldb, int64_t M, int64_t N, int64_t K, float beta) {
-  gemm::gemm_bf16(ta, tb, M, N, K, 1.0f, A, lda, Bm, ldb, beta, C, ldc);
+// C (M, N; ldc) = beta·C + op(A) · op(B) on bf16 operands (kernels::gemm_bf16).
+void gemm_bf16(Trans ta, Trans tb, float* C, int64_t ldc, Bf16At A, int64_t lda, Bf16At Bm,
+               int64_t ldb, int64_t M, int64_t N, int64_t K, float beta) {
+  kernels::gemm_bf16(ta, tb, M, N, K, 1.0f, A, lda, Bm, ldb, beta, C, ldc);
 }
 // y = x Wᵀ + b into C (M, N; ldc) from bf16 x and W, summed in fp32.
-void linear_into_bf16(float* C, int64_t ldc, const BFloat16* x, int64_t d_in, const Tensor& W,
-                      const Tensor* b, int64_t M, int64_t N) {
+void linear_into_bf16(float* C, int64_t ldc, const Bf16Operand& x, int64_t d_in,
+                      const Bf16Operand& W, const Tensor* b, int64_t M, int64_t N) {
   const float beta = prefill_bias(C, ldc, b, M, N);
-  gemm_bf16(Trans::kNo, Trans::kYes, C, ldc, x, d_in, W.data_ptr<BFloat16>(), d_in, M, N, d_in,
-            beta);
+  gemm_bf16(Trans::kNo, Trans::kYes, C, ldc, x, d_in, W, d_in, M, N, d_in, beta);
 }
 
 // t itself when it already has this shape and no other tensor holds its
@@ -177,24 +178,31 @@ void check_grads(const ProjectionWeights& w, const ProjectionGrads& g) {
 Tensor backward_bf16(const Tensor& dy, const ProjectionWeights& w, AttentionBlockSaved& saved,
                      const ProjectionGrads& grads) {
   const kernels::FlashAttentionParams& p = saved.params;
-  const int64_t B = p.B, T = p.T, N = B * T, d_out = p.H * p.hd, d_in = saved.x.size(2);
-  Tensor& dyb = reuse(saved.dy_bf16, {B, T, d_out}, DType::kBFloat16);  // (B, T, d_out)
-  round_to_bf16(dyb.data_ptr<BFloat16>(), dy.data(), N * d_out);
+  const int64_t B = p.B, T = p.T, N = B * T, d_out = p.H * p.hd, d_in = saved.x_bf16.shape()[2];
+  // dy rounded (B, T, d_out): the kernel's dO without out_proj, else the
+  // operand of out_proj's two products.
+  saved.dy_bf16 = Bf16Operand::rounded(dy, std::move(saved.dy_bf16));
   // Through out_proj: dcontext = dy W_out, dW_out += dyᵀ context, db_out += Σ_rows dy.
-  const BFloat16* dcontext = dyb.data_ptr<BFloat16>();
+  const BFloat16* dcontext = nullptr;
   if (w.W_out != nullptr) {
     Tensor& dcontext32 = reuse(saved.dcontext_f32, {B, T, d_out});  // (B, T, d_out)
-    gemm_bf16(Trans::kNo, Trans::kNo, dcontext32.data(), d_out, dyb.data_ptr<BFloat16>(), d_out,
-              saved.weights_bf16[3].data_ptr<BFloat16>(), d_out, N, d_out, d_out, 0.0f);
-    gemm_bf16(Trans::kYes, Trans::kNo, grads.W_out->data(), d_out, dyb.data_ptr<BFloat16>(), d_out,
-              saved.context.data_ptr<BFloat16>(), d_out, d_out, d_out, N, 1.0f);
+    gemm_bf16(Trans::kNo, Trans::kNo, dcontext32.data(), d_out, saved.dy_bf16, d_out,
+              saved.weights_bf16[3], d_out, N, d_out, d_out, 0.0f);
+    gemm_bf16(Trans::kYes, Trans::kNo, grads.W_out->data(), d_out, saved.dy_bf16, d_out,
+              saved.context_bf16, d_out, d_out, d_out, N, 1.0f);
     if (grads.b_out != nullptr)
       column_sums_accumulate(grads.b_out->data(), dy.data(), d_out, N, d_out);
     Tensor& dcontext_buffer = reuse(saved.dcontext, {B, T, d_out}, DType::kBFloat16);
     round_to_bf16(dcontext_buffer.data_ptr<BFloat16>(), dcontext32.data(), N * d_out);
     dcontext = dcontext_buffer.data_ptr<BFloat16>();
+  } else {
+    // The kernel reads bf16: dy's operand is bf16 on the matmul route, float32 on the widened one.
+    Tensor& dyb = reuse(saved.dcontext, {B, T, d_out}, DType::kBFloat16);
+    round_to_bf16(dyb.data_ptr<BFloat16>(), dy.data(), N * d_out);
+    dcontext = dyb.data_ptr<BFloat16>();
   }
-  // Through the kernel.
+  // Through the kernel (last step's bf16 operand of dqkv let go of, as the context's).
+  if (!saved.dqkv_bf16.widened()) saved.dqkv_bf16 = Bf16Operand();
   Tensor& dqkv = reuse(saved.dqkv, {B, T, kQKV * d_out}, DType::kBFloat16);  // (B, T, 3·d_out)
   const BFloat16* qkv = saved.qkv.data_ptr<BFloat16>();
   BFloat16* dq = dqkv.data_ptr<BFloat16>();
@@ -206,13 +214,15 @@ Tensor backward_bf16(const Tensor& dy, const ProjectionWeights& w, AttentionBloc
   const std::array<Tensor*, kQKV> dweights = {grads.W_query, grads.W_key, grads.W_value};
   const std::array<Tensor*, kQKV> dbiases = {grads.b_query, grads.b_key, grads.b_value};
   Tensor dx({B, T, d_in});  // (B, T, d_in), fp32
+  // dq | dk | dv as one operand: each block's two products at leading dimension 3·d_out.
+  saved.dqkv_bf16 = Bf16Operand::of(dqkv, std::move(saved.dqkv_bf16));
   for (int j = 0; j < kQKV; ++j) {
     const BFloat16* dblock = dq + j * d_out;
-    gemm_bf16(Trans::kNo, Trans::kNo, dx.data(), d_in, dblock, kQKV * d_out,
-              saved.weights_bf16[size_t(j)].data_ptr<BFloat16>(), d_in, N, d_in, d_out,
-              j == 0 ? 0.0f : 1.0f);
-    gemm_bf16(Trans::kYes, Trans::kNo, dweights[j]->data(), d_in, dblock, kQKV * d_out,
-              saved.x.data_ptr<BFloat16>(), d_in, d_out, d_in, N, 1.0f);
+    const Bf16At dblock_op(saved.dqkv_bf16, j * d_out);
+    gemm_bf16(Trans::kNo, Trans::kNo, dx.data(), d_in, dblock_op, kQKV * d_out,
+              saved.weights_bf16[size_t(j)], d_in, N, d_in, d_out, j == 0 ? 0.0f : 1.0f);
+    gemm_bf16(Trans::kYes, Trans::kNo, dweights[j]->data(), d_in, dblock_op, kQKV * d_out,
+              saved.x_bf16, d_in, d_out, d_in, N, 1.0f);
     if (dbiases[j] != nullptr)
       column_sums_accumulate(dbiases[j]->data(), dblock, kQKV * d_out, N, d_out);
   }
@@ -281,29 +291,27 @@ Tensor attention_block_forward(const Tensor& x_in, const ProjectionWeights& w,
   if (bf16) {
     // x, the weights: rounded to bf16 once per step (the weights are the fp32
     // master copy); a bf16 x is taken as it is.
-    if (x.dtype() == DType::kBFloat16) {
-      s.x = x;
-    } else {
-      Tensor& xr = reuse(s.x, {B, T, d_in}, DType::kBFloat16);  // (B, T, d_in)
-      round_to_bf16(xr.data_ptr<BFloat16>(), x.data(), N * d_in);
-    }
-    const Tensor& xb = s.x;
+    s.x = Tensor();
+    s.x_bf16 = Bf16Operand::rounded(x, std::move(s.x_bf16));  // (B, T, d_in)
     const std::array<const Tensor*, 4> all = {w.W_query, w.W_key, w.W_value, w.W_out};
     for (size_t j = 0; j < all.size(); ++j) {
-      if (all[j] == nullptr) continue;
-      Tensor& wb = reuse(s.weights_bf16[j], all[j]->shape(), DType::kBFloat16);
-      round_to_bf16(wb.data_ptr<BFloat16>(), all[j]->data(), all[j]->numel());
+      s.weights_bf16[j] = all[j] == nullptr
+                              ? Bf16Operand()
+                              : Bf16Operand::rounded(*all[j], std::move(s.weights_bf16[j]));
     }
     // qkv = x Wᵀ + b in fp32 sums, kept in bf16.
     Tensor& qkv32 = reuse(s.qkv_f32, {B, T, kQKV * d_out});  // (B, T, 3·d_out)
     const auto biases = biases_of(w);
     for (int j = 0; j < kQKV; ++j)
-      linear_into_bf16(qkv32.data() + j * d_out, kQKV * d_out, xb.data_ptr<BFloat16>(), d_in,
+      linear_into_bf16(qkv32.data() + j * d_out, kQKV * d_out, s.x_bf16, d_in,
                        s.weights_bf16[size_t(j)], biases[j], N, d_out);
     Tensor& qkv = reuse(s.qkv, {B, T, kQKV * d_out}, DType::kBFloat16);
     round_to_bf16(qkv.data_ptr<BFloat16>(), qkv32.data(), qkv32.numel());
     rope_qk(qkv.data_ptr<BFloat16>(), rope_cos, rope_sin, p, false);  // q, k rotated in bf16
     const BFloat16* q = qkv.data_ptr<BFloat16>();
+    // (A bf16 operand shares its tensor's storage: let go of last step's, so
+    // that reuse finds the buffer free.)
+    if (!s.context_bf16.widened()) s.context_bf16 = Bf16Operand();
     Tensor& context = reuse(s.context, {B, T, d_out}, DType::kBFloat16);  // (B, T, d_out)
     Tensor& lse = reuse(s.lse, {B, H, T});                                // (B, H, T)
     kernels::flash_attention_forward_bf16(context.data_ptr<BFloat16>(), lse.data(), q, q + d_out,
@@ -311,8 +319,9 @@ Tensor attention_block_forward(const Tensor& x_in, const ProjectionWeights& w,
     Tensor y;
     if (w.W_out != nullptr) {
       y = Tensor::empty({B, T, d_out});  // (B, T, d_out) = context W_outᵀ + b_out, fp32
-      linear_into_bf16(y.data(), d_out, context.data_ptr<BFloat16>(), d_out, s.weights_bf16[3],
-                       w.b_out, N, d_out);
+      s.context_bf16 = Bf16Operand::of(context, std::move(s.context_bf16));
+      linear_into_bf16(y.data(), d_out, s.context_bf16, d_out, s.weights_bf16[3], w.b_out, N,
+                       d_out);
     } else {
       y = context.to(DType::kFloat32);
     }
@@ -362,11 +371,13 @@ Tensor attention_block_backward(const Tensor& dy_in, const ProjectionWeights& w,
   check_grads(w, grads);
   const kernels::FlashAttentionParams& p = saved.params;
   const int64_t B = p.B, T = p.T, N = B * T;
-  if (saved.qkv.shape() != Shape{B, T, kQKV * d_out} || saved.x.shape() != Shape{B, T, d_in}) {
+  const Shape& x_shape =
+      saved.qkv.dtype() == DType::kBFloat16 ? saved.x_bf16.shape() : saved.x.shape();
+  if (saved.qkv.shape() != Shape{B, T, kQKV * d_out} || x_shape != Shape{B, T, d_in}) {
     throw std::invalid_argument(fmt::format(
         "attention_block_backward: saved state (x {}, qkv {}) does not fit these weights "
         "(d_in {}, d_out {})",
-        shape_str(saved.x.shape()), shape_str(saved.qkv.shape()), d_in, d_out));
+        shape_str(x_shape), shape_str(saved.qkv.shape()), d_in, d_out));
   }
   if (dy.shape() != Shape{B, T, d_out}) {
     throw std::invalid_argument(

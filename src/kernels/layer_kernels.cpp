@@ -397,6 +397,29 @@ void RoundToBf16(BFloat16* dst, const float* src, int64_t n) {
   Chunked(n, [&](size_t i, size_t count) { RoundToBf16Range(dst + i, src + i, count); });
 }
 
+// dst = float(bf16(src)): RoundToBf16Vec's bits in the high half, zeros below
+// (a NaN: 0xFFFF0000). dst may be src.
+void RoundToBf16ValuesRange(float* dst, const float* src, size_t n) {
+  const DF d;
+  const hn::RebindToUnsigned<DF> du;
+  const size_t N = hn::Lanes(d);
+  const auto round = [&](VF v) {
+    const auto u = hn::BitCast(du, v);
+    const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
+    const auto rounded =
+        hn::And(hn::Add(u, hn::Add(hn::Set(du, 0x7FFFu), lsb)), hn::Set(du, 0xFFFF0000u));
+    return hn::BitCast(
+        d, hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), hn::Set(du, 0xFFFF0000u), rounded));
+  };
+  size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(round(hn::LoadU(d, src + i)), d, dst + i);
+  for (; i < n; ++i) dst[i] = to_float(to_bfloat16(src[i]));
+}
+
+void RoundToBf16Values(float* dst, const float* src, int64_t n) {
+  Chunked(n, [&](size_t i, size_t count) { RoundToBf16ValuesRange(dst + i, src + i, count); });
+}
+
 void GeluForwardBf16(BFloat16* y, const float* x, int64_t n) {
   Chunked(n, [&](size_t i, size_t count) { GeluForwardBf16Range(y + i, x + i, count); });
 }
@@ -691,6 +714,7 @@ HWY_EXPORT(GeluForward);
 HWY_EXPORT(GeluBackward);
 HWY_EXPORT(AdamWUpdate);
 HWY_EXPORT(RoundToBf16);
+HWY_EXPORT(RoundToBf16Values);
 HWY_EXPORT(GeluForwardBf16);
 HWY_EXPORT(LayerKernelsTarget);
 HWY_EXPORT(AddLayerNormForward);
@@ -818,6 +842,10 @@ void adamw_update(float* w, float* m, float* v, const float* g, int64_t n, const
 
 void round_to_bf16(BFloat16* dst, const float* src, int64_t n) {
   if (n > 0) HWY_DYNAMIC_DISPATCH(RoundToBf16)(dst, src, n);
+}
+
+void round_to_bf16_values(float* dst, const float* src, int64_t n) {
+  if (n > 0) HWY_DYNAMIC_DISPATCH(RoundToBf16Values)(dst, src, n);
 }
 
 void gelu_forward_bf16(BFloat16* y, const float* x, int64_t n) {

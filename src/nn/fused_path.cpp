@@ -62,8 +62,7 @@ class FusedPath final : public AttentionPath {
   }
 
   Tensor backward(const Tensor& dy) override {
-    const Tensor& x = saved_.x;  // (B, T, d_in)
-    check_grad(s_.module, dy, {x.size(0), x.size(1), s_.width});
+    check_grad(s_.module, dy, {saved_.params.B, saved_.params.T, s_.width});
     return fused::attention_block_backward(dy, projection_weights(s_), saved_,
                                            projection_grads(s_));  // (B, T, d_in)
   }

@@ -270,17 +270,6 @@ Tensor FeedForward::backward(const Tensor& dy) {
   return fc.backward(gelu.backward(proj.backward(dy)));
 }
 
-namespace {
-// t rounded to bf16 (contiguous), or t itself when it is bf16 already.
-Tensor as_bf16(const Tensor& t) {
-  if (t.dtype() == DType::kBFloat16) return t.contiguous();
-  const Tensor src = t.contiguous();
-  Tensor out = Tensor::empty(t.shape(), DType::kBFloat16);
-  kernels::round_to_bf16(out.data_ptr<BFloat16>(), src.data(), src.numel());
-  return out;
-}
-}  // namespace
-
 // With N the rows of x, E = emb_dim, H = 4E (bf16 mode: the products' operands
 // rounded to bf16, as Linear's bf16 mode; sums and everything else float32):
 //   h = x W_fcᵀ                    (N, H)  a beta = 0 product
@@ -307,13 +296,16 @@ Tensor FeedForward::forward_fused(const Tensor& x, const Tensor* residual) {
   Tensor y = Tensor::empty({N, E});
   const Tensor rc = residual != nullptr ? residual->contiguous() : Tensor();
   if (bf16) {
-    x_ = as_bf16(x).reshape({N, E});
-    w_fc_b_ = as_bf16(fc.weight.value);
-    w_proj_b_ = as_bf16(proj.weight.value);
-    gemm::gemm_bf16(gemm::Trans::kNo, gemm::Trans::kYes, N, H, E, 1.0f, x_.data_ptr<BFloat16>(), E,
-                    w_fc_b_.data_ptr<BFloat16>(), E, 0.0f, h_.data(), H);
+    x_ = Tensor();
+    x_b_ = kernels::Bf16Operand::rounded(x, std::move(x_b_));
+    w_fc_b_ = kernels::Bf16Operand::rounded(fc.weight.value, std::move(w_fc_b_));
+    w_proj_b_ = kernels::Bf16Operand::rounded(proj.weight.value, std::move(w_proj_b_));
+    kernels::gemm_bf16(gemm::Trans::kNo, gemm::Trans::kYes, N, H, E, 1.0f, x_b_, E, w_fc_b_, E,
+                       0.0f, h_.data(), H);
     kernels::bias_gelu_forward_slope_bf16(h_.data(), g_.data_ptr<BFloat16>(),
                                           fc.bias.value.data(), N, H);
+    g_b_ = kernels::Bf16Operand::of(g_, std::move(g_b_));
+    if (g_b_.widened()) g_ = Tensor();  // the widened copy is all the products read
   } else {
     x_ = x.contiguous().reshape({N, E});
     gemm::sgemm(gemm::Trans::kNo, gemm::Trans::kYes, N, H, E, 1.0f, x_.data(), E,
@@ -326,8 +318,8 @@ Tensor FeedForward::forward_fused(const Tensor& x, const Tensor* residual) {
     kernels::fill_rows(y.data(), E, proj.bias.value.data(), N, E);
   }
   if (bf16) {
-    gemm::gemm_bf16(gemm::Trans::kNo, gemm::Trans::kYes, N, E, H, 1.0f, g_.data_ptr<BFloat16>(), H,
-                    w_proj_b_.data_ptr<BFloat16>(), H, 1.0f, y.data(), E);
+    kernels::gemm_bf16(gemm::Trans::kNo, gemm::Trans::kYes, N, E, H, 1.0f, g_b_, H, w_proj_b_, H,
+                       1.0f, y.data(), E);
   } else {
     gemm::sgemm(gemm::Trans::kNo, gemm::Trans::kYes, N, E, H, 1.0f, g_.data(), H,
                 proj.weight.value.data(), H, 1.0f, y.data(), E, gemm::Engine::kFast);
@@ -347,19 +339,21 @@ Tensor FeedForward::backward_fused(const Tensor& dy) {
   Tensor dx = Tensor::empty({N, E});
   using gemm::Trans;
   if (dtype_ == DType::kBFloat16) {
-    const Tensor dyb = as_bf16(dyc);
-    gemm::gemm_bf16(Trans::kYes, Trans::kNo, E, H, N, 1.0f, dyb.data_ptr<BFloat16>(), E,
-                    g_.data_ptr<BFloat16>(), H, 1.0f, proj.weight.grad.data(), H);
+    // dy and dh rounded to bf16 once each for their two products.
+    const kernels::Bf16Operand dyb = kernels::Bf16Operand::rounded(dyc);
+    kernels::gemm_bf16(Trans::kYes, Trans::kNo, E, H, N, 1.0f, dyb, E, g_b_, H, 1.0f,
+                       proj.weight.grad.data(), H);
     kernels::column_sums_accumulate(proj.bias.grad.data(), dyc.data(), E, N, E);
-    gemm::gemm_bf16(Trans::kNo, Trans::kNo, N, H, E, 1.0f, dyb.data_ptr<BFloat16>(), E,
-                    w_proj_b_.data_ptr<BFloat16>(), H, 0.0f, dg.data(), H);
+    kernels::gemm_bf16(Trans::kNo, Trans::kNo, N, H, E, 1.0f, dyb, E, w_proj_b_, H, 0.0f, dg.data(),
+                       H);
     Tensor dhb = Tensor::empty({N, H}, DType::kBFloat16);
     kernels::slope_backward_bias_bf16(dhb.data_ptr<BFloat16>(), fc.bias.grad.data(), dg.data(),
                                       h_.data(), N, H);
-    gemm::gemm_bf16(Trans::kYes, Trans::kNo, H, E, N, 1.0f, dhb.data_ptr<BFloat16>(), H,
-                    x_.data_ptr<BFloat16>(), E, 1.0f, fc.weight.grad.data(), E);
-    gemm::gemm_bf16(Trans::kNo, Trans::kNo, N, E, H, 1.0f, dhb.data_ptr<BFloat16>(), H,
-                    w_fc_b_.data_ptr<BFloat16>(), E, 0.0f, dx.data(), E);
+    const kernels::Bf16Operand dh = kernels::Bf16Operand::of(dhb);
+    kernels::gemm_bf16(Trans::kYes, Trans::kNo, H, E, N, 1.0f, dh, H, x_b_, E, 1.0f,
+                       fc.weight.grad.data(), E);
+    kernels::gemm_bf16(Trans::kNo, Trans::kNo, N, E, H, 1.0f, dh, H, w_fc_b_, E, 0.0f, dx.data(),
+                       E);
   } else {
     const gemm::Engine fast = gemm::Engine::kFast;
     gemm::sgemm(Trans::kYes, Trans::kNo, E, H, N, 1.0f, dyc.data(), E, g_.data(), H, 1.0f,

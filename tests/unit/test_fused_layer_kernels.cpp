@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "attn/gemm.h"
 #include "attn/gpt.h"
 #include "attn/kernels.h"
 #include "attn/layer_kernels.h"
@@ -346,8 +347,21 @@ TEST(FusedLayerKernels, FeedForwardMatchesTheModuleChainInFloat32) {
 }
 
 // bf16: the same bf16 operands as the chain of bf16-mode modules (Linear,
-// GELU with bf16 out, Linear), so only the order of float sums differs.
+// GELU with bf16 out, Linear), so only the order of float sums differs; on
+// every gemm_bf16 route (the fused layer's operands are made once in the
+// route's form, attn/bf16_operand.h; the chain's Linear products are
+// gemm_bf16's own), two steps each so that the second reuses the first's buffers.
+void feed_forward_matches_the_module_chain_in_bf16();
 TEST(FusedLayerKernels, FeedForwardMatchesTheModuleChainInBf16) {
+  for (const std::string& route : gemm::gemm_bf16_routes()) {
+    ASSERT_TRUE(gemm::gemm_bf16_use(route.c_str()));
+    SCOPED_TRACE("gemm_bf16 route " + route);
+    feed_forward_matches_the_module_chain_in_bf16();
+  }
+  gemm::gemm_bf16_use(nullptr);
+}
+
+void feed_forward_matches_the_module_chain_in_bf16() {
   nn::GPTConfig cfg;
   cfg.emb_dim = 32;
   Generator gen(6);
@@ -356,7 +370,7 @@ TEST(FusedLayerKernels, FeedForwardMatchesTheModuleChainInBf16) {
   copy_weights(chain, fused);
   const Tensor x = random_tensor({2, 9, 32}, 37), residual = random_tensor({2, 9, 32}, 38);
   const Tensor dy = random_tensor({2, 9, 32}, 39);
-  for (const bool bf16_input : {false, true}) {
+  for (const bool bf16_input : {false, true, false}) {
     const Tensor xin = bf16_input ? x.to(DType::kBFloat16) : x;
     for (nn::FeedForward* ff : {&fused, &chain}) ff->zero_grad();
     const Tensor y = fused.forward_add(xin, residual);

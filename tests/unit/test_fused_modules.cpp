@@ -14,6 +14,7 @@
 
 #include "attn/functional.h"
 #include "attn/fused.h"
+#include "attn/gemm.h"
 #include "attn/kernels.h"
 #include "attn/nn.h"
 #include "attn/ops.h"
@@ -165,7 +166,19 @@ TEST(FusedModules, MultiHeadAttentionMatchesReference) {
 // the context and dy are rounded to bf16 (2^-9 each) and the kernel rounds
 // P and dS, so the bound is 3e-2 (largest seen: printed); the gradients stay
 // fp32 tensors (the master copy) and the path taken is the fused one.
+void bf16_mixed_precision_tracks_float32();
+// On every gemm_bf16 route (the block's operands are made once in the
+// route's form, attn/bf16_operand.h).
 TEST(FusedModules, Bf16MixedPrecisionTracksFloat32) {
+  for (const std::string& route : gemm::gemm_bf16_routes()) {
+    ASSERT_TRUE(gemm::gemm_bf16_use(route.c_str()));
+    SCOPED_TRACE("gemm_bf16 route " + route);
+    bf16_mixed_precision_tracks_float32();
+  }
+  gemm::gemm_bf16_use(nullptr);
+}
+
+void bf16_mixed_precision_tracks_float32() {
   float worst = 0.0f;
   uint64_t seed = 40;
   for (const Shape4& s : shapes()) {
@@ -197,8 +210,8 @@ TEST(FusedModules, Bf16MixedPrecisionTracksFloat32) {
       ++seed;
     }
   }
-  std::printf("bf16 module vs fp32 module (%s): largest relative error %.2e\n",
-              kernels::flash_attention_bf16_path(), worst);
+  std::printf("bf16 module vs fp32 module (%s, gemm_bf16 %s): largest relative error %.2e\n",
+              kernels::flash_attention_bf16_path(), gemm::gemm_bf16_route(), worst);
 }
 
 TEST(FusedModules, Bf16NeedsTheFusedPath) {
