@@ -41,6 +41,15 @@ class Bf16Operand {
   static Bf16Operand of(const Tensor& x, Bf16Operand reuse);
   static Bf16Operand of(const Tensor& x) { return of(x, Bf16Operand()); }
 
+  // x (float32) taken as it is as the widened route's form: every element must
+  // already be a bf16 value (as round_to_bf16_values and the kernels'
+  // _bf16_values variants write them; not checked). For a caller that has
+  // the values in float32 already (bf16_operands_widened()).
+  static Bf16Operand widened_values(Tensor x);
+  // A float32 tensor of this shape to write such values into: reuse's storage
+  // when it is a widened operand of this shape that nothing else holds.
+  static Tensor widened_buffer(Bf16Operand reuse, const Shape& shape);
+
   bool empty() const { return t_.numel() == 0; }
   // true: float32 holding bf16 values (the widened route's form); false: bf16
   // (or empty).
@@ -55,6 +64,11 @@ class Bf16Operand {
   Tensor t_;
   bool widened_ = false;
 };
+
+// Whether operands are made in float32 (gemm_bf16's widened route), so that a
+// producer can write bf16 values in float32 (Bf16Operand::widened_values)
+// instead of bf16 that would be widened.
+bool bf16_operands_widened();
 
 // An operand from its element `offset` on: a block of columns of a wider
 // matrix (q, k or v of a (N, 3·d) qkv, at leading dimension 3·d).

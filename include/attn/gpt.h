@@ -216,7 +216,7 @@ class FeedForward : public Module {
   Shape x_shape_;
   Tensor x_;  // (N, E) the input (float32 mode)
   Tensor h_;  // (N, 4E) gelu'(fc's output), float32: the slope of the GELU
-  Tensor g_;  // (N, 4E) GELU's output (float32 mode; bf16 mode: the kernel's bf16 output)
+  Tensor g_;  // (N, 4E) GELU's output (float32 mode; bf16 mode: bf16, on the matmul route only)
   // bf16 mode, of the last forward: the products' operands bf16(x), bf16(g),
   // bf16(fc.weight), bf16(proj.weight), each made once for its two products
   // (the forward's and the backward's) in the form gemm_bf16's route takes.

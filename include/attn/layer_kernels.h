@@ -103,6 +103,13 @@ void slope_backward_bias(float* dh, float* db, const float* dy, const float* slo
                          int64_t N);
 void slope_backward_bias_bf16(BFloat16* dh, float* db, const float* dy, const float* slope,
                               int64_t M, int64_t N);
+// The _bf16 pair with the bf16 output kept in float32 (y[i], dh[i] =
+// to_float(_bf16's element), as round_to_bf16_values): the operands of a bf16
+// product on gemm_bf16's widened route (attn/bf16_operand.h), without a bf16
+// copy to widen. dh may be dy (each element is read before it is written).
+void bias_gelu_forward_slope_bf16_values(float* h, float* y, const float* b, int64_t M, int64_t N);
+void slope_backward_bias_bf16_values(float* dh, float* db, const float* dy, const float* slope,
+                                     int64_t M, int64_t N);
 
 // ---- AdamW's element update (attn/optim.h's AdamW::step) ----------------------------
 // The scalars of one step, as AdamW::step derives them (PyTorch 1.13's

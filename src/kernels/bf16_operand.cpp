@@ -12,8 +12,6 @@
 namespace attn::kernels {
 namespace {
 
-bool widened_route() { return std::string_view(gemm::gemm_bf16_route()) == "widened"; }
-
 // The float32 or bf16 tensor of this shape to write an operand into: reuse's
 // when it fits and nothing else holds it, else a new one.
 Tensor buffer(Bf16Operand& reuse, const Shape& shape, DType dtype) {
@@ -46,6 +44,21 @@ void check_extent(const char* name, const Bf16At& at, gemm::Trans t, int64_t row
 
 }  // namespace
 
+bool bf16_operands_widened() { return std::string_view(gemm::gemm_bf16_route()) == "widened"; }
+
+Bf16Operand Bf16Operand::widened_values(Tensor x) {
+  if (x.dtype() != DType::kFloat32 || !x.is_contiguous()) {
+    throw std::invalid_argument(
+        fmt::format("Bf16Operand::widened_values: x must be contiguous float32, got {}{}",
+                    x.is_contiguous() ? "" : "strided ", dtype_name(x.dtype())));
+  }
+  return Bf16Operand(std::move(x), true);
+}
+
+Tensor Bf16Operand::widened_buffer(Bf16Operand reuse, const Shape& shape) {
+  return buffer(reuse, shape, DType::kFloat32);
+}
+
 Bf16Operand Bf16Operand::rounded(const Tensor& x, Bf16Operand reuse) {
   if (x.dtype() == DType::kBFloat16) return of(x, std::move(reuse));
   if (x.dtype() != DType::kFloat32) {
@@ -53,7 +66,7 @@ Bf16Operand Bf16Operand::rounded(const Tensor& x, Bf16Operand reuse) {
         "Bf16Operand::rounded: x must be float32 or bfloat16, got {}", dtype_name(x.dtype())));
   }
   const Tensor src = x.contiguous();
-  if (widened_route()) {
+  if (bf16_operands_widened()) {
     Tensor out = buffer(reuse, src.shape(), DType::kFloat32);
     round_to_bf16_values(out.data(), src.data(), src.numel());
     return Bf16Operand(std::move(out), true);
@@ -69,7 +82,7 @@ Bf16Operand Bf16Operand::of(const Tensor& x, Bf16Operand reuse) {
         fmt::format("Bf16Operand::of: x must be bfloat16, got {}", dtype_name(x.dtype())));
   }
   const Tensor src = x.contiguous();
-  if (!widened_route()) return Bf16Operand(src, false);
+  if (!bf16_operands_widened()) return Bf16Operand(src, false);
   Tensor out = buffer(reuse, src.shape(), DType::kFloat32);
   gemm::widen_bf16(out.data(), src.data_ptr<BFloat16>(), src.numel());
   return Bf16Operand(std::move(out), true);

@@ -100,13 +100,36 @@ HWY_INLINE hn::Vec<hn::Rebind<uint16_t, DF>> RoundToBf16Vec(DF /*d*/, VF v) {
   return hn::DemoteTo(du16, hn::BitCast(di, bits));  // every lane <= 0xFFFF: exact
 }
 
-// Stores the lanes of v to out (float), or rounded to bf16 (the bf16 path).
+// float(bf16(v)) lane by lane: RoundToBf16Vec's bits in the high half, zeros
+// below (a NaN: 0xFFFF0000).
+HWY_INLINE VF RoundToBf16ValuesVec(DF d, VF v) {
+  const hn::RebindToUnsigned<DF> du;
+  const auto u = hn::BitCast(du, v);
+  const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
+  const auto rounded =
+      hn::And(hn::Add(u, hn::Add(hn::Set(du, 0x7FFFu), lsb)), hn::Set(du, 0xFFFF0000u));
+  return hn::BitCast(
+      d, hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), hn::Set(du, 0xFFFF0000u), rounded));
+}
+
+// A float holding a bf16 value: an output rounded to bf16 and kept in float32
+// (a bf16 product's operand on gemm_bf16's widened route, attn/bf16_operand.h).
+struct Bf16Value {
+  float value;
+};
+
+// Stores the lanes of v to out (float), or rounded to bf16 (the bf16 path),
+// or rounded to bf16 values in float32.
 HWY_INLINE void StoreOut(DF d, VF v, float* out) { hn::StoreU(v, d, out); }
 HWY_INLINE void StoreOut(DF d, VF v, BFloat16* out) {
   hn::StoreU(RoundToBf16Vec(d, v), hn::Rebind<uint16_t, DF>(), reinterpret_cast<uint16_t*>(out));
 }
+HWY_INLINE void StoreOut(DF d, VF v, Bf16Value* out) {
+  hn::StoreU(RoundToBf16ValuesVec(d, v), d, &out->value);
+}
 inline void StoreOut(float v, float* out) { *out = v; }
 inline void StoreOut(float v, BFloat16* out) { *out = to_bfloat16(v); }
+inline void StoreOut(float v, Bf16Value* out) { out->value = to_float(to_bfloat16(v)); }
 
 // x1 = a + r over one row of C floats (a float add per element: add()'s bits).
 HWY_INLINE void AddRow(DF d, float* x1, const float* a, const float* r, size_t C) {
@@ -401,18 +424,9 @@ void RoundToBf16(BFloat16* dst, const float* src, int64_t n) {
 // (a NaN: 0xFFFF0000). dst may be src.
 void RoundToBf16ValuesRange(float* dst, const float* src, size_t n) {
   const DF d;
-  const hn::RebindToUnsigned<DF> du;
   const size_t N = hn::Lanes(d);
-  const auto round = [&](VF v) {
-    const auto u = hn::BitCast(du, v);
-    const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
-    const auto rounded =
-        hn::And(hn::Add(u, hn::Add(hn::Set(du, 0x7FFFu), lsb)), hn::Set(du, 0xFFFF0000u));
-    return hn::BitCast(
-        d, hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), hn::Set(du, 0xFFFF0000u), rounded));
-  };
   size_t i = 0;
-  for (; i + N <= n; i += N) hn::StoreU(round(hn::LoadU(d, src + i)), d, dst + i);
+  for (; i + N <= n; i += N) hn::StoreU(RoundToBf16ValuesVec(d, hn::LoadU(d, src + i)), d, dst + i);
   for (; i < n; ++i) dst[i] = to_float(to_bfloat16(src[i]));
 }
 
@@ -498,6 +512,9 @@ void BiasGeluForwardSlope(float* h, float* y, const float* b, int64_t M, int64_t
 void BiasGeluForwardSlopeBf16(float* h, BFloat16* y, const float* b, int64_t M, int64_t C) {
   BiasGeluForwardAs<true>(h, y, b, M, C);
 }
+void BiasGeluForwardSlopeBf16Values(float* h, float* y, const float* b, int64_t M, int64_t C) {
+  BiasGeluForwardAs<true>(h, reinterpret_cast<Bf16Value*>(y), b, M, C);
+}
 
 // Rows [r0, r1): dh = gelu'(h) ⊙ dy (GeluBackwardVec), or with kFromSlope
 // dh = dy ⊙ s where s = gelu'(h) was stored by the forward (the same bits),
@@ -565,6 +582,10 @@ void SlopeBackwardBias(float* dh, float* db, const float* dy, const float* slope
 void SlopeBackwardBiasBf16(BFloat16* dh, float* db, const float* dy, const float* slope,
                            int64_t M, int64_t C) {
   GeluBackwardBiasAs<true>(dh, db, dy, slope, M, C);
+}
+void SlopeBackwardBiasBf16Values(float* dh, float* db, const float* dy, const float* slope,
+                                 int64_t M, int64_t C) {
+  GeluBackwardBiasAs<true>(reinterpret_cast<Bf16Value*>(dh), db, dy, slope, M, C);
 }
 
 // AdamW's element update (attn/layer_kernels.h states it), n elements from 0.
@@ -727,6 +748,8 @@ HWY_EXPORT(BiasGeluForwardSlope);
 HWY_EXPORT(BiasGeluForwardSlopeBf16);
 HWY_EXPORT(SlopeBackwardBias);
 HWY_EXPORT(SlopeBackwardBiasBf16);
+HWY_EXPORT(BiasGeluForwardSlopeBf16Values);
+HWY_EXPORT(SlopeBackwardBiasBf16Values);
 HWY_EXPORT(AdamWUpdateZeroGrad);
 HWY_EXPORT(SumSquares);
 HWY_EXPORT(AdamWUpdateZeroGradMany);
@@ -809,6 +832,15 @@ void slope_backward_bias(float* dh, float* db, const float* dy, const float* slo
 void slope_backward_bias_bf16(BFloat16* dh, float* db, const float* dy, const float* slope,
                               int64_t M, int64_t N) {
   if (M > 0 && N > 0) HWY_DYNAMIC_DISPATCH(SlopeBackwardBiasBf16)(dh, db, dy, slope, M, N);
+}
+
+void bias_gelu_forward_slope_bf16_values(float* h, float* y, const float* b, int64_t M, int64_t N) {
+  if (M > 0 && N > 0) HWY_DYNAMIC_DISPATCH(BiasGeluForwardSlopeBf16Values)(h, y, b, M, N);
+}
+
+void slope_backward_bias_bf16_values(float* dh, float* db, const float* dy, const float* slope,
+                                     int64_t M, int64_t N) {
+  if (M > 0 && N > 0) HWY_DYNAMIC_DISPATCH(SlopeBackwardBiasBf16Values)(dh, db, dy, slope, M, N);
 }
 
 void adamw_update_zero_grad(float* w, float* m, float* v, float* g, int64_t n,

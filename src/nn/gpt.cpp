@@ -292,7 +292,9 @@ Tensor FeedForward::forward_fused(const Tensor& x, const Tensor* residual) {
   x_shape_ = x.shape();
   fused_forward_ = true;
   h_ = Tensor::empty({N, H});
-  g_ = Tensor::empty({N, H}, dtype_);
+  // (bf16 mode: g_ is the GELU kernel's bf16 output where operands are bf16;
+  // where they are widened, g_b_ holds g in float32 and g_ stays empty.)
+  g_ = bf16 ? Tensor() : Tensor::empty({N, H});
   Tensor y = Tensor::empty({N, E});
   const Tensor rc = residual != nullptr ? residual->contiguous() : Tensor();
   if (bf16) {
@@ -302,10 +304,16 @@ Tensor FeedForward::forward_fused(const Tensor& x, const Tensor* residual) {
     w_proj_b_ = kernels::Bf16Operand::rounded(proj.weight.value, std::move(w_proj_b_));
     kernels::gemm_bf16(gemm::Trans::kNo, gemm::Trans::kYes, N, H, E, 1.0f, x_b_, E, w_fc_b_, E,
                        0.0f, h_.data(), H);
-    kernels::bias_gelu_forward_slope_bf16(h_.data(), g_.data_ptr<BFloat16>(),
-                                          fc.bias.value.data(), N, H);
-    g_b_ = kernels::Bf16Operand::of(g_, std::move(g_b_));
-    if (g_b_.widened()) g_ = Tensor();  // the widened copy is all the products read
+    if (kernels::bf16_operands_widened()) {  // g's bf16 values written in float32
+      Tensor g = kernels::Bf16Operand::widened_buffer(std::move(g_b_), {N, H});
+      kernels::bias_gelu_forward_slope_bf16_values(h_.data(), g.data(), fc.bias.value.data(), N, H);
+      g_b_ = kernels::Bf16Operand::widened_values(std::move(g));
+    } else {
+      g_ = Tensor::empty({N, H}, DType::kBFloat16);
+      kernels::bias_gelu_forward_slope_bf16(h_.data(), g_.data_ptr<BFloat16>(),
+                                            fc.bias.value.data(), N, H);
+      g_b_ = kernels::Bf16Operand::of(g_);
+    }
   } else {
     x_ = x.contiguous().reshape({N, E});
     gemm::sgemm(gemm::Trans::kNo, gemm::Trans::kYes, N, H, E, 1.0f, x_.data(), E,
@@ -346,10 +354,17 @@ Tensor FeedForward::backward_fused(const Tensor& dy) {
     kernels::column_sums_accumulate(proj.bias.grad.data(), dyc.data(), E, N, E);
     kernels::gemm_bf16(Trans::kNo, Trans::kNo, N, H, E, 1.0f, dyb, E, w_proj_b_, H, 0.0f, dg.data(),
                        H);
-    Tensor dhb = Tensor::empty({N, H}, DType::kBFloat16);
-    kernels::slope_backward_bias_bf16(dhb.data_ptr<BFloat16>(), fc.bias.grad.data(), dg.data(),
-                                      h_.data(), N, H);
-    const kernels::Bf16Operand dh = kernels::Bf16Operand::of(dhb);
+    kernels::Bf16Operand dh;
+    if (kernels::bf16_operands_widened()) {  // dh's bf16 values in float32, in place of dg
+      kernels::slope_backward_bias_bf16_values(dg.data(), fc.bias.grad.data(), dg.data(), h_.data(),
+                                               N, H);
+      dh = kernels::Bf16Operand::widened_values(dg);
+    } else {
+      Tensor dhb = Tensor::empty({N, H}, DType::kBFloat16);
+      kernels::slope_backward_bias_bf16(dhb.data_ptr<BFloat16>(), fc.bias.grad.data(), dg.data(),
+                                        h_.data(), N, H);
+      dh = kernels::Bf16Operand::of(dhb);
+    }
     kernels::gemm_bf16(Trans::kYes, Trans::kNo, H, E, N, 1.0f, dh, H, x_b_, E, 1.0f,
                        fc.weight.grad.data(), E);
     kernels::gemm_bf16(Trans::kNo, Trans::kNo, N, E, H, 1.0f, dh, H, w_fc_b_, E, 0.0f, dx.data(),

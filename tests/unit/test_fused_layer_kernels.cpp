@@ -174,6 +174,18 @@ void check_bias_gelu(const std::string& target) {
                                       slope.data(), s.M, s.N);
     expect_same_bf16(dhs16, dh_want, "slope backward + bias bf16 dh, " + what);
     expect_same_bits(dbs16, db, "slope backward + bias bf16 db, " + what);
+
+    // The _bf16_values pair: the bf16 outputs' values in float32, bit for
+    // bit, h and db as the _bf16 pair's (dh in place over dy too).
+    Tensor slope_v = h0.clone(), ys_v({s.M, s.N});
+    kernels::bias_gelu_forward_slope_bf16_values(slope_v.data(), ys_v.data(), b.data(), s.M, s.N);
+    expect_same_bits(ys_v, ys16.to(DType::kFloat32), "bias+gelu+slope bf16 values y, " + what);
+    expect_same_bits(slope_v, slope_want, "bias+gelu+slope bf16 values h, " + what);
+    Tensor dh_v = dy.clone(), db_v = Tensor::full({s.N}, 0.25f);
+    kernels::slope_backward_bias_bf16_values(dh_v.data(), db_v.data(), dh_v.data(), slope.data(),
+                                             s.M, s.N);
+    expect_same_bits(dh_v, dhs16.to(DType::kFloat32), "slope backward bf16 values dh, " + what);
+    expect_same_bits(db_v, db, "slope backward bf16 values db, " + what);
   }
 }
 
