@@ -71,7 +71,8 @@ class Bf16Operand {
 bool bf16_operands_widened();
 
 // An operand from its element `offset` on: a block of columns of a wider
-// matrix (q, k or v of a (N, 3·d) qkv, at leading dimension 3·d).
+// matrix (q, k or v of a (N, 3·d) qkv, at leading dimension 3·d). A view for
+// one call: it refers to the operand, which must outlive it.
 struct Bf16At {
   Bf16At(const Bf16Operand& op, int64_t at = 0) : operand(op), offset(at) {}
   const Bf16Operand& operand;

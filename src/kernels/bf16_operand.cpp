@@ -94,8 +94,8 @@ void gemm_bf16(gemm::Trans ta, gemm::Trans tb, int64_t M, int64_t N, int64_t K, 
   check_extent("B", B, tb, K, N, ldb);
   const Bf16Operand &a_op = A.operand, &b_op = B.operand;
   if (!a_op.widened() && !b_op.widened()) {
-    const auto bf16 =
-        [](const Bf16At& X) -> const BFloat16* {  // (an empty operand: no elements read)
+    // (An empty operand: nullptr, and no element is read.)
+    const auto bf16 = [](const Bf16At& X) -> const BFloat16* {
       return X.operand.empty() ? nullptr : X.operand.tensor().data_ptr<BFloat16>() + X.offset;
     };
     gemm::gemm_bf16(ta, tb, M, N, K, alpha, bf16(A), lda, bf16(B), ldb, beta, C, ldc);
