@@ -17,20 +17,12 @@
 #include "attn/gemm.h"
 #include "attn/layer_kernels.h"
 #include "attn/tensor.h"
+#include "gemm_route_guard.h"
 
 namespace attn::test {
 namespace {
 
 using gemm::Trans;
-
-// Forces a gemm_bf16 route for the life of a test, then the automatic one.
-class RouteGuard {
- public:
-  explicit RouteGuard(const std::string& route) { EXPECT_TRUE(gemm::gemm_bf16_use(route.c_str())); }
-  ~RouteGuard() { gemm::gemm_bf16_use(nullptr); }
-  RouteGuard(const RouteGuard&) = delete;
-  RouteGuard& operator=(const RouteGuard&) = delete;
-};
 
 Tensor random_matrix(int64_t rows, int64_t cols, uint32_t seed) {
   std::mt19937 gen(seed);
@@ -101,7 +93,8 @@ TEST(Bf16Operand, RoundToValuesIsRoundToBf16Widened) {
 TEST(Bf16Operand, ProductsGiveGemmBf16BitsOnEveryRoute) {
   const int64_t M = 37, N = 29, K = 45;
   for (const std::string& route : gemm::gemm_bf16_routes()) {
-    RouteGuard guard(route);
+    const GemmBf16RouteGuard guard(route);
+    ASSERT_TRUE(guard.forced());
     for (const Trans ta : {Trans::kNo, Trans::kYes}) {
       for (const Trans tb : {Trans::kNo, Trans::kYes}) {
         const std::string what =
@@ -140,11 +133,13 @@ TEST(Bf16Operand, MixedFormsGiveTheWidenedProduct) {
   const Tensor A = random_matrix(M, K, 21), B = random_matrix(N, K, 22);
   kernels::Bf16Operand a, b;
   {
-    RouteGuard guard("widened");
+    const GemmBf16RouteGuard guard("widened");
+    ASSERT_TRUE(guard.forced());
     a = kernels::Bf16Operand::rounded(A);
   }
   {
-    RouteGuard guard("matmul");
+    const GemmBf16RouteGuard guard("matmul");
+    ASSERT_TRUE(guard.forced());
     b = kernels::Bf16Operand::rounded(B);
   }
   ASSERT_TRUE(a.widened());
@@ -166,7 +161,8 @@ TEST(Bf16Operand, MixedFormsGiveTheWidenedProduct) {
 // holds it, not when something does; and its values are the new ones.
 TEST(Bf16Operand, ReusesTheLastBufferOnlyWhenFree) {
   for (const std::string& route : gemm::gemm_bf16_routes()) {
-    RouteGuard guard(route);
+    const GemmBf16RouteGuard guard(route);
+    ASSERT_TRUE(guard.forced());
     const Tensor x1 = random_matrix(8, 16, 31), x2 = random_matrix(8, 16, 32);
     kernels::Bf16Operand op = kernels::Bf16Operand::rounded(x1);
     const void* storage = storage_of(op);

@@ -30,6 +30,7 @@
 #include "attn/ops.h"
 #include "attn/random.h"
 #include "expect.h"
+#include "gemm_route_guard.h"
 #include "gradcheck.h"
 #include "layer_kernel_checks.h"
 
@@ -362,15 +363,15 @@ TEST(FusedLayerKernels, FeedForwardMatchesTheModuleChainInFloat32) {
 // GELU with bf16 out, Linear), so only the order of float sums differs; on
 // every gemm_bf16 route (the fused layer's operands are made once in the
 // route's form, attn/bf16_operand.h; the chain's Linear products are
-// gemm_bf16's own), two steps each so that the second reuses the first's buffers.
+// gemm_bf16's own), three steps each so that the later ones reuse the buffers.
 void feed_forward_matches_the_module_chain_in_bf16();
 TEST(FusedLayerKernels, FeedForwardMatchesTheModuleChainInBf16) {
   for (const std::string& route : gemm::gemm_bf16_routes()) {
-    ASSERT_TRUE(gemm::gemm_bf16_use(route.c_str()));
+    const GemmBf16RouteGuard guard(route);
+    ASSERT_TRUE(guard.forced());
     SCOPED_TRACE("gemm_bf16 route " + route);
     feed_forward_matches_the_module_chain_in_bf16();
   }
-  gemm::gemm_bf16_use(nullptr);
 }
 
 void feed_forward_matches_the_module_chain_in_bf16() {

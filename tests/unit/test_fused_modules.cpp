@@ -20,6 +20,7 @@
 #include "attn/ops.h"
 #include "attn/random.h"
 #include "expect.h"
+#include "gemm_route_guard.h"
 #include "gradcheck.h"
 
 namespace attn::test {
@@ -171,11 +172,11 @@ void bf16_mixed_precision_tracks_float32();
 // route's form, attn/bf16_operand.h).
 TEST(FusedModules, Bf16MixedPrecisionTracksFloat32) {
   for (const std::string& route : gemm::gemm_bf16_routes()) {
-    ASSERT_TRUE(gemm::gemm_bf16_use(route.c_str()));
+    const GemmBf16RouteGuard guard(route);
+    ASSERT_TRUE(guard.forced());
     SCOPED_TRACE("gemm_bf16 route " + route);
     bf16_mixed_precision_tracks_float32();
   }
-  gemm::gemm_bf16_use(nullptr);
 }
 
 void bf16_mixed_precision_tracks_float32() {

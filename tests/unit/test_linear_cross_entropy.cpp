@@ -30,6 +30,7 @@
 #include "attn/ops.h"
 #include "attn/random.h"
 #include "attn/train.h"
+#include "gemm_route_guard.h"
 #include "gradcheck.h"
 
 namespace attn::test {
@@ -152,10 +153,10 @@ TEST(LinearCrossEntropy, Bf16MatchesThePlainBf16Path) {
 TEST(LinearCrossEntropy, Bf16OnEveryGemmRouteMatchesThePlainBf16Path) {
   for (const std::string& route : gemm::gemm_bf16_routes()) {
     SCOPED_TRACE("gemm_bf16 route " + route);
-    ASSERT_TRUE(gemm::gemm_bf16_use(route.c_str()));
+    const GemmBf16RouteGuard guard(route);
+    ASSERT_TRUE(guard.forced());
     for (const Case& c : kCases) check_case(c, DType::kBFloat16);
   }
-  ASSERT_TRUE(gemm::gemm_bf16_use("auto"));
 }
 
 // On the widened route the fused loss widens W, h and each chunk's
@@ -165,11 +166,14 @@ TEST(LinearCrossEntropy, Bf16WidenedRouteGivesThePerProductBits) {
   const int64_t N = 300, E = 24, V = 97, C = 128;
   const Tensor h = random_tensor({N, E}, 5), W = mul(random_tensor({V, E}, 6), 0.5f);
   const Tensor targets = targets_of(N, V, 7, 9);
-  ASSERT_TRUE(gemm::gemm_bf16_use("widened"));
   Tensor dh, dW(W.shape());
-  const float loss =
-      linear_cross_entropy(h, W, targets, {.chunk_rows = C, .dtype = DType::kBFloat16}, &dh, &dW);
-  ASSERT_TRUE(gemm::gemm_bf16_use("auto"));
+  float loss = 0.0f;
+  {
+    const GemmBf16RouteGuard guard("widened");
+    ASSERT_TRUE(guard.forced());
+    loss =
+        linear_cross_entropy(h, W, targets, {.chunk_rows = C, .dtype = DType::kBFloat16}, &dh, &dW);
+  }
   // The per-product steps.
   const Tensor hb = h.to(DType::kBFloat16), Wb = W.to(DType::kBFloat16);
   const std::vector<int64_t> t = targets.to_int64_vector();
