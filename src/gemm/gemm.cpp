@@ -717,15 +717,8 @@ void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,
 
 void widen_bf16(float* dst, const BFloat16* src, int64_t n) {
   check_size("gemm::widen_bf16", "n", n);
-  constexpr int64_t kBlock = 8192;  // floats per task
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
-  const auto* bits = reinterpret_cast<const uint16_t*>(src);
-  const bool parallel = n >= (int64_t{1} << 16) && !omp_in_parallel();
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t b = 0; b < blocks; ++b) {
-    widen_row(reinterpret_cast<uint32_t*>(dst + b * kBlock), bits + b * kBlock,
-              std::min(kBlock, n - b * kBlock));
-  }
+  const WidenJob job{dst, src, 1, n, n};  // one row of n
+  widen_all(&job, 1);
 }
 
 void gemm_bf16_widened(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,

@@ -443,7 +443,7 @@ TEST(GemmBf16, EveryRouteMatchesTheDefinitionAndNamesItself) {
 }
 
 // widen_bf16 is exact for every bf16 bit pattern (NaNs and subnormals
-// included), in and across its 8192-float blocks and on the threads, writes
+// included), in short and long runs split over the threads, writes
 // nothing past n, and refuses n < 0.
 TEST(GemmBf16, WidenIsExactForEveryBitPattern) {
   for (const int64_t n :
