@@ -1,27 +1,4 @@
 // Fused scaled-dot-product attention, forward and backward (FlashAttention-2
-// style), SIMD via Highway's dynamic dispatch. The maths, the layouts and the
-// dropout rule are described in attn/kernels.h; this file is how.
-//
-// Every matrix product here is one small GEMM shape,
-//   C[r, 0:W] (+)= Σ_k A[r·ars + k·aks] · B[k·bs + 0:W],
-// computed by a register-blocked micro-kernel (kernels/flash_tiles-inl.h, shared
-// with sdpa_kernel.cpp): kMR rows of A broadcast against
-// up to kNV vectors of a row of B. A is read through strides, so the
-// transposed operands (Pᵀ, dSᵀ) cost nothing; B rows must be contiguous.
-//
-// Forward, per (b, h, group of kGroup query tiles of Br = kNV·N rows), keys in
-// tiles of kBcFwd, each K/V tile used by the whole group while it is in cache:
-//   Sᵀ (keys, Br)  = K_tile · (c·Q_tileᵀ)       c = scale·log2(e): the scores in base 2
-//   online softmax down the key axis of Sᵀ (vector lanes = queries, no shuffles)
-//   O (Br, hd)     = α ⊙ O + Pᵀᵀ · V_tile         α = 2^(m_old − m_new)
-// Backward, per (b, h): groups of key tiles of Bc = kNV·N keys outside, query
-// tiles of kBrBwd rows inside; dK and dV accumulate in the thread's buffers, dQ
-// in place. A thread owns a whole head, or (few heads) the key-tile and then
-// the query-tile tasks of a head: every sum runs in one fixed order either way,
-// so the bits do not depend on the thread count, and no atomics are needed.
-// Causal tiles above the diagonal are never visited; tiles on it skip the
-// masked triangle at micro-kernel granularity.
-// Fused scaled-dot-product attention, forward and backward (FlashAttention-2
 // style): the maths, the layouts and the dropout rule are described in
 // attn/kernels.h. Since the sdpa kernel (sdpa_kernel.cpp, attn/sdpa.h) grew
 // from this file's and covers its problem exactly (kernels/flash_as_sdpa.h),

@@ -1,5 +1,5 @@
 // Fused scaled-dot-product attention in bfloat16, forward and backward: the
-// fp32 kernel's algorithm (flash_attention.cpp, attn/kernels.h) with every
+// fp32 kernel's algorithm (sdpa_kernel.cpp, attn/kernels.h) with every
 // matrix product on AVX512-BF16 dot products (VDPBF16PS: two bf16 products
 // summed into each fp32 lane), fp32 scores, softmax statistics and
 // accumulators, as PyTorch's bf16 flash attention keeps them.

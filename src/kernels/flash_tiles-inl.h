@@ -1,5 +1,5 @@
-// src/kernels/flash_tiles-inl.h - the tile machinery the fp32 attention
-// kernels share (flash_attention.cpp, sdpa_kernel.cpp): the vector type, exp2,
+// src/kernels/flash_tiles-inl.h - the tile machinery of the fp32 attention
+// kernel (sdpa_kernel.cpp, which flash_attention.cpp runs): the vector type, exp2,
 // Philox over vector lanes, and the register-blocked micro-kernel with its
 // driver GemmSpans. Every product there is one small GEMM shape,
 //   C[r, 0:W] (+)= Σ_k A[r·ars + k·aks] · B[k·bs + 0:W],

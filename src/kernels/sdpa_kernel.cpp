@@ -2,8 +2,20 @@
 // (FlashAttention-2 style), SIMD via Highway's dynamic dispatch. The maths is
 // ref::sdpa_forward/backward's (src/reference/sdpa.cpp); this file is how.
 //
-// The structure is flash_attention.cpp's (same micro-kernel, kernels/flash_tiles-inl.h),
-// generalised: q, k, v, out each with (b, h, t) strides; Tq != Tk; the causal
+// Every matrix product here is one small GEMM shape,
+//   C[r, 0:W] (+)= Σ_k A[r·ars + k·aks] · B[k·bs + 0:W],
+// computed by a register-blocked micro-kernel (kernels/flash_tiles-inl.h): kMR
+// rows of A broadcast against up to kNV vectors of a row of B. A is read
+// through strides, so the transposed operands (Pᵀ, dSᵀ) cost nothing; B rows
+// must be contiguous. The forward keeps the scores key-major, Sᵀ (keys, Br) =
+// K_tile · (c·Q_tileᵀ), so the online softmax runs down the key axis with the
+// vector lanes as queries (no shuffles), and O (Br, Dv) = α ⊙ O + P · V_tile
+// with α = 2^(m_old − m_new). The backward recomputes P from the saved lse and
+// forms dV += Pᵀ dO, dP = dO Vᵀ, dS = P ⊙ (dP − Δ), dQ += dS K, dK += dSᵀ Q.
+// (flash_attention_forward/backward, the core's fp32 and bf16 entry points,
+// describe their token-major buffers to this kernel: kernels/flash_as_sdpa.h.)
+//
+// The problem is general: q, k, v, out each with (b, h, t) strides; Tq != Tk; the causal
 // and window rules as one band of keys per query, [i + lo, i + hi] (lo = δ -
 // window_left, hi = δ + min(window_right, 0 if causal)); query head h reads key
 // and value head h / (Hq / Hkv); Dv may differ from D; scores go through
@@ -16,7 +28,7 @@
 // to bf16 once, as they are stored (Narrow). No widened copy of a whole tensor
 // is made (the fp32 dQ accumulator, (B, Hq, Tq, Dp), is the one whole buffer).
 //
-// Scores are kept in base 2, as in flash_attention.cpp: without a softcap
+// Scores are kept in base 2: without a softcap
 // Q is scaled by c = scale·log2(e); with one, by scale / softcap, and
 // s₂ = softcap·log2(e)·tanh(x). ALiBi and the mask are added times log2(e).
 //
@@ -38,9 +50,8 @@
 // Backward, per (b, key/value head): groups of key tiles outside, then each
 // query head of the group and its query tiles inside (the fixed grid of
 // kBrBwd rows), so dK and dV sum over the group's heads in one fixed order; dQ
-// accumulates in place. With few heads per thread the work is split as
-// flash_attention.cpp splits it (key-group tasks for dK, dV; query-tile tasks
-// for dQ); both visit each output's tile pairs in the same order, so the bits
+// accumulates in place. With few heads per thread the work is split into
+// key-group tasks (dK, dV) and then query-tile tasks (dQ); both visit each output's tile pairs in the same order, so the bits
 // do not depend on the thread count.
 // Variable-length packed batches (p.cu_seqlens_q set): the same tasks, each
 // on one sequence's view (attn/sdpa.h's sdpa_sequence: its lengths, its first
@@ -81,13 +92,13 @@
 #include <hwy/highway.h>
 // After highway.h: the -inl headers are compiled once per target.
 #include <hwy/contrib/math/math-inl.h>  // NOLINT(build/include_order)
-// (Tanh; and the tile machinery shared with flash_attention.cpp)
+// (Tanh; and the tile machinery: exp2, Philox lanes, the micro-kernel)
 #include "kernels/flash_tiles-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn::kernels {
 namespace HWY_NAMESPACE {
-namespace {  // this file's own names, apart from flash_attention.cpp's
+namespace {  // this file's own names
 
 constexpr size_t kBr = kNV * kN;            // forward query tile: one micro-kernel row width
 constexpr size_t kBcFwd = 64;               // forward key tile (a multiple of 4 for Philox)
