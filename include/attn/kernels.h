@@ -116,7 +116,7 @@ void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout
 //    rounded to bf16 (its memory is the copies); every CPU.
 // Without AMX, AVX512-BF16 is put before "widened to fp32" only when the
 // measured bf16 dot-product peak is about the fp32 FMA peak
-// (bf16_dot_peak_gflops >= 0.75 · fma_peak_gflops, probed once): Intel cores run
+// (bf16 dot >= 0.75 · fp32 FMA, probed once on short runs): Intel cores run
 // VDPBF16PS at half the FMA rate, so there the widened path is chosen.
 void flash_attention_forward_bf16(BFloat16* out, float* lse, const BFloat16* q, const BFloat16* k,
                                   const BFloat16* v, const FlashAttentionParams& params);
@@ -189,6 +189,13 @@ bool has_avx512_bf16();
 // path; gflops 0 when the CPU has no AVX512-BF16. Throw for repeats < 1.
 PeakProbe bf16_dot_peak_probe(int repeats = 5);
 double bf16_dot_peak_gflops(int repeats = 5);
+// The fp32 FMA and bf16 dot-product peaks (GFLOP/s) from the same sweeps on
+// short runs (a 30 ms warm-up, runs of >= 3 ms, median of 3; about 0.1 s each
+// against about 1 s) and without the clock check: what the bf16 attention
+// path choice compares, once per process, where the two rates differ by 2x
+// or more. The bf16 one is 0 without AVX512-BF16.
+double fma_peak_gflops_quick();
+double bf16_dot_peak_gflops_quick();
 // Whether AMX bf16 can run here: the CPU has AMX-TILE and AMX-BF16, the OS
 // enabled the tile state (XCR0) and Linux granted this process the tile data
 // permission (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked once).

@@ -55,21 +55,31 @@ bool has_avx512_bf16() {
   return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512f");
 }
 
+namespace {
+PeakProbe dot_sweep(int repeats, PeakTiming timing) {
+  return sweep_peak(
+      "bf16_dot_peak_gflops", repeats, std::size(kRuns),
+      [](size_t variant, size_t iters, double* flops) { return kRuns[variant](iters, flops); },
+      [](size_t variant) { return kChainCounts[variant]; }, timing);
+}
+}  // namespace
+
 PeakProbe bf16_dot_peak_probe(int repeats) {
   if (repeats >= 1 && !has_avx512_bf16()) {
     PeakProbe none;
     none.verdict = "no AVX512-BF16";
     return none;
   }
-  PeakProbe p = sweep_peak(
-      "bf16_dot_peak_gflops", repeats, std::size(kRuns),
-      [](size_t variant, size_t iters, double* flops) { return kRuns[variant](iters, flops); },
-      [](size_t variant) { return kChainCounts[variant]; });
+  PeakProbe p = dot_sweep(repeats, PeakTiming{});
   p.lanes = 16;
   // One VDPBF16PS: 16 lanes x 2 products x 2 FLOPs; half, one or two a cycle.
   return judge_peak(p, 64.0, {0.5, 1.0, 2.0}, "VDPBF16PS unit");
 }
 
 double bf16_dot_peak_gflops(int repeats) { return bf16_dot_peak_probe(repeats).gflops; }
+
+double bf16_dot_peak_gflops_quick() {
+  return has_avx512_bf16() ? dot_sweep(3, kQuickPeakTiming).gflops : 0.0;
+}
 
 }  // namespace attn::kernels

@@ -70,6 +70,7 @@
 #include "kernels/flash_as_sdpa.h"
 #include "kernels/flash_attention_amx.h"
 #include "kernels/flash_bf16_strided.h"
+#include "kernels/peak_rate.h"
 #include "kernels/philox.h"
 #include "kernels/tile_mask-inl.h"
 
@@ -946,7 +947,9 @@ void Backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
 // T = 4096, 13% slower at T = 1024); AMD Zen 4/5 run them at one rate. AVX512-BF16
 // therefore comes before "widened to fp32" only when the measured bf16
 // dot-product peak is about the fp32 FMA peak (>= 0.75 of it; bf16_peak.cpp,
-// fma_peak.cpp; probed once, about 0.2 s, the first time the choice is needed).
+// fma_peak.cpp; probed once, the first time the choice is needed, on the quick
+// timing of peak_rate.h: about 0.25 s, where the full probes attn bench reports
+// take about 2 s).
 // A forced SIMD target below AVX-512 (ATTN_SIMD_TARGET=AVX2) stands for a CPU
 // without it, so "widened to fp32" comes first there and the others, which
 // use AVX-512 registers, after it (forcing one still runs it).
@@ -958,7 +961,7 @@ bool Avx512Bf16BeatsWidened() {
     if (!has_avx512_bf16()) return false;
     // The rates differ by 2x or not at all; 0.75 keeps a loaded machine's
     // noise (tens of %) from flipping the choice.
-    return bf16_dot_peak_gflops(3) >= kSameRate * fma_peak_gflops(3);
+    return bf16_dot_peak_gflops_quick() >= kSameRate * fma_peak_gflops_quick();
   }();
   return beats;
 }

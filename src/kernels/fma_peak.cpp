@@ -176,19 +176,27 @@ PeakProbe& judge_peak(PeakProbe& p, double flops_per_unit, const std::vector<dou
   return p;
 }
 
-PeakProbe fma_peak_probe(int repeats) {
-  PeakProbe p = sweep_peak(
+namespace {
+PeakProbe fma_sweep(int repeats, PeakTiming timing) {
+  return sweep_peak(
       "fma_peak_gflops", repeats, HWY_DYNAMIC_DISPATCH(FmaVariants)(),
       [](size_t variant, size_t iters, double* flops) {
         return HWY_DYNAMIC_DISPATCH(FmaRun)(variant, iters, flops);
       },
-      [](size_t variant) { return HWY_DYNAMIC_DISPATCH(FmaChainsOf)(variant); });
+      [](size_t variant) { return HWY_DYNAMIC_DISPATCH(FmaChainsOf)(variant); }, timing);
+}
+}  // namespace
+
+PeakProbe fma_peak_probe(int repeats) {
+  PeakProbe p = fma_sweep(repeats, PeakTiming{});
   p.lanes = int(HWY_DYNAMIC_DISPATCH(FmaLanes)());
   // One FMA: 2 FLOPs per lane; one or two FMA units per core.
   return judge_peak(p, 2.0 * p.lanes, {1.0, 2.0}, "FMA unit");
 }
 
 double fma_peak_gflops(int repeats) { return fma_peak_probe(repeats).gflops; }
+
+double fma_peak_gflops_quick() { return fma_sweep(3, kQuickPeakTiming).gflops; }
 
 }  // namespace attn::kernels
 #endif  // HWY_ONCE

@@ -19,14 +19,17 @@
 namespace attn::kernels {
 namespace {
 
-// "" when the variable is set to a valid name (and applied) or unset; else the error.
-std::string apply_one(const char* variable, const std::vector<std::string>& names,
+// "" when the variable is set to a valid name (and applied) or unset; else the
+// error. The valid names are listed only for the error: listing the bf16 paths
+// orders them, and ordering them probes the machine's peaks (seconds), which a
+// process that never runs bf16 attention should not pay at start.
+std::string apply_one(const char* variable, std::vector<std::string> (*names)(),
                       bool (*use)(const char*)) {
   const char* value = std::getenv(variable);
   if (value == nullptr || *value == '\0') return "";
   if (use(value)) return "";
   return fmt::format("{}='{}' is not a path this CPU can run; valid: '{}'", variable,
-                     printable(value), fmt::join(names, "', '"));
+                     printable(value), fmt::join(names(), "', '"));
 }
 
 }  // namespace
@@ -35,10 +38,10 @@ void apply_path_environment() {
   static std::once_flag once;
   static std::string error;
   std::call_once(once, [] {
-    error = apply_one("ATTN_SIMD_TARGET", flash_attention_targets(), flash_attention_use_target);
+    error = apply_one("ATTN_SIMD_TARGET", flash_attention_targets, flash_attention_use_target);
     if (error.empty())
       error =
-          apply_one("ATTN_BF16_PATH", flash_attention_bf16_paths(), flash_attention_bf16_use_path);
+          apply_one("ATTN_BF16_PATH", flash_attention_bf16_paths, flash_attention_bf16_use_path);
   });
   if (!error.empty()) throw std::invalid_argument("apply_path_environment: " + error);
 }

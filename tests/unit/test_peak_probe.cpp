@@ -122,3 +122,23 @@ TEST(PeakProbe, RepeatsBelowOneThrowNamingTheProbe) {
 }
 
 }  // namespace
+
+// The quick readings the bf16 path choice takes (short runs) agree with the
+// full probes: the same rate within the noise of a shared machine, and the
+// same side of the choice's threshold (bf16 dot >= 0.75 fp32 FMA), where the
+// CPUs differ by 2x (Intel 0.5, AMD Zen 4/5 about 2).
+TEST(PeakProbe, QuickPeaksAgreeWithTheFullProbes) {
+  const double fma = kn::fma_peak_gflops(3), fma_quick = kn::fma_peak_gflops_quick();
+  std::printf("fp32 FMA peak: %.1f GFLOP/s, quick %.1f\n", fma, fma_quick);
+  EXPECT_GE(fma_quick, 0.6 * fma);
+  EXPECT_LE(fma_quick, 1.5 * fma);
+  const double dot = kn::bf16_dot_peak_gflops(3), dot_quick = kn::bf16_dot_peak_gflops_quick();
+  if (!kn::has_avx512_bf16()) {
+    EXPECT_EQ(dot_quick, 0.0);
+    GTEST_SKIP() << "no AVX512-BF16";
+  }
+  std::printf("bf16 dot peak: %.1f GFLOP/s, quick %.1f\n", dot, dot_quick);
+  EXPECT_GE(dot_quick, 0.6 * dot);
+  EXPECT_LE(dot_quick, 1.5 * dot);
+  EXPECT_EQ(dot_quick >= 0.75 * fma_quick, dot >= 0.75 * fma);
+}
