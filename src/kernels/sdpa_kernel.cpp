@@ -28,9 +28,9 @@
 // to bf16 once, as they are stored (Narrow). No widened copy of a whole tensor
 // is made (the fp32 dQ accumulator, (B, Hq, Tq, Dp), is the one whole buffer).
 //
-// Scores are kept in base 2: without a softcap
-// Q is scaled by c = scale·log2(e); with one, by scale / softcap, and
-// s₂ = softcap·log2(e)·tanh(x). ALiBi and the mask are added times log2(e).
+// Scores are kept in base 2: without a softcap Q is scaled by c =
+// scale·log2(e); with one, by scale / softcap, and s₂ = softcap·log2(e)·tanh(x).
+// ALiBi and the mask are added times log2(e).
 //
 // Forward, per (b, h, group of kGroupFwd query tiles of Br rows): the key tiles
 // that meet the group's band, in tiles of kBcFwd; a tile wholly outside a
@@ -51,8 +51,9 @@
 // query head of the group and its query tiles inside (the fixed grid of
 // kBrBwd rows), so dK and dV sum over the group's heads in one fixed order; dQ
 // accumulates in place. With few heads per thread the work is split into
-// key-group tasks (dK, dV) and then query-tile tasks (dQ); both visit each output's tile pairs in the same order, so the bits
-// do not depend on the thread count.
+// key-group tasks (dK, dV) and then query-tile tasks (dQ); both visit each
+// output's tile pairs in the same order, so the bits do not depend on the
+// thread count.
 // Variable-length packed batches (p.cu_seqlens_q set): the same tasks, each
 // on one sequence's view (attn/sdpa.h's sdpa_sequence: its lengths, its first
 // rows, b strides 0, run as batch b so Philox and ALiBi see the sequence
