@@ -27,7 +27,8 @@
 // "AVX512-BF16" (VDPBF16PS: pairs of bf16 products summed into fp32 lanes,
 // where the CPU has AVX512-BF16: AMD Zen 4 and later, Intel Cooper Lake,
 // Sapphire Rapids and later) and "widened" (each bf16 widened to fp32,
-// exactly, and fused multiply-adds; every CPU); gemv_bf16_use_path forces one.
+// exactly, and fused multiply-adds; every CPU); gemv_bf16_use_path (or
+// ATTN_GEMV_BF16_PATH, read by kernels::apply_path_environment) forces one.
 // A forced SIMD target below AVX-512 chooses "widened", as on a CPU without it.
 #pragma once
 

@@ -217,6 +217,7 @@ bool flash_attention_use_target(const char* name);
 // CLI and the benchmarks call it at start-up, a program may call it too):
 //   ATTN_SIMD_TARGET  a name of flash_attention_targets(): flash_attention_use_target
 //   ATTN_BF16_PATH    a name of flash_attention_bf16_paths(): flash_attention_bf16_use_path
+//   ATTN_GEMV_BF16_PATH  a name of gemv_bf16_paths() (attn/decode_kernels.h): gemv_bf16_use_path
 // (ATTN_GEMM_ENGINE is read by attn/gemm.h's fast engine.) Unset or empty:
 // the automatic choice. An unknown name throws std::invalid_argument naming
 // the variable, the value and the valid names, on this and every later call.

@@ -28,7 +28,8 @@ def test_the_forced_bf16_path_is_the_one_taken():
 
 
 def test_an_unknown_forced_path_fails_the_import_naming_the_valid_ones():
-    for variable, value in (("ATTN_SIMD_TARGET", "AVX9"), ("ATTN_BF16_PATH", "fp8")):
+    for variable, value in (("ATTN_SIMD_TARGET", "AVX9"), ("ATTN_BF16_PATH", "fp8"),
+                            ("ATTN_GEMV_BF16_PATH", "fp8")):
         r = run_python("import attn", **{variable: value})
         assert r.returncode != 0, variable
         assert "ImportError" in r.stderr, r.stderr

@@ -1,8 +1,9 @@
-// kernels::apply_path_environment (attn/kernels.h): the SIMD target and the
-// bf16 attention path forced from the environment, so that every path can be
-// run and tested on any CPU without rebuilding:
+// kernels::apply_path_environment (attn/kernels.h): the SIMD target, the bf16
+// attention path and the decode GEMV's bf16 path forced from the environment,
+// so that every path can be run and tested on any CPU without rebuilding:
 //   ATTN_SIMD_TARGET=AVX2 attn bench ...       the AVX2 kernels on an AVX-512 CPU
-//   ATTN_BF16_PATH="widened to fp32" ...       the portable bf16 path
+//   ATTN_BF16_PATH="widened to fp32" ...       the portable bf16 attention path
+//   ATTN_GEMV_BF16_PATH=widened attn generate ...   the portable bf16 decode GEMV
 // Read once; an unknown name is an error naming the valid ones, every call.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/decode_kernels.h"
 #include "attn/kernels.h"
 #include "attn/utf8.h"
 
@@ -42,6 +44,8 @@ void apply_path_environment() {
     if (error.empty())
       error =
           apply_one("ATTN_BF16_PATH", flash_attention_bf16_paths, flash_attention_bf16_use_path);
+    if (error.empty())
+      error = apply_one("ATTN_GEMV_BF16_PATH", gemv_bf16_paths, gemv_bf16_use_path);
   });
   if (!error.empty()) throw std::invalid_argument("apply_path_environment: " + error);
 }

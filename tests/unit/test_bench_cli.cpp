@@ -13,6 +13,7 @@
 
 using attn::test::lines_of;
 using attn::test::run_cli;
+using attn::test::ScopedEnv;
 
 namespace {
 
@@ -307,26 +308,6 @@ TEST(BenchCli, ExplicitCountsAreUsed) {
 
 // ---- forcing paths: the environment and the flags -------------------------------------
 
-// Sets an environment variable for the life of the object (the child `attn`
-// inherits it), then restores what was there.
-struct ScopedEnv {
-  std::string name;
-  bool had = false;
-  std::string old;
-  ScopedEnv(const char* n, const char* value) : name(n) {
-    if (const char* v = std::getenv(n)) had = true, old = v;
-    setenv(n, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had)
-      setenv(name.c_str(), old.c_str(), 1);
-    else
-      unsetenv(name.c_str());
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-};
-
 const std::string kTiny = "bench --json --kind core --shapes 1x20x32x2 --mode fwd --repeats 1";
 
 TEST(BenchCli, UnknownForcedPathsAreOneLineUsageErrorsListingTheValidNames) {
@@ -340,6 +321,8 @@ TEST(BenchCli, UnknownForcedPathsAreOneLineUsageErrorsListingTheValidNames) {
        {Case{"ATTN_GEMM_ENGINE", "mkl", "ATTN_GEMM_ENGINE='mkl' is not an engine of this build"},
         Case{"ATTN_SIMD_TARGET", "AVX9", "ATTN_SIMD_TARGET='AVX9' is not a path this CPU can run"},
         Case{"ATTN_BF16_PATH", "fp8", "ATTN_BF16_PATH='fp8' is not a path this CPU can run"},
+        Case{"ATTN_GEMV_BF16_PATH", "fp8",
+             "ATTN_GEMV_BF16_PATH='fp8' is not a path this CPU can run"},
         Case{"ATTN_BF16_GEMM", "amx", "ATTN_BF16_GEMM='amx' is not a bf16 route of this build"}}) {
     const ScopedEnv env(c.variable, c.value);
     const auto r = run_cli(kTiny);
@@ -384,6 +367,12 @@ TEST(BenchCli, ForcedTargetAndBf16PathRun) {
     EXPECT_EQ(m["gemm_bf16_route"], "widened");
     EXPECT_EQ(m["gemm_bf16_reason"], "ATTN_BF16_GEMM=widened");
     EXPECT_EQ(m["gemm_bf16"].get<std::string>().rfind("bf16 widened to fp32", 0), 0u);
+  }
+  for (const std::string path : machine["gemv_bf16_paths"]) {  // the decode GEMV's bf16 path
+    const ScopedEnv env("ATTN_GEMV_BF16_PATH", path.c_str());
+    const auto r = run_cli(kTiny);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(nlohmann::json::parse(r.out)[0]["machine"]["gemv_bf16_path"], path);
   }
   for (const std::string path : machine["bf16_paths"]) {
     const auto r = run_cli(kTiny + " --dtype bf16 --bf16-path '" + path + "'");

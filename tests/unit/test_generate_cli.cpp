@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "attn/decode_kernels.h"
 #include "attn/generate.h"
 #include "attn/gpt.h"
 #include "attn/random.h"
@@ -148,6 +149,30 @@ TEST(GenerateCli, Benchmark) {
   EXPECT_EQ(too_long.err,
             "attn: --benchmark: the prompt (3 tokens) plus --max-new-tokens 10 exceed "
             "context_length 12\n");
+  std::filesystem::remove_all(dir);
+}
+
+// ATTN_GEMV_BF16_PATH picks the bf16 decode GEMV's path (docs/gemm.md), and
+// --benchmark --json says which ran.
+TEST(GenerateCli, Bf16DecodeGemvPathIsForcedByTheEnvironment) {
+  ATTN_REQUIRE_CLI();
+  auto model = seeded_model();
+  const std::string dir = write_checkpoint(*model, good_metadata());
+  for (const std::string& path : kernels::gemv_bf16_paths()) {
+    const ScopedEnv env("ATTN_GEMV_BF16_PATH", path.c_str());
+    const CliResult r = run_cli("generate --checkpoint '" + dir +
+                                "' --benchmark --json --dtype bfloat16 --prompt 'abc' "
+                                "--max-new-tokens 6");
+    ASSERT_EQ(r.exit_code, 0) << path << ": " << r.err;
+    EXPECT_EQ(nlohmann::json::parse(r.out).at("gemv_bf16_path"), path);
+  }
+  const ScopedEnv bad("ATTN_GEMV_BF16_PATH", "fp8");
+  const CliResult r = run_cli("generate --checkpoint '" + dir + "' --prompt 'abc'");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(lines_of(r.err).size(), 1u) << r.err;
+  EXPECT_NE(r.err.find("ATTN_GEMV_BF16_PATH='fp8' is not a path this CPU can run; valid: '"),
+            std::string::npos)
+      << r.err;
   std::filesystem::remove_all(dir);
 }
 

@@ -4,7 +4,6 @@
 
 #include <cstdlib>
 #include <map>
-#include <optional>
 #include <string>
 
 #include "../../tools/attn/omp_policy.h"
@@ -12,6 +11,7 @@
 
 using attn::cli::choose_omp_policy;
 using attn::cli::kSpinCount;
+using attn::test::ScopedEnv;
 
 namespace {
 
@@ -61,28 +61,6 @@ TEST(OmpPolicy, MarkerStopsTheLoop) {
   // A marker without GOMP_SPINCOUNT: never a second exec, whatever happened.
   EXPECT_FALSE(decide({{"ATTN_OMP_POLICY_APPLIED", "1"}}).reexec);
 }
-
-// Sets or unsets one variable for the scope, restoring the old value.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value)
-      setenv(name, value, 1);
-    else
-      unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (old_)
-      setenv(name_, old_->c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 std::string policy_line(const std::string& out) {
   for (const auto& line : attn::test::lines_of(out))

@@ -393,7 +393,7 @@ std::string cpu_family_model() {
 // peaks (measured only when `measure`: the three probes take about 5 s).
 struct Machine {
   std::string cpu, family_model, simd_target, bf16_path, sdpa_bf16_path, gemv_bf16_path;
-  std::vector<std::string> simd_targets, bf16_paths;
+  std::vector<std::string> simd_targets, bf16_paths, gemv_bf16_paths;
   std::string fast_gemm, fast_gemm_engine, fast_gemm_reason, blas, gemm_bf16, gemm_bf16_route,
       gemm_bf16_reason;
   kernels::PeakProbe fma, bf16, amx;
@@ -410,6 +410,7 @@ Machine machine_facts(bool measure) {
   m.bf16_paths = kernels::flash_attention_bf16_paths();
   m.sdpa_bf16_path = fmt::format("{} ({})", kernels::sdpa_bf16_path(), kernels::sdpa_target());
   m.gemv_bf16_path = kernels::gemv_bf16_path();
+  m.gemv_bf16_paths = kernels::gemv_bf16_paths();
   m.fast_gemm = gemm::fast_gemm_name();
   m.fast_gemm_engine = gemm::fast_gemm_engine();
   m.fast_gemm_reason = gemm::fast_gemm_reason();
@@ -448,6 +449,7 @@ nlohmann::json machine_json(const Machine& m, bool measured) {
                       {"bf16_paths", m.bf16_paths},
                       {"sdpa_bf16_path", m.sdpa_bf16_path},
                       {"gemv_bf16_path", m.gemv_bf16_path},
+                      {"gemv_bf16_paths", m.gemv_bf16_paths},
                       {"fast_gemm", m.fast_gemm},
                       {"fast_gemm_engine", m.fast_gemm_engine},
                       {"fast_gemm_reason", m.fast_gemm_reason},
@@ -665,6 +667,8 @@ constexpr const char* kForcingHelp =
     "Forcing a path (read once at start; an unknown name is an error listing the valid ones):\n"
     "  ATTN_SIMD_TARGET=NAME   the kernels' SIMD target (--target), e.g. AVX2 or SSE4\n"
     "  ATTN_BF16_PATH=NAME     the bf16 attention path (--bf16-path), e.g. 'widened to fp32'\n"
+    "  ATTN_GEMV_BF16_PATH=NAME  the bf16 decode GEMV's path (attn generate): AVX512-BF16 or\n"
+    "                          widened\n"
     "  ATTN_GEMM_ENGINE=NAME   the fast gemm engine: onednn, blas or auto (oneDNN where it is\n"
     "                          built in: the same engine every run; docs/gemm.md)\n"
     "  ATTN_BF16_GEMM=NAME     the bf16 products' route: matmul (oneDNN's bf16 matmul), widened\n"
@@ -1113,9 +1117,10 @@ Command add_bench_command(CLI::App& app) {
       }
       fmt::print(
           "paths: flash kernel {}; bf16 attention {} (of: {}; ATTN_BF16_PATH or "
-          "--bf16-path forces one); sdpa bf16 {}; decode gemv bf16 {}\n",
+          "--bf16-path forces one); sdpa bf16 {}; decode gemv bf16 {} (of: {}; "
+          "ATTN_GEMV_BF16_PATH forces one)\n",
           target, machine.bf16_path, fmt::join(machine.bf16_paths, ", "), machine.sdpa_bf16_path,
-          machine.gemv_bf16_path);
+          machine.gemv_bf16_path, fmt::join(machine.gemv_bf16_paths, ", "));
       fmt::print(
           "gemm: fast engine {} ({}; ATTN_GEMM_ENGINE=onednn|blas forces one); BLAS {}; "
           "bf16 gemm {} (route {}: {}; ATTN_BF16_GEMM=matmul|widened forces one)\n",

@@ -108,7 +108,8 @@ int main(int argc, char** argv) {
   }
 
   // The paths forced by the environment (ATTN_SIMD_TARGET, ATTN_BF16_PATH,
-  // ATTN_GEMM_ENGINE, ATTN_BF16_GEMM; attn bench --help): an unknown name is a usage error.
+  // ATTN_GEMV_BF16_PATH, ATTN_GEMM_ENGINE, ATTN_BF16_GEMM; attn bench --help): an
+  // unknown name is a usage error.
   try {
     attn::kernels::apply_path_environment();
     const char* engine = std::getenv("ATTN_GEMM_ENGINE");
