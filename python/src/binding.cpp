@@ -351,9 +351,9 @@ Options options_of(bool is_causal, bool bottom_right, std::optional<float> scale
 
 PYBIND11_MODULE(_attn, m) {
   m.doc() = "attn's kernels on raw tensor refs (python/attn is the API; docs/python.md)";
-  // ATTN_SIMD_TARGET, ATTN_BF16_PATH and ATTN_GEMV_BF16_PATH force a path here as in the attn CLI
-  // (docs/gemm.md); an unknown name fails the import with an ImportError naming
-  // the valid ones.
+  // ATTN_SIMD_TARGET, ATTN_BF16_PATH and ATTN_GEMV_BF16_PATH force a path here
+  // as in the attn CLI (docs/gemm.md); an unknown name fails the import with an
+  // ImportError naming the valid ones.
   attn::kernels::apply_path_environment();
 
   m.def(

@@ -121,8 +121,6 @@ TEST(PeakProbe, RepeatsBelowOneThrowNamingTheProbe) {
   }
 }
 
-}  // namespace
-
 // The quick readings the bf16 path choice takes (short runs) agree with the
 // full probes: the same rate within the noise of a shared machine, and the
 // same side of the choice's threshold (bf16 dot >= 0.75 fp32 FMA), where the
@@ -142,3 +140,5 @@ TEST(PeakProbe, QuickPeaksAgreeWithTheFullProbes) {
   EXPECT_LE(dot_quick, 1.5 * dot);
   EXPECT_EQ(dot_quick >= 0.75 * fma_quick, dot >= 0.75 * fma);
 }
+
+}  // namespace
