@@ -1,7 +1,7 @@
 // bench/yardsticks.h - what the Google Benchmark programs report their rates
 // against, measured once at start-up: the fast engine's sgemm (bench/sgemm_rate.h)
 // and the CPU's fp32 multiply-add peak on the kernel's SIMD target
-// (kernels::fma_peak_gflops). Counters per benchmark:
+// (cpu::fma_peak_gflops). Counters per benchmark:
 //   GFLOP         useful GFLOP/s (iteration-invariant rate)
 //   pct_of_sgemm  that rate as a percentage of the sgemm rate
 //   pct_of_peak   that rate as a percentage of the FMA peak
@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "attn/cpu.h"
 #include "attn/gemm.h"
 #include "attn/kernels.h"
 #include "sgemm_rate.h"
@@ -35,7 +36,7 @@ inline void measure_yardsticks() {
   kernels::apply_path_environment();  // ATTN_SIMD_TARGET, ATTN_BF16_PATH (docs/gemm.md)
   const char* skip = std::getenv("ATTN_BENCH_SKIP_SGEMM");
   if (!(skip && *skip == '1')) {
-    yardsticks().peak_gflops = kernels::fma_peak_gflops();
+    yardsticks().peak_gflops = cpu::fma_peak_gflops();
     yardsticks().sgemm_gflops = sgemm_gflops(4096, 5, gemm::Engine::kFast);
   }
   std::printf("fp32 FMA peak (%s, median of 5): %.1f GFLOP/s\n", kernels::flash_attention_target(),

@@ -56,7 +56,7 @@
 #include <cstdint>
 
 namespace attn {
-struct BFloat16;  // attn/tensor.h
+struct BFloat16;  // attn/bfloat16.h
 }  // namespace attn
 
 namespace attn {

@@ -37,7 +37,7 @@
 #include <vector>
 
 namespace attn {
-struct BFloat16;  // attn/tensor.h
+struct BFloat16;  // attn/bfloat16.h
 }  // namespace attn
 
 namespace attn::kernels {

@@ -54,7 +54,7 @@
 #include <vector>
 
 namespace attn {
-struct BFloat16;  // attn/tensor.h: the high half of a float32's bits
+struct BFloat16;  // attn/bfloat16.h: the high half of a float32's bits
 }  // namespace attn
 
 namespace attn::gemm {

@@ -1,6 +1,7 @@
 // attn/generate.h - text generation with the chapter-4 GPT: a key/value cache
-// for the whole model, the book's sampler (chapter 5 `generate`) and the
-// checkpoint reader `attn generate` uses.
+// for the whole model, the book's sampler (chapter 5 `generate`) and a
+// character vocabulary's encode and decode. (Reading a checkpoint directory:
+// attn/checkpoint.h.)
 //
 //   nn::GPTModel model(cfg);
 //   model.eval();
@@ -177,25 +178,6 @@ struct PerplexityResult {
 };
 PerplexityResult sliding_window_perplexity(GPTModel& model, const std::vector<int64_t>& ids,
                                            int64_t context, int64_t stride);
-
-// A GPT checkpoint directory (docs/generation.md, "Checkpoints"):
-// DIR/checkpoint.safetensors with the model's state_dict (F32), metadata
-// "format" = "attn-checkpoint-1", "config" (JSON object of the GPTConfig
-// fields; layer_norm_eps and tie_embeddings optional, the book's values when
-// absent), "tokenizer" (optional: "char", the default, or "gpt2") and, for
-// "char", "vocab" (JSON array of one-character strings, in id order); optim.*
-// tensors of a training checkpoint are ignored.
-struct Checkpoint {
-  GPTConfig config;
-  std::string tokenizer = "char";  // "char" or "gpt2" (GPT-2's BPE; no vocab)
-  std::vector<std::string> vocab;  // "char": id -> one UTF-8 character
-  std::map<std::string, std::string> metadata;
-};
-// Reads the metadata and loads the weights into a new model (returned through
-// `model`, made from the checkpoint's config and `options`). Throws
-// std::invalid_argument or std::runtime_error naming the file and what is wrong.
-Checkpoint load_checkpoint(const std::string& dir, std::unique_ptr<GPTModel>& model,
-                           const GPTOptions& options = {});
 
 // UTF-8 text -> ids with the vocabulary; throws std::invalid_argument naming the
 // first character that is not in it (and its code point).

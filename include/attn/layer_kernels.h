@@ -7,6 +7,9 @@
 // dispatch (the best of AVX-512, AVX2, SSE4 and scalar for the running CPU) and
 // split over OpenMP threads by rows (or by chunks of elements). They are what
 // nn::LayerNorm and nn::GELU run with LayerImpl::kKernel (attn/gpt.h), the default.
+// The sources, one file per layer in src/kernels: layer_kernels.cpp (layer norm,
+// the bf16 rounding), gelu_kernels.cpp (GELU, bias + GELU), adamw_kernels.cpp
+// (AdamW, sum_of_squares), bias_kernels.cpp (fill_rows, column sums).
 //
 // How they differ from the reference loops (tests/unit/test_layer_kernels.cpp
 // states the bounds they meet):
@@ -25,7 +28,7 @@
 #include <cstdint>
 
 namespace attn {
-struct BFloat16;  // attn/tensor.h
+struct BFloat16;  // attn/bfloat16.h
 }  // namespace attn
 
 namespace attn::kernels {

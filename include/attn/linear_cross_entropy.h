@@ -21,9 +21,10 @@
 // Numerics: the products run on gemm::Engine::kFast (fp32), or on
 // gemm::gemm_bf16 in bf16 mode (h, W and dlogits rounded to bf16 as the plain
 // bf16 Linear rounds them; sums in float32); the log-sum-exp is a SIMD float
-// sum of exp(x − max) per row (Highway's Exp), the loss summed over rows in
-// double. The values match the plain path within float rounding (the tests
-// state the tolerances), not bit for bit.
+// sum of exp(x − max) per row (Highway's Exp; kernels::cross_entropy_rows,
+// attn/cross_entropy_rows.h), the loss summed over rows in double. The values
+// match the plain path within float rounding (the tests state the
+// tolerances), not bit for bit.
 #pragma once
 
 #include <cstdint>
@@ -61,16 +62,3 @@ float linear_cross_entropy(const Tensor& h, const Tensor& W, const Tensor& targe
                            Tensor* dW = nullptr);
 
 }  // namespace attn::nn
-
-namespace attn::kernels {
-
-// The cross-entropy of M rows of logits (M, V; ld) float32 in place: for row r
-// with lse_r = max_r + log Σ_v exp(logits[r, v] − max_r), loss[r] =
-// lse_r − logits[r, t_r] (0 for t_r == ignore_index), and with write_grad the
-// row becomes grad_scale · (exp(logits[r] − lse_r) − onehot(t_r)) (zeros for
-// an ignored row). Targets must be in range (not checked here). Rows are split
-// over the OpenMP threads; each row's sums are the same for any thread count.
-void cross_entropy_rows(double* loss, float* logits, int64_t ld, const int64_t* targets, int64_t M,
-                        int64_t V, int64_t ignore_index, bool write_grad, float grad_scale);
-
-}  // namespace attn::kernels

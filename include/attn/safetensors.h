@@ -34,10 +34,7 @@
 // It writes atomically: a temporary file in the target's folder, fsync, rename
 // over the target, fsync of the folder; a reader never sees half a file.
 //
-// Modules: save_state_dict writes a module's state_dict() (parameters and
-// persistent buffers by their PyTorch names; a tied parameter once, under its
-// first name); load_state_dict copies a file's tensors into a module by name,
-// checking dtype and shape, and lists the missing and unexpected names.
+// Modules in and out of these files: attn/state_dict.h.
 #pragma once
 
 #include <cstddef>
@@ -48,11 +45,8 @@
 #include <utility>
 #include <vector>
 
+#include "attn/mapped_file.h"
 #include "attn/tensor.h"
-
-namespace attn::nn {
-class Module;
-}
 
 namespace attn::io {
 
@@ -132,9 +126,6 @@ class MappedSafetensors {
   // Throws std::runtime_error naming the path and what is wrong (as
   // read_safetensors_header does, or the system's reason for open/mmap).
   explicit MappedSafetensors(const std::string& path);
-  ~MappedSafetensors();
-  MappedSafetensors(const MappedSafetensors&) = delete;
-  MappedSafetensors& operator=(const MappedSafetensors&) = delete;
 
   const std::string& path() const { return path_; }
   const SafetensorsHeader& header() const { return header_; }
@@ -149,8 +140,7 @@ class MappedSafetensors {
 
  private:
   std::string path_;
-  const std::byte* map_ = nullptr;
-  size_t size_ = 0;
+  MappedFile map_;
   SafetensorsHeader header_;
 };
 
@@ -168,28 +158,5 @@ struct RawTensor {
 // that does not match the shape (naming the tensor), and as write_safetensors.
 void write_safetensors(const std::string& path, const std::vector<RawTensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
-
-// ---- modules -------------------------------------------------------------------------------
-
-// PyTorch's load_state_dict result: state_dict() names the file lacks, and
-// file names the module does not have (sorted).
-struct LoadResult {
-  std::vector<std::string> missing;
-  std::vector<std::string> unexpected;
-};
-
-// Copies the file's tensors into the module's parameters and persistent
-// buffers (module.state_dict()) by name. Every name present on both sides must
-// agree in dtype and shape (std::invalid_argument naming the file, the tensor
-// and both values, otherwise). strict: missing or unexpected names are an
-// error (std::invalid_argument listing them); not strict: they are returned.
-// A name missing from the file is not missing when it is a tied parameter whose
-// other name is in the file. Nothing is written unless every check passes.
-LoadResult load_state_dict(nn::Module& module, const SafetensorsFile& file, bool strict = true);
-LoadResult load_state_dict(nn::Module& module, const std::string& path, bool strict = true);
-// Writes module.state_dict() to path (write_safetensors); a tied parameter is
-// written once, under its first name.
-void save_state_dict(nn::Module& module, const std::string& path,
-                     const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace attn::io

@@ -42,6 +42,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "attn/bfloat16.h"
+
 namespace attn {
 
 using Shape = std::vector<int64_t>;
@@ -60,29 +62,6 @@ const char* dtype_name(DType dtype);
 // The inverse of dtype_name; throws std::invalid_argument naming an unknown name.
 DType dtype_from_name(std::string_view name);
 int64_t element_size(DType dtype);  // bytes: 4, 2, 8
-
-// A bfloat16 value as PyTorch stores it: the high half of a float32's bits.
-struct BFloat16 {
-  uint16_t bits = 0;
-};
-// float32 -> bfloat16 with round-to-nearest-even, as PyTorch's vectorised CPU
-// cast (.to(torch.bfloat16) of a tensor) rounds; every NaN becomes 0xFFFF, as
-// that cast writes it (c10's scalar round_to_nearest_even, which PyTorch uses
-// for a 0-d tensor, writes 0x7FC0 instead: both are NaN).
-inline BFloat16 to_bfloat16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu) != 0) return {0xFFFF};
-  const uint32_t rounding_bias = 0x7FFFu + ((u >> 16) & 1u);
-  return {static_cast<uint16_t>((u + rounding_bias) >> 16)};
-}
-// bfloat16 -> float32 is exact.
-inline float to_float(BFloat16 b) {
-  const uint32_t u = static_cast<uint32_t>(b.bits) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
 
 // The dtype that stores a C++ type: float, BFloat16, int64_t.
 template <class T>

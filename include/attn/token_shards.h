@@ -36,6 +36,8 @@
 #include <string>
 #include <vector>
 
+#include "attn/mapped_file.h"
+
 namespace attn::data {
 
 inline constexpr char kShardMagic[8] = {'A', 'T', 'T', 'N', 'T', 'O', 'K', '1'};
@@ -43,10 +45,6 @@ inline constexpr uint32_t kShardVersion = 1;
 inline constexpr uint64_t kShardHeaderBytes = 64;
 inline constexpr const char* kManifestFormat = "attn-token-shards-1";
 inline constexpr const char* kManifestName = "manifest.json";
-
-// FNV-1a, 64 bits (offset basis 14695981039346656037, prime 1099511628211),
-// continued from `hash` (pass the previous result to hash in pieces).
-uint64_t fnv1a64(const void* data, size_t size, uint64_t hash = 14695981039346656037ULL);
 
 // Tokens read by global position: what a training loader asks of a corpus.
 class TokenSource {
@@ -96,9 +94,6 @@ class TokenShard final : public TokenSource {
   // Maps and checks the header (see the file comment); verify: also the
   // checksum and every token. Throws as the file comment says.
   explicit TokenShard(const std::string& path, bool verify = false);
-  ~TokenShard() override;
-  TokenShard(const TokenShard&) = delete;
-  TokenShard& operator=(const TokenShard&) = delete;
 
   const ShardHeader& header() const { return header_; }
   const std::string& path() const { return path_; }
@@ -113,9 +108,8 @@ class TokenShard final : public TokenSource {
 
  private:
   std::string path_;
+  io::MappedFile map_;
   ShardHeader header_;
-  void* map_ = nullptr;
-  size_t map_bytes_ = 0;
   const uint16_t* tokens_ = nullptr;
 };
 

@@ -3,6 +3,7 @@
 //
 //   CharTokenizer  the text's distinct code points, sorted, are the vocabulary;
 //                  encode / decode between text and token ids
+//                  (attn/char_tokenizer.h, text::CharTokenizer)
 //   Batcher        (B, T) inputs and (B, T) next-token targets cut from random
 //                  windows of T + 1 tokens, offsets drawn from a Generator
 //                  (nanoGPT's get_batch; the character-level runs)
@@ -55,11 +56,12 @@
 // The checkpoint (checkpoint.safetensors, the format `attn generate` reads):
 // tensors: the model's state_dict() (F32) and "optim.<param>.exp_avg",
 // "optim.<param>.exp_avg_sq"; __metadata__: "format" = "attn-checkpoint-1",
-// "config" (the GPTConfig as JSON), "tokenizer" ("char" or "gpt2"), "vocab"
-// (character runs only: JSON array of one-character strings in id order),
-// "iter", "optim_step", "train_args" (TrainOptions as JSON), "generator" (the
-// Generator's state as JSON), "last_eval_iter", and for GPT-2 BPE runs
-// "loader" (the training pass in progress: {"epoch", "seed", "position"}).
+// "config" (the GPTConfig as JSON, attn/model_config.h), "tokenizer" ("char"
+// or "gpt2"), "vocab" (character runs only: JSON array of one-character
+// strings in id order), "iter", "optim_step", "train_args" (TrainOptions as
+// JSON), "generator" (the Generator's state as JSON), "last_eval_iter", and
+// for GPT-2 BPE runs "loader" (the training pass in progress: {"epoch",
+// "seed", "position"}).
 #pragma once
 
 #include <cstdint>
@@ -71,6 +73,8 @@
 #include <utility>
 #include <vector>
 
+#include "attn/char_tokenizer.h"
+#include "attn/checkpoint.h"
 #include "attn/gpt.h"
 #include "attn/optim.h"
 #include "attn/random.h"
@@ -80,37 +84,12 @@
 
 namespace attn::train {
 
-inline constexpr const char* kCheckpointFormat = "attn-checkpoint-1";
+using nn::kCheckpointFormat;  // "attn-checkpoint-1" (attn/checkpoint.h)
+using text::CharTokenizer;     // attn/char_tokenizer.h
 
 // UTF-8 as attn/utf8.h decodes it (kept here under the names it had first).
 using attn::decode_utf8;
 using attn::encode_utf8;
-
-class CharTokenizer {
- public:
-  // The distinct code points of text, sorted; throws std::invalid_argument
-  // for invalid UTF-8 (naming the byte offset) or an empty text.
-  static CharTokenizer from_text(std::string_view text);
-  // A vocabulary in id order, each entry one character as UTF-8 (a
-  // checkpoint's "vocab"); throws std::invalid_argument for an entry that is
-  // not exactly one character, or a repeated one.
-  explicit CharTokenizer(std::vector<std::string> vocab);
-
-  // Token ids of text; throws std::invalid_argument naming the byte offset of
-  // invalid UTF-8 or of a character outside the vocabulary.
-  std::vector<int64_t> encode(std::string_view text) const;
-  // Text of token ids; throws std::out_of_range naming an id outside [0, size()).
-  std::string decode(const std::vector<int64_t>& ids) const;
-  int64_t size() const { return static_cast<int64_t>(vocab_.size()); }
-  const std::vector<std::string>& vocab() const { return vocab_; }
-  // The vocabulary as a JSON array string, and back.
-  std::string to_json() const;
-  static CharTokenizer from_json(const std::string& json);
-
- private:
-  std::vector<std::string> vocab_;      // id -> character (UTF-8)
-  std::map<char32_t, int64_t> ids_;     // code point -> id
-};
 
 // Batches of random windows of a token sequence: for each of the B rows an
 // offset i = gen.random() % (n - T) (torch.randint(n - T, (B,)) for n - T <
@@ -430,9 +409,5 @@ class Trainer {
   std::vector<int> owner_;  // shard_optimizer: the rank that updates params_[i]
   std::vector<optim::ParamGroup> full_groups_;  // shard_optimizer: the unsharded groups  // K > 1: the sum of the earlier micro-batches' gradients (params_ order)
 };
-
-// The GPTConfig of a checkpoint's "config" JSON, and back.
-std::string config_to_json(const nn::GPTConfig& cfg);
-nn::GPTConfig config_from_json(const std::string& json);
 
 }  // namespace attn::train

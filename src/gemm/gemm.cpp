@@ -31,7 +31,7 @@
 #include <utility>
 #include <vector>
 
-#include "attn/tensor.h"
+#include "attn/bfloat16.h"
 #include "attn/utf8.h"
 
 namespace attn::gemm {
@@ -431,17 +431,6 @@ float* widen_buffer(int slot, size_t n, std::vector<float>& transient) {
   return kept[slot].data();
 }
 
-// d[0:n] = the floats whose high halves are s[0:n] (to_float), compiled for
-// AVX-512, AVX2 and the baseline and chosen at load time (this file has no
-// SIMD dispatch of its own; with SSE2 alone the widening was ~6% of a bf16
-// training step on an Intel core without AMX).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-void widen_row(uint32_t* __restrict d, const uint16_t* __restrict s, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) d[j] = uint32_t(s[j]) << 16;
-}
-
 // A matrix to widen: dst (rows, cols) = src (rows, cols; ld), exactly.
 struct WidenJob {
   float* dst;
@@ -460,10 +449,9 @@ void widen_range(const WidenJob* jobs, int n_jobs, int64_t e0, int64_t e1) {
       continue;
     }
     const int64_t end = std::min(e1, size);
-    const auto* bits = reinterpret_cast<const uint16_t*>(w.src);
     for (int64_t e = e0; e < end;) {
       const int64_t i = e / w.cols, c = e % w.cols, n = std::min(w.cols - c, end - e);
-      widen_row(reinterpret_cast<uint32_t*>(w.dst + i * w.cols + c), bits + i * w.ld + c, n);
+      to_float(w.src + i * w.ld + c, w.dst + i * w.cols + c, static_cast<size_t>(n));
       e += n;
     }
     e0 = 0;

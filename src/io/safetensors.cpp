@@ -9,7 +9,6 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -655,37 +654,9 @@ uint16_t float_to_half(float f) {
 
 // ---- memory-mapped files ----------------------------------------------------------------------
 
-MappedSafetensors::MappedSafetensors(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(printable(path), fmt::format("cannot open: {}", std::strerror(errno)));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    const int err = errno;
-    ::close(fd);
-    fail(printable(path), S_ISREG(st.st_mode) ? fmt::format("cannot stat: {}", std::strerror(err))
-                                              : std::string("not a regular file"));
-  }
-  size_ = static_cast<size_t>(st.st_size);
-  if (size_ > 0) {
-    void* m = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (m == MAP_FAILED) {
-      const int err = errno;
-      ::close(fd);
-      fail(printable(path), fmt::format("cannot mmap {} bytes: {}", size_, std::strerror(err)));
-    }
-    map_ = static_cast<const std::byte*>(m);
-  }
-  ::close(fd);  // the mapping stays valid
-  try {
-    header_ = parse_header(MemorySource({map_, size_}, printable(path)));
-  } catch (...) {
-    if (map_ != nullptr) ::munmap(const_cast<std::byte*>(map_), size_);
-    throw;
-  }
-}
-
-MappedSafetensors::~MappedSafetensors() {
-  if (map_ != nullptr) ::munmap(const_cast<std::byte*>(map_), size_);
+MappedSafetensors::MappedSafetensors(const std::string& path)
+    : path_(path), map_(path, fmt::format("safetensors file '{}'", printable(path))) {
+  header_ = parse_header(MemorySource(map_.bytes(), printable(path)));
 }
 
 const SafetensorsEntry* MappedSafetensors::find(const std::string& name) const {
@@ -697,7 +668,7 @@ const SafetensorsEntry* MappedSafetensors::find(const std::string& name) const {
 
 std::span<const std::byte> MappedSafetensors::bytes(const SafetensorsEntry& e) const {
   const size_t start = kLengthPrefixBytes + static_cast<size_t>(header_.header_bytes);
-  return {map_ + start + static_cast<size_t>(e.begin), static_cast<size_t>(e.nbytes())};
+  return {map_.data() + start + static_cast<size_t>(e.begin), static_cast<size_t>(e.nbytes())};
 }
 
 void MappedSafetensors::read_float32(const SafetensorsEntry& e, float* dst) const {

@@ -2,15 +2,10 @@
 // the dataset folder.
 #include "attn/token_shards.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +14,7 @@
 #include <stdexcept>
 
 #include "attn/atomic_file.h"
+#include "attn/fnv1a.h"
 #include "attn/utf8.h"
 
 static_assert(std::endian::native == std::endian::little, "token shards are little-endian");
@@ -53,15 +49,6 @@ std::string hex_bytes(const unsigned char* p, size_t n) {
 }
 
 }  // namespace
-
-uint64_t fnv1a64(const void* data, size_t size, uint64_t hash) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < size; ++i) {
-    hash ^= p[i];
-    hash *= 1099511628211ULL;
-  }
-  return hash;
-}
 
 // ---- sources ----------------------------------------------------------------------
 
@@ -126,75 +113,47 @@ uint64_t write_token_shard(const std::string& path, std::span<const uint16_t> to
   return checksum;
 }
 
-TokenShard::TokenShard(const std::string& path, bool verify_now) : path_(path) {
+TokenShard::TokenShard(const std::string& path, bool verify_now)
+    : path_(path), map_(path, fmt::format("token shard '{}'", printable(path))) {
   const std::string name = printable(path);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    throw std::runtime_error(fmt::format("token shard '{}': cannot open: {}", name, std::strerror(errno)));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    throw std::runtime_error(fmt::format("token shard '{}': cannot stat: {}", name, std::strerror(err)));
-  }
-  const auto file_bytes = static_cast<uint64_t>(st.st_size);
-  if (!S_ISREG(st.st_mode) || file_bytes < kShardHeaderBytes) {
-    ::close(fd);
+  const auto file_bytes = static_cast<uint64_t>(map_.size());
+  if (file_bytes < kShardHeaderBytes)
     throw std::invalid_argument(fmt::format(
         "token shard '{}' is truncated: {} bytes, the header alone is {}", name, file_bytes, kShardHeaderBytes));
-  }
-  map_bytes_ = static_cast<size_t>(file_bytes);
-  map_ = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_SHARED, fd, 0);
-  const int map_err = errno;
-  ::close(fd);  // the mapping keeps the file
-  if (map_ == MAP_FAILED) {
-    map_ = nullptr;
-    throw std::runtime_error(fmt::format("token shard '{}': cannot mmap: {}", name, std::strerror(map_err)));
-  }
-  try {
-    const auto* h = static_cast<const unsigned char*>(map_);
-    if (std::memcmp(h, kShardMagic, 8) != 0)
+  const auto* h = reinterpret_cast<const unsigned char*>(map_.data());
+  if (std::memcmp(h, kShardMagic, 8) != 0)
+    throw std::invalid_argument(fmt::format(
+        "token shard '{}' is not an attn token shard: magic {} (hex), expected {} (\"ATTNTOK1\")", name,
+        hex_bytes(h, 8), hex_bytes(reinterpret_cast<const unsigned char*>(kShardMagic), 8)));
+  header_.version = get_u32(h + 8);
+  header_.token_bytes = get_u32(h + 12);
+  const uint64_t vocab = get_u64(h + 16), count = get_u64(h + 24);
+  header_.checksum = get_u64(h + 32);
+  if (header_.version != kShardVersion)
+    throw std::invalid_argument(fmt::format("token shard '{}': format version {}, this attn reads version {}",
+                                            name, header_.version, kShardVersion));
+  if (header_.token_bytes != 2)
+    throw std::invalid_argument(fmt::format(
+        "token shard '{}': {} bytes per token, this attn reads 2 (uint16)", name, header_.token_bytes));
+  if (vocab < 1 || vocab > 65536)
+    throw std::invalid_argument(
+        fmt::format("token shard '{}': vocab_size {} is outside 1 .. 65536", name, vocab));
+  for (size_t i = 40; i < kShardHeaderBytes; ++i) {
+    if (h[i] != 0)
       throw std::invalid_argument(fmt::format(
-          "token shard '{}' is not an attn token shard: magic {} (hex), expected {} (\"ATTNTOK1\")", name,
-          hex_bytes(h, 8), hex_bytes(reinterpret_cast<const unsigned char*>(kShardMagic), 8)));
-    header_.version = get_u32(h + 8);
-    header_.token_bytes = get_u32(h + 12);
-    const uint64_t vocab = get_u64(h + 16), count = get_u64(h + 24);
-    header_.checksum = get_u64(h + 32);
-    if (header_.version != kShardVersion)
-      throw std::invalid_argument(fmt::format("token shard '{}': format version {}, this attn reads version {}",
-                                              name, header_.version, kShardVersion));
-    if (header_.token_bytes != 2)
-      throw std::invalid_argument(fmt::format(
-          "token shard '{}': {} bytes per token, this attn reads 2 (uint16)", name, header_.token_bytes));
-    if (vocab < 1 || vocab > 65536)
-      throw std::invalid_argument(
-          fmt::format("token shard '{}': vocab_size {} is outside 1 .. 65536", name, vocab));
-    for (size_t i = 40; i < kShardHeaderBytes; ++i) {
-      if (h[i] != 0)
-        throw std::invalid_argument(fmt::format(
-            "token shard '{}': reserved header byte {} is 0x{:02x}, not zero", name, i, h[i]));
-    }
-    const uint64_t payload = file_bytes - kShardHeaderBytes;
-    if (count > payload / 2 || payload != 2 * count)
-      throw std::invalid_argument(fmt::format(
-          "token shard '{}': the header counts {} tokens ({} bytes) but the file holds {} bytes of tokens{}",
-          name, count, count > (UINT64_MAX / 2) ? UINT64_MAX : 2 * count, payload,
-          payload < 2 * count ? " (truncated)" : ""));
-    header_.vocab_size = static_cast<int64_t>(vocab);
-    header_.tokens = static_cast<int64_t>(count);
-    tokens_ = reinterpret_cast<const uint16_t*>(h + kShardHeaderBytes);
-    if (verify_now) verify();
-    ::madvise(map_, map_bytes_, MADV_RANDOM);
-  } catch (...) {
-    ::munmap(map_, map_bytes_);
-    map_ = nullptr;
-    throw;
+          "token shard '{}': reserved header byte {} is 0x{:02x}, not zero", name, i, h[i]));
   }
-}
-
-TokenShard::~TokenShard() {
-  if (map_ != nullptr) ::munmap(map_, map_bytes_);
+  const uint64_t payload = file_bytes - kShardHeaderBytes;
+  if (count > payload / 2 || payload != 2 * count)
+    throw std::invalid_argument(fmt::format(
+        "token shard '{}': the header counts {} tokens ({} bytes) but the file holds {} bytes of tokens{}",
+        name, count, count > (UINT64_MAX / 2) ? UINT64_MAX : 2 * count, payload,
+        payload < 2 * count ? " (truncated)" : ""));
+  header_.vocab_size = static_cast<int64_t>(vocab);
+  header_.tokens = static_cast<int64_t>(count);
+  tokens_ = reinterpret_cast<const uint16_t*>(h + kShardHeaderBytes);
+  if (verify_now) verify();
+  map_.advise_random();
 }
 
 void TokenShard::verify() const {

@@ -1,14 +1,15 @@
-// The cross-entropy of rows of logits in place (attn/linear_cross_entropy.h
+// The cross-entropy of rows of logits in place (attn/cross_entropy_rows.h
 // states the maths; ref::cross_entropy_forward / _backward are the
 // specification): per row a SIMD max, a SIMD sum of exp(x − max), the
 // log-sum-exp in double, the row's loss, and optionally the row overwritten by
 // its gradient. Highway dynamic dispatch; OpenMP over rows.
+#include "attn/cross_entropy_rows.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
-#include "attn/linear_cross_entropy.h"
-#include "kernels/hwy_targets.h"
+#include "cpu/hwy_targets.h"
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cross_entropy_rows.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "attn/tensor.h"
-#include "kernels/hwy_targets.h"
+#include "cpu/hwy_targets.h"
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/decode_attention.cpp"
 #include <hwy/cache_control.h>

@@ -6,6 +6,7 @@
 // rows (GEMV). The bf16 GEMV's AVX512-BF16
 // path is in gemv_bf16_avx512.cpp (VDPBF16PS is not among Highway 1.0.3's
 // targets); this file picks it at run time.
+#include "attn/cpu.h"
 #include "attn/decode_kernels.h"
 
 #include "attn/decode_attention.h"
@@ -28,7 +29,7 @@
 #include <omp.h>
 #endif
 
-#include "kernels/hwy_targets.h"
+#include "cpu/hwy_targets.h"
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/decode_kernels.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -168,7 +169,7 @@ Bf16Path g_forced = Bf16Path::kAuto;
 
 // AVX512-BF16 where the CPU has it, unless a forced SIMD target below AVX-512
 // (ATTN_SIMD_TARGET=AVX2) stands for a CPU without it.
-bool avx512_bf16_first() { return has_avx512_bf16() && simd_target_has_avx512(); }
+bool avx512_bf16_first() { return cpu::has_avx512_bf16() && simd_target_has_avx512(); }
 Bf16Path chosen_path() {
   if (g_forced != Bf16Path::kAuto) return g_forced;
   return avx512_bf16_first() ? Bf16Path::kAvx512Bf16 : Bf16Path::kWidened;
@@ -232,7 +233,7 @@ std::vector<std::string> gemv_bf16_paths() {
   std::vector<std::string> names;
   if (avx512_bf16_first()) names.emplace_back(path_name(Bf16Path::kAvx512Bf16));
   names.emplace_back(path_name(Bf16Path::kWidened));
-  if (has_avx512_bf16() && !avx512_bf16_first())
+  if (cpu::has_avx512_bf16() && !avx512_bf16_first())
     names.emplace_back(path_name(Bf16Path::kAvx512Bf16));
   return names;
 }
@@ -242,7 +243,7 @@ bool gemv_bf16_use_path(const char* name) {
   if (name == nullptr) return true;
   for (Bf16Path p : {Bf16Path::kAvx512Bf16, Bf16Path::kWidened}) {
     if (std::string(name) != path_name(p)) continue;
-    if (p == Bf16Path::kAvx512Bf16 && !has_avx512_bf16()) return false;
+    if (p == Bf16Path::kAvx512Bf16 && !cpu::has_avx512_bf16()) return false;
     g_forced = p;
     return true;
   }

@@ -11,7 +11,7 @@
 #include <cstdint>
 
 #include "attn/kernels.h"
-#include "attn/sdpa.h"
+#include "attn/sdpa_problem.h"
 
 namespace attn::kernels {
 

@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "attn/kernels.h"
-#include "attn/sdpa.h"
+#include "attn/sdpa_problem.h"
 #include "kernels/flash_as_sdpa.h"
-#include "kernels/hwy_targets.h"
+#include "cpu/hwy_targets.h"
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/flash_attention.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep

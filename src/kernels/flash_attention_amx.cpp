@@ -72,8 +72,9 @@
 #include <new>
 #include <vector>
 
+#include "attn/cpu.h"
 #include "attn/tensor.h"
-#include "kernels/amx_tiles.h"
+#include "cpu/amx_tiles.h"
 #include "kernels/avx512_bf16-inl.h"
 #include "kernels/philox.h"
 #include "kernels/tile_mask-inl.h"
@@ -84,11 +85,11 @@
 
 namespace attn::kernels::amx {
 
-// The CPU, the OS (XCR0) and Linux's tile permission: has_amx_bf16()
-// (amx_peak.cpp, one request per process); the kernels' element-wise work
+// The CPU, the OS (XCR0) and Linux's tile permission: cpu::has_amx_bf16()
+// (attn/cpu.h, one request per process); the kernels' element-wise work
 // also uses AVX512-BF16.
 bool amx_usable() {
-  static const bool usable = has_amx_bf16() && has_avx512_bf16();
+  static const bool usable = cpu::has_amx_bf16() && cpu::has_avx512_bf16();
   return usable;
 }
 
@@ -797,7 +798,7 @@ void forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, co
   const int64_t n_qt = int64_t(d.Tqp / kB);
 #pragma omp parallel
   {
-    const TileScope tiles;
+    const cpu::amx::TileScope tiles;
     auto S = floats(kB * kBc), O = floats(kB * d.hdp), m = floats(kB), l = floats(kB),
          z = floats(kBc);
     auto Pw = words(kB * kBcw);
@@ -868,7 +869,7 @@ void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
   if (!(threads > 1 && BHkv < 2 * threads)) {  // a whole key/value head (and its group) per thread
 #pragma omp parallel
     {
-      const TileScope tiles;
+      const cpu::amx::TileScope tiles;
       BackwardScratch s(size_t(d.G) * d.Tqp, d);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t bhk = 0; bhk < BHkv; ++bhk) {
@@ -888,7 +889,7 @@ void backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
   // Few heads: dK, dV over key tiles, then dQ over query tiles (S and dP recomputed).
 #pragma omp parallel
   {
-    const TileScope tiles;
+    const cpu::amx::TileScope tiles;
     BackwardScratch s(kB, d);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < BHkv * n_kt; ++item) {

@@ -63,14 +63,13 @@
 #include <utility>
 #include <vector>
 
+#include "attn/cpu.h"
 #include "attn/kernels.h"
 #include "attn/tensor.h"
-#include "kernels/amx_tiles.h"
 #include "kernels/avx512_bf16-inl.h"
 #include "kernels/flash_as_sdpa.h"
 #include "kernels/flash_attention_amx.h"
 #include "kernels/flash_bf16_strided.h"
-#include "kernels/peak_rate.h"
 #include "kernels/philox.h"
 #include "kernels/tile_mask-inl.h"
 
@@ -946,9 +945,9 @@ void Backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
 // does the same work no faster (measured, one thread: widened 10% faster at
 // T = 4096, 13% slower at T = 1024); AMD Zen 4/5 run them at one rate. AVX512-BF16
 // therefore comes before "widened to fp32" only when the measured bf16
-// dot-product peak is about the fp32 FMA peak (>= 0.75 of it; bf16_peak.cpp,
+// dot-product peak is about the fp32 FMA peak (>= 0.75 of it; src/cpu/bf16_peak.cpp,
 // fma_peak.cpp; probed once, the first time the choice is needed, on the quick
-// timing of peak_rate.h: about 0.25 s, where the full probes attn bench reports
+// timing of src/cpu/peak_rate.h: about 0.25 s, where the full probes attn bench reports
 // take about 2 s).
 // A forced SIMD target below AVX-512 (ATTN_SIMD_TARGET=AVX2) stands for a CPU
 // without it, so "widened to fp32" comes first there and the others, which
@@ -958,10 +957,10 @@ int g_forced = -1;                  // -1: automatic
 constexpr double kSameRate = 0.75;  // bf16 dot peak / fp32 FMA peak: 1 on AMD, 0.5 on Intel
 bool Avx512Bf16BeatsWidened() {
   static const bool beats = [] {
-    if (!has_avx512_bf16()) return false;
+    if (!cpu::has_avx512_bf16()) return false;
     // The rates differ by 2x or not at all; 0.75 keeps a loaded machine's
     // noise (tens of %) from flipping the choice.
-    return bf16_dot_peak_gflops_quick() >= kSameRate * fma_peak_gflops_quick();
+    return cpu::bf16_dot_peak_gflops_quick() >= kSameRate * cpu::fma_peak_gflops_quick();
   }();
   return beats;
 }
@@ -974,7 +973,7 @@ std::vector<Path> Paths() {
   if (avx512 && amx) paths.push_back(Path::kAmx);
   if (dot_first) paths.push_back(Path::kAvx512Bf16);
   paths.push_back(Path::kWidened);
-  if (has_avx512_bf16() && !dot_first) paths.push_back(Path::kAvx512Bf16);
+  if (cpu::has_avx512_bf16() && !dot_first) paths.push_back(Path::kAvx512Bf16);
   if (!avx512 && amx) paths.push_back(Path::kAmx);
   return paths;
 }
@@ -1099,7 +1098,7 @@ bool flash_attention_bf16_use_path(const char* name) {
   for (const Path path : {Path::kAmx, Path::kAvx512Bf16, Path::kWidened}) {
     if (std::string(PathName(path)) != name) continue;
     if (path == Path::kAmx && !amx::amx_usable()) return false;
-    if (path == Path::kAvx512Bf16 && !has_avx512_bf16()) return false;
+    if (path == Path::kAvx512Bf16 && !cpu::has_avx512_bf16()) return false;
     g_forced = int(path);
     return true;
   }

@@ -1,4 +1,4 @@
-// The bf16 core kernels' strided form, for the bf16 sdpa routes (nn/sdpa.cpp):
+// The bf16 core kernels' strided form, for the bf16 sdpa routes (attention/sdpa.cpp):
 // operands of any row strides (head-major (B, H, T, hd) tensors read and
 // written in place, token-major views, slices) and, on the AMX path, what
 // sdpa adds to the core's problem (SdpaExtras). The paths' own files

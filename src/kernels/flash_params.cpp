@@ -7,6 +7,7 @@
 #include <string>
 
 #include "attn/kernels.h"
+#include "attn/sdpa_problem.h"
 #include "kernels/philox.h"
 
 namespace attn::kernels {
@@ -55,16 +56,8 @@ void philox4x32(uint32_t out[4], const uint32_t counter[4], uint64_t key) {
 
 void flash_dropout_noise(float* noise, const FlashAttentionParams& params) {
   const FlashAttentionParams p = validated(params);
-  const DropoutRule rule(p.dropout_p);
-  for (int64_t b = 0; b < p.B; ++b)
-    for (int64_t h = 0; h < p.H; ++h)
-      for (int64_t i = 0; i < p.T; ++i) {
-        float* row = noise + ((b * p.H + h) * p.T + i) * p.T;  // (T)
-        for (int64_t j0 = 0; j0 < p.T; j0 += 4) {
-          const PhiloxBlock r = philox_dropout_block(p.dropout_seed, b, h, i, j0);
-          for (int64_t j = j0; j < std::min(j0 + 4, p.T); ++j) row[j] = rule.noise(r.x[j - j0]);
-        }
-      }
+  sdpa_dropout_noise(noise, {p.H * p.T * p.T, p.T * p.T, p.T, 1}, p.B, p.H, p.T, p.T, p.dropout_p,
+                     p.dropout_seed);
 }
 
 }  // namespace attn::kernels

@@ -1,4 +1,4 @@
-// kernels::rope_rows (attn/rope.h): rotary position embedding over the rows of
+// kernels::rope_rows (attn/rope_kernel.h): rotary position embedding over the rows of
 // (B, H, T, hd) in parallel. Each row is one OpenMP iteration running the
 // reference's row loop (kernels/rope_row.h, the loop ref::rope_rows runs too),
 // so the bits do not depend on the thread count and equal ref::rope_rows'. RoPE reads and writes each value
@@ -7,7 +7,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "attn/rope.h"
+#include "attn/rope_kernel.h"
 #include "kernels/rope_row.h"
 
 namespace attn::kernels {

@@ -1,6 +1,6 @@
 // The fused scaled-dot-product attention of attn/sdpa.h, forward and backward
 // (FlashAttention-2 style), SIMD via Highway's dynamic dispatch. The maths is
-// ref::sdpa_forward/backward's (src/reference/sdpa.cpp); this file is how.
+// ref::sdpa_forward/backward's (src/reference/sdpa_reference.cpp); this file is how.
 //
 // Every matrix product here is one small GEMM shape,
 //   C[r, 0:W] (+)= Σ_k A[r·ars + k·aks] · B[k·bs + 0:W],
@@ -55,7 +55,7 @@
 // output's tile pairs in the same order, so the bits do not depend on the
 // thread count.
 // Variable-length packed batches (p.cu_seqlens_q set): the same tasks, each
-// on one sequence's view (attn/sdpa.h's sdpa_sequence: its lengths, its first
+// on one sequence's view (attn/sdpa_problem.h's sdpa_sequence: its lengths, its first
 // rows, b strides 0, run as batch b so Philox and ALiBi see the sequence
 // index); forward schedules (sequence, query group) x head items in one loop,
 // backward (sequence, key/value head) units or (sequence, key group) and
@@ -73,7 +73,7 @@
 #include <utility>
 #include <vector>
 
-#include "attn/sdpa.h"
+#include "attn/sdpa_problem.h"
 #include "attn/kernels.h"
 #include "kernels/philox.h"
 #include "kernels/sdpa_mask.h"
@@ -85,7 +85,7 @@
 #include <sys/mman.h>
 #endif
 
-#include "kernels/hwy_targets.h"
+#include "cpu/hwy_targets.h"
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/sdpa_kernel.cpp"
 #include <hwy/aligned_allocator.h>
@@ -1734,18 +1734,6 @@ void sdpa_backward(const SdpaBackwardIOBf16& io, const SdpaProblemBf16& p) {
 const char* sdpa_target() { return HWY_DYNAMIC_DISPATCH(SdpaTargetName)(); }
 
 void kernel_exp2(const float* x, float* y, size_t n) { HWY_DYNAMIC_DISPATCH(Exp2Rows)(x, y, n); }
-
-// Where the core's bf16 path is AMX, attn::scaled_dot_product_attention routes
-// the calls that are exactly the core's problem there (src/nn/sdpa.cpp;
-// sdpa_bf16_path(q, k, v, options) names a given call's path).
-const char* sdpa_bf16_path() {
-  const char* core = flash_attention_bf16_path();
-  if (std::strcmp(core, "AMX") == 0)
-    return "AMX where the call allows it, else bf16 tiles widened to fp32";
-  if (std::strcmp(core, "AVX512-BF16") == 0)
-    return "AVX512-BF16 where the call is the core's problem, else bf16 tiles widened to fp32";
-  return "bf16 tiles widened to fp32";
-}
 
 }  // namespace attn::kernels
 #endif  // HWY_ONCE

@@ -4,7 +4,7 @@
 // about -2.4e38, such as the float32 minimum that transformers' masks hold for
 // a masked key) gives its key a weight of exactly 0. The kernel's block
 // classes (sdpa_kernel.cpp) and the entry points' causal-mask rule
-// (nn/sdpa.cpp) both ask this.
+// (attention/sdpa.cpp) both ask this.
 #pragma once
 
 #include <limits>

@@ -1,14 +1,13 @@
 // Generation with the chapter-4 GPT (attn/generate.h): the whole model's
-// key/value cache, the book's sampler and the checkpoint reader.
+// key/value cache and the book's sampler.
 #include "attn/generate.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <limits>
-#include <nlohmann/json.hpp>
+#include <map>
 #include <stdexcept>
 
 #include "attn/decode_attention.h"
@@ -19,7 +18,6 @@
 #include "attn/kernels.h"
 #include "attn/layer_kernels.h"
 #include "attn/ops.h"
-#include "attn/safetensors.h"
 #include "attn/utf8.h"
 #include "nn/checks.h"
 
@@ -571,186 +569,7 @@ Tensor generate(GPTModel& model, const Tensor& idx, const GenerateOptions& optio
   return Tensor::from_int64({B, static_cast<int64_t>(rows.front().size())}, out);
 }
 
-// ---- checkpoints ----------------------------------------------------------------------
-
-namespace {
-
-int64_t config_int(const nlohmann::json& cfg, const char* key, const std::string& file) {
-  if (!cfg.contains(key)) {
-    throw std::invalid_argument(fmt::format("'{}': metadata \"config\" lacks \"{}\"", printable(file), printable(key)));
-  }
-  const nlohmann::json& v = cfg.at(key);
-  if (!v.is_number_integer()) {
-    throw std::invalid_argument(
-        fmt::format("'{}': config \"{}\" must be an integer, got {}", printable(file), printable(key), printable(v.dump())));
-  }
-  return v.get<int64_t>();
-}
-
-
-// A model of `config` and `options` with the file's weights; optim.* tensors ignored.
-void load_weights(const std::string& path, const io::SafetensorsFile& file, const GPTConfig& config,
-                  const GPTOptions& options, std::unique_ptr<GPTModel>& model) {
-  try {
-    // Every weight is replaced by the file's: draw the initial ones from a
-    // generator of their own, leaving the default generator as it was.
-    Generator scratch;
-    model = std::make_unique<GPTModel>(config, options, scratch);
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(fmt::format("'{}': bad config: {}", printable(path), printable(e.what())));
-  }
-  const io::LoadResult r = io::load_state_dict(*model, file, /*strict=*/false);
-  std::vector<std::string> unexpected;
-  for (const auto& name : r.unexpected) {
-    if (name.rfind("optim.", 0) != 0) unexpected.push_back(name);
-  }
-  if (!r.missing.empty()) {
-    throw std::invalid_argument(fmt::format("'{}': {} of the model's tensors missing, first '{}'",
-                                            printable(path), r.missing.size(), printable(r.missing.front())));
-  }
-  if (!unexpected.empty()) {
-    throw std::invalid_argument(
-        fmt::format("'{}': {} tensor(s) the model does not have, first '{}'", printable(path),
-                    unexpected.size(), printable(unexpected.front())));
-  }
-  model->eval();
-}
-
-}  // namespace
-
-Checkpoint load_checkpoint(const std::string& dir, std::unique_ptr<GPTModel>& model,
-                           const GPTOptions& options) {
-  namespace fs = std::filesystem;
-  if (!fs::is_directory(dir)) {
-    throw std::invalid_argument(fmt::format("checkpoint directory '{}' does not exist", printable(dir)));
-  }
-  const std::string path = (fs::path(dir) / "checkpoint.safetensors").string();
-  if (!fs::exists(path)) {
-    throw std::invalid_argument(
-        fmt::format("'{}' does not exist (a checkpoint directory holds "
-                    "checkpoint.safetensors)",
-                    printable(path)));
-  }
-  const io::SafetensorsFile file = io::read_safetensors(path);
-  Checkpoint ck;
-  ck.metadata = file.metadata;
-  auto meta = [&](const char* key) -> const std::string& {
-    const auto it = file.metadata.find(key);
-    if (it == file.metadata.end()) {
-      throw std::invalid_argument(fmt::format("'{}': metadata has no \"{}\"", printable(path), printable(key)));
-    }
-    return it->second;
-  };
-  if (meta("format") != "attn-checkpoint-1") {
-    throw std::invalid_argument(
-        fmt::format("'{}': metadata \"format\" is \"{}\", expected \"attn-checkpoint-1\"", printable(path),
-                    meta("format")));
-  }
-  nlohmann::json cfg;
-  try {
-    cfg = nlohmann::json::parse(meta("config"));
-  } catch (const nlohmann::json::parse_error& e) {
-    throw std::invalid_argument(
-        fmt::format("'{}': metadata \"config\" is not valid JSON: {}", printable(path), printable(e.what())));
-  }
-  if (!cfg.is_object()) {
-    throw std::invalid_argument(
-        fmt::format("'{}': metadata \"config\" is not a JSON object", printable(path)));
-  }
-  ck.config.vocab_size = config_int(cfg, "vocab_size", path);
-  ck.config.context_length = config_int(cfg, "context_length", path);
-  ck.config.emb_dim = config_int(cfg, "emb_dim", path);
-  ck.config.n_heads = config_int(cfg, "n_heads", path);
-  ck.config.n_layers = config_int(cfg, "n_layers", path);
-  if (!cfg.contains("drop_rate") || !cfg.at("drop_rate").is_number()) {
-    throw std::invalid_argument(
-        fmt::format("'{}': config \"drop_rate\" is missing or not a number", printable(path)));
-  }
-  ck.config.drop_rate = cfg.at("drop_rate").get<float>();
-  if (!cfg.contains("qkv_bias") || !cfg.at("qkv_bias").is_boolean()) {
-    throw std::invalid_argument(
-        fmt::format("'{}': config \"qkv_bias\" is missing or not a boolean", printable(path)));
-  }
-  ck.config.qkv_bias = cfg.at("qkv_bias").get<bool>();
-  if (cfg.contains("layer_norm_eps")) {
-    if (!cfg.at("layer_norm_eps").is_number()) {
-      throw std::invalid_argument(
-          fmt::format("'{}': config \"layer_norm_eps\" is not a number", printable(path)));
-    }
-    ck.config.layer_norm_eps = cfg.at("layer_norm_eps").get<float>();
-  }
-  if (cfg.contains("tie_embeddings")) {
-    if (!cfg.at("tie_embeddings").is_boolean()) {
-      throw std::invalid_argument(
-          fmt::format("'{}': config \"tie_embeddings\" is not a boolean", printable(path)));
-    }
-    ck.config.tie_embeddings = cfg.at("tie_embeddings").get<bool>();
-  }
-  if (cfg.contains("rope")) {
-    if (!cfg.at("rope").is_boolean()) {
-      throw std::invalid_argument(
-          fmt::format("'{}': config \"rope\" is not a boolean", printable(path)));
-    }
-    ck.config.rope = cfg.at("rope").get<bool>();
-  }
-  if (cfg.contains("latent_dim")) {
-    if (!cfg.at("latent_dim").is_number_integer()) {
-      throw std::invalid_argument(
-          fmt::format("'{}': config \"latent_dim\" is not an integer", printable(path)));
-    }
-    ck.config.latent_dim = cfg.at("latent_dim").get<int64_t>();
-  }
-  if (cfg.contains("theta_base")) {
-    if (!cfg.at("theta_base").is_number()) {
-      throw std::invalid_argument(
-          fmt::format("'{}': config \"theta_base\" is not a number", printable(path)));
-    }
-    ck.config.theta_base = cfg.at("theta_base").get<float>();
-  }
-  // The book's bonus attention (absent: the chapter-4 model).
-  for (const auto& [key, field] : {std::pair{"n_kv_groups", &ck.config.n_kv_groups},
-                                   std::pair{"sliding_window_size", &ck.config.sliding_window_size},
-                                   std::pair{"sliding_window_stride",
-                                             &ck.config.sliding_window_stride}}) {
-    if (cfg.contains(key)) *field = config_int(cfg, key, path);
-  }
-  if (const auto it = file.metadata.find("tokenizer"); it != file.metadata.end()) {
-    if (it->second != "char" && it->second != "gpt2") {
-      throw std::invalid_argument(
-          fmt::format("'{}': metadata \"tokenizer\" is \"{}\", expected \"char\" or \"gpt2\"",
-                      printable(path), printable(it->second)));
-    }
-    ck.tokenizer = it->second;
-  }
-  if (ck.tokenizer == "gpt2") {
-    load_weights(path, file, ck.config, options, model);
-    return ck;
-  }
-
-  nlohmann::json vocab;
-  try {
-    vocab = nlohmann::json::parse(meta("vocab"));
-  } catch (const nlohmann::json::parse_error& e) {
-    throw std::invalid_argument(
-        fmt::format("'{}': metadata \"vocab\" is not valid JSON: {}", printable(path), printable(e.what())));
-  }
-  if (!vocab.is_array()) {
-    throw std::invalid_argument(fmt::format("'{}': metadata \"vocab\" is not a JSON array", printable(path)));
-  }
-  for (const auto& tok : vocab) {
-    if (!tok.is_string() || utf8_characters(tok.get<std::string>()).size() != 1) {
-      throw std::invalid_argument(
-          fmt::format("'{}': vocab entry {} is not a one-character string", printable(path), printable(tok.dump())));
-    }
-    ck.vocab.push_back(tok.get<std::string>());
-  }
-  if (static_cast<int64_t>(ck.vocab.size()) != ck.config.vocab_size) {
-    throw std::invalid_argument(fmt::format("'{}': vocab has {} tokens but config vocab_size is {}",
-                                            printable(path), ck.vocab.size(), ck.config.vocab_size));
-  }
-  load_weights(path, file, ck.config, options, model);
-  return ck;
-}
+// ---- character vocabularies -----------------------------------------------------------
 
 std::vector<int64_t> encode_text(const std::vector<std::string>& vocab, const std::string& text) {
   std::map<std::string, int64_t> index;

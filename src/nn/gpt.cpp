@@ -1,6 +1,6 @@
 // The book's GPT model (attn/gpt.h): LayerNorm, GELU, FeedForward,
 // TransformerBlock, GPTModel and the cross-entropy loss. The maths is in
-// src/reference/gpt.cpp (attn/functional_gpt.h); the modules own parameters and
+// src/reference/functional_gpt.cpp (attn/functional_gpt.h); the modules own parameters and
 // the state of the last forward, and run their children in the book's order.
 #include "attn/gpt.h"
 

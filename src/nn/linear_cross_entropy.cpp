@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "attn/cross_entropy_rows.h"
 #include "attn/gemm.h"
 #include "attn/layer_kernels.h"
 

@@ -1,17 +1,18 @@
 // Training a GPT on characters or GPT-2's BPE (attn/train.h).
 #include "attn/train.h"
 
+#include "attn/fnv1a.h"
 #include "attn/tokenizer.h"
 #include "attn/utf8.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <stdexcept>
 
+#include "attn/model_config.h"
 #include "attn/safetensors.h"
 #include "attn/token_shards.h"
 
@@ -19,422 +20,7 @@ namespace attn::train {
 
 using nlohmann::json;
 
-// ---- CharTokenizer -------------------------------------------------------------------------
-
-CharTokenizer CharTokenizer::from_text(std::string_view text) {
-  if (text.empty()) throw std::invalid_argument("the text is empty");
-  const std::vector<char32_t> cps = decode_utf8(text);
-  const std::set<char32_t> distinct(cps.begin(), cps.end());
-  std::vector<std::string> vocab;
-  for (char32_t cp : distinct) vocab.push_back(encode_utf8(cp));
-  return CharTokenizer(std::move(vocab));
-}
-
-CharTokenizer::CharTokenizer(std::vector<std::string> vocab) : vocab_(std::move(vocab)) {
-  if (vocab_.empty()) throw std::invalid_argument("CharTokenizer: the vocabulary is empty");
-  for (size_t id = 0; id < vocab_.size(); ++id) {
-    std::vector<char32_t> cps;
-    try {
-      cps = decode_utf8(vocab_[id]);
-    } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument(fmt::format("CharTokenizer: vocabulary entry {}: {}", id, e.what()));
-    }
-    if (cps.size() != 1)
-      throw std::invalid_argument(fmt::format(
-          "CharTokenizer: vocabulary entry {} ({}) is {} characters, expected exactly 1", id,
-          json(vocab_[id]).dump(), cps.size()));
-    if (!ids_.emplace(cps[0], static_cast<int64_t>(id)).second)
-      throw std::invalid_argument(fmt::format("CharTokenizer: vocabulary entry {} ({}) repeats entry {}",
-                                              id, json(vocab_[id]).dump(), ids_.at(cps[0])));
-  }
-}
-
-std::vector<int64_t> CharTokenizer::encode(std::string_view text) const {
-  const std::vector<char32_t> cps = decode_utf8(text);
-  std::vector<int64_t> ids;
-  ids.reserve(cps.size());
-  size_t offset = 0;
-  for (char32_t cp : cps) {
-    const auto it = ids_.find(cp);
-    if (it == ids_.end())
-      throw std::invalid_argument(fmt::format("character U+{:04X} at byte offset {} is not in the vocabulary",
-                                              static_cast<uint32_t>(cp), offset));
-    ids.push_back(it->second);
-    offset += encode_utf8(cp).size();
-  }
-  return ids;
-}
-
-std::string CharTokenizer::decode(const std::vector<int64_t>& ids) const {
-  std::string out;
-  for (int64_t id : ids) {
-    if (id < 0 || id >= size())
-      throw std::out_of_range(fmt::format("token id {} is outside the vocabulary [0, {})", id, size()));
-    out += vocab_[static_cast<size_t>(id)];
-  }
-  return out;
-}
-
-std::string CharTokenizer::to_json() const { return json(vocab_).dump(); }
-
-CharTokenizer CharTokenizer::from_json(const std::string& text) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    throw std::invalid_argument(fmt::format("vocabulary: not JSON: {}", e.what()));
-  }
-  if (!j.is_array()) throw std::invalid_argument("vocabulary: expected a JSON array of strings");
-  std::vector<std::string> vocab;
-  for (const auto& e : j) {
-    if (!e.is_string()) throw std::invalid_argument("vocabulary: expected a JSON array of strings");
-    vocab.push_back(e.get<std::string>());
-  }
-  return CharTokenizer(std::move(vocab));
-}
-
-// ---- Batcher -------------------------------------------------------------------------------
-
-Batcher::Batcher(std::vector<int64_t> data, int64_t batch_size, int64_t context_length)
-    : data_(std::move(data)), batch_size_(batch_size), context_length_(context_length) {
-  if (batch_size < 1 || context_length < 1)
-    throw std::invalid_argument(
-        fmt::format("Batcher: batch_size {} and context_length {} must be >= 1", batch_size, context_length));
-  if (static_cast<int64_t>(data_.size()) < context_length + 1)
-    throw std::invalid_argument(fmt::format("Batcher: {} tokens, need at least context_length + 1 = {}",
-                                            data_.size(), context_length + 1));
-}
-
-std::pair<Tensor, Tensor> Batcher::next(Generator& gen) const {
-  const auto B = static_cast<size_t>(batch_size_), T = static_cast<size_t>(context_length_);
-  const uint64_t range = data_.size() - T;  // offsets [0, n - T)
-  std::vector<int64_t> x(B * T), y(B * T);  // (B, T) each
-  for (size_t b = 0; b < B; ++b) {
-    // torch.randint(high) for high < 2^32: one 32-bit draw modulo the range.
-    const uint64_t i = range < (uint64_t{1} << 32) ? gen.random() % range : gen.random64() % range;
-    std::copy_n(data_.begin() + static_cast<std::ptrdiff_t>(i), T, x.begin() + static_cast<std::ptrdiff_t>(b * T));
-    std::copy_n(data_.begin() + static_cast<std::ptrdiff_t>(i + 1), T,
-                y.begin() + static_cast<std::ptrdiff_t>(b * T));
-  }
-  const Shape shape{batch_size_, context_length_};
-  return {Tensor::from_int64(shape, x), Tensor::from_int64(shape, y)};
-}
-
-// ---- WindowLoader --------------------------------------------------------------------------
-
-WindowLoader::WindowLoader(std::vector<int64_t> ids, int64_t batch_size, int64_t max_length,
-                           int64_t stride, bool shuffle, bool drop_last, std::string name)
-    : WindowLoader(std::make_shared<const data::TokenVector>(std::move(ids)), batch_size, max_length,
-                   stride, shuffle, drop_last, std::move(name)) {}
-
-WindowLoader::WindowLoader(std::shared_ptr<const data::TokenSource> tokens, int64_t batch_size,
-                           int64_t max_length, int64_t stride, bool shuffle, bool drop_last,
-                           std::string name)
-    : tokens_(std::move(tokens)),
-      batch_size_(batch_size),
-      max_length_(max_length),
-      stride_(stride),
-      shuffle_(shuffle),
-      drop_last_(drop_last),
-      name_(std::move(name)) {
-  if (batch_size < 1 || max_length < 1 || stride < 1)
-    throw std::invalid_argument(
-        fmt::format("{} loader: batch_size {}, max_length {} and stride {} must be >= 1", name_,
-                    batch_size, max_length, stride));
-  const int64_t n = tokens_->size();
-  // range(0, n - max_length, stride)
-  windows_ = n > max_length ? (n - max_length + stride - 1) / stride : 0;
-  if (windows_ == 0)
-    throw std::invalid_argument(fmt::format(
-        "{} loader: {} tokens hold no window of max_length {} (a window needs max_length + 1 tokens)",
-        name_, n, max_length));
-  if (drop_last_ && windows_ < batch_size_)
-    throw std::invalid_argument(fmt::format(
-        "{} loader: {} windows of {} tokens every {} make no full batch of {} (drop_last)", name_,
-        windows_, max_length, stride, batch_size_));
-}
-
-int64_t WindowLoader::batches() const {
-  return drop_last_ ? windows_ / batch_size_ : (windows_ + batch_size_ - 1) / batch_size_;
-}
-
-void WindowLoader::set_order(int64_t seed) {
-  seed_ = seed;
-  if (shuffle_) {
-    Generator sampler(static_cast<uint64_t>(seed));  // RandomSampler's own generator
-    order_ = randperm(windows_, sampler);
-  } else {
-    order_.resize(static_cast<size_t>(windows_));
-    for (int64_t k = 0; k < windows_; ++k) order_[static_cast<size_t>(k)] = k;
-  }
-}
-
-void WindowLoader::start_pass(Generator& gen) {
-  (void)random_int64(gen);  // the DataLoader iterator's base seed (unused with num_workers=0)
-  set_order(shuffle_ ? random_int64(gen) : 0);
-  position_ = 0;
-  in_pass_ = batches() > 0;
-}
-
-void WindowLoader::restore_pass(int64_t seed, int64_t position) {
-  if (position < 0 || position > batches())
-    throw std::invalid_argument(fmt::format("{} loader: position {} is outside the pass's {} batches",
-                                            name_, position, batches()));
-  set_order(seed);
-  position_ = position;
-  in_pass_ = position < batches();
-}
-
-std::pair<Tensor, Tensor> WindowLoader::next() {
-  if (!in_pass_) throw std::logic_error(fmt::format("{} loader: next() outside a pass", name_));
-  const int64_t first = position_ * batch_size_;
-  const int64_t B = std::min(batch_size_, windows_ - first), T = max_length_;
-  std::vector<int64_t> x(static_cast<size_t>(B * T)), y(static_cast<size_t>(B * T));  // (B, T) each
-  std::vector<int64_t> window(static_cast<size_t>(T + 1));
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t start = order_[static_cast<size_t>(first + b)] * stride_;
-    tokens_->read(start, T + 1, window.data());
-    std::copy_n(window.begin(), T, x.begin() + static_cast<std::ptrdiff_t>(b * T));
-    std::copy_n(window.begin() + 1, T, y.begin() + static_cast<std::ptrdiff_t>(b * T));
-  }
-  if (++position_ == batches()) in_pass_ = false;
-  return {Tensor::from_int64({B, T}, x), Tensor::from_int64({B, T}, y)};
-}
-
-// ---- TrainOptions --------------------------------------------------------------------------
-
-void TrainOptions::validate() const {
-  auto at_least = [](const char* name, int64_t v, int64_t min) {
-    if (v < min) throw std::invalid_argument(fmt::format("--{} must be >= {}, got {}", printable(name), min, v));
-  };
-  at_least("n-layers", n_layers, 1);
-  at_least("n-heads", n_heads, 1);
-  at_least("emb-dim", emb_dim, 1);
-  at_least("context-length", context_length, 1);
-  at_least("batch-size", batch_size, 1);
-  at_least("max-iters", max_iters, 0);
-  at_least("warmup-iters", warmup_iters, 0);
-  at_least("eval-interval", eval_interval, 1);
-  at_least("eval-iters", eval_iters, 1);
-  at_least("grad-accum-steps", grad_accum_steps, 1);
-  if (emb_dim % n_heads != 0)
-    throw std::invalid_argument(
-        fmt::format("--n-heads {} must divide --emb-dim {}", n_heads, emb_dim));
-  if (!(lr > 0.0 && std::isfinite(lr))) throw std::invalid_argument(fmt::format("--lr must be > 0, got {}", lr));
-  if (!(min_lr >= 0.0 && min_lr <= lr))
-    throw std::invalid_argument(fmt::format("--min-lr must be in [0, --lr = {}], got {}", lr, min_lr));
-  if (!(weight_decay >= 0.0 && std::isfinite(weight_decay)))
-    throw std::invalid_argument(fmt::format("--weight-decay must be >= 0, got {}", weight_decay));
-  if (!(grad_clip >= 0.0 && std::isfinite(grad_clip)))
-    throw std::invalid_argument(fmt::format("--grad-clip must be >= 0 (0: off), got {}", grad_clip));
-  if (!(drop_rate >= 0.0 && drop_rate < 1.0))
-    throw std::invalid_argument(fmt::format("--drop-rate must be in [0, 1), got {}", drop_rate));
-  if (!(beta1 >= 0.0 && beta1 < 1.0 && beta2 >= 0.0 && beta2 < 1.0))
-    throw std::invalid_argument(fmt::format("betas must be in [0, 1), got ({}, {})", beta1, beta2));
-  if (dtype != "float32" && dtype != "bfloat16")
-    throw std::invalid_argument(
-        fmt::format("--dtype must be float32 or bfloat16, got '{}'", printable(dtype)));
-  if (tokenizer != "char" && tokenizer != "gpt2")
-    throw std::invalid_argument(
-        fmt::format("--tokenizer must be char or gpt2, got '{}'", printable(tokenizer)));
-  at_least("stride", stride, 0);
-  at_least("epochs", epochs, 0);
-  if (lr_schedule != "cosine" && lr_schedule != "constant")
-    throw std::invalid_argument(
-        fmt::format("--lr-schedule must be cosine or constant, got '{}'", printable(lr_schedule)));
-  if (decay != "matrices" && decay != "all")
-    throw std::invalid_argument(
-        fmt::format("--decay must be matrices or all, got '{}'", printable(decay)));
-  at_least("n-kv-groups", n_kv_groups, 0);
-  at_least("sliding-window-size", sliding_window_size, 0);
-  if (n_kv_groups > 0 && n_heads % n_kv_groups != 0)
-    throw std::invalid_argument(
-        fmt::format("--n-kv-groups {} must divide --n-heads {}", n_kv_groups, n_heads));
-  if ((n_kv_groups > 0 || sliding_window_size > 0) && dtype != "float32")
-    throw std::invalid_argument(fmt::format(
-        "--n-kv-groups and --sliding-window-size run in float32 only, got --dtype {}",
-        printable(dtype)));
-  if ((n_kv_groups > 0 || sliding_window_size > 0) && exact && drop_rate > 0.0)
-    throw std::invalid_argument(fmt::format(
-        "--exact with --n-kv-groups or --sliding-window-size needs --drop-rate 0 (their "
-        "attention dropout masks are not PyTorch's), got --drop-rate {}",
-        drop_rate));
-  if (exact && dtype != "float32")
-    throw std::invalid_argument(fmt::format(
-        "--exact runs the float32 reference path; it cannot be combined with --dtype {}",
-        printable(dtype)));
-  if (rope && (emb_dim / n_heads) % 2 != 0)
-    throw std::invalid_argument(
-        fmt::format("--rope needs an even head size, got --emb-dim {} / --n-heads {} = {}", emb_dim,
-                    n_heads, emb_dim / n_heads));
-  if (rope && !(theta_base > 1.0 && std::isfinite(theta_base)))
-    throw std::invalid_argument(fmt::format("--theta-base must be > 1, got {}", theta_base));
-  at_least("latent-dim", latent_dim, 0);
-  if (latent_dim > 0 && (rope || exact || dtype != "float32"))
-    throw std::invalid_argument(fmt::format(
-        "--latent-dim (multi-head latent attention) runs in float32 on the fused kernel, without "
-        "--rope, --exact or --dtype bfloat16; got --latent-dim {}{}{}{}",
-        latent_dim, rope ? " --rope" : "", exact ? " --exact" : "",
-        dtype != "float32" ? " --dtype " + printable(dtype) : ""));
-  if ((n_kv_groups > 0 || sliding_window_size > 0) && (rope || latent_dim > 0))
-    throw std::invalid_argument(fmt::format(
-        "--n-kv-groups and --sliding-window-size cannot be combined with --rope or --latent-dim "
-        "(got --n-kv-groups {} --sliding-window-size {}{}{})",
-        n_kv_groups, sliding_window_size, rope ? " --rope" : "",
-        latent_dim > 0 ? fmt::format(" --latent-dim {}", latent_dim) : ""));
-}
-
-std::string TrainOptions::to_json() const {
-  nlohmann::ordered_json j;
-  j["n_layers"] = n_layers;
-  j["n_heads"] = n_heads;
-  j["emb_dim"] = emb_dim;
-  j["context_length"] = context_length;
-  j["batch_size"] = batch_size;
-  j["max_iters"] = max_iters;
-  j["lr"] = lr;
-  j["min_lr"] = min_lr;
-  j["warmup_iters"] = warmup_iters;
-  j["weight_decay"] = weight_decay;
-  j["grad_clip"] = grad_clip;
-  j["drop_rate"] = drop_rate;
-  j["eval_interval"] = eval_interval;
-  j["eval_iters"] = eval_iters;
-  j["seed"] = seed;
-  j["beta1"] = beta1;
-  j["beta2"] = beta2;
-  j["dtype"] = dtype;
-  j["fused_loss"] = fused_loss;
-  j["tokenizer"] = tokenizer;
-  j["stride"] = stride;
-  j["epochs"] = epochs;
-  j["lr_schedule"] = lr_schedule;
-  j["decay"] = decay;
-  j["exact"] = exact;
-  if (rope) {  // only when on: the other runs' train_args keep their bytes
-    j["rope"] = rope;
-    j["theta_base"] = theta_base;
-  }
-  if (latent_dim > 0) j["latent_dim"] = latent_dim;
-  j["n_kv_groups"] = n_kv_groups;
-  j["sliding_window_size"] = sliding_window_size;
-  j["sliding_window_stride"] = sliding_window_stride;
-  if (grad_accum_steps != 1) j["grad_accum_steps"] = grad_accum_steps;  // the others keep their bytes
-  return j.dump();
-}
-
-TrainOptions TrainOptions::from_json(const std::string& text, TrainOptions o) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    throw std::invalid_argument(fmt::format("train_args: not JSON: {}", e.what()));
-  }
-  if (!j.is_object()) throw std::invalid_argument("train_args: expected a JSON object");
-  try {
-    auto get = [&](const char* key, auto& field) {
-      if (j.contains(key)) field = j.at(key).get<std::remove_reference_t<decltype(field)>>();
-    };
-    get("n_layers", o.n_layers);
-    get("n_heads", o.n_heads);
-    get("emb_dim", o.emb_dim);
-    get("context_length", o.context_length);
-    get("batch_size", o.batch_size);
-    get("max_iters", o.max_iters);
-    get("lr", o.lr);
-    get("min_lr", o.min_lr);
-    get("warmup_iters", o.warmup_iters);
-    get("weight_decay", o.weight_decay);
-    get("grad_clip", o.grad_clip);
-    get("drop_rate", o.drop_rate);
-    get("eval_interval", o.eval_interval);
-    get("eval_iters", o.eval_iters);
-    get("seed", o.seed);
-    get("beta1", o.beta1);
-    get("beta2", o.beta2);
-    get("dtype", o.dtype);
-    get("fused_loss", o.fused_loss);
-    get("tokenizer", o.tokenizer);
-    get("stride", o.stride);
-    get("epochs", o.epochs);
-    get("lr_schedule", o.lr_schedule);
-    get("decay", o.decay);
-    get("exact", o.exact);
-    get("rope", o.rope);
-    get("theta_base", o.theta_base);
-    get("latent_dim", o.latent_dim);
-    get("n_kv_groups", o.n_kv_groups);
-    get("sliding_window_size", o.sliding_window_size);
-    get("sliding_window_stride", o.sliding_window_stride);
-    get("grad_accum_steps", o.grad_accum_steps);
-  } catch (const json::exception& e) {
-    throw std::invalid_argument(fmt::format("train_args: {}", e.what()));
-  }
-  return o;
-}
-
-TrainOptions TrainOptions::from_json(const std::string& text) { return from_json(text, TrainOptions{}); }
-
-Split split_90_10(const std::vector<int64_t>& tokens) {
-  const auto n = static_cast<std::ptrdiff_t>(tokens.size() * 9 / 10);
-  return Split{std::vector<int64_t>(tokens.begin(), tokens.begin() + n),
-               std::vector<int64_t>(tokens.begin() + n, tokens.end())};
-}
-
-// ---- config and generator as JSON ----------------------------------------------------------
-
-std::string config_to_json(const nn::GPTConfig& c) {
-  nlohmann::ordered_json j;
-  j["vocab_size"] = c.vocab_size;
-  j["context_length"] = c.context_length;
-  j["emb_dim"] = c.emb_dim;
-  j["n_heads"] = c.n_heads;
-  j["n_layers"] = c.n_layers;
-  j["drop_rate"] = static_cast<double>(c.drop_rate);
-  j["qkv_bias"] = c.qkv_bias;
-  // Written only when not the book's values, so the book's checkpoints keep their bytes.
-  if (c.layer_norm_eps != nn::GPTConfig{}.layer_norm_eps)
-    j["layer_norm_eps"] = static_cast<double>(c.layer_norm_eps);
-  if (c.tie_embeddings) j["tie_embeddings"] = true;
-  if (c.rope) {
-    j["rope"] = true;
-    j["theta_base"] = static_cast<double>(c.theta_base);
-  }
-  if (c.latent_dim > 0) j["latent_dim"] = c.latent_dim;
-  if (c.n_kv_groups != 0) j["n_kv_groups"] = c.n_kv_groups;
-  if (c.sliding_window_size != 0) {
-    j["sliding_window_size"] = c.sliding_window_size;
-    j["sliding_window_stride"] = c.sliding_window_stride;
-  }
-  return j.dump();
-}
-
-nn::GPTConfig config_from_json(const std::string& text) {
-  try {
-    const json j = json::parse(text);
-    nn::GPTConfig c;
-    c.vocab_size = j.at("vocab_size").get<int64_t>();
-    c.context_length = j.at("context_length").get<int64_t>();
-    c.emb_dim = j.at("emb_dim").get<int64_t>();
-    c.n_heads = j.at("n_heads").get<int64_t>();
-    c.n_layers = j.at("n_layers").get<int64_t>();
-    c.drop_rate = j.at("drop_rate").get<float>();
-    c.qkv_bias = j.at("qkv_bias").get<bool>();
-    if (j.contains("layer_norm_eps")) c.layer_norm_eps = j.at("layer_norm_eps").get<float>();
-    if (j.contains("tie_embeddings")) c.tie_embeddings = j.at("tie_embeddings").get<bool>();
-    if (j.contains("rope")) c.rope = j.at("rope").get<bool>();
-    if (j.contains("theta_base")) c.theta_base = j.at("theta_base").get<float>();
-    if (j.contains("latent_dim")) c.latent_dim = j.at("latent_dim").get<int64_t>();
-    if (j.contains("n_kv_groups")) c.n_kv_groups = j.at("n_kv_groups").get<int64_t>();
-    if (j.contains("sliding_window_size"))
-      c.sliding_window_size = j.at("sliding_window_size").get<int64_t>();
-    if (j.contains("sliding_window_stride"))
-      c.sliding_window_stride = j.at("sliding_window_stride").get<int64_t>();
-    return c;
-  } catch (const json::exception& e) {
-    throw std::invalid_argument(fmt::format("config: {}", e.what()));
-  }
-}
+// ---- the generator as JSON, metadata -------------------------------------------------------
 
 namespace {
 
@@ -559,7 +145,7 @@ Trainer::Trainer(std::shared_ptr<const data::TokenSource> tokens, int64_t vocab_
     const std::string manifest = shards->manifest().to_json();
     nlohmann::ordered_json id;
     id["dir"] = shards->dir();
-    id["manifest_fnv1a64"] = fmt::format("{:016x}", data::fnv1a64(manifest.data(), manifest.size()));
+    id["manifest_fnv1a64"] = fmt::format("{:016x}", fnv1a64(manifest.data(), manifest.size()));
     id["tokens"] = shards->size();
     data_shards_ = id.dump();
   }
@@ -877,7 +463,7 @@ EvalResult Trainer::evaluate(bool compute) {
 
 std::map<std::string, std::string> Trainer::metadata() const {
   std::map<std::string, std::string> m{{"format", kCheckpointFormat},
-                                       {"config", config_to_json(model_->config())},
+                                       {"config", nn::config_to_json(model_->config())},
                                        {"tokenizer", options_.tokenizer},
                                        {"iter", std::to_string(iter_)},
                                        {"optim_step", std::to_string(optimizer_->steps())},
@@ -1039,7 +625,7 @@ void Trainer::resume(const std::string& path) {
           "checkpoint '{}': the training pass is at batch {} of {} (a different text or batch size?)",
           printable(path), loader_position, train_loader_->batches()));
   }
-  const nn::GPTConfig saved = config_from_json(meta(m, "config", path));
+  const nn::GPTConfig saved = nn::config_from_json(meta(m, "config", path), path);
   const nn::GPTConfig& cfg = model_->config();
   auto check = [&](const char* name, auto a, auto b) {
     if (a != b)

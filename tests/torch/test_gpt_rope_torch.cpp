@@ -10,13 +10,17 @@
 //
 // Tolerance: losses and gradient norms within 1e-5 relative (seen: 1.9e-7);
 // final parameters within 2e-4 of the largest (seen: 8e-6 at drop_rate 0,
-// 1e-4 at 0.1): AdamW's step lr·m/√v has the same size however small the
-// gradient, so an entry whose gradient is at rounding level (dropped units)
-// moves by a different step in each; float32 in both, summed in different
-// orders.
+// 1.2e-5 at 0.1), except the entries whose gradient was at rounding level at
+// some step (0 < |g| < 1e-5 of its tensor's largest: dropped units). AdamW's step
+// lr·m/√v has the same size however small the gradient, so such an entry
+// moves by a step whose sign is rounding noise, different in each (float32 in
+// both, summed in different orders; seen 4.7e-5 of the largest on AMD Zen 5):
+// those are held to the bound AdamW's steps allow, 2·Σ lr, and must be under
+// 1% of their tensor.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -44,16 +48,6 @@ GPTConfig config_from(const Json& c) { return attn::test::gpt_config_from_json(c
 
 double rel(double a, double b) { return std::fabs(a - b) / std::max(1.0, std::fabs(b)); }
 
-double max_diff_of_largest(const Tensor& a, const Tensor& b) {
-  const std::vector<float> x = a.to_vector(), y = b.to_vector();
-  double d = 0.0, s = 1e-30;
-  for (size_t i = 0; i < x.size(); ++i) {
-    d = std::max(d, double(std::fabs(x[i] - y[i])));
-    s = std::max(s, double(std::fabs(y[i])));
-  }
-  return d / s;
-}
-
 void check_training(const Json& ref, const std::string& what, std::unique_ptr<GPTModel>* keep) {
   const GPTConfig cfg = config_from(ref.at("config"));
   const Json& hp = ref.at("hp");
@@ -73,10 +67,14 @@ void check_training(const Json& ref, const std::string& what, std::unique_ptr<GP
                                        .warmup_iters = hp.at("warmup_iters"),
                                        .lr_decay_iters = hp.at("lr_decay_iters")};
   nn::CrossEntropyLoss loss_fn;
-  double worst = 0.0;
+  double worst = 0.0, lr_sum = 0.0;
+  // Per parameter entry: whether its gradient was at rounding level at some step.
+  std::map<std::string, std::vector<bool>> noise_driven;
   for (size_t it = 0; it < ref.at("steps").size(); ++it) {
     const Json& step = ref.at("steps").at(it);
-    opt.set_lr(optim::get_lr(static_cast<int64_t>(it), schedule));
+    const double lr = optim::get_lr(static_cast<int64_t>(it), schedule);
+    opt.set_lr(lr);
+    lr_sum += lr;
     const Json& batch = ref.at("batches").at(it);
     const Tensor logits =
         model->forward(Tensor::from_int64({B, T}, batch.at(0).get<std::vector<int64_t>>()));
@@ -89,6 +87,15 @@ void check_training(const Json& ref, const std::string& what, std::unique_ptr<GP
         logits, Tensor::from_int64({B, T}, batch.at(1).get<std::vector<int64_t>>()));
     opt.zero_grad();
     model->backward(loss_fn.backward());
+    for (auto& [name, param] : model->named_parameters()) {
+      const std::vector<float> g = param->grad.to_vector();
+      float largest = 0.0f;
+      for (const float x : g) largest = std::max(largest, std::fabs(x));
+      std::vector<bool>& noisy = noise_driven[name];
+      noisy.resize(g.size(), false);
+      for (size_t i = 0; i < g.size(); ++i)
+        if (g[i] != 0.0f && std::fabs(g[i]) < 1e-5f * largest) noisy[i] = true;
+    }
     const float norm = optim::clip_grad_norm(*model, hp.at("max_norm").get<double>());
     opt.step();
     EXPECT_LE(rel(loss, step.at("loss")), 1e-5) << what << " step " << it + 1 << " loss";
@@ -103,8 +110,25 @@ void check_training(const Json& ref, const std::string& what, std::unique_ptr<GP
     if (name.size() > 9 && (name.compare(name.size() - 9, 9, "W_UK.bias") == 0 ||
                             name.compare(name.size() - 9, 9, "_key.bias") == 0))
       continue;
-    const double e = max_diff_of_largest(model->parameter(name).value, tensor_from_json(p));
+    const std::vector<float> x = model->parameter(name).value.to_vector();
+    const std::vector<float> y = tensor_from_json(p).to_vector();
+    const std::vector<bool>& noisy = noise_driven.at(name);
+    double diff = 0.0, largest = 1e-30, noisy_diff = 0.0;
+    size_t n_noisy = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      largest = std::max(largest, double(std::fabs(y[i])));
+      const double d = std::fabs(double(x[i]) - double(y[i]));
+      if (noisy[i]) {
+        noisy_diff = std::max(noisy_diff, d);
+        ++n_noisy;
+      } else {
+        diff = std::max(diff, d);
+      }
+    }
+    const double e = diff / largest;
     EXPECT_LE(e, 2e-4) << what << " final " << name;
+    EXPECT_LE(noisy_diff, 2.0 * lr_sum) << what << " final " << name << " (noise-driven entries)";
+    EXPECT_LE(n_noisy, x.size() / 100) << what << " final " << name << " noise-driven entries";
     worst_param = std::max(worst_param, e);
   }
   std::cout << "[gpt rope] " << what << ": losses and grad norms max rel err " << worst

@@ -26,6 +26,7 @@
 #include "attn/nn.h"
 #include "attn/random.h"
 #include "attn/safetensors.h"
+#include "attn/state_dict.h"
 #include "cli.h"
 #include "oracle.h"
 

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/cpu.h"
 #include "attn/decode_kernels.h"
 #include "attn/kernels.h"
 #include "attn/random.h"
@@ -135,7 +136,7 @@ TEST(DecodeKernels, GemvBf16MatchesDoubleOnEveryPathAndTarget) {
   const std::vector<std::string> paths = kn::gemv_bf16_paths();
   ASSERT_FALSE(paths.empty());
   EXPECT_EQ(paths.back(), "widened");
-  EXPECT_EQ(paths.front(), kn::has_avx512_bf16() ? "AVX512-BF16" : "widened");
+  EXPECT_EQ(paths.front(), attn::cpu::has_avx512_bf16() ? "AVX512-BF16" : "widened");
   for (const std::string& target : kn::flash_attention_targets()) {
     ASSERT_TRUE(kn::flash_attention_use_target(target.c_str()));
     for (const std::string& path : paths) {

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/cpu.h"
 #include "attn/functional.h"
 #include "attn/kernels.h"
 #include "attn/tensor.h"
@@ -135,12 +136,12 @@ TEST(FlashAttention, ReportsTarget) {
 TEST(FlashAttention, FmaPeakIsMeasuredOnTheKernelsTarget) {
   // A rate, not a duration: only that it is a positive finite number, and
   // that a bad argument is refused with its value named.
-  const double peak = kn::fma_peak_gflops(1);
+  const double peak = attn::cpu::fma_peak_gflops(1);
   EXPECT_TRUE(std::isfinite(peak));
   EXPECT_GT(peak, 0.0);
   std::printf("fp32 FMA peak on %s: %.1f GFLOP/s\n", kn::flash_attention_target(), peak);
   try {
-    kn::fma_peak_gflops(0);
+    attn::cpu::fma_peak_gflops(0);
     ADD_FAILURE() << "expected std::invalid_argument";
   } catch (const std::invalid_argument& e) {
     EXPECT_STREQ(e.what(), "fma_peak_gflops: repeats must be >= 1, got 0");
@@ -150,9 +151,9 @@ TEST(FlashAttention, FmaPeakIsMeasuredOnTheKernelsTarget) {
 TEST(FlashAttention, Bf16DotPeakIsMeasuredWhereTheCpuHasIt) {
   // Positive and finite where the CPU has AVX512-BF16, 0 where it has not
   // (the probe's instruction is then never executed); bad argument refused.
-  const double peak = kn::bf16_dot_peak_gflops(1);
+  const double peak = attn::cpu::bf16_dot_peak_gflops(1);
   EXPECT_TRUE(std::isfinite(peak));
-  if (kn::has_avx512_bf16()) {
+  if (attn::cpu::has_avx512_bf16()) {
     EXPECT_GT(peak, 0.0);
     std::printf("bf16 dot-product peak (AVX512-BF16): %.1f GFLOP/s\n", peak);
   } else {
@@ -160,7 +161,7 @@ TEST(FlashAttention, Bf16DotPeakIsMeasuredWhereTheCpuHasIt) {
     std::printf("no AVX512-BF16 on this CPU: the bf16 probe did not run\n");
   }
   try {
-    kn::bf16_dot_peak_gflops(0);
+    attn::cpu::bf16_dot_peak_gflops(0);
     ADD_FAILURE() << "expected std::invalid_argument";
   } catch (const std::invalid_argument& e) {
     EXPECT_STREQ(e.what(), "bf16_dot_peak_gflops: repeats must be >= 1, got 0");

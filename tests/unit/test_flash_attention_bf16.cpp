@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/cpu.h"
 #include "attn/decode_kernels.h"
 #include "attn/functional.h"
 #include "attn/kernels.h"
@@ -201,13 +202,13 @@ TEST(FlashAttentionBf16, ReportsPaths) {
   ASSERT_FALSE(paths.empty());
   EXPECT_TRUE(has_path("widened to fp32"));
   EXPECT_EQ(paths.front(), kn::flash_attention_bf16_path());
-  EXPECT_EQ(kn::has_avx512_bf16(), has_path("AVX512-BF16"));
+  EXPECT_EQ(attn::cpu::has_avx512_bf16(), has_path("AVX512-BF16"));
   // AMX first wherever it runs; without it, AVX512-BF16 first only where its
   // measured dot-product peak is about the fp32 FMA peak (>= 0.75 of it).
   if (has_path("AMX") && kn::simd_target_has_avx512()) {
     EXPECT_EQ(paths.front(), "AMX");
-  } else if (kn::has_avx512_bf16()) {
-    const double ratio = kn::bf16_dot_peak_gflops(3) / kn::fma_peak_gflops(3);
+  } else if (attn::cpu::has_avx512_bf16()) {
+    const double ratio = attn::cpu::bf16_dot_peak_gflops(3) / attn::cpu::fma_peak_gflops(3);
     std::printf("bf16 dot peak / fp32 FMA peak = %.2f: %s first\n", ratio, paths.front().c_str());
   }
   EXPECT_FALSE(kn::flash_attention_bf16_use_path("NO_SUCH_PATH"));
@@ -259,7 +260,7 @@ TEST(FlashAttentionBf16, ForcedAvx2TargetChoosesWhatAnAvx2CpuWould) {
   EXPECT_EQ(kn::flash_attention_bf16_paths(), own);
   EXPECT_EQ(own.front(), own_path);
   EXPECT_EQ(own_gemv.front(), own_gemv_path);
-  if (targets.front().rfind("AVX3", 0) == 0 && kn::has_avx512_bf16()) {
+  if (targets.front().rfind("AVX3", 0) == 0 && attn::cpu::has_avx512_bf16()) {
     EXPECT_EQ(own_gemv_path, "AVX512-BF16");
   }
   std::printf("on AVX2: %s, gemv %s; on %s: %s, gemv %s\n", path.c_str(), gemv_path.c_str(),

@@ -13,11 +13,13 @@
 #include <string>
 #include <vector>
 
+#include "attn/checkpoint.h"
 #include "attn/generate.h"
 #include "attn/gpt.h"
 #include "attn/ops.h"
 #include "attn/random.h"
 #include "attn/safetensors.h"
+#include "attn/state_dict.h"
 #include "cli.h"
 #include "expect.h"
 

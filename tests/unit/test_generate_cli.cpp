@@ -1,5 +1,5 @@
-// `attn generate` (tools/attn/generate.cpp) on checkpoints written here in the
-// shared format: the text equals the library's generate() on the same model,
+// `attn generate` (tools/attn/generate_command.cpp) on checkpoints written here
+// in the shared format: the text equals the library's generate() on the same model,
 // with and without the cache; a training checkpoint's optim.* tensors are
 // ignored; --benchmark prints its figures; every bad input is one stderr line
 // and a non-zero exit.

@@ -16,14 +16,15 @@
 #include <string>
 #include <vector>
 
+#include "attn/checkpoint.h"
 #include "attn/generate.h"
 #include "attn/gpt.h"
 #include "attn/hf_gpt2.h"
 #include "attn/kv_cache.h"
+#include "attn/model_config.h"
 #include "attn/ops.h"
 #include "attn/random.h"
 #include "attn/safetensors.h"
-#include "attn/train.h"
 #include "cli.h"
 #include "gradcheck.h"
 
@@ -212,10 +213,10 @@ TEST(GptRope, GenerationWithAndWithoutTheCacheGivesTheSameTokens) {
 }
 
 TEST(GptRope, ConfigRoundTripsThroughTheCheckpointJson) {
-  const GPTConfig c = train::config_from_json(train::config_to_json(kRope));
+  const GPTConfig c = nn::config_from_json(nn::config_to_json(kRope), "config");
   EXPECT_TRUE(c.rope);
   EXPECT_EQ(c.theta_base, 100.0f);
-  EXPECT_EQ(train::config_to_json(GPTConfig{.vocab_size = 3, .context_length = 2, .emb_dim = 2})
+  EXPECT_EQ(nn::config_to_json(GPTConfig{.vocab_size = 3, .context_length = 2, .emb_dim = 2})
                 .find("rope"),
             std::string::npos);  // the other checkpoints keep their bytes
 }
@@ -309,7 +310,7 @@ TEST(GptLatent, ErrorsNameTheValues) {
               std::string::npos)
         << e.what();
   }
-  const GPTConfig c = train::config_from_json(train::config_to_json(kLatent));
+  const GPTConfig c = nn::config_from_json(nn::config_to_json(kLatent), "config");
   EXPECT_EQ(c.latent_dim, 5);
 }
 

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/checkpoint.h"
 #include "attn/generate.h"
 #include "attn/gpt.h"
 #include "attn/safetensors.h"

@@ -14,6 +14,7 @@
 #include "attn/generate.h"
 #include "attn/hf_gpt2.h"
 #include "attn/safetensors.h"
+#include "attn/state_dict.h"
 #include "attn/utf8.h"
 #include "cli.h"
 

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/cross_entropy_rows.h"
 #include "attn/functional.h"
 #include "attn/functional_gpt.h"
 #include "attn/gemm.h"

@@ -13,6 +13,7 @@
 
 #include "attn/nn.h"
 #include "attn/safetensors.h"
+#include "attn/state_dict.h"
 #include "attn/tensor.h"
 #include "attn/utf8.h"
 #include "cli.h"

@@ -23,6 +23,7 @@
 #include "attn/ops.h"
 #include "attn/random.h"
 #include "attn/safetensors.h"
+#include "attn/state_dict.h"
 #include "cli.h"
 
 using attn::BFloat16;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "attn/atomic_file.h"
+#include "attn/fnv1a.h"
 #include "attn/safetensors.h"
 #include "attn/token_shards.h"
 #include "attn/tokenizer.h"
@@ -87,18 +88,18 @@ std::string invalid_argument_of(F&& f) {
 
 TEST(TokenShards, Fnv1a64KnownValues) {
   // The published FNV-1a 64 test vectors.
-  EXPECT_EQ(attn::data::fnv1a64("", 0), 0xcbf29ce484222325ULL);
-  EXPECT_EQ(attn::data::fnv1a64("a", 1), 0xaf63dc4c8601ec8cULL);
-  EXPECT_EQ(attn::data::fnv1a64("foobar", 6), 0x85944171f73967e8ULL);
+  EXPECT_EQ(attn::fnv1a64("", 0), 0xcbf29ce484222325ULL);
+  EXPECT_EQ(attn::fnv1a64("a", 1), 0xaf63dc4c8601ec8cULL);
+  EXPECT_EQ(attn::fnv1a64("foobar", 6), 0x85944171f73967e8ULL);
   // In pieces, continued from the previous result.
-  EXPECT_EQ(attn::data::fnv1a64("bar", 3, attn::data::fnv1a64("foo", 3)), 0x85944171f73967e8ULL);
+  EXPECT_EQ(attn::fnv1a64("bar", 3, attn::fnv1a64("foo", 3)), 0x85944171f73967e8ULL);
 }
 
 TEST(TokenShards, RoundTripHeaderTokensAndWindows) {
   const auto tokens = random_tokens(100000, 50257, 1);
   const std::string path = temp_path("a.tok");
   const uint64_t sum = attn::data::write_token_shard(path, tokens, 50257);
-  EXPECT_EQ(sum, attn::data::fnv1a64(tokens.data(), tokens.size() * 2));
+  EXPECT_EQ(sum, attn::fnv1a64(tokens.data(), tokens.size() * 2));
   EXPECT_EQ(fs::file_size(path), 64 + 2 * tokens.size());
   const std::string bytes = attn::test::read_text(path);
   EXPECT_EQ(bytes.substr(0, 8), "ATTNTOK1");
@@ -223,7 +224,7 @@ TEST(TokenShards, EveryBadFileIsAnInvalidArgumentNamingTheValues) {
   const std::string bad_sum = write_temp("flipped.tok", flipped);
   EXPECT_EQ(open_error(bad_sum), "");
   m = open_error(bad_sum, true);
-  EXPECT_NE(m.find("checksum mismatch: the header says " + fmt_hex(attn::data::fnv1a64(tokens.data(), 2000))),
+  EXPECT_NE(m.find("checksum mismatch: the header says " + fmt_hex(attn::fnv1a64(tokens.data(), 2000))),
             std::string::npos)
       << m;
 

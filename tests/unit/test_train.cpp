@@ -23,6 +23,7 @@
 #include "attn/random.h"
 #include "attn/safetensors.h"
 #include "attn/hf_gpt2.h"
+#include "attn/checkpoint.h"
 #include "attn/generate.h"
 #include "attn/train.h"
 #include "cli.h"

@@ -1,6 +1,7 @@
 // bench.cpp - `attn bench`: the table of docs/performance.md, the JSON rows
 // bench/compare_torch.py reads, and the T = 16384 memory check (bench.h says
-// what is timed and how FLOPs are counted).
+// what is timed and how FLOPs are counted; bench_machine.h the machine they
+// are measured against, the header above the table).
 #include "bench.h"
 
 #include <fmt/format.h>
@@ -24,10 +25,6 @@
 #include <utility>
 #include <vector>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "attn/decode_kernels.h"
 #include "attn/fused.h"
 #include "attn/gemm.h"
@@ -36,7 +33,8 @@
 #include "attn/random.h"
 #include "attn/sdpa.h"
 #include "attn/utf8.h"
-#include "omp_policy.h"
+#include "bench_decode.h"
+#include "bench_machine.h"
 #include "sgemm_rate.h"
 
 namespace attn::cli {
@@ -360,145 +358,6 @@ std::unique_ptr<nn::MultiHeadAttention> make_module(const BenchCase& c,
       gen);
 }
 
-// ---- machine facts for the header ----
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const auto colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(colon + 2);
-    }
-  }
-  return "unknown CPU";
-}
-
-// "family 6 model 143": /proc/cpuinfo's numbers, which name a CPU when its
-// model name does not (a VM's "Intel(R) Xeon(R) Processor").
-std::string cpu_family_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line, family, model;
-  while (std::getline(in, line) && (family.empty() || model.empty())) {
-    const auto colon = line.find(':');
-    if (colon == std::string::npos || colon + 2 > line.size()) continue;
-    if (line.rfind("cpu family", 0) == 0) family = line.substr(colon + 2);
-    if (line.rfind("model\t", 0) == 0) model = line.substr(colon + 2);
-  }
-  if (family.empty() || model.empty()) return "";
-  return fmt::format("family {} model {}", family, model);
-}
-
-// What the header and --json's "machine" say: the CPU, the paths chosen, the
-// peaks (measured only when `measure`: the three probes take about 5 s).
-struct Machine {
-  std::string cpu, family_model, simd_target, bf16_path, sdpa_bf16_path, gemv_bf16_path;
-  std::vector<std::string> simd_targets, bf16_paths, gemv_bf16_paths;
-  std::string fast_gemm, fast_gemm_engine, fast_gemm_reason, blas, gemm_bf16, gemm_bf16_route,
-      gemm_bf16_reason;
-  kernels::PeakProbe fma, bf16, amx;
-  double clock_ghz = 0;
-};
-
-Machine machine_facts(bool measure) {
-  Machine m;
-  m.cpu = cpu_model();
-  m.family_model = cpu_family_model();
-  m.simd_target = kernels::flash_attention_target();
-  m.simd_targets = kernels::flash_attention_targets();
-  m.bf16_path = kernels::flash_attention_bf16_path();
-  m.bf16_paths = kernels::flash_attention_bf16_paths();
-  m.sdpa_bf16_path = fmt::format("{} ({})", kernels::sdpa_bf16_path(), kernels::sdpa_target());
-  m.gemv_bf16_path = kernels::gemv_bf16_path();
-  m.gemv_bf16_paths = kernels::gemv_bf16_paths();
-  m.fast_gemm = gemm::fast_gemm_name();
-  m.fast_gemm_engine = gemm::fast_gemm_engine();
-  m.fast_gemm_reason = gemm::fast_gemm_reason();
-  m.blas = gemm::blas_name();
-  m.gemm_bf16 = gemm::gemm_bf16_name();
-  m.gemm_bf16_route = gemm::gemm_bf16_route();
-  m.gemm_bf16_reason = gemm::gemm_bf16_reason();
-  if (measure) {
-    m.fma = kernels::fma_peak_probe(5);
-    m.bf16 = kernels::bf16_dot_peak_probe(5);
-    m.amx = kernels::amx_bf16_peak_probe(5);
-    m.clock_ghz = m.fma.clock_ghz;
-  }
-  return m;
-}
-
-nlohmann::json probe_json(const kernels::PeakProbe& p) {
-  return {{"gflops", p.gflops},
-          {"threads", p.threads},
-          {"chains", p.chains},
-          {"lanes", p.lanes},
-          {"flops_per_cycle", p.flops_per_cycle},
-          {"expected_per_cycle", p.expected_per_cycle},
-          {"plausible", p.plausible},
-          {"verdict", p.verdict}};
-}
-
-// `measured`: whether the peaks were probed. Without them the peaks are null
-// and "peaks_measured" is false (--json without --sgemm, or --no-probe).
-nlohmann::json machine_json(const Machine& m, bool measured) {
-  nlohmann::json j = {{"cpu", m.cpu},
-                      {"cpu_family_model", m.family_model},
-                      {"simd_target", m.simd_target},
-                      {"simd_targets", m.simd_targets},
-                      {"bf16_path", m.bf16_path},
-                      {"bf16_paths", m.bf16_paths},
-                      {"sdpa_bf16_path", m.sdpa_bf16_path},
-                      {"gemv_bf16_path", m.gemv_bf16_path},
-                      {"gemv_bf16_paths", m.gemv_bf16_paths},
-                      {"fast_gemm", m.fast_gemm},
-                      {"fast_gemm_engine", m.fast_gemm_engine},
-                      {"fast_gemm_reason", m.fast_gemm_reason},
-                      {"blas", m.blas},
-                      {"gemm_bf16", m.gemm_bf16},
-                      {"gemm_bf16_route", m.gemm_bf16_route},
-                      {"gemm_bf16_reason", m.gemm_bf16_reason}};
-  j["peaks_measured"] = measured;
-  j["clock_ghz"] = measured ? nlohmann::json(m.clock_ghz) : nlohmann::json(nullptr);
-  j["fma_peak"] = measured ? probe_json(m.fma) : nlohmann::json(nullptr);
-  j["bf16_dot_peak"] = measured ? probe_json(m.bf16) : nlohmann::json(nullptr);
-  j["amx_bf16_peak"] = measured ? probe_json(m.amx) : nlohmann::json(nullptr);
-  return j;
-}
-
-// "428.9 GFLOP/s = 65.0 FLOP/cycle/core: 2 FMA units x 16 lanes (24 chains)",
-// flagged when not plausible.
-std::string probe_text(const kernels::PeakProbe& p) {
-  if (p.gflops <= 0) return p.verdict;
-  if (p.flops_per_cycle <= 0)
-    return fmt::format("{:.1f} GFLOP/s ({} chains; {})", p.gflops, p.chains, p.verdict);
-  return fmt::format("{:.1f} GFLOP/s = {:.1f} FLOP/cycle/core: {}{} ({} chains)", p.gflops,
-                     p.flops_per_cycle, p.plausible ? "" : "IMPLAUSIBLE, ", p.verdict, p.chains);
-}
-
-// The variables that decide whether idle OpenMP threads spin (bench.h).
-std::string wait_policy() {
-  const char* spin = std::getenv("GOMP_SPINCOUNT");
-  const char* policy = std::getenv("OMP_WAIT_POLICY");
-  const auto chosen = choose_omp_policy([](const char* name) { return std::getenv(name); });
-  return fmt::format("GOMP_SPINCOUNT={}, OMP_WAIT_POLICY={}; {}", spin ? spin : "unset",
-                     policy ? policy : "unset", chosen.text);
-}
-
-int omp_threads() {
-#ifdef _OPENMP
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
-
-void set_threads(int n) {
-#ifdef _OPENMP
-  omp_set_num_threads(n);
-#endif
-  gemm::set_blas_threads(n);
-}
-
 // ---- memory: the peak resident set while one forward+backward runs ----
 
 // "VmHWM:   123 kB" style fields of /proc/self/status, in bytes; -1 if absent.
@@ -676,8 +535,6 @@ constexpr const char* kForcingHelp =
     "                          AVX512-BF16, else widened; docs/gemm.md)\n";
 
 }  // namespace
-
-std::string cpu_name() { return cpu_model(); }
 
 BenchCase parse_bench_shape(const std::string& text) {
   BenchCase c;
@@ -1016,12 +873,12 @@ Command add_bench_command(CLI::App& app) {
       for (int t : n > 1 ? std::vector<int>{1, n} : std::vector<int>{1})
         rates.emplace_back(t, kernels::read_bandwidth_gbs(bytes, t, repeats));
       if (f->json) {
-        nlohmann::json j = {{"cpu", cpu_model()}, {"bytes", bytes}, {"repeats", repeats}};
+        nlohmann::json j = {{"cpu", cpu_name()}, {"bytes", bytes}, {"repeats", repeats}};
         for (const auto& [t, gbs] : rates) j["read_gbs"][std::to_string(t)] = gbs;
         fmt::print("{}\n", j.dump());
       } else {
         fmt::print("attn bench --bandwidth: {}, {} CPUs, SIMD target {}, buffer {} MiB\n",
-                   cpu_model(), std::thread::hardware_concurrency(), target, f->bandwidth_mib);
+                   cpu_name(), std::thread::hardware_concurrency(), target, f->bandwidth_mib);
         for (const auto& [t, gbs] : rates)
           fmt::print("read bandwidth, {} thread{}: {:.1f} GB/s (median of {})\n", t,
                      t == 1 ? "" : "s", gbs, repeats);
@@ -1035,7 +892,7 @@ Command add_bench_command(CLI::App& app) {
       check_case(c);
       fmt::print(
           "attn bench --memory: {}, {} CPUs, SIMD target {}, {} OpenMP threads, core in {}{}\n",
-          cpu_model(), std::thread::hardware_concurrency(), target, omp_threads(), c.dtype,
+          cpu_name(), std::thread::hardware_concurrency(), target, omp_threads(), c.dtype,
           c.dtype == "bfloat16" ? fmt::format(" ({})", kernels::flash_attention_bf16_path())
                                 : std::string());
       fmt::print("{:<36} {:>8} {:>12} {:>14} {:>10} {:>7}\n", "what", "seconds", "extra MB",
@@ -1074,8 +931,9 @@ Command add_bench_command(CLI::App& app) {
     std::vector<std::string> modes = {"fwd", "fwdbwd"};
     if (f->mode != "all") modes = {f->mode};
 
-    double sgemm = -1, sgemm_blas = -1, sgemm_fast = -1, peak = -1, bf16_peak = -1;
-    const int sgemm_n = given("--sgemm-n") ? f->sgemm_n : (f->quick ? 2048 : 4096);
+    double sgemm = -1, peak = -1, bf16_peak = -1;
+    SgemmYardstick yardstick{.n = given("--sgemm-n") ? f->sgemm_n : (f->quick ? 2048 : 4096),
+                             .runs = f->quick ? 3 : 5};
     const bool measure = !f->json || f->sgemm;
     const bool probe_peaks = measure && !f->no_probe;
     Machine machine;
@@ -1083,9 +941,10 @@ Command add_bench_command(CLI::App& app) {
       machine = machine_facts(probe_peaks);
       peak = machine.fma.gflops;
       if (machine.bf16.gflops > 0) bf16_peak = machine.bf16.gflops;
-      sgemm_blas = attn::bench::sgemm_gflops(sgemm_n, f->quick ? 3 : 5, gemm::Engine::kBlas);
-      sgemm_fast = attn::bench::sgemm_gflops(sgemm_n, f->quick ? 3 : 5, gemm::Engine::kFast);
-      sgemm = std::max(sgemm_blas, sgemm_fast);  // the yardstick: the best product this build has
+      yardstick.blas = attn::bench::sgemm_gflops(yardstick.n, yardstick.runs, gemm::Engine::kBlas);
+      yardstick.fast = attn::bench::sgemm_gflops(yardstick.n, yardstick.runs, gemm::Engine::kFast);
+      // The yardstick: the best product this build has.
+      sgemm = std::max(yardstick.blas, yardstick.fast);
       // OpenBLAS's threads spin for a while after a call; let them go idle so
       // they do not slow the first case down.
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -1093,87 +952,7 @@ Command add_bench_command(CLI::App& app) {
       machine = machine_facts(false);
     }
     if (!f->json) {
-      fmt::print("attn bench: {}{}, {} CPUs, {} OpenMP threads, {} BLAS threads\n", machine.cpu,
-                 machine.family_model.empty() ? "" : " (" + machine.family_model + ")",
-                 std::thread::hardware_concurrency(), omp_threads(), gemm::blas_threads());
-      fmt::print("SIMD target {} (this CPU runs: {}; ATTN_SIMD_TARGET or --target forces one)\n",
-                 target, fmt::join(machine.simd_targets, ", "));
-      fmt::print("{}\n", wait_policy());
-      if (probe_peaks) {
-        fmt::print(
-            "core clock {:.2f} GHz (a chain of dependent integer adds; FLOP/cycle below is per "
-            "thread at this clock)\n",
-            machine.clock_ghz);
-        fmt::print("fp32 FMA peak ({}, {} threads, median of 5): {}\n", target, omp_threads(),
-                   probe_text(machine.fma));
-        fmt::print("bf16 dot-product peak (AVX512-BF16 VDPBF16PS): {}{}\n",
-                   probe_text(machine.bf16),
-                   bf16_peak > 0 && peak > 0
-                       ? fmt::format(", {:.2f}x the fp32 peak", bf16_peak / peak)
-                       : std::string());
-        fmt::print("AMX bf16 peak (TDPBF16PS): {}\n", probe_text(machine.amx));
-      } else {
-        fmt::print("peaks not measured (--no-probe): no clock, no FLOP/cycle, % peak is -\n");
-      }
-      fmt::print(
-          "paths: flash kernel {}; bf16 attention {} (of: {}; ATTN_BF16_PATH or "
-          "--bf16-path forces one); sdpa bf16 {}; decode gemv bf16 {} (of: {}; "
-          "ATTN_GEMV_BF16_PATH forces one)\n",
-          target, machine.bf16_path, fmt::join(machine.bf16_paths, ", "), machine.sdpa_bf16_path,
-          machine.gemv_bf16_path, fmt::join(machine.gemv_bf16_paths, ", "));
-      fmt::print(
-          "gemm: fast engine {} ({}; ATTN_GEMM_ENGINE=onednn|blas forces one); BLAS {}; "
-          "bf16 gemm {} (route {}: {}; ATTN_BF16_GEMM=matmul|widened forces one)\n",
-          machine.fast_gemm, machine.fast_gemm_reason, machine.blas, machine.gemm_bf16,
-          machine.gemm_bf16_route, machine.gemm_bf16_reason);
-      // "= 12.3% of peak", or nothing where the peak was not measured.
-      const auto of_peak = [&](double rate) {
-        return peak > 0 ? fmt::format(" = {:.1f}% of peak", 100.0 * rate / peak) : std::string();
-      };
-      fmt::print("sgemm {}^3, BLAS engine ({}, median of {}): {:.1f} GFLOP/s{}\n", sgemm_n,
-                 gemm::blas_name(), f->quick ? 3 : 5, sgemm_blas, of_peak(sgemm_blas));
-      fmt::print(
-          "sgemm {}^3, fast engine ({}, median of {}): {:.1f} GFLOP/s{}; % sgemm "
-          "below is of the faster; {} repeats per case after a warm-up of 250 ms\n",
-          sgemm_n, gemm::fast_gemm_name(), f->quick ? 3 : 5, sgemm_fast, of_peak(sgemm_fast),
-          repeats);
-      for (const auto* probe : {&machine.fma, &machine.bf16, &machine.amx}) {
-        if (probe->gflops > 0 && probe->flops_per_cycle > 0 && !probe->plausible)
-          fmt::print("warning: a peak probe reads {:.1f} FLOP/cycle/core, {}\n",
-                     probe->flops_per_cycle, probe->verdict);
-      }
-      // Nothing runs faster than the machine: a product above the measured
-      // peak means the probe under-reads this CPU, and every "% peak" is too high.
-      for (const auto& [name, rate] : {std::pair{gemm::blas_name(), sgemm_blas},
-                                       std::pair{gemm::fast_gemm_name(), sgemm_fast}}) {
-        if (peak > 0 && rate > peak)
-          fmt::print(
-              "warning: sgemm on {} runs at {:.1f}% of the measured fp32 FMA peak: the probe is "
-              "wrong (it under-reads this CPU), so the % peak figures below are too high\n",
-              name, 100.0 * rate / peak);
-      }
-      // An engine far below the peak (an old OpenBLAS on a newer CPU, or
-      // OPENBLAS_CORETYPE pinned to an old core) slows whatever runs on it.
-      const char* coretype = std::getenv("OPENBLAS_CORETYPE");
-      const std::string pinned = coretype != nullptr
-                                     ? fmt::format(" (OPENBLAS_CORETYPE={})", printable(coretype))
-                                     : std::string();
-      if (peak > 0 && sgemm_blas < 0.5 * peak) {
-        fmt::print(
-            "warning: the BLAS engine ({}{}) runs sgemm at {:.1f}% of the fp32 FMA peak; the "
-            "chapter modules keep it for PyTorch's sums, the GPT, training, generation, the "
-            "fused paths and the benchmarks use the fast engine ({}, {}); a busy machine reads "
-            "low too\n",
-            gemm::blas_name(), pinned, 100.0 * sgemm_blas / peak, gemm::fast_gemm_name(),
-            gemm::fast_gemm_reason());
-      }
-      if (peak > 0 && sgemm_fast < 0.5 * peak)
-        fmt::print(
-            "warning: the fast engine ({}{}) runs sgemm at {:.1f}% of the fp32 FMA peak (or "
-            "the machine is busy: the peaks are timed on CPU time, sgemm on the wall "
-            "clock)\n",
-            gemm::fast_gemm_name(), gemm::fast_gemm_engine() == std::string("blas") ? pinned : "",
-            100.0 * sgemm_fast / peak);
+      print_machine_header(machine, probe_peaks, yardstick, repeats);
       fmt::print("\n");
       print_table_header();
     }

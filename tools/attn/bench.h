@@ -21,6 +21,8 @@
 //           (total, H, hd) batch of the --seqlens lengths (default: the shape's
 //           B sequences of T), is_causal, --window-left too; float32 or
 //           bfloat16; its shape column reads NsTOTALxDxH (N sequences, TOTAL tokens)
+//   decode  one decoding step's attention over KV caches (--kind decode, alone):
+//           bench_decode.h
 // Useful FLOPs (causal):
 //   core forward      4·B·H·T²·hd / 2             (Q Kᵀ and P V, only j <= i; sdpa:
 //                     4·B·H·hd·(query-key pairs it may attend), e.g. with a window w
@@ -37,19 +39,20 @@
 //   4096,
 //            --quick 2048, or --sgemm-n; median of 5 timings, --quick 3)
 //   % peak   that rate over the CPU's fp32 multiply-add peak on the kernel's
-//            SIMD target (kernels::fma_peak_probe, median of 5; bf16 rows on
+//            SIMD target (cpu::fma_peak_probe, median of 5; bf16 rows on
 //            the AVX512-BF16 path: the VDPBF16PS peak, on the AMX path the AMX
 //            peak): no code here can exceed it, and a row above 100% is
 //            reported as a wrong probe. sgemm does not reach it either: the
 //            header prints sgemm's own share of the peak, measured in the same
 //            run (80% on the machine of docs/performance.md).
-// The header also names the CPU, the SIMD target, the core clock, each peak
-// in FLOP/cycle/core with its plausibility, and every path chosen (docs/gemm.md);
-// --target and --bf16-path (or ATTN_SIMD_TARGET, ATTN_BF16_PATH) force one.
+// The header (bench_machine.h) also names the CPU, the SIMD target, the core
+// clock, each peak in FLOP/cycle/core with its plausibility, and every path
+// chosen (docs/gemm.md); --target and --bf16-path (or ATTN_SIMD_TARGET,
+// ATTN_BF16_PATH) force one.
 // Threads (--threads n sets both OpenMP's and OpenBLAS's count): the core and
 // the fused module run on OpenMP's threads only: the flash kernel, and the
 // module's four projections too, each thread calling a single-threaded sgemm
-// on its own block of rows (src/kernels/attention_block.cpp). The sgemm
+// on its own block of rows (src/kernels/fused.cpp). The sgemm
 // yardstick and the reference path (--backend reference) use OpenBLAS's own
 // threads. Those spin for a while after a call (and right after start-up), so
 // the run sleeps 500 ms after the yardsticks and warms each case up for at
@@ -62,7 +65,6 @@
 #include <string>
 #include <vector>
 
-#include "attn/decode_attention.h"
 #include "command.h"
 
 namespace attn::cli {
@@ -103,39 +105,6 @@ BenchCase parse_bench_shape(const std::string& text);
 // checked to be finite, std::runtime_error otherwise), then `repeats` timed
 // repeats.
 BenchResult run_bench_case(const BenchCase& c, int repeats, const std::string& backend);
-
-// ---- --kind decode (bench_decode.cpp) ----
-// One decoding step's attention, kernels::decode_attention_forward[_bf16]
-// (attn/decode_attention.h), over a full cache of each length: time per step,
-// the key/value bytes it reads, GB/s, and GB/s over the read bandwidth
-// (kernels::read_bandwidth_gbs over twice the last-level cache, the same
-// threads) measured in the run.
-struct DecodeBenchOptions {
-  std::vector<int64_t> caches;  // cache lengths (keys per sequence)
-  std::vector<std::string> dtypes;  // "float32", "bfloat16"
-  int64_t batch = 1, heads = 12, kv_heads = 12, head_dim = 64, queries = 1;
-  int64_t window_left = -1;
-  int repeats = 20;
-  // The probe's buffer, MiB, and the least the copies of the caches cycled
-  // through span; 0: twice the last-level cache, 256 MiB at least.
-  int64_t bandwidth_mib = 0;
-  bool json = false;
-};
-struct DecodeBenchResult {
-  double ms_median = 0, ms_min = 0;
-  int64_t kv_bytes = 0;  // per step
-  double gbs = 0;        // kv_bytes / median
-  int64_t copies = 1;    // caches cycled through so that each step reads from memory
-};
-// footprint: bytes the copies of the caches that the steps cycle through span.
-DecodeBenchResult run_decode_case(const DecodeProblem& p, bool bf16, int repeats,
-                                  int64_t footprint);
-// "4096" or "4k" (x1024); throws UsageError otherwise.
-int64_t parse_cache_length(const std::string& text);
-// Prints the table (or JSON rows); returns the exit code.
-int run_decode_bench(const DecodeBenchOptions& options);
-// The CPU's model name (/proc/cpuinfo), as the bench header prints it.
-std::string cpu_name();
 
 // Registers the `bench` subcommand on the app.
 Command add_bench_command(CLI::App& app);

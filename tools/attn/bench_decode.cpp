@@ -1,8 +1,11 @@
-// bench_decode.cpp - `attn bench --kind decode` (bench.h): one decoding step's
-// attention (kernels::decode_attention_forward[_bf16], attn/decode_attention.h)
-// over KV caches of given lengths, with the bytes of keys and values it reads
-// per step, their rate in GB/s, and that rate as a share of the machine's read
-// bandwidth measured in the same run with the same threads.
+// bench_decode.cpp - `attn bench --kind decode` (bench_decode.h): one decoding
+// step's attention (kernels::decode_attention_forward[_bf16],
+// attn/decode_attention.h) over KV caches of given lengths, with the bytes of
+// keys and values it reads per step, their rate in GB/s, and that rate as a
+// share of the machine's read bandwidth measured in the same run with the same
+// threads.
+#include "bench_decode.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -26,7 +29,8 @@
 #include "attn/kernels.h"
 #include "attn/tensor.h"
 #include "attn/utf8.h"
-#include "bench.h"
+#include "bench_machine.h"
+#include "command.h"
 
 namespace attn::cli {
 namespace {

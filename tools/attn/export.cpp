@@ -10,11 +10,13 @@
 #include <sstream>
 #include <string>
 
-#include "attn/generate.h"
+#include "attn/char_tokenizer.h"
+#include "attn/checkpoint.h"
 #include "attn/hf_gpt2.h"
-#include "attn/tokenizer.h"
+#include "attn/model_config.h"
 #include "attn/safetensors.h"
-#include "attn/train.h"
+#include "attn/state_dict.h"
+#include "attn/tokenizer.h"
 #include "attn/utf8.h"
 
 namespace attn::cli {
@@ -121,10 +123,10 @@ Command add_export_command(CLI::App& app) {
                                              printable(f.out), ec.message()));
       }
       std::map<std::string, std::string> metadata = {
-          {"format", train::kCheckpointFormat},
-          {"config", train::config_to_json(c)},
+          {"format", nn::kCheckpointFormat},
+          {"config", nn::config_to_json(c)},
           {"tokenizer", md.tokenizer}};
-      if (md.tokenizer == "char") metadata["vocab"] = train::CharTokenizer(md.vocab).to_json();
+      if (md.tokenizer == "char") metadata["vocab"] = text::CharTokenizer(md.vocab).to_json();
       io::save_state_dict(*model, (fs::path(f.out) / "checkpoint.safetensors").string(), metadata);
     }
     std::cout << fmt::format("wrote {} ({} format{}, {} parameters)\n", printable(f.out), f.format,

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "attn/hf_gpt2.h"
-#include "attn/train.h"
+#include "attn/model_config.h"
 #include "attn/utf8.h"
 
 namespace attn::cli {
@@ -171,9 +171,9 @@ nlohmann::ordered_json model_summary(const std::string& dir) {
     const auto it = header.metadata.find(key);
     return it == header.metadata.end() ? std::string() : it->second;
   };
-  const nn::GPTConfig c = train::config_from_json(meta("config"));
+  const nn::GPTConfig c = nn::config_from_json(meta("config"), path);
   j["kind"] = "attn-checkpoint";
-  j["config"] = nlohmann::ordered_json::parse(train::config_to_json(c));
+  j["config"] = nlohmann::ordered_json::parse(nn::config_to_json(c));
   j["parameters"] = params;
   j["dtype"] = dtypes.size() == 1 ? dtypes.begin()->first : std::string("mixed");
   j["tied"] = !out_head;

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/attn.h"
 #include "attn/gemm.h"
 #include "attn/kernels.h"
 #include "attn/utf8.h"
@@ -21,18 +22,14 @@
 #include "command.h"
 #include "eval.h"
 #include "export.h"
-#include "generate.h"
+#include "generate_command.h"
 #include "inspect.h"
 #include "omp_policy.h"
 #include "plot.h"
 #include "prepare.h"
 #include "tokenize.h"
-#include "train.h"
+#include "train_command.h"
 #include "walkthrough.h"
-
-#ifndef ATTN_VERSION
-#define ATTN_VERSION "unknown"
-#endif
 
 namespace {
 
@@ -72,7 +69,7 @@ int main(int argc, char** argv) {
       "attn: the attention mechanisms of GPT-style models as readable C++, printing the same "
       "numbers PyTorch 1.13 prints for the same seed.",
       "attn"};
-  app.set_version_flag("--version", "attn " ATTN_VERSION);
+  app.set_version_flag("--version", std::string("attn ") + attn::version());
   app.require_subcommand(1);
   app.footer("Run 'attn COMMAND --help' for the options of a command.");
 

@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
-#include "attn/generate.h"
+#include "attn/checkpoint.h"
 #include "attn/utf8.h"
 #include "plot/line_chart.h"
 #include "plot/mask_figure.h"

@@ -30,7 +30,7 @@
 namespace attn::cli {
 
 // A model read from DIR/checkpoint.safetensors by nn::load_checkpoint
-// (attn/generate.h), and its vocabulary (id order).
+// (attn/checkpoint.h), and its vocabulary (id order).
 struct LoadedModel {
   std::unique_ptr<nn::GPTModel> model;
   std::vector<std::string> vocab;

@@ -10,32 +10,19 @@
 // tests/torch/test_walkthrough_ch4_torch.cpp compares the two line by line.
 #pragma once
 
-#include <functional>
-#include <nlohmann/json.hpp>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "attn/gpt.h"
 #include "attn/tensor.h"
-#include "walkthrough.h"
+#include "walkthrough_sections.h"
 
 namespace attn::cli {
 
 // The sections in the notebook's order: batch, dummy, layernorm, feedforward, shortcut, block,
 // gpt, generate.
 const std::vector<WalkthroughSection>& walkthrough_ch4_sections();
-
-// One print() of the notebook.
-struct Printed {
-  std::string section;
-  std::string name;         // the notebook's expression, e.g. "model.tok_emb.weight.shape"
-  std::string explanation;  // "<what it is>: <the notebook's code>"
-  std::string text;         // what print() writes, without its final newline
-  nlohmann::json value;     // a tensor's {"shape", "values"}, a list, a number or a string
-};
-
-// Receives one line of progress (the GPT-124M parts take seconds).
-using ProgressFn = std::function<void(const std::string&)>;
 
 // Runs the chosen sections (empty: all) in the notebook's order, whatever
 // order they are named in; each rebuilds what it needs from manual_seed(123).
@@ -52,14 +39,8 @@ Tensor generate_text_simple(nn::GPTModel& model, const Tensor& idx, int64_t max_
 // Throws std::invalid_argument when `name` is not a chapter-4 section.
 void check_ch4_section(const std::string& name);
 
-// The text form (headers, explanations, then each print's text) and the JSON
-// form (an array, one object per print: section, name, explanation, text, value).
-// The prints as text: `header`, then each section's title and intro (from
-// `sections`, by name) before its first print, and each print under its "# "
-// explanation. Chapters 4 and 5 share it.
-std::string printed_to_text(const std::string& header, const std::vector<Printed>& printed,
-                            const std::vector<WalkthroughSection>& sections);
+// The text form (headers, explanations, then each print's text); the JSON form
+// is printed_to_json's (walkthrough_sections.h).
 std::string ch4_to_text(const std::vector<Printed>& printed);
-std::string ch4_to_json(const std::vector<Printed>& printed);
 
 }  // namespace attn::cli

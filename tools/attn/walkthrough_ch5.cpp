@@ -33,7 +33,7 @@
 #include "attn/train.h"
 #include "attn/train_book.h"
 #include "attn/utf8.h"
-#include "command.h"
+#include "walkthrough_ch4.h"
 
 namespace attn::cli {
 namespace {

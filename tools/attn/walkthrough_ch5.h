@@ -18,11 +18,11 @@
 // test_walkthrough_ch5_torch.cpp and test_ch5_training_torch.cpp compare.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
-#include "walkthrough.h"
-#include "walkthrough_ch4.h"
+#include "walkthrough_sections.h"
 
 namespace attn::cli {
 
@@ -52,7 +52,7 @@ std::vector<Printed> run_walkthrough_ch5(const std::vector<std::string>& section
 void check_ch5_section(const std::string& name);
 
 // The text form (headers, explanations, then each print's text); the JSON form
-// is ch4_to_json's.
+// is printed_to_json's (walkthrough_sections.h).
 std::string ch5_to_text(const std::vector<Printed>& printed);
 
 }  // namespace attn::cli

@@ -79,7 +79,7 @@ std::string slug(const std::string& name) {
 }
 
 const WalkthroughSection& section_info(const std::string& name) {
-  for (const auto& s : walkthrough_sections()) {
+  for (const auto& s : walkthrough_ch3_sections()) {
     if (s.name == name) return s;
   }
   throw std::logic_error(fmt::format("no walkthrough section '{}'", printable(name)));

@@ -3,7 +3,7 @@
 // (one self-contained page: every step, its tensor and its heatmap) and
 // `--heatmap` (truecolour blocks in the terminal).
 //
-// All three draw exactly the entries of run_walkthrough() that carry an
+// All three draw exactly the entries of run_walkthrough_ch3() that carry an
 // AttentionMatrix, with src/plot (attn_plot).
 #pragma once
 
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "plot/heatmap.h"
-#include "walkthrough.h"
+#include "walkthrough_ch3.h"
 
 namespace attn::cli {
 

@@ -1,0 +1,197 @@
+// The flags of `attn train` (attn/train.h): TrainOptions' checks, and its JSON
+// (a checkpoint's "train_args").
+#include <fmt/format.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <type_traits>
+
+#include "attn/train.h"
+#include "attn/utf8.h"
+
+namespace attn::train {
+
+using nlohmann::json;
+
+void TrainOptions::validate() const {
+  auto at_least = [](const char* name, int64_t v, int64_t min) {
+    if (v < min)
+      throw std::invalid_argument(
+          fmt::format("--{} must be >= {}, got {}", printable(name), min, v));
+  };
+  at_least("n-layers", n_layers, 1);
+  at_least("n-heads", n_heads, 1);
+  at_least("emb-dim", emb_dim, 1);
+  at_least("context-length", context_length, 1);
+  at_least("batch-size", batch_size, 1);
+  at_least("max-iters", max_iters, 0);
+  at_least("warmup-iters", warmup_iters, 0);
+  at_least("eval-interval", eval_interval, 1);
+  at_least("eval-iters", eval_iters, 1);
+  at_least("grad-accum-steps", grad_accum_steps, 1);
+  if (emb_dim % n_heads != 0)
+    throw std::invalid_argument(
+        fmt::format("--n-heads {} must divide --emb-dim {}", n_heads, emb_dim));
+  if (!(lr > 0.0 && std::isfinite(lr)))
+    throw std::invalid_argument(fmt::format("--lr must be > 0, got {}", lr));
+  if (!(min_lr >= 0.0 && min_lr <= lr))
+    throw std::invalid_argument(
+        fmt::format("--min-lr must be in [0, --lr = {}], got {}", lr, min_lr));
+  if (!(weight_decay >= 0.0 && std::isfinite(weight_decay)))
+    throw std::invalid_argument(fmt::format("--weight-decay must be >= 0, got {}", weight_decay));
+  if (!(grad_clip >= 0.0 && std::isfinite(grad_clip)))
+    throw std::invalid_argument(
+        fmt::format("--grad-clip must be >= 0 (0: off), got {}", grad_clip));
+  if (!(drop_rate >= 0.0 && drop_rate < 1.0))
+    throw std::invalid_argument(fmt::format("--drop-rate must be in [0, 1), got {}", drop_rate));
+  if (!(beta1 >= 0.0 && beta1 < 1.0 && beta2 >= 0.0 && beta2 < 1.0))
+    throw std::invalid_argument(fmt::format("betas must be in [0, 1), got ({}, {})", beta1, beta2));
+  if (dtype != "float32" && dtype != "bfloat16")
+    throw std::invalid_argument(
+        fmt::format("--dtype must be float32 or bfloat16, got '{}'", printable(dtype)));
+  if (tokenizer != "char" && tokenizer != "gpt2")
+    throw std::invalid_argument(
+        fmt::format("--tokenizer must be char or gpt2, got '{}'", printable(tokenizer)));
+  at_least("stride", stride, 0);
+  at_least("epochs", epochs, 0);
+  if (lr_schedule != "cosine" && lr_schedule != "constant")
+    throw std::invalid_argument(
+        fmt::format("--lr-schedule must be cosine or constant, got '{}'", printable(lr_schedule)));
+  if (decay != "matrices" && decay != "all")
+    throw std::invalid_argument(
+        fmt::format("--decay must be matrices or all, got '{}'", printable(decay)));
+  at_least("n-kv-groups", n_kv_groups, 0);
+  at_least("sliding-window-size", sliding_window_size, 0);
+  if (n_kv_groups > 0 && n_heads % n_kv_groups != 0)
+    throw std::invalid_argument(
+        fmt::format("--n-kv-groups {} must divide --n-heads {}", n_kv_groups, n_heads));
+  if ((n_kv_groups > 0 || sliding_window_size > 0) && dtype != "float32")
+    throw std::invalid_argument(
+        fmt::format("--n-kv-groups and --sliding-window-size run in float32 only, got --dtype {}",
+                    printable(dtype)));
+  if ((n_kv_groups > 0 || sliding_window_size > 0) && exact && drop_rate > 0.0)
+    throw std::invalid_argument(fmt::format(
+        "--exact with --n-kv-groups or --sliding-window-size needs --drop-rate 0 (their "
+        "attention dropout masks are not PyTorch's), got --drop-rate {}",
+        drop_rate));
+  if (exact && dtype != "float32")
+    throw std::invalid_argument(fmt::format(
+        "--exact runs the float32 reference path; it cannot be combined with --dtype {}",
+        printable(dtype)));
+  if (rope && (emb_dim / n_heads) % 2 != 0)
+    throw std::invalid_argument(
+        fmt::format("--rope needs an even head size, got --emb-dim {} / --n-heads {} = {}", emb_dim,
+                    n_heads, emb_dim / n_heads));
+  if (rope && !(theta_base > 1.0 && std::isfinite(theta_base)))
+    throw std::invalid_argument(fmt::format("--theta-base must be > 1, got {}", theta_base));
+  at_least("latent-dim", latent_dim, 0);
+  if (latent_dim > 0 && (rope || exact || dtype != "float32"))
+    throw std::invalid_argument(fmt::format(
+        "--latent-dim (multi-head latent attention) runs in float32 on the fused kernel, without "
+        "--rope, --exact or --dtype bfloat16; got --latent-dim {}{}{}{}",
+        latent_dim, rope ? " --rope" : "", exact ? " --exact" : "",
+        dtype != "float32" ? " --dtype " + printable(dtype) : ""));
+  if ((n_kv_groups > 0 || sliding_window_size > 0) && (rope || latent_dim > 0))
+    throw std::invalid_argument(fmt::format(
+        "--n-kv-groups and --sliding-window-size cannot be combined with --rope or --latent-dim "
+        "(got --n-kv-groups {} --sliding-window-size {}{}{})",
+        n_kv_groups, sliding_window_size, rope ? " --rope" : "",
+        latent_dim > 0 ? fmt::format(" --latent-dim {}", latent_dim) : ""));
+}
+
+std::string TrainOptions::to_json() const {
+  nlohmann::ordered_json j;
+  j["n_layers"] = n_layers;
+  j["n_heads"] = n_heads;
+  j["emb_dim"] = emb_dim;
+  j["context_length"] = context_length;
+  j["batch_size"] = batch_size;
+  j["max_iters"] = max_iters;
+  j["lr"] = lr;
+  j["min_lr"] = min_lr;
+  j["warmup_iters"] = warmup_iters;
+  j["weight_decay"] = weight_decay;
+  j["grad_clip"] = grad_clip;
+  j["drop_rate"] = drop_rate;
+  j["eval_interval"] = eval_interval;
+  j["eval_iters"] = eval_iters;
+  j["seed"] = seed;
+  j["beta1"] = beta1;
+  j["beta2"] = beta2;
+  j["dtype"] = dtype;
+  j["fused_loss"] = fused_loss;
+  j["tokenizer"] = tokenizer;
+  j["stride"] = stride;
+  j["epochs"] = epochs;
+  j["lr_schedule"] = lr_schedule;
+  j["decay"] = decay;
+  j["exact"] = exact;
+  if (rope) {  // only when on: the other runs' train_args keep their bytes
+    j["rope"] = rope;
+    j["theta_base"] = theta_base;
+  }
+  if (latent_dim > 0) j["latent_dim"] = latent_dim;
+  j["n_kv_groups"] = n_kv_groups;
+  j["sliding_window_size"] = sliding_window_size;
+  j["sliding_window_stride"] = sliding_window_stride;
+  if (grad_accum_steps != 1)
+    j["grad_accum_steps"] = grad_accum_steps;  // the others keep their bytes
+  return j.dump();
+}
+
+TrainOptions TrainOptions::from_json(const std::string& text, TrainOptions o) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw std::invalid_argument(fmt::format("train_args: not JSON: {}", e.what()));
+  }
+  if (!j.is_object()) throw std::invalid_argument("train_args: expected a JSON object");
+  try {
+    auto get = [&](const char* key, auto& field) {
+      if (j.contains(key)) field = j.at(key).get<std::remove_reference_t<decltype(field)>>();
+    };
+    get("n_layers", o.n_layers);
+    get("n_heads", o.n_heads);
+    get("emb_dim", o.emb_dim);
+    get("context_length", o.context_length);
+    get("batch_size", o.batch_size);
+    get("max_iters", o.max_iters);
+    get("lr", o.lr);
+    get("min_lr", o.min_lr);
+    get("warmup_iters", o.warmup_iters);
+    get("weight_decay", o.weight_decay);
+    get("grad_clip", o.grad_clip);
+    get("drop_rate", o.drop_rate);
+    get("eval_interval", o.eval_interval);
+    get("eval_iters", o.eval_iters);
+    get("seed", o.seed);
+    get("beta1", o.beta1);
+    get("beta2", o.beta2);
+    get("dtype", o.dtype);
+    get("fused_loss", o.fused_loss);
+    get("tokenizer", o.tokenizer);
+    get("stride", o.stride);
+    get("epochs", o.epochs);
+    get("lr_schedule", o.lr_schedule);
+    get("decay", o.decay);
+    get("exact", o.exact);
+    get("rope", o.rope);
+    get("theta_base", o.theta_base);
+    get("latent_dim", o.latent_dim);
+    get("n_kv_groups", o.n_kv_groups);
+    get("sliding_window_size", o.sliding_window_size);
+    get("sliding_window_stride", o.sliding_window_stride);
+    get("grad_accum_steps", o.grad_accum_steps);
+  } catch (const json::exception& e) {
+    throw std::invalid_argument(fmt::format("train_args: {}", e.what()));
+  }
+  return o;
+}
+
+TrainOptions TrainOptions::from_json(const std::string& text) {
+  return from_json(text, TrainOptions{});
+}
+
+}  // namespace attn::train

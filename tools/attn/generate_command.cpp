@@ -1,0 +1,448 @@
+// generate_command.cpp - `attn generate` (generate_command.h): parses the
+// flags, loads the checkpoint (or builds GPT_CONFIG_124M with random weights
+// for --benchmark) and calls nn::generate; the benchmark times
+// nn::forward_cached and GPTModel::forward directly (--json: the cached path,
+// repeated, for bench/compare_generate.py).
+#include "generate_command.h"
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attn/decode_kernels.h"
+#include "attn/generate.h"
+#include "attn/gpt.h"
+#include "attn/hf_gpt2.h"
+#include "attn/kernels.h"
+#include "attn/random.h"
+#include "attn/utf8.h"
+#include "model_text.h"
+
+namespace attn::cli {
+namespace {
+
+struct Flags {
+  std::string checkpoint;  // --model, or its alias --checkpoint
+  std::string config;
+  std::string prompt;
+  std::string prompt_ids;
+  bool print_ids = false;
+  int64_t max_new_tokens = 50;
+  float temperature = 0.0f;
+  bool temperature_given = false;
+  bool greedy = false;
+  std::optional<int64_t> top_k;
+  float top_p = 1.0f;
+  std::string dtype = "float32";
+  uint64_t seed = 123;
+  // --config 124m: the book's bonus attention (nn::GPTConfig's keys).
+  std::optional<int64_t> n_kv_groups, sliding_window_size, sliding_window_stride;
+  bool no_cache = false;
+  bool benchmark = false;
+  bool json = false;
+  int repeats = 1;
+  int64_t prompt_tokens = 32;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// "1, 2,3 4" -> {1, 2, 3, 4}: ids separated by commas and/or spaces, each in [0, vocab).
+std::vector<int64_t> parse_ids(const std::string& text, int64_t vocab) {
+  std::vector<int64_t> ids;
+  size_t i = 0;
+  while (i < text.size()) {
+    if (text[i] == ',' || text[i] == ' ') {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < text.size() && text[j] >= '0' && text[j] <= '9') ++j;
+    if (j == i || j - i > 18) {
+      throw UsageError(fmt::format(
+          "generate: --prompt-ids must be token ids separated by commas or spaces, got '{}'",
+          printable(text)));
+    }
+    const int64_t id = std::stoll(text.substr(i, j - i));
+    if (id >= vocab) {
+      throw UsageError(fmt::format(
+          "generate: --prompt-ids: token id {} is out of range for vocab_size {}", id, vocab));
+    }
+    ids.push_back(id);
+    i = j;
+  }
+  if (ids.empty()) throw UsageError("generate: --prompt-ids must give at least one token id");
+  return ids;
+}
+
+// The prompt's ids: the text through the vocabulary, or prompt_tokens random ids
+// (a model without a vocabulary).
+std::vector<int64_t> benchmark_prompt(const Flags& f, const io::ModelDir* md, int64_t vocab,
+                                      Generator& gen) {
+  if (!f.prompt_ids.empty()) return parse_ids(f.prompt_ids, vocab);
+  if (md != nullptr && !f.prompt.empty()) return ModelText(*md).encode(f.prompt);
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < f.prompt_tokens; ++i)
+    ids.push_back(static_cast<int64_t>(gen.random() % static_cast<uint64_t>(vocab)));
+  return ids;
+}
+
+// One greedy run of n tokens after the prompt, timed in two parts: the prompt
+// (one prefill, or one full forward) and the n - 1 forwards of the generated
+// tokens (the first came from the prompt's logits; the last needs none).
+struct BenchRun {
+  double t_prompt = 0, t_gen = 0;
+  int64_t steps = 0;
+  std::vector<int64_t> tokens;
+};
+
+BenchRun bench_once(nn::GPTModel& model, const std::vector<int64_t>& prompt, int64_t n,
+                    bool use_cache) {
+  Generator unused(0);
+  auto argmax_last = [&](const Tensor& logits) {
+    const Tensor last = logits.select(1, logits.size(1) - 1).contiguous();  // (1, V)
+    return nn::sample_next(last, 0.0f, 0, unused)[0];
+  };
+  const int64_t T0 = static_cast<int64_t>(prompt.size());
+  BenchRun r;
+  r.tokens = prompt;
+  nn::GPTKVCache cache;
+  if (use_cache) cache = nn::make_gpt_kv_cache(model, 1);  // a bf16 model's rounds its weights
+  auto start = std::chrono::steady_clock::now();
+  const Tensor prompt_ids = Tensor::from_int64({1, T0}, prompt);
+  int64_t next = argmax_last(use_cache ? nn::forward_cached(model, prompt_ids, cache, false)
+                                       : model.forward(prompt_ids));
+  r.t_prompt = seconds_since(start);
+  start = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < n; ++i) {
+    r.tokens.push_back(next);
+    if (i + 1 == n) break;  // the last token needs no forward
+    next = argmax_last(
+        use_cache ? nn::forward_cached(model, Tensor::from_int64({1, 1}, {next}), cache, false)
+                  : model.forward(
+                        Tensor::from_int64({1, static_cast<int64_t>(r.tokens.size())}, r.tokens)));
+  }
+  r.t_gen = seconds_since(start);
+  r.steps = n > 0 ? n - 1 : 0;
+  return r;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 == 1 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+// Greedy decoding of n tokens after the prompt. The table: with and without
+// the cache, once each. --json: the cached path `repeats` times, one JSON
+// object with each run's rates and their medians.
+void run_benchmark(nn::GPTModel& model, const std::vector<int64_t>& prompt, int64_t n, bool json,
+                   int repeats, const std::string& dtype) {
+  const int64_t T0 = static_cast<int64_t>(prompt.size());
+  const int64_t C = model.config().context_length;
+  if (T0 + n > C) {
+    throw UsageError(fmt::format(
+        "--benchmark: the prompt ({} tokens) plus --max-new-tokens {} exceed context_length {}", T0,
+        n, C));
+  }
+  if (json) {
+    nlohmann::json runs = nlohmann::json::array();
+    std::vector<double> pp, tg;
+    for (int rep = 0; rep < repeats; ++rep) {
+      const BenchRun r = bench_once(model, prompt, n, true);
+      pp.push_back(static_cast<double>(T0) / r.t_prompt);
+      tg.push_back(r.steps > 0 ? static_cast<double>(r.steps) / r.t_gen : 0.0);
+      runs.push_back({{"prompt_s", r.t_prompt},
+                      {"decode_s", r.t_gen},
+                      {"prompt_tok_s", pp.back()},
+                      {"decode_tok_s", tg.back()}});
+    }
+    const nlohmann::json out = {{"dtype", dtype},
+                                {"prompt_tokens", T0},
+                                {"new_tokens", n},
+                                {"decode_steps", n > 0 ? n - 1 : 0},
+                                {"threads", omp_get_max_threads()},
+                                {"gemv_bf16_path", kernels::gemv_bf16_path()},
+                                {"simd_target", kernels::flash_attention_target()},
+                                {"prompt_tok_s_median", median(pp)},
+                                {"decode_tok_s_median", median(tg)},
+                                {"prompt_tok_s_best", *std::max_element(pp.begin(), pp.end())},
+                                {"decode_tok_s_best", *std::max_element(tg.begin(), tg.end())},
+                                {"runs", runs}};
+    std::cout << out.dump() << '\n';
+    return;
+  }
+  std::cout << fmt::format(
+      "model: vocab_size {}, context_length {}, emb_dim {}, n_heads {}, n_layers {}\n"
+      "prompt: {} tokens, then {} generated tokens (greedy), batch 1\n",
+      model.config().vocab_size, C, model.config().emb_dim, model.config().n_heads,
+      model.config().n_layers, T0, n);
+  std::vector<int64_t> cached_tokens, full_tokens;
+  for (bool use_cache : {true, false}) {
+    const BenchRun r = bench_once(model, prompt, n, use_cache);
+    std::cout << fmt::format(
+        "{:<9} prompt processing {:8.1f} tokens/s ({:.3f} s)   generation {:8.2f} tokens/s "
+        "({} tokens in {:.3f} s)\n",
+        use_cache ? "cache:" : "no cache:", static_cast<double>(T0) / r.t_prompt, r.t_prompt,
+        r.steps > 0 ? static_cast<double>(r.steps) / r.t_gen : 0.0, r.steps, r.t_gen);
+    (use_cache ? cached_tokens : full_tokens) = r.tokens;
+  }
+  std::cout << fmt::format("same tokens with and without the cache: {}\n",
+                           cached_tokens == full_tokens ? "yes" : "NO");
+}
+
+}  // namespace
+
+Command add_generate_command(CLI::App& app) {
+  auto flags = std::make_shared<Flags>();
+  CLI::App* cmd = app.add_subcommand(
+      "generate",
+      "Generate text from a model directory (a Hugging Face GPT-2 directory or an attn "
+      "checkpoint) one token at a time with a key/value cache per layer, printing each token as "
+      "it comes; sampling as the book's generate does (top-k, then temperature, then top-p; "
+      "temperature 0 is argmax); stops at <|endoftext|>");
+  cmd->footer(
+      "Past context_length the model sees the last context_length tokens (the book's sliding "
+      "window): the cache is re-filled from them for every further token.\n"
+      "Each new token attends over the cache with flash-decoding (attn/decode_attention.h, "
+      "docs/decode.md): the keys in fixed chunks over the threads, combined by log-sum-exp in a "
+      "fixed order, so the tokens do not depend on the thread count.\n\n"
+      "Examples:\n"
+      "  attn generate --model run1 --prompt 'To be' --max-new-tokens 200 --temperature 0.8 "
+      "--top-k 10 --seed 1\n"
+      "  attn generate --model gpt2 --prompt 'Every effort moves you' --top-k 50 --top-p 0.95 "
+      "--temperature 0.8\n"
+      "  attn generate --model gpt2 --prompt-ids 6109,3626,6100,345 --print-ids --greedy\n"
+      "  attn generate --config 124m --benchmark --prompt-tokens 32 --max-new-tokens 32");
+  cmd->add_option("--model,--checkpoint", flags->checkpoint,
+                  "Model directory: Hugging Face GPT-2 (config.json + model.safetensors) or an "
+                  "attn checkpoint (DIR/checkpoint.safetensors)")
+      ->type_name("DIR");
+
+  cmd->add_option("--config", flags->config,
+                  "Instead of a checkpoint: GPT_CONFIG_124M with random weights (manual_seed "
+                  "--seed); only with --benchmark")
+      ->type_name("124m");
+  cmd->add_option("--n-kv-groups", flags->n_kv_groups,
+                  "With --config: grouped-query attention with this many key/value heads (the "
+                  "book's ch04/04_gqa; must divide the 12 heads). A checkpoint stores its own")
+      ->type_name("G");
+  cmd->add_option("--sliding-window-size", flags->sliding_window_size,
+                  "With --config: sliding-window attention over the last W tokens (the book's "
+                  "ch04/06_swa). A checkpoint stores its own")
+      ->type_name("W");
+  cmd->add_option("--sliding-window-stride", flags->sliding_window_stride,
+                  "With --sliding-window-size: the book's K:1 schedule, K window layers then one "
+                  "full (0: none, -1 every layer, the default)")
+      ->type_name("K");
+  cmd->add_option("--prompt", flags->prompt,
+                  "The text to continue (through the model's tokenizer)")
+      ->type_name("TEXT");
+  cmd->add_option("--prompt-ids", flags->prompt_ids,
+                  "Instead of --prompt: token ids, separated by commas or spaces")
+      ->type_name("IDS");
+  cmd->add_flag("--print-ids", flags->print_ids,
+                "Print the prompt's and the new token ids on one line instead of text");
+  cmd->add_option("--max-new-tokens", flags->max_new_tokens, "Tokens to generate (default 50)")
+      ->type_name("N");
+  cmd->add_option("--temperature", flags->temperature,
+                  "Softmax temperature; 0 (the default) takes the argmax")
+      ->type_name("T")
+      ->each([flags](const std::string&) { flags->temperature_given = true; });
+  cmd->add_flag("--greedy", flags->greedy, "Take the argmax (= --temperature 0)");
+  cmd->add_option("--top-k", flags->top_k, "Sample among the K largest logits only (1..vocab)")
+      ->type_name("K");
+  cmd->add_option("--top-p", flags->top_p,
+                  "Nucleus sampling after the temperature: the most probable tokens whose "
+                  "probabilities reach P (0 < P <= 1; 1, the default, is off)")
+      ->type_name("P");
+  cmd->add_option("--dtype", flags->dtype,
+                  "Compute dtype: float32 (default) or bfloat16 (bf16 products summed in float32, "
+                  "as torch.autocast; the cache holds bf16 keys, values and weights)")
+      ->type_name("DTYPE");
+  cmd->add_option("--seed", flags->seed, "Seed of the sampling generator (default 123)")
+      ->type_name("S");
+  cmd->add_flag("--no-cache", flags->no_cache,
+                "Recompute the whole prefix every step instead of using the cache");
+  cmd->add_flag("--benchmark", flags->benchmark,
+                "Print prompt-processing and generation tokens/s with and without the cache "
+                "(greedy)");
+  cmd->add_flag("--json", flags->json,
+                "With --benchmark: the cached path only, --repeats times, as one JSON object "
+                "(each run's prompt and decode tokens/s and their medians)");
+  cmd->add_option("--repeats", flags->repeats, "With --benchmark --json: runs (default 1)")
+      ->type_name("N");
+  cmd->add_option("--prompt-tokens", flags->prompt_tokens,
+                  "--benchmark without --prompt: this many random token ids (default 32)")
+      ->type_name("N");
+
+  auto run = [flags]() -> int {
+    const Flags& f = *flags;
+    if (!f.checkpoint.empty() && !f.config.empty()) {
+      throw UsageError("generate: give either --model or --config, not both");
+    }
+    if (!f.config.empty() && f.config != "124m") {
+      throw UsageError(fmt::format("generate: --config must be 124m, got '{}'", printable(f.config)));
+    }
+    if (f.checkpoint.empty() && f.config.empty()) {
+      throw UsageError("generate: give --model DIR (or --config 124m with --benchmark)");
+    }
+    if (!f.config.empty() && !f.benchmark) {
+      throw UsageError(
+          "generate: --config 124m makes a random-weight model without a vocabulary; use it with "
+          "--benchmark");
+    }
+    if ((f.n_kv_groups || f.sliding_window_size || f.sliding_window_stride) && f.config.empty()) {
+      throw UsageError(
+          "generate: --n-kv-groups, --sliding-window-size and --sliding-window-stride go with "
+          "--config 124m (a checkpoint stores its own in its config)");
+    }
+    if (f.n_kv_groups && (*f.n_kv_groups < 1 || nn::GPT_CONFIG_124M.n_heads % *f.n_kv_groups != 0)) {
+      throw UsageError(fmt::format("generate: --n-kv-groups must divide n_heads {}, got {}",
+                                   nn::GPT_CONFIG_124M.n_heads, *f.n_kv_groups));
+    }
+    if (f.sliding_window_size && *f.sliding_window_size < 1) {
+      throw UsageError(fmt::format("generate: --sliding-window-size must be >= 1, got {}",
+                                   *f.sliding_window_size));
+    }
+    if (f.sliding_window_stride && !f.sliding_window_size) {
+      throw UsageError("generate: --sliding-window-stride needs --sliding-window-size");
+    }
+    if ((f.n_kv_groups || f.sliding_window_size) && f.dtype != "float32") {
+      throw UsageError(fmt::format(
+          "generate: --n-kv-groups and --sliding-window-size run in float32 only, got --dtype {}",
+          printable(f.dtype)));
+    }
+    if (f.max_new_tokens < 0) {
+      throw UsageError(
+          fmt::format("generate: --max-new-tokens must be >= 0, got {}", f.max_new_tokens));
+    }
+    if (!(f.temperature >= 0.0f) || !std::isfinite(f.temperature)) {
+      throw UsageError(fmt::format("generate: --temperature must be a finite number >= 0, got {}",
+                                   f.temperature));
+    }
+    if (f.greedy && f.temperature_given && f.temperature != 0.0f) {
+      throw UsageError(fmt::format(
+          "generate: --greedy is --temperature 0; it cannot go with --temperature {}",
+          f.temperature));
+    }
+    const float temperature = f.greedy ? 0.0f : f.temperature;
+    if (f.top_k && *f.top_k < 1) {
+      throw UsageError(fmt::format("generate: --top-k must be >= 1, got {}", *f.top_k));
+    }
+    if (!(f.top_p > 0.0f && f.top_p <= 1.0f)) {
+      throw UsageError(fmt::format("generate: --top-p must be in (0, 1], got {}", f.top_p));
+    }
+    if (f.top_p < 1.0f && temperature == 0.0f) {
+      throw UsageError(fmt::format(
+          "generate: --top-p {} samples, so it needs a --temperature > 0 (temperature 0 takes the "
+          "argmax)",
+          f.top_p));
+    }
+    if (f.repeats < 1) {
+      throw UsageError(fmt::format("generate: --repeats must be >= 1, got {}", f.repeats));
+    }
+    if (f.json && !f.benchmark) throw UsageError("generate: --json goes with --benchmark");
+    if (f.prompt_tokens < 1) {
+      throw UsageError(
+          fmt::format("generate: --prompt-tokens must be >= 1, got {}", f.prompt_tokens));
+    }
+    if (!f.prompt.empty() && !f.prompt_ids.empty()) {
+      throw UsageError("generate: give either --prompt or --prompt-ids, not both");
+    }
+    nn::GPTOptions options;
+    if (f.dtype == "bfloat16") {
+      options.dtype = DType::kBFloat16;
+    } else if (f.dtype == "float16") {
+      throw UsageError(
+          "generate: --dtype float16 is not a compute dtype of attn (a float16 file is read into "
+          "float32 weights); use --dtype float32 or bfloat16");
+    } else if (f.dtype != "float32") {
+      throw UsageError(fmt::format("generate: --dtype must be float32 or bfloat16, got '{}'",
+                                   printable(f.dtype)));
+    }
+
+    std::unique_ptr<nn::GPTModel> model;
+    std::optional<io::ModelDir> md;
+    if (!f.checkpoint.empty()) {
+      md = io::load_model_dir(f.checkpoint, model, options);
+    } else {
+      manual_seed(f.seed);
+      nn::GPTConfig cfg = nn::GPT_CONFIG_124M;
+      cfg.n_kv_groups = f.n_kv_groups.value_or(0);
+      cfg.sliding_window_size = f.sliding_window_size.value_or(0);
+      cfg.sliding_window_stride = f.sliding_window_stride.value_or(-1);
+      model = std::make_unique<nn::GPTModel>(cfg, options);
+      model->eval();
+    }
+    const int64_t V = model->config().vocab_size;
+    if (f.top_k && *f.top_k > V) {
+      throw UsageError(fmt::format(
+          "generate: --top-k must be at most the vocabulary size {}, got {}", V, *f.top_k));
+    }
+    if (f.benchmark) {
+      Generator gen(f.seed);
+      run_benchmark(*model, benchmark_prompt(f, md ? &*md : nullptr, V, gen), f.max_new_tokens,
+                    f.json, f.repeats, f.dtype);
+      return std::cout ? 0 : 1;
+    }
+    if (f.prompt.empty() && f.prompt_ids.empty()) {
+      throw UsageError("generate: --prompt must have at least one character");
+    }
+    const std::vector<int64_t> given_ids =
+        f.prompt_ids.empty() ? std::vector<int64_t>{} : parse_ids(f.prompt_ids, V);
+    // The tokenizer only when text goes in or comes out.
+    std::unique_ptr<ModelText> text;
+    if (!f.prompt.empty() || !f.print_ids) text = std::make_unique<ModelText>(*md);
+    const std::vector<int64_t> ids = f.prompt.empty() ? given_ids : text->encode(f.prompt);
+    if (ids.empty()) {
+      throw UsageError(fmt::format("generate: the prompt '{}' has no tokens", printable(f.prompt)));
+    }
+    // <|endoftext|> ends the text: the tokenizer's, or GPT-2's id 50256 for ids.
+    std::optional<int64_t> eos = text ? text->end_of_text() : std::nullopt;
+    if (!text && md && md->tokenizer == "gpt2" && V > 50256) eos = 50256;
+
+    if (f.print_ids) {
+      for (size_t i = 0; i < ids.size(); ++i) std::cout << (i ? " " : "") << ids[i];
+    } else if (!f.prompt.empty()) {
+      std::cout << f.prompt;
+    } else {
+      for (int64_t id : ids) std::cout << text->push(id);
+    }
+    std::cout.flush();
+    Generator gen(f.seed);
+    nn::GenerateOptions gopt{.max_new_tokens = f.max_new_tokens,
+                             .temperature = temperature,
+                             .top_k = f.top_k.value_or(0),
+                             .use_cache = !f.no_cache,
+                             .eos_id = eos,
+                             .top_p = f.top_p};
+    gopt.on_token = [&](const std::vector<int64_t>& next) {
+      if (f.print_ids) {
+        std::cout << ' ' << next[0];
+      } else {
+        std::cout << text->push(next[0]);
+      }
+      std::cout.flush();
+    };
+    nn::generate(*model, Tensor::from_int64({1, static_cast<int64_t>(ids.size())}, ids), gopt,
+                 gen);
+    if (text && !f.print_ids) std::cout << text->flush();
+    std::cout << '\n';
+    std::cout.flush();
+    return std::cout ? 0 : 1;
+  };
+  return Command{cmd, run};
+}
+
+}  // namespace attn::cli
