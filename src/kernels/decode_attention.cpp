@@ -21,6 +21,7 @@
 #include <hwy/highway.h>
 // After highway.h: the -inl header is compiled once per target.
 #include <hwy/contrib/math/math-inl.h>  // NOLINT(build/include_order)
+#include "kernels/bf16_load-inl.h"
 
 #ifndef ATTN_DECODE_ATTENTION_SHARED
 #define ATTN_DECODE_ATTENTION_SHARED
@@ -50,15 +51,11 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
-using DU32 = hn::RebindToUnsigned<DF>;
-using DU16 = hn::Rebind<uint16_t, DF>;  // as many uint16 lanes as DF has floats
 
 // Lanes(DF) elements at p as fp32: loaded, or bf16 widened (exact: the bf16
 // bits are the high half of the float's).
 HWY_INLINE VF LoadRow(DF d, const float* p) { return hn::LoadU(d, p); }
-HWY_INLINE VF LoadRow(DF d, const uint16_t* p) {
-  return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(DU32(), hn::LoadU(DU16(), p))));
-}
+HWY_INLINE VF LoadRow(DF d, const uint16_t* p) { return LoadBf16(d, p); }
 inline float Scalar(float x) { return x; }
 inline float Scalar(uint16_t bits) { return to_float(BFloat16{bits}); }
 

@@ -6,9 +6,9 @@
 // rows (GEMV). The bf16 GEMV's AVX512-BF16
 // path is in gemv_bf16_avx512.cpp (VDPBF16PS is not among Highway 1.0.3's
 // targets); this file picks it at run time.
-#include "attn/cpu.h"
 #include "attn/decode_kernels.h"
 
+#include "attn/cpu.h"
 #include "attn/decode_attention.h"
 
 #include <fmt/format.h>
@@ -36,6 +36,7 @@
 #include <hwy/highway.h>
 // After highway.h: the -inl header is compiled once per target.
 #include <hwy/contrib/math/math-inl.h>  // NOLINT(build/include_order)
+#include "kernels/bf16_load-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn::kernels {
@@ -44,14 +45,6 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
-using DU32 = hn::RebindToUnsigned<DF>;
-using DU16 = hn::Rebind<uint16_t, DF>;  // as many uint16 lanes as DF has floats
-
-// Lanes(DF) bf16 at p widened to fp32 (exact: the bf16 bits are the high half).
-HWY_INLINE VF WidenBf16(DF d, const uint16_t* p) {
-  return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(DU32(), hn::LoadU(DU16(), p))));
-}
-
 inline float Widen(uint16_t bits) { return to_float(BFloat16{bits}); }
 
 HWY_INLINE float Sum(DF d, VF v) { return hn::GetLane(hn::SumOfLanes(d, v)); }
@@ -96,7 +89,7 @@ void RowsF32(float* y, const float* x, const float* W, const float* bias, size_t
 void RowsBf16Widened(float* y, const float* x, const uint16_t* W, const float* bias, size_t n0,
                      size_t n1, size_t K) {
   RowsT(
-      y, x, W, bias, n0, n1, K, [](DF d, const uint16_t* p) { return WidenBf16(d, p); },
+      y, x, W, bias, n0, n1, K, [](DF d, const uint16_t* p) { return LoadBf16(d, p); },
       [](uint16_t v) { return Widen(v); });
 }
 

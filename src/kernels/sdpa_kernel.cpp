@@ -95,6 +95,7 @@
 #include <hwy/contrib/math/math-inl.h>  // NOLINT(build/include_order)
 // (Tanh; and the tile machinery: exp2, Philox lanes, the micro-kernel)
 #include "kernels/flash_tiles-inl.h"
+#include "kernels/bf16_load-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn::kernels {
@@ -200,13 +201,9 @@ HWY_INLINE void WidenRow(float* HWY_RESTRICT dst, const float* HWY_RESTRICT src,
 HWY_INLINE void WidenRow(float* HWY_RESTRICT dst, const BFloat16* HWY_RESTRICT src, size_t W,
                          size_t Wp) {
   const DF d;
-  const hn::RebindToUnsigned<DF> du;  // u32 lanes
-  const hn::Rebind<uint16_t, DF> dh;  // as many u16 lanes
   const auto* bits = reinterpret_cast<const uint16_t*>(src);
   size_t w = 0;
-  for (; w + kN <= W; w += kN)  // a bf16 is the high half of the float's bits
-    hn::StoreU(hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(dh, bits + w)))), d,
-               dst + w);
+  for (; w + kN <= W; w += kN) hn::StoreU(LoadBf16(d, bits + w), d, dst + w);
   for (; w < W; ++w) dst[w] = to_float(src[w]);
   std::fill(dst + W, dst + Wp, 0.0f);
 }
