@@ -24,6 +24,13 @@ the text, the book's chapter-5 loader) and PyTorch on random token ids in
 [0, 50257) (torch.randint under manual_seed(1337)): the data do not change the
 work of a step.
 
+Under load (--load quiet,busy): "busy" runs each measurement beside a fixed
+busy loop pinned to the last core (one Python process spinning; a shared
+machine's other tenant), so the table shows what a step costs when a core is
+taken and, per implementation and thread count, the slowdown busy / quiet.
+OpenMP's fork-join waits for its slowest thread, so a team whose thread
+shares a core with the loop runs at that thread's pace.
+
 Peak memory: the largest resident set (ru_maxrss from wait4) of each worker
 process, start-up, data and (attn) its checkpoint writes included. A worker
 whose resident set passes --mem-limit-gb (default 11 GiB; the driver reads
@@ -242,6 +249,26 @@ def time_attn(args, threads, fused_loss=True):
         shutil.rmtree(out_dir, ignore_errors=True)
 
 
+class BusyCore:
+    """A fixed busy loop on the last core for the life of a `with` block."""
+
+    def __init__(self, on):
+        self.on, self.proc = on, None
+
+    def __enter__(self):
+        if self.on:
+            cpu = max(os.sched_getaffinity(0))
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+            time.sleep(0.2)  # running before the measurement starts
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc:
+            self.proc.kill()
+            self.proc.wait()
+
+
 def measure(spec, a, t):
     """spec: an implementation, or IMPL@DTYPE for another dtype than --dtype (so that one run
     can interleave fp32 and bf16: --impls attn,attn@bfloat16)."""
@@ -270,6 +297,8 @@ def main():
                         "or IMPL@float32 overrides --dtype for that one")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="bfloat16: attn train --dtype bfloat16 against torch.autocast(cpu, bfloat16)")
+    p.add_argument("--load", default="quiet",
+                   help="quiet, busy or quiet,busy: busy measures beside a busy loop pinned to the last core")
     p.add_argument("--mem-limit-gb", type=float, default=11.0,
                    help="a worker whose resident set passes this many GiB is killed: out of memory")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -281,37 +310,56 @@ def main():
                                    check=True, capture_output=True, text=True).stdout.strip()
     threads = [int(t) for t in a.threads.split(",")]
     impls = a.impls.split(",")
+    loads = a.load.split(",")
+    if any(load not in ("quiet", "busy") for load in loads):
+        p.error(f"--load takes quiet, busy or both, got {a.load}")
     best, oom = {}, {}
     for rnd in range(a.rounds):
         for impl in impls:
             for t in threads:
-                load = os.getloadavg()[0]
-                try:
-                    ms, rss = measure(impl, a, t)
-                except OutOfMemory as e:
-                    oom[impl] = str(e)
-                    print(f"round {rnd + 1} {impl:10s} threads {t}: {e} (load {load:.1f})", file=sys.stderr,
-                          flush=True)
-                    continue
-                print(f"round {rnd + 1} {impl:10s} threads {t}: {ms:8.1f} ms/iter, max RSS {rss:7.0f} MiB "
-                      f"(load {load:.1f})", file=sys.stderr, flush=True)
-                key = impl
-                if key not in best or ms < best[key][0]:
-                    best[key] = (ms, t, rss)
+                for load_kind in loads:
+                    load = os.getloadavg()[0]
+                    try:
+                        with BusyCore(load_kind == "busy"):
+                            ms, rss = measure(impl, a, t)
+                    except OutOfMemory as e:
+                        oom[impl] = str(e)
+                        print(f"round {rnd + 1} {impl:10s} threads {t} {load_kind}: {e} (load {load:.1f})",
+                              file=sys.stderr, flush=True)
+                        continue
+                    print(f"round {rnd + 1} {impl:10s} threads {t} {load_kind}: {ms:8.1f} ms/iter, "
+                          f"max RSS {rss:7.0f} MiB (load {load:.1f})", file=sys.stderr, flush=True)
+                    key = (impl, load_kind)
+                    if key not in best or ms < best[key][0]:
+                        best[key] = (ms, t, rss)
+                    each = (impl, load_kind, t)
+                    if each not in best or ms < best[each][0]:
+                        best[each] = (ms, t, rss)
     r = RECIPES[a.recipe]
     tokens = r["batch_size"] * r["context_length"]
     print(f"recipe {a.recipe} ({r}), {a.dtype}; PyTorch {torch_version}; median of {a.iters} steps, best of "
-          f"{a.rounds} round(s) x threads {a.threads}")
-    print("| implementation | ms/iter | tokens/s | threads | max RSS (MiB) | attn's lead |")
-    print("|---|---:|---:|---:|---:|---:|")
-    attn_ms = best.get("attn", (None,))[0]
-    for impl in impls:
-        if impl not in best:
-            print(f"| {impl} | {oom.get(impl, 'failed')} | | | | |")
-            continue
-        ms, t, rss = best[impl]
-        lead = f"{ms / attn_ms:.2f}x" if attn_ms and impl != "attn" else ""
-        print(f"| {impl} | {ms:.1f} | {tokens / ms * 1e3:,.0f} | {t} | {rss:,.0f} | {lead} |")
+          f"{a.rounds} round(s) x threads {a.threads}; load {a.load}")
+    for load_kind in loads:
+        print(f"\n{load_kind}:")
+        print("| implementation | ms/iter | tokens/s | threads | max RSS (MiB) | attn's lead |")
+        print("|---|---:|---:|---:|---:|---:|")
+        attn_ms = best.get(("attn", load_kind), (None,))[0]
+        for impl in impls:
+            if (impl, load_kind) not in best:
+                print(f"| {impl} | {oom.get(impl, 'failed')} | | | | |")
+                continue
+            ms, t, rss = best[(impl, load_kind)]
+            lead = f"{ms / attn_ms:.2f}x" if attn_ms and impl != "attn" else ""
+            print(f"| {impl} | {ms:.1f} | {tokens / ms * 1e3:,.0f} | {t} | {rss:,.0f} | {lead} |")
+    if len(loads) == 2:
+        print("\nslowdown under load (busy / quiet, ms/iter):")
+        print("| implementation | threads | quiet | busy | slowdown |")
+        print("|---|---:|---:|---:|---:|")
+        for impl in impls:
+            for t in threads:
+                q, b = best.get((impl, "quiet", t)), best.get((impl, "busy", t))
+                if q and b:
+                    print(f"| {impl} | {t} | {q[0]:.1f} | {b[0]:.1f} | {b[0] / q[0]:.2f}x |")
 
 
 if __name__ == "__main__":

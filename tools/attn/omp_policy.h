@@ -19,7 +19,7 @@
 
 namespace attn::cli {
 
-inline constexpr const char* kSpinCount = "10000";
+inline constexpr const char* kSpinCount = "1000";
 inline constexpr const char* kPolicyVariable = "ATTN_OMP_POLICY";         // "off": keep libgomp's
 inline constexpr const char* kAppliedMarker = "ATTN_OMP_POLICY_APPLIED";  // set by the re-exec
 
