@@ -63,6 +63,11 @@ double bf16_dot_peak_gflops(int repeats = 5);
 // or more. The bf16 one is 0 without AVX512-BF16.
 double fma_peak_gflops_quick();
 double bf16_dot_peak_gflops_quick();
+// The rule that choice applies to them: VDPBF16PS products are worth taking
+// over fp32 FMAs on widened operands when the bf16 dot-product peak is at
+// least 0.75 of the fp32 FMA peak (AMD Zen 4/5: about 2x; Intel: 0.5x, where
+// each VDPBF16PS issues at half the FMA's rate). False when either is 0.
+bool bf16_dot_beats_fma(double bf16_dot_gflops, double fma_gflops);
 // The AMX bf16 peak (TDPBF16PS into four 16x16 fp32 tile accumulators;
 // src/cpu/amx_peak.cpp): gflops 0 where has_amx_bf16() is false.
 // Throw for repeats < 1.

@@ -2,7 +2,7 @@
 // ceiling that "close to the machine's limit" is measured against (attn bench
 // prints it beside the sgemm rate). Same Highway dispatch as the flash kernel,
 // so it measures the vector width the kernel itself uses. Also the core clock
-// the peaks are checked against, and that check (judge_peak).
+// the peaks are checked against (the check itself, judge_peak, is peak_rate.cpp).
 //
 // Each OpenMP thread runs kChains independent chains acc = acc · b + c for
 // `iters` steps. With at least (FMA latency × FMA units) chains the units never
@@ -14,7 +14,6 @@
 // 8..14 on 16-register ones (AVX2, SSE4), b and c taking the last two.
 // The chains start from different values so the compiler cannot merge them,
 // and their sum is returned so it cannot drop them.
-#include <fmt/format.h>
 #include <time.h>
 
 #include <algorithm>
@@ -140,40 +139,6 @@ double cpu_clock_ghz(int repeats) {
 #else
   return 0.0;
 #endif
-}
-
-PeakProbe& judge_peak(PeakProbe& p, double flops_per_unit, const std::vector<double>& units,
-                      const char* what) {
-  p.clock_ghz = cpu_clock_ghz(5);
-  const int threads = threads_at_once(p.threads);
-  if (p.gflops <= 0 || p.clock_ghz <= 0 || threads < 1) {
-    p.verdict = p.gflops <= 0 ? "not measured" : "clock unknown";
-    return p;
-  }
-  p.flops_per_cycle = p.gflops / (double(threads) * p.clock_ghz);
-  double nearest = units.front();
-  for (const double u : units)
-    if (std::abs(p.flops_per_cycle - u * flops_per_unit) <
-        std::abs(p.flops_per_cycle - nearest * flops_per_unit))
-      nearest = u;
-  p.expected_per_cycle = nearest * flops_per_unit;
-  const double lo = units.front() * flops_per_unit, hi = units.back() * flops_per_unit;
-  if (p.flops_per_cycle > 1.1 * hi) {
-    p.plausible = false;
-    p.verdict = fmt::format(
-        "above the {:g} FLOP/cycle the vector width allows: the probe or the clock is wrong", hi);
-  } else if (p.flops_per_cycle < 0.75 * lo) {
-    p.plausible = false;
-    p.verdict = fmt::format(
-        "below the {:g} FLOP/cycle of {:g} {}: the probe under-reads (a busy or shared core, a "
-        "throttled clock, or too few chains)",
-        lo, units.front(), what);
-  } else {
-    p.plausible = true;
-    p.verdict =
-        fmt::format("{:g} {}{} x {} lanes", nearest, what, nearest > 1.0 ? "s" : "", p.lanes);
-  }
-  return p;
 }
 
 namespace {

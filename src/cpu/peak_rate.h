@@ -57,10 +57,21 @@ inline double thread_cpu_seconds() {
   return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
-// How many threads of `threads` run at once: at most the hardware's.
+// How many threads of `threads` run at once: at most `hardware` (0: unknown,
+// all of them); by default the hardware threads of this machine.
+inline int threads_at_once(int threads, int hardware) {
+  return hardware > 0 ? std::min(threads, hardware) : threads;
+}
 inline int threads_at_once(int threads) {
-  const unsigned hw = std::thread::hardware_concurrency();
-  return hw > 0 ? std::min(threads, int(hw)) : threads;
+  return threads_at_once(threads, int(std::thread::hardware_concurrency()));
+}
+
+// The machine's rate in GFLOP/s from its threads' rates (FLOPs over each
+// thread's CPU time, summed over `threads` threads): their mean times the
+// threads that run at once. Pure: the tests drive it with given readings.
+inline double machine_gflops(double sum_of_thread_rates, int threads, int hardware) {
+  if (threads < 1) return 0.0;
+  return sum_of_thread_rates / threads * threads_at_once(threads, hardware) * 1e-9;
 }
 
 // run(variant, iters, &flops) runs chain layout `variant` (0 .. variants-1)
@@ -97,7 +108,7 @@ PeakProbe sweep_peak(const char* fn, int repeats, size_t variants, const Run& ru
     }
     if (!std::isfinite(sink)) throw std::runtime_error(std::string(fn) + ": non-finite chains");
     threads = n;
-    return rates / n * threads_at_once(n) * 1e-9;
+    return machine_gflops(rates, n, int(std::thread::hardware_concurrency()));
   };
   // The run length: doubled until one run of the first layout takes >= run_s
   // (20 ms) of wall-clock time.
@@ -127,11 +138,17 @@ PeakProbe sweep_peak(const char* fn, int repeats, size_t variants, const Run& ru
   return p;
 }
 
-// Fills clock_ghz, flops_per_cycle, expected_per_cycle and the verdict of a
-// probe whose gflops, threads and lanes are set: FLOP/cycle per thread =
-// gflops / (threads_at_once(threads) · GHz), checked against flops_per_unit · units (e.g. fp32 FMA:
-// 2 · lanes per FMA unit, units {1, 2}; sorted). `what` names the unit in the verdict, e.g. "FMA
-// unit". In fma_peak.cpp.
+// Fills flops_per_cycle, expected_per_cycle, plausible and the verdict of a
+// probe whose gflops, threads, lanes and clock_ghz are set, with `running`
+// threads at once: FLOP/cycle per thread = gflops / (running · GHz), checked
+// against flops_per_unit · units (e.g. fp32 FMA: 2 · lanes per FMA unit, units
+// {1, 2}; sorted): plausible from 0.75x the least to 1.1x the most. `what`
+// names the unit in the verdict, e.g. "FMA unit". Pure: no measurement
+// (peak_rate.cpp; the tests drive it with given readings).
+PeakProbe& judge_peak_at(PeakProbe& p, int running, double flops_per_unit,
+                         const std::vector<double>& units, const char* what);
+// The same after measuring the clock (cpu_clock_ghz(5)) beside the probe,
+// with this machine's threads at once.
 PeakProbe& judge_peak(PeakProbe& p, double flops_per_unit, const std::vector<double>& units,
                       const char* what);
 

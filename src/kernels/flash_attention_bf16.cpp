@@ -953,14 +953,14 @@ void Backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, co
 // without it, so "widened to fp32" comes first there and the others, which
 // use AVX-512 registers, after it (forcing one still runs it).
 enum class Path { kAmx, kAvx512Bf16, kWidened };
-int g_forced = -1;                  // -1: automatic
-constexpr double kSameRate = 0.75;  // bf16 dot peak / fp32 FMA peak: 1 on AMD, 0.5 on Intel
+int g_forced = -1;  // -1: automatic
 bool Avx512Bf16BeatsWidened() {
   static const bool beats = [] {
     if (!cpu::has_avx512_bf16()) return false;
-    // The rates differ by 2x or not at all; 0.75 keeps a loaded machine's
-    // noise (tens of %) from flipping the choice.
-    return cpu::bf16_dot_peak_gflops_quick() >= kSameRate * cpu::fma_peak_gflops_quick();
+    // The rates differ by 2x or not at all; the rule's 0.75 keeps a loaded
+    // machine's noise (tens of %) from flipping the choice.
+    return cpu::bf16_dot_beats_fma(cpu::bf16_dot_peak_gflops_quick(),
+                                   cpu::fma_peak_gflops_quick());
   }();
   return beats;
 }

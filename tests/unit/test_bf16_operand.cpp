@@ -18,6 +18,7 @@
 #include "attn/layer_kernels.h"
 #include "attn/tensor.h"
 #include "gemm_route_guard.h"
+#include "bits.h"
 
 namespace attn::test {
 namespace {
@@ -43,9 +44,6 @@ const void* storage_of(const kernels::Bf16Operand& op) {
                       : static_cast<const void*>(op.tensor().data_ptr<BFloat16>());
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 // Every special value, ties either way, and normal noise: bit for bit
 // to_float(to_bfloat16(x)), in place too, at lengths with and without a tail

@@ -25,6 +25,7 @@
 #include "attn/kernels.h"
 #include "attn/tensor.h"
 #include "flash_cases.h"
+#include "bits.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -409,8 +410,7 @@ TEST(FlashAttention, SameBitsForAnyThreadCount) {
         }
         omp_set_num_threads(saved);
         for (size_t r = 1; r < results.size(); ++r)
-          EXPECT_EQ(0, std::memcmp(results[0].data(), results[r].data(),
-                                   results[0].size() * sizeof(float)))
+          EXPECT_TRUE(attn::test::same_bits(results[0], results[r]))
               << "threads differ: B=" << p.B << " H=" << p.H << " hd=" << p.hd
               << " causal=" << causal << " p=" << dropout << " (1 vs " << r + 1 << " threads)";
       }
@@ -434,14 +434,14 @@ TEST(FlashAttention, CausalNeverReadsFutureKeys) {
   kn::flash_attention_forward(out_bad.data(), lse_bad.data(), q.data(), k_bad.data(), v_bad.data(),
                               p);
   const size_t clean = size_t(t0 * w);
-  EXPECT_EQ(0, std::memcmp(out.data(), out_bad.data(), clean * sizeof(float)));
+  EXPECT_TRUE(attn::test::same_bytes(out.data(), out_bad.data(), clean * sizeof(float)));
   std::vector<float> dq(n), dk(n), dv(n), dq_bad(n), dk_bad(n), dv_bad(n);
   kn::flash_attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(),
                                v.data(), out.data(), lse.data(), p);
   kn::flash_attention_backward(dq_bad.data(), dk_bad.data(), dv_bad.data(), dout_bad.data(),
                                q.data(), k_bad.data(), v_bad.data(), out_bad.data(), lse_bad.data(),
                                p);
-  EXPECT_EQ(0, std::memcmp(dq.data(), dq_bad.data(), clean * sizeof(float)));
+  EXPECT_TRUE(attn::test::same_bytes(dq.data(), dq_bad.data(), clean * sizeof(float)));
   for (size_t x = 0; x < clean; ++x)
     ASSERT_TRUE(std::isfinite(out_bad[x]) && std::isfinite(dq_bad[x]));
 }

@@ -37,6 +37,7 @@
 #include "attn/kernels.h"
 #include "attn/tensor.h"
 #include "flash_cases.h"
+#include "bits.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -443,7 +444,7 @@ TEST(FlashAttentionBf16, WidenedPathIsTheFp32KernelOnWidenedValues) {
       }
     EXPECT_EQ(out_diff, 0u) << "causal " << causal;
     EXPECT_EQ(grad_diff, 0u) << "causal " << causal;
-    EXPECT_EQ(0, std::memcmp(lse.data(), lse32.data(), lse.size() * sizeof(float)))
+    EXPECT_TRUE(attn::test::same_bits(lse, lse32))
         << "causal " << causal;
   }
   ASSERT_TRUE(kn::flash_attention_bf16_use_path(nullptr));
@@ -466,8 +467,8 @@ TEST(FlashAttentionBf16, CausalNeverReadsFutureKeys) {
     const auto good = run_all(p, q, k, v, dout);
     const auto bad = run_all(p, q, k_bad, v_bad, dout_bad);
     // out is the first n bf16, dq the next n.
-    EXPECT_EQ(0, std::memcmp(good.data(), bad.data(), clean * 2));
-    EXPECT_EQ(0, std::memcmp(good.data() + n * 2, bad.data() + n * 2, clean * 2));
+    EXPECT_TRUE(attn::test::same_bytes(good.data(), bad.data(), clean * 2));
+    EXPECT_TRUE(attn::test::same_bytes(good.data() + n * 2, bad.data() + n * 2, clean * 2));
   });
 }
 

@@ -20,6 +20,7 @@
 
 #include "attn/gemm.h"
 #include "attn/tensor.h"
+#include "bits.h"
 
 namespace {
 
@@ -234,7 +235,7 @@ TEST(Gemm, RowsParallelIsSgemmOnRowBlocks) {
                               0.5f, p.C.data() + r0 * p.C.ld, p.C.ld);
           }
           attn::gemm::set_blas_threads(saved_blas);
-          ASSERT_EQ(std::memcmp(p.C.data(), q.C.data(), p.C.v.size() * sizeof(float)), 0)
+          ASSERT_TRUE(attn::test::same_bytes(p.C.data(), q.C.data(), p.C.v.size() * sizeof(float)))
               << combo(ta, tb) << " M " << M << ", " << threads << " threads";
         }
       }

@@ -19,6 +19,7 @@
 #include "attn/random.h"
 #include "attn/safetensors.h"
 #include "cli.h"
+#include "bits.h"
 
 namespace attn::test {
 namespace {
@@ -405,7 +406,8 @@ void expect_same_tensors(const std::string& a_path, const std::string& b_path) {
     EXPECT_EQ(e.dtype, f.dtype) << e.name;
     EXPECT_EQ(e.shape, f.shape) << e.name;
     const auto x = a.bytes(e), y = b.bytes(f);
-    EXPECT_TRUE(x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size()) == 0) << e.name;
+    EXPECT_TRUE(x.size() == y.size() && attn::test::same_bytes(x.data(), y.data(), x.size()))
+        << e.name;
   }
   EXPECT_EQ(weights, bs.size());
 }
@@ -434,8 +436,7 @@ TEST(HfGpt2, ExportThenReadGivesIdenticalWeights) {
       EXPECT_EQ(a[i].first, b[i].first);
       const Tensor x = a[i].second.contiguous(), y = b[i].second.contiguous();
       ASSERT_EQ(x.shape(), y.shape()) << a[i].first;
-      EXPECT_EQ(std::memcmp(x.data(), y.data(), static_cast<size_t>(x.numel()) * 4), 0)
-          << a[i].first;
+      EXPECT_TRUE(attn::test::same_bits(x, y)) << a[i].first;
     }
     const json cfg = json::parse(read_text(out + "/config.json"));
     EXPECT_EQ(cfg.at("model_type"), "gpt2");

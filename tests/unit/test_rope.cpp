@@ -16,9 +16,12 @@
 #include "attn/rope.h"
 #include "attn/tensor.h"
 #include "gradcheck.h"
+#include "bits.h"
 
 #ifdef _OPENMP
 #include <omp.h>
+
+using attn::test::same_bits;
 #endif
 
 namespace attn {
@@ -29,11 +32,6 @@ Tensor randn_seeded(const Shape& shape, uint64_t seed) {
   return randn(shape, gen);
 }
 
-bool bit_equal(const Tensor& a, const Tensor& b) {
-  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
-  const Tensor x = a.contiguous(), y = b.contiguous();
-  return std::memcmp(x.data_ptr<float>(), y.data_ptr<float>(), size_t(x.numel()) * 4) == 0;
-}
 
 TEST(Rope, TablesHoldCosAndSinOfPositionTimesFrequencyTwice) {
   const RopeParams p = compute_rope_params(8, 10000.0f, 20);
@@ -117,8 +115,8 @@ TEST(Rope, KernelEqualsReferenceBitForBitForAnyThreadCount) {
   for (int threads : {1, 2, 3}) {
     omp_set_num_threads(threads);
 #endif
-    EXPECT_TRUE(bit_equal(apply_rope(x, p.cos, p.sin, ker), want));
-    EXPECT_TRUE(bit_equal(apply_rope_backward(x, p.cos, p.sin, ker), want_dx));
+    EXPECT_TRUE(same_bits(apply_rope(x, p.cos, p.sin, ker), want));
+    EXPECT_TRUE(same_bits(apply_rope_backward(x, p.cos, p.sin, ker), want_dx));
 #ifdef _OPENMP
   }
   omp_set_num_threads(saved);
@@ -135,14 +133,14 @@ TEST(Rope, RotatesTokenMajorViewsOfAQkvBufferInPlace) {
   apply_rope_(q, p.cos, p.sin, {.position_offset = 3});
   const Tensor q0 = transpose(qkv0.view({B, T, 3 * H, hd}).slice(2, 0, H), 1, 2);
   const Tensor want = apply_rope(q0, p.cos, p.sin, {.position_offset = 3});
-  EXPECT_TRUE(bit_equal(q.contiguous(), want));
+  EXPECT_TRUE(same_bits(q.contiguous(), want));
   // k and v untouched.
-  EXPECT_TRUE(bit_equal(qkv.view({B, T, 3 * H, hd}).slice(2, H, 3 * H).contiguous(),
+  EXPECT_TRUE(same_bits(qkv.view({B, T, 3 * H, hd}).slice(2, H, 3 * H).contiguous(),
                         qkv0.view({B, T, 3 * H, hd}).slice(2, H, 3 * H).contiguous()));
   // A view with last stride != 1 is refused in place, copied by apply_rope.
   Tensor bad = transpose(randn_seeded({1, 1, 8, 8}, 6), 2, 3);
   EXPECT_THROW(apply_rope_(bad, p.cos, p.sin), std::invalid_argument);
-  EXPECT_TRUE(bit_equal(apply_rope(bad, p.cos, p.sin), apply_rope(bad.contiguous(), p.cos, p.sin)));
+  EXPECT_TRUE(same_bits(apply_rope(bad, p.cos, p.sin), apply_rope(bad.contiguous(), p.cos, p.sin)));
 }
 
 TEST(Rope, OffsetsRotateTokensAsInOnePassOverTheSequence) {
@@ -151,10 +149,10 @@ TEST(Rope, OffsetsRotateTokensAsInOnePassOverTheSequence) {
   const Tensor whole = apply_rope(x, p.cos, p.sin);
   for (int64_t t = 0; t < 9; ++t) {
     const Tensor one = apply_rope(x.slice(2, t, t + 1), p.cos, p.sin, {.position_offset = t});
-    EXPECT_TRUE(bit_equal(one, whole.slice(2, t, t + 1).contiguous())) << "token " << t;
+    EXPECT_TRUE(same_bits(one, whole.slice(2, t, t + 1).contiguous())) << "token " << t;
   }
   const Tensor tail = apply_rope(x.slice(2, 4, 9), p.cos, p.sin, {.position_offset = 4});
-  EXPECT_TRUE(bit_equal(tail, whole.slice(2, 4, 9).contiguous()));
+  EXPECT_TRUE(same_bits(tail, whole.slice(2, 4, 9).contiguous()));
 }
 
 TEST(Rope, Bfloat16IsTheFloat32ResultRoundedOnce) {
@@ -165,11 +163,11 @@ TEST(Rope, Bfloat16IsTheFloat32ResultRoundedOnce) {
     const Tensor yb = apply_rope(xb, p.cos, p.sin, o);
     ASSERT_EQ(yb.dtype(), DType::kBFloat16);
     const Tensor want = apply_rope(xb.to(DType::kFloat32), p.cos, p.sin, o).to(DType::kBFloat16);
-    EXPECT_TRUE(bit_equal(yb.to(DType::kFloat32), want.to(DType::kFloat32)));
+    EXPECT_TRUE(same_bits(yb.to(DType::kFloat32), want.to(DType::kFloat32)));
     const Tensor db = apply_rope_backward(xb, p.cos, p.sin, o);
     const Tensor want_d =
         apply_rope_backward(xb.to(DType::kFloat32), p.cos, p.sin, o).to(DType::kBFloat16);
-    EXPECT_TRUE(bit_equal(db.to(DType::kFloat32), want_d.to(DType::kFloat32)));
+    EXPECT_TRUE(same_bits(db.to(DType::kFloat32), want_d.to(DType::kFloat32)));
   }
 }
 

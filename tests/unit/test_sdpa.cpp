@@ -27,9 +27,12 @@
 #include "attn/sdpa.h"
 #include "attn/tensor.h"
 #include "gradcheck.h"
+#include "bits.h"
 
 #ifdef _OPENMP
 #include <omp.h>
+
+using attn::test::same_bits;
 #endif
 
 namespace {
@@ -470,10 +473,6 @@ TEST(Sdpa, EverySimdTargetMatchesReference) {
   ASSERT_TRUE(attn::kernels::flash_attention_use_target(nullptr));
 }
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  const std::vector<float> x = a.to_vector(), y = b.to_vector();
-  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
-}
 
 // One thread and two give the same bits: on 1 thread every problem takes the
 // whole-unit backward; on 2, one key/value head of 4 query heads takes the

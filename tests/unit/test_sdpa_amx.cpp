@@ -31,9 +31,12 @@
 #include "attn/tensor.h"
 #include "bf16_path_guard.h"
 #include "gradcheck.h"
+#include "bits.h"
 
 #ifdef _OPENMP
 #include <omp.h>
+
+using attn::test::same_bits;
 #endif
 
 namespace {
@@ -154,11 +157,6 @@ double lse_err(const Tensor& got, const Tensor& want) {
   return worst;
 }
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
-  const std::vector<float> x = a.to_vector(), y = b.to_vector();
-  return std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
-}
 
 struct Worst {
   double out = 0, lse = 0, dq = 0, dk = 0, dv = 0;

@@ -48,9 +48,12 @@
 #include "attn/tensor.h"
 #include "bf16_path_guard.h"
 #include "gradcheck.h"
+#include "bits.h"
 
 #ifdef _OPENMP
 #include <omp.h>
+
+using attn::test::same_bits;
 #endif
 
 namespace {
@@ -230,11 +233,6 @@ Result run(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout
   return r;
 }
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
-  const std::vector<float> x = a.to_vector(), y = b.to_vector();  // bf16 widens exactly
-  return std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
-}
 
 // The largest |got − want| / (round · |want| + tol · max(1, max |want|) + extra[n]): <= 1
 // passes.

@@ -29,9 +29,12 @@
 #include "attn/sdpa.h"
 #include "attn/tensor.h"
 #include "gradcheck.h"
+#include "bits.h"
 
 #ifdef _OPENMP
 #include <omp.h>
+
+using attn::test::same_bits;
 #endif
 
 namespace {
@@ -194,10 +197,6 @@ float max_abs(const Tensor& t) {
   return m;
 }
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  const std::vector<float> x = a.to_vector(), y = b.to_vector();
-  return a.shape() == b.shape() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
-}
 
 void compare(const Case& c, uint64_t seed) {
   const Inputs in = make_inputs(c, seed);
