@@ -32,8 +32,9 @@ inline float to_float(BFloat16 b) {
 }
 
 // src[0:n] widened to float32 into dst[0:n] (exact), vectorised for AVX-512
-// and AVX2 where the CPU has them (chosen at load time): the load every bf16
-// operand of a float32 product goes through.
+// and AVX2 where the CPU has them (chosen at load time): how gemm_bf16's
+// widened route loads its operands (the Highway kernels widen in registers,
+// src/kernels/bf16_load-inl.h).
 void to_float(const BFloat16* src, float* dst, size_t n);
 
 }  // namespace attn
