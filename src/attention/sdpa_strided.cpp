@@ -49,6 +49,23 @@ void check_options(const char* who, const SdpaOptions& o, int64_t Hq, int64_t Hk
   detail::sdpa::check_scalar_options(who, o);
 }
 
+// ALiBi slopes, (Hq) or (rows, Hq) float32 with last stride 1, into p: one
+// slope per head, or per head of each of the `rows` batches (`rows_name`: "B")
+// or sequences ("nseq").
+template <class T>
+void set_alibi(const char* who, SdpaProblemT<T>& p, const StridedTensor& alibi, int64_t rows,
+               const char* rows_name) {
+  const int64_t Hq = p.Hq;
+  const bool per_head = alibi.sizes() == std::vector<int64_t>{Hq};
+  const bool per_row = alibi.sizes() == std::vector<int64_t>{rows, Hq};
+  if ((!per_head && !per_row) || alibi.dtype() != "float32")
+    fail(who, fmt::format("alibi_slopes must be float32 (Hq) = ({}) or ({}, Hq) = ({}, {})", Hq,
+                          rows_name, rows, Hq));
+  if (Hq > 1 && alibi.strides().back() != 1) fail(who, "alibi_slopes must have last stride 1");
+  p.alibi_slopes = alibi.data<const float>();
+  p.alibi_b_stride = per_row ? alibi.strides()[0] : 0;
+}
+
 // The raw problem over q, k, v (4-D, one dtype), the optional additive fp32
 // mask (4-D, each size 1 or full) and ALiBi slopes ((Hq) or (B, Hq), fp32, last stride 1).
 template <class T>
@@ -81,16 +98,7 @@ SdpaProblemT<T> problem(const char* who, const StridedTensor& q, const StridedTe
     p.mask = mask->data<const float>();
     p.mask_strides = {st[0], st[1], st[2], st[3]};
   }
-  if (alibi) {
-    const bool per_head = alibi->sizes() == std::vector<int64_t>{Hq};
-    const bool per_batch = alibi->sizes() == std::vector<int64_t>{B, Hq};
-    if ((!per_head && !per_batch) || alibi->dtype() != "float32")
-      fail(who, fmt::format("alibi_slopes must be float32 (Hq) = ({}) or (B, Hq) = ({}, {})", Hq,
-                            B, Hq));
-    if (Hq > 1 && alibi->strides().back() != 1) fail(who, "alibi_slopes must have last stride 1");
-    p.alibi_slopes = alibi->data<const float>();
-    p.alibi_b_stride = per_batch ? alibi->strides()[0] : 0;
-  }
+  if (alibi) set_alibi(who, p, *alibi, B, "B");
   detail::sdpa::set_options(p, o, D);
   return p;
 }
@@ -178,16 +186,7 @@ SdpaProblemT<T> varlen_problem(const char* who, const StridedTensor& q, const St
   p.q_strides = token_major(q), p.k_strides = token_major(k), p.v_strides = token_major(v);
   p.cu_seqlens_q = cu_q.data();
   p.cu_seqlens_k = cu_k.data();
-  if (alibi) {
-    const bool per_head = alibi->sizes() == std::vector<int64_t>{Hq};
-    const bool per_seq = alibi->sizes() == std::vector<int64_t>{nseq, Hq};
-    if ((!per_head && !per_seq) || alibi->dtype() != "float32")
-      fail(who, fmt::format("alibi_slopes must be float32 (Hq) = ({}) or (nseq, Hq) = ({}, {})",
-                            Hq, nseq, Hq));
-    if (Hq > 1 && alibi->strides().back() != 1) fail(who, "alibi_slopes must have last stride 1");
-    p.alibi_slopes = alibi->data<const float>();
-    p.alibi_b_stride = per_seq ? alibi->strides()[0] : 0;
-  }
+  if (alibi) set_alibi(who, p, *alibi, nseq, "nseq");
   detail::sdpa::set_options(p, o, D);
   return p;
 }

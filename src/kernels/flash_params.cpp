@@ -1,7 +1,7 @@
 // The scalar side of attn/kernels.h: the parameter checks every kernel runs,
-// the Philox generator and the dropout noise it gives (the plain maths the
-// kernels are tested against is ref::strided_attention_*, in src/reference/).
-#include <algorithm>
+// the Philox generator, and the core's dropout noise as the raw problem's
+// (kernels::sdpa_dropout_noise, sdpa_problem.cpp). The plain maths the kernels
+// are tested against is ref::strided_attention_*, in src/reference/.
 #include <cmath>
 #include <stdexcept>
 #include <string>
