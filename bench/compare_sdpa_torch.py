@@ -16,7 +16,8 @@ Cases (12 heads of 64, B = 1; each at T = 1024 and 4096 unless it says):
               AMX or AVX512-BF16 kernel where it runs)
   gqa4        is_causal, 3 kv heads for 12 query heads (enable_gqa, no copies)
   cross       256 queries against 4096 keys, no mask (cross-attention; T = 4096 only)
-  window512   T = 8192, causal sliding window of 512 keys: attn's window_left; PyTorch
+  window512   T = 8192, causal sliding window of 512 keys before each query (attn bench
+              --sliding-window-size 513: itself and the 512 before it); PyTorch
               has no window, so it gets the band as a dense boolean mask (what a
               model on PyTorch does); also attn's plain causal kernel at T = 8192
 Modes: fwd, fwdbwd (forward and backward of every input). Dtypes: float32 and
@@ -53,7 +54,7 @@ def cases(quick):
         out.append(("gqa4", T, ["--kv-heads", "3"], {"kv_heads": 3}))
     out.append(("cross", 4096, ["--no-causal", "--query-tokens", "256"], {"causal": False, "query_tokens": 256}))
     if not quick:
-        out.append(("window512", 8192, ["--window-left", "512"], {"window": 512}))
+        out.append(("window512", 8192, ["--sliding-window-size", "513"], {"window": 512}))
         out.append(("causal", 8192, [], {}))
     return out
 

@@ -110,10 +110,13 @@ void flash_attention_backward(float* dq, float* dk, float* dv, const float* dout
 //    computed whole and masked). Its memory: zero-padded packed copies of
 //    the inputs, 3 · B·H·Tp·hdp bf16 forward and 7 · B·H·Tp·hdp backward
 //    (Tp = T rounded up to 64, hdp = hd rounded up to 32), instead of O(tile).
-//  - "AVX512-BF16": VDPBF16PS dot products, where the CPU has them (AMD Zen 4
-//    and later, Intel Cooper Lake and Sapphire Rapids and later);
-//  - "widened to fp32": bf16 -> fp32 copies, the fp32 kernels, the results
-//    rounded to bf16 (its memory is the copies); every CPU.
+//  - "AVX512-BF16": the sdpa kernel's schedule with every product on
+//    VDPBF16PS dot products (src/kernels/bf16_dot.h), where the CPU has them
+//    (AMD Zen 4 and later, Intel Cooper Lake and Sapphire Rapids and later)
+//    and the SIMD target is an AVX-512 one;
+//  - "widened to fp32": the sdpa kernel's schedule on fp32 products, each bf16
+//    tile widened exactly as it is packed, the results rounded to bf16 once:
+//    the fp32 kernel's bits on the widened values; every CPU.
 // Without AMX, AVX512-BF16 is put before "widened to fp32" only when the
 // measured bf16 dot-product peak is about the fp32 FMA peak
 // (bf16 dot >= 0.75 · fp32 FMA, probed once on short runs): Intel cores run
@@ -130,6 +133,13 @@ void flash_attention_backward_bf16(BFloat16* dq, BFloat16* dk, BFloat16* dv, con
 const char* flash_attention_bf16_path();
 std::vector<std::string> flash_attention_bf16_paths();
 bool flash_attention_bf16_use_path(const char* name);
+// Whether the sdpa kernel (attn/sdpa_problem.h's kernels::sdpa_forward and
+// sdpa_backward, which every bf16 call but the AMX kernel's reaches) runs
+// bf16 problems on VDPBF16PS: the path is "AVX512-BF16", or "AMX" where
+// VDPBF16PS measured as fast as the fp32 FMA (for the calls the AMX kernel
+// does not take), and the SIMD target is an AVX-512 one. Else on fp32
+// products of the widened tiles.
+bool bf16_dot_engine_chosen();
 
 // The dropout noise the kernels apply, materialised: noise (B, H, T, T), each
 // 0 or 1/(1-p) (all ones when p = 0). Causal entries j > i are filled too.

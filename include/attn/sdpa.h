@@ -171,13 +171,16 @@ namespace kernels {
 //    layout. Forward and backward route alike. Its numerics are the core's bf16
 //    ones (P and dS rounded to bf16 where they enter a product), not the widened
 //    path's bits.
-//  - "AVX512-BF16": the core's VDPBF16PS kernel, taken the same way when
-//    flash_attention_bf16_path() is "AVX512-BF16" (AMD Zen 4/5, where VDPBF16PS
-//    runs at twice the FMA's FLOPs): the conditions above, any attn_mask (the
-//    same 64 x 64 tile classes), grouped-query heads and Tq != Tk. The same
-//    in-place reads and numerics.
-//  - "bf16 tiles widened to fp32": the kernels above (every CPU, every option;
-//    the SIMD target is sdpa_target's). sdpa_varlen_* always take it.
+//  - "AVX512-BF16": the kernels above (kernels::sdpa_forward / _backward) on
+//    VDPBF16PS products, for every call the AMX kernel does not take, when
+//    kernels::bf16_dot_engine_chosen() (attn/kernels.h): the path is
+//    "AVX512-BF16" (AMD Zen 4/5, where VDPBF16PS runs at twice the FMA's
+//    FLOPs), or "AMX" where VDPBF16PS measured as fast as the FMA. Every
+//    option (masks, windows, ALiBi, softcap, grouped-query heads, Tq != Tk,
+//    Dv != D; sdpa_varlen_* too), the AMX kernel's numerics.
+//  - "bf16 tiles widened to fp32": the same kernels on fp32 products of tiles
+//    widened exactly (every CPU, every option; the SIMD target is sdpa_target's):
+//    the fp32 kernel's bits on the widened values.
 // sdpa_bf16_path(): a summary for this CPU; sdpa_bf16_path(q, k, v, options): the
 // path that call takes ("reference (fp32 on the widened values)" for the
 // reference backend; checks the arguments as the call would).
@@ -186,7 +189,7 @@ const char* sdpa_bf16_path(const Tensor& q, const Tensor& k, const Tensor& v,
                            const SdpaOptions& options = {});
 // The path a raw bf16 problem takes in sdpa_forward_routed / sdpa_backward_routed
 // below: "AMX", "AVX512-BF16" or "bf16 tiles widened to fp32", by the same rule
-// as the Tensor entry points (a varlen problem always takes the widened tiles).
+// as the Tensor entry points (a varlen problem never takes the AMX kernel).
 const char* sdpa_bf16_path(const SdpaProblemBf16& p);
 }  // namespace kernels
 
@@ -194,10 +197,11 @@ const char* sdpa_bf16_path(const SdpaProblemBf16& p);
 // For callers that own their buffers (the Python binding): the same choice of
 // path as scaled_dot_product_attention_forward / _backward with the fused
 // backend, on the raw problem. fp32: kernels::sdpa_forward / _backward. bf16:
-// the core's kernel when kernels::sdpa_bf16_path(p) is "AMX" or "AVX512-BF16", reading and
-// writing every tensor in place through its (b, h, t) strides when all of them
-// have stride 1 along D (head-major, token-major, fused-qkv slices), else on
-// packed token-major copies; else kernels::sdpa_forward / _backward. lse (any strides).
+// the AMX kernel when kernels::sdpa_bf16_path(p) is "AMX", else
+// kernels::sdpa_forward / _backward, reading and writing every tensor in place
+// through its (b, h, t) strides where its rows have stride 1 along D
+// (head-major, token-major, fused-qkv slices), else through packed token-major
+// copies (a varlen problem: as given). lse (any strides).
 void sdpa_forward_routed(const SdpaOutput& o, const SdpaProblem& p);
 void sdpa_forward_routed(const SdpaOutputBf16& o, const SdpaProblemBf16& p);
 void sdpa_backward_routed(const SdpaBackwardIO& io, const SdpaProblem& p);

@@ -1,8 +1,8 @@
-"""bf16 from Python takes attn::scaled_dot_product_attention's routes: the
-core's kernel, AMX or AVX512-BF16, where that is the core's path and the C++
-entry points take the call (no window, ALiBi or softcap, E = Ev; masks of any
-kind, grouped-query heads, L != S), forward and backward, else the widened
-kernel.
+"""bf16 from Python takes attn::scaled_dot_product_attention's routes: the AMX
+kernel where that is the bf16 path and it takes the call (no window, ALiBi or
+softcap, E = Ev; masks of any kind, grouped-query heads, L != S), else the sdpa
+kernel: on VDPBF16PS where the path is AVX512-BF16 (every option), else on
+widened tiles.
 attn._path names the route; forcing the core's path to the widened one
 (attn._attn.use_bf16_path) changes the bits, so the route is seen to run.
 Outputs and gradients against the definition in float64 within the core's
@@ -17,7 +17,7 @@ import torch
 import attn
 from attn import _attn
 
-from test_sdpa import oracle
+from test_sdpa import check_close, oracle
 
 BF16 = torch.bfloat16
 F64 = torch.float64
@@ -200,7 +200,11 @@ def test_the_route_runs_forcing_the_widened_path_changes_the_bits(core, forced_p
 
 @each_core_path
 @pytest.mark.parametrize("what", ["window", "alibi", "softcap", "E != Ev", "fp32"])
-def test_calls_the_core_cannot_serve_take_the_widened_kernel(core, what, forced_path):
+def test_calls_beyond_the_amx_kernel_take_the_sdpa_kernel(core, what, forced_path,
+                                                           record_error):
+    """Window, ALiBi, softcap and E != Ev: the sdpa kernel, on VDPBF16PS where the path is
+    AVX512-BF16 (within the native bf16 bounds of the maths), else on the widened tiles
+    (their bits)."""
     forced_path(core)
     gen = torch.Generator().manual_seed(11)
     B, H, L, S, E, Ev, Hkv = 1, 2, 24, 24, 32, 32, 2
@@ -218,12 +222,26 @@ def test_calls_the_core_cannot_serve_take_the_widened_kernel(core, what, forced_
     k = torch.randn(B, Hkv, S, E, generator=gen).to(dtype)
     v = torch.randn(B, Hkv, S, Ev, generator=gen).to(dtype)
     dout = torch.randn(B, H, L, Ev, generator=gen).to(dtype)
-    assert attn._path(q, k, v, **kw) == ("fp32 kernel" if what == "fp32" else WIDENED)
+    path = attn._path(q, k, v, **kw)
+    if what == "fp32":
+        assert path == "fp32 kernel"
+    elif core == "AVX512-BF16":
+        assert path == "AVX512-BF16"
+    else:
+        assert path in ("AVX512-BF16", WIDENED)
     routed = run(q, k, v, dout, **kw)
+    if path == "AVX512-BF16":
+        q64, k64, v64 = (t.to(F64).requires_grad_(True) for t in (q, k, v))
+        want = oracle(q64, k64, v64, is_causal=kw.get("is_causal", False),
+                      window=kw.get("window_size", (-1, -1)), softcap=kw.get("softcap", 0.0),
+                      alibi=kw.get("alibi_slopes"))
+        grads = torch.autograd.grad(want, (q64, k64, v64), dout.to(F64))
+        for name, got, expected in zip(("out", "dq", "dk", "dv"), routed, (want, *grads)):
+            check_close(name, got, expected, "amx", record_error)
     forced_path("widened to fp32")
     wide = run(q, k, v, dout, **kw)
     for a, b in zip(routed, wide):
-        assert torch.equal(a, b)
+        assert torch.equal(a, b) == (path != "AVX512-BF16")
 
 
 def test_path_names_every_route_and_checks_its_arguments():

@@ -84,25 +84,24 @@ Sizes check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOpt
   return s;
 }
 
-// ---- bf16 on the core's kernels (AMX, AVX512-BF16) -------------------------------------
-// attn/kernels.h's flash_attention_*_bf16 on the path they chose, in their
-// strided form (kernels/flash_bf16_strided.h). The call is the core's
-// problem when it has no window, ALiBi or softcap, D = Dv, and a scale >= 0
-// (the core reads a negative scale as "the default"). Both kernels, AMX and
-// AVX512-BF16 (AMD Zen 4/5, where VDPBF16PS runs at twice the FMA's FLOPs),
-// take an attn_mask, grouped-query heads and Tq != Tk (either causal
-// alignment) themselves (kernels::SdpaExtras: the mask with the sdpa
-// kernel's rules, closed keys weighing 0 and the 64 x 64 tiles it hides
-// skipped; K and V packed once per key/value head, the backward's units a
-// key/value head and its query heads; a query that sees no key gives 0).
-// Elsewhere, and for the calls they do not take, the sdpa kernel's bf16
-// tiles widened to fp32 serve.
-// The core's dropout noise is sdpa's: Philox counters (j/4, i, h, b) with the
-// same key and rule, so dropout is served too. Forward and backward decide
-// with this one predicate, so they route alike.
+// ---- bf16 on the AMX kernel -------------------------------------------------------------
+// Every bf16 call runs on the sdpa kernel (kernels::sdpa_forward), whose
+// products are the bf16 path's engine: VDPBF16PS on "AVX512-BF16" (and on
+// "AMX" where it measured as fast as the FMA), fp32 FMAs on widened tiles
+// elsewhere; it serves every case (masks, windows, ALiBi, softcap, varlen,
+// grouped heads, Tq != Tk, Dv != D). The AMX tile kernel is the one engine
+// not yet inside it: where the path is AMX, attn/kernels.h's
+// flash_attention_*_bf16 take the calls they can, in their strided form
+// (kernels/flash_bf16_strided.h): no window, ALiBi or softcap, D = Dv, and a
+// scale >= 0 (the core reads a negative scale as "the default"); an attn_mask,
+// grouped-query heads and Tq != Tk (either causal alignment) they take
+// themselves (kernels::SdpaExtras: the mask with the sdpa kernel's rules,
+// closed keys weighing 0 and the 64 x 64 tiles it hides skipped; a query that
+// sees no key gives 0). The AMX kernel's dropout noise is sdpa's: Philox
+// counters (j/4, i, h, b) with the same key and rule, so dropout is served
+// too. Forward and backward decide with this one predicate, so they route alike.
 bool core_takes(const Sizes& s, bool plain, float scale) {
-  const char* path = kernels::flash_attention_bf16_path();
-  if (std::strcmp(path, "AMX") != 0 && std::strcmp(path, "AVX512-BF16") != 0) return false;
+  if (std::strcmp(kernels::flash_attention_bf16_path(), "AMX") != 0) return false;
   if (!plain) return false;
   if (s.Hkv <= 0 || s.Hq % s.Hkv != 0 || s.Tq < 1 || s.Tk < 1 || s.D != s.Dv ||
       s.D > kernels::kMaxHeadDim)
@@ -667,6 +666,8 @@ kernels::RowStrides lse_rows(const std::optional<SdpaStrides>& lse_strides,
 
 uint16_t* bits(BFloat16* x) { return reinterpret_cast<uint16_t*>(x); }
 
+SdpaStrides row_strides(const CoreRows& r) { return {r.st.b, r.st.h, r.st.t, 1}; }
+
 }  // namespace
 
 void sdpa_forward_routed(const SdpaOutput& o, const SdpaProblem& p) {
@@ -679,63 +680,92 @@ void sdpa_backward_routed(const SdpaBackwardIO& io, const SdpaProblem& p) {
 
 void sdpa_forward_routed(const SdpaOutputBf16& o, const SdpaProblemBf16& given) {
   const SdpaProblemBf16 p = as_run(given);
-  if (!core_serves(p)) return kernels::sdpa_forward(o, p);
-  const int64_t B = p.B, H = p.Hq, Hkv = p.Hkv, T = p.Tq, Tk = p.Tk, D = p.D;
+  // A varlen problem's tensors are packed (total, H, W) rows: the kernel as given.
+  if (p.cu_seqlens_q) return kernels::sdpa_forward(o, p);
+  const int64_t B = p.B, H = p.Hq, Hkv = p.Hkv, T = p.Tq, Tk = p.Tk, D = p.D, Dv = p.Dv;
   const CoreRows q = core_rows(p.q, p.q_strides, B, H, T, D, true);
   const CoreRows k = core_rows(p.k, p.k_strides, B, Hkv, Tk, D, true);
-  const CoreRows v = core_rows(p.v, p.v_strides, B, Hkv, Tk, D, true);
-  const CoreRows out = core_rows(o.out, o.out_strides, B, H, T, D, false);
-  const kernels::ForwardStrides st{q.st, k.st, v.st, out.st, lse_rows(o.lse_strides, p)};
-  kernels::flash_attention_forward_bf16(bits(out.data), o.lse, bits(q.data), bits(k.data),
-                                        bits(v.data), raw_core_params(p), st, raw_core_extras(p));
-  scatter(out, o.out, o.out_strides, B, H, T, D);
+  const CoreRows v = core_rows(p.v, p.v_strides, B, Hkv, Tk, Dv, true);
+  const CoreRows out = core_rows(o.out, o.out_strides, B, H, T, Dv, false);
+  if (core_serves(p)) {
+    const kernels::ForwardStrides st{q.st, k.st, v.st, out.st, lse_rows(o.lse_strides, p)};
+    kernels::flash_attention_forward_bf16(bits(out.data), o.lse, bits(q.data), bits(k.data),
+                                          bits(v.data), raw_core_params(p), st, raw_core_extras(p));
+  } else {  // the sdpa kernel, on the rows
+    SdpaProblemBf16 r = p;
+    r.q = q.data, r.k = k.data, r.v = v.data;
+    r.q_strides = row_strides(q), r.k_strides = row_strides(k), r.v_strides = row_strides(v);
+    SdpaOutputBf16 ro = o;
+    ro.out = out.data, ro.out_strides = row_strides(out);
+    kernels::sdpa_forward(ro, r);
+  }
+  scatter(out, o.out, o.out_strides, B, H, T, Dv);
 }
 
 void sdpa_backward_routed(const SdpaBackwardIOBf16& io, const SdpaProblemBf16& given) {
   const SdpaProblemBf16 p = as_run(given);
-  if (!core_serves(p)) return kernels::sdpa_backward(io, p);
-  const int64_t B = p.B, H = p.Hq, Hkv = p.Hkv, T = p.Tq, Tk = p.Tk, D = p.D;
-  const CoreRows dout = core_rows(io.dout, io.dout_strides, B, H, T, D, true);
+  if (p.cu_seqlens_q) return kernels::sdpa_backward(io, p);
+  const int64_t B = p.B, H = p.Hq, Hkv = p.Hkv, T = p.Tq, Tk = p.Tk, D = p.D, Dv = p.Dv;
+  const CoreRows dout = core_rows(io.dout, io.dout_strides, B, H, T, Dv, true);
   const CoreRows q = core_rows(p.q, p.q_strides, B, H, T, D, true);
   const CoreRows k = core_rows(p.k, p.k_strides, B, Hkv, Tk, D, true);
-  const CoreRows v = core_rows(p.v, p.v_strides, B, Hkv, Tk, D, true);
-  const CoreRows out = core_rows(io.out, io.out_strides, B, H, T, D, true);
+  const CoreRows v = core_rows(p.v, p.v_strides, B, Hkv, Tk, Dv, true);
+  const CoreRows out = core_rows(io.out, io.out_strides, B, H, T, Dv, true);
   const CoreRows dq = core_rows(io.dq, io.dq_strides, B, H, T, D, false);
   const CoreRows dk = core_rows(io.dk, io.dk_strides, B, Hkv, Tk, D, false);
-  const CoreRows dv = core_rows(io.dv, io.dv_strides, B, Hkv, Tk, D, false);
-  const kernels::BackwardStrides st{dout.st, q.st,  k.st, v.st, out.st, lse_rows(io.lse_strides, p),
-                                    dq.st,   dk.st, dv.st};
-  kernels::flash_attention_backward_bf16(
-      bits(dq.data), bits(dk.data), bits(dv.data), bits(dout.data), bits(q.data), bits(k.data),
-      bits(v.data), bits(out.data), io.lse, raw_core_params(p), st, raw_core_extras(p));
+  const CoreRows dv = core_rows(io.dv, io.dv_strides, B, Hkv, Tk, Dv, false);
+  if (core_serves(p)) {
+    const kernels::BackwardStrides st{
+        dout.st, q.st, k.st, v.st, out.st, lse_rows(io.lse_strides, p), dq.st, dk.st, dv.st};
+    kernels::flash_attention_backward_bf16(
+        bits(dq.data), bits(dk.data), bits(dv.data), bits(dout.data), bits(q.data), bits(k.data),
+        bits(v.data), bits(out.data), io.lse, raw_core_params(p), st, raw_core_extras(p));
+  } else {  // the sdpa kernel, on the rows
+    SdpaProblemBf16 r = p;
+    r.q = q.data, r.k = k.data, r.v = v.data;
+    r.q_strides = row_strides(q), r.k_strides = row_strides(k), r.v_strides = row_strides(v);
+    SdpaBackwardIOBf16 ri = io;
+    ri.dout = dout.data, ri.dout_strides = row_strides(dout);
+    ri.out = out.data, ri.out_strides = row_strides(out);
+    ri.dq = dq.data, ri.dq_strides = row_strides(dq);
+    ri.dk = dk.data, ri.dk_strides = row_strides(dk);
+    ri.dv = dv.data, ri.dv_strides = row_strides(dv);
+    kernels::sdpa_backward(ri, r);
+  }
   scatter(dq, io.dq, io.dq_strides, B, H, T, D);
   scatter(dk, io.dk, io.dk_strides, B, Hkv, Tk, D);
-  scatter(dv, io.dv, io.dv_strides, B, Hkv, Tk, D);
+  scatter(dv, io.dv, io.dv_strides, B, Hkv, Tk, Dv);
 }
 
 namespace kernels {
+
+namespace {
+// The sdpa kernel's engine for bf16 problems, as a path name.
+const char* sdpa_kernel_bf16_path() {
+  return bf16_dot_engine_chosen() ? "AVX512-BF16" : "bf16 tiles widened to fp32";
+}
+}  // namespace
 
 // The routes above, for this CPU (sdpa_bf16_path(q, k, v, options) names a
 // given call's).
 const char* sdpa_bf16_path() {
   const char* core = flash_attention_bf16_path();
   if (std::strcmp(core, "AMX") == 0)
-    return "AMX where the call allows it, else bf16 tiles widened to fp32";
-  if (std::strcmp(core, "AVX512-BF16") == 0)
-    return "AVX512-BF16 where the call is the core's problem, else bf16 tiles widened to fp32";
-  return "bf16 tiles widened to fp32";
+    return bf16_dot_engine_chosen()
+               ? "AMX where the call allows it, else AVX512-BF16"
+               : "AMX where the call allows it, else bf16 tiles widened to fp32";
+  return sdpa_kernel_bf16_path();
 }
 
 const char* sdpa_bf16_path(const SdpaProblemBf16& p) {
-  return core_serves(as_run(p)) ? flash_attention_bf16_path() : "bf16 tiles widened to fp32";
+  return core_serves(as_run(p)) ? flash_attention_bf16_path() : sdpa_kernel_bf16_path();
 }
 
 const char* sdpa_bf16_path(const Tensor& q, const Tensor& k, const Tensor& v,
                            const SdpaOptions& options) {
   if (is_bf16_reference(q, options)) return "reference (fp32 on the widened values)";
   const Sizes s = check_qkv(q, k, v, options);
-  return core_serves(s, as_run(options, s)) ? flash_attention_bf16_path()
-                                            : "bf16 tiles widened to fp32";
+  return core_serves(s, as_run(options, s)) ? flash_attention_bf16_path() : sdpa_kernel_bf16_path();
 }
 
 }  // namespace kernels

@@ -1,17 +1,17 @@
-// src/kernels/avx512_bf16-inl.h - the AVX-512 vector helpers the two bf16
-// attention kernels share (flash_attention_bf16.cpp, the "AVX512-BF16" path;
-// flash_attention_amx.cpp, the "AMX" path): exp2, lane and element masks,
-// fp32 -> bf16 rounding into words, bf16 -> fp32 widening loads and the
-// horizontal reductions of 16 lanes.
+// src/kernels/avx512_bf16-inl.h - the AVX-512 vector helpers the bf16
+// attention engines share (bf16_dot.cpp, the sdpa kernel's VDPBF16PS engine,
+// the "AVX512-BF16" path; flash_attention_amx.cpp, the "AMX" path): exp2,
+// lane and element masks, fp32 -> bf16 rounding into words, bf16 -> fp32
+// widening loads and the horizontal reductions of 16 lanes.
 //
 // AVX512-BF16 is not among Highway 1.0.3's targets, so these are intrinsics,
 // compiled here under their own target pragma (the role HWY_BEFORE_NAMESPACE
 // plays in flash_tiles-inl.h): include this header with the other headers, at
 // the top of the file, outside any namespace and outside any target pragma.
-// GCC inlines them into any caller whose target is a superset (the bf16
-// kernel's, and the AMX kernel's, which adds amx-tile and amx-bf16); callers
-// run only where the CPU reports AVX512-BF16. Being the one copy, both paths
-// compute the same exp2 and round the same way bit for bit.
+// GCC inlines them into any caller whose target is a superset (bf16_dot.cpp's,
+// and the AMX kernel's, which adds amx-tile and amx-bf16); callers run only
+// where the CPU reports AVX512-BF16. Being the one copy, both engines round
+// the same way bit for bit.
 #ifndef ATTN_KERNELS_AVX512_BF16_INL_H_
 #define ATTN_KERNELS_AVX512_BF16_INL_H_
 

@@ -1,6 +1,6 @@
 // The bf16 attention kernels on AMX tiles (the "AMX" path of
 // flash_attention_forward_bf16 / flash_attention_backward_bf16, attn/kernels.h):
-// the maths and the numerics of flash_attention_bf16.cpp (fp32 scores,
+// the maths and the numerics of the sdpa kernel's DotEngine (sdpa_kernel.cpp: fp32 scores,
 // softmax statistics, lse and accumulators; P and dS rounded to bf16 where
 // they enter a product; results rounded once), with every matrix product
 // one call of amx::tile_gemm (amx_tiles.h): C (fp32) (+)= A (bf16 rows) · B
@@ -41,13 +41,13 @@
 // (c·S + log2(e)·mask) before the softmax, and the backward adds the same to
 // recompute P. A row whose keys are all closed ends with l = 0: output 0, lse
 // -inf, and adds nothing to the gradients.
-// Threads and orders are flash_attention_bf16.cpp's: whole heads per thread
+// Threads and orders are the sdpa kernel's backward's: whole heads per thread
 // when there are at least two per thread, else key-tile tasks (dK, dV) and
 // query-tile tasks (dQ) that recompute S and dP; every accumulator sees its
 // products in one order either way, so the bits do not depend on the
 // thread count. Causal tiles on the diagonal are computed whole and masked.
 // The vector helpers (exp2, masks, rounding into words, widening loads,
-// horizontal reductions) are flash_attention_bf16.cpp's: avx512_bf16-inl.h.
+// horizontal reductions) are shared with the DotEngine's packing: avx512_bf16-inl.h.
 // Grouped-query heads (SdpaExtras::Hkv): K and V are packed once per
 // key/value head and read by each query head of its group; backward's units
 // are key/value heads, whose dK and dV sum over the group's query heads in

@@ -1,4 +1,4 @@
-// The AMX path of the bf16 attention kernels (flash_attention_amx.cpp), for
+// The AMX path of the bf16 attention (flash_attention_amx.cpp), for
 // flash_attention_bf16.cpp's public entry points (same arguments, validated
 // params: strides and scale filled in) and for the bf16 sdpa routes
 // (attention/sdpa.cpp: any row strides, and SdpaExtras: a mask, grouped-query heads,

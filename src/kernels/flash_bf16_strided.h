@@ -1,10 +1,9 @@
-// The bf16 core kernels' strided form, for the bf16 sdpa routes (attention/sdpa.cpp):
+// The AMX kernel's strided form, for the bf16 sdpa routes (attention/sdpa.cpp):
 // operands of any row strides (head-major (B, H, T, hd) tensors read and
-// written in place, token-major views, slices) and, on the AMX path, what
-// sdpa adds to the core's problem (SdpaExtras). The paths' own files
-// implement it, every extra: flash_attention_amx.cpp (AMX) and
-// flash_attention_bf16.cpp (AVX512-BF16); the mask's tiles as tile_mask-inl.h
-// classifies them.
+// written in place, token-major views, slices) and what sdpa adds to the
+// core's problem (SdpaExtras); flash_attention_amx.cpp implements it, every
+// extra, the mask's tiles as tile_mask-inl.h classifies them. (The other bf16
+// paths are the sdpa kernel's own: it reads any strides and serves every case.)
 // bf16 as raw bits; the params validated (scale filled in; their x_stride
 // are ignored).
 #pragma once
@@ -66,11 +65,10 @@ inline BackwardStrides token_major_backward_strides(const FlashAttentionParams& 
   return {f.out, f.q, f.k, f.v, f.out, f.lse, f.q, f.k, f.v};
 }
 
-// The chosen bf16 path (flash_attention_bf16_path()) on strided operands: the
-// same bits as the packed layout's (only the addresses differ). AMX and
-// AVX512-BF16 take every extra (grouped-query heads: the same fixed order of
-// the group's sums); the widened path has no strided form and throws
-// std::invalid_argument (the sdpa kernel serves those calls itself).
+// The AMX path (flash_attention_bf16_path() "AMX") on strided operands: the
+// same bits as the packed layout's (only the addresses differ), every extra
+// (grouped-query heads: the same fixed order of the group's sums). On another
+// path it throws std::invalid_argument (the sdpa kernel serves those calls itself).
 void flash_attention_forward_bf16(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k,
                                   const uint16_t* v, const FlashAttentionParams& p,
                                   const ForwardStrides& s, const SdpaExtras& x = {});

@@ -22,11 +22,19 @@
 // softcap, ALiBi and the additive mask before the online softmax.
 //
 // bfloat16 (SdpaProblemBf16): every function below is a template on the
-// element type T of q, k, v, out, dout, dq, dk, dv. A bf16 tile is widened
-// exactly to fp32 where it is loaded or packed (Widen, TileRows), the products,
-// softmax and accumulators are the fp32 ones, and out, dq, dk, dv are rounded
-// to bf16 once, as they are stored (Narrow). No widened copy of a whole tensor
-// is made (the fp32 dQ accumulator, (B, Hq, Tq, Dp), is the one whole buffer).
+// element type T of q, k, v, out, dout, dq, dk, dv and on the product engine
+// E (FmaEngine, DotEngine: see "the product engines" below). On FmaEngine a
+// bf16 tile is widened exactly to fp32 where it is loaded or packed (Widen,
+// TileRows) and the products are the fp32 ones, so the bits are the fp32
+// kernel's on the widened values (the path "widened to fp32"). On DotEngine
+// (the path "AVX512-BF16") the tiles are packed as bf16 words and every
+// product runs on VDPBF16PS, P and dS rounded to bf16 where they enter one.
+// Either way the softmax and accumulators are fp32, and out, dq, dk, dv are
+// rounded to bf16 once, as they are stored (Narrow). No widened copy of a
+// whole tensor is made (the fp32 dQ accumulator, (B, Hq, Tq, Dp), is the one
+// whole buffer). The schedule, the band, the masks, softcap, ALiBi, dropout,
+// varlen and the work split are the same code on both engines, so native
+// bf16 serves every case fp32 does.
 //
 // Scores are kept in base 2: without a softcap Q is scaled by c =
 // scale·log2(e); with one, by scale / softcap, and s₂ = softcap·log2(e)·tanh(x).
@@ -73,8 +81,9 @@
 #include <utility>
 #include <vector>
 
-#include "attn/sdpa_problem.h"
 #include "attn/kernels.h"
+#include "attn/sdpa_problem.h"
+#include "kernels/bf16_dot.h"
 #include "kernels/philox.h"
 #include "kernels/sdpa_mask.h"
 
@@ -167,6 +176,107 @@ HWY_INLINE VF BandMask(DF d, VF s, size_t v0, int64_t first, int64_t last) {
 template <class T>
 T* At(T* base, const SdpaStrides& s, int64_t b, int64_t h, int64_t t = 0) {
   return base + b * s.b + h * s.h + t * s.t;
+}
+
+// ---- the product engines ------------------------------------------------------------------
+// The schedule below is one, templated on the element type T and on the
+// engine E that runs its products (each C (+)= A · B of the tiles):
+// - FmaEngine: fp32 FMAs on fp32 operands (flash_tiles-inl.h's micro-kernel),
+//   on every Highway target; bf16 operands are widened exactly as they are
+//   loaded, so bf16 gives the bits of fp32 on the widened values.
+// - DotEngine: AVX512-BF16 (kernels/bf16_dot.h): bf16 operands packed into
+//   words, pairs along each product's reduction axis, multiplied by
+//   VDPBF16PS; the weights P and dS are rounded to bf16 where they enter a
+//   product (as PyTorch's bf16 flash attention does), scores, softmax and
+//   accumulators stay fp32. bf16 problems on AVX-512 targets, where
+//   kernels::bf16_dot_engine_chosen() (attn/kernels.h: the bf16 path's choice).
+// What differs is where the scale c goes (FmaEngine folds it into the packed
+// Q or K; DotEngine multiplies the fp32 scores, since the words hold the
+// inputs' own bf16 values) and the operands' layouts; the tiles, band, masks,
+// softmax, dropout and work split are the same code.
+struct FmaEngine {
+  static constexpr bool kDot = false;
+  using Op = float;  // a packed operand's element
+  static size_t Reduction(size_t n) { return n; }
+};
+struct DotEngine {
+  static constexpr bool kDot = true;
+  using Op = uint32_t;  // two bf16
+  static size_t Reduction(size_t n) { return bf16dot::Pairs(n); }
+};
+// The engine exists on this target: VDPBF16PS works on 512-bit vectors of kN = 16.
+#if HWY_TARGET <= HWY_AVX3
+constexpr bool kDotTarget = kN == bf16dot::kN && kNV == bf16dot::kNV && kMR == bf16dot::kMR;
+#else
+constexpr bool kDotTarget = false;
+#endif
+
+// Whether a problem of element type T runs on DotEngine.
+template <class T>
+bool DotEngineChosen() {
+  return std::is_same_v<T, BFloat16> && kDotTarget && bf16_dot_engine_chosen();
+}
+
+inline const uint16_t* Bits(const BFloat16* x) { return reinterpret_cast<const uint16_t*>(x); }
+
+// GemmSpans (flash_tiles-inl.h) on DotEngine's words: C (M, W) op= A (M, 2K) ·
+// B (2K, W); span(r0, nr) gives pairs [k0, k1) of the reduction.
+template <int kMode, class SpanFn, class Hook = NoHook>
+void DotGemmSpans(size_t M, size_t W, const uint32_t* A, size_t ars, size_t aks, const uint32_t* Bm,
+                  size_t bs, float* C, size_t cs, const float* c_scale, SpanFn span,
+                  Hook after_block = Hook()) {
+  const bf16dot::MicroTable& table = bf16dot::micro_table(kMode);
+  const bf16dot::MicroTable& table_unscaled =
+      bf16dot::micro_table(kMode == kScaleAccumulate ? kAccumulate : kMode);
+  for (size_t w0 = 0; w0 < W; w0 += kNV * kN) {
+    const size_t nv = std::min(kNV, (W - w0) / kN);
+    for (size_t r0 = 0; r0 < M; r0 += kMR) {
+      const size_t nr = std::min(kMR, M - r0);
+      const Span sp = span(r0, nr);
+      const size_t v0 = w0 == 0 ? sp.v0 : 0, v1 = w0 == 0 ? std::min(nv, sp.v1) : nv;
+      const size_t K = sp.k1 > sp.k0 ? sp.k1 - sp.k0 : 0;
+      if (v0 >= v1 || (K == 0 && kMode == kAccumulate)) continue;
+      bool unscaled = false;
+      if constexpr (kMode == kScaleAccumulate) {
+        unscaled = true;
+        for (size_t r = 0; r < nr; ++r) unscaled &= c_scale[r0 + r] == 1.0f;
+      }
+      (unscaled ? table_unscaled : table)[(nr - 1) * kNV + (v1 - v0 - 1)](
+          A + r0 * ars + sp.k0 * aks, ars, aks, Bm + sp.k0 * bs + w0 + v0 * kN, bs, K,
+          C + r0 * cs + w0 + v0 * kN, cs, c_scale ? c_scale + r0 : nullptr);
+      after_block();
+    }
+  }
+}
+
+// One product site of the schedule on engine E: C (M, W) op= A · B, A and B
+// in E's layouts, span(r0, nr) in elements of the reduction (DotEngine takes
+// the pairs that hold them: an element outside the span that shares a pair
+// with one inside is multiplied too, and is 0 there, as the schedule
+// guarantees by zeroing the weights outside the band).
+template <class E, int kMode, class SpanFn, class Hook = NoHook>
+HWY_INLINE void Product(size_t M, size_t W, const typename E::Op* A, size_t ars, size_t aks,
+                        const typename E::Op* Bm, size_t bs, float* C, size_t cs,
+                        const float* c_scale, SpanFn span, Hook after_block = Hook()) {
+  if constexpr (E::kDot) {
+    DotGemmSpans<kMode>(
+        M, W, A, ars, aks, Bm, bs, C, cs, c_scale,
+        [&](size_t r0, size_t nr) {
+          Span sp = span(r0, nr);
+          sp.k0 /= 2, sp.k1 = bf16dot::Pairs(sp.k1);
+          return sp;
+        },
+        after_block);
+  } else {
+    GemmSpans<kMode>(M, W, A, ars, aks, Bm, bs, C, cs, c_scale, span, after_block);
+  }
+}
+
+// x[0 .. n) *= c (n a multiple of N): DotEngine's scores taken to base 2.
+HWY_INLINE void ScaleRows(float* HWY_RESTRICT x, size_t n, float c) {
+  const DF d;
+  const VF cv = hn::Set(d, c);
+  for (size_t at = 0; at < n; at += kN) hn::Store(hn::Mul(cv, hn::Load(d, x + at)), d, x + at);
 }
 
 // ---- element types: fp32 in the tiles, T in memory ------------------------------------------
@@ -366,10 +476,12 @@ int MaxThreads() {
 }
 
 // A key/value head's K (Tk, D) and V (Tk, Dvp) rows, copied (widened, padded)
-// into one contiguous block per thread.
+// into one contiguous block per thread; on DotEngine its K rows as words (Tk,
+// Pairs(D)) and V's key pairs (Pairs(Tk), Dvp).
+template <class E>
 struct HeadRows {
-  const float* k;
-  const float* v;
+  const typename E::Op* k;
+  const typename E::Op* v;
 };
 
 // A buffer of n floats for a whole head's rows, on huge pages where Linux
@@ -422,22 +534,30 @@ struct HeadBuffer {
 };
 
 // Copies key/value head (b, hk)'s rows into buf (Tk·(D + Dvp) floats).
-template <class T>
-HeadRows PackHead(float* HWY_RESTRICT buf, const SdpaProblemT<T>& p, int64_t b, int64_t hk) {
+template <class E, class T>
+HeadRows<E> PackHead(float* HWY_RESTRICT buf, const SdpaProblemT<T>& p, int64_t b, int64_t hk) {
   const size_t Tk = size_t(p.Tk), D = size_t(p.D), Dv = size_t(p.Dv), Dvp = RoundUp(Dv, kN);
   const T* k_head = At(p.k, p.k_strides, b, hk);
   const T* v_head = At(p.v, p.v_strides, b, hk);
-  float* k = buf;
-  float* v = buf + Tk * D;
-  for (size_t t = 0; t < Tk; ++t) {
-    if (t + kRowsAhead < Tk) {
-      PrefetchRows(k_head, size_t(p.k_strides.t), t + kRowsAhead, t + kRowsAhead + 1, D);
-      PrefetchRows(v_head, size_t(p.v_strides.t), t + kRowsAhead, t + kRowsAhead + 1, Dv);
+  if constexpr (E::kDot) {
+    auto* k = reinterpret_cast<uint32_t*>(buf);
+    uint32_t* v = k + Tk * bf16dot::Pairs(D);
+    bf16dot::pack_rows(k, Bits(k_head), size_t(p.k_strides.t), Tk, Tk, D);
+    bf16dot::pack_row_pairs(v, Bits(v_head), size_t(p.v_strides.t), Tk, Tk, Dv, Dvp);
+    return {k, v};
+  } else {
+    float* k = buf;
+    float* v = buf + Tk * D;
+    for (size_t t = 0; t < Tk; ++t) {
+      if (t + kRowsAhead < Tk) {
+        PrefetchRows(k_head, size_t(p.k_strides.t), t + kRowsAhead, t + kRowsAhead + 1, D);
+        PrefetchRows(v_head, size_t(p.v_strides.t), t + kRowsAhead, t + kRowsAhead + 1, Dv);
+      }
+      WidenRow(k + t * D, k_head + int64_t(t) * p.k_strides.t, D, D);
+      WidenRow(v + t * Dvp, v_head + int64_t(t) * p.v_strides.t, Dv, Dvp);
     }
-    WidenRow(k + t * D, k_head + int64_t(t) * p.k_strides.t, D, D);
-    WidenRow(v + t * Dvp, v_head + int64_t(t) * p.v_strides.t, Dv, Dvp);
+    return {k, v};
   }
-  return {k, v};
 }
 
 // Key/value head (b, hk)'s rows in place when they already are PackHead's
@@ -445,8 +565,8 @@ HeadRows PackHead(float* HWY_RESTRICT buf, const SdpaProblemT<T>& p, int64_t b, 
 // vectors (PyTorch's head-major (B, H, T, D) tensors): the copy would hold the
 // same values in the same places, so the bits do not change. {nullptr,
 // nullptr} otherwise (bf16, token-major heads, padded V rows: PackHead).
-template <class T>
-HeadRows HeadInPlace(const SdpaProblemT<T>& p, int64_t b, int64_t hk) {
+template <class E, class T>
+HeadRows<E> HeadInPlace(const SdpaProblemT<T>& p, int64_t b, int64_t hk) {
   if constexpr (std::is_same_v<T, float>) {
     const int64_t D = p.D, Dv = p.Dv;
     if (Dv % int64_t(kN) == 0 && p.v_strides.d == 1 && p.v_strides.t == Dv &&
@@ -456,12 +576,23 @@ HeadRows HeadInPlace(const SdpaProblemT<T>& p, int64_t b, int64_t hk) {
   return {nullptr, nullptr};
 }
 
+// E's operands, as E::Op: fp32 values (FmaEngine) or words (DotEngine) in the
+// same buffers, sized for the larger (a word is as wide as a float).
+template <class E>
+typename E::Op* Ops(const hwy::AlignedFreeUniquePtr<float[]>& buf) {
+  return reinterpret_cast<typename E::Op*>(buf.get());
+}
+
 struct ForwardScratch {
-  hwy::AlignedFreeUniquePtr<float[]> qT;           // (G, D, Br)    c·Qᵀ of each query tile
-  hwy::AlignedFreeUniquePtr<float[]> sT;           // (Bc, Br)      scores, then weights, key-major
-  hwy::AlignedFreeUniquePtr<float[]> o;            // (G, Br, Dvp)  unnormalised outputs
-  hwy::AlignedFreeUniquePtr<float[]> v_pad;        // (Bc, Dvp)     V tile copied, padded, widened
-  hwy::AlignedFreeUniquePtr<float[]> k_wide;       // (Bc, D)       K tile copied or widened
+  // Fma: (G, D, Br) c·Qᵀ of each query tile; Dot: (G, Pairs(D), Br) Qᵀ's dim pairs × queries
+  hwy::AlignedFreeUniquePtr<float[]> qT;
+  hwy::AlignedFreeUniquePtr<float[]> sT;  // (Bc, Br)  scores, then weights, key-major
+  hwy::AlignedFreeUniquePtr<float[]> o;   // (G, Br, Dvp)  unnormalised outputs
+  // Fma: (Bc, Dvp) V tile copied, padded, widened; Dot: (Bc/2, Dvp) its key pairs
+  hwy::AlignedFreeUniquePtr<float[]> v_pad;
+  // Fma: (Bc, D) K tile copied or widened; Dot: (Bc, Pairs(D)) its rows as words
+  hwy::AlignedFreeUniquePtr<float[]> k_wide;
+  hwy::AlignedFreeUniquePtr<float[]> p_words;      // Dot: (Bc/2, Br) the weights' key pairs
   hwy::AlignedFreeUniquePtr<float[]> m, l, alpha;  // (G, Br) running max, sum, rescale
   ForwardScratch(size_t D, size_t Dvp)
       : qT(hwy::AllocateAligned<float>(kGroupFwd * D * kBr)),
@@ -469,6 +600,7 @@ struct ForwardScratch {
         o(hwy::AllocateAligned<float>(kGroupFwd * kBr * Dvp)),
         v_pad(hwy::AllocateAligned<float>(kBcFwd * Dvp)),
         k_wide(hwy::AllocateAligned<float>(kBcFwd * D)),
+        p_words(hwy::AllocateAligned<float>(kBcFwd / 2 * kBr)),
         m(hwy::AllocateAligned<float>(kGroupFwd * kBr)),
         l(hwy::AllocateAligned<float>(kGroupFwd * kBr)),
         alpha(hwy::AllocateAligned<float>(kGroupFwd * kBr)) {}
@@ -506,15 +638,17 @@ void ScoreMods(const SdpaProblemT<T>& p, const MaskBlocks& mask_blocks, int64_t 
 }
 
 // One query tile [i0, i0 + in) against keys [j0, j0 + jn): scores, online
-// softmax, O update. qT, o, m, l, alpha are the tile's own state.
-template <class T>
+// softmax, O update. qT, o, m, l, alpha are the tile's own state; k_tile,
+// v_tile and qT in E's layouts (k_tile rows, v_tile rows or key pairs, qT
+// dims or dim pairs, their strides in E::Op); p_words DotEngine's weights.
+template <class E, class T>
 void ForwardStep(const SdpaProblemT<T>& p, const Band& band, const MaskBlocks& mask_blocks,
                  int64_t b, int64_t h, size_t i0, size_t in, size_t j0, size_t jn,
-                 const float* k_tile, size_t k_tile_stride, const float* v_tile,
-                 size_t v_tile_stride, const float* HWY_RESTRICT qT, float* HWY_RESTRICT sT,
-                 float* HWY_RESTRICT o, float* HWY_RESTRICT m, float* HWY_RESTRICT l,
-                 float* HWY_RESTRICT alpha, PrefetchTrickle<T>& prefetch,
-                 PrefetchTrickle<T>& ahead) {
+                 const typename E::Op* k_tile, size_t k_tile_stride, const typename E::Op* v_tile,
+                 size_t v_tile_stride, const typename E::Op* HWY_RESTRICT qT,
+                 float* HWY_RESTRICT sT, uint32_t* HWY_RESTRICT p_words, float* HWY_RESTRICT o,
+                 float* HWY_RESTRICT m, float* HWY_RESTRICT l, float* HWY_RESTRICT alpha,
+                 PrefetchTrickle<T>& prefetch, PrefetchTrickle<T>& ahead) {
   const DF d;
   const size_t D = size_t(p.D), Dvp = RoundUp(size_t(p.Dv), kN);
   const DropoutRule rule(p.dropout_p);
@@ -522,7 +656,7 @@ void ForwardStep(const SdpaProblemT<T>& p, const Band& band, const MaskBlocks& m
   const bool edge = !band.covers(I0, I0 + int64_t(kBr), J0, J0 + int64_t(jn));
   // Sᵀ (jn, Br) = K_tile · qT; at the band's edge a block of keys skips the
   // query vectors wholly outside it.
-  GemmSpans<kOverwrite>(
+  Product<E, kOverwrite>(
       jn, kBr, k_tile, k_tile_stride, 1, qT, kBr, sT, kBr, nullptr,
       [&](size_t r0, size_t nr) {
         if (!edge) return Span{0, D, 0, kNV};
@@ -536,6 +670,8 @@ void ForwardStep(const SdpaProblemT<T>& p, const Band& band, const MaskBlocks& m
         prefetch();
         ahead();
       });
+  if constexpr (E::kDot)
+    ScaleRows(sT, jn * kBr, p.softcap > 0.0f ? p.scale / p.softcap : p.scale * kLog2e);
   ScoreMods(p, mask_blocks, b, h, i0, in, j0, jn, sT);
   if (edge) {
     for (size_t jj = 0; jj < jn; ++jj) {
@@ -554,10 +690,18 @@ void ForwardStep(const SdpaProblemT<T>& p, const Band& band, const MaskBlocks& m
   if (rule.active()) {  // P ⊙ Z after the sums: l stays the softmax denominator
     DropoutTileT<kBr>(rule, p.dropout_seed, b, h, i0, j0, jn, sT);
   }
-  // O (in, Dvp) = α ⊙ O + P (in, jn) · V_tile (jn, Dvp), P read from Sᵀ; at the
-  // band's edge a block of queries sums only over the keys its band reaches.
-  GemmSpans<kScaleAccumulate>(
-      in, Dvp, sT, 1, kBr, v_tile, v_tile_stride, o, Dvp, alpha,
+  // O (in, Dvp) = α ⊙ O + P (in, jn) · V_tile (jn, Dvp), P read from Sᵀ
+  // (DotEngine: rounded to bf16, key pairs interleaved); at the band's edge a
+  // block of queries sums only over the keys its band reaches.
+  const typename E::Op* weights = nullptr;
+  if constexpr (E::kDot) {
+    bf16dot::round_row_pairs(p_words, sT, kBr, jn, jn, kBr);
+    weights = p_words;
+  } else {
+    weights = sT;
+  }
+  Product<E, kScaleAccumulate>(
+      in, Dvp, weights, 1, kBr, v_tile, v_tile_stride, o, Dvp, alpha,
       [&](size_t r0, size_t nr) {
         if (!edge) return Span{0, jn, 0, kNV};
         const int64_t first = band.first_key(I0 + int64_t(r0)) - J0;
@@ -576,10 +720,10 @@ void ForwardStep(const SdpaProblemT<T>& p, const Band& band, const MaskBlocks& m
 // q_next, when given, is the first of the q_next_n query rows (q's token
 // stride apart) that the thread packs next: they are brought towards L2 while
 // this group computes, with the group's output rows.
-template <class T>
+template <class E, class T>
 void ForwardGroup(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p, const Band& band,
                   const MaskBlocks& mask_blocks, int64_t b, int64_t h, size_t i_first, size_t ng,
-                  ForwardScratch& s, const HeadRows* head = nullptr, const T* q_next = nullptr,
+                  ForwardScratch& s, const HeadRows<E>* head = nullptr, const T* q_next = nullptr,
                   size_t q_next_n = 0) {
   const size_t Tq = size_t(p.Tq), Tk = size_t(p.Tk), D = size_t(p.D), Dv = size_t(p.Dv);
   const size_t Dvp = RoundUp(Dv, kN);
@@ -595,7 +739,13 @@ void ForwardGroup(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p, const Ban
   // L1 miss buffers).
   constexpr size_t kAhead = kRowsAhead;
   PrefetchRows(q_head, qs, i_first, i_first + std::min(kAhead, group_rows), D);
+  const size_t Dr = E::Reduction(D);  // qT's rows, k_tile's row length
   for (size_t g = 0; g < ng; ++g) {
+    if constexpr (E::kDot) {  // qT (Pairs(D), Br): Q_tileᵀ's dim pairs, zero past Tq
+      bf16dot::pack_rows_t(Ops<E>(s.qT) + g * Dr * kBr, Bits(q_head + tile_i0(g) * qs), qs,
+                           tile_in(g), kBr, D);
+      continue;
+    }
     // qT (D, Br) = c · Q_tileᵀ, zero columns past Tq.
     float* HWY_RESTRICT qT = s.qT.get() + g * D * kBr;
     const size_t i0 = tile_i0(g), in = tile_in(g);
@@ -671,21 +821,32 @@ void ForwardGroup(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p, const Ban
     // head-major (ForwardTileRows): rows of a token-major head lie a multiple
     // of 1 KB apart, so a tile read in place falls into a few of L1's sets and
     // is evicted while the products read it.
+    // DotEngine: K's rows as words, V's key pairs (j0 is even).
     const size_t tile_jn = std::min(kBcFwd, group_end - j0);
-    const auto [k_tile, k_tile_stride] =
-        head ? std::pair<const float*, size_t>(head->k + j0 * D, D)
-             : ForwardTileRows(s.k_wide.get(), k_head, ks, j0, tile_jn, D, D);
-    const auto [v_tile, v_tile_stride] =
-        head ? std::pair<const float*, size_t>(head->v + j0 * Dvp, Dvp)
-             : ForwardTileRows(s.v_pad.get(), v_head, vs, j0, tile_jn, Dv, Dvp);
+    using Op = typename E::Op;
+    std::pair<const Op*, size_t> k_tile, v_tile;
+    if (head) {
+      k_tile = {head->k + j0 * Dr, Dr};
+      v_tile = {head->v + (E::kDot ? j0 / 2 : j0) * Dvp, Dvp};
+    } else if constexpr (E::kDot) {
+      bf16dot::pack_rows(Ops<E>(s.k_wide), Bits(k_head + j0 * ks), ks, tile_jn, tile_jn, D);
+      bf16dot::pack_row_pairs(Ops<E>(s.v_pad), Bits(v_head + j0 * vs), vs, tile_jn, tile_jn, Dv,
+                              Dvp);
+      k_tile = {Ops<E>(s.k_wide), Dr};
+      v_tile = {Ops<E>(s.v_pad), Dvp};
+    } else {
+      k_tile = ForwardTileRows(s.k_wide.get(), k_head, ks, j0, tile_jn, D, D);
+      v_tile = ForwardTileRows(s.v_pad.get(), v_head, vs, j0, tile_jn, Dv, Dvp);
+    }
     for (size_t g = 0; g < ng; ++g) {
       if (j0 >= key_end(g) || j0 + kBcFwd <= key_begin(g)) continue;
       const size_t jn = std::min(kBcFwd, key_end(g) - j0);
       if (mask_blocks.Hidden(b, h, tile_i0(g), tile_in(g), j0, jn)) continue;
-      ForwardStep(p, band, mask_blocks, b, h, tile_i0(g), tile_in(g), j0, jn, k_tile, k_tile_stride,
-                  v_tile, v_tile_stride, s.qT.get() + g * D * kBr, s.sT.get(),
-                  s.o.get() + g * kBr * Dvp, s.m.get() + g * kBr, s.l.get() + g * kBr,
-                  s.alpha.get() + g * kBr, prefetch, ahead);
+      ForwardStep<E>(p, band, mask_blocks, b, h, tile_i0(g), tile_in(g), j0, jn, k_tile.first,
+                     k_tile.second, v_tile.first, v_tile.second, Ops<E>(s.qT) + g * Dr * kBr,
+                     s.sT.get(), Ops<DotEngine>(s.p_words), s.o.get() + g * kBr * Dvp,
+                     s.m.get() + g * kBr, s.l.get() + g * kBr, s.alpha.get() + g * kBr, prefetch,
+                     ahead);
     }
     prefetch.rest();
   }
@@ -720,7 +881,7 @@ void ForwardGroup(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p, const Ban
 // A varlen problem: (sequence, query group) x head work items in one loop,
 // each sequence through its view (sdpa_sequence) run as batch b; the groups
 // furthest down their sequences first (the heaviest under a causal band), as below.
-template <class T>
+template <class E, class T>
 void VarlenForward(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p) {
   const size_t D = size_t(p.D), Dvp = RoundUp(size_t(p.Dv), kN);
   const int64_t group_rows = int64_t(kBr * kGroupFwd);
@@ -747,18 +908,16 @@ void VarlenForward(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p) {
       const int64_t n_qt = (ps.Tq + int64_t(kBr) - 1) / int64_t(kBr);
       const int64_t first = group * int64_t(kGroupFwd);
       const size_t ng = size_t(std::min(int64_t(kGroupFwd), n_qt - first));
-      ForwardGroup(sdpa_sequence(out, p, b), ps, MakeBand(ps), MaskBlocks(), b, h,
-                   size_t(first) * kBr, ng, scratch);
+      ForwardGroup<E>(sdpa_sequence(out, p, b), ps, MakeBand(ps), MaskBlocks(), b, h,
+                      size_t(first) * kBr, ng, scratch);
     }
   }
 }
 
-}  // namespace
-
-template <class T>
-void SdpaForwardImpl(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p) {
+template <class E, class T>
+void ForwardOn(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p) {
   if (p.cu_seqlens_q) {
-    VarlenForward(out, p);
+    VarlenForward<E>(out, p);
     return;
   }
   const Band band = MakeBand(p);
@@ -778,7 +937,7 @@ void SdpaForwardImpl(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p) {
                        (BH >= 4 * threads || (BH >= threads && BH % threads == 0));
   if (by_head) {
     // Heads already in PackHead's layout are read in place: no buffer to fault in, no copy.
-    const bool in_place = HeadInPlace(p, 0, 0).k != nullptr;
+    const bool in_place = HeadInPlace<E>(p, 0, 0).k != nullptr;
 #pragma omp parallel
     {
       ForwardScratch scratch(D, Dvp);
@@ -786,17 +945,17 @@ void SdpaForwardImpl(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p) {
 #pragma omp for schedule(dynamic, 1)
       for (int64_t bh = 0; bh < BH; ++bh) {
         const int64_t b = bh / p.Hq, h = bh % p.Hq;
-        HeadRows head = HeadInPlace(p, b, h / (p.Hq / p.Hkv));
-        if (!head.k && buf.data) head = PackHead(buf.data, p, b, h / (p.Hq / p.Hkv));
+        HeadRows<E> head = HeadInPlace<E>(p, b, h / (p.Hq / p.Hkv));
+        if (!head.k && buf.data) head = PackHead<E>(buf.data, p, b, h / (p.Hq / p.Hkv));
         for (int64_t group = n_groups - 1; group >= 0; --group) {
           const int64_t first = group * int64_t(kGroupFwd);
           const size_t ng = size_t(std::min(int64_t(kGroupFwd), n_qt - first));
           // The group this thread packs next: the one before, in this head.
           const size_t next_first = group > 0 ? size_t(first - int64_t(kGroupFwd)) * kBr : 0;
           const T* q_next = group > 0 ? At(p.q, p.q_strides, b, h, int64_t(next_first)) : nullptr;
-          ForwardGroup(out, p, band, mask_blocks, b, h, size_t(first) * kBr, ng, scratch,
-                       head.k ? &head : nullptr, q_next,
-                       std::min(kGroupFwd * kBr, size_t(p.Tq) - next_first));
+          ForwardGroup<E>(out, p, band, mask_blocks, b, h, size_t(first) * kBr, ng, scratch,
+                          head.k ? &head : nullptr, q_next,
+                          std::min(kGroupFwd * kBr, size_t(p.Tq) - next_first));
         }
       }
     }
@@ -812,10 +971,20 @@ void SdpaForwardImpl(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p) {
       const int64_t bh = item % BH;
       const int64_t first = group * int64_t(kGroupFwd);
       const size_t ng = size_t(std::min(int64_t(kGroupFwd), n_qt - first));
-      ForwardGroup(out, p, band, mask_blocks, bh / p.Hq, bh % p.Hq, size_t(first) * kBr, ng,
-                   scratch);
+      ForwardGroup<E>(out, p, band, mask_blocks, bh / p.Hq, bh % p.Hq, size_t(first) * kBr, ng,
+                      scratch);
     }
   }
+}
+
+}  // namespace
+
+template <class T>
+void SdpaForwardImpl(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p) {
+  if constexpr (std::is_same_v<T, BFloat16> && kDotTarget) {
+    if (DotEngineChosen<T>()) return ForwardOn<DotEngine>(out, p);
+  }
+  ForwardOn<FmaEngine>(out, p);
 }
 
 namespace {
@@ -823,17 +992,22 @@ namespace {
 // ---- backward -----------------------------------------------------------------------------
 
 struct BackwardScratch {
-  hwy::AlignedFreeUniquePtr<float[]> kT, vT;     // (G, D, Bc), (G, Dv, Bc)  c·K_tileᵀ, V_tileᵀ
+  // (G, D, Bc), (G, Dv, Bc)  c·K_tileᵀ, V_tileᵀ; DotEngine: their dim pairs × keys
+  hwy::AlignedFreeUniquePtr<float[]> kT, vT;
   hwy::AlignedFreeUniquePtr<float[]> S, dP, Pz;  // (BrBwd, Bc)
   hwy::AlignedFreeUniquePtr<float[]> cap;        // (BrBwd, Bc) 1 - tanh², with a softcap
   hwy::AlignedFreeUniquePtr<float[]> dK, dV;     // (G, Bc, Dp), (G, Bc, Dvp)
   hwy::AlignedFreeUniquePtr<float[]> dKh, dVh;   // the same: one query head's terms (GQA)
   hwy::AlignedFreeUniquePtr<float[]> z;          // (Bc) one row of dropout noise
   // bf16 only: the rows of a pair's Q, dO (BrBwd, Dp), (BrBwd, Dvp) and K (G, Bc, Dp) tiles,
-  // widened (K: a slot per tile of a key group), and what each holds
+  // widened (K: a slot per tile of a key group), and what each holds. DotEngine:
+  // Q's and dO's rows as words, K's key pairs (G, Bc/2, Dp).
   hwy::AlignedFreeUniquePtr<float[]> q_wide, do_wide, k_wide;
   WideTag q_tag, do_tag, k_tag[kGroup];
-  BackwardScratch(size_t D, size_t Dv, size_t Dp, size_t Dvp, bool widen)
+  // DotEngine: Q's and dO's query pairs (BrBwd/2, Dp), (BrBwd/2, Dvp); P ⊙ Z and
+  // dS rounded to bf16, query pairs × keys (BrBwd/2, Bc), and dS's rows as words (BrBwd, Bc/2)
+  hwy::AlignedFreeUniquePtr<float[]> q_pairs, do_pairs, pz_words, ds_words, ds_rows;
+  BackwardScratch(size_t D, size_t Dv, size_t Dp, size_t Dvp, bool widen, bool dot = false)
       : kT(hwy::AllocateAligned<float>(kGroup * D * kBc)),
         vT(hwy::AllocateAligned<float>(kGroup * Dv * kBc)),
         S(hwy::AllocateAligned<float>(kBrBwd * kBc)),
@@ -847,7 +1021,12 @@ struct BackwardScratch {
         z(hwy::AllocateAligned<float>(kBc)),
         q_wide(hwy::AllocateAligned<float>(widen ? kBrBwd * Dp : 1)),
         do_wide(hwy::AllocateAligned<float>(widen ? kBrBwd * Dvp : 1)),
-        k_wide(hwy::AllocateAligned<float>(kGroup * kBc * Dp)) {}
+        k_wide(hwy::AllocateAligned<float>(kGroup * kBc * Dp)),
+        q_pairs(hwy::AllocateAligned<float>(dot ? kBrBwd / 2 * Dp : 1)),
+        do_pairs(hwy::AllocateAligned<float>(dot ? kBrBwd / 2 * Dvp : 1)),
+        pz_words(hwy::AllocateAligned<float>(dot ? kBrBwd / 2 * kBc : 1)),
+        ds_words(hwy::AllocateAligned<float>(dot ? kBrBwd / 2 * kBc : 1)),
+        ds_rows(hwy::AllocateAligned<float>(dot ? kBrBwd * kBc / 2 : 1)) {}
 };
 
 // What backward reads, with q, k, dout (the B operands) and dq padded to whole
@@ -908,11 +1087,19 @@ void ZeroDq(const BackwardProblem<T>& bp, int64_t b, int64_t h) {
 
 // kT (D, Bc) = c · K_tileᵀ, vT (Dv, Bc) = V_tileᵀ for keys [j0, j0 + jn) of
 // key/value head hk, zero columns past jn.
-template <class T>
+// DotEngine: kT (Pairs(D), Bc), vT (Pairs(Dv), Bc), their dim pairs × keys.
+template <class E, class T>
 void PackKeyTile(float* HWY_RESTRICT kT, float* HWY_RESTRICT vT, const BackwardProblem<T>& bp,
                  const HeadView<T>& hv, size_t j0, size_t jn) {
   const SdpaProblemT<T>& p = *bp.p;
   const size_t D = size_t(p.D), Dv = size_t(p.Dv);
+  if constexpr (E::kDot) {
+    bf16dot::pack_rows_t(reinterpret_cast<uint32_t*>(kT), Bits(hv.k + j0 * hv.ks), hv.ks, jn, kBc,
+                         D);
+    bf16dot::pack_rows_t(reinterpret_cast<uint32_t*>(vT), Bits(hv.v + j0 * hv.vs), hv.vs, jn, kBc,
+                         Dv);
+    return;
+  }
   const float c = p.softcap > 0.0f ? p.scale / p.softcap : p.scale * kLog2e;
 #ifdef ATTN_HAVE_TRANSPOSE_N
   // A whole tile: blocks of N rows x N dims transposed in registers (as
@@ -945,8 +1132,8 @@ void PackKeyTile(float* HWY_RESTRICT kT, float* HWY_RESTRICT vT, const BackwardP
 
 // One pair (keys [j0, j0 + jn) packed in kT/vT, queries [i0, i0 + in) of head
 // hv): recompute P and dS, then accumulate whichever of dK (Bc, Dp), dV (Bc,
-// Dvp) and the head's dQ rows are given (nullptr skips).
-template <class T>
+// Dvp) and the head's dQ rows are given (nullptr skips). The products on E.
+template <class E, class T>
 void TilePair(const HeadView<T>& hv, const BackwardProblem<T>& bp, size_t j0, size_t jn, size_t i0,
               size_t in, const float* kT, const float* vT, BackwardScratch& s, float* dK, float* dV,
               float* dQ) {
@@ -964,11 +1151,33 @@ void TilePair(const HeadView<T>& hv, const BackwardProblem<T>& bp, size_t j0, si
   const bool adds_mask = !bp.mask_blocks->AddsNothing(hv.b, hv.h, i0, in, j0, jn);
   // The rows of Q and dO (and of K, for dQ) the products read, in fp32: the
   // fp32 rows in place (already Dp, Dvp wide), bf16 rows widened and padded.
+  // DotEngine: Q's and dO's rows as words (for S, dP) and their query pairs
+  // (for dK, dV), packed once for the pairs that share them.
   constexpr bool kWide = !std::is_same_v<T, float>;
   const size_t Dw = kWide ? D : bp.Dp, Dvw = kWide ? Dv : bp.Dvp;
-  const auto [q_rows, qs] = CachedTileRows(s.q_wide.get(), s.q_tag, hv.q, hv.qs, i0, in, Dw, bp.Dp);
-  const auto [do_rows, dos] =
-      CachedTileRows(s.do_wide.get(), s.do_tag, hv.dout, hv.dos, i0, in, Dvw, bp.Dvp);
+  using Op = typename E::Op;
+  std::pair<const Op*, size_t> q_rows, do_rows, q_b, do_b;
+  if constexpr (E::kDot) {
+    if (s.q_tag.head != hv.q || s.q_tag.t0 != i0) {
+      s.q_tag = {hv.q, i0};
+      bf16dot::pack_rows(Ops<E>(s.q_wide), Bits(hv.q + i0 * hv.qs), hv.qs, in, in, D);
+      bf16dot::pack_row_pairs(Ops<E>(s.q_pairs), Bits(hv.q + i0 * hv.qs), hv.qs, in, in, D, bp.Dp);
+    }
+    if (s.do_tag.head != hv.dout || s.do_tag.t0 != i0) {
+      s.do_tag = {hv.dout, i0};
+      bf16dot::pack_rows(Ops<E>(s.do_wide), Bits(hv.dout + i0 * hv.dos), hv.dos, in, in, Dv);
+      bf16dot::pack_row_pairs(Ops<E>(s.do_pairs), Bits(hv.dout + i0 * hv.dos), hv.dos, in, in, Dv,
+                              bp.Dvp);
+    }
+    q_rows = {Ops<E>(s.q_wide), E::Reduction(D)}, q_b = {Ops<E>(s.q_pairs), bp.Dp};
+    do_rows = {Ops<E>(s.do_wide), E::Reduction(Dv)}, do_b = {Ops<E>(s.do_pairs), bp.Dvp};
+  } else {
+    q_rows = CachedTileRows(s.q_wide.get(), s.q_tag, hv.q, hv.qs, i0, in, Dw, bp.Dp);
+    do_rows = CachedTileRows(s.do_wide.get(), s.do_tag, hv.dout, hv.dos, i0, in, Dvw, bp.Dvp);
+    q_b = q_rows, do_b = do_rows;
+  }
+  const Op* kTo = reinterpret_cast<const Op*>(kT);
+  const Op* vTo = reinterpret_cast<const Op*>(vT);
   // S (in, Bc) = Q kT (base-2 scores, or scale/softcap · Q Kᵀ);  dP (in, Bc) = dO Vᵀ.
   // At the band's edge a block of queries skips the key vectors wholly outside it.
   auto key_vectors = [&](size_t r0, size_t nr) {
@@ -979,18 +1188,20 @@ void TilePair(const HeadView<T>& hv, const BackwardProblem<T>& bp, size_t j0, si
     const size_t v1 = last < 0 ? 0 : Clamp(last / int64_t(kN) + 1, kNV);
     return Span{0, 0, v0, v1};
   };
-  GemmSpans<kOverwrite>(in, kBc, q_rows, qs, 1, kT, kBc, S, kBc, nullptr,
-                        [&](size_t r0, size_t nr) {
-                          Span sp = key_vectors(r0, nr);
-                          sp.k1 = D;
-                          return sp;
-                        });
-  GemmSpans<kOverwrite>(in, kBc, do_rows, dos, 1, vT, kBc, dP, kBc, nullptr,
-                        [&](size_t r0, size_t nr) {
-                          Span sp = key_vectors(r0, nr);
-                          sp.k1 = Dv;
-                          return sp;
-                        });
+  Product<E, kOverwrite>(in, kBc, q_rows.first, q_rows.second, 1, kTo, kBc, S, kBc, nullptr,
+                         [&](size_t r0, size_t nr) {
+                           Span sp = key_vectors(r0, nr);
+                           sp.k1 = D;
+                           return sp;
+                         });
+  Product<E, kOverwrite>(in, kBc, do_rows.first, do_rows.second, 1, vTo, kBc, dP, kBc, nullptr,
+                         [&](size_t r0, size_t nr) {
+                           Span sp = key_vectors(r0, nr);
+                           sp.k1 = Dv;
+                           return sp;
+                         });
+  if constexpr (E::kDot)
+    ScaleRows(S, in * kBc, p.softcap > 0.0f ? p.scale / p.softcap : p.scale * kLog2e);
   const VF scale_v = hn::Set(d, p.scale);
   const int64_t delta = Delta(p);
   for (size_t ii = 0; ii < in; ++ii) {
@@ -1074,22 +1285,45 @@ void TilePair(const HeadView<T>& hv, const BackwardProblem<T>& bp, size_t j0, si
     const size_t k0 = Clamp(first, jn), k1 = Clamp(last + 1, jn);
     return Span{k0, std::max(k0, k1), 0, kNV};
   };
+  // DotEngine: Pz and dS rounded to bf16, query pairs interleaved (for dV,
+  // dK; a missing odd row is zero), and dS's rows as words (for dQ).
+  const Op* pz_a = nullptr;
+  const Op* ds_a = nullptr;
+  const Op* ds_rows = nullptr;
+  size_t ds_rs = kBc, ds_ks = 1;
+  if constexpr (E::kDot) {
+    if (dV) bf16dot::round_row_pairs(Ops<E>(s.pz_words), Pz, kBc, in, in, kBc);
+    if (dK) bf16dot::round_row_pairs(Ops<E>(s.ds_words), dP, kBc, in, in, kBc);
+    if (dQ) bf16dot::round_rows(Ops<E>(s.ds_rows), dP, kBc, in, kBc);
+    pz_a = Ops<E>(s.pz_words), ds_a = Ops<E>(s.ds_words), ds_rows = Ops<E>(s.ds_rows);
+    ds_rs = kBc / 2;
+  } else {
+    pz_a = Pz, ds_a = dP, ds_rows = dP;
+  }
   if (dV)
-    GemmSpans<kAccumulate>(jn, bp.Dvp, Pz, 1, kBc, do_rows, dos, dV, bp.Dvp, nullptr, from_query);
-  if (dK) GemmSpans<kAccumulate>(jn, bp.Dp, dP, 1, kBc, q_rows, qs, dK, bp.Dp, nullptr, from_query);
+    Product<E, kAccumulate>(jn, bp.Dvp, pz_a, 1, kBc, do_b.first, do_b.second, dV, bp.Dvp, nullptr,
+                            from_query);
+  if (dK)
+    Product<E, kAccumulate>(jn, bp.Dp, ds_a, 1, kBc, q_b.first, q_b.second, dK, bp.Dp, nullptr,
+                            from_query);
   if (dQ) {
     const size_t slot = j0 / kBc % kGroup;  // the g of KeyGroupTask's tiles
     // Copied for fp32 too: K's rows in place lie a multiple of 1 KB apart and
-    // crowd a few L1 sets (see PackRows).
+    // crowd a few L1 sets (see PackRows). DotEngine: K's key pairs.
     WideTag& tag = s.k_tag[slot];
     float* k_rows = s.k_wide.get() + slot * kBc * bp.Dp;
     if (tag.head != hv.k || tag.t0 != j0) {
       tag = {hv.k, j0};
-      PackRows(k_rows, hv.k, hv.ks, j0, jn, Dw, bp.Dp);
+      if constexpr (E::kDot) {
+        bf16dot::pack_row_pairs(reinterpret_cast<uint32_t*>(k_rows), Bits(hv.k + j0 * hv.ks), hv.ks,
+                                jn, jn, D, bp.Dp);
+      } else {
+        PackRows(k_rows, hv.k, hv.ks, j0, jn, Dw, bp.Dp);
+      }
     }
     const size_t ks = bp.Dp;
-    GemmSpans<kAccumulate>(in, bp.Dp, dP, kBc, 1, k_rows, ks, dQ + i0 * hv.dQs, hv.dQs, nullptr,
-                           to_key);
+    Product<E, kAccumulate>(in, bp.Dp, ds_rows, ds_rs, ds_ks, reinterpret_cast<const Op*>(k_rows),
+                            ks, dQ + i0 * hv.dQs, hv.dQs, nullptr, to_key);
   }
 }
 
@@ -1127,7 +1361,7 @@ struct HeadTerms {
 // summed alone (query tiles in order) and the heads' sums then added in
 // order, h_begin's first: the association of the per-head schedule's sum
 // over its kept terms, so that every schedule gives the same bits.
-template <class T>
+template <class E, class T>
 void KeyGroupTask(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp, int64_t b, int64_t hk,
                   size_t j_first, size_t ng, bool with_dq, BackwardScratch& s, int64_t h_begin = -1,
                   int64_t h_end = -1, HeadTerms terms = {}) {
@@ -1140,8 +1374,8 @@ void KeyGroupTask(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp, in
   auto tile_jn = [&](size_t g) { return std::min(kBc, Tk - tile_j0(g)); };
   const HeadView<T> first_view = MakeHeadView(bp, b, hk * group);
   for (size_t g = 0; g < ng; ++g)
-    PackKeyTile(s.kT.get() + g * D * kBc, s.vT.get() + g * Dv * kBc, bp, first_view, tile_j0(g),
-                tile_jn(g));
+    PackKeyTile<E>(s.kT.get() + g * D * kBc, s.vT.get() + g * Dv * kBc, bp, first_view, tile_j0(g),
+                   tile_jn(g));
   std::fill(s.dK.get(), s.dK.get() + ng * kBc * bp.Dp, 0.0f);
   std::fill(s.dV.get(), s.dV.get() + ng * kBc * bp.Dvp, 0.0f);
   const TileRange qt = QueryTiles(bp, int64_t(j_first), int64_t(tile_j0(ng - 1) + tile_jn(ng - 1)));
@@ -1192,9 +1426,9 @@ void KeyGroupTask(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp, in
                            int64_t(tile_j0(g) + tile_jn(g))) ||
             bp.mask_blocks->Hidden(b, h, i0, in, tile_j0(g), tile_jn(g)))
           continue;
-        TilePair(hv, bp, tile_j0(g), tile_jn(g), i0, in, s.kT.get() + g * D * kBc,
-                 s.vT.get() + g * Dv * kBc, s, dK_acc + g * kBc * bp.Dp, dV_acc + g * kBc * bp.Dvp,
-                 with_dq ? hv.dQ : nullptr);
+        TilePair<E>(hv, bp, tile_j0(g), tile_jn(g), i0, in, s.kT.get() + g * D * kBc,
+                    s.vT.get() + g * Dv * kBc, s, dK_acc + g * kBc * bp.Dp,
+                    dV_acc + g * kBc * bp.Dvp, with_dq ? hv.dQ : nullptr);
       }
     }
     if (per_head) {  // the head's sums into the group's: the first copied, the others added
@@ -1243,7 +1477,7 @@ TileRange KeyTiles(const BackwardProblem<T>& bp, int64_t i_begin, int64_t i_end)
 }
 
 // dQ of query tile i0 of head (b, h): its key tiles in order, the pairs KeyGroupTask visits.
-template <class T>
+template <class E, class T>
 void QueryTileTask(const BackwardProblem<T>& bp, int64_t b, int64_t h, size_t i0,
                    BackwardScratch& s) {
   const SdpaProblemT<T>& p = *bp.p;
@@ -1257,8 +1491,8 @@ void QueryTileTask(const BackwardProblem<T>& bp, int64_t b, int64_t h, size_t i0
     if (!bp.band.meets(int64_t(i0), int64_t(i0 + in), int64_t(j0), int64_t(j0 + jn)) ||
         bp.mask_blocks->Hidden(b, h, i0, in, j0, jn))
       continue;
-    PackKeyTile(s.kT.get(), s.vT.get(), bp, hv, j0, jn);
-    TilePair(hv, bp, j0, jn, i0, in, s.kT.get(), s.vT.get(), s, nullptr, nullptr, hv.dQ);
+    PackKeyTile<E>(s.kT.get(), s.vT.get(), bp, hv, j0, jn);
+    TilePair<E>(hv, bp, j0, jn, i0, in, s.kT.get(), s.vT.get(), s, nullptr, nullptr, hv.dQ);
   }
 }
 
@@ -1280,9 +1514,9 @@ SdpaStrides Packed(int64_t H, int64_t T, size_t Wp) {
 }
 
 // The tasks, after SdpaBackwardImpl: a batched problem's, a varlen problem's.
-template <class T>
+template <class E, class T>
 void BatchedBackward(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp);
-template <class T>
+template <class E, class T>
 void VarlenBackward(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp);
 
 }  // namespace
@@ -1368,10 +1602,18 @@ void SdpaBackwardImpl(const SdpaBackwardIOT<T>& io, const SdpaProblemT<T>& p) {
     dq_pad = hwy::AllocateAligned<float>(size_t(BH) * Tq * Dp);
     bp.dq = dq_pad.get(), bp.dqs = Packed(p.Hq, p.Tq, Dp);
   }
-  if (varlen)
-    VarlenBackward(io, bp);
-  else
-    BatchedBackward(io, bp);
+  auto run_on = [&](auto engine) {
+    using E = decltype(engine);
+    if (varlen)
+      VarlenBackward<E>(io, bp);
+    else
+      BatchedBackward<E>(io, bp);
+  };
+  bool done = false;
+  if constexpr (std::is_same_v<T, BFloat16> && kDotTarget) {
+    if (DotEngineChosen<T>()) run_on(DotEngine()), done = true;
+  }
+  if (!done) run_on(FmaEngine());
   if (dq_padded) {
 #pragma omp parallel for schedule(static)
     for (int64_t bht = 0; bht < BH * p.Tq; ++bht) {
@@ -1424,7 +1666,7 @@ BackwardProblem<T> HeadCopies(const BackwardProblem<T>& bp, int64_t b, int64_t h
 }
 
 // The batched problem's tasks.
-template <class T>
+template <class E, class T>
 void BatchedBackward(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp) {
   constexpr bool kWide = !std::is_same_v<T, float>;
   const SdpaProblemT<T>& p = *bp.p;
@@ -1457,7 +1699,7 @@ void BatchedBackward(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp)
     const bool copy = !kWide && unit_floats <= kHeadRowsMax;
 #pragma omp parallel
     {
-      BackwardScratch scratch(D, Dv, Dp, Dvp, kWide);
+      BackwardScratch scratch(D, Dv, Dp, Dvp, kWide, E::kDot);
       HeadBuffer buf(copy ? unit_floats : 0);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t unit = 0; unit < BHkv; ++unit) {
@@ -1467,7 +1709,7 @@ void BatchedBackward(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp)
         for (int64_t h = hk * group; h < (hk + 1) * group; ++h) ZeroDq(ub, b, h);
         for (int64_t kg = 0; kg < n_kg; ++kg) {
           const auto [j_first, ng] = key_group(kg);
-          KeyGroupTask(io, ub, b, hk, j_first, ng, true, scratch);
+          KeyGroupTask<E>(io, ub, b, hk, j_first, ng, true, scratch);
         }
         if (copied) {  // dQ back where the caller (or the padded path) wants it
           for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
@@ -1485,7 +1727,7 @@ void BatchedBackward(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp)
     auto dv_terms = hwy::AllocateAligned<float>(size_t(BH) * Tk * Dvp);
 #pragma omp parallel
     {
-      BackwardScratch scratch(D, Dv, Dp, Dvp, kWide);
+      BackwardScratch scratch(D, Dv, Dp, Dvp, kWide, E::kDot);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t bh = 0; bh < BH; ++bh) {
         const int64_t b = bh / p.Hq, h = bh % p.Hq;
@@ -1494,7 +1736,7 @@ void BatchedBackward(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp)
                               dv_terms.get() + size_t(bh) * Tk * Dvp};
         for (int64_t kg = 0; kg < n_kg; ++kg) {
           const auto [j_first, ng] = key_group(kg);
-          KeyGroupTask(io, bp, b, h / group, j_first, ng, true, scratch, h, h + 1, terms);
+          KeyGroupTask<E>(io, bp, b, h / group, j_first, ng, true, scratch, h, h + 1, terms);
         }
       }
       // dK, dV of each key/value head's key j: its group's terms in order.
@@ -1520,17 +1762,17 @@ void BatchedBackward(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp)
     const int64_t n_qt = (p.Tq + int64_t(kBrBwd) - 1) / int64_t(kBrBwd);
 #pragma omp parallel
     {
-      BackwardScratch scratch(D, Dv, Dp, Dvp, kWide);
+      BackwardScratch scratch(D, Dv, Dp, Dvp, kWide, E::kDot);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t item = 0; item < BHkv * n_kg; ++item) {
         const int64_t kg = item / BHkv, unit = item % BHkv;
         const auto [j_first, ng] = key_group(kg);
-        KeyGroupTask(io, bp, unit / p.Hkv, unit % p.Hkv, j_first, ng, false, scratch);
+        KeyGroupTask<E>(io, bp, unit / p.Hkv, unit % p.Hkv, j_first, ng, false, scratch);
       }
 #pragma omp for schedule(dynamic, 1)
       for (int64_t item = 0; item < BH * n_qt; ++item) {
         const int64_t qt = n_qt - 1 - item / BH, bh = item % BH;
-        QueryTileTask(bp, bh / p.Hq, bh % p.Hq, size_t(qt) * kBrBwd, scratch);
+        QueryTileTask<E>(bp, bh / p.Hq, bh % p.Hq, size_t(qt) * kBrBwd, scratch);
       }
     }
   }
@@ -1557,7 +1799,7 @@ BackwardProblem<T> SequenceView(const BackwardProblem<T>& bp, const SdpaProblemT
 // head) units, (sequence, key group) x key/value head and (sequence, query
 // tile) x head tasks, each sequence through its views run as batch b. The
 // tasks of one output are those of the sequence alone, so the bits are too.
-template <class T>
+template <class E, class T>
 void VarlenBackward(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp) {
   constexpr bool kWide = !std::is_same_v<T, float>;
   const SdpaProblemT<T>& p = *bp.p;
@@ -1581,7 +1823,7 @@ void VarlenBackward(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp) 
   if (!(threads > 1 && units < 2 * threads)) {
 #pragma omp parallel
     {
-      BackwardScratch scratch(D, Dv, Dp, Dvp, kWide);
+      BackwardScratch scratch(D, Dv, Dp, Dvp, kWide, E::kDot);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t unit = 0; unit < units; ++unit) {
         const int64_t b = unit / p.Hkv, hk = unit % p.Hkv;
@@ -1591,7 +1833,7 @@ void VarlenBackward(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp) 
         for (int64_t h = hk * group; h < (hk + 1) * group; ++h) ZeroDq(bps, b, h);
         for (int64_t kg = 0; kg < n_kg(b); ++kg) {
           const auto [j_first, ng] = key_group(b, kg);
-          KeyGroupTask(ios, bps, b, hk, j_first, ng, true, scratch);
+          KeyGroupTask<E>(ios, bps, b, hk, j_first, ng, true, scratch);
         }
       }
     }
@@ -1612,20 +1854,20 @@ void VarlenBackward(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp) 
   const int64_t n_query = int64_t(query_items.size()) * p.Hq;
 #pragma omp parallel
   {
-    BackwardScratch scratch(D, Dv, Dp, Dvp, kWide);
+    BackwardScratch scratch(D, Dv, Dp, Dvp, kWide, E::kDot);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < n_key; ++item) {
       const auto [b, kg] = key_items[size_t(item / p.Hkv)];
       const SdpaProblemT<T> ps = sdpa_sequence(p, b);
       const auto [j_first, ng] = key_group(b, kg);
-      KeyGroupTask(sdpa_sequence(io, p, b), SequenceView(bp, ps, b), b, item % p.Hkv, j_first, ng,
-                   false, scratch);
+      KeyGroupTask<E>(sdpa_sequence(io, p, b), SequenceView(bp, ps, b), b, item % p.Hkv, j_first,
+                      ng, false, scratch);
     }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < n_query; ++item) {
       const auto [b, qt] = query_items[size_t(item / p.Hq)];
       const SdpaProblemT<T> ps = sdpa_sequence(p, b);
-      QueryTileTask(SequenceView(bp, ps, b), b, item % p.Hq, size_t(qt) * kBrBwd, scratch);
+      QueryTileTask<E>(SequenceView(bp, ps, b), b, item % p.Hq, size_t(qt) * kBrBwd, scratch);
     }
   }
 }

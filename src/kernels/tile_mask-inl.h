@@ -1,8 +1,7 @@
 // src/kernels/tile_mask-inl.h - an additive mask (sdpa's attn_mask,
-// kernels/flash_bf16_strided.h's AdditiveMask) as the two bf16 attention
-// kernels read it: flash_attention_amx.cpp (the "AMX" path) and
-// flash_attention_bf16.cpp (the "AVX512-BF16" path), both in query and key
-// tiles of 64. Its 64 x 64 tiles in each of its planes (the (b, h) pairs its
+// kernels/flash_bf16_strided.h's AdditiveMask) as the AMX attention kernel
+// (flash_attention_amx.cpp, the "AMX" path) reads it, in query and key tiles
+// of 64. Its 64 x 64 tiles in each of its planes (the (b, h) pairs its
 // strides tell apart) are classified once a call, as sdpa_kernel.cpp's
 // MaskBlocks classifies its 16 x 16 blocks: whether a tile holds a value that
 // is open (kernels/sdpa_mask.h), and one that is not 0. A tile with no open

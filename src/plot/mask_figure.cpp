@@ -124,7 +124,7 @@ Figure mask_figure(const MaskFigureOptions& o) {
       check_side("--tq", o.tq), check_side("--tk", o.tk);
       if (o.window_left < 0)
         throw std::invalid_argument(
-            fmt::format("plot mask: --window must be >= 0, got {}", o.window_left));
+            fmt::format("plot mask: window_left must be >= 0, got {}", o.window_left));
       s.is_causal = true;
       s.causal_alignment = CausalAlignment::kBottomRight;
       s.window_left = o.window_left;

@@ -52,16 +52,17 @@ TEST(BenchCli, JsonRowsHaveTheFieldsCompareTorchReads) {
   }
 }
 
-// A windowed sdpa row counts the pairs of its band: Σ_i min(i + 1, w + 1).
+// A windowed sdpa row counts the pairs of its band: Σ_i min(i + 1, W) for
+// --sliding-window-size W (each query sees itself and the W - 1 keys before it).
 TEST(BenchCli, SdpaWindowCountsTheBandsPairs) {
   ATTN_REQUIRE_CLI();
-  const auto r =
-      run_cli("bench --json --kind sdpa --window-left 5 --shapes 2x33x48x3 --mode fwd --repeats 1");
+  const auto r = run_cli(
+      "bench --json --kind sdpa --sliding-window-size 6 --shapes 2x33x48x3 --mode fwd --repeats 1");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto rows = nlohmann::json::parse(r.out);
   ASSERT_EQ(rows.size(), 1u);
-  EXPECT_EQ(rows[0]["window_left"], 5);
-  EXPECT_EQ(rows[0]["backend"], "fused w5");
+  EXPECT_EQ(rows[0]["sliding_window_size"], 6);
+  EXPECT_EQ(rows[0]["backend"], "fused w6");
   double pairs = 0;
   for (int i = 0; i < 33; ++i) pairs += std::min(i + 1, 6);
   const double expected = 4.0 * 2 * pairs * 48;
@@ -97,9 +98,10 @@ TEST(BenchCli, SdpaCasesCountTheirPairs) {
 }
 
 // --kind sdpa --dtype bfloat16 times the bf16 tensors; the row names the path that ran:
-// the core's AMX or AVX512-BF16 kernel where that is the core's bf16 path and the call
-// is the core's problem (square causal here), else bf16 tiles widened to fp32 (as with
-// a window, or with the widened path forced).
+// the AMX kernel where that is the bf16 path and the call its problem (square
+// causal here), else the sdpa kernel on VDPBF16PS where the path is
+// AVX512-BF16 (a window too: every call), else bf16 tiles widened to fp32 (as
+// with the widened path forced, or a window on AMX without the dot engine).
 TEST(BenchCli, SdpaRunsInBfloat16AndNamesItsPath) {
   ATTN_REQUIRE_CLI();
   const std::string cmd =
@@ -114,13 +116,23 @@ TEST(BenchCli, SdpaRunsInBfloat16AndNamesItsPath) {
                                 : core == "AVX512-BF16" ? "fused-bf16dot"
                                                         : "fused-wide");
   EXPECT_EQ(rows[0]["bf16_path"], core == "widened to fp32" ? "bf16 tiles widened to fp32" : core);
-  for (const std::string more : {" --window-left 8", " --bf16-path 'widened to fp32'"}) {
-    const auto w = run_cli(cmd + more);
+  {  // a window: the sdpa kernel, on its dot engine where the path is AVX512-BF16
+    const auto w = run_cli(cmd + " --sliding-window-size 9");
     ASSERT_EQ(w.exit_code, 0) << w.err;
     const auto wrows = nlohmann::json::parse(w.out);
     ASSERT_EQ(wrows.size(), 1u);
-    EXPECT_EQ(wrows[0]["backend"], more == " --window-left 8" ? "fused-wide w8" : "fused-wide");
-    EXPECT_EQ(wrows[0]["bf16_path"], "bf16 tiles widened to fp32") << more;
+    const std::string path = wrows[0]["bf16_path"];
+    if (core == "AVX512-BF16") EXPECT_EQ(path, "AVX512-BF16");
+    if (core == "widened to fp32") EXPECT_EQ(path, "bf16 tiles widened to fp32");
+    EXPECT_EQ(wrows[0]["backend"], path == "AVX512-BF16" ? "fused-bf16dot w9" : "fused-wide w9");
+  }
+  {
+    const auto w = run_cli(cmd + " --bf16-path 'widened to fp32'");
+    ASSERT_EQ(w.exit_code, 0) << w.err;
+    const auto wrows = nlohmann::json::parse(w.out);
+    ASSERT_EQ(wrows.size(), 1u);
+    EXPECT_EQ(wrows[0]["backend"], "fused-wide");
+    EXPECT_EQ(wrows[0]["bf16_path"], "bf16 tiles widened to fp32");
   }
 }
 
@@ -150,20 +162,33 @@ TEST(BenchCli, SdpaVarlenCountsEachSequencesPairs) {
   EXPECT_EQ(both[0]["flops"], both[1]["flops"]);
 }
 
-// --kind sdpa-varlen --dtype bfloat16 times bf16 packed tensors, on the bf16 sdpa path.
+// --kind sdpa-varlen --dtype bfloat16 times bf16 packed tensors, on the sdpa
+// kernel's bf16 engine: VDPBF16PS where the bf16 path is AVX512-BF16, else
+// widened tiles; --alibi and --softcap put their score modifiers on the rows.
 TEST(BenchCli, SdpaVarlenRunsInBfloat16AndNamesItsPath) {
   ATTN_REQUIRE_CLI();
   const auto r = run_cli(
       "bench --json --kind sdpa-varlen --dtype bfloat16 --seqlens 9,40,1 --shapes 1x8x32x2 "
-      "--mode fwdbwd --repeats 1");
+      "--mode fwdbwd --repeats 1 --alibi --softcap 30");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto rows = nlohmann::json::parse(r.out);
   ASSERT_EQ(rows.size(), 1u);
   EXPECT_EQ(rows[0]["kind"], "sdpa-varlen");
   EXPECT_EQ(rows[0]["dtype"], "bfloat16");
-  EXPECT_EQ(rows[0]["backend"], "fused-wide");
-  EXPECT_EQ(rows[0]["bf16_path"], "bf16 tiles widened to fp32");
+  const std::string path = rows[0]["bf16_path"];
+  if (rows[0]["machine"]["bf16_path"] == "AVX512-BF16") EXPECT_EQ(path, "AVX512-BF16");
+  if (rows[0]["machine"]["bf16_path"] == "widened to fp32")
+    EXPECT_EQ(path, "bf16 tiles widened to fp32");
+  EXPECT_EQ(rows[0]["backend"],
+            std::string(path == "AVX512-BF16" ? "fused-bf16dot" : "fused-wide") + " alibi cap30");
+  EXPECT_EQ(rows[0]["alibi"], true);
+  EXPECT_EQ(rows[0]["softcap"], 30.0);
   EXPECT_EQ(rows[0]["shape"], "3s50x32x2");
+  for (const char* bad : {"0", "-1", "inf"}) {
+    const auto e = run_cli(std::string("bench --kind sdpa --softcap ") + bad);
+    EXPECT_NE(e.exit_code, 0) << bad;
+    EXPECT_NE(e.err.find("--softcap must be a finite number > 0"), std::string::npos) << e.err;
+  }
 }
 
 TEST(BenchCli, SgemmFlagAddsBothYardsticks) {
@@ -255,8 +280,10 @@ TEST(BenchCli, BadValuesAreOneLineUsageErrors) {
              "--kind must be core, module, sdpa, sdpa-varlen or all, got 'core,sdpa,gpu'"},
         Case{"bench --kind sdpa --dtype float16",
              "bench: --dtype must be float32, bfloat16 or all, got 'float16'"},
-        Case{"bench --kind sdpa --window-left -2", "bench: --window-left must be >= 0, got -2"},
-        Case{"bench --kind sdpa --mask soft", "bench: --mask must be bool, float or padded, got 'soft'"},
+        Case{"bench --kind sdpa --sliding-window-size 0",
+             "bench: --sliding-window-size must be >= 1, got 0"},
+        Case{"bench --kind sdpa --mask soft",
+             "bench: --mask must be bool, float or padded, got 'soft'"},
         Case{"bench --kind sdpa --kv-heads 5", "bench: --kv-heads must divide --heads 12, got 5"},
         Case{"bench --kind sdpa-varlen --dtype float16",
              "bench: --dtype must be float32, bfloat16 or all, got 'float16'"},

@@ -47,11 +47,12 @@ TEST(BenchDecodeCli, JsonRowsCountTheKvBytes) {
 TEST(BenchDecodeCli, TablePrintsBandwidthAndShare) {
   ATTN_REQUIRE_CLI();
   const auto r = run_cli(
-      "bench --kind decode --cache 2k --heads 4 --window-left 100 --repeats 1 --bandwidth-mib 4");
+      "bench --kind decode --cache 2k --heads 4 --sliding-window-size 101 --repeats 1 "
+      "--bandwidth-mib 4");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("read bandwidth (bw): "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("% bw"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("fp32    1    4    4   64   1    2048    100 "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("fp32    1    4    4   64   1    2048    101 "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("bw GB/s"), std::string::npos) << r.out;
 }
 

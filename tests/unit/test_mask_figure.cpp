@@ -162,14 +162,17 @@ TEST(PlotMaskCli, DrawsEachKindOnTheTerminalAndToFiles) {
   EXPECT_NE(t.out.find("top-left"), std::string::npos) << t.out;
   EXPECT_NE(t.out.find("0.50"), std::string::npos) << t.out;  // row 1 sees 2 keys
   const std::string svg = attn::test::temp_path("mask.svg");
-  const auto w = attn::test::run_cli("plot mask --kind window --tq 8 --tk 8 --window 2 --out '" + svg + "'");
+  const auto w = attn::test::run_cli(
+      "plot mask --kind window --tq 8 --tk 8 --sliding-window-size 3 --out '" + svg + "'");
   ASSERT_EQ(w.exit_code, 0) << w.err;
   EXPECT_NE(attn::test::read_text(svg).find("<svg"), std::string::npos);
 }
 
 TEST(PlotMaskCli, BadInputIsOneLineOnStderr) {
-  for (const char* args : {"plot mask --kind diagonal", "plot mask --kind gqa --heads 6 --kv-heads 4",
-                           "plot mask --kind causal --tq 100", "plot mask --kind causal --out m.gif"}) {
+  for (const char* args :
+       {"plot mask --kind diagonal", "plot mask --kind gqa --heads 6 --kv-heads 4",
+        "plot mask --kind causal --tq 100", "plot mask --kind causal --out m.gif",
+        "plot mask --kind window --sliding-window-size 0"}) {
     SCOPED_TRACE(args);
     const auto r = attn::test::run_cli(args);
     EXPECT_NE(r.exit_code, 0);

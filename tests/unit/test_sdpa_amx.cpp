@@ -1,15 +1,15 @@
-// scaled_dot_product_attention on bfloat16 tensors routed to the core's
-// kernels (attn/sdpa.h: the bf16 path is the core's, "AMX" or "AVX512-BF16",
-// when the core's is and the call is the core's problem): forward, lse and
-// every gradient against the specification (the fp32 reference on the
-// widened inputs), causal and full, with dropout, T on and off the tiles of 16
-// and 64, D 64, 80 and 128, every input layout; which calls route and which
-// do not (and that the ones that do not give the widened path's bits);
-// forcing the core's path to "widened to fp32" turns the route off. The
-// tests run once for each of the two paths the CPU has (AMX: Intel
-// Sapphire Rapids and later; AVX512-BF16: AMD Zen 4/5, Intel Cooper Lake and
-// later), masks, grouped-query heads and Tq != Tk among them. Skipped, with
-// the reason, where the CPU has neither.
+// scaled_dot_product_attention on bfloat16 tensors on the native bf16 paths
+// (attn/sdpa.h): "AMX" (the AMX kernel, for the calls it takes) and
+// "AVX512-BF16" (the sdpa kernel's schedule on VDPBF16PS products, every
+// call): forward, lse and every gradient against the specification (the fp32
+// reference on the widened inputs), causal and full, with dropout, T on and
+// off the tiles of 16 and 64, D 64, 80 and 128, every input layout; which
+// calls the AMX kernel takes and which run on the sdpa kernel (window, ALiBi,
+// softcap, D != Dv: the same bounds on the AVX512-BF16 path); forcing the path
+// to "widened to fp32" turns the native products off. The tests run once for
+// each of the two paths the CPU has (AMX: Intel Sapphire Rapids and later;
+// AVX512-BF16: AMD Zen 4/5, Intel Cooper Lake and later), masks, grouped-query
+// heads and Tq != Tk among them. Skipped, with the reason, where the CPU has neither.
 //
 // Bounds: the core's bf16 ones (tests/unit/test_flash_attention_bf16.cpp):
 // max |got − want| <= 8e-3 · max |want| for out, 4e-2 · max |want| for dq, dk
@@ -409,11 +409,20 @@ TEST(SdpaCore, ForcingTheWidenedPathTurnsTheRouteOff) {
   });
 }
 
-// Calls that are not the core's problem stay on the widened path: its name,
-// and its bits (the widened path forced gives the same).
-TEST(SdpaCore, CallsTheCoreCannotServeStayOnTheWidenedPath) {
+// The path of a call the AMX kernel does not take: the sdpa kernel's, on
+// VDPBF16PS where kernels::bf16_dot_engine_chosen() says so, else on the
+// widened tiles.
+const char* sdpa_kernel_path() { return kn::bf16_dot_engine_chosen() ? "AVX512-BF16" : kWidened; }
+
+// Calls beyond the AMX kernel's problem (window, ALiBi, softcap, D != Dv, a
+// negative scale) run on the sdpa kernel: on the AVX512-BF16 path its
+// VDPBF16PS products, within the core's bounds of the specification and not
+// the widened path's bits; where it is the widened tiles, their bits.
+TEST(SdpaCore, CallsBeyondTheAmxKernelRunOnTheSdpaKernel) {
   ATTN_REQUIRE_CORE_PATH();
-  with_each_core_path([&](const std::string&) {
+  with_each_core_path([&](const std::string& path) {
+    const bool dot = std::string(sdpa_kernel_path()) == "AVX512-BF16";
+    if (path == "AVX512-BF16") EXPECT_TRUE(dot);
     struct Variant {
       const char* name;
       int64_t Hkv, Tk, Dv;
@@ -436,15 +445,21 @@ TEST(SdpaCore, CallsTheCoreCannotServeStayOnTheWidenedPath) {
       const Tensor q = randn_bf16({1, 2, 40, 64}, 1), k = randn_bf16({1, var.Hkv, var.Tk, 64}, 2),
                    v = randn_bf16({1, var.Hkv, var.Tk, var.Dv}, 3),
                    dout = randn_bf16({1, 2, 40, var.Dv}, 4);
-      EXPECT_STREQ(kn::sdpa_bf16_path(q, k, v, var.o), kWidened);
+      EXPECT_STREQ(kn::sdpa_bf16_path(q, k, v, var.o), sdpa_kernel_path());
       const Result routed = run(q, k, v, dout, var.o, SdpaBackend::kFused);
+      const Result spec =
+          run(q.to(kF32), k.to(kF32), v.to(kF32), dout.to(kF32), var.o, SdpaBackend::kReference);
+      EXPECT_LE(rel_err(routed.f.out, spec.f.out), kOutTol) << "out";
+      EXPECT_LE(lse_err(routed.f.lse, spec.f.lse), kLseTol) << "lse";
+      EXPECT_LE(rel_err(routed.g.dq, spec.g.dq), kGradTol) << "dq";
+      EXPECT_LE(rel_err(routed.g.dk, spec.g.dk), kGradTol) << "dk";
+      EXPECT_LE(rel_err(routed.g.dv, spec.g.dv), kGradTol) << "dv";
       const attn::test::Bf16PathGuard widened("widened to fp32");
       const Result wide = run(q, k, v, dout, var.o, SdpaBackend::kFused);
-      EXPECT_TRUE(same_bits(routed.f.out, wide.f.out));
-      EXPECT_TRUE(same_bits(routed.f.lse, wide.f.lse));
-      EXPECT_TRUE(same_bits(routed.g.dq, wide.g.dq));
-      EXPECT_TRUE(same_bits(routed.g.dk, wide.g.dk));
-      EXPECT_TRUE(same_bits(routed.g.dv, wide.g.dv));
+      EXPECT_EQ(same_bits(routed.f.out, wide.f.out), !dot);
+      EXPECT_EQ(same_bits(routed.g.dq, wide.g.dq), !dot);
+      EXPECT_EQ(same_bits(routed.g.dk, wide.g.dk), !dot);
+      EXPECT_EQ(same_bits(routed.g.dv, wide.g.dv), !dot);
     }
     // The reference backend is named as such.
     const Tensor q = randn_bf16({1, 1, 8, 16}, 5);
@@ -666,14 +681,14 @@ TEST(SdpaCore, InPlaceCallsGiveTheCoresBitsOnItsPackedCopies) {
   });
 }
 
-TEST(SdpaCore, RawRoutedCallsTheCoreCannotServeTakeTheWidenedKernel) {
+TEST(SdpaCore, RawRoutedCallsBeyondTheAmxKernelTakeTheSdpaKernel) {
   ATTN_REQUIRE_CORE_PATH();
   with_each_core_path([&](const std::string&) {
     const Inputs in = make_inputs(1, 2, 40, 64, Layout::kTokenMajor, 3);
     SdpaOptions o;
     o.is_causal = true;
     o.window_left = 8;
-    EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), kWidened);
+    EXPECT_STREQ(kn::sdpa_bf16_path(raw_problem(in, o)), sdpa_kernel_path());
     expect_same_result(run_raw(in, o, Layout::kHeadMajor),
                        run(in.q, in.k, in.v, in.dout, o, SdpaBackend::kFused));
     // The widened path forced: the raw rule follows it.

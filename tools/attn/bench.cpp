@@ -248,6 +248,18 @@ struct CoreProblem {
 // reference; float32 or bfloat16 (the values rounded). The case's options change it: Tq queries (B,
 // Tq, H, hd), G kv heads (B, T, G, hd), the causal pattern as a dense bool or additive (Tq, T)
 // mask, no causal mask, a window.
+// The case's score modifiers: ALiBi's slopes (the paper's geometric ones,
+// 2^(-8(h+1)/H)) and a softcap.
+void set_score_mods(const BenchCase& c, SdpaOptions& options) {
+  if (c.alibi) {
+    std::vector<float> slopes(size_t(c.heads));
+    for (int64_t h = 0; h < c.heads; ++h)
+      slopes[size_t(h)] = std::exp2(-8.0f * float(h + 1) / float(c.heads));
+    options.alibi_slopes = Tensor({c.heads}, slopes);
+  }
+  options.softcap = c.softcap;
+}
+
 struct SdpaBenchProblem {
   Tensor q, k, v, dout;  // (B, H, Tq, hd), (B, G, T, hd) views
   SdpaOptions options;
@@ -283,6 +295,7 @@ struct SdpaBenchProblem {
       options.attn_mask_type = c.mask == "bool" ? MaskType::kBoolean : MaskType::kAdditive;
     }
     options.window_left = c.window_left;
+    set_score_mods(c, options);
     options.backend = backend == "reference" ? SdpaBackend::kReference : SdpaBackend::kFused;
   }
   void forward() { f = scaled_dot_product_attention_forward(q, k, v, options); }
@@ -320,6 +333,7 @@ struct SdpaVarlenBenchProblem {
     q = packed(1), k = packed(2), v = packed(3), dout = packed(4);
     options.is_causal = true;
     options.window_left = c.window_left;
+    set_score_mods(c, options);
     options.backend = backend == "reference" ? SdpaBackend::kReference : SdpaBackend::kFused;
   }
   void forward() {
@@ -464,29 +478,32 @@ std::string shape_text(const BenchCase& c) {
 }
 
 nlohmann::json to_json(const BenchResult& r, int repeats) {
-  nlohmann::json j = {{"kind", r.c.kind},
-                      {"mode", r.c.mode},
-                      {"shape", shape_text(r.c)},
-                      {"B", r.c.B},
-                      {"T", r.c.T},
-                      {"d_model", r.c.d_model},
-                      {"heads", r.c.heads},
-                      {"window_left", r.c.window_left},
-                      {"mask", r.c.mask},
-                      {"causal", r.c.causal},
-                      {"kv_heads", r.c.kv_heads > 0 ? r.c.kv_heads : r.c.heads},
-                      {"query_tokens", r.c.query_tokens > 0 ? r.c.query_tokens : r.c.T},
-                      {"head_dim", head_dim_of(r.c)},
-                      {"backend", r.backend},
-                      {"dtype", r.c.dtype},
-                      {"bf16_path", is_sdpa(r.c.kind) ? r.bf16_path : kernels::flash_attention_bf16_path()},
-                      {"ms_median", r.ms_median},
-                      {"ms_min", r.ms_min},
-                      {"flops", r.flops},
-                      {"gflops", r.gflops},
-                      {"repeats", repeats},
-                      {"omp_threads", omp_threads()},
-                      {"simd_target", kernels::flash_attention_target()}};
+  nlohmann::json j = {
+      {"kind", r.c.kind},
+      {"mode", r.c.mode},
+      {"shape", shape_text(r.c)},
+      {"B", r.c.B},
+      {"T", r.c.T},
+      {"d_model", r.c.d_model},
+      {"heads", r.c.heads},
+      {"sliding_window_size", r.c.window_left >= 0 ? nlohmann::json(r.c.window_left + 1) : nullptr},
+      {"alibi", r.c.alibi},
+      {"softcap", r.c.softcap},
+      {"mask", r.c.mask},
+      {"causal", r.c.causal},
+      {"kv_heads", r.c.kv_heads > 0 ? r.c.kv_heads : r.c.heads},
+      {"query_tokens", r.c.query_tokens > 0 ? r.c.query_tokens : r.c.T},
+      {"head_dim", head_dim_of(r.c)},
+      {"backend", r.backend},
+      {"dtype", r.c.dtype},
+      {"bf16_path", is_sdpa(r.c.kind) ? r.bf16_path : kernels::flash_attention_bf16_path()},
+      {"ms_median", r.ms_median},
+      {"ms_min", r.ms_min},
+      {"flops", r.flops},
+      {"gflops", r.gflops},
+      {"repeats", repeats},
+      {"omp_threads", omp_threads()},
+      {"simd_target", kernels::flash_attention_target()}};
   if (r.c.kind == "sdpa-varlen") j["seqlens"] = varlen_lengths(r.c);
   j["pct_sgemm"] = r.pct_sgemm >= 0 ? nlohmann::json(r.pct_sgemm) : nlohmann::json(nullptr);
   j["pct_peak"] = r.pct_peak >= 0 ? nlohmann::json(r.pct_peak) : nlohmann::json(nullptr);
@@ -585,7 +602,9 @@ BenchResult run_bench_case(const BenchCase& c, int repeats, const std::string& b
       r.backend += r.bf16_path == "AMX"           ? "-amx"
                    : r.bf16_path == "AVX512-BF16" ? "-bf16dot"
                                                   : "-wide";
-    if (c.window_left >= 0) r.backend += fmt::format(" w{}", c.window_left);
+    if (c.window_left >= 0) r.backend += fmt::format(" w{}", c.window_left + 1);
+    if (c.alibi) r.backend += " alibi";
+    if (c.softcap > 0.0f) r.backend += fmt::format(" cap{}", c.softcap);
     if (c.mask != "none") r.backend += " " + c.mask + "-mask";
     if (!c.causal && c.mask == "none") r.backend += " full";
     if (c.kv_heads > 0 && c.kv_heads != c.heads) r.backend += fmt::format(" gqa{}", c.kv_heads);
@@ -599,9 +618,15 @@ BenchResult run_bench_case(const BenchCase& c, int repeats, const std::string& b
         throw std::runtime_error("bench: sdpa_varlen gave a non-finite result");
     });
     r.backend = backend == "reference" ? "reference" : "fused";
-    r.bf16_path = "bf16 tiles widened to fp32";  // sdpa_varlen_* never route to AMX
-    if (c.dtype == "bfloat16" && backend != "reference") r.backend += "-wide";
-    if (c.window_left >= 0) r.backend += fmt::format(" w{}", c.window_left);
+    // sdpa_varlen_* never take the AMX kernel: the sdpa kernel's engine
+    r.bf16_path = c.dtype != "bfloat16"               ? kernels::sdpa_bf16_path()
+                  : kernels::bf16_dot_engine_chosen() ? "AVX512-BF16"
+                                                      : "bf16 tiles widened to fp32";
+    if (c.dtype == "bfloat16" && backend != "reference")
+      r.backend += r.bf16_path == "AVX512-BF16" ? "-bf16dot" : "-wide";
+    if (c.window_left >= 0) r.backend += fmt::format(" w{}", c.window_left + 1);
+    if (c.alibi) r.backend += " alibi";
+    if (c.softcap > 0.0f) r.backend += fmt::format(" cap{}", c.softcap);
   } else if (c.kind == "core") {
     CoreProblem pr(c);
     time_repeats([&](bool check) {
@@ -639,7 +664,9 @@ Command add_bench_command(CLI::App& app) {
     bool quick = false, json = false, memory = false, sgemm = false, bandwidth = false;
     bool no_probe = false;  // skip the peak probes (about 5 s)
     int64_t memory_tokens = 16384;
-    int64_t window_left = -1;
+    int64_t sliding_window_size = 0;  // the book's W (0: none); the kernels' window_left = W - 1
+    bool alibi = false;
+    float softcap = 0.0f;
     int64_t bandwidth_mib = 256;
     std::string mask = "none";
     bool no_causal = false;
@@ -676,11 +703,12 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_option("--mode", f->mode, "fwd, fwdbwd or all")->capture_default_str();
   cmd->add_option("--dtype", f->dtype,
                   "float32 (or fp32), bfloat16 (or bf16) or all: the core's inputs and outputs "
-                  "(bfloat16: the bf16 kernels, path AVX512-BF16 or widened to fp32); sdpa's and "
-                  "sdpa-varlen's q, k, v, dout (bfloat16: sdpa rows the core's kernels take (the "
-                  "core's problem, with or without a mask) run on them where its bf16 path is AMX, "
-                  "rows 'fused-amx', or AVX512-BF16, rows 'fused-bf16dot'; the others "
-                  "bf16 tiles widened to fp32, rows 'fused-wide'); the "
+                  "(bfloat16: the bf16 kernels, path AMX, AVX512-BF16 or widened to fp32); sdpa's "
+                  "and sdpa-varlen's q, k, v, dout (bfloat16: rows the AMX kernel takes (the "
+                  "core's problem, with or without a mask) where the bf16 path is AMX, rows "
+                  "'fused-amx'; the others the sdpa kernel on VDPBF16PS where that is the path's "
+                  "engine, rows 'fused-bf16dot', else bf16 tiles widened to fp32, rows "
+                  "'fused-wide'); the "
                   "module's compute dtype (bfloat16: mixed precision, fp32 "
                   "weights)")
       ->capture_default_str();
@@ -720,9 +748,17 @@ Command add_bench_command(CLI::App& app) {
                 "T=--memory-tokens, 12 heads of 64; peak memory beyond inputs, outputs and "
                 "gradients");
   cmd->add_option("--memory-tokens", f->memory_tokens, "T for --memory")->capture_default_str();
-  cmd->add_option("--window-left", f->window_left,
-                  "sdpa rows: a causal sliding window of this many keys before each query")
+  cmd->add_option("--sliding-window-size", f->sliding_window_size,
+                  "sdpa, sdpa-varlen and decode rows: a causal sliding window of W keys, each "
+                  "query seeing itself and the W - 1 before it (the book's ch04/06_swa; "
+                  "window_left = W - 1 in attn/sdpa.h)")
       ->type_name("W");
+  cmd->add_flag("--alibi", f->alibi,
+                "sdpa and sdpa-varlen rows: ALiBi on the scores, slope 2^(-8(h+1)/H) for head h");
+  cmd->add_option("--softcap", f->softcap,
+                  "sdpa and sdpa-varlen rows: a softcap on the scores, softcap · tanh(s / softcap) "
+                  "(> 0; Gemma 2 uses 50)")
+      ->type_name("CAP");
   cmd->add_option("--mask", f->mask,
                   "sdpa rows: bool or float, the causal pattern as a dense (Tq, T) attn_mask "
                   "instead of is_causal (attn runs it as is_causal); padded, the causal pattern "
@@ -752,7 +788,7 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_option("--cache", f->caches,
                   "--kind decode: KV cache lengths, comma-separated, 4096 or 4k (default "
                   "4k,32k,128k); with --heads (default 12), --kv-heads, --head-dim, --queries, "
-                  "--batch, --window-left, --dtype, --threads, --repeats (default 20), "
+                  "--batch, --sliding-window-size, --dtype, --threads, --repeats (default 20), "
                   "--bandwidth-mib (the probe's buffer, default twice the last-level cache and "
                   "256 MiB at least; the steps cycle through copies of the caches spanning as "
                   "much)")
@@ -782,8 +818,14 @@ Command add_bench_command(CLI::App& app) {
       if (given(option) && value < 1)
         throw UsageError(fmt::format("bench: {} must be >= 1, got {}", option, value));
     }
-    if (given("--window-left") && f->window_left < 0)
-      throw UsageError(fmt::format("bench: --window-left must be >= 0, got {}", f->window_left));
+    if (given("--sliding-window-size") && f->sliding_window_size < 1)
+      throw UsageError(
+          fmt::format("bench: --sliding-window-size must be >= 1, got {}", f->sliding_window_size));
+    // The one conversion from the CLI's spelling to the kernels' (-1: no window).
+    const int64_t window_left = f->sliding_window_size - 1;
+    if (given("--softcap") && !(f->softcap > 0.0f && std::isfinite(f->softcap)))
+      throw UsageError(
+          fmt::format("bench: --softcap must be a finite number > 0, got {}", f->softcap));
     check_mask(f->mask);
     // Every shape's heads, before anything is printed (--kind decode checks
     // its --heads and --kv-heads itself).
@@ -856,7 +898,7 @@ Command add_bench_command(CLI::App& app) {
       o.dtypes = dtypes;
       o.batch = f->batch, o.heads = f->heads, o.head_dim = f->head_dim, o.queries = f->queries;
       o.kv_heads = given("--kv-heads") ? f->kv_heads : f->heads;
-      o.window_left = f->window_left;
+      o.window_left = window_left;
       o.repeats = given("--repeats") ? f->repeats : 20;
       o.json = f->json;
       o.bandwidth_mib = given("--bandwidth-mib") ? f->bandwidth_mib : 0;
@@ -964,7 +1006,10 @@ Command add_bench_command(CLI::App& app) {
           for (const auto& dtype : dtypes) {
             BenchCase c = shape;
             c.kind = kind, c.mode = mode, c.dtype = dtype;
-            if (is_sdpa(kind)) c.window_left = f->window_left;
+            if (is_sdpa(kind)) {
+              c.window_left = window_left;
+              c.alibi = f->alibi, c.softcap = f->softcap;
+            }
             if (kind == "sdpa") {
               c.mask = f->mask, c.causal = !f->no_causal;
               c.kv_heads = f->kv_heads, c.query_tokens = f->query_tokens;

@@ -10,23 +10,24 @@
 //   sdpa    scaled_dot_product_attention_forward [+ _backward] (attn/sdpa.h) on the
 //           core's values viewed as (B, H, T, hd), is_causal; float32 or bfloat16; the fused
 //           kernel, or the plain reference with --backend reference (only with
-//           --kind sdpa: --kind all is core and module); --window-left w adds a
-//           sliding window (keys i - w .. i) to the sdpa rows; --mask bool|float
+//           --kind sdpa: --kind all is core and module); --sliding-window-size W
+//           adds a sliding window (keys i - W + 1 .. i) to the sdpa rows;
+//           --alibi and --softcap CAP their score modifiers; --mask bool|float
 //           passes the causal pattern as a dense (Tq, Tk) mask instead;
 //           --no-causal attends to every key; --kv-heads G shares each key/value
 //           head among H / G query heads (enable_gqa); --query-tokens Tq makes
 //           Tq queries against the T keys (top-left causal alignment);
-//           --dtype bfloat16: bf16 q, k, v, dout (tiles widened to fp32)
+//           --dtype bfloat16: bf16 q, k, v, dout (the bf16 path's engine)
 //   sdpa-varlen  sdpa_varlen_forward [+ _backward] (attn/sdpa.h): one packed
 //           (total, H, hd) batch of the --seqlens lengths (default: the shape's
-//           B sequences of T), is_causal, --window-left too; float32 or
-//           bfloat16; its shape column reads NsTOTALxDxH (N sequences, TOTAL tokens)
+//           B sequences of T), is_causal, --sliding-window-size, --alibi and --softcap too; float32
+//           or bfloat16; its shape column reads NsTOTALxDxH (N sequences, TOTAL tokens)
 //   decode  one decoding step's attention over KV caches (--kind decode, alone):
 //           bench_decode.h
 // Useful FLOPs (causal):
 //   core forward      4·B·H·T²·hd / 2             (Q Kᵀ and P V, only j <= i; sdpa:
-//                     4·B·H·hd·(query-key pairs it may attend), e.g. with a window w
-//                     4·B·H·hd·Σ_i min(i + 1, w + 1); a dense mask counts as is_causal;
+//                     4·B·H·hd·(query-key pairs it may attend), e.g. with a window W
+//                     4·B·H·hd·Σ_i min(i + 1, W); a dense mask counts as is_causal;
 //                     sdpa-varlen: the sum over its sequences)
 //   core backward     2.5 × core forward          (five T×T×hd products instead of two)
 //   projections       2·B·T·d_in·d_out per linear (4 linears: q, k, v, out_proj)
@@ -74,13 +75,17 @@ struct BenchCase {
   std::string mode = "fwd";       // or "fwdbwd"
   std::string dtype = "float32";  // or "bfloat16" (core, sdpa, sdpa-varlen)
   int64_t B = 1, T = 1, d_model = 768, heads = 12;
-  int64_t window_left = -1;  // sdpa only: a sliding window of this many keys (-1: none)
+  // sdpa and sdpa-varlen: a sliding window, the kernels' window_left (-1: none;
+  // --sliding-window-size W gives W - 1)
+  int64_t window_left = -1;
   // sdpa only, the cases of docs/performance.md's SDPA table:
   std::string mask = "none";  // "bool" or "float": the causal pattern as a dense (Tq, Tk) mask
                               // instead of is_causal (the kernel skips the tiles it hides)
   bool causal = true;         // is_causal (off: every key; cross-attention)
   int64_t kv_heads = 0;       // 0: heads; else grouped-query attention with this many kv heads
   int64_t query_tokens = 0;   // 0: T; else Tq (keys stay T): cross-attention, a KV cache's prefill
+  bool alibi = false;         // sdpa and sdpa-varlen: ALiBi slopes 2^(-8(h+1)/H) on the scores
+  float softcap = 0.0f;       // sdpa and sdpa-varlen: a softcap on the scores (0: none)
   // sdpa-varlen only: the packed sequences' lengths (empty: B sequences of T tokens).
   std::vector<int64_t> seqlens = {};
 };

@@ -235,7 +235,8 @@ int run_decode_bench(const DecodeBenchOptions& o) {
                         {"head_dim", p.D},
                         {"queries", p.Tq},
                         {"cache", cache},
-                        {"window_left", p.window_left},
+                        {"sliding_window_size",
+                         p.window_left >= 0 ? nlohmann::json(p.window_left + 1) : nullptr},
                         {"omp_threads", threads},
                         {"ms_median", r.ms_median},
                         {"ms_min", r.ms_min},
@@ -252,7 +253,7 @@ int run_decode_bench(const DecodeBenchOptions& o) {
             "{:<5} {:>3} {:>4} {:>4} {:>4} {:>3} {:>7} {:>6} {:>10.3f} {:>9.3f} {:>11.1f} {:>8.1f} "
             "{:>8.1f} {:>7.1f}\n",
             dtype == "bfloat16" ? "bf16" : "fp32", p.B, p.Hq, p.Hkv, p.D, p.Tq, cache,
-            p.window_left < 0 ? std::string("-") : std::to_string(p.window_left), r.ms_median,
+            p.window_left < 0 ? std::string("-") : std::to_string(p.window_left + 1), r.ms_median,
             r.ms_min, double(r.kv_bytes) / 1e6, r.gbs, bandwidth, pct);
         std::fflush(stdout);
       }

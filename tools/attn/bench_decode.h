@@ -18,7 +18,7 @@ struct DecodeBenchOptions {
   std::vector<int64_t> caches;  // cache lengths (keys per sequence)
   std::vector<std::string> dtypes;  // "float32", "bfloat16"
   int64_t batch = 1, heads = 12, kv_heads = 12, head_dim = 64, queries = 1;
-  int64_t window_left = -1;
+  int64_t window_left = -1;  // the kernels' (--sliding-window-size W gives W - 1; -1: none)
   int repeats = 20;
   // The probe's buffer, MiB, and the least the copies of the caches cycled
   // through span; 0: twice the last-level cache, 256 MiB at least.

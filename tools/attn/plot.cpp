@@ -69,6 +69,7 @@ Command add_plot_command(CLI::App& app) {
     int64_t layer = 0;
     std::string mask_kind, mask_out;
     plot::MaskFigureOptions mask;
+    int64_t sliding_window_size = 4;  // --kind window: the book's W (window_left = W - 1)
   };
   auto flags = std::make_shared<Flags>();
   CLI::App* cmd = app.add_subcommand("plot", "Draw a trained model's attention or loss curve, or an attention mask");
@@ -119,8 +120,10 @@ Command add_plot_command(CLI::App& app) {
       ->type_name("KIND");
   mask->add_option("--tq", flags->mask.tq, "Queries (1..64)")->capture_default_str();
   mask->add_option("--tk", flags->mask.tk, "Keys (1..64)")->capture_default_str();
-  mask->add_option("--window", flags->mask.window_left,
-                   "window: keys before the diagonal a query may see (window_left)")
+  mask->add_option("--sliding-window-size", flags->sliding_window_size,
+                   "window: each query sees W keys, itself and the W - 1 before it (the book's "
+                   "sliding window; window_left = W - 1)")
+      ->type_name("W")
       ->capture_default_str();
   mask->add_option("--heads", flags->mask.heads, "alibi: heads; gqa: query heads")
       ->capture_default_str();
@@ -139,6 +142,10 @@ Command add_plot_command(CLI::App& app) {
     if (mask->parsed()) {
       flags->mask.kind = plot::mask_kind_from_name(flags->mask_kind);
       if (flags->mask.seqlens.empty()) flags->mask.seqlens = {3, 5, 2};  // --seqlens's default
+      if (flags->sliding_window_size < 1)
+        throw UsageError(fmt::format("plot mask: --sliding-window-size must be >= 1, got {}",
+                                     flags->sliding_window_size));
+      flags->mask.window_left = flags->sliding_window_size - 1;  // the one conversion
       const plot::Figure figure = plot::mask_figure(flags->mask);
       if (flags->mask_out.empty()) {
         const char* no_colour = std::getenv("NO_COLOR");
