@@ -3,9 +3,8 @@
 // the sdpa kernel's (attn/sdpa.h), which covers it exactly: is_causal
 // top-left, Tq = Tk, one key/value head per query head, the same Philox
 // counters, lse (B, H, T). The fp32 entry points (flash_attention.cpp) and the
-// bf16 "widened to fp32" path (flash_attention_bf16.cpp: the sdpa kernel's
-// bf16 tiles, each widened as it is packed, so the bits are the fp32 kernel's
-// on the widened values) run it.
+// bf16 ones off AMX (flash_attention_bf16.cpp: the sdpa kernel's bf16 tiles on
+// the path's engine, VDPBF16PS or widened as each tile is packed) run it.
 #pragma once
 
 #include <cstdint>

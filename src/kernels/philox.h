@@ -1,8 +1,8 @@
 // kernels/philox.h - Philox4x32-10 (Salmon et al., "Parallel random numbers:
 // as easy as 1, 2, 3", SC'11) and the dropout rule the fused kernels share:
 // the one definition of both, used by the scalar noise (flash_dropout_noise)
-// and by the kernels' lane-parallel generators (kernels/flash_tiles-inl.h,
-// flash_attention_bf16.cpp, flash_attention_amx.cpp).
+// and by the kernels' lane-parallel generators (kernels/flash_tiles-inl.h, for
+// the sdpa kernel on every engine, and flash_attention_amx.cpp).
 // Internal to src/kernels; the public description lives in attn/kernels.h.
 #pragma once
 
