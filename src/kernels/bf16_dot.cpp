@@ -46,23 +46,51 @@ void pack_rows(uint32_t* dst, const uint16_t* x, size_t stride, size_t n, size_t
     }
 }
 
-// Even hd: 16 rows at a time by gathers. Odd hd: plain loops, which read no
-// further than x[r][hd - 1].
+// 16 words of each of 16 rows (a[i]: row i) transposed in registers: a[j]
+// becomes word j of every row (the 32-bit elements moved as floats; the
+// shuffle network of flash_tiles-inl.h's ScaledTransposeN, without its scale).
+static inline void Transpose16(__m512 (&a)[16]) {
+  __m512 t[16];
+  for (size_t k = 0; k < 8; ++k) {  // pairs of rows interleaved
+    t[2 * k] = _mm512_unpacklo_ps(a[2 * k], a[2 * k + 1]);
+    t[2 * k + 1] = _mm512_unpackhi_ps(a[2 * k], a[2 * k + 1]);
+  }
+  for (size_t k = 0; k < 4; ++k) {  // 4 x 4 blocks within each 128-bit lane
+    a[4 * k] = _mm512_shuffle_ps(t[4 * k], t[4 * k + 2], 0x44);
+    a[4 * k + 1] = _mm512_shuffle_ps(t[4 * k], t[4 * k + 2], 0xEE);
+    a[4 * k + 2] = _mm512_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0x44);
+    a[4 * k + 3] = _mm512_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0xEE);
+  }
+  for (size_t k = 0; k < 2; ++k)  // then the 128-bit lanes across registers
+    for (size_t q = 0; q < 4; ++q) {
+      t[8 * k + q] = _mm512_shuffle_f32x4(a[8 * k + q], a[8 * k + 4 + q], 0x88);
+      t[8 * k + 4 + q] = _mm512_shuffle_f32x4(a[8 * k + q], a[8 * k + 4 + q], 0xDD);
+    }
+  for (size_t q = 0; q < 8; ++q) {
+    a[q] = _mm512_shuffle_f32x4(t[q], t[8 + q], 0x88);
+    a[8 + q] = _mm512_shuffle_f32x4(t[q], t[8 + q], 0xDD);
+  }
+}
+
+// Even hd: blocks of 16 rows x 16 words, loaded (masked: nothing past a row's
+// hd values or past row n is read) and transposed in registers. Odd hd: plain
+// loops, which read no further than x[r][hd - 1].
 void pack_rows_t(uint32_t* dst, const uint16_t* x, size_t stride, size_t n, size_t cols,
                  size_t hd) {
   const size_t hd2 = Pairs(hd);
   if (hd % 2 == 0 && cols % kN == 0) {
-    const __m512i offsets =  // bytes from row r0 to rows r0 .. r0 + 15
-        _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                           _mm512_set1_epi32(int(2 * stride)));
-    for (size_t r0 = 0; r0 < cols; r0 += kN) {
-      const __mmask16 rows = LanesBelow(r0, n);
-      const uint16_t* base = x + r0 * stride;
-      for (size_t pr = 0; pr < hd2; ++pr)
-        _mm512_storeu_si512(
-            dst + pr * cols + r0,
-            _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows, offsets, base + 2 * pr, 1));
-    }
+    for (size_t r0 = 0; r0 < cols; r0 += kN)
+      for (size_t p0 = 0; p0 < hd2; p0 += kN) {
+        const __mmask16 words = LanesBelow(p0, hd2);
+        __m512 a[16];
+        for (size_t i = 0; i < 16; ++i)
+          a[i] = r0 + i < n ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi32(
+                                  words, x + (r0 + i) * stride + 2 * p0))
+                            : _mm512_setzero_ps();
+        Transpose16(a);
+        for (size_t j = 0; j < 16 && p0 + j < hd2; ++j)
+          _mm512_storeu_si512(dst + (p0 + j) * cols + r0, _mm512_castps_si512(a[j]));
+      }
     return;
   }
   for (size_t r = 0; r < cols; ++r)
