@@ -84,8 +84,8 @@ void pack_rows_t(uint32_t* dst, const uint16_t* x, size_t stride, size_t n, size
         const __mmask16 words = LanesBelow(p0, hd2);
         __m512 a[16];
         for (size_t i = 0; i < 16; ++i)
-          a[i] = r0 + i < n ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi32(
-                                  words, x + (r0 + i) * stride + 2 * p0))
+          a[i] = r0 + i < n ? _mm512_castsi512_ps(
+                                  _mm512_maskz_loadu_epi32(words, x + (r0 + i) * stride + 2 * p0))
                             : _mm512_setzero_ps();
         Transpose16(a);
         for (size_t j = 0; j < 16 && p0 + j < hd2; ++j)
