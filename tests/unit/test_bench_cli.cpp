@@ -122,8 +122,12 @@ TEST(BenchCli, SdpaRunsInBfloat16AndNamesItsPath) {
     const auto wrows = nlohmann::json::parse(w.out);
     ASSERT_EQ(wrows.size(), 1u);
     const std::string path = wrows[0]["bf16_path"];
-    if (core == "AVX512-BF16") EXPECT_EQ(path, "AVX512-BF16");
-    if (core == "widened to fp32") EXPECT_EQ(path, "bf16 tiles widened to fp32");
+    if (core == "AVX512-BF16") {
+      EXPECT_EQ(path, "AVX512-BF16");
+    }
+    if (core == "widened to fp32") {
+      EXPECT_EQ(path, "bf16 tiles widened to fp32");
+    }
     EXPECT_EQ(wrows[0]["backend"], path == "AVX512-BF16" ? "fused-bf16dot w9" : "fused-wide w9");
   }
   {
@@ -176,9 +180,12 @@ TEST(BenchCli, SdpaVarlenRunsInBfloat16AndNamesItsPath) {
   EXPECT_EQ(rows[0]["kind"], "sdpa-varlen");
   EXPECT_EQ(rows[0]["dtype"], "bfloat16");
   const std::string path = rows[0]["bf16_path"];
-  if (rows[0]["machine"]["bf16_path"] == "AVX512-BF16") EXPECT_EQ(path, "AVX512-BF16");
-  if (rows[0]["machine"]["bf16_path"] == "widened to fp32")
+  if (rows[0]["machine"]["bf16_path"] == "AVX512-BF16") {
+    EXPECT_EQ(path, "AVX512-BF16");
+  }
+  if (rows[0]["machine"]["bf16_path"] == "widened to fp32") {
     EXPECT_EQ(path, "bf16 tiles widened to fp32");
+  }
   EXPECT_EQ(rows[0]["backend"],
             std::string(path == "AVX512-BF16" ? "fused-bf16dot" : "fused-wide") + " alibi cap30");
   EXPECT_EQ(rows[0]["alibi"], true);

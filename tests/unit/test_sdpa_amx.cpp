@@ -422,7 +422,9 @@ TEST(SdpaCore, CallsBeyondTheAmxKernelRunOnTheSdpaKernel) {
   ATTN_REQUIRE_CORE_PATH();
   with_each_core_path([&](const std::string& path) {
     const bool dot = std::string(sdpa_kernel_path()) == "AVX512-BF16";
-    if (path == "AVX512-BF16") EXPECT_TRUE(dot);
+    if (path == "AVX512-BF16") {
+      EXPECT_TRUE(dot);
+    }
     struct Variant {
       const char* name;
       int64_t Hkv, Tk, Dv;

@@ -86,7 +86,9 @@ class EngineGuard {
  public:
   explicit EngineGuard(const Engine& e)
       : path_(e.bf16_path ? e.bf16_path : kn::flash_attention_bf16_path()) {
-    if (!e.target.empty()) EXPECT_TRUE(kn::flash_attention_use_target(e.target.c_str()));
+    if (!e.target.empty()) {
+      EXPECT_TRUE(kn::flash_attention_use_target(e.target.c_str()));
+    }
   }
   ~EngineGuard() { kn::flash_attention_use_target(nullptr); }
   EngineGuard(const EngineGuard&) = delete;
@@ -176,7 +178,7 @@ Inputs make_inputs(const Case& c, uint64_t seed) {
   o.dropout_seed = 1234 + seed;
   if (c.alibi) {
     std::vector<float> slopes(size_t(c.Hq));
-    for (int64_t h = 0; h < c.Hq; ++h) slopes[size_t(h)] = std::exp2(-8.0f * float(h + 1) / c.Hq);
+    for (int64_t h = 0; h < c.Hq; ++h) slopes[size_t(h)] = std::exp2(-8.0f * float(h + 1) / float(c.Hq));
     o.alibi_slopes = Tensor({c.Hq}, slopes);
   }
   if (!c.lens_q.empty()) {
