@@ -154,7 +154,8 @@ const char* flash_attention_target();
 // bf16 paths outside Highway (AMX, AVX512-BF16: the attention kernels here and
 // decode's gemv) need it too, so a forced AVX2 target (ATTN_SIMD_TARGET=AVX2)
 // also chooses their widened paths: the whole library runs as on a CPU without
-// AVX-512. A forced path (ATTN_BF16_PATH, *_use_path) still runs as asked.
+// AVX-512. A forced path (ATTN_BF16_PATH, *_use_path) still runs as asked,
+// but for AVX512-BF16, which needs an AVX-512 target (bf16_dot_engine_chosen()).
 bool simd_target_has_avx512();
 // For tests: the fp32 kernels' 2^x (Exp2 in kernels/flash_tiles-inl.h, the
 // softmax's exponent) on that target, y[i] = 2^x[i]: for -125 <= x <= 0 within

@@ -47,7 +47,9 @@ namespace {
 // take about 2 s).
 // A forced SIMD target below AVX-512 (ATTN_SIMD_TARGET=AVX2) stands for a CPU
 // without it, so "widened to fp32" comes first there and the others, which
-// use AVX-512 registers, after it (forcing one still runs it).
+// use AVX-512 registers, after it. Forcing AMX still runs it; AVX512-BF16 is
+// the sdpa kernel's engine on that target's tiles, so under a target below
+// AVX-512 its calls run widened (bf16_dot_engine_chosen() says false).
 enum class Path { kAmx, kAvx512Bf16, kWidened };
 int g_forced = -1;  // -1: automatic
 bool Avx512Bf16BeatsWidened() {
