@@ -30,6 +30,12 @@ counts (--threads to pin one). With --rounds N the whole set is measured N
 times interleaved and each side's best median over the rounds counts, so a
 load passing over a shared machine hits both. The table goes into
 docs/performance.md with the CPU it ran on.
+
+Under load (--load quiet,busy, as compare_train_torch.py's): "busy" measures
+each cell beside a fixed busy loop pinned to the last core (a shared machine's
+other tenant), and the table adds each side's slowdown busy / quiet, at the
+thread count that was best quiet (a loaded 2-thread team waits for the thread
+that shares its core).
 """
 import argparse
 import json
@@ -41,6 +47,8 @@ import sys
 import time
 
 HEADS, HEAD_DIM = 12, 64
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare_train_torch import BusyCore  # noqa: E402  (the busy loop on the last core)
 
 
 def cases(quick):
@@ -150,6 +158,9 @@ def main() -> int:
     parser.add_argument("--only", default="", help="comma-separated case names")
     parser.add_argument("--quick", action="store_true", help="T = 1024 and the cross case only")
     parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument("--load", default="quiet",
+                        help="quiet, busy or quiet,busy: busy measures beside a busy loop pinned to "
+                             "the last core")
     args = parser.parse_args()
     if args.worker:
         worker(json.loads(args.worker))
@@ -159,9 +170,14 @@ def main() -> int:
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                platform.processor())
     threads = [int(t) for t in args.threads.split(",")]
+    loads = args.load.split(",")
+    if any(load not in ("quiet", "busy") for load in loads):
+        parser.error(f"--load takes quiet, busy or both, got {args.load}")
     print(f"attn sdpa vs PyTorch {torch_version} F.scaled_dot_product_attention; {cpu}; {os.cpu_count()} CPUs; "
           f"12 heads of 64, B = 1; ms, best median over threads {threads} and {args.rounds} round(s)")
-    header = f"{'case':<11} {'T':>5} {'dtype':<9} {'mode':<7} {'attn':>9} {'torch':>9} {'torch/attn':>10}"
+    header = f"{'case':<11} {'T':>5} {'dtype':<9} {'mode':<7} {'load':<5} {'attn':>9} {'torch':>9} {'torch/attn':>10}"
+    if len(loads) == 2:
+        header += f" {'attn busy/quiet':>15} {'torch busy/quiet':>16}"
     print(header)
     print("-" * len(header))
     rows = []
@@ -171,18 +187,37 @@ def main() -> int:
             continue
         for dtype in args.dtypes.split(","):
             for mode in args.modes.split(","):
-                a, t = [], []
+                # (load, thread count) -> medians over the rounds, each side
+                a = {(ld, th): [] for ld in loads for th in threads}
+                t = {(ld, th): [] for ld in loads for th in threads}
                 for _ in range(args.rounds):
-                    for th in threads:
-                        a.append(run_attn(args.attn, T, flags, mode, dtype, args.repeats, th))
-                        t.append(run_torch(args.python, T, opts, mode, dtype, args.repeats, th))
-                ba, bt = best(a), best(t)
-                ratio = bt / ba if ba and bt else None
-                rows.append({"case": name, "T": T, "dtype": dtype, "mode": mode, "attn_ms": ba, "torch_ms": bt,
-                             "speedup": ratio, "cpu": cpu, "torch": torch_version})
-                fa = f"{ba:9.2f}" if ba else f"{'-':>9}"
-                fr = f"{ratio:10.2f}" if ratio else f"{'-':>10}"
-                print(f"{name:<11} {T:>5} {dtype:<9} {mode:<7} {fa} {bt:9.2f} {fr}", flush=True)
+                    for ld in loads:
+                        with BusyCore(ld == "busy"):
+                            for th in threads:
+                                a[(ld, th)].append(
+                                    run_attn(args.attn, T, flags, mode, dtype, args.repeats, th))
+                                t[(ld, th)].append(
+                                    run_torch(args.python, T, opts, mode, dtype, args.repeats, th))
+                quiet_a = min(threads, key=lambda th: best(a[(loads[0], th)]) or float("inf"))
+                quiet_t = min(threads, key=lambda th: best(t[(loads[0], th)]) or float("inf"))
+                for ld in loads:
+                    ba = best([v for th in threads for v in a[(ld, th)]])
+                    bt = best([v for th in threads for v in t[(ld, th)]])
+                    ratio = bt / ba if ba and bt else None
+                    row = {"case": name, "T": T, "dtype": dtype, "mode": mode, "load": ld,
+                           "attn_ms": ba, "torch_ms": bt, "speedup": ratio, "cpu": cpu,
+                           "torch": torch_version}
+                    fa = f"{ba:9.2f}" if ba else f"{'-':>9}"
+                    fr = f"{ratio:10.2f}" if ratio else f"{'-':>10}"
+                    line = f"{name:<11} {T:>5} {dtype:<9} {mode:<7} {ld:<5} {fa} {bt:9.2f} {fr}"
+                    if len(loads) == 2 and ld == "busy":
+                        # each side at the thread count that was best quiet
+                        sa = (best(a[("busy", quiet_a)]) or 0) / (best(a[("quiet", quiet_a)]) or 1)
+                        st = (best(t[("busy", quiet_t)]) or 0) / (best(t[("quiet", quiet_t)]) or 1)
+                        row.update(attn_slowdown=sa, torch_slowdown=st)
+                        line += f" {sa:14.2f}x {st:15.2f}x"
+                    rows.append(row)
+                    print(line, flush=True)
     if args.json:
         tmp = args.json + ".tmp"
         with open(tmp, "w") as f:
