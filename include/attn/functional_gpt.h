@@ -1,6 +1,7 @@
 // attn/functional_gpt.h - the plain fp32 maths of the GPT model around the
 // attention (the book's chapter 4), forward and backward: layer normalisation,
-// the tanh form of GELU, and the cross-entropy loss.
+// the tanh form of GELU, and the cross-entropy loss; and the RMS normalisation
+// of today's open models (Llama, Qwen, Gemma: the book's bonus chapters).
 //
 // The same conventions as attn/functional.h (namespace attn::ref): forward
 // returns its output and fills a "saved" struct with what backward reads;
@@ -35,6 +36,25 @@ Tensor layer_norm_forward(const Tensor& x, const Tensor& scale, const Tensor& sh
 //   dscale += Σ_rows dy ⊙ x̂,   dshift += Σ_rows dy.
 Tensor layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& scale,
                            const LayerNormSaved& saved, Tensor& dscale, Tensor& dshift);
+
+// ---- RMS normalisation (Llama 3, Qwen3, Gemma 3) -------------------------------------
+// y = x · rsqrt(mean(x²) + eps) · (weight + weight_offset), per row, as
+// transformers' LlamaRMSNorm / Qwen3RMSNorm (weight_offset 0: the weight
+// starts at 1) and Gemma3RMSNorm (weight_offset 1: the stored weight starts at
+// 0 and the row is scaled by 1 + weight). mean(x²) is summed in double and
+// rounded once; rsqrt is 1 / sqrt in float.
+struct RmsNormSaved {
+  Tensor inv_rms;  // (N) rsqrt(mean(x²) + eps), float: the factor forward used
+};
+// x (..., C) float32, weight (C) -> (..., C). Throws std::invalid_argument
+// naming the values for another dtype, an empty last dim, a weight of another
+// shape, or an eps < 0 or not finite.
+Tensor rms_norm_forward(const Tensor& x, const Tensor& weight, float eps, float weight_offset,
+                        RmsNormSaved* saved);
+// With r = inv_rms, x̂ = x · r and g = dy ⊙ (weight + weight_offset), per row:
+//   dx = r · (g − x̂ ⊙ mean(g ⊙ x̂)),   dweight += Σ_rows dy ⊙ x̂.
+Tensor rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                         float weight_offset, const RmsNormSaved& saved, Tensor& dweight);
 
 // ---- GELU, the tanh approximation --------------------------------------------------
 // gelu(x) = 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³))), in the book's float order.

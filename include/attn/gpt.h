@@ -169,6 +169,26 @@ class LayerNorm : public Module {
   bool has_forward_ = false;
 };
 
+// RMSNorm(dim, eps, weight_offset): the normalisation of Llama 3 and Qwen3
+// (weight_offset 0, weight (E) = 1) and of Gemma 3 (weight_offset 1, weight
+// (E) = 0, the row scaled by 1 + weight), transformers' LlamaRMSNorm,
+// Qwen3RMSNorm and Gemma3RMSNorm on float32 (attn/functional_gpt.h's
+// rms_norm_*: the plain loops; no SIMD kernel yet). Input (..., E) float32;
+// output float32; dx float32, weight.grad accumulated.
+class RMSNorm : public Module {
+ public:
+  explicit RMSNorm(int64_t dim, float eps = 1e-6f, float weight_offset = 0.0f);
+  Tensor forward(const Tensor& x);
+  Tensor backward(const Tensor& dy);
+  Parameter weight;  // (E)
+ private:
+  int64_t dim_;
+  float eps_, weight_offset_;
+  Tensor x_;  // saved input (..., E)
+  ref::RmsNormSaved saved_;
+  bool has_forward_ = false;
+};
+
 // GELU, the tanh approximation. Any shape. Input float32; the output is
 // float32, or bf16 (rounded as it is stored) with out_dtype = kBFloat16: the
 // bf16 path's FeedForward hands it straight to its bf16 Linear. dx is float32.

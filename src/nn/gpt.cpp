@@ -145,6 +145,35 @@ Tensor LayerNorm::forward(const Tensor& x) {
   return y;
 }
 
+RMSNorm::RMSNorm(int64_t dim, float eps, float weight_offset)
+    : dim_(dim), eps_(eps), weight_offset_(weight_offset) {
+  detail::check_positive("RMSNorm", "dim", dim);
+  if (!(eps >= 0.0f) || !std::isfinite(eps))
+    throw std::invalid_argument(fmt::format("RMSNorm: eps must be >= 0, got {}", eps));
+  if (weight_offset != 0.0f && weight_offset != 1.0f)
+    throw std::invalid_argument(fmt::format(
+        "RMSNorm: weight_offset must be 0 (Llama, Qwen) or 1 (Gemma), got {}", weight_offset));
+  // The scale starts at 1 either way: weight 1, or 1 + weight with weight 0.
+  weight.value = weight_offset == 0.0f ? Tensor::ones({dim}) : Tensor::zeros({dim});  // (E)
+  register_parameter("weight", &weight);
+}
+
+Tensor RMSNorm::forward(const Tensor& x) {
+  if (x.dim() < 1 || x.size(-1) != dim_) {
+    throw std::invalid_argument(
+        fmt::format("RMSNorm: input shape {} does not end in dim {}", shape_str(x.shape()), dim_));
+  }
+  x_ = x;
+  has_forward_ = true;
+  return ref::rms_norm_forward(x, weight.value, eps_, weight_offset_, &saved_);
+}
+
+Tensor RMSNorm::backward(const Tensor& dy) {
+  require_forward(has_forward_, "RMSNorm");
+  detail::check_grad("RMSNorm", dy, x_.shape());
+  return ref::rms_norm_backward(dy, x_, weight.value, weight_offset_, saved_, weight.grad);
+}
+
 Tensor LayerNorm::backward(const Tensor& dy) {
   require_forward(has_forward_, "LayerNorm");
   detail::check_grad("LayerNorm", dy, x_.shape());

@@ -36,6 +36,81 @@ constexpr float kGeluCubic = 0.044715f;
 
 }  // namespace
 
+// ---- RMS normalisation -----------------------------------------------------------------
+
+Tensor rms_norm_forward(const Tensor& x_in, const Tensor& weight_in, float eps, float weight_offset,
+                        RmsNormSaved* saved) {
+  check_float("rms_norm_forward", "x", x_in);
+  if (x_in.dim() < 1 || x_in.size(-1) < 1) {
+    throw std::invalid_argument(fmt::format(
+        "rms_norm_forward: x of shape {} has no last dim to normalise", shape_str(x_in.shape())));
+  }
+  if (!(eps >= 0.0f) || !std::isfinite(eps))
+    throw std::invalid_argument(fmt::format("rms_norm_forward: eps must be >= 0, got {}", eps));
+  const int64_t C = x_in.size(-1), N = x_in.numel() / C;
+  check_vector("rms_norm_forward", "weight", weight_in, C);
+  const Tensor x = x_in.contiguous(), weight = weight_in.contiguous();
+  Tensor inv_rms({N});  // (N)
+  Tensor y(x.shape());  // (..., C)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* row = x.data() + n * C;
+    double sum_sq = 0.0;
+    for (int64_t c = 0; c < C; ++c) sum_sq += static_cast<double>(row[c]) * row[c];
+    const float mean_sq = static_cast<float>(sum_sq / static_cast<double>(C));
+    const float r = 1.0f / std::sqrt(mean_sq + eps);
+    inv_rms.data()[n] = r;
+    for (int64_t c = 0; c < C; ++c)
+      y.data()[n * C + c] = row[c] * r * (weight.data()[c] + weight_offset);
+  }
+  if (saved != nullptr) *saved = {inv_rms};
+  return y;
+}
+
+Tensor rms_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& weight_in,
+                         float weight_offset, const RmsNormSaved& saved, Tensor& dweight) {
+  if (dy_in.shape() != x_in.shape()) {
+    throw std::invalid_argument(
+        fmt::format("rms_norm_backward: dy shape {} does not match x shape {}",
+                    shape_str(dy_in.shape()), shape_str(x_in.shape())));
+  }
+  check_float("rms_norm_backward", "dy", dy_in);
+  check_float("rms_norm_backward", "x", x_in);
+  const int64_t C = x_in.size(-1), N = x_in.numel() / C;
+  check_vector("rms_norm_backward", "weight", weight_in, C);
+  check_vector("rms_norm_backward", "dweight", dweight, C);
+  if (saved.inv_rms.shape() != Shape{N}) {
+    throw std::invalid_argument(
+        fmt::format("rms_norm_backward: saved inv_rms {} does not hold {} rows",
+                    shape_str(saved.inv_rms.shape()), N));
+  }
+  const Tensor dy = dy_in.contiguous(), x = x_in.contiguous(), weight = weight_in.contiguous();
+  Tensor dx(x.shape());                                                        // (..., C)
+  std::vector<double> dweight_acc(static_cast<size_t>(C), 0.0);                // (C)
+  std::vector<float> xhat(static_cast<size_t>(C)), g(static_cast<size_t>(C));  // one row
+  for (int64_t n = 0; n < N; ++n) {
+    const float* px = x.data() + n * C;
+    const float* pdy = dy.data() + n * C;
+    const float r = saved.inv_rms.data()[n];
+    double sum_gx = 0.0;
+    for (int64_t c = 0; c < C; ++c) {
+      const auto i = static_cast<size_t>(c);
+      xhat[i] = px[c] * r;
+      g[i] = pdy[c] * (weight.data()[c] + weight_offset);
+      sum_gx += static_cast<double>(g[i]) * xhat[i];
+      dweight_acc[i] += static_cast<double>(pdy[c]) * xhat[i];
+    }
+    const double mean_gx = sum_gx / static_cast<double>(C);
+    float* pdx = dx.data() + n * C;
+    for (int64_t c = 0; c < C; ++c) {
+      const auto i = static_cast<size_t>(c);
+      pdx[c] = static_cast<float>(r * (g[i] - xhat[i] * mean_gx));
+    }
+  }
+  for (int64_t c = 0; c < C; ++c)
+    dweight.data()[c] += static_cast<float>(dweight_acc[static_cast<size_t>(c)]);
+  return dx;
+}
+
 // ---- layer normalisation ----------------------------------------------------------
 
 Tensor layer_norm_forward(const Tensor& x_in, const Tensor& scale_in, const Tensor& shift_in,

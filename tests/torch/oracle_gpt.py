@@ -13,8 +13,9 @@ Writes gpt.json with:
                once with drop_rate 0.1 (the dropout masks come from the same
                MT19937 stream attn's reference path follows)
   layers       LayerNorm, GELU, FeedForward, TransformerBlock (with and without
-               dropout) and cross-entropy: inputs, output, input and parameter
-               gradients
+               dropout), cross-entropy, and RMSNorm (Llama's and Gemma's, the
+               maths in our words: the bonus chapters' open models): inputs,
+               output, input and parameter gradients
   optim        clip_grad_norm_ and one AdamW tensor stepped 5 times
   schedule     nanoGPT's get_lr (warm-up + cosine) for every iteration
   train        10 AdamW steps of a small GPT (decay on 2-D parameters only,
@@ -127,8 +128,30 @@ def module_case(build, x_shape, seed, train=True, x_fn=None) -> dict:
             "dy": tensor_json(dy), "dx": tensor_json(x.grad), "grads": grads_json(m)}
 
 
+class RMSNorm(torch.nn.Module):
+    """transformers' LlamaRMSNorm / Qwen3RMSNorm (offset 0) and Gemma3RMSNorm (offset 1:
+    the row scaled by 1 + weight), in our words: x · rsqrt(mean(x²) + eps) · (weight + offset)."""
+
+    def __init__(self, dim, eps, offset):
+        super().__init__()
+        self.eps, self.offset = eps, offset
+        self.weight = torch.nn.Parameter(torch.ones(dim) if offset == 0 else torch.zeros(dim))
+
+    def forward(self, x):
+        x_normed = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return x_normed * (self.weight + self.offset)
+
+
 def gen_layers() -> dict:
     cfg = dict(SMALL, qkv_bias=True)
+
+    def rms_norm(eps, offset):
+        def build():
+            m = RMSNorm(32, eps, offset)
+            with torch.no_grad():  # a non-trivial scale, so that its gradient matters
+                m.weight.copy_((1.0 - offset) + 0.5 * torch.randn(32))
+            return m
+        return build
 
     def layer_norm():
         ln = bg.LayerNorm(32)
@@ -142,6 +165,9 @@ def gen_layers() -> dict:
         "layer_norm_offset": module_case(layer_norm, None, 12,
                                          x_fn=lambda: 100.0 + 0.01 * torch.randn(3, 4, 32)),
         "gelu": module_case(bg.GELU, None, 13, x_fn=lambda: 3.0 * torch.randn(3, 7, 17)),
+        "rms_norm": module_case(rms_norm(1e-5, 0.0), [2, 5, 32], 19),
+        "rms_norm_gemma": module_case(rms_norm(1e-6, 1.0), None, 20,
+                                      x_fn=lambda: 4.0 * torch.randn(3, 4, 32)),
         "feed_forward": module_case(lambda: bg.FeedForward(cfg), [2, 5, 32], 14),
         "transformer_block": module_case(lambda: bg.TransformerBlock(cfg), [2, 7, 32], 15),
         "transformer_block_dropout": module_case(

@@ -21,6 +21,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attn/gpt.h"
@@ -219,6 +220,23 @@ TEST(GptTorch, LayerNormForwardAndBackward) {
       expect_close(what + " dx", dx, attn::test::tensor_from_json(c.at("dx")), loose ? 3e-3 : 1e-5);
       expect_grads_close(ln, c.at("grads"), what, loose ? 3e-3 : 1e-6);
     }
+  }
+}
+
+// RMSNorm as Llama 3 / Qwen3 (eps 1e-5, weight + 0) and Gemma 3 (eps 1e-6,
+// 1 + weight) compute it (oracle_gpt.py's RMSNorm: the maths in our words).
+TEST(GptTorch, RmsNormForwardAndBackward) {
+  for (const auto& [name, eps, offset] :
+       {std::tuple<const char*, float, float>{"rms_norm", 1e-5f, 0.0f},
+        std::tuple<const char*, float, float>{"rms_norm_gemma", 1e-6f, 1.0f}}) {
+    const Json& c = oracle().at("layers").at(name);
+    attn::nn::RMSNorm norm(32, eps, offset);
+    norm.weight.value = attn::test::tensor_from_bits_json(c.at("params").at("weight"));
+    const Tensor y = norm.forward(attn::test::tensor_from_json(c.at("x")));
+    const Tensor dx = norm.backward(attn::test::tensor_from_json(c.at("dy")));
+    expect_close(std::string(name) + " y", y, attn::test::tensor_from_json(c.at("y")), 1e-6);
+    expect_close(std::string(name) + " dx", dx, attn::test::tensor_from_json(c.at("dx")), 1e-5);
+    expect_grads_close(norm, c.at("grads"), name, 1e-6);
   }
 }
 
