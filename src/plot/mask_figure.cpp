@@ -129,9 +129,9 @@ Figure mask_figure(const MaskFigureOptions& o) {
       s.causal_alignment = CausalAlignment::kBottomRight;
       s.window_left = o.window_left;
       f.title = fmt::format(
-          "sliding window, window_left = {} (causal, bottom-right): query i sees keys "
-          "i + {} - {} <= j <= i + {}; weights with equal scores",
-          o.window_left, o.tk - o.tq, o.window_left, o.tk - o.tq);
+          "sliding window of {} keys, window_left = {} (causal, bottom-right): query i sees "
+          "keys i + {} - {} <= j <= i + {}; weights with equal scores",
+          o.window_left + 1, o.window_left, o.tk - o.tq, o.window_left, o.tk - o.tq);
       f.panels.push_back(softmax_panel(uniform_scores(1, 1, o.tq, o.tk, s), 0, false,
                                        fmt::format("Tq = {}, Tk = {}", o.tq, o.tk)));
       f.vmin = 0.0, f.vmax = 1.0;
