@@ -189,6 +189,29 @@ class RMSNorm : public Module {
   bool has_forward_ = false;
 };
 
+// The gated feed-forward of today's open models, the book's Llama FeedForward
+// (ch05/07_gpt_to_llama; names fc1, fc2, fc3, no biases):
+//   y = fc3(act(fc1(x)) ⊙ fc2(x))      fc1, fc2: (E -> H), fc3: (H -> E)
+// act = SiLU, x·σ(x) (SwiGLU: Llama 3, Qwen3), or GELU's tanh form (GeGLU:
+// Gemma 3's gelu_pytorch_tanh). transformers' gate_proj, up_proj, down_proj are
+// fc1, fc2, fc3. Input (..., E) float32; output float32; the products on
+// LinearOptions' default engine (the BLAS: PyTorch's sums); the gating in
+// plain loops for now (no fused kernel yet).
+enum class GateActivation { kSiLU, kGeluTanh };
+class GatedFeedForward : public Module {
+ public:
+  GatedFeedForward(int64_t emb_dim, int64_t hidden_dim, GateActivation act,
+                   Generator& gen = default_generator());
+  Tensor forward(const Tensor& x);
+  Tensor backward(const Tensor& dy);
+  Linear fc1, fc2, fc3;
+
+ private:
+  GateActivation act_;
+  Tensor h1_, h2_, a_;  // saved: fc1(x), fc2(x), act(fc1(x)) (..., H)
+  bool has_forward_ = false;
+};
+
 // GELU, the tanh approximation. Any shape. Input float32; the output is
 // float32, or bf16 (rounded as it is stored) with out_dtype = kBFloat16: the
 // bf16 path's FeedForward hands it straight to its bf16 Linear. dx is float32.

@@ -174,6 +174,57 @@ Tensor RMSNorm::backward(const Tensor& dy) {
   return ref::rms_norm_backward(dy, x_, weight.value, weight_offset_, saved_, weight.grad);
 }
 
+GatedFeedForward::GatedFeedForward(int64_t emb_dim, int64_t hidden_dim, GateActivation act,
+                                   Generator& gen)
+    : fc1({emb_dim, hidden_dim, false}, gen),
+      fc2({emb_dim, hidden_dim, false}, gen),
+      fc3({hidden_dim, emb_dim, false}, gen),
+      act_(act) {
+  if (act != GateActivation::kSiLU && act != GateActivation::kGeluTanh)
+    throw std::invalid_argument(fmt::format("GatedFeedForward: unknown activation {}", int(act)));
+  register_module("fc1", &fc1);
+  register_module("fc2", &fc2);
+  register_module("fc3", &fc3);
+}
+
+Tensor GatedFeedForward::forward(const Tensor& x) {
+  h1_ = fc1.forward(x);  // (..., H), checks x
+  h2_ = fc2.forward(x);  // (..., H)
+  if (act_ == GateActivation::kGeluTanh) {
+    a_ = ref::gelu_forward(h1_);
+  } else {
+    a_ = Tensor(h1_.shape());  // silu(h) = h · σ(h), σ(h) = 1 / (1 + e^-h)
+    for (int64_t i = 0; i < h1_.numel(); ++i) {
+      const float h = h1_.data()[i];
+      a_.data()[i] = h / (1.0f + std::exp(-h));
+    }
+  }
+  has_forward_ = true;
+  return fc3.forward(mul(a_, h2_));
+}
+
+// z = a ⊙ u with a = act(h1), u = h2: dh1 = dz ⊙ u ⊙ act'(h1), dh2 = dz ⊙ a,
+// dx = fc1's dx + fc2's dx. silu'(h) = σ(h) · (1 + h · (1 − σ(h))).
+Tensor GatedFeedForward::backward(const Tensor& dy) {
+  require_forward(has_forward_, "GatedFeedForward");
+  const Tensor dz = fc3.backward(dy);  // (..., H)
+  const Tensor du = mul(dz, h2_);      // the gradient of act(h1)
+  Tensor dh1;
+  if (act_ == GateActivation::kGeluTanh) {
+    dh1 = ref::gelu_backward(du, h1_);
+  } else {
+    dh1 = Tensor(h1_.shape());
+    for (int64_t i = 0; i < h1_.numel(); ++i) {
+      const float h = h1_.data()[i];
+      const float s = 1.0f / (1.0f + std::exp(-h));
+      dh1.data()[i] = du.data()[i] * s * (1.0f + h * (1.0f - s));
+    }
+  }
+  const Tensor dx1 = fc1.backward(dh1);
+  const Tensor dx2 = fc2.backward(mul(dz, a_));
+  return add(dx1, dx2);
+}
+
 Tensor LayerNorm::backward(const Tensor& dy) {
   require_forward(has_forward_, "LayerNorm");
   detail::check_grad("LayerNorm", dy, x_.shape());

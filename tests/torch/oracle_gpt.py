@@ -13,8 +13,9 @@ Writes gpt.json with:
                once with drop_rate 0.1 (the dropout masks come from the same
                MT19937 stream attn's reference path follows)
   layers       LayerNorm, GELU, FeedForward, TransformerBlock (with and without
-               dropout), cross-entropy, and RMSNorm (Llama's and Gemma's, the
-               maths in our words: the bonus chapters' open models): inputs,
+               dropout), cross-entropy, RMSNorm (Llama's and Gemma's) and the
+               gated feed-forward (SwiGLU, GeGLU), the maths in our words: the
+               bonus chapters' open models: inputs,
                output, input and parameter gradients
   optim        clip_grad_norm_ and one AdamW tensor stepped 5 times
   schedule     nanoGPT's get_lr (warm-up + cosine) for every iteration
@@ -142,6 +143,23 @@ class RMSNorm(torch.nn.Module):
         return x_normed * (self.weight + self.offset)
 
 
+class GatedFeedForward(torch.nn.Module):
+    """The book's Llama FeedForward (fc1, fc2, fc3, no biases), in our words:
+    fc3(act(fc1(x)) * fc2(x)), act SiLU (Llama 3, Qwen3) or GELU's tanh form (Gemma 3)."""
+
+    def __init__(self, emb_dim, hidden_dim, act):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(emb_dim, hidden_dim, bias=False)
+        self.fc2 = torch.nn.Linear(emb_dim, hidden_dim, bias=False)
+        self.fc3 = torch.nn.Linear(hidden_dim, emb_dim, bias=False)
+        self.act = act
+
+    def forward(self, x):
+        h1 = self.fc1(x)
+        a = F.silu(h1) if self.act == "silu" else F.gelu(h1, approximate="tanh")
+        return self.fc3(a * self.fc2(x))
+
+
 def gen_layers() -> dict:
     cfg = dict(SMALL, qkv_bias=True)
 
@@ -166,6 +184,8 @@ def gen_layers() -> dict:
                                          x_fn=lambda: 100.0 + 0.01 * torch.randn(3, 4, 32)),
         "gelu": module_case(bg.GELU, None, 13, x_fn=lambda: 3.0 * torch.randn(3, 7, 17)),
         "rms_norm": module_case(rms_norm(1e-5, 0.0), [2, 5, 32], 19),
+        "swiglu": module_case(lambda: GatedFeedForward(32, 48, "silu"), [2, 5, 32], 21),
+        "geglu": module_case(lambda: GatedFeedForward(32, 48, "gelu_tanh"), [2, 5, 32], 22),
         "rms_norm_gemma": module_case(rms_norm(1e-6, 1.0), None, 20,
                                       x_fn=lambda: 4.0 * torch.randn(3, 4, 32)),
         "feed_forward": module_case(lambda: bg.FeedForward(cfg), [2, 5, 32], 14),

@@ -240,6 +240,24 @@ TEST(GptTorch, RmsNormForwardAndBackward) {
   }
 }
 
+// The gated feed-forward: SwiGLU (Llama 3, Qwen3) and GeGLU (Gemma 3), E 32, H 48.
+TEST(GptTorch, GatedFeedForwardForwardAndBackward) {
+  for (const auto& [name, act] :
+       {std::pair<const char*, attn::nn::GateActivation>{"swiglu", attn::nn::GateActivation::kSiLU},
+        std::pair<const char*, attn::nn::GateActivation>{"geglu",
+                                                         attn::nn::GateActivation::kGeluTanh}}) {
+    const Json& c = oracle().at("layers").at(name);
+    attn::nn::GatedFeedForward ff(32, 48, act);
+    for (auto& [pname, p] : ff.named_parameters())
+      p->value = attn::test::tensor_from_bits_json(c.at("params").at(pname));
+    const Tensor y = ff.forward(attn::test::tensor_from_json(c.at("x")));
+    const Tensor dx = ff.backward(attn::test::tensor_from_json(c.at("dy")));
+    expect_close(std::string(name) + " y", y, attn::test::tensor_from_json(c.at("y")), 2e-6);
+    expect_close(std::string(name) + " dx", dx, attn::test::tensor_from_json(c.at("dx")), 2e-6);
+    expect_grads_close(ff, c.at("grads"), name, 2e-6);
+  }
+}
+
 TEST(GptTorch, GeluForwardAndBackward) {
   const Json& c = oracle().at("layers").at("gelu");
   attn::nn::GELU gelu;

@@ -1,17 +1,23 @@
-// RMSNorm (attn/gpt.h, attn/functional_gpt.h's rms_norm_*): the normalisation
-// of Llama 3 and Qwen3 (weight_offset 0) and Gemma 3 (weight_offset 1).
-// Forward against the definition evaluated in double here; dx and dweight
-// against central finite differences (tests/unit/gradcheck.h); the weight's
-// start (the scale 1 either way); errors naming the values. PyTorch 1.13 on
-// the same maths: tests/torch/test_gpt_torch.cpp (GptTorch.RmsNorm*).
+// The layers of today's open models beside the attention (issue 42), in
+// attn/gpt.h: RMSNorm (attn/functional_gpt.h's rms_norm_*: Llama 3 and Qwen3,
+// weight_offset 0; Gemma 3, weight_offset 1) and GatedFeedForward (SwiGLU,
+// GeGLU). Forward against the definition evaluated in double here; every
+// gradient against central finite differences (tests/unit/gradcheck.h); the
+// weight's start (the scale 1 either way); errors naming the values. PyTorch
+// 1.13 on the same maths: tests/torch/test_gpt_torch.cpp (GptTorch.RmsNorm*,
+// GptTorch.GatedFeedForward*).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <numbers>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "attn/functional_gpt.h"
 #include "attn/gpt.h"
+#include "attn/random.h"
 #include "attn/tensor.h"
 #include "gradcheck.h"
 
@@ -91,6 +97,60 @@ TEST(RmsNorm, BadInputIsRefusedNamingIt) {
   EXPECT_THROW(attn::ref::rms_norm_forward(Tensor({2, 4}), Tensor({3}), 1e-6f, 0.0f, &saved),
                std::invalid_argument);
   EXPECT_THROW(attn::ref::rms_norm_forward(Tensor({2, 4}), Tensor({4}), NAN, 0.0f, &saved),
+               std::invalid_argument);
+}
+
+// y = fc3(act(fc1 x) ⊙ fc2 x), in double from the module's weights.
+TEST(GatedFeedForward, ForwardIsTheDefinition) {
+  for (const auto act : {attn::nn::GateActivation::kSiLU, attn::nn::GateActivation::kGeluTanh}) {
+    SCOPED_TRACE(act == attn::nn::GateActivation::kSiLU ? "SwiGLU" : "GeGLU");
+    const int64_t E = 6, H = 10, N = 4;
+    attn::Generator gen(7);
+    attn::nn::GatedFeedForward ff(E, H, act, gen);
+    const Tensor x = random_tensor({2, 2, E}, 8);
+    const Tensor y = ff.forward(x);
+    ASSERT_EQ(y.shape(), x.shape());
+    const float* w1 = ff.fc1.weight.value.data();
+    const float* w2 = ff.fc2.weight.value.data();
+    const float* w3 = ff.fc3.weight.value.data();
+    for (int64_t n = 0; n < N; ++n) {
+      std::vector<double> z(size_t(H), 0.0);
+      for (int64_t h = 0; h < H; ++h) {
+        double h1 = 0.0, h2 = 0.0;
+        for (int64_t e = 0; e < E; ++e) {
+          h1 += double(w1[h * E + e]) * x.data()[n * E + e];
+          h2 += double(w2[h * E + e]) * x.data()[n * E + e];
+        }
+        const double a = act == attn::nn::GateActivation::kSiLU
+                             ? h1 / (1.0 + std::exp(-h1))
+                             : 0.5 * h1 *
+                                   (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) *
+                                                    (h1 + 0.044715 * h1 * h1 * h1)));
+        z[size_t(h)] = a * h2;
+      }
+      for (int64_t e = 0; e < E; ++e) {
+        double want = 0.0;
+        for (int64_t h = 0; h < H; ++h) want += double(w3[e * H + h]) * z[size_t(h)];
+        EXPECT_NEAR(y.data()[n * E + e], want, 1e-6 * std::max(1.0, std::fabs(want)));
+      }
+    }
+  }
+}
+
+TEST(GatedFeedForward, GradientsMatchFiniteDifferences) {
+  for (const auto act : {attn::nn::GateActivation::kSiLU, attn::nn::GateActivation::kGeluTanh}) {
+    attn::Generator gen(9);
+    attn::nn::GatedFeedForward ff(5, 7, act, gen);
+    attn::test::gradcheck_module(act == attn::nn::GateActivation::kSiLU ? "SwiGLU" : "GeGLU", ff,
+                                 random_tensor({2, 3, 5}, 10));
+  }
+}
+
+TEST(GatedFeedForward, BadInputIsRefused) {
+  attn::nn::GatedFeedForward ff(4, 8, attn::nn::GateActivation::kSiLU);
+  EXPECT_THROW(ff.forward(Tensor({2, 5})), std::invalid_argument);
+  EXPECT_THROW(ff.backward(Tensor({2, 4})), std::exception);  // no forward yet
+  EXPECT_THROW(attn::nn::GatedFeedForward(0, 8, attn::nn::GateActivation::kSiLU),
                std::invalid_argument);
 }
 
