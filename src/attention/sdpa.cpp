@@ -666,7 +666,19 @@ kernels::RowStrides lse_rows(const std::optional<SdpaStrides>& lse_strides,
 
 uint16_t* bits(BFloat16* x) { return reinterpret_cast<uint16_t*>(x); }
 
-SdpaStrides row_strides(const CoreRows& r) { return {r.st.b, r.st.h, r.st.t, 1}; }
+// A raw operand (data, strides) pointed at its rows: in place or the packed copy.
+template <class T>
+void point_at(T*& data, SdpaStrides& strides, const CoreRows& r) {
+  data = r.data;
+  strides = {r.st.b, r.st.h, r.st.t, 1};
+}
+
+// p with q, k and v read from their rows.
+SdpaProblemBf16 on_rows(SdpaProblemBf16 p, const CoreRows& q, const CoreRows& k,
+                        const CoreRows& v) {
+  point_at(p.q, p.q_strides, q), point_at(p.k, p.k_strides, k), point_at(p.v, p.v_strides, v);
+  return p;
+}
 
 }  // namespace
 
@@ -692,12 +704,9 @@ void sdpa_forward_routed(const SdpaOutputBf16& o, const SdpaProblemBf16& given) 
     kernels::flash_attention_forward_bf16(bits(out.data), o.lse, bits(q.data), bits(k.data),
                                           bits(v.data), raw_core_params(p), st, raw_core_extras(p));
   } else {  // the sdpa kernel, on the rows
-    SdpaProblemBf16 r = p;
-    r.q = q.data, r.k = k.data, r.v = v.data;
-    r.q_strides = row_strides(q), r.k_strides = row_strides(k), r.v_strides = row_strides(v);
     SdpaOutputBf16 ro = o;
-    ro.out = out.data, ro.out_strides = row_strides(out);
-    kernels::sdpa_forward(ro, r);
+    point_at(ro.out, ro.out_strides, out);
+    kernels::sdpa_forward(ro, on_rows(p, q, k, v));
   }
   scatter(out, o.out, o.out_strides, B, H, T, Dv);
 }
@@ -721,16 +730,11 @@ void sdpa_backward_routed(const SdpaBackwardIOBf16& io, const SdpaProblemBf16& g
         bits(dq.data), bits(dk.data), bits(dv.data), bits(dout.data), bits(q.data), bits(k.data),
         bits(v.data), bits(out.data), io.lse, raw_core_params(p), st, raw_core_extras(p));
   } else {  // the sdpa kernel, on the rows
-    SdpaProblemBf16 r = p;
-    r.q = q.data, r.k = k.data, r.v = v.data;
-    r.q_strides = row_strides(q), r.k_strides = row_strides(k), r.v_strides = row_strides(v);
     SdpaBackwardIOBf16 ri = io;
-    ri.dout = dout.data, ri.dout_strides = row_strides(dout);
-    ri.out = out.data, ri.out_strides = row_strides(out);
-    ri.dq = dq.data, ri.dq_strides = row_strides(dq);
-    ri.dk = dk.data, ri.dk_strides = row_strides(dk);
-    ri.dv = dv.data, ri.dv_strides = row_strides(dv);
-    kernels::sdpa_backward(ri, r);
+    point_at(ri.dout, ri.dout_strides, dout), point_at(ri.out, ri.out_strides, out);
+    point_at(ri.dq, ri.dq_strides, dq), point_at(ri.dk, ri.dk_strides, dk);
+    point_at(ri.dv, ri.dv_strides, dv);
+    kernels::sdpa_backward(ri, on_rows(p, q, k, v));
   }
   scatter(dq, io.dq, io.dq_strides, B, H, T, D);
   scatter(dk, io.dk, io.dk_strides, B, Hkv, Tk, D);

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "kernels/avx512_bf16-inl.h"
+#include "kernels/avx512_transpose-inl.h"
 
 namespace attn::kernels::bf16dot {
 namespace {
@@ -46,32 +47,6 @@ void pack_rows(uint32_t* dst, const uint16_t* x, size_t stride, size_t n, size_t
     }
 }
 
-// 16 words of each of 16 rows (a[i]: row i) transposed in registers: a[j]
-// becomes word j of every row (the 32-bit elements moved as floats; the
-// shuffle network of flash_tiles-inl.h's ScaledTransposeN, without its scale).
-static inline void Transpose16(__m512 (&a)[16]) {
-  __m512 t[16];
-  for (size_t k = 0; k < 8; ++k) {  // pairs of rows interleaved
-    t[2 * k] = _mm512_unpacklo_ps(a[2 * k], a[2 * k + 1]);
-    t[2 * k + 1] = _mm512_unpackhi_ps(a[2 * k], a[2 * k + 1]);
-  }
-  for (size_t k = 0; k < 4; ++k) {  // 4 x 4 blocks within each 128-bit lane
-    a[4 * k] = _mm512_shuffle_ps(t[4 * k], t[4 * k + 2], 0x44);
-    a[4 * k + 1] = _mm512_shuffle_ps(t[4 * k], t[4 * k + 2], 0xEE);
-    a[4 * k + 2] = _mm512_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0x44);
-    a[4 * k + 3] = _mm512_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0xEE);
-  }
-  for (size_t k = 0; k < 2; ++k)  // then the 128-bit lanes across registers
-    for (size_t q = 0; q < 4; ++q) {
-      t[8 * k + q] = _mm512_shuffle_f32x4(a[8 * k + q], a[8 * k + 4 + q], 0x88);
-      t[8 * k + 4 + q] = _mm512_shuffle_f32x4(a[8 * k + q], a[8 * k + 4 + q], 0xDD);
-    }
-  for (size_t q = 0; q < 8; ++q) {
-    a[q] = _mm512_shuffle_f32x4(t[q], t[8 + q], 0x88);
-    a[8 + q] = _mm512_shuffle_f32x4(t[q], t[8 + q], 0xDD);
-  }
-}
-
 // Even hd: blocks of 16 rows x 16 words, loaded (masked: nothing past a row's
 // hd values or past row n is read) and transposed in registers. Odd hd: plain
 // loops, which read no further than x[r][hd - 1].
@@ -87,7 +62,7 @@ void pack_rows_t(uint32_t* dst, const uint16_t* x, size_t stride, size_t n, size
           a[i] = r0 + i < n ? _mm512_castsi512_ps(
                                   _mm512_maskz_loadu_epi32(words, x + (r0 + i) * stride + 2 * p0))
                             : _mm512_setzero_ps();
-        Transpose16(a);
+        avx512::Transpose16(a);  // the 32-bit words moved as floats
         for (size_t j = 0; j < 16 && p0 + j < hd2; ++j)
           _mm512_storeu_si512(dst + (p0 + j) * cols + r0, _mm512_castps_si512(a[j]));
       }

@@ -22,6 +22,7 @@
 #include <limits>
 #include <utility>
 
+#include "kernels/avx512_transpose-inl.h"
 #include "kernels/philox.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -113,27 +114,9 @@ template <class T>
 HWY_INLINE void ScaledTransposeN(const T* HWY_RESTRICT src, size_t ss, float* HWY_RESTRICT dst,
                                  size_t ds, float c) {
   const __m512 cv = _mm512_set1_ps(c);
-  __m512 r[16], t[16];
+  __m512 r[16];
   for (size_t i = 0; i < 16; ++i) r[i] = _mm512_mul_ps(cv, LoadWideN(src + i * ss));
-  for (size_t k = 0; k < 8; ++k) {  // pairs of rows interleaved
-    t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
-    t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
-  }
-  for (size_t k = 0; k < 4; ++k) {  // 4 x 4 blocks within each 128-bit lane
-    r[4 * k] = _mm512_shuffle_ps(t[4 * k], t[4 * k + 2], 0x44);
-    r[4 * k + 1] = _mm512_shuffle_ps(t[4 * k], t[4 * k + 2], 0xEE);
-    r[4 * k + 2] = _mm512_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0x44);
-    r[4 * k + 3] = _mm512_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0xEE);
-  }
-  for (size_t k = 0; k < 2; ++k)  // then the 128-bit lanes across registers
-    for (size_t q = 0; q < 4; ++q) {
-      t[8 * k + q] = _mm512_shuffle_f32x4(r[8 * k + q], r[8 * k + 4 + q], 0x88);
-      t[8 * k + 4 + q] = _mm512_shuffle_f32x4(r[8 * k + q], r[8 * k + 4 + q], 0xDD);
-    }
-  for (size_t q = 0; q < 8; ++q) {
-    r[q] = _mm512_shuffle_f32x4(t[q], t[8 + q], 0x88);
-    r[8 + q] = _mm512_shuffle_f32x4(t[q], t[8 + q], 0xDD);
-  }
+  avx512::Transpose16(r);
   for (size_t j = 0; j < 16; ++j) _mm512_storeu_ps(dst + j * ds, r[j]);
 }
 #elif HWY_TARGET == HWY_AVX2
@@ -323,17 +306,18 @@ struct Span {
 struct NoHook {
   void operator()() const {}
 };
-template <int kMode, class SpanFn, class Hook = NoHook>
-void GemmSpans(size_t M, size_t W, const float* A, size_t ars, size_t aks, const float* Bm,
-               size_t bs, float* C, size_t cs, const float* c_scale, SpanFn span,
-               Hook after_block = Hook()) {
-  static constexpr auto table = MicroTable<kMode>(std::make_index_sequence<kMR * kNV>());
-  // A block of rows whose scales are all 1 (the online softmax's rescale once
-  // a row's running max has settled, most tiles of a long row) skips the
-  // multiplies: 1 · C = C exactly, so the bits are the same.
-  static constexpr auto table_unscaled =
-      MicroTable<kMode == kScaleAccumulate ? kAccumulate : kMode>(
-          std::make_index_sequence<kMR * kNV>());
+// The driver over any micro-kernels of this shape (kMR rows, up to kNV vectors
+// of kN lanes): `table` of kMode, indexed (rows - 1) · kNV + (vectors - 1), and
+// `table_unscaled`, the same kernels without the scale (kAccumulate for
+// kScaleAccumulate). Op: the operands' element (float here; the AVX512-BF16
+// engine's words of two bf16, kernels/bf16_dot.h, whose reduction index counts pairs).
+// A block of rows whose scales are all 1 (the online softmax's rescale once a
+// row's running max has settled, most tiles of a long row) takes
+// table_unscaled: 1 · C = C exactly, so the bits are the same.
+template <int kMode, class Op, class Table, class SpanFn, class Hook = NoHook>
+void GemmSpansOn(const Table& table, const Table& table_unscaled, size_t M, size_t W, const Op* A,
+                 size_t ars, size_t aks, const Op* Bm, size_t bs, float* C, size_t cs,
+                 const float* c_scale, SpanFn span, Hook after_block = Hook()) {
   for (size_t w0 = 0; w0 < W; w0 += kNV * kN) {
     const size_t nv = std::min(kNV, (W - w0) / kN);
     for (size_t r0 = 0; r0 < M; r0 += kMR) {
@@ -353,6 +337,19 @@ void GemmSpans(size_t M, size_t W, const float* A, size_t ars, size_t aks, const
       after_block();
     }
   }
+}
+
+// GemmSpansOn with this file's fp32 micro-kernels.
+template <int kMode, class SpanFn, class Hook = NoHook>
+void GemmSpans(size_t M, size_t W, const float* A, size_t ars, size_t aks, const float* Bm,
+               size_t bs, float* C, size_t cs, const float* c_scale, SpanFn span,
+               Hook after_block = Hook()) {
+  static constexpr auto table = MicroTable<kMode>(std::make_index_sequence<kMR * kNV>());
+  static constexpr auto table_unscaled = MicroTable < kMode == kScaleAccumulate
+                                             ? kAccumulate
+                                             : kMode > (std::make_index_sequence<kMR * kNV>());
+  GemmSpansOn<kMode>(table, table_unscaled, M, W, A, ars, aks, Bm, bs, C, cs, c_scale, span,
+                     after_block);
 }
 
 template <int kMode>

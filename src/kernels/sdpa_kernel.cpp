@@ -218,36 +218,6 @@ bool DotEngineChosen() {
 
 inline const uint16_t* Bits(const BFloat16* x) { return reinterpret_cast<const uint16_t*>(x); }
 
-// GemmSpans (flash_tiles-inl.h) on DotEngine's words: C (M, W) op= A (M, 2K) ·
-// B (2K, W); span(r0, nr) gives pairs [k0, k1) of the reduction.
-template <int kMode, class SpanFn, class Hook = NoHook>
-void DotGemmSpans(size_t M, size_t W, const uint32_t* A, size_t ars, size_t aks, const uint32_t* Bm,
-                  size_t bs, float* C, size_t cs, const float* c_scale, SpanFn span,
-                  Hook after_block = Hook()) {
-  const bf16dot::MicroTable& table = bf16dot::micro_table(kMode);
-  const bf16dot::MicroTable& table_unscaled =
-      bf16dot::micro_table(kMode == kScaleAccumulate ? kAccumulate : kMode);
-  for (size_t w0 = 0; w0 < W; w0 += kNV * kN) {
-    const size_t nv = std::min(kNV, (W - w0) / kN);
-    for (size_t r0 = 0; r0 < M; r0 += kMR) {
-      const size_t nr = std::min(kMR, M - r0);
-      const Span sp = span(r0, nr);
-      const size_t v0 = w0 == 0 ? sp.v0 : 0, v1 = w0 == 0 ? std::min(nv, sp.v1) : nv;
-      const size_t K = sp.k1 > sp.k0 ? sp.k1 - sp.k0 : 0;
-      if (v0 >= v1 || (K == 0 && kMode == kAccumulate)) continue;
-      bool unscaled = false;
-      if constexpr (kMode == kScaleAccumulate) {
-        unscaled = true;
-        for (size_t r = 0; r < nr; ++r) unscaled &= c_scale[r0 + r] == 1.0f;
-      }
-      (unscaled ? table_unscaled : table)[(nr - 1) * kNV + (v1 - v0 - 1)](
-          A + r0 * ars + sp.k0 * aks, ars, aks, Bm + sp.k0 * bs + w0 + v0 * kN, bs, K,
-          C + r0 * cs + w0 + v0 * kN, cs, c_scale ? c_scale + r0 : nullptr);
-      after_block();
-    }
-  }
-}
-
 // One product site of the schedule on engine E: C (M, W) op= A · B, A and B
 // in E's layouts, span(r0, nr) in elements of the reduction (DotEngine takes
 // the pairs that hold them: an element outside the span that shares a pair
@@ -257,9 +227,11 @@ template <class E, int kMode, class SpanFn, class Hook = NoHook>
 HWY_INLINE void Product(size_t M, size_t W, const typename E::Op* A, size_t ars, size_t aks,
                         const typename E::Op* Bm, size_t bs, float* C, size_t cs,
                         const float* c_scale, SpanFn span, Hook after_block = Hook()) {
-  if constexpr (E::kDot) {
-    DotGemmSpans<kMode>(
-        M, W, A, ars, aks, Bm, bs, C, cs, c_scale,
+  if constexpr (E::kDot) {  // flash_tiles-inl.h's driver on the engine's micro-kernels
+    GemmSpansOn<kMode>(
+        bf16dot::micro_table(kMode),
+        bf16dot::micro_table(kMode == kScaleAccumulate ? kAccumulate : kMode), M, W, A, ars, aks,
+        Bm, bs, C, cs, c_scale,
         [&](size_t r0, size_t nr) {
           Span sp = span(r0, nr);
           sp.k0 /= 2, sp.k1 = bf16dot::Pairs(sp.k1);

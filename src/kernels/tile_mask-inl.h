@@ -6,8 +6,7 @@
 // MaskBlocks classifies its 16 x 16 blocks: whether a tile holds a value that
 // is open (kernels/sdpa_mask.h), and one that is not 0. A tile with no open
 // value is skipped (its weights are exactly 0), one of zeros adds nothing;
-// the kernels read the values of the others, along a query's row (Load) or
-// a tile at a time transposed, keys by queries (LoadTransposed).
+// the kernel reads the values of the others along a query's row (Load).
 //
 // AVX-512 intrinsics under their own target pragma, as avx512_bf16-inl.h:
 // include this header with the other headers, outside any namespace and any
@@ -33,33 +32,6 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace attn::kernels::avx512 {
-
-// Rows r[0 .. 16) of 16 fp32 transposed in place: r[c][u] becomes r[u][c].
-inline void Transpose16x16(__m512 r[16]) {
-  __m512 t[16];
-  for (int u = 0; u < 16; u += 2) {  // 2 x 2 blocks of pairs of rows
-    t[u] = _mm512_unpacklo_ps(r[u], r[u + 1]);
-    t[u + 1] = _mm512_unpackhi_ps(r[u], r[u + 1]);
-  }
-  for (int u = 0; u < 16; u += 4) {  // 4 x 4 blocks in each 128-bit lane
-    r[u] = _mm512_shuffle_ps(t[u], t[u + 2], 0x44);
-    r[u + 1] = _mm512_shuffle_ps(t[u], t[u + 2], 0xEE);
-    r[u + 2] = _mm512_shuffle_ps(t[u + 1], t[u + 3], 0x44);
-    r[u + 3] = _mm512_shuffle_ps(t[u + 1], t[u + 3], 0xEE);
-  }
-  for (int u = 0; u < 4; ++u) {  // 128-bit lanes: rows u, u + 4 and u + 8, u + 12
-    t[u] = _mm512_shuffle_f32x4(r[u], r[u + 4], 0x88);
-    t[u + 4] = _mm512_shuffle_f32x4(r[u], r[u + 4], 0xDD);
-    t[u + 8] = _mm512_shuffle_f32x4(r[u + 8], r[u + 12], 0x88);
-    t[u + 12] = _mm512_shuffle_f32x4(r[u + 8], r[u + 12], 0xDD);
-  }
-  for (int u = 0; u < 4; ++u) {
-    r[u] = _mm512_shuffle_f32x4(t[u], t[u + 8], 0x88);
-    r[u + 8] = _mm512_shuffle_f32x4(t[u], t[u + 8], 0xDD);
-    r[u + 4] = _mm512_shuffle_f32x4(t[u + 4], t[u + 12], 0x88);
-    r[u + 12] = _mm512_shuffle_f32x4(t[u + 4], t[u + 12], 0xDD);
-  }
-}
 
 class TileMask {
  public:
@@ -120,23 +92,6 @@ class TileMask {
     for (size_t u = 0; u < kN; ++u)
       if ((valid >> u) & 1) x[u] = row[int64_t(j + u) * m_.d];
     return _mm512_load_ps(x);
-  }
-  // Queries i0 .. i0 + in - 1 x keys j0 .. j0 + jn - 1 of head (b, h)
-  // transposed: dst (64 keys, 64 queries), dst[jj · 64 + ii] = value (i0 + ii,
-  // j0 + jj), 0 past in queries (keys past jn are not written); rows of the
-  // mask loaded 16 keys at a time and turned in 16 x 16 blocks in registers.
-  void LoadTransposed(int64_t b, int64_t h, size_t i0, size_t in, size_t j0, size_t jn,
-                      float* dst) const {
-    __m512 r[kN];
-    for (size_t ii0 = 0; ii0 < kTile; ii0 += kN)
-      for (size_t jj0 = 0; jj0 < jn; jj0 += kN) {
-        const __mmask16 keys = LanesBelow(jj0, jn);
-        for (size_t u = 0; u < kN; ++u)
-          r[u] = ii0 + u < in ? Load(Row(b, h, i0 + ii0 + u), j0 + jj0, keys) : _mm512_setzero_ps();
-        Transpose16x16(r);
-        for (size_t u = 0; u < kN && jj0 + u < jn; ++u)
-          _mm512_storeu_ps(dst + (jj0 + u) * kTile + ii0, r[u]);
-      }
   }
 
  private:

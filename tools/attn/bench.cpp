@@ -260,6 +260,16 @@ void set_score_mods(const BenchCase& c, SdpaOptions& options) {
   options.softcap = c.softcap;
 }
 
+// The row label of the case's band and score modifiers: " w{W}" (the sliding
+// window's size), " alibi", " cap{softcap}".
+std::string score_mods_label(const BenchCase& c) {
+  std::string label;
+  if (c.window_left >= 0) label += fmt::format(" w{}", c.window_left + 1);
+  if (c.alibi) label += " alibi";
+  if (c.softcap > 0.0f) label += fmt::format(" cap{}", c.softcap);
+  return label;
+}
+
 struct SdpaBenchProblem {
   Tensor q, k, v, dout;  // (B, H, Tq, hd), (B, G, T, hd) views
   SdpaOptions options;
@@ -602,9 +612,7 @@ BenchResult run_bench_case(const BenchCase& c, int repeats, const std::string& b
       r.backend += r.bf16_path == "AMX"           ? "-amx"
                    : r.bf16_path == "AVX512-BF16" ? "-bf16dot"
                                                   : "-wide";
-    if (c.window_left >= 0) r.backend += fmt::format(" w{}", c.window_left + 1);
-    if (c.alibi) r.backend += " alibi";
-    if (c.softcap > 0.0f) r.backend += fmt::format(" cap{}", c.softcap);
+    r.backend += score_mods_label(c);
     if (c.mask != "none") r.backend += " " + c.mask + "-mask";
     if (!c.causal && c.mask == "none") r.backend += " full";
     if (c.kv_heads > 0 && c.kv_heads != c.heads) r.backend += fmt::format(" gqa{}", c.kv_heads);
@@ -624,9 +632,7 @@ BenchResult run_bench_case(const BenchCase& c, int repeats, const std::string& b
                                                       : "bf16 tiles widened to fp32";
     if (c.dtype == "bfloat16" && backend != "reference")
       r.backend += r.bf16_path == "AVX512-BF16" ? "-bf16dot" : "-wide";
-    if (c.window_left >= 0) r.backend += fmt::format(" w{}", c.window_left + 1);
-    if (c.alibi) r.backend += " alibi";
-    if (c.softcap > 0.0f) r.backend += fmt::format(" cap{}", c.softcap);
+    r.backend += score_mods_label(c);
   } else if (c.kind == "core") {
     CoreProblem pr(c);
     time_repeats([&](bool check) {
