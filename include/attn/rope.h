@@ -79,6 +79,11 @@ RopeParams compute_rope_params(int64_t head_dim, float theta_base = 10000.0f,
 Tensor rope_inverse_frequencies(int64_t head_dim, float theta_base = 10000.0f,
                                 const std::optional<RopeFreqConfig>& freq_config = std::nullopt);
 
+// The cos, sin tables (context_length, hd) of any inverse frequencies (hd / 2)
+// float32: row p holds cos(p·θ_i), sin(p·θ_i) twice over, with p·θ_i rounded
+// to float first (compute_rope_params is this on rope_inverse_frequencies).
+RopeParams rope_tables(const Tensor& inv_freq, int64_t context_length);
+
 enum class RopeBackend : uint8_t {
   kKernel,     // rows in parallel (OpenMP)
   kReference,  // ref::rope_rows, one thread

@@ -75,17 +75,22 @@ Tensor rope_inverse_frequencies(int64_t head_dim, float theta_base,
   return inv_freq;
 }
 
-RopeParams compute_rope_params(int64_t head_dim, float theta_base, int64_t context_length,
-                               const std::optional<RopeFreqConfig>& freq_config) {
+RopeParams rope_tables(const Tensor& inv_freq, int64_t context_length) {
   if (context_length < 1) {
     throw std::invalid_argument(
         fmt::format("compute_rope_params: context_length must be >= 1, got {}", context_length));
   }
-  const Tensor inv_freq = rope_inverse_frequencies(head_dim, theta_base, freq_config);  // (hd/2)
-  const int64_t half = head_dim / 2;
+  if (inv_freq.dtype() != DType::kFloat32 || inv_freq.dim() != 1 || inv_freq.numel() < 1) {
+    throw std::invalid_argument(
+        fmt::format("rope_tables: inv_freq must be (head_dim / 2) float32, got {} {}",
+                    dtype_name(inv_freq.dtype()), shape_str(inv_freq.shape())));
+  }
+  const Tensor theta_c = inv_freq.contiguous();
+  const int64_t half = theta_c.numel();
+  const int64_t head_dim = 2 * half;
   RopeParams p{Tensor::empty({context_length, head_dim}),
                Tensor::empty({context_length, head_dim})};
-  const float* theta = inv_freq.data();
+  const float* theta = theta_c.data();
   float* c = p.cos.data();
   float* s = p.sin.data();
   for (int64_t pos = 0; pos < context_length; ++pos) {
@@ -98,6 +103,15 @@ RopeParams compute_rope_params(int64_t head_dim, float theta_base, int64_t conte
     }
   }
   return p;
+}
+
+RopeParams compute_rope_params(int64_t head_dim, float theta_base, int64_t context_length,
+                               const std::optional<RopeFreqConfig>& freq_config) {
+  if (context_length < 1) {
+    throw std::invalid_argument(
+        fmt::format("compute_rope_params: context_length must be >= 1, got {}", context_length));
+  }
+  return rope_tables(rope_inverse_frequencies(head_dim, theta_base, freq_config), context_length);
 }
 
 namespace {

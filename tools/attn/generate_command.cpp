@@ -19,8 +19,10 @@
 #include <vector>
 
 #include "attn/decode_kernels.h"
+#include "attn/decoder.h"
 #include "attn/generate.h"
 #include "attn/gpt.h"
+#include "attn/hf_decoder.h"
 #include "attn/hf_gpt2.h"
 #include "attn/kernels.h"
 #include "attn/random.h"
@@ -203,6 +205,91 @@ void run_benchmark(nn::GPTModel& model, const std::vector<int64_t>& prompt, int6
 
 }  // namespace
 
+// A Llama 3 / Qwen / Gemma directory (attn/hf_decoder.h): ids in, ids out
+// (attn reads these families' tokenizers in a later step), stopping at the
+// family's end ids; --benchmark times the prompt and the cached decode.
+int run_decoder(const Flags& f, float temperature) {
+  if (f.dtype != "float32") {
+    throw UsageError(fmt::format(
+        "generate: {} models compute in float32 for now (their bf16 files are widened); got "
+        "--dtype {}",
+        io::hf_decoder_types(), printable(f.dtype)));
+  }
+  if (f.no_cache)
+    throw UsageError("generate: --no-cache is GPT-2's; this model always uses its cache");
+  if (!f.prompt.empty()) {
+    throw UsageError(fmt::format(
+        "generate: '{}' is a {} model, whose tokenizer attn does not read yet: give --prompt-ids "
+        "with --print-ids",
+        printable(f.checkpoint), io::read_hf_decoder_config(f.checkpoint).model_type));
+  }
+  std::unique_ptr<nn::DecoderLM> model;
+  const io::HfDecoderInfo info = io::load_hf_decoder(f.checkpoint, model);
+  const int64_t V = model->config().vocab_size;
+  if (f.top_k && *f.top_k > V) {
+    throw UsageError(fmt::format("generate: --top-k must be at most the vocabulary size {}, got {}",
+                                 V, *f.top_k));
+  }
+  Generator gen(f.seed);
+  std::vector<int64_t> ids;
+  if (!f.prompt_ids.empty()) {
+    ids = parse_ids(f.prompt_ids, V);
+  } else if (f.benchmark) {
+    for (int64_t i = 0; i < f.prompt_tokens; ++i) {
+      ids.push_back(static_cast<int64_t>(gen.random64() % static_cast<uint64_t>(V)));
+    }
+  } else {
+    throw UsageError("generate: give --prompt-ids IDS (with --print-ids)");
+  }
+  if (!f.print_ids && !f.benchmark) {
+    throw UsageError("generate: without a tokenizer the output is ids: add --print-ids");
+  }
+  const int64_t T0 = static_cast<int64_t>(ids.size());
+  const Tensor prompt = Tensor::from_int64({1, T0}, ids);
+  if (f.benchmark) {
+    if (T0 + f.max_new_tokens > model->config().context_length) {
+      throw UsageError(fmt::format("generate: {} prompt and {} new tokens pass context_length {}",
+                                   T0, f.max_new_tokens, model->config().context_length));
+    }
+    nn::DecoderKVCache cache =
+        nn::make_kv_cache(*model, 1, T0 + std::max<int64_t>(1, f.max_new_tokens));
+    auto start = std::chrono::steady_clock::now();
+    Tensor logits = nn::forward_cached(*model, prompt, cache);
+    const double prompt_s = seconds_since(start);
+    start = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < f.max_new_tokens; ++i) {
+      const Tensor last = logits.select(1, logits.size(1) - 1).contiguous();
+      const int64_t next = nn::sample_next(last, 0.0f, 0, gen)[0];
+      logits = nn::forward_cached(*model, Tensor::from_int64({1, 1}, {next}), cache);
+    }
+    const double decode_s = seconds_since(start);
+    std::cout << fmt::format(
+        "{} ({} layers, {} heads, {} KV heads, {} file, float32, {} threads)\n"
+        "prompt {} tokens: {:.1f} tokens/s\ndecode {} tokens: {:.1f} tokens/s\nKV cache {:.1f} "
+        "MiB\n",
+        info.hf.model_type, model->config().num_layers, model->config().num_heads,
+        model->config().num_kv_heads, info.file_dtype, omp_get_max_threads(), T0,
+        static_cast<double>(T0) / prompt_s, f.max_new_tokens,
+        static_cast<double>(f.max_new_tokens) / std::max(decode_s, 1e-9),
+        static_cast<double>(cache.bytes()) / (1 << 20));
+    return std::cout ? 0 : 1;
+  }
+  for (size_t i = 0; i < ids.size(); ++i) std::cout << (i ? " " : "") << ids[i];
+  std::cout.flush();
+  nn::GenerateOptions gopt{.max_new_tokens = f.max_new_tokens,
+                           .temperature = temperature,
+                           .top_k = f.top_k.value_or(0),
+                           .top_p = f.top_p};
+  gopt.on_token = [&](const std::vector<int64_t>& next) {
+    std::cout << ' ' << next[0];
+    std::cout.flush();
+  };
+  nn::generate(*model, prompt, gopt, gen, info.hf.eos_token_ids);
+  std::cout << '\n';
+  std::cout.flush();
+  return std::cout ? 0 : 1;
+}
+
 Command add_generate_command(CLI::App& app) {
   auto flags = std::make_shared<Flags>();
   CLI::App* cmd = app.add_subcommand(
@@ -359,6 +446,10 @@ Command add_generate_command(CLI::App& app) {
     }
     if (!f.prompt.empty() && !f.prompt_ids.empty()) {
       throw UsageError("generate: give either --prompt or --prompt-ids, not both");
+    }
+    if (!f.checkpoint.empty() && io::is_hf_decoder_dir(f.checkpoint)) {
+      if (f.json) throw UsageError("generate: --json is GPT-2's benchmark; not for this model yet");
+      return run_decoder(f, temperature);
     }
     nn::GPTOptions options;
     if (f.dtype == "bfloat16") {

@@ -4,13 +4,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <iostream>
 #include <memory>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "attn/hf_decoder.h"
 #include "attn/hf_gpt2.h"
 #include "attn/model_config.h"
 #include "attn/utf8.h"
@@ -98,9 +99,91 @@ std::string thousands(int64_t n) {
 }
 
 // The summary of a model directory, as ordered JSON (the text form prints it).
+// "rope_type theta[, factor F]" of one RoPE entry.
+nlohmann::ordered_json rope_json(const nn::RopeScaling& r) {
+  nlohmann::ordered_json j;
+  j["rope_type"] = nn::rope_type_name(r.type);
+  j["rope_theta"] = std::stod(fmt::format("{}", r.theta));
+  if (r.type != nn::RopeScaling::Type::kDefault)
+    j["factor"] = std::stod(fmt::format("{}", r.factor));
+  if (r.type == nn::RopeScaling::Type::kLlama3) {
+    j["low_freq_factor"] = std::stod(fmt::format("{}", r.low_freq_factor));
+    j["high_freq_factor"] = std::stod(fmt::format("{}", r.high_freq_factor));
+    j["original_max_position_embeddings"] = r.original_context_length;
+  }
+  return j;
+}
+
+// A Llama 3 / Qwen / Gemma directory: its config as attn reads it, and the
+// files' headers (no weights read).
+nlohmann::ordered_json decoder_summary(const std::string& dir, nlohmann::ordered_json j) {
+  const io::HfDecoderConfig hf = io::read_hf_decoder_config(dir);
+  const nn::DecoderConfig& c = hf.config;
+  int64_t params = 0, tensors = 0;
+  bool lm_head = false;
+  std::map<std::string, int64_t> dtypes;
+  const std::vector<std::string> files = io::hf_decoder_weight_files(dir);
+  for (const std::string& file : files) {
+    for (const auto& e : io::read_safetensors_header(file).entries) {
+      if (e.name.ends_with(".rotary_emb.inv_freq")) continue;
+      ++tensors;
+      lm_head = lm_head || e.name == "lm_head.weight";
+      params += e.nbytes() / e.element_size;
+      ++dtypes[e.dtype];
+    }
+  }
+  std::string layers;  // "S" sliding, "F" full, per layer
+  for (int64_t i = 0; i < c.num_layers; ++i) layers += c.layer_window(i) > 0 ? 'S' : 'F';
+  j["kind"] = "huggingface-" + hf.model_type;
+  nlohmann::ordered_json cfg;
+  cfg["model_type"] = hf.model_type;
+  cfg["num_hidden_layers"] = c.num_layers;
+  cfg["hidden_size"] = c.hidden_size;
+  cfg["intermediate_size"] = c.intermediate_size;
+  cfg["num_attention_heads"] = c.num_heads;
+  cfg["num_key_value_heads"] = c.num_kv_heads;
+  cfg["head_dim"] = c.head_dim;
+  cfg["vocab_size"] = c.vocab_size;
+  cfg["max_position_embeddings"] = c.context_length;
+  cfg["layers"] = layers;
+  if (c.sliding_window > 0) cfg["sliding_window"] = c.sliding_window;
+  cfg["rope"] = rope_json(c.rope);
+  if (c.sliding_window > 0) cfg["rope_local"] = rope_json(c.rope_local);
+  cfg["qk_norm"] = c.qk_norm;
+  cfg["qkv_bias"] = c.qkv_bias;
+  cfg["activation"] = c.activation == nn::GateActivation::kSiLU ? "silu" : "gelu_pytorch_tanh";
+  if (c.attn_softcap > 0)
+    cfg["attn_logit_softcapping"] = std::stod(fmt::format("{}", c.attn_softcap));
+  if (hf.unapplied_attn_softcap > 0) {
+    cfg["attn_logit_softcapping_unapplied"] =
+        std::stod(fmt::format("{}", hf.unapplied_attn_softcap));
+  }
+  if (c.final_softcap > 0)
+    cfg["final_logit_softcapping"] = std::stod(fmt::format("{}", c.final_softcap));
+  cfg["tie_word_embeddings"] = c.tie_embeddings;
+  cfg["config_form"] = hf.config_form;
+  j["config"] = cfg;
+  j["parameters"] = params;
+  j["dtype"] = dtypes.size() == 1 ? dtypes.begin()->first : std::string("mixed");
+  j["tied"] = c.tie_embeddings;
+  j["tensors"] = tensors;
+  j["files"] = files.size();
+  j["eos_token_ids"] = hf.eos_token_ids;
+  std::string tok = "none";
+  for (const char* name : {"tokenizer.json", "tokenizer.model", "original/tokenizer.model"}) {
+    if (fs::exists(fs::path(dir) / name)) {
+      tok = std::string(name) + " (not read by attn yet)";
+      break;
+    }
+  }
+  j["tokenizer"] = tok;
+  return j;
+}
+
 nlohmann::ordered_json model_summary(const std::string& dir) {
   nlohmann::ordered_json j;
   j["directory"] = dir;
+  if (io::is_hf_decoder_dir(dir)) return decoder_summary(dir, j);
   if (io::is_hf_gpt2_dir(dir)) {
     const io::HfGpt2Config hf = io::read_hf_gpt2_config(dir);
     const nn::GPTConfig& c = hf.config;
@@ -184,10 +267,15 @@ nlohmann::ordered_json model_summary(const std::string& dir) {
 }
 
 std::string summary_text(const nlohmann::ordered_json& j) {
-  std::string out = fmt::format("{}: {}\n", printable(j["directory"].get<std::string>()),
-                                j["kind"] == "huggingface-gpt2"
-                                    ? "Hugging Face GPT-2 (config.json + model.safetensors)"
-                                    : "attn checkpoint (checkpoint.safetensors)");
+  const std::string kind = j["kind"].get<std::string>();
+  std::string out =
+      fmt::format("{}: {}\n", printable(j["directory"].get<std::string>()),
+                  kind == "huggingface-gpt2"
+                      ? std::string("Hugging Face GPT-2 (config.json + model.safetensors)")
+                  : kind.starts_with("huggingface-")
+                      ? fmt::format("Hugging Face {} (config.json + {} safetensors file(s))",
+                                    kind.substr(12), j["files"].get<int64_t>())
+                      : std::string("attn checkpoint (checkpoint.safetensors)"));
   std::string cfg;
   for (const auto& [k, v] : j["config"].items())
     cfg += (cfg.empty() ? "" : ", ") + k + " " + (v.is_string() ? v.get<std::string>() : v.dump());
@@ -196,7 +284,10 @@ std::string summary_text(const nlohmann::ordered_json& j) {
                      j["tied"].get<bool>() ? "output head tied to the token embedding"
                                            : "output head stored");
   out += fmt::format("  dtype: {}\n", j["dtype"].get<std::string>());
-  if (j.contains("tensors")) {
+  if (j.contains("eos_token_ids")) {
+    out += fmt::format("  tensors: {}\n  eos_token_ids: {}\n", j["tensors"].get<int64_t>(),
+                       j["eos_token_ids"].dump());
+  } else if (j.contains("tensors")) {
     out += fmt::format("  tensors: {}, names {}; {} buffer(s) ignored\n",
                        j["tensors"].get<int64_t>(),
                        j["prefix"] == "" ? "without a prefix" : "with \"transformer.\"",

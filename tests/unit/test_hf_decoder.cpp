@@ -1,0 +1,310 @@
+// Llama 3, Qwen2, Qwen3 and Gemma 3 directories (attn/hf_decoder.h) and the
+// decoder they build (attn/decoder.h) against the fixtures of
+// tests/fixtures/make_open_model_fixtures.py: transformers 5.24's logits, loss,
+// every parameter's gradient and greedy generation with its own KV cache, for
+// each family, both config forms, F32 / F16 / BF16 files and a sharded one.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "attn/decoder.h"
+#include "attn/hf_decoder.h"
+#include "attn/safetensors.h"
+#include "cli.h"
+
+namespace attn::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kFixtures = std::string(ATTN_TESTS_DIR) + "/fixtures/open_models";
+
+struct Expected {
+  std::map<std::string, Tensor> t;
+  const Tensor& at(const std::string& name) const {
+    const auto it = t.find(name);
+    if (it == t.end()) throw std::out_of_range("expected.safetensors has no " + name);
+    return it->second;
+  }
+};
+
+Expected expected(const std::string& name) {
+  Expected e;
+  for (auto& [key, value] :
+       io::read_safetensors(kFixtures + "/" + name + "/expected.safetensors").tensors) {
+    e.t[key] = value;
+  }
+  return e;
+}
+
+// max |a - b| / max |b|.
+float relative_error(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  const std::vector<float> x = a.to_vector(), y = b.to_vector();
+  float worst = 0.0f, scale = 0.0f;
+  for (size_t i = 0; i < y.size() && i < x.size(); ++i) {
+    const float d = std::fabs(x[i] - y[i]);
+    worst = std::isnan(d) ? INFINITY : std::max(worst, d);
+    scale = std::max(scale, std::fabs(y[i]));
+  }
+  return scale > 0.0f ? worst / scale : worst;
+}
+
+const char* const kCases[] = {"llama3", "llama32_bf16_sharded", "qwen3", "qwen2",
+                              "gemma3", "gemma3_softcap_old",   "gemma2"};
+
+class HfDecoderCase : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(HfDecoderCase, LogitsLossAndGradientsMatchTransformers) {
+  std::unique_ptr<nn::DecoderLM> model;
+  const io::HfDecoderInfo info = io::load_hf_decoder(kFixtures + "/" + GetParam(), model);
+  const Expected want = expected(GetParam());
+  const Tensor& ids = want.at("ids");
+  const Tensor mine = model->forward(ids);
+  const float logit_error = relative_error(mine, want.at("logits"));
+  EXPECT_LE(logit_error, 1e-5f) << GetParam();
+
+  model->train();
+  model->zero_grad();
+  const float loss = model->forward_loss(ids);
+  EXPECT_NEAR(loss, want.at("loss").item(), 1e-5f * std::fabs(want.at("loss").item()));
+  model->backward_loss();
+  int64_t grads = 0;
+  for (auto& [name, p] : model->named_parameters()) {
+    const std::string key = "grad." + io::hf_decoder_name(name);
+    ASSERT_TRUE(want.t.count(key)) << key;
+    EXPECT_LE(relative_error(p->grad, want.at(key)), 2e-5f) << GetParam() << " " << key;
+    ++grads;
+  }
+  EXPECT_EQ(grads, static_cast<int64_t>(want.t.size()) - 5);  // ids, logits, loss, prompt, greedy
+  EXPECT_GT(info.tensors, 0);
+}
+
+TEST_P(HfDecoderCase, GreedyGenerationWithTheCacheMatchesTransformers) {
+  std::unique_ptr<nn::DecoderLM> model;
+  io::load_hf_decoder(kFixtures + "/" + GetParam(), model);
+  const Expected want = expected(GetParam());
+  Generator gen(0);
+  const Tensor out = nn::generate(*model, want.at("prompt"), {.max_new_tokens = 6}, gen);
+  EXPECT_EQ(out.to_int64_vector(), want.at("greedy").to_int64_vector()) << GetParam();
+}
+
+// Prefill in chunks of 3, then one token at a time: every row equals the full
+// forward's (the sliding layers' rings of window rows cover chunks that span them).
+TEST_P(HfDecoderCase, CachedChunksEqualTheFullForward) {
+  std::unique_ptr<nn::DecoderLM> model;
+  io::load_hf_decoder(kFixtures + "/" + GetParam(), model);
+  const Expected want = expected(GetParam());
+  const Tensor ids = want.at("ids");  // (2, 12)
+  const Tensor full = model->forward(ids);
+  for (const int64_t chunk : {1, 3, 5, 12}) {
+    nn::DecoderKVCache cache = nn::make_kv_cache(*model, 2, 12);
+    for (int64_t t = 0; t < 12; t += chunk) {
+      const int64_t n = std::min<int64_t>(chunk, 12 - t);
+      const Tensor logits = nn::forward_cached(*model, ids.slice(1, t, t + n).contiguous(), cache);
+      EXPECT_LE(relative_error(logits, full.slice(1, t, t + n).contiguous()), 2e-6f)
+          << GetParam() << " chunk " << chunk << " at " << t;
+    }
+    EXPECT_EQ(cache.length, 12);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, HfDecoderCase, ::testing::ValuesIn(kCases));
+
+TEST(HfDecoder, ReadsBothConfigForms) {
+  const io::HfDecoderConfig g = io::read_hf_decoder_config(kFixtures + "/gemma3");
+  EXPECT_EQ(g.config_form, "rope_parameters");
+  EXPECT_EQ(g.config.layer_sliding, (std::vector<bool>{true, true, false, true}));
+  EXPECT_EQ(g.config.sliding_window, 4);
+  EXPECT_EQ(g.config.rope.type, nn::RopeScaling::Type::kLinear);
+  EXPECT_FLOAT_EQ(g.config.rope.factor, 8.0f);
+  EXPECT_FLOAT_EQ(g.config.rope_local.theta, 10000.0f);
+  EXPECT_FLOAT_EQ(g.config.attention_scale, 1.0f / std::sqrt(24.0f));
+  const io::HfDecoderConfig o = io::read_hf_decoder_config(kFixtures + "/gemma3_softcap_old");
+  EXPECT_EQ(o.config_form, "rope_theta");
+  EXPECT_EQ(o.config.layer_sliding, (std::vector<bool>{true, false, true, false}));
+  EXPECT_FLOAT_EQ(o.config.attn_softcap, 0.0f);  // as transformers' Gemma 3: read, not applied
+  EXPECT_FLOAT_EQ(o.unapplied_attn_softcap, 5.0f);
+  EXPECT_FLOAT_EQ(o.config.final_softcap, 3.0f);
+  const io::HfDecoderConfig g2 = io::read_hf_decoder_config(kFixtures + "/gemma2");
+  EXPECT_EQ(g2.config.layer_sliding, (std::vector<bool>{true, false, true}));
+  EXPECT_FLOAT_EQ(g2.config.attn_softcap, 5.0f);
+  EXPECT_FALSE(g2.config.qk_norm);
+  EXPECT_EQ(g2.config.pad_token_id, 0);
+  const io::HfDecoderConfig l = io::read_hf_decoder_config(kFixtures + "/llama32_bf16_sharded");
+  EXPECT_EQ(l.config_form, "rope_theta");
+  EXPECT_EQ(l.config.rope.type, nn::RopeScaling::Type::kLlama3);
+  EXPECT_FLOAT_EQ(l.config.rope.factor, 32.0f);
+  EXPECT_EQ(l.config.rope.original_context_length, 32);
+  EXPECT_TRUE(l.config.tie_embeddings);
+  const io::HfDecoderConfig q = io::read_hf_decoder_config(kFixtures + "/qwen2");
+  EXPECT_TRUE(q.config.qkv_bias);
+  EXPECT_FALSE(q.config.o_bias);
+  EXPECT_EQ(q.eos_token_ids, (std::vector<int64_t>{2}));
+}
+
+TEST(HfDecoder, SlidingLayersKeepOnlyTheirWindow) {
+  std::unique_ptr<nn::DecoderLM> model;
+  io::load_hf_decoder(kFixtures + "/gemma3", model);
+  const nn::DecoderKVCache cache = nn::make_kv_cache(*model, 1, 64);
+  ASSERT_EQ(cache.layers.size(), 4u);
+  EXPECT_EQ(cache.layers[0].keys.size(2), 4);   // sliding: the window
+  EXPECT_EQ(cache.layers[2].keys.size(2), 64);  // full: the capacity
+}
+
+// ---- refusals ---------------------------------------------------------------------------------
+
+std::string config_text(const std::string& name) {
+  std::ifstream in(kFixtures + "/" + name + "/config.json");
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::string replaced(std::string s, const std::string& from, const std::string& to) {
+  const size_t at = s.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at != std::string::npos) s.replace(at, from.size(), to);
+  return s;
+}
+
+void expect_refused(const std::string& text, const std::string& needle) {
+  try {
+    io::parse_hf_decoder_config(text, "config.json");
+    ADD_FAILURE() << "accepted; wanted an error with " << needle;
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(HfDecoder, RefusesConfigsItDoesNotCompute) {
+  const std::string llama = config_text("llama3");
+  expect_refused(replaced(llama, "\"llama\"", "\"mistral\""),
+                 "attn reads llama, qwen2, qwen3, gemma2, gemma3_text");
+  expect_refused(replaced(llama, "\"rope_type\": \"llama3\"", "\"rope_type\": \"yarn\""),
+                 "rope_type 'yarn'; attn computes default, linear and llama3");
+  expect_refused(replaced(llama, "\"hidden_act\": \"silu\"", "\"hidden_act\": \"relu\""),
+                 "activation 'relu'");
+  expect_refused(replaced(llama, "\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3"),
+                 "num_heads 4 must be a multiple of num_kv_heads 3");
+  expect_refused(replaced(llama, "\"mlp_bias\": false", "\"mlp_bias\": true"), "mlp_bias");
+  expect_refused(replaced(llama, "\"hidden_size\": 32", "\"hidden_size\": -32"),
+                 "\"hidden_size\" must be an integer");
+  expect_refused(replaced(llama, "\"original_max_position_embeddings\": 32", "\"x\": 32"),
+                 "original_max_position_embeddings");
+  expect_refused("[1, 2]", "not a JSON object");
+  expect_refused("{\"model_type\": \"llama\"", "not valid JSON");
+  const std::string gemma = config_text("gemma3");
+  expect_refused(replaced(gemma, "\"full_attention\",\n", "\"chunked_attention\",\n"),
+                 "chunked_attention");
+}
+
+// A copy of a fixture directory to break.
+fs::path copy_fixture(const std::string& name, const std::string& as) {
+  const fs::path to = fs::path(::testing::TempDir()) / ("attn_hf_decoder_" + as);
+  fs::remove_all(to);
+  fs::copy(kFixtures + "/" + name, to, fs::copy_options::recursive);
+  return to;
+}
+
+void expect_load_refused(const fs::path& dir, const std::string& needle) {
+  std::unique_ptr<nn::DecoderLM> model;
+  try {
+    io::load_hf_decoder(dir.string(), model);
+    ADD_FAILURE() << "loaded; wanted an error with " << needle;
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+TEST(HfDecoder, RefusesFilesThatDisagreeWithTheConfig) {
+  {  // a tensor missing: the untied head
+    const fs::path d = copy_fixture("llama3", "untied");
+    std::string cfg = config_text("llama3");
+    std::ofstream(d / "config.json")
+        << replaced(cfg, "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 3");
+    expect_load_refused(d, "no tensor 'model.layers.2.");
+  }
+  {  // a shape the config does not make
+    const fs::path d = copy_fixture("llama3", "shape");
+    std::ofstream(d / "config.json") << replaced(config_text("llama3"), "\"intermediate_size\": 48",
+                                                 "\"intermediate_size\": 40");
+    expect_load_refused(d, "config.json makes it (40, 32)");
+  }
+  {  // a tensor the model does not have
+    const fs::path d = copy_fixture("llama3", "unknown");
+    std::ofstream(d / "config.json")
+        << replaced(config_text("llama3"), "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 1");
+    expect_load_refused(d, "unknown tensor 'model.layers.1.");
+  }
+  {  // an index whose shard leaves the directory
+    const fs::path d = copy_fixture("llama32_bf16_sharded", "escape");
+    std::ifstream in(d / "model.safetensors.index.json");
+    std::string index((std::istreambuf_iterator<char>(in)), {});
+    in.close();
+    const std::string from = "\"model-00001-of-00002.safetensors\"";
+    index.replace(index.find(from), from.size(), "\"../model-00001-of-00002.safetensors\"");
+    std::ofstream(d / "model.safetensors.index.json") << index;
+    expect_load_refused(d, "is not a file name inside the directory");
+  }
+  {  // no weights at all
+    const fs::path d = copy_fixture("qwen2", "empty");
+    fs::remove(d / "model.safetensors");
+    expect_load_refused(d, "has neither model.safetensors nor model.safetensors.index.json");
+  }
+}
+
+// ---- from the CLI ------------------------------------------------------------------------------
+
+std::string joined(const std::vector<int64_t>& ids, const char* sep) {
+  std::string out;
+  for (size_t i = 0; i < ids.size(); ++i) out += (i ? sep : "") + std::to_string(ids[i]);
+  return out;
+}
+
+TEST(HfDecoderCli, GenerateGivesTransformersGreedyIds) {
+  ATTN_REQUIRE_CLI();
+  for (const char* name : {"gemma3", "qwen2", "llama32_bf16_sharded"}) {
+    const Expected want = expected(name);
+    const CliResult r = run_cli("generate --model '" + kFixtures + "/" + name + "' --prompt-ids " +
+                                joined(want.at("prompt").to_int64_vector(), ",") +
+                                " --print-ids --greedy --max-new-tokens 6");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, joined(want.at("greedy").to_int64_vector(), " ") + "\n") << name;
+  }
+}
+
+TEST(HfDecoderCli, InspectSummarisesTheDirectory) {
+  ATTN_REQUIRE_CLI();
+  const CliResult r = run_cli("inspect --json '" + kFixtures + "/gemma3'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["kind"], "huggingface-gemma3_text");
+  EXPECT_EQ(j["config"]["layers"], "SSFS");
+  EXPECT_EQ(j["config"]["rope"]["rope_type"], "linear");
+  EXPECT_EQ(j["parameters"], 43680);
+  EXPECT_EQ(j["dtype"], "F32");
+}
+
+TEST(HfDecoderCli, RefusalsAreOneLine) {
+  ATTN_REQUIRE_CLI();
+  const std::string dir = kFixtures + "/qwen3";
+  for (const std::string& args :
+       {"generate --model '" + dir + "' --prompt hello",
+        "generate --model '" + dir + "' --prompt-ids 1,2",
+        "generate --model '" + dir + "' --prompt-ids 1,200 --print-ids",
+        "generate --model '" + dir + "' --prompt-ids 1 --print-ids --dtype bfloat16",
+        "generate --model '" + dir + "' --prompt-ids 1 --print-ids --max-new-tokens 64"}) {
+    const CliResult r = run_cli(args);
+    EXPECT_NE(r.exit_code, 0) << args;
+    EXPECT_EQ(lines_of(r.err).size(), 1u) << args << ": " << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace attn::test
