@@ -178,6 +178,12 @@ struct PerplexityResult {
 };
 PerplexityResult sliding_window_perplexity(GPTModel& model, const std::vector<int64_t>& ids,
                                            int64_t context, int64_t stride);
+// The same for any model: logits_of(window (1, T) int64) -> (1, T, vocab_size)
+// (the model in evaluation mode); context_length bounds `context`.
+PerplexityResult sliding_window_perplexity(const std::function<Tensor(const Tensor&)>& logits_of,
+                                           int64_t vocab_size, int64_t context_length,
+                                           const std::vector<int64_t>& ids, int64_t context,
+                                           int64_t stride);
 
 // UTF-8 text -> ids with the vocabulary; throws std::invalid_argument naming the
 // first character that is not in it (and its code point).

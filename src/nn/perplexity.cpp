@@ -12,8 +12,21 @@ namespace attn::nn {
 
 PerplexityResult sliding_window_perplexity(GPTModel& model, const std::vector<int64_t>& ids,
                                            int64_t context, int64_t stride) {
+  const bool was_training = model.is_training();
+  model.eval();
+  const PerplexityResult r = sliding_window_perplexity(
+      [&](const Tensor& window) { return model.forward(window); }, model.config().vocab_size,
+      model.config().context_length, ids, context, stride);
+  if (was_training) model.train();
+  return r;
+}
+
+PerplexityResult sliding_window_perplexity(const std::function<Tensor(const Tensor&)>& logits_of,
+                                           int64_t vocab_size, int64_t context_length,
+                                           const std::vector<int64_t>& ids, int64_t context,
+                                           int64_t stride) {
   const auto n = static_cast<int64_t>(ids.size());
-  const GPTConfig& cfg = model.config();
+  const struct { int64_t vocab_size, context_length; } cfg{vocab_size, context_length};
   if (n < 2) {
     throw std::invalid_argument(
         fmt::format("perplexity: needs at least 2 tokens, got {}", n));
@@ -34,8 +47,6 @@ PerplexityResult sliding_window_perplexity(GPTModel& model, const std::vector<in
           cfg.vocab_size));
     }
   }
-  const bool was_training = model.is_training();
-  model.eval();
   const int64_t V = cfg.vocab_size;
   double nll_sum = 0.0;
   int64_t scored = 0, prev_end = 0;
@@ -43,7 +54,7 @@ PerplexityResult sliding_window_perplexity(GPTModel& model, const std::vector<in
     const int64_t end = std::min(begin + context, n);
     const std::vector<int64_t> window(ids.begin() + begin, ids.begin() + end);
     const Tensor logits =
-        model.forward(Tensor::from_int64({1, end - begin}, window)).contiguous();  // (1, T, V)
+        logits_of(Tensor::from_int64({1, end - begin}, window)).contiguous();  // (1, T, V)
     const float* l = logits.data();
     // Targets: positions j in [max(begin + 1, prev_end), end), predicted by row j - 1 - begin.
     for (int64_t j = std::max(begin + 1, prev_end); j < end; ++j) {
@@ -57,7 +68,6 @@ PerplexityResult sliding_window_perplexity(GPTModel& model, const std::vector<in
     prev_end = end;
     if (end == n) break;
   }
-  if (was_training) model.train();
   const double mean = nll_sum / static_cast<double>(scored);
   return {scored, mean, std::exp(mean)};
 }

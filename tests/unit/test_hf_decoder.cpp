@@ -5,7 +5,9 @@
 // each family, both config forms, F32 / F16 / BF16 files and a sharded one.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -15,7 +17,9 @@
 
 #include "attn/decoder.h"
 #include "attn/hf_decoder.h"
+#include "attn/hf_tokenizer.h"
 #include "attn/safetensors.h"
+#include "attn/utf8.h"
 #include "cli.h"
 
 namespace attn::test {
@@ -82,7 +86,9 @@ TEST_P(HfDecoderCase, LogitsLossAndGradientsMatchTransformers) {
     EXPECT_LE(relative_error(p->grad, want.at(key)), 2e-5f) << GetParam() << " " << key;
     ++grads;
   }
-  EXPECT_EQ(grads, static_cast<int64_t>(want.t.size()) - 5);  // ids, logits, loss, prompt, greedy
+  const auto stored = std::count_if(want.t.begin(), want.t.end(),
+                                    [](const auto& kv) { return kv.first.starts_with("grad."); });
+  EXPECT_EQ(grads, stored);
   EXPECT_GT(info.tensors, 0);
 }
 
@@ -279,6 +285,53 @@ TEST(HfDecoderCli, GenerateGivesTransformersGreedyIds) {
   }
 }
 
+// The two fixtures with a tokenizer.json: text in, text out, and a perplexity.
+constexpr const char* kTextPrompt = "First Citizen:\nBefore we proceed any further, hear me speak.";
+
+TEST(HfDecoderCli, TextPromptsGenerateAsTransformers) {
+  ATTN_REQUIRE_CLI();
+  for (const char* name : {"llama3", "qwen3"}) {
+    const std::string dir = kFixtures + "/" + name;
+    const Expected want = expected(name);
+    const text::HfTokenizer tok = text::HfTokenizer::from_file(dir + "/tokenizer.json");
+    EXPECT_EQ(tok.encode(kTextPrompt), want.at("text_prompt_ids").to_int64_vector()) << name;
+    const std::vector<int64_t> greedy = want.at("text_greedy").to_int64_vector();
+    CliResult r = run_cli("generate --model '" + dir + "' --prompt '" + kTextPrompt +
+                          "' --print-ids --greedy --max-new-tokens 8");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, joined(greedy, " ") + "\n") << name;
+    r = run_cli("generate --model '" + dir + "' --prompt '" + kTextPrompt +
+                "' --greedy --max-new-tokens 8");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    const size_t n = want.at("text_prompt_ids").numel();
+    const std::vector<int64_t> added(greedy.begin() + static_cast<std::ptrdiff_t>(n), greedy.end());
+    EXPECT_EQ(r.out, std::string(kTextPrompt) + tok.decode(added) + "\n") << name;
+  }
+}
+
+TEST(HfDecoderCli, EvalIsTheirPerplexityGuide) {
+  ATTN_REQUIRE_CLI();
+  // The first 1,200 characters of the-verdict.txt, as the fixture script scores them.
+  const std::vector<char32_t> cps =
+      decode_utf8(read_text(std::string(ATTN_TESTS_DIR) + "/../data/the-verdict.txt"));
+  std::string text;
+  for (size_t i = 0; i < 1200 && i < cps.size(); ++i) text += encode_utf8(cps[i]);
+  const std::string file = temp_path("verdict.txt");
+  std::ofstream(file, std::ios::binary) << text;
+  for (const char* name : {"llama3", "qwen3"}) {
+    const Expected want = expected(name);
+    const CliResult r = run_cli("eval --model '" + kFixtures + "/" + name + "' --file '" + file +
+                                "' --context 64 --stride 32 --json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["tokens"].get<int64_t>(), want.at("eval_ids").numel() - 1) << name;
+    EXPECT_NEAR(j["mean_loss"].get<double>(), want.at("eval_loss").item(),
+                1e-5 * want.at("eval_loss").item())
+        << name;
+  }
+  std::remove(file.c_str());
+}
+
 TEST(HfDecoderCli, InspectSummarisesTheDirectory) {
   ATTN_REQUIRE_CLI();
   const CliResult r = run_cli("inspect --json '" + kFixtures + "/gemma3'");
@@ -293,13 +346,16 @@ TEST(HfDecoderCli, InspectSummarisesTheDirectory) {
 
 TEST(HfDecoderCli, RefusalsAreOneLine) {
   ATTN_REQUIRE_CLI();
-  const std::string dir = kFixtures + "/qwen3";
+  const std::string dir = kFixtures + "/qwen3",
+                    bare = kFixtures + "/gemma3";  // bare: no tokenizer.json
   for (const std::string& args :
-       {"generate --model '" + dir + "' --prompt hello",
-        "generate --model '" + dir + "' --prompt-ids 1,2",
-        "generate --model '" + dir + "' --prompt-ids 1,200 --print-ids",
+       {"generate --model '" + bare + "' --prompt hello",
+        "generate --model '" + bare + "' --prompt-ids 1,2",
+        "generate --model '" + dir + "' --prompt-ids 1,5000 --print-ids",
         "generate --model '" + dir + "' --prompt-ids 1 --print-ids --dtype bfloat16",
-        "generate --model '" + dir + "' --prompt-ids 1 --print-ids --max-new-tokens 64"}) {
+        "generate --model '" + dir + "' --prompt-ids 1 --print-ids --max-new-tokens 64",
+        "eval --model '" + bare + "' --file '" + dir + "/config.json'",
+        "tokenize --tokenizer '" + bare + "' hello"}) {
     const CliResult r = run_cli(args);
     EXPECT_NE(r.exit_code, 0) << args;
     EXPECT_EQ(lines_of(r.err).size(), 1u) << args << ": " << r.err;

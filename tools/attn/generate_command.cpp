@@ -27,6 +27,7 @@
 #include "attn/kernels.h"
 #include "attn/random.h"
 #include "attn/utf8.h"
+#include "hf_text.h"
 #include "model_text.h"
 
 namespace attn::cli {
@@ -205,9 +206,9 @@ void run_benchmark(nn::GPTModel& model, const std::vector<int64_t>& prompt, int6
 
 }  // namespace
 
-// A Llama 3 / Qwen / Gemma directory (attn/hf_decoder.h): ids in, ids out
-// (attn reads these families' tokenizers in a later step), stopping at the
-// family's end ids; --benchmark times the prompt and the cached decode.
+// A Llama 3 / Qwen / Gemma directory (attn/hf_decoder.h): its tokenizer.json
+// (or ids in and out), stopping at the family's end ids; --benchmark times the
+// prompt and the cached decode.
 int run_decoder(const Flags& f, float temperature) {
   if (f.dtype != "float32") {
     throw UsageError(fmt::format(
@@ -217,12 +218,6 @@ int run_decoder(const Flags& f, float temperature) {
   }
   if (f.no_cache)
     throw UsageError("generate: --no-cache is GPT-2's; this model always uses its cache");
-  if (!f.prompt.empty()) {
-    throw UsageError(fmt::format(
-        "generate: '{}' is a {} model, whose tokenizer attn does not read yet: give --prompt-ids "
-        "with --print-ids",
-        printable(f.checkpoint), io::read_hf_decoder_config(f.checkpoint).model_type));
-  }
   std::unique_ptr<nn::DecoderLM> model;
   const io::HfDecoderInfo info = io::load_hf_decoder(f.checkpoint, model);
   const int64_t V = model->config().vocab_size;
@@ -230,20 +225,30 @@ int run_decoder(const Flags& f, float temperature) {
     throw UsageError(fmt::format("generate: --top-k must be at most the vocabulary size {}, got {}",
                                  V, *f.top_k));
   }
+  // The tokenizer only when text goes in or comes out.
+  std::optional<text::HfTokenizer> tok;
+  if (!f.prompt.empty() || (!f.print_ids && !f.benchmark)) tok = load_hf_tokenizer(f.checkpoint);
   Generator gen(f.seed);
   std::vector<int64_t> ids;
   if (!f.prompt_ids.empty()) {
     ids = parse_ids(f.prompt_ids, V);
+  } else if (!f.prompt.empty()) {
+    ids = tok->encode(f.prompt);  // with the BOS its post-processor adds, as transformers does
+    for (const int64_t id : ids) {
+      if (id >= V) {
+        throw std::invalid_argument(fmt::format(
+            "generate: the tokenizer gives id {}, past the model's vocab_size {}", id, V));
+      }
+    }
   } else if (f.benchmark) {
     for (int64_t i = 0; i < f.prompt_tokens; ++i) {
       ids.push_back(static_cast<int64_t>(gen.random64() % static_cast<uint64_t>(V)));
     }
   } else {
-    throw UsageError("generate: give --prompt-ids IDS (with --print-ids)");
+    throw UsageError("generate: give --prompt TEXT or --prompt-ids IDS");
   }
-  if (!f.print_ids && !f.benchmark) {
-    throw UsageError("generate: without a tokenizer the output is ids: add --print-ids");
-  }
+  if (ids.empty())
+    throw UsageError(fmt::format("generate: the prompt '{}' has no tokens", printable(f.prompt)));
   const int64_t T0 = static_cast<int64_t>(ids.size());
   const Tensor prompt = Tensor::from_int64({1, T0}, ids);
   if (f.benchmark) {
@@ -274,17 +279,28 @@ int run_decoder(const Flags& f, float temperature) {
         static_cast<double>(cache.bytes()) / (1 << 20));
     return std::cout ? 0 : 1;
   }
-  for (size_t i = 0; i < ids.size(); ++i) std::cout << (i ? " " : "") << ids[i];
+  std::optional<HfStreamText> stream;
+  if (f.print_ids) {
+    for (size_t i = 0; i < ids.size(); ++i) std::cout << (i ? " " : "") << ids[i];
+  } else {
+    std::cout << (f.prompt.empty() ? tok->decode(ids, true) : f.prompt);
+    stream.emplace(*tok);
+  }
   std::cout.flush();
   nn::GenerateOptions gopt{.max_new_tokens = f.max_new_tokens,
                            .temperature = temperature,
                            .top_k = f.top_k.value_or(0),
                            .top_p = f.top_p};
   gopt.on_token = [&](const std::vector<int64_t>& next) {
-    std::cout << ' ' << next[0];
+    if (stream) {
+      std::cout << stream->push(next[0]);
+    } else {
+      std::cout << ' ' << next[0];
+    }
     std::cout.flush();
   };
   nn::generate(*model, prompt, gopt, gen, info.hf.eos_token_ids);
+  if (stream) std::cout << stream->flush();
   std::cout << '\n';
   std::cout.flush();
   return std::cout ? 0 : 1;

@@ -15,6 +15,7 @@
 #include <stdexcept>
 
 #include "attn/utf8.h"
+#include "hf_text.h"
 
 namespace attn::cli {
 
@@ -118,12 +119,16 @@ Command add_tokenize_command(CLI::App& app) {
     bool allow_special = false;
     bool json = false;
     bool decode = false;
+    std::string tokenizer;
+    bool no_special = false;
+    bool skip_special = false;
   };
   auto flags = std::make_shared<Flags>();
   CLI::App* cmd = app.add_subcommand(
       "tokenize",
-      "GPT-2's byte-level BPE tokenizer (the ids tiktoken's gpt2 encoding gives): text to ids, "
-      "or ids to text with --decode");
+      "GPT-2's byte-level BPE tokenizer (the ids tiktoken's gpt2 encoding gives), or a Hugging "
+      "Face tokenizer.json (--tokenizer: Llama 3, Qwen, Gemma): text to ids, or ids to text with "
+      "--decode");
   cmd->footer(
       "Examples:\n"
       "  attn tokenize 'Hello, I am'              -> 15496 11 314 716\n"
@@ -132,6 +137,7 @@ Command add_tokenize_command(CLI::App& app) {
       "  attn tokenize --allow-special 'a<|endoftext|>b'   -> 64 50256 65\n"
       "  attn tokenize --decode 15496 11 314 716   -> Hello, I am\n"
       "  echo 'Hello' | attn tokenize\n"
+      "  attn tokenize --tokenizer DIR 'Hello'     # DIR/tokenizer.json (Llama 3, Qwen, Gemma)\n"
       "With neither TEXT/IDS nor --file, the input is read from stdin.");
   cmd->add_option("args", flags->args,
                   "The text (one argument; quote it), or the ids with --decode")
@@ -142,11 +148,65 @@ Command add_tokenize_command(CLI::App& app) {
                 "Encode \"<|endoftext|>\" as the special token 50256 (else it is ordinary text)");
   cmd->add_flag("--json", flags->json, "Print the ids and each token's spelling and text as JSON");
   cmd->add_flag("--decode", flags->decode, "Turn ids into text");
+  cmd->add_option("--tokenizer", flags->tokenizer,
+                  "A Hugging Face tokenizer.json, or a model directory holding one, instead of "
+                  "GPT-2's (its added tokens are always matched, as tokenizers matches them)")
+      ->type_name("FILE|DIR");
+  cmd->add_flag("--no-special", flags->no_special,
+                "With --tokenizer: without the special tokens its post-processor adds (a BOS)");
+  cmd->add_flag("--skip-special", flags->skip_special,
+                "With --tokenizer --decode: leave the special tokens out of the text");
   auto run = [flags]() -> int {
-    const text::Tokenizer& tok = text::Tokenizer::gpt2();
     if (!flags->args.empty() && !flags->file.empty())
       throw UsageError(flags->decode ? "give the ids as arguments or --file, not both"
                                      : "give the text as an argument or --file, not both");
+    if (flags->tokenizer.empty() && (flags->no_special || flags->skip_special)) {
+      throw UsageError("--no-special and --skip-special go with --tokenizer");
+    }
+    if (!flags->tokenizer.empty()) {
+      if (flags->allow_special) {
+        throw UsageError(
+            "--allow-special is GPT-2's; a tokenizer.json's added tokens are always matched");
+      }
+      const text::HfTokenizer hf = load_hf_tokenizer(flags->tokenizer);
+      if (flags->decode) {
+        if (flags->json)
+          throw UsageError("--json is for encoding; --decode writes the text itself");
+        std::vector<int64_t> ids;
+        try {
+          for (const auto& a : flags->args) {
+            for (int64_t id : parse_ids(a)) ids.push_back(id);
+          }
+          if (flags->args.empty()) ids = parse_ids(read_input(flags->file));
+        } catch (const std::invalid_argument& e) {
+          throw UsageError(e.what());
+        }
+        std::cout << hf.decode(ids, flags->skip_special);
+        std::cout.flush();
+        return std::cout ? 0 : 1;
+      }
+      if (flags->skip_special) throw UsageError("--skip-special goes with --decode");
+      if (flags->args.size() > 1)
+        throw UsageError(fmt::format("give the text as one argument (quote it); got {} arguments",
+                                     flags->args.size()));
+      const std::string input = flags->args.empty() ? read_input(flags->file) : flags->args[0];
+      const std::vector<int64_t> ids = hf.encode(input, !flags->no_special);
+      if (flags->json) {
+        nlohmann::ordered_json j;
+        j["ids"] = ids;
+        std::vector<std::string> tokens;
+        for (const int64_t id : ids) tokens.push_back(hf.id_to_token(id));
+        j["tokens"] = tokens;
+        std::cout << j.dump() << '\n';
+      } else {
+        std::string line;
+        for (size_t k = 0; k < ids.size(); ++k) line += (k ? " " : "") + std::to_string(ids[k]);
+        std::cout << line << '\n';
+      }
+      std::cout.flush();
+      return std::cout ? 0 : 1;
+    }
+    const text::Tokenizer& tok = text::Tokenizer::gpt2();
     if (flags->decode) {
       if (flags->json) throw UsageError("--json is for encoding; --decode writes the text itself");
       if (flags->allow_special)
