@@ -126,7 +126,8 @@ class DecoderAttention : public Module {
   struct Qkv {
     Tensor q, k, v;  // (B, H, T, hd), (B, Hkv, T, hd) x2: rotated, head-major views
   };
-  Qkv project(const Tensor& x, const RopeParams& rope, int64_t offset);
+  // eval: evaluation's products (GEMV for a few rows), nothing kept for backward.
+  Qkv project(const Tensor& x, const RopeParams& rope, int64_t offset, bool eval);
   DecoderConfig cfg_;
   Tensor q_, k_, v_, out_, lse_, cos_, sin_;  // saved by forward
   int64_t window_ = 0;
@@ -138,8 +139,10 @@ class DecoderLayer : public Module {
   DecoderLayer(const DecoderConfig& cfg, int64_t index, Generator& gen);
   Tensor forward(const Tensor& x, const RopeParams& rope);
   Tensor backward(const Tensor& dy);
-  // The layer with self_attn's attention given (attn/decoder.h forward_cached).
-  Tensor forward_with(const Tensor& x, const std::function<Tensor(const Tensor&)>& attention);
+  // The layer with self_attn's attention given; eval: the feed-forward on
+  // evaluation's products, nothing kept for backward (forward_cached).
+  Tensor forward_with(const Tensor& x, const std::function<Tensor(const Tensor&)>& attention,
+                      bool eval);
   int64_t window() const { return window_; }
   RMSNorm input_layernorm;
   DecoderAttention self_attn;
@@ -174,6 +177,15 @@ class DecoderLM : public Module {
   float forward_loss(const Tensor& ids);
   void backward_loss(float dloss = 1.0f);
   const DecoderConfig& config() const { return cfg_; }
+  // Inference with bf16 weights: every matrix (the Linears' weights and the
+  // embedding, tied or not) becomes bf16, rounded to nearest even, in place
+  // of its float32 value (half the memory, half the bytes each decoded token
+  // reads); each product then takes bf16 operands (the activations rounded as
+  // they enter it) and sums in float32; norms, RoPE, attention, the residual
+  // stream and the logits stay float32. forward() then runs the cached path
+  // (evaluation only; in training mode it throws std::logic_error).
+  void use_bf16_weights();
+  DType weights_dtype() const;  // kFloat32, or kBFloat16 after use_bf16_weights
   // The tables of full and sliding layers, with at least `positions` rows
   // (made on first use, up to context_length).
   const RopeParams& rope_tables(bool sliding, int64_t positions);
@@ -218,8 +230,13 @@ struct DecoderKVCache {
 DecoderKVCache make_kv_cache(const DecoderLM& model, int64_t batch, int64_t capacity);
 
 // ids_new (B, T_new) at positions length .. length + T_new - 1 -> logits (B, T_new, V),
-// equal to forward()'s rows for them; then length += T_new. Evaluation only.
-Tensor forward_cached(DecoderLM& model, const Tensor& ids_new, DecoderKVCache& cache);
+// equal to forward()'s rows for them; then length += T_new. Evaluation only:
+// with at most 16 rows (B · T_new) every product streams its weights once
+// (GEMV, attn/decode_kernels.h). last_only: the logits of the last position
+// alone (B, 1, V), what generation samples from (the head is skipped for the
+// prompt's other rows).
+Tensor forward_cached(DecoderLM& model, const Tensor& ids_new, DecoderKVCache& cache,
+                      bool last_only = false);
 
 // Generation as attn/generate.h's generate with the cache: prompt (B, T) ->
 // (B, T + n); stops early when every row's token is options.eos_id or one of

@@ -198,12 +198,15 @@ class RMSNorm : public Module {
 // LinearOptions' default engine (the BLAS: PyTorch's sums); the gating in
 // plain loops for now (no fused kernel yet).
 enum class GateActivation { kSiLU, kGeluTanh };
+// act(h) elementwise, float32: what GatedFeedForward applies to fc1's output.
+Tensor gate_activation(const Tensor& h, GateActivation act);
 class GatedFeedForward : public Module {
  public:
   GatedFeedForward(int64_t emb_dim, int64_t hidden_dim, GateActivation act,
                    Generator& gen = default_generator());
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
+  GateActivation activation() const { return act_; }
   Linear fc1, fc2, fc3;
 
  private:

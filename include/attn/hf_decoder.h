@@ -100,7 +100,11 @@ struct HfDecoderInfo {
 };
 
 // Builds the DecoderLM of DIR and loads every weight; the model is in eval()
-// mode. Throws std::invalid_argument / std::runtime_error before returning.
-HfDecoderInfo load_hf_decoder(const std::string& dir, std::unique_ptr<nn::DecoderLM>& model);
+// mode. dtype kBFloat16: every matrix is read straight into bf16 (a BF16 file
+// copied, F32/F16 rounded to nearest even; DecoderLM::use_bf16_weights), so
+// no float32 copy of them is ever made: inference at half the memory.
+// Throws std::invalid_argument / std::runtime_error before returning.
+HfDecoderInfo load_hf_decoder(const std::string& dir, std::unique_ptr<nn::DecoderLM>& model,
+                              DType dtype = DType::kFloat32);
 
 }  // namespace attn::io

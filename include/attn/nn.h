@@ -159,6 +159,19 @@ class Module {
 
 // ---- building blocks ---------------------------------------------------------------
 
+// While one lives (on this thread), Linear and Embedding make their parameters
+// without initialising them: uninitialised storage, no draws from the
+// generator (transformers' no_init_weights, for a model whose every weight a
+// file is about to overwrite; a loader makes one around the constructor).
+class NoInitScope {
+ public:
+  NoInitScope();
+  ~NoInitScope();
+  NoInitScope(const NoInitScope&) = delete;
+  NoInitScope& operator=(const NoInitScope&) = delete;
+  static bool active();
+};
+
 struct LinearOptions {
   int64_t in_features = 0;
   int64_t out_features = 0;

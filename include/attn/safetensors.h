@@ -137,6 +137,10 @@ class MappedSafetensors {
   // widened (exactly). Any other dtype throws std::runtime_error naming the
   // file, the tensor and its dtype.
   void read_float32(const SafetensorsEntry& e, float* dst) const;
+  // The same as bf16 (as uint16 words, attn/bfloat16.h): BF16 copied, F32
+  // rounded to nearest even as PyTorch's .to(torch.bfloat16), F16 widened then
+  // rounded. Other dtypes throw as read_float32.
+  void read_bfloat16(const SafetensorsEntry& e, uint16_t* dst) const;
 
  private:
   std::string path_;

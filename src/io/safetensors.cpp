@@ -5,7 +5,6 @@
 // every entry and the tiling of the data section are checked before the first
 // byte of tensor data is read, and every read stays inside what was checked.
 #include "attn/safetensors.h"
-#include "attn/utf8.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -26,6 +25,7 @@
 #include <tuple>
 
 #include "attn/atomic_file.h"
+#include "attn/bfloat16.h"
 #include "attn/utf8.h"
 
 static_assert(std::endian::native == std::endian::little,
@@ -682,6 +682,31 @@ void MappedSafetensors::read_float32(const SafetensorsEntry& e, float* dst) cons
       uint16_t h;
       std::memcpy(&h, b.data() + 2 * i, 2);  // unaligned-safe, little-endian
       dst[i] = bf16 ? std::bit_cast<float>(static_cast<uint32_t>(h) << 16) : half_to_float(h);
+    }
+  } else {
+    fail(printable(path_),
+         fmt::format("tensor '{}' has dtype {}; attn reads weights of F32, F16 or BF16",
+                     printable(e.name), e.dtype));
+  }
+}
+
+void MappedSafetensors::read_bfloat16(const SafetensorsEntry& e, uint16_t* dst) const {
+  const std::span<const std::byte> b = bytes(e);
+  const size_t n = static_cast<size_t>(e.nbytes() / e.element_size);
+  if (e.dtype == "BF16") {
+    if (n > 0) std::memcpy(dst, b.data(), b.size());
+  } else if (e.dtype == "F32" || e.dtype == "F16") {
+    const bool f32 = e.dtype == "F32";
+    for (size_t i = 0; i < n; ++i) {
+      float f;
+      if (f32) {
+        std::memcpy(&f, b.data() + 4 * i, 4);
+      } else {
+        uint16_t h;
+        std::memcpy(&h, b.data() + 2 * i, 2);
+        f = half_to_float(h);
+      }
+      dst[i] = to_bfloat16(f).bits;
     }
   } else {
     fail(printable(path_),

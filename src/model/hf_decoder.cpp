@@ -16,6 +16,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "attn/bfloat16.h"
 #include "attn/safetensors.h"
 #include "attn/utf8.h"
 
@@ -452,7 +453,12 @@ std::vector<std::string> hf_decoder_weight_files(const std::string& dir,
   return out;
 }
 
-HfDecoderInfo load_hf_decoder(const std::string& dir, std::unique_ptr<nn::DecoderLM>& model) {
+HfDecoderInfo load_hf_decoder(const std::string& dir, std::unique_ptr<nn::DecoderLM>& model,
+                              DType dtype) {
+  if (dtype != DType::kFloat32 && dtype != DType::kBFloat16) {
+    throw std::invalid_argument(fmt::format(
+        "load_hf_decoder: dtype must be float32 or bfloat16, got {}", dtype_name(dtype)));
+  }
   HfDecoderInfo info;
   info.hf = read_hf_decoder_config(dir);
   const fs::path d(dir);
@@ -487,7 +493,10 @@ HfDecoderInfo load_hf_decoder(const std::string& dir, std::unique_ptr<nn::Decode
     }
   }
 
-  model = std::make_unique<nn::DecoderLM>(info.hf.config);
+  {
+    const nn::NoInitScope no_init;  // every weight comes from the files (checked below)
+    model = std::make_unique<nn::DecoderLM>(info.hf.config);
+  }
   std::set<std::string> used;
   for (auto& [attn_name, param] : model->named_parameters()) {
     const std::string name = hf_decoder_name(attn_name);
@@ -503,7 +512,12 @@ HfDecoderInfo load_hf_decoder(const std::string& dir, std::unique_ptr<nn::Decode
                                               named(map->path()), named(name), shape_str(e->shape),
                                               shape_str(param->value.shape())));
     }
-    map->read_float32(*e, param->value.data());
+    if (dtype == DType::kBFloat16 && param->value.dim() == 2) {  // a matrix, kept bf16
+      param->value = Tensor::empty(e->shape, DType::kBFloat16);
+      map->read_bfloat16(*e, reinterpret_cast<uint16_t*>(param->value.data_ptr<BFloat16>()));
+    } else {
+      map->read_float32(*e, param->value.data());
+    }
     dtypes.insert(e->dtype);
     used.insert(name);
     ++info.tensors;
@@ -521,6 +535,9 @@ HfDecoderInfo load_hf_decoder(const std::string& dir, std::unique_ptr<nn::Decode
                     named(where.first->path()), named(name), info.hf.model_type));
   }
   info.file_dtype = dtypes.size() == 1 ? *dtypes.begin() : "mixed";
+  if (dtype == DType::kBFloat16 && info.hf.config.tie_embeddings) {
+    nn::tie(model->lm_head.weight, model->model.embed_tokens.weight);  // the bf16 value
+  }
   model->eval();
   return info;
 }

@@ -9,6 +9,9 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "attn/bfloat16.h"
+#include "attn/decode_kernels.h"
+#include "attn/gemm.h"
 #include "attn/ops.h"
 #include "attn/sdpa.h"
 
@@ -122,6 +125,63 @@ Tensor merge_heads(const Tensor& x) {
   return x.transpose(1, 2).contiguous().view({x.size(0), x.size(2), x.size(1) * x.size(3)});
 }
 
+// Evaluation's products: with at most kGemvRows rows (decoding a token or a
+// few), matrix-vector products that stream each weight once
+// (attn/decode_kernels.h), several in one parallel region; else the Linear.
+constexpr int64_t kGemvRows = 16;
+
+// x (M, K) float32 -> bf16, rounded to nearest even.
+Tensor to_bf16(const Tensor& x) {
+  const Tensor xc = x.contiguous();
+  Tensor out = Tensor::empty(xc.shape(), DType::kBFloat16);
+  const float* p = xc.data();
+  BFloat16* q = out.data_ptr<BFloat16>();
+  for (int64_t i = 0; i < xc.numel(); ++i) q[i] = to_bfloat16(p[i]);
+  return out;
+}
+
+std::vector<Tensor> linear_eval(const std::vector<Linear*>& layers, const Tensor& x) {
+  const int64_t in = layers[0]->options().in_features;
+  const int64_t M = x.numel() / in;
+  const bool bf16 = layers[0]->weight.value.dtype() == DType::kBFloat16;
+  std::vector<Tensor> ys;
+  if (!bf16 && M > kGemvRows) {
+    for (Linear* l : layers) ys.push_back(l->forward(x));
+    return ys;
+  }
+  const Tensor xc = x.contiguous();
+  const Tensor xb = bf16 ? to_bf16(xc) : Tensor();  // bf16 weights: bf16 operands, fp32 sums
+  std::vector<kernels::GemvProblem> problems;
+  for (Linear* l : layers) {
+    const int64_t out = l->options().out_features;
+    Shape shape = x.shape();
+    shape.back() = out;
+    ys.push_back(Tensor::empty(shape));
+    float* y = ys.back().data();
+    const float* bias = l->bias.value.empty() ? nullptr : l->bias.value.data();
+    if (!bf16) {
+      problems.push_back({y, out, xc.data(), in, l->weight.value.data(), bias, M, out, in});
+    } else if (M <= kGemvRows) {
+      kernels::gemv_forward_bf16(y, out, xb.data_ptr<BFloat16>(), in,
+                                 l->weight.value.data_ptr<BFloat16>(), bias, M, out, in);
+    } else {  // y = x Wᵀ (+ bias)
+      gemm::gemm_bf16(gemm::Trans::kNo, gemm::Trans::kYes, M, out, in, 1.0f,
+                      xb.data_ptr<BFloat16>(), in, l->weight.value.data_ptr<BFloat16>(), in, 0.0f,
+                      y, out);
+      if (bias != nullptr) {
+        for (int64_t m = 0; m < M; ++m) {
+          for (int64_t n = 0; n < out; ++n) y[m * out + n] += bias[n];
+        }
+      }
+    }
+  }
+  if (!problems.empty())
+    kernels::gemv_forward_batch(problems.data(), static_cast<int64_t>(problems.size()));
+  return ys;
+}
+
+Tensor linear_eval(Linear& layer, const Tensor& x) { return linear_eval({&layer}, x)[0]; }
+
 }  // namespace
 
 // ---- attention --------------------------------------------------------------------------------
@@ -159,12 +219,18 @@ SdpaOptions DecoderAttention::sdpa_options(int64_t window) const {
 }
 
 DecoderAttention::Qkv DecoderAttention::project(const Tensor& x, const RopeParams& rope,
-                                                int64_t offset) {
+                                                int64_t offset, bool eval) {
   const int64_t B = x.size(0), T = x.size(1), H = cfg_.num_heads, Hkv = cfg_.num_kv_heads,
                 hd = cfg_.head_dim;
-  Tensor q = q_proj.forward(x).view({B, T, H, hd});  // (B, T, H, hd)
-  Tensor k = k_proj.forward(x).view({B, T, Hkv, hd});
-  Tensor v = v_proj.forward(x);  // (B, T, Hkv·hd)
+  std::vector<Tensor> qkv;
+  if (eval) {
+    qkv = linear_eval({&q_proj, &k_proj, &v_proj}, x);
+  } else {
+    qkv = {q_proj.forward(x), k_proj.forward(x), v_proj.forward(x)};
+  }
+  Tensor q = qkv[0].view({B, T, H, hd});  // (B, T, H, hd)
+  Tensor k = qkv[1].view({B, T, Hkv, hd});
+  Tensor v = qkv[2];  // (B, T, Hkv·hd)
   if (q_norm) {
     q = q_norm->forward(q);
     k = k_norm->forward(k);
@@ -178,7 +244,7 @@ DecoderAttention::Qkv DecoderAttention::project(const Tensor& x, const RopeParam
 }
 
 Tensor DecoderAttention::forward(const Tensor& x, const RopeParams& rope, int64_t window) {
-  Qkv p = project(x, rope, 0);
+  Qkv p = project(x, rope, 0, false);
   const SdpaOptions o = sdpa_options(window);
   SdpaForward f = scaled_dot_product_attention_forward(p.q, p.k, p.v, o);
   q_ = p.q;
@@ -218,8 +284,8 @@ Tensor DecoderAttention::backward(const Tensor& dy) {
 Tensor DecoderAttention::forward_with(
     const Tensor& x_new, const RopeParams& rope, int64_t offset,
     const std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>& attend) {
-  Qkv p = project(x_new, rope, offset);
-  return o_proj.forward(merge_heads(attend(p.q, p.k, p.v)));
+  Qkv p = project(x_new, rope, offset, true);
+  return linear_eval(o_proj, merge_heads(attend(p.q, p.k, p.v)));
 }
 
 // ---- layer ------------------------------------------------------------------------------------
@@ -246,18 +312,27 @@ DecoderLayer::DecoderLayer(const DecoderConfig& cfg, int64_t index, Generator& g
 }
 
 Tensor DecoderLayer::forward_with(const Tensor& x,
-                                  const std::function<Tensor(const Tensor&)>& attention) {
+                                  const std::function<Tensor(const Tensor&)>& attention,
+                                  bool eval) {
   Tensor o = attention(input_layernorm.forward(x));
   if (sandwich_) o = post_attention_layernorm.forward(o);
   const Tensor h = add(x, o);  // (B, T, E)
-  Tensor f = mlp.forward(sandwich_ ? pre_feedforward_layernorm->forward(h)
-                                   : post_attention_layernorm.forward(h));
+  const Tensor f_in =
+      sandwich_ ? pre_feedforward_layernorm->forward(h) : post_attention_layernorm.forward(h);
+  Tensor f;
+  if (eval) {  // mlp's maths without what backward keeps, on evaluation's products
+    const std::vector<Tensor> gu = linear_eval({&mlp.fc1, &mlp.fc2}, f_in);
+    f = linear_eval(mlp.fc3, mul(gate_activation(gu[0], mlp.activation()), gu[1]));
+  } else {
+    f = mlp.forward(f_in);
+  }
   if (sandwich_) f = post_feedforward_layernorm->forward(f);
   return add(h, f);
 }
 
 Tensor DecoderLayer::forward(const Tensor& x, const RopeParams& rope) {
-  return forward_with(x, [&](const Tensor& a) { return self_attn.forward(a, rope, window_); });
+  return forward_with(
+      x, [&](const Tensor& a) { return self_attn.forward(a, rope, window_); }, false);
 }
 
 Tensor DecoderLayer::backward(const Tensor& dy) {
@@ -311,7 +386,23 @@ Tensor DecoderLM::embed(const Tensor& ids) {
         fmt::format("DecoderLM: ids must be (B, T) int64 with T >= 1, got {} {}",
                     dtype_name(ids.dtype()), shape_str(ids.shape())));
   }
-  Tensor h = model.embed_tokens.forward(ids);  // (B, T, E); checks the ids' range
+  Tensor h;
+  if (weights_dtype() == DType::kBFloat16) {  // the rows widened (exactly)
+    const int64_t E = cfg_.hidden_size, n = ids.numel();
+    const Tensor idc = ids.contiguous();
+    h = Tensor::empty({ids.size(0), ids.size(1), E});
+    const BFloat16* w = model.embed_tokens.weight.value.data_ptr<BFloat16>();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t id = idc.data_ptr<int64_t>()[i];
+      if (id < 0 || id >= cfg_.vocab_size) {
+        throw std::invalid_argument(fmt::format(
+            "DecoderLM: token id {} is out of range for vocab_size {}", id, cfg_.vocab_size));
+      }
+      to_float(w + id * E, h.data() + i * E, static_cast<size_t>(E));
+    }
+  } else {
+    h = model.embed_tokens.forward(ids);  // (B, T, E); checks the ids' range
+  }
   if (cfg_.scale_embeddings) {
     h = mul(h, static_cast<float>(std::sqrt(static_cast<double>(cfg_.hidden_size))));
   }
@@ -319,7 +410,8 @@ Tensor DecoderLM::embed(const Tensor& ids) {
 }
 
 Tensor DecoderLM::head(const Tensor& h, bool save) {
-  Tensor logits = lm_head.forward(model.norm.forward(h));  // (B, T, V)
+  const Tensor n = model.norm.forward(h);
+  Tensor logits = save ? lm_head.forward(n) : linear_eval(lm_head, n);  // (B, T, V)
   if (cfg_.final_softcap > 0.0f) {
     const float c = cfg_.final_softcap;
     Tensor t = Tensor::empty(logits.shape());
@@ -334,11 +426,31 @@ Tensor DecoderLM::head(const Tensor& h, bool save) {
   return logits;
 }
 
+DType DecoderLM::weights_dtype() const { return model.embed_tokens.weight.value.dtype(); }
+
+void DecoderLM::use_bf16_weights() {
+  for (auto& [name, p] : named_parameters()) {
+    if (p->value.dim() == 2 && p->value.dtype() == DType::kFloat32) {
+      p->value = to_bf16(p->value);
+      p->grad = Tensor();
+    }
+  }
+  if (cfg_.tie_embeddings) tie(lm_head.weight, model.embed_tokens.weight);
+}
+
 Tensor DecoderLM::forward(const Tensor& ids) {
   const int64_t T = ids.dim() == 2 ? ids.size(1) : 0;
   if (T > cfg_.context_length) {
     throw std::invalid_argument(
         fmt::format("DecoderLM: {} tokens pass context_length {}", T, cfg_.context_length));
+  }
+  if (weights_dtype() == DType::kBFloat16) {  // inference: the cached path on an empty cache
+    if (is_training()) {
+      throw std::logic_error(
+          "DecoderLM: bf16 weights are for inference; load float32 weights to train");
+    }
+    DecoderKVCache cache = make_kv_cache(*this, ids.size(0), std::max<int64_t>(T, 1));
+    return forward_cached(*this, ids, cache);
   }
   Tensor h = embed(ids);
   for (auto& layer : model.layers) h = layer->forward(h, rope_tables(layer->window() > 0, T));
@@ -461,7 +573,8 @@ Tensor gather(const Tensor& ring, int64_t p0, int64_t n) {
 
 }  // namespace
 
-Tensor forward_cached(DecoderLM& model, const Tensor& ids_new, DecoderKVCache& cache) {
+Tensor forward_cached(DecoderLM& model, const Tensor& ids_new, DecoderKVCache& cache,
+                      bool last_only) {
   if (ids_new.dim() != 2 || ids_new.size(0) != cache.batch || ids_new.size(1) < 1 ||
       ids_new.dtype() != DType::kInt64) {
     throw std::invalid_argument(fmt::format(
@@ -483,41 +596,45 @@ Tensor forward_cached(DecoderLM& model, const Tensor& ids_new, DecoderKVCache& c
     DecoderKVCache::Layer& cl = cache.layers[i];
     const RopeParams& rope = model.rope_tables(cl.window > 0, p0 + T);
     const SdpaOptions full = layer.self_attn.sdpa_options(cl.window);
-    h = layer.forward_with(h, [&](const Tensor& a) {
-      return layer.self_attn.forward_with(
-          a, rope, p0, [&](const Tensor& q, const Tensor& k, const Tensor& v) {
-            const int64_t R = cl.keys.size(2);
-            if (cl.window == 0) {  // rows [0, p0 + T): causal, aligned bottom right
-              store(cl.keys, k, p0);
-              store(cl.values, v, p0);
-              return scaled_dot_product_attention(q, cl.keys.slice(2, 0, p0 + T),
-                                                  cl.values.slice(2, 0, p0 + T), full);
-            }
-            if (T == 1) {  // the ring holds exactly the window's keys once this one is in
-              store(cl.keys, k, p0);
-              store(cl.values, v, p0);
-              SdpaOptions o = full;
-              o.is_causal = false;
-              o.window_left = -1;
-              const int64_t n = std::min(p0 + 1, R);
-              return scaled_dot_product_attention(q, cl.keys.slice(2, 0, n),
-                                                  cl.values.slice(2, 0, n), o);
-            }
-            // Several tokens: the earlier keys the window reaches, in order, then the new ones.
-            const int64_t m = std::min({p0, cl.window - 1, R});
-            Tensor K = k, V = v;
-            if (m > 0) {
-              K = cat({gather(cl.keys, p0 - m, m), k.contiguous()}, 2);
-              V = cat({gather(cl.values, p0 - m, m), v.contiguous()}, 2);
-            }
-            const Tensor out = scaled_dot_product_attention(q, K, V, full);
-            store(cl.keys, k, p0);
-            store(cl.values, v, p0);
-            return out;
-          });
-    });
+    h = layer.forward_with(
+        h,
+        [&](const Tensor& a) {
+          return layer.self_attn.forward_with(
+              a, rope, p0, [&](const Tensor& q, const Tensor& k, const Tensor& v) {
+                const int64_t R = cl.keys.size(2);
+                if (cl.window == 0) {  // rows [0, p0 + T): causal, aligned bottom right
+                  store(cl.keys, k, p0);
+                  store(cl.values, v, p0);
+                  return scaled_dot_product_attention(q, cl.keys.slice(2, 0, p0 + T),
+                                                      cl.values.slice(2, 0, p0 + T), full);
+                }
+                if (T == 1) {  // the ring holds exactly the window's keys once this one is in
+                  store(cl.keys, k, p0);
+                  store(cl.values, v, p0);
+                  SdpaOptions o = full;
+                  o.is_causal = false;
+                  o.window_left = -1;
+                  const int64_t n = std::min(p0 + 1, R);
+                  return scaled_dot_product_attention(q, cl.keys.slice(2, 0, n),
+                                                      cl.values.slice(2, 0, n), o);
+                }
+                // Several tokens: the earlier keys the window reaches, in order, then the new ones.
+                const int64_t m = std::min({p0, cl.window - 1, R});
+                Tensor K = k, V = v;
+                if (m > 0) {
+                  K = cat({gather(cl.keys, p0 - m, m), k.contiguous()}, 2);
+                  V = cat({gather(cl.values, p0 - m, m), v.contiguous()}, 2);
+                }
+                const Tensor out = scaled_dot_product_attention(q, K, V, full);
+                store(cl.keys, k, p0);
+                store(cl.values, v, p0);
+                return out;
+              });
+        },
+        true);
   }
   cache.length += T;
+  if (last_only && T > 1) h = h.slice(1, T - 1, T).contiguous();  // (B, 1, E)
   return model.head(h, false);
 }
 
@@ -551,8 +668,8 @@ Tensor generate(DecoderLM& model, const Tensor& prompt, const GenerateOptions& o
   };
   Tensor step_ids = pc;
   for (int64_t step = 0; step < options.max_new_tokens; ++step) {
-    const Tensor logits = forward_cached(model, step_ids, cache);           // (B, T, V)
-    const Tensor last = logits.select(1, logits.size(1) - 1).contiguous();  // (B, V)
+    const Tensor logits = forward_cached(model, step_ids, cache, true);  // (B, 1, V)
+    const Tensor last = logits.select(1, 0).contiguous();                // (B, V)
     const std::vector<int64_t> next =
         sample_next(last, options.temperature, options.top_k, options.top_p, gen);
     if (std::all_of(next.begin(), next.end(), is_stop)) break;

@@ -187,18 +187,20 @@ GatedFeedForward::GatedFeedForward(int64_t emb_dim, int64_t hidden_dim, GateActi
   register_module("fc3", &fc3);
 }
 
+Tensor gate_activation(const Tensor& h, GateActivation act) {
+  if (act == GateActivation::kGeluTanh) return ref::gelu_forward(h);
+  const Tensor hc = h.contiguous();
+  Tensor a(hc.shape());  // silu(h) = h · σ(h), σ(h) = 1 / (1 + e^-h)
+  const float* hp = hc.data();
+  float* ap = a.data();
+  for (int64_t i = 0; i < hc.numel(); ++i) ap[i] = hp[i] / (1.0f + std::exp(-hp[i]));
+  return a;
+}
+
 Tensor GatedFeedForward::forward(const Tensor& x) {
   h1_ = fc1.forward(x);  // (..., H), checks x
   h2_ = fc2.forward(x);  // (..., H)
-  if (act_ == GateActivation::kGeluTanh) {
-    a_ = ref::gelu_forward(h1_);
-  } else {
-    a_ = Tensor(h1_.shape());  // silu(h) = h · σ(h), σ(h) = 1 / (1 + e^-h)
-    for (int64_t i = 0; i < h1_.numel(); ++i) {
-      const float h = h1_.data()[i];
-      a_.data()[i] = h / (1.0f + std::exp(-h));
-    }
-  }
+  a_ = gate_activation(h1_, act_);
   has_forward_ = true;
   return fc3.forward(mul(a_, h2_));
 }

@@ -154,10 +154,23 @@ Tensor as_bf16(const Tensor& t) {
 }
 }  // namespace
 
+namespace {
+thread_local int no_init_depth = 0;
+}  // namespace
+
+NoInitScope::NoInitScope() { ++no_init_depth; }
+NoInitScope::~NoInitScope() { --no_init_depth; }
+bool NoInitScope::active() { return no_init_depth > 0; }
+
 Linear::Linear(const LinearOptions& options, Generator& gen) : options_(checked(options)) {
-  weight.value = Tensor({options_.out_features, options_.in_features});  // (out, in)
-  if (options_.bias) bias.value = Tensor({options_.out_features});       // (out)
-  init_linear_(weight.value, options_.bias ? &bias.value : nullptr, gen);
+  if (NoInitScope::active()) {
+    weight.value = Tensor::empty({options_.out_features, options_.in_features});
+    if (options_.bias) bias.value = Tensor::empty({options_.out_features});
+  } else {
+    weight.value = Tensor({options_.out_features, options_.in_features});  // (out, in)
+    if (options_.bias) bias.value = Tensor({options_.out_features});       // (out)
+    init_linear_(weight.value, options_.bias ? &bias.value : nullptr, gen);
+  }
   register_parameter("weight", &weight);
   if (options_.bias) register_parameter("bias", &bias);
 }
@@ -273,8 +286,12 @@ const EmbeddingOptions& checked(const EmbeddingOptions& o) {
 }  // namespace
 
 Embedding::Embedding(const EmbeddingOptions& options, Generator& gen) : options_(checked(options)) {
-  weight.value = Tensor({options_.num_embeddings, options_.embedding_dim});  // (num, dim)
-  normal_(weight.value, 0.0f, 1.0f, gen);  // torch.randn(num * dim)
+  if (NoInitScope::active()) {
+    weight.value = Tensor::empty({options_.num_embeddings, options_.embedding_dim});
+  } else {
+    weight.value = Tensor({options_.num_embeddings, options_.embedding_dim});  // (num, dim)
+    normal_(weight.value, 0.0f, 1.0f, gen);  // torch.randn(num * dim)
+  }
   register_parameter("weight", &weight);
 }
 

@@ -121,6 +121,28 @@ TEST_P(HfDecoderCase, CachedChunksEqualTheFullForward) {
   }
 }
 
+// bf16 weights (inference): the matrices rounded to bf16, each product's
+// activations rounded as they enter it, float32 sums. Against the float32
+// model on the same file: within bf16's rounding (the BF16 files' weights are
+// exact, so only the activations' rounding remains there).
+TEST_P(HfDecoderCase, Bf16WeightsStayWithinBf16Rounding) {
+  std::unique_ptr<nn::DecoderLM> fp32, bf16;
+  io::load_hf_decoder(kFixtures + "/" + GetParam(), fp32);
+  io::load_hf_decoder(kFixtures + "/" + GetParam(), bf16, DType::kBFloat16);
+  EXPECT_EQ(bf16->weights_dtype(), DType::kBFloat16);
+  EXPECT_EQ(bf16->lm_head.weight.value.dtype(), DType::kBFloat16);
+  const Tensor ids = expected(GetParam()).at("ids");
+  const Tensor want = fp32->forward(ids);
+  const float error = relative_error(bf16->forward(ids), want);
+  EXPECT_LE(error, 2e-2f) << GetParam();
+  EXPECT_GT(error, 0.0f) << GetParam();  // the activations are rounded
+  // The same weights rounded by use_bf16_weights on a float32 model: the same logits.
+  fp32->use_bf16_weights();
+  EXPECT_EQ(fp32->forward(ids).to_vector(), bf16->forward(ids).to_vector()) << GetParam();
+  bf16->train();
+  EXPECT_THROW(bf16->forward(ids), std::logic_error);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfDecoderCase, ::testing::ValuesIn(kCases));
 
 TEST(HfDecoder, ReadsBothConfigForms) {
@@ -352,7 +374,7 @@ TEST(HfDecoderCli, RefusalsAreOneLine) {
        {"generate --model '" + bare + "' --prompt hello",
         "generate --model '" + bare + "' --prompt-ids 1,2",
         "generate --model '" + dir + "' --prompt-ids 1,5000 --print-ids",
-        "generate --model '" + dir + "' --prompt-ids 1 --print-ids --dtype bfloat16",
+        "generate --model '" + dir + "' --prompt-ids 1 --print-ids --dtype float16",
         "generate --model '" + dir + "' --prompt-ids 1 --print-ids --max-new-tokens 64",
         "eval --model '" + bare + "' --file '" + dir + "/config.json'",
         "tokenize --tokenizer '" + bare + "' hello"}) {

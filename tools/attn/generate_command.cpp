@@ -210,16 +210,15 @@ void run_benchmark(nn::GPTModel& model, const std::vector<int64_t>& prompt, int6
 // (or ids in and out), stopping at the family's end ids; --benchmark times the
 // prompt and the cached decode.
 int run_decoder(const Flags& f, float temperature) {
-  if (f.dtype != "float32") {
-    throw UsageError(fmt::format(
-        "generate: {} models compute in float32 for now (their bf16 files are widened); got "
-        "--dtype {}",
-        io::hf_decoder_types(), printable(f.dtype)));
+  if (f.dtype != "float32" && f.dtype != "bfloat16") {
+    throw UsageError(
+        fmt::format("generate: --dtype must be float32 or bfloat16, got '{}'", printable(f.dtype)));
   }
   if (f.no_cache)
     throw UsageError("generate: --no-cache is GPT-2's; this model always uses its cache");
   std::unique_ptr<nn::DecoderLM> model;
-  const io::HfDecoderInfo info = io::load_hf_decoder(f.checkpoint, model);
+  const io::HfDecoderInfo info = io::load_hf_decoder(
+      f.checkpoint, model, f.dtype == "bfloat16" ? DType::kBFloat16 : DType::kFloat32);
   const int64_t V = model->config().vocab_size;
   if (f.top_k && *f.top_k > V) {
     throw UsageError(fmt::format("generate: --top-k must be at most the vocabulary size {}, got {}",
@@ -259,7 +258,7 @@ int run_decoder(const Flags& f, float temperature) {
     nn::DecoderKVCache cache =
         nn::make_kv_cache(*model, 1, T0 + std::max<int64_t>(1, f.max_new_tokens));
     auto start = std::chrono::steady_clock::now();
-    Tensor logits = nn::forward_cached(*model, prompt, cache);
+    Tensor logits = nn::forward_cached(*model, prompt, cache, true);
     const double prompt_s = seconds_since(start);
     start = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < f.max_new_tokens; ++i) {
@@ -269,11 +268,11 @@ int run_decoder(const Flags& f, float temperature) {
     }
     const double decode_s = seconds_since(start);
     std::cout << fmt::format(
-        "{} ({} layers, {} heads, {} KV heads, {} file, float32, {} threads)\n"
+        "{} ({} layers, {} heads, {} KV heads, {} file, {} weights, {} threads)\n"
         "prompt {} tokens: {:.1f} tokens/s\ndecode {} tokens: {:.1f} tokens/s\nKV cache {:.1f} "
         "MiB\n",
         info.hf.model_type, model->config().num_layers, model->config().num_heads,
-        model->config().num_kv_heads, info.file_dtype, omp_get_max_threads(), T0,
+        model->config().num_kv_heads, info.file_dtype, f.dtype, omp_get_max_threads(), T0,
         static_cast<double>(T0) / prompt_s, f.max_new_tokens,
         static_cast<double>(f.max_new_tokens) / std::max(decode_s, 1e-9),
         static_cast<double>(cache.bytes()) / (1 << 20));
