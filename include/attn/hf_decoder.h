@@ -97,13 +97,18 @@ struct HfDecoderInfo {
   std::string file_dtype;                 // "F32", "F16", "BF16", or "mixed"
   int64_t tensors = 0;                    // tensors loaded
   int64_t ignored = 0;                    // buffers skipped (rotary_emb.inv_freq, a tied lm_head)
+  int64_t mapped = 0;                     // tensors read in place from the files (no copy)
 };
 
 // Builds the DecoderLM of DIR and loads every weight; the model is in eval()
-// mode. dtype kBFloat16: every matrix is read straight into bf16 (a BF16 file
-// copied, F32/F16 rounded to nearest even; DecoderLM::use_bf16_weights), so
-// no float32 copy of them is ever made: inference at half the memory.
-// Throws std::invalid_argument / std::runtime_error before returning.
+// mode. A tensor the file holds in the compute dtype (F32; BF16 for a bf16
+// matrix) is not copied: the parameter views a private, copy-on-write mapping
+// of the file (memory-mapped as llama.cpp maps its GGUF), so the weights take
+// no memory beyond the page cache's and loading costs no copy; the others are
+// converted into memory of their own. dtype kBFloat16: every matrix is read straight into bf16 (a
+// BF16 file copied, F32/F16 rounded to nearest even; DecoderLM::use_bf16_weights), so no float32
+// copy of them is ever made: inference at half the memory. Throws std::invalid_argument /
+// std::runtime_error before returning.
 HfDecoderInfo load_hf_decoder(const std::string& dir, std::unique_ptr<nn::DecoderLM>& model,
                               DType dtype = DType::kFloat32);
 

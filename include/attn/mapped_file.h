@@ -20,6 +20,10 @@ class MappedFile {
   // regular file" (a folder, a FIFO, a device) or "LABEL: cannot mmap N bytes:
   // REASON". An empty file maps to no bytes.
   MappedFile(const std::string& path, const std::string& label);
+  // copy_on_write: mapped private and writable (MAP_PRIVATE): a page written
+  // becomes this process's own copy; the file never changes. What weights read
+  // in place from a checkpoint need, so that training can update them.
+  MappedFile(const std::string& path, const std::string& label, bool copy_on_write);
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
@@ -27,6 +31,8 @@ class MappedFile {
   MappedFile& operator=(MappedFile&& other) noexcept;
 
   const std::byte* data() const { return data_; }
+  // The bytes, writable: a copy_on_write mapping only (nullptr otherwise).
+  std::byte* writable_data() const { return writable_ ? const_cast<std::byte*>(data_) : nullptr; }
   size_t size() const { return size_; }
   std::span<const std::byte> bytes() const { return {data_, size_}; }
   // Tells the kernel that reads will jump about (madvise MADV_RANDOM): no
@@ -36,6 +42,7 @@ class MappedFile {
  private:
   const std::byte* data_ = nullptr;
   size_t size_ = 0;
+  bool writable_ = false;
 };
 
 }  // namespace attn::io

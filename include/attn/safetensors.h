@@ -126,6 +126,9 @@ class MappedSafetensors {
   // Throws std::runtime_error naming the path and what is wrong (as
   // read_safetensors_header does, or the system's reason for open/mmap).
   explicit MappedSafetensors(const std::string& path);
+  // copy_on_write: the mapping private and writable (MappedFile), so that
+  // tensors can be read in place (mutable_data) and still be written.
+  MappedSafetensors(const std::string& path, bool copy_on_write);
 
   const std::string& path() const { return path_; }
   const SafetensorsHeader& header() const { return header_; }
@@ -133,6 +136,8 @@ class MappedSafetensors {
   const SafetensorsEntry* find(const std::string& name) const;
   // The entry's bytes in the mapping: [begin, end) of the data section.
   std::span<const std::byte> bytes(const SafetensorsEntry& e) const;
+  // The entry's first byte, writable: a copy_on_write mapping only (nullptr otherwise).
+  std::byte* mutable_data(const SafetensorsEntry& e) const;
   // The entry's numel values as float32 into dst: F32 copied, BF16 and F16
   // widened (exactly). Any other dtype throws std::runtime_error naming the
   // file, the tensor and its dtype.

@@ -88,6 +88,9 @@ class Storage {
  public:
   // nbytes >= 0; zero-filled unless zero is false.
   explicit Storage(int64_t nbytes, bool zero = true);
+  // nbytes at `data`, memory that `owner` keeps alive (a memory-mapped file):
+  // nothing is allocated or freed here; the storage holds owner until it goes.
+  Storage(std::shared_ptr<void> owner, std::byte* data, int64_t nbytes);
   std::byte* data() { return data_.get(); }
   const std::byte* data() const { return data_.get(); }
   int64_t nbytes() const { return nbytes_; }
@@ -96,6 +99,7 @@ class Storage {
   Storage(detail::Block block, int64_t nbytes);
   struct Free {
     size_t block_bytes;  // the size of the block behind the pointer (>= nbytes)
+    std::shared_ptr<void> owner = nullptr;  // external memory: released with this, never freed
     void operator()(std::byte* p) const;
   };
   std::unique_ptr<std::byte, Free> data_;
@@ -146,6 +150,10 @@ class Tensor {
   static Tensor of(Shape shape, std::initializer_list<float> values);
   // An int64 tensor (token ids), row-major; throws if sizes differ.
   static Tensor from_int64(Shape shape, const std::vector<int64_t>& values);
+  // A contiguous tensor over memory `owner` keeps alive (no copy): a weight
+  // read in place from a memory-mapped file. data must hold numel elements of
+  // dtype, aligned to the element size (std::invalid_argument otherwise).
+  static Tensor wrap(std::shared_ptr<void> owner, void* data, Shape shape, DType dtype);
   // 0, 1, ..., n-1 as float32.
   static Tensor arange(int64_t n);
 

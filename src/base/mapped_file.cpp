@@ -14,7 +14,11 @@
 
 namespace attn::io {
 
-MappedFile::MappedFile(const std::string& path, const std::string& label) {
+MappedFile::MappedFile(const std::string& path, const std::string& label)
+    : MappedFile(path, label, false) {}
+
+MappedFile::MappedFile(const std::string& path, const std::string& label, bool copy_on_write)
+    : writable_(copy_on_write) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw std::runtime_error(fmt::format("{}: cannot open: {}", label, std::strerror(errno)));
   struct stat st {};
@@ -29,7 +33,8 @@ MappedFile::MappedFile(const std::string& path, const std::string& label) {
   }
   size_ = static_cast<size_t>(st.st_size);
   if (size_ > 0) {
-    void* m = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
+    void* m = copy_on_write ? ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0)
+                            : ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
     if (m == MAP_FAILED) {
       const int err = errno;
       ::close(fd);
@@ -46,13 +51,16 @@ MappedFile::~MappedFile() {
 }
 
 MappedFile::MappedFile(MappedFile&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      writable_(std::exchange(other.writable_, false)) {}
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
   if (this != &other) {
     if (data_ != nullptr) ::munmap(const_cast<std::byte*>(data_), size_);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    writable_ = std::exchange(other.writable_, false);
   }
   return *this;
 }

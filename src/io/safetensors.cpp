@@ -654,9 +654,19 @@ uint16_t float_to_half(float f) {
 
 // ---- memory-mapped files ----------------------------------------------------------------------
 
-MappedSafetensors::MappedSafetensors(const std::string& path)
-    : path_(path), map_(path, fmt::format("safetensors file '{}'", printable(path))) {
+MappedSafetensors::MappedSafetensors(const std::string& path) : MappedSafetensors(path, false) {}
+
+MappedSafetensors::MappedSafetensors(const std::string& path, bool copy_on_write)
+    : path_(path),
+      map_(path, fmt::format("safetensors file '{}'", printable(path)), copy_on_write) {
   header_ = parse_header(MemorySource(map_.bytes(), printable(path)));
+}
+
+std::byte* MappedSafetensors::mutable_data(const SafetensorsEntry& e) const {
+  std::byte* base = map_.writable_data();
+  if (base == nullptr) return nullptr;
+  return base + kLengthPrefixBytes + static_cast<size_t>(header_.header_bytes) +
+         static_cast<size_t>(e.begin);
 }
 
 const SafetensorsEntry* MappedSafetensors::find(const std::string& name) const {

@@ -466,11 +466,11 @@ HfDecoderInfo load_hf_decoder(const std::string& dir, std::unique_ptr<nn::Decode
   std::map<std::string, std::string> weight_map;  // tensor -> file (sharded)
   info.weight_files = hf_decoder_weight_files(dir, &weight_map);
 
-  std::vector<std::unique_ptr<MappedSafetensors>> maps;
+  std::vector<std::shared_ptr<MappedSafetensors>> maps;
   std::map<std::string, std::pair<const MappedSafetensors*, const SafetensorsEntry*>> tensors;
   std::set<std::string> dtypes;
   for (const std::string& path : info.weight_files) {
-    maps.push_back(std::make_unique<MappedSafetensors>(path));
+    maps.push_back(std::make_shared<MappedSafetensors>(path, /*copy_on_write=*/true));
     const std::string base = fs::path(path).filename().string();
     for (const SafetensorsEntry& e : maps.back()->header().entries) {
       if (!weight_map.empty()) {
@@ -497,6 +497,8 @@ HfDecoderInfo load_hf_decoder(const std::string& dir, std::unique_ptr<nn::Decode
     const nn::NoInitScope no_init;  // every weight comes from the files (checked below)
     model = std::make_unique<nn::DecoderLM>(info.hf.config);
   }
+  std::map<const MappedSafetensors*, std::shared_ptr<MappedSafetensors>> maps_by_ptr;
+  for (const auto& m : maps) maps_by_ptr[m.get()] = m;
   std::set<std::string> used;
   for (auto& [attn_name, param] : model->named_parameters()) {
     const std::string name = hf_decoder_name(attn_name);
@@ -512,7 +514,19 @@ HfDecoderInfo load_hf_decoder(const std::string& dir, std::unique_ptr<nn::Decode
                                               named(map->path()), named(name), shape_str(e->shape),
                                               shape_str(param->value.shape())));
     }
-    if (dtype == DType::kBFloat16 && param->value.dim() == 2) {  // a matrix, kept bf16
+    // Read in place where the file holds the compute dtype (F32, or BF16 for a
+    // bf16 matrix): the tensor views the private mapping, which stays while
+    // any such tensor lives (a page written becomes the process's own).
+    const bool bf16_matrix = dtype == DType::kBFloat16 && param->value.dim() == 2;
+    const DType want = bf16_matrix ? DType::kBFloat16 : DType::kFloat32;
+    std::byte* in_place = map->mutable_data(*e);
+    const auto align = static_cast<uintptr_t>(element_size(want));
+    if (e->dtype == safetensors_dtype_name(want) && in_place != nullptr &&
+        reinterpret_cast<uintptr_t>(in_place) % align == 0 && e->nbytes() > 0) {
+      const std::shared_ptr<MappedSafetensors> owner = maps_by_ptr.at(map);
+      param->value = Tensor::wrap(owner, in_place, e->shape, want);
+      ++info.mapped;
+    } else if (bf16_matrix) {  // a matrix, kept bf16
       param->value = Tensor::empty(e->shape, DType::kBFloat16);
       map->read_bfloat16(*e, reinterpret_cast<uint16_t*>(param->value.data_ptr<BFloat16>()));
     } else {
@@ -535,8 +549,8 @@ HfDecoderInfo load_hf_decoder(const std::string& dir, std::unique_ptr<nn::Decode
                     named(where.first->path()), named(name), info.hf.model_type));
   }
   info.file_dtype = dtypes.size() == 1 ? *dtypes.begin() : "mixed";
-  if (dtype == DType::kBFloat16 && info.hf.config.tie_embeddings) {
-    nn::tie(model->lm_head.weight, model->model.embed_tokens.weight);  // the bf16 value
+  if (info.hf.config.tie_embeddings) {  // the head views the embedding's new value
+    nn::tie(model->lm_head.weight, model->model.embed_tokens.weight);
   }
   model->eval();
   return info;

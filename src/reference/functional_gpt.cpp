@@ -52,15 +52,20 @@ Tensor rms_norm_forward(const Tensor& x_in, const Tensor& weight_in, float eps, 
   const Tensor x = x_in.contiguous(), weight = weight_in.contiguous();
   Tensor inv_rms({N});  // (N)
   Tensor y(x.shape());  // (..., C)
+  const float* px = x.data();
+  const float* w = weight.data();
+  float* py = y.data();
+  float* pr = inv_rms.data();
+  // Rows are independent: one row per iteration, the same bits for any thread count.
+#pragma omp parallel for schedule(static) if (N * C >= 65536)
   for (int64_t n = 0; n < N; ++n) {
-    const float* row = x.data() + n * C;
+    const float* row = px + n * C;
     double sum_sq = 0.0;
     for (int64_t c = 0; c < C; ++c) sum_sq += static_cast<double>(row[c]) * row[c];
     const float mean_sq = static_cast<float>(sum_sq / static_cast<double>(C));
     const float r = 1.0f / std::sqrt(mean_sq + eps);
-    inv_rms.data()[n] = r;
-    for (int64_t c = 0; c < C; ++c)
-      y.data()[n * C + c] = row[c] * r * (weight.data()[c] + weight_offset);
+    pr[n] = r;
+    for (int64_t c = 0; c < C; ++c) py[n * C + c] = row[c] * r * (w[c] + weight_offset);
   }
   if (saved != nullptr) *saved = {inv_rms};
   return y;
@@ -87,15 +92,17 @@ Tensor rms_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& 
   Tensor dx(x.shape());                                                        // (..., C)
   std::vector<double> dweight_acc(static_cast<size_t>(C), 0.0);                // (C)
   std::vector<float> xhat(static_cast<size_t>(C)), g(static_cast<size_t>(C));  // one row
+  const float* w = weight.data();
+  const float* inv_rms = saved.inv_rms.data();
   for (int64_t n = 0; n < N; ++n) {
     const float* px = x.data() + n * C;
     const float* pdy = dy.data() + n * C;
-    const float r = saved.inv_rms.data()[n];
+    const float r = inv_rms[n];
     double sum_gx = 0.0;
     for (int64_t c = 0; c < C; ++c) {
       const auto i = static_cast<size_t>(c);
       xhat[i] = px[c] * r;
-      g[i] = pdy[c] * (weight.data()[c] + weight_offset);
+      g[i] = pdy[c] * (w[c] + weight_offset);
       sum_gx += static_cast<double>(g[i]) * xhat[i];
       dweight_acc[i] += static_cast<double>(pdy[c]) * xhat[i];
     }

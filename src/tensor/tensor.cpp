@@ -82,7 +82,12 @@ Storage::Storage(int64_t nbytes, bool zero) : Storage(checked_block(nbytes, zero
 Storage::Storage(detail::Block block, int64_t nbytes)
     : data_(block.data, Free{block.bytes}), nbytes_(nbytes) {}
 
-void Storage::Free::operator()(std::byte* p) const { detail::free_block({p, block_bytes}); }
+Storage::Storage(std::shared_ptr<void> owner, std::byte* data, int64_t nbytes)
+    : data_(data, Free{0, std::move(owner)}), nbytes_(nbytes) {}
+
+void Storage::Free::operator()(std::byte* p) const {
+  if (owner == nullptr) detail::free_block({p, block_bytes});
+}
 
 // ---- construction -----------------------------------------------------------------------
 
@@ -133,6 +138,21 @@ Tensor Tensor::zeros(Shape shape, DType dtype) {
   const int64_t n = shape_numel(shape);
   Shape strides = contiguous_strides(shape);
   return Tensor(new_storage(n, dtype, true), dtype, std::move(shape), std::move(strides), 0);
+}
+
+Tensor Tensor::wrap(std::shared_ptr<void> owner, void* data, Shape shape, DType dtype) {
+  const int64_t n = shape_numel(shape);
+  const int64_t size = element_size(dtype);
+  if (n < 0 || (n > 0 && (data == nullptr ||
+                          reinterpret_cast<uintptr_t>(data) % static_cast<uintptr_t>(size) != 0))) {
+    throw std::invalid_argument(
+        fmt::format("Tensor::wrap: {} elements of {} need memory aligned to {} bytes", n,
+                    dtype_name(dtype), size));
+  }
+  Shape strides = contiguous_strides(shape);
+  auto storage =
+      std::make_shared<Storage>(std::move(owner), static_cast<std::byte*>(data), n * size);
+  return Tensor(std::move(storage), dtype, std::move(shape), std::move(strides), 0);
 }
 
 Tensor Tensor::empty(Shape shape, DType dtype) {

@@ -177,6 +177,28 @@ TEST(HfDecoder, ReadsBothConfigForms) {
   EXPECT_EQ(q.eos_token_ids, (std::vector<int64_t>{2}));
 }
 
+// Weights the file holds in the compute dtype are read in place (a private,
+// copy-on-write mapping): writing one (an optimizer step) leaves the file as it was.
+TEST(HfDecoder, WeightsInTheComputeDtypeAreMappedNotCopied) {
+  const fs::path d = fs::path(::testing::TempDir()) / "attn_hf_decoder_mapped";
+  fs::remove_all(d);
+  fs::copy(kFixtures + "/llama3", d, fs::copy_options::recursive);
+  const std::string before = read_text((d / "model.safetensors").string());
+  {
+    std::unique_ptr<nn::DecoderLM> model;
+    const io::HfDecoderInfo info = io::load_hf_decoder(d.string(), model);
+    EXPECT_EQ(info.mapped, info.tensors);  // F32 file, float32 compute: every tensor
+    model->lm_head.weight.value.fill_(0.5f);
+    EXPECT_EQ(model->lm_head.weight.value.to_vector()[0], 0.5f);
+    std::unique_ptr<nn::DecoderLM> bf16;
+    const io::HfDecoderInfo b =
+        io::load_hf_decoder(kFixtures + "/llama32_bf16_sharded", bf16, DType::kBFloat16);
+    EXPECT_EQ(b.mapped, 2 * 7 + 1);  // the matrices: 7 per layer and the embedding; not the norms
+  }
+  EXPECT_EQ(read_text((d / "model.safetensors").string()), before);
+  fs::remove_all(d);
+}
+
 TEST(HfDecoder, SlidingLayersKeepOnlyTheirWindow) {
   std::unique_ptr<nn::DecoderLM> model;
   io::load_hf_decoder(kFixtures + "/gemma3", model);

@@ -255,27 +255,50 @@ int run_decoder(const Flags& f, float temperature) {
       throw UsageError(fmt::format("generate: {} prompt and {} new tokens pass context_length {}",
                                    T0, f.max_new_tokens, model->config().context_length));
     }
-    nn::DecoderKVCache cache =
-        nn::make_kv_cache(*model, 1, T0 + std::max<int64_t>(1, f.max_new_tokens));
-    auto start = std::chrono::steady_clock::now();
-    Tensor logits = nn::forward_cached(*model, prompt, cache, true);
-    const double prompt_s = seconds_since(start);
-    start = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < f.max_new_tokens; ++i) {
-      const Tensor last = logits.select(1, logits.size(1) - 1).contiguous();
-      const int64_t next = nn::sample_next(last, 0.0f, 0, gen)[0];
-      logits = nn::forward_cached(*model, Tensor::from_int64({1, 1}, {next}), cache);
+    // Each run: an empty cache, the prompt (logits of its last position), then
+    // max_new_tokens greedy steps of one token.
+    std::vector<double> prompt_rates, decode_rates;
+    int64_t cache_bytes = 0;
+    for (int run = 0; run < (f.json ? f.repeats : 1); ++run) {
+      nn::DecoderKVCache cache =
+          nn::make_kv_cache(*model, 1, T0 + std::max<int64_t>(1, f.max_new_tokens));
+      auto start = std::chrono::steady_clock::now();
+      Tensor logits = nn::forward_cached(*model, prompt, cache, true);
+      prompt_rates.push_back(static_cast<double>(T0) / seconds_since(start));
+      start = std::chrono::steady_clock::now();
+      for (int64_t i = 0; i < f.max_new_tokens; ++i) {
+        const int64_t next = nn::sample_next(logits.select(1, 0).contiguous(), 0.0f, 0, gen)[0];
+        logits = nn::forward_cached(*model, Tensor::from_int64({1, 1}, {next}), cache, true);
+      }
+      decode_rates.push_back(static_cast<double>(f.max_new_tokens) /
+                             std::max(seconds_since(start), 1e-9));
+      cache_bytes = cache.bytes();
     }
-    const double decode_s = seconds_since(start);
-    std::cout << fmt::format(
-        "{} ({} layers, {} heads, {} KV heads, {} file, {} weights, {} threads)\n"
-        "prompt {} tokens: {:.1f} tokens/s\ndecode {} tokens: {:.1f} tokens/s\nKV cache {:.1f} "
-        "MiB\n",
-        info.hf.model_type, model->config().num_layers, model->config().num_heads,
-        model->config().num_kv_heads, info.file_dtype, f.dtype, omp_get_max_threads(), T0,
-        static_cast<double>(T0) / prompt_s, f.max_new_tokens,
-        static_cast<double>(f.max_new_tokens) / std::max(decode_s, 1e-9),
-        static_cast<double>(cache.bytes()) / (1 << 20));
+    if (f.json) {
+      nlohmann::ordered_json j;
+      j["model_type"] = info.hf.model_type;
+      j["file_dtype"] = info.file_dtype;
+      j["dtype"] = f.dtype;
+      j["threads"] = omp_get_max_threads();
+      j["prompt_tokens"] = T0;
+      j["new_tokens"] = f.max_new_tokens;
+      j["prompt_tokens_per_s"] = prompt_rates;
+      j["decode_tokens_per_s"] = decode_rates;
+      j["prompt_median"] = median(prompt_rates);
+      j["decode_median"] = median(decode_rates);
+      j["kv_cache_bytes"] = cache_bytes;
+      std::cout << j.dump() << '\n';
+    } else {
+      std::cout << fmt::format(
+          "{} ({} layers, {} heads, {} KV heads, {} file, {} weights, {} threads)\n"
+          "prompt {} tokens: {:.1f} tokens/s\ndecode {} tokens: {:.1f} tokens/s\nKV cache {:.1f} "
+          "MiB\n",
+          info.hf.model_type, model->config().num_layers, model->config().num_heads,
+          model->config().num_kv_heads, info.file_dtype, f.dtype, omp_get_max_threads(), T0,
+          prompt_rates[0], f.max_new_tokens, decode_rates[0],
+          static_cast<double>(cache_bytes) / (1 << 20));
+    }
+    std::cout.flush();
     return std::cout ? 0 : 1;
   }
   std::optional<HfStreamText> stream;
@@ -462,10 +485,8 @@ Command add_generate_command(CLI::App& app) {
     if (!f.prompt.empty() && !f.prompt_ids.empty()) {
       throw UsageError("generate: give either --prompt or --prompt-ids, not both");
     }
-    if (!f.checkpoint.empty() && io::is_hf_decoder_dir(f.checkpoint)) {
-      if (f.json) throw UsageError("generate: --json is GPT-2's benchmark; not for this model yet");
+    if (!f.checkpoint.empty() && io::is_hf_decoder_dir(f.checkpoint))
       return run_decoder(f, temperature);
-    }
     nn::GPTOptions options;
     if (f.dtype == "bfloat16") {
       options.dtype = DType::kBFloat16;
