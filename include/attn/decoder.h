@@ -197,6 +197,9 @@ class DecoderLM : public Module {
   Tensor head(const Tensor& h, bool save);
 
  private:
+  // Gradients not made yet (a model built under NoInitScope): zeros of each
+  // parameter's shape, the tied head sharing the embedding's.
+  void make_grads();
   DecoderConfig cfg_;
   RopeParams rope_full_, rope_sliding_;
   Tensor softcap_tanh_;  // final_softcap: tanh(logits / c) of the last forward

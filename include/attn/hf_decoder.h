@@ -101,15 +101,20 @@ struct HfDecoderInfo {
 };
 
 // Builds the DecoderLM of DIR and loads every weight; the model is in eval()
-// mode. A tensor the file holds in the compute dtype (F32; BF16 for a bf16
-// matrix) is not copied: the parameter views a private, copy-on-write mapping
-// of the file (memory-mapped as llama.cpp maps its GGUF), so the weights take
-// no memory beyond the page cache's and loading costs no copy; the others are
-// converted into memory of their own. dtype kBFloat16: every matrix is read straight into bf16 (a
-// BF16 file copied, F32/F16 rounded to nearest even; DecoderLM::use_bf16_weights), so no float32
-// copy of them is ever made: inference at half the memory. Throws std::invalid_argument /
+// mode. dtype kBFloat16: every matrix is read straight into bf16 (a BF16 file
+// copied, F32/F16 rounded to nearest even; DecoderLM::use_bf16_weights), so
+// no float32 copy of them is ever made: inference at half the memory.
+// The weights are copied into memory of the process's own (huge pages where
+// the system gives them), each file page dropped from the process once read,
+// so the peak stays near the weights' size. in_place_weights: a tensor the
+// file holds in the compute dtype (F32; BF16 for a bf16 matrix) is not copied
+// but viewed in a private, copy-on-write mapping of the file (as llama.cpp
+// maps its GGUF): loading costs no copy and no memory beyond the page cache,
+// and training still writes them (a written page becomes the process's own);
+// decoding reads them through small pages, which measured ~20% slower on a
+// 2-core Zen 5 (docs/open-models.md). Throws std::invalid_argument /
 // std::runtime_error before returning.
 HfDecoderInfo load_hf_decoder(const std::string& dir, std::unique_ptr<nn::DecoderLM>& model,
-                              DType dtype = DType::kFloat32);
+                              DType dtype = DType::kFloat32, bool in_place_weights = false);
 
 }  // namespace attn::io

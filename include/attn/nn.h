@@ -161,8 +161,10 @@ class Module {
 
 // While one lives (on this thread), Linear and Embedding make their parameters
 // without initialising them: uninitialised storage, no draws from the
-// generator (transformers' no_init_weights, for a model whose every weight a
-// file is about to overwrite; a loader makes one around the constructor).
+// generator, and no gradient storage yet (transformers' no_init_weights, for a
+// model whose every weight a file is about to overwrite; a loader makes one
+// around the constructor). A module made so must make its gradients before a
+// backward (DecoderLM does on its first forward in training mode).
 class NoInitScope {
  public:
   NoInitScope();

@@ -138,6 +138,12 @@ class MappedSafetensors {
   std::span<const std::byte> bytes(const SafetensorsEntry& e) const;
   // The entry's first byte, writable: a copy_on_write mapping only (nullptr otherwise).
   std::byte* mutable_data(const SafetensorsEntry& e) const;
+  // Drops the whole pages inside the entry's bytes from this process's memory
+  // (madvise MADV_DONTNEED; the file and the page cache keep them): after a
+  // copy, so that reading a large file does not hold it twice. A page later
+  // read again comes back from the file; one written in a copy_on_write
+  // mapping is discarded (do not call it on bytes still in use).
+  void release(const SafetensorsEntry& e) const;
   // The entry's numel values as float32 into dst: F32 copied, BF16 and F16
   // widened (exactly). Any other dtype throws std::runtime_error naming the
   // file, the tensor and its dtype.

@@ -8,6 +8,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -660,6 +661,14 @@ MappedSafetensors::MappedSafetensors(const std::string& path, bool copy_on_write
     : path_(path),
       map_(path, fmt::format("safetensors file '{}'", printable(path)), copy_on_write) {
   header_ = parse_header(MemorySource(map_.bytes(), printable(path)));
+}
+
+void MappedSafetensors::release(const SafetensorsEntry& e) const {
+  const std::span<const std::byte> b = bytes(e);
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto begin = (reinterpret_cast<uintptr_t>(b.data()) + page - 1) / page * page;
+  const auto end = reinterpret_cast<uintptr_t>(b.data() + b.size()) / page * page;
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
 std::byte* MappedSafetensors::mutable_data(const SafetensorsEntry& e) const {

@@ -454,7 +454,7 @@ std::vector<std::string> hf_decoder_weight_files(const std::string& dir,
 }
 
 HfDecoderInfo load_hf_decoder(const std::string& dir, std::unique_ptr<nn::DecoderLM>& model,
-                              DType dtype) {
+                              DType dtype, bool in_place_weights) {
   if (dtype != DType::kFloat32 && dtype != DType::kBFloat16) {
     throw std::invalid_argument(fmt::format(
         "load_hf_decoder: dtype must be float32 or bfloat16, got {}", dtype_name(dtype)));
@@ -521,16 +521,19 @@ HfDecoderInfo load_hf_decoder(const std::string& dir, std::unique_ptr<nn::Decode
     const DType want = bf16_matrix ? DType::kBFloat16 : DType::kFloat32;
     std::byte* in_place = map->mutable_data(*e);
     const auto align = static_cast<uintptr_t>(element_size(want));
-    if (e->dtype == safetensors_dtype_name(want) && in_place != nullptr &&
+    if (in_place_weights && e->dtype == safetensors_dtype_name(want) && in_place != nullptr &&
         reinterpret_cast<uintptr_t>(in_place) % align == 0 && e->nbytes() > 0) {
       const std::shared_ptr<MappedSafetensors> owner = maps_by_ptr.at(map);
       param->value = Tensor::wrap(owner, in_place, e->shape, want);
       ++info.mapped;
-    } else if (bf16_matrix) {  // a matrix, kept bf16
-      param->value = Tensor::empty(e->shape, DType::kBFloat16);
-      map->read_bfloat16(*e, reinterpret_cast<uint16_t*>(param->value.data_ptr<BFloat16>()));
     } else {
-      map->read_float32(*e, param->value.data());
+      if (bf16_matrix) {  // a matrix, kept bf16
+        param->value = Tensor::empty(e->shape, DType::kBFloat16);
+        map->read_bfloat16(*e, reinterpret_cast<uint16_t*>(param->value.data_ptr<BFloat16>()));
+      } else {
+        map->read_float32(*e, param->value.data());
+      }
+      map->release(*e);  // the file's pages leave this process once copied
     }
     dtypes.insert(e->dtype);
     used.insert(name);

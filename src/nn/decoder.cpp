@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "attn/bfloat16.h"
+#include "attn/decode_attention.h"
 #include "attn/decode_kernels.h"
 #include "attn/gemm.h"
 #include "attn/ops.h"
@@ -426,6 +427,13 @@ Tensor DecoderLM::head(const Tensor& h, bool save) {
   return logits;
 }
 
+void DecoderLM::make_grads() {
+  for (auto& [name, p] : named_parameters()) {
+    if (p->grad.shape() != p->value.shape()) p->grad = Tensor(p->value.shape());
+  }
+  if (cfg_.tie_embeddings) lm_head.weight.grad = model.embed_tokens.weight.grad;
+}
+
 DType DecoderLM::weights_dtype() const { return model.embed_tokens.weight.value.dtype(); }
 
 void DecoderLM::use_bf16_weights() {
@@ -444,6 +452,7 @@ Tensor DecoderLM::forward(const Tensor& ids) {
     throw std::invalid_argument(
         fmt::format("DecoderLM: {} tokens pass context_length {}", T, cfg_.context_length));
   }
+  if (is_training() && weights_dtype() == DType::kFloat32) make_grads();
   if (weights_dtype() == DType::kBFloat16) {  // inference: the cached path on an empty cache
     if (is_training()) {
       throw std::logic_error(
@@ -575,6 +584,7 @@ Tensor gather(const Tensor& ring, int64_t p0, int64_t n) {
 
 Tensor forward_cached(DecoderLM& model, const Tensor& ids_new, DecoderKVCache& cache,
                       bool last_only) {
+  const DecoderConfig& cfg = model.config();
   if (ids_new.dim() != 2 || ids_new.size(0) != cache.batch || ids_new.size(1) < 1 ||
       ids_new.dtype() != DType::kInt64) {
     throw std::invalid_argument(fmt::format(
@@ -602,6 +612,31 @@ Tensor forward_cached(DecoderLM& model, const Tensor& ids_new, DecoderKVCache& c
           return layer.self_attn.forward_with(
               a, rope, p0, [&](const Tensor& q, const Tensor& k, const Tensor& v) {
                 const int64_t R = cl.keys.size(2);
+                // Up to 16 new queries over every cached row they see: flash-decoding
+                // (attn/decode_attention.h; no softcap there), its output token-major.
+                const bool decode = cfg.attn_softcap == 0.0f && T <= kMaxDecodeQueries &&
+                                    (cl.window == 0 || T == 1);
+                if (decode) {
+                  store(cl.keys, k, p0);
+                  store(cl.values, v, p0);
+                  const int64_t H = cfg.num_heads, hd = cfg.head_dim;
+                  DecodeProblem dp;
+                  dp.B = q.size(0);
+                  dp.Hq = H;
+                  dp.Hkv = cfg.num_kv_heads;
+                  dp.Tq = T;
+                  // A ring's rows are all visible to its one query, in any order.
+                  dp.length = cl.window == 0 ? p0 + T : std::min(p0 + 1, R);
+                  dp.capacity = R;
+                  dp.D = hd;
+                  dp.scale = cfg.attention_scale > 0.0f ? cfg.attention_scale
+                                                        : 1.0f / std::sqrt(static_cast<float>(hd));
+                  const Tensor qt = q.transpose(1, 2).contiguous();  // (B, T, H, hd)
+                  Tensor out = Tensor::empty({dp.B, T, H, hd});
+                  kernels::decode_attention_forward(out.data(), qt.data(), cl.keys.data(),
+                                                    cl.values.data(), dp);
+                  return out.transpose(1, 2);  // (B, H, T, hd), a view of token-major rows
+                }
                 if (cl.window == 0) {  // rows [0, p0 + T): causal, aligned bottom right
                   store(cl.keys, k, p0);
                   store(cl.values, v, p0);

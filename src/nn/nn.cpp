@@ -114,7 +114,14 @@ void Module::zero_grad() {
 }
 
 void Module::register_parameter(std::string name, Parameter* p) {
-  if (p->grad.shape() != p->value.shape()) p->grad = Tensor(p->value.shape());
+  // Under a NoInitScope the gradient is left unmade (a loaded model that only
+  // infers never holds its size again); whoever trains such a module makes it
+  // (DecoderLM does so on its first forward in training mode).
+  if (NoInitScope::active()) {
+    p->grad = Tensor();
+  } else if (p->grad.shape() != p->value.shape()) {
+    p->grad = Tensor(p->value.shape());
+  }
   parameters_.emplace_back(std::move(name), p);
 }
 

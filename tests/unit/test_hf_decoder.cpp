@@ -126,14 +126,16 @@ TEST_P(HfDecoderCase, CachedChunksEqualTheFullForward) {
 // model on the same file: within bf16's rounding (the BF16 files' weights are
 // exact, so only the activations' rounding remains there).
 TEST_P(HfDecoderCase, Bf16WeightsStayWithinBf16Rounding) {
-  std::unique_ptr<nn::DecoderLM> fp32, bf16;
+  std::unique_ptr<nn::DecoderLM> fp32, bf16, mapped;
   io::load_hf_decoder(kFixtures + "/" + GetParam(), fp32);
   io::load_hf_decoder(kFixtures + "/" + GetParam(), bf16, DType::kBFloat16);
+  io::load_hf_decoder(kFixtures + "/" + GetParam(), mapped, DType::kBFloat16, true);
   EXPECT_EQ(bf16->weights_dtype(), DType::kBFloat16);
   EXPECT_EQ(bf16->lm_head.weight.value.dtype(), DType::kBFloat16);
   const Tensor ids = expected(GetParam()).at("ids");
   const Tensor want = fp32->forward(ids);
   const float error = relative_error(bf16->forward(ids), want);
+  EXPECT_EQ(mapped->forward(ids).to_vector(), bf16->forward(ids).to_vector()) << GetParam();
   EXPECT_LE(error, 2e-2f) << GetParam();
   EXPECT_GT(error, 0.0f) << GetParam();  // the activations are rounded
   // The same weights rounded by use_bf16_weights on a float32 model: the same logits.
@@ -186,13 +188,14 @@ TEST(HfDecoder, WeightsInTheComputeDtypeAreMappedNotCopied) {
   const std::string before = read_text((d / "model.safetensors").string());
   {
     std::unique_ptr<nn::DecoderLM> model;
-    const io::HfDecoderInfo info = io::load_hf_decoder(d.string(), model);
+    EXPECT_EQ(io::load_hf_decoder(d.string(), model).mapped, 0);  // copied by default
+    const io::HfDecoderInfo info = io::load_hf_decoder(d.string(), model, DType::kFloat32, true);
     EXPECT_EQ(info.mapped, info.tensors);  // F32 file, float32 compute: every tensor
     model->lm_head.weight.value.fill_(0.5f);
     EXPECT_EQ(model->lm_head.weight.value.to_vector()[0], 0.5f);
     std::unique_ptr<nn::DecoderLM> bf16;
     const io::HfDecoderInfo b =
-        io::load_hf_decoder(kFixtures + "/llama32_bf16_sharded", bf16, DType::kBFloat16);
+        io::load_hf_decoder(kFixtures + "/llama32_bf16_sharded", bf16, DType::kBFloat16, true);
     EXPECT_EQ(b.mapped, 2 * 7 + 1);  // the matrices: 7 per layer and the embedding; not the norms
   }
   EXPECT_EQ(read_text((d / "model.safetensors").string()), before);

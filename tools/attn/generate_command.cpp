@@ -54,6 +54,7 @@ struct Flags {
   bool json = false;
   int repeats = 1;
   int64_t prompt_tokens = 32;
+  bool mmap = false;  // Llama / Qwen / Gemma: weights viewed in the file's mapping
 };
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
@@ -218,7 +219,7 @@ int run_decoder(const Flags& f, float temperature) {
     throw UsageError("generate: --no-cache is GPT-2's; this model always uses its cache");
   std::unique_ptr<nn::DecoderLM> model;
   const io::HfDecoderInfo info = io::load_hf_decoder(
-      f.checkpoint, model, f.dtype == "bfloat16" ? DType::kBFloat16 : DType::kFloat32);
+      f.checkpoint, model, f.dtype == "bfloat16" ? DType::kBFloat16 : DType::kFloat32, f.mmap);
   const int64_t V = model->config().vocab_size;
   if (f.top_k && *f.top_k > V) {
     throw UsageError(fmt::format("generate: --top-k must be at most the vocabulary size {}, got {}",
@@ -407,6 +408,10 @@ Command add_generate_command(CLI::App& app) {
                 "(each run's prompt and decode tokens/s and their medians)");
   cmd->add_option("--repeats", flags->repeats, "With --benchmark --json: runs (default 1)")
       ->type_name("N");
+  cmd->add_flag("--mmap", flags->mmap,
+                "Llama, Qwen, Gemma: weights the file holds in the compute dtype are read in place "
+                "(a copy-on-write mapping: starts at once, no copy; decoding through small pages "
+                "may be slower) instead of copied");
   cmd->add_option("--prompt-tokens", flags->prompt_tokens,
                   "--benchmark without --prompt: this many random token ids (default 32)")
       ->type_name("N");
