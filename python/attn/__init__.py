@@ -11,7 +11,8 @@ the extension attn._attn holds no PyTorch code, tensors reach it as data
 pointers, sizes and strides. Also: attn.sdpa_varlen (FlashAttention 2's
 varlen function), attn.patch_sdpa / attn.sdpa_patched (route PyTorch's own
 SDPA to attn, PyTorch >= 2.0), attn.nn (the book's attention modules and
-GPTModel), attn.Tokenizer (GPT-2's BPE with tiktoken's API), and
+GPTModel), attn.Tokenizer (GPT-2's BPE with tiktoken's API; from_file: a
+tokenizer.json), attn.DecoderLM (Llama 3, Qwen, Gemma from their files), and
 set_num_threads / get_num_threads. docs/python.md has the rest.
 """
 
@@ -26,6 +27,7 @@ from ._sdpa import (
 )
 from ._varlen import sdpa_varlen
 from ._tokenizer import Tokenizer, get_encoding
+from ._models import DecoderLM, HfTokenizer
 from ._patch import patch_sdpa, sdpa_patched, sdpa_stats, unpatch_sdpa
 from . import _attn, _sdpa, nn
 
@@ -48,6 +50,8 @@ __all__ = [
     "scaled_dot_product_attention",
     "sdpa_varlen",
     "Tokenizer",
+    "HfTokenizer",
+    "DecoderLM",
     "nn",
     "get_encoding",
     "set_num_threads",

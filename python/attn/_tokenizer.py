@@ -45,6 +45,13 @@ class Tokenizer:
         """A vocabulary in Hugging Face's files (vocab.json and merges.txt)."""
         return cls(_attn.Tokenizer.from_files(str(vocab_json), str(merges_txt)))
 
+    @staticmethod
+    def from_file(path: str):
+        """A Hugging Face tokenizer.json (or a model directory holding one): Llama 3's,
+        Qwen's, Gemma's. Returns an attn.HfTokenizer (tokenizers' encode/decode API)."""
+        from ._models import HfTokenizer
+        return HfTokenizer.from_file(path)
+
     # ---- properties ----
     @property
     def n_vocab(self) -> int:

@@ -26,6 +26,9 @@
 #include <tuple>
 #include <vector>
 
+#include "attn/decoder.h"
+#include "attn/hf_decoder.h"
+#include "attn/hf_tokenizer.h"
 #include "attn/kernels.h"
 #include "attn/sdpa.h"
 #include "attn/sdpa_strided.h"
@@ -271,6 +274,96 @@ PYBIND11_MODULE(_attn, m) {
           py::arg("id"))
       .def_property_readonly("vocab_size", &Tokenizer::vocab_size)
       .def_property_readonly("eot_token", &Tokenizer::eot_token);
+
+  // tokenizer.json tokenizers (attn/hf_tokenizer.h): Llama 3, Qwen, Gemma.
+  using attn::text::HfTokenizer;
+  py::class_<HfTokenizer>(m, "HfTokenizer")
+      .def_static("from_file", &HfTokenizer::from_file, py::arg("path"),
+                  "A Hugging Face tokenizer.json.")
+      .def(
+          "encode",
+          [](const HfTokenizer& t, const std::string& text, bool add_special_tokens) {
+            py::gil_scoped_release release;
+            return t.encode(text, add_special_tokens);
+          },
+          py::arg("text"), py::arg("add_special_tokens"), "The ids of UTF-8 text.")
+      .def(
+          "decode",
+          [](const HfTokenizer& t, const std::vector<int64_t>& ids, bool skip_special_tokens) {
+            py::gil_scoped_release release;
+            return t.decode(ids, skip_special_tokens);
+          },
+          py::arg("ids"), py::arg("skip_special_tokens"), "The text of ids.")
+      .def("token_to_id", &HfTokenizer::token_to_id, py::arg("token"))
+      .def("id_to_token", &HfTokenizer::id_to_token, py::arg("id"))
+      .def("is_special", &HfTokenizer::is_special, py::arg("id"))
+      .def("describe", &HfTokenizer::describe)
+      .def_property_readonly("vocab_size", &HfTokenizer::vocab_size);
+
+  // Llama 3 / Qwen / Gemma directories (attn/hf_decoder.h): their logits and
+  // generation; python/attn/_models.py gives them torch tensors.
+  struct Decoder {
+    std::unique_ptr<attn::nn::DecoderLM> model;
+    attn::io::HfDecoderInfo info;
+  };
+  py::class_<Decoder>(m, "DecoderLM")
+      .def(py::init([](const std::string& dir, const std::string& dtype, bool mmap) {
+             if (dtype != "float32" && dtype != "bfloat16") {
+               throw std::invalid_argument(
+                   "DecoderLM: dtype must be 'float32' or 'bfloat16', got '" + dtype + "'");
+             }
+             Decoder d;
+             py::gil_scoped_release release;
+             d.info = attn::io::load_hf_decoder(
+                 dir, d.model, dtype == "bfloat16" ? attn::DType::kBFloat16 : attn::DType::kFloat32,
+                 mmap);
+             return d;
+           }),
+           py::arg("dir"), py::arg("dtype"), py::arg("mmap"))
+      .def(
+          "logits",
+          [](Decoder& d, const std::vector<int64_t>& ids, int64_t batch) {
+            const auto T = static_cast<int64_t>(ids.size()) / std::max<int64_t>(batch, 1);
+            std::string bytes;
+            attn::Shape shape;
+            {
+              py::gil_scoped_release release;
+              const attn::Tensor logits =
+                  d.model->forward(attn::Tensor::from_int64({batch, T}, ids)).contiguous();
+              shape = logits.shape();
+              bytes.assign(reinterpret_cast<const char*>(logits.data()),
+                           static_cast<size_t>(logits.numel()) * sizeof(float));
+            }
+            return py::make_tuple(py::bytes(bytes), shape);
+          },
+          py::arg("ids"), py::arg("batch"),
+          "The logits (B, T, V) of ids (B·T, row-major) as float32 bytes and the shape.")
+      .def(
+          "generate",
+          [](Decoder& d, const std::vector<int64_t>& ids, int64_t max_new_tokens, float temperature,
+             int64_t top_k, float top_p, uint64_t seed) {
+            py::gil_scoped_release release;
+            attn::Generator gen(seed);
+            attn::nn::GenerateOptions o{.max_new_tokens = max_new_tokens,
+                                        .temperature = temperature,
+                                        .top_k = top_k,
+                                        .top_p = top_p};
+            return attn::nn::generate(
+                       *d.model,
+                       attn::Tensor::from_int64({1, static_cast<int64_t>(ids.size())}, ids), o, gen,
+                       d.info.hf.eos_token_ids)
+                .to_int64_vector();
+          },
+          py::arg("ids"), py::arg("max_new_tokens"), py::arg("temperature"), py::arg("top_k"),
+          py::arg("top_p"), py::arg("seed"),
+          "The prompt's ids and the new ones, stopping at the model's end ids.")
+      .def_property_readonly("model_type", [](const Decoder& d) { return d.info.hf.model_type; })
+      .def_property_readonly("vocab_size",
+                             [](const Decoder& d) { return d.info.hf.config.vocab_size; })
+      .def_property_readonly("eos_token_ids",
+                             [](const Decoder& d) { return d.info.hf.eos_token_ids; })
+      .def_property_readonly("num_layers",
+                             [](const Decoder& d) { return d.info.hf.config.num_layers; });
 
   m.def("kernel_target", [] { return std::string(attn::kernels::sdpa_target()); },
         "The SIMD target attn's sdpa kernel runs (\"AVX3\", \"AVX2\", ...).");
