@@ -195,15 +195,16 @@ class RMSNorm : public Module {
 // act = SiLU, x·σ(x) (SwiGLU: Llama 3, Qwen3), or GELU's tanh form (GeGLU:
 // Gemma 3's gelu_pytorch_tanh). transformers' gate_proj, up_proj, down_proj are
 // fc1, fc2, fc3. Input (..., E) float32; output float32; the products on
-// LinearOptions' default engine (the BLAS: PyTorch's sums); the gating in
-// plain loops for now (no fused kernel yet).
+// LinearOptions' default engine (the BLAS: PyTorch's sums) unless another is
+// given; the gating in plain loops for now (no fused kernel yet).
 enum class GateActivation { kSiLU, kGeluTanh };
 // act(h) elementwise, float32: what GatedFeedForward applies to fc1's output.
 Tensor gate_activation(const Tensor& h, GateActivation act);
 class GatedFeedForward : public Module {
  public:
+  // engine: the products' GEMM (kBlas: PyTorch's sums; the decoder's layers use kFast).
   GatedFeedForward(int64_t emb_dim, int64_t hidden_dim, GateActivation act,
-                   Generator& gen = default_generator());
+                   Generator& gen = default_generator(), gemm::Engine engine = gemm::Engine::kBlas);
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
   GateActivation activation() const { return act_; }

@@ -295,7 +295,7 @@ DecoderLayer::DecoderLayer(const DecoderConfig& cfg, int64_t index, Generator& g
     : input_layernorm(cfg.hidden_size, cfg.norm_eps, cfg.norm_weight_offset),
       self_attn(cfg, gen),
       post_attention_layernorm(cfg.hidden_size, cfg.norm_eps, cfg.norm_weight_offset),
-      mlp(cfg.hidden_size, cfg.intermediate_size, cfg.activation, gen),
+      mlp(cfg.hidden_size, cfg.intermediate_size, cfg.activation, gen, gemm::Engine::kFast),
       window_(cfg.layer_window(index)),
       sandwich_(cfg.sandwich_norms) {
   register_module("input_layernorm", &input_layernorm);

@@ -175,10 +175,10 @@ Tensor RMSNorm::backward(const Tensor& dy) {
 }
 
 GatedFeedForward::GatedFeedForward(int64_t emb_dim, int64_t hidden_dim, GateActivation act,
-                                   Generator& gen)
-    : fc1({emb_dim, hidden_dim, false}, gen),
-      fc2({emb_dim, hidden_dim, false}, gen),
-      fc3({hidden_dim, emb_dim, false}, gen),
+                                   Generator& gen, gemm::Engine engine)
+    : fc1({emb_dim, hidden_dim, false, engine}, gen),
+      fc2({emb_dim, hidden_dim, false, engine}, gen),
+      fc3({hidden_dim, emb_dim, false, engine}, gen),
       act_(act) {
   if (act != GateActivation::kSiLU && act != GateActivation::kGeluTanh)
     throw std::invalid_argument(fmt::format("GatedFeedForward: unknown activation {}", int(act)));
