@@ -26,7 +26,8 @@
 //                   book's fc1, fc2, fc3 (gate_proj, up_proj, down_proj).
 //   logits          lm_head(norm(h)), then c · tanh(logits / c) with c = final_softcap.
 //
-// Every parameter is float32 and every product sums in float32; head_dim is
+// Every parameter is float32 (or, for inference, the matrices bf16:
+// use_bf16_weights) and every product sums in float32; head_dim is
 // independent of E / H. A sliding-window layer lets the query at position p
 // see keys p - W + 1 .. p (transformers' sliding_window W; SdpaOptions
 // window_left W - 1). Gemma 3's layers use two RoPE tables: `rope` on full

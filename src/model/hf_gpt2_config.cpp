@@ -56,8 +56,11 @@ HfGpt2Config parse_hf_gpt2_config(std::string_view text, const std::string& file
   if (!j.is_object()) throw std::invalid_argument(fmt::format("{}: not a JSON object", named(file)));
   if (j.contains("model_type") &&
       (!j.at("model_type").is_string() || j.at("model_type").get<std::string>() != "gpt2")) {
-    throw std::invalid_argument(fmt::format("{}: model_type is {}; attn reads GPT-2 (\"gpt2\")",
-                                            named(file), printable(j.at("model_type").dump())));
+    throw std::invalid_argument(
+        fmt::format("{}: model_type is {}; here attn reads GPT-2 (\"gpt2\"); "
+                    "Llama, Qwen and Gemma directories go to attn generate, "
+                    "eval, tokenize and inspect",
+                    named(file), printable(j.at("model_type").dump())));
   }
   HfGpt2Config out;
   nn::GPTConfig& c = out.config;

@@ -370,9 +370,9 @@ DecoderLM::DecoderLM(const DecoderConfig& cfg, Generator& gen)
 
 const RopeParams& DecoderLM::rope_tables(bool sliding, int64_t positions) {
   RopeParams& r = sliding ? rope_sliding_ : rope_full_;
-  if (!!r.cos.empty() || r.cos.size(0) < positions) {
+  if (r.cos.empty() || r.cos.size(0) < positions) {
     // Grow by doubling (at least 256 rows), never past context_length.
-    const int64_t have = !r.cos.empty() ? r.cos.size(0) : 0;
+    const int64_t have = r.cos.empty() ? 0 : r.cos.size(0);
     const int64_t rows =
         std::min(cfg_.context_length, std::max({positions, 2 * have, int64_t{256}}));
     r = attn::rope_tables(rope_frequencies(cfg_.head_dim, sliding ? cfg_.rope_local : cfg_.rope),

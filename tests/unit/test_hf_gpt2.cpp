@@ -207,7 +207,7 @@ TEST(HfGpt2, ConfigErrorsNameTheKey) {
   expect_contains(load_error(with_config("layer_norm_epsilon", -1)),
                   "layer_norm_epsilon must be a number > 0, got -1");
   expect_contains(load_error(with_config("model_type", "llama")),
-                  "model_type is \"llama\"; attn reads GPT-2 (\"gpt2\")");
+                  "model_type is \"llama\"; here attn reads GPT-2 (\"gpt2\")");
   expect_contains(load_error(with_config("activation_function", "gelu\x1b[31m")),
                   "activation_function \"gelu\\u001b[31m\" is not supported");
   // gelu_pytorch_tanh is the same function.
