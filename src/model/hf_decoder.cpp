@@ -391,29 +391,31 @@ HfDecoderConfig read_hf_decoder_config(const std::string& dir) {
   return out;
 }
 
-std::string hf_decoder_name(const std::string& attn_name) {
-  static const std::pair<const char*, const char*> kMap[] = {{".mlp.fc1.", ".mlp.gate_proj."},
-                                                             {".mlp.fc2.", ".mlp.up_proj."},
-                                                             {".mlp.fc3.", ".mlp.down_proj."}};
-  for (const auto& [from, to] : kMap) {
-    const size_t at = attn_name.find(from);
+namespace {
+
+// The feed-forward's names: attn's (the book's) and transformers'.
+constexpr std::pair<const char*, const char*> kFeedForwardNames[] = {
+    {".mlp.fc1.", ".mlp.gate_proj."},
+    {".mlp.fc2.", ".mlp.up_proj."},
+    {".mlp.fc3.", ".mlp.down_proj."}};
+
+// name with the first of kFeedForwardNames' `from` sides it holds replaced by the other side.
+std::string renamed(const std::string& name, bool to_hf) {
+  for (const auto& [attn_part, hf_part] : kFeedForwardNames) {
+    const char* from = to_hf ? attn_part : hf_part;
+    const char* to = to_hf ? hf_part : attn_part;
+    const size_t at = name.find(from);
     if (at != std::string::npos)
-      return attn_name.substr(0, at) + to + attn_name.substr(at + std::strlen(from));
+      return name.substr(0, at) + to + name.substr(at + std::strlen(from));
   }
-  return attn_name;
+  return name;
 }
 
-std::string attn_decoder_name(const std::string& hf_name) {
-  static const std::pair<const char*, const char*> kMap[] = {{".mlp.gate_proj.", ".mlp.fc1."},
-                                                             {".mlp.up_proj.", ".mlp.fc2."},
-                                                             {".mlp.down_proj.", ".mlp.fc3."}};
-  for (const auto& [from, to] : kMap) {
-    const size_t at = hf_name.find(from);
-    if (at != std::string::npos)
-      return hf_name.substr(0, at) + to + hf_name.substr(at + std::strlen(from));
-  }
-  return hf_name;
-}
+}  // namespace
+
+std::string hf_decoder_name(const std::string& attn_name) { return renamed(attn_name, true); }
+
+std::string attn_decoder_name(const std::string& hf_name) { return renamed(hf_name, false); }
 
 std::vector<std::string> hf_decoder_weight_files(const std::string& dir,
                                                  std::map<std::string, std::string>* weight_map) {

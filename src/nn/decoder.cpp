@@ -13,6 +13,7 @@
 #include "attn/decode_attention.h"
 #include "attn/decode_kernels.h"
 #include "attn/gemm.h"
+#include "attn/layer_kernels.h"
 #include "attn/ops.h"
 #include "attn/sdpa.h"
 
@@ -135,9 +136,7 @@ constexpr int64_t kGemvRows = 16;
 Tensor to_bf16(const Tensor& x) {
   const Tensor xc = x.contiguous();
   Tensor out = Tensor::empty(xc.shape(), DType::kBFloat16);
-  const float* p = xc.data();
-  BFloat16* q = out.data_ptr<BFloat16>();
-  for (int64_t i = 0; i < xc.numel(); ++i) q[i] = to_bfloat16(p[i]);
+  kernels::round_to_bf16(out.data_ptr<BFloat16>(), xc.data(), xc.numel());
   return out;
 }
 
@@ -391,10 +390,11 @@ Tensor DecoderLM::embed(const Tensor& ids) {
   if (weights_dtype() == DType::kBFloat16) {  // the rows widened (exactly)
     const int64_t E = cfg_.hidden_size, n = ids.numel();
     const Tensor idc = ids.contiguous();
+    const int64_t* id_of = idc.data_ptr<int64_t>();
     h = Tensor::empty({ids.size(0), ids.size(1), E});
     const BFloat16* w = model.embed_tokens.weight.value.data_ptr<BFloat16>();
     for (int64_t i = 0; i < n; ++i) {
-      const int64_t id = idc.data_ptr<int64_t>()[i];
+      const int64_t id = id_of[i];
       if (id < 0 || id >= cfg_.vocab_size) {
         throw std::invalid_argument(fmt::format(
             "DecoderLM: token id {} is out of range for vocab_size {}", id, cfg_.vocab_size));

@@ -307,6 +307,20 @@ constexpr const char* kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 constexpr const char* kSpaceMark = "\u2581";  // ▁
 
+// Metaspace's prepend_scheme (or the older add_prefix_space), for its
+// pre-tokenizer and its decoder alike.
+enum class PrependScheme { kAlways, kFirst, kNever };
+PrependScheme prepend_scheme_of(const Json& j, const Ctx& c) {
+  const std::string scheme = j.contains("prepend_scheme")
+                                 ? string_field(j, "prepend_scheme", c, "Metaspace")
+                             : bool_field(j, "add_prefix_space", true, c, "Metaspace") ? "always"
+                                                                                       : "never";
+  if (scheme == "always") return PrependScheme::kAlways;
+  if (scheme == "first") return PrependScheme::kFirst;
+  if (scheme == "never") return PrependScheme::kNever;
+  throw std::invalid_argument(c.where(fmt::format("Metaspace.prepend_scheme {}", named(scheme))));
+}
+
 struct PreTokenizer {
   enum class Kind { kSplit, kByteLevel, kMetaspace, kSequence } kind = Kind::kSequence;
   std::string type;
@@ -315,7 +329,7 @@ struct PreTokenizer {
   bool invert = false;
   bool add_prefix_space = false;         // kByteLevel
   std::string replacement = kSpaceMark;  // kMetaspace
-  enum class Prepend { kAlways, kFirst, kNever } prepend = Prepend::kAlways;
+  PrependScheme prepend = PrependScheme::kAlways;  // kMetaspace
   bool split_pieces = true;            // kMetaspace
   std::vector<PreTokenizer> children;  // kSequence
 
@@ -345,8 +359,8 @@ struct PreTokenizer {
         const Pattern rep(replacement, true, "Metaspace");
         for (size_t i = 0; i < pieces.size(); ++i) {
           std::string p = replace_all(space, pieces[i], replacement);
-          const bool add =
-              prepend == Prepend::kAlways || (prepend == Prepend::kFirst && first && i == 0);
+          const bool add = prepend == PrependScheme::kAlways ||
+                           (prepend == PrependScheme::kFirst && first && i == 0);
           if (add && !p.starts_with(replacement)) p = replacement + p;
           if (split_pieces) {
             for (std::string& q : split(p, rep, Behavior::kMergedWithNext, false))
@@ -393,20 +407,7 @@ PreTokenizer pre_tokenizer_of(const Json& j, const Ctx& c) {
   } else if (t == "Metaspace") {
     p.kind = PreTokenizer::Kind::kMetaspace;
     p.replacement = string_field(j, "replacement", c, "Metaspace");
-    const std::string scheme = j.contains("prepend_scheme")
-                                   ? string_field(j, "prepend_scheme", c, "Metaspace")
-                               : bool_field(j, "add_prefix_space", true, c, "Metaspace") ? "always"
-                                                                                         : "never";
-    if (scheme == "always") {
-      p.prepend = PreTokenizer::Prepend::kAlways;
-    } else if (scheme == "first") {
-      p.prepend = PreTokenizer::Prepend::kFirst;
-    } else if (scheme == "never") {
-      p.prepend = PreTokenizer::Prepend::kNever;
-    } else {
-      throw std::invalid_argument(
-          c.where(fmt::format("Metaspace.prepend_scheme {}", named(scheme))));
-    }
+    p.prepend = prepend_scheme_of(j, c);
     p.split_pieces = bool_field(j, "split", true, c, "Metaspace");
   } else if (t == "Sequence") {
     p.kind = PreTokenizer::Kind::kSequence;
@@ -592,11 +593,7 @@ Decoder decoder_of(const Json& j, const Ctx& c) {
   } else if (t == "Metaspace") {
     d.kind = Decoder::Kind::kMetaspace;
     d.replacement = string_field(j, "replacement", c, "Metaspace");
-    const std::string scheme = j.contains("prepend_scheme")
-                                   ? string_field(j, "prepend_scheme", c, "Metaspace")
-                               : bool_field(j, "add_prefix_space", true, c, "Metaspace") ? "always"
-                                                                                         : "never";
-    d.prepend = scheme != "never";
+    d.prepend = prepend_scheme_of(j, c) != PrependScheme::kNever;
   } else if (t == "Sequence") {
     d.kind = Decoder::Kind::kSequence;
     const Json& list = field(j, "decoders", c, "Sequence");
