@@ -176,8 +176,22 @@ class DecoderLM : public Module {
   // The mean cross-entropy of ids[:, 1:] predicted from ids[:, :-1]: what
   // transformers' model(ids, labels=ids).loss is. Keeps what backward_loss needs.
   float forward_loss(const Tensor& ids);
+  // The mean cross-entropy of targets (B, T) int64 given ids (B, T) (a target
+  // of -100 is skipped): a training window and its next tokens (attn train).
+  float forward_loss(const Tensor& ids, const Tensor& targets);
   void backward_loss(float dloss = 1.0f);
+  // hook(i) once layer i's backward is done (layers last to first), as
+  // data-parallel training hands each layer's gradients on; nullptr: none.
+  void set_backward_hook(std::function<void(int64_t layer)> hook) {
+    backward_hook_ = std::move(hook);
+  }
   const DecoderConfig& config() const { return cfg_; }
+  // transformers' _init_weights for a model trained from scratch: every
+  // matrix (the Linears' weights, the embedding) drawn from N(0, std) by gen
+  // in named_parameters() order (initializer_range: 0.02), the pad row zero,
+  // biases zero, the norms' scales 1. (The constructor's own draws are torch's
+  // module defaults, the book's classes' init.)
+  void init_weights(Generator& gen, float std = 0.02f);
   // Inference with bf16 weights: every matrix (the Linears' weights and the
   // embedding, tied or not) becomes bf16, rounded to nearest even, in place
   // of its float32 value (half the memory, half the bytes each decoded token
@@ -196,17 +210,19 @@ class DecoderLM : public Module {
   // Internal steps shared with forward_cached: embedding (B, T, E) and logits.
   Tensor embed(const Tensor& ids);
   Tensor head(const Tensor& h, bool save);
+  // Gradients not made yet (a model built under NoInitScope): zeros of each
+  // parameter's shape, the tied head sharing the embedding's. (The first
+  // training forward makes them; an optimizer built before it calls this.)
+  void make_grads();
 
  private:
-  // Gradients not made yet (a model built under NoInitScope): zeros of each
-  // parameter's shape, the tied head sharing the embedding's.
-  void make_grads();
   DecoderConfig cfg_;
   RopeParams rope_full_, rope_sliding_;
   Tensor softcap_tanh_;  // final_softcap: tanh(logits / c) of the last forward
   Tensor ids_;           // the last forward's ids (B, T)
   CrossEntropyLoss loss_;
   bool has_forward_ = false, has_loss_ = false;
+  std::function<void(int64_t)> backward_hook_;
 };
 
 // ---- generation: a key/value cache ---------------------------------------------------------

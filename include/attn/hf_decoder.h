@@ -117,4 +117,33 @@ struct HfDecoderInfo {
 HfDecoderInfo load_hf_decoder(const std::string& dir, std::unique_ptr<nn::DecoderLM>& model,
                               DType dtype = DType::kFloat32, bool in_place_weights = false);
 
+// ---- writing: the Hub layout --------------------------------------------------------------
+
+// config.json of a decoder as transformers 5 writes it (today's form:
+// "rope_parameters", "layer_types"), so that parse_hf_decoder_config, and
+// transformers' from_pretrained, read back the same model. `dtype` is the
+// weights' ("float32" or "bfloat16"). Throws std::invalid_argument when the
+// config has something its model_type cannot say (a sliding window for llama,
+// q/k/v biases without o's for anything but qwen2, an unknown family).
+std::string hf_decoder_config_json(const HfDecoderConfig& hf, const std::string& dtype = "float32");
+
+// What save_hf_decoder writes besides the weights.
+struct HfDecoderSaveOptions {
+  DType dtype = DType::kFloat32;  // of model.safetensors: F32, or BF16 (rounded to nearest even)
+  // The tokenizer.json (its text) to write beside, "" for none; and
+  // tokenizer_config.json's text (its chat template, special tokens), "" for none.
+  std::string tokenizer_json;
+  std::string tokenizer_config_json;
+};
+
+// Writes the model into dir as save_pretrained does: config.json
+// (hf_decoder_config_json of hf.model_type with the model's config),
+// generation_config.json (bos and eos ids), model.safetensors (transformers'
+// names; a tied lm_head not stored) and the tokenizer files given; each file
+// atomically, dir made when missing. The result loads with load_hf_decoder
+// (and transformers) into the same logits. Throws std::invalid_argument as
+// hf_decoder_config_json, std::runtime_error naming a file it cannot write.
+void save_hf_decoder(nn::DecoderLM& model, const HfDecoderConfig& hf, const std::string& dir,
+                     const HfDecoderSaveOptions& options = {});
+
 }  // namespace attn::io

@@ -72,6 +72,14 @@ class Tokenizer {
 // std::runtime_error naming the file when it cannot be written.
 void write_gpt2_vocabulary(const std::string& dir);
 
+// GPT-2's vocabulary as a tokenizer.json (what transformers' GPT2TokenizerFast
+// saves: a ByteLevel pre-tokenizer with GPT-2's regex, the BPE model with
+// vocab.json's ids and merges.txt's merges in rank order, <|endoftext|> an
+// added special token, a ByteLevel decoder), for a model trained on GPT-2's
+// tokens and written in the Hub layout (attn/hf_decoder.h); attn/hf_tokenizer.h
+// reads it back to the same ids as gpt2().encode(text, allow_special=true).
+std::string gpt2_tokenizer_json();
+
 // Decoded text for streaming generation, one id at a time: holds back the
 // bytes of a UTF-8 character split across tokens until it is complete. Bytes
 // that can never complete a character (a stray continuation byte, 0xFF) are

@@ -1,5 +1,7 @@
 // attn/train.h - training a GPT on a UTF-8 text (`attn train`), on characters
-// or on GPT-2's byte-level BPE.
+// or on GPT-2's byte-level BPE; and the same loop for the decoders of today's
+// open models (TrainOptions::arch: Llama 3, Qwen3, Gemma 3 from scratch;
+// init_from: fine-tuning a Hugging Face directory with its tokenizer.json).
 //
 //   CharTokenizer  the text's distinct code points, sorted, are the vocabulary;
 //                  encode / decode between text and token ids
@@ -65,6 +67,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -75,7 +78,10 @@
 
 #include "attn/char_tokenizer.h"
 #include "attn/checkpoint.h"
+#include "attn/decoder.h"
 #include "attn/gpt.h"
+#include "attn/hf_decoder.h"
+#include "attn/hf_tokenizer.h"
 #include "attn/optim.h"
 #include "attn/random.h"
 #include "attn/tensor.h"
@@ -231,6 +237,27 @@ struct TrainOptions {
   // Micro-batches of batch_size each rank accumulates per step (nanoGPT's
   // gradient_accumulation_steps); the global batch is ranks x K x batch_size.
   int64_t grad_accum_steps = 1;
+  // The model: "gpt" (nn::GPTModel, the options above), or a decoder of
+  // today's open models (nn::DecoderLM, attn/decoder.h) built from these
+  // options: "llama3" (SwiGLU, RMSNorm), "qwen3" (and QK-norm), "gemma3" (GeGLU,
+  // Gemma's four norms, embeddings x sqrt(E), local RoPE base 10000 on its
+  // sliding layers); n_heads heads of head_dim (0: emb_dim / n_heads),
+  // n_kv_groups key/value heads (0: n_heads), a feed-forward of ffn_dim (0:
+  // 3 x emb_dim), RoPE base theta_base, the sliding window and its K:1 layer
+  // schedule from sliding_window_size / _stride, tied embeddings; float32, no
+  // dropout.
+  std::string arch = "gpt";
+  int64_t head_dim = 0;
+  int64_t ffn_dim = 0;
+  // A Hugging Face directory (attn/hf_decoder.h: Llama 3, Qwen2/3, Gemma 2/3)
+  // to fine-tune: its config and weights replace the size options (arch stays
+  // "gpt", the directory's family is used); its tokenizer.json is the
+  // default tokenizer ("hf").
+  std::string init_from;
+  // tokenizer "hf": this tokenizer.json (a file or a directory holding one;
+  // "" with init_from: the directory's). Text is encoded without the
+  // post-processor's BOS, as the book's chapter 5 encodes.
+  std::string tokenizer_file;
 
   // Throws std::invalid_argument naming the first bad value: a count or size
   // < 1 (warmup_iters, max_iters < 0), n_heads not dividing emb_dim, lr <= 0,
@@ -285,6 +312,33 @@ class Collective {
 // The seed of micro-batch m's dropout masks at step `step` of a run seeded
 // with `seed` (splitmix64 of the three; used when a step has > 1 micro-batch).
 uint64_t micro_batch_seed(uint64_t seed, int64_t step, int64_t micro_batch);
+
+// The model a Trainer trains, as its loop sees it: GPT-2's nn::GPTModel
+// (arch "gpt") or a Llama / Qwen / Gemma nn::DecoderLM.
+class LanguageModel {
+ public:
+  virtual ~LanguageModel() = default;
+  virtual nn::Module& module() = 0;
+  // ids (B, T) int64 -> logits (B, T, V).
+  virtual Tensor forward(const Tensor& ids) = 0;
+  // The mean cross-entropy of y (B, T) given x (B, T); keeps what backward_loss needs.
+  virtual float forward_loss(const Tensor& x, const Tensor& y) = 0;
+  virtual void backward_loss() = 0;
+  // hook(i) once block i's backward is done (last to first); nullptr: none.
+  virtual void set_backward_hook(std::function<void(int64_t block)> hook) = 0;
+  virtual int64_t num_blocks() const = 0;
+  // The block of a parameter (by its name in named_parameters()), -1 for none;
+  // and whether it is the final norm or an untied output head (their
+  // gradients are ready first).
+  virtual int64_t block_of(const std::string& name) const = 0;
+  virtual bool in_head(const std::string& name) const = 0;
+  virtual int64_t vocab_size() const = 0;
+  virtual int64_t context_length() const = 0;  // the most positions the model takes
+  virtual int64_t num_parameters() = 0;
+  // The checkpoint's "config": the GPTConfig's JSON (attn/model_config.h), or
+  // the decoder's config.json (attn/hf_decoder.h).
+  virtual std::string config_json() const = 0;
+};
 
 struct EvalResult {
   int64_t iter = 0;
@@ -364,8 +418,24 @@ class Trainer {
   const std::string& tokenizer_name() const { return options_.tokenizer; }
   // The character vocabulary (char runs; std::logic_error for gpt2 runs).
   const CharTokenizer& tokenizer() const;
-  int64_t vocab_size() const { return model_->config().vocab_size; }
-  nn::GPTModel& model() { return *model_; }
+  // The run's tokenizer.json (hf runs; std::logic_error otherwise), and the
+  // text of the file it was read from.
+  const text::HfTokenizer& hf_tokenizer() const;
+  const std::string& hf_tokenizer_json() const { return hf_tokenizer_json_; }
+  // A token run's text <-> ids (gpt2: GPT-2's BPE with <|endoftext|>; hf: the
+  // tokenizer.json without the post-processor). std::logic_error for char runs.
+  std::vector<int64_t> encode(std::string_view text) const;
+  std::string decode(const std::vector<int64_t>& ids) const;
+  int64_t vocab_size() const { return lm_->vocab_size(); }
+  LanguageModel& lm() { return *lm_; }
+  // The GPT of an arch "gpt" run, the decoder of the others (std::logic_error
+  // when asked for the other kind).
+  bool is_decoder() const { return decoder_ != nullptr; }
+  nn::GPTModel& model();
+  nn::DecoderLM& decoder();
+  // A decoder run's config.json side (model_type, bos and eos ids), for the
+  // Hub layout (io::save_hf_decoder).
+  const io::HfDecoderConfig& hub_config() const { return hub_; }
   int64_t train_tokens() const;
   int64_t val_tokens() const;
   // gpt2 runs: the pass over the training windows in progress (0-based
@@ -384,6 +454,9 @@ class Trainer {
 
  private:
   void build(int64_t vocab_size);
+  void build_gpt(int64_t vocab_size);
+  void load_hf_tokenizer();
+  void check_gpt_config(const std::map<std::string, std::string>& m, const std::string& path) const;
   std::pair<Tensor, Tensor> next_train_batch();
   float step_global();            // micro_batches() > 1 or a collective
   void bucket_ready(size_t b);    // the last micro-batch's bucket b is done on this rank
@@ -397,7 +470,12 @@ class Trainer {
   std::string data_shards_;
   int64_t passes_ = 0;  // gpt2: training passes begun
   std::unique_ptr<Generator> gen_;  // before model_: the model's dropouts hold a pointer to it
-  std::unique_ptr<nn::GPTModel> model_;
+  std::unique_ptr<nn::GPTModel> model_;     // arch gpt
+  std::unique_ptr<nn::DecoderLM> decoder_;  // the others
+  std::unique_ptr<LanguageModel> lm_;       // either, as the loop sees it
+  io::HfDecoderConfig hub_;
+  std::optional<text::HfTokenizer> hf_;  // hf runs
+  std::string hf_tokenizer_json_;
   std::unique_ptr<optim::AdamW> optimizer_;
   std::vector<std::pair<std::string, nn::Parameter*>> params_;  // named_parameters()
   int64_t iter_ = 0;

@@ -52,6 +52,11 @@ inline constexpr const char* kBookStartContext = "Every effort moves you";
 Tensor generate_text_simple(
     nn::GPTModel& model, const Tensor& idx, int64_t max_new_tokens, int64_t context_size,
     const std::function<void(int64_t step, const std::vector<int64_t>& next)>& on_token = nullptr);
+// The same loop over any model: logits_of(ids (B, T)) -> logits (B, T, V).
+Tensor generate_text_simple(
+    const std::function<Tensor(const Tensor&)>& logits_of, const Tensor& idx,
+    int64_t max_new_tokens, int64_t context_size,
+    const std::function<void(int64_t step, const std::vector<int64_t>& next)>& on_token = nullptr);
 
 // One evaluation of train_model_simple, as its print shows it.
 struct BookEvaluation {

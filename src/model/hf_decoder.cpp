@@ -16,6 +16,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "attn/atomic_file.h"
 #include "attn/bfloat16.h"
 #include "attn/safetensors.h"
 #include "attn/utf8.h"
@@ -559,6 +560,177 @@ HfDecoderInfo load_hf_decoder(const std::string& dir, std::unique_ptr<nn::Decode
   }
   model->eval();
   return info;
+}
+
+// ---- writing ----------------------------------------------------------------------------------
+
+namespace {
+
+// A float as JSON in its shortest decimal form (1e-06, not 9.99999997e-07).
+Json shortest(float f) { return std::stod(fmt::format("{}", f)); }
+
+Json rope_json(const nn::RopeScaling& r) {
+  Json j = Json::object();
+  switch (r.type) {
+    case nn::RopeScaling::Type::kDefault:
+      break;
+    case nn::RopeScaling::Type::kLinear:
+      j["factor"] = shortest(r.factor);
+      break;
+    case nn::RopeScaling::Type::kLlama3:
+      j["factor"] = shortest(r.factor);
+      j["high_freq_factor"] = shortest(r.high_freq_factor);
+      j["low_freq_factor"] = shortest(r.low_freq_factor);
+      j["original_max_position_embeddings"] = r.original_context_length;
+      break;
+  }
+  j["rope_theta"] = shortest(r.theta);
+  j["rope_type"] = nn::rope_type_name(r.type);
+  return j;
+}
+
+bool same_rope(const nn::RopeScaling& a, const nn::RopeScaling& b) {
+  return a.type == b.type && a.theta == b.theta && a.factor == b.factor &&
+         a.low_freq_factor == b.low_freq_factor && a.high_freq_factor == b.high_freq_factor &&
+         a.original_context_length == b.original_context_length;
+}
+
+}  // namespace
+
+std::string hf_decoder_config_json(const HfDecoderConfig& hf, const std::string& dtype) {
+  const nn::DecoderConfig& c = hf.config;
+  c.check();
+  const std::string& type = hf.model_type;
+  const bool llama = type == "llama", qwen2 = type == "qwen2", qwen3 = type == "qwen3",
+             gemma2 = type == "gemma2", gemma3 = type == "gemma3_text", gemma = gemma2 || gemma3;
+  auto refuse = [&](const std::string& what) {
+    throw std::invalid_argument(
+        fmt::format("hf_decoder_config_json: a {} config cannot say {}", named(type), what));
+  };
+  if (!llama && !qwen2 && !qwen3 && !gemma) {
+    throw std::invalid_argument(fmt::format("hf_decoder_config_json: model_type {}; attn writes {}",
+                                            named(type), hf_decoder_types()));
+  }
+  if (dtype != "float32" && dtype != "bfloat16")
+    throw std::invalid_argument(fmt::format("hf_decoder_config_json: dtype {}", named(dtype)));
+  // What the family fixes (parse_hf_decoder_config's rules read backwards).
+  if (c.qk_norm != (qwen3 || gemma3)) refuse(fmt::format("qk_norm {}", c.qk_norm));
+  if (qwen2 ? (!c.qkv_bias || c.o_bias) : c.qkv_bias != c.o_bias)
+    refuse(fmt::format("qkv_bias {} with o_bias {}", c.qkv_bias, c.o_bias));
+  if (c.sandwich_norms != gemma || c.scale_embeddings != gemma ||
+      c.norm_weight_offset != (gemma ? 1.0f : 0.0f))
+    refuse("these norms or embedding scale");
+  if (c.activation != (gemma ? nn::GateActivation::kGeluTanh : nn::GateActivation::kSiLU))
+    refuse("this activation");
+  if (!gemma && (c.attn_softcap > 0 || c.final_softcap > 0)) refuse("softcapping");
+  if (gemma3 && c.attn_softcap > 0)
+    refuse("an applied attention softcap (transformers' Gemma 3 has none)");
+  if (!gemma3 && !same_rope(c.rope, c.rope_local)) refuse("two RoPE tables");
+  bool any_sliding = false;
+  for (int64_t i = 0; i < c.num_layers; ++i) any_sliding = any_sliding || c.layer_window(i) > 0;
+  if (llama && any_sliding) refuse("sliding-window layers");
+
+  Json j = Json::object();  // sorted keys, as save_pretrained writes them
+  const char* arch = llama    ? "LlamaForCausalLM"
+                     : qwen2  ? "Qwen2ForCausalLM"
+                     : qwen3  ? "Qwen3ForCausalLM"
+                     : gemma2 ? "Gemma2ForCausalLM"
+                              : "Gemma3ForCausalLM";
+  j["architectures"] = Json::array({arch});
+  if (!qwen2) j["attention_bias"] = c.o_bias;
+  j["attention_dropout"] = 0.0;
+  if (hf.bos_token_id) j["bos_token_id"] = *hf.bos_token_id;
+  j["dtype"] = dtype;
+  if (hf.eos_token_ids.size() == 1) {
+    j["eos_token_id"] = hf.eos_token_ids[0];
+  } else if (!hf.eos_token_ids.empty()) {
+    j["eos_token_id"] = hf.eos_token_ids;
+  }
+  j["head_dim"] = c.head_dim;
+  j[gemma ? "hidden_activation" : "hidden_act"] = gemma ? "gelu_pytorch_tanh" : "silu";
+  j["hidden_size"] = c.hidden_size;
+  j["initializer_range"] = 0.02;
+  j["intermediate_size"] = c.intermediate_size;
+  j["max_position_embeddings"] = c.context_length;
+  if (llama) j["mlp_bias"] = false;
+  j["model_type"] = type;
+  j["num_attention_heads"] = c.num_heads;
+  j["num_hidden_layers"] = c.num_layers;
+  j["num_key_value_heads"] = c.num_kv_heads;
+  if (c.pad_token_id >= 0) j["pad_token_id"] = c.pad_token_id;
+  j["rms_norm_eps"] = shortest(c.norm_eps);
+  j["tie_word_embeddings"] = c.tie_embeddings;
+  j["use_cache"] = true;
+  j["vocab_size"] = c.vocab_size;
+  if (!llama) {
+    Json types = Json::array();
+    for (int64_t i = 0; i < c.num_layers; ++i)
+      types.push_back(c.layer_window(i) > 0 ? "sliding_attention" : "full_attention");
+    j["layer_types"] = types;
+  }
+  if (gemma) {
+    // scale = query_pre_attn_scalar^-0.5: the scalar back, whole when it was.
+    const double scalar = 1.0 / (double{c.attention_scale} * double{c.attention_scale});
+    const double whole = std::round(scalar);
+    if (std::abs(scalar - whole) <= 1e-4 * whole) {
+      j["query_pre_attn_scalar"] = static_cast<int64_t>(whole);
+    } else {
+      j["query_pre_attn_scalar"] = scalar;
+    }
+    const float attn_cap = gemma3 ? hf.unapplied_attn_softcap : c.attn_softcap;
+    j["attn_logit_softcapping"] = attn_cap > 0 ? shortest(attn_cap) : Json();
+    j["final_logit_softcapping"] = c.final_softcap > 0 ? shortest(c.final_softcap) : Json();
+    j["sliding_window"] = c.sliding_window > 0 ? Json(c.sliding_window) : Json(4096);
+    j["use_bidirectional_attention"] = false;
+  } else if (!llama) {
+    j["sliding_window"] = any_sliding ? Json(c.sliding_window) : Json();
+    j["use_sliding_window"] = any_sliding;
+  }
+  if (gemma3) {
+    j["rope_parameters"] = {{"full_attention", rope_json(c.rope)},
+                            {"sliding_attention", rope_json(c.rope_local)}};
+  } else {
+    j["rope_parameters"] = rope_json(c.rope);
+  }
+  return j.dump(2) + "\n";
+}
+
+void save_hf_decoder(nn::DecoderLM& model, const HfDecoderConfig& hf, const std::string& dir,
+                     const HfDecoderSaveOptions& options) {
+  if (options.dtype != DType::kFloat32 && options.dtype != DType::kBFloat16) {
+    throw std::invalid_argument(fmt::format(
+        "save_hf_decoder: dtype must be float32 or bfloat16, got {}", dtype_name(options.dtype)));
+  }
+  HfDecoderConfig out = hf;
+  out.config = model.config();
+  const std::string config =
+      hf_decoder_config_json(out, options.dtype == DType::kBFloat16 ? "bfloat16" : "float32");
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (auto& [name, param] : model.named_parameters())  // a tied head is not a parameter of its own
+    tensors.emplace_back(hf_decoder_name(name), param->value.to(options.dtype));
+  Json gen = Json::object();
+  if (hf.bos_token_id) gen["bos_token_id"] = *hf.bos_token_id;
+  if (hf.eos_token_ids.size() == 1) {
+    gen["eos_token_id"] = hf.eos_token_ids[0];
+  } else if (!hf.eos_token_ids.empty()) {
+    gen["eos_token_id"] = hf.eos_token_ids;
+  }
+  if (out.config.pad_token_id >= 0) gen["pad_token_id"] = out.config.pad_token_id;
+
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    throw std::runtime_error(
+        fmt::format("save_hf_decoder: cannot make {}: {}", named(dir), ec.message()));
+  }
+  const fs::path d(dir);
+  write_safetensors((d / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  write_file_atomically((d / "config.json").string(), config);
+  write_file_atomically((d / "generation_config.json").string(), gen.dump(2) + "\n");
+  if (!options.tokenizer_json.empty())
+    write_file_atomically((d / "tokenizer.json").string(), options.tokenizer_json);
+  if (!options.tokenizer_config_json.empty())
+    write_file_atomically((d / "tokenizer_config.json").string(), options.tokenizer_config_json);
 }
 
 }  // namespace attn::io

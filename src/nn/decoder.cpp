@@ -367,6 +367,24 @@ DecoderLM::DecoderLM(const DecoderConfig& cfg, Generator& gen)
   if (cfg.tie_embeddings) tie(lm_head.weight, model.embed_tokens.weight);
 }
 
+void DecoderLM::init_weights(Generator& gen, float std) {
+  for (auto& [name, p] : named_parameters()) {
+    if (p->value.dtype() != DType::kFloat32)
+      throw std::logic_error("DecoderLM::init_weights: the weights are bf16 (inference only)");
+    if (p->value.dim() >= 2) {
+      normal_(p->value, 0.0f, std, gen);
+    } else if (name.ends_with(".bias")) {
+      p->value.fill_(0.0f);
+    } else {  // a norm's scale: 1, or Gemma's 1 + 0
+      p->value.fill_(cfg_.norm_weight_offset != 0.0f ? 0.0f : 1.0f);
+    }
+  }
+  if (cfg_.pad_token_id >= 0) {
+    Tensor& e = model.embed_tokens.weight.value;
+    std::fill_n(e.data() + cfg_.pad_token_id * cfg_.hidden_size, cfg_.hidden_size, 0.0f);
+  }
+}
+
 const RopeParams& DecoderLM::rope_tables(bool sliding, int64_t positions) {
   RopeParams& r = sliding ? rope_sliding_ : rope_full_;
   if (r.cos.empty() || r.cos.size(0) < positions) {
@@ -479,7 +497,10 @@ void DecoderLM::backward(const Tensor& dlogits) {
     for (int64_t i = 0; i < d.numel(); ++i) g[i] = g[i] * (1.0f - t[i] * t[i]);
   }
   Tensor dh = model.norm.backward(lm_head.backward(d));
-  for (auto it = model.layers.rbegin(); it != model.layers.rend(); ++it) dh = (*it)->backward(dh);
+  for (int64_t i = static_cast<int64_t>(model.layers.size()) - 1; i >= 0; --i) {
+    dh = model.layers[static_cast<size_t>(i)]->backward(dh);
+    if (backward_hook_) backward_hook_(i);
+  }
   if (cfg_.scale_embeddings) {
     dh = mul(dh, static_cast<float>(std::sqrt(static_cast<double>(cfg_.hidden_size))));
   }
@@ -505,6 +526,17 @@ float DecoderLM::forward_loss(const Tensor& ids) {
     for (int64_t t = 0; t < T; ++t)
       dst[b * T + t] = t + 1 < T ? src[b * T + t + 1] : ref::kIgnoreIndex;
   }
+  has_loss_ = true;
+  return loss_.forward(logits, targets);
+}
+
+float DecoderLM::forward_loss(const Tensor& ids, const Tensor& targets) {
+  if (targets.dtype() != DType::kInt64 || targets.shape() != ids.shape()) {
+    throw std::invalid_argument(fmt::format(
+        "DecoderLM::forward_loss: targets must be int64 of the ids' shape {}, got {} {}",
+        shape_str(ids.shape()), dtype_name(targets.dtype()), shape_str(targets.shape())));
+  }
+  const Tensor logits = forward(ids);
   has_loss_ = true;
   return loss_.forward(logits, targets);
 }

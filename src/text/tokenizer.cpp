@@ -12,6 +12,7 @@
 #include <exception>
 #include <fstream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -374,6 +375,54 @@ std::string StreamDecoder::flush() {
 void write_gpt2_vocabulary(const std::string& dir) {
   io::write_file_atomically(dir + "/vocab.json", gpt2_encoder_json());
   io::write_file_atomically(dir + "/merges.txt", gpt2_vocab_bpe());
+}
+
+std::string gpt2_tokenizer_json() {
+  using Json = nlohmann::ordered_json;
+  const Json vocab = Json::parse(gpt2_encoder_json());
+  Json merges = Json::array();
+  std::string_view bpe = gpt2_vocab_bpe();
+  while (!bpe.empty()) {
+    const size_t eol = bpe.find('\n');
+    std::string_view line = bpe.substr(0, eol);
+    bpe = eol == std::string_view::npos ? std::string_view{} : bpe.substr(eol + 1);
+    if (line.empty() || line.starts_with("#version")) continue;
+    const size_t space = line.find(' ');
+    merges.push_back(
+        Json::array({std::string(line.substr(0, space)), std::string(line.substr(space + 1))}));
+  }
+  const auto byte_level = [](bool prefix_space, bool trim_offsets) {
+    return Json{{"type", "ByteLevel"},
+                {"add_prefix_space", prefix_space},
+                {"trim_offsets", trim_offsets},
+                {"use_regex", true}};
+  };
+  Json j;
+  j["version"] = "1.0";
+  j["truncation"] = nullptr;
+  j["padding"] = nullptr;
+  j["added_tokens"] = Json::array({Json{{"id", 50256},
+                                        {"content", "<|endoftext|>"},
+                                        {"single_word", false},
+                                        {"lstrip", false},
+                                        {"rstrip", false},
+                                        {"normalized", true},
+                                        {"special", true}}});
+  j["normalizer"] = nullptr;
+  j["pre_tokenizer"] = byte_level(false, true);
+  j["post_processor"] = byte_level(true, false);
+  j["decoder"] = byte_level(true, true);
+  j["model"] = Json{{"type", "BPE"},
+                    {"dropout", nullptr},
+                    {"unk_token", nullptr},
+                    {"continuing_subword_prefix", ""},
+                    {"end_of_word_suffix", ""},
+                    {"fuse_unk", false},
+                    {"byte_fallback", false},
+                    {"ignore_merges", false},
+                    {"vocab", vocab},
+                    {"merges", merges}};
+  return j.dump(2) + "\n";
 }
 
 }  // namespace attn::text

@@ -1,20 +1,24 @@
-// Training a GPT on characters or GPT-2's BPE (attn/train.h).
+// Training a GPT, or a Llama / Qwen / Gemma decoder, on characters, GPT-2's BPE or a
+// tokenizer.json (attn/train.h).
 #include "attn/train.h"
-
-#include "attn/fnv1a.h"
-#include "attn/tokenizer.h"
-#include "attn/utf8.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <stdexcept>
 
+#include "attn/fnv1a.h"
 #include "attn/model_config.h"
 #include "attn/safetensors.h"
 #include "attn/token_shards.h"
+#include "attn/tokenizer.h"
+#include "attn/utf8.h"
 
 namespace attn::train {
 
@@ -94,6 +98,115 @@ Split checked_split(const std::vector<int64_t>& tokens, int64_t context_length) 
   return s;
 }
 
+// ---- the two kinds of model, as the loop sees them ----------------------------------------
+
+// The number after `prefix` in a parameter's name ("trf_blocks.3.att..." -> 3), or -1.
+int64_t block_number(const std::string& name, const std::string& prefix) {
+  if (name.rfind(prefix, 0) != 0) return -1;
+  return std::stoll(name.substr(prefix.size()));
+}
+
+class GptLanguageModel final : public LanguageModel {
+ public:
+  explicit GptLanguageModel(nn::GPTModel& m) : m_(m) {}
+  nn::Module& module() override { return m_; }
+  Tensor forward(const Tensor& ids) override { return m_.forward(ids); }
+  float forward_loss(const Tensor& x, const Tensor& y) override { return m_.forward_loss(x, y); }
+  void backward_loss() override { m_.backward_loss(); }
+  void set_backward_hook(std::function<void(int64_t)> hook) override {
+    m_.trf_blocks.set_backward_hook(std::move(hook));
+  }
+  int64_t num_blocks() const override { return m_.config().n_layers; }
+  int64_t block_of(const std::string& name) const override {
+    return block_number(name, "trf_blocks.");
+  }
+  bool in_head(const std::string& name) const override {
+    return !m_.config().tie_embeddings &&
+           (name.rfind("final_norm.", 0) == 0 || name.rfind("out_head.", 0) == 0);
+  }
+  int64_t vocab_size() const override { return m_.config().vocab_size; }
+  int64_t context_length() const override { return m_.config().context_length; }
+  int64_t num_parameters() override { return m_.num_parameters(); }
+  std::string config_json() const override { return nn::config_to_json(m_.config()); }
+
+ private:
+  nn::GPTModel& m_;
+};
+
+class DecoderLanguageModel final : public LanguageModel {
+ public:
+  DecoderLanguageModel(nn::DecoderLM& m, const io::HfDecoderConfig& hub) : m_(m), hub_(hub) {}
+  nn::Module& module() override { return m_; }
+  Tensor forward(const Tensor& ids) override { return m_.forward(ids); }
+  float forward_loss(const Tensor& x, const Tensor& y) override { return m_.forward_loss(x, y); }
+  void backward_loss() override { m_.backward_loss(); }
+  void set_backward_hook(std::function<void(int64_t)> hook) override {
+    m_.set_backward_hook(std::move(hook));
+  }
+  int64_t num_blocks() const override { return m_.config().num_layers; }
+  int64_t block_of(const std::string& name) const override {
+    return block_number(name, "model.layers.");
+  }
+  bool in_head(const std::string& name) const override {
+    return name.rfind("model.norm.", 0) == 0 ||
+           (!m_.config().tie_embeddings && name.rfind("lm_head.", 0) == 0);
+  }
+  int64_t vocab_size() const override { return m_.config().vocab_size; }
+  int64_t context_length() const override { return m_.config().context_length; }
+  int64_t num_parameters() override { return m_.num_parameters(); }
+  std::string config_json() const override {
+    io::HfDecoderConfig hf = hub_;
+    hf.config = m_.config();
+    return io::hf_decoder_config_json(hf);
+  }
+
+ private:
+  nn::DecoderLM& m_;
+  const io::HfDecoderConfig& hub_;
+};
+
+// A decoder of today's open models built from the options (TrainOptions::arch).
+io::HfDecoderConfig decoder_from_options(const TrainOptions& o, int64_t vocab_size) {
+  io::HfDecoderConfig hf;
+  nn::DecoderConfig& c = hf.config;
+  const bool gemma = o.arch == "gemma3";
+  hf.model_type = o.arch == "llama3" ? "llama" : o.arch == "qwen3" ? "qwen3" : "gemma3_text";
+  c.family = hf.model_type;
+  c.vocab_size = vocab_size;
+  c.hidden_size = o.emb_dim;
+  c.intermediate_size = o.ffn_dim > 0 ? o.ffn_dim : 3 * o.emb_dim;
+  c.num_layers = o.n_layers;
+  c.num_heads = o.n_heads;
+  c.num_kv_heads = o.n_kv_groups > 0 ? o.n_kv_groups : o.n_heads;
+  c.head_dim = o.head_dim > 0 ? o.head_dim : o.emb_dim / o.n_heads;
+  c.context_length = o.context_length;
+  c.norm_eps = o.arch == "llama3" ? 1e-5f : 1e-6f;
+  c.qk_norm = o.arch != "llama3";
+  c.rope.theta = static_cast<float>(o.theta_base);
+  c.rope_local = c.rope;
+  if (gemma) {
+    c.norm_weight_offset = 1.0f;
+    c.sandwich_norms = true;
+    c.scale_embeddings = true;
+    c.activation = nn::GateActivation::kGeluTanh;
+    c.attention_scale = static_cast<float>(std::pow(static_cast<double>(c.head_dim), -0.5));
+    c.rope_local.theta = 10000.0f;
+  }
+  if (o.sliding_window_size > 0) {
+    if (o.arch == "llama3")
+      throw std::invalid_argument(
+          "--arch llama3 has no sliding-window layers (Llama's config.json cannot say them)");
+    c.sliding_window = o.sliding_window_size;
+    // The book's K:1 schedule: K windowed layers, then one full (-1: every layer windowed).
+    const int64_t K = o.sliding_window_stride;
+    for (int64_t i = 0; i < c.num_layers; ++i)
+      c.layer_sliding.push_back(K < 0 ? true : K == 0 ? false : (i % (K + 1)) != K);
+  }
+  c.tie_embeddings = true;
+  c.check();
+  return hf;
+}
+
 }  // namespace
 
 Trainer::Trainer(std::string_view text, const TrainOptions& options)
@@ -113,17 +226,64 @@ Trainer::Trainer(std::string_view text, const TrainOptions& options)
   const auto split_chars = static_cast<size_t>(0.9 * static_cast<double>(chars.size()));
   size_t split_byte = 0;
   for (size_t i = 0; i < split_chars; ++i) split_byte += encode_utf8(chars[i]).size();
-  const text::Tokenizer& bpe = text::Tokenizer::gpt2();
+  if (options_.tokenizer == "hf") load_hf_tokenizer();
   const int64_t stride = options_.stride > 0 ? options_.stride : options_.context_length;
   train_loader_ = std::make_unique<WindowLoader>(
-      bpe.encode(text.substr(0, split_byte), /*allow_special=*/true), options_.batch_size,
-      options_.context_length, stride, /*shuffle=*/true, /*drop_last=*/true, "training");
-  val_loader_ = std::make_unique<WindowLoader>(
-      bpe.encode(text.substr(split_byte), /*allow_special=*/true), options_.batch_size,
-      options_.context_length, stride, /*shuffle=*/false, /*drop_last=*/false, "validation");
+      encode(text.substr(0, split_byte)), options_.batch_size, options_.context_length, stride,
+      /*shuffle=*/true, /*drop_last=*/true, "training");
+  val_loader_ = std::make_unique<WindowLoader>(encode(text.substr(split_byte)), options_.batch_size,
+                                               options_.context_length, stride, /*shuffle=*/false,
+                                               /*drop_last=*/false, "validation");
   if (options_.epochs > 0)
     options_.max_iters = options_.epochs * train_loader_->batches() / options_.grad_accum_steps;
-  build(bpe.vocab_size());
+  build(hf_ ? hf_->vocab_size() : text::Tokenizer::gpt2().vocab_size());
+}
+
+void Trainer::load_hf_tokenizer() {
+  namespace fs = std::filesystem;
+  std::string path = options_.tokenizer_file.empty() ? options_.init_from : options_.tokenizer_file;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) path = (fs::path(path) / "tokenizer.json").string();
+  if (!fs::is_regular_file(path, ec))
+    throw std::invalid_argument(
+        fmt::format("--tokenizer hf: no tokenizer.json at '{}'", printable(path)));
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  if (!in)
+    throw std::runtime_error(fmt::format("--tokenizer hf: cannot read '{}'", printable(path)));
+  hf_tokenizer_json_ = bytes.str();
+  hf_ = text::HfTokenizer::from_json(hf_tokenizer_json_, path);
+}
+
+const text::HfTokenizer& Trainer::hf_tokenizer() const {
+  if (!hf_) throw std::logic_error("Trainer::hf_tokenizer(): this run has no tokenizer.json");
+  return *hf_;
+}
+
+std::vector<int64_t> Trainer::encode(std::string_view text) const {
+  if (hf_) return hf_->encode(text, /*add_special_tokens=*/false);
+  if (options_.tokenizer == "gpt2")
+    return text::Tokenizer::gpt2().encode(text, /*allow_special=*/true);
+  throw std::logic_error("Trainer::encode: a char run encodes with tokenizer()");
+}
+
+std::string Trainer::decode(const std::vector<int64_t>& ids) const {
+  if (hf_) return hf_->decode(ids);
+  if (options_.tokenizer == "gpt2") return text::Tokenizer::gpt2().decode(ids);
+  throw std::logic_error("Trainer::decode: a char run decodes with tokenizer()");
+}
+
+nn::GPTModel& Trainer::model() {
+  if (!model_)
+    throw std::logic_error("Trainer::model(): this run trains a decoder (Trainer::decoder())");
+  return *model_;
+}
+
+nn::DecoderLM& Trainer::decoder() {
+  if (!decoder_)
+    throw std::logic_error("Trainer::decoder(): this run trains a GPT (Trainer::model())");
+  return *decoder_;
 }
 
 Trainer::Trainer(std::shared_ptr<const data::TokenSource> tokens, int64_t vocab_size, const TrainOptions& options)
@@ -153,6 +313,51 @@ Trainer::Trainer(std::shared_ptr<const data::TokenSource> tokens, int64_t vocab_
 }
 
 void Trainer::build(int64_t vocab_size) {
+  if (!options_.init_from.empty()) {  // fine-tuning: the directory's config and weights
+    hub_ = io::load_hf_decoder(options_.init_from, decoder_).hf;
+    if (vocab_size > decoder_->config().vocab_size)
+      throw std::invalid_argument(fmt::format(
+          "--init-from '{}': its tokenizer has {} ids, more than the model's vocab_size {}",
+          printable(options_.init_from), vocab_size, decoder_->config().vocab_size));
+    if (options_.context_length > decoder_->config().context_length)
+      throw std::invalid_argument(
+          fmt::format("--context-length {} passes the model's max_position_embeddings {} ('{}')",
+                      options_.context_length, decoder_->config().context_length,
+                      printable(options_.init_from)));
+  } else if (options_.arch != "gpt") {
+    hub_ = decoder_from_options(options_, vocab_size);
+    if (options_.tokenizer == "gpt2") hub_.eos_token_ids = {text::Tokenizer::gpt2().eot_token()};
+    {
+      const nn::NoInitScope no_init;  // init_weights draws them: transformers' from_config
+      decoder_ = std::make_unique<nn::DecoderLM>(hub_.config, *gen_);
+    }
+    decoder_->init_weights(*gen_);
+  }
+  if (decoder_) {
+    decoder_->train();
+    decoder_->make_grads();  // built under NoInitScope: none yet, and the optimizer reads them
+    lm_ = std::make_unique<DecoderLanguageModel>(*decoder_, hub_);
+  } else {
+    build_gpt(vocab_size);
+    lm_ = std::make_unique<GptLanguageModel>(*model_);
+  }
+  const optim::AdamWOptions adamw{.lr = options_.lr,
+                                  .beta1 = options_.beta1,
+                                  .beta2 = options_.beta2,
+                                  .eps = 1e-8,
+                                  .weight_decay = options_.weight_decay};
+  nn::Module& module = lm_->module();
+  if (options_.decay == "all") {  // AdamW(model.parameters(), weight_decay=...): one group
+    optim::ParamGroup all{.params = {}, .weight_decay = options_.weight_decay};
+    for (auto& [name, p] : module.named_parameters()) all.params.push_back(p);
+    optimizer_ = std::make_unique<optim::AdamW>(std::vector<optim::ParamGroup>{all}, adamw);
+  } else {
+    optimizer_ = std::make_unique<optim::AdamW>(module, adamw);
+  }
+  params_ = module.named_parameters();
+}
+
+void Trainer::build_gpt(int64_t vocab_size) {
   const nn::GPTConfig cfg{.vocab_size = vocab_size,
                           .context_length = options_.context_length,
                           .emb_dim = options_.emb_dim,
@@ -179,19 +384,6 @@ void Trainer::build(int64_t vocab_size) {
                                       .fused_loss = options_.fused_loss};
   model_ = std::make_unique<nn::GPTModel>(cfg, model_options, *gen_);
   model_->train();
-  const optim::AdamWOptions adamw{.lr = options_.lr,
-                                  .beta1 = options_.beta1,
-                                  .beta2 = options_.beta2,
-                                  .eps = 1e-8,
-                                  .weight_decay = options_.weight_decay};
-  if (options_.decay == "all") {  // AdamW(model.parameters(), weight_decay=...): one group
-    optim::ParamGroup all{.params = {}, .weight_decay = options_.weight_decay};
-    for (auto& [name, p] : model_->named_parameters()) all.params.push_back(p);
-    optimizer_ = std::make_unique<optim::AdamW>(std::vector<optim::ParamGroup>{all}, adamw);
-  } else {
-    optimizer_ = std::make_unique<optim::AdamW>(*model_, adamw);
-  }
-  params_ = model_->named_parameters();
 }
 
 const CharTokenizer& Trainer::tokenizer() const {
@@ -235,16 +427,14 @@ void Trainer::set_collective(Collective* collective) {
   // Buckets in the order backward finishes them: block n-1 (with final_norm and
   // out_head, whose gradients come first), ..., block 0, then the rest (the
   // embeddings, and a tied head).
-  const int64_t L = options_.n_layers;
+  const int64_t L = lm_->num_blocks();
   buckets_.resize(static_cast<size_t>(L + 1));
-  const bool tied = model_->config().tie_embeddings;
   for (size_t i = 0; i < params_.size(); ++i) {
     const std::string& name = params_[i].first;
     size_t b = static_cast<size_t>(L);
-    if (name.rfind("trf_blocks.", 0) == 0) {
-      const int64_t block = std::stoll(name.substr(11));
+    if (const int64_t block = lm_->block_of(name); block >= 0) {
       b = static_cast<size_t>(L - 1 - block);
-    } else if (!tied && (name.rfind("final_norm.", 0) == 0 || name.rfind("out_head.", 0) == 0)) {
+    } else if (lm_->in_head(name)) {
       b = 0;
     }
     buckets_[b].push_back(i);
@@ -342,9 +532,9 @@ float Trainer::step_global() {
     const int64_t m = rank * K + k;
     if (reseed) gen_->set_state(Generator(micro_batch_seed(options_.seed, iter_, m)).get_state());
     const auto& [x, y] = mine[static_cast<size_t>(k)];
-    losses[static_cast<size_t>(k)] = model_->forward_loss(x, y);
+    losses[static_cast<size_t>(k)] = lm_->forward_loss(x, y);
     if (k + 1 < K) {
-      model_->backward_loss();
+      lm_->backward_loss();
       // accum = (accum + g_k), the gradients zeroed for the next micro-batch.
       for (size_t i = 0; i < params_.size(); ++i) {
         float* g = params_[i].second->grad.data();
@@ -363,14 +553,15 @@ float Trainer::step_global() {
     // The last micro-batch: each bucket is handed on as backward finishes it.
     const size_t buckets = buckets_.size();
     if (buckets > 1) {
-      model_->trf_blocks.set_backward_hook(
-          [&](int64_t block) { bucket_ready(static_cast<size_t>(options_.n_layers - 1 - block)); });
+      const int64_t L = lm_->num_blocks();
+      lm_->set_backward_hook(
+          [this, L](int64_t block) { bucket_ready(static_cast<size_t>(L - 1 - block)); });
     }
     struct Unhook {
-      nn::GPTModel& model;
-      ~Unhook() { model.trf_blocks.set_backward_hook(nullptr); }
-    } unhook{*model_};
-    model_->backward_loss();
+      LanguageModel& model;
+      ~Unhook() { model.set_backward_hook(nullptr); }
+    } unhook{*lm_};
+    lm_->backward_loss();
     bucket_ready(buckets - 1);
   }
   if (reseed) gen_->set_state(shared);
@@ -407,8 +598,8 @@ float Trainer::step() {
     if (!grads_zero_) optimizer_->zero_grad();
     grads_zero_ = false;
     // The mean cross-entropy, and with fused_loss its gradients, in one pass.
-    loss = model_->forward_loss(x, y);
-    model_->backward_loss();
+    loss = lm_->forward_loss(x, y);
+    lm_->backward_loss();
   }
   // clip_grad_norm's g *= coefficient happens inside AdamW's pass (the same
   // bits), which also zeroes each gradient once read: one pass over them.
@@ -433,9 +624,9 @@ float Trainer::step() {
 }
 
 EvalResult Trainer::evaluate(bool compute) {
-  model_->eval();
+  lm_->module().eval();
   auto batch_loss = [&](const std::pair<Tensor, Tensor>& xy) {
-    return compute ? static_cast<double>(model_->forward_loss(xy.first, xy.second)) : 0.0;
+    return compute ? static_cast<double>(lm_->forward_loss(xy.first, xy.second)) : 0.0;
   };
   auto mean_loss = [&](const Batcher& data) {
     double sum = 0.0;
@@ -456,14 +647,14 @@ EvalResult Trainer::evaluate(bool compute) {
   r.iter = iter_;
   r.train_loss = train_ ? mean_loss(*train_) : loader_loss(*train_loader_);
   r.val_loss = val_ ? mean_loss(*val_) : loader_loss(*val_loader_);
-  model_->train();
+  lm_->module().train();
   last_eval_iter_ = iter_;
   return r;
 }
 
 std::map<std::string, std::string> Trainer::metadata() const {
   std::map<std::string, std::string> m{{"format", kCheckpointFormat},
-                                       {"config", nn::config_to_json(model_->config())},
+                                       {"config", lm_->config_json()},
                                        {"tokenizer", options_.tokenizer},
                                        {"iter", std::to_string(iter_)},
                                        {"optim_step", std::to_string(optimizer_->steps())},
@@ -471,6 +662,7 @@ std::map<std::string, std::string> Trainer::metadata() const {
                                        {"generator", generator_to_json(gen_->get_state())},
                                        {"last_eval_iter", std::to_string(last_eval_iter_)}};
   if (chars_) m["vocab"] = chars_->to_json();
+  if (decoder_) m["model_type"] = hub_.model_type;  // "config" is then the decoder's config.json
   if (micro_batches() > 1) {  // only then: a plain run's checkpoint keeps its bytes
     nlohmann::ordered_json g;
     g["ranks"] = ranks();
@@ -510,7 +702,7 @@ void for_each_moment(optim::AdamW& opt, const std::vector<std::pair<std::string,
 
 void Trainer::save(const std::string& path) const {
   const bool root = !collective_ || collective_->rank() == 0;
-  std::vector<std::pair<std::string, Tensor>> tensors = model_->state_dict();
+  std::vector<std::pair<std::string, Tensor>> tensors = lm_->module().state_dict();
   if (!sharded()) {
     if (!root) return;
     for_each_moment(*optimizer_, params_, [&](const std::string& name, const Tensor& m, const Tensor& v) {
@@ -542,6 +734,31 @@ void Trainer::save(const std::string& path) const {
     if (!root) return;
   }
   io::write_safetensors(path, tensors, metadata());
+}
+
+void Trainer::check_gpt_config(const std::map<std::string, std::string>& m,
+                               const std::string& path) const {
+  const nn::GPTConfig saved = nn::config_from_json(meta(m, "config", path), path);
+  const nn::GPTConfig& cfg = model_->config();
+  auto check = [&](const char* name, auto a, auto b) {
+    if (a != b)
+      throw std::invalid_argument(
+          fmt::format("config mismatch: checkpoint '{}' has {} = {}, this run {}", printable(path),
+                      printable(name), a, b));
+  };
+  check("context_length", saved.context_length, cfg.context_length);
+  check("emb_dim", saved.emb_dim, cfg.emb_dim);
+  check("n_heads", saved.n_heads, cfg.n_heads);
+  check("n_layers", saved.n_layers, cfg.n_layers);
+  check("drop_rate", saved.drop_rate, cfg.drop_rate);
+  check("qkv_bias", saved.qkv_bias, cfg.qkv_bias);
+  check("rope", saved.rope, cfg.rope);
+  check("theta_base", saved.theta_base, cfg.theta_base);
+  check("latent_dim", saved.latent_dim, cfg.latent_dim);
+  check("n_kv_groups", saved.n_kv_groups, cfg.n_kv_groups);
+  check("sliding_window_size", saved.sliding_window_size, cfg.sliding_window_size);
+  if (cfg.sliding_window_size > 0)
+    check("sliding_window_stride", saved.sliding_window_stride, cfg.sliding_window_stride);
 }
 
 void Trainer::resume(const std::string& path) {
@@ -625,26 +842,23 @@ void Trainer::resume(const std::string& path) {
           "checkpoint '{}': the training pass is at batch {} of {} (a different text or batch size?)",
           printable(path), loader_position, train_loader_->batches()));
   }
-  const nn::GPTConfig saved = nn::config_from_json(meta(m, "config", path), path);
-  const nn::GPTConfig& cfg = model_->config();
-  auto check = [&](const char* name, auto a, auto b) {
-    if (a != b)
-      throw std::invalid_argument(
-          fmt::format("config mismatch: checkpoint '{}' has {} = {}, this run {}", printable(path), printable(name), a, b));
-  };
-  check("context_length", saved.context_length, cfg.context_length);
-  check("emb_dim", saved.emb_dim, cfg.emb_dim);
-  check("n_heads", saved.n_heads, cfg.n_heads);
-  check("n_layers", saved.n_layers, cfg.n_layers);
-  check("drop_rate", saved.drop_rate, cfg.drop_rate);
-  check("qkv_bias", saved.qkv_bias, cfg.qkv_bias);
-  check("rope", saved.rope, cfg.rope);
-  check("theta_base", saved.theta_base, cfg.theta_base);
-  check("latent_dim", saved.latent_dim, cfg.latent_dim);
-  check("n_kv_groups", saved.n_kv_groups, cfg.n_kv_groups);
-  check("sliding_window_size", saved.sliding_window_size, cfg.sliding_window_size);
-  if (cfg.sliding_window_size > 0)
-    check("sliding_window_stride", saved.sliding_window_stride, cfg.sliding_window_stride);
+  const auto saved_type = m.find("model_type");
+  if ((saved_type != m.end()) != (decoder_ != nullptr) ||
+      (decoder_ && saved_type->second != hub_.model_type))
+    throw std::invalid_argument(
+        fmt::format("checkpoint '{}' holds a {}; this run trains a {}", printable(path),
+                    saved_type == m.end() ? std::string("GPT") : printable(saved_type->second),
+                    decoder_ ? hub_.model_type : std::string("GPT")));
+  if (decoder_) {
+    const std::string& saved = meta(m, "config", path);
+    if (saved != lm_->config_json())
+      throw std::invalid_argument(fmt::format(
+          "config mismatch: checkpoint '{}' holds another {} (its config.json differs from this "
+          "run's: the sizes, window or RoPE flags)",
+          printable(path), hub_.model_type));
+  } else {
+    check_gpt_config(m, path);
+  }
 
   const int64_t iter = meta_int(m, "iter", path);
   const int64_t optim_step = meta_int(m, "optim_step", path);
@@ -666,7 +880,7 @@ void Trainer::resume(const std::string& path) {
     copies.emplace_back(dst, it->second);
     by_name.erase(it);
   };
-  for (auto& [name, t] : model_->state_dict()) want(name, t);
+  for (auto& [name, t] : lm_->module().state_dict()) want(name, t);
   for_each_moment(*optimizer_, params_, [&](const std::string& name, Tensor& mo, Tensor& v) {
     want("optim." + name + ".exp_avg", mo);
     want("optim." + name + ".exp_avg_sq", v);

@@ -47,6 +47,14 @@ TrainOptions book_ch5_options() {
 Tensor generate_text_simple(
     nn::GPTModel& model, const Tensor& idx, int64_t max_new_tokens, int64_t context_size,
     const std::function<void(int64_t step, const std::vector<int64_t>& next)>& on_token) {
+  return generate_text_simple([&](const Tensor& ids) { return model.forward(ids); }, idx,
+                              max_new_tokens, context_size, on_token);
+}
+
+Tensor generate_text_simple(
+    const std::function<Tensor(const Tensor&)>& logits_of, const Tensor& idx,
+    int64_t max_new_tokens, int64_t context_size,
+    const std::function<void(int64_t step, const std::vector<int64_t>& next)>& on_token) {
   if (idx.dtype() != DType::kInt64 || idx.dim() != 2 || idx.size(0) < 1 || idx.size(1) < 1)
     throw std::invalid_argument(fmt::format(
         "generate_text_simple: expected token ids (B, T) int64 with B, T >= 1, got {} {}",
@@ -67,7 +75,7 @@ Tensor generate_text_simple(
     const int64_t T_cond = std::min(T, context_size);  // idx[:, -context_size:]
     std::vector<int64_t> cond;
     for (const auto& row : rows) cond.insert(cond.end(), row.end() - T_cond, row.end());
-    const Tensor logits = model.forward(Tensor::from_int64({B, T_cond}, cond));  // (B, T, V)
+    const Tensor logits = logits_of(Tensor::from_int64({B, T_cond}, cond));      // (B, T, V)
     const Tensor probas = softmax(select(logits, 1, T_cond - 1), -1);            // (B, V)
     const int64_t V = probas.size(1);
     const std::vector<float> p = probas.to_vector();
@@ -94,19 +102,20 @@ namespace {
 // generate_and_print_sample: eval mode, greedy tokens from the start context
 // (context size: the model's positional embeddings), decoded with each newline
 // a space, train mode again.
-BookSample epoch_sample(nn::GPTModel& model, const std::string& start_context,
-                        int64_t sample_tokens, int64_t epoch) {
-  const text::Tokenizer& tokenizer = text::Tokenizer::gpt2();
-  const std::vector<int64_t> encoded = tokenizer.encode(start_context, /*allow_special=*/true);
-  model.eval();
+BookSample epoch_sample(Trainer& trainer, const std::string& start_context, int64_t sample_tokens,
+                        int64_t epoch) {
+  LanguageModel& model = trainer.lm();
+  const std::vector<int64_t> encoded = trainer.encode(start_context);
+  model.module().eval();
   const Tensor ids =
-      generate_text_simple(model, Tensor::from_int64({1, static_cast<int64_t>(encoded.size())}, encoded),
-                           sample_tokens, model.config().context_length);
-  model.train();
+      generate_text_simple([&](const Tensor& x) { return model.forward(x); },
+                           Tensor::from_int64({1, static_cast<int64_t>(encoded.size())}, encoded),
+                           sample_tokens, model.context_length());
+  model.module().train();
   BookSample s;
   s.epoch = epoch;
   s.ids = ids.to_int64_vector();
-  s.text = utf8_replacing_invalid(tokenizer.decode(s.ids));  // tiktoken's errors="replace"
+  s.text = utf8_replacing_invalid(trainer.decode(s.ids));  // tiktoken's errors="replace"
   std::replace(s.text.begin(), s.text.end(), '\n', ' ');
   return s;
 }
@@ -116,11 +125,12 @@ BookSample epoch_sample(nn::GPTModel& model, const std::string& start_context,
 BookHistory train_model_simple(Trainer& trainer, const BookCallbacks& cb,
                                const std::string& start_context, int64_t sample_tokens) {
   const TrainOptions& o = trainer.options();
-  if (o.tokenizer != "gpt2" || o.epochs < 1 || trainer.train_loader() == nullptr)
-    throw std::invalid_argument(fmt::format(
-        "train_model_simple: needs a gpt2 run with epochs >= 1 (the book's data loaders), got "
-        "tokenizer {} and epochs {}",
-        o.tokenizer, o.epochs));
+  if (o.tokenizer == "char" || o.epochs < 1 || trainer.train_loader() == nullptr)
+    throw std::invalid_argument(
+        fmt::format("train_model_simple: needs a gpt2 or hf run with epochs >= 1 (the book's data "
+                    "loaders), got "
+                    "tokenizer {} and epochs {}",
+                    o.tokenizer, o.epochs));
   if (trainer.iter() != 0)
     throw std::invalid_argument(fmt::format(
         "train_model_simple: the trainer has already run {} steps; the book's loop starts from "
@@ -150,7 +160,7 @@ BookHistory train_model_simple(Trainer& trainer, const BookCallbacks& cb,
         return history;
       }
     } while (trainer.train_loader()->in_pass());
-    history.samples.push_back(epoch_sample(trainer.model(), start_context, sample_tokens, epoch + 1));
+    history.samples.push_back(epoch_sample(trainer, start_context, sample_tokens, epoch + 1));
     if (cb.on_sample) cb.on_sample(history.samples.back());
   }
   return history;

@@ -30,9 +30,47 @@ void TrainOptions::validate() const {
   at_least("eval-interval", eval_interval, 1);
   at_least("eval-iters", eval_iters, 1);
   at_least("grad-accum-steps", grad_accum_steps, 1);
-  if (emb_dim % n_heads != 0)
+  const bool gpt = arch == "gpt";
+  if (!gpt && arch != "llama3" && arch != "qwen3" && arch != "gemma3")
+    throw std::invalid_argument(
+        fmt::format("--arch must be gpt, llama3, qwen3 or gemma3, got '{}'", printable(arch)));
+  if (!init_from.empty() && !gpt)
+    throw std::invalid_argument(fmt::format(
+        "--init-from takes the architecture from the directory's config.json; drop --arch {}",
+        printable(arch)));
+  at_least("head-dim", head_dim, 0);
+  at_least("ffn-dim", ffn_dim, 0);
+  if ((head_dim > 0 || ffn_dim > 0) && gpt)
+    throw std::invalid_argument(
+        "--head-dim and --ffn-dim size a decoder built by --arch llama3, qwen3 or gemma3");
+  if (emb_dim % n_heads != 0 && (gpt || head_dim == 0))
     throw std::invalid_argument(
         fmt::format("--n-heads {} must divide --emb-dim {}", n_heads, emb_dim));
+  if (!gpt || !init_from.empty()) {
+    // A Llama / Qwen / Gemma decoder (attn/decoder.h): float32, no dropout, its own RoPE.
+    const std::string what = init_from.empty() ? "--arch " + arch : std::string("--init-from");
+    if (drop_rate != 0.0 || exact || rope || latent_dim > 0 || dtype != "float32")
+      throw std::invalid_argument(fmt::format(
+          "{} trains a float32 decoder without dropout on the fused kernels: it takes none of "
+          "--drop-rate {} --exact --rope --latent-dim --dtype bfloat16 (got --drop-rate "
+          "{}{}{}{}{})",
+          what, 0, drop_rate, exact ? " --exact" : "", rope ? " --rope" : "",
+          latent_dim > 0 ? fmt::format(" --latent-dim {}", latent_dim) : "",
+          dtype != "float32" ? " --dtype " + printable(dtype) : ""));
+    if (!(theta_base > 1.0 && std::isfinite(theta_base)))
+      throw std::invalid_argument(fmt::format("--theta-base must be > 1, got {}", theta_base));
+  }
+  if (!init_from.empty() && tokenizer != "hf")
+    throw std::invalid_argument(
+        fmt::format("--init-from fine-tunes with the model's own tokenizer (--tokenizer hf, its "
+                    "tokenizer.json or --tokenizer-file), got --tokenizer {}",
+                    printable(tokenizer)));
+  if (tokenizer == "hf" && tokenizer_file.empty() && init_from.empty())
+    throw std::invalid_argument(
+        "--tokenizer hf reads a tokenizer.json: give --tokenizer-file PATH (or --init-from DIR)");
+  if (tokenizer != "hf" && !tokenizer_file.empty())
+    throw std::invalid_argument(fmt::format(
+        "--tokenizer-file is for --tokenizer hf, got --tokenizer {}", printable(tokenizer)));
   if (!(lr > 0.0 && std::isfinite(lr)))
     throw std::invalid_argument(fmt::format("--lr must be > 0, got {}", lr));
   if (!(min_lr >= 0.0 && min_lr <= lr))
@@ -50,9 +88,9 @@ void TrainOptions::validate() const {
   if (dtype != "float32" && dtype != "bfloat16")
     throw std::invalid_argument(
         fmt::format("--dtype must be float32 or bfloat16, got '{}'", printable(dtype)));
-  if (tokenizer != "char" && tokenizer != "gpt2")
+  if (tokenizer != "char" && tokenizer != "gpt2" && tokenizer != "hf")
     throw std::invalid_argument(
-        fmt::format("--tokenizer must be char or gpt2, got '{}'", printable(tokenizer)));
+        fmt::format("--tokenizer must be char, gpt2 or hf, got '{}'", printable(tokenizer)));
   at_least("stride", stride, 0);
   at_least("epochs", epochs, 0);
   if (lr_schedule != "cosine" && lr_schedule != "constant")
@@ -79,6 +117,10 @@ void TrainOptions::validate() const {
     throw std::invalid_argument(fmt::format(
         "--exact runs the float32 reference path; it cannot be combined with --dtype {}",
         printable(dtype)));
+  if (!gpt && (head_dim > 0 ? head_dim : emb_dim / n_heads) % 2 != 0)
+    throw std::invalid_argument(
+        fmt::format("--arch {} rotates its heads (RoPE): the head size must be even, got {}",
+                    printable(arch), head_dim > 0 ? head_dim : emb_dim / n_heads));
   if (rope && (emb_dim / n_heads) % 2 != 0)
     throw std::invalid_argument(
         fmt::format("--rope needs an even head size, got --emb-dim {} / --n-heads {} = {}", emb_dim,
@@ -137,6 +179,14 @@ std::string TrainOptions::to_json() const {
   j["sliding_window_stride"] = sliding_window_stride;
   if (grad_accum_steps != 1)
     j["grad_accum_steps"] = grad_accum_steps;  // the others keep their bytes
+  if (arch != "gpt" || !init_from.empty()) {   // a decoder run: GPT runs keep their bytes
+    j["arch"] = arch;
+    j["init_from"] = init_from;
+    j["head_dim"] = head_dim;
+    j["ffn_dim"] = ffn_dim;
+    j["theta_base"] = theta_base;
+  }
+  if (tokenizer == "hf") j["tokenizer_file"] = tokenizer_file;
   return j.dump();
 }
 
@@ -184,6 +234,11 @@ TrainOptions TrainOptions::from_json(const std::string& text, TrainOptions o) {
     get("sliding_window_size", o.sliding_window_size);
     get("sliding_window_stride", o.sliding_window_stride);
     get("grad_accum_steps", o.grad_accum_steps);
+    get("arch", o.arch);
+    get("init_from", o.init_from);
+    get("head_dim", o.head_dim);
+    get("ffn_dim", o.ffn_dim);
+    get("tokenizer_file", o.tokenizer_file);
   } catch (const json::exception& e) {
     throw std::invalid_argument(fmt::format("train_args: {}", e.what()));
   }

@@ -147,6 +147,25 @@ def case_equal():
     compare_checkpoints(a, b, "K=2 x 2 ranks vs 1 rank K=4", tol=1e-5)
 
 
+def case_decoder():
+    # Today's open models (--arch): the layers' gradients handed on in buckets as
+    # backward finishes each, summed over 2 ranks = one rank's K = 2, bit for bit.
+    for arch, extra in (("qwen3", ("--n-kv-groups", "1")),
+                        ("gemma3", ("--n-kv-groups", "1", "--sliding-window-size", "8",
+                                    "--sliding-window-stride", "1"))):
+        flags = ("--arch", arch, "--tokenizer", "gpt2", *extra)
+        one = d(f"{arch}-one-k2")
+        p1, _ = train(one, 0, ("--grad-accum-steps", "2", *flags))
+        two = d(f"{arch}-two-k1")
+        p2, _ = train(two, 2, flags)
+        l1, l2 = step_losses(p1.stdout), step_losses(p2.stdout)
+        check(len(l1) == 12 and l1 == l2, f"decoder {arch}: 2 ranks' step losses == 1 rank K=2's ({l2[:3]}...)")
+        model_type = {"qwen3": "qwen3", "gemma3": "gemma3_text"}[arch]
+        check(f"{model_type} decoder" in p2.stdout, f"decoder {arch}: the banner names the decoder")
+        compare_checkpoints(one, two, f"decoder {arch}")
+        check(os.path.isfile(os.path.join(two, "config.json")), f"decoder {arch}: rank 0 wrote the Hub layout")
+
+
 def case_np3():
     one = d("one-k3")
     train(one, 0, ("--grad-accum-steps", "3"))
@@ -238,7 +257,7 @@ def case_shard():
     compare_checkpoints(plain, killed, "shard: killed at step 8 and resumed sharded")
 
 
-CASES = {"equal": case_equal, "np3": case_np3, "agreement": case_agreement, "kill": case_kill,
+CASES = {"equal": case_equal, "decoder": case_decoder, "np3": case_np3, "agreement": case_agreement, "kill": case_kill,
          "global-batch": case_global_batch, "shard": case_shard}
 
 

@@ -389,6 +389,11 @@ TEST(HfDecoderCli, InspectSummarisesTheDirectory) {
   EXPECT_EQ(j["config"]["rope"]["rope_type"], "linear");
   EXPECT_EQ(j["parameters"], 43680);
   EXPECT_EQ(j["dtype"], "F32");
+  EXPECT_EQ(j["tokenizer"], "none");
+  const CliResult q = run_cli("inspect --json '" + kFixtures + "/qwen3'");
+  ASSERT_EQ(q.exit_code, 0) << q.err;
+  const std::string tok = nlohmann::json::parse(q.out)["tokenizer"].get<std::string>();
+  EXPECT_EQ(tok.rfind("tokenizer.json: 1205 ids; BPE", 0), 0u) << tok;
 }
 
 TEST(HfDecoderCli, RefusalsAreOneLine) {

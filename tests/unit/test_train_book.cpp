@@ -231,9 +231,9 @@ TEST(TrainBookCli, BadRecipeAndFlagsAreOneLineErrors) {
   expect_one_line_error(attn::test::run_cli(base + "--recipe book-ch5 --resume"),
                         "--resume cannot be combined with --recipe book-ch5");
   expect_one_line_error(attn::test::run_cli(base + "--recipe book-ch5 --tokenizer char"),
-                        "--recipe book-ch5 needs --tokenizer gpt2 and --epochs >= 1");
+                        "--recipe book-ch5 needs --tokenizer gpt2 or hf and --epochs >= 1");
   expect_one_line_error(attn::test::run_cli(base + "--recipe book-ch5 --epochs 0"),
-                        "--recipe book-ch5 needs --tokenizer gpt2 and --epochs >= 1");
+                        "--recipe book-ch5 needs --tokenizer gpt2 or hf and --epochs >= 1");
   expect_one_line_error(attn::test::run_cli(base + "--recipe book-ch5 --lr-schedule step"),
                         "--lr-schedule must be cosine or constant, got 'step'");
   expect_one_line_error(attn::test::run_cli(base + "--recipe book-ch5 --decay some"),

@@ -12,6 +12,7 @@
 
 #include "attn/char_tokenizer.h"
 #include "attn/checkpoint.h"
+#include "attn/hf_decoder.h"
 #include "attn/hf_gpt2.h"
 #include "attn/model_config.h"
 #include "attn/safetensors.h"
@@ -41,6 +42,44 @@ std::string read_file(const fs::path& p) {
   return s.str();
 }
 
+// A Llama / Qwen / Gemma directory written again in the Hub layout (one
+// model.safetensors in float32 or bfloat16, config.json in today's form), its
+// tokenizer files copied: a sharded or float16 download made one file, or a
+// float32 fine-tune made bf16.
+int export_decoder(const Flags& f) {
+  if (f.format != "hf") {
+    throw UsageError(fmt::format(
+        "export: '{}' is a {} directory; it exports as --format hf (the book's names are GPT's)",
+        printable(f.model), io::read_hf_decoder_config(f.model).model_type));
+  }
+  if (f.dtype != "float32" && f.dtype != "bfloat16") {
+    throw UsageError(
+        fmt::format("export: a Llama / Qwen / Gemma directory is written in float32 or bfloat16, "
+                    "got --dtype {}",
+                    printable(f.dtype)));
+  }
+  const DType dtype = f.dtype == "bfloat16" ? DType::kBFloat16 : DType::kFloat32;
+  std::unique_ptr<nn::DecoderLM> model;
+  const io::HfDecoderInfo info = io::load_hf_decoder(f.model, model, dtype);
+  io::HfDecoderSaveOptions options;
+  options.dtype = dtype;
+  const fs::path src(f.model);
+  if (fs::is_regular_file(src / "tokenizer.json"))
+    options.tokenizer_json = read_file(src / "tokenizer.json");
+  if (fs::is_regular_file(src / "tokenizer_config.json"))
+    options.tokenizer_config_json = read_file(src / "tokenizer_config.json");
+  io::save_hf_decoder(*model, info.hf, f.out, options);
+  // A chat template kept in a file of its own travels too.
+  for (const char* name : {"chat_template.jinja", "chat_template.json"}) {
+    if (fs::is_regular_file(src / name))
+      write_file_atomically((fs::path(f.out) / name).string(), read_file(src / name));
+  }
+  std::cout << fmt::format("wrote {} (hf format, {} {}, {} parameters)\n", printable(f.out),
+                           info.hf.model_type, f.dtype, model->num_parameters());
+  std::cout.flush();
+  return std::cout ? 0 : 1;
+}
+
 }  // namespace
 
 Command add_export_command(CLI::App& app) {
@@ -50,15 +89,19 @@ Command add_export_command(CLI::App& app) {
       "Write a model directory (Hugging Face GPT-2 or attn checkpoint) as a Hugging Face GPT-2 "
       "directory (config.json + model.safetensors, loadable by "
       "transformers.GPT2LMHeadModel.from_pretrained) or as an attn checkpoint with the book's "
-      "names");
+      "names; a Llama 3 / Qwen2 / Qwen3 / Gemma 2 / Gemma 3 directory again in the Hub layout");
   cmd->footer(
       "--format hf: DIR/config.json and DIR/model.safetensors (names transformer.*, Conv1D "
       "layout), --dtype float32, bfloat16 or float16; a source's vocab.json and merges.txt are "
       "copied. --format book: DIR/checkpoint.safetensors with attn's (the book's) names, float32, "
-      "as attn train writes it. Every file is written atomically.\n\n"
+      "as attn train writes it. A Llama / Qwen / Gemma directory (attn train --arch or --init-from "
+      "writes one too) exports as --format hf only: one model.safetensors in --dtype float32 or "
+      "bfloat16, config.json in transformers 5's form, its tokenizer.json, tokenizer_config.json "
+      "and chat template copied. Every file is written atomically.\n\n"
       "Examples:\n"
       "  attn export --model gpt2 --format book --out gpt2-book\n"
-      "  attn export --model gpt2-book --format hf --dtype bfloat16 --out gpt2-bf16");
+      "  attn export --model gpt2-book --format hf --dtype bfloat16 --out gpt2-bf16\n"
+      "  attn export --model Qwen3-0.6B --format hf --dtype bfloat16 --out qwen3-bf16");
   cmd->add_option("--model", flags->model, "The source model directory")
       ->required()
       ->type_name("SRC");
@@ -88,6 +131,7 @@ Command add_export_command(CLI::App& app) {
           "--dtype {}",
           printable(f.dtype)));
     }
+    if (io::is_hf_decoder_dir(f.model)) return export_decoder(f);
     std::unique_ptr<nn::GPTModel> model;
     const io::ModelDir md = io::load_model_dir(f.model, model);
     const nn::GPTConfig& c = md.config;

@@ -13,6 +13,7 @@
 
 #include "attn/hf_decoder.h"
 #include "attn/hf_gpt2.h"
+#include "attn/hf_tokenizer.h"
 #include "attn/model_config.h"
 #include "attn/utf8.h"
 
@@ -170,10 +171,20 @@ nlohmann::ordered_json decoder_summary(const std::string& dir, nlohmann::ordered
   j["files"] = files.size();
   j["eos_token_ids"] = hf.eos_token_ids;
   std::string tok = "none";
-  for (const char* name : {"tokenizer.json", "tokenizer.model", "original/tokenizer.model"}) {
-    if (fs::exists(fs::path(dir) / name)) {
-      tok = std::string(name) + " (not read by attn yet)";
-      break;
+  if (fs::exists(fs::path(dir) / "tokenizer.json")) {
+    try {  // what attn reads of it, or why it does not
+      const text::HfTokenizer t =
+          text::HfTokenizer::from_file((fs::path(dir) / "tokenizer.json").string());
+      tok = fmt::format("tokenizer.json: {} ids; {}", t.vocab_size(), t.describe());
+    } catch (const std::exception& e) {
+      tok = fmt::format("tokenizer.json, refused: {}", e.what());
+    }
+  } else {
+    for (const char* name : {"tokenizer.model", "original/tokenizer.model"}) {
+      if (fs::exists(fs::path(dir) / name)) {
+        tok = std::string(name) + " (attn reads tokenizer.json only)";
+        break;
+      }
     }
   }
   j["tokenizer"] = tok;

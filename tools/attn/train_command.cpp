@@ -3,6 +3,7 @@
 #include "train_command.h"
 
 #include <fmt/format.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,18 +21,17 @@
 #include <thread>
 #include <vector>
 
-#include <omp.h>
-
 #include "attn/attn.h"
 #include "attn/dist.h"
 #include "attn/gemm.h"
-#include "attn/utf8.h"
-#include "attn/safetensors.h"
+#include "attn/hf_decoder.h"
 #include "attn/hf_gpt2.h"
+#include "attn/safetensors.h"
 #include "attn/token_shards.h"
 #include "attn/tokenizer.h"
 #include "attn/train.h"
 #include "attn/train_book.h"
+#include "attn/utf8.h"
 #include "plot/line_chart.h"
 
 namespace attn::cli {
@@ -100,6 +100,25 @@ std::vector<std::string> kept_metrics(const std::string& path, int64_t last_eval
   return kept;
 }
 
+// "GPT-2 BPE", "characters" or the tokenizer.json's.
+std::string tokens_name(const train::Trainer& trainer) {
+  const std::string& t = trainer.tokenizer_name();
+  return t == "gpt2" ? "GPT-2 BPE" : t == "hf" ? "tokenizer.json" : "characters";
+}
+
+// The model's shape, as the banner prints it.
+std::string model_summary(train::Trainer& trainer) {
+  if (!trainer.is_decoder()) {
+    const nn::GPTConfig& c = trainer.model().config();
+    return fmt::format("{} layers, {} heads, emb {}", c.n_layers, c.n_heads, c.emb_dim);
+  }
+  const nn::DecoderConfig& c = trainer.decoder().config();
+  return fmt::format(
+      "{} decoder: {} layers, {} heads ({} key/value) of {}, emb {}, feed-forward {}",
+      trainer.hub_config().model_type, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim,
+      c.hidden_size, c.intermediate_size);
+}
+
 // The book's loop (train_model_simple, attn/train_book.h): its prints on
 // stdout as the notebook prints them ("Ep 1 (Step 000000): Train loss ...,
 // Val loss ..." and each epoch's sample), the steps' progress on stderr;
@@ -117,13 +136,13 @@ int run_book_recipe(train::Trainer& trainer, const std::string& out,
   const int64_t batches = trainer.train_loader()->batches();
   const int64_t steps = options.epochs * batches;
   std::cout << fmt::format(
-      "attn train --recipe book-ch5: {} tokens (GPT-2 BPE), {} train / {} val tokens ({} training "
-      "batches per epoch); {} parameters; {} layers, {} heads, emb {}, context {}, batch {}; {} "
+      "attn train --recipe book-ch5: {} tokens ({}), {} train / {} val tokens ({} training "
+      "batches per epoch); {} parameters; {}, context {}, batch {}; {} "
       "epochs = {} steps; AdamW lr {} (constant), weight decay {} on {} parameters; {} path\n",
-      trainer.train_tokens() + trainer.val_tokens(), trainer.train_tokens(), trainer.val_tokens(),
-      batches, trainer.model().num_parameters(), options.n_layers, options.n_heads,
-      options.emb_dim, options.context_length, options.batch_size, options.epochs, steps,
-      options.lr, options.weight_decay, options.decay,
+      trainer.train_tokens() + trainer.val_tokens(), tokens_name(trainer), trainer.train_tokens(),
+      trainer.val_tokens(), batches, trainer.lm().num_parameters(), model_summary(trainer),
+      options.context_length, options.batch_size, options.epochs, steps, options.lr,
+      options.weight_decay, options.decay,
       options.exact ? "reference (PyTorch's dropout masks)" : "fused");
   std::cout.flush();
 
@@ -307,7 +326,8 @@ Command add_train_command(CLI::App& app) {
   ATTN_TRAIN_FLAG("--tokenizer", tokenizer,
                   "char: the text's characters are the vocabulary, random windows (nanoGPT); gpt2: "
                   "GPT-2's byte-level BPE (50,257 tokens) and the book's chapter-5 data loader "
-                  "(windows every --stride tokens, shuffled each epoch)");
+                  "(windows every --stride tokens, shuffled each epoch); hf: a tokenizer.json "
+                  "(--tokenizer-file, or --init-from's) with the same loader");
   ATTN_TRAIN_FLAG("--stride", stride, "gpt2: tokens between training windows (0: --context-length)");
   ATTN_TRAIN_FLAG("--epochs", epochs,
                   "gpt2: passes over the training windows; sets --max-iters to epochs x batches "
@@ -343,11 +363,32 @@ Command add_train_command(CLI::App& app) {
                   "true: the output head and the cross-entropy fused, 512 rows at a time, so the "
                   "(batch x context, vocab) logits are never held whole (less memory, faster); "
                   "false: the logits, then the loss (the plain path)");
+  ATTN_TRAIN_FLAG(
+      "--arch", arch,
+      "The model: gpt (the book's GPT), or a decoder of today's open models built "
+      "from the size flags: llama3 (SwiGLU, RMSNorm, RoPE), qwen3 (and QK-norm), "
+      "gemma3 (GeGLU, four norms per block, local RoPE on its sliding layers); float32, "
+      "no dropout; written beside the checkpoint in the Hugging Face layout (token runs)");
+  ATTN_TRAIN_FLAG("--head-dim", head_dim,
+                  "--arch llama3|qwen3|gemma3: the heads' size (0: --emb-dim / --n-heads)");
+  ATTN_TRAIN_FLAG("--ffn-dim", ffn_dim,
+                  "--arch llama3|qwen3|gemma3: the gated feed-forward's width (0: 3 x --emb-dim)");
+  ATTN_TRAIN_FLAG(
+      "--init-from", init_from,
+      "Fine-tune a Llama 3 / Qwen2 / Qwen3 / Gemma 2 / Gemma 3 directory as the Hub "
+      "publishes it (config.json, model.safetensors, tokenizer.json): its weights and "
+      "config replace the size flags, its tokenizer.json tokenizes the text (--tokenizer hf)");
+  ATTN_TRAIN_FLAG("--tokenizer-file", tokenizer_file,
+                  "--tokenizer hf: the tokenizer.json (or a directory holding one; default: "
+                  "--init-from's)");
 #undef ATTN_TRAIN_FLAG
 
   CLI::Option* accum_flag = cmd->get_option("--grad-accum-steps");
   CLI::Option* tokenizer_flag = cmd->get_option("--tokenizer");
-  auto run_rank = [flags, given, accum_flag, tokenizer_flag](dist::MpiCollective* mpi) -> int {
+  CLI::Option* exact_flag = cmd->get_option("--exact");
+  CLI::Option* drop_flag = cmd->get_option("--drop-rate");
+  auto run_rank = [flags, given, accum_flag, tokenizer_flag, exact_flag,
+                   drop_flag](dist::MpiCollective* mpi) -> int {
     namespace fs = std::filesystem;
     const bool root = mpi == nullptr || mpi->rank() == 0;
     const std::string checkpoint = (fs::path(flags->out) / "checkpoint.safetensors").string();
@@ -357,6 +398,27 @@ Command add_train_command(CLI::App& app) {
     auto save = [&](train::Trainer& trainer) {
       trainer.save(checkpoint);  // collective with --shard-optimizer; rank 0 writes
       if (!root) return;
+      if (trainer.is_decoder()) {
+        // The Hub's layout (config.json, generation_config.json, model.safetensors
+        // and the tokenizer), which attn generate --model, transformers and
+        // llama.cpp's converter read. A character run has no tokenizer.json.
+        if (trainer.tokenizer_name() == "char") return;
+        io::HfDecoderSaveOptions hub;
+        hub.tokenizer_json = trainer.tokenizer_name() == "gpt2" ? text::gpt2_tokenizer_json()
+                                                                : trainer.hf_tokenizer_json();
+        if (!trainer.options().init_from.empty()) {
+          const fs::path tc = fs::path(trainer.options().init_from) / "tokenizer_config.json";
+          std::error_code e;
+          if (fs::is_regular_file(tc, e)) {
+            std::ifstream in(tc, std::ios::binary);
+            std::ostringstream bytes;
+            bytes << in.rdbuf();
+            hub.tokenizer_config_json = bytes.str();
+          }
+        }
+        io::save_hf_decoder(trainer.decoder(), trainer.hub_config(), flags->out, hub);
+        return;
+      }
       const nn::GPTConfig& c = trainer.model().config();
       // GPT-2's layout has no RoPE, latent, grouped-query or sliding-window attention.
       if (trainer.tokenizer_name() == "gpt2" && !c.rope && c.latent_dim == 0 && c.n_kv_groups == 0 &&
@@ -368,7 +430,8 @@ Command add_train_command(CLI::App& app) {
 
     // The options: the flags, or on --resume the checkpoint's with the given flags applied.
     if (flags->threads != 0) {
-      if (flags->threads < 1) throw UsageError(fmt::format("--threads must be >= 1, got {}", flags->threads));
+      if (flags->threads < 1)
+        throw UsageError(fmt::format("--threads must be >= 1, got {}", flags->threads));
       omp_set_num_threads(flags->threads);
       gemm::set_blas_threads(flags->threads);
     } else if (mpi != nullptr && std::getenv("OMP_NUM_THREADS") == nullptr) {
@@ -396,10 +459,16 @@ Command add_train_command(CLI::App& app) {
       for (const auto& [opt, copy] : given) {
         if (opt->count() > 0) copy(options, flags->o);
       }
-      if (options.tokenizer != "gpt2" || options.epochs < 1)
+      if (options.arch != "gpt" || !options.init_from.empty()) {
+        // The book's ch05/14: chapter 5 with Llama 3.2 or Qwen3 in place of
+        // GPT-2; their blocks have no dropout and no reference path.
+        if (exact_flag->count() == 0) options.exact = false;
+        if (drop_flag->count() == 0) options.drop_rate = 0.0;
+      }
+      if (options.tokenizer == "char" || options.epochs < 1)
         throw UsageError(fmt::format(
-            "--recipe book-ch5 needs --tokenizer gpt2 and --epochs >= 1 (the book's data loaders), "
-            "got --tokenizer {} and --epochs {}",
+            "--recipe book-ch5 needs --tokenizer gpt2 or hf and --epochs >= 1 (the book's data "
+            "loaders), got --tokenizer {} and --epochs {}",
             printable(options.tokenizer), options.epochs));
     }
     if (flags->resume) {
@@ -428,6 +497,8 @@ Command add_train_command(CLI::App& app) {
         if (micro > 0 && micro % ranks == 0) options.grad_accum_steps = micro / ranks;
       }
     }
+    // Fine-tuning reads the directory's own tokenizer unless told otherwise.
+    if (!options.init_from.empty() && tokenizer_flag->count() == 0) options.tokenizer = "hf";
     try {
       options.validate();
     } catch (const std::invalid_argument& e) {
@@ -488,25 +559,28 @@ Command add_train_command(CLI::App& app) {
     std::ostream& out = root ? std::cout : null_stream();
     if (mpi != nullptr || trainer.micro_batches() > 1)
       out << fmt::format(
-          "data parallel: {} ranks x {} micro-batches of {} = {} windows per step{}; {} threads per rank; "
+          "data parallel: {} ranks x {} micro-batches of {} = {} windows per step{}; {} threads "
+          "per rank; "
           "{} gradient buckets of {} bytes in all ({}); AdamW moments {} bytes on this rank{}\n",
           trainer.ranks(), options.grad_accum_steps, options.batch_size,
           trainer.micro_batches() * options.batch_size,
           mpi != nullptr ? fmt::format(" ({} on this host)", mpi->local_size()) : std::string(),
-          omp_get_max_threads(), options.n_layers + 1, mpi != nullptr ? mpi->bucket_bytes() : 0,
-          mpi == nullptr ? "one process" : mpi->deterministic() && mpi->size() > 2 ? "rank-ordered allgather" : "MPI_Iallreduce",
+          omp_get_max_threads(), trainer.lm().num_blocks() + 1,
+          mpi != nullptr ? mpi->bucket_bytes() : 0,
+          mpi == nullptr                            ? "one process"
+          : mpi->deterministic() && mpi->size() > 2 ? "rank-ordered allgather"
+                                                    : "MPI_Iallreduce",
           trainer.optimizer_bytes(), trainer.sharded() ? " (sharded, ZeRO-1)" : "");
     out << fmt::format(
         "attn train: {} tokens ({}), vocabulary {}, {} train / {} val tokens{}; {} parameters; "
-        "{} layers, {} heads, emb {}, context {}, batch {}{}; iterations {} -> {}\n",
-        trainer.train_tokens() + trainer.val_tokens(),
-        options.tokenizer == "gpt2" ? "GPT-2 BPE" : "characters", trainer.vocab_size(),
+        "{}, context {}, batch {}{}; iterations {} -> {}\n",
+        trainer.train_tokens() + trainer.val_tokens(), tokens_name(trainer), trainer.vocab_size(),
         trainer.train_tokens(), trainer.val_tokens(),
         trainer.train_loader() != nullptr
             ? fmt::format(" ({} training batches per epoch)", trainer.train_loader()->batches())
             : std::string(),
-        trainer.model().num_parameters(), options.n_layers, options.n_heads, options.emb_dim,
-        options.context_length, options.batch_size,
+        trainer.lm().num_parameters(), model_summary(trainer), options.context_length,
+        options.batch_size,
         options.rope         ? fmt::format(", RoPE (theta_base {})", options.theta_base)
         : options.latent_dim ? fmt::format(", latent attention (latent_dim {})", options.latent_dim)
                              : std::string(),
