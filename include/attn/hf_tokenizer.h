@@ -25,6 +25,20 @@
 // Sequence; bytes that do not form UTF-8 become U+FFFD, as tokenizers' lossy
 // conversion makes them.
 //
+// The two files a directory may carry instead (from_file tells them apart):
+//   - a SentencePiece model (`tokenizer.model`: Gemma's, Llama 2's), run by
+//     Debian's libsentencepiece: its control pieces (<bos>, <eos>, <pad>) and
+//     <unk> are special added tokens matched in the text first, as
+//     transformers' converted tokenizer matches them; the text between them is
+//     sentencepiece's (user-defined pieces such as <start_of_turn> included);
+//     add_special_tokens puts <bos> in front; decode is sentencepiece's;
+//   - Llama 3's `original/tokenizer.model`, tiktoken's rank file (one
+//     "base64(token bytes) rank" a line): read as transformers converts it
+//     (TikTokenConverter): byte-level BPE with the ranks as ids, merges from
+//     the ranks, Llama 3's Split regex, Meta's 256 special tokens numbered
+//     after the ranks (<|begin_of_text|> ... <|eot_id|> <|python_tag|>, then
+//     reserved), <|begin_of_text|> in front.
+//
 // Anything else in a file (another model type, normalizer, pre-tokenizer,
 // post-processor or decoder, BPE dropout, a continuing_subword_prefix) is
 // refused when the file is read, by an exception naming the file and the
@@ -44,9 +58,24 @@ namespace attn::text {
 
 class HfTokenizer {
  public:
-  // Reads and checks a tokenizer.json; `name` stands for it in messages.
+  // Reads and checks a tokenizer.json, a SentencePiece model or a tiktoken
+  // rank file (by its contents); `name` stands for it in messages.
   static HfTokenizer from_file(const std::string& path);
+  // A model directory's tokenizer: DIR/tokenizer.json, else DIR/tokenizer.model,
+  // else DIR/original/tokenizer.model (Llama 3's). Throws std::invalid_argument
+  // naming the directory when it has none of them.
+  static HfTokenizer from_directory(const std::string& dir);
   static HfTokenizer from_json(std::string_view json, const std::string& name = "tokenizer.json");
+  // A SentencePiece model's bytes (the ModelProto). Throws std::invalid_argument
+  // naming the file when libsentencepiece cannot read it.
+  static HfTokenizer from_sentencepiece(std::string_view model,
+                                        const std::string& name = "tokenizer.model");
+  // A tiktoken rank file's text, with Llama 3's pattern and special tokens.
+  static HfTokenizer from_tiktoken(std::string_view ranks,
+                                   const std::string& name = "tokenizer.model");
+  // The tokenizer.json that from_tiktoken reads the rank file as.
+  static std::string tiktoken_to_json(std::string_view ranks,
+                                      const std::string& name = "tokenizer.model");
 
   // The ids of UTF-8 text; add_special_tokens runs the post-processor (the
   // BOS that Llama 3 and Gemma put in front).

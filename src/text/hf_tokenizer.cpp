@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 #include <pcre2.h>
+#include <sentencepiece_processor.h>
 #include <utf8proc.h>
 
 #include <algorithm>
@@ -932,6 +933,11 @@ std::string component_types(const Json& j) {
 
 struct HfTokenizer::Impl {
   std::string name;
+  // A SentencePiece model (from_sentencepiece): text between the added tokens
+  // is its to encode and decode; normalizer, pre_tokenizer, model and decoder
+  // are unused then (model.tokens and model.vocab hold its pieces for lookups).
+  std::shared_ptr<const sentencepiece::SentencePieceProcessor> sp;
+  int64_t sp_bos = -1;
   std::optional<Normalizer> normalizer;
   std::optional<PreTokenizer> pre_tokenizer;
   Bpe model;
@@ -1012,7 +1018,87 @@ HfTokenizer HfTokenizer::from_file(const std::string& path) {
   if (!in) throw std::runtime_error(fmt::format("cannot read {}", named(path)));
   std::ostringstream s;
   s << in.rdbuf();
-  return from_json(s.str(), path);
+  const std::string bytes = s.str();
+  // By the contents: JSON starts with '{'; a rank file is lines of base64, a
+  // space and a number; anything else must be a SentencePiece ModelProto.
+  const size_t first = bytes.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && bytes[first] == '{') return from_json(bytes, path);
+  const size_t eol = std::min(bytes.find('\n'), bytes.size());
+  const std::string_view line(bytes.data(), eol);
+  const size_t space = line.find(' ');
+  const auto is_b64 = [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) || ch == '+' || ch == '/' || ch == '=';
+  };
+  if (space != std::string_view::npos && space > 0 && space + 1 < line.size() &&
+      std::all_of(line.begin(), line.begin() + static_cast<std::ptrdiff_t>(space), is_b64) &&
+      std::all_of(line.begin() + static_cast<std::ptrdiff_t>(space) + 1, line.end(), [](char ch) {
+        return std::isdigit(static_cast<unsigned char>(ch)) || ch == '\r';
+      })) {
+    return from_tiktoken(bytes, path);
+  }
+  return from_sentencepiece(bytes, path);
+}
+
+HfTokenizer HfTokenizer::from_directory(const std::string& dir) {
+  for (const char* name : {"tokenizer.json", "tokenizer.model", "original/tokenizer.model"}) {
+    const std::string path = dir + "/" + name;
+    std::ifstream probe(path, std::ios::binary);
+    if (probe) return from_file(path);
+  }
+  throw std::invalid_argument(fmt::format(
+      "{} has no tokenizer.json, tokenizer.model or original/tokenizer.model", named(dir)));
+}
+
+HfTokenizer HfTokenizer::from_tiktoken(std::string_view ranks, const std::string& name) {
+  return from_json(tiktoken_to_json(ranks, name), name);
+}
+
+HfTokenizer HfTokenizer::from_sentencepiece(std::string_view model, const std::string& name) {
+  auto sp = std::make_shared<sentencepiece::SentencePieceProcessor>();
+  const auto status = sp->LoadFromSerializedProto(model);
+  if (!status.ok()) {
+    throw std::invalid_argument(fmt::format(
+        "tokenizer {}: not a tokenizer.json, a tiktoken rank file or a SentencePiece model "
+        "(libsentencepiece: {})",
+        named(name), printable(status.ToString(), 200)));
+  }
+  auto impl = std::make_shared<Impl>();
+  impl->name = name;
+  impl->sp = sp;
+  impl->sp_bos = sp->bos_id();
+  const int n = sp->GetPieceSize();
+  impl->vocab_size = n;
+  impl->model.tokens.resize(static_cast<size_t>(n));
+  int64_t bytes = 0, control = 0;
+  for (int id = 0; id < n; ++id) {
+    const std::string& piece = sp->IdToPiece(id);
+    impl->model.tokens[static_cast<size_t>(id)] = piece;
+    impl->model.vocab.emplace(piece, id);
+    bytes += sp->IsByte(id) ? 1 : 0;
+    // Control pieces and <unk>: special tokens, matched in the text before
+    // sentencepiece sees it (transformers' converted tokenizers match them so).
+    if (sp->IsControl(id) || sp->IsUnknown(id)) {
+      AddedToken t;
+      t.content = piece;
+      t.id = id;
+      t.special = true;
+      char32_t cp = 0;
+      if (t.content.empty() || utf8_sequence(t.content, 0, cp) == 0)
+        continue;  // an empty or non-text control piece cannot occur in text
+      impl->added_by_id[id] = impl->added.size();
+      impl->added_by_content[t.content] = id;
+      impl->added.push_back(std::move(t));
+      ++control;
+    }
+  }
+  for (const AddedToken& t : impl->added)
+    impl->first_byte[0][static_cast<unsigned char>(t.content[0])] = true;
+  impl->description =
+      fmt::format("SentencePiece ({} pieces{}), {} special; BOS {}", n,
+                  bytes > 0 ? fmt::format(", {} byte fallback", bytes) : std::string(), control,
+                  impl->sp_bos >= 0 ? named(sp->IdToPiece(static_cast<int>(impl->sp_bos)))
+                                    : std::string("none"));
+  return HfTokenizer(std::move(impl));
 }
 
 HfTokenizer HfTokenizer::from_json(std::string_view text, const std::string& name) {
@@ -1097,6 +1183,24 @@ std::vector<int64_t> HfTokenizer::encode(std::string_view text, bool add_special
   }
   std::vector<Segment> segments{Segment{std::string(text), -1, true}};
   m.split_added(segments, false);
+  if (m.sp) {  // a SentencePiece model: the text between the specials is its
+    std::vector<int64_t> ids;
+    if (add_special_tokens && m.sp_bos >= 0) ids.push_back(m.sp_bos);
+    std::vector<int> piece_ids;
+    for (const Segment& s : segments) {
+      if (s.id >= 0) {
+        ids.push_back(s.id);
+        continue;
+      }
+      const auto status = m.sp->Encode(s.text, &piece_ids);
+      if (!status.ok()) {
+        throw std::runtime_error(fmt::format("tokenizer {}: sentencepiece: {}", named(m.name),
+                                             printable(status.ToString(), 200)));
+      }
+      ids.insert(ids.end(), piece_ids.begin(), piece_ids.end());
+    }
+    return ids;
+  }
   if (m.normalizer) {
     for (Segment& s : segments) {
       if (s.id < 0) s.text = m.normalizer->apply(std::move(s.text));
@@ -1119,6 +1223,33 @@ std::vector<int64_t> HfTokenizer::encode(std::string_view text, bool add_special
 
 std::string HfTokenizer::decode(std::span<const int64_t> ids, bool skip_special_tokens) const {
   const Impl& m = *impl_;
+  if (m.sp) {  // runs of pieces decoded by sentencepiece, the specials' text between them
+    std::string out;
+    std::vector<int> run;
+    auto flush = [&] {
+      if (run.empty()) return;
+      std::string text;
+      const auto status = m.sp->Decode(run, &text);
+      if (!status.ok()) {
+        throw std::runtime_error(fmt::format("tokenizer {}: sentencepiece: {}", named(m.name),
+                                             printable(status.ToString(), 200)));
+      }
+      out += text;
+      run.clear();
+    };
+    for (const int64_t id : ids) {
+      (void)id_to_token(id);  // std::out_of_range for an id outside the model
+      const auto it = m.added_by_id.find(id);
+      if (it != m.added_by_id.end()) {
+        flush();
+        if (!skip_special_tokens) out += m.added[it->second].content;
+        continue;
+      }
+      run.push_back(static_cast<int>(id));
+    }
+    flush();
+    return out;
+  }
   std::vector<std::string> tokens;
   for (const int64_t id : ids) {
     const auto it = m.added_by_id.find(id);

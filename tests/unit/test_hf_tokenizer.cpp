@@ -4,9 +4,13 @@
 // ids of 17 texts (multilingual, emoji, numbers, whitespace runs, decomposed
 // accents, special tokens and their look-alikes) with and without the
 // post-processor's special tokens, and the decoded text with and without the
-// specials.
+// specials. The same for the tokenizer.model files a directory may carry
+// instead (tests/fixtures/make_tokenizer_model_fixtures.py): a SentencePiece
+// model (Gemma's kind) against transformers 5.24's converted tokenizer and
+// sentencepiece 0.2.1, and Llama 3's tiktoken rank file against tiktoken 0.14.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -18,16 +22,27 @@ namespace attn::test {
 namespace {
 
 const std::string kFixtures = std::string(ATTN_TESTS_DIR) + "/fixtures/hf_tokenizers";
+const std::string kModelFixtures = std::string(ATTN_TESTS_DIR) + "/fixtures/tokenizer_models";
+
+// "llama3" -> hf_tokenizers/llama3/tokenizer.json; "models/gemma_spm" ->
+// tokenizer_models/gemma_spm/tokenizer.model.
+std::string fixture_dir(const std::string& name) {
+  return name.rfind("models/", 0) == 0 ? kModelFixtures + "/" + name.substr(7)
+                                       : kFixtures + "/" + name;
+}
+std::string fixture_file(const std::string& name) {
+  return fixture_dir(name) +
+         (name.rfind("models/", 0) == 0 ? "/tokenizer.model" : "/tokenizer.json");
+}
 
 nlohmann::json expected(const std::string& name) {
-  return nlohmann::json::parse(read_text(kFixtures + "/" + name + "/expected.json"));
+  return nlohmann::json::parse(read_text(fixture_dir(name) + "/expected.json"));
 }
 
 class HfTokenizerCase : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(HfTokenizerCase, IdsAndTextEqualTokenizers) {
-  const text::HfTokenizer tok =
-      text::HfTokenizer::from_file(kFixtures + "/" + GetParam() + "/tokenizer.json");
+  const text::HfTokenizer tok = text::HfTokenizer::from_file(fixture_file(GetParam()));
   const nlohmann::json want = expected(GetParam());
   EXPECT_EQ(tok.vocab_size(), want["vocab_size"].get<int64_t>());
   int index = 0;
@@ -44,7 +59,83 @@ TEST_P(HfTokenizerCase, IdsAndTextEqualTokenizers) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, HfTokenizerCase, ::testing::Values("llama3", "qwen", "gemma"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, HfTokenizerCase,
+                         ::testing::Values("llama3", "qwen", "gemma", "models/gemma_spm",
+                                           "models/llama3_tiktoken"));
+
+TEST(TokenizerModel, TiktokenRanksAreLlama3sTokenizerJson) {
+  // The rank file holds the llama3 fixture's byte-level vocabulary: the
+  // tokenizer.json converted from it encodes as that tokenizer.json does.
+  const text::HfTokenizer from_ranks =
+      text::HfTokenizer::from_file(kModelFixtures + "/llama3_tiktoken/tokenizer.model");
+  const text::HfTokenizer from_json =
+      text::HfTokenizer::from_file(kFixtures + "/llama3/tokenizer.json");
+  for (const auto& c : expected("llama3")["cases"]) {
+    const std::string text = c["text"].get<std::string>();
+    if (text.find("<|") != std::string::npos) continue;  // the specials are numbered differently
+    EXPECT_EQ(from_ranks.encode(text, false), from_json.encode(text, false)) << text.substr(0, 40);
+  }
+  EXPECT_EQ(from_ranks.vocab_size(), 1200 + 256);
+  EXPECT_EQ(from_ranks.token_to_id("<|eot_id|>"), 1200 + 9);
+  EXPECT_TRUE(from_ranks.is_special(1200 + 255));
+  EXPECT_EQ(from_ranks.id_to_token(1200 + 255), "<|reserved_special_token_246|>");
+}
+
+TEST(TokenizerModel, SentencePieceLookupsAndSpecials) {
+  const text::HfTokenizer sp =
+      text::HfTokenizer::from_file(kModelFixtures + "/gemma_spm/tokenizer.model");
+  EXPECT_EQ(sp.vocab_size(), 1000);
+  EXPECT_EQ(sp.token_to_id("<bos>"), 2);
+  EXPECT_TRUE(sp.is_special(2));
+  EXPECT_FALSE(sp.is_special(*sp.token_to_id("<start_of_turn>")));  // user-defined: kept by decode
+  EXPECT_EQ(sp.id_to_token(*sp.token_to_id("<0x41>")), "<0x41>");
+  EXPECT_EQ(sp.encode("<bos>", false), (std::vector<int64_t>{2}));
+  EXPECT_EQ(sp.encode("", true), (std::vector<int64_t>{2}));
+  EXPECT_THROW(sp.decode(std::vector<int64_t>{1000}), std::out_of_range);
+  EXPECT_THROW(sp.encode("bad \xff byte"), std::invalid_argument);
+  EXPECT_NE(sp.describe().find("SentencePiece (1000 pieces, 256 byte fallback)"), std::string::npos)
+      << sp.describe();
+}
+
+TEST(TokenizerModel, TheCliReadsADirectorysTokenizerModel) {
+  ATTN_REQUIRE_CLI();
+  for (const char* name : {"gemma_spm", "llama3_tiktoken"}) {
+    const nlohmann::json c =
+        expected(std::string("models/") + name)["cases"][1];  // "Hello, world!"
+    const CliResult r = run_cli("tokenize --tokenizer '" + kModelFixtures + "/" + name +
+                                "' --json '" + c["text"].get<std::string>() + "'");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(nlohmann::json::parse(r.out)["ids"].get<std::vector<int64_t>>(),
+              c["ids"].get<std::vector<int64_t>>())
+        << name;
+  }
+  const CliResult none =
+      run_cli("tokenize --tokenizer '" + std::string(ATTN_TESTS_DIR) + "/fixtures' x");
+  EXPECT_NE(none.exit_code, 0);
+  EXPECT_NE(none.err.find("has no tokenizer.json, tokenizer.model or original/tokenizer.model"),
+            std::string::npos)
+      << none.err;
+}
+
+TEST(TokenizerModel, RefusesWhatIsNeitherFormat) {
+  const auto refused = [](const std::string& bytes, const std::string& needle) {
+    const std::string path = temp_path("bad_tokenizer.model");
+    { std::ofstream(path, std::ios::binary) << bytes; }
+    try {
+      text::HfTokenizer::from_file(path);
+      ADD_FAILURE() << "accepted; wanted " << needle;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_EQ(std::string(e.what()).find('\xff'), std::string::npos);  // no raw bytes
+    }
+  };
+  refused(std::string("\x0a\xff\xfe garbage \x01\x02", 15),
+          "not a tokenizer.json, a tiktoken rank file or a SentencePiece model");
+  refused("IQ== 0\nIg== 5\n", "rank 5 where 1 comes next");
+  refused("IQ== 0\nIQ== 1\n", "a token ranked twice");
+  refused("IQ== 0\n", "byte 0x00 has no rank");
+  refused("IQ== 0\n%%%% 1\n", "expected \"base64 rank\"");
+}
 
 TEST(HfTokenizer, SpecialTokensAndLookups) {
   const text::HfTokenizer q = text::HfTokenizer::from_file(kFixtures + "/qwen/tokenizer.json");

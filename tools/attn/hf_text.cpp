@@ -1,4 +1,5 @@
-// hf_text.h: tokenizer.json beside a model, and streaming its decode.
+// hf_text.h: the tokenizer beside a model (tokenizer.json or tokenizer.model), and streaming
+// its decode.
 #include "hf_text.h"
 
 #include <fmt/format.h>
@@ -13,14 +14,11 @@ namespace attn::cli {
 text::HfTokenizer load_hf_tokenizer(const std::string& dir_or_file) {
   namespace fs = std::filesystem;
   const fs::path p(dir_or_file);
-  const fs::path file = fs::is_directory(p) ? p / "tokenizer.json" : p;
-  if (!fs::is_regular_file(file)) {
-    throw std::invalid_argument(fmt::format(
-        "'{}' has no tokenizer.json (attn reads Hugging Face's tokenizer.json; give --prompt-ids "
-        "otherwise)",
-        printable(dir_or_file)));
-  }
-  return text::HfTokenizer::from_file(file.string());
+  if (fs::is_directory(p)) return text::HfTokenizer::from_directory(p.string());
+  if (!fs::is_regular_file(p))
+    throw std::invalid_argument(
+        fmt::format("'{}' is not a tokenizer file or a directory", printable(dir_or_file)));
+  return text::HfTokenizer::from_file(p.string());
 }
 
 std::string HfStreamText::push(int64_t id) {

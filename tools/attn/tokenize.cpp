@@ -127,8 +127,8 @@ Command add_tokenize_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "tokenize",
       "GPT-2's byte-level BPE tokenizer (the ids tiktoken's gpt2 encoding gives), or a Hugging "
-      "Face tokenizer.json (--tokenizer: Llama 3, Qwen, Gemma): text to ids, or ids to text with "
-      "--decode");
+      "Face tokenizer.json or tokenizer.model (--tokenizer: Llama 3, Qwen, Gemma): text to ids, or "
+      "ids to text with --decode");
   cmd->footer(
       "Examples:\n"
       "  attn tokenize 'Hello, I am'              -> 15496 11 314 716\n"
@@ -138,6 +138,8 @@ Command add_tokenize_command(CLI::App& app) {
       "  attn tokenize --decode 15496 11 314 716   -> Hello, I am\n"
       "  echo 'Hello' | attn tokenize\n"
       "  attn tokenize --tokenizer DIR 'Hello'     # DIR/tokenizer.json (Llama 3, Qwen, Gemma)\n"
+      "  attn tokenize --tokenizer DIR/tokenizer.model 'Hello'   # SentencePiece or tiktoken "
+      "ranks\n"
       "With neither TEXT/IDS nor --file, the input is read from stdin.");
   cmd->add_option("args", flags->args,
                   "The text (one argument; quote it), or the ids with --decode")
@@ -149,8 +151,9 @@ Command add_tokenize_command(CLI::App& app) {
   cmd->add_flag("--json", flags->json, "Print the ids and each token's spelling and text as JSON");
   cmd->add_flag("--decode", flags->decode, "Turn ids into text");
   cmd->add_option("--tokenizer", flags->tokenizer,
-                  "A Hugging Face tokenizer.json, or a model directory holding one, instead of "
-                  "GPT-2's (its added tokens are always matched, as tokenizers matches them)")
+                  "A Hugging Face tokenizer.json, a tokenizer.model (a SentencePiece model, or "
+                  "Llama 3's tiktoken ranks), or a model directory holding one, instead of GPT-2's "
+                  "(its added tokens are always matched, as tokenizers matches them)")
       ->type_name("FILE|DIR");
   cmd->add_flag("--no-special", flags->no_special,
                 "With --tokenizer: without the special tokens its post-processor adds (a BOS)");
