@@ -1,0 +1,331 @@
+// Chat templates (attn/chat_template.h): a model directory's Jinja template
+// found and read as transformers reads it, and rendered by src/text/jinja.h
+// with the variables transformers' apply_chat_template passes.
+#include "attn/chat_template.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+
+#include "attn/utf8.h"
+#include "text/jinja.h"
+
+namespace attn::text {
+namespace {
+
+using Json = nlohmann::ordered_json;
+using jinja::Value;
+
+constexpr int kMaxJsonDepth = 200;
+
+std::string named(std::string_view s) { return "'" + printable(s) + "'"; }
+
+Value from_json(const Json& j, int depth) {
+  if (depth > kMaxJsonDepth) {
+    throw std::invalid_argument(
+        fmt::format("chat template: the JSON nests more than {} levels", kMaxJsonDepth));
+  }
+  switch (j.type()) {
+    case Json::value_t::null:
+      return Value::none();
+    case Json::value_t::boolean:
+      return Value(j.get<bool>());
+    case Json::value_t::number_integer:
+      return Value(j.get<int64_t>());
+    case Json::value_t::number_unsigned: {
+      const uint64_t u = j.get<uint64_t>();
+      if (u > static_cast<uint64_t>(INT64_MAX)) return Value(static_cast<double>(u));
+      return Value(static_cast<int64_t>(u));
+    }
+    case Json::value_t::number_float:
+      return Value(j.get<double>());
+    case Json::value_t::string:
+      return Value(j.get<std::string>());
+    case Json::value_t::array: {
+      std::vector<Value> items;
+      items.reserve(j.size());
+      for (const Json& x : j) items.push_back(from_json(x, depth + 1));
+      return Value::list(std::move(items));
+    }
+    case Json::value_t::object: {
+      Value::Items items;
+      items.reserve(j.size());
+      for (const auto& [k, x] : j.items()) items.emplace_back(Value(k), from_json(x, depth + 1));
+      return Value::dict(std::move(items));
+    }
+    default:
+      throw std::invalid_argument("chat template: a JSON value of an unsupported type (binary)");
+  }
+}
+
+Json parse_json(std::string_view text, const std::string& what) {
+  try {
+    return Json::parse(text);
+  } catch (const Json::exception& e) {
+    throw std::invalid_argument(fmt::format("{} is not valid JSON: {}", what, e.what()));
+  }
+}
+
+void check_utf8(std::string_view s, const std::string& what) {
+  for (size_t i = 0; i < s.size();) {
+    char32_t cp = 0;
+    const char* why = nullptr;
+    const size_t n = utf8_sequence(s, i, cp, &why);
+    if (n == 0) {
+      throw std::invalid_argument(
+          fmt::format("chat template: {} is not valid UTF-8 at byte {}: {}", what, i, why));
+    }
+    i += n;
+  }
+}
+
+// transformers' _normalize_chat_messages and _alias_reasoning_fields: keys
+// whose value is null dropped; a message's reasoning (under reasoning_content,
+// thinking or reasoning) given as both `thinking` and `reasoning_content`.
+Value normalize_message(const Json& m, size_t index) {
+  if (!m.is_object()) {
+    throw std::invalid_argument(
+        fmt::format("chat template: message {} must be a JSON object (role, content, ...), got {}",
+                    index, m.type_name()));
+  }
+  Value::Items items;
+  for (const auto& [k, x] : m.items())
+    if (!x.is_null()) items.emplace_back(Value(k), from_json(x, 1));
+  const Value* reasoning = nullptr;
+  Value copy;
+  for (const char* key : {"reasoning_content", "thinking", "reasoning"}) {
+    for (const auto& [k, x] : items) {
+      if (k.as_string() == key) {
+        copy = x;
+        reasoning = &copy;
+        break;
+      }
+    }
+    if (reasoning != nullptr) break;
+  }
+  if (reasoning == nullptr) return Value::dict(std::move(items));
+  const auto find = [&](const char* key) {
+    return std::find_if(items.begin(), items.end(),
+                        [&](const auto& kv) { return kv.first.as_string() == key; });
+  };
+  Value::Items out;
+  if (find("thinking") == items.end()) out.emplace_back(Value("thinking"), copy);
+  for (auto& kv : items) out.push_back(kv);
+  if (auto it =
+          std::find_if(out.begin(), out.end(),
+                       [](const auto& kv) { return kv.first.as_string() == "reasoning_content"; });
+      it != out.end()) {
+    it->second = copy;
+  } else {
+    out.emplace_back(Value("reasoning_content"), copy);
+  }
+  return Value::dict(std::move(out));
+}
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::invalid_argument(fmt::format("cannot read {}", named(path.string())));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A special token's text: a string, or an AddedToken object's "content".
+std::optional<std::string> token_text(const Json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string())
+    return v["content"].get<std::string>();
+  return std::nullopt;
+}
+
+}  // namespace
+
+struct ChatTemplate::Impl {
+  std::string source;
+  jinja::Template tmpl;
+  std::optional<jinja::Template>
+      tool_use;  // a list's "tool_use" template, used when tools are given
+  std::map<std::string, std::string> special_tokens;
+};
+
+ChatTemplate::ChatTemplate(std::string_view source,
+                           std::map<std::string, std::string> special_tokens, std::string name)
+    : impl_(
+          std::make_shared<Impl>(Impl{std::string(source), jinja::Template(source, std::move(name)),
+                                      std::nullopt, std::move(special_tokens)})) {}
+
+std::optional<ChatTemplate> ChatTemplate::from_model_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path root(dir);
+  if (!fs::is_directory(root))
+    throw std::invalid_argument(fmt::format("chat template: {} is not a directory", named(dir)));
+  const fs::path config_path = root / "tokenizer_config.json";
+  Json config = Json::object();
+  if (fs::exists(config_path)) {
+    config = parse_json(read_file(config_path), named(config_path.string()));
+    if (!config.is_object())
+      throw std::invalid_argument(
+          fmt::format("{} must hold a JSON object", named(config_path.string())));
+  }
+  std::map<std::string, std::string> specials;
+  // transformers' special_tokens_map: the seven named tokens and any other
+  // "*_token" the config sets (Gemma 3's boi_token, image_token, ...).
+  for (const auto& [k, v] : config.items()) {
+    if (k.size() > 6 && k.compare(k.size() - 6, 6, "_token") == 0) {
+      if (auto t = token_text(v)) specials[k] = *t;
+    }
+  }
+  if (config.contains("extra_special_tokens") && config["extra_special_tokens"].is_object()) {
+    for (const auto& [k, v] : config["extra_special_tokens"].items())
+      if (auto t = token_text(v)) specials.emplace(k, *t);
+  }
+  const fs::path legacy = root / "special_tokens_map.json";
+  if (fs::exists(legacy)) {
+    const Json m = parse_json(read_file(legacy), named(legacy.string()));
+    if (m.is_object())
+      for (const auto& [k, v] : m.items())
+        if (auto t = token_text(v)) specials.emplace(k, *t);
+  }
+
+  std::string source, name;
+  std::optional<std::string> tool_use_source;
+  const fs::path jinja_path = root / "chat_template.jinja";
+  const fs::path json_path = root / "chat_template.json";
+  const fs::path extra_dir = root / "additional_chat_templates";
+  if (fs::exists(jinja_path)) {
+    source = read_file(jinja_path);
+    name = jinja_path.string();
+    if (fs::exists(extra_dir / "tool_use.jinja"))
+      tool_use_source = read_file(extra_dir / "tool_use.jinja");
+  } else if (config.contains("chat_template") && !config["chat_template"].is_null()) {
+    const Json& t = config["chat_template"];
+    name = config_path.string() + " chat_template";
+    if (t.is_string()) {
+      source = t.get<std::string>();
+    } else if (t.is_array()) {
+      bool found = false;
+      for (const Json& entry : t) {
+        if (!entry.is_object() || !entry.contains("name") || !entry.contains("template") ||
+            !entry["name"].is_string() || !entry["template"].is_string()) {
+          throw std::invalid_argument(fmt::format(
+              "{}: chat_template must be a string or a list of {{\"name\", \"template\"}} objects",
+              named(config_path.string())));
+        }
+        if (entry["name"] == "default") {
+          source = entry["template"].get<std::string>();
+          found = true;
+        } else if (entry["name"] == "tool_use") {
+          tool_use_source = entry["template"].get<std::string>();
+        }
+      }
+      if (!found) {
+        throw std::invalid_argument(
+            fmt::format("{}: chat_template lists several templates but none named \"default\"",
+                        named(config_path.string())));
+      }
+    } else {
+      throw std::invalid_argument(
+          fmt::format("{}: chat_template must be a string or a list of {{\"name\", \"template\"}} "
+                      "objects, got {}",
+                      named(config_path.string()), t.type_name()));
+    }
+  } else if (fs::exists(json_path)) {
+    const Json j = parse_json(read_file(json_path), named(json_path.string()));
+    if (!j.is_object() || !j.contains("chat_template") || !j["chat_template"].is_string()) {
+      throw std::invalid_argument(
+          fmt::format("{} must hold {{\"chat_template\": \"...\"}}", named(json_path.string())));
+    }
+    source = j["chat_template"].get<std::string>();
+    name = json_path.string();
+  } else {
+    return std::nullopt;
+  }
+  ChatTemplate t(source, std::move(specials), name);
+  if (tool_use_source) {
+    auto impl = std::make_shared<Impl>(*t.impl_);
+    impl->tool_use.emplace(*tool_use_source, name + " (tool_use)");
+    return ChatTemplate(std::move(impl));
+  }
+  return t;
+}
+
+std::string ChatTemplate::apply(const std::vector<ChatMessage>& messages,
+                                const ChatOptions& options) const {
+  Json list = Json::array();
+  for (size_t i = 0; i < messages.size(); ++i) {
+    check_utf8(messages[i].role, fmt::format("message {}'s role", i));
+    check_utf8(messages[i].content, fmt::format("message {}'s content", i));
+    list.push_back(Json{{"role", messages[i].role}, {"content", messages[i].content}});
+  }
+  return apply_json(list.dump(), options);
+}
+
+std::string ChatTemplate::apply_json(std::string_view messages_json,
+                                     const ChatOptions& options) const {
+  const Json messages = parse_json(messages_json, "chat template: the messages");
+  if (!messages.is_array()) {
+    throw std::invalid_argument(
+        fmt::format("chat template: the messages must be a JSON array of objects, got {}",
+                    messages.type_name()));
+  }
+  if (messages.empty()) {
+    throw std::invalid_argument(
+        "Cannot apply chat template to an empty conversation. Provide at least one message.");
+  }
+  std::vector<Value> chat;
+  for (size_t i = 0; i < messages.size(); ++i) chat.push_back(normalize_message(messages[i], i));
+
+  Value tools = Value::none(), documents = Value::none();
+  Value::Items extra;
+  if (!options.kwargs_json.empty()) {
+    const Json kwargs = parse_json(options.kwargs_json, "chat template: the template kwargs");
+    if (!kwargs.is_object()) {
+      throw std::invalid_argument(fmt::format(
+          "chat template: the template kwargs must be a JSON object, got {}", kwargs.type_name()));
+    }
+    for (const auto& [k, v] : kwargs.items()) {
+      if (k == "messages" || k == "add_generation_prompt") {
+        throw std::invalid_argument(fmt::format(
+            "chat template: {} is an argument of its own, not a template kwarg", named(k)));
+      }
+      if (k == "tools") {
+        tools = from_json(v, 1);
+      } else if (k == "documents") {
+        documents = from_json(v, 1);
+      } else {
+        extra.emplace_back(Value(k), from_json(v, 1));
+      }
+    }
+  }
+  Value::Items vars;
+  vars.emplace_back(Value("messages"), Value::list(std::move(chat)));
+  vars.emplace_back(Value("tools"), tools);
+  vars.emplace_back(Value("documents"), documents);
+  vars.emplace_back(Value("add_generation_prompt"), Value(options.add_generation_prompt));
+  for (const auto& [k, v] : impl_->special_tokens) {
+    const bool overridden = std::any_of(extra.begin(), extra.end(),
+                                        [&](const auto& kv) { return kv.first.as_string() == k; });
+    if (!overridden) vars.emplace_back(Value(k), Value(v));
+  }
+  for (auto& kv : extra) vars.push_back(std::move(kv));
+  const jinja::Template& t = impl_->tool_use && !tools.is_none() ? *impl_->tool_use : impl_->tmpl;
+  return t.render(Value::dict(std::move(vars)));
+}
+
+std::optional<std::string> ChatTemplate::special_token(const std::string& name) const {
+  const auto it = impl_->special_tokens.find(name);
+  if (it == impl_->special_tokens.end()) return std::nullopt;
+  return it->second;
+}
+
+const std::map<std::string, std::string>& ChatTemplate::special_tokens() const {
+  return impl_->special_tokens;
+}
+
+const std::string& ChatTemplate::source() const { return impl_->source; }
+
+}  // namespace attn::text
