@@ -71,6 +71,12 @@ class ChatTemplate {
   // the file when one is malformed or its template does not parse.
   static std::optional<ChatTemplate> from_model_dir(const std::string& dir);
 
+  // The template of a file (a .json file's "chat_template", as
+  // chat_template.json or tokenizer_config.json hold it; any other file's text
+  // as Jinja) with the special tokens of model_dir's tokenizer_config.json
+  // (none when model_dir is ""). Throws std::invalid_argument naming the file.
+  static ChatTemplate from_file(const std::string& path, const std::string& model_dir = "");
+
   // The conversation rendered as text. Throws std::invalid_argument for an
   // empty conversation, text that is not UTF-8 or kwargs_json that is not a
   // JSON object, and std::runtime_error("NAME line N: ...") for an error the

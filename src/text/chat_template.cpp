@@ -22,7 +22,12 @@ using jinja::Value;
 
 constexpr int kMaxJsonDepth = 200;
 
-std::string named(std::string_view s) { return "'" + printable(s) + "'"; }
+std::string named(std::string_view s) {
+  std::string out = "'";  // (not "'" + ...: GCC 12's false -Wrestrict)
+  out += printable(s);
+  out += "'";
+  return out;
+}
 
 Value from_json(const Json& j, int depth) {
   if (depth > kMaxJsonDepth) {
@@ -158,22 +163,26 @@ ChatTemplate::ChatTemplate(std::string_view source,
           std::make_shared<Impl>(Impl{std::string(source), jinja::Template(source, std::move(name)),
                                       std::nullopt, std::move(special_tokens)})) {}
 
-std::optional<ChatTemplate> ChatTemplate::from_model_dir(const std::string& dir) {
-  namespace fs = std::filesystem;
-  const fs::path root(dir);
-  if (!fs::is_directory(root))
-    throw std::invalid_argument(fmt::format("chat template: {} is not a directory", named(dir)));
-  const fs::path config_path = root / "tokenizer_config.json";
-  Json config = Json::object();
-  if (fs::exists(config_path)) {
-    config = parse_json(read_file(config_path), named(config_path.string()));
-    if (!config.is_object())
-      throw std::invalid_argument(
-          fmt::format("{} must hold a JSON object", named(config_path.string())));
+namespace {
+
+// DIR/tokenizer_config.json as a JSON object ({} when there is none).
+Json tokenizer_config(const std::filesystem::path& root) {
+  const std::filesystem::path config_path = root / "tokenizer_config.json";
+  if (!std::filesystem::exists(config_path)) return Json::object();
+  Json config = parse_json(read_file(config_path), named(config_path.string()));
+  if (!config.is_object()) {
+    throw std::invalid_argument(
+        fmt::format("{} must hold a JSON object", named(config_path.string())));
   }
+  return config;
+}
+
+// transformers' special_tokens_map: the seven named tokens and any other
+// "*_token" the config sets (Gemma 3's boi_token, image_token, ...), then
+// extra_special_tokens and the legacy special_tokens_map.json.
+std::map<std::string, std::string> special_tokens_of(const std::filesystem::path& root,
+                                                     const Json& config) {
   std::map<std::string, std::string> specials;
-  // transformers' special_tokens_map: the seven named tokens and any other
-  // "*_token" the config sets (Gemma 3's boi_token, image_token, ...).
   for (const auto& [k, v] : config.items()) {
     if (k.size() > 6 && k.compare(k.size() - 6, 6, "_token") == 0) {
       if (auto t = token_text(v)) specials[k] = *t;
@@ -183,13 +192,52 @@ std::optional<ChatTemplate> ChatTemplate::from_model_dir(const std::string& dir)
     for (const auto& [k, v] : config["extra_special_tokens"].items())
       if (auto t = token_text(v)) specials.emplace(k, *t);
   }
-  const fs::path legacy = root / "special_tokens_map.json";
-  if (fs::exists(legacy)) {
+  const std::filesystem::path legacy = root / "special_tokens_map.json";
+  if (std::filesystem::exists(legacy)) {
     const Json m = parse_json(read_file(legacy), named(legacy.string()));
     if (m.is_object())
       for (const auto& [k, v] : m.items())
         if (auto t = token_text(v)) specials.emplace(k, *t);
   }
+  return specials;
+}
+
+}  // namespace
+
+ChatTemplate ChatTemplate::from_file(const std::string& path, const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  if (!fs::is_regular_file(path))
+    throw std::invalid_argument(fmt::format("chat template: {} is not a file", named(path)));
+  std::map<std::string, std::string> specials;
+  if (!model_dir.empty()) specials = special_tokens_of(model_dir, tokenizer_config(model_dir));
+  std::string text = read_file(path);
+  if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0) {
+    const Json j = parse_json(text, named(path));
+    const Json* t = j.is_object() && j.contains("chat_template") ? &j["chat_template"] : nullptr;
+    if (t != nullptr && t->is_array()) {
+      for (const Json& e : *t) {
+        if (e.is_object() && e.value("name", "") == "default" && e.contains("template"))
+          t = &e["template"];
+      }
+    }
+    if (t == nullptr || !t->is_string()) {
+      throw std::invalid_argument(fmt::format(
+          "{} must hold {{\"chat_template\": ...}} (a string, or a list with a \"default\")",
+          named(path)));
+    }
+    text = t->get<std::string>();
+  }
+  return ChatTemplate(text, std::move(specials), path);
+}
+
+std::optional<ChatTemplate> ChatTemplate::from_model_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path root(dir);
+  if (!fs::is_directory(root))
+    throw std::invalid_argument(fmt::format("chat template: {} is not a directory", named(dir)));
+  const fs::path config_path = root / "tokenizer_config.json";
+  const Json config = tokenizer_config(root);
+  std::map<std::string, std::string> specials = special_tokens_of(root, config);
 
   std::string source, name;
   std::optional<std::string> tool_use_source;

@@ -52,7 +52,12 @@ struct Function {
 
 namespace {
 
-std::string quoted(std::string_view s) { return "'" + printable(s, 80) + "'"; }
+std::string quoted(std::string_view s) {
+  std::string out = "'";  // (not "'" + ...: GCC 12's false -Wrestrict)
+  out += printable(s, 80);
+  out += "'";
+  return out;
+}
 
 // ---- code points -------------------------------------------------------------------------------
 

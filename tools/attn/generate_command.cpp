@@ -55,6 +55,11 @@ struct Flags {
   int repeats = 1;
   int64_t prompt_tokens = 32;
   bool mmap = false;  // Llama / Qwen / Gemma: weights viewed in the file's mapping
+  // --chat: --prompt as a user message in the directory's chat template
+  bool chat = false;
+  std::optional<std::string> system;
+  std::string chat_template_kwargs;
+  std::string chat_template_file;
 };
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
@@ -230,7 +235,25 @@ int run_decoder(const Flags& f, float temperature) {
   if (!f.prompt.empty() || (!f.print_ids && !f.benchmark)) tok = load_hf_tokenizer(f.checkpoint);
   Generator gen(f.seed);
   std::vector<int64_t> ids;
-  if (!f.prompt_ids.empty()) {
+  std::vector<int64_t> stop_ids = info.hf.eos_token_ids;
+  if (f.chat) {
+    // The template writes the BOS itself: encoded without the post-processor, as
+    // transformers' apply_chat_template(tokenize=True) encodes it.
+    const ChatPrompt chat = render_chat_prompt("generate", f.checkpoint, f.chat_template_file,
+                                               f.system, f.prompt, f.chat_template_kwargs);
+    ids = tok->encode(chat.text, false);
+    if (chat.eos) {  // the reply ends at the template's eos_token too (Qwen's <|im_end|>)
+      if (const auto eos = tok->token_to_id(*chat.eos);
+          eos && std::find(stop_ids.begin(), stop_ids.end(), *eos) == stop_ids.end())
+        stop_ids.push_back(*eos);
+    }
+    for (const int64_t id : ids) {
+      if (id >= V) {
+        throw std::invalid_argument(fmt::format(
+            "generate: the tokenizer gives id {}, past the model's vocab_size {}", id, V));
+      }
+    }
+  } else if (!f.prompt_ids.empty()) {
     ids = parse_ids(f.prompt_ids, V);
   } else if (!f.prompt.empty()) {
     ids = tok->encode(f.prompt);  // with the BOS its post-processor adds, as transformers does
@@ -306,7 +329,8 @@ int run_decoder(const Flags& f, float temperature) {
   if (f.print_ids) {
     for (size_t i = 0; i < ids.size(); ++i) std::cout << (i ? " " : "") << ids[i];
   } else {
-    std::cout << (f.prompt.empty() ? tok->decode(ids, true) : f.prompt);
+    // --chat prints the reply only; otherwise the prompt, then its continuation.
+    if (!f.chat) std::cout << (f.prompt.empty() ? tok->decode(ids, true) : f.prompt);
     stream.emplace(*tok);
   }
   std::cout.flush();
@@ -322,7 +346,7 @@ int run_decoder(const Flags& f, float temperature) {
     }
     std::cout.flush();
   };
-  nn::generate(*model, prompt, gopt, gen, info.hf.eos_token_ids);
+  nn::generate(*model, prompt, gopt, gen, stop_ids);
   if (stream) std::cout << stream->flush();
   std::cout << '\n';
   std::cout.flush();
@@ -349,7 +373,9 @@ Command add_generate_command(CLI::App& app) {
       "  attn generate --model gpt2 --prompt 'Every effort moves you' --top-k 50 --top-p 0.95 "
       "--temperature 0.8\n"
       "  attn generate --model gpt2 --prompt-ids 6109,3626,6100,345 --print-ids --greedy\n"
-      "  attn generate --config 124m --benchmark --prompt-tokens 32 --max-new-tokens 32");
+      "  attn generate --config 124m --benchmark --prompt-tokens 32 --max-new-tokens 32\n"
+      "  attn generate --model Qwen3-0.6B --chat --system 'Be brief.' --prompt 'Why is the sky "
+      "blue?' --chat-template-kwargs '{\"enable_thinking\": false}'");
   cmd->add_option("--model,--checkpoint", flags->checkpoint,
                   "Model directory: Hugging Face GPT-2 (config.json + model.safetensors) or an "
                   "attn checkpoint (DIR/checkpoint.safetensors)")
@@ -412,6 +438,22 @@ Command add_generate_command(CLI::App& app) {
                 "Llama, Qwen, Gemma: weights the file holds in the compute dtype are read in place "
                 "(a copy-on-write mapping: starts at once, no copy; decoding through small pages "
                 "may be slower) instead of copied");
+  cmd->add_flag("--chat", flags->chat,
+                "Llama, Qwen, Gemma: --prompt as the user's message in the directory's chat "
+                "template (tokenizer_config.json's chat_template, chat_template.jinja or "
+                "chat_template.json), as transformers' apply_chat_template(messages, "
+                "add_generation_prompt=True) renders it; prints the reply only, which also stops "
+                "at the template's eos_token");
+  cmd->add_option("--system", flags->system, "With --chat: a system message before the prompt")
+      ->type_name("TEXT");
+  cmd->add_option("--chat-template-kwargs", flags->chat_template_kwargs,
+                  "With --chat: more template variables as a JSON object, e.g. "
+                  "'{\"enable_thinking\": false}' (Qwen3 without thinking)")
+      ->type_name("JSON");
+  cmd->add_option("--chat-template", flags->chat_template_file,
+                  "With --chat: the template of FILE (Jinja; or JSON holding \"chat_template\") "
+                  "instead of the directory's")
+      ->type_name("FILE");
   cmd->add_option("--prompt-tokens", flags->prompt_tokens,
                   "--benchmark without --prompt: this many random token ids (default 32)")
       ->type_name("N");
@@ -489,6 +531,21 @@ Command add_generate_command(CLI::App& app) {
     }
     if (!f.prompt.empty() && !f.prompt_ids.empty()) {
       throw UsageError("generate: give either --prompt or --prompt-ids, not both");
+    }
+    if (!f.chat && (f.system || !f.chat_template_kwargs.empty() || !f.chat_template_file.empty())) {
+      throw UsageError(
+          "generate: --system, --chat-template-kwargs and --chat-template go with --chat");
+    }
+    if (f.chat) {
+      if (f.prompt.empty())
+        throw UsageError("generate: --chat needs --prompt TEXT (the user's message)");
+      if (f.benchmark) throw UsageError("generate: --chat does not go with --benchmark");
+      if (f.checkpoint.empty() || !io::is_hf_decoder_dir(f.checkpoint)) {
+        throw UsageError(fmt::format(
+            "generate: --chat needs a Llama, Qwen or Gemma directory with a chat template; '{}' is "
+            "a GPT-2 model, which has none",
+            printable(f.checkpoint.empty() ? f.config : f.checkpoint)));
+      }
     }
     if (!f.checkpoint.empty() && io::is_hf_decoder_dir(f.checkpoint))
       return run_decoder(f, temperature);

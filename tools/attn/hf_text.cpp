@@ -21,6 +21,29 @@ text::HfTokenizer load_hf_tokenizer(const std::string& dir_or_file) {
   return text::HfTokenizer::from_file(p.string());
 }
 
+ChatPrompt render_chat_prompt(const std::string& command, const std::string& dir,
+                              const std::string& template_file,
+                              const std::optional<std::string>& system, const std::string& prompt,
+                              const std::string& kwargs_json) {
+  std::optional<text::ChatTemplate> chat;
+  if (!template_file.empty()) {
+    chat = text::ChatTemplate::from_file(template_file, dir);
+  } else {
+    chat = text::ChatTemplate::from_model_dir(dir);
+    if (!chat) {
+      throw std::invalid_argument(fmt::format(
+          "{}: --chat: '{}' has no chat template (tokenizer_config.json's chat_template, "
+          "chat_template.jinja or chat_template.json); give one with --chat-template FILE",
+          command, printable(dir)));
+    }
+  }
+  std::vector<text::ChatMessage> messages;
+  if (system) messages.push_back({"system", *system});
+  messages.push_back({"user", prompt});
+  return {chat->apply(messages, {.add_generation_prompt = true, .kwargs_json = kwargs_json}),
+          chat->special_token("eos_token")};
+}
+
 std::string HfStreamText::push(int64_t id) {
   ids_.push_back(id);
   const std::string all = tok_.decode(ids_);

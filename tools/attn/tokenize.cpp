@@ -122,6 +122,9 @@ Command add_tokenize_command(CLI::App& app) {
     std::string tokenizer;
     bool no_special = false;
     bool skip_special = false;
+    bool chat = false;  // the text as a user message in the directory's chat template
+    std::optional<std::string> system;
+    std::string chat_template_kwargs, chat_template_file;
   };
   auto flags = std::make_shared<Flags>();
   CLI::App* cmd = app.add_subcommand(
@@ -140,6 +143,7 @@ Command add_tokenize_command(CLI::App& app) {
       "  attn tokenize --tokenizer DIR 'Hello'     # DIR/tokenizer.json (Llama 3, Qwen, Gemma)\n"
       "  attn tokenize --tokenizer DIR/tokenizer.model 'Hello'   # SentencePiece or tiktoken "
       "ranks\n"
+      "  attn tokenize --tokenizer DIR --chat --json 'Hello'   # the chat prompt's text and ids\n"
       "With neither TEXT/IDS nor --file, the input is read from stdin.");
   cmd->add_option("args", flags->args,
                   "The text (one argument; quote it), or the ids with --decode")
@@ -159,7 +163,27 @@ Command add_tokenize_command(CLI::App& app) {
                 "With --tokenizer: without the special tokens its post-processor adds (a BOS)");
   cmd->add_flag("--skip-special", flags->skip_special,
                 "With --tokenizer --decode: leave the special tokens out of the text");
+  cmd->add_flag("--chat", flags->chat,
+                "With --tokenizer DIR: the text as the user's message in DIR's chat template "
+                "(as attn generate --chat renders it), encoded without the post-processor; --json "
+                "adds the rendered text");
+  cmd->add_option("--system", flags->system, "With --chat: a system message before the text")
+      ->type_name("TEXT");
+  cmd->add_option("--chat-template-kwargs", flags->chat_template_kwargs,
+                  "With --chat: more template variables as a JSON object")
+      ->type_name("JSON");
+  cmd->add_option("--chat-template", flags->chat_template_file,
+                  "With --chat: the template of FILE instead of DIR's")
+      ->type_name("FILE");
   auto run = [flags]() -> int {
+    if (!flags->chat && (flags->system || !flags->chat_template_kwargs.empty() ||
+                         !flags->chat_template_file.empty())) {
+      throw UsageError("--system, --chat-template-kwargs and --chat-template go with --chat");
+    }
+    if (flags->chat && (flags->tokenizer.empty() || flags->decode || flags->no_special)) {
+      throw UsageError(
+          "--chat goes with --tokenizer DIR, for encoding (the template writes its own BOS)");
+    }
     if (!flags->args.empty() && !flags->file.empty())
       throw UsageError(flags->decode ? "give the ids as arguments or --file, not both"
                                      : "give the text as an argument or --file, not both");
@@ -192,10 +216,16 @@ Command add_tokenize_command(CLI::App& app) {
       if (flags->args.size() > 1)
         throw UsageError(fmt::format("give the text as one argument (quote it); got {} arguments",
                                      flags->args.size()));
-      const std::string input = flags->args.empty() ? read_input(flags->file) : flags->args[0];
-      const std::vector<int64_t> ids = hf.encode(input, !flags->no_special);
+      std::string input = flags->args.empty() ? read_input(flags->file) : flags->args[0];
+      if (flags->chat) {
+        input = render_chat_prompt("tokenize", flags->tokenizer, flags->chat_template_file,
+                                   flags->system, input, flags->chat_template_kwargs)
+                    .text;
+      }
+      const std::vector<int64_t> ids = hf.encode(input, !flags->no_special && !flags->chat);
       if (flags->json) {
         nlohmann::ordered_json j;
+        if (flags->chat) j["text"] = input;
         j["ids"] = ids;
         std::vector<std::string> tokens;
         for (const int64_t id : ids) tokens.push_back(hf.id_to_token(id));
