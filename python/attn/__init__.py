@@ -27,7 +27,7 @@ from ._sdpa import (
 )
 from ._varlen import sdpa_varlen
 from ._tokenizer import Tokenizer, get_encoding
-from ._models import DecoderLM, HfTokenizer
+from ._models import ChatTemplate, DecoderLM, HfTokenizer
 from ._patch import patch_sdpa, sdpa_patched, sdpa_stats, unpatch_sdpa
 from . import _attn, _sdpa, nn
 
@@ -50,6 +50,7 @@ __all__ = [
     "scaled_dot_product_attention",
     "sdpa_varlen",
     "Tokenizer",
+    "ChatTemplate",
     "HfTokenizer",
     "DecoderLM",
     "nn",

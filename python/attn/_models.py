@@ -4,12 +4,63 @@ the same results as the CLI."""
 
 from __future__ import annotations
 
+import json
 import os
-from typing import List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 
 from . import _attn
+
+
+class ChatTemplate:
+    """A chat template (docs/open-models.md, "Chat"): a conversation rendered as
+    transformers' apply_chat_template(..., tokenize=False) renders it, by attn's
+    Jinja interpreter:
+
+        chat = attn.ChatTemplate.from_model_dir("Qwen3-0.6B")
+        chat.render([{"role": "user", "content": "Hi"}], add_generation_prompt=True,
+                    enable_thinking=False)
+    """
+
+    def __init__(self, source: str, special_tokens: Optional[Dict[str, str]] = None,
+                 _impl=None):
+        self._impl = _impl if _impl is not None else _attn.ChatTemplate(
+            source, dict(special_tokens or {}), "chat template")
+
+    @classmethod
+    def from_model_dir(cls, path: str) -> Optional["ChatTemplate"]:
+        """The template of a model directory (chat_template.jinja, tokenizer_config.json's
+        chat_template, chat_template.json) with its special tokens, or None."""
+        impl = _attn.ChatTemplate.from_model_dir(str(path))
+        return None if impl is None else cls("", _impl=impl)
+
+    @classmethod
+    def from_file(cls, path: str, model_dir: str = "") -> "ChatTemplate":
+        """The template of a .jinja file (or a .json file's "chat_template"), with
+        model_dir's special tokens."""
+        return cls("", _impl=_attn.ChatTemplate.from_file(str(path), str(model_dir)))
+
+    def render(self, conversation: Sequence[Dict[str, Any]], tools: Optional[List[Any]] = None,
+               documents: Optional[List[Any]] = None, add_generation_prompt: bool = False,
+               **kwargs) -> str:
+        """The text of the conversation; kwargs are more template variables."""
+        extra = dict(kwargs)
+        if tools is not None:
+            extra["tools"] = tools
+        if documents is not None:
+            extra["documents"] = documents
+        return self._impl.apply_json(json.dumps(list(conversation), ensure_ascii=False),
+                                     bool(add_generation_prompt),
+                                     json.dumps(extra, ensure_ascii=False) if extra else "")
+
+    @property
+    def special_tokens(self) -> Dict[str, str]:
+        return dict(self._impl.special_tokens)
+
+    @property
+    def source(self) -> str:
+        return self._impl.source
 
 
 class HfTokenizer:
@@ -21,15 +72,49 @@ class HfTokenizer:
         tok.decode(ids, skip_special_tokens=True)
     """
 
-    def __init__(self, impl):
+    def __init__(self, impl, chat_template: Optional[ChatTemplate] = None):
         self._impl = impl
+        # The chat template of the directory the tokenizer came from (None when it has none).
+        self.chat_template = chat_template
 
     @classmethod
     def from_file(cls, path: str) -> "HfTokenizer":
         path = str(path)
         if os.path.isdir(path):
             path = os.path.join(path, "tokenizer.json")
-        return cls(_attn.HfTokenizer.from_file(path))
+        tok = _attn.HfTokenizer.from_file(path)
+        return cls(tok, ChatTemplate.from_model_dir(os.path.dirname(os.path.abspath(path))))
+
+    def apply_chat_template(self, conversation: Sequence[Dict[str, Any]],
+                            tools: Optional[List[Any]] = None,
+                            documents: Optional[List[Any]] = None,
+                            chat_template: Optional[str] = None,
+                            add_generation_prompt: bool = False, tokenize: bool = True,
+                            return_dict: bool = True, **kwargs) -> Union[str, List[int], Dict[str, List[int]]]:
+        """transformers' PreTrainedTokenizer.apply_chat_template (same names and
+        defaults): the conversation through the directory's chat template (or the
+        template source `chat_template`), kwargs as more template variables
+        (enable_thinking=False, date_string=...). tokenize=False: the text;
+        tokenize=True: its ids without the post-processor's specials (the template
+        writes the BOS), as {"input_ids", "attention_mask"} (return_dict=True, as
+        transformers 5 returns) or a list of ids."""
+        template = self.chat_template
+        if chat_template is not None:
+            specials = template.special_tokens if template is not None else {}
+            template = ChatTemplate(chat_template, specials)
+        if template is None:
+            raise ValueError(
+                "Cannot use chat template functions because the tokenizer's directory has no "
+                "chat template (tokenizer_config.json's chat_template, chat_template.jinja or "
+                "chat_template.json) and no chat_template argument was passed")
+        text = template.render(conversation, tools=tools, documents=documents,
+                               add_generation_prompt=add_generation_prompt, **kwargs)
+        if not tokenize:
+            return text
+        ids = self.encode(text, add_special_tokens=False)
+        if return_dict:
+            return {"input_ids": ids, "attention_mask": [1] * len(ids)}
+        return ids
 
     def encode(self, text: str, add_special_tokens: bool = True) -> List[int]:
         return self._impl.encode(text, add_special_tokens)

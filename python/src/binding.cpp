@@ -21,11 +21,13 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "attn/chat_template.h"
 #include "attn/decoder.h"
 #include "attn/hf_decoder.h"
 #include "attn/hf_tokenizer.h"
@@ -299,6 +301,26 @@ PYBIND11_MODULE(_attn, m) {
       .def("is_special", &HfTokenizer::is_special, py::arg("id"))
       .def("describe", &HfTokenizer::describe)
       .def_property_readonly("vocab_size", &HfTokenizer::vocab_size);
+
+  // Chat templates (attn/chat_template.h); python/attn/_models.py passes the
+  // messages and the template kwargs as JSON text.
+  using attn::text::ChatTemplate;
+  py::class_<ChatTemplate>(m, "ChatTemplate")
+      .def(py::init<std::string, std::map<std::string, std::string>, std::string>(),
+           py::arg("source"), py::arg("special_tokens"), py::arg("name"))
+      .def_static("from_model_dir", &ChatTemplate::from_model_dir, py::arg("dir"),
+                  "The template of a model directory, or None.")
+      .def_static("from_file", &ChatTemplate::from_file, py::arg("path"), py::arg("model_dir"))
+      .def(
+          "apply_json",
+          [](const ChatTemplate& t, const std::string& messages_json, bool add_generation_prompt,
+             const std::string& kwargs_json) {
+            return t.apply_json(messages_json, {.add_generation_prompt = add_generation_prompt,
+                                                .kwargs_json = kwargs_json});
+          },
+          py::arg("messages_json"), py::arg("add_generation_prompt"), py::arg("kwargs_json"))
+      .def_property_readonly("special_tokens", &ChatTemplate::special_tokens)
+      .def_property_readonly("source", &ChatTemplate::source);
 
   // Llama 3 / Qwen / Gemma directories (attn/hf_decoder.h): their logits and
   // generation; python/attn/_models.py gives them torch tensors.
