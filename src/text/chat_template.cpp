@@ -354,10 +354,11 @@ std::string ChatTemplate::apply_json(std::string_view messages_json,
   vars.emplace_back(Value("tools"), tools);
   vars.emplace_back(Value("documents"), documents);
   vars.emplace_back(Value("add_generation_prompt"), Value(options.add_generation_prompt));
-  for (const auto& [k, v] : impl_->special_tokens) {
-    const bool overridden = std::any_of(extra.begin(), extra.end(),
-                                        [&](const auto& kv) { return kv.first.as_string() == k; });
-    if (!overridden) vars.emplace_back(Value(k), Value(v));
+  for (const auto& special : impl_->special_tokens) {
+    const bool overridden = std::any_of(extra.begin(), extra.end(), [&](const auto& kv) {
+      return kv.first.as_string() == special.first;
+    });
+    if (!overridden) vars.emplace_back(Value(special.first), Value(special.second));
   }
   for (auto& kv : extra) vars.push_back(std::move(kv));
   const jinja::Template& t = impl_->tool_use && !tools.is_none() ? *impl_->tool_use : impl_->tmpl;

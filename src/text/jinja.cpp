@@ -3401,7 +3401,8 @@ Value call_macro(const Stmt& m, const ScopePtr& defining, Context& ctx, CallArgs
   scope->parent = defining;
   std::vector<std::pair<std::string, Value>> kwargs = a.keyword;
   for (size_t i = 0; i < m.params.size(); ++i) {
-    const auto& [pname, def] = m.params[i];
+    const std::string& pname = m.params[i].first;
+    const ExprPtr& def = m.params[i].second;
     auto it = std::find_if(kwargs.begin(), kwargs.end(),
                            [&](const auto& kv) { return kv.first == pname; });
     if (i < a.positional.size()) {
@@ -3594,7 +3595,8 @@ Value::Items keyword_items(CallArgs& a, const char* fname) {
       }
     }
   }
-  for (auto& [k, v] : a.keyword) {
+  for (auto& [key, v] : a.keyword) {
+    const std::string& k = key;  // (clang before 16 cannot capture a structured binding)
     auto it = std::find_if(items.begin(), items.end(), [&](const auto& kv) {
       return kv.first.is_string() && kv.first.as_string() == k;
     });
