@@ -167,6 +167,33 @@ void check_size(size_t bytes) {
   }
 }
 
+// markupsafe.escape: & < > " ' as HTML entities.
+std::string html_escape(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
 // ---- Python's names and printing ---------------------------------------------------------------
 
 const char* type_name(const Value& v) {
@@ -184,7 +211,7 @@ const char* type_name(const Value& v) {
     case Value::Kind::kString:
       return "str";
     case Value::Kind::kList:
-      return v.is_tuple() ? "tuple" : "list";
+      return v.is_generator() ? "generator" : v.is_tuple() ? "tuple" : "list";
     case Value::Kind::kDict:
       return "dict";
     case Value::Kind::kNamespace:
@@ -303,6 +330,10 @@ void repr_into(std::string& out, const Value& v, int depth) {
       out += string_repr(v.as_string());
       return;
     case Value::Kind::kList: {
+      if (v.is_generator()) {
+        out += "<generator object>";
+        return;
+      }
       out += v.is_tuple() ? '(' : '[';
       const auto& items = v.as_list();
       for (size_t i = 0; i < items.size(); ++i) {
@@ -434,6 +465,9 @@ void json_into(std::string& out, const Value& v, const JsonStyle& st, int level)
       json_string(out, v.as_string());
       return;
     case Value::Kind::kList: {
+      if (v.is_generator()) {
+        throw RenderError("tojson: Object of type generator is not JSON serializable");
+      }
       const auto& items = v.as_list();
       if (items.empty()) {
         out += "[]";
@@ -486,6 +520,16 @@ Value Value::list(std::vector<Value> items, bool tuple) {
   Value v(Kind::kList);
   v.tuple_ = tuple;
   v.list_ = std::make_shared<const std::vector<Value>>(std::move(items));
+  return v;
+}
+Value Value::generator(std::vector<Value> items) {
+  Value v = list(std::move(items));
+  v.lazy_ = true;
+  return v;
+}
+Value Value::markup(std::string s) {
+  Value v(std::move(s));
+  v.lazy_ = true;
   return v;
 }
 Value Value::dict(Items items) {
@@ -1819,7 +1863,7 @@ bool truthy(const Value& v) {
     case Value::Kind::kString:
       return !v.as_string().empty();
     case Value::Kind::kList:
-      return !v.as_list().empty();
+      return v.is_generator() || !v.as_list().empty();
     case Value::Kind::kDict:
       return !v.as_items().empty();
     default:
@@ -1843,6 +1887,7 @@ bool py_eq(const Value& a, const Value& b, int depth = 0) {
     case Value::Kind::kString:
       return a.as_string() == b.as_string();
     case Value::Kind::kList: {
+      if (a.is_generator() || b.is_generator()) return &a.as_list() == &b.as_list();
       if (a.is_tuple() != b.is_tuple() || a.as_list().size() != b.as_list().size()) return false;
       for (size_t i = 0; i < a.as_list().size(); ++i)
         if (!py_eq(a.as_list()[i], b.as_list()[i], depth + 1)) return false;
@@ -1882,7 +1927,8 @@ bool py_less(const Value& a, const Value& b, int depth = 0) {
     return a.as_float() < b.as_float();
   }
   if (a.is_string() && b.is_string()) return a.as_string() < b.as_string();  // code point order
-  if (a.is_list() && b.is_list() && a.is_tuple() == b.is_tuple()) {
+  if (a.is_list() && b.is_list() && a.is_tuple() == b.is_tuple() && !a.is_generator() &&
+      !b.is_generator()) {
     const auto& x = a.as_list();
     const auto& y = b.as_list();
     for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
@@ -1928,6 +1974,7 @@ int64_t py_len(const Value& v) {
     case Value::Kind::kString:
       return static_cast<int64_t>(cp_count(v.as_string()));
     case Value::Kind::kList:
+      if (v.is_generator()) throw RenderError("object of type 'generator' has no len()");
       return static_cast<int64_t>(v.as_list().size());
     case Value::Kind::kDict:
       return static_cast<int64_t>(v.as_items().size());
@@ -2293,7 +2340,7 @@ Value get_item(const Value& obj, const Value& key) {
   if (obj.is_undefined()) undefined_error(obj);
   switch (obj.kind()) {
     case Value::Kind::kList:
-      if (int_like(key)) {
+      if (int_like(key) && !obj.is_generator()) {
         int64_t i = key.as_int();
         const int64_t n = static_cast<int64_t>(obj.as_list().size());
         if (py_index(i, n)) return obj.as_list()[static_cast<size_t>(i)];
@@ -2326,7 +2373,7 @@ Value get_item(const Value& obj, const Value& key) {
 
 Value get_slice(const Value& obj, const Value& start, const Value& stop, const Value& step) {
   if (obj.is_undefined()) undefined_error(obj);
-  if (obj.is_list()) {
+  if (obj.is_list() && !obj.is_generator()) {
     std::vector<Value> out;
     for (int64_t i : slice_positions(start, stop, step, static_cast<int64_t>(obj.as_list().size())))
       out.push_back(obj.as_list()[static_cast<size_t>(i)]);
@@ -2594,7 +2641,7 @@ Value repeat(const Value& seq, int64_t times) {
                static_cast<size_t>(std::min<int64_t>(times, int64_t{1} << 40)));
     std::string out;
     for (int64_t i = 0; i < times; ++i) out += seq.as_string();
-    return Value(std::move(out));
+    return seq.is_markup() ? Value::markup(std::move(out)) : Value(std::move(out));
   }
   check_size(seq.as_list().size() *
              static_cast<size_t>(std::min<int64_t>(times, int64_t{1} << 40)) * 8);
@@ -2615,9 +2662,15 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
     if (nums) return Value(a.as_float() + b.as_float());
     if (a.is_string() && b.is_string()) {
       check_size(a.as_string().size() + b.as_string().size());
+      // Markup + str escapes the str (markupsafe's __add__ and __radd__).
+      if (a.is_markup() || b.is_markup()) {
+        return Value::markup((a.is_markup() ? a.as_string() : html_escape(a.as_string())) +
+                             (b.is_markup() ? b.as_string() : html_escape(b.as_string())));
+      }
       return Value(a.as_string() + b.as_string());
     }
-    if (a.is_list() && b.is_list() && a.is_tuple() == b.is_tuple()) {
+    if (a.is_list() && b.is_list() && a.is_tuple() == b.is_tuple() && !a.is_generator() &&
+        !b.is_generator()) {
       std::vector<Value> out = a.as_list();
       out.insert(out.end(), b.as_list().begin(), b.as_list().end());
       return Value::list(std::move(out), a.is_tuple());
@@ -2628,8 +2681,8 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
   } else if (op == "*") {
     if (ints) return Value(mul(x, y));
     if (nums) return Value(a.as_float() * b.as_float());
-    if ((a.is_string() || a.is_list()) && int_like(b)) return repeat(a, y);
-    if ((b.is_string() || b.is_list()) && int_like(a)) return repeat(b, x);
+    if ((a.is_string() || (a.is_list() && !a.is_generator())) && int_like(b)) return repeat(a, y);
+    if ((b.is_string() || (b.is_list() && !b.is_generator())) && int_like(a)) return repeat(b, x);
   } else if (op == "/") {
     if (nums) {
       if (b.as_float() == 0) throw RenderError("division by zero");
@@ -2789,14 +2842,14 @@ Value select_items(Context& ctx, const Value& seq, CallArgs& a, bool by_attribut
                          a.positional.end());
   rest.keyword = a.keyword;
   std::vector<Value> out;
-  if (!truthy(seq)) return Value::list({});  // jinja2: `if seq:` before iterating
+  if (!truthy(seq)) return Value::generator({});  // jinja2: `if seq:` before iterating
   for (const Value& item : iterate(seq)) {
     const Value x = by_attribute ? attribute_of(item, attribute) : item;
     CallArgs args = rest;
     const bool ok = test.empty() ? truthy(x) : apply_test(ctx, test, x, args);
     if (ok == keep) out.push_back(item);
   }
-  return Value::list(std::move(out));
+  return Value::generator(std::move(out));
 }
 
 Value apply_filter(Context& ctx, const std::string& name, const Value& v, CallArgs& a) {
@@ -2809,7 +2862,8 @@ Value apply_filter(Context& ctx, const std::string& name, const Value& v, CallAr
   if (name == "tojson") return Value(tojson_filter(v, a));
   if (name == "trim") {
     Params p = bind(name, a, {"chars"});
-    return Value(py_strip(to_str(v), p[0], true, true));
+    std::string t = py_strip(to_str(v), p[0], true, true);
+    return v.is_markup() ? Value::markup(std::move(t)) : Value(std::move(t));
   }
   if (name == "length" || name == "count") {
     bind(name, a, {});
@@ -2817,44 +2871,24 @@ Value apply_filter(Context& ctx, const std::string& name, const Value& v, CallAr
   }
   if (name == "string") {
     bind(name, a, {});
-    return Value(to_str(v));
+    return v.is_markup() ? v : Value(to_str(v));
   }
   if (name == "safe") {
     bind(name, a, {});
-    return Value(to_str(v));
+    return v.is_markup() ? v : Value::markup(to_str(v));
   }
   if (name == "e" || name == "escape" || name == "forceescape") {
     bind(name, a, {});
-    std::string out;
-    for (char c : to_str(v)) {
-      switch (c) {
-        case '&':
-          out += "&amp;";
-          break;
-        case '<':
-          out += "&lt;";
-          break;
-        case '>':
-          out += "&gt;";
-          break;
-        case '"':
-          out += "&#34;";
-          break;
-        case '\'':
-          out += "&#39;";
-          break;
-        default:
-          out += c;
-      }
-    }
-    return Value(std::move(out));
+    if (v.is_markup() && name != "forceescape") return v;
+    return Value::markup(html_escape(to_str(v)));
   }
   if (name == "lower" || name == "upper" || name == "capitalize") {
     bind(name, a, {});
     const std::string s = to_str(v);
-    return Value(name == "lower"   ? map_chars(s, py_lower)
-                 : name == "upper" ? map_chars(s, py_upper)
-                                   : py_capitalize(s));
+    std::string t = name == "lower"   ? map_chars(s, py_lower)
+                    : name == "upper" ? map_chars(s, py_upper)
+                                      : py_capitalize(s);
+    return v.is_markup() ? Value::markup(std::move(t)) : Value(std::move(t));
   }
   if (name == "title") {  // jinja2's: each word's first character upper, the rest lower
     bind(name, a, {});
@@ -2903,11 +2937,11 @@ Value apply_filter(Context& ctx, const std::string& name, const Value& v, CallAr
   }
   if (name == "items") {
     bind(name, a, {});
-    if (v.is_undefined()) return Value::list({});
+    if (v.is_undefined()) return Value::generator({});
     if (!v.is_dict()) throw RenderError("Can only get item pairs from a mapping.");
     std::vector<Value> out;
     for (const auto& [k, x] : v.as_items()) out.push_back(Value::list({k, x}, true));
-    return Value::list(std::move(out));
+    return Value::generator(std::move(out));
   }
   if (name == "dictsort") {
     Params p = bind(name, a, {"case_sensitive", "by", "reverse"});
@@ -2927,7 +2961,7 @@ Value apply_filter(Context& ctx, const std::string& name, const Value& v, CallAr
     }
     std::vector<Value> items = iterate(v);
     std::reverse(items.begin(), items.end());
-    return Value::list(std::move(items));
+    return v.is_generator() ? Value::list(std::move(items)) : Value::generator(std::move(items));
   }
   if (name == "sort") {
     Params p = bind(name, a, {"reverse", "case_sensitive", "attribute"});
@@ -2945,7 +2979,7 @@ Value apply_filter(Context& ctx, const std::string& name, const Value& v, CallAr
         out.push_back(item);
       }
     }
-    return Value::list(std::move(out));
+    return Value::generator(std::move(out));
   }
   if (name == "min" || name == "max") {
     Params p = bind(name, a, {"case_sensitive", "attribute"});
@@ -2964,7 +2998,7 @@ Value apply_filter(Context& ctx, const std::string& name, const Value& v, CallAr
   }
   if (name == "map") {
     std::vector<Value> out;
-    if (!truthy(v)) return Value::list({});  // jinja2: `if seq:` before iterating
+    if (!truthy(v)) return Value::generator({});  // jinja2: `if seq:` before iterating
     const Value* attr = nullptr;
     Value def;
     bool has_default = false;
@@ -2980,7 +3014,7 @@ Value apply_filter(Context& ctx, const std::string& name, const Value& v, CallAr
         Value x = attribute_of(item, *attr);
         out.push_back(x.is_undefined() && has_default ? def : x);
       }
-      return Value::list(std::move(out));
+      return Value::generator(std::move(out));
     }
     if (a.positional.empty()) throw RenderError("map needs a filter name or attribute=");
     const std::string filter = want_string(a.positional[0], "map's filter name");
@@ -2993,7 +3027,7 @@ Value apply_filter(Context& ctx, const std::string& name, const Value& v, CallAr
       CallArgs args = rest;
       out.push_back(apply_filter(ctx, filter, item, args));
     }
-    return Value::list(std::move(out));
+    return Value::generator(std::move(out));
   }
   if (name == "select" || name == "reject") return select_items(ctx, v, a, false, name == "select");
   if (name == "selectattr" || name == "rejectattr")

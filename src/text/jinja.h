@@ -81,6 +81,14 @@ class Value {
   explicit Value(std::string s) : kind_(Kind::kString), str_(std::move(s)) {}
   explicit Value(const char* s) : Value(std::string(s)) {}
   static Value list(std::vector<Value> items, bool tuple = false);
+  // What jinja2's map, select, reject, selectattr, rejectattr, unique, items
+  // and reverse (of a list) return: a one-shot iterator, always true, with no
+  // len(), no items by index and no JSON form (attn keeps its items; Python
+  // would give them once).
+  static Value generator(std::vector<Value> items);
+  // A string marked safe (jinja2's Markup, from |safe and |escape): a plain
+  // string added to it is HTML-escaped first.
+  static Value markup(std::string s);
   static Value dict(Items items);
   static Value name_space(Items items);
   static Value function(std::shared_ptr<const Function> fn);
@@ -95,6 +103,8 @@ class Value {
   bool is_string() const { return kind_ == Kind::kString; }
   bool is_list() const { return kind_ == Kind::kList; }  // list or tuple
   bool is_tuple() const { return kind_ == Kind::kList && tuple_; }
+  bool is_generator() const { return kind_ == Kind::kList && lazy_; }
+  bool is_markup() const { return kind_ == Kind::kString && lazy_; }
   bool is_dict() const { return kind_ == Kind::kDict; }
   bool is_namespace() const { return kind_ == Kind::kNamespace; }
   bool is_function() const { return kind_ == Kind::kFunction; }
@@ -115,6 +125,7 @@ class Value {
   explicit Value(Kind k) : kind_(k) {}
   Kind kind_ = Kind::kUndefined;
   bool tuple_ = false;
+  bool lazy_ = false;  // a list: a generator; a string: Markup
   int64_t int_ = 0;
   double float_ = 0;
   std::string str_;
