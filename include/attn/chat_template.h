@@ -87,6 +87,8 @@ class ChatTemplate {
 
   // The same from messages as a JSON array of objects (an OpenAI-style request's
   // "messages": content may be a list of parts, tool_calls, reasoning_content ...).
+  // apply and apply_json keep no state between calls: threads may call them at
+  // once on one ChatTemplate (a server's requests).
   std::string apply_json(std::string_view messages_json, const ChatOptions& options = {}) const;
 
   // A named special token ("eos_token"), if tokenizer_config.json gave it.

@@ -72,10 +72,10 @@ class HfTokenizer:
         tok.decode(ids, skip_special_tokens=True)
     """
 
-    def __init__(self, impl, chat_template: Optional[ChatTemplate] = None):
+    def __init__(self, impl, model_dir: Optional[str] = None):
         self._impl = impl
-        # The chat template of the directory the tokenizer came from (None when it has none).
-        self.chat_template = chat_template
+        self._model_dir = model_dir
+        self._chat_template: Optional[ChatTemplate] = None
 
     @classmethod
     def from_file(cls, path: str) -> "HfTokenizer":
@@ -83,7 +83,23 @@ class HfTokenizer:
         if os.path.isdir(path):
             path = os.path.join(path, "tokenizer.json")
         tok = _attn.HfTokenizer.from_file(path)
-        return cls(tok, ChatTemplate.from_model_dir(os.path.dirname(os.path.abspath(path))))
+        return cls(tok, os.path.dirname(os.path.abspath(path)))
+
+    @property
+    def chat_template(self) -> Optional[ChatTemplate]:
+        """The chat template of the directory the tokenizer came from (None when it
+        has none), read when first asked for: a template attn cannot parse fails
+        here, not when the tokenizer is loaded."""
+        if self._chat_template is None and self._model_dir is not None:
+            self._chat_template = ChatTemplate.from_model_dir(self._model_dir)
+            if self._chat_template is None:
+                self._model_dir = None
+        return self._chat_template
+
+    @chat_template.setter
+    def chat_template(self, template: Optional[ChatTemplate]) -> None:
+        self._chat_template = template
+        self._model_dir = None
 
     def apply_chat_template(self, conversation: Sequence[Dict[str, Any]],
                             tools: Optional[List[Any]] = None,

@@ -20,7 +20,7 @@ namespace {
 using Json = nlohmann::ordered_json;
 using jinja::Value;
 
-constexpr int kMaxJsonDepth = 200;
+constexpr int kMaxJsonDepth = 100;
 
 std::string named(std::string_view s) {
   std::string out = "'";  // (not "'" + ...: GCC 12's false -Wrestrict)

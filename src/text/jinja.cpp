@@ -516,9 +516,18 @@ void json_into(std::string& out, const Value& v, const JsonStyle& st, int level)
 
 // ---- Value ------------------------------------------------------------------------------------
 
+void Value::nest(const Value& child) {
+  depth_ = std::max(depth_, child.depth_ + 1);
+  holds_ns_ = holds_ns_ || child.holds_ns_ || child.is_namespace();
+  if (depth_ > kMaxNesting) {
+    throw RenderError(fmt::format("a value nested more than {} levels deep", kMaxNesting));
+  }
+}
 Value Value::list(std::vector<Value> items, bool tuple) {
   Value v(Kind::kList);
   v.tuple_ = tuple;
+  v.depth_ = 1;
+  for (const Value& x : items) v.nest(x);
   v.list_ = std::make_shared<const std::vector<Value>>(std::move(items));
   return v;
 }
@@ -534,16 +543,30 @@ Value Value::markup(std::string s) {
 }
 Value Value::dict(Items items) {
   Value v(Kind::kDict);
+  v.depth_ = 1;
+  for (const auto& [k, x] : items) {
+    v.nest(k);
+    v.nest(x);
+  }
   v.items_ = std::make_shared<Items>(std::move(items));
   return v;
 }
 Value Value::name_space(Items items) {
   Value v(Kind::kNamespace);
+  v.depth_ = 1;
+  for (const auto& [k, x] : items) {
+    v.nest(k);
+    v.nest(x);
+  }
+  if (v.holds_ns_) {
+    throw RenderError("a namespace holding a namespace is outside the Jinja subset attn evaluates");
+  }
   v.items_ = std::make_shared<Items>(std::move(items));
   return v;
 }
-Value Value::function(std::shared_ptr<const Function> fn) {
+Value Value::function(std::shared_ptr<const Function> fn, const Value* holds) {
   Value v(Kind::kFunction);
+  if (holds != nullptr) v.nest(*holds);
   v.fn_ = std::move(fn);
   return v;
 }
@@ -2062,11 +2085,13 @@ int64_t want_int(const Value& v, const std::string& what) {
   return v.as_int();
 }
 
-Value make_function(std::string name, std::function<Value(Context&, CallArgs&)> fn) {
+// `holds`: the value a bound method keeps (its object).
+Value make_function(std::string name, std::function<Value(Context&, CallArgs&)> fn,
+                    const Value* holds = nullptr) {
   auto f = std::make_shared<Function>();
   f->name = std::move(name);
   f->call = std::move(fn);
-  return Value::function(std::move(f));
+  return Value::function(std::move(f), holds);
 }
 
 // ---- strings as Python's str ----
@@ -2291,9 +2316,9 @@ Value get_attr(const Value& obj, const std::string& name) {
       static const std::unordered_set<std::string> mutating = {"pop",    "popitem", "setdefault",
                                                                "update", "clear",   "fromkeys"};
       if (methods.count(name) != 0) {
-        return make_function("dict." + name, [obj, name](Context&, CallArgs& a) {
-          return dict_method(obj, name, a);
-        });
+        return make_function(
+            "dict." + name,
+            [obj, name](Context&, CallArgs& a) { return dict_method(obj, name, a); }, &obj);
       }
       if (mutating.count(name) != 0) {
         throw RenderError(
@@ -2313,20 +2338,21 @@ Value get_attr(const Value& obj, const std::string& name) {
                                       quoted(name), type_name(obj)));
       }
       if (name == "index" || name == "count") {
-        return make_function(std::string(type_name(obj)) + "." + name,
-                             [obj, name](Context&, CallArgs& a) {
-                               Params p = bind(name, a, {"value"});
-                               int64_t n = 0;
-                               for (size_t i = 0; i < obj.as_list().size(); ++i) {
-                                 if (py_eq(obj.as_list()[i], p[0])) {
-                                   if (name == "index") return Value(static_cast<int64_t>(i));
-                                   ++n;
-                                 }
-                               }
-                               if (name == "index")
-                                 throw RenderError("list.index(x): x not in list");
-                               return Value(n);
-                             });
+        return make_function(
+            std::string(type_name(obj)) + "." + name,
+            [obj, name](Context&, CallArgs& a) {
+              Params p = bind(name, a, {"value"});
+              int64_t n = 0;
+              for (size_t i = 0; i < obj.as_list().size(); ++i) {
+                if (py_eq(obj.as_list()[i], p[0])) {
+                  if (name == "index") return Value(static_cast<int64_t>(i));
+                  ++n;
+                }
+              }
+              if (name == "index") throw RenderError("list.index(x): x not in list");
+              return Value(n);
+            },
+            &obj);
       }
       return missing();
     }
@@ -3392,6 +3418,13 @@ void set_namespace_item(const Value& ns, const std::string& key, Value v) {
     throw RenderError(fmt::format(
         "Chat templates cannot store underscore-prefixed attributes on a namespace, but got {}",
         quoted(key)));
+  }
+  if (v.holds_namespace() || v.is_namespace()) {
+    throw RenderError("a namespace holding a namespace is outside the Jinja subset attn evaluates");
+  }
+  // The namespace keeps the depth it was made with plus what it takes now.
+  if (v.depth() + 1 > kMaxNesting) {
+    throw RenderError(fmt::format("a value nested more than {} levels deep", kMaxNesting));
   }
   for (auto& [k, x] : ns.namespace_items()) {
     if (k.is_string() && k.as_string() == key) {

@@ -29,12 +29,14 @@
 //
 // Refused, with the tag or name in the message: extends, block, include,
 // import, from, call blocks, do, recursive loops, filters and tests outside the
-// list in jinja.cpp, and anything the sandbox refuses (attributes starting
-// with '_', list and dict methods that mutate). Errors: a syntax error is
-// std::invalid_argument, an error while rendering (raise_exception, an
-// undefined value used, a type error) std::runtime_error; both messages start
-// "NAME line N: ". Work is bounded for any template (nesting depth, macro
-// recursion, steps, output size), so a hostile template ends in an error.
+// list in jinja.cpp, anything the sandbox refuses (attributes starting with
+// '_', list and dict methods that mutate), and a namespace stored in a
+// namespace (no chains or cycles of namespaces: every value stays shallow).
+// Errors: a syntax error is std::invalid_argument, an error while rendering
+// (raise_exception, an undefined value used, a type error)
+// std::runtime_error; both messages start "NAME line N: ". Work is bounded for
+// any template (nesting depth of source and values, macro recursion, steps,
+// output size), so a hostile template ends in an error.
 #pragma once
 
 #include <cstdint>
@@ -91,7 +93,8 @@ class Value {
   static Value markup(std::string s);
   static Value dict(Items items);
   static Value name_space(Items items);
-  static Value function(std::shared_ptr<const Function> fn);
+  // `holds` is a value the function keeps (a bound method's object).
+  static Value function(std::shared_ptr<const Function> fn, const Value* holds = nullptr);
 
   Kind kind() const { return kind_; }
   bool is_undefined() const { return kind_ == Kind::kUndefined; }
@@ -118,6 +121,14 @@ class Value {
   Items& namespace_items() const { return *items_; }
   const Function& as_function() const { return *fn_; }
 
+  // How deep the lists, dicts and namespaces nest (0 for a scalar), as it was
+  // when the value was made, and whether a namespace is inside: a namespace
+  // takes no value holding a namespace, so no chain or cycle of namespaces
+  // can be built and every value stays shallow (at most kMaxNesting levels,
+  // checked as values are made, so freeing one never recurses deeply).
+  int depth() const { return depth_; }
+  bool holds_namespace() const { return holds_ns_; }
+
   // The dict entry of a string key, or nullptr.
   const Value* find(std::string_view key) const;
 
@@ -126,6 +137,9 @@ class Value {
   Kind kind_ = Kind::kUndefined;
   bool tuple_ = false;
   bool lazy_ = false;  // a list: a generator; a string: Markup
+  bool holds_ns_ = false;
+  int depth_ = 0;
+  void nest(const Value& child);  // depth and holds_ns_ over a child
   int64_t int_ = 0;
   double float_ = 0;
   std::string str_;

@@ -179,6 +179,16 @@ TEST(Jinja, HostileTemplatesAreBounded) {
       attn::text::jinja::Template("{% set ns = namespace() %}{% set ns.a = ns %}{{ ns|tojson }}")
           .render(empty),
       std::runtime_error);
+  // No namespace inside a namespace (so no chains or cycles of them), no value nested past 200.
+  for (const char* deep_value :
+       {"{% set ns = namespace() %}{% set t = namespace() %}{% set ns.t = t %}",
+        "{% set ns = namespace() %}{% set ns.me = [ns] %}",
+        "{% set ns = namespace(x=[]) %}{% for i in range(1000) %}{% set ns.x = [ns.x] %}{% endfor "
+        "%}",
+        "{% set ns = namespace(x=[]) %}{% set t = namespace(ns=ns) %}"}) {
+    EXPECT_THROW(attn::text::jinja::Template(deep_value).render(empty), std::runtime_error)
+        << deep_value;
+  }
   for (const char* cut :
        {"{{", "{%", "{#", "{{ 'a", "{% if x", "{{ (", "{% raw %}x", "{{ x[1:", "{{ 0x"}) {
     EXPECT_THROW(parse(cut), std::invalid_argument) << cut;
