@@ -2415,8 +2415,7 @@ Value get_slice(const Value& obj, const Value& start, const Value& stop, const V
   return Value::undefined(fmt::format("{} cannot be sliced", quoted(object_type_repr(obj))));
 }
 
-Value str_method(Context& ctx, const std::string& s, const std::string& name, CallArgs& a) {
-  (void)ctx;
+Value str_method(Context&, const std::string& s, const std::string& name, CallArgs& a) {
   const std::string fname = "str." + name;
   if (name == "startswith" || name == "endswith") {
     Params p = bind(fname, a, {"prefix", "start", "end"});
@@ -3549,7 +3548,7 @@ Flow exec_for(const Stmt& s, const ScopePtr& scope, Context& ctx, std::string& o
   if (n == 0 && !s.else_body.empty()) {
     auto es = std::make_shared<Scope>();
     es->parent = scope;
-    return exec(s.else_body, es, ctx, out) == Flow::kNormal ? Flow::kNormal : Flow::kNormal;
+    return exec(s.else_body, es, ctx, out);  // a break there is an outer loop's
   }
   return Flow::kNormal;
 }
@@ -3582,7 +3581,7 @@ Flow exec(const Body& body, const ScopePtr& scope, Context& ctx, std::string& ou
         break;
       }
       case Stmt::Kind::kFor:
-        exec_for(s, scope, ctx, out);
+        if (const Flow f = exec_for(s, scope, ctx, out); f != Flow::kNormal) return f;
         break;
       case Stmt::Kind::kSet: {
         Value v = eval(*s.expr, scope, ctx);
@@ -3607,9 +3606,8 @@ Flow exec(const Body& body, const ScopePtr& scope, Context& ctx, std::string& ou
       }
       case Stmt::Kind::kMacro: {
         const Stmt* m = &s;
-        Scope* weak_home = scope.get();
-        (void)weak_home;
-        // The macro keeps the scope it was defined in (it may call itself through it).
+        // The macro refers to the scope it was defined in weakly: that scope holds the
+        // macro (which may call itself through it).
         std::weak_ptr<Scope> home = scope;
         scope->vars[s.text] = make_function(s.text, [m, home](Context& c, CallArgs& a) {
           const ScopePtr defining = home.lock();
