@@ -147,6 +147,35 @@ TEST_P(HfDecoderCase, Bf16WeightsStayWithinBf16Rounding) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfDecoderCase, ::testing::ValuesIn(kCases));
 
+// The book's own Llama 3.2, Qwen3 and Gemma 3 classes on the same random
+// weights (tests/fixtures/make_book_model_fixtures.py): a second reference,
+// written independently of transformers.
+class BookModels : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(BookModels, LogitsEqualTheBooksClassesAndTransformers) {
+  const std::string dir = std::string(ATTN_TESTS_DIR) + "/fixtures/book_models/" + GetParam();
+  std::unique_ptr<nn::DecoderLM> model;
+  (void)io::load_hf_decoder(dir, model);
+  std::map<std::string, Tensor> want;
+  for (auto& [key, value] : io::read_safetensors(dir + "/expected.safetensors").tensors) want[key] = value;
+  const Tensor mine = model->forward(want.at("ids"));
+  EXPECT_LE(relative_error(mine, want.at("book_logits")), 1e-5f) << GetParam();
+  EXPECT_LE(relative_error(mine, want.at("transformers_logits")), 1e-5f) << GetParam();
+  // And through the cache, a token at a time after a 5-token prompt.
+  nn::DecoderKVCache cache = nn::make_kv_cache(*model, 2, 12);
+  const Tensor& ids = want.at("ids");
+  const Tensor& book = want.at("book_logits");
+  const Tensor first = nn::forward_cached(*model, ids.slice(1, 0, 5).contiguous(), cache);
+  EXPECT_LE(relative_error(first, book.slice(1, 0, 5).contiguous()), 1e-5f);
+  for (int64_t t = 5; t < 12; ++t) {
+    const Tensor step = nn::forward_cached(*model, ids.slice(1, t, t + 1).contiguous(), cache);
+    EXPECT_LE(relative_error(step, book.slice(1, t, t + 1).contiguous()), 1e-5f)
+        << GetParam() << " position " << t;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Book, BookModels, ::testing::Values("llama32", "qwen3", "gemma3"));
+
 TEST(HfDecoder, ReadsBothConfigForms) {
   const io::HfDecoderConfig g = io::read_hf_decoder_config(kFixtures + "/gemma3");
   EXPECT_EQ(g.config_form, "rope_parameters");

@@ -190,7 +190,7 @@ TEST(TrainOptions, ValidatesAndRoundTrips) {
   bad([](TrainOptions& b) { b.eval_iters = -1; }, "--eval-iters");
   bad([](TrainOptions& b) { b.dtype = "float16"; },
       "--dtype must be float32 or bfloat16, got 'float16'");
-  bad([](TrainOptions& b) { b.tokenizer = "bpe"; }, "--tokenizer must be char or gpt2, got 'bpe'");
+  bad([](TrainOptions& b) { b.tokenizer = "bpe"; }, "--tokenizer must be char, gpt2 or hf, got 'bpe'");
   bad([](TrainOptions& b) { b.stride = -1; }, "--stride must be >= 0, got -1");
   bad([](TrainOptions& b) { b.epochs = -2; }, "--epochs must be >= 0, got -2");
   TrainOptions g = tiny_options();
