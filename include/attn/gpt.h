@@ -198,8 +198,13 @@ class RMSNorm : public Module {
 // LinearOptions' default engine (the BLAS: PyTorch's sums) unless another is
 // given; the gating in plain loops for now (no fused kernel yet).
 enum class GateActivation { kSiLU, kGeluTanh };
-// act(h) elementwise, float32: what GatedFeedForward applies to fc1's output.
+// act(h) elementwise, float32: what GatedFeedForward applies to fc1's output
+// (the plain loops: the specification of gated_activation).
 Tensor gate_activation(const Tensor& h, GateActivation act);
+// act(g) ⊙ u in one pass (kernels::gated_activation_forward, SIMD and
+// threaded): what GatedFeedForward hands fc3. g, u of one shape (float32 or
+// bf16, read as float32) -> float32.
+Tensor gated_activation(const Tensor& g, const Tensor& u, GateActivation act);
 class GatedFeedForward : public Module {
  public:
   // engine: the products' GEMM (kBlas: PyTorch's sums; the decoder's layers use kFast).
@@ -212,7 +217,7 @@ class GatedFeedForward : public Module {
 
  private:
   GateActivation act_;
-  Tensor h1_, h2_, a_;  // saved: fc1(x), fc2(x), act(fc1(x)) (..., H)
+  Tensor h1_, h2_;  // saved: fc1(x), fc2(x) (..., H)
   bool has_forward_ = false;
 };
 

@@ -1,5 +1,6 @@
 // attn/layer_kernels.h - SIMD kernels for the GPT's layers around the
-// attention: layer normalisation and GELU (tanh form), forward and backward;
+// attention: layer normalisation, GELU (tanh form) and the gated feed-forward's
+// activation (SwiGLU, GeGLU), forward and backward;
 // the AdamW update that trains them; and the rounding to bf16 of the bf16 path.
 //
 // They compute the maths of attn::ref::layer_norm_* and ref::gelu_* (attn/functional_gpt.h,
@@ -79,6 +80,27 @@ void gelu_forward(float* y, const float* x, int64_t n);
 // dx[i] = dy · (0.5 · (1 + t) + 0.5 · x · (1 − t²) · √(2/π) · (1 + 3 · 0.044715 · x²)), t =
 // tanh(u).
 void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
+
+// ---- RMSNorm (nn::RMSNorm: Llama, Qwen, Gemma) ----
+// x, y (N, C); weight (C); inv_rms (N) is written:
+//   inv_rms[n] = 1 / sqrt(Σ_c x[n, c]² / C + eps),  y = x · inv_rms · (weight + weight_offset)
+// The squares summed in float vector lanes (ref::rms_norm_forward sums them in
+// double: a few float ulps apart); rows in parallel, each row's bits the same
+// for any thread count.
+void rms_norm_forward(float* y, float* inv_rms, const float* x, const float* weight, int64_t N,
+                      int64_t C, float eps, float weight_offset);
+
+// ---- the gated feed-forward's activation (nn::GatedFeedForward) ----
+// z = act(g) ⊙ u, n elements, act the tanh GELU (gelu: Gemma's GeGLU) or SiLU
+// g · σ(g) (SwiGLU, σ(g) = 1 / (1 + e^-g) with a vector exp: a few ulps from
+// std::exp); a, unless null, gets act(g). The reference is nn::gate_activation
+// (attn/gpt.h), then the product.
+void gated_activation_forward(float* z, float* a, const float* g, const float* u, int64_t n,
+                              bool gelu);
+// dg = dz ⊙ u ⊙ act'(g), du = dz ⊙ act(g) (act recomputed from g), n elements;
+// silu'(g) = σ (1 + g (1 − σ)), gelu' as gelu_backward's factor.
+void gated_activation_backward(float* dg, float* du, const float* dz, const float* g,
+                               const float* u, int64_t n, bool gelu);
 
 // ---- bias + GELU, FeedForward's fc and its activation (nn::FeedForward) ----
 // Rows per partial sum of gelu_backward_bias's db.

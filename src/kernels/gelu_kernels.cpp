@@ -1,5 +1,6 @@
 // SIMD GELU (the tanh form), forward and backward: alone, rounded to bf16 as
-// it is stored, and fused with the bias of FeedForward's fc, keeping either
+// it is stored, in the gated feed-forward (SwiGLU's SiLU beside it), and fused
+// with the bias of FeedForward's fc, keeping either
 // h + b or the slope gelu'(h + b) for the backward (attn/layer_kernels.h
 // states the maths and the contract; ref::gelu_forward / _backward are the
 // specification). Highway dynamic dispatch; OpenMP over chunks of elements, or
@@ -273,6 +274,114 @@ void SlopeBackwardBiasBf16Values(float* dh, float* db, const float* dy, const fl
   GeluBackwardBiasAs<true>(reinterpret_cast<Bf16Value*>(dh), db, dy, slope, M, C);
 }
 
+// ---- the gated feed-forward: z = act(g) ⊙ u ------------------------------------------------
+
+// silu(g) = g · σ(g), σ(g) = 1 / (1 + e^-g); sigma gets σ(g).
+HWY_INLINE VF SiluVec(DF d, VF g, VF& sigma) {
+  const VF one = hn::Set(d, 1.0f);
+  sigma = hn::Div(one, hn::Add(one, hn::Exp(d, hn::Neg(g))));
+  return hn::Mul(g, sigma);
+}
+
+template <bool kGelu>
+HWY_INLINE VF GateVec(DF d, VF g) {
+  if constexpr (kGelu) {
+    return GeluForwardVec(d, g);
+  } else {
+    VF sigma;
+    return SiluVec(d, g, sigma);
+  }
+}
+
+// act'(g): silu' = σ (1 + g (1 − σ)); gelu' as GeluSlopeFromTanh. a gets act(g).
+template <bool kGelu>
+HWY_INLINE VF GateSlopeVec(DF d, VF g, VF& a) {
+  if constexpr (kGelu) {
+    VF slope;
+    a = GeluForwardSlopeVec(d, g, slope);
+    return slope;
+  } else {
+    VF sigma;
+    a = SiluVec(d, g, sigma);
+    const VF one = hn::Set(d, 1.0f);
+    return hn::Mul(sigma, hn::MulAdd(g, hn::Sub(one, sigma), one));
+  }
+}
+
+template <bool kGelu>
+void GatedForwardRange(float* z, float* a, const float* g, const float* u, size_t n) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  auto step = [&](size_t i, size_t count) {
+    const bool whole = count == N;
+    const VF gv = whole ? hn::LoadU(d, g + i) : LoadTail(d, g + i, count);
+    const VF uv = whole ? hn::LoadU(d, u + i) : LoadTail(d, u + i, count);
+    const VF av = GateVec<kGelu>(d, gv);
+    const VF zv = hn::Mul(av, uv);
+    if (whole) {
+      hn::StoreU(zv, d, z + i);
+      if (a != nullptr) hn::StoreU(av, d, a + i);
+    } else {
+      StoreTail(d, zv, z + i, count);
+      if (a != nullptr) StoreTail(d, av, a + i, count);
+    }
+  };
+  size_t i = 0;
+  for (; i + N <= n; i += N) step(i, N);
+  if (i < n) step(i, n - i);
+}
+
+template <bool kGelu>
+void GatedBackwardRange(float* dg, float* du, const float* dz, const float* g, const float* u,
+                        size_t n) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  auto step = [&](size_t i, size_t count) {
+    const bool whole = count == N;
+    auto load = [&](const float* p) {
+      return whole ? hn::LoadU(d, p + i) : LoadTail(d, p + i, count);
+    };
+    const VF dzv = load(dz), gv = load(g), uv = load(u);
+    VF av;
+    const VF slope = GateSlopeVec<kGelu>(d, gv, av);
+    const VF dgv = hn::Mul(hn::Mul(dzv, uv), slope);
+    const VF duv = hn::Mul(dzv, av);
+    if (whole) {
+      hn::StoreU(dgv, d, dg + i);
+      hn::StoreU(duv, d, du + i);
+    } else {
+      StoreTail(d, dgv, dg + i, count);
+      StoreTail(d, duv, du + i, count);
+    }
+  };
+  size_t i = 0;
+  for (; i + N <= n; i += N) step(i, N);
+  if (i < n) step(i, n - i);
+}
+
+void GatedActivationForward(float* z, float* a, const float* g, const float* u, int64_t n,
+                            bool gelu) {
+  Chunked(n, [&](size_t i, size_t count) {
+    float* ai = a != nullptr ? a + i : nullptr;
+    if (gelu) {
+      GatedForwardRange<true>(z + i, ai, g + i, u + i, count);
+    } else {
+      GatedForwardRange<false>(z + i, ai, g + i, u + i, count);
+    }
+  });
+}
+
+void GatedActivationBackward(float* dg, float* du, const float* dz, const float* g, const float* u,
+                             int64_t n, bool gelu) {
+  Chunked(n, [&](size_t i, size_t count) {
+    if (gelu) {
+      GatedBackwardRange<true>(dg + i, du + i, dz + i, g + i, u + i, count);
+    } else {
+      GatedBackwardRange<false>(dg + i, du + i, dz + i, g + i, u + i, count);
+    }
+  });
+}
+
 // NOLINTNEXTLINE(google-readability-namespace-comments)
 }  // namespace HWY_NAMESPACE
 }  // namespace attn::kernels
@@ -283,6 +392,18 @@ namespace attn::kernels {
 
 HWY_EXPORT(GeluForward);
 HWY_EXPORT(GeluBackward);
+HWY_EXPORT(GatedActivationForward);
+HWY_EXPORT(GatedActivationBackward);
+
+void gated_activation_forward(float* z, float* a, const float* g, const float* u, int64_t n,
+                              bool gelu) {
+  if (n > 0) HWY_DYNAMIC_DISPATCH(GatedActivationForward)(z, a, g, u, n, gelu);
+}
+
+void gated_activation_backward(float* dg, float* du, const float* dz, const float* g,
+                               const float* u, int64_t n, bool gelu) {
+  if (n > 0) HWY_DYNAMIC_DISPATCH(GatedActivationBackward)(dg, du, dz, g, u, n, gelu);
+}
 HWY_EXPORT(GeluForwardBf16);
 HWY_EXPORT(BiasGeluForward);
 HWY_EXPORT(BiasGeluForwardBf16);

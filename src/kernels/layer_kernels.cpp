@@ -110,6 +110,58 @@ void LayerNormRows(Out* y, float* mean, float* std, const float* x, const float*
   }
 }
 
+// RMSNorm (nn::RMSNorm; ref::rms_norm_forward is the specification, which
+// sums the squares in double): Σ x² in float vector lanes, r = 1 / √(Σ x² / C
+// + eps), y = x · r · (w + offset) in the reference's order of products.
+void RmsNormRows(float* y, float* inv_rms, const float* x, const float* w, int64_t n0, int64_t n1,
+                 size_t C, float eps, float offset) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  for (int64_t n = n0; n < n1; ++n) {
+    const float* row = x + n * int64_t(C);
+    VF sq0 = hn::Zero(d), sq1 = hn::Zero(d);
+    size_t c = 0;
+    for (; c + 2 * N <= C; c += 2 * N) {
+      const VF a = hn::LoadU(d, row + c), b = hn::LoadU(d, row + c + N);
+      sq0 = hn::MulAdd(a, a, sq0);
+      sq1 = hn::MulAdd(b, b, sq1);
+    }
+    for (; c + N <= C; c += N) {
+      const VF a = hn::LoadU(d, row + c);
+      sq0 = hn::MulAdd(a, a, sq0);
+    }
+    if (c < C) {
+      const VF a = LoadTail(d, row + c, C - c);
+      sq1 = hn::MulAdd(a, a, sq1);
+    }
+    const float mean_sq = hn::GetLane(hn::SumOfLanes(d, hn::Add(sq0, sq1))) / float(C);
+    const float r = 1.0f / std::sqrt(mean_sq + eps);
+    inv_rms[n] = r;
+    float* out = y + n * int64_t(C);
+    const VF vr = hn::Set(d, r), voff = hn::Set(d, offset);
+    c = 0;
+    for (; c + N <= C; c += N) {
+      const VF scale = hn::Add(hn::LoadU(d, w + c), voff);
+      hn::StoreU(hn::Mul(hn::Mul(hn::LoadU(d, row + c), vr), scale), d, out + c);
+    }
+    for (; c < C; ++c) out[c] = row[c] * r * (w[c] + offset);
+  }
+}
+
+void RmsNormForward(float* y, float* inv_rms, const float* x, const float* w, int64_t Nrows,
+                    int64_t C, float eps, float offset) {
+  if (Nrows * C < kParallelElements) {
+    RmsNormRows(y, inv_rms, x, w, 0, Nrows, size_t(C), eps, offset);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t chunk = 0; chunk < (Nrows + kLayerNormChunkRows - 1) / kLayerNormChunkRows;
+       ++chunk) {
+    RmsNormRows(y, inv_rms, x, w, chunk * kLayerNormChunkRows,
+                std::min(Nrows, (chunk + 1) * kLayerNormChunkRows), size_t(C), eps, offset);
+  }
+}
+
 template <class Out>
 void LayerNormForwardAs(Out* y, float* mean, float* std, const float* x, const float* scale,
                         const float* shift, int64_t Nrows, int64_t C, float eps,
@@ -278,6 +330,13 @@ HWY_AFTER_NAMESPACE();
 namespace attn::kernels {
 
 HWY_EXPORT(LayerNormForward);
+HWY_EXPORT(RmsNormForward);
+
+void rms_norm_forward(float* y, float* inv_rms, const float* x, const float* weight, int64_t N,
+                      int64_t C, float eps, float weight_offset) {
+  if (N <= 0 || C <= 0) return;
+  HWY_DYNAMIC_DISPATCH(RmsNormForward)(y, inv_rms, x, weight, N, C, eps, weight_offset);
+}
 HWY_EXPORT(LayerNormForwardBf16);
 HWY_EXPORT(LayerNormBackward);
 HWY_EXPORT(AddLayerNormForward);

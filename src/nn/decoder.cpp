@@ -322,7 +322,7 @@ Tensor DecoderLayer::forward_with(const Tensor& x,
   Tensor f;
   if (eval) {  // mlp's maths without what backward keeps, on evaluation's products
     const std::vector<Tensor> gu = linear_eval({&mlp.fc1, &mlp.fc2}, f_in);
-    f = linear_eval(mlp.fc3, mul(gate_activation(gu[0], mlp.activation()), gu[1]));
+    f = linear_eval(mlp.fc3, gated_activation(gu[0], gu[1], mlp.activation()));
   } else {
     f = mlp.forward(f_in);
   }

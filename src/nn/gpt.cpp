@@ -165,7 +165,15 @@ Tensor RMSNorm::forward(const Tensor& x) {
   }
   x_ = x;
   has_forward_ = true;
-  return ref::rms_norm_forward(x, weight.value, eps_, weight_offset_, &saved_);
+  if (x.dtype() != DType::kFloat32 || weight.value.dtype() != DType::kFloat32)
+    return ref::rms_norm_forward(x, weight.value, eps_, weight_offset_, &saved_);  // its checks
+  const Tensor xc = x.contiguous();
+  const int64_t N = xc.numel() / dim_;
+  Tensor y = Tensor::empty(xc.shape());  // (..., E), every element written
+  saved_ = {Tensor::empty({N})};         // inv_rms (N)
+  kernels::rms_norm_forward(y.data(), saved_.inv_rms.data(), xc.data(), weight.value.data(), N,
+                            dim_, eps_, weight_offset_);
+  return y;
 }
 
 Tensor RMSNorm::backward(const Tensor& dy) {
@@ -197,33 +205,36 @@ Tensor gate_activation(const Tensor& h, GateActivation act) {
   return a;
 }
 
+Tensor gated_activation(const Tensor& g, const Tensor& u, GateActivation act) {
+  const Tensor gc = g.contiguous().to(DType::kFloat32), uc = u.contiguous().to(DType::kFloat32);
+  if (gc.shape() != uc.shape()) {
+    throw std::invalid_argument(fmt::format("gated_activation: g {} and u {} differ in shape",
+                                            shape_str(gc.shape()), shape_str(uc.shape())));
+  }
+  Tensor z = Tensor::empty(gc.shape());  // every element written
+  kernels::gated_activation_forward(z.data(), nullptr, gc.data(), uc.data(), gc.numel(),
+                                    act == GateActivation::kGeluTanh);
+  return z;
+}
+
 Tensor GatedFeedForward::forward(const Tensor& x) {
-  h1_ = fc1.forward(x);  // (..., H), checks x
-  h2_ = fc2.forward(x);  // (..., H)
-  a_ = gate_activation(h1_, act_);
+  h1_ = fc1.forward(x).contiguous();  // (..., H), checks x
+  h2_ = fc2.forward(x).contiguous();  // (..., H)
   has_forward_ = true;
-  return fc3.forward(mul(a_, h2_));
+  return fc3.forward(gated_activation(h1_, h2_, act_));
 }
 
 // z = a ⊙ u with a = act(h1), u = h2: dh1 = dz ⊙ u ⊙ act'(h1), dh2 = dz ⊙ a,
-// dx = fc1's dx + fc2's dx. silu'(h) = σ(h) · (1 + h · (1 − σ(h))).
+// dx = fc1's dx + fc2's dx (kernels::gated_activation_backward; the reference:
+// silu'(h) = σ(h) · (1 + h · (1 − σ(h))), ref::gelu_backward's factor).
 Tensor GatedFeedForward::backward(const Tensor& dy) {
   require_forward(has_forward_, "GatedFeedForward");
-  const Tensor dz = fc3.backward(dy);  // (..., H)
-  const Tensor du = mul(dz, h2_);      // the gradient of act(h1)
-  Tensor dh1;
-  if (act_ == GateActivation::kGeluTanh) {
-    dh1 = ref::gelu_backward(du, h1_);
-  } else {
-    dh1 = Tensor(h1_.shape());
-    for (int64_t i = 0; i < h1_.numel(); ++i) {
-      const float h = h1_.data()[i];
-      const float s = 1.0f / (1.0f + std::exp(-h));
-      dh1.data()[i] = du.data()[i] * s * (1.0f + h * (1.0f - s));
-    }
-  }
+  const Tensor dz = fc3.backward(dy).contiguous();  // (..., H)
+  Tensor dh1 = Tensor::empty(h1_.shape()), dh2 = Tensor::empty(h1_.shape());
+  kernels::gated_activation_backward(dh1.data(), dh2.data(), dz.data(), h1_.data(), h2_.data(),
+                                     h1_.numel(), act_ == GateActivation::kGeluTanh);
   const Tensor dx1 = fc1.backward(dh1);
-  const Tensor dx2 = fc2.backward(mul(dz, a_));
+  const Tensor dx2 = fc2.backward(dh2);
   return add(dx1, dx2);
 }
 

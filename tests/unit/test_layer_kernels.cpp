@@ -5,6 +5,7 @@
 //   layer norm y, dx:   |kernel − ref| <= 2e-5 · (1 + |ref|)  (float vs double sums)
 //   dscale, dshift:     |kernel − ref| <= 1e-5 · N · (1 + |ref| / N)
 //   GELU y, dx:         |kernel − ref| <= 4e-6 · (1 + |ref|)  (vector tanh: a few ulps)
+//   SwiGLU, GeGLU z, a, dg, du: the same (vector exp, tanh)
 // Every shape class: C below, at and above a vector (1, 3, 16, 17, 128, 771),
 // N of one row, a partial chunk and several threads' worth of chunks.
 #include <gtest/gtest.h>
@@ -74,6 +75,25 @@ void check_layer_norm_against_reference(const std::string& target) {
   }
 }
 
+// RMSNorm (Llama / Qwen weight w, Gemma's 1 + w) against ref::rms_norm_forward.
+void check_rms_norm_against_reference(const std::string& target) {
+  for (const NC s : kShapes) {
+    for (const float offset : {0.0f, 1.0f}) {
+      const std::string what = target + " N " + std::to_string(s.N) + " C " + std::to_string(s.C) +
+                               " offset " + std::to_string(int(offset));
+      const Tensor x = mul(random_tensor({s.N, s.C}, 12), 3.0f);
+      const Tensor w = random_tensor({s.C}, 13);
+      ref::RmsNormSaved saved;
+      const Tensor y_ref = ref::rms_norm_forward(x, w, 1e-6f, offset, &saved);
+      Tensor y({s.N, s.C}), inv_rms({s.N});
+      kernels::rms_norm_forward(y.data(), inv_rms.data(), x.data(), w.data(), s.N, s.C, 1e-6f,
+                                offset);
+      expect_near_rel(y, y_ref, 2e-6, "rms norm y, " + what);
+      expect_near_rel(inv_rms, saved.inv_rms, 2e-6, "rms norm inv_rms, " + what);
+    }
+  }
+}
+
 TEST(LayerKernels, LayerNormBackwardAccumulatesIntoDscaleAndDshift) {
   const int64_t N = 9, C = 20;
   const Tensor x = random_tensor({N, C}, 5), dy = random_tensor({N, C}, 6);
@@ -104,6 +124,37 @@ void check_gelu_against_reference(const std::string& target) {
     expect_near_rel(y, ref::gelu_forward(x), 4e-6, "gelu y, " + target + " n " + std::to_string(n));
     expect_near_rel(dx, ref::gelu_backward(dy, x), 4e-6,
                     "gelu dx, " + target + " n " + std::to_string(n));
+  }
+}
+
+// The gated feed-forward's act(g) ⊙ u and its gradients against the plain
+// loops (nn::gate_activation, ref::gelu_backward, SiLU's σ (1 + g (1 − σ))).
+void check_gated_against_reference(const std::string& target) {
+  for (const bool gelu : {false, true}) {
+    const nn::GateActivation act = gelu ? nn::GateActivation::kGeluTanh : nn::GateActivation::kSiLU;
+    for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{16}, int64_t{33}, int64_t{40000}}) {
+      const std::string what = target + (gelu ? " geglu" : " swiglu") + " n " + std::to_string(n);
+      const Tensor g = mul(random_tensor({n}, 9), 4.0f);  // both tails and the middle
+      const Tensor u = random_tensor({n}, 10), dz = random_tensor({n}, 11);
+      Tensor z({n}), a({n}), dg({n}), du({n});
+      kernels::gated_activation_forward(z.data(), a.data(), g.data(), u.data(), n, gelu);
+      kernels::gated_activation_backward(dg.data(), du.data(), dz.data(), g.data(), u.data(), n,
+                                         gelu);
+      const Tensor a_ref = nn::gate_activation(g, act);
+      Tensor dg_ref({n});
+      if (gelu) {
+        dg_ref = ref::gelu_backward(mul(dz, u), g);
+      } else {
+        for (int64_t i = 0; i < n; ++i) {
+          const float h = g[i], sg = 1.0f / (1.0f + std::exp(-h));
+          dg_ref.data()[i] = dz[i] * u[i] * sg * (1.0f + h * (1.0f - sg));
+        }
+      }
+      expect_near_rel(a, a_ref, 4e-6, "act, " + what);
+      expect_near_rel(z, mul(a_ref, u), 4e-6, "z, " + what);
+      expect_near_rel(dg, dg_ref, 4e-6, "dg, " + what);
+      expect_near_rel(du, mul(dz, a_ref), 4e-6, "du, " + what);
+    }
   }
 }
 
@@ -162,7 +213,9 @@ void check_round_to_bf16(const std::string& target) {
 TEST(LayerKernels, EveryTargetMatchesTheReference) {
   on_every_simd_target([](const std::string& target) {
     check_layer_norm_against_reference(target);
+    check_rms_norm_against_reference(target);
     check_gelu_against_reference(target);
+    check_gated_against_reference(target);
     check_round_to_bf16(target);
   });
 }
