@@ -39,11 +39,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "attn/generate.h"
 #include "attn/gpt.h"
+#include "attn/paged_kv_cache.h"
 #include "attn/random.h"
 #include "attn/rope.h"
 #include "attn/sdpa.h"
@@ -118,6 +120,13 @@ class DecoderAttention : public Module {
   // hd)) returns the attention (B, H, T, hd). Nothing is saved.
   Tensor forward_with(
       const Tensor& x_new, const RopeParams& rope, int64_t offset,
+      const std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>& attend);
+  // Evaluation over a paged step (attn/paged_kv_cache.h): x_new (1, N, E), the
+  // step's token rows, sequence after sequence; each sequence's rows rotated at
+  // its own positions table->length ..; `attend(q, k, v)` (q (N, H, hd), k, v
+  // (N, Hkv, hd), contiguous) returns the attention (N, H, hd). Nothing is saved.
+  Tensor forward_paged(
+      const Tensor& x_new, const RopeParams& rope, std::span<const PagedSequence> seqs,
       const std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>& attend);
   SdpaOptions sdpa_options(int64_t window) const;
   Linear q_proj, k_proj, v_proj, o_proj;
@@ -264,5 +273,25 @@ Tensor forward_cached(DecoderLM& model, const Tensor& ids_new, DecoderKVCache& c
 // max_new_tokens pass context_length.
 Tensor generate(DecoderLM& model, const Tensor& prompt, const GenerateOptions& options,
                 Generator& gen, const std::vector<int64_t>& stop_ids = {});
+
+// ---- continuous batching: a paged cache (attn/paged_kv_cache.h) -----------------------------
+
+// A pool of num_blocks blocks of block_size positions for this model's layers,
+// key/value heads and head_dim. Throws std::invalid_argument naming a size < 1.
+PagedKVCache make_paged_kv_cache(const DecoderLM& model, int64_t block_size, int64_t num_blocks);
+
+// One batched step of sequences at their own positions: ids (N), the new
+// tokens of seqs[0], then seqs[1], ... -> logits (S, V), row s the logits of
+// seqs[s]'s last new token; then every table's length += its count. Every
+// product runs once over the N rows (one read of each weight for the whole
+// batch); each sequence's queries attend over its own blocks
+// (paged_attention_forward, the layer's window and softcap). A row equals
+// forward_cached's logits for that sequence run alone, up to the products'
+// rounding (GEMV for at most 16 rows, GEMM above). Throws std::invalid_argument
+// (nothing changed) when the step fails check_paged_step, ids has not N
+// entries or an id is outside [0, V), a sequence would pass context_length,
+// or the cache was made for another shape.
+Tensor forward_paged(DecoderLM& model, std::span<const int64_t> ids,
+                     std::span<const PagedSequence> seqs, PagedKVCache& cache);
 
 }  // namespace attn::nn

@@ -35,12 +35,14 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "attn/gpt.h"
 #include "attn/kv_cache.h"
 #include "attn/mla.h"
+#include "attn/paged_kv_cache.h"
 #include "attn/random.h"
 #include "attn/tensor.h"
 
@@ -111,6 +113,23 @@ GPTKVCache make_gpt_kv_cache(GPTModel& model, int64_t batch);
 // the model is in training mode with drop_rate > 0.
 Tensor forward_cached(GPTModel& model, const Tensor& ids, GPTKVCache& cache,
                       bool all_logits = true);
+
+// Continuous batching (attn/paged_kv_cache.h) with the GPT: a pool of
+// num_blocks blocks of block_size positions for the model's layers and heads.
+// float32 models with the chapter's multi-head attention and learned
+// positions (GPT-2) only: a bf16, RoPE, latent, grouped-query or windowed
+// model is an std::invalid_argument naming what it has.
+PagedKVCache make_paged_kv_cache(const GPTModel& model, int64_t block_size, int64_t num_blocks);
+// One batched step of sequences at their own positions, as the decoder's
+// forward_paged (attn/decoder.h): ids (N), the new tokens of seqs[0], then
+// seqs[1], ... -> logits (S, V) of each sequence's last new token; every
+// product runs once over the N rows, each token's position embedding is its
+// own sequence's position, each query attends over its own blocks. A row
+// equals forward_cached's for that sequence alone, up to the products'
+// rounding. Throws std::invalid_argument (nothing changed) as the decoder's
+// does.
+Tensor forward_paged(GPTModel& model, std::span<const int64_t> ids,
+                     std::span<const PagedSequence> seqs, PagedKVCache& cache);
 
 // The book's sampling of one next token per row, from logits (B, V) float32:
 //   top_k > 0:        logits below the k-th largest of the row become -inf;

@@ -288,6 +288,33 @@ Tensor DecoderAttention::forward_with(
   return linear_eval(o_proj, merge_heads(attend(p.q, p.k, p.v)));
 }
 
+Tensor DecoderAttention::forward_paged(
+    const Tensor& x_new, const RopeParams& rope, std::span<const PagedSequence> seqs,
+    const std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>& attend) {
+  const int64_t N = x_new.size(1), H = cfg_.num_heads, Hkv = cfg_.num_kv_heads, hd = cfg_.head_dim;
+  const std::vector<Tensor> qkv = linear_eval({&q_proj, &k_proj, &v_proj}, x_new);
+  Tensor q = qkv[0].view({1, N, H, hd});  // (1, N, H, hd)
+  Tensor k = qkv[1].view({1, N, Hkv, hd});
+  if (q_norm) {
+    q = q_norm->forward(q);
+    k = k_norm->forward(k);
+  }
+  q = q.contiguous();
+  k = k.contiguous();
+  int64_t row = 0;
+  for (const PagedSequence& s : seqs) {  // each sequence's rows rotated at its own positions
+    const RopeOptions ro{.position_offset = s.table->length};
+    Tensor qs = q.slice(1, row, row + s.count).transpose(1, 2);  // (1, H, count, hd) view
+    Tensor ks = k.slice(1, row, row + s.count).transpose(1, 2);
+    apply_rope_(qs, rope.cos, rope.sin, ro);
+    apply_rope_(ks, rope.cos, rope.sin, ro);
+    row += s.count;
+  }
+  const Tensor out = attend(q.view({N, H, hd}), k.view({N, Hkv, hd}),
+                            qkv[2].contiguous().view({N, Hkv, hd}));  // (N, H, hd)
+  return linear_eval(o_proj, out.contiguous().view({1, N, H * hd}));
+}
+
 // ---- layer ------------------------------------------------------------------------------------
 
 DecoderLayer::DecoderLayer(const DecoderConfig& cfg, int64_t index, Generator& gen)
@@ -703,6 +730,78 @@ Tensor forward_cached(DecoderLM& model, const Tensor& ids_new, DecoderKVCache& c
   cache.length += T;
   if (last_only && T > 1) h = h.slice(1, T - 1, T).contiguous();  // (B, 1, E)
   return model.head(h, false);
+}
+
+PagedKVCache make_paged_kv_cache(const DecoderLM& model, int64_t block_size, int64_t num_blocks) {
+  const DecoderConfig& cfg = model.config();
+  return PagedKVCache({.num_layers = cfg.num_layers,
+                       .num_kv_heads = cfg.num_kv_heads,
+                       .head_dim = cfg.head_dim,
+                       .block_size = block_size,
+                       .num_blocks = num_blocks});
+}
+
+Tensor forward_paged(DecoderLM& model, std::span<const int64_t> ids,
+                     std::span<const PagedSequence> seqs, PagedKVCache& cache) {
+  const DecoderConfig& cfg = model.config();
+  const PagedKVCacheOptions& co = cache.options();
+  if (co.num_layers != cfg.num_layers || co.num_kv_heads != cfg.num_kv_heads ||
+      co.head_dim != cfg.head_dim) {
+    throw std::invalid_argument(fmt::format(
+        "forward_paged: the cache was made for {} layers of {} key/value heads of width {}, the "
+        "model has {}, {}, {}",
+        co.num_layers, co.num_kv_heads, co.head_dim, cfg.num_layers, cfg.num_kv_heads,
+        cfg.head_dim));
+  }
+  const int64_t N = check_paged_step(cache, seqs, "forward_paged");
+  if (static_cast<int64_t>(ids.size()) != N) {
+    throw std::invalid_argument(
+        fmt::format("forward_paged: {} token ids for a step of {} new tokens", ids.size(), N));
+  }
+  int64_t end = 0;  // the furthest position the step reaches, + 1
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const int64_t e = seqs[s].table->length + seqs[s].count;
+    if (e > cfg.context_length) {
+      throw std::invalid_argument(
+          fmt::format("forward_paged: sequence {} would reach position {}, past context_length {}",
+                      s, e - 1, cfg.context_length));
+    }
+    end = std::max(end, e);
+  }
+  const int64_t H = cfg.num_heads, hd = cfg.head_dim, E = cfg.hidden_size;
+  const float scale =
+      cfg.attention_scale > 0.0f ? cfg.attention_scale : 1.0f / std::sqrt(static_cast<float>(hd));
+  Tensor h = model.embed(Tensor::from_int64({1, N}, std::vector<int64_t>(ids.begin(), ids.end())));
+  for (size_t i = 0; i < model.model.layers.size(); ++i) {
+    DecoderLayer& layer = *model.model.layers[i];
+    const int64_t layer_index = static_cast<int64_t>(i);
+    const RopeParams& rope = model.rope_tables(layer.window() > 0, end);
+    const PagedAttentionOptions po{
+        .num_heads = H, .scale = scale, .window = layer.window(), .softcap = cfg.attn_softcap};
+    h = layer.forward_with(
+        h,
+        [&](const Tensor& a) {
+          return layer.self_attn.forward_paged(
+              a, rope, seqs, [&](const Tensor& q, const Tensor& k, const Tensor& v) {
+                paged_store(cache, layer_index, seqs, k.data(), v.data());
+                Tensor out = Tensor::empty({N, H, hd});  // (N, H, hd)
+                paged_attention_forward(out.data(), q.data(), cache, layer_index, seqs, po);
+                return out;
+              });
+        },
+        true);
+  }
+  // Each sequence's last row -> (1, S, E), then the head once over them.
+  const int64_t S = static_cast<int64_t>(seqs.size());
+  const Tensor hc = h.contiguous();
+  Tensor last = Tensor::empty({1, S, E});
+  int64_t row = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    row += seqs[static_cast<size_t>(s)].count;
+    std::copy_n(hc.data() + (row - 1) * E, E, last.data() + s * E);
+  }
+  for (const PagedSequence& s : seqs) s.table->length += s.count;
+  return model.head(last, false).view({S, cfg.vocab_size});  // (S, V)
 }
 
 Tensor generate(DecoderLM& model, const Tensor& prompt, const GenerateOptions& options,

@@ -599,4 +599,135 @@ std::string decode_ids(const std::vector<std::string>& vocab, const std::vector<
   return text;
 }
 
+// ---- continuous batching: the paged cache -------------------------------------------------
+
+namespace {
+
+void check_paged_gpt(const GPTModel& model) {
+  const GPTConfig& cfg = model.config();
+  if (model.options().dtype != DType::kFloat32 || model.options().layers != LayerImpl::kKernel ||
+      cfg.rope || cfg.latent_dim > 0 || cfg.n_kv_groups > 0 || cfg.sliding_window_size > 0) {
+    throw std::invalid_argument(fmt::format(
+        "forward_paged: the paged GPT path runs float32 models with the kernel layers, learned "
+        "positions and the chapter's multi-head attention (GPT-2); this one has dtype {}, rope "
+        "{}, latent_dim {}, n_kv_groups {}, sliding_window_size {}",
+        dtype_name(model.options().dtype), cfg.rope, cfg.latent_dim, cfg.n_kv_groups,
+        cfg.sliding_window_size));
+  }
+}
+
+// in (M, K) -> (M, N) with the layer's weight and bias: GEMV rows for a few
+// tokens, the fast GEMM above (forward_cached's products).
+Tensor paged_linear(const Tensor& in, const Linear& layer) {
+  const int64_t M = in.numel() / in.size(-1);
+  if (M > kGemvRows) {
+    return ref::linear_forward(in, layer.weight.value, bias_or_null(layer), gemm::Engine::kFast);
+  }
+  const Tensor xc = in.contiguous(), w = layer.weight.value.contiguous();
+  const int64_t N = w.size(0), K = w.size(1);
+  Shape shape = in.shape();
+  shape.back() = N;
+  Tensor y(shape);
+  kernels::gemv_forward(y.data(), N, xc.data(), K, w.data(), data_or_null(bias_or_null(layer)), M,
+                        N, K);
+  return y;
+}
+
+Tensor paged_layer_norm(const Tensor& in, const LayerNorm& ln, float eps) {
+  const int64_t C = in.size(-1), N = in.numel() / C;
+  Tensor y(in.shape()), mean({N}), std({N});  // the statistics are not kept
+  const Tensor xc = in.contiguous();
+  kernels::layer_norm_forward(y.data(), mean.data(), std.data(), xc.data(), ln.scale.value.data(),
+                              ln.shift.value.data(), N, C, eps);
+  return y;
+}
+
+}  // namespace
+
+PagedKVCache make_paged_kv_cache(const GPTModel& model, int64_t block_size, int64_t num_blocks) {
+  check_paged_gpt(model);
+  const GPTConfig& cfg = model.config();
+  return PagedKVCache({.num_layers = cfg.n_layers,
+                       .num_kv_heads = cfg.n_heads,
+                       .head_dim = cfg.emb_dim / cfg.n_heads,
+                       .block_size = block_size,
+                       .num_blocks = num_blocks});
+}
+
+Tensor forward_paged(GPTModel& model, std::span<const int64_t> ids,
+                     std::span<const PagedSequence> seqs, PagedKVCache& cache) {
+  check_paged_gpt(model);
+  const GPTConfig& cfg = model.config();
+  const int64_t H = cfg.n_heads, E = cfg.emb_dim, hd = E / H;
+  const PagedKVCacheOptions& co = cache.options();
+  if (co.num_layers != cfg.n_layers || co.num_kv_heads != H || co.head_dim != hd) {
+    throw std::invalid_argument(fmt::format(
+        "forward_paged: the cache was made for {} layers of {} heads of width {}, the model has "
+        "{}, {}, {}",
+        co.num_layers, co.num_kv_heads, co.head_dim, cfg.n_layers, H, hd));
+  }
+  const int64_t N = check_paged_step(cache, seqs, "forward_paged");
+  if (static_cast<int64_t>(ids.size()) != N) {
+    throw std::invalid_argument(
+        fmt::format("forward_paged: {} token ids for a step of {} new tokens", ids.size(), N));
+  }
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const int64_t e = seqs[s].table->length + seqs[s].count;
+    if (e > cfg.context_length) {
+      throw std::invalid_argument(
+          fmt::format("forward_paged: sequence {} would reach position {}, past context_length {}",
+                      s, e - 1, cfg.context_length));
+    }
+  }
+  for (const int64_t id : ids) {
+    if (id < 0 || id >= cfg.vocab_size) {
+      throw std::invalid_argument(fmt::format(
+          "forward_paged: token id {} is out of range for vocab_size {}", id, cfg.vocab_size));
+    }
+  }
+  // tok_emb[id] + pos_emb[its own position] -> (1, N, E)
+  const Tensor tok = model.tok_emb.weight.value.contiguous();  // (V, E)
+  const Tensor pos = model.pos_emb.weight.value.contiguous();  // (context_length, E)
+  Tensor x = Tensor::empty({1, N, E});
+  {
+    int64_t n = 0;
+    for (const PagedSequence& s : seqs) {
+      for (int64_t t = 0; t < s.count; ++t, ++n) {
+        const float* tr = tok.data() + ids[static_cast<size_t>(n)] * E;
+        const float* pr = pos.data() + (s.table->length + t) * E;
+        float* o = x.data() + n * E;
+        for (int64_t e = 0; e < E; ++e) o[e] = tr[e] + pr[e];
+      }
+    }
+  }
+  const float eps = cfg.layer_norm_eps;
+  const PagedAttentionOptions po{.num_heads = H, .scale = 1.0f / std::sqrt(static_cast<float>(hd))};
+  for (int64_t i = 0; i < model.trf_blocks.size(); ++i) {
+    TransformerBlock& block = model.trf_blocks[i];
+    const Tensor h1 = paged_layer_norm(x, block.norm1, eps);
+    const Tensor q = paged_linear(h1, block.att.W_query);  // (1, N, E) = (N, H, hd)
+    const Tensor k = paged_linear(h1, block.att.W_key);
+    const Tensor v = paged_linear(h1, block.att.W_value);
+    paged_store(cache, i, seqs, k.data(), v.data());
+    Tensor ctx = Tensor::empty({1, N, E});  // (N, H, hd)
+    paged_attention_forward(ctx.data(), q.data(), cache, i, seqs, po);
+    const Tensor x1 = add(paged_linear(ctx, block.att.out_proj), x);  // (1, N, E)
+    const Tensor h2 = paged_layer_norm(x1, block.norm2, eps);
+    const Tensor u = paged_linear(h2, block.ff.fc);
+    Tensor g(u.shape());
+    kernels::gelu_forward(g.data(), u.data(), u.numel());
+    x = add(paged_linear(g, block.ff.proj), x1);
+  }
+  const int64_t S = static_cast<int64_t>(seqs.size());
+  Tensor last = Tensor::empty({1, S, E});
+  int64_t row = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    row += seqs[static_cast<size_t>(s)].count;
+    std::copy_n(x.data() + (row - 1) * E, E, last.data() + s * E);
+  }
+  for (const PagedSequence& s : seqs) s.table->length += s.count;
+  return paged_linear(paged_layer_norm(last, model.final_norm, eps), model.out_head)
+      .view({S, cfg.vocab_size});
+}
+
 }  // namespace attn::nn

@@ -27,6 +27,7 @@
 #include "omp_policy.h"
 #include "plot.h"
 #include "prepare.h"
+#include "serve_command.h"
 #include "tokenize.h"
 #include "train_command.h"
 #include "walkthrough.h"
@@ -84,6 +85,7 @@ int main(int argc, char** argv) {
   commands.push_back(attn::cli::add_prepare_command(app));
   commands.push_back(attn::cli::add_export_command(app));
   commands.push_back(attn::cli::add_eval_command(app));
+  commands.push_back(attn::cli::add_serve_command(app));
 
   try {
     app.parse(argc, argv);

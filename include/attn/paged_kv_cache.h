@@ -1,0 +1,117 @@
+// attn/paged_kv_cache.h - a key/value cache for many sequences, each at its
+// own position: what continuous batching (`attn serve`) decodes with.
+//
+// DecoderKVCache and GPTKVCache (attn/decoder.h, attn/generate.h) advance B
+// sequences together at one shared position. A server's sequences start and
+// end at any step, so here each sequence owns a block table instead, as in
+// vLLM's PagedAttention: the keys and values of every layer live in one pool
+// of fixed-size blocks, and position p of a sequence lives in row
+// p % block_size of block table.blocks[p / block_size]. Blocks are taken from
+// the pool's free list as a sequence grows (reserve) and returned when it ends
+// (release); no sequence holds memory for tokens it never reaches.
+//
+//   nn::PagedKVCache cache = nn::make_paged_kv_cache(model, {.block_size = 16,
+//                                                            .num_blocks = 256});
+//   nn::BlockTable a, b;
+//   cache.reserve(a, 7);  cache.reserve(b, 1);          // room for the new tokens
+//   std::vector<nn::PagedSequence> step = {{&a, 7}, {&b, 1}};
+//   Tensor logits = nn::forward_paged(model, ids, step, cache);  // (2, V): one
+//   //   batched pass over 8 token rows; a.length 0 -> 7, b.length (say) 40 -> 41
+//   cache.release(a);
+//
+// Layout: per layer, keys and values (num_blocks, block_size, Hkv, hd) float32,
+// rotated keys for RoPE models (as DecoderKVCache holds them). A windowed
+// (sliding) layer keeps every position too; its attention reads only the
+// window. The attention (paged_attention_forward) is the plain loop: each new
+// query over its own sequence's cached keys up to its position, softmax in
+// float32 with the maximum subtracted, the same maths as SDPA's causal rows.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "attn/tensor.h"
+
+namespace attn::nn {
+
+struct PagedKVCacheOptions {
+  int64_t num_layers = 0;
+  int64_t num_kv_heads = 0;  // Hkv
+  int64_t head_dim = 0;      // hd
+  int64_t block_size = 16;   // tokens per block
+  int64_t num_blocks = 0;    // blocks in the pool
+};
+
+// One sequence's blocks: position p in blocks[p / block_size], row p % block_size.
+struct BlockTable {
+  std::vector<int32_t> blocks;
+  int64_t length = 0;  // tokens cached: the next token's position
+};
+
+class PagedKVCache {
+ public:
+  // Throws std::invalid_argument naming a size < 1.
+  explicit PagedKVCache(const PagedKVCacheOptions& options);
+  const PagedKVCacheOptions& options() const { return options_; }
+  int64_t block_size() const { return options_.block_size; }
+  int64_t num_blocks() const { return options_.num_blocks; }
+  int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }
+  // Blocks that hold `tokens` positions: ceil(tokens / block_size).
+  int64_t blocks_for(int64_t tokens) const;
+  // Grows the table to hold positions [0, tokens); false, the table unchanged,
+  // when the pool has too few free blocks.
+  bool reserve(BlockTable& table, int64_t tokens);
+  // Returns the table's blocks to the pool; the table becomes empty.
+  void release(BlockTable& table);
+  // (num_blocks, block_size, Hkv, hd) of layer `layer`.
+  float* keys(int64_t layer) { return keys_.at(static_cast<size_t>(layer)).data(); }
+  float* values(int64_t layer) { return values_.at(static_cast<size_t>(layer)).data(); }
+  const float* keys(int64_t layer) const { return keys_.at(static_cast<size_t>(layer)).data(); }
+  const float* values(int64_t layer) const { return values_.at(static_cast<size_t>(layer)).data(); }
+  int64_t bytes() const;  // the keys and values of the pool
+
+ private:
+  PagedKVCacheOptions options_;
+  std::vector<Tensor> keys_, values_;
+  std::vector<int32_t> free_;  // a stack: the last released block is taken first
+};
+
+// A sequence's share of one batched step: `count` new tokens at positions
+// table->length .. table->length + count - 1. A step's token rows are the
+// sequences' new tokens one sequence after another, in the order given.
+struct PagedSequence {
+  BlockTable* table = nullptr;
+  int64_t count = 0;
+};
+
+// Checks a step against the cache: every table non-null, count >= 1, blocks
+// reserved for length + count positions, each block id in the pool, and no
+// table twice. Returns the step's token rows (the sum of the counts). Throws
+// std::invalid_argument naming the sequence and the values; `who` begins the
+// message.
+int64_t check_paged_step(const PagedKVCache& cache, std::span<const PagedSequence> seqs,
+                         const char* who);
+
+// Writes the step's new keys and values k, v (N, Hkv, hd) contiguous float32
+// into layer `layer` at each sequence's positions (lengths are not advanced).
+void paged_store(PagedKVCache& cache, int64_t layer, std::span<const PagedSequence> seqs,
+                 const float* k, const float* v);
+
+struct PagedAttentionOptions {
+  int64_t num_heads = 0;  // H, a multiple of Hkv (query head h reads kv head h / (H / Hkv))
+  float scale = 0.0f;     // the scores' scale
+  int64_t window = 0;     // > 0: the query at p sees positions p - window + 1 .. p
+  float softcap = 0.0f;   // > 0: scores become softcap · tanh(s / softcap)
+};
+
+// out (N, H, hd) = the causal attention of the step's queries q (N, H, hd),
+// each over its own sequence's cached keys and values of layer `layer` at
+// positions 0 .. its own (paged_store has written the step's). The plain
+// loop, in parallel over (token, head); its result does not depend on the
+// other sequences of the step or on the thread count.
+void paged_attention_forward(float* out, const float* q, const PagedKVCache& cache, int64_t layer,
+                             std::span<const PagedSequence> seqs,
+                             const PagedAttentionOptions& options);
+
+}  // namespace attn::nn

@@ -1,0 +1,174 @@
+// The paged key/value cache and its attention (attn/paged_kv_cache.h).
+#include "attn/paged_kv_cache.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <unordered_set>
+
+namespace attn::nn {
+
+PagedKVCache::PagedKVCache(const PagedKVCacheOptions& options) : options_(options) {
+  const PagedKVCacheOptions& o = options;
+  if (o.num_layers < 1 || o.num_kv_heads < 1 || o.head_dim < 1 || o.block_size < 1 ||
+      o.num_blocks < 1 || o.num_blocks > std::numeric_limits<int32_t>::max()) {
+    throw std::invalid_argument(fmt::format(
+        "PagedKVCache: num_layers, num_kv_heads, head_dim, block_size and num_blocks must be >= 1 "
+        "(num_blocks < 2^31), got {}, {}, {}, {}, {}",
+        o.num_layers, o.num_kv_heads, o.head_dim, o.block_size, o.num_blocks));
+  }
+  for (int64_t l = 0; l < o.num_layers; ++l) {
+    keys_.push_back(Tensor::zeros({o.num_blocks, o.block_size, o.num_kv_heads, o.head_dim}));
+    values_.push_back(Tensor::zeros({o.num_blocks, o.block_size, o.num_kv_heads, o.head_dim}));
+  }
+  free_.reserve(static_cast<size_t>(o.num_blocks));
+  for (int64_t b = o.num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
+}
+
+int64_t PagedKVCache::blocks_for(int64_t tokens) const {
+  return tokens <= 0 ? 0 : (tokens + options_.block_size - 1) / options_.block_size;
+}
+
+bool PagedKVCache::reserve(BlockTable& table, int64_t tokens) {
+  const int64_t need = blocks_for(tokens) - static_cast<int64_t>(table.blocks.size());
+  if (need <= 0) return true;
+  if (need > free_blocks()) return false;
+  for (int64_t i = 0; i < need; ++i) {
+    table.blocks.push_back(free_.back());
+    free_.pop_back();
+  }
+  return true;
+}
+
+void PagedKVCache::release(BlockTable& table) {
+  for (auto it = table.blocks.rbegin(); it != table.blocks.rend(); ++it) free_.push_back(*it);
+  table.blocks.clear();
+  table.length = 0;
+}
+
+int64_t PagedKVCache::bytes() const {
+  int64_t n = 0;
+  for (size_t l = 0; l < keys_.size(); ++l) n += 4 * (keys_[l].numel() + values_[l].numel());
+  return n;
+}
+
+int64_t check_paged_step(const PagedKVCache& cache, std::span<const PagedSequence> seqs,
+                         const char* who) {
+  if (seqs.empty()) throw std::invalid_argument(fmt::format("{}: the step has no sequences", who));
+  int64_t rows = 0;
+  std::unordered_set<const BlockTable*> seen;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const PagedSequence& q = seqs[s];
+    if (q.table == nullptr || q.count < 1) {
+      throw std::invalid_argument(fmt::format(
+          "{}: sequence {} needs a block table and count >= 1, got count {}", who, s, q.count));
+    }
+    if (!seen.insert(q.table).second) {
+      throw std::invalid_argument(
+          fmt::format("{}: sequence {}'s block table is given twice", who, s));
+    }
+    const int64_t end = q.table->length + q.count;
+    const int64_t held = static_cast<int64_t>(q.table->blocks.size()) * cache.block_size();
+    if (q.table->length < 0 || end > held) {
+      throw std::invalid_argument(fmt::format(
+          "{}: sequence {} has {} new tokens at position {} but blocks for {} positions (reserve "
+          "them first)",
+          who, s, q.count, q.table->length, held));
+    }
+    for (const int32_t b : q.table->blocks) {
+      if (b < 0 || b >= cache.num_blocks()) {
+        throw std::invalid_argument(fmt::format("{}: sequence {} names block {} of a pool of {}",
+                                                who, s, b, cache.num_blocks()));
+      }
+    }
+    rows += q.count;
+  }
+  return rows;
+}
+
+void paged_store(PagedKVCache& cache, int64_t layer, std::span<const PagedSequence> seqs,
+                 const float* k, const float* v) {
+  const int64_t bs = cache.block_size();
+  const int64_t row = cache.options().num_kv_heads * cache.options().head_dim;  // Hkv·hd
+  float* K = cache.keys(layer);
+  float* V = cache.values(layer);
+  int64_t n = 0;
+  for (const PagedSequence& s : seqs) {
+    for (int64_t t = 0; t < s.count; ++t, ++n) {
+      const int64_t p = s.table->length + t;
+      const int64_t slot =
+          static_cast<int64_t>(s.table->blocks[static_cast<size_t>(p / bs)]) * bs + p % bs;
+      std::copy_n(k + n * row, row, K + slot * row);
+      std::copy_n(v + n * row, row, V + slot * row);
+    }
+  }
+}
+
+void paged_attention_forward(float* out, const float* q, const PagedKVCache& cache, int64_t layer,
+                             std::span<const PagedSequence> seqs,
+                             const PagedAttentionOptions& options) {
+  const int64_t H = options.num_heads, Hkv = cache.options().num_kv_heads,
+                hd = cache.options().head_dim, bs = cache.block_size();
+  if (H < 1 || H % Hkv != 0) {
+    throw std::invalid_argument(fmt::format(
+        "paged_attention_forward: num_heads ({}) must be a multiple of num_kv_heads ({})", H, Hkv));
+  }
+  const int64_t group = H / Hkv;
+  // Token row n -> (its sequence, its position).
+  std::vector<const BlockTable*> table_of;
+  std::vector<int64_t> position_of;
+  for (const PagedSequence& s : seqs) {
+    for (int64_t t = 0; t < s.count; ++t) {
+      table_of.push_back(s.table);
+      position_of.push_back(s.table->length + t);
+    }
+  }
+  const int64_t N = static_cast<int64_t>(table_of.size());
+  const float* K = cache.keys(layer);
+  const float* V = cache.values(layer);
+  const int64_t kv_row = Hkv * hd;
+#pragma omp parallel
+  {
+    std::vector<float> scores;  // (p + 1) of one query
+    std::vector<float> acc(static_cast<size_t>(hd));
+#pragma omp for schedule(static)
+    for (int64_t nh = 0; nh < N * H; ++nh) {
+      const int64_t n = nh / H, h = nh % H, g = h / group;
+      const BlockTable& table = *table_of[static_cast<size_t>(n)];
+      const int64_t p = position_of[static_cast<size_t>(n)];
+      const int64_t lo = options.window > 0 ? std::max<int64_t>(0, p - options.window + 1) : 0;
+      const float* qr = q + (n * H + h) * hd;
+      const auto slot = [&](int64_t j) {
+        return static_cast<int64_t>(table.blocks[static_cast<size_t>(j / bs)]) * bs + j % bs;
+      };
+      scores.resize(static_cast<size_t>(p + 1 - lo));
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t j = lo; j <= p; ++j) {
+        const float* kr = K + slot(j) * kv_row + g * hd;
+        float s = 0.0f;
+        for (int64_t d = 0; d < hd; ++d) s += qr[d] * kr[d];
+        s *= options.scale;
+        if (options.softcap > 0.0f) s = options.softcap * std::tanh(s / options.softcap);
+        scores[static_cast<size_t>(j - lo)] = s;
+        m = std::max(m, s);
+      }
+      float sum = 0.0f;
+      for (float& s : scores) {
+        s = std::exp(s - m);
+        sum += s;
+      }
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t j = lo; j <= p; ++j) {
+        const float w = scores[static_cast<size_t>(j - lo)] / sum;
+        const float* vr = V + slot(j) * kv_row + g * hd;
+        for (int64_t d = 0; d < hd; ++d) acc[static_cast<size_t>(d)] += w * vr[d];
+      }
+      std::copy(acc.begin(), acc.end(), out + (n * H + h) * hd);
+    }
+  }
+}
+
+}  // namespace attn::nn

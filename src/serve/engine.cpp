@@ -1,0 +1,286 @@
+// engine.cpp - the scheduler loop of continuous batching (engine.h).
+#include "engine.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "attn/generate.h"
+
+namespace attn::serve {
+
+const char* finish_name(Finish f) {
+  switch (f) {
+    case Finish::kStop:
+      return "stop";
+    case Finish::kLength:
+      return "length";
+    case Finish::kCancelled:
+      return "cancelled";
+    case Finish::kError:
+      return "error";
+    case Finish::kNone:
+      break;
+  }
+  return "none";
+}
+
+// ---- Sequence ------------------------------------------------------------------------------
+
+Finish Sequence::wait(std::vector<TokenEvent>& out, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return !events_.empty() || finish_ != Finish::kNone; });
+  while (!events_.empty()) {
+    out.push_back(std::move(events_.front()));
+    events_.pop_front();
+  }
+  return finish_;
+}
+
+std::string Sequence::error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+void Sequence::push(TokenEvent e) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(std::move(e));
+  }
+  cv_.notify_all();
+}
+
+void Sequence::finish(Finish f, std::string error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finish_ != Finish::kNone) return;
+    finish_ = f;
+    error_ = std::move(error);
+  }
+  cv_.notify_all();
+}
+
+// ---- Engine --------------------------------------------------------------------------------
+
+namespace {
+
+// log softmax of one row at `id`, and the `n` largest (ties by id).
+TokenEvent token_event(const float* logits, int64_t V, int64_t id, int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t v = 0; v < V; ++v) m = std::max(m, logits[v]);
+  double sum = 0.0;
+  for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(logits[v] - m));
+  const double lse = static_cast<double>(m) + std::log(sum);
+  TokenEvent e;
+  e.id = id;
+  e.logprob = static_cast<float>(logits[id] - lse);
+  if (n > 0) {
+    std::vector<int64_t> order(static_cast<size_t>(V));
+    for (int64_t v = 0; v < V; ++v) order[static_cast<size_t>(v)] = v;
+    const int64_t k = std::min(n, V);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int64_t a, int64_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t v = order[static_cast<size_t>(i)];
+      e.top.emplace_back(v, static_cast<float>(logits[v] - lse));
+    }
+  }
+  return e;
+}
+
+}  // namespace
+
+Engine::Engine(ServedModel& model, const EngineOptions& options, Metrics& metrics)
+    : model_(model),
+      options_(options),
+      metrics_(metrics),
+      cache_(model.make_cache(options.block_size, options.num_blocks)) {
+  if (options.parallel < 1 || options.queue_size < 0 || options.step_tokens < options.parallel) {
+    throw std::invalid_argument(fmt::format(
+        "Engine: parallel must be >= 1, queue_size >= 0 and step_tokens >= parallel, got {}, {}, "
+        "{}",
+        options.parallel, options.queue_size, options.step_tokens));
+  }
+  metrics_.kv_blocks_total = cache_.num_blocks();
+  metrics_.kv_blocks_free = cache_.free_blocks();
+  thread_ = std::thread([this] { loop(); });
+}
+
+Engine::~Engine() { stop(); }
+
+int64_t Engine::max_fit_tokens() const { return cache_.num_blocks() * cache_.block_size(); }
+
+std::shared_ptr<Sequence> Engine::submit(std::vector<int64_t> prompt,
+                                         const SamplingParams& params) {
+  auto seq = std::make_shared<Sequence>(std::move(prompt), params);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) throw std::runtime_error("the server is shutting down");
+    // Free slots take requests at once; beyond them, queue_size may wait.
+    if (static_cast<int64_t>(waiting_.size()) + running_ >=
+        options_.parallel + options_.queue_size) {
+      throw QueueFull(fmt::format("all {} slots are busy and {} requests wait; retry later",
+                                  options_.parallel, waiting_.size()));
+    }
+    waiting_.emplace_back(seq, std::chrono::steady_clock::now());
+    metrics_.requests_waiting = static_cast<int64_t>(waiting_.size());
+  }
+  cv_.notify_all();
+  return seq;
+}
+
+void Engine::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Engine::finish(Active& a, Finish f, const std::string& error) {
+  cache_.release(a.table);
+  const auto now = std::chrono::steady_clock::now();
+  if (a.generated > 1) {
+    metrics_.time_per_output_token.observe(
+        std::chrono::duration<double>(now - a.first_token).count() /
+        static_cast<double>(a.generated - 1));
+  }
+  ++metrics_.requests_total;
+  // The gauges before the client hears of the end: what it reads next counts it freed.
+  metrics_.kv_blocks_free = cache_.free_blocks();
+  metrics_.slots_busy = std::count_if(active_.begin(), active_.end(),
+                                      [](const Active& x) { return !x.table.blocks.empty(); });
+  a.seq->finish(f, error);
+}
+
+void Engine::loop() {
+  using Clock = std::chrono::steady_clock;
+  for (;;) {
+    // Admit what fits; leave when stopping.
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      running_ = static_cast<int64_t>(active_.size());
+      cv_.wait(lock, [&] { return stopping_ || !active_.empty() || !waiting_.empty(); });
+      if (stopping_) {
+        for (auto& [seq, t] : waiting_)
+          seq->finish(Finish::kCancelled, "the server is shutting down");
+        waiting_.clear();
+        for (Active& a : active_) finish(a, Finish::kCancelled, "the server is shutting down");
+        active_.clear();
+        metrics_.requests_waiting = 0;
+        metrics_.slots_busy = 0;
+        metrics_.kv_blocks_free = cache_.free_blocks();
+        return;
+      }
+      while (!waiting_.empty() && static_cast<int64_t>(active_.size()) < options_.parallel) {
+        auto& [seq, submitted] = waiting_.front();
+        if (seq->cancelled()) {
+          seq->finish(Finish::kCancelled);
+          waiting_.pop_front();
+          continue;
+        }
+        // Blocks for the whole request up front: a running sequence never waits for memory.
+        const int64_t need = static_cast<int64_t>(seq->prompt.size()) + seq->params.max_tokens;
+        Active a{.seq = seq, .gen = Generator(seq->params.seed), .submitted = submitted};
+        if (!cache_.reserve(a.table, need)) break;  // wait for blocks to be freed
+        active_.push_back(std::move(a));
+        waiting_.pop_front();
+      }
+      metrics_.requests_waiting = static_cast<int64_t>(waiting_.size());
+      running_ = static_cast<int64_t>(active_.size());
+    }
+    // Drop the cancelled.
+    for (Active& a : active_) {
+      if (a.seq->cancelled()) finish(a, Finish::kCancelled);
+    }
+    std::erase_if(active_, [](const Active& a) { return a.table.blocks.empty(); });
+    metrics_.slots_busy = static_cast<int64_t>(active_.size());
+    metrics_.kv_blocks_free = cache_.free_blocks();
+    if (active_.empty()) continue;
+
+    // The step: decoding sequences first (one row each), then prompt chunks.
+    std::vector<nn::PagedSequence> batch;
+    std::vector<Active*> members;
+    std::vector<int64_t> ids;
+    int64_t budget = options_.step_tokens;
+    for (Active& a : active_) {
+      if (a.fed < static_cast<int64_t>(a.seq->prompt.size())) continue;
+      batch.push_back({&a.table, 1});
+      members.push_back(&a);
+      ids.push_back(a.next);
+      --budget;
+    }
+    for (Active& a : active_) {
+      const int64_t left = static_cast<int64_t>(a.seq->prompt.size()) - a.fed;
+      if (left <= 0 || budget <= 0) continue;
+      const int64_t n = std::min(left, budget);
+      batch.push_back({&a.table, n});
+      members.push_back(&a);
+      ids.insert(ids.end(), a.seq->prompt.begin() + a.fed, a.seq->prompt.begin() + a.fed + n);
+      budget -= n;
+    }
+    Tensor logits;
+    try {
+      logits = model_.step(ids, batch, cache_);  // (S, V)
+    } catch (const std::exception& e) {
+      for (Active* a : members) finish(*a, Finish::kError, e.what());
+      std::erase_if(active_, [](const Active& a) { return a.table.blocks.empty(); });
+      continue;
+    }
+    const int64_t V = logits.size(1);
+    const auto now = Clock::now();
+    for (size_t i = 0; i < members.size(); ++i) {
+      Active& a = *members[i];
+      const int64_t P = static_cast<int64_t>(a.seq->prompt.size());
+      if (a.fed < P) {
+        a.fed += batch[i].count;
+        metrics_.prompt_tokens_total += static_cast<uint64_t>(batch[i].count);
+        if (a.fed < P) continue;  // more of the prompt to feed
+      }
+      const SamplingParams& p = a.seq->params;
+      const Tensor row = logits.slice(0, static_cast<int64_t>(i), static_cast<int64_t>(i) + 1);
+      int64_t id = 0;
+      try {
+        id = nn::sample_next(row, p.temperature, std::min(p.top_k, V),
+                             p.temperature > 0.0f ? p.top_p : 1.0f, a.gen)[0];
+      } catch (const std::exception& e) {
+        finish(a, Finish::kError, e.what());
+        continue;
+      }
+      if (a.generated == 0) {
+        a.first_token = now;
+        metrics_.time_to_first_token.observe(
+            std::chrono::duration<double>(now - a.submitted).count());
+      }
+      const bool eos =
+          std::find(model_.eos_ids().begin(), model_.eos_ids().end(), id) != model_.eos_ids().end();
+      if (eos) {
+        finish(a, Finish::kStop);
+        continue;
+      }
+      if (p.top_logprobs >= 0) {
+        const Tensor rc = row.contiguous();
+        a.seq->push(token_event(rc.data(), V, id, p.top_logprobs));
+      } else {
+        TokenEvent e;
+        e.id = id;
+        a.seq->push(std::move(e));
+      }
+      ++a.generated;
+      ++metrics_.generated_tokens_total;
+      a.next = id;
+      if (a.generated >= p.max_tokens) finish(a, Finish::kLength);
+    }
+    std::erase_if(active_, [](const Active& a) { return a.table.blocks.empty(); });
+    metrics_.slots_busy = static_cast<int64_t>(active_.size());
+    metrics_.kv_blocks_free = cache_.free_blocks();
+    std::lock_guard<std::mutex> lock(mu_);
+    running_ = static_cast<int64_t>(active_.size());
+  }
+}
+
+}  // namespace attn::serve
