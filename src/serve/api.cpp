@@ -269,6 +269,15 @@ GenerationRequest parse_chat_request(const json& j) {
     }
     r.messages.push_back(std::move(c));
   }
+  if (const json* k = field(j, "chat_template_kwargs")) {
+    if (!k->is_object()) throw wrong_type("chat_template_kwargs", "an object", *k);
+    for (const char* reserved : {"messages", "add_generation_prompt"}) {
+      if (k->contains(reserved))
+        throw bad_param("chat_template_kwargs",
+                        fmt::format("'chat_template_kwargs' cannot set '{}'", reserved));
+    }
+    r.chat_template_kwargs = k->dump();
+  }
   const bool logprobs = get_bool(j, "logprobs").value_or(false);
   const auto top = get_int(j, "top_logprobs");
   if (top && (*top < 0 || *top > 20))

@@ -45,6 +45,7 @@ struct GenerationRequest {
   std::optional<std::string> prompt_text;
   std::vector<int64_t> prompt_ids;
   std::vector<ChatMessage> messages;
+  std::string chat_template_kwargs;   // chat: a JSON object's text (vLLM's extension), "" for none
   std::optional<int64_t> max_tokens;  // max_tokens or max_completion_tokens
   float temperature = 1.0f;
   float top_p = 1.0f;

@@ -256,8 +256,8 @@ void Engine::loop() {
         metrics_.time_to_first_token.observe(
             std::chrono::duration<double>(now - a.submitted).count());
       }
-      const bool eos =
-          std::find(model_.eos_ids().begin(), model_.eos_ids().end(), id) != model_.eos_ids().end();
+      const bool eos = !p.ignore_eos && std::find(model_.eos_ids().begin(), model_.eos_ids().end(),
+                                                  id) != model_.eos_ids().end();
       if (eos) {
         finish(a, Finish::kStop);
         continue;

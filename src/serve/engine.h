@@ -48,6 +48,7 @@ struct SamplingParams {
   uint64_t seed = 0;          // the request's Generator
   int64_t max_tokens = 16;    // >= 1
   int64_t top_logprobs = -1;  // -1: no log-probabilities; 0..20: the token's and this many more
+  bool ignore_eos = false;    // an end id is then a token like the others
 };
 
 struct TokenEvent {

@@ -36,6 +36,16 @@ void check_ids(const std::vector<int64_t>& ids, int64_t vocab) {
   }
 }
 
+// The ids in [0, n), in order.
+std::vector<int64_t> known_ids(std::span<const int64_t> ids, int64_t n) {
+  std::vector<int64_t> kept;
+  kept.reserve(ids.size());
+  for (const int64_t id : ids) {
+    if (id >= 0 && id < n) kept.push_back(id);
+  }
+  return kept;
+}
+
 // A Llama 3 / Qwen / Gemma directory and its tokenizer.json.
 class DecoderModel final : public ServedModel {
  public:
@@ -58,7 +68,11 @@ class DecoderModel final : public ServedModel {
     check_ids(ids, vocab_size_);
     return ids;
   }
-  std::string decode(std::span<const int64_t> ids) const override { return tok_->decode(ids); }
+  // Ids the model has and the tokenizer lacks (a vocabulary padded past the
+  // tokenizer's, as Qwen's 151,936 rows over 151,669 tokens) have no text.
+  std::string decode(std::span<const int64_t> ids) const override {
+    return tok_->decode(known_ids(ids, tok_->vocab_size()));
+  }
   nn::PagedKVCache make_cache(int64_t block_size, int64_t num_blocks) override {
     return nn::make_paged_kv_cache(*model_, block_size, num_blocks);
   }
@@ -104,8 +118,8 @@ class GptModel final : public ServedModel {
     return ids;
   }
   std::string decode(std::span<const int64_t> ids) const override {
-    if (tok_) return tok_->decode(ids);
-    return nn::decode_ids(md_.vocab, std::vector<int64_t>(ids.begin(), ids.end()));
+    if (tok_) return tok_->decode(known_ids(ids, tok_->vocab_size()));
+    return nn::decode_ids(md_.vocab, known_ids(ids, static_cast<int64_t>(md_.vocab.size())));
   }
   nn::PagedKVCache make_cache(int64_t block_size, int64_t num_blocks) override {
     return nn::make_paged_kv_cache(*model_, block_size, num_blocks);

@@ -93,7 +93,7 @@ std::vector<int64_t> Server::Impl::prompt_ids(const GenerationRequest& g, bool i
       throw ApiError(400, chat_missing, "invalid_request_error", "messages", "no_chat_template");
     std::string text;
     try {
-      text = chat(g.messages);
+      text = chat(g.messages, g.chat_template_kwargs);
     } catch (const std::exception& e) {
       throw ApiError(400, fmt::format("the chat template failed: {}", printable(e.what(), 300)),
                      "invalid_request_error", "messages");
@@ -212,6 +212,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
       g.seed ? static_cast<uint64_t>(*g.seed) : std::random_device{}() * 0x9E3779B97F4A7C15ull;
   sp.max_tokens = max_tokens;
   sp.top_logprobs = g.top_logprobs;
+  sp.ignore_eos = g.ignore_eos;
   std::shared_ptr<Sequence> seq;
   try {
     seq = engine.submit(ids, sp);
@@ -311,82 +312,89 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
   res.set_chunked_content_provider(
       "text/event-stream",
       [=, this](size_t, httplib::DataSink& sink) -> bool {
-        const auto write = [&](const std::string& s) {
-          if (!sink.write(s.data(), s.size())) {
+        try {
+          const auto write = [&](const std::string& s) {
+            if (!sink.write(s.data(), s.size())) {
+              st->seq->cancel();
+              return false;
+            }
+            return true;
+          };
+          if (is_chat && !st->role_sent) {
+            st->role_sent = true;
+            json choice = {{"index", 0},
+                           {"delta", {{"role", "assistant"}, {"content", ""}}},
+                           {"logprobs", nullptr},
+                           {"finish_reason", nullptr}};
+            json c = {{"id", id},
+                      {"object", chunk_object},
+                      {"created", created},
+                      {"model", model.name()},
+                      {"system_fingerprint", "attn"},
+                      {"choices", json::array({choice})}};
+            if (include_usage) c["usage"] = nullptr;
+            return write("data: " + dump(c) + "\n\n");
+          }
+          std::vector<TokenEvent> events;
+          const Finish f = st->seq->wait(events, std::chrono::milliseconds(100));
+          for (const TokenEvent& e : events) {
+            if (st->ts->stopped()) break;
+            ++st->n;
+            const std::string piece = st->ts->push(e.id);
+            json lp = nullptr;
+            if (logprobs) {
+              const json entry = logprob_entry(e, is_chat);
+              lp = is_chat ? json::array({entry}) : completion_logprobs({entry}, st->offset);
+            }
+            st->offset += piece.size();
+            if ((!piece.empty() || logprobs) && !write(chunk(piece, lp, nullptr))) return false;
+          }
+          tl_record.completion_tokens = st->n;
+          if (f == Finish::kNone && !st->ts->stopped()) {
+            if (sink.is_writable()) return true;
             st->seq->cancel();
             return false;
           }
-          return true;
-        };
-        if (is_chat && !st->role_sent) {
-          st->role_sent = true;
-          json choice = {{"index", 0},
-                         {"delta", {{"role", "assistant"}, {"content", ""}}},
-                         {"logprobs", nullptr},
-                         {"finish_reason", nullptr}};
-          json c = {{"id", id},
-                    {"object", chunk_object},
-                    {"created", created},
-                    {"model", model.name()},
-                    {"system_fingerprint", "attn"},
-                    {"choices", json::array({choice})}};
-          if (include_usage) c["usage"] = nullptr;
-          return write("data: " + dump(c) + "\n\n");
-        }
-        std::vector<TokenEvent> events;
-        const Finish f = st->seq->wait(events, std::chrono::milliseconds(100));
-        for (const TokenEvent& e : events) {
-          if (st->ts->stopped()) break;
-          ++st->n;
-          const std::string piece = st->ts->push(e.id);
-          json lp = nullptr;
-          if (logprobs) {
-            const json entry = logprob_entry(e, is_chat);
-            lp = is_chat ? json::array({entry}) : completion_logprobs({entry}, st->offset);
+          if (st->ts->stopped()) st->seq->cancel();
+          if ((f == Finish::kError || f == Finish::kCancelled) && !st->ts->stopped()) {
+            const ApiError e =
+                f == Finish::kError
+                    ? ApiError(500, "generation failed: " + printable(st->seq->error(), 300),
+                               "server_error")
+                    : ApiError(503, "the server is shutting down", "server_error", "",
+                               "shutting_down");
+            tl_record.finish = finish_name(f);
+            if (!write("data: " + dump(e.body()) + "\n\n") || !write("data: [DONE]\n\n"))
+              return false;
+            sink.done();
+            return true;
           }
-          st->offset += piece.size();
-          if ((!piece.empty() || logprobs) && !write(chunk(piece, lp, nullptr))) return false;
-        }
-        tl_record.completion_tokens = st->n;
-        if (f == Finish::kNone && !st->ts->stopped()) {
-          if (sink.is_writable()) return true;
-          st->seq->cancel();
-          return false;
-        }
-        if (st->ts->stopped()) st->seq->cancel();
-        if ((f == Finish::kError || f == Finish::kCancelled) && !st->ts->stopped()) {
-          const ApiError e =
-              f == Finish::kError
-                  ? ApiError(500, "generation failed: " + printable(st->seq->error(), 300),
-                             "server_error")
-                  : ApiError(503, "the server is shutting down", "server_error", "",
-                             "shutting_down");
-          tl_record.finish = finish_name(f);
-          if (!write("data: " + dump(e.body()) + "\n\n") || !write("data: [DONE]\n\n"))
-            return false;
+          const std::string rest = st->ts->flush();
+          if (!rest.empty() && !write(chunk(rest, nullptr, nullptr))) return false;
+          const std::string reason = st->ts->stopped() || f == Finish::kStop ? "stop" : "length";
+          tl_record.finish = reason;
+          if (!write(chunk("", nullptr, reason))) return false;
+          if (include_usage) {
+            const json u = {{"id", id},
+                            {"object", chunk_object},
+                            {"created", created},
+                            {"model", model.name()},
+                            {"system_fingerprint", "attn"},
+                            {"choices", json::array()},
+                            {"usage",
+                             {{"prompt_tokens", P},
+                              {"completion_tokens", st->n},
+                              {"total_tokens", P + st->n}}}};
+            if (!write("data: " + dump(u) + "\n\n")) return false;
+          }
+          if (!write("data: [DONE]\n\n")) return false;
           sink.done();
           return true;
+        } catch (const std::exception& e) {  // nothing may leave a connection's thread
+          st->seq->cancel();
+          std::cerr << "attn serve: a stream failed: " + printable(e.what(), 300) + "\n";
+          return false;
         }
-        const std::string rest = st->ts->flush();
-        if (!rest.empty() && !write(chunk(rest, nullptr, nullptr))) return false;
-        const std::string reason = st->ts->stopped() || f == Finish::kStop ? "stop" : "length";
-        tl_record.finish = reason;
-        if (!write(chunk("", nullptr, reason))) return false;
-        if (include_usage) {
-          const json u = {
-              {"id", id},
-              {"object", chunk_object},
-              {"created", created},
-              {"model", model.name()},
-              {"system_fingerprint", "attn"},
-              {"choices", json::array()},
-              {"usage",
-               {{"prompt_tokens", P}, {"completion_tokens", st->n}, {"total_tokens", P + st->n}}}};
-          if (!write("data: " + dump(u) + "\n\n")) return false;
-        }
-        if (!write("data: [DONE]\n\n")) return false;
-        sink.done();
-        return true;
       },
       [st](bool success) {
         if (!success) st->seq->cancel();  // the client went away: free its slot

@@ -39,8 +39,10 @@ struct ServerOptions {
 };
 
 // Messages -> the prompt text, as transformers' apply_chat_template(messages,
-// add_generation_prompt=True, tokenize=False); empty when the model has none.
-using ChatRenderer = std::function<std::string(const std::vector<ChatMessage>&)>;
+// add_generation_prompt=True, tokenize=False, **kwargs) with kwargs the JSON
+// object's text (or ""); empty when the model has none.
+using ChatRenderer =
+    std::function<std::string(const std::vector<ChatMessage>&, const std::string& kwargs_json)>;
 
 class Server {
  public:

@@ -247,3 +247,39 @@ def test_one_log_line_per_request_without_prompt_text():
     finally:
         assert s.stop() == 0
     assert any('prompt="secret words"' in l for l in s.log)
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_two_thousand_requests_in_a_row_leak_nothing():
+    s = Server(QWEN3, "--parallel", "2")
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+
+        def one(i):
+            body = {"prompt": f"request number {i}", "max_tokens": 4, "temperature": 1.0, "seed": i,
+                    "stream": i % 2 == 1, "logprobs": 2}
+            conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+            r = conn.getresponse()
+            r.read()
+            assert r.status == 200
+
+        # The first few hundred grow the allocator's arenas and the threads' caches
+        # (about +3 MB, measured flat from ~1,500 requests on); then no growth.
+        for i in range(500):
+            one(i)
+        warm = rss_kib(s.proc.pid)
+        for i in range(500, 2000):
+            one(i)
+        after = rss_kib(s.proc.pid)
+        conn.close()
+        assert after <= warm * 1.05, (warm, after)
+        assert metrics(s.url)["attn_requests_total"] == 2000
+    finally:
+        assert s.stop() == 0

@@ -162,6 +162,16 @@ TEST(ServeTextStream, HoldsBackSplitCharactersAndStopStringPrefixes) {
   EXPECT_EQ(t.flush(), "xy");  // the end gives what was held
 }
 
+TEST(ServeModel, IdsPastTheTokenizerHaveNoText) {
+  // A model's vocabulary may be padded past its tokenizer's (Qwen: 151,936 rows over
+  // 151,669 tokens); a sampled padding id must not stop the server.
+  auto model = serve::ServedModel::load({.dir = kFixtures + "/open_models/qwen3", .name = ""});
+  const std::vector<int64_t> with = {300, 1 << 30, 301}, without = {300, 301};
+  EXPECT_EQ(model->decode(with), model->decode(without));
+  EXPECT_EQ(model->name(), "qwen3");
+  EXPECT_EQ(model->eos_ids(), (std::vector<int64_t>{2}));
+}
+
 // ---- the engine on the Qwen3 fixture ----------------------------------------------------
 
 std::vector<int64_t> run_alone(serve::Engine& engine, const std::vector<int64_t>& prompt,
