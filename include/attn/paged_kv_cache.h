@@ -62,8 +62,18 @@ class PagedKVCache {
   // Grows the table to hold positions [0, tokens); false, the table unchanged,
   // when the pool has too few free blocks.
   bool reserve(BlockTable& table, int64_t tokens);
-  // Returns the table's blocks to the pool; the table becomes empty.
+  // Drops the table's hold on its blocks (a block returns to the pool when
+  // nothing holds it any more); the table becomes empty.
   void release(BlockTable& table);
+  // Blocks are counted holds: reserve takes free blocks with one hold each;
+  // share appends blocks another table filled (their first `tokens`
+  // positions, a multiple of block_size) to an empty table, one more hold
+  // each, so that two sequences with the same prefix read the same blocks
+  // (prefix caching). A shared block must not be written again.
+  void share(BlockTable& table, std::span<const int32_t> blocks, int64_t tokens);
+  void hold(int32_t block);
+  void drop(int32_t block);  // a block nothing holds goes back to the free list
+  int32_t holds(int32_t block) const { return holds_.at(static_cast<size_t>(block)); }
   // (num_blocks, block_size, Hkv, hd) of layer `layer`.
   float* keys(int64_t layer) { return keys_.at(static_cast<size_t>(layer)).data(); }
   float* values(int64_t layer) { return values_.at(static_cast<size_t>(layer)).data(); }
@@ -75,6 +85,7 @@ class PagedKVCache {
   PagedKVCacheOptions options_;
   std::vector<Tensor> keys_, values_;
   std::vector<int32_t> free_;  // a stack: the last released block is taken first
+  std::vector<int32_t> holds_;  // per block
 };
 
 // A sequence's share of one batched step: `count` new tokens at positions

@@ -24,6 +24,7 @@ PagedKVCache::PagedKVCache(const PagedKVCacheOptions& options) : options_(option
     keys_.push_back(Tensor::zeros({o.num_blocks, o.block_size, o.num_kv_heads, o.head_dim}));
     values_.push_back(Tensor::zeros({o.num_blocks, o.block_size, o.num_kv_heads, o.head_dim}));
   }
+  holds_.assign(static_cast<size_t>(o.num_blocks), 0);
   free_.reserve(static_cast<size_t>(o.num_blocks));
   for (int64_t b = o.num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
 }
@@ -38,13 +39,48 @@ bool PagedKVCache::reserve(BlockTable& table, int64_t tokens) {
   if (need > free_blocks()) return false;
   for (int64_t i = 0; i < need; ++i) {
     table.blocks.push_back(free_.back());
+    holds_[static_cast<size_t>(free_.back())] = 1;
     free_.pop_back();
   }
   return true;
 }
 
+void PagedKVCache::hold(int32_t block) {
+  if (block < 0 || block >= num_blocks() || holds_[static_cast<size_t>(block)] < 1) {
+    throw std::invalid_argument(fmt::format(
+        "PagedKVCache::hold: block {} is not in use (pool of {})", block, num_blocks()));
+  }
+  ++holds_[static_cast<size_t>(block)];
+}
+
+void PagedKVCache::drop(int32_t block) {
+  if (block < 0 || block >= num_blocks() || holds_[static_cast<size_t>(block)] < 1) {
+    throw std::invalid_argument(fmt::format(
+        "PagedKVCache::drop: block {} is not in use (pool of {})", block, num_blocks()));
+  }
+  if (--holds_[static_cast<size_t>(block)] == 0) free_.push_back(block);
+}
+
+void PagedKVCache::share(BlockTable& table, std::span<const int32_t> blocks, int64_t tokens) {
+  if (!table.blocks.empty() || tokens != static_cast<int64_t>(blocks.size()) * block_size()) {
+    throw std::invalid_argument(fmt::format(
+        "PagedKVCache::share: an empty table takes whole blocks, got a table of {} blocks, {} "
+        "blocks for {} tokens",
+        table.blocks.size(), blocks.size(), tokens));
+  }
+  for (const int32_t b : blocks) {
+    if (b < 0 || b >= num_blocks() || holds_[static_cast<size_t>(b)] < 1) {
+      throw std::invalid_argument(
+          fmt::format("PagedKVCache::share: block {} is not in use (pool of {})", b, num_blocks()));
+    }
+  }
+  for (const int32_t b : blocks) ++holds_[static_cast<size_t>(b)];
+  table.blocks.assign(blocks.begin(), blocks.end());
+  table.length = tokens;
+}
+
 void PagedKVCache::release(BlockTable& table) {
-  for (auto it = table.blocks.rbegin(); it != table.blocks.rend(); ++it) free_.push_back(*it);
+  for (auto it = table.blocks.rbegin(); it != table.blocks.rend(); ++it) drop(*it);
   table.blocks.clear();
   table.length = 0;
 }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "attn/fnv1a.h"
 #include "attn/generate.h"
 
 namespace attn::serve {
@@ -106,6 +107,7 @@ Engine::Engine(ServedModel& model, const EngineOptions& options, Metrics& metric
   }
   metrics_.kv_blocks_total = cache_.num_blocks();
   metrics_.kv_blocks_free = cache_.free_blocks();
+  metrics_.kv_blocks_cached = static_cast<int64_t>(prefix_.size());
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -141,6 +143,77 @@ void Engine::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+std::vector<uint64_t> Engine::block_hashes(const std::vector<int64_t>& tokens, int64_t n) const {
+  const int64_t bs = cache_.block_size();
+  std::vector<uint64_t> hashes;
+  uint64_t h = kFnv1a64Basis;
+  for (int64_t i = 0; i < n; ++i) {
+    h = fnv1a64(tokens.data() + i * bs, static_cast<size_t>(bs) * sizeof(int64_t), h);
+    hashes.push_back(h);
+  }
+  return hashes;
+}
+
+std::vector<int32_t> Engine::cached_prefix(const std::vector<int64_t>& prompt) {
+  const int64_t bs = cache_.block_size();
+  // Not the block of the last prompt token: its logits must be computed.
+  const int64_t n = (static_cast<int64_t>(prompt.size()) - 1) / bs;
+  std::vector<int32_t> hit;
+  const std::vector<uint64_t> hashes = block_hashes(prompt, n);
+  for (int64_t i = 0; i < n; ++i) {
+    const auto it = prefix_.find(hashes[static_cast<size_t>(i)]);
+    if (it == prefix_.end() ||
+        !std::equal(it->second.tokens.begin(), it->second.tokens.end(), prompt.begin() + i * bs)) {
+      break;
+    }
+    lru_.splice(lru_.end(), lru_, it->second.lru);  // the most recently used now
+    hit.push_back(it->second.block);
+  }
+  return hit;
+}
+
+void Engine::remember_prompt(Active& a) {
+  a.remembered = true;
+  const int64_t bs = cache_.block_size();
+  const std::vector<int64_t>& prompt = a.seq->prompt;
+  // The blocks the prompt fills; generated tokens are written after them.
+  const int64_t n = static_cast<int64_t>(prompt.size()) / bs;
+  const std::vector<uint64_t> hashes = block_hashes(prompt, n);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t h = hashes[static_cast<size_t>(i)];
+    const auto it = prefix_.find(h);
+    if (it != prefix_.end()) {
+      lru_.splice(lru_.end(), lru_, it->second.lru);
+      continue;
+    }
+    const int32_t block = a.table.blocks[static_cast<size_t>(i)];
+    cache_.hold(block);
+    lru_.push_back(h);
+    prefix_.emplace(
+        h, CachedBlock{block,
+                       std::vector<int64_t>(prompt.begin() + i * bs, prompt.begin() + (i + 1) * bs),
+                       std::prev(lru_.end())});
+  }
+}
+
+bool Engine::evict_one() {
+  for (auto it = lru_.begin(); it != lru_.end(); ++it) {
+    const auto entry = prefix_.find(*it);
+    if (cache_.holds(entry->second.block) != 1) continue;  // a sequence reads it
+    cache_.drop(entry->second.block);
+    prefix_.erase(entry);
+    lru_.erase(it);
+    return true;
+  }
+  return false;
+}
+
+void Engine::clear_prefix_cache() {
+  for (const auto& [h, c] : prefix_) cache_.drop(c.block);
+  prefix_.clear();
+  lru_.clear();
+}
+
 void Engine::finish(Active& a, Finish f, const std::string& error) {
   cache_.release(a.table);
   const auto now = std::chrono::steady_clock::now();
@@ -152,6 +225,7 @@ void Engine::finish(Active& a, Finish f, const std::string& error) {
   ++metrics_.requests_total;
   // The gauges before the client hears of the end: what it reads next counts it freed.
   metrics_.kv_blocks_free = cache_.free_blocks();
+  metrics_.kv_blocks_cached = static_cast<int64_t>(prefix_.size());
   metrics_.slots_busy = std::count_if(active_.begin(), active_.end(),
                                       [](const Active& x) { return !x.table.blocks.empty(); });
   a.seq->finish(f, error);
@@ -171,9 +245,11 @@ void Engine::loop() {
         waiting_.clear();
         for (Active& a : active_) finish(a, Finish::kCancelled, "the server is shutting down");
         active_.clear();
+        clear_prefix_cache();
         metrics_.requests_waiting = 0;
         metrics_.slots_busy = 0;
         metrics_.kv_blocks_free = cache_.free_blocks();
+        metrics_.kv_blocks_cached = static_cast<int64_t>(prefix_.size());
         return;
       }
       while (!waiting_.empty() && static_cast<int64_t>(active_.size()) < options_.parallel) {
@@ -183,10 +259,25 @@ void Engine::loop() {
           waiting_.pop_front();
           continue;
         }
-        // Blocks for the whole request up front: a running sequence never waits for memory.
+        // Blocks for the whole request up front: a running sequence never waits for
+        // memory. A cached prefix is shared, not computed again.
         const int64_t need = static_cast<int64_t>(seq->prompt.size()) + seq->params.max_tokens;
         Active a{.seq = seq, .gen = Generator(seq->params.seed), .submitted = submitted};
-        if (!cache_.reserve(a.table, need)) break;  // wait for blocks to be freed
+        if (options_.prefix_caching) {
+          const std::vector<int32_t> hit = cached_prefix(seq->prompt);
+          if (!hit.empty()) {
+            const int64_t tokens = static_cast<int64_t>(hit.size()) * cache_.block_size();
+            cache_.share(a.table, hit, tokens);
+            a.fed = tokens;
+          }
+        }
+        bool room = cache_.reserve(a.table, need);
+        while (!room && evict_one()) room = cache_.reserve(a.table, need);
+        if (!room) {  // wait for blocks to be freed
+          cache_.release(a.table);
+          break;
+        }
+        metrics_.prefix_cache_hit_tokens_total += static_cast<uint64_t>(a.fed);
         active_.push_back(std::move(a));
         waiting_.pop_front();
       }
@@ -200,6 +291,7 @@ void Engine::loop() {
     std::erase_if(active_, [](const Active& a) { return a.table.blocks.empty(); });
     metrics_.slots_busy = static_cast<int64_t>(active_.size());
     metrics_.kv_blocks_free = cache_.free_blocks();
+    metrics_.kv_blocks_cached = static_cast<int64_t>(prefix_.size());
     if (active_.empty()) continue;
 
     // The step: decoding sequences first (one row each), then prompt chunks.
@@ -241,6 +333,7 @@ void Engine::loop() {
         metrics_.prompt_tokens_total += static_cast<uint64_t>(batch[i].count);
         if (a.fed < P) continue;  // more of the prompt to feed
       }
+      if (options_.prefix_caching && !a.remembered) remember_prompt(a);
       const SamplingParams& p = a.seq->params;
       const Tensor row = logits.slice(0, static_cast<int64_t>(i), static_cast<int64_t>(i) + 1);
       int64_t id = 0;
@@ -278,6 +371,7 @@ void Engine::loop() {
     std::erase_if(active_, [](const Active& a) { return a.table.blocks.empty(); });
     metrics_.slots_busy = static_cast<int64_t>(active_.size());
     metrics_.kv_blocks_free = cache_.free_blocks();
+    metrics_.kv_blocks_cached = static_cast<int64_t>(prefix_.size());
     std::lock_guard<std::mutex> lock(mu_);
     running_ = static_cast<int64_t>(active_.size());
   }

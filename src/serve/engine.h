@@ -26,11 +26,13 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -94,8 +96,12 @@ struct EngineOptions {
   int64_t queue_size = 64;  // requests waiting for a slot
   int64_t block_size = 16;  // the paged cache's positions per block
   int64_t num_blocks = 0;   // the pool
-  int64_t step_tokens =
-      256;  // token rows one step may run (prompt chunks fill what decoding leaves)
+  // Token rows one step may run (prompt chunks fill what decoding leaves).
+  int64_t step_tokens = 256;
+  // Full blocks of finished prompts stay cached (until their room is needed),
+  // and a request whose prompt begins with the same tokens reads them instead
+  // of computing them again (a system prompt, a chat's earlier turns).
+  bool prefix_caching = true;
 };
 
 class QueueFull : public std::runtime_error {
@@ -130,10 +136,28 @@ class Engine {
     int64_t fed = 0;        // prompt tokens fed so far
     int64_t generated = 0;  // tokens sampled
     int64_t next = -1;      // the last sampled token, fed by the next step
+    bool remembered = false;  // its prompt's blocks are in the prefix cache
     std::chrono::steady_clock::time_point submitted = {}, first_token = {};
   };
   void loop();
   void finish(Active& a, Finish f, const std::string& error = "");
+
+  // Prefix caching: a full block of a prompt by the hash of every token up to
+  // its end (chained block by block), with its own tokens to confirm a match.
+  struct CachedBlock {
+    int32_t block = 0;
+    std::vector<int64_t> tokens;
+    std::list<uint64_t>::iterator lru;
+  };
+  // The chained hashes of the first n full blocks of `tokens`.
+  std::vector<uint64_t> block_hashes(const std::vector<int64_t>& tokens, int64_t n) const;
+  // The cached blocks that begin `prompt`, at most those before its last token.
+  std::vector<int32_t> cached_prefix(const std::vector<int64_t>& prompt);
+  void remember_prompt(Active& a);
+  bool evict_one();  // drops the least recently used block that only the cache holds
+  void clear_prefix_cache();
+  std::unordered_map<uint64_t, CachedBlock> prefix_;
+  std::list<uint64_t> lru_;  // least recently used first
 
   ServedModel& model_;
   EngineOptions options_;

@@ -59,6 +59,12 @@ std::string Metrics::text() const {
   gauge("attn_kv_cache_blocks_free", "Free blocks of the paged key/value cache.",
         kv_blocks_free.load());
   gauge("attn_kv_cache_blocks_total", "Blocks of the paged key/value cache.", kv_blocks_total);
+  gauge("attn_kv_cache_blocks_cached",
+        "Blocks of finished prompts kept for prefix caching (freed when room is needed).",
+        kv_blocks_cached.load());
+  counter("attn_prefix_cache_hit_tokens_total",
+          "Prompt tokens read from the prefix cache instead of computed.",
+          prefix_cache_hit_tokens_total.load());
   out +=
       "# HELP attn_time_to_first_token_seconds From queueing to the first generated token.\n"
       "# TYPE attn_time_to_first_token_seconds histogram\n";

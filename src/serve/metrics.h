@@ -36,6 +36,8 @@ struct Metrics {
   std::atomic<int64_t> slots_busy{0};
   std::atomic<int64_t> requests_waiting{0};
   std::atomic<int64_t> kv_blocks_free{0};
+  std::atomic<int64_t> kv_blocks_cached{0};  // prefix caching's blocks
+  std::atomic<uint64_t> prefix_cache_hit_tokens_total{0};
   int64_t kv_blocks_total = 0;
   Histogram time_to_first_token;    // seconds
   Histogram time_per_output_token;  // seconds, per request: (last - first) / (n - 1)

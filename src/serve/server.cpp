@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <ctime>
@@ -54,6 +55,15 @@ int64_t unix_now() { return static_cast<int64_t>(std::time(nullptr)); }
 
 }  // namespace
 
+// cpp-httplib as Debian builds it listens with a backlog of 5 connections;
+// a burst of clients would then wait for the kernel's SYN retries, or be reset.
+constexpr int kListenBacklog = 1024;  // the kernel caps it at net.core.somaxconn
+
+class HttpServer : public httplib::Server {
+ public:
+  void widen_backlog(int backlog) { ::listen(svr_sock_.load(), backlog); }
+};
+
 struct Server::Impl {
   ServedModel& model;
   Engine& engine;
@@ -61,7 +71,7 @@ struct Server::Impl {
   ServerOptions options;
   ChatRenderer chat;
   std::string chat_missing;
-  httplib::Server http;
+  HttpServer http;
   std::atomic<bool> shutting_down{false};
   std::once_flag shutdown_once;
 
@@ -548,6 +558,7 @@ Server::Server(ServedModel& model, Engine& engine, Metrics& metrics, const Serve
   s.http.set_read_timeout(options.read_timeout_s, 0);
   s.http.set_write_timeout(options.read_timeout_s, 0);
   s.http.set_keep_alive_timeout(2);
+  s.http.set_keep_alive_max_count(1000);  // cpp-httplib's default closes after 5 requests
   s.http.set_tcp_nodelay(true);
   s.routes();
 }
@@ -569,6 +580,7 @@ void Server::bind() {
                       printable(s.options.host), s.options.port));
     port_ = s.options.port;
   }
+  s.http.widen_backlog(kListenBacklog);
 }
 
 void Server::listen() { impl_->http.listen_after_bind(); }

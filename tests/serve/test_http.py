@@ -165,7 +165,7 @@ def test_32_streaming_clients_for_a_few_seconds(qwen):
         list(pool.map(client, range(32)))
     assert len(done) == 32 and min(done) >= 1
     m = wait_idle(qwen.url)
-    assert m["attn_kv_cache_blocks_free"] == m["attn_kv_cache_blocks_total"]
+    assert m["attn_kv_cache_blocks_free"] + m["attn_kv_cache_blocks_cached"] == m["attn_kv_cache_blocks_total"]
 
 
 def test_clients_that_disconnect_mid_stream_free_their_slots(qwen):
@@ -178,7 +178,7 @@ def test_clients_that_disconnect_mid_stream_free_their_slots(qwen):
         statuses = list(pool.map(leave, range(50)))
     assert statuses.count(200) + statuses.count(503) == 50
     m = wait_idle(qwen.url)
-    assert m["attn_kv_cache_blocks_free"] == m["attn_kv_cache_blocks_total"]
+    assert m["attn_kv_cache_blocks_free"] + m["attn_kv_cache_blocks_cached"] == m["attn_kv_cache_blocks_total"]
     assert request(qwen.url, "/v1/completions", {"prompt": "after", "max_tokens": 2})[0] == 200
 
 
@@ -258,7 +258,8 @@ def rss_kib(pid):
 
 
 def test_two_thousand_requests_in_a_row_leak_nothing():
-    s = Server(QWEN3, "--parallel", "2")
+    # Few connection threads: each thread's first requests grow its malloc arena.
+    s = Server(QWEN3, "--parallel", "2", "--http-threads", "4")
     try:
         conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
 
@@ -283,3 +284,22 @@ def test_two_thousand_requests_in_a_row_leak_nothing():
         assert metrics(s.url)["attn_requests_total"] == 2000
     finally:
         assert s.stop() == 0
+
+
+def test_a_shared_prompt_beginning_is_read_from_the_prefix_cache():
+    system = [10 + (7 * i) % 900 for i in range(40)]  # 2 full blocks of 16, and 8 more
+    for flags, hits in [((), 2 * 16), (("--no-prefix-caching",), 0)]:
+        s = Server(QWEN3, *flags)
+        try:
+            texts = []
+            for tail in ([901, 902], [903], [901, 902]):
+                status, _, r = request(s.url, "/v1/completions",
+                                       {"prompt": system + tail, "max_tokens": 8, "temperature": 0})
+                assert status == 200, r
+                texts.append(r["choices"][0]["text"])
+            m = metrics(s.url)
+            # The second and third request read the two full blocks the first filled.
+            assert m["attn_prefix_cache_hit_tokens_total"] == 2 * hits
+            assert texts[0] == texts[2]
+        finally:
+            assert s.stop() == 0

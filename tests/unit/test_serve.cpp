@@ -231,7 +231,50 @@ TEST(ServeEngine, SeededRequestsGiveTheSameTokensAloneAndBatchedAsAttnGenerate) 
     EXPECT_EQ(std::vector<int64_t>(all.begin() + T, all.end()), alone[i]) << "request " << i;
   }
   EXPECT_EQ(metrics.slots_busy.load(), 0);
-  EXPECT_EQ(metrics.kv_blocks_free.load(), 64);
+  EXPECT_EQ(metrics.kv_blocks_free.load() + metrics.kv_blocks_cached.load(), 64);
+}
+
+TEST(ServeEngine, APrefixCachedPromptGivesTheTokensOfAComputedOne) {
+  auto model = serve::ServedModel::load({.dir = kFixtures + "/open_models/qwen3", .name = ""});
+  std::vector<int64_t> system;  // 3 blocks of 4 and 2 tokens
+  for (int64_t i = 0; i < 14; ++i) system.push_back(100 + 7 * i);
+  std::vector<std::vector<int64_t>> prompts;
+  for (int64_t q = 0; q < 3; ++q) {
+    prompts.push_back(system);
+    for (int64_t i = 0; i <= q; ++i) prompts.back().push_back(500 + 31 * q + i);
+  }
+  serve::SamplingParams p;
+  p.temperature = 0.8f;
+  p.max_tokens = 10;
+  std::vector<std::vector<int64_t>> computed, cached;
+  for (const bool caching : {false, true}) {
+    serve::Metrics metrics;
+    // 8 blocks: a request takes 7 (3 of them shared), so the cache must give some back.
+    serve::Engine engine(*model,
+                         {.parallel = 2,
+                          .queue_size = 8,
+                          .block_size = 4,
+                          .num_blocks = 8,
+                          .step_tokens = 8,
+                          .prefix_caching = caching},
+                         metrics);
+    for (int round = 0; round < 2; ++round) {
+      for (size_t q = 0; q < prompts.size(); ++q) {
+        p.seed = 7 + q;
+        (caching ? cached : computed).push_back(run_alone(engine, prompts[q], p));
+      }
+    }
+    if (caching) {
+      // Every request after the first reads the 3 blocks of the shared beginning;
+      // the third prompt's second run (17 tokens) also its own fourth block.
+      EXPECT_EQ(metrics.prefix_cache_hit_tokens_total.load(), 5u * 12u + 4u);
+      EXPECT_GT(metrics.kv_blocks_cached.load(), 0);
+    } else {
+      EXPECT_EQ(metrics.prefix_cache_hit_tokens_total.load(), 0u);
+    }
+    EXPECT_EQ(metrics.kv_blocks_free.load() + metrics.kv_blocks_cached.load(), 8);
+  }
+  EXPECT_EQ(cached, computed);
 }
 
 TEST(ServeEngine, CancelledAndQueuedRequestsFreeTheirSlots) {

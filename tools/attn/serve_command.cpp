@@ -43,6 +43,7 @@ struct Flags {
   int timeout_s = 10;
   double shutdown_grace_s = 5.0;
   bool log_prompts = false;
+  bool no_prefix_caching = false;
 };
 
 int run_serve(const Flags& f) {
@@ -100,6 +101,7 @@ int run_serve(const Flags& f) {
   eo.queue_size = f.queue_size;
   eo.block_size = f.block_size;
   eo.step_tokens = f.step_tokens;
+  eo.prefix_caching = !f.no_prefix_caching;
   const int64_t per_block = model->kv_bytes_per_token() * f.block_size;
   eo.num_blocks = f.kv_cache_mb > 0 ? (f.kv_cache_mb << 20) / per_block
                                     : (ctx + f.block_size - 1) / f.block_size * f.parallel;
@@ -231,6 +233,9 @@ Command add_serve_command(CLI::App& app) {
   cmd->add_option("--shutdown-grace", flags->shutdown_grace_s,
                   "On SIGTERM/SIGINT, seconds running requests may take to finish (default 5)")
       ->type_name("S");
+  cmd->add_flag("--no-prefix-caching", flags->no_prefix_caching,
+                "Compute every prompt in full (by default the blocks of finished prompts stay "
+                "cached, and a prompt that begins with the same tokens reads them)");
   cmd->add_flag("--log-prompts", flags->log_prompts,
                 "Request logs (stderr, one line each) show the prompt text (escaped)");
   return Command{cmd, [flags] { return run_serve(*flags); }};
