@@ -349,8 +349,10 @@ void Engine::loop() {
         metrics_.time_to_first_token.observe(
             std::chrono::duration<double>(now - a.submitted).count());
       }
-      const bool eos = !p.ignore_eos && std::find(model_.eos_ids().begin(), model_.eos_ids().end(),
-                                                  id) != model_.eos_ids().end();
+      const auto among = [id](const std::vector<int64_t>& list) {
+        return std::find(list.begin(), list.end(), id) != list.end();
+      };
+      const bool eos = !p.ignore_eos && (among(model_.eos_ids()) || among(p.end_ids));
       if (eos) {
         finish(a, Finish::kStop);
         continue;

@@ -51,6 +51,8 @@ struct SamplingParams {
   int64_t max_tokens = 16;    // >= 1
   int64_t top_logprobs = -1;  // -1: no log-probabilities; 0..20: the token's and this many more
   bool ignore_eos = false;    // an end id is then a token like the others
+  std::vector<int64_t> end_ids;  // ids that end this request besides the model's (a chat
+                                 // template's end of turn)
 };
 
 struct TokenEvent {

@@ -223,6 +223,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
   sp.max_tokens = max_tokens;
   sp.top_logprobs = g.top_logprobs;
   sp.ignore_eos = g.ignore_eos;
+  if (is_chat) sp.end_ids = options.chat_end_ids;
   std::shared_ptr<Sequence> seq;
   try {
     seq = engine.submit(ids, sp);

@@ -36,6 +36,7 @@ struct ServerOptions {
   int read_timeout_s = 10;        // a request's headers and body must come within it
   bool log_prompts = false;       // request logs show the prompt text
   double shutdown_grace_s = 5.0;  // running requests may finish within it
+  std::vector<int64_t> chat_end_ids;  // chat replies also end at these (the template's eos_token)
 };
 
 // Messages -> the prompt text, as transformers' apply_chat_template(messages,

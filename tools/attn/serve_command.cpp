@@ -16,6 +16,7 @@
 #include <string>
 #include <thread>
 
+#include "attn/chat_template.h"
 #include "attn/utf8.h"
 #include "serve/engine.h"
 #include "serve/metrics.h"
@@ -44,7 +45,44 @@ struct Flags {
   double shutdown_grace_s = 5.0;
   bool log_prompts = false;
   bool no_prefix_caching = false;
+  std::string chat_template;
 };
+
+// The chat template: --chat-template FILE, else the directory's (a Llama /
+// Qwen / Gemma directory's tokenizer_config.json, chat_template.jinja or
+// chat_template.json); none for GPT-2. Sets the reply's extra end id (the
+// template's eos_token, Qwen's <|im_end|>) when the tokenizer has it as one id.
+serve::ChatRenderer load_chat(const Flags& f, const serve::ServedModel& model,
+                              std::vector<int64_t>& end_ids, std::string& missing) {
+  std::optional<text::ChatTemplate> chat;
+  if (!f.chat_template.empty()) {
+    chat = text::ChatTemplate::from_file(f.chat_template, f.model);
+  } else if (model.family() != "gpt2" && model.family() != "gpt-char") {
+    chat = text::ChatTemplate::from_model_dir(f.model);
+  }
+  if (!chat) {
+    missing = fmt::format(
+        "the model '{}' ({}) has no chat template{}: use /v1/completions, or start the server with "
+        "--chat-template FILE",
+        model.name(), model.family(),
+        model.family() == "gpt2" || model.family() == "gpt-char"
+            ? ""
+            : " (no chat_template in tokenizer_config.json, chat_template.jinja or "
+              "chat_template.json)");
+    return nullptr;
+  }
+  if (const auto eos = chat->special_token("eos_token")) {
+    const std::vector<int64_t> ids = model.encode(*eos, false);
+    if (ids.size() == 1) end_ids = ids;
+  }
+  auto shared = std::make_shared<const text::ChatTemplate>(std::move(*chat));
+  return [shared](const std::vector<serve::ChatMessage>& messages, const std::string& kwargs) {
+    std::vector<text::ChatMessage> m;
+    m.reserve(messages.size());
+    for (const serve::ChatMessage& x : messages) m.push_back({x.role, x.content});
+    return shared->apply(m, {.add_generation_prompt = true, .kwargs_json = kwargs});
+  };
+}
 
 int run_serve(const Flags& f) {
   if (f.parallel < 1 || f.parallel > 1024)
@@ -124,10 +162,9 @@ int run_serve(const Flags& f) {
   so.read_timeout_s = f.timeout_s;
   so.log_prompts = f.log_prompts;
   so.shutdown_grace_s = f.shutdown_grace_s;
-  const std::string no_chat =
-      fmt::format("the model '{}' ({}) has no chat template: use /v1/completions", model->name(),
-                  model->family());
-  serve::Server server(*model, engine, metrics, so, nullptr, no_chat);
+  std::string no_chat;
+  serve::ChatRenderer chat = load_chat(f, *model, so.chat_end_ids, no_chat);
+  serve::Server server(*model, engine, metrics, so, chat, no_chat);
   server.bind();
   std::cerr << fmt::format(
                    "attn serve: listening on http://{}:{} (model '{}', {}; {} slots, context {}, "
@@ -233,6 +270,10 @@ Command add_serve_command(CLI::App& app) {
   cmd->add_option("--shutdown-grace", flags->shutdown_grace_s,
                   "On SIGTERM/SIGINT, seconds running requests may take to finish (default 5)")
       ->type_name("S");
+  cmd->add_option("--chat-template", flags->chat_template,
+                  "The chat template for /v1/chat/completions: a Jinja file (or a JSON file's "
+                  "\"chat_template\"), instead of the directory's")
+      ->type_name("FILE");
   cmd->add_flag("--no-prefix-caching", flags->no_prefix_caching,
                 "Compute every prompt in full (by default the blocks of finished prompts stay "
                 "cached, and a prompt that begins with the same tokens reads them)");
