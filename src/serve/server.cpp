@@ -432,15 +432,29 @@ void Server::Impl::routes() {
   http.Post(
       "/v1/chat/completions",
       guarded([this](const httplib::Request& q, httplib::Response& r) { generate(q, r, true); }));
-  http.Get(
-      "/v1/models", guarded([this](const httplib::Request&, httplib::Response& r) {
-        const json m = {{"id", model.name()},
-                        {"object", "model"},
-                        {"created", unix_now()},
-                        {"owned_by", "attn"},
-                        {"max_model_len", options.ctx_size}};
-        r.set_content(dump({{"object", "list"}, {"data", json::array({m})}}), "application/json");
-      }));
+  const auto model_object = [this] {
+    return json{{"id", model.name()},
+                {"object", "model"},
+                {"created", unix_now()},
+                {"owned_by", "attn"},
+                {"max_model_len", options.ctx_size}};
+  };
+  http.Get("/v1/models",
+           guarded([this, model_object](const httplib::Request&, httplib::Response& r) {
+             r.set_content(dump({{"object", "list"}, {"data", json::array({model_object()})}}),
+                           "application/json");
+           }));
+  http.Get(R"(/v1/models/(.+))",
+           guarded([this, model_object](const httplib::Request& q, httplib::Response& r) {
+             const std::string id = q.matches[1];
+             if (id != model.name()) {
+               throw ApiError(404,
+                              fmt::format("the model '{}' does not exist; this server serves '{}'",
+                                          printable(id, 100), model.name()),
+                              "invalid_request_error", "model", "model_not_found");
+             }
+             r.set_content(dump(model_object()), "application/json");
+           }));
   http.Get("/health", [this](const httplib::Request&, httplib::Response& r) {
     if (shutting_down) {
       r.status = 503;

@@ -17,6 +17,9 @@ def test_models_lists_the_served_model(qwen):
     models = client(qwen).models.list()
     assert [m.id for m in models.data] == ["qwen3-tiny"]
     assert models.data[0].owned_by == "attn"
+    assert client(qwen).models.retrieve("qwen3-tiny").id == "qwen3-tiny"
+    with pytest.raises(openai.NotFoundError):
+        client(qwen).models.retrieve("gpt-4")
 
 
 def test_completion_has_text_finish_reason_and_usage(qwen):
