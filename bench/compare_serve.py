@@ -81,6 +81,23 @@ def percentile(values, q):
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
+def wait_healthy(url, seconds=120):
+    """Polls GET /health until it answers 200 (a server still loading its model refuses)."""
+    u = urllib.parse.urlparse(url)
+    deadline = time.time() + seconds
+    while True:
+        try:
+            conn = http.client.HTTPConnection(u.hostname, u.port, timeout=5)
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        if time.time() > deadline:
+            raise SystemExit(f"{url} did not answer /health within {seconds} s")
+        time.sleep(0.2)
+
+
 def run(url, concurrency, seconds, prompt, max_tokens, timeout):
     deadline = time.perf_counter() + seconds
     lock = threading.Lock()
@@ -136,6 +153,7 @@ def main():
           f"{'TPOT p50':>9} {'TPOT p99':>9} {'err':>4}")
     for spec in a.url:
         name, url = spec.split("=", 1)
+        wait_healthy(url)
         for c in a.concurrency:
             r = run(url, c, a.seconds, prompt, a.max_tokens, a.timeout)
             r["server"] = name
