@@ -14,12 +14,28 @@
 
 namespace attn::io {
 
+namespace {
+
+// What a path that is not a regular file is, for its message.
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+}  // namespace
+
 MappedFile::MappedFile(const std::string& path, const std::string& label)
     : MappedFile(path, label, false) {}
 
 MappedFile::MappedFile(const std::string& path, const std::string& label, bool copy_on_write)
     : writable_(copy_on_write) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO opens at once (and is refused below) instead of
+  // waiting for a writer for ever; it changes nothing for a regular file.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw std::runtime_error(fmt::format("{}: cannot open: {}", label, std::strerror(errno)));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -29,7 +45,8 @@ MappedFile::MappedFile(const std::string& path, const std::string& label, bool c
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw std::runtime_error(fmt::format("{}: not a regular file", label));
+    throw std::runtime_error(
+        fmt::format("{}: not a regular file: {}", label, file_kind(st.st_mode)));
   }
   size_ = static_cast<size_t>(st.st_size);
   if (size_ > 0) {

@@ -23,7 +23,9 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "attn/atomic_file.h"
 #include "attn/bfloat16.h"
@@ -121,10 +123,22 @@ class MemorySource : public Source {
   std::span<const std::byte> bytes_;
 };
 
+// What a path that is not a regular file is, for its message.
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
 class FileSource : public Source {
  public:
   explicit FileSource(const std::string& path) : Source(path) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO opens at once (and is refused below) instead of
+    // waiting for a writer for ever; it changes nothing for a regular file.
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd_ < 0) fail(path, fmt::format("cannot open: {}", std::strerror(errno)));
     struct stat st {};
     if (::fstat(fd_, &st) != 0) {
@@ -134,7 +148,7 @@ class FileSource : public Source {
     }
     if (!S_ISREG(st.st_mode)) {
       ::close(fd_);
-      fail(path, "not a regular file");
+      fail(path, fmt::format("not a regular file: {}", file_kind(st.st_mode)));
     }
     size_ = static_cast<uint64_t>(st.st_size);
   }
@@ -247,32 +261,99 @@ SafetensorsEntry parse_entry(const std::string& name, const Json& info, const st
   return e;
 }
 
+// Builds the JSON value of a header from nlohmann's SAX events, checking as it
+// goes: no duplicate names, no key twice inside one entry, nothing nested
+// deeper than an entry's arrays. (nlohmann's parse with a callback scans the
+// whole enclosing object for discarded values at the end of every object, so a
+// header of n entries took O(n²) time; this builder is O(n log n).)
+class HeaderBuilder : public nlohmann::json_sax<Json> {
+ public:
+  HeaderBuilder(Json& root, const std::string& file) : root_(root), file_(file) {}
+
+  bool null() override { return put(Json(nullptr)); }
+  bool boolean(bool v) override { return put(Json(v)); }
+  bool number_integer(number_integer_t v) override { return put(Json(v)); }
+  bool number_unsigned(number_unsigned_t v) override { return put(Json(v)); }
+  bool number_float(number_float_t v, const string_t& /*text*/) override { return put(Json(v)); }
+  bool string(string_t& v) override { return put(Json(std::move(v))); }
+  bool binary(binary_t& v) override { return put(Json::binary(std::move(v))); }
+
+  bool start_object(std::size_t /*elements*/) override {
+    check_depth();
+    if (stack_.size() == 1) entry_keys_.clear();
+    stack_.push_back(slot(Json::object()));
+    return true;
+  }
+  bool key(string_t& k) override {
+    if (stack_.size() == 1 && !names_.insert(k).second)
+      fail(file_, fmt::format("the header names '{}' twice", printable(k)));
+    if (stack_.size() == 2 && !entry_keys_.insert(k).second)
+      fail(file_, fmt::format("the header repeats the key '{}' inside one entry", printable(k)));
+    key_ = k;
+    return true;
+  }
+  bool end_object() override {
+    stack_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t /*elements*/) override {
+    check_depth();
+    stack_.push_back(slot(Json::array()));
+    return true;
+  }
+  bool end_array() override {
+    stack_.pop_back();
+    return true;
+  }
+  bool parse_error(std::size_t /*position*/, const std::string& /*last_token*/,
+                   const nlohmann::detail::exception& e) override {
+    fail(file_, fmt::format("the header is not valid JSON: {}", e.what()));
+  }
+
+ private:
+  void check_depth() const {
+    if (stack_.size() >= 3)
+      fail(file_, "the header nests deeper than {\"name\": {\"shape\": [...]}}");
+  }
+  // Places v where the parser is (the root, the end of an array, or the
+  // current key of an object) and returns where it now lives.
+  Json* slot(Json v) {
+    if (stack_.empty()) {
+      root_ = std::move(v);
+      return &root_;
+    }
+    Json& parent = *stack_.back();
+    if (parent.is_array()) {
+      parent.push_back(std::move(v));
+      return &parent.back();
+    }
+    Json& target = parent[key_];
+    target = std::move(v);
+    return &target;
+  }
+  bool put(Json v) {
+    slot(std::move(v));
+    return true;
+  }
+
+  Json& root_;
+  const std::string& file_;
+  std::vector<Json*> stack_;
+  std::string key_;
+  std::set<std::string> names_, entry_keys_;
+};
+
 // Parses the JSON text of a header: an object, no duplicate names, nothing
 // nested deeper than an entry's arrays.
 Json parse_header_json(const std::string& text, const std::string& file) {
-  std::set<std::string> names, entry_keys;
-  auto check = [&](int depth, Json::parse_event_t event, Json& parsed) {
-    if ((event == Json::parse_event_t::object_start || event == Json::parse_event_t::array_start) &&
-        depth >= 3) {
-      fail(file, "the header nests deeper than {\"name\": {\"shape\": [...]}}");
-    }
-    if (event == Json::parse_event_t::object_start && depth == 1) entry_keys.clear();
-    if (event == Json::parse_event_t::key && depth == 1 &&
-        !names.insert(parsed.get<std::string>()).second) {
-      fail(file, fmt::format("the header names '{}' twice", printable(parsed.get<std::string>())));
-    }
-    if (event == Json::parse_event_t::key && depth == 2 &&
-        !entry_keys.insert(parsed.get<std::string>()).second) {
-      fail(file, fmt::format("the header repeats the key '{}' inside one entry",
-                             printable(parsed.get<std::string>())));
-    }
-    return true;
-  };
+  Json root;
+  HeaderBuilder builder(root, file);
   try {
-    return Json::parse(text, check);
+    Json::sax_parse(text, &builder);
   } catch (const Json::exception& e) {
     fail(file, fmt::format("the header is not valid JSON: {}", printable(e.what(), 4096)));
   }
+  return root;
 }
 
 SafetensorsHeader parse_header(const Source& src) {
