@@ -55,6 +55,9 @@ Json parse_json(std::string_view text, const std::string& file) {
 }
 
 constexpr int64_t kMaxSize = (int64_t{1} << 31) - 1;
+// More layers than any model has (the largest published have under 200); a
+// config above it is refused before per-layer lists are built (issue 46).
+constexpr int64_t kMaxLayers = 4096;
 
 // The reader of one config.json: typed lookups whose errors name the file and key.
 struct Reader {
@@ -199,6 +202,11 @@ HfDecoderConfig parse_hf_decoder_config(std::string_view text, const std::string
   c.hidden_size = r.integer("hidden_size");
   c.intermediate_size = r.integer("intermediate_size");
   c.num_layers = r.integer("num_hidden_layers");
+  // Per-layer lists are built from it: a hostile 1e8 must fail here (issue 46).
+  if (c.num_layers > kMaxLayers) {
+    throw std::invalid_argument(fmt::format("{}: \"num_hidden_layers\" must be at most {}, got {}",
+                                            named(file), kMaxLayers, c.num_layers));
+  }
   c.num_heads = r.integer("num_attention_heads");
   c.num_kv_heads = r.integer("num_key_value_heads", c.num_heads);
   c.head_dim = r.integer("head_dim", gemma ? int64_t{256} : c.hidden_size / c.num_heads);
@@ -496,6 +504,13 @@ HfDecoderInfo load_hf_decoder(const std::string& dir, std::unique_ptr<nn::Decode
     }
   }
 
+  // Each layer has several weights: a config naming more layers than the files
+  // hold tensors is refused before the model's per-layer structures are built.
+  if (info.hf.config.num_layers > static_cast<int64_t>(tensors.size())) {
+    throw std::invalid_argument(
+        fmt::format("{}: config.json has {} layers, but the weights hold only {} tensors",
+                    named(dir), info.hf.config.num_layers, tensors.size()));
+  }
   {
     const nn::NoInitScope no_init;  // every weight comes from the files (checked below)
     model = std::make_unique<nn::DecoderLM>(info.hf.config);

@@ -27,6 +27,9 @@ std::string named(const std::string& s) {
 
 // Sizes above this are no GPT-2 (and 4 x n_embd must not overflow).
 constexpr int64_t kMaxSize = (int64_t{1} << 31) - 1;
+// More layers than any model has (the largest published have under 200); a
+// config above it is refused before per-layer lists are built (issue 46).
+constexpr int64_t kMaxLayers = 4096;
 
 int64_t positive_int(const Json& j, const char* key, const std::string& file) {
   if (!j.contains(key)) {
@@ -66,6 +69,10 @@ HfGpt2Config parse_hf_gpt2_config(std::string_view text, const std::string& file
   nn::GPTConfig& c = out.config;
   c.emb_dim = positive_int(j, "n_embd", file);
   c.n_layers = positive_int(j, "n_layer", file);
+  if (c.n_layers > kMaxLayers) {  // blocks are built from it before any weight is read
+    throw std::invalid_argument(fmt::format("{}: \"n_layer\" must be at most {}, got {}",
+                                            named(file), kMaxLayers, c.n_layers));
+  }
   c.n_heads = positive_int(j, "n_head", file);
   c.context_length = positive_int(j, "n_positions", file);
   c.vocab_size = positive_int(j, "vocab_size", file);

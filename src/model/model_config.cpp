@@ -39,6 +39,10 @@ std::string config_to_json(const GPTConfig& c) {
 
 namespace {
 
+// More layers than any model has (the largest published have under 200); a
+// config above it is refused before per-layer lists are built (issue 46).
+constexpr int64_t kMaxLayers = 4096;
+
 int64_t config_int(const nlohmann::json& cfg, const char* key, const std::string& file) {
   if (!cfg.contains(key)) {
     throw std::invalid_argument(
@@ -72,6 +76,10 @@ GPTConfig config_from_json(const std::string& json, const std::string& file) {
   c.emb_dim = config_int(cfg, "emb_dim", file);
   c.n_heads = config_int(cfg, "n_heads", file);
   c.n_layers = config_int(cfg, "n_layers", file);
+  if (c.n_layers > kMaxLayers) {  // blocks are built from it before any weight is read
+    throw std::invalid_argument(fmt::format("'{}': config \"n_layers\" must be at most {}, got {}",
+                                            printable(file), kMaxLayers, c.n_layers));
+  }
   if (!cfg.contains("drop_rate") || !cfg.at("drop_rate").is_number()) {
     throw std::invalid_argument(
         fmt::format("'{}': config \"drop_rate\" is missing or not a number", printable(file)));

@@ -84,8 +84,21 @@ Manifest prepare_token_shards(const std::vector<std::string>& inputs, const std:
   if (inputs.empty()) throw std::invalid_argument("no input files");
   std::error_code ec;
   for (const std::string& f : inputs) {
-    if (!fs::is_regular_file(f, ec))
+    // Each kind its own message; a FIFO or a device is refused before it is
+    // opened (a FIFO would wait for a writer, /dev/zero never ends).
+    const fs::file_status st = fs::status(f, ec);
+    if (st.type() == fs::file_type::regular) continue;
+    const char* kind = st.type() == fs::file_type::not_found   ? nullptr
+                       : st.type() == fs::file_type::directory ? "a directory"
+                       : st.type() == fs::file_type::fifo      ? "a FIFO (named pipe)"
+                       : st.type() == fs::file_type::character ? "a character device"
+                       : st.type() == fs::file_type::block     ? "a block device"
+                       : st.type() == fs::file_type::socket    ? "a socket"
+                                                               : "not a regular file";
+    if (kind == nullptr)
       throw std::runtime_error(fmt::format("input '{}': no such file", printable(f)));
+    throw std::runtime_error(
+        fmt::format("input '{}' is {}, not a regular file", printable(f), kind));
   }
   fs::create_directories(out_dir, ec);
   if (ec || !fs::is_directory(out_dir))

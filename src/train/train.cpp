@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -64,16 +65,21 @@ const std::string& meta(const std::map<std::string, std::string>& m, const std::
   return it->second;
 }
 
-int64_t meta_int(const std::map<std::string, std::string>& m, const std::string& key, const std::string& path) {
+// A count from the metadata, at least `min` (-1 only for last_eval_iter: none yet).
+int64_t meta_int(const std::map<std::string, std::string>& m, const std::string& key,
+                 const std::string& path, int64_t min = 0) {
   const std::string& v = meta(m, key, path);
   try {
     size_t used = 0;
     const int64_t x = std::stoll(v, &used);
-    if (used == v.size() && x >= -1) return x;
+    if (used == v.size() && x >= min && !v.empty() &&
+        (v[0] == '-' || std::isdigit(static_cast<unsigned char>(v[0]))))
+      return x;
   } catch (const std::exception&) {
   }
-  throw std::invalid_argument(fmt::format("checkpoint '{}': metadata \"{}\" = \"{}\" is not an iteration count",
-                                          printable(path), printable(key), v));
+  throw std::invalid_argument(
+      fmt::format("checkpoint '{}': metadata \"{}\" = \"{}\" is not an iteration count",
+                  printable(path), printable(key), printable(v)));
 }
 
 }  // namespace
@@ -508,14 +514,13 @@ float Trainer::step_global() {
   const int64_t K = options_.grad_accum_steps, M = micro_batches();
   const int64_t rank = collective_ ? collective_->rank() : 0;
   // The whole global batch's windows, in micro-batch order, from the shared
-  // generator; this rank keeps micro-batches rank·K .. rank·K + K-1.
-  std::vector<std::pair<Tensor, Tensor>> mine;
-  for (int64_t m = 0; m < M; ++m) {
-    auto xy = next_train_batch();
-    if (m / K == rank) mine.push_back(std::move(xy));
-  }
+  // generator; this rank runs micro-batches rank·K .. rank·K + K-1. Each is
+  // drawn just before it runs and dropped after, so memory does not grow with
+  // K (--grad-accum-steps 2^31 held every window at once); the other ranks'
+  // windows are drawn and dropped, so the generator ends where it always did.
+  for (int64_t m = 0; m < rank * K; ++m) (void)next_train_batch();
   const bool reseed = M > 1 && options_.drop_rate > 0.0;
-  const GeneratorState shared = gen_->get_state();
+  GeneratorState draws;  // the shared generator between draws, while reseed borrows it
   if (!grads_zero_) optimizer_->zero_grad();
   grads_zero_ = false;
   if (collective_ && buckets_.empty()) set_collective(collective_);
@@ -530,8 +535,12 @@ float Trainer::step_global() {
   std::vector<double> losses(static_cast<size_t>(K));
   for (int64_t k = 0; k < K; ++k) {
     const int64_t m = rank * K + k;
-    if (reseed) gen_->set_state(Generator(micro_batch_seed(options_.seed, iter_, m)).get_state());
-    const auto& [x, y] = mine[static_cast<size_t>(k)];
+    if (reseed && k > 0) gen_->set_state(draws);
+    const auto [x, y] = next_train_batch();
+    if (reseed) {
+      draws = gen_->get_state();
+      gen_->set_state(Generator(micro_batch_seed(options_.seed, iter_, m)).get_state());
+    }
     losses[static_cast<size_t>(k)] = lm_->forward_loss(x, y);
     if (k + 1 < K) {
       lm_->backward_loss();
@@ -564,7 +573,8 @@ float Trainer::step_global() {
     lm_->backward_loss();
     bucket_ready(buckets - 1);
   }
-  if (reseed) gen_->set_state(shared);
+  if (reseed) gen_->set_state(draws);
+  for (int64_t m = (rank + 1) * K; m < M; ++m) (void)next_train_batch();
   if (collective_) collective_->finish_buckets();
   const std::vector<double> all = collective_ ? collective_->allgather(losses) : losses;
   double loss_sum = 0.0;
@@ -862,7 +872,11 @@ void Trainer::resume(const std::string& path) {
 
   const int64_t iter = meta_int(m, "iter", path);
   const int64_t optim_step = meta_int(m, "optim_step", path);
-  const int64_t last_eval = meta_int(m, "last_eval_iter", path);
+  const int64_t last_eval = meta_int(m, "last_eval_iter", path, -1);
+  if (last_eval > iter)
+    throw std::invalid_argument(
+        fmt::format("checkpoint '{}': metadata \"last_eval_iter\" = {} is past \"iter\" = {}",
+                    printable(path), last_eval, iter));
   const GeneratorState gen_state = generator_from_json(meta(m, "generator", path));
 
   // Every tensor must be there with its shape before anything is written.

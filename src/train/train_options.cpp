@@ -2,6 +2,7 @@
 // (a checkpoint's "train_args").
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -13,6 +14,14 @@
 namespace attn::train {
 
 using nlohmann::json;
+
+namespace {
+
+constexpr int64_t kMaxLayers = 1024;
+constexpr int64_t kMaxBatchTokens = int64_t{1} << 24;      // tokens in one micro-batch
+constexpr int64_t kMaxBlockParameters = int64_t{1} << 36;  // ~69 billion
+
+}  // namespace
 
 void TrainOptions::validate() const {
   auto at_least = [](const char* name, int64_t v, int64_t min) {
@@ -30,6 +39,47 @@ void TrainOptions::validate() const {
   at_least("eval-interval", eval_interval, 1);
   at_least("eval-iters", eval_iters, 1);
   at_least("grad-accum-steps", grad_accum_steps, 1);
+  // Upper bounds, far above any model attn trains, so that no size (or a
+  // product of them) overflows or asks for memory no machine has: refused
+  // here, before anything is allocated (issue 46).
+  auto at_most = [](const char* name, int64_t v, int64_t max) {
+    if (v > max)
+      throw std::invalid_argument(fmt::format("--{} must be at most {}, got {}", name, max, v));
+  };
+  constexpr int64_t kIters = int64_t{1} << 40;
+  at_most("n-layers", n_layers, kMaxLayers);
+  at_most("n-heads", n_heads, 4096);
+  at_most("emb-dim", emb_dim, 65536);
+  at_most("head-dim", head_dim, 4096);
+  at_most("ffn-dim", ffn_dim, 262144);
+  at_most("context-length", context_length, 1048576);
+  at_most("batch-size", batch_size, 65536);
+  at_most("grad-accum-steps", grad_accum_steps, 65536);
+  at_most("max-iters", max_iters, kIters);
+  at_most("warmup-iters", warmup_iters, kIters);
+  at_most("eval-interval", eval_interval, kIters);
+  at_most("eval-iters", eval_iters, 1048576);
+  at_most("epochs", epochs, 1048576);
+  at_most("stride", stride, 1048576);
+  at_most("latent-dim", latent_dim, 65536);
+  at_most("sliding-window-size", sliding_window_size, 1048576);
+  at_most("n-kv-groups", n_kv_groups, 4096);
+  // What the sizes imply: the tokens of a micro-batch, and the parameters of
+  // the blocks (about 4·emb·attention width + 3·emb·feed-forward width each).
+  if (batch_size * context_length > kMaxBatchTokens)
+    throw std::invalid_argument(fmt::format(
+        "--batch-size {} x --context-length {} = {} tokens per micro-batch, more than {}",
+        batch_size, context_length, batch_size * context_length, kMaxBatchTokens));
+  const double width = static_cast<double>(head_dim > 0 ? n_heads * head_dim : emb_dim);
+  const double ffn = static_cast<double>(ffn_dim > 0 ? ffn_dim : 4 * emb_dim);
+  const double params = static_cast<double>(n_layers) * static_cast<double>(emb_dim) *
+                        (4.0 * std::max(width, static_cast<double>(emb_dim)) + 3.0 * ffn);
+  if (params > static_cast<double>(kMaxBlockParameters))
+    throw std::invalid_argument(fmt::format(
+        "--n-layers {}, --emb-dim {}{}{}: blocks of about {:.3g} parameters, more than attn trains "
+        "({})",
+        n_layers, emb_dim, head_dim > 0 ? fmt::format(", --head-dim {}", head_dim) : "",
+        ffn_dim > 0 ? fmt::format(", --ffn-dim {}", ffn_dim) : "", params, kMaxBlockParameters));
   const bool gpt = arch == "gpt";
   if (!gpt && arch != "llama3" && arch != "qwen3" && arch != "gemma3")
     throw std::invalid_argument(

@@ -312,6 +312,29 @@ TEST(HfDecoder, RefusesFilesThatDisagreeWithTheConfig) {
         << replaced(cfg, "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 3");
     expect_load_refused(d, "no tensor 'model.layers.2.");
   }
+  {  // layers by the hundred million (issue 46): refused before any per-layer list is built
+    EXPECT_THROW(
+        {
+          try {
+            (void)io::parse_hf_decoder_config(
+                replaced(config_text("llama3"), "\"num_hidden_layers\": 2",
+                         "\"num_hidden_layers\": 100000000"),
+                "config.json");
+          } catch (const std::invalid_argument& e) {
+            EXPECT_NE(std::string(e.what()).find(
+                          "\"num_hidden_layers\" must be at most 4096, got 100000000"),
+                      std::string::npos)
+                << e.what();
+            throw;
+          }
+        },
+        std::invalid_argument);
+    // More layers than the weights have tensors: refused before the model is built.
+    const fs::path d = copy_fixture("llama3", "layers");
+    std::ofstream(d / "config.json") << replaced(config_text("llama3"), "\"num_hidden_layers\": 2",
+                                                 "\"num_hidden_layers\": 4000");
+    expect_load_refused(d, "config.json has 4000 layers, but the weights hold only");
+  }
   {  // a shape the config does not make
     const fs::path d = copy_fixture("llama3", "shape");
     std::ofstream(d / "config.json") << replaced(config_text("llama3"), "\"intermediate_size\": 48",

@@ -120,6 +120,29 @@ TEST(HfGpt2Cli, ExportRoundTripsAndLoadsEverywhere) {
   }
 }
 
+// Issue 46: export --format hf copied a source's vocab.json and merges.txt
+// whatever they held; they are read as a tokenizer first, and a malformed
+// one stops the export before anything is written.
+TEST(HfGpt2Cli, ExportRefusesAMalformedVocabulary) {
+  ATTN_REQUIRE_CLI();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"vocab.json", R"({"a": "x"})"},
+      {"vocab.json", "not json"},
+      {"merges.txt", "#version: 0.2\nonlyonetoken\n"},
+  };
+  for (const auto& [name, bytes] : cases) {
+    const std::string src = temp_path("bad_vocab_src"), out = temp_path("bad_vocab_out");
+    fs::copy(kFixtures + "/fp32", src, fs::copy_options::recursive);
+    { std::ofstream(src + "/" + name, std::ios::binary) << bytes; }
+    const CliResult r = run_cli("export --model " + q(src) + " --format hf --out " + q(out));
+    EXPECT_EQ(r.exit_code, 1) << name << ": " << bytes;
+    EXPECT_EQ(lines_of(r.err).size(), 1u) << r.err;
+    EXPECT_NE(r.err.find(name), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(out)) << "written despite a malformed " << name;
+    fs::remove_all(src);
+  }
+}
+
 TEST(HfGpt2Cli, CharacterCheckpointIsNotExportedToHf) {
   ATTN_REQUIRE_CLI();
   Generator gen(2);

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -206,6 +207,42 @@ TEST(PrintableCli, AFileNameWithBadBytes) {
       attn::test::run_cli("train --text " + shell_bytes("/nonexistent/t\xc3.txt") + " --out " +
                           attn::test::temp_path("out")),
       1, "/nonexistent/t\\xC3.txt");
+}
+
+// Issue 46: attn inspect's listing (tensor names, metadata such as a
+// checkpoint's "tokenizer", the file's path) carried ESC, BEL, U+202E and
+// U+009B raw, and --json of a path that is not UTF-8 failed with nlohmann's
+// type_error.316. Each line of the listing is now escaped (names with
+// anything unusual quoted), and the JSON is ASCII with \uXXXX escapes.
+TEST(PrintableCli, InspectListingAndJsonCarryNoRawBytes) {
+  const std::string data(8, 'x');
+  // ESC, BEL, U+202E (right-to-left override) and U+009B (CSI) in a name and in metadata.
+  const std::string header =
+      R"({"w\u001b[2J\u202e\u009b": {"dtype": "U8", "shape": [8], "data_offsets": [0, 8]}, )"
+      R"("__metadata__": {"tokenizer": "char\u0007\u202e", "k\u009b": "v"}})";
+  const std::string path =
+      write_bytes("listing\xff\x1b.safetensors", safetensors_bytes(header) + data);
+  const auto r = attn::test::run_cli("inspect " + shell_bytes(path));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const std::string& line : attn::test::lines_of(r.out))
+    EXPECT_TRUE(ascii_only(line)) << hex_of(line);
+  EXPECT_NE(r.out.find("listing\\xFF\\x1B.safetensors: 1 tensors"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"w\\x1B[2J\\u{202E}\\u{009B}\"  U8"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  tokenizer: \"char\\x07\\u{202E}\"\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  \"k\\u{009B}\": v\n"), std::string::npos) << r.out;
+
+  const auto j = attn::test::run_cli("inspect --json " + shell_bytes(path));
+  ASSERT_EQ(j.exit_code, 0) << j.err;
+  for (const std::string& line : attn::test::lines_of(j.out))
+    EXPECT_TRUE(ascii_only(line)) << hex_of(line);
+  const auto parsed = nlohmann::json::parse(j.out);
+  EXPECT_EQ(parsed.at("tensors")[0].at("name"),
+            "w\x1b[2J\u202e\u009b");  // exact, through \u escapes
+  EXPECT_EQ(parsed.at("metadata").at("tokenizer"), "char\a\u202e");
+  EXPECT_NE(parsed.at("file").get<std::string>().find("listing\xEF\xBF\xBD\x1B.safetensors"),
+            std::string::npos)  // the byte 0xFF as U+FFFD
+      << parsed.at("file");
+  std::remove(path.c_str());
 }
 
 }  // namespace

@@ -102,7 +102,7 @@ TEST(TokenizerCli, BadInputIsOneLineAndAnExitCode) {
   EXPECT_EQ(r.err, "attn: give the text as one argument (quote it); got 2 arguments\n");
   r = run_cli("tokenize --file /nonexistent/x.txt");
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_EQ(r.err, "attn: tokenize: cannot read '/nonexistent/x.txt': No such file or directory\n");
+  EXPECT_EQ(r.err, "attn: tokenize: --file '/nonexistent/x.txt': no such file\n");
   r = run_cli("tokenize --decode --json 1");
   EXPECT_EQ(r.exit_code, 2);
   r = run_cli("tokenize text --file /dev/null");

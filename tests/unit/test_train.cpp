@@ -9,22 +9,25 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
+#include "attn/checkpoint.h"
 #include "attn/gemm.h"
+#include "attn/generate.h"
+#include "attn/hf_gpt2.h"
+#include "attn/model_config.h"
 #include "attn/random.h"
 #include "attn/safetensors.h"
-#include "attn/hf_gpt2.h"
-#include "attn/checkpoint.h"
-#include "attn/generate.h"
 #include "attn/train.h"
 #include "cli.h"
 
@@ -449,6 +452,40 @@ TEST(Trainer, ResumeRefusesAnotherModelOrVocabulary) {
   std::filesystem::remove(path);
 }
 
+// Issue 46: a checkpoint whose counts are not counts ("iter": "-1" was
+// accepted) is refused by name, escaped, before anything is copied.
+TEST(Trainer, ResumeRefusesCountsThatAreNotCounts) {
+  const std::string text = shakespeare(4000);
+  const std::string path = attn::test::temp_path("counts.safetensors");
+  Trainer t(text, tiny_options());
+  t.save(path);
+  const attn::io::SafetensorsFile good = attn::io::read_safetensors(path);
+  const std::vector<std::tuple<std::string, std::string, std::string>> cases = {
+      {"iter", "-1", "metadata \"iter\" = \"-1\" is not an iteration count"},
+      {"optim_step", "-1", "metadata \"optim_step\" = \"-1\" is not an iteration count"},
+      {"iter", " 5", "metadata \"iter\" = \" 5\" is not an iteration count"},
+      {"iter", "1e3", "is not an iteration count"},
+      {"iter", "99999999999999999999", "is not an iteration count"},
+      {"iter", "3\x1b[2J", "metadata \"iter\" = \"3\\x1B[2J\" is not"},
+      {"last_eval_iter", "-2", "metadata \"last_eval_iter\" = \"-2\" is not an iteration count"},
+      {"last_eval_iter", "7", "metadata \"last_eval_iter\" = 7 is past \"iter\" = 0"},
+  };
+  for (const auto& [key, value, needle] : cases) {
+    auto meta = good.metadata;
+    meta[key] = value;
+    attn::io::write_safetensors(path, good.tensors, meta);
+    Trainer u(text, tiny_options());
+    try {
+      u.resume(path);
+      ADD_FAILURE() << key << " = " << value << " accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(u.iter(), 0);
+  }
+  std::filesystem::remove(path);
+}
+
 // ---- learning ------------------------------------------------------------------------------
 
 // A small model on the first 200,000 characters of tinyshakespeare: 500 steps
@@ -738,6 +775,196 @@ TEST(TrainCli, BadInputIsOneLineAndNonZero) {
   EXPECT_NE(r.err.find("config mismatch"), std::string::npos) << r.err;
   EXPECT_EQ(attn::test::lines_of(r.err).size(), 1u) << r.err;
   std::filesystem::remove_all(dir);
+}
+
+// Issue 46, numbers at the edges: every size flag has an upper bound and the
+// products of sizes are checked, before anything is read, allocated or
+// created (no --out folder is left behind); a seed of 2^64 is refused, not
+// capped; a GPT config of 1e8 layers is refused before its blocks are built.
+TEST(TrainCli, SizesAtTheEdgesAreRefusedAsParsed) {
+  ATTN_REQUIRE_CLI();
+  namespace fs = std::filesystem;
+  const std::string dir = attn::test::temp_path("edges"), good = attn::test::temp_path("good.txt");
+  fs::remove_all(dir);
+  write_file(good, shakespeare(3000));
+  const std::string base = "train --text '" + good + "' --out '" + dir + "' ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--n-layers 2147483648", "--n-layers must be at most 1024, got 2147483648"},
+      {"--batch-size 2147483648", "--batch-size must be at most 65536, got 2147483648"},
+      {"--grad-accum-steps 2147483648", "--grad-accum-steps must be at most 65536, got 2147483648"},
+      {"--epochs 1099511627776", "--epochs must be at most 1048576, got 1099511627776"},
+      {"--warmup-iters 9223372036854775807", "--warmup-iters must be at most 1099511627776"},
+      {"--latent-dim 9223372036854775807", "--latent-dim must be at most 65536"},
+      {"--context-length 4194304", "--context-length must be at most 1048576"},
+      {"--batch-size 65536 --context-length 1024",
+       "--batch-size 65536 x --context-length 1024 = 67108864 tokens per micro-batch, more than "
+       "16777216"},
+      {"--n-layers 1024 --emb-dim 65536 --n-heads 1", "more than attn trains (68719476736)"},
+      {"--seed 18446744073709551616",
+       "must be at most 18446744073709551615 (2^64 - 1), got 18446744073709551616"},
+      {"--seed 99999999999999999999999", "--seed"},
+      {"--seed -1", "--seed"},
+  };
+  for (const auto& [args, needle] : cases) {
+    const auto r = attn::test::run_cli(base + args);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
+    EXPECT_EQ(attn::test::lines_of(r.err).size(), 1u) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << needle << " not in: " << r.err;
+    EXPECT_FALSE(fs::exists(dir)) << args << " left --out behind";
+  }
+  // The largest seed is a seed.
+  const auto r = attn::test::run_cli(base +
+                                     "--seed 18446744073709551615 --n-layers 1 --emb-dim 16 "
+                                     "--n-heads 2 --context-length 16 --max-iters 1 --threads 1");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  fs::remove_all(dir);
+
+  // generate: the benchmark's random prompt and the new tokens are bounded too.
+  for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"--config 124m --benchmark --prompt-tokens 2147483648",
+            "--prompt-tokens must be at most 1048576, got 2147483648"},
+           {"--config 124m --benchmark --max-new-tokens 2147483648",
+            "--max-new-tokens must be at most 1048576, got 2147483648"},
+           {"--config 124m --benchmark --seed 18446744073709551616", "(2^64 - 1)"}}) {
+    const auto g = attn::test::run_cli("generate " + args);
+    EXPECT_EQ(g.exit_code, 2) << args << "\n" << g.err;
+    EXPECT_EQ(attn::test::lines_of(g.err).size(), 1u) << g.err;
+    EXPECT_NE(g.err.find(needle), std::string::npos) << needle << " not in: " << g.err;
+  }
+
+  // A checkpoint's or GPT-2 config's layer count, before any block is built.
+  const std::string cfg =
+      R"({"vocab_size": 65, "context_length": 16, "emb_dim": 16, "n_heads": 2, "n_layers": 100000000, "drop_rate": 0.0, "qkv_bias": false})";
+  try {
+    (void)attn::nn::config_from_json(cfg, "ckpt");
+    ADD_FAILURE() << "accepted n_layers 1e8";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("\"n_layers\" must be at most 4096, got 100000000"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    (void)attn::io::parse_hf_gpt2_config(
+        R"({"n_embd": 16, "n_layer": 100000000, "n_head": 2, "n_positions": 16, "vocab_size": 65})");
+    ADD_FAILURE() << "accepted n_layer 1e8";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("\"n_layer\" must be at most 4096, got 100000000"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// Issue 46, data lost: a run that diverges stops with one line and keeps its
+// last finite checkpoint; generate refuses weights that are not finite;
+// export refuses to write over a training run unless --force.
+TEST(TrainCli, DivergedRunKeepsTheLastFiniteCheckpoint) {
+  ATTN_REQUIRE_CLI();
+#ifdef ATTN_CLI_PATH
+  namespace fs = std::filesystem;
+  const std::string text = attn::test::temp_path("text.txt"),
+                    dir = attn::test::temp_path("diverge");
+  write_file(text, shakespeare(5000));
+  fs::remove_all(dir);
+  auto r = attn::test::run_cli("train --text '" + text + "' --out '" + dir + "' " + kCliModel +
+                               " --max-iters 25 --threads 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string before = attn::test::read_text(dir + "/checkpoint.safetensors");
+  r = attn::test::run_cli("train --text '" + text + "' --out '" + dir +
+                          "' --resume --lr 1e30 --min-lr 1e29 --max-iters 100 --threads 1");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  ASSERT_EQ(attn::test::lines_of(r.err).size(), 1u) << r.err;
+  EXPECT_NE(r.err.find("diverged"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("keeps iteration 25"), std::string::npos) << r.err;
+  EXPECT_EQ(attn::test::read_text(dir + "/checkpoint.safetensors"), before)
+      << "the checkpoint of iteration 25 was replaced";
+
+  // The same checkpoint with a NaN in a weight: generate says which and exits 1.
+  attn::io::SafetensorsFile file = attn::io::read_safetensors(dir + "/checkpoint.safetensors");
+  const std::string nan_dir = attn::test::temp_path("nan_model");
+  fs::remove_all(nan_dir);
+  fs::create_directories(nan_dir);
+  for (auto& [name, t] : file.tensors) {
+    if (name == "tok_emb.weight") t.data_ptr<float>()[3] = std::numeric_limits<float>::quiet_NaN();
+  }
+  attn::io::write_safetensors(nan_dir + "/checkpoint.safetensors", file.tensors, file.metadata);
+  const auto gen = attn::test::run_cli("generate --model '" + nan_dir +
+                                       "' --prompt 'To be' --max-new-tokens 3 --greedy");
+  EXPECT_EQ(gen.exit_code, 1) << gen.out;
+  EXPECT_EQ(gen.out, "");
+  ASSERT_EQ(attn::test::lines_of(gen.err).size(), 1u) << gen.err;
+  EXPECT_NE(gen.err.find("the weight 'tok_emb.weight' holds nan at index 3"), std::string::npos)
+      << gen.err;
+  const auto ok = attn::test::run_cli("generate --model '" + dir +
+                                      "' --prompt 'To be' --max-new-tokens 3 --greedy");
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+
+  // export onto the training run (or any folder with a model) is refused
+  // unless --force; the run's files are untouched.
+  const std::string exported = attn::test::temp_path("exported");
+  fs::remove_all(exported);
+  auto e =
+      attn::test::run_cli("export --model '" + nan_dir + "' --format book --out '" + dir + "'");
+  EXPECT_EQ(e.exit_code, 1);
+  ASSERT_EQ(attn::test::lines_of(e.err).size(), 1u) << e.err;
+  EXPECT_NE(e.err.find("--out '" + dir + "' already holds checkpoint.safetensors"),
+            std::string::npos)
+      << e.err;
+  EXPECT_NE(e.err.find("--force"), std::string::npos) << e.err;
+  EXPECT_EQ(attn::test::read_text(dir + "/checkpoint.safetensors"), before);
+  e = attn::test::run_cli("export --model '" + dir + "' --format book --out '" + exported + "'");
+  EXPECT_EQ(e.exit_code, 0) << e.err;
+  e = attn::test::run_cli("export --model '" + dir + "' --format book --out '" + exported + "'");
+  EXPECT_EQ(e.exit_code, 1) << "a second export over the first";
+  e = attn::test::run_cli("export --model '" + dir + "' --format book --out '" + exported +
+                          "' --force");
+  EXPECT_EQ(e.exit_code, 0) << e.err;
+  fs::remove_all(dir);
+  fs::remove_all(nan_dir);
+  fs::remove_all(exported);
+#endif
+}
+
+// Issue 46: a kill between the metrics write and the checkpoint write, and
+// the temporaries a kill leaves. metrics.jsonl is written first, so the state
+// a kill can leave is a line past the checkpoint: --resume drops it and
+// writes it again, every evaluation once. Temporaries of processes that no
+// longer run are removed at the next start; a live process's are not.
+TEST(TrainCli, KilledRunLosesNoEvaluationAndLeavesNoTemporaries) {
+  ATTN_REQUIRE_CLI();
+#ifdef ATTN_CLI_PATH
+  namespace fs = std::filesystem;
+  const std::string text = attn::test::temp_path("text.txt"),
+                    dir = attn::test::temp_path("killed2");
+  write_file(text, shakespeare(5000));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string stale = dir + "/.checkpoint.safetensors.tmp.999999999.0";  // > any pid_max
+  const std::string live = dir + "/.metrics.jsonl.tmp." + std::to_string(::getpid()) + ".0";
+  const std::string other = dir + "/.notes.tmp.x.0";
+  for (const std::string& p : {stale, live, other}) write_file(p, "partial");
+  const std::string common =
+      "train --text '" + text + "' --out '" + dir + "' " + kCliModel + " --threads 1 --max-iters ";
+  auto r = attn::test::run_cli(common + "50");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_NE(r.out.find("removed '" + stale + "', left by an earlier run"), std::string::npos)
+      << r.out;
+  EXPECT_TRUE(fs::exists(live)) << "the temporary of a running process was removed";
+  EXPECT_TRUE(fs::exists(other)) << "a file that is not attn's temporary was removed";
+  const std::string at50 = attn::test::read_text(dir + "/checkpoint.safetensors");
+  r = attn::test::run_cli("train --text '" + text + "' --out '" + dir +
+                          "' --resume --max-iters 75");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto whole = metric_losses(dir);
+  ASSERT_EQ(whole.size(), 4u);  // 0, 25, 50, 75
+  // The kill: metrics.jsonl has iteration 75, the checkpoint still 50.
+  write_file(dir + "/checkpoint.safetensors", at50);
+  r = attn::test::run_cli("train --text '" + text + "' --out '" + dir +
+                          "' --resume --max-iters 75");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(metric_losses(dir), whole);
+  fs::remove_all(dir);
+#endif
 }
 
 }  // namespace

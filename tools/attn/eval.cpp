@@ -17,6 +17,7 @@
 #include "attn/hf_gpt2.h"
 #include "attn/utf8.h"
 #include "hf_text.h"
+#include "input_file.h"
 #include "model_text.h"
 
 namespace attn::cli {
@@ -30,13 +31,7 @@ struct Flags {
   bool json = false;
 };
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(fmt::format("cannot read '{}'", printable(path)));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+std::string read_file(const std::string& path) { return read_input_file(path, "--file"); }
 
 // The window and stride flags against the longest window the model takes.
 std::pair<int64_t, int64_t> window_of(const Flags& f, int64_t longest, int64_t fallback) {

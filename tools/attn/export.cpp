@@ -30,6 +30,7 @@ struct Flags {
   std::string format;
   std::string out;
   std::string dtype = "float32";
+  bool force = false;
 };
 
 constexpr int64_t kGpt2VocabSize = 50257;
@@ -80,6 +81,27 @@ int export_decoder(const Flags& f) {
   return std::cout ? 0 : 1;
 }
 
+// --out onto a training run or another model would replace its files (a
+// run's checkpoint with its optimizer state, so --resume fails): refused
+// unless --force, naming what is there.
+void check_out_folder(const Flags& f) {
+  std::error_code ec;
+  if (f.force || !fs::exists(f.out, ec)) return;
+  if (!fs::is_directory(f.out, ec)) {
+    throw std::runtime_error(
+        fmt::format("--out '{}' exists and is not a folder", printable(f.out)));
+  }
+  for (const char* name : {"checkpoint.safetensors", "model.safetensors",
+                           "model.safetensors.index.json", "config.json", "metrics.jsonl"}) {
+    if (fs::exists(fs::path(f.out) / name, ec)) {
+      throw std::runtime_error(fmt::format(
+          "--out '{}' already holds {} (a training run or another model); choose another folder "
+          "or pass --force to replace its files",
+          printable(f.out), name));
+    }
+  }
+}
+
 }  // namespace
 
 Command add_export_command(CLI::App& app) {
@@ -97,7 +119,8 @@ Command add_export_command(CLI::App& app) {
       "as attn train writes it. A Llama / Qwen / Gemma directory (attn train --arch or --init-from "
       "writes one too) exports as --format hf only: one model.safetensors in --dtype float32 or "
       "bfloat16, config.json in transformers 5's form, its tokenizer.json, tokenizer_config.json "
-      "and chat template copied. Every file is written atomically.\n\n"
+      "and chat template copied. Every file is written atomically; an --out that already holds a "
+      "checkpoint, a model or a training run's metrics.jsonl is refused unless --force.\n\n"
       "Examples:\n"
       "  attn export --model gpt2 --format book --out gpt2-book\n"
       "  attn export --model gpt2-book --format hf --dtype bfloat16 --out gpt2-bf16\n"
@@ -112,6 +135,9 @@ Command add_export_command(CLI::App& app) {
   cmd->add_option("--dtype", flags->dtype,
                   "--format hf: the weights' dtype, float32 (default), bfloat16 or float16")
       ->type_name("DTYPE");
+  cmd->add_flag("--force", flags->force,
+                "Write into --out even when it holds a checkpoint, a model or a training run's "
+                "metrics (their files are replaced)");
 
   auto run = [flags]() -> int {
     const Flags& f = *flags;
@@ -131,6 +157,7 @@ Command add_export_command(CLI::App& app) {
           "--dtype {}",
           printable(f.dtype)));
     }
+    check_out_folder(f);
     if (io::is_hf_decoder_dir(f.model)) return export_decoder(f);
     std::unique_ptr<nn::GPTModel> model;
     const io::ModelDir md = io::load_model_dir(f.model, model);
@@ -146,6 +173,14 @@ Command add_export_command(CLI::App& app) {
             "(checkpoint metadata \"tokenizer\": \"gpt2\"), or use --format book",
             printable(f.model), md.tokenizer == "char" ? "character-level" : "non-GPT-2",
             c.vocab_size));
+      }
+      // The source's vocab.json and merges.txt travel with it only when they
+      // read as a tokenizer (checked before anything is written).
+      const fs::path vocab = fs::path(f.model) / "vocab.json",
+                     merges = fs::path(f.model) / "merges.txt";
+      if (md.kind == io::ModelDir::Kind::kHuggingFace && fs::is_regular_file(vocab) &&
+          fs::is_regular_file(merges)) {
+        (void)text::Tokenizer::from_files(vocab.string(), merges.string());
       }
       io::save_hf_gpt2(*model, f.out, dtype);
       // The source's own tokenizer files travel with it; an attn checkpoint

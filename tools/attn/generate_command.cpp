@@ -27,8 +27,10 @@
 #include "attn/kernels.h"
 #include "attn/random.h"
 #include "attn/utf8.h"
+#include "flag_checks.h"
 #include "hf_text.h"
 #include "model_text.h"
+#include "weights.h"
 
 namespace attn::cli {
 namespace {
@@ -210,6 +212,17 @@ void run_benchmark(nn::GPTModel& model, const std::vector<int64_t>& prompt, int6
                            cached_tokens == full_tokens ? "yes" : "NO");
 }
 
+// A model whose weights hold a NaN or an infinity (a diverged run) would
+// print NaN logits' tokens: refused, naming the weight.
+void refuse_non_finite(nn::Module& model, const std::string& dir) {
+  if (const std::string bad = non_finite_weight(model); !bad.empty()) {
+    throw std::runtime_error(
+        fmt::format("'{}': {}, not a finite number; attn generates only from "
+                    "finite weights",
+                    printable(dir), bad));
+  }
+}
+
 }  // namespace
 
 // A Llama 3 / Qwen / Gemma directory (attn/hf_decoder.h): its tokenizer.json
@@ -225,6 +238,7 @@ int run_decoder(const Flags& f, float temperature) {
   std::unique_ptr<nn::DecoderLM> model;
   const io::HfDecoderInfo info = io::load_hf_decoder(
       f.checkpoint, model, f.dtype == "bfloat16" ? DType::kBFloat16 : DType::kFloat32, f.mmap);
+  refuse_non_finite(*model, f.checkpoint);
   const int64_t V = model->config().vocab_size;
   if (f.top_k && *f.top_k > V) {
     throw UsageError(fmt::format("generate: --top-k must be at most the vocabulary size {}, got {}",
@@ -423,6 +437,7 @@ Command add_generate_command(CLI::App& app) {
                   "as torch.autocast; the cache holds bf16 keys, values and weights)")
       ->type_name("DTYPE");
   cmd->add_option("--seed", flags->seed, "Seed of the sampling generator (default 123)")
+      ->check(uint64_value())
       ->type_name("S");
   cmd->add_flag("--no-cache", flags->no_cache,
                 "Recompute the whole prefix every step instead of using the cache");
@@ -529,6 +544,16 @@ Command add_generate_command(CLI::App& app) {
       throw UsageError(
           fmt::format("generate: --prompt-tokens must be >= 1, got {}", f.prompt_tokens));
     }
+    // Sizes beyond any context a model has are refused before anything is drawn or allocated.
+    constexpr int64_t kMaxTokens = int64_t{1} << 20;
+    if (f.prompt_tokens > kMaxTokens) {
+      throw UsageError(fmt::format("generate: --prompt-tokens must be at most {}, got {}",
+                                   kMaxTokens, f.prompt_tokens));
+    }
+    if (f.max_new_tokens > kMaxTokens) {
+      throw UsageError(fmt::format("generate: --max-new-tokens must be at most {}, got {}",
+                                   kMaxTokens, f.max_new_tokens));
+    }
     if (!f.prompt.empty() && !f.prompt_ids.empty()) {
       throw UsageError("generate: give either --prompt or --prompt-ids, not both");
     }
@@ -565,6 +590,7 @@ Command add_generate_command(CLI::App& app) {
     std::optional<io::ModelDir> md;
     if (!f.checkpoint.empty()) {
       md = io::load_model_dir(f.checkpoint, model, options);
+      refuse_non_finite(*model, f.checkpoint);
     } else {
       manual_seed(f.seed);
       nn::GPTConfig cfg = nn::GPT_CONFIG_124M;

@@ -22,13 +22,23 @@ namespace attn::cli {
 namespace {
 
 // A name or metadata string as printed: as it is when it is plain text, else
-// JSON-quoted, so that control characters and escape sequences stay inert.
-std::string printable(const std::string& s) {
-  const bool plain = !s.empty() && std::none_of(s.begin(), s.end(), [](char c) {
-    const auto u = static_cast<unsigned char>(c);
-    return u < 0x20 || u == 0x7F || c == ' ';
-  });
-  return plain ? s : nlohmann::json(s).dump();
+// quoted and escaped by attn::printable (C0 and C1 controls, bidi overrides
+// and other invisible code points, bytes that are not UTF-8 as \xHH), so that
+// no escape sequence reaches the terminal and a space cannot split a column.
+std::string shown(const std::string& s) {
+  const std::string p = attn::printable(s, 4096);
+  if (!s.empty() && p == s && s.find_first_of(" \"") == std::string::npos) return s;
+  std::string out = "\"";
+  for (const char c : p) out += c == '"' ? std::string("\\\"") : std::string(1, c);
+  return out + "\"";
+}
+
+// JSON text of any strings: every non-ASCII character as \uXXXX, so that the
+// output carries no raw control or bidi character; bytes that are not UTF-8
+// (a path is bytes) as U+FFFD rather than nlohmann's type_error.316.
+template <typename J>
+std::string json_text(const J& j) {
+  return j.dump(2, ' ', /*ensure_ascii=*/true, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace
@@ -37,12 +47,13 @@ std::string inspect_text(const std::string& path, const io::SafetensorsHeader& h
   int64_t elements = 0;
   for (const auto& e : header.entries) elements += e.nbytes() / e.element_size;
   std::string out =
-      fmt::format("{}: {} tensors, {} elements; {} bytes of header, {} bytes of data\n", path,
-                  header.entries.size(), elements, header.header_bytes, header.data_bytes);
+      fmt::format("{}: {} tensors, {} elements; {} bytes of header, {} bytes of data\n",
+                  attn::printable(path, 4096), header.entries.size(), elements, header.header_bytes,
+                  header.data_bytes);
   std::vector<std::vector<std::string>> rows = {
       {"name", "dtype", "shape", "bytes", "data_offsets"}};
   for (const auto& e : header.entries) {
-    rows.push_back({printable(e.name), e.dtype, shape_str(e.shape), std::to_string(e.nbytes()),
+    rows.push_back({shown(e.name), e.dtype, shape_str(e.shape), std::to_string(e.nbytes()),
                     fmt::format("[{}, {})", e.begin, e.end)});
   }
   std::vector<size_t> width(rows[0].size(), 0);
@@ -64,7 +75,7 @@ std::string inspect_text(const std::string& path, const io::SafetensorsHeader& h
                                            ? "(none)"
                                            : std::to_string(header.metadata.size()) + " entries");
   for (const auto& [key, value] : header.metadata)
-    out += fmt::format("  {}: {}\n", printable(key), printable(value));
+    out += fmt::format("  {}: {}\n", shown(key), shown(value));
   return out;
 }
 
@@ -82,7 +93,7 @@ std::string inspect_json(const std::string& path, const io::SafetensorsHeader& h
                             {"data_offsets", {e.begin, e.end}}});
   }
   j["metadata"] = header.metadata;
-  return j.dump(2) + "\n";
+  return json_text(j);
 }
 
 namespace {
@@ -289,12 +300,15 @@ std::string summary_text(const nlohmann::ordered_json& j) {
                       : std::string("attn checkpoint (checkpoint.safetensors)"));
   std::string cfg;
   for (const auto& [k, v] : j["config"].items())
-    cfg += (cfg.empty() ? "" : ", ") + k + " " + (v.is_string() ? v.get<std::string>() : v.dump());
+    cfg +=
+        (cfg.empty() ? "" : ", ") + printable(k) + " " +
+        printable(v.is_string() ? v.get<std::string>()
+                                : v.dump(-1, ' ', true, nlohmann::json::error_handler_t::replace));
   out += "  config: " + cfg + "\n";
   out += fmt::format("  parameters: {} ({})\n", thousands(j["parameters"].get<int64_t>()),
                      j["tied"].get<bool>() ? "output head tied to the token embedding"
                                            : "output head stored");
-  out += fmt::format("  dtype: {}\n", j["dtype"].get<std::string>());
+  out += fmt::format("  dtype: {}\n", printable(j["dtype"].get<std::string>()));
   if (j.contains("eos_token_ids")) {
     out += fmt::format("  tensors: {}\n  eos_token_ids: {}\n", j["tensors"].get<int64_t>(),
                        j["eos_token_ids"].dump());
@@ -304,8 +318,10 @@ std::string summary_text(const nlohmann::ordered_json& j) {
                        j["prefix"] == "" ? "without a prefix" : "with \"transformer.\"",
                        j["buffers_ignored"].get<int64_t>());
   }
-  out += fmt::format("  tokenizer: {}\n", j["tokenizer"].get<std::string>());
-  if (j.contains("iter")) out += fmt::format("  iteration: {}\n", j["iter"].get<std::string>());
+  // The checkpoint's own metadata: escaped, as every byte from a file.
+  out += fmt::format("  tokenizer: {}\n", printable(j["tokenizer"].get<std::string>(), 4096));
+  if (j.contains("iter"))
+    out += fmt::format("  iteration: {}\n", printable(j["iter"].get<std::string>()));
   return out;
 }
 
@@ -333,7 +349,7 @@ Command add_inspect_command(CLI::App& app) {
   auto run = [flags]() -> int {
     if (fs::is_directory(flags->file)) {
       const nlohmann::ordered_json j = model_summary(flags->file);
-      std::cout << (flags->json ? j.dump(2) + "\n" : summary_text(j));
+      std::cout << (flags->json ? json_text(j) : summary_text(j));
       std::cout.flush();
       return std::cout ? 0 : 1;
     }

@@ -16,6 +16,7 @@
 
 #include "attn/utf8.h"
 #include "hf_text.h"
+#include "input_file.h"
 
 namespace attn::cli {
 
@@ -27,14 +28,7 @@ std::string read_input(const std::string& file) {
     s << std::cin.rdbuf();
     return s.str();
   }
-  std::ifstream in(file, std::ios::binary);
-  if (!in)
-    throw std::runtime_error(
-        fmt::format("cannot read '{}': {}", printable(file), std::strerror(errno)));
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (in.bad()) throw std::runtime_error(fmt::format("cannot read '{}'", printable(file)));
-  return s.str();
+  return read_input_file(file, "--file");
 }
 
 bool valid_utf8(const std::string& s) {

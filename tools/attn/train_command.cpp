@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -32,7 +34,10 @@
 #include "attn/train.h"
 #include "attn/train_book.h"
 #include "attn/utf8.h"
+#include "flag_checks.h"
+#include "input_file.h"
 #include "plot/line_chart.h"
+#include "weights.h"
 
 namespace attn::cli {
 
@@ -44,16 +49,10 @@ extern "C" void on_sigint(int) { g_stop = 1; }
 constexpr int kInterrupted = 130;  // 128 + SIGINT, as a shell reports a killed job
 
 std::string read_text_file(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec))
-    throw std::runtime_error(fmt::format("--text '{}': no such file", printable(path)));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(fmt::format("--text '{}': cannot be read", printable(path)));
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (in.bad()) throw std::runtime_error(fmt::format("--text '{}': read error", printable(path)));
-  if (s.str().empty()) throw std::runtime_error(fmt::format("--text '{}': the file is empty", printable(path)));
-  return s.str();
+  std::string text = read_input_file(path, "--text");  // a regular file, at most 4 GiB
+  if (text.empty())
+    throw std::runtime_error(fmt::format("--text '{}': the file is empty", printable(path)));
+  return text;
 }
 
 // A stream that drops what it is given (ranks other than 0 print nothing).
@@ -98,6 +97,36 @@ std::vector<std::string> kept_metrics(const std::string& path, int64_t last_eval
     }
   }
   return kept;
+}
+
+// Removes what a killed run left in DIR: the temporaries of attn's atomic
+// writer (".NAME.tmp.PID.N", attn/atomic_file.h; a 124M checkpoint's is 1.5 GB)
+// whose process no longer runs.
+void remove_stale_temporaries(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const size_t tmp = name.rfind(".tmp.");
+    if (name.empty() || name[0] != '.' || tmp == std::string::npos || tmp == 0) continue;
+    // PID.N after ".tmp."
+    const std::string rest = name.substr(tmp + 5);
+    const size_t dot = rest.find('.');
+    if (dot == std::string::npos || dot == 0 || dot + 1 == rest.size() ||
+        rest.find_first_not_of("0123456789.") != std::string::npos)
+      continue;
+    long pid = 0;
+    try {
+      pid = std::stol(rest.substr(0, dot));
+    } catch (const std::exception&) {
+      continue;
+    }
+    if (pid <= 0 || (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM)) continue;  // alive
+    std::error_code rm;
+    if (it->is_regular_file(rm) && fs::remove(it->path(), rm))
+      std::cout << fmt::format("removed '{}', left by an earlier run\n",
+                               printable(it->path().string()));
+  }
 }
 
 // "GPT-2 BPE", "characters" or the tokenizer.json's.
@@ -382,6 +411,7 @@ Command add_train_command(CLI::App& app) {
                   "--tokenizer hf: the tokenizer.json (or a directory holding one; default: "
                   "--init-from's)");
 #undef ATTN_TRAIN_FLAG
+  cmd->get_option("--seed")->check(uint64_value());
 
   CLI::Option* accum_flag = cmd->get_option("--grad-accum-steps");
   CLI::Option* tokenizer_flag = cmd->get_option("--tokenizer");
@@ -395,8 +425,24 @@ Command add_train_command(CLI::App& app) {
     const std::string metrics_path = (fs::path(flags->out) / "metrics.jsonl").string();
     // The checkpoint, and for a GPT-2 BPE run the same weights in Hugging Face's
     // layout beside it (config.json, model.safetensors, vocab.json, merges.txt).
+    int64_t saved_iter = -1;  // the iteration DIR/checkpoint.safetensors holds (-1: none yet)
+    // Where a run that diverged stops: what is kept, and what to try.
+    auto kept = [&]() {
+      return saved_iter < 0
+                 ? fmt::format("no checkpoint was written to '{}'", printable(checkpoint))
+                 : fmt::format("'{}' keeps iteration {}", printable(checkpoint), saved_iter);
+    };
     auto save = [&](train::Trainer& trainer) {
+      // Every rank checks (the weights are the same on each), so all stop together.
+      if (const std::string bad = non_finite_weight(trainer.lm().module()); !bad.empty()) {
+        throw std::runtime_error(
+            fmt::format("the run diverged by iteration {}: {}; stopped without writing, {} (try a "
+                        "lower --lr or "
+                        "--grad-clip)",
+                        trainer.iter(), bad, kept()));
+      }
       trainer.save(checkpoint);  // collective with --shard-optimizer; rank 0 writes
+      saved_iter = trainer.iter();
       if (!root) return;
       if (trainer.is_decoder()) {
         // The Hub's layout (config.json, generation_config.json, model.safetensors
@@ -529,6 +575,7 @@ Command add_train_command(CLI::App& app) {
       throw std::runtime_error(fmt::format(
           "--out '{}' already holds a checkpoint; pass --resume to continue it or choose another folder",
           printable(flags->out)));
+    if (root) remove_stale_temporaries(flags->out);
 
     auto trainer_ptr = shards ? std::make_unique<train::Trainer>(shards, shards->vocab_size(), options)
                               : std::make_unique<train::Trainer>(text, options);
@@ -552,6 +599,7 @@ Command add_train_command(CLI::App& app) {
     std::vector<std::string> metrics;
     if (flags->resume) {
       trainer.resume(checkpoint);
+      saved_iter = trainer.iter();
       metrics = kept_metrics(metrics_path, trainer.last_eval_iter());
     }
 
@@ -639,13 +687,23 @@ Command add_train_command(CLI::App& app) {
           j["optimizer_bytes"] = trainer.optimizer_bytes();  // rank 0's AdamW moments
         }
         step_ms.clear();
-        save(trainer);
+        if (root && !(std::isfinite(r.train_loss) && std::isfinite(r.val_loss))) {
+          throw std::runtime_error(fmt::format(
+              "the run diverged by iteration {}: train loss {}, val loss {}; stopped without "
+              "writing, {} (try a lower --lr or --grad-clip)",
+              r.iter, r.train_loss, r.val_loss, kept()));
+        }
+        // metrics.jsonl first, then the checkpoint: a kill between the two leaves
+        // a line past the checkpoint's last_eval_iter, which --resume drops and
+        // writes again when it reaches that iteration (kept_metrics), so no
+        // evaluation is ever missing.
         if (root) {
           metrics.push_back(j.dump());
           std::string all;
           for (const auto& line : metrics) all += line + "\n";
           write_file_atomically(metrics_path, all);
         }
+        save(trainer);
         out << (bar ? "\r\033[K" : "")
                   << fmt::format("iter {}: train loss {:.4f}, val loss {:.4f}{}\n", r.iter, r.train_loss,
                                  r.val_loss,
@@ -660,6 +718,12 @@ Command add_train_command(CLI::App& app) {
       const auto t0 = clock::now();
       if (mpi != nullptr) mpi->set_step(trainer.iter());
       loss = trainer.step();
+      if (!std::isfinite(loss)) {
+        throw std::runtime_error(fmt::format(
+            "the run diverged at iteration {}: its training loss is {}; stopped, {} (try a lower "
+            "--lr or --grad-clip)",
+            trainer.iter(), loss, kept()));
+      }
       const double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
       step_ms.push_back(ms);
       all_ms.push_back(ms);

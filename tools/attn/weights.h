@@ -1,0 +1,16 @@
+// weights.h - checks on a model's weights before they are used or written.
+#pragma once
+
+#include <string>
+
+#include "attn/nn.h"
+
+namespace attn::cli {
+
+// "" when every parameter of the model is finite; else the first one holding
+// a NaN or an infinity, as "the weight 'NAME' holds nan at index I": a
+// diverged run must not be written, and a model whose weights are not finite
+// generates nothing but NaN logits.
+std::string non_finite_weight(nn::Module& model);
+
+}  // namespace attn::cli
