@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -103,10 +104,17 @@ Checkpoint load_checkpoint(const std::string& dir, std::unique_ptr<GPTModel>& mo
     throw std::invalid_argument(
         fmt::format("'{}': metadata \"vocab\" is not a JSON array", printable(path)));
   }
+  std::map<std::string, size_t> first;  // character -> its id: each one once
   for (const auto& tok : vocab) {
     if (!tok.is_string() || utf8_characters(tok.get<std::string>()).size() != 1) {
       throw std::invalid_argument(fmt::format("'{}': vocab entry {} is not a one-character string",
                                               printable(path), printable(tok.dump())));
+    }
+    const auto [at, fresh] = first.emplace(tok.get<std::string>(), ck.vocab.size());
+    if (!fresh) {
+      throw std::invalid_argument(fmt::format(
+          "'{}': vocab entry {} ({}) repeats entry {}: a character vocabulary holds each once",
+          printable(path), ck.vocab.size(), printable(tok.dump()), at->second));
     }
     ck.vocab.push_back(tok.get<std::string>());
   }

@@ -313,7 +313,9 @@ Trainer::Trainer(std::shared_ptr<const data::TokenSource> tokens, int64_t vocab_
     id["dir"] = shards->dir();
     id["manifest_fnv1a64"] = fmt::format("{:016x}", fnv1a64(manifest.data(), manifest.size()));
     id["tokens"] = shards->size();
-    data_shards_ = id.dump();
+    // A folder's path is bytes: one that is not UTF-8 is written with U+FFFD
+    // for its bad bytes (nlohmann's strict dump threw type_error.316).
+    data_shards_ = id.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   }
   build(vocab_size);
 }

@@ -237,7 +237,9 @@ std::string TrainOptions::to_json() const {
     j["theta_base"] = theta_base;
   }
   if (tokenizer == "hf") j["tokenizer_file"] = tokenizer_file;
-  return j.dump();
+  // Paths (--init-from, --tokenizer-file) are bytes: any that is not UTF-8 is
+  // written with U+FFFD for its bad bytes rather than failing with type_error.316.
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 TrainOptions TrainOptions::from_json(const std::string& text, TrainOptions o) {

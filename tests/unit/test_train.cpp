@@ -486,6 +486,32 @@ TEST(Trainer, ResumeRefusesCountsThatAreNotCounts) {
   std::filesystem::remove(path);
 }
 
+// Issue 46: a character vocabulary with an entry twice (which generate
+// accepted, decoding two ids as one character) is refused by name.
+TEST(Trainer, CheckpointWithARepeatedCharacterIsRefused) {
+  const std::string dir = attn::test::temp_path("dup_vocab");
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/checkpoint.safetensors";
+  Trainer t(shakespeare(4000), tiny_options());
+  t.save(path);
+  attn::io::SafetensorsFile file = attn::io::read_safetensors(path);
+  auto vocab = nlohmann::json::parse(file.metadata.at("vocab"));
+  ASSERT_GT(vocab.size(), 5u);
+  vocab[5] = vocab[2];
+  file.metadata["vocab"] = vocab.dump();
+  attn::io::write_safetensors(path, file.tensors, file.metadata);
+  std::unique_ptr<attn::nn::GPTModel> model;
+  try {
+    (void)attn::nn::load_checkpoint(dir, model);
+    ADD_FAILURE() << "a repeated character was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("vocab entry 5 (" + vocab[2].dump() + ") repeats entry 2"),
+              std::string::npos)
+        << e.what();
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // ---- learning ------------------------------------------------------------------------------
 
 // A small model on the first 200,000 characters of tinyshakespeare: 500 steps
@@ -852,6 +878,40 @@ TEST(TrainCli, SizesAtTheEdgesAreRefusedAsParsed) {
               std::string::npos)
         << e.what();
   }
+}
+
+// Issue 46, paths are bytes: --data-shards and --out that are not UTF-8
+// train (train_args and the shards' record in the checkpoint used to fail
+// with nlohmann's type_error.316), and a run that cannot start leaves no
+// empty --out folder behind.
+TEST(TrainCli, PathsThatAreNotUtf8AndNoEmptyOutLeftBehind) {
+  ATTN_REQUIRE_CLI();
+  namespace fs = std::filesystem;
+  const std::string text = attn::test::temp_path("text.txt"),
+                    shorter = attn::test::temp_path("short.txt");
+  write_file(text, shakespeare(20000));
+  write_file(shorter, shakespeare(100));
+  const std::string out = attn::test::temp_path("never_made");
+  auto r = attn::test::run_cli("train --text '" + shorter + "' --out '" + out +
+                               "' --n-layers 1 --emb-dim 16");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("validation tokens"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out)) << "an empty --out folder was left behind";
+
+  const std::string shards = attn::test::temp_path("shards\xff\x1b"),
+                    run = attn::test::temp_path("run\xfe");
+  r = attn::test::run_cli("prepare --tokenizer gpt2 '" + text + "' --out '" + shards + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = attn::test::run_cli(
+      "train --data-shards '" + shards + "' --out '" + run +
+      "' --n-layers 1 --n-heads 2 --emb-dim 16 --context-length 16 --batch-size 2 "
+      "--max-iters 2 --eval-interval 2 --eval-iters 1 --threads 1");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(run + "/checkpoint.safetensors"));
+  for (const std::string& line : attn::test::lines_of(r.out))
+    EXPECT_EQ(line.find('\x1b'), std::string::npos) << "a raw ESC in: " << line;
+  fs::remove_all(shards);
+  fs::remove_all(run);
 }
 
 // Issue 46, data lost: a run that diverges stops with one line and keeps its

@@ -242,7 +242,7 @@ int run_book_recipe(train::Trainer& trainer, const std::string& out,
   std::cout << fmt::format(
       "done: {} steps in {:.1f} s ({:.1f} ms/step median); checkpoint {}; loss curve {}\n",
       trainer.iter(), wall, median(all_ms),
-      printable((fs::path(out) / "checkpoint.safetensors").string()), loss_curve);
+      printable((fs::path(out) / "checkpoint.safetensors").string()), printable(loss_curve));
   std::cout.flush();
   return std::cout ? 0 : 1;
 }
@@ -565,6 +565,7 @@ Command add_train_command(CLI::App& app) {
     }
     const std::string text = shards ? std::string() : read_text_file(flags->text);
 
+    const bool out_was_there = fs::exists(flags->out, ec);
     fs::create_directories(flags->out, ec);
     if (ec || !fs::is_directory(flags->out))
       throw std::runtime_error(fmt::format("--out '{}': cannot create the folder{}", printable(flags->out),
@@ -577,8 +578,16 @@ Command add_train_command(CLI::App& app) {
           printable(flags->out)));
     if (root) remove_stale_temporaries(flags->out);
 
-    auto trainer_ptr = shards ? std::make_unique<train::Trainer>(shards, shards->vocab_size(), options)
-                              : std::make_unique<train::Trainer>(text, options);
+    std::unique_ptr<train::Trainer> trainer_ptr;
+    try {
+      trainer_ptr = shards ? std::make_unique<train::Trainer>(shards, shards->vocab_size(), options)
+                           : std::make_unique<train::Trainer>(text, options);
+    } catch (...) {
+      // A run that cannot start leaves no empty --out folder it made behind.
+      std::error_code rm;
+      if (root && !out_was_there && fs::is_empty(flags->out, rm)) fs::remove(flags->out, rm);
+      throw;
+    }
     train::Trainer& trainer = *trainer_ptr;
     if (mpi != nullptr) {
       // Start-up agreement, before any step: the same flags, data and binary on every rank.
@@ -757,8 +766,10 @@ Command add_train_command(CLI::App& app) {
     // The loss curve of the whole run (every evaluation in metrics.jsonl), as a picture beside it.
     const std::string loss_curve = (fs::path(flags->out) / "loss.svg").string();
     if (root) plot::write_loss_curve(metrics_path, loss_curve);
-    out << fmt::format("done: {} iterations in {:.1f} s ({:.1f} ms/iter median); checkpoint {}; loss curve {}\n",
-                             trainer.iter() - first_iter, wall, median(all_ms), printable(checkpoint), loss_curve);
+    out << fmt::format(
+        "done: {} iterations in {:.1f} s ({:.1f} ms/iter median); checkpoint {}; loss curve {}\n",
+        trainer.iter() - first_iter, wall, median(all_ms), printable(checkpoint),
+        printable(loss_curve));
     out.flush();
     return std::cout ? 0 : 1;
   };
