@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
@@ -202,6 +203,21 @@ std::string Manifest::to_json() const {
   return j.dump(1) + "\n";
 }
 
+namespace {
+
+// An integer of the manifest: a JSON integer within int64 (a float such as
+// 9.2e25 converted to int64 is undefined behaviour, found by fuzz_token_manifest).
+int64_t manifest_int(const nlohmann::json& v, const char* key, const std::string& name) {
+  if (!v.is_number_integer() ||
+      (v.is_number_unsigned() &&
+       v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())))
+    throw std::invalid_argument(fmt::format("manifest '{}': \"{}\" must be an integer, got {}",
+                                            name, key, printable(v.dump(), 64)));
+  return v.get<int64_t>();
+}
+
+}  // namespace
+
 Manifest Manifest::from_json(const std::string& text, const std::string& where) {
   const std::string name = printable(where);
   Manifest m;
@@ -212,10 +228,10 @@ Manifest Manifest::from_json(const std::string& text, const std::string& where) 
       throw std::invalid_argument(fmt::format("manifest '{}': format \"{}\", this attn reads \"{}\"", name,
                                               printable(format, 64), kManifestFormat));
     m.tokenizer = j.at("tokenizer").get<std::string>();
-    m.vocab_size = j.at("vocab_size").get<int64_t>();
-    m.eot_token = j.at("eot_token").get<int64_t>();
-    m.tokens = j.at("tokens").get<int64_t>();
-    m.documents = j.at("documents").get<int64_t>();
+    m.vocab_size = manifest_int(j.at("vocab_size"), "vocab_size", name);
+    m.eot_token = manifest_int(j.at("eot_token"), "eot_token", name);
+    m.tokens = manifest_int(j.at("tokens"), "tokens", name);
+    m.documents = manifest_int(j.at("documents"), "documents", name);
     if (j.at("dtype").get<std::string>() != "uint16")
       throw std::invalid_argument(fmt::format("manifest '{}': dtype \"{}\", expected \"uint16\"", name,
                                               printable(j.at("dtype").get<std::string>(), 64)));
@@ -223,7 +239,7 @@ Manifest Manifest::from_json(const std::string& text, const std::string& where) 
     for (const auto& e : j.at("shards")) {
       ShardEntry s;
       s.file = e.at("file").get<std::string>();
-      s.tokens = e.at("tokens").get<int64_t>();
+      s.tokens = manifest_int(e.at("tokens"), "tokens", name);
       const auto hex = e.at("checksum").get<std::string>();
       size_t used = 0;
       try {
@@ -234,12 +250,17 @@ Manifest Manifest::from_json(const std::string& text, const std::string& where) 
       if (hex.size() != 16 || used != 16)
         throw std::invalid_argument(fmt::format("manifest '{}': shard checksum \"{}\" is not 16 hex digits",
                                                 name, printable(hex, 64)));
-      if (s.file.empty() || s.file.find('/') != std::string::npos || s.file == "." || s.file == "..")
+      // A NUL would cut the name the system call sees: "a\0/../../x" is "a".
+      if (s.file.empty() || s.file.find('/') != std::string::npos ||
+          s.file.find('\0') != std::string::npos || s.file == "." || s.file == "..")
         throw std::invalid_argument(fmt::format(
             "manifest '{}': shard file \"{}\" is not a name in the manifest's folder", name, printable(s.file, 64)));
       if (s.tokens < 0)
         throw std::invalid_argument(fmt::format("manifest '{}': shard '{}' has {} tokens", name,
                                                 printable(s.file, 64), s.tokens));
+      if (s.tokens > std::numeric_limits<int64_t>::max() - sum)
+        throw std::invalid_argument(
+            fmt::format("manifest '{}': its shards hold more tokens than int64 can count", name));
       sum += s.tokens;
       m.shards.push_back(std::move(s));
     }

@@ -317,6 +317,22 @@ TEST(TokenShards, ManifestDisagreementsAreInvalidArguments) {
   EXPECT_NE(m.find("\"tokens\" is 5 but its shards hold 3000"), std::string::npos) << m;
   m = with_manifest(edited([](auto& j) { j["shards"][0]["file"] = "../x.tok"; }));
   EXPECT_NE(m.find("is not a name in the manifest's folder"), std::string::npos) << m;
+  // Issue 46: a NUL byte would cut the name the system call sees, so the real
+  // shard's name followed by "\0x" opened that shard.
+  m = with_manifest(edited([](auto& j) {
+    j["shards"][0]["file"] =
+        j["shards"][0]["file"].template get<std::string>() + std::string("\0x", 2);
+  }));
+  EXPECT_NE(m.find("\\x00x\" is not a name in the manifest's folder"), std::string::npos) << m;
+  // A float where a count goes (converting 9.2e25 to int64 was undefined
+  // behaviour, found by fuzz_token_manifest), and counts that overflow.
+  m = with_manifest(edited([](auto& j) { j["vocab_size"] = 9.2e25; }));
+  EXPECT_NE(m.find("\"vocab_size\" must be an integer, got 9.2e+25"), std::string::npos) << m;
+  m = with_manifest(edited([](auto& j) {
+    j["shards"][0]["tokens"] = INT64_MAX;
+    j["shards"][1]["tokens"] = INT64_MAX;
+  }));
+  EXPECT_NE(m.find("its shards hold more tokens than int64 can count"), std::string::npos) << m;
   m = with_manifest(edited([](auto& j) { j["vocab_size"] = 50000; j["eot_token"] = 1; }));
   EXPECT_NE(m.find("vocab_size 50257, the manifest says 50000"), std::string::npos) << m;
   m = with_manifest(edited([](auto& j) { j["format"] = "other"; }));
