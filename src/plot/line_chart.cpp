@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -299,6 +300,26 @@ std::string render_png(const LineChart& chart) {
 }
 
 std::vector<LossRecord> read_metrics(const std::string& path) {
+  // A regular file only, checked before it is opened (a FIFO would wait for a
+  // writer for ever, /dev/zero is one endless line), of a size a run writes.
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (st.type() != fs::file_type::regular && st.type() != fs::file_type::not_found) {
+    const char* kind = st.type() == fs::file_type::directory   ? "a directory"
+                       : st.type() == fs::file_type::fifo      ? "a FIFO (named pipe)"
+                       : st.type() == fs::file_type::character ? "a character device"
+                       : st.type() == fs::file_type::block     ? "a block device"
+                       : st.type() == fs::file_type::socket    ? "a socket"
+                                                               : "not a regular file";
+    throw std::runtime_error(fmt::format("'{}' is {}, not a regular file", printable(path), kind));
+  }
+  constexpr uintmax_t kMaxMetricsBytes = uintmax_t{1} << 30;
+  if (st.type() == fs::file_type::regular && fs::file_size(path, ec) > kMaxMetricsBytes && !ec) {
+    throw std::runtime_error(
+        fmt::format("'{}' has {} bytes, more than the {} a metrics file may have", printable(path),
+                    fs::file_size(path, ec), kMaxMetricsBytes));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error(fmt::format("cannot read '{}': {}", printable(path), std::strerror(errno)));
   std::vector<LossRecord> records;

@@ -1,9 +1,8 @@
 // Issue 46, special files: a directory, /dev/null, /dev/zero or a FIFO given
 // where a command reads a file (train --text, tokenize --file, prepare's
-// inputs, inspect's safetensors file) is refused before it is opened, each
-// kind with its own one-line message: no "no such file" for what exists, no
-// empty result, no reading /dev/zero until memory runs out, no waiting for
-// ever on a FIFO (the test would time out).
+// inputs, inspect's safetensors file, plot loss's metrics.jsonl) is refused before it is opened,
+// each kind with its own one-line message: no "no such file" for what exists, no empty result, no
+// reading /dev/zero until memory runs out, no waiting for ever on a FIFO (the test would time out).
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -50,6 +49,12 @@ TEST(SpecialFilesCli, EachKindRefusedByNameWithoutOpeningIt) {
        "input '" + dir + "' is a directory, not a regular file"},
       {"prepare --tokenizer gpt2 /dev/zero --out " + q(out), 1,
        "input '/dev/zero' is a character device"},
+      {"plot loss " + q(fifo) + " --out " + q(out + ".svg"), 1,
+       "'" + fifo + "' is a FIFO (named pipe), not a regular file"},
+      {"plot loss /dev/zero --out " + q(out + ".svg"), 1,
+       "'/dev/zero' is a character device, not a regular file"},
+      {"plot loss " + q(dir) + " --out " + q(out + ".svg"), 1,
+       "'" + dir + "' is a directory, not a regular file"},
   };
   for (const Case& c : cases) {
     const auto r = attn::test::run_cli(c.args);
@@ -58,6 +63,7 @@ TEST(SpecialFilesCli, EachKindRefusedByNameWithoutOpeningIt) {
     EXPECT_EQ(attn::test::lines_of(r.err).size(), 1u) << c.args << "\n" << r.err;
     EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.needle << " not in: " << r.err;
     EXPECT_FALSE(fs::exists(out)) << c.args << " left --out behind";
+    EXPECT_FALSE(fs::exists(out + ".svg")) << c.args << " wrote a picture";
   }
   fs::remove_all(dir);
   fs::remove(fifo);
