@@ -434,6 +434,14 @@ ModelDir load_model_dir(const std::string& dir, std::unique_ptr<nn::GPTModel>& m
         "checkpoint directory with checkpoint.safetensors)",
         named(dir)));
   }
+  // A config.json that is there but not a file (a directory, a FIFO) would
+  // otherwise send the directory on as an attn checkpoint missing its file.
+  if (std::error_code ec; fs::is_directory(d, ec) && fs::exists(d / "config.json", ec) &&
+                          !fs::is_regular_file(d / "config.json", ec)) {
+    throw std::invalid_argument(
+        fmt::format("{} is not a regular file (a directory or a special file)",
+                    named((d / "config.json").string())));
+  }
   if (is_hf_gpt2_dir(dir)) {
     out.kind = ModelDir::Kind::kHuggingFace;
     out.hf = load_hf_gpt2(dir, model, options);

@@ -143,6 +143,34 @@ TEST(HfGpt2Cli, ExportRefusesAMalformedVocabulary) {
   }
 }
 
+// The same for a Llama / Qwen / Gemma directory's tokenizer.json.
+TEST(HfGpt2Cli, ExportRefusesAMalformedTokenizerJson) {
+  ATTN_REQUIRE_CLI();
+  const std::string src = temp_path("bad_tokjson_src"), out = temp_path("bad_tokjson_out");
+  fs::copy(std::string(ATTN_TESTS_DIR) + "/fixtures/open_models/llama3", src,
+           fs::copy_options::recursive);
+  { std::ofstream(src + "/tokenizer.json", std::ios::binary) << R"({"model": {"type": "BPE"}})"; }
+  const CliResult r = run_cli("export --model " + q(src) + " --format hf --out " + q(out));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(lines_of(r.err).size(), 1u) << r.err;
+  EXPECT_NE(r.err.find("tokenizer.json"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out)) << "written despite a malformed tokenizer.json";
+  fs::remove_all(src);
+}
+
+// A config.json that is a directory is named as such (it used to send the
+// folder on as an attn checkpoint "missing checkpoint.safetensors").
+TEST(HfGpt2Cli, AConfigJsonThatIsADirectoryIsNamed) {
+  ATTN_REQUIRE_CLI();
+  const std::string dir = temp_path("config_dir");
+  fs::create_directories(dir + "/config.json");
+  const CliResult r = run_cli("generate --model " + q(dir) + " --prompt a --max-new-tokens 1");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(lines_of(r.err).size(), 1u) << r.err;
+  EXPECT_NE(r.err.find("config.json' is not a regular file"), std::string::npos) << r.err;
+  fs::remove_all(dir);
+}
+
 TEST(HfGpt2Cli, CharacterCheckpointIsNotExportedToHf) {
   ATTN_REQUIRE_CLI();
   Generator gen(2);

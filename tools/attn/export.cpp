@@ -14,6 +14,7 @@
 #include "attn/checkpoint.h"
 #include "attn/hf_decoder.h"
 #include "attn/hf_gpt2.h"
+#include "attn/hf_tokenizer.h"
 #include "attn/model_config.h"
 #include "attn/safetensors.h"
 #include "attn/state_dict.h"
@@ -65,8 +66,11 @@ int export_decoder(const Flags& f) {
   io::HfDecoderSaveOptions options;
   options.dtype = dtype;
   const fs::path src(f.model);
-  if (fs::is_regular_file(src / "tokenizer.json"))
+  if (fs::is_regular_file(src / "tokenizer.json")) {
     options.tokenizer_json = read_file(src / "tokenizer.json");
+    // Copied only when it reads as a tokenizer (checked before anything is written).
+    (void)text::HfTokenizer::from_json(options.tokenizer_json, (src / "tokenizer.json").string());
+  }
   if (fs::is_regular_file(src / "tokenizer_config.json"))
     options.tokenizer_config_json = read_file(src / "tokenizer_config.json");
   io::save_hf_decoder(*model, info.hf, f.out, options);
