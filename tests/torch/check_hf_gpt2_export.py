@@ -17,6 +17,7 @@ make_hf_gpt2_fixtures.py). Tolerance 1e-4; exits 1 on any difference.
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -94,6 +95,7 @@ def main():
     for variant, dtype in [("fp32", "float32"), ("fp16", "float16"), ("bf16", "bfloat16"),
                            ("untied", "float32")]:
         out = os.path.join(args.out, variant)
+        shutil.rmtree(out, ignore_errors=True)  # a fresh folder: export refuses to overwrite a model
         subprocess.run([args.attn, "export", "--model", os.path.join(FIXTURES, variant), "--format",
                         "hf", "--dtype", dtype, "--out", out], check=True, stdout=subprocess.DEVNULL)
         with torch.no_grad():
