@@ -30,10 +30,13 @@
 #include "attn/safetensors.h"
 #include "attn/train.h"
 #include "cli.h"
+#include "train_steps.h"
 
 namespace {
 
 using attn::Generator;
+using attn::test::all_weights;
+using attn::test::run_losses;
 using attn::train::Batcher;
 using attn::train::CharTokenizer;
 using attn::train::Trainer;
@@ -216,22 +219,6 @@ TEST(Trainer, RefusesTextTooShortForTheSplit) {
 }
 
 // ---- exact resume --------------------------------------------------------------------------
-
-// The CLI's loop: evaluate at every eval_interval (once), then step.
-std::vector<double> run_losses(Trainer& t, int64_t until) {
-  std::vector<double> losses;
-  while (true) {
-    const int64_t it = t.iter();
-    if ((it % t.options().eval_interval == 0 || it == t.options().max_iters) && t.last_eval_iter() != it) {
-      const auto r = t.evaluate();
-      losses.push_back(r.train_loss);
-      losses.push_back(r.val_loss);
-    }
-    if (it >= until) break;
-    losses.push_back(t.step());
-  }
-  return losses;
-}
 
 TEST(Trainer, ResumeGivesBitIdenticalLosses) {
   const std::string text = shakespeare(4000);
@@ -1025,20 +1012,6 @@ TEST(TrainCli, KilledRunLosesNoEvaluationAndLeavesNoTemporaries) {
   EXPECT_EQ(metric_losses(dir), whole);
   fs::remove_all(dir);
 #endif
-}
-
-}  // namespace
-
-namespace {
-
-// The weights of a trainer, every parameter flattened in named_parameters() order.
-std::vector<float> all_weights(Trainer& t) {
-  std::vector<float> w;
-  for (auto& [name, p] : t.model().named_parameters()) {
-    const float* v = p->value.data();
-    w.insert(w.end(), v, v + p->value.numel());
-  }
-  return w;
 }
 
 }  // namespace

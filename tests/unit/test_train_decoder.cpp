@@ -25,6 +25,7 @@
 #include "attn/train.h"
 #include "attn/train_book.h"
 #include "cli.h"
+#include "train_steps.h"
 
 namespace attn::test {
 namespace {
@@ -63,31 +64,6 @@ TrainOptions tiny_decoder(const std::string& arch) {
     o.sliding_window_stride = 1;
   }
   return o;
-}
-
-std::vector<double> run_losses(Trainer& t, int64_t until) {
-  std::vector<double> losses;
-  while (true) {
-    const int64_t it = t.iter();
-    if ((it % t.options().eval_interval == 0 || it == t.options().max_iters) &&
-        t.last_eval_iter() != it) {
-      const auto r = t.evaluate();
-      losses.push_back(r.train_loss);
-      losses.push_back(r.val_loss);
-    }
-    if (it >= until) break;
-    losses.push_back(t.step());
-  }
-  return losses;
-}
-
-std::vector<float> all_weights(Trainer& t) {
-  std::vector<float> w;
-  for (auto& [name, p] : t.lm().module().named_parameters()) {
-    const std::vector<float> v = p->value.to_vector();
-    w.insert(w.end(), v.begin(), v.end());
-  }
-  return w;
 }
 
 class TrainDecoderArch : public ::testing::TestWithParam<const char*> {};
