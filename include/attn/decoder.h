@@ -239,11 +239,13 @@ class DecoderLM : public Module {
 // Keys and values of the tokens seen, per layer, for B sequences advancing
 // together. A full layer keeps `capacity` rows; a sliding-window layer only
 // the last min(W, capacity) (a ring: row p % rows holds position p), so its
-// memory is bounded by the window, not by the sequence.
+// memory is bounded by the window, not by the sequence. float32 or bfloat16
+// (keys and values rounded to bf16 as they are stored; the attention reads
+// them widened, exactly).
 struct DecoderKVCache {
   struct Layer {
     int64_t window = 0;  // 0: full
-    Tensor keys;         // (B, Hkv, rows, hd), rotated
+    Tensor keys;         // (B, Hkv, rows, hd), rotated; float32 or bfloat16
     Tensor values;       // (B, Hkv, rows, hd)
   };
   int64_t batch = 0;
@@ -255,8 +257,10 @@ struct DecoderKVCache {
   int64_t bytes() const;  // what the keys and values hold
 };
 
-// capacity 1 .. context_length. Throws std::invalid_argument naming the values.
-DecoderKVCache make_kv_cache(const DecoderLM& model, int64_t batch, int64_t capacity);
+// capacity 1 .. context_length; dtype float32 or bfloat16. Throws
+// std::invalid_argument naming the values.
+DecoderKVCache make_kv_cache(const DecoderLM& model, int64_t batch, int64_t capacity,
+                             DType dtype = DType::kFloat32);
 
 // ids_new (B, T_new) at positions length .. length + T_new - 1 -> logits (B, T_new, V),
 // equal to forward()'s rows for them; then length += T_new. Evaluation only:
@@ -278,7 +282,8 @@ Tensor generate(DecoderLM& model, const Tensor& prompt, const GenerateOptions& o
 
 // A pool of num_blocks blocks of block_size positions for this model's layers,
 // key/value heads and head_dim. Throws std::invalid_argument naming a size < 1.
-PagedKVCache make_paged_kv_cache(const DecoderLM& model, int64_t block_size, int64_t num_blocks);
+PagedKVCache make_paged_kv_cache(const DecoderLM& model, int64_t block_size, int64_t num_blocks,
+                                 DType dtype = DType::kFloat32);
 
 // One batched step of sequences at their own positions: ids (N), the new
 // tokens of seqs[0], then seqs[1], ... -> logits (S, V), row s the logits of

@@ -119,7 +119,8 @@ Tensor forward_cached(GPTModel& model, const Tensor& ids, GPTKVCache& cache,
 // float32 models with the chapter's multi-head attention and learned
 // positions (GPT-2) only: a bf16, RoPE, latent, grouped-query or windowed
 // model is an std::invalid_argument naming what it has.
-PagedKVCache make_paged_kv_cache(const GPTModel& model, int64_t block_size, int64_t num_blocks);
+PagedKVCache make_paged_kv_cache(const GPTModel& model, int64_t block_size, int64_t num_blocks,
+                                 DType dtype = DType::kFloat32);
 // One batched step of sequences at their own positions, as the decoder's
 // forward_paged (attn/decoder.h): ids (N), the new tokens of seqs[0], then
 // seqs[1], ... -> logits (S, V) of each sequence's last new token; every
@@ -167,6 +168,10 @@ struct GenerateOptions {
   // Called with each step's sampled ids (B) once they are appended (not for
   // the eos_id that stops it): a streaming printer's hook.
   std::function<void(const std::vector<int64_t>&)> on_token = nullptr;
+  // The element type of a decoder's key/value cache (attn/decoder.h): float32,
+  // or bfloat16 (half the memory and the bytes each step reads; keys and
+  // values rounded as they are stored, as transformers' bf16 cache holds them).
+  DType kv_dtype = DType::kFloat32;
 };
 
 // The book's generate: for max_new_tokens steps, the logits of the last

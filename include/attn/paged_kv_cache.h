@@ -10,8 +10,8 @@
 // the pool's free list as a sequence grows (reserve) and returned when it ends
 // (release); no sequence holds memory for tokens it never reaches.
 //
-//   nn::PagedKVCache cache = nn::make_paged_kv_cache(model, {.block_size = 16,
-//                                                            .num_blocks = 256});
+//   nn::PagedKVCache cache = nn::make_paged_kv_cache(model, /*block_size=*/16,
+//                                                    /*num_blocks=*/256);
 //   nn::BlockTable a, b;
 //   cache.reserve(a, 7);  cache.reserve(b, 1);          // room for the new tokens
 //   std::vector<nn::PagedSequence> step = {{&a, 7}, {&b, 1}};
@@ -19,12 +19,15 @@
 //   //   batched pass over 8 token rows; a.length 0 -> 7, b.length (say) 40 -> 41
 //   cache.release(a);
 //
-// Layout: per layer, keys and values (num_blocks, block_size, Hkv, hd) float32,
+// Layout: per layer, keys and values (num_blocks, block_size, Hkv, hd) float32
+// or bfloat16 (rounded as stored: half the memory and the bytes a step reads),
 // rotated keys for RoPE models (as DecoderKVCache holds them). A windowed
 // (sliding) layer keeps every position too; its attention reads only the
-// window. The attention (paged_attention_forward) is the plain loop: each new
-// query over its own sequence's cached keys up to its position, softmax in
-// float32 with the maximum subtracted, the same maths as SDPA's causal rows.
+// window. The attention (paged_attention_forward) is the flash-decoding kernel
+// (attn/decode_attention.h) reading each sequence's rows through its block
+// table: each new query over its own sequence's cached keys up to its
+// position, the same maths as SDPA's causal rows; ref::decode_attention_forward
+// is its plain specification.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +44,7 @@ struct PagedKVCacheOptions {
   int64_t head_dim = 0;      // hd
   int64_t block_size = 16;   // tokens per block
   int64_t num_blocks = 0;    // blocks in the pool
+  DType dtype = DType::kFloat32;  // of the keys and values: float32 or bfloat16
 };
 
 // One sequence's blocks: position p in blocks[p / block_size], row p % block_size.
@@ -74,11 +78,11 @@ class PagedKVCache {
   void hold(int32_t block);
   void drop(int32_t block);  // a block nothing holds goes back to the free list
   int32_t holds(int32_t block) const { return holds_.at(static_cast<size_t>(block)); }
-  // (num_blocks, block_size, Hkv, hd) of layer `layer`.
-  float* keys(int64_t layer) { return keys_.at(static_cast<size_t>(layer)).data(); }
-  float* values(int64_t layer) { return values_.at(static_cast<size_t>(layer)).data(); }
-  const float* keys(int64_t layer) const { return keys_.at(static_cast<size_t>(layer)).data(); }
-  const float* values(int64_t layer) const { return values_.at(static_cast<size_t>(layer)).data(); }
+  // (num_blocks, block_size, Hkv, hd) of layer `layer`, of options().dtype.
+  Tensor& keys(int64_t layer) { return keys_.at(static_cast<size_t>(layer)); }
+  Tensor& values(int64_t layer) { return values_.at(static_cast<size_t>(layer)); }
+  const Tensor& keys(int64_t layer) const { return keys_.at(static_cast<size_t>(layer)); }
+  const Tensor& values(int64_t layer) const { return values_.at(static_cast<size_t>(layer)); }
   int64_t bytes() const;  // the keys and values of the pool
 
  private:
@@ -105,7 +109,8 @@ int64_t check_paged_step(const PagedKVCache& cache, std::span<const PagedSequenc
                          const char* who);
 
 // Writes the step's new keys and values k, v (N, Hkv, hd) contiguous float32
-// into layer `layer` at each sequence's positions (lengths are not advanced).
+// into layer `layer` at each sequence's positions (lengths are not advanced;
+// rounded to bf16 in a bf16 pool).
 void paged_store(PagedKVCache& cache, int64_t layer, std::span<const PagedSequence> seqs,
                  const float* k, const float* v);
 
@@ -118,9 +123,10 @@ struct PagedAttentionOptions {
 
 // out (N, H, hd) = the causal attention of the step's queries q (N, H, hd),
 // each over its own sequence's cached keys and values of layer `layer` at
-// positions 0 .. its own (paged_store has written the step's). The plain
-// loop, in parallel over (token, head); its result does not depend on the
-// other sequences of the step or on the thread count.
+// positions 0 .. its own (paged_store has written the step's). Flash-decoding
+// over the block tables (kernels::decode_attention_forward); a sequence's
+// result does not depend on the other sequences of the step or on the thread
+// count.
 void paged_attention_forward(float* out, const float* q, const PagedKVCache& cache, int64_t layer,
                              std::span<const PagedSequence> seqs,
                              const PagedAttentionOptions& options);

@@ -578,17 +578,24 @@ void DecoderLM::backward_loss(float dloss) {
 
 int64_t DecoderKVCache::bytes() const {
   int64_t n = 0;
-  for (const Layer& l : layers) n += 4 * (l.keys.numel() + l.values.numel());
+  for (const Layer& l : layers) {
+    n += element_size(l.keys.dtype()) * l.keys.numel() +
+         element_size(l.values.dtype()) * l.values.numel();
+  }
   return n;
 }
 
-DecoderKVCache make_kv_cache(const DecoderLM& model, int64_t batch, int64_t capacity) {
+DecoderKVCache make_kv_cache(const DecoderLM& model, int64_t batch, int64_t capacity, DType dtype) {
   const DecoderConfig& cfg = model.config();
   if (batch < 1 || capacity < 1 || capacity > cfg.context_length) {
     throw std::invalid_argument(fmt::format(
         "make_kv_cache: batch must be >= 1 and capacity in [1, context_length {}], got batch {}, "
         "capacity {}",
         cfg.context_length, batch, capacity));
+  }
+  if (dtype != DType::kFloat32 && dtype != DType::kBFloat16) {
+    throw std::invalid_argument(fmt::format(
+        "make_kv_cache: the cache holds float32 or bfloat16, got {}", dtype_name(dtype)));
   }
   DecoderKVCache c;
   c.batch = batch;
@@ -597,8 +604,8 @@ DecoderKVCache make_kv_cache(const DecoderLM& model, int64_t batch, int64_t capa
     DecoderKVCache::Layer l;
     l.window = cfg.layer_window(i);
     const int64_t rows = l.window > 0 ? std::min(l.window, capacity) : capacity;
-    l.keys = Tensor::zeros({batch, cfg.num_kv_heads, rows, cfg.head_dim});
-    l.values = Tensor::zeros({batch, cfg.num_kv_heads, rows, cfg.head_dim});
+    l.keys = Tensor::zeros({batch, cfg.num_kv_heads, rows, cfg.head_dim}, dtype);
+    l.values = Tensor::zeros({batch, cfg.num_kv_heads, rows, cfg.head_dim}, dtype);
     c.layers.push_back(std::move(l));
   }
   return c;
@@ -631,13 +638,16 @@ void store(Tensor& dst, const Tensor& src, int64_t p0) {
   }
 }
 
-// Positions [p0, p0 + n) of a ring in position order (B, Hkv, n, hd).
+// Positions [p0, p0 + n) of a ring in position order (B, Hkv, n, hd) float32.
 Tensor gather(const Tensor& ring, int64_t p0, int64_t n) {
   std::vector<Tensor> parts;
   for (const auto& [slot, count] : ring_runs(p0, n, ring.size(2)))
-    parts.push_back(ring.slice(2, slot, slot + count));
+    parts.push_back(ring.slice(2, slot, slot + count).to(DType::kFloat32));
   return parts.size() == 1 ? parts[0] : cat(parts, 2);
 }
+
+// Rows [0, n) of a layer's keys or values as float32 (bf16 widened exactly).
+Tensor rows_f32(const Tensor& x, int64_t n) { return x.slice(2, 0, n).to(DType::kFloat32); }
 
 }  // namespace
 
@@ -672,9 +682,8 @@ Tensor forward_cached(DecoderLM& model, const Tensor& ids_new, DecoderKVCache& c
               a, rope, p0, [&](const Tensor& q, const Tensor& k, const Tensor& v) {
                 const int64_t R = cl.keys.size(2);
                 // Up to 16 new queries over every cached row they see: flash-decoding
-                // (attn/decode_attention.h; no softcap there), its output token-major.
-                const bool decode = cfg.attn_softcap == 0.0f && T <= kMaxDecodeQueries &&
-                                    (cl.window == 0 || T == 1);
+                // (attn/decode_attention.h), its output token-major.
+                const bool decode = T <= kMaxDecodeQueries && (cl.window == 0 || T == 1);
                 if (decode) {
                   store(cl.keys, k, p0);
                   store(cl.values, v, p0);
@@ -690,17 +699,24 @@ Tensor forward_cached(DecoderLM& model, const Tensor& ids_new, DecoderKVCache& c
                   dp.D = hd;
                   dp.scale = cfg.attention_scale > 0.0f ? cfg.attention_scale
                                                         : 1.0f / std::sqrt(static_cast<float>(hd));
+                  dp.softcap = cfg.attn_softcap;
                   const Tensor qt = q.transpose(1, 2).contiguous();  // (B, T, H, hd)
                   Tensor out = Tensor::empty({dp.B, T, H, hd});
-                  kernels::decode_attention_forward(out.data(), qt.data(), cl.keys.data(),
-                                                    cl.values.data(), dp);
+                  if (cl.keys.dtype() == DType::kBFloat16) {
+                    kernels::decode_attention_forward(out.data(), qt.data(),
+                                                      cl.keys.data_ptr<BFloat16>(),
+                                                      cl.values.data_ptr<BFloat16>(), dp);
+                  } else {
+                    kernels::decode_attention_forward(out.data(), qt.data(), cl.keys.data(),
+                                                      cl.values.data(), dp);
+                  }
                   return out.transpose(1, 2);  // (B, H, T, hd), a view of token-major rows
                 }
                 if (cl.window == 0) {  // rows [0, p0 + T): causal, aligned bottom right
                   store(cl.keys, k, p0);
                   store(cl.values, v, p0);
-                  return scaled_dot_product_attention(q, cl.keys.slice(2, 0, p0 + T),
-                                                      cl.values.slice(2, 0, p0 + T), full);
+                  return scaled_dot_product_attention(q, rows_f32(cl.keys, p0 + T),
+                                                      rows_f32(cl.values, p0 + T), full);
                 }
                 if (T == 1) {  // the ring holds exactly the window's keys once this one is in
                   store(cl.keys, k, p0);
@@ -709,15 +725,19 @@ Tensor forward_cached(DecoderLM& model, const Tensor& ids_new, DecoderKVCache& c
                   o.is_causal = false;
                   o.window_left = -1;
                   const int64_t n = std::min(p0 + 1, R);
-                  return scaled_dot_product_attention(q, cl.keys.slice(2, 0, n),
-                                                      cl.values.slice(2, 0, n), o);
+                  return scaled_dot_product_attention(q, rows_f32(cl.keys, n),
+                                                      rows_f32(cl.values, n), o);
                 }
                 // Several tokens: the earlier keys the window reaches, in order, then the new ones.
                 const int64_t m = std::min({p0, cl.window - 1, R});
                 Tensor K = k, V = v;
+                if (cl.keys.dtype() == DType::kBFloat16) {  // as the cache will hold them
+                  K = k.to(DType::kBFloat16).to(DType::kFloat32);
+                  V = v.to(DType::kBFloat16).to(DType::kFloat32);
+                }
                 if (m > 0) {
-                  K = cat({gather(cl.keys, p0 - m, m), k.contiguous()}, 2);
-                  V = cat({gather(cl.values, p0 - m, m), v.contiguous()}, 2);
+                  K = cat({gather(cl.keys, p0 - m, m), K.contiguous()}, 2);
+                  V = cat({gather(cl.values, p0 - m, m), V.contiguous()}, 2);
                 }
                 const Tensor out = scaled_dot_product_attention(q, K, V, full);
                 store(cl.keys, k, p0);
@@ -732,13 +752,15 @@ Tensor forward_cached(DecoderLM& model, const Tensor& ids_new, DecoderKVCache& c
   return model.head(h, false);
 }
 
-PagedKVCache make_paged_kv_cache(const DecoderLM& model, int64_t block_size, int64_t num_blocks) {
+PagedKVCache make_paged_kv_cache(const DecoderLM& model, int64_t block_size, int64_t num_blocks,
+                                 DType dtype) {
   const DecoderConfig& cfg = model.config();
   return PagedKVCache({.num_layers = cfg.num_layers,
                        .num_kv_heads = cfg.num_kv_heads,
                        .head_dim = cfg.head_dim,
                        .block_size = block_size,
-                       .num_blocks = num_blocks});
+                       .num_blocks = num_blocks,
+                       .dtype = dtype});
 }
 
 Tensor forward_paged(DecoderLM& model, std::span<const int64_t> ids,
@@ -822,7 +844,8 @@ Tensor generate(DecoderLM& model, const Tensor& prompt, const GenerateOptions& o
                     options.max_new_tokens, cfg.context_length));
   }
   model.eval();
-  DecoderKVCache cache = make_kv_cache(model, B, std::max<int64_t>(1, T0 + options.max_new_tokens));
+  DecoderKVCache cache =
+      make_kv_cache(model, B, std::max<int64_t>(1, T0 + options.max_new_tokens), options.kv_dtype);
   const Tensor pc = prompt.contiguous();
   std::vector<std::vector<int64_t>> rows(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) {

@@ -644,14 +644,16 @@ Tensor paged_layer_norm(const Tensor& in, const LayerNorm& ln, float eps) {
 
 }  // namespace
 
-PagedKVCache make_paged_kv_cache(const GPTModel& model, int64_t block_size, int64_t num_blocks) {
+PagedKVCache make_paged_kv_cache(const GPTModel& model, int64_t block_size, int64_t num_blocks,
+                                 DType dtype) {
   check_paged_gpt(model);
   const GPTConfig& cfg = model.config();
   return PagedKVCache({.num_layers = cfg.n_layers,
                        .num_kv_heads = cfg.n_heads,
                        .head_dim = cfg.emb_dim / cfg.n_heads,
                        .block_size = block_size,
-                       .num_blocks = num_blocks});
+                       .num_blocks = num_blocks,
+                       .dtype = dtype});
 }
 
 Tensor forward_paged(GPTModel& model, std::span<const int64_t> ids,

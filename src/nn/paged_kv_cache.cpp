@@ -8,6 +8,10 @@
 #include <limits>
 #include <stdexcept>
 #include <unordered_set>
+#include <vector>
+
+#include "attn/decode_attention.h"
+#include "attn/layer_kernels.h"
 
 namespace attn::nn {
 
@@ -20,9 +24,15 @@ PagedKVCache::PagedKVCache(const PagedKVCacheOptions& options) : options_(option
         "(num_blocks < 2^31), got {}, {}, {}, {}, {}",
         o.num_layers, o.num_kv_heads, o.head_dim, o.block_size, o.num_blocks));
   }
+  if (o.dtype != DType::kFloat32 && o.dtype != DType::kBFloat16) {
+    throw std::invalid_argument(fmt::format(
+        "PagedKVCache: the pool holds float32 or bfloat16, got {}", dtype_name(o.dtype)));
+  }
   for (int64_t l = 0; l < o.num_layers; ++l) {
-    keys_.push_back(Tensor::zeros({o.num_blocks, o.block_size, o.num_kv_heads, o.head_dim}));
-    values_.push_back(Tensor::zeros({o.num_blocks, o.block_size, o.num_kv_heads, o.head_dim}));
+    keys_.push_back(
+        Tensor::zeros({o.num_blocks, o.block_size, o.num_kv_heads, o.head_dim}, o.dtype));
+    values_.push_back(
+        Tensor::zeros({o.num_blocks, o.block_size, o.num_kv_heads, o.head_dim}, o.dtype));
   }
   holds_.assign(static_cast<size_t>(o.num_blocks), 0);
   free_.reserve(static_cast<size_t>(o.num_blocks));
@@ -87,7 +97,8 @@ void PagedKVCache::release(BlockTable& table) {
 
 int64_t PagedKVCache::bytes() const {
   int64_t n = 0;
-  for (size_t l = 0; l < keys_.size(); ++l) n += 4 * (keys_[l].numel() + values_[l].numel());
+  const int64_t size = element_size(options_.dtype);
+  for (size_t l = 0; l < keys_.size(); ++l) n += size * (keys_[l].numel() + values_[l].numel());
   return n;
 }
 
@@ -129,16 +140,22 @@ void paged_store(PagedKVCache& cache, int64_t layer, std::span<const PagedSequen
                  const float* k, const float* v) {
   const int64_t bs = cache.block_size();
   const int64_t row = cache.options().num_kv_heads * cache.options().head_dim;  // Hkv·hd
-  float* K = cache.keys(layer);
-  float* V = cache.values(layer);
+  const bool bf16 = cache.options().dtype == DType::kBFloat16;
+  Tensor& K = cache.keys(layer);
+  Tensor& V = cache.values(layer);
   int64_t n = 0;
   for (const PagedSequence& s : seqs) {
     for (int64_t t = 0; t < s.count; ++t, ++n) {
       const int64_t p = s.table->length + t;
       const int64_t slot =
           static_cast<int64_t>(s.table->blocks[static_cast<size_t>(p / bs)]) * bs + p % bs;
-      std::copy_n(k + n * row, row, K + slot * row);
-      std::copy_n(v + n * row, row, V + slot * row);
+      if (bf16) {
+        kernels::round_to_bf16(K.data_ptr<BFloat16>() + slot * row, k + n * row, row);
+        kernels::round_to_bf16(V.data_ptr<BFloat16>() + slot * row, v + n * row, row);
+      } else {
+        std::copy_n(k + n * row, row, K.data() + slot * row);
+        std::copy_n(v + n * row, row, V.data() + slot * row);
+      }
     }
   }
 }
@@ -147,63 +164,48 @@ void paged_attention_forward(float* out, const float* q, const PagedKVCache& cac
                              std::span<const PagedSequence> seqs,
                              const PagedAttentionOptions& options) {
   const int64_t H = options.num_heads, Hkv = cache.options().num_kv_heads,
-                hd = cache.options().head_dim, bs = cache.block_size();
+                hd = cache.options().head_dim;
   if (H < 1 || H % Hkv != 0) {
     throw std::invalid_argument(fmt::format(
         "paged_attention_forward: num_heads ({}) must be a multiple of num_kv_heads ({})", H, Hkv));
   }
-  const int64_t group = H / Hkv;
-  // Token row n -> (its sequence, its position).
-  std::vector<const BlockTable*> table_of;
-  std::vector<int64_t> position_of;
-  for (const PagedSequence& s : seqs) {
-    for (int64_t t = 0; t < s.count; ++t) {
-      table_of.push_back(s.table);
-      position_of.push_back(s.table->length + t);
-    }
+  // The step as sequences of their own lengths over their block tables
+  // (FlashAttention 2's flash_attn_with_kvcache): sequence s's queries are the
+  // rows cu[s] .. cu[s + 1] of q, the last of its length + count positions.
+  const int64_t S = static_cast<int64_t>(seqs.size());
+  std::vector<int64_t> cu(static_cast<size_t>(S + 1), 0), lengths(static_cast<size_t>(S));
+  int64_t pages = 1;
+  for (int64_t s = 0; s < S; ++s) {
+    const PagedSequence& seq = seqs[static_cast<size_t>(s)];
+    cu[size_t(s + 1)] = cu[size_t(s)] + seq.count;
+    lengths[size_t(s)] = seq.table->length + seq.count;
+    pages = std::max(pages, static_cast<int64_t>(seq.table->blocks.size()));
   }
-  const int64_t N = static_cast<int64_t>(table_of.size());
-  const float* K = cache.keys(layer);
-  const float* V = cache.values(layer);
-  const int64_t kv_row = Hkv * hd;
-#pragma omp parallel
-  {
-    std::vector<float> scores;  // (p + 1) of one query
-    std::vector<float> acc(static_cast<size_t>(hd));
-#pragma omp for schedule(static)
-    for (int64_t nh = 0; nh < N * H; ++nh) {
-      const int64_t n = nh / H, h = nh % H, g = h / group;
-      const BlockTable& table = *table_of[static_cast<size_t>(n)];
-      const int64_t p = position_of[static_cast<size_t>(n)];
-      const int64_t lo = options.window > 0 ? std::max<int64_t>(0, p - options.window + 1) : 0;
-      const float* qr = q + (n * H + h) * hd;
-      const auto slot = [&](int64_t j) {
-        return static_cast<int64_t>(table.blocks[static_cast<size_t>(j / bs)]) * bs + j % bs;
-      };
-      scores.resize(static_cast<size_t>(p + 1 - lo));
-      float m = -std::numeric_limits<float>::infinity();
-      for (int64_t j = lo; j <= p; ++j) {
-        const float* kr = K + slot(j) * kv_row + g * hd;
-        float s = 0.0f;
-        for (int64_t d = 0; d < hd; ++d) s += qr[d] * kr[d];
-        s *= options.scale;
-        if (options.softcap > 0.0f) s = options.softcap * std::tanh(s / options.softcap);
-        scores[static_cast<size_t>(j - lo)] = s;
-        m = std::max(m, s);
-      }
-      float sum = 0.0f;
-      for (float& s : scores) {
-        s = std::exp(s - m);
-        sum += s;
-      }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t j = lo; j <= p; ++j) {
-        const float w = scores[static_cast<size_t>(j - lo)] / sum;
-        const float* vr = V + slot(j) * kv_row + g * hd;
-        for (int64_t d = 0; d < hd; ++d) acc[static_cast<size_t>(d)] += w * vr[d];
-      }
-      std::copy(acc.begin(), acc.end(), out + (n * H + h) * hd);
-    }
+  std::vector<int32_t> table(static_cast<size_t>(S * pages), 0);
+  for (int64_t s = 0; s < S; ++s) {
+    const std::vector<int32_t>& blocks = seqs[static_cast<size_t>(s)].table->blocks;
+    std::copy(blocks.begin(), blocks.end(), table.begin() + s * pages);
+  }
+  DecodeProblem p;
+  p.B = S;
+  p.Hq = H;
+  p.Hkv = Hkv;
+  p.D = hd;
+  p.scale = options.scale;
+  p.window_left = options.window > 0 ? options.window - 1 : -1;
+  p.softcap = options.softcap;
+  p.cu_seqlens_q = cu.data();
+  p.cache_seqlens = lengths.data();
+  p.block_table = table.data();
+  p.block_table_stride = pages;
+  p.page_block_size = cache.block_size();
+  p.num_pages = cache.num_blocks();
+  const Tensor& K = cache.keys(layer);
+  const Tensor& V = cache.values(layer);
+  if (cache.options().dtype == DType::kBFloat16) {
+    kernels::decode_attention_forward(out, q, K.data_ptr<BFloat16>(), V.data_ptr<BFloat16>(), p);
+  } else {
+    kernels::decode_attention_forward(out, q, K.data(), V.data(), p);
   }
 }
 

@@ -74,7 +74,7 @@ class DecoderModel final : public ServedModel {
     return tok_->decode(known_ids(ids, tok_->vocab_size()));
   }
   nn::PagedKVCache make_cache(int64_t block_size, int64_t num_blocks) override {
-    return nn::make_paged_kv_cache(*model_, block_size, num_blocks);
+    return nn::make_paged_kv_cache(*model_, block_size, num_blocks, kv_dtype_);
   }
   Tensor step(std::span<const int64_t> ids, std::span<const nn::PagedSequence> seqs,
               nn::PagedKVCache& cache) override {
@@ -82,7 +82,7 @@ class DecoderModel final : public ServedModel {
   }
   int64_t kv_bytes_per_token() const override {
     const nn::DecoderConfig& c = model_->config();
-    return 2 * 4 * c.num_layers * c.num_kv_heads * c.head_dim;
+    return 2 * element_size(kv_dtype_) * c.num_layers * c.num_kv_heads * c.head_dim;
   }
 
  private:
@@ -122,14 +122,14 @@ class GptModel final : public ServedModel {
     return nn::decode_ids(md_.vocab, known_ids(ids, static_cast<int64_t>(md_.vocab.size())));
   }
   nn::PagedKVCache make_cache(int64_t block_size, int64_t num_blocks) override {
-    return nn::make_paged_kv_cache(*model_, block_size, num_blocks);
+    return nn::make_paged_kv_cache(*model_, block_size, num_blocks, kv_dtype_);
   }
   Tensor step(std::span<const int64_t> ids, std::span<const nn::PagedSequence> seqs,
               nn::PagedKVCache& cache) override {
     return nn::forward_paged(*model_, ids, seqs, cache);
   }
   int64_t kv_bytes_per_token() const override {
-    return 2 * 4 * model_->config().n_layers * model_->config().emb_dim;
+    return 2 * element_size(kv_dtype_) * model_->config().n_layers * model_->config().emb_dim;
   }
 
  private:
@@ -151,6 +151,11 @@ std::unique_ptr<ServedModel> ServedModel::load(const ServedModelOptions& options
   } else {
     m = std::make_unique<GptModel>(options);
   }
+  if (options.kv_dtype != DType::kFloat32 && options.kv_dtype != DType::kBFloat16) {
+    throw std::invalid_argument(fmt::format("the KV cache holds float32 or bfloat16, got {}",
+                                            dtype_name(options.kv_dtype)));
+  }
+  m->kv_dtype_ = options.kv_dtype;
   m->dir_ = options.dir;
   m->name_ = options.name.empty() ? default_name(options.dir) : options.name;
   return m;

@@ -20,6 +20,7 @@ struct ServedModelOptions {
   std::string dir;                // the model directory
   std::string name;               // the id clients send as "model"; "" -> the directory's name
   DType dtype = DType::kFloat32;  // Llama / Qwen / Gemma: kBFloat16 reads bf16 weights
+  DType kv_dtype = DType::kFloat32;  // the paged pool's keys and values: float32 or bfloat16
 };
 
 class ServedModel {
@@ -57,6 +58,7 @@ class ServedModel {
 
  protected:
   std::string name_, dir_, family_;
+  DType kv_dtype_ = DType::kFloat32;
   int64_t vocab_size_ = 0, context_length_ = 0;
   std::vector<int64_t> eos_ids_;
 };

@@ -238,6 +238,10 @@ TEST(HfDecoder, SlidingLayersKeepOnlyTheirWindow) {
   ASSERT_EQ(cache.layers.size(), 4u);
   EXPECT_EQ(cache.layers[0].keys.size(2), 4);   // sliding: the window
   EXPECT_EQ(cache.layers[2].keys.size(2), 64);  // full: the capacity
+  const nn::DecoderKVCache half = nn::make_kv_cache(*model, 1, 64, DType::kBFloat16);
+  EXPECT_EQ(half.layers[2].values.dtype(), DType::kBFloat16);
+  EXPECT_EQ(2 * half.bytes(), cache.bytes());
+  EXPECT_THROW(nn::make_kv_cache(*model, 1, 64, DType::kInt64), std::invalid_argument);
 }
 
 // ---- refusals ---------------------------------------------------------------------------------
@@ -384,6 +388,24 @@ TEST(HfDecoderCli, GenerateGivesTransformersGreedyIds) {
   }
 }
 
+// --kv-dtype: a bf16 cache holds half the bytes, says so, and decodes.
+TEST(HfDecoderCli, Bf16KvCacheHalvesTheCache) {
+  ATTN_REQUIRE_CLI();
+  const std::string base = "generate --model '" + kFixtures +
+                           "/qwen3' --benchmark --json --prompt-tokens 20 --max-new-tokens 8";
+  const CliResult f32 = run_cli(base), b16 = run_cli(base + " --kv-dtype bfloat16"),
+                  follows = run_cli(base + " --dtype bfloat16");
+  ASSERT_EQ(f32.exit_code, 0) << f32.err;
+  ASSERT_EQ(b16.exit_code, 0) << b16.err;
+  ASSERT_EQ(follows.exit_code, 0) << follows.err;
+  const auto a = nlohmann::json::parse(f32.out), b = nlohmann::json::parse(b16.out),
+             c = nlohmann::json::parse(follows.out);
+  EXPECT_EQ(a["kv_dtype"], "float32");
+  EXPECT_EQ(b["kv_dtype"], "bfloat16");
+  EXPECT_EQ(c["kv_dtype"], "bfloat16");  // auto: as --dtype
+  EXPECT_EQ(2 * b["kv_cache_bytes"].get<int64_t>(), a["kv_cache_bytes"].get<int64_t>());
+}
+
 // The two fixtures with a tokenizer.json: text in, text out, and a perplexity.
 constexpr const char* kTextPrompt = "First Citizen:\nBefore we proceed any further, hear me speak.";
 
@@ -458,6 +480,7 @@ TEST(HfDecoderCli, RefusalsAreOneLine) {
         "generate --model '" + dir + "' --prompt-ids 1,5000 --print-ids",
         "generate --model '" + dir + "' --prompt-ids 1 --print-ids --dtype float16",
         "generate --model '" + dir + "' --prompt-ids 1 --print-ids --max-new-tokens 64",
+        "generate --model '" + dir + "' --prompt-ids 1 --print-ids --kv-dtype float16",
         "eval --model '" + bare + "' --file '" + dir + "/config.json'",
         "tokenize --tokenizer '" + bare + "' hello"}) {
     const CliResult r = run_cli(args);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <memory>
@@ -42,12 +43,13 @@ std::vector<float> row_of(const Tensor& logits2d, int64_t r) {
   return std::vector<float>(c.data() + r * V, c.data() + (r + 1) * V);
 }
 
-Driver decoder_driver(nn::DecoderLM& model) {
+// kv_dtype: the element type of both caches (alone and paged).
+Driver decoder_driver(nn::DecoderLM& model, DType kv_dtype = DType::kFloat32) {
   Driver d;
   d.vocab = model.config().vocab_size;
-  d.alone = [&model](const std::vector<int64_t>& tokens, int64_t prompt) {
+  d.alone = [&model, kv_dtype](const std::vector<int64_t>& tokens, int64_t prompt) {
     const int64_t T = static_cast<int64_t>(tokens.size());
-    nn::DecoderKVCache cache = nn::make_kv_cache(model, 1, T);
+    nn::DecoderKVCache cache = nn::make_kv_cache(model, 1, T, kv_dtype);
     std::vector<std::vector<float>> rows;
     const std::vector<int64_t> head(tokens.begin(), tokens.begin() + prompt);
     Tensor logits = nn::forward_cached(model, Tensor::from_int64({1, prompt}, head), cache, true);
@@ -58,7 +60,9 @@ Driver decoder_driver(nn::DecoderLM& model) {
     }
     return rows;
   };
-  d.make_cache = [&model](int64_t bs, int64_t n) { return nn::make_paged_kv_cache(model, bs, n); };
+  d.make_cache = [&model, kv_dtype](int64_t bs, int64_t n) {
+    return nn::make_paged_kv_cache(model, bs, n, kv_dtype);
+  };
   d.paged = [&model](const std::vector<int64_t>& ids, const std::vector<nn::PagedSequence>& seqs,
                      nn::PagedKVCache& cache) {
     return nn::forward_paged(model, ids, seqs, cache);
@@ -164,6 +168,32 @@ TEST_P(PagedDecoder, BatchedStepEqualsEachSequenceAlone) {
   expect_batched_equals_alone(d, 1, 64, false);
 }
 
+// A bf16 pool against a bf16 DecoderKVCache (both round the keys and values
+// as they store them); and the bf16 cache's logits beside the float32 one's.
+TEST_P(PagedDecoder, Bf16PoolEqualsTheBf16CacheAndStaysNearFloat32) {
+  std::unique_ptr<nn::DecoderLM> model;
+  io::load_hf_decoder(kFixtures + "/open_models/" + GetParam(), model);
+  model->eval();
+  Driver d = decoder_driver(*model, DType::kBFloat16);
+  expect_batched_equals_alone(d, 4, 4, false);
+  expect_batched_equals_alone(d, 16, 7, true);
+  std::vector<int64_t> tokens;
+  for (int64_t t = 0; t < 40; ++t) tokens.push_back((13 * t + 5) % d.vocab);
+  const auto bf16 = d.alone(tokens, 6);
+  const auto fp32 = decoder_driver(*model).alone(tokens, 6);
+  float worst = 0.0f, largest = 0.0f;
+  for (size_t r = 0; r < fp32.size(); ++r) {
+    for (size_t v = 0; v < fp32[r].size(); ++v) {
+      worst = std::max(worst, std::fabs(bf16[r][v] - fp32[r][v]));
+      largest = std::max(largest, std::fabs(fp32[r][v]));
+    }
+  }
+  EXPECT_GT(worst, 0.0f);  // the cache did round
+  EXPECT_LT(worst, 2e-2f * largest);
+  std::printf("[  PAGED   ] %s: bf16 cache vs float32, max |difference| %.3g of max |logit| %.3g\n",
+              GetParam().c_str(), double(worst), double(largest));
+}
+
 // llama3, qwen2, qwen3: RoPE, GQA, QK-norm, biases; gemma3: sliding layers
 // (a window of 4 in the fixture) and sandwich norms; gemma2: the softcaps.
 INSTANTIATE_TEST_SUITE_P(Families, PagedDecoder,
@@ -182,6 +212,21 @@ TEST(PagedKVCache, ReservesAndReleasesBlocks) {
   nn::PagedKVCache cache(
       {.num_layers = 2, .num_kv_heads = 2, .head_dim = 8, .block_size = 4, .num_blocks = 5});
   EXPECT_EQ(cache.bytes(), 2 * 2 * 5 * 4 * 2 * 8 * 4);
+  EXPECT_EQ(nn::PagedKVCache({.num_layers = 2,
+                              .num_kv_heads = 2,
+                              .head_dim = 8,
+                              .block_size = 4,
+                              .num_blocks = 5,
+                              .dtype = DType::kBFloat16})
+                .bytes(),
+            2 * 2 * 5 * 4 * 2 * 8 * 2);
+  EXPECT_THROW(nn::PagedKVCache({.num_layers = 1,
+                                 .num_kv_heads = 1,
+                                 .head_dim = 8,
+                                 .block_size = 4,
+                                 .num_blocks = 4,
+                                 .dtype = DType::kInt64}),
+               std::invalid_argument);
   nn::BlockTable a, b;
   EXPECT_TRUE(cache.reserve(a, 9));  // 3 blocks
   EXPECT_EQ(a.blocks.size(), 3u);

@@ -48,6 +48,7 @@ struct Flags {
   std::optional<int64_t> top_k;
   float top_p = 1.0f;
   std::string dtype = "float32";
+  std::string kv_dtype = "auto";  // Llama / Qwen / Gemma: the cache's element type
   uint64_t seed = 123;
   // --config 124m: the book's bonus attention (nn::GPTConfig's keys).
   std::optional<int64_t> n_kv_groups, sliding_window_size, sliding_window_stride;
@@ -235,6 +236,13 @@ int run_decoder(const Flags& f, float temperature) {
   }
   if (f.no_cache)
     throw UsageError("generate: --no-cache is GPT-2's; this model always uses its cache");
+  if (f.kv_dtype != "auto" && f.kv_dtype != "float32" && f.kv_dtype != "bfloat16") {
+    throw UsageError(fmt::format("generate: --kv-dtype must be auto, float32 or bfloat16, got '{}'",
+                                 printable(f.kv_dtype)));
+  }
+  const DType kv_dtype = (f.kv_dtype == "auto" ? f.dtype : f.kv_dtype) == "bfloat16"
+                             ? DType::kBFloat16
+                             : DType::kFloat32;
   std::unique_ptr<nn::DecoderLM> model;
   const io::HfDecoderInfo info = io::load_hf_decoder(
       f.checkpoint, model, f.dtype == "bfloat16" ? DType::kBFloat16 : DType::kFloat32, f.mmap);
@@ -299,7 +307,7 @@ int run_decoder(const Flags& f, float temperature) {
     int64_t cache_bytes = 0;
     for (int run = 0; run < (f.json ? f.repeats : 1); ++run) {
       nn::DecoderKVCache cache =
-          nn::make_kv_cache(*model, 1, T0 + std::max<int64_t>(1, f.max_new_tokens));
+          nn::make_kv_cache(*model, 1, T0 + std::max<int64_t>(1, f.max_new_tokens), kv_dtype);
       auto start = std::chrono::steady_clock::now();
       Tensor logits = nn::forward_cached(*model, prompt, cache, true);
       prompt_rates.push_back(static_cast<double>(T0) / seconds_since(start));
@@ -317,6 +325,7 @@ int run_decoder(const Flags& f, float temperature) {
       j["model_type"] = info.hf.model_type;
       j["file_dtype"] = info.file_dtype;
       j["dtype"] = f.dtype;
+      j["kv_dtype"] = dtype_name(kv_dtype);
       j["threads"] = omp_get_max_threads();
       j["prompt_tokens"] = T0;
       j["new_tokens"] = f.max_new_tokens;
@@ -330,11 +339,11 @@ int run_decoder(const Flags& f, float temperature) {
       std::cout << fmt::format(
           "{} ({} layers, {} heads, {} KV heads, {} file, {} weights, {} threads)\n"
           "prompt {} tokens: {:.1f} tokens/s\ndecode {} tokens: {:.1f} tokens/s\nKV cache {:.1f} "
-          "MiB\n",
+          "MiB {}\n",
           info.hf.model_type, model->config().num_layers, model->config().num_heads,
           model->config().num_kv_heads, info.file_dtype, f.dtype, omp_get_max_threads(), T0,
           prompt_rates[0], f.max_new_tokens, decode_rates[0],
-          static_cast<double>(cache_bytes) / (1 << 20));
+          static_cast<double>(cache_bytes) / (1 << 20), dtype_name(kv_dtype));
     }
     std::cout.flush();
     return std::cout ? 0 : 1;
@@ -351,7 +360,8 @@ int run_decoder(const Flags& f, float temperature) {
   nn::GenerateOptions gopt{.max_new_tokens = f.max_new_tokens,
                            .temperature = temperature,
                            .top_k = f.top_k.value_or(0),
-                           .top_p = f.top_p};
+                           .top_p = f.top_p,
+                           .kv_dtype = kv_dtype};
   gopt.on_token = [&](const std::vector<int64_t>& next) {
     if (stream) {
       std::cout << stream->push(next[0]);
@@ -435,6 +445,10 @@ Command add_generate_command(CLI::App& app) {
   cmd->add_option("--dtype", flags->dtype,
                   "Compute dtype: float32 (default) or bfloat16 (bf16 products summed in float32, "
                   "as torch.autocast; the cache holds bf16 keys, values and weights)")
+      ->type_name("DTYPE");
+  cmd->add_option("--kv-dtype", flags->kv_dtype,
+                  "A Llama / Qwen / Gemma directory's key/value cache: auto (the default: as "
+                  "--dtype), float32 or bfloat16 (half the memory and the bytes each step reads)")
       ->type_name("DTYPE");
   cmd->add_option("--seed", flags->seed, "Seed of the sampling generator (default 123)")
       ->check(uint64_value())

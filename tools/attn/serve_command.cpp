@@ -39,6 +39,7 @@ struct Flags {
   int64_t queue_size = 64;
   int64_t step_tokens = 256;
   std::string dtype = "float32";
+  std::string kv_dtype = "auto";
   int64_t max_body_bytes = 8 << 20;
   int http_threads = 0;
   int timeout_s = 10;
@@ -109,6 +110,11 @@ int run_serve(const Flags& f) {
   if (f.dtype != "float32" && f.dtype != "bfloat16")
     throw UsageError(
         fmt::format("serve: --dtype must be float32 or bfloat16, got '{}'", printable(f.dtype)));
+  if (f.kv_dtype != "auto" && f.kv_dtype != "float32" && f.kv_dtype != "bfloat16") {
+    throw UsageError(fmt::format("serve: --kv-dtype must be auto, float32 or bfloat16, got '{}'",
+                                 printable(f.kv_dtype)));
+  }
+  const std::string kv_dtype = f.kv_dtype == "auto" ? f.dtype : f.kv_dtype;
   std::string api_key = f.api_key;
   if (api_key.empty()) {
     const char* env = std::getenv("ATTN_API_KEY");
@@ -127,7 +133,8 @@ int run_serve(const Flags& f) {
   std::unique_ptr<serve::ServedModel> model = serve::ServedModel::load(
       {.dir = f.model,
        .name = f.name,
-       .dtype = f.dtype == "bfloat16" ? DType::kBFloat16 : DType::kFloat32});
+       .dtype = f.dtype == "bfloat16" ? DType::kBFloat16 : DType::kFloat32,
+       .kv_dtype = kv_dtype == "bfloat16" ? DType::kBFloat16 : DType::kFloat32});
   const int64_t ctx = f.ctx_size > 0 ? f.ctx_size : model->context_length();
   if (ctx < 2 || ctx > model->context_length()) {
     throw UsageError(
@@ -256,6 +263,10 @@ Command add_serve_command(CLI::App& app) {
       ->type_name("N");
   cmd->add_option("--dtype", flags->dtype,
                   "float32 (default) or bfloat16 (Llama / Qwen / Gemma: bf16 weights)")
+      ->type_name("DTYPE");
+  cmd->add_option("--kv-dtype", flags->kv_dtype,
+                  "The paged KV cache's keys and values: auto (the default: as --dtype), float32 "
+                  "or bfloat16 (half the memory per token)")
       ->type_name("DTYPE");
   cmd->add_option("--max-body-bytes", flags->max_body_bytes,
                   "Largest request body; larger ones get 413 (default 8 MiB)")
