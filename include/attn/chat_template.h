@@ -50,6 +50,16 @@ struct ChatOptions {
   // [...]} (a JSON schema per tool). "" for none. `messages` and
   // `add_generation_prompt` cannot be given here.
   std::string kwargs_json;
+  // transformers' continue_final_message: "" (off), "content" (its True) or
+  // another field of the last message ("reasoning_content", "thinking",
+  // "reasoning"): the text ends inside that field, with no end-of-turn after
+  // it, so the model continues the reply (a prefilled answer). As transformers
+  // does it: the field gets a tag, the conversation is rendered, and the text
+  // is cut where the tag is (trailing whitespace the template trimmed stays
+  // trimmed). Needs add_generation_prompt false; throws std::invalid_argument
+  // when the last message has no such field, the template never reads it, or
+  // the rendered text does not hold it.
+  std::string continue_final_message;
 };
 
 class ChatTemplate {

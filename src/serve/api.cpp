@@ -278,6 +278,12 @@ GenerationRequest parse_chat_request(const json& j) {
     }
     r.chat_template_kwargs = k->dump();
   }
+  r.add_generation_prompt = get_bool(j, "add_generation_prompt").value_or(true);
+  r.continue_final_message = get_bool(j, "continue_final_message").value_or(false);
+  if (r.add_generation_prompt && r.continue_final_message) {
+    throw bad_param("continue_final_message",
+                    "'continue_final_message' needs 'add_generation_prompt' set to false");
+  }
   const bool logprobs = get_bool(j, "logprobs").value_or(false);
   const auto top = get_int(j, "top_logprobs");
   if (top && (*top < 0 || *top > 20))

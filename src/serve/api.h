@@ -46,6 +46,8 @@ struct GenerationRequest {
   std::vector<int64_t> prompt_ids;
   std::vector<ChatMessage> messages;
   std::string chat_template_kwargs;   // chat: a JSON object's text (vLLM's extension), "" for none
+  bool add_generation_prompt = true;  // chat (vLLM's): the assistant's header after the messages
+  bool continue_final_message = false;  // chat (vLLM's): continue the last (assistant) message
   std::optional<int64_t> max_tokens;  // max_tokens or max_completion_tokens
   float temperature = 1.0f;
   float top_p = 1.0f;

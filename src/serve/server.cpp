@@ -103,7 +103,9 @@ std::vector<int64_t> Server::Impl::prompt_ids(const GenerationRequest& g, bool i
       throw ApiError(400, chat_missing, "invalid_request_error", "messages", "no_chat_template");
     std::string text;
     try {
-      text = chat(g.messages, g.chat_template_kwargs);
+      text = chat(g.messages, {.kwargs_json = g.chat_template_kwargs,
+                               .add_generation_prompt = g.add_generation_prompt,
+                               .continue_final_message = g.continue_final_message});
     } catch (const std::exception& e) {
       throw ApiError(400, fmt::format("the chat template failed: {}", printable(e.what(), 300)),
                      "invalid_request_error", "messages");

@@ -39,11 +39,17 @@ struct ServerOptions {
   std::vector<int64_t> chat_end_ids;  // chat replies also end at these (the template's eos_token)
 };
 
+// The request's chat options (vLLM's extensions of the chat request).
+struct ChatRenderOptions {
+  std::string kwargs_json;  // chat_template_kwargs: a JSON object's text, or ""
+  bool add_generation_prompt = true;
+  bool continue_final_message = false;  // the text ends inside the last message's content
+};
 // Messages -> the prompt text, as transformers' apply_chat_template(messages,
-// add_generation_prompt=True, tokenize=False, **kwargs) with kwargs the JSON
-// object's text (or ""); empty when the model has none.
+// tokenize=False, add_generation_prompt=..., continue_final_message=...,
+// **kwargs); empty when the model has none.
 using ChatRenderer =
-    std::function<std::string(const std::vector<ChatMessage>&, const std::string& kwargs_json)>;
+    std::function<std::string(const std::vector<ChatMessage>&, const ChatRenderOptions&)>;
 
 class Server {
  public:

@@ -5,11 +5,15 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
+#include <vector>
 
 #include "attn/utf8.h"
 #include "text/jinja.h"
@@ -91,7 +95,7 @@ void check_utf8(std::string_view s, const std::string& what) {
 // transformers' _normalize_chat_messages and _alias_reasoning_fields: keys
 // whose value is null dropped; a message's reasoning (under reasoning_content,
 // thinking or reasoning) given as both `thinking` and `reasoning_content`.
-Value normalize_message(const Json& m, size_t index) {
+Value::Items normalized_items(const Json& m, size_t index) {
   if (!m.is_object()) {
     throw std::invalid_argument(
         fmt::format("chat template: message {} must be a JSON object (role, content, ...), got {}",
@@ -112,7 +116,7 @@ Value normalize_message(const Json& m, size_t index) {
     }
     if (reasoning != nullptr) break;
   }
-  if (reasoning == nullptr) return Value::dict(std::move(items));
+  if (reasoning == nullptr) return items;
   const auto find = [&](const char* key) {
     return std::find_if(items.begin(), items.end(),
                         [&](const auto& kv) { return kv.first.as_string() == key; });
@@ -128,7 +132,94 @@ Value normalize_message(const Json& m, size_t index) {
   } else {
     out.emplace_back(Value("reasoning_content"), copy);
   }
-  return Value::dict(std::move(out));
+  return out;
+}
+
+Value normalize_message(const Json& m, size_t index) {
+  return Value::dict(normalized_items(m, index));
+}
+
+// transformers' mark of the text to continue (render_jinja_template).
+constexpr std::string_view kContinueTag = "CONTINUE_FINAL_MESSAGE_TAG ";
+
+// Python's str.strip() / rstrip() for the whitespace a template trims: ASCII
+// whitespace and the ASCII separators \x1c-\x1f, which Python's isspace counts.
+bool py_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f); }
+std::string_view py_rstrip(std::string_view s) {
+  while (!s.empty() && py_space(s.back())) s.remove_suffix(1);
+  return s;
+}
+std::string_view py_strip(std::string_view s) {
+  s = py_rstrip(s);
+  while (!s.empty() && py_space(s.front())) s.remove_prefix(1);
+  return s;
+}
+
+// The last message with field `field` tagged, as transformers tags it; sets
+// *final_text to the text being continued.
+Value tagged_final_message(const Json& m, size_t index, const std::string& field,
+                           const std::string& source, std::string* final_text) {
+  static constexpr std::array<const char*, 3> kReasoning = {"reasoning_content", "thinking",
+                                                            "reasoning"};
+  const bool reasoning = std::find(kReasoning.begin(), kReasoning.end(), field) != kReasoning.end();
+  Value::Items items = normalized_items(m, index);
+  const auto find = [&](std::string_view key) {
+    return std::find_if(items.begin(), items.end(),
+                        [&](const auto& kv) { return kv.first.as_string() == key; });
+  };
+  const auto it = find(field);
+  if (it == items.end() || it->second.is_none()) {
+    throw std::invalid_argument(fmt::format(
+        "continue_final_message is set but the final message has no \"{}\" to continue!",
+        printable(field)));
+  }
+  // Reasoning is copied under several names: every copy holding the same text.
+  std::vector<std::string> fields = {field};
+  if (reasoning && it->second.is_string()) {
+    fields.clear();
+    for (const char* f : kReasoning) {
+      const auto at = find(f);
+      if (at != items.end() && at->second.is_string() &&
+          at->second.as_string() == it->second.as_string())
+        fields.push_back(f);
+    }
+  }
+  if (std::none_of(fields.begin(), fields.end(),
+                   [&](const std::string& f) { return source.find(f) != std::string::npos; })) {
+    throw std::invalid_argument(fmt::format(
+        "continue_final_message is set to \"{}\" but this is not an accepted field in the "
+        "chat_template",
+        printable(field)));
+  }
+  if (it->second.is_list()) {  // text parts: the last one with a "text"
+    std::vector<Value> parts = it->second.as_list();
+    for (auto p = parts.rbegin(); p != parts.rend(); ++p) {
+      const Value* text = p->is_dict() ? p->find("text") : nullptr;
+      if (text == nullptr) continue;
+      if (!text->is_string()) break;
+      *final_text = text->as_string();
+      Value::Items part = p->as_items();
+      for (auto& kv : part)
+        if (kv.first.as_string() == "text")
+          kv.second = Value(*final_text + std::string(kContinueTag));
+      *p = Value::dict(std::move(part));
+      it->second = Value::list(std::move(parts));
+      return Value::dict(std::move(items));
+    }
+    throw std::invalid_argument(
+        "continue_final_message is set but we could not find any text to continue in the final "
+        "message!");
+  }
+  if (!it->second.is_string()) {
+    throw std::invalid_argument(fmt::format(
+        "continue_final_message: the final message's \"{}\" is not text", printable(field)));
+  }
+  *final_text = it->second.as_string();
+  for (const std::string& f : fields) {
+    auto at = find(f);
+    at->second = Value(at->second.as_string() + std::string(kContinueTag));
+  }
+  return Value::dict(std::move(items));
 }
 
 std::string read_file(const std::filesystem::path& path) {
@@ -155,6 +246,7 @@ struct ChatTemplate::Impl {
   std::optional<jinja::Template>
       tool_use;  // a list's "tool_use" template, used when tools are given
   std::map<std::string, std::string> special_tokens;
+  std::string tool_use_source;
 };
 
 ChatTemplate::ChatTemplate(std::string_view source,
@@ -296,6 +388,7 @@ std::optional<ChatTemplate> ChatTemplate::from_model_dir(const std::string& dir)
   if (tool_use_source) {
     auto impl = std::make_shared<Impl>(*t.impl_);
     impl->tool_use.emplace(*tool_use_source, name + " (tool_use)");
+    impl->tool_use_source = *tool_use_source;
     return ChatTemplate(std::move(impl));
   }
   return t;
@@ -324,8 +417,17 @@ std::string ChatTemplate::apply_json(std::string_view messages_json,
     throw std::invalid_argument(
         "Cannot apply chat template to an empty conversation. Provide at least one message.");
   }
+  const bool cont = !options.continue_final_message.empty();
+  if (cont && options.add_generation_prompt) {
+    throw std::invalid_argument(
+        "continue_final_message and add_generation_prompt are not compatible. Use "
+        "continue_final_message when you want the model to continue the final message, and "
+        "add_generation_prompt when you want to add a header that will prompt it to start a new "
+        "assistant message instead.");
+  }
   std::vector<Value> chat;
-  for (size_t i = 0; i < messages.size(); ++i) chat.push_back(normalize_message(messages[i], i));
+  for (size_t i = 0; i + (cont ? 1 : 0) < messages.size(); ++i)
+    chat.push_back(normalize_message(messages[i], i));
 
   Value tools = Value::none(), documents = Value::none();
   Value::Items extra;
@@ -349,6 +451,14 @@ std::string ChatTemplate::apply_json(std::string_view messages_json,
       }
     }
   }
+  const bool tool_use = impl_->tool_use && !tools.is_none();
+  const jinja::Template& t = tool_use ? *impl_->tool_use : impl_->tmpl;
+  std::string final_text;
+  if (cont) {
+    chat.push_back(
+        tagged_final_message(messages.back(), messages.size() - 1, options.continue_final_message,
+                             tool_use ? impl_->tool_use_source : impl_->source, &final_text));
+  }
   Value::Items vars;
   vars.emplace_back(Value("messages"), Value::list(std::move(chat)));
   vars.emplace_back(Value("tools"), tools);
@@ -361,8 +471,23 @@ std::string ChatTemplate::apply_json(std::string_view messages_json,
     if (!overridden) vars.emplace_back(Value(special.first), Value(special.second));
   }
   for (auto& kv : extra) vars.push_back(std::move(kv));
-  const jinja::Template& t = impl_->tool_use && !tools.is_none() ? *impl_->tool_use : impl_->tmpl;
-  return t.render(Value::dict(std::move(vars)));
+  std::string text = t.render(Value::dict(std::move(vars)));
+  if (!cont) return text;
+  // Cut where the tag is; whitespace the template trimmed after the text stays trimmed.
+  const std::string_view tag = py_strip(kContinueTag);
+  const size_t at = text.rfind(tag);
+  if (text.find(py_strip(final_text)) == std::string::npos || at == std::string::npos) {
+    throw std::invalid_argument(
+        "continue_final_message is set but the final message does not appear in the chat after "
+        "applying the chat template! This can happen if the chat template deletes portions of "
+        "the final message.");
+  }
+  if (std::string_view(text).substr(at, kContinueTag.size()) == kContinueTag) {
+    text.resize(at);
+  } else {
+    text = std::string(py_rstrip(std::string_view(text).substr(0, at)));
+  }
+  return text;
 }
 
 std::optional<std::string> ChatTemplate::special_token(const std::string& name) const {

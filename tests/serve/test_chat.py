@@ -56,6 +56,25 @@ def test_chat_template_kwargs_reach_the_template(chat_server):
     assert r.usage.prompt_tokens == prompt_tokens(chat_server, RENDERED + "<think>\n\n</think>\n\n")
 
 
+def test_chat_continues_a_final_assistant_message(chat_server):
+    # vLLM's fields: the reply goes on from the prefilled text, no end of turn
+    # after it (Qwen3's template: an empty think block before the last reply).
+    prefilled = MESSAGES + [{"role": "assistant", "content": "Hello, I am"}]
+    rendered = RENDERED + "<think>\n\n</think>\n\nHello, I am"
+    r = client(chat_server).chat.completions.create(
+        model="qwen3-chat", messages=prefilled, max_tokens=6, temperature=0.8, seed=5,
+        extra_body={"add_generation_prompt": False, "continue_final_message": True})
+    assert r.usage.prompt_tokens == prompt_tokens(chat_server, rendered)
+    done = client(chat_server).completions.create(model="qwen3-chat", prompt=rendered,
+                                                  max_tokens=6, temperature=0.8, seed=5)
+    assert r.choices[0].message.content == done.choices[0].text
+    with pytest.raises(openai.BadRequestError) as e:  # both at once: refused, as vLLM does
+        client(chat_server).chat.completions.create(
+            model="qwen3-chat", messages=prefilled, max_tokens=2,
+            extra_body={"continue_final_message": True})
+    assert "add_generation_prompt" in str(e.value)
+
+
 def test_chat_streams_a_role_then_deltas_then_usage(chat_server):
     c = client(chat_server)
     whole = c.chat.completions.create(model="qwen3-chat", messages=MESSAGES, max_tokens=10,

@@ -58,6 +58,10 @@ TEST(ChatTemplate, PublishedTemplatesMatchTransformers) {
                             c["template"].get<std::string>());
     ChatOptions options{.add_generation_prompt = c["add_generation_prompt"].get<bool>(),
                         .kwargs_json = c["kwargs"].dump()};
+    if (c.contains("continue_final_message")) {  // transformers' True or a field's name
+      const Json& cont = c["continue_final_message"];
+      options.continue_final_message = cont.is_boolean() ? "content" : cont.get<std::string>();
+    }
     if (c.contains("expected")) {
       EXPECT_EQ(chat.apply_json(c["messages"].dump(), options), c["expected"].get<std::string>());
       ++rendered;
@@ -71,12 +75,40 @@ TEST(ChatTemplate, PublishedTemplatesMatchTransformers) {
               << e.what();
           EXPECT_NE(std::string(e.what()).find(" line "), std::string::npos) << e.what();
         }
+      } catch (const std::invalid_argument& e) {  // transformers' own ValueError, word for word
+        EXPECT_TRUE(c.contains("continue_final_message")) << e.what();
+        EXPECT_EQ(c["error_type"], "ValueError");
+        EXPECT_EQ(std::string(e.what()), c["error"].get<std::string>());
       }
       ++errors;
     }
   }
   EXPECT_GE(rendered, 150u);
   EXPECT_GE(errors, 10u);
+}
+
+// continue_final_message's own refusals, as transformers words them.
+TEST(ChatTemplate, ContinueFinalMessageRefusals) {
+  const ChatTemplate chat(
+      "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}");
+  const std::vector<attn::text::ChatMessage> reply = {{"user", "Hi"}, {"assistant", "Hel"}};
+  EXPECT_EQ(
+      chat.apply(reply, {.add_generation_prompt = false, .continue_final_message = "content"}),
+      "<user>Hi</user><assistant>Hel");
+  EXPECT_THROW(
+      chat.apply(reply, {.add_generation_prompt = true, .continue_final_message = "content"}),
+      std::invalid_argument);  // not with a generation prompt
+  EXPECT_THROW(
+      chat.apply(reply, {.add_generation_prompt = false, .continue_final_message = "name"}),
+      std::invalid_argument);  // the message has no such field
+  const ChatTemplate drops("{% for m in messages %}{{ m.role }};{% endfor %}");
+  EXPECT_THROW(
+      drops.apply(reply, {.add_generation_prompt = false, .continue_final_message = "content"}),
+      std::invalid_argument);  // the template never reads content
+  const ChatTemplate cuts("{% for m in messages %}{{ m.content[:2] }}|{% endfor %}content");
+  EXPECT_THROW(
+      cuts.apply(reply, {.add_generation_prompt = false, .continue_final_message = "content"}),
+      std::invalid_argument);  // the rendered text lost the message
 }
 
 // The language: each small template renders as jinja2 renders it, or fails

@@ -97,6 +97,17 @@ TEST(ServeApi, NamesTheFieldOfEveryBadValue) {
                "messages[0].content", "got number");
   expect_error(chat(R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})"), 400,
                "top_logprobs", "needs 'logprobs'");
+  expect_error(chat(R"({"messages": [{"role": "user", "content": "x"}],
+                        "continue_final_message": true})"),
+               400, "continue_final_message", "needs 'add_generation_prompt' set to false");
+  expect_error(chat(R"({"messages": [{"role": "user", "content": "x"}],
+                        "add_generation_prompt": "no"})"),
+               400, "add_generation_prompt", "boolean");
+  const serve::GenerationRequest cont = serve::parse_chat_request(json::parse(
+      R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}],
+          "add_generation_prompt": false, "continue_final_message": true})"));
+  EXPECT_FALSE(cont.add_generation_prompt);
+  EXPECT_TRUE(cont.continue_final_message);
   const serve::GenerationRequest c = serve::parse_chat_request(json::parse(
       R"({"messages": [{"role": "system", "content": "Be brief."},
                        {"role": "user", "content": [{"type": "text", "text": "Hi"}]}],

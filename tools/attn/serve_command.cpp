@@ -77,11 +77,14 @@ serve::ChatRenderer load_chat(const Flags& f, const serve::ServedModel& model,
     if (ids.size() == 1) end_ids = ids;
   }
   auto shared = std::make_shared<const text::ChatTemplate>(std::move(*chat));
-  return [shared](const std::vector<serve::ChatMessage>& messages, const std::string& kwargs) {
+  return [shared](const std::vector<serve::ChatMessage>& messages,
+                  const serve::ChatRenderOptions& o) {
     std::vector<text::ChatMessage> m;
     m.reserve(messages.size());
     for (const serve::ChatMessage& x : messages) m.push_back({x.role, x.content});
-    return shared->apply(m, {.add_generation_prompt = true, .kwargs_json = kwargs});
+    return shared->apply(m, {.add_generation_prompt = o.add_generation_prompt,
+                             .kwargs_json = o.kwargs_json,
+                             .continue_final_message = o.continue_final_message ? "content" : ""});
   };
 }
 
