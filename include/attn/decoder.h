@@ -129,6 +129,8 @@ class DecoderAttention : public Module {
       const Tensor& x_new, const RopeParams& rope, std::span<const PagedSequence> seqs,
       const std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>& attend);
   SdpaOptions sdpa_options(int64_t window) const;
+  // Training's attention on bf16 q, k, v (DecoderLM::set_compute_dtype).
+  void set_bf16_attention(bool on) { bf16_attention_ = on; }
   Linear q_proj, k_proj, v_proj, o_proj;
   std::unique_ptr<RMSNorm> q_norm, k_norm;  // cfg.qk_norm
 
@@ -142,6 +144,7 @@ class DecoderAttention : public Module {
   Tensor q_, k_, v_, out_, lse_, cos_, sin_;  // saved by forward
   int64_t window_ = 0;
   bool has_forward_ = false;
+  bool bf16_attention_ = false;
 };
 
 class DecoderLayer : public Module {
@@ -210,6 +213,15 @@ class DecoderLM : public Module {
   // (evaluation only; in training mode it throws std::logic_error).
   void use_bf16_weights();
   DType weights_dtype() const;  // kFloat32, or kBFloat16 after use_bf16_weights
+  // Mixed precision for training, as torch.autocast("cpu", dtype=torch.bfloat16)
+  // (kBFloat16; kFloat32 turns it off): the weights, their gradients and the
+  // optimizer stay float32; every Linear rounds its operands to bf16 where they
+  // enter a product and sums in float32 (nn::Linear's bf16 mode), and the
+  // attention runs on bf16 q, k, v (the native bf16 kernels, forward and
+  // backward); norms, RoPE, activations, the residual stream, the logits and
+  // the loss stay float32. Needs float32 weights (not use_bf16_weights).
+  void set_compute_dtype(DType dtype);
+  DType compute_dtype() const { return compute_dtype_; }
   // The tables of full and sliding layers, with at least `positions` rows
   // (made on first use, up to context_length).
   const RopeParams& rope_tables(bool sliding, int64_t positions);
@@ -232,6 +244,7 @@ class DecoderLM : public Module {
   CrossEntropyLoss loss_;
   bool has_forward_ = false, has_loss_ = false;
   std::function<void(int64_t)> backward_hook_;
+  DType compute_dtype_ = DType::kFloat32;
 };
 
 // ---- generation: a key/value cache ---------------------------------------------------------

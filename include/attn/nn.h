@@ -198,6 +198,11 @@ class Linear : public Module {
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
   const LinearOptions& options() const { return options_; }
+  // Switches the compute dtype (LinearOptions::dtype, float32 or bfloat16) of
+  // a layer with float32 weights: mixed precision for a model built or loaded
+  // in float32. Drops what the last forward saved. Throws std::invalid_argument
+  // naming the dtypes.
+  void set_compute_dtype(DType dtype);
   Parameter weight;  // (out, in)
   Parameter bias;    // (out), empty when options.bias is false
  private:

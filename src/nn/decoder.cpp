@@ -246,6 +246,11 @@ DecoderAttention::Qkv DecoderAttention::project(const Tensor& x, const RopeParam
 Tensor DecoderAttention::forward(const Tensor& x, const RopeParams& rope, int64_t window) {
   Qkv p = project(x, rope, 0, false);
   const SdpaOptions o = sdpa_options(window);
+  if (bf16_attention_) {  // mixed precision: the attention's operands rounded to bf16
+    p.q = p.q.to(DType::kBFloat16);
+    p.k = p.k.to(DType::kBFloat16);
+    p.v = p.v.to(DType::kBFloat16);
+  }
   SdpaForward f = scaled_dot_product_attention_forward(p.q, p.k, p.v, o);
   q_ = p.q;
   k_ = p.k;
@@ -256,7 +261,7 @@ Tensor DecoderAttention::forward(const Tensor& x, const RopeParams& rope, int64_
   sin_ = rope.sin;
   window_ = window;
   has_forward_ = true;
-  return o_proj.forward(merge_heads(f.out));  // (B, T, E)
+  return o_proj.forward(merge_heads(f.out.to(DType::kFloat32)));  // (B, T, E)
 }
 
 Tensor DecoderAttention::backward(const Tensor& dy) {
@@ -264,9 +269,10 @@ Tensor DecoderAttention::backward(const Tensor& dy) {
   has_forward_ = false;
   const int64_t H = cfg_.num_heads, Hkv = cfg_.num_kv_heads, hd = cfg_.head_dim;
   const Tensor dmerged = o_proj.backward(dy);  // (B, T, H·hd)
-  const Tensor dout = heads_view(dmerged, H, hd).contiguous();
-  const SdpaGrads g =
+  const Tensor dout = heads_view(dmerged, H, hd).contiguous().to(q_.dtype());
+  SdpaGrads g =
       scaled_dot_product_attention_backward(dout, q_, k_, v_, out_, lse_, sdpa_options(window_));
+  g.dq = g.dq.to(DType::kFloat32), g.dk = g.dk.to(DType::kFloat32), g.dv = g.dv.to(DType::kFloat32);
   Tensor dq = apply_rope_backward(g.dq, cos_, sin_).transpose(1, 2).contiguous();  // (B, T, H, hd)
   Tensor dk = apply_rope_backward(g.dk, cos_, sin_).transpose(1, 2).contiguous();
   if (q_norm) {
@@ -480,6 +486,25 @@ void DecoderLM::make_grads() {
 }
 
 DType DecoderLM::weights_dtype() const { return model.embed_tokens.weight.value.dtype(); }
+
+void DecoderLM::set_compute_dtype(DType dtype) {
+  if ((dtype != DType::kFloat32 && dtype != DType::kBFloat16) ||
+      weights_dtype() != DType::kFloat32) {
+    throw std::invalid_argument(fmt::format(
+        "DecoderLM: mixed precision takes float32 or bfloat16 over float32 weights, got {} over "
+        "{}",
+        dtype_name(dtype), dtype_name(weights_dtype())));
+  }
+  for (auto& layer : model.layers) {
+    DecoderAttention& a = layer->self_attn;
+    for (Linear* l : {&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj, &layer->mlp.fc1, &layer->mlp.fc2,
+                      &layer->mlp.fc3})
+      l->set_compute_dtype(dtype);
+    a.set_bf16_attention(dtype == DType::kBFloat16);
+  }
+  lm_head.set_compute_dtype(dtype);
+  compute_dtype_ = dtype;
+}
 
 void DecoderLM::use_bf16_weights() {
   for (auto& [name, p] : named_parameters()) {

@@ -182,6 +182,19 @@ Linear::Linear(const LinearOptions& options, Generator& gen) : options_(checked(
   if (options_.bias) register_parameter("bias", &bias);
 }
 
+void Linear::set_compute_dtype(DType dtype) {
+  if ((dtype != DType::kFloat32 && dtype != DType::kBFloat16) ||
+      weight.value.dtype() != DType::kFloat32) {
+    throw std::invalid_argument(fmt::format(
+        "Linear: the compute dtype must be float32 or bfloat16 over float32 weights, got {} over "
+        "{}",
+        dtype_name(dtype), dtype_name(weight.value.dtype())));
+  }
+  options_.dtype = dtype;
+  x_ = weight_bf16_ = Tensor();
+  has_forward_ = false;
+}
+
 Tensor Linear::forward(const Tensor& x) {
   if (x.dim() < 1 || x.size(-1) != options_.in_features) {
     throw std::invalid_argument(

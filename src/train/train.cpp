@@ -344,6 +344,7 @@ void Trainer::build(int64_t vocab_size) {
   if (decoder_) {
     decoder_->train();
     decoder_->make_grads();  // built under NoInitScope: none yet, and the optimizer reads them
+    decoder_->set_compute_dtype(dtype_from_name(options_.dtype));  // --dtype bfloat16: autocast
     lm_ = std::make_unique<DecoderLanguageModel>(*decoder_, hub_);
   } else {
     build_gpt(vocab_size);

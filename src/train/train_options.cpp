@@ -97,16 +97,15 @@ void TrainOptions::validate() const {
     throw std::invalid_argument(
         fmt::format("--n-heads {} must divide --emb-dim {}", n_heads, emb_dim));
   if (!gpt || !init_from.empty()) {
-    // A Llama / Qwen / Gemma decoder (attn/decoder.h): float32, no dropout, its own RoPE.
+    // A Llama / Qwen / Gemma decoder (attn/decoder.h): no dropout, its own RoPE; float32 or
+    // mixed precision (--dtype bfloat16, DecoderLM::set_compute_dtype).
     const std::string what = init_from.empty() ? "--arch " + arch : std::string("--init-from");
-    if (drop_rate != 0.0 || exact || rope || latent_dim > 0 || dtype != "float32")
-      throw std::invalid_argument(fmt::format(
-          "{} trains a float32 decoder without dropout on the fused kernels: it takes none of "
-          "--drop-rate {} --exact --rope --latent-dim --dtype bfloat16 (got --drop-rate "
-          "{}{}{}{}{})",
-          what, 0, drop_rate, exact ? " --exact" : "", rope ? " --rope" : "",
-          latent_dim > 0 ? fmt::format(" --latent-dim {}", latent_dim) : "",
-          dtype != "float32" ? " --dtype " + printable(dtype) : ""));
+    if (drop_rate != 0.0 || exact || rope || latent_dim > 0)
+      throw std::invalid_argument(
+          fmt::format("{} trains a decoder without dropout on the fused kernels: it takes none of "
+                      "--drop-rate {} --exact --rope --latent-dim (got --drop-rate {}{}{}{})",
+                      what, 0, drop_rate, exact ? " --exact" : "", rope ? " --rope" : "",
+                      latent_dim > 0 ? fmt::format(" --latent-dim {}", latent_dim) : ""));
     if (!(theta_base > 1.0 && std::isfinite(theta_base)))
       throw std::invalid_argument(fmt::format("--theta-base must be > 1, got {}", theta_base));
   }
@@ -154,7 +153,8 @@ void TrainOptions::validate() const {
   if (n_kv_groups > 0 && n_heads % n_kv_groups != 0)
     throw std::invalid_argument(
         fmt::format("--n-kv-groups {} must divide --n-heads {}", n_kv_groups, n_heads));
-  if ((n_kv_groups > 0 || sliding_window_size > 0) && dtype != "float32")
+  if (gpt && init_from.empty() && (n_kv_groups > 0 || sliding_window_size > 0) &&
+      dtype != "float32")
     throw std::invalid_argument(
         fmt::format("--n-kv-groups and --sliding-window-size run in float32 only, got --dtype {}",
                     printable(dtype)));
