@@ -13,30 +13,42 @@ varlen function), attn.patch_sdpa / attn.sdpa_patched (route PyTorch's own
 SDPA to attn, PyTorch >= 2.0), attn.nn (the book's attention modules and
 GPTModel), attn.Tokenizer (GPT-2's BPE with tiktoken's API; from_file: a
 tokenizer.json), attn.DecoderLM (Llama 3, Qwen, Gemma from their files), and
-set_num_threads / get_num_threads. docs/python.md has the rest.
+set_num_threads / get_num_threads. Without PyTorch, import attn gives the
+tokenizers, ChatTemplate, DecoderLM's loading and the thread count; the
+kernels' entry points then raise ImportError saying they need PyTorch.
+docs/python.md has the rest.
 """
 
-import torch
-
-from ._sdpa import (
-    _path,
-    dropout_noise,
-    get_num_threads,
-    scaled_dot_product_attention,
-    set_num_threads,
-)
-from ._varlen import sdpa_varlen
+from . import _attn, _torch
+from ._threads import get_num_threads, set_num_threads
 from ._tokenizer import Tokenizer, get_encoding
 from ._models import ChatTemplate, DecoderLM, HfTokenizer
-from ._patch import patch_sdpa, sdpa_patched, sdpa_stats, unpatch_sdpa
-from . import _attn, _sdpa, nn
 
-# torch.compile support (PyTorch >= 2.4: torch.library.custom_op): attn's
-# forward and backward registered as the custom ops attn::sdpa_forward/backward.
-if hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_fake"):
-    from . import _ops
+# What needs PyTorch is imported with it; without it, import attn still gives
+# the tokenizers, ChatTemplate, DecoderLM's files and the thread count, and
+# each name below raises ImportError saying it needs PyTorch when it is used.
+_NEEDS_TORCH = ("scaled_dot_product_attention", "sdpa_varlen", "dropout_noise", "patch_sdpa",
+                "unpatch_sdpa", "sdpa_patched", "sdpa_stats", "nn", "_path", "_sdpa")
+if _torch.available():
+    import torch
 
-    _sdpa._OPS = _ops
+    from ._sdpa import _path, dropout_noise, scaled_dot_product_attention
+    from ._varlen import sdpa_varlen
+    from ._patch import patch_sdpa, sdpa_patched, sdpa_stats, unpatch_sdpa
+    from . import _sdpa, nn
+
+    # torch.compile support (PyTorch >= 2.4: torch.library.custom_op): attn's
+    # forward and backward registered as the custom ops attn::sdpa_forward/backward.
+    if hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_fake"):
+        from . import _ops
+
+        _sdpa._OPS = _ops
+else:
+
+    def __getattr__(name: str):
+        if name in _NEEDS_TORCH:
+            _torch.require(f"attn.{name}")
+        raise AttributeError(f"module 'attn' has no attribute {name!r}")
 
 __version__ = "0.1.0"
 

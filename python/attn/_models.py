@@ -8,7 +8,6 @@ import json
 import os
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-import torch
 
 from . import _attn
 
@@ -165,6 +164,8 @@ class DecoderLM:
         return cls(_attn.DecoderLM(str(path), dtype, mmap))
 
     def logits(self, ids) -> torch.Tensor:
+        from ._torch import require
+        torch = require("attn.DecoderLM.logits")
         ids = torch.as_tensor(ids, dtype=torch.int64)
         if ids.dim() == 1:
             ids = ids.unsqueeze(0)

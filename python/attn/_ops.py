@@ -15,7 +15,9 @@ annotations` here: torch.library reads the signature's annotations as types.
 
 from typing import Optional, Tuple
 
-import torch
+from ._torch import require
+
+torch = require("attn._ops")
 
 from . import _attn
 from ._sdpa import _Options, _forward, _mask_grad, _ref, _rows_contiguous, get_num_threads

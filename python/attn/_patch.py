@@ -15,7 +15,9 @@ from __future__ import annotations
 import contextlib
 from typing import Callable, Dict, Iterator, Optional
 
-import torch
+from ._torch import require
+
+torch = require("attn.patch_sdpa")
 
 from . import _sdpa
 from ._sdpa import scaled_dot_product_attention as _attn_sdpa

@@ -12,14 +12,13 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence, Tuple
 
-import torch
+from . import _attn, _threads
+from ._threads import get_num_threads, set_num_threads  # noqa: F401 (attn's names)
+from ._torch import require
 
-from . import _attn
+torch = require("attn.scaled_dot_product_attention")
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
-
-# attn.set_num_threads(n); None: follow torch.get_num_threads() at every call.
-_user_threads: Optional[int] = None
 
 # attn._ops (the torch.library custom ops) on PyTorch >= 2.4, set by attn/__init__.py.
 _OPS = None
@@ -33,22 +32,6 @@ def _compiling() -> bool:
         dynamo = getattr(torch, "_dynamo", None)
         is_compiling = getattr(dynamo, "is_compiling", None)
     return bool(is_compiling()) if is_compiling is not None else False
-
-
-def set_num_threads(n: Optional[int]) -> None:
-    """Runs attn's kernels on n OpenMP threads; None goes back to following
-    torch.get_num_threads() (the default, so that attn and PyTorch's intra-op
-    pool share the cores instead of oversubscribing them)."""
-    global _user_threads
-    if n is not None:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"attn.set_num_threads: n must be an int >= 1 or None, got {n!r}")
-    _user_threads = n
-
-
-def get_num_threads() -> int:
-    """The thread count attn's next call will use."""
-    return _user_threads if _user_threads is not None else torch.get_num_threads()
 
 
 def _ref(t: torch.Tensor):

@@ -88,7 +88,7 @@ class Tokenizer:
         if not isinstance(text, str):
             raise TypeError(f"Tokenizer.encode: text must be str, got {type(text).__name__}")
         data = _utf8(text)
-        from ._sdpa import get_num_threads  # the same thread rule as the kernels
+        from ._threads import get_num_threads  # the same thread rule as the kernels
 
         threads = get_num_threads() if len(data) >= _PARALLEL_BYTES else 1
         return self._impl.encode(data, allow_special, threads)
@@ -107,15 +107,29 @@ class Tokenizer:
                      allowed_special: Union[Literal["all"], AbstractSet[str]] = frozenset(),
                      disallowed_special: Union[Literal["all"], Collection[str]] = "all"
                      ) -> List[List[int]]:
-        """encode on each text (num_threads is accepted for tiktoken's signature)."""
-        return [self.encode(t, allowed_special=allowed_special,
-                            disallowed_special=disallowed_special) for t in text]
+        """encode of each text, the texts encoded on up to num_threads threads at
+        once (as tiktoken's); the ids are encode's, in the texts' order."""
+        flags = [self._allow(t, allowed_special, disallowed_special) for t in self._texts(text)]
+        return self._batch(text, flags, num_threads)
 
     def encode_ordinary_batch(self, text: Sequence[str], *, num_threads: int = 8
                               ) -> List[List[int]]:
-        """encode_ordinary of each text (num_threads: tiktoken's argument, accepted;
-        the texts are encoded one after the other)."""
-        return [self.encode_ordinary(t) for t in text]
+        """encode_ordinary of each text, on up to num_threads threads at once."""
+        return self._batch(text, [False] * len(self._texts(text)), num_threads)
+
+    @staticmethod
+    def _texts(text: Sequence[str]) -> Sequence[str]:
+        if isinstance(text, str):
+            raise TypeError("Tokenizer.encode_batch: text must be a sequence of str, got one str")
+        for t in text:
+            if not isinstance(t, str):
+                raise TypeError(f"Tokenizer.encode_batch: text must hold str, got {type(t).__name__}")
+        return text
+
+    def _batch(self, text: Sequence[str], flags: List[bool], num_threads: int) -> List[List[int]]:
+        if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
+            raise ValueError(f"Tokenizer.encode_batch: num_threads must be an int >= 1, got {num_threads!r}")
+        return self._impl.encode_batch([_utf8(t) for t in text], flags, num_threads)
 
     def encode_to_numpy(self, text: str, *,
                         allowed_special: Union[Literal["all"], AbstractSet[str]] = frozenset(),

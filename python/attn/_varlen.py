@@ -6,7 +6,9 @@ from __future__ import annotations
 import math
 from typing import List, Optional, Sequence, Union
 
-import torch
+from ._torch import require
+
+torch = require("attn.sdpa_varlen")
 
 from . import _attn
 from ._sdpa import _DTYPE_NAMES, _check_tensor, _Options, _ref, _rows_contiguous, get_num_threads

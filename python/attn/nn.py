@@ -16,8 +16,10 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-import torch
-import torch.nn as nn
+from ._torch import require
+
+torch = require("attn.nn")
+import torch.nn as nn  # noqa: E402
 
 from ._sdpa import scaled_dot_product_attention as _sdpa
 

@@ -21,8 +21,10 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -259,6 +261,36 @@ PYBIND11_MODULE(_attn, m) {
           },
           py::arg("text"), py::arg("allow_special"), py::arg("threads"),
           "The ids of UTF-8 text (threads 1: one thread; else encode_parallel's).")
+      .def(
+          "encode_batch",
+          [](const Tokenizer& t, const std::vector<std::string>& texts,
+             const std::vector<bool>& allow_special, int threads) {
+            if (allow_special.size() != texts.size())
+              throw std::invalid_argument(
+                  "Tokenizer.encode_batch: " + std::to_string(allow_special.size()) +
+                  " flags for " + std::to_string(texts.size()) + " texts");
+            if (threads < 1)
+              throw std::invalid_argument("Tokenizer.encode_batch: threads must be >= 1, got " +
+                                          std::to_string(threads));
+            std::vector<std::vector<int64_t>> ids(texts.size());
+            std::exception_ptr failure;
+            py::gil_scoped_release release;
+    // The texts shared out one at a time (dynamic: their lengths differ);
+    // each encoded on its thread, into its own slot.
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+            for (int64_t n = 0; n < int64_t(texts.size()); ++n) {
+              try {
+                ids[size_t(n)] = t.encode(texts[size_t(n)], allow_special[size_t(n)]);
+              } catch (...) {
+#pragma omp critical(attn_encode_batch)
+                if (!failure) failure = std::current_exception();
+              }
+            }
+            if (failure) std::rethrow_exception(failure);
+            return ids;
+          },
+          py::arg("texts"), py::arg("allow_special"), py::arg("threads"),
+          "The ids of each UTF-8 text, the texts encoded on `threads` threads at once.")
       .def(
           "decode_bytes",
           [](const Tokenizer& t, const std::vector<int64_t>& ids) {
