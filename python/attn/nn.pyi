@@ -24,12 +24,16 @@ class _MultiHead(nn.Module):
     W_value: nn.Linear
     out_proj: nn.Linear
     dropout: nn.Dropout
+    cache_k: Optional[torch.Tensor]
+    cache_v: Optional[torch.Tensor]
+    ptr_current_pos: int
+    def reset_cache(self) -> None: ...
 
 class MultiHeadAttention(_MultiHead):
     mask: torch.Tensor
     def __init__(self, d_in: int, d_out: int, context_length: int, dropout: float,
                  num_heads: int, qkv_bias: bool = ...) -> None: ...
-    def forward(self, x: torch.Tensor) -> torch.Tensor: ...
+    def forward(self, x: torch.Tensor, use_cache: bool = ...) -> torch.Tensor: ...
 
 class GroupedQueryAttention(_MultiHead):
     num_kv_groups: int
@@ -37,13 +41,31 @@ class GroupedQueryAttention(_MultiHead):
     def __init__(self, d_in: int, d_out: int, dropout: float, num_heads: int,
                  num_kv_groups: int, dtype: Optional[torch.dtype] = ...,
                  qkv_bias: bool = ...) -> None: ...
-    def forward(self, x: torch.Tensor) -> torch.Tensor: ...
+    def forward(self, x: torch.Tensor, use_cache: bool = ...) -> torch.Tensor: ...
 
 class MultiHeadAttentionWithSWA(_MultiHead):
     sliding_window_size: Optional[int]
     def __init__(self, d_in: int, d_out: int, dropout: float, num_heads: int,
                  qkv_bias: bool = ..., sliding_window_size: Optional[int] = ...) -> None: ...
-    def forward(self, x: torch.Tensor) -> torch.Tensor: ...
+    def forward(self, x: torch.Tensor, use_cache: bool = ...) -> torch.Tensor: ...
+
+class MultiHeadLatentAttention(nn.Module):
+    d_out: int
+    num_heads: int
+    head_dim: int
+    latent_dim: int
+    W_query: nn.Linear
+    W_DKV: nn.Linear
+    W_UK: nn.Linear
+    W_UV: nn.Linear
+    out_proj: nn.Linear
+    dropout: nn.Dropout
+    cache_c_kv: Optional[torch.Tensor]
+    ptr_current_pos: int
+    def __init__(self, d_in: int, d_out: int, dropout: float, num_heads: int,
+                 qkv_bias: bool = ..., latent_dim: Optional[int] = ...) -> None: ...
+    def forward(self, x: torch.Tensor, use_cache: bool = ...) -> torch.Tensor: ...
+    def reset_cache(self) -> None: ...
 
 class LayerNorm(nn.Module):
     eps: float
@@ -67,14 +89,16 @@ class TransformerBlock(nn.Module):
     norm2: LayerNorm
     drop_shortcut: nn.Dropout
     def __init__(self, cfg: Dict[str, Any]) -> None: ...
-    def forward(self, x: torch.Tensor) -> torch.Tensor: ...
+    def forward(self, x: torch.Tensor, use_cache: bool = ...) -> torch.Tensor: ...
 
 class GPTModel(nn.Module):
     tok_emb: nn.Embedding
     pos_emb: nn.Embedding
     drop_emb: nn.Dropout
-    trf_blocks: nn.Sequential
+    trf_blocks: nn.ModuleList
+    current_pos: int
     final_norm: LayerNorm
     out_head: nn.Linear
     def __init__(self, cfg: Dict[str, Any]) -> None: ...
-    def forward(self, in_idx: torch.Tensor) -> torch.Tensor: ...
+    def forward(self, in_idx: torch.Tensor, use_cache: bool = ...) -> torch.Tensor: ...
+    def reset_kv_cache(self) -> None: ...
