@@ -115,6 +115,14 @@ void round_rows(uint32_t* dst, const float* x, size_t stride, size_t n, size_t W
                                      _mm512_loadu_ps(x + r * stride + w + kN)));
 }
 
+void lane_dots(float* out, const uint32_t* a, const uint32_t* b, size_t pairs) {
+  __m512 acc = _mm512_setzero_ps();
+  for (size_t p = 0; p < pairs; ++p)
+    acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(a + p * kN),
+                           (__m512bh)_mm512_loadu_si512(b + p * kN));
+  _mm512_storeu_ps(out, acc);
+}
+
 // ---- the micro-kernel (the fp32 kernel's, on words) ----------------------------------------
 
 namespace {

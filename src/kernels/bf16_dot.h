@@ -65,4 +65,11 @@ void round_row_pairs(uint32_t* dst, const float* x, size_t stride, size_t n, siz
 // row r = (x[r][2p], x[r][2p+1]). W a multiple of 2·kN.
 void round_rows(uint32_t* dst, const float* x, size_t stride, size_t n, size_t W);
 
+// out[r] = Σ_p word(a[p · kN + r]) · word(b[p · kN + r]) for the kN lanes r,
+// summed from 0 pair after pair by VDPBF16PS (a times b, as the micro-kernels
+// multiply A's broadcast word by B's): lane r holds the micro-kernel's
+// C[·, w] for a row of A whose words are a's lane r and a column of B whose
+// words are b's lane r, bit for bit (the backward's row term: kernels/sdpa_kernel.cpp).
+void lane_dots(float* out, const uint32_t* a, const uint32_t* b, size_t pairs);
+
 }  // namespace attn::kernels::bf16dot

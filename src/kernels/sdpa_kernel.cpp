@@ -1511,6 +1511,53 @@ void BatchedBackward(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp)
 template <class E, class T>
 void VarlenBackward(const SdpaBackwardIOT<T>& io, const BackwardProblem<T>& bp);
 
+// The backward's row term D_i = dO_i · O_i for kN rows at once, the lanes
+// being rows: each lane sums its row's products from 0, dimension after
+// dimension (DotEngine: pair after pair), with the engine's own operation
+// (hn::MulAdd, which is a fused multiply-add where the target has one;
+// VDPBF16PS), the sum the micro-kernels form for dP_ij = dO_i · V_j in each
+// lane. So where O_i is V_j (a softmax whose weight is all on key j), D_i is
+// dP_ij exactly. O(Dv) per row, as the vector sum it replaces; the products
+// the backward runs are O(Tk · D) per row.
+struct RowTermScratch {
+  hwy::AlignedFreeUniquePtr<float[]> doT, oT;  // (Dv, kN) each; DotEngine: (Pairs(Dv), kN) words
+  explicit RowTermScratch(size_t Dv)
+      : doT(hwy::AllocateAligned<float>(Dv * kN)), oT(hwy::AllocateAligned<float>(Dv * kN)) {}
+};
+
+// D[r] = dO[r] · O[r] for rows r < n (dO's rows do_stride apart, O's o_stride; Dv each).
+template <class T>
+void RowTerms(float* HWY_RESTRICT D, const T* dout, size_t do_stride, const T* out, size_t o_stride,
+              size_t n, size_t Dv, bool dot, RowTermScratch& s) {
+  if constexpr (std::is_same_v<T, BFloat16> && kDotTarget) {
+    if (dot) {  // the words dP's product multiplies: (dO's pair, V's pair) in each lane
+      auto* doW = reinterpret_cast<uint32_t*>(s.doT.get());
+      auto* oW = reinterpret_cast<uint32_t*>(s.oT.get());
+      bf16dot::pack_rows_t(doW, Bits(dout), do_stride, n, kN, Dv);
+      bf16dot::pack_rows_t(oW, Bits(out), o_stride, n, kN, Dv);
+      float sums[kN];
+      bf16dot::lane_dots(sums, doW, oW, bf16dot::Pairs(Dv));
+      std::copy(sums, sums + n, D);
+      return;
+    }
+  }
+  (void)dot;
+  float* HWY_RESTRICT doT = s.doT.get();
+  float* HWY_RESTRICT oT = s.oT.get();
+  for (size_t r = 0; r < kN; ++r)
+    for (size_t dd = 0; dd < Dv; ++dd) {
+      doT[dd * kN + r] = r < n ? Widen(dout[r * do_stride + dd]) : 0.0f;
+      oT[dd * kN + r] = r < n ? Widen(out[r * o_stride + dd]) : 0.0f;
+    }
+  const DF d;
+  VF acc = hn::Zero(d);
+  for (size_t dd = 0; dd < Dv; ++dd)
+    acc = hn::MulAdd(hn::Load(d, doT + dd * kN), hn::Load(d, oT + dd * kN), acc);
+  float sums[kN];
+  hn::StoreU(acc, d, sums);
+  std::copy(sums, sums + n, D);
+}
+
 }  // namespace
 
 template <class T>
@@ -1524,43 +1571,39 @@ void SdpaBackwardImpl(const SdpaBackwardIOT<T>& io, const SdpaProblemT<T>& p) {
   const int64_t B = varlen ? 1 : p.B;
   const int64_t BH = B * p.Hq;
   const SdpaStrides ls = sdpa_lse_strides(io.lse_strides, p);
-  // D = rowsum(dO ⊙ O) and lse · log2(e), (B, Hq, Tq) each.
+  // D = rowsum(dO ⊙ O) and lse · log2(e), (B, Hq, Tq) each. D is summed by
+  // the engine that forms dP = dO Vᵀ, in its order (RowTerms), so that a row
+  // whose output is one value row (O = V_j: one visible key, or all the
+  // probability on one) has D == dP_ij bit for bit and dS_ij = P (dP - D) = 0
+  // exactly, as the softmax's gradient is.
   auto Drow = hwy::AllocateAligned<float>(size_t(BH) * Tq);
   auto lse2 = hwy::AllocateAligned<float>(size_t(BH) * Tq);
-#pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < BH; ++bh) {
-    const int64_t b = bh / p.Hq, h = bh % p.Hq;
-    std::vector<float> wide(kWide ? 2 * Dv : 0);  // a bf16 row pair widened
-    for (size_t i = 0; i < Tq; ++i) {
-      const T* doi = At(io.dout, io.dout_strides, b, h, int64_t(i));
-      const T* oi = At(io.out, io.out_strides, b, h, int64_t(i));
-      if (i + kRowsAhead < Tq) {  // rows a stride apart: each a miss without this
-        PrefetchRows(At(io.dout, io.dout_strides, b, h, 0), size_t(io.dout_strides.t),
-                     i + kRowsAhead, i + kRowsAhead + 1, Dv);
-        PrefetchRows(At(io.out, io.out_strides, b, h, 0), size_t(io.out_strides.t),
-                     i + kRowsAhead, i + kRowsAhead + 1, Dv);
+  const bool dot = DotEngineChosen<T>();
+#pragma omp parallel
+  {
+    RowTermScratch scratch(Dv);
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < BH; ++bh) {
+      const int64_t b = bh / p.Hq, h = bh % p.Hq;
+      for (size_t i0 = 0; i0 < Tq; i0 += kN) {
+        const size_t n = std::min(kN, Tq - i0);
+        if (i0 + kRowsAhead < Tq) {  // rows a stride apart: each a miss without this
+          const size_t t0 = i0 + kRowsAhead, t1 = std::min(Tq, t0 + kN);
+          PrefetchRows(At(io.dout, io.dout_strides, b, h, 0), size_t(io.dout_strides.t), t0, t1,
+                       Dv);
+          PrefetchRows(At(io.out, io.out_strides, b, h, 0), size_t(io.out_strides.t), t0, t1, Dv);
+        }
+        float* D_rows = Drow.get() + size_t(bh) * Tq + i0;
+        RowTerms(D_rows, At(io.dout, io.dout_strides, b, h, int64_t(i0)), size_t(io.dout_strides.t),
+                 At(io.out, io.out_strides, b, h, int64_t(i0)), size_t(io.out_strides.t), n, Dv,
+                 dot, scratch);
+        for (size_t r = 0; r < n; ++r) {
+          const int64_t i = int64_t(i0 + r);
+          const float lse = io.lse[b * ls.b + h * ls.h + i * ls.t];
+          if (lse == kNegInf) D_rows[r] = 0.0f;
+          lse2[size_t(bh) * Tq + size_t(i)] = lse == kNegInf ? -kNegInf : lse * kLog2e;
+        }
       }
-      // Whole vectors lane by lane, then their lanes summed and the tail added:
-      // one fixed order whatever the thread count, and bf16 rows widened
-      // first, so that bf16 gives the bits of fp32 on the widened inputs.
-      const float* dof = nullptr;
-      const float* of = nullptr;
-      if constexpr (kWide) {
-        WidenRow(wide.data(), doi, Dv, Dv), WidenRow(wide.data() + Dv, oi, Dv, Dv);
-        dof = wide.data(), of = wide.data() + Dv;
-      } else {
-        dof = doi, of = oi;
-      }
-      const DF d;
-      VF acc = hn::Zero(d);
-      size_t dd = 0;
-      for (; dd + kN <= Dv; dd += kN)
-        acc = hn::MulAdd(hn::LoadU(d, dof + dd), hn::LoadU(d, of + dd), acc);
-      float sum = hn::GetLane(hn::SumOfLanes(d, acc));
-      for (; dd < Dv; ++dd) sum += dof[dd] * of[dd];
-      const float lse = io.lse[b * ls.b + h * ls.h + int64_t(i) * ls.t];
-      Drow[size_t(bh) * Tq + i] = lse == kNegInf ? 0.0f : sum;
-      lse2[size_t(bh) * Tq + i] = lse == kNegInf ? -kNegInf : lse * kLog2e;
     }
   }
   const MaskBlocks mask_blocks(p);

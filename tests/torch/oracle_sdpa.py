@@ -53,7 +53,18 @@ bfloat16 varlen (sdpa_varlen_bf16.json): the varlen cases on bf16-rounded
 inputs, recorded as the bf16 file records its cases (out_bf16 and the
 gradients with D from it, sequence by sequence).
 
-Writes sdpa.json, sdpa_bf16.json, sdpa_varlen.json and sdpa_varlen_bf16.json.
+Rows whose softmax sits on one key (sdpa_exact.json, issue 44): a softmax
+over one key has gradient exactly 0 with respect to that key's score, so with
+Tk = 1 dq and dk are exactly 0, and where all of a row's probability but
+e^-40 lies on one key they are below 1e-15. The cases: Tk = 1 (GQA, Tq up to
+200, both causal alignments); causal with window_left = 0 (every row sees
+its own key only); a boolean mask leaving one key per row; an additive mask
+0 on one key per row and -40 - 10·U(0, 1) on the others (near one-hot).
+float32 inputs, and the same cases on bf16-rounded inputs (gradients with D
+from the bf16 out, as sdpa_bf16.json's).
+
+Writes sdpa.json, sdpa_bf16.json, sdpa_varlen.json, sdpa_varlen_bf16.json and
+sdpa_exact.json.
 """
 import pathlib
 import random
@@ -348,6 +359,75 @@ def make_varlen_bf16_case(seed: int, c: dict) -> dict:
     return record
 
 
+EXACT_KINDS = ["one key", "window 0", "bool one key", "near one-hot"]
+
+
+def draw_exact_case(rng: random.Random, kind: str) -> dict:
+    c = draw_case(rng)
+    c["kind"] = kind
+    c["Tq"] = rng.choice([1, 7, 64, 65, 200])
+    c["Tk"] = 1 if kind == "one key" else rng.choice([2, 17, 64, 65, 130])
+    c["alibi"], c["softcap"] = False, 0.0
+    c["window_left"], c["window_right"] = -1, -1
+    c["is_causal"] = kind == "window 0" or (kind == "one key" and rng.random() < 0.5)
+    if kind == "window 0":
+        c["Tk"] = c["Tq"]
+        c["window_left"] = 0
+    c["mask"], c["mask_shape"] = "none", []
+    if kind in ("bool one key", "near one-hot"):
+        c["mask"] = "bool" if kind == "bool one key" else "additive"
+        B, Hq = c["B"], c["Hq"]
+        c["mask_shape"] = rng.choice([[c["Tq"], c["Tk"]], [B, Hq, c["Tq"], c["Tk"]]])
+    return c
+
+
+def one_key_mask(c: dict) -> torch.Tensor:
+    """Per row: one key kept (bool: 1, additive: 0), the others hidden (0 / -40 - 10·U)."""
+    shape = c["mask_shape"]
+    chosen = torch.randint(0, c["Tk"], shape[:-1] + [1])
+    one = torch.zeros(shape).scatter_(-1, chosen, 1.0)
+    if c["mask"] == "bool":
+        return one
+    return (1.0 - one) * (-40.0 - 10.0 * torch.rand(shape))
+
+
+def make_exact_case(seed: int, c: dict, bf16: bool) -> dict:
+    """make_case's record for a case whose rows have one key (or nearly all the weight on one)."""
+    torch.manual_seed(seed)
+    B, Hq, Hkv, Tq, Tk, D, Dv = c["B"], c["Hq"], c["Hkv"], c["Tq"], c["Tk"], c["D"], c["Dv"]
+    q, k, v, dout = (torch.randn(*shape) for shape in
+                     ((B, Hq, Tq, D), (B, Hkv, Tk, D), (B, Hkv, Tk, Dv), (B, Hq, Tq, Dv)))
+    if bf16:
+        q, k, v, dout = (x.to(torch.bfloat16).float() for x in (q, k, v, dout))
+    mask = one_key_mask(c) if c["mask"] != "none" else None
+    q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
+    out, lse, p, t = explicit_sdpa(q64, k64, v64, c, None if mask is None else mask.double(), None)
+    out.backward(dout.double())
+    grad = lambda x: x.grad if x.grad is not None else torch.zeros_like(x)
+    if c["kind"] in ("one key", "window 0", "bool one key"):  # the maths' exact zeros
+        assert grad(q64).abs().max() == 0 and grad(k64).abs().max() == 0
+    record = dict(c)
+    record["seed"] = seed
+    record["inputs"] = {"q": tensor_bits_json(q), "k": tensor_bits_json(k),
+                        "v": tensor_bits_json(v), "dout": tensor_bits_json(dout)}
+    if mask is not None:
+        record["inputs"]["mask"] = tensor_bits_json(mask)
+    record["expected"] = {"out": tensor_bits_json(out.float()), "lse": tensor_bits_json(lse.float()),
+                          "dq": tensor_bits_json(grad(q64).float()),
+                          "dk": tensor_bits_json(grad(k64).float()),
+                          "dv": tensor_bits_json(grad(v64).float())}
+    if bf16:  # the gradients with D from the bf16 out (as sdpa_bf16.json's)
+        with torch.no_grad():
+            out_bf16 = out.detach().float().to(torch.bfloat16).double()
+            dq, dk, dv = flash_backward(q64.detach(), k64.detach(), v64.detach(), c, p.detach(),
+                                        None, dout.double(), out_bf16)
+        record["expected"]["out_bf16"] = tensor_bits_json(out_bf16.float())
+        record["expected"]["dq_from_out_bf16"] = tensor_bits_json(dq.float())
+        record["expected"]["dk_from_out_bf16"] = tensor_bits_json(dk.float())
+        record["expected"]["dv_from_out_bf16"] = tensor_bits_json(dv.float())
+    return record
+
+
 def generate(out_dir: pathlib.Path) -> None:
     rng = random.Random(2020)
     cases = [make_case(1000 + n, draw_case(rng)) for n in range(CASES)]
@@ -368,3 +448,9 @@ def generate(out_dir: pathlib.Path) -> None:
     write_json(pathlib.Path(out_dir) / "sdpa_varlen_bf16.json",
                {"torch": torch.__version__, "dtype": "float64 maths on bfloat16 inputs",
                 "cases": varlen})
+    rng = random.Random(2044)
+    exact = [make_exact_case(11000 + n, draw_exact_case(rng, EXACT_KINDS[n % 4]), bf16=n % 8 >= 4)
+             for n in range(32)]
+    write_json(pathlib.Path(out_dir) / "sdpa_exact.json",
+               {"torch": torch.__version__,
+                "dtype": "float64 maths on float32 and bfloat16-rounded inputs", "cases": exact})

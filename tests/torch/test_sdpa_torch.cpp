@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "attn/kernels.h"
 #include "attn/sdpa.h"
 #include "bf16_path_guard.h"
 #include "oracle.h"
@@ -208,6 +209,129 @@ TEST(SdpaTorch, Bfloat16WithinRoundingOfTorchOnBf16Inputs) {
             << " cases; fused gradients vs the exact ones (D from the exact out): largest "
                "relative error "
             << fused_vs_exact << "\n";
+}
+
+// Rows whose softmax sits on one key (sdpa_exact.json, issue 44): Tk = 1,
+// causal with window_left = 0, a boolean mask leaving one key per row, and an
+// additive mask putting all of a row's weight but e^-40 on one key; float32
+// and bf16 inputs. The softmax's gradient with respect to a lone key's score
+// is exactly 0, so dq and dk are exactly 0 (torch's float64 maths gives 0 too)
+// in the first three kinds and below 1e-15 in the last; every engine must
+// give exactly 0 there, and |attn − torch| <= 1e-12 for the near one-hot rows
+// (the row term D = rowsum(dO ⊙ O) summed as dP is: sdpa_kernel.cpp's
+// RowTerms; before it, up to 7e-5 of noise). out, lse and dv within the
+// bounds of the tests above (fp32: 1e-5 relative; bf16: bf16's rounding),
+// bf16 gradients against those with D from the bf16 out. Engines: fp32 on
+// each SIMD target, bf16 widened to fp32, bf16 on AVX512-BF16 products; and
+// the plain reference.
+TEST(SdpaTorch, RowsOnOneKeyHaveExactGradientsOnEveryEngine) {
+  const Json file = read_oracle_json("sdpa_exact.json", "oracle_sdpa.py");
+  const Json& cases = file.at("cases");
+  ASSERT_GE(cases.size(), 32u);
+  const DType bf16 = DType::kBFloat16;
+  double near_worst = 0.0;
+  size_t runs = 0;
+  for (const Json& c : cases) {
+    SCOPED_TRACE(c.at("kind").get<std::string>() + ", " + describe(c));
+    const bool is_bf16 = c.contains("expected") && c.at("expected").contains("out_bf16");
+    const bool exact_zero = c.at("kind") != "near one-hot";
+    const Json& in = c.at("inputs");
+    auto input = [&](const char* name) {
+      const Tensor x = tensor_from_bits_json(in.at(name));
+      return is_bf16 ? x.to(bf16) : x;
+    };
+    const Tensor q = input("q"), k = input("k"), v = input("v"), dout = input("dout");
+    SdpaOptions o;
+    o.is_causal = c.at("is_causal").get<bool>();
+    o.causal_alignment = c.at("bottom_right").get<bool>() ? CausalAlignment::kBottomRight
+                                                          : CausalAlignment::kTopLeft;
+    o.window_left = c.at("window_left").get<int64_t>();
+    o.window_right = c.at("window_right").get<int64_t>();
+    if (!c.at("scale").is_null()) o.scale = c.at("scale").get<float>();
+    o.enable_gqa = c.at("Hq") != c.at("Hkv");
+    const std::string mask = c.at("mask").get<std::string>();
+    if (mask != "none") {
+      o.attn_mask = tensor_from_bits_json(in.at("mask"));
+      o.attn_mask_type = mask == "bool" ? MaskType::kBoolean : MaskType::kAdditive;
+    }
+    const Json& want = c.at("expected");
+    // (engine, SIMD target or "", bf16 path or nullptr)
+    struct Run {
+      std::string name, target;
+      const char* path;
+      SdpaBackend backend;
+    };
+    std::vector<Run> engines{{"reference", "", nullptr, SdpaBackend::kReference}};
+    if (!is_bf16) {
+      for (const std::string& t : kernels::flash_attention_targets())
+        engines.push_back({"fp32 " + t, t, nullptr, SdpaBackend::kFused});
+    } else {
+      engines.push_back({"bf16 widened to fp32", "", "widened to fp32", SdpaBackend::kFused});
+      const std::vector<std::string> paths = kernels::flash_attention_bf16_paths();
+      if (std::find(paths.begin(), paths.end(), "AVX512-BF16") != paths.end()) {
+        const Bf16PathGuard forced("AVX512-BF16");
+        if (kernels::bf16_dot_engine_chosen())
+          engines.push_back({"bf16 AVX512-BF16", "", "AVX512-BF16", SdpaBackend::kFused});
+      }
+    }
+    for (const Run& e : engines) {
+      SCOPED_TRACE(e.name);
+      if (!e.target.empty()) {
+        ASSERT_TRUE(kernels::flash_attention_use_target(e.target.c_str()));
+      }
+      const Bf16PathGuard path(e.path ? e.path : kernels::flash_attention_bf16_path());
+      o.backend = e.backend;
+      const SdpaForward f = scaled_dot_product_attention_forward(q, k, v, o);
+      const Tensor out_used = is_bf16 ? tensor_from_bits_json(want.at("out_bf16")).to(bf16) : f.out;
+      const SdpaGrads g = scaled_dot_product_attention_backward(dout, q, k, v, out_used, f.lse, o);
+      kernels::flash_attention_use_target(nullptr);
+      ++runs;
+      // bf16 fused: the gradients with D from the bf16 out; the reference recomputes D from P.
+      const std::string suffix =
+          is_bf16 && e.backend == SdpaBackend::kFused ? "_from_out_bf16" : "";
+      const auto close = [&](const char* name, const Tensor& got, const std::string& key) {
+        const Tensor w = tensor_from_bits_json(want.at(key));
+        if (is_bf16) {
+          EXPECT_LE(bf16_bound_ratio(got, w), 1.0) << name;
+        } else {
+          EXPECT_LE(rel_err(got, w), kTolerance) << name;
+        }
+      };
+      close("out", f.out, "out");
+      close("dv", g.dv, "dv" + suffix);
+      for (const auto& [got, name] : {std::pair{&g.dq, "dq"}, {&g.dk, "dk"}}) {
+        const std::vector<float> x = got->to_vector();
+        const std::vector<float> y = tensor_from_bits_json(want.at(name + suffix)).to_vector();
+        ASSERT_EQ(x.size(), y.size());
+        double worst = 0.0;
+        size_t nonzero = 0;
+        for (size_t n = 0; n < x.size(); ++n) {
+          worst = std::max(worst, std::fabs(double(x[n]) - double(y[n])));
+          nonzero += x[n] != 0.0f;
+        }
+        if (exact_zero) {
+          EXPECT_EQ(nonzero, 0u) << name << ": " << nonzero << " of " << x.size()
+                                 << " values not 0, largest |value| " << worst;
+        } else {
+          EXPECT_LE(worst, 1e-12) << name;
+          near_worst = std::max(near_worst, worst);
+        }
+      }
+      const std::vector<float> lse = f.lse.to_vector();
+      const std::vector<float> lse_want = tensor_from_bits_json(want.at("lse")).to_vector();
+      ASSERT_EQ(lse.size(), lse_want.size());
+      for (size_t n = 0; n < lse.size(); ++n) {
+        if (std::isinf(lse_want[n])) {
+          EXPECT_EQ(lse[n], lse_want[n]) << "lse[" << n << "]";
+        } else {
+          EXPECT_NEAR(lse[n], lse_want[n], kTolerance * std::max(1.0f, std::fabs(lse_want[n])))
+              << "lse[" << n << "]";
+        }
+      }
+    }
+  }
+  std::cout << "[sdpa one key vs torch] " << runs << " runs over " << cases.size()
+            << " cases; near one-hot rows: largest |dq, dk − torch| " << near_worst << "\n";
 }
 
 // Packed variable-length batches (sdpa_varlen_*): 32 random configurations of
