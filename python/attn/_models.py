@@ -12,6 +12,16 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 from . import _attn
 
 
+def _continue_field(continue_final_message: Union[bool, str]) -> str:
+    """transformers' continue_final_message (False, True or a field's name) as
+    attn's: "" (off), "content" or the field."""
+    if isinstance(continue_final_message, str):
+        if not continue_final_message:
+            raise ValueError("continue_final_message must be True, False or a field's name")
+        return continue_final_message
+    return "content" if continue_final_message else ""
+
+
 class ChatTemplate:
     """A chat template (docs/open-models.md, "Chat"): a conversation rendered as
     transformers' apply_chat_template(..., tokenize=False) renders it, by attn's
@@ -42,8 +52,11 @@ class ChatTemplate:
 
     def render(self, conversation: Sequence[Dict[str, Any]], tools: Optional[List[Any]] = None,
                documents: Optional[List[Any]] = None, add_generation_prompt: bool = False,
-               **kwargs) -> str:
-        """The text of the conversation; kwargs are more template variables."""
+               continue_final_message: Union[bool, str] = False, **kwargs) -> str:
+        """The text of the conversation; kwargs are more template variables.
+        continue_final_message (transformers'): True, or the name of the last
+        message's field to continue ("reasoning_content", ...): the text ends
+        inside it, with no end of turn after it (a prefilled reply)."""
         extra = dict(kwargs)
         if tools is not None:
             extra["tools"] = tools
@@ -51,7 +64,8 @@ class ChatTemplate:
             extra["documents"] = documents
         return self._impl.apply_json(json.dumps(list(conversation), ensure_ascii=False),
                                      bool(add_generation_prompt),
-                                     json.dumps(extra, ensure_ascii=False) if extra else "")
+                                     json.dumps(extra, ensure_ascii=False) if extra else "",
+                                     _continue_field(continue_final_message))
 
     @property
     def special_tokens(self) -> Dict[str, str]:
@@ -105,7 +119,9 @@ class HfTokenizer:
                             documents: Optional[List[Any]] = None,
                             chat_template: Optional[str] = None,
                             add_generation_prompt: bool = False, tokenize: bool = True,
-                            return_dict: bool = True, **kwargs) -> Union[str, List[int], Dict[str, List[int]]]:
+                            return_dict: bool = True,
+                            continue_final_message: Union[bool, str] = False,
+                            **kwargs) -> Union[str, List[int], Dict[str, List[int]]]:
         """transformers' PreTrainedTokenizer.apply_chat_template (same names and
         defaults): the conversation through the directory's chat template (or the
         template source `chat_template`), kwargs as more template variables
@@ -123,7 +139,8 @@ class HfTokenizer:
                 "chat template (tokenizer_config.json's chat_template, chat_template.jinja or "
                 "chat_template.json) and no chat_template argument was passed")
         text = template.render(conversation, tools=tools, documents=documents,
-                               add_generation_prompt=add_generation_prompt, **kwargs)
+                               add_generation_prompt=add_generation_prompt,
+                               continue_final_message=continue_final_message, **kwargs)
         if not tokenize:
             return text
         ids = self.encode(text, add_special_tokens=False)

@@ -346,11 +346,14 @@ PYBIND11_MODULE(_attn, m) {
       .def(
           "apply_json",
           [](const ChatTemplate& t, const std::string& messages_json, bool add_generation_prompt,
-             const std::string& kwargs_json) {
-            return t.apply_json(messages_json, {.add_generation_prompt = add_generation_prompt,
-                                                .kwargs_json = kwargs_json});
+             const std::string& kwargs_json, const std::string& continue_final_message) {
+            return t.apply_json(messages_json,
+                                {.add_generation_prompt = add_generation_prompt,
+                                 .kwargs_json = kwargs_json,
+                                 .continue_final_message = continue_final_message});
           },
-          py::arg("messages_json"), py::arg("add_generation_prompt"), py::arg("kwargs_json"))
+          py::arg("messages_json"), py::arg("add_generation_prompt"), py::arg("kwargs_json"),
+          py::arg("continue_final_message") = "")
       .def_property_readonly("special_tokens", &ChatTemplate::special_tokens)
       .def_property_readonly("source", &ChatTemplate::source);
 
