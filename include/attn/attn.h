@@ -40,7 +40,7 @@
 
 namespace attn {
 
-// The library's version ("0.1.0"): CMake's project version.
+// The library's version ("0.1.0"): the file VERSION, through CMake's project version.
 const char* version();
 
 }  // namespace attn

@@ -50,7 +50,9 @@ else:
             _torch.require(f"attn.{name}")
         raise AttributeError(f"module 'attn' has no attribute {name!r}")
 
-__version__ = "0.1.0"
+# The one version string is the file VERSION: CMake compiles it in
+# (attn::version()), pyproject.toml reads it for the wheel.
+__version__ = _attn.version()
 
 
 def kernel_target() -> str:

@@ -29,6 +29,7 @@
 #include <tuple>
 #include <vector>
 
+#include "attn/attn.h"  // attn::version()
 #include "attn/chat_template.h"
 #include "attn/decoder.h"
 #include "attn/hf_decoder.h"
@@ -422,6 +423,9 @@ PYBIND11_MODULE(_attn, m) {
       .def_property_readonly("num_layers",
                              [](const Decoder& d) { return d.info.hf.config.num_layers; });
 
+  m.def(
+      "version", [] { return std::string(attn::version()); },
+      "attn's version (the file VERSION, through CMake: attn::version()).");
   m.def("kernel_target", [] { return std::string(attn::kernels::sdpa_target()); },
         "The SIMD target attn's sdpa kernel runs (\"AVX3\", \"AVX2\", ...).");
   m.def("bf16_paths", &attn::kernels::flash_attention_bf16_paths,

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -80,12 +82,73 @@ TEST(Cli, HelpGoesToStdoutAndListsCommandsAndSections) {
   EXPECT_NE(sub.out.find("--json"), std::string::npos);
 }
 
-TEST(Cli, VersionGoesToStdout) {
+// attn --version: the version of the file VERSION and the commit first (the
+// line help2man and scripts read), then what the build has.
+TEST(Cli, VersionGoesToStdoutWithTheBuild) {
   ATTN_REQUIRE_CLI();
   const auto r = run_cli("--version");
   EXPECT_EQ(r.exit_code, 0);
-  EXPECT_EQ(r.out.rfind("attn ", 0), 0u) << r.out;
-  EXPECT_EQ(lines_of(r.out).size(), 1u);
+  EXPECT_EQ(r.err, "");
+  const auto lines = lines_of(r.out);
+  ASSERT_EQ(lines.size(), 5u) << r.out;
+  std::string version = attn::test::read_text(std::string(ATTN_TESTS_DIR) + "/../VERSION");
+  while (!version.empty() && version.back() == '\n') version.pop_back();
+  EXPECT_EQ(lines[0].rfind("attn " + version + " (commit ", 0), 0u) << lines[0];
+  EXPECT_EQ(lines[0].back(), ')') << lines[0];
+  EXPECT_EQ(lines[0].find("(commit )"), std::string::npos) << lines[0];
+  EXPECT_EQ(lines[1].rfind("SIMD target: ", 0), 0u) << lines[1];
+  EXPECT_EQ(lines[2].rfind("GEMM: ", 0), 0u) << lines[2];
+  EXPECT_NE(lines[2].find("BLAS "), std::string::npos) << lines[2];
+  EXPECT_EQ(lines[3].rfind("MPI: ", 0), 0u) << lines[3];
+  EXPECT_EQ(lines[4].rfind("Python module: ", 0), 0u) << lines[4];
+  // An unknown ATTN_GEMM_ENGINE still lets --version print, naming the value.
+  attn::test::ScopedEnv engine("ATTN_GEMM_ENGINE", "nosuch");
+  const auto bad = run_cli("--version");
+  EXPECT_EQ(bad.exit_code, 0) << bad.err;
+  EXPECT_NE(bad.out.find("nosuch"), std::string::npos) << bad.out;
+}
+
+// attn --completion bash: a script that bash runs, whose _attn completes the
+// commands, a command's options, a nested command, and leaves a value after an
+// option to bash's file names.
+TEST(Cli, BashCompletionCompletesCommandsAndOptions) {
+  ATTN_REQUIRE_CLI();
+  const auto r = run_cli("--completion bash");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  const std::string script = attn::test::temp_path("attn.bash");
+  {
+    std::ofstream out(script);
+    out << r.out;
+  }
+  // complete(words...): COMPREPLY for the last word being typed.
+  const auto complete = [&](const std::string& words) {
+    const std::string out = attn::test::temp_path("reply");
+    const std::string command = "bash -c 'source \"" + script + "\"; COMP_WORDS=(" + words +
+                                "); COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); _attn; "
+                                "printf \"%s\\n\" \"${COMPREPLY[@]}\"' >'" +
+                                out + "' 2>&1";
+    EXPECT_EQ(std::system(command.c_str()), 0) << command;
+    const std::string reply = attn::test::read_text(out);
+    std::remove(out.c_str());
+    return lines_of(reply);
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(complete("attn gen"), V{"generate"});
+  EXPECT_EQ(complete("attn tok"), V{"tokenize"});
+  const auto top = complete("attn generate --top");
+  EXPECT_EQ(top, (V{"--top-k", "--top-p"}));
+  EXPECT_EQ(complete("attn plot lo"), V{"loss"});
+  // After a valued option, its value is skipped: still generate's options.
+  EXPECT_EQ(complete("attn generate --seed 1 --top-"), (V{"--top-k", "--top-p"}));
+  // A value after an option that takes one: no words of attn's (bash's files).
+  EXPECT_EQ(complete("attn generate --seed \"\""), V{""});
+  EXPECT_EQ(complete("attn --vers"), V{"--version"});
+  std::remove(script.c_str());
+
+  const auto zsh = run_cli("--completion zsh");
+  expect_one_line_error(zsh);
+  EXPECT_NE(zsh.err.find("zsh"), std::string::npos) << zsh.err;
 }
 
 TEST(Cli, UnknownSectionNamesTheValueAndTheKnownOnes) {

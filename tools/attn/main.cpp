@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "about.h"
 #include "attn/attn.h"
 #include "attn/gemm.h"
 #include "attn/kernels.h"
@@ -70,9 +71,29 @@ int main(int argc, char** argv) {
       "attn: the attention mechanisms of GPT-style models as readable C++, printing the same "
       "numbers PyTorch 1.13 prints for the same seed.",
       "attn"};
-  app.set_version_flag("--version", std::string("attn ") + attn::version());
+  // The version, the commit, and what the build has (about.h); its first line
+  // is "attn VERSION (commit HASH)".
+  app.set_version_flag("--version", [] {
+    std::string text = attn::cli::version_text();
+    if (!text.empty() && text.back() == '\n') text.pop_back();
+    return text;
+  });
   app.require_subcommand(1);
   app.footer("Run 'attn COMMAND --help' for the options of a command.");
+  // The bash completion script, generated from the commands below (installed
+  // as share/bash-completion/completions/attn).
+  app.add_option_function<std::string>(
+         "--completion",
+         [&app](const std::string& shell) {
+           if (shell != "bash") {
+             throw CLI::ValidationError("--completion",
+                                        "only 'bash' is supported, not '" + shell + "'");
+           }
+           std::cout << attn::cli::bash_completion(app);
+           throw CLI::Success();
+         },
+         "Print a completion script for SHELL (bash) and exit")
+      ->type_name("SHELL");
 
   std::vector<attn::cli::Command> commands;
   commands.push_back(attn::cli::add_walkthrough_command(app));
