@@ -215,11 +215,52 @@ TEST(Cli, UnknownCommandIsOneLine) {
   EXPECT_NE(r.err.find("walkthrough"), std::string::npos) << r.err;
 }
 
-TEST(Cli, NoCommandIsOneLine) {
+// `attn` alone prints the help, as git and cargo do, and succeeds.
+TEST(Cli, NoCommandPrintsTheHelp) {
   ATTN_REQUIRE_CLI();
   const auto r = run_cli("");
-  expect_one_line_error(r);
-  EXPECT_NE(r.err.find("walkthrough"), std::string::npos) << r.err;
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.err, "");
+  EXPECT_EQ(r.out, run_cli("--help").out);
+  EXPECT_NE(r.out.find("walkthrough"), std::string::npos) << r.out;
+}
+
+// Every error names the command ("attn: export: --out is required"), CLI11's
+// parse errors included, and never a library function's qualified name
+// ("Tokenizer::encode_parallel:", "gemm::set_blas_threads:").
+TEST(Cli, ErrorsNameTheCommandAndNoLibraryFunction) {
+  ATTN_REQUIRE_CLI();
+  const auto missing = run_cli("export --model x --format hf");
+  expect_one_line_error(missing);
+  EXPECT_EQ(missing.err, "attn: export: --out is required\n");
+  const auto bad_seed = run_cli("walkthrough --seed abc");
+  expect_one_line_error(bad_seed);
+  EXPECT_EQ(bad_seed.err.rfind("attn: walkthrough: ", 0), 0u) << bad_seed.err;
+  const auto nested = run_cli("plot mask --no-such-option");
+  expect_one_line_error(nested);
+  EXPECT_EQ(nested.err.rfind("attn: plot: ", 0), 0u) << nested.err;
+  const auto threads = run_cli("generate --config 124m --benchmark -t 0");
+  expect_one_line_error(threads);
+  EXPECT_EQ(threads.err, "attn: generate: --threads must be >= 1, got 0\n");
+  for (const auto* r : {&missing, &bad_seed, &nested, &threads}) {
+    EXPECT_EQ(r->err.find("::"), std::string::npos) << r->err;
+  }
+}
+
+// -t/--threads on every command that computes.
+TEST(Cli, EveryComputingCommandTakesThreads) {
+  ATTN_REQUIRE_CLI();
+  for (const char* command : {"walkthrough", "generate", "eval", "serve", "plot attention", "train",
+                              "prepare", "bench"}) {
+    const auto r = run_cli(std::string(command) + " --help");
+    EXPECT_EQ(r.exit_code, 0) << command;
+    EXPECT_NE(r.out.find("-t,--threads"), std::string::npos) << command << ":\n" << r.out;
+  }
+  // The walkthrough's numbers do not depend on the thread count.
+  const auto one = run_cli("walkthrough --json --section multihead -t 1");
+  const auto two = run_cli("walkthrough --json --section multihead --threads 2");
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  EXPECT_EQ(one.out, two.out);
 }
 
 TEST(Cli, UnknownOptionIsOneLine) {

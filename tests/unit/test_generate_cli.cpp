@@ -102,6 +102,58 @@ TEST(GenerateCli, TextMatchesLibraryWithAndWithoutCache) {
   std::filesystem::remove_all(dir);
 }
 
+// The sampling flags as transformers and llama.cpp read them: --top-k or
+// --top-p alone samples at temperature 1 (it was silently greedy: seeds 1 and
+// 7 gave the same ids); --top-k 0 and --top-p 1 are off; --temperature 0 or
+// --greedy is the argmax whatever filters are given; no flag is the argmax.
+// Each CLI run equals the library's generate with the options it stands for.
+TEST(GenerateCli, SamplingFlagsReadAsTransformersDoes) {
+  ATTN_REQUIRE_CLI();
+  auto model = seeded_model();
+  const std::string dir = write_checkpoint(*model, good_metadata());
+  const auto library = [&](GenerateOptions o, uint64_t seed) {
+    const std::vector<int64_t> ids = encode_text(kVocab, "tea");
+    Generator gen(seed);
+    o.max_new_tokens = 30;
+    const Tensor out =
+        generate(*model, Tensor::from_int64({1, static_cast<int64_t>(ids.size())}, ids), o, gen);
+    return decode_ids(kVocab, out.to_int64_vector()) + "\n";
+  };
+  const auto cli = [&](const std::string& flags) {
+    const CliResult r =
+        run_cli("generate --model '" + dir + "' --prompt tea --max-new-tokens 30 " + flags);
+    EXPECT_EQ(r.exit_code, 0) << flags << ": " << r.err;
+    return r.out;
+  };
+  const std::string greedy = library({.temperature = 0.0f}, 1);
+  // --top-k alone: temperature 1, and the seed matters.
+  const std::string top_k_1 = library({.temperature = 1.0f, .top_k = 4}, 1);
+  const std::string top_k_7 = library({.temperature = 1.0f, .top_k = 4}, 7);
+  EXPECT_NE(top_k_1, top_k_7);
+  EXPECT_NE(top_k_1, greedy);
+  EXPECT_EQ(cli("--top-k 4 --seed 1"), top_k_1);
+  EXPECT_EQ(cli("--top-k 4 --seed 7"), top_k_7);
+  // --top-p alone: temperature 1.
+  EXPECT_EQ(cli("--top-p 0.9 --seed 3"), library({.temperature = 1.0f, .top_p = 0.9f}, 3));
+  // --top-k 0 is off.
+  EXPECT_EQ(cli("--top-k 0 --temperature 0.8 --seed 5"), library({.temperature = 0.8f}, 5));
+  // The argmax, whatever the filters.
+  EXPECT_EQ(cli(""), greedy);
+  EXPECT_EQ(cli("--greedy --top-k 4 --top-p 0.5"), greedy);
+  EXPECT_EQ(cli("--temperature 0 --top-p 0.5 --seed 9"), greedy);
+  // The llama.cpp spellings and --prompt-file.
+  const std::string prompt_file = temp_path("prompt.txt");
+  { std::ofstream(prompt_file) << "tea"; }
+  const CliResult short_flags = run_cli("generate -m '" + dir + "' --prompt-file '" + prompt_file +
+                                        "' -n 30 --top-k 4 --seed 1");
+  EXPECT_EQ(short_flags.exit_code, 0) << short_flags.err;
+  EXPECT_EQ(short_flags.out, top_k_1);
+  const CliResult p_flag = run_cli("generate -m '" + dir + "' -p tea -n 30");
+  EXPECT_EQ(p_flag.out, greedy) << p_flag.err;
+  std::filesystem::remove(prompt_file);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(GenerateCli, TrainingCheckpointOptimizerStateIsIgnored) {
   ATTN_REQUIRE_CLI();
   auto model = seeded_model();
@@ -147,7 +199,7 @@ TEST(GenerateCli, Benchmark) {
       run_cli("generate --checkpoint '" + dir + "' --benchmark --prompt 'abc' --max-new-tokens 10");
   EXPECT_EQ(too_long.exit_code, 2);
   EXPECT_EQ(too_long.err,
-            "attn: --benchmark: the prompt (3 tokens) plus --max-new-tokens 10 exceed "
+            "attn: generate: --benchmark: the prompt (3 tokens) plus --max-new-tokens 10 exceed "
             "context_length 12\n");
   std::filesystem::remove_all(dir);
 }
@@ -203,7 +255,12 @@ TEST(GenerateCli, BadInputIsOneLine) {
   const std::string f = "/checkpoint.safetensors";
   const std::vector<BadCase> cases{
       {"--checkpoint /nonexistent/x --prompt a", 1,
-       "attn: generate: checkpoint directory '/nonexistent/x' does not exist"},
+       "attn: generate: model directory '/nonexistent/x' does not exist. Models come from the "
+       "Hugging Face Hub (GPT-2 is openai-community/gpt2: git clone "
+       "https://huggingface.co/openai-community/gpt2, or any tool that downloads a model "
+       "repository; Llama 3, Qwen3 and Gemma 3 the same way) or from attn train --out; "
+       "tests/fixtures/hf_gpt2/fp32 in attn's checkout is a tiny GPT-2 for trying every command "
+       "offline (README.md, \"Where models come from\")"},
       {"--checkpoint '" + empty_dir + "' --prompt a", 1,
        "attn: generate: '" + empty_dir + f +
            "' does not exist (a checkpoint directory holds checkpoint.safetensors)"},
@@ -217,7 +274,12 @@ TEST(GenerateCli, BadInputIsOneLine) {
        "characters)"},
       {"--checkpoint DIR --prompt a --max-new-tokens -1", 2,
        "attn: generate: --max-new-tokens must be >= 0, got -1"},
-      {"--checkpoint DIR --prompt a --top-k 0", 2, "attn: generate: --top-k must be >= 1, got 0"},
+      {"--checkpoint DIR --prompt a --top-k -1", 2,
+       "attn: generate: --top-k must be >= 0 (0: off), got -1"},
+      {"--checkpoint DIR --prompt a --top-p 0", 2,
+       "attn: generate: --top-p must be in (0, 1] (1: off), got 0"},
+      {"--checkpoint DIR --prompt a --prompt-file DIR", 2,
+       "attn: generate: give either --prompt or --prompt-file, not both"},
       {"--checkpoint DIR --prompt a --top-k 11", 2,
        "attn: generate: --top-k must be at most the vocabulary size 10, got 11"},
       {"--checkpoint DIR --prompt a --temperature -0.5", 2,

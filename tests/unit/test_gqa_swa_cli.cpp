@@ -113,15 +113,15 @@ TEST(GqaSwaCli, BadFlagsAreOneLine) {
   };
   const std::string train = "train --text '" + text + "' --out '" + dir + "'" + kModel;
   const std::vector<Case> cases{
-      {train + "--n-kv-groups 3", 2, "attn: --n-kv-groups 3 must divide --n-heads 4"},
-      {train + "--n-kv-groups -1", 2, "attn: --n-kv-groups must be >= 0, got -1"},
+      {train + "--n-kv-groups 3", 2, "attn: train: --n-kv-groups 3 must divide --n-heads 4"},
+      {train + "--n-kv-groups -1", 2, "attn: train: --n-kv-groups must be >= 0, got -1"},
       {train + "--sliding-window-size -2", 2,
-       "attn: --sliding-window-size must be >= 0, got -2"},
+       "attn: train: --sliding-window-size must be >= 0, got -2"},
       {train + "--n-kv-groups 2 --dtype bfloat16", 2,
-       "attn: --n-kv-groups and --sliding-window-size run in float32 only, got --dtype "
+       "attn: train: --n-kv-groups and --sliding-window-size run in float32 only, got --dtype "
        "bfloat16"},
       {train + "--sliding-window-size 4 --exact --drop-rate 0.1", 2,
-       "attn: --exact with --n-kv-groups or --sliding-window-size needs --drop-rate 0 "
+       "attn: train: --exact with --n-kv-groups or --sliding-window-size needs --drop-rate 0 "
        "(their attention dropout masks are not PyTorch's), got --drop-rate 0.1"},
       {"generate --config 124m --benchmark --n-kv-groups 5", 2,
        "attn: generate: --n-kv-groups must divide n_heads 12, got 5"},

@@ -324,6 +324,16 @@ TEST(HfGpt2Cli, GenerationStopsAtEndOfText) {
   EXPECT_EQ(r.out, "Hello\n");
   r = run_cli("generate --model " + q(dir) + " --prompt-ids 15496 --print-ids --max-new-tokens 5");
   EXPECT_EQ(r.out, "15496\n");
+  // "<|endoftext|>" in a prompt by tiktoken's rule: refused, or with
+  // --allow-special the token 50256 (ids as the prompt's: 15496 50256).
+  r = run_cli("generate --model " + q(dir) + " --prompt 'Hello<|endoftext|>' --print-ids");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err.rfind("attn: generate: the prompt holds \"<|endoftext|>\" at byte 5: ", 0), 0u)
+      << r.err;
+  r = run_cli("generate --model " + q(dir) +
+              " --prompt 'Hello<|endoftext|>' --allow-special --print-ids --max-new-tokens 1");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "15496 50256\n");
   // Without the stop the same model repeats it.
   std::unique_ptr<nn::GPTModel> loaded;
   io::load_model_dir(dir, loaded);
@@ -347,11 +357,8 @@ TEST(HfGpt2Cli, BadInputIsOneLine) {
        "attn: generate: --prompt-ids must be token ids separated by commas or spaces, got '1,x'"},
       {"generate --model " + m + " --prompt-ids 1,512 --print-ids", 2,
        "attn: generate: --prompt-ids: token id 512 is out of range for vocab_size 512"},
-      {"generate --model " + m + " --prompt-ids 1 --top-p 0.5", 2,
-       "attn: generate: --top-p 0.5 samples, so it needs a --temperature > 0 (temperature 0 "
-       "takes the argmax)"},
       {"generate --model " + m + " --prompt-ids 1 --top-p 1.5 --temperature 1", 2,
-       "attn: generate: --top-p must be in (0, 1], got 1.5"},
+       "attn: generate: --top-p must be in (0, 1] (1: off), got 1.5"},
       {"generate --model " + m + " --prompt-ids 1 --greedy --temperature 0.7", 2,
        "attn: generate: --greedy is --temperature 0; it cannot go with --temperature 0.7"},
       {"generate --model " + m + " --prompt-ids 1 --dtype float16", 2,
@@ -365,7 +372,7 @@ TEST(HfGpt2Cli, BadInputIsOneLine) {
        "attn: generate: token 0 of the text, id 13476 (' glory'), is outside the model's "
        "vocabulary of 512 tokens"},
       {"generate --model " + m + " --prompt \"$(printf '\\377')\"", 1,
-       "attn: generate: Tokenizer::encode: invalid UTF-8 at byte offset 0: invalid lead byte "
+       "attn: generate: invalid UTF-8 at byte offset 0: invalid lead byte "
        "(byte 0xFF)"},
       {"export --model " + m + " --format onnx --out /tmp/x", 2,
        "attn: export: --format must be hf or book, got 'onnx'"},

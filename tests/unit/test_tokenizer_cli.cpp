@@ -1,6 +1,7 @@
 // `attn tokenize` through the built executable (tests/cli.h).
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -39,11 +40,45 @@ TEST(TokenizerCli, EncodesAnArgumentAFileAndStdin) {
   EXPECT_EQ(r.out, "\n");
 }
 
+// "<|endoftext|>" by tiktoken's rule, in every command that encodes with
+// GPT-2's BPE: refused unless --allow-special, which makes it 50256 (it was
+// ordinary text here, and 50256 in train and prepare, before issue 45).
 TEST(TokenizerCli, SpecialTokenOnlyWithAllowSpecial) {
   ATTN_REQUIRE_CLI();
   EXPECT_EQ(run_cli("tokenize --allow-special 'a<|endoftext|>b'").out, "64 50256 65\n");
-  const auto plain = run_cli("tokenize 'a<|endoftext|>b'").out;
-  EXPECT_EQ(plain.find("50256"), std::string::npos) << plain;
+  const auto plain = run_cli("tokenize 'a<|endoftext|>b'");
+  EXPECT_EQ(plain.exit_code, 1);
+  EXPECT_EQ(plain.out, "");
+  EXPECT_EQ(plain.err,
+            "attn: tokenize: the text holds \"<|endoftext|>\" at byte 1: GPT-2's special token is "
+            "refused unless --allow-special (then it is the token 50256), as tiktoken's encode "
+            "refuses it\n");
+  const std::string file = write_temp("eot.txt", "one<|endoftext|>two");
+  EXPECT_NE(run_cli("tokenize --file '" + file + "'").err.find("--file '" + file + "' holds"),
+            std::string::npos);
+  EXPECT_EQ(run_cli("tokenize --allow-special --file '" + file + "'").out, "505 50256 11545\n");
+
+  // prepare: refused before anything is written; allowed, the same ids, with
+  // 50256 between files as the document separator.
+  const std::string out = attn::test::temp_path("eot_shards");
+  const auto refused = run_cli("prepare --tokenizer gpt2 '" + file + "' --out '" + out + "'");
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_NE(refused.err.find("attn: prepare: '" + file + "' holds \"<|endoftext|>\" at byte 3"),
+            std::string::npos)
+      << refused.err;
+  EXPECT_FALSE(std::filesystem::exists(out));
+  const auto allowed =
+      run_cli("prepare --tokenizer gpt2 --allow-special '" + file + "' --out '" + out + "'");
+  EXPECT_EQ(allowed.exit_code, 0) << allowed.err;
+  std::filesystem::remove_all(out);
+
+  // train --tokenizer gpt2: refused unless allowed.
+  const auto train = run_cli("train --text '" + file + "' --tokenizer gpt2 --out '" + out + "'");
+  EXPECT_EQ(train.exit_code, 1);
+  EXPECT_NE(train.err.find("attn: train: --text '" + file + "' holds \"<|endoftext|>\" at byte 3"),
+            std::string::npos)
+      << train.err;
+  EXPECT_FALSE(std::filesystem::exists(out));
 }
 
 TEST(TokenizerCli, JsonShowsTheVocabularySpellingAndTheText) {
@@ -84,7 +119,7 @@ TEST(TokenizerCli, BadInputIsOneLineAndAnExitCode) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.out, "");
   EXPECT_EQ(r.err,
-            "attn: tokenize: Tokenizer::encode_parallel: invalid UTF-8 at byte offset 2: invalid "
+            "attn: tokenize: invalid UTF-8 at byte offset 2: invalid "
             "lead byte "
             "(byte 0xFF)\n");
   r = run_cli("tokenize --decode 15496 50257");
@@ -93,13 +128,13 @@ TEST(TokenizerCli, BadInputIsOneLineAndAnExitCode) {
   EXPECT_EQ(r.err, "attn: tokenize: token id 50257 is out of range (vocabulary size 50257)\n");
   r = run_cli("tokenize --decode 12 \"$(printf 'x\\377\\033')\"");  // raw 0xFF and ESC
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_EQ(r.err, "attn: 'x\\xFF\\x1B' is not a token id (an integer)\n");
+  EXPECT_EQ(r.err, "attn: tokenize: 'x\\xFF\\x1B' is not a token id (an integer)\n");
   r = run_cli("tokenize --decode --file '" + write_temp("ids.txt", "1 2 three") + "'");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.err, "attn: tokenize: 'three' is not a token id (an integer)\n");
   r = run_cli("tokenize two words");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_EQ(r.err, "attn: give the text as one argument (quote it); got 2 arguments\n");
+  EXPECT_EQ(r.err, "attn: tokenize: give the text as one argument (quote it); got 2 arguments\n");
   r = run_cli("tokenize --file /nonexistent/x.txt");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.err, "attn: tokenize: --file '/nonexistent/x.txt': no such file\n");

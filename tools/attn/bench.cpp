@@ -728,7 +728,7 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_option("--repeats", f->repeats,
                   "Timed repeats per case after the warm-up (at least one repeat and 250 ms; "
                   "default 5, --quick 3)");
-  cmd->add_option("--threads", f->threads,
+  cmd->add_option("-t,--threads", f->threads,
                   "OpenMP and BLAS threads (default: OpenMP's default, OMP_NUM_THREADS)");
   cmd->add_flag("--quick", f->quick, "Fewer shapes and repeats, sgemm of 2048^3");
   cmd->add_option("--target", f->simd_target,

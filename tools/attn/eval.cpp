@@ -19,6 +19,7 @@
 #include "hf_text.h"
 #include "input_file.h"
 #include "model_text.h"
+#include "weights.h"
 
 namespace attn::cli {
 namespace {
@@ -29,6 +30,7 @@ struct Flags {
   std::optional<int64_t> context;
   std::optional<int64_t> stride;
   bool json = false;
+  bool allow_special = false;  // GPT-2: "<|endoftext|>" in the file is the token 50256
 };
 
 std::string read_file(const std::string& path) { return read_input_file(path, "--file"); }
@@ -69,6 +71,10 @@ int print_result(const Flags& f, const nn::PerplexityResult& r, int64_t context,
 // post-processor adds, as transformers' perplexity guide encodes), windows of
 // at most 4,096 tokens by default.
 int run_decoder_eval(const Flags& f) {
+  if (f.allow_special) {
+    throw UsageError(
+        "eval: --allow-special is GPT-2's; a tokenizer.json's added tokens are always matched");
+  }
   const text::HfTokenizer tok = load_hf_tokenizer(f.model);
   std::unique_ptr<nn::DecoderLM> model;
   io::load_hf_decoder(f.model, model);
@@ -101,7 +107,7 @@ Command add_eval_command(CLI::App& app) {
       "Examples:\n"
       "  attn eval --model gpt2 --file data/the-verdict.txt\n"
       "  attn eval --model gpt2 --file data/the-verdict.txt --context 1024 --stride 512 --json");
-  cmd->add_option("--model", flags->model,
+  cmd->add_option("-m,--model", flags->model,
                   "Model directory (Hugging Face GPT-2, Llama 3, Qwen2/3, Gemma 2/3, or an attn "
                   "checkpoint)")
       ->required()
@@ -115,14 +121,19 @@ Command add_eval_command(CLI::App& app) {
       ->type_name("S");
   cmd->add_flag("--json", flags->json,
                 "Print {\"tokens\": ..., \"mean_loss\": ..., \"perplexity\": ...}");
+  cmd->add_flag("--allow-special", flags->allow_special,
+                "GPT-2 models: encode \"<|endoftext|>\" in the file as the special token 50256 "
+                "(else a file holding it is refused, as tiktoken refuses it)");
   auto run = [flags]() -> int {
     const Flags& f = *flags;
+    require_model_dir(f.model);
     if (io::is_hf_decoder_dir(f.model)) return run_decoder_eval(f);
     std::unique_ptr<nn::GPTModel> model;
     const io::ModelDir md = io::load_model_dir(f.model, model);
     const int64_t C = md.config.context_length;
     const auto [context, stride] = window_of(f, C, C);
-    const std::vector<int64_t> ids = ModelText(md).encode(read_file(f.file));
+    const std::vector<int64_t> ids = ModelText(md).encode(
+        read_file(f.file), "--file '" + printable(f.file) + "'", f.allow_special);
     if (ids.size() < 2) {
       throw std::invalid_argument(fmt::format(
           "'{}' has {} token(s); a perplexity needs at least 2", printable(f.file), ids.size()));

@@ -20,6 +20,7 @@
 #include "attn/state_dict.h"
 #include "attn/tokenizer.h"
 #include "attn/utf8.h"
+#include "weights.h"
 
 namespace attn::cli {
 namespace {
@@ -129,7 +130,7 @@ Command add_export_command(CLI::App& app) {
       "  attn export --model gpt2 --format book --out gpt2-book\n"
       "  attn export --model gpt2-book --format hf --dtype bfloat16 --out gpt2-bf16\n"
       "  attn export --model Qwen3-0.6B --format hf --dtype bfloat16 --out qwen3-bf16");
-  cmd->add_option("--model", flags->model, "The source model directory")
+  cmd->add_option("-m,--model", flags->model, "The source model directory")
       ->required()
       ->type_name("SRC");
   cmd->add_option("--format", flags->format, "hf or book")->required()->type_name("FORMAT");
@@ -161,6 +162,7 @@ Command add_export_command(CLI::App& app) {
           "--dtype {}",
           printable(f.dtype)));
     }
+    require_model_dir(f.model);
     check_out_folder(f);
     if (io::is_hf_decoder_dir(f.model)) return export_decoder(f);
     std::unique_ptr<nn::GPTModel> model;

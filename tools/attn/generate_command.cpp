@@ -29,6 +29,7 @@
 #include "attn/utf8.h"
 #include "flag_checks.h"
 #include "hf_text.h"
+#include "input_file.h"
 #include "model_text.h"
 #include "weights.h"
 
@@ -39,14 +40,15 @@ struct Flags {
   std::string checkpoint;  // --model, or its alias --checkpoint
   std::string config;
   std::string prompt;
+  std::string prompt_file;
   std::string prompt_ids;
   bool print_ids = false;
+  bool allow_special = false;  // GPT-2: "<|endoftext|>" in the prompt is the token 50256
   int64_t max_new_tokens = 50;
-  float temperature = 0.0f;
-  bool temperature_given = false;
+  std::optional<float> temperature;
   bool greedy = false;
   std::optional<int64_t> top_k;
-  float top_p = 1.0f;
+  std::optional<float> top_p;
   std::string dtype = "float32";
   std::string kv_dtype = "auto";  // Llama / Qwen / Gemma: the cache's element type
   uint64_t seed = 123;
@@ -64,6 +66,51 @@ struct Flags {
   std::string chat_template_kwargs;
   std::string chat_template_file;
 };
+
+// The sampling the flags ask for, read as transformers and llama.cpp read
+// them (docs/generation.md, "Sampling"): --top-k or --top-p alone sample at
+// temperature 1 (transformers' do_sample with its default temperature);
+// --temperature 0 or --greedy takes the argmax, whatever filters are given
+// (the argmax survives every filter, so they change nothing); --top-k 0 and
+// --top-p 1 are off; no sampling flag at all is the book's default, the
+// argmax. The filters apply in one order: top-k, then temperature, then top-p
+// (nn::sample_next; top-k and temperature commute, as in transformers' order).
+struct Sampling {
+  float temperature = 0.0f;
+  int64_t top_k = 0;
+  float top_p = 1.0f;
+};
+
+Sampling sampling_of(const Flags& f) {
+  if (f.temperature && (!(*f.temperature >= 0.0f) || !std::isfinite(*f.temperature))) {
+    throw UsageError(fmt::format("generate: --temperature must be a finite number >= 0, got {}",
+                                 *f.temperature));
+  }
+  if (f.greedy && f.temperature && *f.temperature != 0.0f) {
+    throw UsageError(
+        fmt::format("generate: --greedy is --temperature 0; it cannot go with --temperature {}",
+                    *f.temperature));
+  }
+  if (f.top_k && *f.top_k < 0) {
+    throw UsageError(fmt::format("generate: --top-k must be >= 0 (0: off), got {}", *f.top_k));
+  }
+  if (f.top_p && !(*f.top_p > 0.0f && *f.top_p <= 1.0f)) {
+    throw UsageError(fmt::format("generate: --top-p must be in (0, 1] (1: off), got {}", *f.top_p));
+  }
+  Sampling s;
+  if (f.greedy) {
+    s.temperature = 0.0f;
+  } else if (f.temperature) {
+    s.temperature = *f.temperature;
+  } else if (f.top_k || f.top_p) {
+    s.temperature = 1.0f;
+  }
+  if (s.temperature > 0.0f) {
+    s.top_k = f.top_k.value_or(0);
+    s.top_p = f.top_p.value_or(1.0f);
+  }
+  return s;
+}
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -102,7 +149,8 @@ std::vector<int64_t> parse_ids(const std::string& text, int64_t vocab) {
 std::vector<int64_t> benchmark_prompt(const Flags& f, const io::ModelDir* md, int64_t vocab,
                                       Generator& gen) {
   if (!f.prompt_ids.empty()) return parse_ids(f.prompt_ids, vocab);
-  if (md != nullptr && !f.prompt.empty()) return ModelText(*md).encode(f.prompt);
+  if (md != nullptr && !f.prompt.empty())
+    return ModelText(*md).encode(f.prompt, "the prompt", f.allow_special);
   std::vector<int64_t> ids;
   for (int64_t i = 0; i < f.prompt_tokens; ++i)
     ids.push_back(static_cast<int64_t>(gen.random() % static_cast<uint64_t>(vocab)));
@@ -229,7 +277,7 @@ void refuse_non_finite(nn::Module& model, const std::string& dir) {
 // A Llama 3 / Qwen / Gemma directory (attn/hf_decoder.h): its tokenizer.json
 // (or ids in and out), stopping at the family's end ids; --benchmark times the
 // prompt and the cached decode.
-int run_decoder(const Flags& f, float temperature) {
+int run_decoder(const Flags& f, const Sampling& sampling) {
   if (f.dtype != "float32" && f.dtype != "bfloat16") {
     throw UsageError(
         fmt::format("generate: --dtype must be float32 or bfloat16, got '{}'", printable(f.dtype)));
@@ -243,6 +291,10 @@ int run_decoder(const Flags& f, float temperature) {
   const DType kv_dtype = (f.kv_dtype == "auto" ? f.dtype : f.kv_dtype) == "bfloat16"
                              ? DType::kBFloat16
                              : DType::kFloat32;
+  if (f.allow_special) {
+    throw UsageError(
+        "generate: --allow-special is GPT-2's; a tokenizer.json's added tokens are always matched");
+  }
   std::unique_ptr<nn::DecoderLM> model;
   const io::HfDecoderInfo info = io::load_hf_decoder(
       f.checkpoint, model, f.dtype == "bfloat16" ? DType::kBFloat16 : DType::kFloat32, f.mmap);
@@ -358,9 +410,9 @@ int run_decoder(const Flags& f, float temperature) {
   }
   std::cout.flush();
   nn::GenerateOptions gopt{.max_new_tokens = f.max_new_tokens,
-                           .temperature = temperature,
-                           .top_k = f.top_k.value_or(0),
-                           .top_p = f.top_p,
+                           .temperature = sampling.temperature,
+                           .top_k = sampling.top_k,
+                           .top_p = sampling.top_p,
                            .kv_dtype = kv_dtype};
   gopt.on_token = [&](const std::vector<int64_t>& next) {
     if (stream) {
@@ -383,8 +435,9 @@ Command add_generate_command(CLI::App& app) {
       "generate",
       "Generate text from a model directory (a Hugging Face GPT-2 directory or an attn "
       "checkpoint) one token at a time with a key/value cache per layer, printing each token as "
-      "it comes; sampling as the book's generate does (top-k, then temperature, then top-p; "
-      "temperature 0 is argmax); stops at <|endoftext|>");
+      "it comes; sampling as transformers and llama.cpp read the flags (top-k, then "
+      "temperature, then top-p; --top-k or --top-p alone samples at temperature 1; "
+      "--temperature 0 or --greedy is the argmax, the default); stops at <|endoftext|>");
   cmd->footer(
       "Past context_length the model sees the last context_length tokens (the book's sliding "
       "window): the cache is re-filled from them for every further token.\n"
@@ -400,7 +453,7 @@ Command add_generate_command(CLI::App& app) {
       "  attn generate --config 124m --benchmark --prompt-tokens 32 --max-new-tokens 32\n"
       "  attn generate --model Qwen3-0.6B --chat --system 'Be brief.' --prompt 'Why is the sky "
       "blue?' --chat-template-kwargs '{\"enable_thinking\": false}'");
-  cmd->add_option("--model,--checkpoint", flags->checkpoint,
+  cmd->add_option("-m,--model,--checkpoint", flags->checkpoint,
                   "Model directory: Hugging Face GPT-2 (config.json + model.safetensors) or an "
                   "attn checkpoint (DIR/checkpoint.safetensors)")
       ->type_name("DIR");
@@ -421,26 +474,35 @@ Command add_generate_command(CLI::App& app) {
                   "With --sliding-window-size: the book's K:1 schedule, K window layers then one "
                   "full (0: none, -1 every layer, the default)")
       ->type_name("K");
-  cmd->add_option("--prompt", flags->prompt,
+  cmd->add_option("-p,--prompt", flags->prompt,
                   "The text to continue (through the model's tokenizer)")
       ->type_name("TEXT");
+  cmd->add_option("--prompt-file", flags->prompt_file,
+                  "Instead of --prompt: the text of FILE (UTF-8, read whole)")
+      ->type_name("FILE");
   cmd->add_option("--prompt-ids", flags->prompt_ids,
                   "Instead of --prompt: token ids, separated by commas or spaces")
       ->type_name("IDS");
+  cmd->add_flag("--allow-special", flags->allow_special,
+                "GPT-2 models: encode \"<|endoftext|>\" in the prompt as the special token 50256 "
+                "(else a prompt holding it is refused, as tiktoken refuses it)");
   cmd->add_flag("--print-ids", flags->print_ids,
                 "Print the prompt's and the new token ids on one line instead of text");
-  cmd->add_option("--max-new-tokens", flags->max_new_tokens, "Tokens to generate (default 50)")
+  cmd->add_option("-n,--max-new-tokens", flags->max_new_tokens, "Tokens to generate (default 50)")
       ->type_name("N");
   cmd->add_option("--temperature", flags->temperature,
-                  "Softmax temperature; 0 (the default) takes the argmax")
-      ->type_name("T")
-      ->each([flags](const std::string&) { flags->temperature_given = true; });
+                  "Softmax temperature; 0 takes the argmax. Default: 1 when --top-k or --top-p "
+                  "is given, else 0")
+      ->type_name("T");
   cmd->add_flag("--greedy", flags->greedy, "Take the argmax (= --temperature 0)");
-  cmd->add_option("--top-k", flags->top_k, "Sample among the K largest logits only (1..vocab)")
+  cmd->add_option("--top-k", flags->top_k,
+                  "Sample among the K largest logits only (0: off; 1..vocab); alone, it samples "
+                  "at temperature 1")
       ->type_name("K");
-  cmd->add_option("--top-p", flags->top_p,
-                  "Nucleus sampling after the temperature: the most probable tokens whose "
-                  "probabilities reach P (0 < P <= 1; 1, the default, is off)")
+  cmd->add_option(
+         "--top-p", flags->top_p,
+         "Nucleus sampling after the temperature: the most probable tokens whose "
+         "probabilities reach P (0 < P <= 1; 1 is off); alone, it samples at temperature 1")
       ->type_name("P");
   cmd->add_option("--dtype", flags->dtype,
                   "Compute dtype: float32 (default) or bfloat16 (bf16 products summed in float32, "
@@ -488,6 +550,15 @@ Command add_generate_command(CLI::App& app) {
       ->type_name("N");
 
   auto run = [flags]() -> int {
+    if (!flags->prompt_file.empty()) {
+      if (!flags->prompt.empty())
+        throw UsageError("generate: give either --prompt or --prompt-file, not both");
+      flags->prompt = read_input_file(flags->prompt_file, "--prompt-file");
+      if (flags->prompt.empty()) {
+        throw UsageError(
+            fmt::format("generate: --prompt-file '{}' is empty", printable(flags->prompt_file)));
+      }
+    }
     const Flags& f = *flags;
     if (!f.checkpoint.empty() && !f.config.empty()) {
       throw UsageError("generate: give either --model or --config, not both");
@@ -528,28 +599,7 @@ Command add_generate_command(CLI::App& app) {
       throw UsageError(
           fmt::format("generate: --max-new-tokens must be >= 0, got {}", f.max_new_tokens));
     }
-    if (!(f.temperature >= 0.0f) || !std::isfinite(f.temperature)) {
-      throw UsageError(fmt::format("generate: --temperature must be a finite number >= 0, got {}",
-                                   f.temperature));
-    }
-    if (f.greedy && f.temperature_given && f.temperature != 0.0f) {
-      throw UsageError(fmt::format(
-          "generate: --greedy is --temperature 0; it cannot go with --temperature {}",
-          f.temperature));
-    }
-    const float temperature = f.greedy ? 0.0f : f.temperature;
-    if (f.top_k && *f.top_k < 1) {
-      throw UsageError(fmt::format("generate: --top-k must be >= 1, got {}", *f.top_k));
-    }
-    if (!(f.top_p > 0.0f && f.top_p <= 1.0f)) {
-      throw UsageError(fmt::format("generate: --top-p must be in (0, 1], got {}", f.top_p));
-    }
-    if (f.top_p < 1.0f && temperature == 0.0f) {
-      throw UsageError(fmt::format(
-          "generate: --top-p {} samples, so it needs a --temperature > 0 (temperature 0 takes the "
-          "argmax)",
-          f.top_p));
-    }
+    const Sampling sampling = sampling_of(f);
     if (f.repeats < 1) {
       throw UsageError(fmt::format("generate: --repeats must be >= 1, got {}", f.repeats));
     }
@@ -586,8 +636,9 @@ Command add_generate_command(CLI::App& app) {
             printable(f.checkpoint.empty() ? f.config : f.checkpoint)));
       }
     }
+    if (!f.checkpoint.empty()) require_model_dir(f.checkpoint);
     if (!f.checkpoint.empty() && io::is_hf_decoder_dir(f.checkpoint))
-      return run_decoder(f, temperature);
+      return run_decoder(f, sampling);
     nn::GPTOptions options;
     if (f.dtype == "bfloat16") {
       options.dtype = DType::kBFloat16;
@@ -633,7 +684,8 @@ Command add_generate_command(CLI::App& app) {
     // The tokenizer only when text goes in or comes out.
     std::unique_ptr<ModelText> text;
     if (!f.prompt.empty() || !f.print_ids) text = std::make_unique<ModelText>(*md);
-    const std::vector<int64_t> ids = f.prompt.empty() ? given_ids : text->encode(f.prompt);
+    const std::vector<int64_t> ids =
+        f.prompt.empty() ? given_ids : text->encode(f.prompt, "the prompt", f.allow_special);
     if (ids.empty()) {
       throw UsageError(fmt::format("generate: the prompt '{}' has no tokens", printable(f.prompt)));
     }
@@ -651,11 +703,11 @@ Command add_generate_command(CLI::App& app) {
     std::cout.flush();
     Generator gen(f.seed);
     nn::GenerateOptions gopt{.max_new_tokens = f.max_new_tokens,
-                             .temperature = temperature,
-                             .top_k = f.top_k.value_or(0),
+                             .temperature = sampling.temperature,
+                             .top_k = sampling.top_k,
                              .use_cache = !f.no_cache,
                              .eos_id = eos,
-                             .top_p = f.top_p};
+                             .top_p = sampling.top_p};
     gopt.on_token = [&](const std::vector<int64_t>& next) {
       if (f.print_ids) {
         std::cout << ' ' << next[0];

@@ -1,15 +1,20 @@
 // main.cpp - the `attn` command line: parses, dispatches to one subcommand, and
 // turns every error into one line on stderr.
 //
-// Exit codes: 0 success (and --help, --version); 1 the command failed; 2 a usage
-// error (unknown command, option or value). Help goes to stdout.
+// Exit codes: 0 success (and --help, --version, and `attn` alone, which prints
+// the help); 1 the command failed; 2 a usage error (unknown command, option or
+// value). Help goes to stdout. An error is one line, "attn: COMMAND: ...".
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <omp.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <exception>
 #include <iostream>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -54,6 +59,34 @@ std::string one_line(std::string message) {
 int fail(int code, const std::string& message) {
   std::cerr << "attn: " << one_line(message) << std::endl;
   return code;
+}
+
+// The message of a failed command, as the user reads it: "NAME: what went
+// wrong", the command named once, and no library function's qualified name
+// ("Tokenizer::encode_parallel: invalid UTF-8 ..." is "invalid UTF-8 ..."): a
+// leading "A::b: " is the library's bookkeeping, not the user's. Names without
+// "::" ("MultiHeadAttention: d_out ...") name a module, and stay.
+std::string command_message(const std::string& name, std::string_view message) {
+  const std::string prefix = name + ": ";
+  if (message.substr(0, prefix.size()) == prefix) message.remove_prefix(prefix.size());
+  while (true) {
+    const size_t colon = message.find(": ");
+    if (colon == std::string_view::npos) break;
+    const std::string_view head = message.substr(0, colon);
+    const bool identifier = std::all_of(head.begin(), head.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == ':';
+    });
+    if (!identifier || head.find("::") == std::string_view::npos || head.front() == ':') break;
+    message.remove_prefix(colon + 2);
+  }
+  return prefix + std::string(message);
+}
+
+// The command the user typed (the top-level one, "plot" for "plot loss"), or
+// "" when none was reached.
+std::string typed_command(const CLI::App& app) {
+  const auto parsed = app.get_subcommands();
+  return parsed.empty() ? std::string() : parsed.front()->get_name();
 }
 
 std::string command_names(const std::vector<attn::cli::Command>& commands) {
@@ -108,6 +141,23 @@ int main(int argc, char** argv) {
   commands.push_back(attn::cli::add_eval_command(app));
   commands.push_back(attn::cli::add_serve_command(app));
 
+  // -t/--threads on every command that computes, as llama.cpp spells it:
+  // train, prepare and bench have their own; the others take OpenMP's and the
+  // BLAS's thread count here (as train's --threads sets them).
+  std::optional<int> threads;
+  for (const char* path : {"walkthrough", "generate", "eval", "serve", "plot attention"}) {
+    CLI::App* cmd = &app;
+    for (const auto& name : CLI::detail::split(path, ' ')) cmd = cmd->get_subcommand(name);
+    cmd->add_option("-t,--threads", threads,
+                    "OpenMP and BLAS threads (default: OMP_NUM_THREADS, else every core)")
+        ->type_name("N");
+  }
+
+  // `attn` alone: the help, as git and cargo print it, and success.
+  if (argc == 1) {
+    std::cout << app.help();
+    return std::cout ? 0 : kFailure;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForVersion& e) {
@@ -124,7 +174,8 @@ int main(int argc, char** argv) {
       return fail(kUsage, fmt::format("no command given (known: {}); see 'attn --help'",
                                       command_names(commands)));
     }
-    return fail(kUsage, e.what());
+    const std::string name = typed_command(app);
+    return fail(kUsage, name.empty() ? std::string(e.what()) : command_message(name, e.what()));
   }
 
   // The paths forced by the environment (ATTN_SIMD_TARGET, ATTN_BF16_PATH,
@@ -143,11 +194,18 @@ int main(int argc, char** argv) {
   for (const auto& command : commands) {
     if (!command.app->parsed()) continue;
     try {
+      if (threads) {
+        if (*threads < 1) {
+          throw attn::cli::UsageError(fmt::format("--threads must be >= 1, got {}", *threads));
+        }
+        omp_set_num_threads(*threads);
+        attn::gemm::set_blas_threads(*threads);
+      }
       return command.run();
     } catch (const attn::cli::UsageError& e) {
-      return fail(kUsage, e.what());
+      return fail(kUsage, command_message(command.app->get_name(), e.what()));
     } catch (const std::exception& e) {
-      return fail(kFailure, fmt::format("{}: {}", command.app->get_name(), e.what()));
+      return fail(kFailure, command_message(command.app->get_name(), e.what()));
     }
   }
   return fail(kUsage, "no command given; see 'attn --help'");

@@ -3,13 +3,13 @@
 
 #include <fmt/format.h>
 
-#include <stdexcept>
-
 #include <filesystem>
+#include <stdexcept>
 
 #include "attn/generate.h"
 #include "attn/tokenizer.h"
 #include "attn/utf8.h"
+#include "special_tokens.h"
 
 namespace attn::cli {
 
@@ -38,9 +38,11 @@ ModelText::ModelText(const io::ModelDir& model) : impl_(std::make_unique<Impl>()
 
 ModelText::~ModelText() = default;
 
-std::vector<int64_t> ModelText::encode(const std::string& text) const {
+std::vector<int64_t> ModelText::encode(const std::string& text, const std::string& what,
+                                       bool allow_special) const {
   if (impl_->kind != "gpt2") return nn::encode_text(impl_->vocab, text);
-  std::vector<int64_t> ids = impl_->tokenizer->encode(text);
+  refuse_special_tokens(text, what, allow_special);
+  std::vector<int64_t> ids = impl_->tokenizer->encode(text, allow_special);
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] >= impl_->vocab_size) {
       throw std::invalid_argument(fmt::format(

@@ -23,8 +23,11 @@ class ModelText {
   ModelText(const ModelText&) = delete;
   ModelText& operator=(const ModelText&) = delete;
 
-  // The ids of UTF-8 text; throws std::invalid_argument naming what cannot be encoded.
-  std::vector<int64_t> encode(const std::string& text) const;
+  // The ids of UTF-8 text; throws std::invalid_argument naming what cannot be
+  // encoded. GPT-2's "<|endoftext|>" by tiktoken's rule (special_tokens.h):
+  // refused, naming `what` ("the prompt", "--file 'x'"), unless allow_special.
+  std::vector<int64_t> encode(const std::string& text, const std::string& what,
+                              bool allow_special) const;
   // Streaming decode: the text that one more id completes (possibly "" while a
   // UTF-8 character is split across tokens), and what is left at the end.
   std::string push(int64_t id);

@@ -82,7 +82,8 @@ Command add_plot_command(CLI::App& app) {
   CLI::App* att = cmd->add_subcommand(
       "attention",
       "Draw every head of a layer (or of all layers) for a text, from a checkpoint of `attn train`");
-  att->add_option("--checkpoint", flags->checkpoint, "The folder holding checkpoint.safetensors")
+  att->add_option("-m,--model,--checkpoint", flags->checkpoint,
+                  "The folder holding checkpoint.safetensors")
       ->required()
       ->type_name("DIR");
   att->add_option("--text", flags->text, "The text, at most the model's context long")

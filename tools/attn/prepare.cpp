@@ -12,6 +12,7 @@
 
 #include "attn/token_shards.h"
 #include "attn/utf8.h"
+#include "special_tokens.h"
 
 namespace attn::cli {
 
@@ -21,6 +22,7 @@ Command add_prepare_command(CLI::App& app) {
     std::string out;
     data::PrepareOptions o;
     bool verify = false;
+    bool allow_special = false;
   };
   auto flags = std::make_shared<Flags>();
   CLI::App* cmd = app.add_subcommand(
@@ -29,13 +31,16 @@ Command add_prepare_command(CLI::App& app) {
       "(uint16 tokens behind a header with the vocabulary, the count and an FNV-1a checksum) and "
       "DIR/manifest.json, for attn train --data-shards DIR");
   cmd->footer(
-      "The files are tokenized in order, with GPT-2's end-of-text token (50256) between them; "
-      "\"<|endoftext|>\" inside a file is that token too. The ids equal those of tokenizing each "
+      "The files are tokenized in order, with GPT-2's end-of-text token (50256) between them as "
+      "the document separator; \"<|endoftext|>\" inside a file is refused unless "
+      "--allow-special, which makes it that token too (tiktoken's rule, as in every attn "
+      "command). The ids equal those of tokenizing each "
       "file whole, one after the other, for any --threads.\n"
       "Format: docs/distributed.md and include/attn/token_shards.h.\n"
       "Examples:\n"
       "  attn prepare --tokenizer gpt2 data/tinyshakespeare.txt --out shakespeare\n"
-      "  attn prepare --tokenizer gpt2 corpus/*.txt --out corpus-tok --shard-tokens 100000000 --threads 16\n"
+      "  attn prepare --tokenizer gpt2 corpus/*.txt --out corpus-tok --shard-tokens 100000000 "
+      "--threads 16\n"
       "  attn train --data-shards shakespeare --out run --context-length 256 --batch-size 4");
   cmd->add_option("inputs", flags->inputs, "The text files (UTF-8)")->required()->type_name("IN...");
   cmd->add_option("--out", flags->out, "Folder for shard-NNNNN.tok and manifest.json (created; must not hold a manifest)")
@@ -47,16 +52,22 @@ Command add_prepare_command(CLI::App& app) {
   cmd->add_option("--shard-tokens", flags->o.shard_tokens, "Tokens per shard (2 bytes each)")
       ->capture_default_str()
       ->type_name("N");
-  cmd->add_option("--threads", flags->o.threads, "Tokenizer threads (0: every core)")
+  cmd->add_option("-t,--threads", flags->o.threads, "Tokenizer threads (0: every core)")
       ->capture_default_str()
       ->type_name("N");
   cmd->add_flag("--verify", flags->verify, "Read the shards back and check their checksums");
+  cmd->add_flag("--allow-special", flags->allow_special,
+                "Encode \"<|endoftext|>\" inside a file as the token 50256, a document separator "
+                "(else a file holding it is refused, as tiktoken refuses it)");
   auto run = [flags]() -> int {
     if (flags->o.tokenizer != "gpt2")
       throw UsageError(fmt::format("--tokenizer must be gpt2, got '{}'", printable(flags->o.tokenizer, 64)));
     if (flags->o.shard_tokens < 1)
       throw UsageError(fmt::format("--shard-tokens must be >= 1, got {}", flags->o.shard_tokens));
     if (flags->o.threads < 0) throw UsageError(fmt::format("--threads must be >= 0, got {}", flags->o.threads));
+    // Every file before any is written: tiktoken's rule for "<|endoftext|>".
+    for (const auto& input : flags->inputs)
+      refuse_special_tokens_in_file(input, flags->allow_special);
     const auto start = std::chrono::steady_clock::now();
     const data::Manifest m = data::prepare_token_shards(flags->inputs, flags->out, flags->o);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

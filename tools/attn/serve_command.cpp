@@ -22,6 +22,7 @@
 #include "serve/metrics.h"
 #include "serve/served_model.h"
 #include "serve/server.h"
+#include "weights.h"
 
 namespace attn::cli {
 namespace {
@@ -89,6 +90,7 @@ serve::ChatRenderer load_chat(const Flags& f, const serve::ServedModel& model,
 }
 
 int run_serve(const Flags& f) {
+  require_model_dir(f.model);
   if (f.parallel < 1 || f.parallel > 1024)
     throw UsageError(fmt::format("serve: --parallel must be in [1, 1024], got {}", f.parallel));
   if (f.port < 0 || f.port > 65535)
@@ -227,7 +229,7 @@ Command add_serve_command(CLI::App& app) {
       "  curl http://127.0.0.1:8080/v1/completions -H 'Content-Type: application/json' \\\n"
       "       -d '{\"prompt\": \"Every effort moves you\", \"max_tokens\": 20}'");
   cmd->add_option(
-         "--model", flags->model,
+         "-m,--model", flags->model,
          "Model directory: Hugging Face GPT-2 (or an attn checkpoint), or a Llama 3 / Qwen2 / "
          "Qwen3 / Gemma directory with its tokenizer.json")
       ->required()

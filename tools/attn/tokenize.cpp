@@ -17,6 +17,7 @@
 #include "attn/utf8.h"
 #include "hf_text.h"
 #include "input_file.h"
+#include "special_tokens.h"
 
 namespace attn::cli {
 
@@ -145,7 +146,8 @@ Command add_tokenize_command(CLI::App& app) {
   cmd->add_option("--file", flags->file, "Read the text (or the ids) from this file")
       ->type_name("FILE");
   cmd->add_flag("--allow-special", flags->allow_special,
-                "Encode \"<|endoftext|>\" as the special token 50256 (else it is ordinary text)");
+                "Encode \"<|endoftext|>\" as the special token 50256 (else text holding it is "
+                "refused, as tiktoken's encode refuses it)");
   cmd->add_flag("--json", flags->json, "Print the ids and each token's spelling and text as JSON");
   cmd->add_flag("--decode", flags->decode, "Turn ids into text");
   cmd->add_option("--tokenizer", flags->tokenizer,
@@ -258,6 +260,9 @@ Command add_tokenize_command(CLI::App& app) {
       throw UsageError(fmt::format("give the text as one argument (quote it); got {} arguments",
                                    flags->args.size()));
     const std::string input = flags->args.empty() ? read_input(flags->file) : flags->args[0];
+    refuse_special_tokens(
+        input, flags->file.empty() ? "the text" : "--file '" + printable(flags->file) + "'",
+        flags->allow_special);
     const std::vector<int64_t> ids = tok.encode_parallel(input, flags->allow_special);
     if (flags->json) {
       std::cout << tokens_json(tok, ids);

@@ -37,6 +37,7 @@
 #include "flag_checks.h"
 #include "input_file.h"
 #include "plot/line_chart.h"
+#include "special_tokens.h"
 #include "weights.h"
 
 namespace attn::cli {
@@ -254,6 +255,7 @@ Command add_train_command(CLI::App& app) {
     std::string text, out, recipe;
     std::string data_shards;  // attn prepare's folder, read in place of --text
     bool resume = false;
+    bool allow_special = false;  // --tokenizer gpt2: "<|endoftext|>" in --text is the token 50256
     bool deterministic = false;
     bool shard_optimizer = false;
     int threads = 0;  // 0: OpenMP's default (OMP_NUM_THREADS, else every core)
@@ -296,10 +298,14 @@ Command add_train_command(CLI::App& app) {
                   "evaluation after every 5th step on 5 batches, a greedy sample from \"Every "
                   "effort moves you\" after each epoch. Flags given too override the recipe's")
       ->type_name("NAME");
+  cmd->add_flag("--allow-special", flags->allow_special,
+                "--tokenizer gpt2: encode \"<|endoftext|>\" in --text as the token 50256, the "
+                "document separator (else a text holding it is refused, as tiktoken refuses it; "
+                "give it again with --resume)");
   cmd->add_flag("--resume", flags->resume,
                 "Continue from DIR/checkpoint.safetensors with its flags (flags given here override "
                 "those that do not change the model)");
-  cmd->add_option("--threads", flags->threads,
+  cmd->add_option("-t,--threads", flags->threads,
                   "OpenMP and BLAS threads (default: OMP_NUM_THREADS, else every core). On a busy "
                   "machine, 1 is often much faster for a small model: threads that wait for each "
                   "other lose their core. Losses are reproducible (and --resume exact) for the "
@@ -564,6 +570,12 @@ Command add_train_command(CLI::App& app) {
       options.tokenizer = shards->manifest().tokenizer;
     }
     const std::string text = shards ? std::string() : read_text_file(flags->text);
+    // GPT-2's BPE reads "<|endoftext|>" by tiktoken's rule: refused unless
+    // --allow-special, which makes it the token 50256 (the book's chapter 5
+    // encodes with allowed_special={"<|endoftext|>"}), the document separator.
+    if (options.tokenizer == "gpt2") {
+      refuse_special_tokens(text, "--text '" + printable(flags->text) + "'", flags->allow_special);
+    }
 
     const bool out_was_there = fs::exists(flags->out, ec);
     fs::create_directories(flags->out, ec);

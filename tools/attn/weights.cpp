@@ -5,6 +5,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <stdexcept>
+#include <system_error>
 
 #include "attn/bfloat16.h"
 #include "attn/tensor.h"
@@ -42,6 +45,18 @@ std::string non_finite_weight(nn::Module& model) {
     return fmt::format("the weight '{}' holds {} at index {}", printable(name), v, i);
   }
   return {};
+}
+
+void require_model_dir(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec)) return;
+  throw std::runtime_error(fmt::format(
+      "model directory '{}' does not exist. Models come from the Hugging Face Hub (GPT-2 is "
+      "openai-community/gpt2: git clone https://huggingface.co/openai-community/gpt2, or any tool "
+      "that downloads a model repository; Llama 3, Qwen3 and Gemma 3 the same way) or from attn "
+      "train --out; tests/fixtures/hf_gpt2/fp32 in attn's checkout is a tiny GPT-2 for trying "
+      "every command offline (README.md, \"Where models come from\")",
+      printable(path)));
 }
 
 }  // namespace attn::cli

@@ -13,4 +13,10 @@ namespace attn::cli {
 // generates nothing but NaN logits.
 std::string non_finite_weight(nn::Module& model);
 
+// Throws std::runtime_error when `path` (a command's --model) does not exist,
+// saying where models come from (README.md, "Where models come from"): the
+// Hugging Face Hub's repositories (GPT-2 is openai-community/gpt2), attn
+// train's --out, or the tiny GPT-2 that ships for trying commands offline.
+void require_model_dir(const std::string& path);
+
 }  // namespace attn::cli
