@@ -31,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -162,6 +163,9 @@ struct PrepareOptions {
   // Text read and tokenized at a time (cut at a place where GPT-2's pattern
   // cannot join pieces, so the ids equal those of the whole file).
   int64_t block_bytes = int64_t{64} << 20;
+  // Called after each block is tokenized with the bytes of input tokenized so
+  // far, over all files (a progress display's hook: attn prepare's). Empty: none.
+  std::function<void(int64_t bytes)> on_progress;
 };
 
 // Tokenizes the files in order with GPT-2's BPE ("<|endoftext|>" in a file is

@@ -117,6 +117,7 @@ Manifest prepare_token_shards(const std::vector<std::string>& inputs, const std:
   m.documents = static_cast<int64_t>(inputs.size());
   ShardWriter writer(out_dir, options.shard_tokens, m.vocab_size);
   const auto block = static_cast<size_t>(options.block_bytes);
+  int64_t bytes_done = 0;  // over all files, for options.on_progress
 
   for (size_t d = 0; d < inputs.size(); ++d) {
     const std::string& file = inputs[d];
@@ -133,6 +134,8 @@ Manifest prepare_token_shards(const std::vector<std::string>& inputs, const std:
         throw std::invalid_argument(
             fmt::format("input '{}', in the text from byte {}: {}", printable(file), buf_offset, e.what()));
       }
+      bytes_done += static_cast<int64_t>(text.size());
+      if (options.on_progress) options.on_progress(bytes_done);
     };
     while (true) {
       const size_t had = buf.size();

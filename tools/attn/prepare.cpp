@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include "attn/token_shards.h"
 #include "attn/utf8.h"
+#include "progress.h"
 #include "special_tokens.h"
 
 namespace attn::cli {
@@ -23,6 +25,7 @@ Command add_prepare_command(CLI::App& app) {
     data::PrepareOptions o;
     bool verify = false;
     bool allow_special = false;
+    bool quiet = false;
   };
   auto flags = std::make_shared<Flags>();
   CLI::App* cmd = app.add_subcommand(
@@ -56,6 +59,7 @@ Command add_prepare_command(CLI::App& app) {
       ->capture_default_str()
       ->type_name("N");
   cmd->add_flag("--verify", flags->verify, "Read the shards back and check their checksums");
+  cmd->add_flag("-q,--quiet", flags->quiet, "No progress display on stderr");
   cmd->add_flag("--allow-special", flags->allow_special,
                 "Encode \"<|endoftext|>\" inside a file as the token 50256, a document separator "
                 "(else a file holding it is refused, as tiktoken refuses it)");
@@ -69,7 +73,20 @@ Command add_prepare_command(CLI::App& app) {
     for (const auto& input : flags->inputs)
       refuse_special_tokens_in_file(input, flags->allow_special);
     const auto start = std::chrono::steady_clock::now();
-    const data::Manifest m = data::prepare_token_shards(flags->inputs, flags->out, flags->o);
+    // The progress display (progress.h): megabytes of input tokenized.
+    int64_t total_bytes = 0;
+    for (const auto& input : flags->inputs) {
+      std::error_code ec;
+      if (std::filesystem::is_regular_file(input, ec)) {
+        const auto size = std::filesystem::file_size(input, ec);
+        if (!ec) total_bytes += static_cast<int64_t>(size);
+      }
+    }
+    Progress progress("prepare", total_bytes, "MB", Progress::mode_for(flags->quiet), 1e6);
+    data::PrepareOptions o = flags->o;
+    o.on_progress = [&progress](int64_t bytes) { progress.update(bytes); };
+    const data::Manifest m = data::prepare_token_shards(flags->inputs, flags->out, o);
+    progress.finish();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (flags->verify) data::ShardedTokens check(flags->out, /*verify=*/true);
     std::cout << fmt::format("attn prepare: {} file{} -> {} tokens ({}) in {} shard{}, {:.1f} s ({:.2f} M tokens/s){}; {}\n",

@@ -37,6 +37,7 @@
 #include "flag_checks.h"
 #include "input_file.h"
 #include "plot/line_chart.h"
+#include "progress.h"
 #include "special_tokens.h"
 #include "weights.h"
 
@@ -75,13 +76,6 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-std::string duration(double seconds) {
-  const auto s = static_cast<int64_t>(seconds + 0.5);
-  if (s >= 3600) return fmt::format("{}h{:02}m", s / 3600, (s / 60) % 60);
-  if (s >= 60) return fmt::format("{}m{:02}s", s / 60, s % 60);
-  return fmt::format("{}s", s);
 }
 
 // The metrics lines of an earlier run kept on --resume: those up to the
@@ -157,7 +151,7 @@ std::string model_summary(train::Trainer& trainer) {
 // come; at the end (or on SIGINT) the checkpoint, and DIR/loss.svg as the
 // book's plot_losses draws it.
 int run_book_recipe(train::Trainer& trainer, const std::string& out,
-                    const std::function<void(train::Trainer&)>& save) {
+                    const std::function<void(train::Trainer&)>& save, Progress::Mode mode) {
   namespace fs = std::filesystem;
   using clock = std::chrono::steady_clock;
   const train::TrainOptions& options = trainer.options();
@@ -188,11 +182,11 @@ int run_book_recipe(train::Trainer& trainer, const std::string& out,
   std::vector<std::string> metrics, samples;
   std::vector<double> step_ms, all_ms;
   train::BookCallbacks cb;
+  Progress progress("train", steps, "steps", mode);
   cb.on_step = [&](int64_t step, float loss, double ms) {
     step_ms.push_back(ms);
     all_ms.push_back(ms);
-    std::cerr << fmt::format("step {}/{} loss {:.4f} {:.0f} ms ETA {}\n", step + 1, steps, loss, ms,
-                             duration(median(all_ms) * 1e-3 * static_cast<double>(steps - step - 1)));
+    progress.update(step + 1, fmt::format("loss {:.4f}", loss));
   };
   cb.on_evaluation = [&](const train::BookEvaluation& e) {
     nlohmann::ordered_json j;
@@ -211,6 +205,7 @@ int run_book_recipe(train::Trainer& trainer, const std::string& out,
     std::string all;
     for (const auto& line : metrics) all += line + "\n";
     write_file_atomically(metrics_path, all);
+    progress.clear();
     std::cout << train::format_evaluation(e) << "\n";
     std::cout.flush();
   };
@@ -223,11 +218,13 @@ int run_book_recipe(train::Trainer& trainer, const std::string& out,
     std::string all;
     for (const auto& line : samples) all += line + "\n";
     write_file_atomically(samples_path, all);
+    progress.clear();
     std::cout << s.text << "\n";
     std::cout.flush();
   };
   cb.should_stop = [] { return g_stop != 0; };
   const train::BookHistory history = train::train_model_simple(trainer, cb);
+  progress.finish();
   sigaction(SIGINT, &old, nullptr);
   const double wall = std::chrono::duration<double>(clock::now() - start).count();
   save(trainer);
@@ -256,6 +253,7 @@ Command add_train_command(CLI::App& app) {
     std::string data_shards;  // attn prepare's folder, read in place of --text
     bool resume = false;
     bool allow_special = false;  // --tokenizer gpt2: "<|endoftext|>" in --text is the token 50256
+    bool quiet = false;          // no progress display (the bar, or the step lines)
     bool deterministic = false;
     bool shard_optimizer = false;
     int threads = 0;  // 0: OpenMP's default (OMP_NUM_THREADS, else every core)
@@ -298,6 +296,10 @@ Command add_train_command(CLI::App& app) {
                   "evaluation after every 5th step on 5 batches, a greedy sample from \"Every "
                   "effort moves you\" after each epoch. Flags given too override the recipe's")
       ->type_name("NAME");
+  cmd->add_flag(
+      "-q,--quiet", flags->quiet,
+      "No progress display: no bar on stderr (a terminal), no step lines (otherwise); the "
+      "evaluations and the summary still print");
   cmd->add_flag("--allow-special", flags->allow_special,
                 "--tokenizer gpt2: encode \"<|endoftext|>\" in --text as the token 50256, the "
                 "document separator (else a text holding it is refused, as tiktoken refuses it; "
@@ -616,7 +618,8 @@ Command add_train_command(CLI::App& app) {
       throw UsageError("--shard-optimizer shards AdamW's state over the ranks of an mpirun; this is one process");
     }
     options = trainer.options();  // max_iters resolved from --epochs
-    if (book) return run_book_recipe(trainer, flags->out, save);
+    if (book)
+      return run_book_recipe(trainer, flags->out, save, Progress::mode_for(flags->quiet || !root));
     std::vector<std::string> metrics;
     if (flags->resume) {
       trainer.resume(checkpoint);
@@ -624,7 +627,13 @@ Command add_train_command(CLI::App& app) {
       metrics = kept_metrics(metrics_path, trainer.last_eval_iter());
     }
 
-    const bool bar = root && ::isatty(STDOUT_FILENO) == 1 && std::getenv("CI") == nullptr;
+    // The progress display (progress.h): on a terminal the bar on stderr; else
+    // the step lines of the log on stdout every log_every steps, which are
+    // this command's plain periodic lines (and the per-step losses the MPI
+    // tests read); --quiet neither. Evaluations and the summary always print.
+    const Progress::Mode progress_mode = Progress::mode_for(flags->quiet || !root);
+    const bool bar = progress_mode == Progress::Mode::kBar;
+    const bool step_lines = progress_mode == Progress::Mode::kLines;
     std::ostream& out = root ? std::cout : null_stream();
     if (mpi != nullptr || trainer.micro_batches() > 1)
       out << fmt::format(
@@ -669,7 +678,9 @@ Command add_train_command(CLI::App& app) {
     std::vector<double> step_ms;  // since the last evaluation
     std::vector<double> all_ms;   // this process's steps
     const int64_t first_iter = trainer.iter();
-    clock::time_point last_draw{};
+    // The bar counts this process's steps (a resumed run's ETA is of what is left).
+    Progress progress("train", options.max_iters - first_iter, "steps",
+                      bar ? Progress::Mode::kBar : Progress::Mode::kQuiet);
     float loss = 0.0f;
     bool interrupted = false;
     const int64_t log_every = std::max<int64_t>(1, std::min<int64_t>(options.eval_interval / 5, 50));
@@ -725,10 +736,10 @@ Command add_train_command(CLI::App& app) {
           write_file_atomically(metrics_path, all);
         }
         save(trainer);
-        out << (bar ? "\r\033[K" : "")
-                  << fmt::format("iter {}: train loss {:.4f}, val loss {:.4f}{}\n", r.iter, r.train_loss,
-                                 r.val_loss,
-                                 ms > 0 ? fmt::format(", {:.1f} ms/iter", ms) : std::string());
+        progress.clear();
+        out << fmt::format("iter {}: train loss {:.4f}, val loss {:.4f}{}\n", r.iter, r.train_loss,
+                           r.val_loss,
+                           ms > 0 ? fmt::format(", {:.1f} ms/iter", ms) : std::string());
         out.flush();
       }
       if (it >= options.max_iters) break;
@@ -750,28 +761,23 @@ Command add_train_command(CLI::App& app) {
       all_ms.push_back(ms);
       const int64_t done = trainer.iter();
       const double tok_s = static_cast<double>(trainer.tokens_per_step()) * 1e3 / median(all_ms);
-      if (bar && (clock::now() - last_draw > std::chrono::milliseconds(100) || done == options.max_iters)) {
-        last_draw = clock::now();  // at most 10 redraws a second
-        const int64_t width = 24;
-        const int64_t filled = options.max_iters > 0 ? width * done / options.max_iters : width;
-        out << fmt::format("\r\033[K[{}{}] {}/{} loss {:.4f} {:.0f} tok/s ETA {}",
-                                 std::string(static_cast<size_t>(filled), '#'),
-                                 std::string(static_cast<size_t>(width - filled), '.'), done, options.max_iters,
-                                 loss, tok_s, duration(eta(done)));
-        out.flush();
-      } else if (!bar && done % log_every == 0) {
-        out << fmt::format("step {}/{} loss {:.4f} {:.0f} tok/s ETA {}\n", done, options.max_iters, loss,
-                                 tok_s, duration(eta(done)));
+      if (bar) {
+        progress.update(done - first_iter, fmt::format("loss {:.4f}  {:.0f} tok/s", loss, tok_s));
+      } else if (step_lines && done % log_every == 0) {
+        out << fmt::format("step {}/{} loss {:.4f} {:.0f} tok/s ETA {}\n", done, options.max_iters,
+                           loss, tok_s, duration_text(eta(done)));
         out.flush();
       }
     }
     sigaction(SIGINT, &old, nullptr);
+    progress.clear();
     const double wall = std::chrono::duration<double>(clock::now() - start).count();
     if (interrupted) {
       save(trainer);
-      out << (bar ? "\r\033[K" : "")
-                << fmt::format("interrupted after iteration {}: checkpoint written to {}; continue with --resume\n",
-                               trainer.iter(), printable(checkpoint));
+      progress.clear();
+      out << fmt::format(
+          "interrupted after iteration {}: checkpoint written to {}; continue with --resume\n",
+          trainer.iter(), printable(checkpoint));
       out.flush();
       return kInterrupted;
     }

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "progress.h"
 #include "walkthrough_ch3.h"
 #include "walkthrough_ch4.h"
 #include "walkthrough_ch5.h"
@@ -60,6 +61,7 @@ Command add_walkthrough_command(CLI::App& app) {
     int chapter = 3;
     std::string text = "data/the-verdict.txt";
     int64_t epochs = 10;
+    bool quiet = false;
   };
   auto flags = std::make_shared<Flags>();
 
@@ -129,6 +131,9 @@ Command add_walkthrough_command(CLI::App& app) {
              "Write the whole walkthrough as one self-contained HTML page: every step, its "
              "PyTorch line, its tensor and its heatmap")
           ->type_name("FILE");
+  cmd->add_flag("-q,--quiet", flags->quiet,
+                "Chapters 4 and 5: no progress on stderr (the lines of the slow parts, the "
+                "training's progress display)");
   cmd->add_flag(
       "--heatmap", flags->heatmap,
       "Print every attention matrix as a heatmap: truecolour blocks on a terminal, numbers when "
@@ -156,9 +161,10 @@ Command add_walkthrough_command(CLI::App& app) {
         throw UsageError(e.what());
       }
     }
-    const std::vector<Printed> printed = run_walkthrough_ch4(
-        flags->sections,
-        [](const std::string& line) { std::cerr << "walkthrough: " << line << std::endl; });
+    const std::vector<Printed> printed =
+        run_walkthrough_ch4(flags->sections, [quiet = flags->quiet](const std::string& line) {
+          if (!quiet) std::cerr << "walkthrough: " << line << std::endl;
+        });
     if (!flags->json_out.empty()) write_file_atomically(flags->json_out, printed_to_json(printed));
     std::cout << (flags->json ? printed_to_json(printed) : ch4_to_text(printed)) << std::flush;
     return 0;
@@ -190,9 +196,29 @@ Command add_walkthrough_command(CLI::App& app) {
       throw UsageError(
           fmt::format("--epochs must be >= 1 (the notebook trains 10), got {}", flags->epochs));
     }
-    const std::vector<Printed> printed = run_walkthrough_ch5(
-        flags->sections, Ch5Options{.text_path = flags->text, .num_epochs = flags->epochs},
-        [](const std::string& line) { std::cerr << "walkthrough: " << line << std::endl; });
+    // The training's steps on the progress display (progress.h), its other
+    // lines through it so that a bar is not torn.
+    const Progress::Mode mode = Progress::mode_for(flags->quiet);
+    std::unique_ptr<Progress> training;
+    Ch5Options options;
+    options.text_path = flags->text;
+    options.num_epochs = flags->epochs;
+    options.on_train_step = [&training, mode](int64_t done, int64_t total, float loss) {
+      if (!training)
+        training =
+            std::make_unique<Progress>("walkthrough: train_model_simple", total, "steps", mode);
+      training->update(done, fmt::format("loss {:.4f}", loss));
+      if (done == total) training->finish();
+    };
+    const std::vector<Printed> printed =
+        run_walkthrough_ch5(flags->sections, options, [&training, mode](const std::string& line) {
+          if (mode == Progress::Mode::kQuiet) return;
+          if (training) {
+            training->message("walkthrough: " + line);
+          } else {
+            std::cerr << "walkthrough: " << line << std::endl;
+          }
+        });
     if (!flags->json_out.empty()) write_file_atomically(flags->json_out, printed_to_json(printed));
     std::cout << (flags->json ? printed_to_json(printed) : ch5_to_text(printed)) << std::flush;
     return 0;

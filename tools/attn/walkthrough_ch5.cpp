@@ -103,6 +103,7 @@ std::string code_point_slice(const std::vector<char32_t>& cps, size_t first, siz
 struct Notebook {
   std::vector<Printed>* out = nullptr;
   ProgressFn progress;
+  std::function<void(int64_t, int64_t, float)> on_train_step;
   std::string text_path;
   std::string section;
   std::unique_ptr<nn::GPTModel> model;
@@ -441,8 +442,12 @@ train::Trainer& trained(Notebook& nb) {
                      options.epochs, nb.trainer->train_loader()->batches()));
   train::BookCallbacks cb;
   cb.on_step = [&nb, steps](int64_t step, float loss, double ms) {
-    nb.say(fmt::format("train_model_simple: step {} of {}: loss {} in {:.2f} s", step + 1, steps,
-                       python_float(loss), ms * 1e-3));
+    if (nb.on_train_step) {
+      nb.on_train_step(step + 1, steps, loss);
+    } else {
+      nb.say(fmt::format("train_model_simple: step {} of {}: loss {} in {:.2f} s", step + 1, steps,
+                         python_float(loss), ms * 1e-3));
+    }
   };
   cb.on_evaluation = [&nb](const train::BookEvaluation& e) {
     nb.say(train::format_evaluation(e));
@@ -724,6 +729,7 @@ std::vector<Printed> run_walkthrough_ch5(const std::vector<std::string>& section
   Notebook nb;
   nb.out = &printed;
   nb.progress = progress;
+  nb.on_train_step = options.on_train_step;
   nb.text_path = options.text_path;
   nb.num_epochs = options.num_epochs;
   for (const auto& e : section_table()) {  // the notebook's order

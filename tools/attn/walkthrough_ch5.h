@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,9 @@ struct Ch5Options {
   // The training cell's num_epochs (the notebook's 10; fewer for a quick look:
   // the first epochs' prints are the same).
   int64_t num_epochs = 10;
+  // Each training step (done of total, its loss), for the progress display
+  // (progress.h); empty: a progress line per step instead.
+  std::function<void(int64_t done, int64_t total, float loss)> on_train_step;
 };
 
 // Runs the chosen sections (empty: all) in the notebook's order; each rebuilds
