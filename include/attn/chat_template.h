@@ -59,7 +59,7 @@ struct ChatOptions {
   // trimmed). Needs add_generation_prompt false; throws std::invalid_argument
   // when the last message has no such field, the template never reads it, or
   // the rendered text does not hold it.
-  std::string continue_final_message;
+  std::string continue_final_message = {};
 };
 
 class ChatTemplate {
