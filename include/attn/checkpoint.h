@@ -31,6 +31,14 @@ struct Checkpoint {
   std::vector<std::string> vocab;  // "char": id -> one UTF-8 character
   std::map<std::string, std::string> metadata;
 };
+// The checkpoint a safetensors file's metadata describes (`path` names the
+// file in messages): "format" must be kCheckpointFormat, "config" a
+// config_from_json object, "tokenizer" absent, "char" or "gpt2", and for
+// "char" "vocab" a JSON array of vocab_size distinct one-character strings.
+// Throws std::invalid_argument naming the file, the key and the value
+// (attn::printable) otherwise. Reads no weight.
+Checkpoint read_checkpoint_metadata(const std::map<std::string, std::string>& metadata,
+                                    const std::string& path);
 // Reads the metadata and loads the weights into a new model (returned through
 // `model`, made from the checkpoint's config and `options`). Throws
 // std::invalid_argument or std::runtime_error naming the file and what is wrong.

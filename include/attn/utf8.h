@@ -71,6 +71,22 @@ std::vector<std::string> utf8_characters(std::string_view text);
 // nothing) one U+FFFD.
 std::string utf8_replacing_invalid(std::string_view bytes);
 
+// Bytes in JSON, losslessly (issue 46: paths are bytes). A JSON string holds
+// Unicode text, and a Linux path may be any bytes but NUL, so a value that is
+// not valid UTF-8 is written under two keys: KEY, its text with U+FFFD for
+// each ill-formed part (utf8_replacing_invalid: for people and for readers
+// that know nothing more), and KEY_hex, its bytes in lowercase hex (for
+// readers that need the path back: attn takes KEY_hex when it is there).
+// Valid UTF-8 is written as KEY alone, as always. Escaping each bad byte as
+// \u00XX instead would name another file (U+00FF is the two bytes C3 BF), and
+// Python's surrogateescape (\uDCFF) is refused by strict JSON readers.
+bool is_utf8(std::string_view bytes);
+// "2f74c3a9ff" for "/t\xC3\xA9\xFF".
+std::string hex_of(std::string_view bytes);
+// The bytes of hex_of's text; std::invalid_argument for an odd length or a
+// character that is not a hex digit.
+std::string bytes_of_hex(std::string_view hex);
+
 // Bytes from outside (a file name, a tensor name, header text, tokenizer
 // input, a command-line value) made safe to put in a message, so that no
 // message ever carries raw input bytes to a terminal or a log:

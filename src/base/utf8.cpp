@@ -135,4 +135,44 @@ std::string utf8_replacing_invalid(std::string_view bytes) {
   return out;
 }
 
+bool is_utf8(std::string_view bytes) {
+  for (size_t i = 0; i < bytes.size();) {
+    char32_t cp = 0;
+    const size_t n = utf8_sequence(bytes, i, cp);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
+
+std::string hex_of(std::string_view bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * bytes.size());
+  for (const char c : bytes) {
+    const auto b = static_cast<unsigned char>(c);
+    out += kDigits[b >> 4];
+    out += kDigits[b & 15];
+  }
+  return out;
+}
+
+std::string bytes_of_hex(std::string_view hex) {
+  const auto digit = [&](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    throw std::invalid_argument(fmt::format("bytes_of_hex: '{}' is not hex", printable(hex, 64)));
+  };
+  if (hex.size() % 2 != 0) {
+    throw std::invalid_argument(
+        fmt::format("bytes_of_hex: '{}' has an odd length ({})", printable(hex, 64), hex.size()));
+  }
+  std::string out;
+  out.reserve(hex.size() / 2);
+  for (size_t i = 0; i < hex.size(); i += 2)
+    out += static_cast<char>(digit(hex[i]) * 16 + digit(hex[i + 1]));
+  return out;
+}
+
 }  // namespace attn

@@ -13,14 +13,14 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 
 #include "attn/atomic_file.h"
 #include "attn/checkpoint.h"
+#include "attn/float_decimal.h"
+#include "attn/read_file.h"
 #include "attn/safetensors.h"
 #include "attn/utf8.h"
 
@@ -120,14 +120,6 @@ void transpose_into(float* dst, const float* src, int64_t in, int64_t out, int64
   }
 }
 
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(fmt::format("cannot read {}", named(path)));
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 }  // namespace
 
 // ---- reading ----------------------------------------------------------------------------------
@@ -144,7 +136,7 @@ HfGpt2Config read_hf_gpt2_config(const std::string& dir) {
                     "model.safetensors)",
                     named(file)));
   }
-  return parse_hf_gpt2_config(read_text_file(file), file);
+  return parse_hf_gpt2_config(read_file(file, uint64_t{64} << 20), file);  // at most 64 MiB
 }
 
 HfGpt2Info load_hf_gpt2(const std::string& dir, std::unique_ptr<nn::GPTModel>& model,
@@ -397,20 +389,20 @@ void save_hf_gpt2(nn::GPTModel& model, const std::string& dir, HfDType dtype) {
   nlohmann::ordered_json j;
   j["activation_function"] = "gelu_new";
   j["architectures"] = {"GPT2LMHeadModel"};
-  j["attn_pdrop"] = std::stod(fmt::format("{}", c.drop_rate));
+  j["attn_pdrop"] = shortest_decimal(c.drop_rate);
   j["bos_token_id"] = 50256;
-  j["embd_pdrop"] = std::stod(fmt::format("{}", c.drop_rate));
+  j["embd_pdrop"] = shortest_decimal(c.drop_rate);
   j["eos_token_id"] = 50256;
   j["initializer_range"] = 0.02;
   // The float's shortest decimal (1e-05, not 9.999999747378752e-06).
-  j["layer_norm_epsilon"] = std::stod(fmt::format("{}", c.layer_norm_eps));
+  j["layer_norm_epsilon"] = shortest_decimal(c.layer_norm_eps);
   j["model_type"] = "gpt2";
   j["n_embd"] = c.emb_dim;
   j["n_head"] = c.n_heads;
   j["n_inner"] = nullptr;
   j["n_layer"] = c.n_layers;
   j["n_positions"] = c.context_length;
-  j["resid_pdrop"] = std::stod(fmt::format("{}", c.drop_rate));
+  j["resid_pdrop"] = shortest_decimal(c.drop_rate);
   j["scale_attn_weights"] = true;
   j["tie_word_embeddings"] = tied;
   j["torch_dtype"] = dtype_name;

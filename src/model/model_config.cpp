@@ -62,7 +62,7 @@ GPTConfig config_from_json(const std::string& json, const std::string& file) {
   nlohmann::json cfg;
   try {
     cfg = nlohmann::json::parse(json);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for 1e400
     throw std::invalid_argument(fmt::format("'{}': metadata \"config\" is not valid JSON: {}",
                                             printable(file), printable(e.what())));
   }

@@ -334,6 +334,8 @@ std::vector<LossRecord> read_metrics(const std::string& path) {
       j = nlohmann::json::parse(line);
     } catch (const nlohmann::json::parse_error& e) {
       throw bad(fmt::format("not valid JSON (at byte {})", e.byte));
+    } catch (const nlohmann::json::out_of_range&) {  // a number past a double's range, 1e400
+      throw bad("a number out of range");
     }
     if (!j.is_object()) throw bad("not a JSON object");
     auto number = [&](const char* key) {

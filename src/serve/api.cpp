@@ -40,6 +40,9 @@ json parse_body(const std::string& body) {
     throw ApiError(
         400, fmt::format("the body is not valid JSON (UTF-8): parse error at byte {}", e.byte),
         "invalid_request_error", "", "invalid_json");
+  } catch (const json::out_of_range&) {  // a number past a double's range, 1e400
+    throw ApiError(400, "the body holds a number out of range", "invalid_request_error", "",
+                   "invalid_json");
   }
 }
 

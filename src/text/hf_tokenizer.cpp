@@ -15,11 +15,11 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <queue>
-#include <sstream>
 #include <stdexcept>
 #include <tuple>
 #include <unordered_map>
 
+#include "attn/read_file.h"
 #include "attn/utf8.h"
 #include "text/vocabulary.h"
 
@@ -857,6 +857,11 @@ struct PostProcessor {
         return;
     }
   }
+  // Every id a template puts in (checked against the vocabulary once it is known).
+  void inserted_ids(std::vector<int64_t>& out) const {
+    for (const TemplatePiece& p : single) out.insert(out.end(), p.ids.begin(), p.ids.end());
+    for (const PostProcessor& child : children) child.inserted_ids(out);
+  }
 };
 
 PostProcessor post_processor_of(const Json& j, const Ctx& c) {
@@ -1014,11 +1019,7 @@ struct HfTokenizer::Impl {
 };
 
 HfTokenizer HfTokenizer::from_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(fmt::format("cannot read {}", named(path)));
-  std::ostringstream s;
-  s << in.rdbuf();
-  const std::string bytes = s.str();
+  const std::string bytes = read_file(path);  // a regular file, at most 4 GiB
   // By the contents: JSON starts with '{'; a rank file is lines of base64, a
   // space and a number; anything else must be a SentencePiece ModelProto.
   const size_t first = bytes.find_first_not_of(" \t\r\n");
@@ -1156,6 +1157,19 @@ HfTokenizer HfTokenizer::from_json(std::string_view text, const std::string& nam
   }
   for (const AddedToken& t : impl->added) {
     impl->first_byte[t.normalized ? 1 : 0][static_cast<unsigned char>(t.content[0])] = true;
+  }
+  // A template's ids must name tokens: a model has no embedding row for any other.
+  std::vector<int64_t> inserted;
+  impl->post.inserted_ids(inserted);
+  for (const int64_t id : inserted) {
+    const bool added = impl->added_by_id.count(id) != 0;
+    const bool model = id < static_cast<int64_t>(impl->model.tokens.size()) &&
+                       !impl->model.tokens[static_cast<size_t>(id)].empty();
+    if (!added && !model) {
+      throw std::invalid_argument(c.where(
+          fmt::format("TemplateProcessing puts in id {}, which no token has (vocab_size {})", id,
+                      impl->vocab_size)));
+    }
   }
   impl->description = fmt::format(
       "BPE ({} tokens, {} merges{}{}{}), {} added; normalizer {}; pre_tokenizer {}; post_processor "

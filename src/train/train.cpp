@@ -8,14 +8,13 @@
 #include <cctype>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <stdexcept>
 
 #include "attn/fnv1a.h"
 #include "attn/model_config.h"
+#include "attn/read_file.h"
 #include "attn/safetensors.h"
 #include "attn/token_shards.h"
 #include "attn/tokenizer.h"
@@ -253,12 +252,11 @@ void Trainer::load_hf_tokenizer() {
   if (!fs::is_regular_file(path, ec))
     throw std::invalid_argument(
         fmt::format("--tokenizer hf: no tokenizer.json at '{}'", printable(path)));
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  if (!in)
-    throw std::runtime_error(fmt::format("--tokenizer hf: cannot read '{}'", printable(path)));
-  hf_tokenizer_json_ = bytes.str();
+  try {
+    hf_tokenizer_json_ = read_file(path);  // a regular file, at most 4 GiB
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(fmt::format("--tokenizer hf: {}", e.what()));
+  }
   hf_ = text::HfTokenizer::from_json(hf_tokenizer_json_, path);
 }
 
@@ -310,12 +308,12 @@ Trainer::Trainer(std::shared_ptr<const data::TokenSource> tokens, int64_t vocab_
   if (const auto* shards = dynamic_cast<const data::ShardedTokens*>(tokens.get())) {
     const std::string manifest = shards->manifest().to_json();
     nlohmann::ordered_json id;
-    id["dir"] = shards->dir();
+    const std::string& dir = shards->dir();
+    id["dir"] = utf8_replacing_invalid(dir);
+    if (!is_utf8(dir)) id["dir_hex"] = hex_of(dir);  // a path is bytes (attn/utf8.h)
     id["manifest_fnv1a64"] = fmt::format("{:016x}", fnv1a64(manifest.data(), manifest.size()));
     id["tokens"] = shards->size();
-    // A folder's path is bytes: one that is not UTF-8 is written with U+FFFD
-    // for its bad bytes (nlohmann's strict dump threw type_error.316).
-    data_shards_ = id.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    data_shards_ = id.dump();
   }
   build(vocab_size);
 }
@@ -800,7 +798,8 @@ void Trainer::resume(const std::string& path) {
     int64_t tokens = 0;
     try {
       const json saved = json::parse(ds->second);
-      dir = saved.at("dir").get<std::string>();
+      dir = saved.contains("dir_hex") ? bytes_of_hex(saved.at("dir_hex").get<std::string>())
+                                      : saved.at("dir").get<std::string>();
       sum = saved.at("manifest_fnv1a64").get<std::string>();
       tokens = saved.at("tokens").get<int64_t>();
     } catch (const json::exception& e) {
@@ -820,7 +819,9 @@ void Trainer::resume(const std::string& path) {
           "checkpoint '{}' was trained on the token shards in '{}' (manifest {}, {} tokens); "
           "this run reads '{}' (manifest {}, {} tokens)",
           printable(path), printable(dir), printable(sum), tokens,
-          printable(now.at("dir").get<std::string>()), now_sum, now_tokens));
+          printable(now.contains("dir_hex") ? bytes_of_hex(now.at("dir_hex").get<std::string>())
+                                            : now.at("dir").get<std::string>()),
+          now_sum, now_tokens));
   }
   int64_t saved_micro = 1;
   if (const auto gb = m.find("global_batch"); gb != m.end()) {

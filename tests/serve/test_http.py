@@ -50,6 +50,7 @@ def test_unknown_paths_bad_json_wrong_types_and_big_bodies(qwen):
         (b'{"prompt": "\xff\xfe"}', "invalid_json", None),                 # invalid UTF-8
         (b'[1, 2, 3]', "invalid_json", None),
         (b'', "invalid_json", None),
+        (b'{"prompt": "x", "max_tokens": 1e400}', "invalid_json", None),     # past a double (issue 46)
         (b'{"prompt": "x", "max_tokens": "5"}', None, "max_tokens"),
         (b'{"prompt": "x", "max_tokens": -5}', None, "max_tokens"),
         (b'{"prompt": "x", "max_tokens": 1e300}', None, "max_tokens"),

@@ -183,5 +183,28 @@ TEST(HfTokenizer, RefusesWhatItDoesNotRead) {
   expect_refused("[]", "not a JSON object");
 }
 
+// fuzz_hf_tokenizer's finding (issue 46): a TemplateProcessing whose special
+// token has an id no token has was read, and encode() put that id (past
+// vocab_size) in front of every text, for a model to look up out of its
+// embedding's rows. Now refused when the file is read.
+TEST(HfTokenizer, FuzzFindingTemplateIdThatNoTokenHasIsRefused) {
+  const std::string model =
+      R"("model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]})";
+  const auto post = [](const std::string& ids) {
+    return R"(, "post_processor": {"type": "Sequence", "processors": [{"type": "TemplateProcessing",
+      "single": [{"SpecialToken": {"id": "<bos>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+      "special_tokens": {"<bos>": {"id": "<bos>", "ids": )" +
+           ids + R"(, "tokens": ["<bos>"]}}}]})";
+  };
+  expect_refused("{" + model + post("[332]") + "}",
+                 "TemplateProcessing puts in id 332, which no token has (vocab_size 3)");
+  // An id of the vocabulary, or of an added token, is what a template may put in.
+  EXPECT_EQ(text::HfTokenizer::from_json("{" + model + post("[2]") + "}").encode("ba"),
+            (std::vector<int64_t>{2, 1, 0}));
+  const std::string added = R"(, "added_tokens": [{"id": 7, "content": "<bos>", "special": true}])";
+  EXPECT_EQ(text::HfTokenizer::from_json("{" + model + added + post("[7]") + "}").encode("a"),
+            (std::vector<int64_t>{7, 0}));
+}
+
 }  // namespace
 }  // namespace attn::test

@@ -74,6 +74,8 @@ TEST(LineChart, MalformedMetricsLinesAreRefusedNamingTheLine) {
       {"{\"iter\": 1, \"val_loss\": 4.0}", "no \"train_loss\""},
       {"{\"iter\": 1, \"train_loss\": 4.0}", "no \"val_loss\""},
       {"{\"iter\": \"one\", \"train_loss\": 4.0, \"val_loss\": 4.1}", "\"iter\" is \"one\""},
+      // Past a double's range: nlohmann's out_of_range, not a parse_error (issue 46).
+      {"{\"iter\": 1, \"train_loss\": 1e400, \"val_loss\": 4.1}", "a number out of range"},
   };
   for (const auto& [line, what] : cases) {
     const std::string path = write_text("bad.jsonl", good + "\n" + line + "\n" + good);

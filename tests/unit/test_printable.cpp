@@ -4,14 +4,17 @@
 // which are not valid UTF-8 or are control characters.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <stdexcept>
 #include <string>
 
+#include "attn/float_decimal.h"
 #include "attn/nn.h"
 #include "attn/safetensors.h"
 #include "attn/state_dict.h"
@@ -242,7 +245,28 @@ TEST(PrintableCli, InspectListingAndJsonCarryNoRawBytes) {
   EXPECT_NE(parsed.at("file").get<std::string>().find("listing\xEF\xBF\xBD\x1B.safetensors"),
             std::string::npos)  // the byte 0xFF as U+FFFD
       << parsed.at("file");
+  // and losslessly: file_hex holds the path's bytes (attn/utf8.h, "Bytes in JSON").
+  EXPECT_EQ(attn::bytes_of_hex(parsed.at("file_hex").get<std::string>()), path);
   std::remove(path.c_str());
+}
+
+// attn::shortest_decimal, the one float-to-JSON step (hf_decoder_config.cpp,
+// hf_gpt2.cpp, inspect): the double printing as the float's shortest decimal.
+TEST(ShortestDecimal, IsTheFloatsShortestRoundTrip) {
+  EXPECT_EQ(attn::shortest_decimal(1e-6f), 1e-6);  // not 9.99999997e-07
+  EXPECT_EQ(attn::shortest_decimal(0.1f), 0.1);
+  EXPECT_EQ(attn::shortest_decimal(500000.0f), 500000.0);
+  EXPECT_EQ(attn::shortest_decimal(3.4028235e38f), 3.4028235e38);
+  EXPECT_EQ(static_cast<float>(attn::shortest_decimal(1.17549435e-38f)), 1.17549435e-38f);
+  EXPECT_TRUE(std::isinf(attn::shortest_decimal(std::numeric_limits<float>::infinity())));
+  EXPECT_TRUE(std::isnan(attn::shortest_decimal(std::numeric_limits<float>::quiet_NaN())));
+  // The bytes/hex pair of "Bytes in JSON" (attn/utf8.h).
+  EXPECT_EQ(attn::hex_of("/t\xC3\xA9\xFF"), "2f74c3a9ff");
+  EXPECT_EQ(attn::bytes_of_hex("2f74C3A9ff"), "/t\xC3\xA9\xFF");
+  EXPECT_THROW(attn::bytes_of_hex("2f7"), std::invalid_argument);
+  EXPECT_THROW(attn::bytes_of_hex("zz"), std::invalid_argument);
+  EXPECT_TRUE(attn::is_utf8("caf\xC3\xA9"));
+  EXPECT_FALSE(attn::is_utf8("caf\xE9"));
 }
 
 }  // namespace

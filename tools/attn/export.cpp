@@ -4,10 +4,8 @@
 #include <fmt/format.h>
 
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
-#include <sstream>
 #include <string>
 
 #include "attn/char_tokenizer.h"
@@ -16,6 +14,7 @@
 #include "attn/hf_gpt2.h"
 #include "attn/hf_tokenizer.h"
 #include "attn/model_config.h"
+#include "attn/read_file.h"
 #include "attn/safetensors.h"
 #include "attn/state_dict.h"
 #include "attn/tokenizer.h"
@@ -36,14 +35,6 @@ struct Flags {
 };
 
 constexpr int64_t kGpt2VocabSize = 50257;
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (!in) throw std::runtime_error(fmt::format("cannot read '{}'", printable(p.string())));
-  return s.str();
-}
 
 // A Llama / Qwen / Gemma directory written again in the Hub layout (one
 // model.safetensors in float32 or bfloat16, config.json in today's form), its
@@ -68,17 +59,17 @@ int export_decoder(const Flags& f) {
   options.dtype = dtype;
   const fs::path src(f.model);
   if (fs::is_regular_file(src / "tokenizer.json")) {
-    options.tokenizer_json = read_file(src / "tokenizer.json");
+    options.tokenizer_json = read_file((src / "tokenizer.json").string());
     // Copied only when it reads as a tokenizer (checked before anything is written).
     (void)text::HfTokenizer::from_json(options.tokenizer_json, (src / "tokenizer.json").string());
   }
   if (fs::is_regular_file(src / "tokenizer_config.json"))
-    options.tokenizer_config_json = read_file(src / "tokenizer_config.json");
+    options.tokenizer_config_json = read_file((src / "tokenizer_config.json").string());
   io::save_hf_decoder(*model, info.hf, f.out, options);
   // A chat template kept in a file of its own travels too.
   for (const char* name : {"chat_template.jinja", "chat_template.json"}) {
     if (fs::is_regular_file(src / name))
-      write_file_atomically((fs::path(f.out) / name).string(), read_file(src / name));
+      write_file_atomically((fs::path(f.out) / name).string(), read_file((src / name).string()));
   }
   std::cout << fmt::format("wrote {} (hf format, {} {}, {} parameters)\n", printable(f.out),
                            info.hf.model_type, f.dtype, model->num_parameters());
@@ -195,7 +186,7 @@ Command add_export_command(CLI::App& app) {
       for (const char* name : {"vocab.json", "merges.txt"}) {
         const fs::path src = fs::path(f.model) / name;
         if (md.kind == io::ModelDir::Kind::kHuggingFace && fs::is_regular_file(src)) {
-          write_file_atomically((fs::path(f.out) / name).string(), read_file(src));
+          write_file_atomically((fs::path(f.out) / name).string(), read_file(src.string()));
           copied = true;
         }
       }

@@ -1,75 +1,18 @@
 // input_file.cpp - reading a command's input file (input_file.h).
 #include "input_file.h"
 
-#include <fcntl.h>
-#include <fmt/format.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
 #include <stdexcept>
 
-#include "attn/utf8.h"
+#include "attn/read_file.h"
 
 namespace attn::cli {
-namespace {
-
-const char* file_kind(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
-}
-
-}  // namespace
 
 std::string read_input_file(const std::string& path, const std::string& flag, uint64_t max_bytes) {
-  const std::string what = fmt::format("{} '{}'", flag, printable(path));
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
-    if (errno == ENOENT || errno == ENOTDIR) throw std::runtime_error(what + ": no such file");
-    throw std::runtime_error(fmt::format("{}: cannot be read: {}", what, std::strerror(errno)));
+  try {
+    return attn::read_file(path, max_bytes);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(flag + " " + e.what());  // "--text 'PATH' is a directory, ..."
   }
-  if (!S_ISREG(st.st_mode)) {
-    throw std::runtime_error(
-        fmt::format("{} is {}, not a regular file", what, file_kind(st.st_mode)));
-  }
-  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
-    throw std::runtime_error(
-        fmt::format("{} has {} bytes, more than the limit of {}", what, st.st_size, max_bytes));
-  }
-  // O_NONBLOCK: should the path have become a FIFO since stat, open does not wait.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0)
-    throw std::runtime_error(fmt::format("{}: cannot be read: {}", what, std::strerror(errno)));
-  struct stat again {};
-  if (::fstat(fd, &again) != 0 || !S_ISREG(again.st_mode)) {
-    ::close(fd);
-    throw std::runtime_error(fmt::format("{}: changed while being opened", what));
-  }
-  std::string out;
-  char buf[1 << 16];
-  while (true) {
-    const ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      throw std::runtime_error(fmt::format("{}: read error: {}", what, std::strerror(err)));
-    }
-    if (n == 0) break;
-    if (out.size() + static_cast<uint64_t>(n) > max_bytes) {
-      ::close(fd);
-      throw std::runtime_error(
-          fmt::format("{} grew past the limit of {} bytes while being read", what, max_bytes));
-    }
-    out.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return out;
 }
 
 }  // namespace attn::cli

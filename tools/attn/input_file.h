@@ -1,16 +1,18 @@
 // input_file.h - reading a file a command takes as input (--text, --file):
 // only a regular file, checked before it is opened (a FIFO would block for
 // ever, /dev/zero never ends, a directory reads as nothing), and at most a
-// size limit.
+// size limit: attn::read_file (attn/read_file.h) with the flag in front of its messages.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
+#include "attn/read_file.h"
+
 namespace attn::cli {
 
 // The largest input file read whole: 4 GiB.
-inline constexpr uint64_t kMaxInputBytes = uint64_t{1} << 32;
+inline constexpr uint64_t kMaxInputBytes = kMaxReadBytes;
 
 // The bytes of the regular file `path`. Throws std::runtime_error, one line
 // beginning "FLAG 'PATH'" (escaped), for a missing file, a directory, a FIFO,

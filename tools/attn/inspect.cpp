@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/float_decimal.h"
 #include "attn/hf_decoder.h"
 #include "attn/hf_gpt2.h"
 #include "attn/hf_tokenizer.h"
@@ -33,9 +34,16 @@ std::string shown(const std::string& s) {
   return out + "\"";
 }
 
+// A path (bytes) into the JSON: KEY alone when UTF-8, else KEY with U+FFFD
+// for the bad bytes and KEY_hex with every byte (attn/utf8.h).
+void put_bytes(nlohmann::ordered_json& j, const char* key, const std::string& bytes) {
+  j[key] = utf8_replacing_invalid(bytes);
+  if (!is_utf8(bytes)) j[std::string(key) + "_hex"] = hex_of(bytes);
+}
+
 // JSON text of any strings: every non-ASCII character as \uXXXX, so that the
-// output carries no raw control or bidi character; bytes that are not UTF-8
-// (a path is bytes) as U+FFFD rather than nlohmann's type_error.316.
+// output carries no raw control or bidi character (a path that is not UTF-8
+// went in through put_bytes; `replace` is a backstop against type_error.316).
 template <typename J>
 std::string json_text(const J& j) {
   return j.dump(2, ' ', /*ensure_ascii=*/true, nlohmann::json::error_handler_t::replace) + "\n";
@@ -81,7 +89,7 @@ std::string inspect_text(const std::string& path, const io::SafetensorsHeader& h
 
 std::string inspect_json(const std::string& path, const io::SafetensorsHeader& header) {
   nlohmann::ordered_json j;
-  j["file"] = path;
+  put_bytes(j, "file", path);
   j["header_bytes"] = header.header_bytes;
   j["data_bytes"] = header.data_bytes;
   j["tensors"] = nlohmann::ordered_json::array();
@@ -115,12 +123,11 @@ std::string thousands(int64_t n) {
 nlohmann::ordered_json rope_json(const nn::RopeScaling& r) {
   nlohmann::ordered_json j;
   j["rope_type"] = nn::rope_type_name(r.type);
-  j["rope_theta"] = std::stod(fmt::format("{}", r.theta));
-  if (r.type != nn::RopeScaling::Type::kDefault)
-    j["factor"] = std::stod(fmt::format("{}", r.factor));
+  j["rope_theta"] = shortest_decimal(r.theta);
+  if (r.type != nn::RopeScaling::Type::kDefault) j["factor"] = shortest_decimal(r.factor);
   if (r.type == nn::RopeScaling::Type::kLlama3) {
-    j["low_freq_factor"] = std::stod(fmt::format("{}", r.low_freq_factor));
-    j["high_freq_factor"] = std::stod(fmt::format("{}", r.high_freq_factor));
+    j["low_freq_factor"] = shortest_decimal(r.low_freq_factor);
+    j["high_freq_factor"] = shortest_decimal(r.high_freq_factor);
     j["original_max_position_embeddings"] = r.original_context_length;
   }
   return j;
@@ -164,14 +171,11 @@ nlohmann::ordered_json decoder_summary(const std::string& dir, nlohmann::ordered
   cfg["qk_norm"] = c.qk_norm;
   cfg["qkv_bias"] = c.qkv_bias;
   cfg["activation"] = c.activation == nn::GateActivation::kSiLU ? "silu" : "gelu_pytorch_tanh";
-  if (c.attn_softcap > 0)
-    cfg["attn_logit_softcapping"] = std::stod(fmt::format("{}", c.attn_softcap));
+  if (c.attn_softcap > 0) cfg["attn_logit_softcapping"] = shortest_decimal(c.attn_softcap);
   if (hf.unapplied_attn_softcap > 0) {
-    cfg["attn_logit_softcapping_unapplied"] =
-        std::stod(fmt::format("{}", hf.unapplied_attn_softcap));
+    cfg["attn_logit_softcapping_unapplied"] = shortest_decimal(hf.unapplied_attn_softcap);
   }
-  if (c.final_softcap > 0)
-    cfg["final_logit_softcapping"] = std::stod(fmt::format("{}", c.final_softcap));
+  if (c.final_softcap > 0) cfg["final_logit_softcapping"] = shortest_decimal(c.final_softcap);
   cfg["tie_word_embeddings"] = c.tie_embeddings;
   cfg["config_form"] = hf.config_form;
   j["config"] = cfg;
@@ -204,7 +208,7 @@ nlohmann::ordered_json decoder_summary(const std::string& dir, nlohmann::ordered
 
 nlohmann::ordered_json model_summary(const std::string& dir) {
   nlohmann::ordered_json j;
-  j["directory"] = dir;
+  put_bytes(j, "directory", dir);
   if (io::is_hf_decoder_dir(dir)) return decoder_summary(dir, j);
   if (io::is_hf_gpt2_dir(dir)) {
     const io::HfGpt2Config hf = io::read_hf_gpt2_config(dir);
@@ -241,7 +245,7 @@ nlohmann::ordered_json model_summary(const std::string& dir) {
                    {"n_head", c.n_heads},
                    {"n_positions", c.context_length},
                    {"vocab_size", c.vocab_size},
-                   {"layer_norm_epsilon", std::stod(fmt::format("{}", c.layer_norm_eps))},
+                   {"layer_norm_epsilon", shortest_decimal(c.layer_norm_eps)},
                    {"activation_function", hf.activation_function},
                    {"tie_word_embeddings", c.tie_embeddings}};
     j["parameters"] = params;
@@ -290,14 +294,16 @@ nlohmann::ordered_json model_summary(const std::string& dir) {
 
 std::string summary_text(const nlohmann::ordered_json& j) {
   const std::string kind = j["kind"].get<std::string>();
-  std::string out =
-      fmt::format("{}: {}\n", printable(j["directory"].get<std::string>()),
-                  kind == "huggingface-gpt2"
-                      ? std::string("Hugging Face GPT-2 (config.json + model.safetensors)")
-                  : kind.starts_with("huggingface-")
-                      ? fmt::format("Hugging Face {} (config.json + {} safetensors file(s))",
-                                    kind.substr(12), j["files"].get<int64_t>())
-                      : std::string("attn checkpoint (checkpoint.safetensors)"));
+  std::string out = fmt::format(
+      "{}: {}\n",
+      printable(j.contains("directory_hex") ? bytes_of_hex(j["directory_hex"].get<std::string>())
+                                            : j["directory"].get<std::string>()),
+      kind == "huggingface-gpt2"
+          ? std::string("Hugging Face GPT-2 (config.json + model.safetensors)")
+      : kind.starts_with("huggingface-")
+          ? fmt::format("Hugging Face {} (config.json + {} safetensors file(s))", kind.substr(12),
+                        j["files"].get<int64_t>())
+          : std::string("attn checkpoint (checkpoint.safetensors)"));
   std::string cfg;
   for (const auto& [k, v] : j["config"].items())
     cfg +=

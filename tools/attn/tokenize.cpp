@@ -2,6 +2,7 @@
 #include "tokenize.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <charconv>
@@ -11,9 +12,9 @@
 #include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <stdexcept>
 
+#include "attn/read_file.h"
 #include "attn/utf8.h"
 #include "hf_text.h"
 #include "input_file.h"
@@ -24,11 +25,7 @@ namespace attn::cli {
 namespace {
 
 std::string read_input(const std::string& file) {
-  if (file.empty()) {
-    std::ostringstream s;
-    s << std::cin.rdbuf();
-    return s.str();
-  }
+  if (file.empty()) return read_stream(STDIN_FILENO, "standard input", kMaxInputBytes);
   return read_input_file(file, "--file");
 }
 

@@ -18,7 +18,6 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -28,6 +27,7 @@
 #include "attn/gemm.h"
 #include "attn/hf_decoder.h"
 #include "attn/hf_gpt2.h"
+#include "attn/read_file.h"
 #include "attn/safetensors.h"
 #include "attn/token_shards.h"
 #include "attn/tokenizer.h"
@@ -64,12 +64,7 @@ std::ostream& null_stream() {
 }
 
 // The running binary's bytes (/proc/self/exe): the start-up agreement's version.
-std::string read_self() {
-  std::ifstream in("/proc/self/exe", std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str() + attn::version();
-}
+std::string read_self() { return attn::read_file("/proc/self/exe") + attn::version(); }
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0.0;
@@ -463,12 +458,7 @@ Command add_train_command(CLI::App& app) {
         if (!trainer.options().init_from.empty()) {
           const fs::path tc = fs::path(trainer.options().init_from) / "tokenizer_config.json";
           std::error_code e;
-          if (fs::is_regular_file(tc, e)) {
-            std::ifstream in(tc, std::ios::binary);
-            std::ostringstream bytes;
-            bytes << in.rdbuf();
-            hub.tokenizer_config_json = bytes.str();
-          }
+          if (fs::is_regular_file(tc, e)) hub.tokenizer_config_json = attn::read_file(tc.string());
         }
         io::save_hf_decoder(trainer.decoder(), trainer.hub_config(), flags->out, hub);
         return;
