@@ -156,9 +156,14 @@ class ShardedTokens final : public TokenSource {
 
 // ---- attn prepare ----------------------------------------------------------
 
+// The most tokens one shard may hold: prepare keeps a shard in memory until
+// it is written, 2 bytes a token (2 GiB).
+inline constexpr int64_t kMaxShardTokens = int64_t{1} << 30;
+
 struct PrepareOptions {
   std::string tokenizer = "gpt2";   // the only one for now
-  int64_t shard_tokens = 100'000'000;  // tokens per shard (the last one may hold fewer)
+  int64_t shard_tokens =
+      100'000'000;  // tokens per shard (the last one may hold fewer), <= kMaxShardTokens
   int threads = 0;                  // 0: OpenMP's maximum
   // Text read and tokenized at a time (cut at a place where GPT-2's pattern
   // cannot join pieces, so the ids equal those of the whole file).

@@ -75,10 +75,12 @@ Manifest prepare_token_shards(const std::vector<std::string>& inputs, const std:
   if (options.tokenizer != "gpt2")
     throw std::invalid_argument(
         fmt::format("--tokenizer must be gpt2, got '{}'", printable(options.tokenizer, 64)));
-  if (options.shard_tokens < 1)
-    throw std::invalid_argument(fmt::format("--shard-tokens must be >= 1, got {}", options.shard_tokens));
-  if (options.threads < 0)
-    throw std::invalid_argument(fmt::format("--threads must be >= 0, got {}", options.threads));
+  if (options.shard_tokens < 1 || options.shard_tokens > kMaxShardTokens)
+    throw std::invalid_argument(fmt::format("--shard-tokens must be in 1..{}, got {}",
+                                            kMaxShardTokens, options.shard_tokens));
+  if (options.threads < 0 || options.threads > 4096)
+    throw std::invalid_argument(
+        fmt::format("--threads must be in 0..4096, got {}", options.threads));
   if (options.block_bytes < 64)
     throw std::invalid_argument(fmt::format("block_bytes must be >= 64, got {}", options.block_bytes));
   if (inputs.empty()) throw std::invalid_argument("no input files");

@@ -21,6 +21,18 @@ constexpr int64_t kMaxLayers = 1024;
 constexpr int64_t kMaxBatchTokens = int64_t{1} << 24;      // tokens in one micro-batch
 constexpr int64_t kMaxBlockParameters = int64_t{1} << 36;  // ~69 billion
 
+// A path into train_args: bytes that are not UTF-8 as KEY (with U+FFFD) and
+// KEY_hex (lossless), as attn/utf8.h says; UTF-8 as KEY alone.
+template <typename J>
+void put_bytes(J& j, const char* key, const std::string& bytes) {
+  if (is_utf8(bytes)) {
+    j[key] = bytes;
+    return;
+  }
+  j[key] = utf8_replacing_invalid(bytes);
+  j[std::string(key) + "_hex"] = hex_of(bytes);
+}
+
 }  // namespace
 
 void TrainOptions::validate() const {
@@ -231,15 +243,13 @@ std::string TrainOptions::to_json() const {
     j["grad_accum_steps"] = grad_accum_steps;  // the others keep their bytes
   if (arch != "gpt" || !init_from.empty()) {   // a decoder run: GPT runs keep their bytes
     j["arch"] = arch;
-    j["init_from"] = init_from;
+    put_bytes(j, "init_from", init_from);
     j["head_dim"] = head_dim;
     j["ffn_dim"] = ffn_dim;
     j["theta_base"] = theta_base;
   }
-  if (tokenizer == "hf") j["tokenizer_file"] = tokenizer_file;
-  // Paths (--init-from, --tokenizer-file) are bytes: any that is not UTF-8 is
-  // written with U+FFFD for its bad bytes rather than failing with type_error.316.
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (tokenizer == "hf") put_bytes(j, "tokenizer_file", tokenizer_file);
+  return j.dump();
 }
 
 TrainOptions TrainOptions::from_json(const std::string& text, TrainOptions o) {
@@ -247,12 +257,18 @@ TrainOptions TrainOptions::from_json(const std::string& text, TrainOptions o) {
   try {
     j = json::parse(text);
   } catch (const json::exception& e) {
-    throw std::invalid_argument(fmt::format("train_args: not JSON: {}", e.what()));
+    throw std::invalid_argument(fmt::format("train_args: not JSON: {}", printable(e.what())));
   }
   if (!j.is_object()) throw std::invalid_argument("train_args: expected a JSON object");
   try {
     auto get = [&](const char* key, auto& field) {
       if (j.contains(key)) field = j.at(key).get<std::remove_reference_t<decltype(field)>>();
+    };
+    // A path: KEY_hex, its bytes, when it is not UTF-8 (put_bytes).
+    auto get_bytes = [&](const char* key, std::string& field) {
+      get(key, field);
+      const std::string hex = std::string(key) + "_hex";
+      if (j.contains(hex)) field = bytes_of_hex(j.at(hex).get<std::string>());
     };
     get("n_layers", o.n_layers);
     get("n_heads", o.n_heads);
@@ -287,12 +303,12 @@ TrainOptions TrainOptions::from_json(const std::string& text, TrainOptions o) {
     get("sliding_window_stride", o.sliding_window_stride);
     get("grad_accum_steps", o.grad_accum_steps);
     get("arch", o.arch);
-    get("init_from", o.init_from);
+    get_bytes("init_from", o.init_from);
     get("head_dim", o.head_dim);
     get("ffn_dim", o.ffn_dim);
-    get("tokenizer_file", o.tokenizer_file);
+    get_bytes("tokenizer_file", o.tokenizer_file);
   } catch (const json::exception& e) {
-    throw std::invalid_argument(fmt::format("train_args: {}", e.what()));
+    throw std::invalid_argument(fmt::format("train_args: {}", printable(e.what())));
   }
   return o;
 }

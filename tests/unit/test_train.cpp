@@ -206,6 +206,28 @@ TEST(TrainOptions, ValidatesAndRoundTrips) {
   EXPECT_EQ(TrainOptions::from_json(g.to_json()).to_json(), g.to_json());
 }
 
+// Issue 46, paths are bytes: --init-from and --tokenizer-file that are not
+// UTF-8 come back from train_args byte for byte (a resume reads the same
+// folder), through KEY_hex beside KEY's U+FFFD text (attn/utf8.h).
+TEST(TrainOptions, PathsThatAreNotUtf8RoundTripByteForByte) {
+  TrainOptions o = tiny_options();
+  o.arch = "qwen3";
+  o.init_from = "/models/caf\xE9-\xFF\xC3";  // Latin-1 é, a stray byte, a cut sequence
+  o.tokenizer = "hf";
+  o.tokenizer_file = "/t/\x80tokenizer.json";
+  const std::string text = o.to_json();
+  const auto j = nlohmann::json::parse(text);  // valid JSON, valid UTF-8
+  EXPECT_EQ(j.at("init_from"), "/models/caf\xEF\xBF\xBD-\xEF\xBF\xBD\xEF\xBF\xBD");
+  EXPECT_EQ(j.at("init_from_hex"), "2f6d6f64656c732f636166e92dffc3");
+  const TrainOptions back = TrainOptions::from_json(text);
+  EXPECT_EQ(back.init_from, o.init_from);
+  EXPECT_EQ(back.tokenizer_file, o.tokenizer_file);
+  // UTF-8 paths are written as before, with no _hex key.
+  o.init_from = "/models/caf\xC3\xA9";
+  EXPECT_EQ(nlohmann::json::parse(o.to_json()).count("init_from_hex"), 0u);
+  EXPECT_EQ(TrainOptions::from_json(o.to_json()).init_from, o.init_from);
+}
+
 TEST(Trainer, RefusesTextTooShortForTheSplit) {
   TrainOptions o = tiny_options();
   // 100 characters: 90 train, 10 validation < context_length + 1 = 17.

@@ -71,6 +71,13 @@ std::vector<int64_t> varlen_lengths(const BenchCase& c) {
   return c.seqlens.empty() ? std::vector<int64_t>(size_t(c.B), c.T) : c.seqlens;
 }
 
+// The largest sizes a bench case takes (issue 46), and the memory its tensors may hold.
+constexpr int64_t kMaxBenchBatch = 65536;
+constexpr int64_t kMaxBenchTokens = int64_t{1} << 20;
+constexpr int64_t kMaxBenchWidth = 65536;  // --d-model, --head-dim
+constexpr int64_t kMaxBenchHeads = 4096;
+constexpr int64_t kMaxBenchBytes = int64_t{64} << 30;
+
 // --mask: none (no mask), bool, float or padded (SdpaBenchProblem builds each).
 void check_mask(const std::string& mask) {
   if (mask != "none" && mask != "bool" && mask != "float" && mask != "padded")
@@ -98,6 +105,26 @@ void check_case(const BenchCase& c) {
         "bench: need B, T, d_model, heads >= 1 and d_model divisible by heads, got B={} T={} "
         "d_model={} heads={}",
         c.B, c.T, c.d_model, c.heads));
+  }
+  if (c.B > kMaxBenchBatch || c.T > kMaxBenchTokens || c.d_model > kMaxBenchWidth ||
+      c.heads > kMaxBenchHeads) {
+    throw UsageError(fmt::format(
+        "bench: need B <= {}, T <= {}, d_model <= {}, heads <= {}, got B={} T={} d_model={} "
+        "heads={}",
+        kMaxBenchBatch, kMaxBenchTokens, kMaxBenchWidth, kMaxBenchHeads, c.B, c.T, c.d_model,
+        c.heads));
+  }
+  // The tensors a case holds at once, roughly: x, q, k, v, the output and their gradients,
+  // 8 float32 tensors of B·T·D (every kind runs the fused kernels: no B·H·T·T scores are
+  // kept, docs/sdpa.md), and an sdpa row's dense (T, T) mask. Counted in double: the
+  // products of bounded sizes overflow int64.
+  const double activations = 8.0 * double(c.B) * double(c.T) * double(c.d_model);
+  const double mask = is_sdpa(c.kind) && c.mask != "none" ? double(c.T) * double(c.T) : 0.0;
+  const double bytes = 4.0 * (activations + mask);
+  if (bytes > double(kMaxBenchBytes)) {
+    throw UsageError(fmt::format(
+        "bench: the shape {}x{}x{}x{} would hold about {:.0f} GiB, more than the limit of {} GiB",
+        c.B, c.T, c.d_model, c.heads, bytes / double(int64_t{1} << 30), kMaxBenchBytes >> 30));
   }
 }
 
@@ -807,26 +834,29 @@ Command add_bench_command(CLI::App& app) {
 
   auto run = [f, cmd]() -> int {
     const auto given = [cmd](const char* option) { return cmd->count(option) > 0; };
-    // A count given as 0 (or less) is a usage error, not a request for the default.
-    for (const auto& [option, value] : {std::pair<const char*, int64_t>{"--batch", f->batch},
-                                        {"--tokens", f->tokens},
-                                        {"--d-model", f->d_model},
-                                        {"--heads", f->heads},
-                                        {"--repeats", f->repeats},
-                                        {"--threads", f->threads},
-                                        {"--sgemm-n", f->sgemm_n},
-                                        {"--memory-tokens", f->memory_tokens},
-                                        {"--kv-heads", f->kv_heads},
-                                        {"--query-tokens", f->query_tokens},
-                                        {"--head-dim", f->head_dim},
-                                        {"--queries", f->queries},
-                                        {"--bandwidth-mib", f->bandwidth_mib}}) {
-      if (given(option) && value < 1)
-        throw UsageError(fmt::format("bench: {} must be >= 1, got {}", option, value));
+    // A count given as 0 (or less) is a usage error, not a request for the default; each
+    // has an upper bound, checked before anything is allocated (issue 46).
+    struct Bound {
+      const char* option;
+      int64_t value, max;
+    };
+    for (const Bound& b :
+         {Bound{"--batch", f->batch, kMaxBenchBatch}, Bound{"--tokens", f->tokens, kMaxBenchTokens},
+          Bound{"--d-model", f->d_model, kMaxBenchWidth},
+          Bound{"--heads", f->heads, kMaxBenchHeads}, Bound{"--repeats", f->repeats, 1000000},
+          Bound{"--threads", f->threads, 4096}, Bound{"--sgemm-n", f->sgemm_n, 32768},
+          Bound{"--memory-tokens", f->memory_tokens, kMaxBenchTokens},
+          Bound{"--kv-heads", f->kv_heads, kMaxBenchHeads},
+          Bound{"--query-tokens", f->query_tokens, kMaxBenchTokens},
+          Bound{"--head-dim", f->head_dim, kMaxBenchWidth}, Bound{"--queries", f->queries, 16},
+          Bound{"--bandwidth-mib", f->bandwidth_mib, 65536},
+          Bound{"--sliding-window-size", f->sliding_window_size, kMaxBenchTokens}}) {
+      if (given(b.option) && b.value < 1)
+        throw UsageError(fmt::format("bench: {} must be >= 1, got {}", b.option, b.value));
+      if (given(b.option) && b.value > b.max)
+        throw UsageError(
+            fmt::format("bench: {} must be at most {}, got {}", b.option, b.max, b.value));
     }
-    if (given("--sliding-window-size") && f->sliding_window_size < 1)
-      throw UsageError(
-          fmt::format("bench: --sliding-window-size must be >= 1, got {}", f->sliding_window_size));
     // The one conversion from the CLI's spelling to the kernels' (-1: no window).
     const int64_t window_left = f->sliding_window_size - 1;
     if (given("--softcap") && !(f->softcap > 0.0f && std::isfinite(f->softcap)))
@@ -874,7 +904,9 @@ Command add_bench_command(CLI::App& app) {
       if (std::find(kinds.begin(), kinds.end(), "sdpa-varlen") == kinds.end())
         throw UsageError("bench: --seqlens applies to --kind sdpa-varlen only");
       for (const int64_t T : f->seqlens)
-        if (T < 1) throw UsageError(fmt::format("bench: --seqlens holds lengths >= 1, got {}", T));
+        if (T < 1 || T > kMaxBenchTokens)
+          throw UsageError(
+              fmt::format("bench: --seqlens holds lengths in 1..{}, got {}", kMaxBenchTokens, T));
     }
     if (f->mode != "all" && f->mode != "fwd" && f->mode != "fwdbwd")
       throw UsageError(fmt::format("bench: --mode must be fwd, fwdbwd or all, got '{}'", f->mode));

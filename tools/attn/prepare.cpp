@@ -66,9 +66,12 @@ Command add_prepare_command(CLI::App& app) {
   auto run = [flags]() -> int {
     if (flags->o.tokenizer != "gpt2")
       throw UsageError(fmt::format("--tokenizer must be gpt2, got '{}'", printable(flags->o.tokenizer, 64)));
-    if (flags->o.shard_tokens < 1)
-      throw UsageError(fmt::format("--shard-tokens must be >= 1, got {}", flags->o.shard_tokens));
-    if (flags->o.threads < 0) throw UsageError(fmt::format("--threads must be >= 0, got {}", flags->o.threads));
+    // A shard is held in memory until written (2 bytes a token): 2^30 tokens, 2 GiB (issue 46).
+    if (flags->o.shard_tokens < 1 || flags->o.shard_tokens > data::kMaxShardTokens)
+      throw UsageError(fmt::format("--shard-tokens must be in 1..{}, got {}", data::kMaxShardTokens,
+                                   flags->o.shard_tokens));
+    if (flags->o.threads < 0 || flags->o.threads > 4096)
+      throw UsageError(fmt::format("--threads must be in 0..4096, got {}", flags->o.threads));
     // Every file before any is written: tiktoken's rule for "<|endoftext|>".
     for (const auto& input : flags->inputs)
       refuse_special_tokens_in_file(input, flags->allow_special);

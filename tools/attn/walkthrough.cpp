@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/utf8.h"
 #include "progress.h"
 #include "walkthrough_ch3.h"
 #include "walkthrough_ch4.h"
@@ -46,7 +47,8 @@ uint64_t parse_seed(const std::string& text) {
   }
   throw UsageError(
       fmt::format("--seed: '{}' is not an integer in [{}, {}] (what torch.manual_seed accepts)",
-                  text, std::numeric_limits<int64_t>::min(), std::numeric_limits<uint64_t>::max()));
+                  printable(text, 64), std::numeric_limits<int64_t>::min(),
+                  std::numeric_limits<uint64_t>::max()));
 }
 
 Command add_walkthrough_command(CLI::App& app) {
@@ -192,9 +194,10 @@ Command add_walkthrough_command(CLI::App& app) {
         throw UsageError(e.what());
       }
     }
-    if (flags->epochs < 1) {
-      throw UsageError(
-          fmt::format("--epochs must be >= 1 (the notebook trains 10), got {}", flags->epochs));
+    // Each epoch of the notebook's model takes seconds: 1000 bounds the run (issue 46).
+    if (flags->epochs < 1 || flags->epochs > 1000) {
+      throw UsageError(fmt::format("--epochs must be in 1..1000 (the notebook trains 10), got {}",
+                                   flags->epochs));
     }
     // The training's steps on the progress display (progress.h), its other
     // lines through it so that a bar is not torn.
