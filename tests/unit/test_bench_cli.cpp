@@ -295,7 +295,7 @@ TEST(BenchCli, BadValuesAreOneLineUsageErrors) {
         Case{"bench --kind sdpa-varlen --dtype float16",
              "bench: --dtype must be float32, bfloat16 or all, got 'float16'"},
         Case{"bench --kind sdpa-varlen --seqlens 5,0,7",
-             "bench: --seqlens holds lengths >= 1, got 0"},
+             "bench: --seqlens holds lengths in 1..1048576, got 0"},
         Case{"bench --kind core --seqlens 5,7",
              "bench: --seqlens applies to --kind sdpa-varlen only"}}) {
     const auto r = run_cli(c.args);

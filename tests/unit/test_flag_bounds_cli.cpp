@@ -46,7 +46,7 @@ TEST(FlagBoundsCli, BenchSizesAreBoundedBeforeAnythingRuns) {
       {"bench --kv-heads 4097", "--kv-heads must be at most 4096, got 4097"},
       {"bench --query-tokens 1048577", "--query-tokens must be at most 1048576, got 1048577"},
       {"bench --kind decode --head-dim 65537", "--head-dim must be at most 65536, got 65537"},
-      {"bench --kind decode --queries 17", "--queries must be at most 16, got 17"},
+      {"bench --kind decode --queries 17", "--queries in 1..16; got heads 12"},
       {"bench --bandwidth-mib 65537", "--bandwidth-mib must be at most 65536, got 65537"},
       {"bench --sliding-window-size 1048577",
        "--sliding-window-size must be at most 1048576, got 1048577"},
