@@ -49,7 +49,7 @@ struct ChatOptions {
   // false} (Qwen3), {"date_string": "26 Jul 2024"} (Llama 3.2), {"tools":
   // [...]} (a JSON schema per tool). "" for none. `messages` and
   // `add_generation_prompt` cannot be given here.
-  std::string kwargs_json;
+  std::string kwargs_json = {};
   // transformers' continue_final_message: "" (off), "content" (its True) or
   // another field of the last message ("reasoning_content", "thinking",
   // "reasoning"): the text ends inside that field, with no end-of-turn after

@@ -246,7 +246,7 @@ struct ChatTemplate::Impl {
   std::optional<jinja::Template>
       tool_use;  // a list's "tool_use" template, used when tools are given
   std::map<std::string, std::string> special_tokens;
-  std::string tool_use_source;
+  std::string tool_use_source = {};
 };
 
 ChatTemplate::ChatTemplate(std::string_view source,
