@@ -115,9 +115,13 @@ def metrics(out):
         return [json.loads(line) for line in f]
 
 
+FRESH = set()  # the output folders this process made (a folder left by an earlier build is stale)
+
+
 def d(name):
     path = os.path.join(ARGS.out, name)
     shutil.rmtree(path, ignore_errors=True)
+    FRESH.add(path)
     return path
 
 
@@ -204,7 +208,7 @@ def case_agreement():
 
 def case_kill():
     ref = os.path.join(ARGS.out, "two-k1")
-    if not os.path.exists(os.path.join(ref, "checkpoint.safetensors")):
+    if ref not in FRESH:  # made by case_equal in this run, or now
         train(d("two-k1"), 2)
     out = d("killed")
     p, secs = train(out, 2, (), {"ATTN_TEST_KILL_RANK": "1", "ATTN_TEST_KILL_STEP": "8",
@@ -228,7 +232,7 @@ def case_kill():
 
 def case_global_batch():
     src = os.path.join(ARGS.out, "one-k2")
-    if not os.path.exists(os.path.join(src, "checkpoint.safetensors")):
+    if src not in FRESH:
         train(d("one-k2"), 0, ("--grad-accum-steps", "2"))
     out = d("gb")
     shutil.copytree(src, out)
