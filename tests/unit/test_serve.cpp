@@ -299,7 +299,14 @@ TEST(ServeEngine, CancelledAndQueuedRequestsFreeTheirSlots) {
   p.temperature = 0.0f;
   auto a = engine.submit({1, 2, 3}, p);
   auto b = engine.submit({4, 5}, p);  // waits for a's slot (or runs, if a already ended)
-  EXPECT_THROW(engine.submit({6}, p), serve::QueueFull);
+  // The queue (1) is full while a holds the slot; on a loaded machine the
+  // scheduler may have run a to its end (50 tokens of a tiny model) before
+  // this line, and then b holds the slot and c waits in the queue instead.
+  decltype(a) c;
+  try {
+    c = engine.submit({6}, p);
+  } catch (const serve::QueueFull&) {
+  }
   a->cancel();
   std::vector<serve::TokenEvent> events;
   serve::Finish fa = serve::Finish::kNone;
@@ -310,6 +317,13 @@ TEST(ServeEngine, CancelledAndQueuedRequestsFreeTheirSlots) {
   events.clear();
   while (fb == serve::Finish::kNone) fb = b->wait(events, std::chrono::milliseconds(50));
   EXPECT_NE(fb, serve::Finish::kError);
+  if (c) {  // accepted only because a had ended before it came
+    EXPECT_NE(fa, serve::Finish::kCancelled);
+    serve::Finish fc = serve::Finish::kNone;
+    events.clear();
+    while (fc == serve::Finish::kNone) fc = c->wait(events, std::chrono::milliseconds(50));
+    EXPECT_NE(fc, serve::Finish::kError);
+  }
   engine.stop();
   EXPECT_EQ(metrics.kv_blocks_free.load(), 16);
   EXPECT_THROW(engine.submit({1}, p), std::runtime_error);
