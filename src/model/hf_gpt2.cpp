@@ -405,7 +405,7 @@ void save_hf_gpt2(nn::GPTModel& model, const std::string& dir, HfDType dtype) {
   j["resid_pdrop"] = shortest_decimal(c.drop_rate);
   j["scale_attn_weights"] = true;
   j["tie_word_embeddings"] = tied;
-  j["torch_dtype"] = dtype_name;
+  j["dtype"] = dtype_name;  // transformers 5 (4.56 on) writes "dtype" where 4.x wrote "torch_dtype"
   j["use_cache"] = true;
   j["vocab_size"] = c.vocab_size;
   write_file_atomically((fs::path(dir) / "config.json").string(), j.dump(2) + "\n");
