@@ -12,19 +12,13 @@
 #include <stdexcept>
 #include <utility>
 
+#include "base/file_kind.h"
+
 namespace attn::io {
 
 namespace {
 
-// What a path that is not a regular file is, for its message.
-const char* file_kind(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
-}
+using detail::file_kind;
 
 }  // namespace
 

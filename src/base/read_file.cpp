@@ -12,18 +12,12 @@
 #include <stdexcept>
 
 #include "attn/utf8.h"
+#include "base/file_kind.h"
 
 namespace attn {
 namespace {
 
-const char* file_kind(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
-}
+using detail::file_kind;
 
 // Appends what fd gives until its end; std::runtime_error naming `what` past max_bytes.
 void read_all(int fd, const std::string& what, uint64_t max_bytes, std::string& out) {

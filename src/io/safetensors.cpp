@@ -30,6 +30,7 @@
 #include "attn/atomic_file.h"
 #include "attn/bfloat16.h"
 #include "attn/utf8.h"
+#include "base/file_kind.h"
 
 static_assert(std::endian::native == std::endian::little,
               "attn's safetensors reader copies little-endian data as it is");
@@ -123,15 +124,7 @@ class MemorySource : public Source {
   std::span<const std::byte> bytes_;
 };
 
-// What a path that is not a regular file is, for its message.
-const char* file_kind(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
-}
+using detail::file_kind;
 
 class FileSource : public Source {
  public:
