@@ -114,6 +114,13 @@ int64_t check_paged_step(const PagedKVCache& cache, std::span<const PagedSequenc
 void paged_store(PagedKVCache& cache, int64_t layer, std::span<const PagedSequence> seqs,
                  const float* k, const float* v);
 
+// The step's hidden rows h (1, N, E) float32 -> each sequence's last new row
+// (1, S, E), what the head turns into the step's logits.
+Tensor paged_last_rows(const Tensor& h, std::span<const PagedSequence> seqs);
+
+// Ends a step: every table's length += its count.
+void paged_advance(std::span<const PagedSequence> seqs);
+
 struct PagedAttentionOptions {
   int64_t num_heads = 0;  // H, a multiple of Hkv (query head h reads kv head h / (H / Hkv))
   float scale = 0.0f;     // the scores' scale

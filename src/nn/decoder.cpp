@@ -815,7 +815,7 @@ Tensor forward_paged(DecoderLM& model, std::span<const int64_t> ids,
     }
     end = std::max(end, e);
   }
-  const int64_t H = cfg.num_heads, hd = cfg.head_dim, E = cfg.hidden_size;
+  const int64_t H = cfg.num_heads, hd = cfg.head_dim;
   const float scale =
       cfg.attention_scale > 0.0f ? cfg.attention_scale : 1.0f / std::sqrt(static_cast<float>(hd));
   Tensor h = model.embed(Tensor::from_int64({1, N}, std::vector<int64_t>(ids.begin(), ids.end())));
@@ -839,16 +839,9 @@ Tensor forward_paged(DecoderLM& model, std::span<const int64_t> ids,
         true);
   }
   // Each sequence's last row -> (1, S, E), then the head once over them.
-  const int64_t S = static_cast<int64_t>(seqs.size());
-  const Tensor hc = h.contiguous();
-  Tensor last = Tensor::empty({1, S, E});
-  int64_t row = 0;
-  for (int64_t s = 0; s < S; ++s) {
-    row += seqs[static_cast<size_t>(s)].count;
-    std::copy_n(hc.data() + (row - 1) * E, E, last.data() + s * E);
-  }
-  for (const PagedSequence& s : seqs) s.table->length += s.count;
-  return model.head(last, false).view({S, cfg.vocab_size});  // (S, V)
+  const Tensor last = paged_last_rows(h, seqs);
+  paged_advance(seqs);
+  return model.head(last, false).view({last.size(1), cfg.vocab_size});  // (S, V)
 }
 
 Tensor generate(DecoderLM& model, const Tensor& prompt, const GenerateOptions& options,

@@ -720,16 +720,10 @@ Tensor forward_paged(GPTModel& model, std::span<const int64_t> ids,
     kernels::gelu_forward(g.data(), u.data(), u.numel());
     x = add(paged_linear(g, block.ff.proj), x1);
   }
-  const int64_t S = static_cast<int64_t>(seqs.size());
-  Tensor last = Tensor::empty({1, S, E});
-  int64_t row = 0;
-  for (int64_t s = 0; s < S; ++s) {
-    row += seqs[static_cast<size_t>(s)].count;
-    std::copy_n(x.data() + (row - 1) * E, E, last.data() + s * E);
-  }
-  for (const PagedSequence& s : seqs) s.table->length += s.count;
+  const Tensor last = paged_last_rows(x, seqs);  // each sequence's last row (1, S, E)
+  paged_advance(seqs);
   return paged_linear(paged_layer_norm(last, model.final_norm, eps), model.out_head)
-      .view({S, cfg.vocab_size});
+      .view({last.size(1), cfg.vocab_size});
 }
 
 }  // namespace attn::nn

@@ -160,6 +160,22 @@ void paged_store(PagedKVCache& cache, int64_t layer, std::span<const PagedSequen
   }
 }
 
+Tensor paged_last_rows(const Tensor& h, std::span<const PagedSequence> seqs) {
+  const Tensor hc = h.contiguous();
+  const int64_t S = static_cast<int64_t>(seqs.size()), E = hc.size(-1);
+  Tensor last = Tensor::empty({1, S, E});
+  int64_t row = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    row += seqs[static_cast<size_t>(s)].count;
+    std::copy_n(hc.data() + (row - 1) * E, E, last.data() + s * E);
+  }
+  return last;
+}
+
+void paged_advance(std::span<const PagedSequence> seqs) {
+  for (const PagedSequence& s : seqs) s.table->length += s.count;
+}
+
 void paged_attention_forward(float* out, const float* q, const PagedKVCache& cache, int64_t layer,
                              std::span<const PagedSequence> seqs,
                              const PagedAttentionOptions& options) {
