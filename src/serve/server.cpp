@@ -303,15 +303,8 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
       [this](std::span<const int64_t> x) { return model.decode(x); }, g.stop);
   const std::string chunk_object = is_chat ? "chat.completion.chunk" : "text_completion";
   const bool include_usage = g.include_usage;
-  const auto chunk = [=, this](const std::string& text, const json& lp, const json& reason) {
-    json choice = {{"index", 0}, {"finish_reason", reason}, {"logprobs", nullptr}};
-    if (is_chat) {
-      choice["delta"] = reason.is_null() ? json{{"content", text}} : json::object();
-      if (!lp.is_null()) choice["logprobs"] = {{"content", lp}};
-    } else {
-      choice["text"] = text;
-      if (!lp.is_null()) choice["logprobs"] = lp;
-    }
+  // One server-sent event holding one choice.
+  const auto event = [=, this](const json& choice) {
     json c = {{"id", id},
               {"object", chunk_object},
               {"created", created},
@@ -320,6 +313,17 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
               {"choices", json::array({choice})}};
     if (include_usage) c["usage"] = nullptr;
     return "data: " + dump(c) + "\n\n";
+  };
+  const auto chunk = [=](const std::string& text, const json& lp, const json& reason) {
+    json choice = {{"index", 0}, {"finish_reason", reason}, {"logprobs", nullptr}};
+    if (is_chat) {
+      choice["delta"] = reason.is_null() ? json{{"content", text}} : json::object();
+      if (!lp.is_null()) choice["logprobs"] = {{"content", lp}};
+    } else {
+      choice["text"] = text;
+      if (!lp.is_null()) choice["logprobs"] = lp;
+    }
+    return event(choice);
   };
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
@@ -335,18 +339,10 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
           };
           if (is_chat && !st->role_sent) {
             st->role_sent = true;
-            json choice = {{"index", 0},
-                           {"delta", {{"role", "assistant"}, {"content", ""}}},
-                           {"logprobs", nullptr},
-                           {"finish_reason", nullptr}};
-            json c = {{"id", id},
-                      {"object", chunk_object},
-                      {"created", created},
-                      {"model", model.name()},
-                      {"system_fingerprint", "attn"},
-                      {"choices", json::array({choice})}};
-            if (include_usage) c["usage"] = nullptr;
-            return write("data: " + dump(c) + "\n\n");
+            return write(event({{"index", 0},
+                                {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                {"logprobs", nullptr},
+                                {"finish_reason", nullptr}}));
           }
           std::vector<TokenEvent> events;
           const Finish f = st->seq->wait(events, std::chrono::milliseconds(100));
