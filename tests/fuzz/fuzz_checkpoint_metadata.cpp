@@ -28,24 +28,12 @@
 #include "attn/checkpoint.h"
 #include "attn/model_config.h"
 #include "attn/utf8.h"
+#include "fuzz_common.h"
 
 namespace {
 
-[[noreturn]] void finding(const char* what) {
-  std::fprintf(stderr, "fuzz_checkpoint_metadata: %s\n", what);
-  std::abort();
-}
-
-bool clean_message(const std::string& m) {
-  try {
-    for (const char32_t cp : attn::decode_utf8(m)) {
-      if (cp < 0x20 || cp == 0x7F || (cp >= 0x80 && cp <= 0x9F)) return false;
-    }
-  } catch (const std::invalid_argument&) {
-    return false;
-  }
-  return true;
-}
+using attn::fuzz::clean_message;
+using attn::fuzz::finding;
 
 bool same(const attn::nn::GPTConfig& a, const attn::nn::GPTConfig& b) {
   return a.vocab_size == b.vocab_size && a.context_length == b.context_length &&

@@ -22,24 +22,12 @@
 
 #include "attn/hf_decoder.h"
 #include "attn/utf8.h"
+#include "fuzz_common.h"
 
 namespace {
 
-[[noreturn]] void finding(const char* what) {
-  std::fprintf(stderr, "fuzz_hf_decoder_config: %s\n", what);
-  std::abort();
-}
-
-bool clean_message(const std::string& m) {
-  try {
-    for (const char32_t cp : attn::decode_utf8(m)) {
-      if (cp < 0x20 || cp == 0x7F || (cp >= 0x80 && cp <= 0x9F)) return false;
-    }
-  } catch (const std::invalid_argument&) {
-    return false;
-  }
-  return true;
-}
+using attn::fuzz::clean_message;
+using attn::fuzz::finding;
 
 bool same_rope(const attn::nn::RopeScaling& a, const attn::nn::RopeScaling& b) {
   return a.type == b.type && a.theta == b.theta && a.factor == b.factor &&

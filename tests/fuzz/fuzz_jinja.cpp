@@ -20,31 +20,19 @@
 #include <string_view>
 
 #include "attn/utf8.h"
+#include "fuzz_common.h"
 #include "text/jinja.h"
 
 namespace {
 
-using attn::text::jinja::Value;
+using attn::fuzz::clean_message;
+using attn::fuzz::finding;
 
-[[noreturn]] void finding(const char* what) {
-  std::fprintf(stderr, "fuzz_jinja: %s\n", what);
-  std::abort();
-}
+using attn::text::jinja::Value;
 
 bool valid_utf8(const std::string& s) {
   try {
     attn::decode_utf8(s);
-  } catch (const std::invalid_argument&) {
-    return false;
-  }
-  return true;
-}
-
-bool clean_message(const std::string& m) {
-  try {
-    for (const char32_t cp : attn::decode_utf8(m)) {
-      if (cp < 0x20 || cp == 0x7F || (cp >= 0x80 && cp <= 0x9F)) return false;
-    }
   } catch (const std::invalid_argument&) {
     return false;
   }

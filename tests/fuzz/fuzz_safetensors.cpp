@@ -16,13 +16,11 @@
 #include <string>
 
 #include "attn/safetensors.h"
+#include "fuzz_common.h"
 
 namespace {
 
-[[noreturn]] void finding(const char* what) {
-  std::fprintf(stderr, "fuzz_safetensors: %s\n", what);
-  std::abort();
-}
+using attn::fuzz::finding;
 
 const void* bytes_of(const attn::Tensor& t) {
   switch (t.dtype()) {

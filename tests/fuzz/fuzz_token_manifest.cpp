@@ -20,24 +20,12 @@
 
 #include "attn/token_shards.h"
 #include "attn/utf8.h"
+#include "fuzz_common.h"
 
 namespace {
 
-[[noreturn]] void finding(const char* what) {
-  std::fprintf(stderr, "fuzz_token_manifest: %s\n", what);
-  std::abort();
-}
-
-bool clean_message(const std::string& m) {
-  try {
-    for (const char32_t cp : attn::decode_utf8(m)) {
-      if (cp < 0x20 || cp == 0x7F || (cp >= 0x80 && cp <= 0x9F)) return false;
-    }
-  } catch (const std::invalid_argument&) {
-    return false;
-  }
-  return true;
-}
+using attn::fuzz::clean_message;
+using attn::fuzz::finding;
 
 bool same(const attn::data::Manifest& a, const attn::data::Manifest& b) {
   if (a.tokenizer != b.tokenizer || a.vocab_size != b.vocab_size || a.eot_token != b.eot_token ||

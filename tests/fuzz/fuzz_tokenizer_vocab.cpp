@@ -19,15 +19,13 @@
 #include <string_view>
 #include <vector>
 
+#include "fuzz_common.h"
 #include "text/bpe.h"
 #include "text/vocabulary.h"
 
 namespace {
 
-[[noreturn]] void finding(const char* what) {
-  std::fprintf(stderr, "fuzz_tokenizer_vocab: %s\n", what);
-  std::abort();
-}
+using attn::fuzz::finding;
 
 }  // namespace
 
