@@ -63,6 +63,28 @@ std::string describe(const Json& c) {
          c.at("mask").get<std::string>() + " " + c.at("mask_shape").dump();
 }
 
+// A case's SdpaOptions, as oracle_sdpa.py recorded them (its mask and ALiBi
+// slopes from the case's inputs).
+SdpaOptions options_of(const Json& c) {
+  const Json& in = c.at("inputs");
+  SdpaOptions o;
+  o.is_causal = c.at("is_causal").get<bool>();
+  o.causal_alignment =
+      c.at("bottom_right").get<bool>() ? CausalAlignment::kBottomRight : CausalAlignment::kTopLeft;
+  o.window_left = c.at("window_left").get<int64_t>();
+  o.window_right = c.at("window_right").get<int64_t>();
+  o.softcap = c.at("softcap").get<float>();
+  if (!c.at("scale").is_null()) o.scale = c.at("scale").get<float>();
+  o.enable_gqa = c.at("Hq") != c.at("Hkv");
+  const std::string mask = c.at("mask").get<std::string>();
+  if (mask != "none") {
+    o.attn_mask = tensor_from_bits_json(in.at("mask"));
+    o.attn_mask_type = mask == "bool" ? MaskType::kBoolean : MaskType::kAdditive;
+  }
+  if (in.contains("alibi_slopes")) o.alibi_slopes = tensor_from_bits_json(in.at("alibi_slopes"));
+  return o;
+}
+
 TEST(SdpaTorch, ReferenceAndKernelMatchTorchExplicitMaths) {
   const Json file = read_oracle_json("sdpa.json", "oracle_sdpa.py");
   const Json& cases = file.at("cases");
@@ -73,21 +95,7 @@ TEST(SdpaTorch, ReferenceAndKernelMatchTorchExplicitMaths) {
     const Json& in = c.at("inputs");
     const Tensor q = tensor_from_bits_json(in.at("q")), k = tensor_from_bits_json(in.at("k"));
     const Tensor v = tensor_from_bits_json(in.at("v")), dout = tensor_from_bits_json(in.at("dout"));
-    SdpaOptions o;
-    o.is_causal = c.at("is_causal").get<bool>();
-    o.causal_alignment = c.at("bottom_right").get<bool>() ? CausalAlignment::kBottomRight
-                                                          : CausalAlignment::kTopLeft;
-    o.window_left = c.at("window_left").get<int64_t>();
-    o.window_right = c.at("window_right").get<int64_t>();
-    o.softcap = c.at("softcap").get<float>();
-    if (!c.at("scale").is_null()) o.scale = c.at("scale").get<float>();
-    o.enable_gqa = c.at("Hq") != c.at("Hkv");
-    const std::string mask = c.at("mask").get<std::string>();
-    if (mask != "none") {
-      o.attn_mask = tensor_from_bits_json(in.at("mask"));
-      o.attn_mask_type = mask == "bool" ? MaskType::kBoolean : MaskType::kAdditive;
-    }
-    if (in.contains("alibi_slopes")) o.alibi_slopes = tensor_from_bits_json(in.at("alibi_slopes"));
+    SdpaOptions o = options_of(c);
     const Json& want = c.at("expected");
     for (SdpaBackend backend : {SdpaBackend::kReference, SdpaBackend::kFused}) {
       SCOPED_TRACE(backend == SdpaBackend::kReference ? "reference" : "fused");
@@ -152,21 +160,7 @@ TEST(SdpaTorch, Bfloat16WithinRoundingOfTorchOnBf16Inputs) {
     const Tensor k = tensor_from_bits_json(in.at("k")).to(bf16);
     const Tensor v = tensor_from_bits_json(in.at("v")).to(bf16);
     const Tensor dout = tensor_from_bits_json(in.at("dout")).to(bf16);
-    SdpaOptions o;
-    o.is_causal = c.at("is_causal").get<bool>();
-    o.causal_alignment = c.at("bottom_right").get<bool>() ? CausalAlignment::kBottomRight
-                                                          : CausalAlignment::kTopLeft;
-    o.window_left = c.at("window_left").get<int64_t>();
-    o.window_right = c.at("window_right").get<int64_t>();
-    o.softcap = c.at("softcap").get<float>();
-    if (!c.at("scale").is_null()) o.scale = c.at("scale").get<float>();
-    o.enable_gqa = c.at("Hq") != c.at("Hkv");
-    const std::string mask = c.at("mask").get<std::string>();
-    if (mask != "none") {
-      o.attn_mask = tensor_from_bits_json(in.at("mask"));
-      o.attn_mask_type = mask == "bool" ? MaskType::kBoolean : MaskType::kAdditive;
-    }
-    if (in.contains("alibi_slopes")) o.alibi_slopes = tensor_from_bits_json(in.at("alibi_slopes"));
+    SdpaOptions o = options_of(c);
     const Json& want = c.at("expected");
     const Tensor out_bf16 = tensor_from_bits_json(want.at("out_bf16")).to(bf16);
     for (SdpaBackend backend : {SdpaBackend::kReference, SdpaBackend::kFused}) {
@@ -241,19 +235,7 @@ TEST(SdpaTorch, RowsOnOneKeyHaveExactGradientsOnEveryEngine) {
       return is_bf16 ? x.to(bf16) : x;
     };
     const Tensor q = input("q"), k = input("k"), v = input("v"), dout = input("dout");
-    SdpaOptions o;
-    o.is_causal = c.at("is_causal").get<bool>();
-    o.causal_alignment = c.at("bottom_right").get<bool>() ? CausalAlignment::kBottomRight
-                                                          : CausalAlignment::kTopLeft;
-    o.window_left = c.at("window_left").get<int64_t>();
-    o.window_right = c.at("window_right").get<int64_t>();
-    if (!c.at("scale").is_null()) o.scale = c.at("scale").get<float>();
-    o.enable_gqa = c.at("Hq") != c.at("Hkv");
-    const std::string mask = c.at("mask").get<std::string>();
-    if (mask != "none") {
-      o.attn_mask = tensor_from_bits_json(in.at("mask"));
-      o.attn_mask_type = mask == "bool" ? MaskType::kBoolean : MaskType::kAdditive;
-    }
+    SdpaOptions o = options_of(c);
     const Json& want = c.at("expected");
     // (engine, SIMD target or "", bf16 path or nullptr)
     struct Run {
