@@ -215,6 +215,31 @@ TEST(DecodeAttention, KernelMatchesReferenceOnEveryTargetBf16) {
               static_cast<long long>(differ), static_cast<long long>(total));
 }
 
+// ref::sdpa_forward on a dense decode problem's own buffers, read in place
+// (is_causal with bottom-right alignment, the window, softcap, ALiBi, GQA, Dv):
+// the independent check of the decode reference. p validated.
+void sdpa_on_decode_buffers(float* out, const float* q, const float* k, const float* v,
+                            const DecodeProblem& p) {
+  SdpaProblem s;
+  s.B = p.B, s.Hq = p.Hq, s.Hkv = p.Hkv, s.Tq = p.Tq, s.Tk = p.length, s.D = p.D, s.Dv = p.Dv;
+  s.q = q, s.k = k, s.v = v;
+  s.q_strides = {.b = p.q_batch_stride, .h = p.D, .t = p.q_stride, .d = 1};
+  s.k_strides = {.b = p.k_strides.batch, .h = p.k_strides.head, .t = p.k_strides.row, .d = 1};
+  s.v_strides = {.b = p.v_strides.batch, .h = p.v_strides.head, .t = p.v_strides.row, .d = 1};
+  s.is_causal = true;
+  s.causal_alignment = CausalAlignment::kBottomRight;
+  s.scale = p.scale;
+  s.window_left = p.window_left;
+  s.softcap = p.softcap;
+  s.alibi_slopes = p.alibi_slopes;
+  std::vector<float> lse(size_t(p.B * p.Hq * p.Tq));
+  SdpaOutput o;
+  o.out = out;
+  o.out_strides = {.b = p.o_batch_stride, .h = p.Dv, .t = p.o_stride, .d = 1};
+  o.lse = lse.data();
+  ref::sdpa_forward(o, s);
+}
+
 // The reference is attn::sdpa's maths: is_causal with bottom-right alignment
 // and window_left, grouped-query heads, on the cache's first `length` rows,
 // q and out read and written in place through strides.
@@ -227,22 +252,7 @@ TEST(DecodeAttention, ReferenceMatchesSdpaBottomRight) {
     const Buffers in(p, gen, /*poison=*/false);  // sdpa may read masked rows (times 0)
     std::vector<float> ref(size_t(out_size(p)), 0.0f), sdpa(ref.size(), 0.0f);
     ref::decode_attention_forward(ref.data(), in.q.data(), in.k.data(), in.v.data(), p);
-    SdpaProblem s;
-    s.B = p.B, s.Hq = p.Hq, s.Hkv = p.Hkv, s.Tq = p.Tq, s.Tk = p.length, s.D = p.D, s.Dv = p.D;
-    s.q = in.q.data(), s.k = in.k.data(), s.v = in.v.data();
-    s.q_strides = {.b = p.q_batch_stride, .h = p.D, .t = p.q_stride, .d = 1};
-    s.k_strides = {.b = p.Hkv * p.capacity * p.D, .h = p.capacity * p.D, .t = p.D, .d = 1};
-    s.v_strides = s.k_strides;
-    s.is_causal = true;
-    s.causal_alignment = CausalAlignment::kBottomRight;
-    s.scale = p.scale;
-    s.window_left = p.window_left;
-    std::vector<float> lse(size_t(p.B * p.Hq * p.Tq));
-    SdpaOutput o;
-    o.out = sdpa.data();
-    o.out_strides = {.b = p.o_batch_stride, .h = p.D, .t = p.o_stride, .d = 1};
-    o.lse = lse.data();
-    ref::sdpa_forward(o, s);
+    sdpa_on_decode_buffers(sdpa.data(), in.q.data(), in.k.data(), in.v.data(), p);
     expect_rows(p, [&](int64_t i, bool written) {
       if (written) {
         ASSERT_NEAR(ref[size_t(i)], sdpa[size_t(i)], 1.5e-6f) << i;
@@ -573,24 +583,7 @@ TEST(DecodeAttention, GeneralReferenceMatchesSdpa) {
     for (float& x : v) x = std::isnan(x) ? 0.0f : x;
     std::vector<float> ref(size_t(c.o_elems), 0.0f), sdpa = ref;
     ref::decode_attention_forward(ref.data(), c.q.data(), k.data(), v.data(), p);
-    SdpaProblem s;
-    s.B = p.B, s.Hq = p.Hq, s.Hkv = p.Hkv, s.Tq = p.Tq, s.Tk = p.length, s.D = p.D, s.Dv = p.Dv;
-    s.q = c.q.data(), s.k = k.data(), s.v = v.data();
-    s.q_strides = {.b = p.q_batch_stride, .h = p.D, .t = p.q_stride, .d = 1};
-    s.k_strides = {.b = p.k_strides.batch, .h = p.k_strides.head, .t = p.k_strides.row, .d = 1};
-    s.v_strides = {.b = p.v_strides.batch, .h = p.v_strides.head, .t = p.v_strides.row, .d = 1};
-    s.is_causal = true;
-    s.causal_alignment = CausalAlignment::kBottomRight;
-    s.scale = p.scale;
-    s.window_left = p.window_left;
-    s.softcap = p.softcap;
-    s.alibi_slopes = p.alibi_slopes;
-    std::vector<float> lse(size_t(p.B * p.Hq * p.Tq));
-    SdpaOutput o;
-    o.out = sdpa.data();
-    o.out_strides = {.b = p.o_batch_stride, .h = p.Dv, .t = p.o_stride, .d = 1};
-    o.lse = lse.data();
-    ref::sdpa_forward(o, s);
+    sdpa_on_decode_buffers(sdpa.data(), c.q.data(), k.data(), v.data(), p);
     for (const auto& [at, n] : written_rows(p)) {
       for (int64_t i = at; i < at + n; ++i) {
         ASSERT_NEAR(ref[size_t(i)], sdpa[size_t(i)], 2e-6f) << i;
