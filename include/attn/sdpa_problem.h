@@ -38,6 +38,9 @@ struct SdpaProblemT {
   const T* v = nullptr;  // (B, Hkv, Tk, Dv)
   SdpaStrides q_strides, k_strides, v_strides;
   const float* mask = nullptr;  // additive, read at b·s.b + h·s.h + i·s.t + j·s.d (0 broadcasts)
+  // Or a boolean mask, PyTorch's bool attn_mask read where it lies (a byte per
+  // value, nonzero: may attend), at the same strides; at most one of the two.
+  const uint8_t* bool_mask = nullptr;
   SdpaStrides mask_strides;
   const float* alibi_slopes = nullptr;  // slope of (b, h) at b·alibi_b_stride + h
   int64_t alibi_b_stride = 0;
@@ -122,6 +125,7 @@ SdpaProblemT<T> sdpa_sequence(const SdpaProblemT<T>& p, int64_t b) {
   s.k = detail::sdpa_rows_from(p.k, s.k_strides, k0);
   s.v = detail::sdpa_rows_from(p.v, s.v_strides, k0);
   s.mask = nullptr;
+  s.bool_mask = nullptr;
   s.cu_seqlens_q = s.cu_seqlens_k = nullptr;
   return s;
 }

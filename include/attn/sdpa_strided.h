@@ -8,8 +8,10 @@
 //
 // Shapes as attn/sdpa.h's:
 //   batched   q (B, Hq, Tq, D)  k (B, Hkv, Tk, D)  v (B, Hkv, Tk, Dv)  out (B, Hq, Tq, Dv)
-//             lse (B, Hq, Tq) float32; attn_mask 4-D float32 additive, each dim 1 or
-//             full; alibi_slopes (Hq) or (B, Hq) float32, last stride 1
+//             lse (B, Hq, Tq) float32; attn_mask 4-D, each dim 1 or full: float32
+//             additive, or "bool" (a byte per value, nonzero: may attend, read in
+//             place, as PyTorch's bool attn_mask); alibi_slopes (Hq) or (B, Hq) float32, last
+//             stride 1
 //   varlen    q (total_q, Hq, D)  k (total_k, Hkv, D)  v (total_k, Hkv, Dv)
 //             out (total_q, Hq, Dv)  lse (Hq, total_q) float32; alibi (Hq) or (nseq, Hq)
 // q, k, v, out, dout, dq, dk, dv: one dtype, "float32" or "bfloat16". The

@@ -18,7 +18,7 @@ from ._torch import require
 
 torch = require("attn.scaled_dot_product_attention")
 
-_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.bool: "bool"}
 
 # attn._ops (the torch.library custom ops) on PyTorch >= 2.4, set by attn/__init__.py.
 _OPS = None
@@ -231,9 +231,10 @@ class _Broadcast:
         return True
 
 
-def _additive_mask(attn_mask: torch.Tensor, q: torch.Tensor, lead, Hq, L, S, B) -> torch.Tensor:
-    """attn_mask (broadcastable to (*lead, Hq, L, S)) as the kernel's additive
-    float32 mask of 4 dims (B, Hq, L, S), broadcast dims of size 1."""
+def _kernel_mask(attn_mask: torch.Tensor, q: torch.Tensor, lead, Hq, L, S, B) -> torch.Tensor:
+    """attn_mask (broadcastable to (*lead, Hq, L, S)) as the kernel reads it: 4
+    dims (B, Hq, L, S), broadcast dims of size 1; a bool mask as it is (the
+    kernel reads its bytes in place), a float one as float32."""
     full = tuple(lead) + (Hq, L, S)
     m = attn_mask
     if m.dim() > len(full):
@@ -245,7 +246,7 @@ def _additive_mask(attn_mask: torch.Tensor, q: torch.Tensor, lead, Hq, L, S, B) 
                 f"attn.scaled_dot_product_attention: attn_mask of shape {tuple(m.shape)} is not "
                 f"broadcastable to the attention weights of shape {full}")
     if m.dtype == torch.bool:
-        m = torch.zeros(m.shape, dtype=torch.float32).masked_fill_(~m, -math.inf)
+        pass
     elif m.dtype in (torch.float32, torch.bfloat16):
         if m.dtype != torch.float32 and m.dtype != q.dtype:
             raise RuntimeError(
@@ -278,7 +279,9 @@ def _math_sdpa(q, k, v, mask, opts: _Options):
         k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
         v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
     s = (q @ k.transpose(-2, -1)) * opts.scale
-    if mask is not None:
+    if mask is not None and mask.dtype == torch.bool:
+        s = s.masked_fill(~mask, -math.inf)
+    elif mask is not None:
         s = s + mask.to(s.dtype)
     if opts.is_causal:
         L, S = s.shape[-2], s.shape[-1]
@@ -288,7 +291,7 @@ def _math_sdpa(q, k, v, mask, opts: _Options):
 
 class _Call:
     """One call's tensors as the kernel takes them: q, k, v (B, H, T, D) views,
-    the additive float32 mask (4-D) and the ALiBi slopes, the options, and how
+    the mask (4-D: bool, or additive float32) and the ALiBi slopes, the options, and how
     to give the output the query's shape back (`empty`: the inputs of a call
     with a zero-sized dim, which PyTorch's own maths answers)."""
 
@@ -373,7 +376,7 @@ def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_g
     q, k, v = bq.q, bq.k, bq.v
     opts.enable_gqa = bq.kernel_gqa
     B = q.shape[0]
-    mask = None if attn_mask is None else _additive_mask(attn_mask, query, lead, Hq, L, S, B)
+    mask = None if attn_mask is None else _kernel_mask(attn_mask, query, lead, Hq, L, S, B)
     alibi = None
     if alibi_slopes is not None:
         _check_tensor("alibi_slopes", alibi_slopes)
@@ -429,8 +432,8 @@ def scaled_dot_product_attention(
     rounds the results once, as PyTorch's CPU SDPA on bf16).
 
     attn_mask: bool (True = may attend) or float (added to the scores: float32,
-        or query's dtype), broadcastable to (N, ..., Hq, L, S). A bool mask, or
-        a bf16 one, is converted to an additive float32 mask of its own shape
+        or query's dtype), broadcastable to (N, ..., Hq, L, S). A bool mask is
+        read in place (a byte per value); a bf16 one is converted to float32
         (a copy of the mask only).
     dropout_p: in [0, 1). The noise comes from attn's counter-based Philox
         stream (not PyTorch's), keyed by a seed drawn from torch's default

@@ -110,3 +110,22 @@ def test_what_does_not_broadcast_is_refused(sq, sk):
     with pytest.raises(RuntimeError, match="key and value must have the same number of heads"):
         attn.scaled_dot_product_attention(torch.randn(2, 3, 9, 8), torch.randn(2, 2, 11, 8),
                                           torch.randn(2, 3, 11, 8))
+
+
+def test_bool_masks_reach_the_kernel_in_place():
+    """A bool attn_mask crosses as its own bytes (a view of its storage, the
+    broadcast dims stride 0), never widened to a float plane; a transposed
+    one keeps its strides."""
+    from attn._sdpa import _prepare
+    q, k = torch.randn(2, 3, 9, 8), torch.randn(2, 3, 11, 8)
+    for mask in (torch.rand(9, 11) < 0.5, torch.rand(2, 1, 1, 11) < 0.5,
+                 (torch.rand(11, 9) < 0.5).t()):
+        call = _prepare(q, k, k, mask, 0.0, False, None, False, None, None, 0.0, "top_left",
+                        None)
+        assert call.mask.dtype == torch.bool and call.mask.dim() == 4
+        assert call.mask.data_ptr() == mask.data_ptr()
+        assert call.mask.stride()[-2:] == mask.stride()[-2:]
+        got = attn.scaled_dot_product_attention(q, k, k, attn_mask=mask)
+        want = attn.scaled_dot_product_attention(
+            q, k, k, attn_mask=torch.zeros(mask.shape).masked_fill(~mask, float("-inf")))
+        assert torch.equal(got, want)

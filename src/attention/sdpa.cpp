@@ -118,8 +118,9 @@ bool core_serves(const Sizes& s, const SdpaOptions& o) {
 // The same rule on a raw problem (its scale already resolved; varlen never).
 template <class T>
 bool core_serves(const SdpaProblemT<T>& p) {
+  // (A boolean mask goes to the sdpa kernel, which reads it in place.)
   const bool plain = !p.alibi_slopes && p.softcap == 0.0f && p.window_left == -1 &&
-                     p.window_right == -1 && !p.cu_seqlens_q && !p.cu_seqlens_k;
+                     p.window_right == -1 && !p.cu_seqlens_q && !p.cu_seqlens_k && !p.bool_mask;
   return core_takes({p.B, p.Hq, p.Hkv, p.Tq, p.Tk, p.D, p.Dv}, plain, p.scale);
 }
 
@@ -383,12 +384,19 @@ SdpaOptions as_run(const SdpaOptions& options, const Sizes& s) {
 template <class T>
 SdpaProblemT<T> as_run(const SdpaProblemT<T>& p) {
   const SdpaStrides& ms = p.mask_strides;
-  if (!p.mask || p.is_causal || p.cu_seqlens_q || p.Tq != p.Tk || p.window_left != -1 ||
-      p.window_right != -1 || (ms.b != 0 && p.B > 1) || (ms.h != 0 && p.Hq > 1) ||
-      !plane_is_causal(p.mask, p.Tq, ms.t, ms.d, additive_open, additive_closed))
+  if ((!p.mask && !p.bool_mask) || p.is_causal || p.cu_seqlens_q || p.Tq != p.Tk ||
+      p.window_left != -1 || p.window_right != -1 || (ms.b != 0 && p.B > 1) ||
+      (ms.h != 0 && p.Hq > 1))
     return p;
+  const bool causal =
+      p.mask ? plane_is_causal(p.mask, p.Tq, ms.t, ms.d, additive_open, additive_closed)
+             : plane_is_causal(
+                   p.bool_mask, p.Tq, ms.t, ms.d, [](uint8_t y) { return y != 0; },
+                   [](uint8_t y) { return y == 0; });
+  if (!causal) return p;
   SdpaProblemT<T> r = p;
   r.mask = nullptr;
+  r.bool_mask = nullptr;
   r.mask_strides = {};
   r.is_causal = true;
   r.causal_alignment = CausalAlignment::kTopLeft;

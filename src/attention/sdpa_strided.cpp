@@ -66,8 +66,9 @@ void set_alibi(const char* who, SdpaProblemT<T>& p, const StridedTensor& alibi, 
   p.alibi_b_stride = per_row ? alibi.strides()[0] : 0;
 }
 
-// The raw problem over q, k, v (4-D, one dtype), the optional additive fp32
-// mask (4-D, each size 1 or full) and ALiBi slopes ((Hq) or (B, Hq), fp32, last stride 1).
+// The raw problem over q, k, v (4-D, one dtype), the optional mask (4-D, each
+// size 1 or full: an additive float32 one, or a bool one read in place) and ALiBi slopes ((Hq) or
+// (B, Hq), fp32, last stride 1).
 template <class T>
 SdpaProblemT<T> problem(const char* who, const StridedTensor& q, const StridedTensor& k,
                         const StridedTensor& v, const StridedTensor* mask,
@@ -86,8 +87,10 @@ SdpaProblemT<T> problem(const char* who, const StridedTensor& q, const StridedTe
   p.q_strides = strides4(q), p.k_strides = strides4(k), p.v_strides = strides4(v);
   if (mask) {
     const std::vector<int64_t> full{B, Hq, Tq, Tk};
-    if (mask->sizes().size() != 4 || mask->dtype() != "float32")
-      fail(who, "attn_mask must reach the kernel as a 4-D float32 additive mask");
+    const bool boolean = mask->dtype() == "bool";
+    if (mask->sizes().size() != 4 || (mask->dtype() != "float32" && !boolean))
+      fail(who,
+           "attn_mask must reach the kernel as a 4-D float32 additive mask or a 4-D bool mask");
     int64_t st[4];
     for (size_t d = 0; d < 4; ++d) {
       if (mask->sizes()[d] != 1 && mask->sizes()[d] != full[d])
@@ -95,7 +98,10 @@ SdpaProblemT<T> problem(const char* who, const StridedTensor& q, const StridedTe
                               fmt::join(mask->sizes(), ", "), fmt::join(full, ", ")));
       st[d] = mask->sizes()[d] == 1 ? 0 : mask->strides()[d];
     }
-    p.mask = mask->data<const float>();
+    if (boolean)
+      p.bool_mask = mask->data<const uint8_t>();
+    else
+      p.mask = mask->data<const float>();
     p.mask_strides = {st[0], st[1], st[2], st[3]};
   }
   if (alibi) set_alibi(who, p, *alibi, B, "B");

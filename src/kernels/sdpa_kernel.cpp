@@ -366,53 +366,118 @@ std::pair<const float*, size_t> CachedTileRows(float* HWY_RESTRICT buf, WideTag&
 // The additive mask, classified once per call in blocks of kMaskBlock queries x
 // kMaskBlock keys of each mask plane (the (b, h) pairs its strides tell apart:
 // a (Tq, Tk) mask broadcast over batch and heads is one plane): whether a block
-// holds a value that is open and one other than 0 (it adds something). Closed
-// is what kernels/sdpa_mask.h says: -inf, or a value whose base-2 product
-// overflows to -inf, such as transformers' float32 minimum. A tile whose
-// blocks are all closed changes nothing (its weights are exactly 0: the
-// running max, sum and output keep their bits; backward adds exact zeros), so
-// forward and backward skip it: a padding, block-diagonal or causal mask costs
-// only the tiles it leaves open. A tile whose blocks add nothing (below a
-// causal pattern's diagonal, a padding mask's open keys) skips the add (x + 0
-// = x). A tile that is not aligned to the blocks (at a window's edge) is judged
-// by the blocks it touches: never skipped wrongly. The mask is read once a
-// call, in vectors along its rows, instead of a scan of each (b, h, tile) in
-// turn: 12 heads sharing a 64 MB mask (T = 4096) read it 12 times and more
-// (forward and backward).
+// holds an open value, a closed one, and a value that adds something (open and
+// not 0). Closed is what kernels/sdpa_mask.h says: -inf, or a value whose
+// base-2 product overflows to -inf, such as transformers' float32 minimum. A
+// tile whose blocks are all closed changes nothing (its weights are exactly 0:
+// the running max, sum and output keep their bits; backward adds exact zeros),
+// so forward and backward skip it: a padding, block-diagonal or causal mask
+// costs only the tiles it leaves open. A tile whose blocks are all open with 0
+// (below a causal pattern's diagonal, a padding mask's open keys) skips the
+// mask (x + 0 = x). A tile that is not aligned to the blocks (at a window's
+// edge) is judged by the blocks it touches: never skipped wrongly. The mask is
+// read once a call, in vectors along its rows, instead of a scan of each (b,
+// h, tile) in turn: 12 heads sharing a 64 MB mask (T = 4096) read it 12 times
+// and more (forward and backward).
+//
+// For the forward, whose scores are key-major (lanes are queries), the same
+// pass also writes the mask's pattern as bits in key-major order: bit i of a
+// key's row says whether query i may see it. Where a tile's values are all 0
+// or closed (a bool mask, a 0 / -inf one, transformers' padding masks) the
+// forward closes its scores by these bits, a vector select per N scores,
+// instead of reading a float per score across the mask's rows (a strided
+// scalar add was ~60% of a T = 4096 forward under a random mask). The bits
+// are 1/32 of the mask's plane, so 12 heads reading them stay in cache.
 constexpr size_t kMaskBlock = 16;
+
+// An 8 x 8 bit matrix (byte r = row r, bit c = column c) transposed: bit c of
+// byte r moves to bit r of byte c (Hacker's Delight, transpose8).
+inline uint64_t TransposeBits8x8(uint64_t x) {
+  x = (x & 0xAA55AA55AA55AA55ull) | ((x & 0x00AA00AA00AA00AAull) << 7) |
+      ((x >> 7) & 0x00AA00AA00AA00AAull);
+  x = (x & 0xCCCC3333CCCC3333ull) | ((x & 0x0000CCCC0000CCCCull) << 14) |
+      ((x >> 14) & 0x0000CCCC0000CCCCull);
+  x = (x & 0xF0F0F0F00F0F0F0Full) | ((x & 0x00000000F0F0F0F0ull) << 28) |
+      ((x >> 28) & 0x00000000F0F0F0F0ull);
+  return x;
+}
 
 class MaskBlocks {
  public:
   MaskBlocks() = default;  // no mask: nothing hidden, nothing added
+  // with_bits: also the key-major open bits (the forward's).
   template <class T>
-  explicit MaskBlocks(const SdpaProblemT<T>& p);
-  // Whether the mask is -inf on every (i, j) of queries [i0, i0 + in) x keys
-  // [j0, j0 + jn) of head (b, h); whether it is 0 there (or there is no mask).
+  MaskBlocks(const SdpaProblemT<T>& p, bool with_bits);
+  // Whether the mask is closed on every (i, j) of queries [i0, i0 + in) x keys
+  // [j0, j0 + jn) of head (b, h); whether it is 0 there (or there is no mask);
+  // whether every value there is 0 or closed (OpenBits then tell them apart).
   bool Hidden(int64_t b, int64_t h, size_t i0, size_t in, size_t j0, size_t jn) const {
     return masked_ && (Flags(b, h, i0, in, j0, jn) & kOpen) == 0;
   }
   bool AddsNothing(int64_t b, int64_t h, size_t i0, size_t in, size_t j0, size_t jn) const {
-    return !masked_ || (Flags(b, h, i0, in, j0, jn) & kNonZero) == 0;
+    return !masked_ || (Flags(b, h, i0, in, j0, jn) & (kClosed | kAdds)) == 0;
+  }
+  bool OnlyClosesKeys(int64_t b, int64_t h, size_t i0, size_t in, size_t j0, size_t jn) const {
+    return !bits_.empty() && (Flags(b, h, i0, in, j0, jn) & kAdds) == 0;
+  }
+  // Key j's row of open bits in head (b, h)'s plane: bit i % 8 of byte i / 8
+  // is whether query i sees key j (0 past Tq, up to a whole tile).
+  const uint8_t* OpenBits(int64_t b, int64_t h, size_t j) const {
+    return bits_.data() + (Plane(b, h) * nkeys_ + j) * row_bytes_;
   }
 
  private:
-  static constexpr uint8_t kOpen = 1, kNonZero = 2;
+  static constexpr uint8_t kOpen = 1, kClosed = 2, kAdds = 4;
+  size_t Plane(int64_t b, int64_t h) const {
+    return size_t(per_b_ ? b : 0) * planes_h_ + size_t(per_h_ ? h : 0);
+  }
   uint8_t Flags(int64_t b, int64_t h, size_t i0, size_t in, size_t j0, size_t jn) const {
-    const size_t plane = size_t(per_b_ ? b : 0) * planes_h_ + size_t(per_h_ ? h : 0);
-    const uint8_t* f = flags_.data() + plane * nbi_ * nbj_;
+    const uint8_t* f = flags_.data() + Plane(b, h) * nbi_ * nbj_;
     uint8_t flags = 0;
     for (size_t bi = i0 / kMaskBlock; bi <= (i0 + in - 1) / kMaskBlock; ++bi)
       for (size_t bj = j0 / kMaskBlock; bj <= (j0 + jn - 1) / kMaskBlock; ++bj)
         flags |= f[bi * nbj_ + bj];
     return flags;
   }
+  // Classifies the blocks (and writes the bits) of an additive or boolean mask.
+  template <class M>
+  void Scan(const M* mask, const SdpaStrides& ms, size_t planes, size_t Tq, size_t Tk);
   bool masked_ = false, per_b_ = false, per_h_ = false;
-  size_t planes_h_ = 1, nbi_ = 0, nbj_ = 0;
+  size_t planes_h_ = 1, nbi_ = 0, nbj_ = 0, nkeys_ = 0, row_bytes_ = 0;
   std::vector<uint8_t> flags_;  // (plane, block row, block column)
+  std::vector<uint8_t> bits_;   // (plane, key, query byte)
 };
 
+// Which of the N mask values at x close their key (kernels/sdpa_mask.h for an
+// additive mask, false for a boolean one); `adds`: whether one of them is open
+// and not 0 (never, for a boolean mask).
+HWY_INLINE hn::Mask<DF> ClosedLanes(const float* HWY_RESTRICT x, bool& adds) {
+  const DF d;
+  const VF v = hn::LoadU(d, x);
+  const auto closes = hn::Eq(hn::Mul(hn::Set(d, kMaskLog2e), v), hn::Set(d, kNegInf));
+  adds = !hn::AllTrue(d, hn::Or(closes, hn::Eq(v, hn::Zero(d))));
+  return closes;
+}
+HWY_INLINE hn::Mask<DF> ClosedLanes(const uint8_t* HWY_RESTRICT x, bool& adds) {
+  const DF d;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::Rebind<uint8_t, DF> d8;
+  adds = false;
+  return hn::RebindMask(d, hn::Eq(hn::PromoteTo(du, hn::LoadU(d8, x)), hn::Zero(du)));
+}
+inline bool Closes(float x, bool& adds) {
+  const bool closes = mask_value_closes(x);
+  adds = !closes && x != 0.0f;
+  return closes;
+}
+inline bool Closes(uint8_t x, bool& adds) {
+  adds = false;
+  return x == 0;
+}
+
 template <class T>
-MaskBlocks::MaskBlocks(const SdpaProblemT<T>& p) : masked_(p.mask != nullptr) {
+MaskBlocks::MaskBlocks(const SdpaProblemT<T>& p, bool with_bits)
+    : masked_(p.mask != nullptr || p.bool_mask != nullptr) {
   if (!masked_) return;
   const SdpaStrides& ms = p.mask_strides;
   per_b_ = ms.b != 0, per_h_ = ms.h != 0;  // a broadcast axis has stride 0
@@ -421,6 +486,21 @@ MaskBlocks::MaskBlocks(const SdpaProblemT<T>& p) : masked_(p.mask != nullptr) {
   const size_t Tq = size_t(p.Tq), Tk = size_t(p.Tk);
   nbi_ = (Tq + kMaskBlock - 1) / kMaskBlock, nbj_ = (Tk + kMaskBlock - 1) / kMaskBlock;
   flags_.assign(planes * nbi_ * nbj_, 0);
+  if (with_bits) {
+    // A row covers the query tiles (Tq rounded up to Br) and 8 bytes more,
+    // so a vector's bits are read whole at the last tile.
+    nkeys_ = Tk, row_bytes_ = RoundUp(Tq, kBr) / 8 + 8;
+    bits_.assign(planes * nkeys_ * row_bytes_, 0);
+  }
+  if (p.mask)
+    Scan(p.mask, ms, planes, Tq, Tk);
+  else
+    Scan(p.bool_mask, ms, planes, Tq, Tk);
+}
+
+template <class M>
+void MaskBlocks::Scan(const M* mask, const SdpaStrides& ms, size_t planes, size_t Tq, size_t Tk) {
+  uint8_t* const bits = bits_.empty() ? nullptr : bits_.data();
   const int64_t block_rows = int64_t(planes * nbi_);
 #ifdef _OPENMP
   const bool parallel = block_rows > 1 && !omp_in_parallel();
@@ -431,25 +511,58 @@ MaskBlocks::MaskBlocks(const SdpaProblemT<T>& p) : masked_(p.mask != nullptr) {
     const int64_t b = int64_t(plane / planes_h_), h = int64_t(plane % planes_h_);
     uint8_t* f = flags_.data() + size_t(r) * nbj_;
     const DF d;
-    // mask_value_closes in vectors: log2(e) · x == -inf.
-    const VF closed = hn::Set(d, kNegInf), zero = hn::Zero(d), l2e = hn::Set(d, kMaskLog2e);
-    for (size_t i = bi * kMaskBlock; i < std::min(Tq, (bi + 1) * kMaskBlock); ++i) {
-      const float* mrow = p.mask + b * ms.b + h * ms.h + int64_t(i) * ms.t;
+    // The block's rows a byte of queries at a time: i8 .. i8 + rows.
+    for (size_t i8 = bi * kMaskBlock; i8 < std::min(Tq, (bi + 1) * kMaskBlock); i8 += 8) {
+      const size_t rows = std::min<size_t>(8, Tq - i8);
+      const M* mrow[8];
+      for (size_t rr = 0; rr < rows; ++rr)
+        mrow[rr] = mask + b * ms.b + h * ms.h + int64_t(i8 + rr) * ms.t;
+      // This byte of queries in key j's row of bits: byte_of_key[j · row_bytes_].
+      uint8_t* byte_of_key = bits ? bits + plane * nkeys_ * row_bytes_ + i8 / 8 : nullptr;
       for (size_t bj = 0; bj < nbj_; ++bj) {
         const size_t j1 = std::min(Tk, (bj + 1) * kMaskBlock);
         uint8_t flags = 0;
         size_t j = bj * kMaskBlock;
         if (ms.d == 1) {
           for (; j + kN <= j1; j += kN) {
-            const VF x = hn::LoadU(d, mrow + j);
-            if (!hn::AllTrue(d, hn::Eq(hn::Mul(l2e, x), closed))) flags |= kOpen;
-            if (!hn::AllTrue(d, hn::Eq(x, zero))) flags |= kNonZero;
+            uint64_t open_bits[8] = {};  // row rr: bit c = key j + c open
+            for (size_t rr = 0; rr < rows; ++rr) {
+              bool adds;
+              const auto closes = ClosedLanes(mrow[rr] + j, adds);
+              if (!hn::AllTrue(d, closes)) flags |= kOpen;
+              if (!hn::AllFalse(d, closes)) flags |= kClosed;
+              if (adds) flags |= kAdds;
+              if (byte_of_key) {
+                uint8_t lanes[8] = {};
+                hn::StoreMaskBits(d, hn::Not(closes), lanes);
+                std::memcpy(&open_bits[rr], lanes, sizeof(uint64_t));
+              }
+            }
+            if (!byte_of_key) continue;
+            // 8 keys at a time: the rows' bytes for them, transposed into a
+            // byte of query bits per key.
+            for (size_t c = 0; c < kN; c += 8) {
+              uint64_t m = 0;
+              for (size_t rr = 0; rr < rows; ++rr) m |= ((open_bits[rr] >> c) & 0xFF) << (8 * rr);
+              m = TransposeBits8x8(m);
+              for (size_t cc = 0; cc < std::min<size_t>(8, kN - c); ++cc)
+                byte_of_key[(j + c + cc) * row_bytes_] = uint8_t(m >> (8 * cc));
+            }
           }
         }
         for (; j < j1; ++j) {
-          const float x = mrow[int64_t(j) * ms.d];
-          if (!mask_value_closes(x)) flags |= kOpen;
-          if (x != 0.0f) flags |= kNonZero;
+          uint8_t byte = 0;
+          for (size_t rr = 0; rr < rows; ++rr) {
+            bool adds;
+            if (Closes(mrow[rr][int64_t(j) * ms.d], adds)) {
+              flags |= kClosed;
+            } else {
+              flags |= kOpen;
+              byte |= uint8_t(1u << rr);
+            }
+            if (adds) flags |= kAdds;
+          }
+          if (byte_of_key) byte_of_key[j * row_bytes_] = byte;
         }
         f[bj] |= flags;
       }
@@ -619,14 +732,46 @@ void ScoreMods(const SdpaProblemT<T>& p, const MaskBlocks& mask_blocks, int64_t 
         hn::Store(hn::MulAdd(slope, dist, hn::Load(d, sp)), d, sp);
       }
   }
-  if (!mask_blocks.AddsNothing(b, h, i0, in, j0, jn)) {
-    const SdpaStrides& ms = p.mask_strides;
-    for (size_t ii = 0; ii < in; ++ii) {
-      const float* mrow = p.mask + b * ms.b + h * ms.h + int64_t(i0 + ii) * ms.t;
-      for (size_t jj = 0; jj < jn; ++jj)
-        sT[jj * kBr + ii] += kLog2e * mrow[int64_t(j0 + jj) * ms.d];
+  if (mask_blocks.AddsNothing(b, h, i0, in, j0, jn)) return;
+  if (mask_blocks.OnlyClosesKeys(b, h, i0, in, j0, jn)) {  // scores of closed keys -> -inf
+    const VF closed = hn::Set(d, kNegInf);
+    for (size_t jj = 0; jj < jn; ++jj) {
+      const uint8_t* open = mask_blocks.OpenBits(b, h, j0 + jj);
+      for (size_t v0 = 0; v0 < kBr; v0 += kN) {
+        const size_t i = i0 + v0;
+        float* sp = sT + jj * kBr + v0;
+        if constexpr (kN % 8 == 0) {
+          hn::Store(hn::IfThenElse(hn::LoadMaskBits(d, open + i / 8), hn::Load(d, sp), closed), d,
+                    sp);
+        } else {  // fewer than 8 lanes: this vector's bits moved to the byte's bottom
+          const uint8_t lanes[8] = {uint8_t(open[i / 8] >> (i % 8))};
+          hn::Store(hn::IfThenElse(hn::LoadMaskBits(d, lanes), hn::Load(d, sp), closed), d, sp);
+        }
+      }
     }
+    return;
   }
+  // Values to add: each row of Sᵀ gathers its keys' values down the mask's
+  // query axis (lanes past the tile's `in` queries repeat the last one).
+  const SdpaStrides& ms = p.mask_strides;
+  const float* m0 = p.mask + b * ms.b + h * ms.h + int64_t(i0) * ms.t + int64_t(j0) * ms.d;
+  if (std::abs(ms.t) <= int64_t(std::numeric_limits<int32_t>::max() / int64_t(kBr))) {
+    const hn::RebindToSigned<DF> di;
+    const VF l2e = hn::Set(d, kLog2e);
+    for (size_t v0 = 0; v0 < in; v0 += kN) {
+      const auto lane = hn::Min(hn::Iota(di, 0), hn::Set(di, int32_t(in - 1 - v0)));
+      const auto offset = hn::Mul(lane, hn::Set(di, int32_t(ms.t)));
+      for (size_t jj = 0; jj < jn; ++jj) {
+        const float* base = m0 + int64_t(v0) * ms.t + int64_t(jj) * ms.d;
+        float* sp = sT + jj * kBr + v0;
+        hn::Store(hn::MulAdd(l2e, hn::GatherIndex(d, base, offset), hn::Load(d, sp)), d, sp);
+      }
+    }
+    return;
+  }
+  for (size_t ii = 0; ii < in; ++ii)
+    for (size_t jj = 0; jj < jn; ++jj)
+      sT[jj * kBr + ii] += kLog2e * m0[int64_t(ii) * ms.t + int64_t(jj) * ms.d];
 }
 
 // One query tile [i0, i0 + in) against keys [j0, j0 + jn): scores, online
@@ -913,7 +1058,7 @@ void ForwardOn(const SdpaOutputT<T>& out, const SdpaProblemT<T>& p) {
     return;
   }
   const Band band = MakeBand(p);
-  const MaskBlocks mask_blocks(p);
+  const MaskBlocks mask_blocks(p, /*with_bits=*/true);
   const size_t D = size_t(p.D), Dvp = RoundUp(size_t(p.Dv), kN);
   const int64_t n_qt = (p.Tq + int64_t(kBr) - 1) / int64_t(kBr);
   const int64_t n_groups = (n_qt + int64_t(kGroupFwd) - 1) / int64_t(kGroupFwd);
@@ -1216,7 +1361,7 @@ void TilePair(const HeadView<T>& hv, const BackwardProblem<T>& bp, size_t j0, si
         hn::Store(hn::MulAdd(slope, dist, hn::Load(d, Si + v0)), d, Si + v0);
       }
     }
-    if (adds_mask) {
+    if (adds_mask && p.mask) {
       const SdpaStrides& ms = p.mask_strides;
       const float* mrow = p.mask + hv.b * ms.b + hv.h * ms.h + int64_t(i) * ms.t;
       size_t jj = 0;
@@ -1227,6 +1372,19 @@ void TilePair(const HeadView<T>& hv, const BackwardProblem<T>& bp, size_t j0, si
                     Si + jj);
       }
       for (; jj < jn; ++jj) Si[jj] += kLog2e * mrow[int64_t(j0 + jj) * ms.d];
+    } else if (adds_mask) {  // boolean: the closed keys' scores -> -inf
+      const SdpaStrides& ms = p.mask_strides;
+      const uint8_t* mrow = p.bool_mask + hv.b * ms.b + hv.h * ms.h + int64_t(i) * ms.t;
+      size_t jj = 0;
+      if (ms.d == 1) {
+        const VF closed = hn::Set(d, kNegInf);
+        bool adds;
+        for (; jj + kN <= jn; jj += kN)
+          hn::Store(hn::IfThenElse(ClosedLanes(mrow + j0 + jj, adds), closed, hn::Load(d, Si + jj)),
+                    d, Si + jj);
+      }
+      for (; jj < jn; ++jj)
+        if (mrow[int64_t(j0 + jj) * ms.d] == 0) Si[jj] = kNegInf;
     }
     const VF lse_i = hn::Set(d, hv.lse2[i]);
     const VF D_i = hn::Set(d, hv.Drow[i]);
@@ -1606,7 +1764,7 @@ void SdpaBackwardImpl(const SdpaBackwardIOT<T>& io, const SdpaProblemT<T>& p) {
       }
     }
   }
-  const MaskBlocks mask_blocks(p);
+  const MaskBlocks mask_blocks(p, /*with_bits=*/false);
   BackwardProblem<T> bp{};
   bp.p = &p;
   bp.band = MakeBand(p);
@@ -1960,9 +2118,11 @@ void check_problem(const SdpaProblemT<T>& p) {
   const int64_t min_t = p.cu_seqlens_q ? 0 : 1;
   if (p.B < 1 || p.Hq < 1 || p.Hkv < 1 || p.Tq < min_t || p.Tk < min_t || p.D < 1 || p.Dv < 1)
     throw std::invalid_argument(where + "every size must be >= 1");
-  if (bool(p.cu_seqlens_q) != bool(p.cu_seqlens_k) || (p.cu_seqlens_q && p.mask))
+  if (bool(p.cu_seqlens_q) != bool(p.cu_seqlens_k) || (p.cu_seqlens_q && (p.mask || p.bool_mask)))
     throw std::invalid_argument(
         where + "a varlen problem needs cu_seqlens_q and cu_seqlens_k, and no mask");
+  if (p.mask && p.bool_mask)
+    throw std::invalid_argument(where + "an additive mask and a boolean mask are both given");
   if (p.Hq % p.Hkv != 0)
     throw std::invalid_argument(where + "Hq (" + std::to_string(p.Hq) +
                                 ") must be a multiple of Hkv (" + std::to_string(p.Hkv) + ")");

@@ -53,10 +53,9 @@ void row_scores(std::vector<float>& s, std::vector<float>& t, const SdpaProblem&
     }
     if (p.alibi_slopes)
       sij -= p.alibi_slopes[b * p.alibi_b_stride + h] * float(std::llabs(i + delta - j));
-    if (p.mask) {
-      const SdpaStrides& m = p.mask_strides;
-      sij += p.mask[b * m.b + h * m.h + i * m.t + j * m.d];
-    }
+    const SdpaStrides& m = p.mask_strides;
+    if (p.mask) sij += p.mask[b * m.b + h * m.h + i * m.t + j * m.d];
+    if (p.bool_mask && p.bool_mask[b * m.b + h * m.h + i * m.t + j * m.d] == 0) sij = kNegInf;
     if (!in_band(p, i, j)) sij = kNegInf;
     s[size_t(j)] = sij;
   }

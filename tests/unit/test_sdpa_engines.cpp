@@ -30,6 +30,7 @@
 
 #include "attn/kernels.h"
 #include "attn/sdpa.h"
+#include "attn/sdpa_strided.h"
 #include "attn/tensor.h"
 #include "bf16_path_guard.h"
 #include "bits.h"
@@ -346,6 +347,115 @@ TEST(SdpaEngines, EveryCaseOnEveryEngine) {
   }
   for (const auto& [name, r] : worst)
     std::cout << "[sdpa engines] " << name << ": largest error / bound " << r << "\n";
+}
+
+// A bool mask through the strided front door (PyTorch's bool attn_mask, as the
+// Python binding passes it) is read where it lies, a byte per value: on every
+// engine it gives the bits of the same pattern as an additive 0 / -inf mask,
+// forward and backward, whatever its layout (one plane shared by every head,
+// a plane per head with a row that sees no key and true stored as 7, a padding
+// mask broadcast over queries, a transposed one), and the fp32 engines agree
+// with the reference.
+TEST(SdpaEngines, BoolMasksReadInPlaceGiveTheirAdditiveFormsBits) {
+  const int64_t B = 2, Hq = 4, Hkv = 2, Tq = 70, Tk = 133, D = 32;
+  struct Layout {
+    const char* name;
+    std::vector<int64_t> sizes;  // 4-D
+    bool transposed = false;     // stored (keys, queries): key stride Tq
+    bool causal_window = false;  // bottom-right causal with a window of 40
+  };
+  const std::vector<Layout> layouts = {
+      {"(Tq, Tk) shared", {1, 1, Tq, Tk}},
+      {"(B, Hq, Tq, Tk) per head", {B, Hq, Tq, Tk}},
+      {"(B, 1, 1, Tk) padding", {B, 1, 1, Tk}},
+      {"(Tq, Tk) transposed", {1, 1, Tq, Tk}, true},
+      {"(Tq, Tk) shared, causal window", {1, 1, Tq, Tk}, false, true},
+  };
+  const Tensor q = randn({B, Hq, Tq, D}, 71), k = randn({B, Hkv, Tk, D}, 72),
+               v = randn({B, Hkv, Tk, D}, 73), dout = randn({B, Hq, Tq, D}, 74);
+  const Tensor u = randn({B, Hq, Tq, Tk}, 75);
+  const char* who = "test";
+  for (const Layout& L : layouts) {
+    SCOPED_TRACE(L.name);
+    const std::vector<int64_t>& n = L.sizes;
+    const int64_t count = n[0] * n[1] * n[2] * n[3];
+    // The pattern at (b, h, i, j) of the mask's own sizes; row (1, 3, 5) sees no key.
+    std::vector<uint8_t> open(static_cast<size_t>(count));
+    std::vector<int64_t> st = {n[1] * n[2] * n[3], n[2] * n[3], n[3], 1};
+    if (L.transposed) st = {n[1] * n[2] * n[3], n[2] * n[3], 1, n[2]};
+    std::vector<float> additive(static_cast<size_t>(count));
+    for (int64_t b = 0; b < n[0]; ++b)
+      for (int64_t h = 0; h < n[1]; ++h)
+        for (int64_t i = 0; i < n[2]; ++i)
+          for (int64_t j = 0; j < n[3]; ++j) {
+            const bool no_key = n[1] > 1 && b == 1 && h == 3 && i == 5;
+            const bool is_open = !no_key && (j == i || u.at({b, h, i, j}) > 0.0f);
+            const size_t at = size_t(b * st[0] + h * st[1] + i * st[2] + j * st[3]);
+            open[at] = is_open ? (j % 3 == 0 ? 7 : 1) : 0;
+            additive[at] = is_open ? 0.0f : -std::numeric_limits<float>::infinity();
+          }
+    const attn::StridedTensor bool_mask(who, "attn_mask", reinterpret_cast<uintptr_t>(open.data()),
+                                        "bool", n, st);
+    const attn::StridedTensor float_mask(
+        who, "attn_mask", reinterpret_cast<uintptr_t>(additive.data()), "float32", n, st);
+    SdpaOptions o;
+    o.enable_gqa = true;
+    if (L.causal_window) {
+      o.is_causal = true, o.causal_alignment = CausalAlignment::kBottomRight, o.window_left = 40;
+    }
+    for (const Engine& e : engines()) {
+      SCOPED_TRACE(e.name);
+      const EngineGuard guard(e);
+      auto run_with = [&](const attn::StridedTensor& mask) {
+        Result r;
+        const Tensor qe = q.to(e.dtype), ke = k.to(e.dtype), ve = v.to(e.dtype),
+                     de = dout.to(e.dtype);
+        r.out = Tensor::zeros({B, Hq, Tq, D}).to(e.dtype), r.lse = Tensor::zeros({B, Hq, Tq});
+        r.dq = Tensor::zeros({B, Hq, Tq, D}).to(e.dtype);
+        r.dk = Tensor::zeros({B, Hkv, Tk, D}).to(e.dtype);
+        r.dv = Tensor::zeros({B, Hkv, Tk, D}).to(e.dtype);
+        const std::string dt = e.dtype == kF32 ? "float32" : "bfloat16";
+        auto ref = [&](const char* name, const Tensor& t) {
+          const uintptr_t data = e.dtype == kF32 || name == std::string("lse")
+                                     ? reinterpret_cast<uintptr_t>(t.data_ptr<float>())
+                                     : reinterpret_cast<uintptr_t>(t.data_ptr<attn::BFloat16>());
+          std::vector<int64_t> strides(t.shape().size());
+          for (size_t d = 0; d < strides.size(); ++d) strides[d] = t.stride(int64_t(d));
+          return attn::StridedTensor(who, name, data, name == std::string("lse") ? "float32" : dt,
+                                     t.shape(), strides);
+        };
+        attn::sdpa_forward_strided(who, ref("q", qe), ref("k", ke), ref("v", ve), ref("out", r.out),
+                                   ref("lse", r.lse), &mask, nullptr, o);
+        attn::sdpa_backward_strided(who, ref("dout", de), ref("q", qe), ref("k", ke), ref("v", ve),
+                                    ref("out", r.out), ref("lse", r.lse), ref("dq", r.dq),
+                                    ref("dk", r.dk), ref("dv", r.dv), &mask, nullptr, o);
+        return r;
+      };
+      const Result got = run_with(bool_mask), want = run_with(float_mask);
+      EXPECT_TRUE(same_bits(got.out, want.out)) << "out";
+      EXPECT_TRUE(same_bits(got.lse, want.lse)) << "lse";
+      EXPECT_TRUE(same_bits(got.dq, want.dq)) << "dq";
+      EXPECT_TRUE(same_bits(got.dk, want.dk)) << "dk";
+      EXPECT_TRUE(same_bits(got.dv, want.dv)) << "dv";
+      if (e.check != Check::kFp32) continue;
+      // The reference on the additive form, through the Tensor entry points.
+      Inputs in;
+      in.q = q, in.k = k, in.v = v, in.dout = dout, in.o = o;
+      Tensor m({n[0], n[1], n[2], n[3]});
+      for (int64_t b = 0; b < n[0]; ++b)
+        for (int64_t h = 0; h < n[1]; ++h)
+          for (int64_t i = 0; i < n[2]; ++i)
+            for (int64_t j = 0; j < n[3]; ++j)
+              m.at({b, h, i, j}) = additive[size_t(b * st[0] + h * st[1] + i * st[2] + j * st[3])];
+      in.o.attn_mask = m;
+      const Result ref = run(in, kF32, SdpaBackend::kReference);
+      EXPECT_LE(ratio(got.out, ref.out, 2e-5, 1.0), 1.0) << "out";
+      EXPECT_LE(lse_ratio(got.lse, ref.lse, 2e-5), 1.0) << "lse";
+      EXPECT_LE(ratio(got.dq, ref.dq, 2e-5, 1.0), 1.0) << "dq";
+      EXPECT_LE(ratio(got.dk, ref.dk, 2e-5, 1.0), 1.0) << "dk";
+      EXPECT_LE(ratio(got.dv, ref.dv, 2e-5, 1.0), 1.0) << "dv";
+    }
+  }
 }
 
 // Each engine's bits do not depend on the thread count.
