@@ -1,8 +1,8 @@
 // The two GEMM engines of attn/gemm.h side by side: the BLAS (OpenBLAS) and
 // the fast engine (oneDNN's sgemm when built with it), and gemm_bf16 (bf16
 // operands, fp32 result; engine 2), on the products one
-// training step of the Shakespeare GPTs makes (docs/performance.md, "Choosing
-// the GEMM"), and on a square 2048³.
+// training step of the Shakespeare GPTs makes (docs/performance.md, "Matrix
+// products"), and on a square 2048³.
 //
 //   ./build/bench/bench_gemm --benchmark_min_time=0.5
 //   OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ./build/bench/bench_gemm

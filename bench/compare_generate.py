@@ -11,7 +11,8 @@ divided by the time per token, over `attn bench --bandwidth`'s rate with the
 same thread count.
 
 The three sides run the same random-weight Hugging Face checkpoint (none of it
-is part of attn; see docs/performance.md for how it is made):
+is part of attn; docs/performance.md, "GPT-2 generation against llama.cpp and
+transformers", says how it is made):
   attn          `attn generate --model HF_DIR --benchmark --json --prompt-tokens 64
                  --max-new-tokens 256 --dtype float32|bfloat16` (random prompt ids; the
                  decode rate is 255 steps / their time; bf16: bf16 KV cache and weights)

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """attn beside llama.cpp (and transformers) on Llama 3 / Qwen3 / Gemma 3 checkpoints:
-prompt processing and decoding, tokens/s, in one run (docs/performance.md, Table 19).
+prompt processing and decoding, tokens/s, in one run (docs/performance.md, "Open models
+against llama.cpp and transformers").
 
 Each model is given as HF_DIR=GGUF: a Hugging Face directory (what
 bench/make_open_model_random.py writes) and the same checkpoint converted by

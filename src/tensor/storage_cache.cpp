@@ -46,7 +46,7 @@ size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 // Blocks from this size on start on a 2 MiB boundary and ask the kernel for
 // transparent huge pages (Linux, where THP is "madvise"): a GPT's weight
 // matrices, streamed once per generated token, then cost one TLB entry per
-// 2 MiB instead of one per 4 KiB page (docs/performance.md, table 10). The
+// 2 MiB instead of one per 4 KiB page (docs/performance.md, "What moved the figures"). The
 // alignment costs address space, not memory: only touched pages are backed.
 constexpr size_t kHugePage = size_t{2} << 20;
 

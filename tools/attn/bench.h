@@ -78,7 +78,7 @@ struct BenchCase {
   // sdpa and sdpa-varlen: a sliding window, the kernels' window_left (-1: none;
   // --sliding-window-size W gives W - 1)
   int64_t window_left = -1;
-  // sdpa only, the cases of docs/performance.md's SDPA table:
+  // sdpa only, the cases of docs/performance.md's "SDPA against PyTorch 2.x SDPA":
   std::string mask = "none";  // "bool" or "float": the causal pattern as a dense (Tq, Tk) mask
                               // instead of is_causal (the kernel skips the tiles it hides)
   bool causal = true;         // is_causal (off: every key; cross-attention)
