@@ -62,14 +62,24 @@ class HfTokenizer {
   // rank file (by its contents); `name` stands for it in messages.
   static HfTokenizer from_file(const std::string& path);
   // A model directory's tokenizer: DIR/tokenizer.json, else DIR/tokenizer.model,
-  // else DIR/original/tokenizer.model (Llama 3's). Throws std::invalid_argument
-  // naming the directory when it has none of them.
+  // else DIR/original/tokenizer.model (Llama 3's); a SentencePiece model with
+  // DIR/tokenizer_config.json's "legacy" (false when absent, as transformers 5).
+  // Throws std::invalid_argument naming the directory when it has none of them.
   static HfTokenizer from_directory(const std::string& dir);
   static HfTokenizer from_json(std::string_view json, const std::string& name = "tokenizer.json");
   // A SentencePiece model's bytes (the ModelProto). Throws std::invalid_argument
-  // naming the file when libsentencepiece cannot read it.
+  // naming the file when libsentencepiece cannot read it. The text between
+  // special tokens is encoded as transformers 5's tokenizer converted from the
+  // model encodes it (Metaspace): spaces kept as they are, and the model's
+  // dummy prefix "▁" in front of text that does not start with a space: of
+  // every piece of text between specials with `legacy` (tokenizer_config.json's,
+  // a Llama tokenizer's old rule, prepend_scheme "always"), else of the text at
+  // the very start only (transformers 5's default, "first"). Decoding drops
+  // one space at the start of the output. Models without a dummy prefix or
+  // whitespace folding (Gemma's) are sentencepiece's own either way.
   static HfTokenizer from_sentencepiece(std::string_view model,
-                                        const std::string& name = "tokenizer.model");
+                                        const std::string& name = "tokenizer.model",
+                                        bool legacy = false);
   // A tiktoken rank file's text, with Llama 3's pattern and special tokens.
   static HfTokenizer from_tiktoken(std::string_view ranks,
                                    const std::string& name = "tokenizer.model");

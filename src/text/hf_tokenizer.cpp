@@ -21,6 +21,7 @@
 
 #include "attn/read_file.h"
 #include "attn/utf8.h"
+#include "text/sentencepiece_proto.h"
 #include "text/vocabulary.h"
 
 namespace attn::text {
@@ -942,6 +943,13 @@ struct HfTokenizer::Impl {
   // is its to encode and decode; normalizer, pre_tokenizer, model and decoder
   // are unused then (model.tokens and model.vocab hold its pieces for lookups).
   std::shared_ptr<const sentencepiece::SentencePieceProcessor> sp;
+  // transformers' rule (from_sentencepiece) for a model that folds whitespace
+  // or has a dummy prefix: the same model with neither, which encodes and
+  // decodes every piece of text; sp_dummy_prefix: whether text gets the "▁"
+  // (the model's add_dummy_prefix): every piece of text between specials
+  // (legacy), or only the one at the very start (sp_prefix_first_only).
+  std::shared_ptr<const sentencepiece::SentencePieceProcessor> sp_plain;
+  bool sp_dummy_prefix = false, sp_prefix_first_only = false;
   int64_t sp_bos = -1;
   std::optional<Normalizer> normalizer;
   std::optional<PreTokenizer> pre_tokenizer;
@@ -1018,12 +1026,21 @@ struct HfTokenizer::Impl {
   }
 };
 
+namespace {
+HfTokenizer load_tokenizer_file(const std::string& path, bool legacy);
+}  // namespace
+
 HfTokenizer HfTokenizer::from_file(const std::string& path) {
+  return load_tokenizer_file(path, false);
+}
+
+namespace {
+HfTokenizer load_tokenizer_file(const std::string& path, bool legacy) {
   const std::string bytes = read_file(path);  // a regular file, at most 4 GiB
   // By the contents: JSON starts with '{'; a rank file is lines of base64, a
   // space and a number; anything else must be a SentencePiece ModelProto.
   const size_t first = bytes.find_first_not_of(" \t\r\n");
-  if (first != std::string::npos && bytes[first] == '{') return from_json(bytes, path);
+  if (first != std::string::npos && bytes[first] == '{') return HfTokenizer::from_json(bytes, path);
   const size_t eol = std::min(bytes.find('\n'), bytes.size());
   const std::string_view line(bytes.data(), eol);
   const size_t space = line.find(' ');
@@ -1035,16 +1052,35 @@ HfTokenizer HfTokenizer::from_file(const std::string& path) {
       std::all_of(line.begin() + static_cast<std::ptrdiff_t>(space) + 1, line.end(), [](char ch) {
         return std::isdigit(static_cast<unsigned char>(ch)) || ch == '\r';
       })) {
-    return from_tiktoken(bytes, path);
+    return HfTokenizer::from_tiktoken(bytes, path);
   }
-  return from_sentencepiece(bytes, path);
+  return HfTokenizer::from_sentencepiece(bytes, path, legacy);
 }
+}  // namespace
 
 HfTokenizer HfTokenizer::from_directory(const std::string& dir) {
+  // tokenizer_config.json's "legacy" (a Llama tokenizer's; false when absent).
+  bool legacy = false;
+  const std::string config = dir + "/tokenizer_config.json";
+  if (std::ifstream(config, std::ios::binary)) {
+    Json j;
+    try {
+      j = Json::parse(read_file(config));
+    } catch (const Json::exception& e) {
+      throw std::invalid_argument(
+          fmt::format("{}: not JSON ({})", named(config), printable(e.what(), 200)));
+    }
+    if (j.is_object() && j.contains("legacy") && !j["legacy"].is_null()) {
+      if (!j["legacy"].is_boolean())
+        throw std::invalid_argument(
+            fmt::format("{}: \"legacy\" must be true or false", named(config)));
+      legacy = j["legacy"].get<bool>();
+    }
+  }
   for (const char* name : {"tokenizer.json", "tokenizer.model", "original/tokenizer.model"}) {
     const std::string path = dir + "/" + name;
     std::ifstream probe(path, std::ios::binary);
-    if (probe) return from_file(path);
+    if (probe) return load_tokenizer_file(path, legacy);
   }
   throw std::invalid_argument(fmt::format(
       "{} has no tokenizer.json, tokenizer.model or original/tokenizer.model", named(dir)));
@@ -1054,18 +1090,29 @@ HfTokenizer HfTokenizer::from_tiktoken(std::string_view ranks, const std::string
   return from_json(tiktoken_to_json(ranks, name), name);
 }
 
-HfTokenizer HfTokenizer::from_sentencepiece(std::string_view model, const std::string& name) {
-  auto sp = std::make_shared<sentencepiece::SentencePieceProcessor>();
-  const auto status = sp->LoadFromSerializedProto(model);
-  if (!status.ok()) {
-    throw std::invalid_argument(fmt::format(
-        "tokenizer {}: not a tokenizer.json, a tiktoken rank file or a SentencePiece model "
-        "(libsentencepiece: {})",
-        named(name), printable(status.ToString(), 200)));
-  }
+HfTokenizer HfTokenizer::from_sentencepiece(std::string_view model, const std::string& name,
+                                            bool legacy) {
+  auto load = [&](std::string_view proto) {
+    auto sp = std::make_shared<sentencepiece::SentencePieceProcessor>();
+    const auto status = sp->LoadFromSerializedProto(proto);
+    if (!status.ok()) {
+      throw std::invalid_argument(fmt::format(
+          "tokenizer {}: not a tokenizer.json, a tiktoken rank file or a SentencePiece model "
+          "(libsentencepiece: {})",
+          named(name), printable(status.ToString(), 200)));
+    }
+    return sp;
+  };
+  const auto sp = load(model);  // (a model libsentencepiece reads is a well-formed message)
   auto impl = std::make_shared<Impl>();
   impl->name = name;
   impl->sp = sp;
+  const SentencePieceNormalizerFlags flags = sentencepiece_normalizer_flags(model, named(name));
+  if (flags.add_dummy_prefix || flags.remove_extra_whitespaces) {
+    impl->sp_plain = load(sentencepiece_without_dummy_prefix(model, named(name)));
+    impl->sp_dummy_prefix = flags.add_dummy_prefix;
+    impl->sp_prefix_first_only = !legacy;
+  }
   impl->sp_bos = sp->bos_id();
   const int n = sp->GetPieceSize();
   impl->vocab_size = n;
@@ -1206,7 +1253,11 @@ std::vector<int64_t> HfTokenizer::encode(std::string_view text, bool add_special
         ids.push_back(s.id);
         continue;
       }
-      const auto status = m.sp->Encode(s.text, &piece_ids);
+      const bool prefix = m.sp_plain && m.sp_dummy_prefix && s.text[0] != ' ' &&
+                          (s.first || !m.sp_prefix_first_only);
+      const auto status = m.sp_plain
+                              ? m.sp_plain->Encode(prefix ? " " + s.text : s.text, &piece_ids)
+                              : m.sp->Encode(s.text, &piece_ids);
       if (!status.ok()) {
         throw std::runtime_error(fmt::format("tokenizer {}: sentencepiece: {}", named(m.name),
                                              printable(status.ToString(), 200)));
@@ -1238,25 +1289,33 @@ std::vector<int64_t> HfTokenizer::encode(std::string_view text, bool add_special
 std::string HfTokenizer::decode(std::span<const int64_t> ids, bool skip_special_tokens) const {
   const Impl& m = *impl_;
   if (m.sp) {  // runs of pieces decoded by sentencepiece, the specials' text between them
+    // (A model with a dummy prefix: the runs on either side of a skipped
+    // special are one run, and only the output's start loses a space, as
+    // transformers' decoder (Replace "▁", ByteFallback, Fuse, Strip) does.)
     std::string out;
     std::vector<int> run;
+    bool at_start = true;
     auto flush = [&] {
       if (run.empty()) return;
       std::string text;
-      const auto status = m.sp->Decode(run, &text);
+      const auto status = m.sp_plain ? m.sp_plain->Decode(run, &text) : m.sp->Decode(run, &text);
       if (!status.ok()) {
         throw std::runtime_error(fmt::format("tokenizer {}: sentencepiece: {}", named(m.name),
                                              printable(status.ToString(), 200)));
       }
+      if (m.sp_plain && m.sp_dummy_prefix && at_start && !text.empty() && text[0] == ' ')
+        text.erase(0, 1);
       out += text;
       run.clear();
+      at_start = false;
     };
     for (const int64_t id : ids) {
       (void)id_to_token(id);  // std::out_of_range for an id outside the model
       const auto it = m.added_by_id.find(id);
       if (it != m.added_by_id.end()) {
+        if (skip_special_tokens && m.sp_plain) continue;
         flush();
-        if (!skip_special_tokens) out += m.added[it->second].content;
+        if (!skip_special_tokens) out += m.added[it->second].content, at_start = false;
         continue;
       }
       run.push_back(static_cast<int>(id));

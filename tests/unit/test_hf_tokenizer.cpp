@@ -41,8 +41,13 @@ nlohmann::json expected(const std::string& name) {
 
 class HfTokenizerCase : public ::testing::TestWithParam<const char*> {};
 
+// A tokenizer.json by itself; a tokenizer.model as its directory gives it
+// (tokenizer_config.json's "legacy" with it).
 TEST_P(HfTokenizerCase, IdsAndTextEqualTokenizers) {
-  const text::HfTokenizer tok = text::HfTokenizer::from_file(fixture_file(GetParam()));
+  const std::string name = GetParam();
+  const text::HfTokenizer tok = name.rfind("models/", 0) == 0
+                                    ? text::HfTokenizer::from_directory(fixture_dir(name))
+                                    : text::HfTokenizer::from_file(fixture_file(name));
   const nlohmann::json want = expected(GetParam());
   EXPECT_EQ(tok.vocab_size(), want["vocab_size"].get<int64_t>());
   int index = 0;
@@ -61,7 +66,30 @@ TEST_P(HfTokenizerCase, IdsAndTextEqualTokenizers) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfTokenizerCase,
                          ::testing::Values("llama3", "qwen", "gemma", "models/gemma_spm",
+                                           "models/llama2_spm", "models/llama2_spm_legacy",
                                            "models/llama3_tiktoken"));
+
+// A model with a dummy prefix (Llama 2's kind): transformers 5's non-legacy
+// rule by default, sentencepiece's own with legacy (each piece of text between
+// specials prefixed), from the file and from the directory alike.
+TEST(TokenizerModel, DummyPrefixFollowsTheLegacyFlag) {
+  const std::string file = kModelFixtures + "/llama2_spm/tokenizer.model";
+  const std::string model = read_text(file);
+  const text::HfTokenizer plain = text::HfTokenizer::from_file(file);
+  const text::HfTokenizer legacy = text::HfTokenizer::from_sentencepiece(model, file, true);
+  const text::HfTokenizer legacy_dir =
+      text::HfTokenizer::from_directory(kModelFixtures + "/llama2_spm_legacy");
+  // "▁Jack" after <s> only with legacy; at the start both prefix (the fixtures
+  // hold transformers' ids for 26 texts each way).
+  const auto a = plain.encode("<s>Jack", false), b = legacy.encode("<s>Jack", false);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(b, legacy_dir.encode("<s>Jack", false));
+  EXPECT_EQ(plain.encode("Jack", false), legacy.encode("Jack", false));
+  EXPECT_EQ(plain.id_to_token(a[1]).rfind("\u2581", 0), std::string::npos);
+  EXPECT_EQ(legacy.id_to_token(b[1]).rfind("\u2581", 0), 0u);
+  EXPECT_EQ(plain.decode(a), "<s>Jack");
+  EXPECT_EQ(legacy.decode(b), "<s> Jack");  // transformers keeps the "▁" after a special
+}
 
 TEST(TokenizerModel, TiktokenRanksAreLlama3sTokenizerJson) {
   // The rank file holds the llama3 fixture's byte-level vocabulary: the
