@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "attn/train.h"
+#include "attn/train_flags.h"
 #include "attn/utf8.h"
 
 namespace attn::train {
@@ -17,7 +18,6 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int64_t kMaxLayers = 1024;
 constexpr int64_t kMaxBatchTokens = int64_t{1} << 24;      // tokens in one micro-batch
 constexpr int64_t kMaxBlockParameters = int64_t{1} << 36;  // ~69 billion
 
@@ -36,46 +36,15 @@ void put_bytes(J& j, const char* key, const std::string& bytes) {
 }  // namespace
 
 void TrainOptions::validate() const {
-  auto at_least = [](const char* name, int64_t v, int64_t min) {
-    if (v < min)
-      throw std::invalid_argument(
-          fmt::format("--{} must be >= {}, got {}", printable(name), min, v));
-  };
-  at_least("n-layers", n_layers, 1);
-  at_least("n-heads", n_heads, 1);
-  at_least("emb-dim", emb_dim, 1);
-  at_least("context-length", context_length, 1);
-  at_least("batch-size", batch_size, 1);
-  at_least("max-iters", max_iters, 0);
-  at_least("warmup-iters", warmup_iters, 0);
-  at_least("eval-interval", eval_interval, 1);
-  at_least("eval-iters", eval_iters, 1);
-  at_least("grad-accum-steps", grad_accum_steps, 1);
-  // Upper bounds, far above any model attn trains, so that no size (or a
-  // product of them) overflows or asks for memory no machine has: refused
-  // here, before anything is allocated (issue 46).
-  auto at_most = [](const char* name, int64_t v, int64_t max) {
-    if (v > max)
-      throw std::invalid_argument(fmt::format("--{} must be at most {}, got {}", name, max, v));
-  };
-  constexpr int64_t kIters = int64_t{1} << 40;
-  at_most("n-layers", n_layers, kMaxLayers);
-  at_most("n-heads", n_heads, 4096);
-  at_most("emb-dim", emb_dim, 65536);
-  at_most("head-dim", head_dim, 4096);
-  at_most("ffn-dim", ffn_dim, 262144);
-  at_most("context-length", context_length, 1048576);
-  at_most("batch-size", batch_size, 65536);
-  at_most("grad-accum-steps", grad_accum_steps, 65536);
-  at_most("max-iters", max_iters, kIters);
-  at_most("warmup-iters", warmup_iters, kIters);
-  at_most("eval-interval", eval_interval, kIters);
-  at_most("eval-iters", eval_iters, 1048576);
-  at_most("epochs", epochs, 1048576);
-  at_most("stride", stride, 1048576);
-  at_most("latent-dim", latent_dim, 65536);
-  at_most("sliding-window-size", sliding_window_size, 1048576);
-  at_most("n-kv-groups", n_kv_groups, 4096);
+  // Each integer flag in its range (attn/train_flags.h; the CLI checks the
+  // same as it parses), before anything is allocated (issue 46).
+  for (const FlagRange& r : integer_flag_ranges()) {
+    const int64_t v = this->*r.field;
+    if (v < r.min)
+      throw std::invalid_argument(fmt::format("--{} must be >= {}, got {}", r.flag, r.min, v));
+    if (v > r.max)
+      throw std::invalid_argument(fmt::format("--{} must be at most {}, got {}", r.flag, r.max, v));
+  }
   // What the sizes imply: the tokens of a micro-batch, and the parameters of
   // the blocks (about 4·emb·attention width + 3·emb·feed-forward width each).
   if (batch_size * context_length > kMaxBatchTokens)
@@ -100,8 +69,6 @@ void TrainOptions::validate() const {
     throw std::invalid_argument(fmt::format(
         "--init-from takes the architecture from the directory's config.json; drop --arch {}",
         printable(arch)));
-  at_least("head-dim", head_dim, 0);
-  at_least("ffn-dim", ffn_dim, 0);
   if ((head_dim > 0 || ffn_dim > 0) && gpt)
     throw std::invalid_argument(
         "--head-dim and --ffn-dim size a decoder built by --arch llama3, qwen3 or gemma3");
@@ -152,16 +119,12 @@ void TrainOptions::validate() const {
   if (tokenizer != "char" && tokenizer != "gpt2" && tokenizer != "hf")
     throw std::invalid_argument(
         fmt::format("--tokenizer must be char, gpt2 or hf, got '{}'", printable(tokenizer)));
-  at_least("stride", stride, 0);
-  at_least("epochs", epochs, 0);
   if (lr_schedule != "cosine" && lr_schedule != "constant")
     throw std::invalid_argument(
         fmt::format("--lr-schedule must be cosine or constant, got '{}'", printable(lr_schedule)));
   if (decay != "matrices" && decay != "all")
     throw std::invalid_argument(
         fmt::format("--decay must be matrices or all, got '{}'", printable(decay)));
-  at_least("n-kv-groups", n_kv_groups, 0);
-  at_least("sliding-window-size", sliding_window_size, 0);
   if (n_kv_groups > 0 && n_heads % n_kv_groups != 0)
     throw std::invalid_argument(
         fmt::format("--n-kv-groups {} must divide --n-heads {}", n_kv_groups, n_heads));
@@ -189,7 +152,6 @@ void TrainOptions::validate() const {
                     n_heads, emb_dim / n_heads));
   if (rope && !(theta_base > 1.0 && std::isfinite(theta_base)))
     throw std::invalid_argument(fmt::format("--theta-base must be > 1, got {}", theta_base));
-  at_least("latent-dim", latent_dim, 0);
   if (latent_dim > 0 && (rope || exact || dtype != "float32"))
     throw std::invalid_argument(fmt::format(
         "--latent-dim (multi-head latent attention) runs in float32 on the fused kernel, without "

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli.h"
@@ -282,20 +283,20 @@ TEST(BenchCli, BadValuesAreOneLineUsageErrors) {
         Case{"bench --shapes 1x8x10x3",
              "d_model divisible by heads, got B=1 T=8 d_model=10 heads=3"},
         Case{"bench --backend gpu", "--backend must be auto, reference or fused, got 'gpu'"},
-        Case{"bench --threads -3", "bench: --threads must be >= 1, got -3"},
+        Case{"bench --threads -3", "bench: --threads: must be a whole number in 1..4096, got '-3'"},
         Case{"bench --kind core,sdpa,gpu",
              "--kind must be core, module, sdpa, sdpa-varlen or all, got 'core,sdpa,gpu'"},
         Case{"bench --kind sdpa --dtype float16",
              "bench: --dtype must be float32, bfloat16 or all, got 'float16'"},
         Case{"bench --kind sdpa --sliding-window-size 0",
-             "bench: --sliding-window-size must be >= 1, got 0"},
+             "bench: --sliding-window-size: must be a whole number in 1..1048576, got '0'"},
         Case{"bench --kind sdpa --mask soft",
              "bench: --mask must be bool, float or padded, got 'soft'"},
         Case{"bench --kind sdpa --kv-heads 5", "bench: --kv-heads must divide --heads 12, got 5"},
         Case{"bench --kind sdpa-varlen --dtype float16",
              "bench: --dtype must be float32, bfloat16 or all, got 'float16'"},
         Case{"bench --kind sdpa-varlen --seqlens 5,0,7",
-             "bench: --seqlens holds lengths in 1..1048576, got 0"},
+             "bench: --seqlens: must be a whole number in 1..1048576, got '0'"},
         Case{"bench --kind core --seqlens 5,7",
              "bench: --seqlens applies to --kind sdpa-varlen only"}}) {
     const auto r = run_cli(c.args);
@@ -311,16 +312,21 @@ TEST(BenchCli, BadValuesAreOneLineUsageErrors) {
 // naming the option and the value), and so is a negative one.
 TEST(BenchCli, ZeroCountsAreUsageErrorsNotDefaults) {
   ATTN_REQUIRE_CLI();
-  for (const std::string option : {"--tokens", "--repeats", "--threads", "--batch", "--d-model",
-                                   "--heads", "--sgemm-n", "--memory-tokens"}) {
+  for (const auto& [option, range] :
+       {std::pair{"--tokens", "1..1048576"}, std::pair{"--repeats", "1..1000000"},
+        std::pair{"--threads", "1..4096"}, std::pair{"--batch", "1..65536"},
+        std::pair{"--d-model", "1..65536"}, std::pair{"--heads", "1..4096"},
+        std::pair{"--sgemm-n", "1..32768"}, std::pair{"--memory-tokens", "1..1048576"}}) {
     for (const std::string value : {"0", "-1"}) {
       // The rest would be a quick valid run, so only the bad value can fail it.
-      const std::string args =
-          "bench --json --kind core --mode fwd --shapes 1x8x16x2 " + option + " " + value;
+      const std::string args = "bench --json --kind core --mode fwd --shapes 1x8x16x2 " +
+                               std::string(option) + " " + value;
       const auto r = run_cli(args);
       EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
       EXPECT_EQ(r.out, "") << args;
-      EXPECT_EQ(r.err, "attn: bench: " + option + " must be >= 1, got " + value + "\n") << args;
+      EXPECT_EQ(r.err, "attn: bench: " + std::string(option) + ": must be a whole number in " +
+                           range + ", got '" + value + "'\n")
+          << args;
     }
   }
 }

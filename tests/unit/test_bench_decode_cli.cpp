@@ -72,8 +72,10 @@ TEST(BenchDecodeCli, UsageErrorsNameTheValue) {
        "1 and --queries in 1..16; got heads 12, kv-heads 12, head-dim 64, batch 1, queries 17"},
       {"--kind decode --cache 8 --queries 9", "bench: --cache 8 is shorter than --queries 9"},
       {"--kind decode,core", "bench: --kind decode runs alone, got 'decode,core'"},
-      {"--kind decode --head-dim 0", "bench: --head-dim must be >= 1, got 0"},
-      {"--kind decode --bandwidth-mib 0", "bench: --bandwidth-mib must be >= 1, got 0"},
+      {"--kind decode --head-dim 0",
+       "bench: --head-dim: must be a whole number in 1..65536, got '0'"},
+      {"--kind decode --bandwidth-mib 0",
+       "bench: --bandwidth-mib: must be a whole number in 1..65536, got '0'"},
   };
   for (const Case& c : cases) {
     const auto r = run_cli("bench " + c.args);

@@ -273,7 +273,7 @@ TEST(GenerateCli, BadInputIsOneLine) {
        "attn: generate: the character 'z' (U+007A) at position 2 is not in the vocabulary (10 "
        "characters)"},
       {"--checkpoint DIR --prompt a --max-new-tokens -1", 2,
-       "attn: generate: --max-new-tokens must be >= 0, got -1"},
+       "attn: generate: --max-new-tokens: must be a whole number in 0..1048576, got '-1'"},
       {"--checkpoint DIR --prompt a --top-k -1", 2,
        "attn: generate: --top-k must be >= 0 (0: off), got -1"},
       {"--checkpoint DIR --prompt a --top-p 0", 2,

@@ -114,9 +114,10 @@ TEST(GqaSwaCli, BadFlagsAreOneLine) {
   const std::string train = "train --text '" + text + "' --out '" + dir + "'" + kModel;
   const std::vector<Case> cases{
       {train + "--n-kv-groups 3", 2, "attn: train: --n-kv-groups 3 must divide --n-heads 4"},
-      {train + "--n-kv-groups -1", 2, "attn: train: --n-kv-groups must be >= 0, got -1"},
+      {train + "--n-kv-groups -1", 2,
+       "attn: train: --n-kv-groups: must be a whole number in 0..4096, got '-1'"},
       {train + "--sliding-window-size -2", 2,
-       "attn: train: --sliding-window-size must be >= 0, got -2"},
+       "attn: train: --sliding-window-size: must be a whole number in 0..1048576, got '-2'"},
       {train + "--n-kv-groups 2 --dtype bfloat16", 2,
        "attn: train: --n-kv-groups and --sliding-window-size run in float32 only, got --dtype "
        "bfloat16"},

@@ -789,10 +789,13 @@ TEST(TrainCli, BadInputIsOneLineAndNonZero) {
       {"--text '" + empty + "' --out '" + dir + "'" + model, 1, "empty"},
       {"--text '" + invalid + "' --out '" + dir + "'" + model, 1, "invalid UTF-8 at byte offset 5"},
       {"--text '" + shorter + "' --out '" + dir + "'" + model, 1, "10 validation tokens"},
-      {"--text '" + good + "' --out '" + dir + "'" + model + "--n-heads 3", 2, "--n-heads 3 must divide --emb-dim 16"},
-      {"--text '" + good + "' --out '" + dir + "'" + model + "--batch-size 0", 2, "--batch-size must be >= 1"},
+      {"--text '" + good + "' --out '" + dir + "'" + model + "--n-heads 3", 2,
+       "--n-heads 3 must divide --emb-dim 16"},
+      {"--text '" + good + "' --out '" + dir + "'" + model + "--batch-size 0", 2,
+       "--batch-size: must be a whole number in 1..65536, got '0'"},
       {"--text '" + good + "' --out '" + dir + "'" + model + "--lr -1", 2, "--lr must be > 0"},
-      {"--text '" + good + "' --out '" + dir + "'" + model + "--threads -2", 2, "--threads must be >= 1, got -2"},
+      {"--text '" + good + "' --out '" + dir + "'" + model + "--threads -2", 2,
+       "--threads must be >= 1, got -2"},
       {"--text '" + good + "' --out '" + good + "/sub'" + model, 1, "--out"},
       {"--text '" + good + "' --out '" + dir + "'" + model + "--resume", 1, "no checkpoint"},
   };
@@ -823,44 +826,89 @@ TEST(TrainCli, SizesAtTheEdgesAreRefusedAsParsed) {
   fs::remove_all(dir);
   write_file(good, shakespeare(3000));
   const std::string base = "train --text '" + good + "' --out '" + dir + "' ";
+  // An integer flag's text is read as a whole number in the flag's range
+  // (attn/train_flags.h) as it is parsed: the message names the text as typed
+  // (escaped) and the range, whatever the text (past int64 it used to name
+  // int64's largest value, the number CLI11 had made of it). A needle starting
+  // "attn: " is the whole of stderr.
+  const auto refused = [](const std::string& flag, const std::string& range,
+                          const std::string& typed) {
+    return "attn: train: " + flag + ": must be a whole number in " + range + ", got '" + typed +
+           "'";
+  };
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"--n-layers 2147483648", "--n-layers must be at most 1024, got 2147483648"},
-      {"--batch-size 2147483648", "--batch-size must be at most 65536, got 2147483648"},
-      {"--grad-accum-steps 2147483648", "--grad-accum-steps must be at most 65536, got 2147483648"},
-      {"--epochs 1099511627776", "--epochs must be at most 1048576, got 1099511627776"},
-      {"--warmup-iters 9223372036854775807", "--warmup-iters must be at most 1099511627776"},
-      {"--latent-dim 9223372036854775807", "--latent-dim must be at most 65536"},
-      {"--context-length 4194304", "--context-length must be at most 1048576"},
+      {"--n-layers 2147483648", refused("--n-layers", "1..1024", "2147483648")},
+      {"--batch-size 2147483648", refused("--batch-size", "1..65536", "2147483648")},
+      {"--grad-accum-steps 2147483648", refused("--grad-accum-steps", "1..65536", "2147483648")},
+      {"--epochs 1099511627776", refused("--epochs", "0..1048576", "1099511627776")},
+      {"--warmup-iters 9223372036854775807",
+       refused("--warmup-iters", "0..1099511627776", "9223372036854775807")},
+      {"--latent-dim 9223372036854775807",
+       refused("--latent-dim", "0..65536", "9223372036854775807")},
+      {"--context-length 4194304", refused("--context-length", "1..1048576", "4194304")},
+      // Past int64, past uint64, negative, below int64, and what CLI11 would have read
+      // another way (C's hex and octal prefixes, a sign, spaces, a float).
+      {"--epochs 9223372036854775808", refused("--epochs", "0..1048576", "9223372036854775808")},
+      {"--epochs 18446744073709551616", refused("--epochs", "0..1048576", "18446744073709551616")},
+      {"--epochs 99999999999999999999", refused("--epochs", "0..1048576", "99999999999999999999")},
+      {"--epochs -1", refused("--epochs", "0..1048576", "-1")},
+      {"--epochs -9223372036854775809", refused("--epochs", "0..1048576", "-9223372036854775809")},
+      {"--max-iters 9223372036854775808",
+       refused("--max-iters", "0..1099511627776", "9223372036854775808")},
+      {"--n-heads 0x10", refused("--n-heads", "1..4096", "0x10")},
+      {"--eval-iters +5", refused("--eval-iters", "1..1048576", "+5")},
+      {"--eval-interval ' 5'", refused("--eval-interval", "1..1099511627776", " 5")},
+      {"--stride 1e3", refused("--stride", "0..1048576", "1e3")},
+      {"--stride ''", refused("--stride", "0..1048576", "")},
+      {"--emb-dim abc", refused("--emb-dim", "1..65536", "abc")},
+      {"--sliding-window-stride -2", refused("--sliding-window-stride", "-1..1048576", "-2")},
+      {"--head-dim \"$(printf '8\\033[2J')\"", refused("--head-dim", "0..4096", "8\\x1B[2J")},
+      {"--ffn-dim \"$(printf '8\\342\\200\\256')\"",
+       refused("--ffn-dim", "0..262144", "8\\u{202E}")},
+      {"--n-kv-groups \"$(printf '\\377')\"", refused("--n-kv-groups", "0..4096", "\\xFF")},
       {"--batch-size 65536 --context-length 1024",
        "--batch-size 65536 x --context-length 1024 = 67108864 tokens per micro-batch, more than "
        "16777216"},
       {"--n-layers 1024 --emb-dim 65536 --n-heads 1", "more than attn trains (68719476736)"},
       {"--seed 18446744073709551616",
-       "must be at most 18446744073709551615 (2^64 - 1), got 18446744073709551616"},
-      {"--seed 99999999999999999999999", "--seed"},
-      {"--seed -1", "--seed"},
+       refused("--seed", "0..18446744073709551615", "18446744073709551616")},
+      {"--seed 99999999999999999999999",
+       refused("--seed", "0..18446744073709551615", "99999999999999999999999")},
+      {"--seed -1", refused("--seed", "0..18446744073709551615", "-1")},
+      {"--seed 0x10", refused("--seed", "0..18446744073709551615", "0x10")},
   };
   for (const auto& [args, needle] : cases) {
     const auto r = attn::test::run_cli(base + args);
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
     EXPECT_EQ(attn::test::lines_of(r.err).size(), 1u) << args << "\n" << r.err;
-    EXPECT_NE(r.err.find(needle), std::string::npos) << needle << " not in: " << r.err;
+    if (needle.rfind("attn: ", 0) == 0) {
+      EXPECT_EQ(r.err, needle + "\n") << args;
+    } else {
+      EXPECT_NE(r.err.find(needle), std::string::npos) << needle << " not in: " << r.err;
+    }
     EXPECT_FALSE(fs::exists(dir)) << args << " left --out behind";
   }
-  // The largest seed is a seed.
-  const auto r = attn::test::run_cli(base +
-                                     "--seed 18446744073709551615 --n-layers 1 --emb-dim 16 "
-                                     "--n-heads 2 --context-length 16 --max-iters 1 --threads 1");
+  // The largest seed is a seed, and what CLI11 read as octal is decimal: --max-iters 010
+  // and --eval-interval 010 are 10 steps, evaluated at 0 and 10 (CLI11 made them 8).
+  const auto r = attn::test::run_cli(
+      base +
+      "--seed 18446744073709551615 --n-layers 1 --emb-dim 16 --n-heads 2 --context-length 16 "
+      "--max-iters 010 --eval-interval 010 --eval-iters 1 --threads 1 --quiet");
   EXPECT_EQ(r.exit_code, 0) << r.err;
+  const std::string metrics = attn::test::read_text(dir + "/metrics.jsonl");
+  EXPECT_NE(metrics.find("{\"iter\":10,"), std::string::npos) << metrics;
+  EXPECT_EQ(metrics.find("{\"iter\":8,"), std::string::npos) << metrics;
   fs::remove_all(dir);
 
   // generate: the benchmark's random prompt and the new tokens are bounded too.
   for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
            {"--config 124m --benchmark --prompt-tokens 2147483648",
-            "--prompt-tokens must be at most 1048576, got 2147483648"},
-           {"--config 124m --benchmark --max-new-tokens 2147483648",
-            "--max-new-tokens must be at most 1048576, got 2147483648"},
-           {"--config 124m --benchmark --seed 18446744073709551616", "(2^64 - 1)"}}) {
+            "--prompt-tokens: must be a whole number in 1..1048576, got '2147483648'"},
+           {"--config 124m --benchmark --max-new-tokens 9223372036854775808",
+            "--max-new-tokens: must be a whole number in 0..1048576, got '9223372036854775808'"},
+           {"--config 124m --benchmark --seed 18446744073709551616",
+            "--seed: must be a whole number in 0..18446744073709551615, got "
+            "'18446744073709551616'"}}) {
     const auto g = attn::test::run_cli("generate " + args);
     EXPECT_EQ(g.exit_code, 2) << args << "\n" << g.err;
     EXPECT_EQ(attn::test::lines_of(g.err).size(), 1u) << g.err;

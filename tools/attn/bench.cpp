@@ -35,6 +35,7 @@
 #include "attn/utf8.h"
 #include "bench_decode.h"
 #include "bench_machine.h"
+#include "flag_checks.h"
 #include "sgemm_rate.h"
 
 namespace attn::cli {
@@ -719,59 +720,59 @@ Command add_bench_command(CLI::App& app) {
               "  attn bench --memory             T=16384: time and peak memory\n"
               "  attn bench --json --kind module --batch 1 --tokens 1024 --d-model 768 "
               "--heads 12 --mode fwdbwd --repeats 5");
-  cmd->add_option("--shapes", f->shapes,
-                  "Shapes BxTxDxH (comma-separated); default: " +
-                      fmt::format("{}", fmt::join(kDefaultShapes, ",")))
+  add_option(cmd, "--shapes", f->shapes,
+             "Shapes BxTxDxH (comma-separated); default: " +
+                 fmt::format("{}", fmt::join(kDefaultShapes, ",")))
       ->delimiter(',')
       ->type_name("LIST");
-  cmd->add_option("--kind", f->kind,
-                  "core, module, sdpa, sdpa-varlen or all (all: core and module; sdpa: "
-                  "scaled_dot_product_attention on the core's problem; sdpa-varlen: "
-                  "sdpa_varlen_forward on one packed batch of --seqlens, shape column "
-                  "NsTOTALxDxH), or a comma-separated list (core,sdpa: the two side by side); "
-                  "or decode alone: one decoding step's attention over KV caches of --cache "
-                  "lengths (flash-decoding, attn/decode_attention.h), GB/s of keys and values "
-                  "read and their share of the read bandwidth measured in the run")
+  add_option(cmd, "--kind", f->kind,
+             "core, module, sdpa, sdpa-varlen or all (all: core and module; sdpa: "
+             "scaled_dot_product_attention on the core's problem; sdpa-varlen: "
+             "sdpa_varlen_forward on one packed batch of --seqlens, shape column "
+             "NsTOTALxDxH), or a comma-separated list (core,sdpa: the two side by side); "
+             "or decode alone: one decoding step's attention over KV caches of --cache "
+             "lengths (flash-decoding, attn/decode_attention.h), GB/s of keys and values "
+             "read and their share of the read bandwidth measured in the run")
       ->capture_default_str();
-  cmd->add_option("--mode", f->mode, "fwd, fwdbwd or all")->capture_default_str();
-  cmd->add_option("--dtype", f->dtype,
-                  "float32 (or fp32), bfloat16 (or bf16) or all: the core's inputs and outputs "
-                  "(bfloat16: the bf16 kernels, path AMX, AVX512-BF16 or widened to fp32); sdpa's "
-                  "and sdpa-varlen's q, k, v, dout (bfloat16: rows the AMX kernel takes (the "
-                  "core's problem, with or without a mask) where the bf16 path is AMX, rows "
-                  "'fused-amx'; the others the sdpa kernel on VDPBF16PS where that is the path's "
-                  "engine, rows 'fused-bf16dot', else bf16 tiles widened to fp32, rows "
-                  "'fused-wide'); the "
-                  "module's compute dtype (bfloat16: mixed precision, fp32 "
-                  "weights)")
+  add_option(cmd, "--mode", f->mode, "fwd, fwdbwd or all")->capture_default_str();
+  add_option(cmd, "--dtype", f->dtype,
+             "float32 (or fp32), bfloat16 (or bf16) or all: the core's inputs and outputs "
+             "(bfloat16: the bf16 kernels, path AMX, AVX512-BF16 or widened to fp32); sdpa's "
+             "and sdpa-varlen's q, k, v, dout (bfloat16: rows the AMX kernel takes (the "
+             "core's problem, with or without a mask) where the bf16 path is AMX, rows "
+             "'fused-amx'; the others the sdpa kernel on VDPBF16PS where that is the path's "
+             "engine, rows 'fused-bf16dot', else bf16 tiles widened to fp32, rows "
+             "'fused-wide'); the "
+             "module's compute dtype (bfloat16: mixed precision, fp32 "
+             "weights)")
       ->capture_default_str();
-  cmd->add_option("--backend", f->backend,
-                  "The module's (and sdpa's) path: auto, reference or fused")
+  add_option(cmd, "--backend", f->backend,
+             "The module's (and sdpa's) path: auto, reference or fused")
       ->capture_default_str();
-  cmd->add_option("--batch", f->batch, "One shape: B (default 1)")->type_name("B");
-  cmd->add_option("--tokens", f->tokens, "One shape: T (default 1024)")->type_name("T");
-  cmd->add_option("--d-model", f->d_model, "One shape: d_in = d_out (default 768)")->type_name("D");
-  cmd->add_option("--heads", f->heads, "One shape: H (default 12)")->type_name("H");
-  cmd->add_option("--repeats", f->repeats,
-                  "Timed repeats per case after the warm-up (at least one repeat and 250 ms; "
-                  "default 5, --quick 3)");
-  cmd->add_option("-t,--threads", f->threads,
-                  "OpenMP and BLAS threads (default: OpenMP's default, OMP_NUM_THREADS)");
+  add_option(cmd, "--batch", f->batch, "One shape: B (default 1)")->type_name("B");
+  add_option(cmd, "--tokens", f->tokens, "One shape: T (default 1024)")->type_name("T");
+  add_option(cmd, "--d-model", f->d_model, "One shape: d_in = d_out (default 768)")->type_name("D");
+  add_option(cmd, "--heads", f->heads, "One shape: H (default 12)")->type_name("H");
+  add_option(cmd, "--repeats", f->repeats,
+             "Timed repeats per case after the warm-up (at least one repeat and 250 ms; "
+             "default 5, --quick 3)");
+  add_option(cmd, "-t,--threads", f->threads,
+             "OpenMP and BLAS threads (default: OpenMP's default, OMP_NUM_THREADS)");
   cmd->add_flag("--quick", f->quick, "Fewer shapes and repeats, sgemm of 2048^3");
-  cmd->add_option("--target", f->simd_target,
-                  "Run the kernels (and the fp32 FMA peak probe) on this SIMD target, one of "
-                  "those the header lists, e.g. AVX2 on an AVX-512 CPU (as ATTN_SIMD_TARGET)")
+  add_option(cmd, "--target", f->simd_target,
+             "Run the kernels (and the fp32 FMA peak probe) on this SIMD target, one of "
+             "those the header lists, e.g. AVX2 on an AVX-512 CPU (as ATTN_SIMD_TARGET)")
       ->type_name("NAME");
-  cmd->add_option("--bf16-path", f->bf16_path,
-                  "Run the bf16 attention kernels on this path, one of those the header lists, "
-                  "e.g. 'widened to fp32' (as ATTN_BF16_PATH)")
+  add_option(cmd, "--bf16-path", f->bf16_path,
+             "Run the bf16 attention kernels on this path, one of those the header lists, "
+             "e.g. 'widened to fp32' (as ATTN_BF16_PATH)")
       ->type_name("NAME");
   cmd->add_flag("--json", f->json,
                 "Print a JSON array of the results (ms_median, ms_min, gflops, ...) instead of "
                 "the table; skips the sgemm and peak measurements unless --sgemm is given");
   cmd->add_flag("--sgemm", f->sgemm,
                 "With --json: measure sgemm and the FMA peak too (pct_sgemm, pct_peak)");
-  cmd->add_option("--sgemm-n", f->sgemm_n, "Size n of the sgemm n^3 (default 4096, --quick 2048)");
+  add_option(cmd, "--sgemm-n", f->sgemm_n, "Size n of the sgemm n^3 (default 4096, --quick 2048)");
   cmd->add_flag("--no-probe", f->no_probe,
                 "Skip the three peak probes (fp32 FMA, bf16 dot product, AMX; about 5 s): the "
                 "header says the peaks were not measured, % peak is '-' (--json: pct_peak null, "
@@ -780,35 +781,35 @@ Command add_bench_command(CLI::App& app) {
                 "Memory mode: one forward+backward of the core and of the module at B=1, "
                 "T=--memory-tokens, 12 heads of 64; peak memory beyond inputs, outputs and "
                 "gradients");
-  cmd->add_option("--memory-tokens", f->memory_tokens, "T for --memory")->capture_default_str();
-  cmd->add_option("--sliding-window-size", f->sliding_window_size,
-                  "sdpa, sdpa-varlen and decode rows: a causal sliding window of W keys, each "
-                  "query seeing itself and the W - 1 before it (the book's ch04/06_swa; "
-                  "window_left = W - 1 in attn/sdpa.h)")
+  add_option(cmd, "--memory-tokens", f->memory_tokens, "T for --memory")->capture_default_str();
+  add_option(cmd, "--sliding-window-size", f->sliding_window_size,
+             "sdpa, sdpa-varlen and decode rows: a causal sliding window of W keys, each "
+             "query seeing itself and the W - 1 before it (the book's ch04/06_swa; "
+             "window_left = W - 1 in attn/sdpa.h)")
       ->type_name("W");
   cmd->add_flag("--alibi", f->alibi,
                 "sdpa and sdpa-varlen rows: ALiBi on the scores, slope 2^(-8(h+1)/H) for head h");
-  cmd->add_option("--softcap", f->softcap,
-                  "sdpa and sdpa-varlen rows: a softcap on the scores, softcap · tanh(s / softcap) "
-                  "(> 0; Gemma 2 uses 50)")
+  add_option(cmd, "--softcap", f->softcap,
+             "sdpa and sdpa-varlen rows: a softcap on the scores, softcap · tanh(s / softcap) "
+             "(> 0; Gemma 2 uses 50)")
       ->type_name("CAP");
-  cmd->add_option("--mask", f->mask,
-                  "sdpa rows: bool or float, the causal pattern as a dense (Tq, T) attn_mask "
-                  "instead of is_causal (attn runs it as is_causal); padded, the causal pattern "
-                  "with the last T/8 keys closed too, float32 minimum where closed (a "
-                  "right-padded sequence as transformers masks it; the masked kernels)")
+  add_option(cmd, "--mask", f->mask,
+             "sdpa rows: bool or float, the causal pattern as a dense (Tq, T) attn_mask "
+             "instead of is_causal (attn runs it as is_causal); padded, the causal pattern "
+             "with the last T/8 keys closed too, float32 minimum where closed (a "
+             "right-padded sequence as transformers masks it; the masked kernels)")
       ->type_name("KIND");
   cmd->add_flag("--no-causal", f->no_causal, "sdpa rows: attend to every key (cross-attention)");
-  cmd->add_option("--kv-heads", f->kv_heads,
-                  "sdpa rows and --kind decode: grouped-query attention, this many key/value "
-                  "heads (dividing H)")
+  add_option(cmd, "--kv-heads", f->kv_heads,
+             "sdpa rows and --kind decode: grouped-query attention, this many key/value "
+             "heads (dividing H)")
       ->type_name("G");
-  cmd->add_option("--query-tokens", f->query_tokens,
-                  "sdpa rows: this many queries against the T keys (default T)")
+  add_option(cmd, "--query-tokens", f->query_tokens,
+             "sdpa rows: this many queries against the T keys (default T)")
       ->type_name("TQ");
-  cmd->add_option("--seqlens", f->seqlens,
-                  "sdpa-varlen rows: the lengths of the packed sequences, comma-separated, "
-                  "e.g. 512,1024,256,2048 (default: each shape's B sequences of T tokens)")
+  add_option(cmd, "--seqlens", f->seqlens,
+             "sdpa-varlen rows: the lengths of the packed sequences, comma-separated, "
+             "e.g. 512,1024,256,2048 (default: each shape's B sequences of T tokens)")
       ->delimiter(',')
       ->type_name("LIST");
   cmd->add_flag("--bandwidth", f->bandwidth,
@@ -816,48 +817,38 @@ Command add_bench_command(CLI::App& app) {
                 "time): every thread sums its part of a --bandwidth-mib buffer, median of "
                 "--repeats passes, with 1 thread and with the OpenMP thread count; --json: "
                 "one object");
-  cmd->add_option("--bandwidth-mib", f->bandwidth_mib, "Buffer for --bandwidth, MiB (>= 1)")
+  add_option(cmd, "--bandwidth-mib", f->bandwidth_mib, "Buffer for --bandwidth, MiB (>= 1)")
       ->capture_default_str();
-  cmd->add_option("--cache", f->caches,
-                  "--kind decode: KV cache lengths, comma-separated, 4096 or 4k (default "
-                  "4k,32k,128k); with --heads (default 12), --kv-heads, --head-dim, --queries, "
-                  "--batch, --sliding-window-size, --dtype, --threads, --repeats (default 20), "
-                  "--bandwidth-mib (the probe's buffer, default twice the last-level cache and "
-                  "256 MiB at least; the steps cycle through copies of the caches spanning as "
-                  "much)")
+  add_option(cmd, "--cache", f->caches,
+             "--kind decode: KV cache lengths, comma-separated, 4096 or 4k (default "
+             "4k,32k,128k); with --heads (default 12), --kv-heads, --head-dim, --queries, "
+             "--batch, --sliding-window-size, --dtype, --threads, --repeats (default 20), "
+             "--bandwidth-mib (the probe's buffer, default twice the last-level cache and "
+             "256 MiB at least; the steps cycle through copies of the caches spanning as "
+             "much)")
       ->delimiter(',')
       ->type_name("LIST");
-  cmd->add_option("--head-dim", f->head_dim, "--kind decode: head dim D")->capture_default_str();
-  cmd->add_option("--queries", f->queries,
-                  "--kind decode: new queries per step, 1..16 (bottom-right causal)")
+  add_option(cmd, "--head-dim", f->head_dim, "--kind decode: head dim D")->capture_default_str();
+  add_option(cmd, "--queries", f->queries,
+             "--kind decode: new queries per step, 1..16 (bottom-right causal)")
       ->capture_default_str();
+
+  // A count given as 0 (or less) is a usage error, not a request for the default; each
+  // has an upper bound, checked as it is parsed, before anything is allocated (issue 46).
+  // (--queries: --kind decode's own check, 1..16.)
+  for (const auto& [option, max] :
+       {std::pair{"--batch", kMaxBenchBatch}, std::pair{"--tokens", kMaxBenchTokens},
+        std::pair{"--d-model", kMaxBenchWidth}, std::pair{"--heads", kMaxBenchHeads},
+        std::pair{"--repeats", int64_t{1000000}}, std::pair{"--threads", int64_t{4096}},
+        std::pair{"--sgemm-n", int64_t{32768}}, std::pair{"--memory-tokens", kMaxBenchTokens},
+        std::pair{"--kv-heads", kMaxBenchHeads}, std::pair{"--query-tokens", kMaxBenchTokens},
+        std::pair{"--head-dim", kMaxBenchWidth}, std::pair{"--bandwidth-mib", int64_t{65536}},
+        std::pair{"--sliding-window-size", kMaxBenchTokens},
+        std::pair{"--seqlens", kMaxBenchTokens}})
+    in_range(cmd->get_option(option), int64_t{1}, max);
 
   auto run = [f, cmd]() -> int {
     const auto given = [cmd](const char* option) { return cmd->count(option) > 0; };
-    // A count given as 0 (or less) is a usage error, not a request for the default; each
-    // has an upper bound, checked before anything is allocated (issue 46). (--queries:
-    // --kind decode's own check, 1..16.)
-    struct Bound {
-      const char* option;
-      int64_t value, max;
-    };
-    for (const Bound& b :
-         {Bound{"--batch", f->batch, kMaxBenchBatch}, Bound{"--tokens", f->tokens, kMaxBenchTokens},
-          Bound{"--d-model", f->d_model, kMaxBenchWidth},
-          Bound{"--heads", f->heads, kMaxBenchHeads}, Bound{"--repeats", f->repeats, 1000000},
-          Bound{"--threads", f->threads, 4096}, Bound{"--sgemm-n", f->sgemm_n, 32768},
-          Bound{"--memory-tokens", f->memory_tokens, kMaxBenchTokens},
-          Bound{"--kv-heads", f->kv_heads, kMaxBenchHeads},
-          Bound{"--query-tokens", f->query_tokens, kMaxBenchTokens},
-          Bound{"--head-dim", f->head_dim, kMaxBenchWidth},
-          Bound{"--bandwidth-mib", f->bandwidth_mib, 65536},
-          Bound{"--sliding-window-size", f->sliding_window_size, kMaxBenchTokens}}) {
-      if (given(b.option) && b.value < 1)
-        throw UsageError(fmt::format("bench: {} must be >= 1, got {}", b.option, b.value));
-      if (given(b.option) && b.value > b.max)
-        throw UsageError(
-            fmt::format("bench: {} must be at most {}, got {}", b.option, b.max, b.value));
-    }
     // The one conversion from the CLI's spelling to the kernels' (-1: no window).
     const int64_t window_left = f->sliding_window_size - 1;
     if (given("--softcap") && !(f->softcap > 0.0f && std::isfinite(f->softcap)))
@@ -904,10 +895,6 @@ Command add_bench_command(CLI::App& app) {
     if (given("--seqlens")) {
       if (std::find(kinds.begin(), kinds.end(), "sdpa-varlen") == kinds.end())
         throw UsageError("bench: --seqlens applies to --kind sdpa-varlen only");
-      for (const int64_t T : f->seqlens)
-        if (T < 1 || T > kMaxBenchTokens)
-          throw UsageError(
-              fmt::format("bench: --seqlens holds lengths in 1..{}, got {}", kMaxBenchTokens, T));
     }
     if (f->mode != "all" && f->mode != "fwd" && f->mode != "fwdbwd")
       throw UsageError(fmt::format("bench: --mode must be fwd, fwdbwd or all, got '{}'", f->mode));

@@ -16,6 +16,7 @@
 #include "attn/hf_decoder.h"
 #include "attn/hf_gpt2.h"
 #include "attn/utf8.h"
+#include "flag_checks.h"
 #include "hf_text.h"
 #include "input_file.h"
 #include "model_text.h"
@@ -107,18 +108,24 @@ Command add_eval_command(CLI::App& app) {
       "Examples:\n"
       "  attn eval --model gpt2 --file data/the-verdict.txt\n"
       "  attn eval --model gpt2 --file data/the-verdict.txt --context 1024 --stride 512 --json");
-  cmd->add_option("-m,--model", flags->model,
-                  "Model directory (Hugging Face GPT-2, Llama 3, Qwen2/3, Gemma 2/3, or an attn "
-                  "checkpoint)")
+  add_option(cmd, "-m,--model", flags->model,
+             "Model directory (Hugging Face GPT-2, Llama 3, Qwen2/3, Gemma 2/3, or an attn "
+             "checkpoint)")
       ->required()
       ->type_name("DIR");
-  cmd->add_option("--file", flags->file, "The text to score (UTF-8)")->required()->type_name("FILE");
-  cmd->add_option("--context", flags->context,
-                  "Tokens per window (default: the model's context_length; at most 4096 for "
-                  "Llama, Qwen and Gemma)")
+  add_option(cmd, "--file", flags->file, "The text to score (UTF-8)")
+      ->required()
+      ->type_name("FILE");
+  add_option(cmd, "--context", flags->context,
+             "Tokens per window (default: the model's context_length; at most 4096 for "
+             "Llama, Qwen and Gemma)")
       ->type_name("N");
-  cmd->add_option("--stride", flags->stride, "Tokens between window starts (default: context / 2)")
+  add_option(cmd, "--stride", flags->stride, "Tokens between window starts (default: context / 2)")
       ->type_name("S");
+  // Within any model's context as they are parsed; the model's own bounds are checked when
+  // it is read.
+  in_range(cmd->get_option("--context"), int64_t{2}, int64_t{1} << 20);
+  in_range(cmd->get_option("--stride"), int64_t{1}, int64_t{1} << 20);
   cmd->add_flag("--json", flags->json,
                 "Print {\"tokens\": ..., \"mean_loss\": ..., \"perplexity\": ...}");
   cmd->add_flag("--allow-special", flags->allow_special,

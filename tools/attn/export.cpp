@@ -19,6 +19,7 @@
 #include "attn/state_dict.h"
 #include "attn/tokenizer.h"
 #include "attn/utf8.h"
+#include "flag_checks.h"
 #include "weights.h"
 
 namespace attn::cli {
@@ -121,15 +122,15 @@ Command add_export_command(CLI::App& app) {
       "  attn export --model gpt2 --format book --out gpt2-book\n"
       "  attn export --model gpt2-book --format hf --dtype bfloat16 --out gpt2-bf16\n"
       "  attn export --model Qwen3-0.6B --format hf --dtype bfloat16 --out qwen3-bf16");
-  cmd->add_option("-m,--model", flags->model, "The source model directory")
+  add_option(cmd, "-m,--model", flags->model, "The source model directory")
       ->required()
       ->type_name("SRC");
-  cmd->add_option("--format", flags->format, "hf or book")->required()->type_name("FORMAT");
-  cmd->add_option("--out", flags->out, "The directory to write (created)")
+  add_option(cmd, "--format", flags->format, "hf or book")->required()->type_name("FORMAT");
+  add_option(cmd, "--out", flags->out, "The directory to write (created)")
       ->required()
       ->type_name("DIR");
-  cmd->add_option("--dtype", flags->dtype,
-                  "--format hf: the weights' dtype, float32 (default), bfloat16 or float16")
+  add_option(cmd, "--dtype", flags->dtype,
+             "--format hf: the weights' dtype, float32 (default), bfloat16 or float16")
       ->type_name("DTYPE");
   cmd->add_flag("--force", flags->force,
                 "Write into --out even when it holds a checkpoint, a model or a training run's "

@@ -453,67 +453,65 @@ Command add_generate_command(CLI::App& app) {
       "  attn generate --config 124m --benchmark --prompt-tokens 32 --max-new-tokens 32\n"
       "  attn generate --model Qwen3-0.6B --chat --system 'Be brief.' --prompt 'Why is the sky "
       "blue?' --chat-template-kwargs '{\"enable_thinking\": false}'");
-  cmd->add_option("-m,--model,--checkpoint", flags->checkpoint,
-                  "Model directory: Hugging Face GPT-2 (config.json + model.safetensors) or an "
-                  "attn checkpoint (DIR/checkpoint.safetensors)")
+  add_option(cmd, "-m,--model,--checkpoint", flags->checkpoint,
+             "Model directory: Hugging Face GPT-2 (config.json + model.safetensors) or an "
+             "attn checkpoint (DIR/checkpoint.safetensors)")
       ->type_name("DIR");
 
-  cmd->add_option("--config", flags->config,
-                  "Instead of a checkpoint: GPT_CONFIG_124M with random weights (manual_seed "
-                  "--seed); only with --benchmark")
+  add_option(cmd, "--config", flags->config,
+             "Instead of a checkpoint: GPT_CONFIG_124M with random weights (manual_seed "
+             "--seed); only with --benchmark")
       ->type_name("124m");
-  cmd->add_option("--n-kv-groups", flags->n_kv_groups,
-                  "With --config: grouped-query attention with this many key/value heads (the "
-                  "book's ch04/04_gqa; must divide the 12 heads). A checkpoint stores its own")
+  add_option(cmd, "--n-kv-groups", flags->n_kv_groups,
+             "With --config: grouped-query attention with this many key/value heads (the "
+             "book's ch04/04_gqa; must divide the 12 heads). A checkpoint stores its own")
       ->type_name("G");
-  cmd->add_option("--sliding-window-size", flags->sliding_window_size,
-                  "With --config: sliding-window attention over the last W tokens (the book's "
-                  "ch04/06_swa). A checkpoint stores its own")
+  add_option(cmd, "--sliding-window-size", flags->sliding_window_size,
+             "With --config: sliding-window attention over the last W tokens (the book's "
+             "ch04/06_swa). A checkpoint stores its own")
       ->type_name("W");
-  cmd->add_option("--sliding-window-stride", flags->sliding_window_stride,
-                  "With --sliding-window-size: the book's K:1 schedule, K window layers then one "
-                  "full (0: none, -1 every layer, the default)")
+  add_option(cmd, "--sliding-window-stride", flags->sliding_window_stride,
+             "With --sliding-window-size: the book's K:1 schedule, K window layers then one "
+             "full (0: none, -1 every layer, the default)")
       ->type_name("K");
-  cmd->add_option("-p,--prompt", flags->prompt,
-                  "The text to continue (through the model's tokenizer)")
+  add_option(cmd, "-p,--prompt", flags->prompt,
+             "The text to continue (through the model's tokenizer)")
       ->type_name("TEXT");
-  cmd->add_option("--prompt-file", flags->prompt_file,
-                  "Instead of --prompt: the text of FILE (UTF-8, read whole)")
+  add_option(cmd, "--prompt-file", flags->prompt_file,
+             "Instead of --prompt: the text of FILE (UTF-8, read whole)")
       ->type_name("FILE");
-  cmd->add_option("--prompt-ids", flags->prompt_ids,
-                  "Instead of --prompt: token ids, separated by commas or spaces")
+  add_option(cmd, "--prompt-ids", flags->prompt_ids,
+             "Instead of --prompt: token ids, separated by commas or spaces")
       ->type_name("IDS");
   cmd->add_flag("--allow-special", flags->allow_special,
                 "GPT-2 models: encode \"<|endoftext|>\" in the prompt as the special token 50256 "
                 "(else a prompt holding it is refused, as tiktoken refuses it)");
   cmd->add_flag("--print-ids", flags->print_ids,
                 "Print the prompt's and the new token ids on one line instead of text");
-  cmd->add_option("-n,--max-new-tokens", flags->max_new_tokens, "Tokens to generate (default 50)")
+  add_option(cmd, "-n,--max-new-tokens", flags->max_new_tokens, "Tokens to generate (default 50)")
       ->type_name("N");
-  cmd->add_option("--temperature", flags->temperature,
-                  "Softmax temperature; 0 takes the argmax. Default: 1 when --top-k or --top-p "
-                  "is given, else 0")
+  add_option(cmd, "--temperature", flags->temperature,
+             "Softmax temperature; 0 takes the argmax. Default: 1 when --top-k or --top-p "
+             "is given, else 0")
       ->type_name("T");
   cmd->add_flag("--greedy", flags->greedy, "Take the argmax (= --temperature 0)");
-  cmd->add_option("--top-k", flags->top_k,
-                  "Sample among the K largest logits only (0: off; 1..vocab); alone, it samples "
-                  "at temperature 1")
+  add_option(cmd, "--top-k", flags->top_k,
+             "Sample among the K largest logits only (0: off; 1..vocab); alone, it samples "
+             "at temperature 1")
       ->type_name("K");
-  cmd->add_option(
-         "--top-p", flags->top_p,
-         "Nucleus sampling after the temperature: the most probable tokens whose "
-         "probabilities reach P (0 < P <= 1; 1 is off); alone, it samples at temperature 1")
+  add_option(cmd, "--top-p", flags->top_p,
+             "Nucleus sampling after the temperature: the most probable tokens whose "
+             "probabilities reach P (0 < P <= 1; 1 is off); alone, it samples at temperature 1")
       ->type_name("P");
-  cmd->add_option("--dtype", flags->dtype,
-                  "Compute dtype: float32 (default) or bfloat16 (bf16 products summed in float32, "
-                  "as torch.autocast; the cache holds bf16 keys, values and weights)")
+  add_option(cmd, "--dtype", flags->dtype,
+             "Compute dtype: float32 (default) or bfloat16 (bf16 products summed in float32, "
+             "as torch.autocast; the cache holds bf16 keys, values and weights)")
       ->type_name("DTYPE");
-  cmd->add_option("--kv-dtype", flags->kv_dtype,
-                  "A Llama / Qwen / Gemma directory's key/value cache: auto (the default: as "
-                  "--dtype), float32 or bfloat16 (half the memory and the bytes each step reads)")
+  add_option(cmd, "--kv-dtype", flags->kv_dtype,
+             "A Llama / Qwen / Gemma directory's key/value cache: auto (the default: as "
+             "--dtype), float32 or bfloat16 (half the memory and the bytes each step reads)")
       ->type_name("DTYPE");
-  cmd->add_option("--seed", flags->seed, "Seed of the sampling generator (default 123)")
-      ->check(uint64_value())
+  add_option(cmd, "--seed", flags->seed, "Seed of the sampling generator (default 123)")
       ->type_name("S");
   cmd->add_flag("--no-cache", flags->no_cache,
                 "Recompute the whole prefix every step instead of using the cache");
@@ -523,7 +521,7 @@ Command add_generate_command(CLI::App& app) {
   cmd->add_flag("--json", flags->json,
                 "With --benchmark: the cached path only, --repeats times, as one JSON object "
                 "(each run's prompt and decode tokens/s and their medians)");
-  cmd->add_option("--repeats", flags->repeats, "With --benchmark --json: runs (default 1)")
+  add_option(cmd, "--repeats", flags->repeats, "With --benchmark --json: runs (default 1)")
       ->type_name("N");
   cmd->add_flag("--mmap", flags->mmap,
                 "Llama, Qwen, Gemma: weights the file holds in the compute dtype are read in place "
@@ -535,19 +533,24 @@ Command add_generate_command(CLI::App& app) {
                 "chat_template.json), as transformers' apply_chat_template(messages, "
                 "add_generation_prompt=True) renders it; prints the reply only, which also stops "
                 "at the template's eos_token");
-  cmd->add_option("--system", flags->system, "With --chat: a system message before the prompt")
+  add_option(cmd, "--system", flags->system, "With --chat: a system message before the prompt")
       ->type_name("TEXT");
-  cmd->add_option("--chat-template-kwargs", flags->chat_template_kwargs,
-                  "With --chat: more template variables as a JSON object, e.g. "
-                  "'{\"enable_thinking\": false}' (Qwen3 without thinking)")
+  add_option(cmd, "--chat-template-kwargs", flags->chat_template_kwargs,
+             "With --chat: more template variables as a JSON object, e.g. "
+             "'{\"enable_thinking\": false}' (Qwen3 without thinking)")
       ->type_name("JSON");
-  cmd->add_option("--chat-template", flags->chat_template_file,
-                  "With --chat: the template of FILE (Jinja; or JSON holding \"chat_template\") "
-                  "instead of the directory's")
+  add_option(cmd, "--chat-template", flags->chat_template_file,
+             "With --chat: the template of FILE (Jinja; or JSON holding \"chat_template\") "
+             "instead of the directory's")
       ->type_name("FILE");
-  cmd->add_option("--prompt-tokens", flags->prompt_tokens,
-                  "--benchmark without --prompt: this many random token ids (default 32)")
+  add_option(cmd, "--prompt-tokens", flags->prompt_tokens,
+             "--benchmark without --prompt: this many random token ids (default 32)")
       ->type_name("N");
+  // Sizes beyond any context a model has are refused as they are parsed, before anything is
+  // drawn or allocated.
+  constexpr int64_t kMaxTokens = int64_t{1} << 20;
+  in_range(cmd->get_option("--prompt-tokens"), int64_t{1}, kMaxTokens);
+  in_range(cmd->get_option("--max-new-tokens"), int64_t{0}, kMaxTokens);
 
   auto run = [flags]() -> int {
     if (!flags->prompt_file.empty()) {
@@ -595,29 +598,11 @@ Command add_generate_command(CLI::App& app) {
           "generate: --n-kv-groups and --sliding-window-size run in float32 only, got --dtype {}",
           printable(f.dtype)));
     }
-    if (f.max_new_tokens < 0) {
-      throw UsageError(
-          fmt::format("generate: --max-new-tokens must be >= 0, got {}", f.max_new_tokens));
-    }
     const Sampling sampling = sampling_of(f);
     if (f.repeats < 1) {
       throw UsageError(fmt::format("generate: --repeats must be >= 1, got {}", f.repeats));
     }
     if (f.json && !f.benchmark) throw UsageError("generate: --json goes with --benchmark");
-    if (f.prompt_tokens < 1) {
-      throw UsageError(
-          fmt::format("generate: --prompt-tokens must be >= 1, got {}", f.prompt_tokens));
-    }
-    // Sizes beyond any context a model has are refused before anything is drawn or allocated.
-    constexpr int64_t kMaxTokens = int64_t{1} << 20;
-    if (f.prompt_tokens > kMaxTokens) {
-      throw UsageError(fmt::format("generate: --prompt-tokens must be at most {}, got {}",
-                                   kMaxTokens, f.prompt_tokens));
-    }
-    if (f.max_new_tokens > kMaxTokens) {
-      throw UsageError(fmt::format("generate: --max-new-tokens must be at most {}, got {}",
-                                   kMaxTokens, f.max_new_tokens));
-    }
     if (!f.prompt.empty() && !f.prompt_ids.empty()) {
       throw UsageError("generate: give either --prompt or --prompt-ids, not both");
     }

@@ -17,6 +17,7 @@
 #include "attn/hf_tokenizer.h"
 #include "attn/model_config.h"
 #include "attn/utf8.h"
+#include "flag_checks.h"
 
 namespace attn::cli {
 
@@ -348,7 +349,7 @@ Command add_inspect_command(CLI::App& app) {
       "Examples:\n  attn inspect model.safetensors\n  attn inspect --json model.safetensors\n"
       "  attn inspect gpt2            # a Hugging Face GPT-2 directory or an attn checkpoint "
       "directory");
-  cmd->add_option("file", flags->file, "The safetensors file, or a model directory")
+  add_option(cmd, "file", flags->file, "The safetensors file, or a model directory")
       ->required()
       ->type_name("FILE|DIR");
   cmd->add_flag("--json", flags->json, "Print one JSON object instead of the table");

@@ -28,6 +28,7 @@
 #include "command.h"
 #include "eval.h"
 #include "export.h"
+#include "flag_checks.h"
 #include "generate_command.h"
 #include "inspect.h"
 #include "omp_policy.h"
@@ -148,8 +149,8 @@ int main(int argc, char** argv) {
   for (const char* path : {"walkthrough", "generate", "eval", "serve", "plot attention"}) {
     CLI::App* cmd = &app;
     for (const auto& name : CLI::detail::split(path, ' ')) cmd = cmd->get_subcommand(name);
-    cmd->add_option("-t,--threads", threads,
-                    "OpenMP and BLAS threads (default: OMP_NUM_THREADS, else every core)")
+    attn::cli::add_option(cmd, "-t,--threads", threads,
+                          "OpenMP and BLAS threads (default: OMP_NUM_THREADS, else every core)")
         ->type_name("N");
   }
 

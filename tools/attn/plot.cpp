@@ -2,7 +2,6 @@
 #include "plot.h"
 
 #include <fmt/format.h>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +13,7 @@
 
 #include "attn/checkpoint.h"
 #include "attn/utf8.h"
+#include "flag_checks.h"
 #include "plot/line_chart.h"
 #include "plot/mask_figure.h"
 #include "plot/picture_file.h"
@@ -82,17 +82,17 @@ Command add_plot_command(CLI::App& app) {
   CLI::App* att = cmd->add_subcommand(
       "attention",
       "Draw every head of a layer (or of all layers) for a text, from a checkpoint of `attn train`");
-  att->add_option("-m,--model,--checkpoint", flags->checkpoint,
-                  "The folder holding checkpoint.safetensors")
+  add_option(att, "-m,--model,--checkpoint", flags->checkpoint,
+             "The folder holding checkpoint.safetensors")
       ->required()
       ->type_name("DIR");
-  att->add_option("--text", flags->text, "The text, at most the model's context long")
+  add_option(att, "--text", flags->text, "The text, at most the model's context long")
       ->required()
       ->type_name("TEXT");
   CLI::Option* layer_opt =
-      att->add_option("--layer", flags->layer, "Only this layer (0-based; default: all layers)")
+      add_option(att, "--layer", flags->layer, "Only this layer (0-based; default: all layers)")
           ->type_name("L");
-  att->add_option("--out", flags->out, "The picture: a .svg or .png file")
+  add_option(att, "--out", flags->out, "The picture: a .svg or .png file")
       ->required()
       ->type_name("FILE");
 
@@ -101,10 +101,10 @@ Command add_plot_command(CLI::App& app) {
       "Draw train and validation loss against iterations from a metrics.jsonl; from the "
       "metrics of `attn train --recipe book-ch5` (lines with tokens_seen and num_epochs), the "
       "book's plot_losses: loss against epochs, tokens seen on a second axis along the top");
-  loss->add_option("metrics", flags->metrics, "The metrics.jsonl of a training run")
+  add_option(loss, "metrics", flags->metrics, "The metrics.jsonl of a training run")
       ->required()
       ->type_name("METRICS");
-  loss->add_option("--out", flags->loss_out, "The picture: a .svg or .png file")
+  add_option(loss, "--out", flags->loss_out, "The picture: a .svg or .png file")
       ->required()
       ->type_name("FILE");
 
@@ -113,30 +113,30 @@ Command add_plot_command(CLI::App& app) {
       "Draw which keys each query may attend to under one of scaled_dot_product_attention's "
       "rules (docs/sdpa.md), read off the reference implementation: the softmax weights when "
       "every score is equal (masked cells grey), ALiBi's bias, or GQA's head sharing");
-  mask->add_option("--kind", flags->mask_kind,
-                   "causal (top-left, PyTorch's is_causal), causal-bottom-right (FlashAttention "
-                   "2's, a KV cache's), window (sliding window), alibi (one panel per head), "
-                   "varlen (packed sequences, cu_seqlens) or gqa (query heads against kv heads)")
+  add_option(mask, "--kind", flags->mask_kind,
+             "causal (top-left, PyTorch's is_causal), causal-bottom-right (FlashAttention "
+             "2's, a KV cache's), window (sliding window), alibi (one panel per head), "
+             "varlen (packed sequences, cu_seqlens) or gqa (query heads against kv heads)")
       ->required()
       ->type_name("KIND");
-  mask->add_option("--tq", flags->mask.tq, "Queries (1..64)")->capture_default_str();
-  mask->add_option("--tk", flags->mask.tk, "Keys (1..64)")->capture_default_str();
-  mask->add_option("--sliding-window-size", flags->sliding_window_size,
-                   "window: each query sees W keys, itself and the W - 1 before it (the book's "
-                   "sliding window; window_left = W - 1)")
+  add_option(mask, "--tq", flags->mask.tq, "Queries (1..64)")->capture_default_str();
+  add_option(mask, "--tk", flags->mask.tk, "Keys (1..64)")->capture_default_str();
+  add_option(mask, "--sliding-window-size", flags->sliding_window_size,
+             "window: each query sees W keys, itself and the W - 1 before it (the book's "
+             "sliding window; window_left = W - 1)")
       ->type_name("W")
       ->capture_default_str();
-  mask->add_option("--heads", flags->mask.heads, "alibi: heads; gqa: query heads")
+  add_option(mask, "--heads", flags->mask.heads, "alibi: heads; gqa: query heads")
       ->capture_default_str();
-  mask->add_option("--kv-heads", flags->mask.kv_heads, "gqa: key/value heads")
+  add_option(mask, "--kv-heads", flags->mask.kv_heads, "gqa: key/value heads")
       ->capture_default_str();
-  mask->add_option("--seqlens", flags->mask.seqlens,
-                   "varlen: the packed sequences' lengths, comma-separated (default 3,5,2)")
+  add_option(mask, "--seqlens", flags->mask.seqlens,
+             "varlen: the packed sequences' lengths, comma-separated (default 3,5,2)")
       ->delimiter(',')
       ->type_name("LIST");
-  mask->add_option("--out", flags->mask_out,
-                   "The picture: a .svg or .png file (default: the terminal, in colour when it "
-                   "is one and NO_COLOR is unset)")
+  add_option(mask, "--out", flags->mask_out,
+             "The picture: a .svg or .png file (default: the terminal, in colour when it "
+             "is one and NO_COLOR is unset)")
       ->type_name("FILE");
 
   auto run = [flags, att, loss, mask, layer_opt]() -> int {

@@ -13,6 +13,7 @@
 
 #include "attn/token_shards.h"
 #include "attn/utf8.h"
+#include "flag_checks.h"
 #include "progress.h"
 #include "special_tokens.h"
 
@@ -45,19 +46,25 @@ Command add_prepare_command(CLI::App& app) {
       "  attn prepare --tokenizer gpt2 corpus/*.txt --out corpus-tok --shard-tokens 100000000 "
       "--threads 16\n"
       "  attn train --data-shards shakespeare --out run --context-length 256 --batch-size 4");
-  cmd->add_option("inputs", flags->inputs, "The text files (UTF-8)")->required()->type_name("IN...");
-  cmd->add_option("--out", flags->out, "Folder for shard-NNNNN.tok and manifest.json (created; must not hold a manifest)")
+  add_option(cmd, "inputs", flags->inputs, "The text files (UTF-8)")
+      ->required()
+      ->type_name("IN...");
+  add_option(cmd, "--out", flags->out,
+             "Folder for shard-NNNNN.tok and manifest.json (created; must not hold a manifest)")
       ->required()
       ->type_name("DIR");
-  cmd->add_option("--tokenizer", flags->o.tokenizer, "gpt2: GPT-2's byte-level BPE (50,257 tokens)")
+  add_option(cmd, "--tokenizer", flags->o.tokenizer, "gpt2: GPT-2's byte-level BPE (50,257 tokens)")
       ->required()
       ->type_name("NAME");
-  cmd->add_option("--shard-tokens", flags->o.shard_tokens, "Tokens per shard (2 bytes each)")
+  add_option(cmd, "--shard-tokens", flags->o.shard_tokens, "Tokens per shard (2 bytes each)")
       ->capture_default_str()
       ->type_name("N");
-  cmd->add_option("-t,--threads", flags->o.threads, "Tokenizer threads (0: every core)")
+  add_option(cmd, "-t,--threads", flags->o.threads, "Tokenizer threads (0: every core)")
       ->capture_default_str()
       ->type_name("N");
+  // A shard is held in memory until written (2 bytes a token): 2^30 tokens, 2 GiB (issue 46).
+  in_range(cmd->get_option("--shard-tokens"), int64_t{1}, int64_t{data::kMaxShardTokens});
+  in_range(cmd->get_option("--threads"), int64_t{0}, int64_t{4096});
   cmd->add_flag("--verify", flags->verify, "Read the shards back and check their checksums");
   cmd->add_flag("-q,--quiet", flags->quiet, "No progress display on stderr");
   cmd->add_flag("--allow-special", flags->allow_special,
@@ -65,13 +72,8 @@ Command add_prepare_command(CLI::App& app) {
                 "(else a file holding it is refused, as tiktoken refuses it)");
   auto run = [flags]() -> int {
     if (flags->o.tokenizer != "gpt2")
-      throw UsageError(fmt::format("--tokenizer must be gpt2, got '{}'", printable(flags->o.tokenizer, 64)));
-    // A shard is held in memory until written (2 bytes a token): 2^30 tokens, 2 GiB (issue 46).
-    if (flags->o.shard_tokens < 1 || flags->o.shard_tokens > data::kMaxShardTokens)
-      throw UsageError(fmt::format("--shard-tokens must be in 1..{}, got {}", data::kMaxShardTokens,
-                                   flags->o.shard_tokens));
-    if (flags->o.threads < 0 || flags->o.threads > 4096)
-      throw UsageError(fmt::format("--threads must be in 0..4096, got {}", flags->o.threads));
+      throw UsageError(
+          fmt::format("--tokenizer must be gpt2, got '{}'", printable(flags->o.tokenizer, 64)));
     // Every file before any is written: tiktoken's rule for "<|endoftext|>".
     for (const auto& input : flags->inputs)
       refuse_special_tokens_in_file(input, flags->allow_special);

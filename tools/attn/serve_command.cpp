@@ -18,6 +18,7 @@
 
 #include "attn/chat_template.h"
 #include "attn/utf8.h"
+#include "flag_checks.h"
 #include "serve/engine.h"
 #include "serve/metrics.h"
 #include "serve/served_model.h"
@@ -91,12 +92,6 @@ serve::ChatRenderer load_chat(const Flags& f, const serve::ServedModel& model,
 
 int run_serve(const Flags& f) {
   require_model_dir(f.model);
-  if (f.parallel < 1 || f.parallel > 1024)
-    throw UsageError(fmt::format("serve: --parallel must be in [1, 1024], got {}", f.parallel));
-  if (f.port < 0 || f.port > 65535)
-    throw UsageError(fmt::format("serve: --port must be in [0, 65535], got {}", f.port));
-  if (f.block_size < 1 || f.block_size > 1024)
-    throw UsageError(fmt::format("serve: --block-size must be in [1, 1024], got {}", f.block_size));
   if (f.queue_size < 0)
     throw UsageError(fmt::format("serve: --queue-size must be >= 0, got {}", f.queue_size));
   if (f.step_tokens < f.parallel)
@@ -228,73 +223,73 @@ Command add_serve_command(CLI::App& app) {
       "  attn serve --model gpt2 --port 0 --api-key secret\n"
       "  curl http://127.0.0.1:8080/v1/completions -H 'Content-Type: application/json' \\\n"
       "       -d '{\"prompt\": \"Every effort moves you\", \"max_tokens\": 20}'");
-  cmd->add_option(
-         "-m,--model", flags->model,
-         "Model directory: Hugging Face GPT-2 (or an attn checkpoint), or a Llama 3 / Qwen2 / "
-         "Qwen3 / Gemma directory with its tokenizer.json")
+  add_option(cmd, "-m,--model", flags->model,
+             "Model directory: Hugging Face GPT-2 (or an attn checkpoint), or a Llama 3 / Qwen2 / "
+             "Qwen3 / Gemma directory with its tokenizer.json")
       ->required()
       ->type_name("DIR");
-  cmd->add_option("--model-name", flags->name,
-                  "The model's id in requests and /v1/models (default: the directory's name)")
+  add_option(cmd, "--model-name", flags->name,
+             "The model's id in requests and /v1/models (default: the directory's name)")
       ->type_name("NAME");
-  cmd->add_option("--host", flags->host, "Address to bind (default 127.0.0.1: this machine only)")
+  add_option(cmd, "--host", flags->host, "Address to bind (default 127.0.0.1: this machine only)")
       ->type_name("ADDR");
-  cmd->add_option("--port", flags->port, "TCP port (default 8080; 0: any free port, printed)")
+  add_option(cmd, "--port", flags->port, "TCP port (default 8080; 0: any free port, printed)")
       ->type_name("PORT");
-  cmd->add_option("--api-key", flags->api_key,
-                  "Require 'Authorization: Bearer KEY' on every endpoint but /health (default: the "
-                  "ATTN_API_KEY variable; none when both are empty)")
+  add_option(cmd, "--api-key", flags->api_key,
+             "Require 'Authorization: Bearer KEY' on every endpoint but /health (default: the "
+             "ATTN_API_KEY variable; none when both are empty)")
       ->type_name("KEY");
-  cmd->add_option("--parallel", flags->parallel, "Requests decoded together (slots; default 4)")
+  add_option(cmd, "--parallel", flags->parallel, "Requests decoded together (slots; default 4)")
       ->type_name("N");
-  cmd->add_option(
-         "--ctx-size", flags->ctx_size,
-         "The most tokens (prompt + completion) of one request (default: the model's context "
-         "length)")
+  add_option(cmd, "--ctx-size", flags->ctx_size,
+             "The most tokens (prompt + completion) of one request (default: the model's context "
+             "length)")
       ->type_name("N");
-  cmd->add_option("--kv-cache-mb", flags->kv_cache_mb,
-                  "Size of the paged key/value cache's pool (default: --ctx-size x --parallel "
-                  "positions)")
+  add_option(cmd, "--kv-cache-mb", flags->kv_cache_mb,
+             "Size of the paged key/value cache's pool (default: --ctx-size x --parallel "
+             "positions)")
       ->type_name("MB");
-  cmd->add_option("--block-size", flags->block_size, "Positions per cache block (default 16)")
+  add_option(cmd, "--block-size", flags->block_size, "Positions per cache block (default 16)")
       ->type_name("N");
-  cmd->add_option("--queue-size", flags->queue_size,
-                  "Requests that may wait for a slot; more get 503 with Retry-After (default 64)")
+  add_option(cmd, "--queue-size", flags->queue_size,
+             "Requests that may wait for a slot; more get 503 with Retry-After (default 64)")
       ->type_name("N");
-  cmd->add_option(
-         "--step-tokens", flags->step_tokens,
-         "Token rows of one batched step: decoding rows first, prompt chunks fill the rest "
-         "(default 256)")
+  add_option(cmd, "--step-tokens", flags->step_tokens,
+             "Token rows of one batched step: decoding rows first, prompt chunks fill the rest "
+             "(default 256)")
       ->type_name("N");
-  cmd->add_option("--dtype", flags->dtype,
-                  "float32 (default) or bfloat16 (Llama / Qwen / Gemma: bf16 weights)")
+  add_option(cmd, "--dtype", flags->dtype,
+             "float32 (default) or bfloat16 (Llama / Qwen / Gemma: bf16 weights)")
       ->type_name("DTYPE");
-  cmd->add_option("--kv-dtype", flags->kv_dtype,
-                  "The paged KV cache's keys and values: auto (the default: as --dtype), float32 "
-                  "or bfloat16 (half the memory per token)")
+  add_option(cmd, "--kv-dtype", flags->kv_dtype,
+             "The paged KV cache's keys and values: auto (the default: as --dtype), float32 "
+             "or bfloat16 (half the memory per token)")
       ->type_name("DTYPE");
-  cmd->add_option("--max-body-bytes", flags->max_body_bytes,
-                  "Largest request body; larger ones get 413 (default 8 MiB)")
+  add_option(cmd, "--max-body-bytes", flags->max_body_bytes,
+             "Largest request body; larger ones get 413 (default 8 MiB)")
       ->type_name("N");
-  cmd->add_option("--http-threads", flags->http_threads,
-                  "Connections served at once (default 2 x (parallel + queue-size), 32..512)")
+  add_option(cmd, "--http-threads", flags->http_threads,
+             "Connections served at once (default 2 x (parallel + queue-size), 32..512)")
       ->type_name("N");
-  cmd->add_option(
-         "--timeout", flags->timeout_s,
-         "Seconds a client may take to send its request, or to take a response (default 10)")
+  add_option(cmd, "--timeout", flags->timeout_s,
+             "Seconds a client may take to send its request, or to take a response (default 10)")
       ->type_name("S");
-  cmd->add_option("--shutdown-grace", flags->shutdown_grace_s,
-                  "On SIGTERM/SIGINT, seconds running requests may take to finish (default 5)")
+  add_option(cmd, "--shutdown-grace", flags->shutdown_grace_s,
+             "On SIGTERM/SIGINT, seconds running requests may take to finish (default 5)")
       ->type_name("S");
-  cmd->add_option("--chat-template", flags->chat_template,
-                  "The chat template for /v1/chat/completions: a Jinja file (or a JSON file's "
-                  "\"chat_template\"), instead of the directory's")
+  add_option(cmd, "--chat-template", flags->chat_template,
+             "The chat template for /v1/chat/completions: a Jinja file (or a JSON file's "
+             "\"chat_template\"), instead of the directory's")
       ->type_name("FILE");
   cmd->add_flag("--no-prefix-caching", flags->no_prefix_caching,
                 "Compute every prompt in full (by default the blocks of finished prompts stay "
                 "cached, and a prompt that begins with the same tokens reads them)");
   cmd->add_flag("--log-prompts", flags->log_prompts,
                 "Request logs (stderr, one line each) show the prompt text (escaped)");
+  // Ranges checked as the flags are parsed (issue 46); the others are checked by run_serve.
+  in_range(cmd->get_option("--parallel"), int64_t{1}, int64_t{1024});
+  in_range(cmd->get_option("--port"), 0, 65535);
+  in_range(cmd->get_option("--block-size"), int64_t{1}, int64_t{1024});
   return Command{cmd, [flags] { return run_serve(*flags); }};
 }
 

@@ -16,6 +16,7 @@
 
 #include "attn/read_file.h"
 #include "attn/utf8.h"
+#include "flag_checks.h"
 #include "hf_text.h"
 #include "input_file.h"
 #include "special_tokens.h"
@@ -137,20 +138,20 @@ Command add_tokenize_command(CLI::App& app) {
       "ranks\n"
       "  attn tokenize --tokenizer DIR --chat --json 'Hello'   # the chat prompt's text and ids\n"
       "With neither TEXT/IDS nor --file, the input is read from stdin.");
-  cmd->add_option("args", flags->args,
-                  "The text (one argument; quote it), or the ids with --decode")
+  add_option(cmd, "args", flags->args,
+             "The text (one argument; quote it), or the ids with --decode")
       ->type_name("TEXT|IDS...");
-  cmd->add_option("--file", flags->file, "Read the text (or the ids) from this file")
+  add_option(cmd, "--file", flags->file, "Read the text (or the ids) from this file")
       ->type_name("FILE");
   cmd->add_flag("--allow-special", flags->allow_special,
                 "Encode \"<|endoftext|>\" as the special token 50256 (else text holding it is "
                 "refused, as tiktoken's encode refuses it)");
   cmd->add_flag("--json", flags->json, "Print the ids and each token's spelling and text as JSON");
   cmd->add_flag("--decode", flags->decode, "Turn ids into text");
-  cmd->add_option("--tokenizer", flags->tokenizer,
-                  "A Hugging Face tokenizer.json, a tokenizer.model (a SentencePiece model, or "
-                  "Llama 3's tiktoken ranks), or a model directory holding one, instead of GPT-2's "
-                  "(its added tokens are always matched, as tokenizers matches them)")
+  add_option(cmd, "--tokenizer", flags->tokenizer,
+             "A Hugging Face tokenizer.json, a tokenizer.model (a SentencePiece model, or "
+             "Llama 3's tiktoken ranks), or a model directory holding one, instead of GPT-2's "
+             "(its added tokens are always matched, as tokenizers matches them)")
       ->type_name("FILE|DIR");
   cmd->add_flag("--no-special", flags->no_special,
                 "With --tokenizer: without the special tokens its post-processor adds (a BOS)");
@@ -160,13 +161,13 @@ Command add_tokenize_command(CLI::App& app) {
                 "With --tokenizer DIR: the text as the user's message in DIR's chat template "
                 "(as attn generate --chat renders it), encoded without the post-processor; --json "
                 "adds the rendered text");
-  cmd->add_option("--system", flags->system, "With --chat: a system message before the text")
+  add_option(cmd, "--system", flags->system, "With --chat: a system message before the text")
       ->type_name("TEXT");
-  cmd->add_option("--chat-template-kwargs", flags->chat_template_kwargs,
-                  "With --chat: more template variables as a JSON object")
+  add_option(cmd, "--chat-template-kwargs", flags->chat_template_kwargs,
+             "With --chat: more template variables as a JSON object")
       ->type_name("JSON");
-  cmd->add_option("--chat-template", flags->chat_template_file,
-                  "With --chat: the template of FILE instead of DIR's")
+  add_option(cmd, "--chat-template", flags->chat_template_file,
+             "With --chat: the template of FILE instead of DIR's")
       ->type_name("FILE");
   auto run = [flags]() -> int {
     if (!flags->chat && (flags->system || !flags->chat_template_kwargs.empty() ||

@@ -33,6 +33,7 @@
 #include "attn/tokenizer.h"
 #include "attn/train.h"
 #include "attn/train_book.h"
+#include "attn/train_flags.h"
 #include "attn/utf8.h"
 #include "flag_checks.h"
 #include "input_file.h"
@@ -274,22 +275,22 @@ Command add_train_command(CLI::App& app) {
       "runs; rank 0 prints and writes; --resume works at any rank count with the same ranks x K.\n"
       "  mpirun -np 2 --bind-to none attn train --text input.txt --out run\n"
       "  mpirun -np 8 --hostfile hosts attn train --text input.txt --out /shared/run --deterministic");
-  cmd->add_option("--text", flags->text, "The training text (UTF-8)")->type_name("FILE");
-  cmd->add_option("--data-shards", flags->data_shards,
-                  "Train on the token shards attn prepare wrote in DIR instead of --text (GPT-2 BPE; "
-                  "memory-mapped, each batch reads only its windows; the first 90% of the tokens "
-                  "train, the rest validate)")
+  add_option(cmd, "--text", flags->text, "The training text (UTF-8)")->type_name("FILE");
+  add_option(cmd, "--data-shards", flags->data_shards,
+             "Train on the token shards attn prepare wrote in DIR instead of --text (GPT-2 BPE; "
+             "memory-mapped, each batch reads only its windows; the first 90% of the tokens "
+             "train, the rest validate)")
       ->type_name("DIR");
-  cmd->add_option("--out", flags->out, "Folder for checkpoint.safetensors and metrics.jsonl")
+  add_option(cmd, "--out", flags->out, "Folder for checkpoint.safetensors and metrics.jsonl")
       ->required()
       ->type_name("DIR");
-  cmd->add_option("--recipe", flags->recipe,
-                  "book-ch5: the book's chapter-5 run (GPT_CONFIG_124M with context 256, GPT-2 BPE, "
-                  "windows of 256 every 256, batch 2, AdamW lr 4e-4 with weight decay 0.1 on every "
-                  "parameter, betas (0.9, 0.999), constant lr, no clipping, dropout 0.1 with "
-                  "PyTorch's masks, 10 epochs, seed 123) and its loop, train_model_simple: "
-                  "evaluation after every 5th step on 5 batches, a greedy sample from \"Every "
-                  "effort moves you\" after each epoch. Flags given too override the recipe's")
+  add_option(cmd, "--recipe", flags->recipe,
+             "book-ch5: the book's chapter-5 run (GPT_CONFIG_124M with context 256, GPT-2 BPE, "
+             "windows of 256 every 256, batch 2, AdamW lr 4e-4 with weight decay 0.1 on every "
+             "parameter, betas (0.9, 0.999), constant lr, no clipping, dropout 0.1 with "
+             "PyTorch's masks, 10 epochs, seed 123) and its loop, train_model_simple: "
+             "evaluation after every 5th step on 5 batches, a greedy sample from \"Every "
+             "effort moves you\" after each epoch. Flags given too override the recipe's")
       ->type_name("NAME");
   cmd->add_flag(
       "-q,--quiet", flags->quiet,
@@ -302,11 +303,11 @@ Command add_train_command(CLI::App& app) {
   cmd->add_flag("--resume", flags->resume,
                 "Continue from DIR/checkpoint.safetensors with its flags (flags given here override "
                 "those that do not change the model)");
-  cmd->add_option("-t,--threads", flags->threads,
-                  "OpenMP and BLAS threads (default: OMP_NUM_THREADS, else every core). On a busy "
-                  "machine, 1 is often much faster for a small model: threads that wait for each "
-                  "other lose their core. Losses are reproducible (and --resume exact) for the "
-                  "same thread count")
+  add_option(cmd, "-t,--threads", flags->threads,
+             "OpenMP and BLAS threads (default: OMP_NUM_THREADS, else every core). On a busy "
+             "machine, 1 is often much faster for a small model: threads that wait for each "
+             "other lose their core. Losses are reproducible (and --resume exact) for the "
+             "same thread count")
       ->type_name("N");
   cmd->add_flag("--deterministic", flags->deterministic,
                 "Under mpirun: sum the ranks' gradients in rank order (an allgather of each bucket, "
@@ -322,9 +323,10 @@ Command add_train_command(CLI::App& app) {
   // starts from the checkpoint's flags and applies the ones given).
   std::vector<std::pair<CLI::Option*, std::function<void(train::TrainOptions&, const train::TrainOptions&)>>>
       given;
-#define ATTN_TRAIN_FLAG(name, field, help)                                                      \
-  given.emplace_back(cmd->add_option(name, o.field, help)->capture_default_str(),               \
-                     [](train::TrainOptions& d, const train::TrainOptions& s) { d.field = s.field; })
+#define ATTN_TRAIN_FLAG(name, field, help)                         \
+  given.emplace_back(                                              \
+      add_option(cmd, name, o.field, help)->capture_default_str(), \
+      [](train::TrainOptions& d, const train::TrainOptions& s) { d.field = s.field; })
   ATTN_TRAIN_FLAG("--n-layers", n_layers, "Transformer blocks");
   ATTN_TRAIN_FLAG("--n-heads", n_heads, "Attention heads (must divide --emb-dim)");
   ATTN_TRAIN_FLAG("--emb-dim", emb_dim, "Embedding size");
@@ -414,7 +416,10 @@ Command add_train_command(CLI::App& app) {
                   "--tokenizer hf: the tokenizer.json (or a directory holding one; default: "
                   "--init-from's)");
 #undef ATTN_TRAIN_FLAG
-  cmd->get_option("--seed")->check(uint64_value());
+  // Each size and count in its range as it is parsed (TrainOptions::validate
+  // checks the same ranges again, for a resumed run's train_args).
+  for (const train::FlagRange& r : train::integer_flag_ranges())
+    in_range(cmd->get_option(std::string("--") + r.flag), r.min, r.max);
 
   CLI::Option* accum_flag = cmd->get_option("--grad-accum-steps");
   CLI::Option* tokenizer_flag = cmd->get_option("--tokenizer");

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "attn/utf8.h"
+#include "flag_checks.h"
 #include "progress.h"
 #include "walkthrough_ch3.h"
 #include "walkthrough_ch4.h"
@@ -88,50 +89,48 @@ Command add_walkthrough_command(CLI::App& app) {
       "printed the way PyTorch 1.13 prints it; --chapter 4: the GPT chapter's notebook; "
       "--chapter 5: the pretraining chapter's notebook, its training included");
   cmd->footer(sections_help);
-  cmd->add_option("--chapter", flags->chapter,
-                  "3 (the default): the attention chapter's examples; 4: the GPT chapter's "
-                  "notebook (GPT_CONFIG_124M under torch.manual_seed(123), its logits, "
-                  "parameter counts and greedy generation); 5: the pretraining chapter's "
-                  "notebook (generation, the loss, The Verdict's loaders, the untrained "
-                  "model's losses, train_model_simple's 10 epochs, the trained model's text, "
-                  "temperature and top-k on the 9-word vocabulary and with the trained "
-                  "model); progress on stderr")
+  add_option(cmd, "--chapter", flags->chapter,
+             "3 (the default): the attention chapter's examples; 4: the GPT chapter's "
+             "notebook (GPT_CONFIG_124M under torch.manual_seed(123), its logits, "
+             "parameter counts and greedy generation); 5: the pretraining chapter's "
+             "notebook (generation, the loss, The Verdict's loaders, the untrained "
+             "model's losses, train_model_simple's 10 epochs, the trained model's text, "
+             "temperature and top-k on the 9-word vocabulary and with the trained "
+             "model); progress on stderr")
       ->type_name("N");
-  cmd->add_option("--section", flags->sections,
-                  "Run only this section (repeatable, or comma-separated); chapter 3: " +
-                      joined_names(walkthrough_ch3_sections()) +
-                      "; chapter 4: " + joined_names(walkthrough_ch4_sections()) +
-                      "; chapter 5: " + joined_names(walkthrough_ch5_sections()))
+  add_option(cmd, "--section", flags->sections,
+             "Run only this section (repeatable, or comma-separated); chapter 3: " +
+                 joined_names(walkthrough_ch3_sections()) +
+                 "; chapter 4: " + joined_names(walkthrough_ch4_sections()) +
+                 "; chapter 5: " + joined_names(walkthrough_ch5_sections()))
       ->delimiter(',')
       ->type_name("NAME");
   CLI::Option* seed_opt =
-      cmd->add_option("--seed", flags->seed, "Use this seed for every torch.manual_seed")
+      add_option(cmd, "--seed", flags->seed, "Use this seed for every torch.manual_seed")
           ->type_name("N");
   cmd->add_flag("--json", flags->json,
                 "Print a JSON array of every tensor: section, name, explanation, shape, values "
                 "(row-major; inf, -inf, nan as strings), text (as PyTorch prints it)");
-  cmd->add_option("--json-out", flags->json_out, "Also write that JSON array to FILE (atomically)")
+  add_option(cmd, "--json-out", flags->json_out, "Also write that JSON array to FILE (atomically)")
       ->type_name("FILE");
   CLI::Option* text_opt =
-      cmd->add_option("--text", flags->text,
-                      "Chapter 5: the notebook's the-verdict.txt (default: data/the-verdict.txt)")
+      add_option(cmd, "--text", flags->text,
+                 "Chapter 5: the notebook's the-verdict.txt (default: data/the-verdict.txt)")
           ->type_name("FILE");
   CLI::Option* epochs_opt =
-      cmd->add_option("--epochs", flags->epochs,
-                      "Chapter 5: train this many epochs instead of the notebook's 10 (the first "
-                      "epochs print the same; the trained model's sections then use this model)")
+      add_option(cmd, "--epochs", flags->epochs,
+                 "Chapter 5: train this many epochs instead of the notebook's 10 (the first "
+                 "epochs print the same; the trained model's sections then use this model)")
           ->type_name("N");
   CLI::Option* plot_opt =
-      cmd->add_option(
-             "--plot", flags->plot_dir,
-             "Write every attention matrix as a heatmap, NN-section-name.svg and .png, and "
-             "index.html listing them, into DIR (created if missing)")
+      add_option(cmd, "--plot", flags->plot_dir,
+                 "Write every attention matrix as a heatmap, NN-section-name.svg and .png, and "
+                 "index.html listing them, into DIR (created if missing)")
           ->type_name("DIR");
   CLI::Option* html_opt =
-      cmd->add_option(
-             "--html", flags->html_out,
-             "Write the whole walkthrough as one self-contained HTML page: every step, its "
-             "PyTorch line, its tensor and its heatmap")
+      add_option(cmd, "--html", flags->html_out,
+                 "Write the whole walkthrough as one self-contained HTML page: every step, its "
+                 "PyTorch line, its tensor and its heatmap")
           ->type_name("FILE");
   cmd->add_flag("-q,--quiet", flags->quiet,
                 "Chapters 4 and 5: no progress on stderr (the lines of the slow parts, the "
