@@ -591,7 +591,9 @@ Tensor TransformerBlock::backward(const Tensor& dy) {
 int64_t layer_sliding_window(const GPTConfig& cfg, int64_t layer) {
   if (cfg.sliding_window_size <= 0) return 0;
   const int64_t K = cfg.sliding_window_stride;  // K:1, K window layers then one full
-  const bool windowed = K <= 0 ? K < 0 : layer % (K + 1) < K;
+  // K >= n_layers windows every layer (K + 1 is not formed: a checkpoint's K may be int64's
+  // largest).
+  const bool windowed = K <= 0 ? K < 0 : K >= cfg.n_layers || layer % (K + 1) < K;
   return windowed ? cfg.sliding_window_size : 0;
 }
 

@@ -6,6 +6,8 @@
 // std::invalid_argument naming the values.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -121,6 +123,30 @@ void expect_invalid(F&& f, const std::string& message) {
     ADD_FAILURE() << "no exception; expected: " << message;
   } catch (const std::invalid_argument& e) {
     EXPECT_EQ(std::string(e.what()), message);
+  }
+}
+
+// The book's K:1 schedule for every stride, against its rule computed in
+// uint64 (layer i windowed when i % (K + 1) < K; K < 0 every layer, 0 none):
+// a checkpoint's stride may be int64's largest, where K + 1 in int64
+// overflowed (issue 46; a signed overflow, undefined behaviour).
+TEST(GqaSwa, LayerScheduleHoldsForEveryStride) {
+  GPTConfig cfg{.vocab_size = 5,
+                .context_length = 4,
+                .emb_dim = 8,
+                .n_heads = 2,
+                .n_layers = 7,
+                .sliding_window_size = 3};
+  for (const int64_t K :
+       {int64_t{-1}, std::numeric_limits<int64_t>::min(), int64_t{0}, int64_t{1}, int64_t{2},
+        int64_t{5}, int64_t{6}, int64_t{7}, std::numeric_limits<int64_t>::max() - 1,
+        std::numeric_limits<int64_t>::max()}) {
+    cfg.sliding_window_stride = K;
+    for (int64_t i = 0; i < cfg.n_layers; ++i) {
+      const auto k = static_cast<uint64_t>(K), layer = static_cast<uint64_t>(i);
+      const bool windowed = K < 0 || (K > 0 && layer % (k + 1) < k);
+      EXPECT_EQ(layer_sliding_window(cfg, i), windowed ? 3 : 0) << "K " << K << " layer " << i;
+    }
   }
 }
 

@@ -30,6 +30,7 @@ TEST(SpecialFilesCli, EachKindRefusedByNameWithoutOpeningIt) {
   fs::create_directories(dir);
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   auto q = [](const std::string& s) { return "'" + s + "'"; };
+  const std::string model = std::string(ATTN_TESTS_DIR) + "/fixtures/hf_gpt2/fp32";
   const std::vector<Case> cases = {
       {"train --text " + q(dir) + " --out " + q(out), 1,
        "--text '" + dir + "' is a directory, not a regular file"},
@@ -55,6 +56,21 @@ TEST(SpecialFilesCli, EachKindRefusedByNameWithoutOpeningIt) {
        "'/dev/zero' is a character device, not a regular file"},
       {"plot loss " + q(dir) + " --out " + q(out + ".svg"), 1,
        "'" + dir + "' is a directory, not a regular file"},
+      // The other readers of a text: eval's --file (a FIFO blocked for ever),
+      // generate's --prompt-file, and /dev/null as --text and prepare's input.
+      {"eval --model " + q(model) + " --file " + q(fifo), 1,
+       "--file '" + fifo + "' is a FIFO (named pipe), not a regular file"},
+      {"eval --model " + q(model) + " --file /dev/zero", 1,
+       "--file '/dev/zero' is a character device, not a regular file"},
+      {"eval --model " + q(model) + " --file " + q(dir), 1,
+       "--file '" + dir + "' is a directory, not a regular file"},
+      {"generate --model " + q(model) + " --prompt-file " + q(fifo), 1,
+       "--prompt-file '" + fifo + "' is a FIFO (named pipe), not a regular file"},
+      {"generate --model " + q(model) + " --prompt-file /dev/zero", 1,
+       "--prompt-file '/dev/zero' is a character device, not a regular file"},
+      {"tokenize --file /dev/null", 1, "--file '/dev/null' is a character device"},
+      {"prepare --tokenizer gpt2 /dev/null --out " + q(out), 1,
+       "input '/dev/null' is a character device"},
   };
   for (const Case& c : cases) {
     const auto r =

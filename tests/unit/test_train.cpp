@@ -29,6 +29,7 @@
 #include "attn/random.h"
 #include "attn/safetensors.h"
 #include "attn/train.h"
+#include "attn/utf8.h"
 #include "cli.h"
 #include "train_steps.h"
 
@@ -956,7 +957,7 @@ TEST(TrainCli, PathsThatAreNotUtf8AndNoEmptyOutLeftBehind) {
   EXPECT_FALSE(fs::exists(out)) << "an empty --out folder was left behind";
 
   const std::string shards = attn::test::temp_path("shards\xff\x1b"),
-                    run = attn::test::temp_path("run\xfe");
+                    run = attn::test::temp_path("run\xfe\x1b[31m");
   r = attn::test::run_cli("prepare --tokenizer gpt2 '" + text + "' --out '" + shards + "'");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   r = attn::test::run_cli(
@@ -965,8 +966,14 @@ TEST(TrainCli, PathsThatAreNotUtf8AndNoEmptyOutLeftBehind) {
       "--max-iters 2 --eval-interval 2 --eval-iters 1 --threads 1");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(fs::exists(run + "/checkpoint.safetensors"));
-  for (const std::string& line : attn::test::lines_of(r.out))
-    EXPECT_EQ(line.find('\x1b'), std::string::npos) << "a raw ESC in: " << line;
+  // Every line, the --out path's echo among them, is valid UTF-8 without a control byte.
+  for (const std::string& line : attn::test::lines_of(r.out)) {
+    EXPECT_TRUE(attn::is_utf8(line)) << "bytes that are not UTF-8 in: " << attn::printable(line);
+    EXPECT_EQ(std::count_if(line.begin(), line.end(),
+                            [](char c) { return static_cast<unsigned char>(c) < 0x20; }),
+              0)
+        << "a raw control byte in: " << attn::printable(line);
+  }
   fs::remove_all(shards);
   fs::remove_all(run);
 }
