@@ -879,7 +879,7 @@ TEST(TrainCli, SizesAtTheEdgesAreRefusedAsParsed) {
       {"--seed 0x10", refused("--seed", "0..18446744073709551615", "0x10")},
   };
   for (const auto& [args, needle] : cases) {
-    const auto r = attn::test::run_cli(base + args);
+    const auto r = attn::test::run_cli_capped(base + args);  // 4 GiB: a failed bound fails here
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
     EXPECT_EQ(attn::test::lines_of(r.err).size(), 1u) << args << "\n" << r.err;
     if (needle.rfind("attn: ", 0) == 0) {
@@ -910,7 +910,7 @@ TEST(TrainCli, SizesAtTheEdgesAreRefusedAsParsed) {
            {"--config 124m --benchmark --seed 18446744073709551616",
             "--seed: must be a whole number in 0..18446744073709551615, got "
             "'18446744073709551616'"}}) {
-    const auto g = attn::test::run_cli("generate " + args);
+    const auto g = attn::test::run_cli_capped("generate " + args);
     EXPECT_EQ(g.exit_code, 2) << args << "\n" << g.err;
     EXPECT_EQ(attn::test::lines_of(g.err).size(), 1u) << g.err;
     EXPECT_NE(g.err.find(needle), std::string::npos) << needle << " not in: " << g.err;
