@@ -241,7 +241,7 @@ TEST(Cli, ErrorsNameTheCommandAndNoLibraryFunction) {
   EXPECT_EQ(nested.err.rfind("attn: plot: ", 0), 0u) << nested.err;
   const auto threads = run_cli("generate --config 124m --benchmark -t 0");
   expect_one_line_error(threads);
-  EXPECT_EQ(threads.err, "attn: generate: --threads must be >= 1, got 0\n");
+  EXPECT_EQ(threads.err, "attn: generate: --threads: must be a whole number in 1..4096, got '0'\n");
   for (const auto* r : {&missing, &bad_seed, &nested, &threads}) {
     EXPECT_EQ(r->err.find("::"), std::string::npos) << r->err;
   }

@@ -142,7 +142,8 @@ TEST(FlagBoundsCli, WalkthroughChapterEpochsAndSeedAreChecked) {
 // it int64's largest value (and a command then named that). The flags with a
 // range of their own name it (the other rows of this file and
 // TrainCli.SizesAtTheEdgesAreRefusedAsParsed); the rest name their type's,
-// and their own range is checked when the command runs.
+// and their own range (the model's, another flag's) is checked when the
+// command runs.
 TEST(FlagBoundsCli, EveryIntegerFlagNamesTheTextPastItsType) {
   ATTN_REQUIRE_CLI();
   const std::string typed = "99999999999999999999";
@@ -240,6 +241,14 @@ TEST(FlagBoundsCli, EveryIntegerFlagNamesTheTextPastItsType) {
        "serve: --parallel: must be a whole number in 1..1024, got '0'"},
       {"serve --model x --block-size 1025",
        "serve: --block-size: must be a whole number in 1..1024, got '1025'"},
+      {"serve --model x --queue-size -1",
+       "serve: --queue-size: must be a whole number in 0..9223372036854775807, got '-1'"},
+      {"serve --model x --max-body-bytes 1023",
+       "serve: --max-body-bytes: must be a whole number in 1024..9223372036854775807, got '1023'"},
+      {"serve --model x --timeout 0",
+       "serve: --timeout: must be a whole number in 1..2147483647, got '0'"},
+      {"generate --config 124m --benchmark -t 4097",
+       "generate: --threads: must be a whole number in 1..4096, got '4097'"},
       {"plot mask --tq 0x10 --out x.svg",
        "--tq: must be a whole number in -9223372036854775808..9223372036854775807, got '0x10'"},
       {"walkthrough --chapter 2147483648",

@@ -275,7 +275,7 @@ TEST(GenerateCli, BadInputIsOneLine) {
       {"--checkpoint DIR --prompt a --max-new-tokens -1", 2,
        "attn: generate: --max-new-tokens: must be a whole number in 0..1048576, got '-1'"},
       {"--checkpoint DIR --prompt a --top-k -1", 2,
-       "attn: generate: --top-k must be >= 0 (0: off), got -1"},
+       "attn: generate: --top-k: must be a whole number in 0..9223372036854775807, got '-1'"},
       {"--checkpoint DIR --prompt a --top-p 0", 2,
        "attn: generate: --top-p must be in (0, 1] (1: off), got 0"},
       {"--checkpoint DIR --prompt a --prompt-file DIR", 2,
@@ -292,7 +292,7 @@ TEST(GenerateCli, BadInputIsOneLine) {
       {"--config 350m --benchmark", 2, "attn: generate: --config must be 124m, got '350m'"},
       {"--checkpoint DIR --prompt a --json", 2, "attn: generate: --json goes with --benchmark"},
       {"--checkpoint DIR --benchmark --json --repeats 0", 2,
-       "attn: generate: --repeats must be >= 1, got 0"},
+       "attn: generate: --repeats: must be a whole number in 1..1000000, got '0'"},
   };
   for (BadCase c : cases) {
     if (const auto pos = c.args.find("DIR"); pos != std::string::npos) {

@@ -127,7 +127,7 @@ TEST(GqaSwaCli, BadFlagsAreOneLine) {
       {"generate --config 124m --benchmark --n-kv-groups 5", 2,
        "attn: generate: --n-kv-groups must divide n_heads 12, got 5"},
       {"generate --config 124m --benchmark --sliding-window-size 0", 2,
-       "attn: generate: --sliding-window-size must be >= 1, got 0"},
+       "attn: generate: --sliding-window-size: must be a whole number in 1..1048576, got '0'"},
       {"generate --config 124m --benchmark --sliding-window-stride 2", 2,
        "attn: generate: --sliding-window-stride needs --sliding-window-size"},
       {"generate --config 124m --benchmark --n-kv-groups 4 --dtype bfloat16", 2,

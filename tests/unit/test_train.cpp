@@ -796,7 +796,7 @@ TEST(TrainCli, BadInputIsOneLineAndNonZero) {
        "--batch-size: must be a whole number in 1..65536, got '0'"},
       {"--text '" + good + "' --out '" + dir + "'" + model + "--lr -1", 2, "--lr must be > 0"},
       {"--text '" + good + "' --out '" + dir + "'" + model + "--threads -2", 2,
-       "--threads must be >= 1, got -2"},
+       "--threads: must be a whole number in 1..4096, got '-2'"},
       {"--text '" + good + "' --out '" + good + "/sub'" + model, 1, "--out"},
       {"--text '" + good + "' --out '" + dir + "'" + model + "--resume", 1, "no checkpoint"},
   };

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -90,9 +91,6 @@ Sampling sampling_of(const Flags& f) {
     throw UsageError(
         fmt::format("generate: --greedy is --temperature 0; it cannot go with --temperature {}",
                     *f.temperature));
-  }
-  if (f.top_k && *f.top_k < 0) {
-    throw UsageError(fmt::format("generate: --top-k must be >= 0 (0: off), got {}", *f.top_k));
   }
   if (f.top_p && !(*f.top_p > 0.0f && *f.top_p <= 1.0f)) {
     throw UsageError(fmt::format("generate: --top-p must be in (0, 1] (1: off), got {}", *f.top_p));
@@ -551,6 +549,10 @@ Command add_generate_command(CLI::App& app) {
   constexpr int64_t kMaxTokens = int64_t{1} << 20;
   in_range(cmd->get_option("--prompt-tokens"), int64_t{1}, kMaxTokens);
   in_range(cmd->get_option("--max-new-tokens"), int64_t{0}, kMaxTokens);
+  in_range(cmd->get_option("--sliding-window-size"), int64_t{1}, kMaxTokens);
+  in_range(cmd->get_option("--repeats"), 1, 1000000);
+  // 0: off; at most the model's vocabulary, checked when the model is read.
+  in_range(cmd->get_option("--top-k"), int64_t{0}, std::numeric_limits<int64_t>::max());
 
   auto run = [flags]() -> int {
     if (!flags->prompt_file.empty()) {
@@ -586,10 +588,6 @@ Command add_generate_command(CLI::App& app) {
       throw UsageError(fmt::format("generate: --n-kv-groups must divide n_heads {}, got {}",
                                    nn::GPT_CONFIG_124M.n_heads, *f.n_kv_groups));
     }
-    if (f.sliding_window_size && *f.sliding_window_size < 1) {
-      throw UsageError(fmt::format("generate: --sliding-window-size must be >= 1, got {}",
-                                   *f.sliding_window_size));
-    }
     if (f.sliding_window_stride && !f.sliding_window_size) {
       throw UsageError("generate: --sliding-window-stride needs --sliding-window-size");
     }
@@ -599,9 +597,6 @@ Command add_generate_command(CLI::App& app) {
           printable(f.dtype)));
     }
     const Sampling sampling = sampling_of(f);
-    if (f.repeats < 1) {
-      throw UsageError(fmt::format("generate: --repeats must be >= 1, got {}", f.repeats));
-    }
     if (f.json && !f.benchmark) throw UsageError("generate: --json goes with --benchmark");
     if (!f.prompt.empty() && !f.prompt_ids.empty()) {
       throw UsageError("generate: give either --prompt or --prompt-ids, not both");

@@ -152,6 +152,7 @@ int main(int argc, char** argv) {
     attn::cli::add_option(cmd, "-t,--threads", threads,
                           "OpenMP and BLAS threads (default: OMP_NUM_THREADS, else every core)")
         ->type_name("N");
+    attn::cli::in_range(cmd->get_option("--threads"), 1, 4096);
   }
 
   // `attn` alone: the help, as git and cargo print it, and success.
@@ -196,9 +197,6 @@ int main(int argc, char** argv) {
     if (!command.app->parsed()) continue;
     try {
       if (threads) {
-        if (*threads < 1) {
-          throw attn::cli::UsageError(fmt::format("--threads must be >= 1, got {}", *threads));
-        }
         omp_set_num_threads(*threads);
         attn::gemm::set_blas_threads(*threads);
       }

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -92,18 +93,9 @@ serve::ChatRenderer load_chat(const Flags& f, const serve::ServedModel& model,
 
 int run_serve(const Flags& f) {
   require_model_dir(f.model);
-  if (f.queue_size < 0)
-    throw UsageError(fmt::format("serve: --queue-size must be >= 0, got {}", f.queue_size));
   if (f.step_tokens < f.parallel)
     throw UsageError(fmt::format("serve: --step-tokens ({}) must be at least --parallel ({})",
                                  f.step_tokens, f.parallel));
-  if (f.kv_cache_mb < 0)
-    throw UsageError(fmt::format("serve: --kv-cache-mb must be >= 0, got {}", f.kv_cache_mb));
-  if (f.max_body_bytes < 1024)
-    throw UsageError(
-        fmt::format("serve: --max-body-bytes must be >= 1024, got {}", f.max_body_bytes));
-  if (f.timeout_s < 1)
-    throw UsageError(fmt::format("serve: --timeout must be >= 1, got {}", f.timeout_s));
   if (!(f.shutdown_grace_s >= 0.0))
     throw UsageError(
         fmt::format("serve: --shutdown-grace must be >= 0, got {}", f.shutdown_grace_s));
@@ -290,6 +282,11 @@ Command add_serve_command(CLI::App& app) {
   in_range(cmd->get_option("--parallel"), int64_t{1}, int64_t{1024});
   in_range(cmd->get_option("--port"), 0, 65535);
   in_range(cmd->get_option("--block-size"), int64_t{1}, int64_t{1024});
+  constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+  in_range(cmd->get_option("--queue-size"), int64_t{0}, kInt64Max);
+  in_range(cmd->get_option("--kv-cache-mb"), int64_t{0}, kInt64Max);
+  in_range(cmd->get_option("--max-body-bytes"), int64_t{1024}, kInt64Max);
+  in_range(cmd->get_option("--timeout"), 1, std::numeric_limits<int>::max());
   return Command{cmd, [flags] { return run_serve(*flags); }};
 }
 

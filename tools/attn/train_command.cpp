@@ -420,6 +420,7 @@ Command add_train_command(CLI::App& app) {
   // checks the same ranges again, for a resumed run's train_args).
   for (const train::FlagRange& r : train::integer_flag_ranges())
     in_range(cmd->get_option(std::string("--") + r.flag), r.min, r.max);
+  in_range(cmd->get_option("--threads"), 1, 4096);  // 0, the default, is not given
 
   CLI::Option* accum_flag = cmd->get_option("--grad-accum-steps");
   CLI::Option* tokenizer_flag = cmd->get_option("--tokenizer");
@@ -479,8 +480,6 @@ Command add_train_command(CLI::App& app) {
 
     // The options: the flags, or on --resume the checkpoint's with the given flags applied.
     if (flags->threads != 0) {
-      if (flags->threads < 1)
-        throw UsageError(fmt::format("--threads must be >= 1, got {}", flags->threads));
       omp_set_num_threads(flags->threads);
       gemm::set_blas_threads(flags->threads);
     } else if (mpi != nullptr && std::getenv("OMP_NUM_THREADS") == nullptr) {
