@@ -18,7 +18,8 @@ T = 256 ... 4096, for each case of --cases:
         [--cases causal bool-mask float-mask gqa4 cross]
 
 Both run on torch.get_num_threads() threads (attn follows PyTorch's count).
-Each figure is the median of --repeats timed calls after one warm-up; the two
+Each figure is the median of --repeats timed samples after one warm-up, a
+sample being one call, or as many calls in a row as fill 5 ms; the two
 implementations alternate call by call, so a load passing over the machine
 hits both. Prints a Markdown table (ms and attn's speed-up).
 """
@@ -33,10 +34,18 @@ import torch.nn.functional as F
 import attn
 
 
-def timed(fn):
+def timed(fn, calls=1):
+    """ms per call of fn, over `calls` calls in a row."""
     t0 = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t0) * 1e3
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) * 1e3 / calls
+
+
+def calls_for(ms):
+    """Calls per timed sample for a call of `ms`: a sample of at least 5 ms, so
+    the timer and a scheduler tick do not decide a small call's figure."""
+    return max(1, int(5.0 / max(ms, 1e-3)))
 
 
 CASES = ("causal", "bool-mask", "float-mask", "gqa4", "cross")
@@ -109,14 +118,14 @@ def main():
 
                 for mode, run in (("fwd", forward), ("fwd+bwd", forward_backward)):
                     times = {name: [] for name in impls}
-                    for name, fn in impls.items():
-                        run(fn)  # warm-up
+                    calls = {name: calls_for(timed(lambda: run(fn)))  # also the warm-up
+                             for name, fn in impls.items()}
                     for _ in range(args.repeats):
                         for name, fn in impls.items():
-                            times[name].append(timed(lambda: run(fn)))
+                            times[name].append(timed(lambda: run(fn), calls[name]))
                     t_torch = statistics.median(times["torch"])
                     t_attn = statistics.median(times["attn"])
-                    print(f"| {case} | {dtype_name} | {T} | {mode} | {t_torch:.1f} | {t_attn:.1f} | "
+                    print(f"| {case} | {dtype_name} | {T} | {mode} | {t_torch:.3g} | {t_attn:.3g} | "
                           f"{t_torch / t_attn:.2f}x |", flush=True)
 
 
