@@ -8,7 +8,10 @@ completion requests back to back for --seconds (a closed loop: a client sends
 its next request when its stream ends). Every request has the same length:
 a prompt of --prompt-tokens token ids (a seeded random draw, given as ids so
 that no tokenizer is involved) and --max-tokens new tokens, greedy,
-ignore_eos (llama-server and vLLM read it; attn serve too). Reported per
+ignore_eos (llama-server and vLLM read it; attn serve too). Every request
+sends the same prompt (what a server's prefix cache serves: a shared system
+prompt), or with --distinct-prompts a fresh draw each (every prompt
+computed: the prefill-bound case). Reported per
 server and C: output tokens/s over the run, requests done, time to first
 token and time per output token (median and p99), errors.
 
@@ -98,7 +101,7 @@ def wait_healthy(url, seconds=120):
         time.sleep(0.2)
 
 
-def run(url, concurrency, seconds, prompt, max_tokens, timeout):
+def run(url, concurrency, seconds, prompt, max_tokens, timeout, distinct_vocab=0):
     deadline = time.perf_counter() + seconds
     lock = threading.Lock()
     ttfts, gaps, errors = [], [], []
@@ -106,8 +109,13 @@ def run(url, concurrency, seconds, prompt, max_tokens, timeout):
     done = [0]
 
     def client(i):
+        rng = random.Random(1000 + i)
         while time.perf_counter() < deadline:
-            body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            if distinct_vocab:
+                this = [rng.randrange(distinct_vocab) for _ in range(len(prompt))]
+            else:
+                this = prompt
+            body = {"prompt": this, "max_tokens": max_tokens, "temperature": 0, "stream": True,
                     "ignore_eos": True, "seed": i, "stream_options": {"include_usage": True}}
             ttft, g, n, err = stream_one(url, body, timeout)
             with lock:
@@ -144,6 +152,8 @@ def main():
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--vocab", type=int, default=1000, help="prompt ids are drawn below this")
     p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--distinct-prompts", action="store_true",
+                   help="a fresh prompt for every request (no prefix to reuse)")
     p.add_argument("--json", help="write the results here too")
     a = p.parse_args()
     rng = random.Random(0)
@@ -155,7 +165,8 @@ def main():
         name, url = spec.split("=", 1)
         wait_healthy(url)
         for c in a.concurrency:
-            r = run(url, c, a.seconds, prompt, a.max_tokens, a.timeout)
+            r = run(url, c, a.seconds, prompt, a.max_tokens, a.timeout,
+                    a.vocab if a.distinct_prompts else 0)
             r["server"] = name
             results.append(r)
             print(f"{name:<10} {c:>4} {r['output_tokens_per_s']:>9.1f} {r['requests']:>6} "

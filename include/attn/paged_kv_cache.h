@@ -77,6 +77,10 @@ class PagedKVCache {
   void share(BlockTable& table, std::span<const int32_t> blocks, int64_t tokens);
   void hold(int32_t block);
   void drop(int32_t block);  // a block nothing holds goes back to the free list
+  // Copies the keys and values of the first `rows` positions of block `from`
+  // into block `to`, every layer (a cached prefix that ends inside a block,
+  // taken into a sequence's own block). Both in use, from != to, rows <= block_size.
+  void copy_rows(int32_t from, int32_t to, int64_t rows);
   int32_t holds(int32_t block) const { return holds_.at(static_cast<size_t>(block)); }
   // (num_blocks, block_size, Hkv, hd) of layer `layer`, of options().dtype.
   Tensor& keys(int64_t layer) { return keys_.at(static_cast<size_t>(layer)); }

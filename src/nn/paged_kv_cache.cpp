@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <unordered_set>
@@ -87,6 +89,29 @@ void PagedKVCache::share(BlockTable& table, std::span<const int32_t> blocks, int
   for (const int32_t b : blocks) ++holds_[static_cast<size_t>(b)];
   table.blocks.assign(blocks.begin(), blocks.end());
   table.length = tokens;
+}
+
+void PagedKVCache::copy_rows(int32_t from, int32_t to, int64_t rows) {
+  auto in_use = [&](int32_t b) {
+    return b >= 0 && b < num_blocks() && holds_[static_cast<size_t>(b)] >= 1;
+  };
+  if (!in_use(from) || !in_use(to) || from == to || rows < 0 || rows > block_size()) {
+    throw std::invalid_argument(fmt::format(
+        "PagedKVCache::copy_rows: blocks {} -> {} (pool of {}, both in use and apart), rows {} "
+        "(0..{})",
+        from, to, num_blocks(), rows, block_size()));
+  }
+  // A block is (block_size, Hkv, hd) contiguous elements of each layer's pool.
+  const int64_t row = options_.num_kv_heads * options_.head_dim * element_size(options_.dtype);
+  const int64_t block = block_size() * row;
+  for (size_t l = 0; l < keys_.size(); ++l) {
+    for (Tensor* t : {&keys_[l], &values_[l]}) {
+      auto* base = options_.dtype == DType::kFloat32
+                       ? reinterpret_cast<std::byte*>(t->data_ptr<float>())
+                       : reinterpret_cast<std::byte*>(t->data_ptr<BFloat16>());
+      std::memcpy(base + to * block, base + from * block, static_cast<size_t>(rows * row));
+    }
+  }
 }
 
 void PagedKVCache::release(BlockTable& table) {

@@ -154,20 +154,41 @@ std::vector<uint64_t> Engine::block_hashes(const std::vector<int64_t>& tokens, i
   return hashes;
 }
 
-std::vector<int32_t> Engine::cached_prefix(const std::vector<int64_t>& prompt) {
+Engine::PrefixHit Engine::cached_prefix(const std::vector<int64_t>& prompt) {
   const int64_t bs = cache_.block_size();
-  // Not the block of the last prompt token: its logits must be computed.
-  const int64_t n = (static_cast<int64_t>(prompt.size()) - 1) / bs;
-  std::vector<int32_t> hit;
+  // Up to the token before the last: the last one's logits must be computed.
+  const int64_t usable = static_cast<int64_t>(prompt.size()) - 1;
+  const int64_t n = usable / bs;
+  PrefixHit hit;
   const std::vector<uint64_t> hashes = block_hashes(prompt, n);
+  uint64_t parent = kFnv1a64Basis;
   for (int64_t i = 0; i < n; ++i) {
     const auto it = prefix_.find(hashes[static_cast<size_t>(i)]);
-    if (it == prefix_.end() ||
+    if (it == prefix_.end() || static_cast<int64_t>(it->second.tokens.size()) != bs ||
         !std::equal(it->second.tokens.begin(), it->second.tokens.end(), prompt.begin() + i * bs)) {
       break;
     }
     lru_.splice(lru_.end(), lru_, it->second.lru);  // the most recently used now
-    hit.push_back(it->second.block);
+    hit.blocks.push_back(it->second.block);
+    parent = hashes[static_cast<size_t>(i)];
+  }
+  // The next stretch, [k·bs, min((k + 1)·bs, usable)): the child of the shared
+  // prefix with the longest common beginning (a system prompt asked again, a
+  // prompt that ends inside a block another prompt filled).
+  const int64_t k = static_cast<int64_t>(hit.blocks.size());
+  const int64_t want = std::min(bs, usable - k * bs);
+  const auto [first, last] = children_.equal_range(parent);
+  for (auto c = first; c != last && want > 0; ++c) {
+    const CachedBlock& child = prefix_.at(c->second);
+    const int64_t most = std::min(want, static_cast<int64_t>(child.tokens.size()));
+    int64_t common = 0;
+    while (common < most && child.tokens[static_cast<size_t>(common)] ==
+                                prompt[static_cast<size_t>(k * bs + common)])
+      ++common;
+    if (common > hit.partial_tokens) {
+      lru_.splice(lru_.end(), lru_, child.lru);
+      hit.partial = child.block, hit.partial_tokens = common;
+    }
   }
   return hit;
 }
@@ -187,21 +208,54 @@ void Engine::remember_prompt(Active& a) {
       continue;
     }
     const int32_t block = a.table.blocks[static_cast<size_t>(i)];
+    const uint64_t parent = i == 0 ? kFnv1a64Basis : hashes[static_cast<size_t>(i - 1)];
     cache_.hold(block);
     lru_.push_back(h);
     prefix_.emplace(
         h, CachedBlock{block,
                        std::vector<int64_t>(prompt.begin() + i * bs, prompt.begin() + (i + 1) * bs),
-                       std::prev(lru_.end())});
+                       std::prev(lru_.end()), parent});
+    children_.emplace(parent, h);
   }
+  // The prompt's last rows when it ends inside a block: a copy in a block of
+  // the cache's own (the sequence goes on writing its own), keyed apart from
+  // the full blocks (its hash counts its length too), when a block is free.
+  const int64_t rows = static_cast<int64_t>(prompt.size()) - n * bs;
+  if (rows == 0) return;
+  const uint64_t parent = n == 0 ? kFnv1a64Basis : hashes[static_cast<size_t>(n - 1)];
+  uint64_t h = fnv1a64(prompt.data() + n * bs, static_cast<size_t>(rows) * sizeof(int64_t), parent);
+  h = fnv1a64(&rows, sizeof(rows), h);
+  if (const auto it = prefix_.find(h); it != prefix_.end()) {
+    lru_.splice(lru_.end(), lru_, it->second.lru);
+    return;
+  }
+  nn::BlockTable own;
+  if (!cache_.reserve(own, 1)) return;
+  const int32_t block = own.blocks[0];
+  cache_.copy_rows(a.table.blocks[static_cast<size_t>(n)], block, rows);
+  lru_.push_back(h);
+  prefix_.emplace(h, CachedBlock{block, std::vector<int64_t>(prompt.begin() + n * bs, prompt.end()),
+                                 std::prev(lru_.end()), parent});
+  children_.emplace(parent, h);
+}
+
+void Engine::forget(std::unordered_map<uint64_t, CachedBlock>::iterator entry) {
+  const auto [first, last] = children_.equal_range(entry->second.parent);
+  for (auto c = first; c != last; ++c) {
+    if (c->second == entry->first) {
+      children_.erase(c);
+      break;
+    }
+  }
+  cache_.drop(entry->second.block);
+  prefix_.erase(entry);
 }
 
 bool Engine::evict_one() {
   for (auto it = lru_.begin(); it != lru_.end(); ++it) {
     const auto entry = prefix_.find(*it);
     if (cache_.holds(entry->second.block) != 1) continue;  // a sequence reads it
-    cache_.drop(entry->second.block);
-    prefix_.erase(entry);
+    forget(entry);
     lru_.erase(it);
     return true;
   }
@@ -211,6 +265,7 @@ bool Engine::evict_one() {
 void Engine::clear_prefix_cache() {
   for (const auto& [h, c] : prefix_) cache_.drop(c.block);
   prefix_.clear();
+  children_.clear();
   lru_.clear();
 }
 
@@ -263,16 +318,28 @@ void Engine::loop() {
         // memory. A cached prefix is shared, not computed again.
         const int64_t need = static_cast<int64_t>(seq->prompt.size()) + seq->params.max_tokens;
         Active a{.seq = seq, .gen = Generator(seq->params.seed), .submitted = submitted};
+        PrefixHit hit;
         if (options_.prefix_caching) {
-          const std::vector<int32_t> hit = cached_prefix(seq->prompt);
-          if (!hit.empty()) {
-            const int64_t tokens = static_cast<int64_t>(hit.size()) * cache_.block_size();
-            cache_.share(a.table, hit, tokens);
+          hit = cached_prefix(seq->prompt);
+          if (!hit.blocks.empty()) {
+            const int64_t tokens = static_cast<int64_t>(hit.blocks.size()) * cache_.block_size();
+            cache_.share(a.table, hit.blocks, tokens);
             a.fed = tokens;
           }
+          // The partial block's source held while blocks are found (not evicted).
+          if (hit.partial >= 0) cache_.hold(hit.partial);
         }
         bool room = cache_.reserve(a.table, need);
         while (!room && evict_one()) room = cache_.reserve(a.table, need);
+        if (hit.partial >= 0) {
+          if (room) {  // its first rows into the sequence's own next block
+            const size_t next = static_cast<size_t>(hit.blocks.size());
+            cache_.copy_rows(hit.partial, a.table.blocks[next], hit.partial_tokens);
+            a.fed += hit.partial_tokens;
+            a.table.length = a.fed;
+          }
+          cache_.drop(hit.partial);
+        }
         if (!room) {  // wait for blocks to be freed
           cache_.release(a.table);
           break;

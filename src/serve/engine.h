@@ -145,20 +145,34 @@ class Engine {
   void finish(Active& a, Finish f, const std::string& error = "");
 
   // Prefix caching: a full block of a prompt by the hash of every token up to
-  // its end (chained block by block), with its own tokens to confirm a match.
+  // its end (chained block by block), with its own tokens to confirm a match
+  // and the chained hash before it (its parent: the blocks that follow one
+  // prefix are its children); and a prompt's last rows that end inside a block,
+  // copied into a block of the cache's own (fewer tokens than a block).
   struct CachedBlock {
     int32_t block = 0;
     std::vector<int64_t> tokens;
     std::list<uint64_t>::iterator lru;
+    uint64_t parent = 0;
   };
   // The chained hashes of the first n full blocks of `tokens`.
   std::vector<uint64_t> block_hashes(const std::vector<int64_t>& tokens, int64_t n) const;
-  // The cached blocks that begin `prompt`, at most those before its last token.
-  std::vector<int32_t> cached_prefix(const std::vector<int64_t>& prompt);
+  // What the cache holds of a prompt's beginning, up to the token before its
+  // last: whole blocks to share, then the cached block that shares the most
+  // leading tokens with the next stretch of the prompt (partial = -1 when none),
+  // whose first partial_tokens rows a sequence copies into a block of its own.
+  struct PrefixHit {
+    std::vector<int32_t> blocks;
+    int32_t partial = -1;
+    int64_t partial_tokens = 0;
+  };
+  PrefixHit cached_prefix(const std::vector<int64_t>& prompt);
   void remember_prompt(Active& a);
   bool evict_one();  // drops the least recently used block that only the cache holds
+  void forget(std::unordered_map<uint64_t, CachedBlock>::iterator entry);
   void clear_prefix_cache();
   std::unordered_map<uint64_t, CachedBlock> prefix_;
+  std::unordered_multimap<uint64_t, uint64_t> children_;  // parent hash -> block hashes
   std::list<uint64_t> lru_;  // least recently used first
 
   ServedModel& model_;

@@ -240,6 +240,22 @@ TEST(PagedKVCache, ReservesAndReleasesBlocks) {
   EXPECT_EQ(cache.free_blocks(), 5);
   EXPECT_TRUE(cache.reserve(b, 20));
   EXPECT_EQ(cache.free_blocks(), 0);
+  // copy_rows: the first rows of one block into another, every layer, keys and values.
+  for (int64_t l = 0; l < 2; ++l)
+    for (int64_t i = 0; i < 4 * 2 * 8; ++i) {
+      cache.keys(l).data()[b.blocks[0] * 64 + i] = float(100 * l + i);
+      cache.values(l).data()[b.blocks[0] * 64 + i] = -float(100 * l + i);
+    }
+  cache.copy_rows(b.blocks[0], b.blocks[1], 3);
+  for (int64_t l = 0; l < 2; ++l)
+    for (int64_t i = 0; i < 4 * 2 * 8; ++i) {
+      const bool copied = i < 3 * 2 * 8;  // 3 rows of (Hkv 2, hd 8)
+      EXPECT_EQ(cache.keys(l).data()[b.blocks[1] * 64 + i], copied ? float(100 * l + i) : 0.0f);
+      EXPECT_EQ(cache.values(l).data()[b.blocks[1] * 64 + i], copied ? -float(100 * l + i) : 0.0f);
+    }
+  EXPECT_THROW(cache.copy_rows(b.blocks[0], b.blocks[0], 1), std::invalid_argument);
+  EXPECT_THROW(cache.copy_rows(b.blocks[0], b.blocks[1], 5), std::invalid_argument);
+  EXPECT_THROW(cache.copy_rows(b.blocks[0], 7, 1), std::invalid_argument);
   EXPECT_THROW(
       nn::PagedKVCache(
           {.num_layers = 1, .num_kv_heads = 1, .head_dim = 8, .block_size = 0, .num_blocks = 4}),

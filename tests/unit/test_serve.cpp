@@ -277,8 +277,12 @@ TEST(ServeEngine, APrefixCachedPromptGivesTheTokensOfAComputedOne) {
     }
     if (caching) {
       // Every request after the first reads the 3 blocks of the shared beginning;
-      // the third prompt's second run (17 tokens) also its own fourth block.
-      EXPECT_EQ(metrics.prefix_cache_hit_tokens_total.load(), 5u * 12u + 4u);
+      // the third prompt's second run (17 tokens) also its own fourth block
+      // (64 tokens). Beyond them, rows of cached fourth blocks that begin the
+      // rest of a prompt are copied, as far as the small pool keeps those
+      // blocks (APromptAskedAgainComputesOnlyItsLastToken counts them exactly).
+      EXPECT_GE(metrics.prefix_cache_hit_tokens_total.load(), 5u * 12u + 4u);
+      EXPECT_LE(metrics.prefix_cache_hit_tokens_total.load(), 5u * 12u + 4u + 2u + 2u + 2u + 3u);
       EXPECT_GT(metrics.kv_blocks_cached.load(), 0);
     } else {
       EXPECT_EQ(metrics.prefix_cache_hit_tokens_total.load(), 0u);
@@ -286,6 +290,39 @@ TEST(ServeEngine, APrefixCachedPromptGivesTheTokensOfAComputedOne) {
     EXPECT_EQ(metrics.kv_blocks_free.load() + metrics.kv_blocks_cached.load(), 8);
   }
   EXPECT_EQ(cached, computed);
+}
+
+// A prompt asked again reuses all of it but its last token, whether it ends on
+// a block's edge or inside a block (rows copied from the cached block), and
+// gives the tokens the first run gave; the copied rows' block is the
+// sequence's own (the cached one is not written).
+TEST(ServeEngine, APromptAskedAgainComputesOnlyItsLastToken) {
+  auto model = serve::ServedModel::load({.dir = kFixtures + "/open_models/qwen3", .name = ""});
+  serve::SamplingParams p;
+  p.temperature = 0.0f;
+  p.max_tokens = 6;
+  for (const int64_t length : {16, 14, 5}) {
+    SCOPED_TRACE(length);
+    std::vector<int64_t> prompt;
+    for (int64_t i = 0; i < length; ++i) prompt.push_back(200 + 13 * i);
+    serve::Metrics metrics;
+    serve::Engine engine(*model,
+                         {.parallel = 1,
+                          .queue_size = 4,
+                          .block_size = 4,
+                          .num_blocks = 16,
+                          .step_tokens = 8,
+                          .prefix_caching = true},
+                         metrics);
+    const std::vector<int64_t> first = run_alone(engine, prompt, p);
+    EXPECT_EQ(metrics.prefix_cache_hit_tokens_total.load(), 0u);
+    const std::vector<int64_t> again = run_alone(engine, prompt, p);
+    EXPECT_EQ(metrics.prefix_cache_hit_tokens_total.load(), uint64_t(length - 1));
+    EXPECT_EQ(again, first);
+    // A third time: the cached blocks were not changed by the second run.
+    EXPECT_EQ(run_alone(engine, prompt, p), first);
+    EXPECT_EQ(metrics.prefix_cache_hit_tokens_total.load(), 2u * uint64_t(length - 1));
+  }
 }
 
 TEST(ServeEngine, CancelledAndQueuedRequestsFreeTheirSlots) {
