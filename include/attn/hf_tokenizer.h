@@ -56,6 +56,13 @@
 
 namespace attn::text {
 
+// How a SentencePiece model reads (HfTokenizer::from_sentencepiece): what a
+// model directory's tokenizer_config.json says beside it.
+struct SentencePieceOptions {
+  bool legacy = false;        // "legacy": every piece of text gets the dummy prefix
+  bool add_bos_token = true;  // "add_bos_token": BOS in front when specials are added
+};
+
 class HfTokenizer {
  public:
   // Reads and checks a tokenizer.json, a SentencePiece model or a tiktoken
@@ -63,7 +70,8 @@ class HfTokenizer {
   static HfTokenizer from_file(const std::string& path);
   // A model directory's tokenizer: DIR/tokenizer.json, else DIR/tokenizer.model,
   // else DIR/original/tokenizer.model (Llama 3's); a SentencePiece model with
-  // DIR/tokenizer_config.json's "legacy" (false when absent, as transformers 5).
+  // DIR/tokenizer_config.json's "legacy" (false when absent, as transformers 5)
+  // and "add_bos_token" (true when absent, as Gemma's and Llama 2's files say).
   // Throws std::invalid_argument naming the directory when it has none of them.
   static HfTokenizer from_directory(const std::string& dir);
   static HfTokenizer from_json(std::string_view json, const std::string& name = "tokenizer.json");
@@ -72,14 +80,14 @@ class HfTokenizer {
   // special tokens is encoded as transformers 5's tokenizer converted from the
   // model encodes it (Metaspace): spaces kept as they are, and the model's
   // dummy prefix "▁" in front of text that does not start with a space: of
-  // every piece of text between specials with `legacy` (tokenizer_config.json's,
+  // every piece of text between specials with options.legacy (tokenizer_config.json's,
   // a Llama tokenizer's old rule, prepend_scheme "always"), else of the text at
   // the very start only (transformers 5's default, "first"). Decoding drops
   // one space at the start of the output. Models without a dummy prefix or
   // whitespace folding (Gemma's) are sentencepiece's own either way.
   static HfTokenizer from_sentencepiece(std::string_view model,
                                         const std::string& name = "tokenizer.model",
-                                        bool legacy = false);
+                                        const SentencePieceOptions& options = {});
   // A tiktoken rank file's text, with Llama 3's pattern and special tokens.
   static HfTokenizer from_tiktoken(std::string_view ranks,
                                    const std::string& name = "tokenizer.model");

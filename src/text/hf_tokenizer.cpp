@@ -1027,15 +1027,15 @@ struct HfTokenizer::Impl {
 };
 
 namespace {
-HfTokenizer load_tokenizer_file(const std::string& path, bool legacy);
+HfTokenizer load_tokenizer_file(const std::string& path, const SentencePieceOptions& options);
 }  // namespace
 
 HfTokenizer HfTokenizer::from_file(const std::string& path) {
-  return load_tokenizer_file(path, false);
+  return load_tokenizer_file(path, {});
 }
 
 namespace {
-HfTokenizer load_tokenizer_file(const std::string& path, bool legacy) {
+HfTokenizer load_tokenizer_file(const std::string& path, const SentencePieceOptions& options) {
   const std::string bytes = read_file(path);  // a regular file, at most 4 GiB
   // By the contents: JSON starts with '{'; a rank file is lines of base64, a
   // space and a number; anything else must be a SentencePiece ModelProto.
@@ -1054,13 +1054,14 @@ HfTokenizer load_tokenizer_file(const std::string& path, bool legacy) {
       })) {
     return HfTokenizer::from_tiktoken(bytes, path);
   }
-  return HfTokenizer::from_sentencepiece(bytes, path, legacy);
+  return HfTokenizer::from_sentencepiece(bytes, path, options);
 }
 }  // namespace
 
 HfTokenizer HfTokenizer::from_directory(const std::string& dir) {
-  // tokenizer_config.json's "legacy" (a Llama tokenizer's; false when absent).
-  bool legacy = false;
+  // tokenizer_config.json's "legacy" (a Llama tokenizer's; false when absent)
+  // and "add_bos_token" (true when absent), for a SentencePiece model.
+  SentencePieceOptions options;
   const std::string config = dir + "/tokenizer_config.json";
   if (std::ifstream(config, std::ios::binary)) {
     Json j;
@@ -1070,17 +1071,19 @@ HfTokenizer HfTokenizer::from_directory(const std::string& dir) {
       throw std::invalid_argument(
           fmt::format("{}: not JSON ({})", named(config), printable(e.what(), 200)));
     }
-    if (j.is_object() && j.contains("legacy") && !j["legacy"].is_null()) {
-      if (!j["legacy"].is_boolean())
+    for (auto [key, flag] : {std::pair{"legacy", &options.legacy},
+                             std::pair{"add_bos_token", &options.add_bos_token}}) {
+      if (!j.is_object() || !j.contains(key) || j[key].is_null()) continue;
+      if (!j[key].is_boolean())
         throw std::invalid_argument(
-            fmt::format("{}: \"legacy\" must be true or false", named(config)));
-      legacy = j["legacy"].get<bool>();
+            fmt::format("{}: \"{}\" must be true or false", named(config), key));
+      *flag = j[key].get<bool>();
     }
   }
   for (const char* name : {"tokenizer.json", "tokenizer.model", "original/tokenizer.model"}) {
     const std::string path = dir + "/" + name;
     std::ifstream probe(path, std::ios::binary);
-    if (probe) return load_tokenizer_file(path, legacy);
+    if (probe) return load_tokenizer_file(path, options);
   }
   throw std::invalid_argument(fmt::format(
       "{} has no tokenizer.json, tokenizer.model or original/tokenizer.model", named(dir)));
@@ -1091,7 +1094,7 @@ HfTokenizer HfTokenizer::from_tiktoken(std::string_view ranks, const std::string
 }
 
 HfTokenizer HfTokenizer::from_sentencepiece(std::string_view model, const std::string& name,
-                                            bool legacy) {
+                                            const SentencePieceOptions& options) {
   auto load = [&](std::string_view proto) {
     auto sp = std::make_shared<sentencepiece::SentencePieceProcessor>();
     const auto status = sp->LoadFromSerializedProto(proto);
@@ -1111,9 +1114,9 @@ HfTokenizer HfTokenizer::from_sentencepiece(std::string_view model, const std::s
   if (flags.add_dummy_prefix || flags.remove_extra_whitespaces) {
     impl->sp_plain = load(sentencepiece_without_dummy_prefix(model, named(name)));
     impl->sp_dummy_prefix = flags.add_dummy_prefix;
-    impl->sp_prefix_first_only = !legacy;
+    impl->sp_prefix_first_only = !options.legacy;
   }
-  impl->sp_bos = sp->bos_id();
+  impl->sp_bos = options.add_bos_token ? sp->bos_id() : -1;
   const int n = sp->GetPieceSize();
   impl->vocab_size = n;
   impl->model.tokens.resize(static_cast<size_t>(n));

@@ -10,6 +10,7 @@
 // sentencepiece 0.2.1, and Llama 3's tiktoken rank file against tiktoken 0.14.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -76,7 +77,8 @@ TEST(TokenizerModel, DummyPrefixFollowsTheLegacyFlag) {
   const std::string file = kModelFixtures + "/llama2_spm/tokenizer.model";
   const std::string model = read_text(file);
   const text::HfTokenizer plain = text::HfTokenizer::from_file(file);
-  const text::HfTokenizer legacy = text::HfTokenizer::from_sentencepiece(model, file, true);
+  const text::HfTokenizer legacy =
+      text::HfTokenizer::from_sentencepiece(model, file, {.legacy = true});
   const text::HfTokenizer legacy_dir =
       text::HfTokenizer::from_directory(kModelFixtures + "/llama2_spm_legacy");
   // "▁Jack" after <s> only with legacy; at the start both prefix (the fixtures
@@ -89,6 +91,32 @@ TEST(TokenizerModel, DummyPrefixFollowsTheLegacyFlag) {
   EXPECT_EQ(legacy.id_to_token(b[1]).rfind("\u2581", 0), 0u);
   EXPECT_EQ(plain.decode(a), "<s>Jack");
   EXPECT_EQ(legacy.decode(b), "<s> Jack");  // transformers keeps the "▁" after a special
+  // add_bos_token false: no <s> in front (transformers' LlamaTokenizer so).
+  const text::HfTokenizer no_bos =
+      text::HfTokenizer::from_sentencepiece(model, file, {.add_bos_token = false});
+  EXPECT_EQ(no_bos.encode("Jack"), plain.encode("Jack", false));
+  EXPECT_EQ(plain.encode("Jack").front(), 1);
+  // The same from a directory's tokenizer_config.json; a value that is not a
+  // boolean is refused naming the key.
+  const std::string dir = temp_path("sp_config");
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(file, dir + "/tokenizer.model");
+  auto config = [&](const std::string& text) {
+    std::ofstream(dir + "/tokenizer_config.json") << text;
+  };
+  config(R"({"add_bos_token": false, "legacy": true})");
+  const text::HfTokenizer from_dir = text::HfTokenizer::from_directory(dir);
+  EXPECT_EQ(from_dir.encode("<s>Jack"), legacy.encode("<s>Jack", false));
+  config(R"({"add_bos_token": "yes"})");
+  try {
+    text::HfTokenizer::from_directory(dir);
+    ADD_FAILURE() << "no throw";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("\"add_bos_token\" must be true or false"),
+              std::string::npos)
+        << e.what();
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(TokenizerModel, TiktokenRanksAreLlama3sTokenizerJson) {
