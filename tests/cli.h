@@ -42,15 +42,16 @@ inline std::string temp_path(const std::string& stem) {
          std::to_string(counter++) + "_" + stem;
 }
 
-// Runs `attn <args>` through the shell; args are passed as written (quote them yourself).
-inline CliResult run_cli(const std::string& args) {
+// Runs `<prefix>'attn' <args>` through the shell (prefix: shell words before
+// the binary, such as a ulimit; args passed as written: quote them yourself).
+inline CliResult run_cli_after(const std::string& prefix, const std::string& args) {
   CliResult r;
 #ifdef ATTN_CLI_PATH
   const std::string out = temp_path("stdout"), err = temp_path("stderr");
   // (std::string("'") + ... rather than "'" + std::string(...): the latter
   // trips GCC 12's false -Wrestrict warning at -O3.)
   const std::string command =
-      std::string("'") + ATTN_CLI_PATH + "' " + args + " >'" + out + "' 2>'" + err + "'";
+      prefix + std::string("'") + ATTN_CLI_PATH + "' " + args + " >'" + out + "' 2>'" + err + "'";
   const int status = std::system(command.c_str());
   if (status != -1 && WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
   r.out = read_text(out);
@@ -58,10 +59,14 @@ inline CliResult run_cli(const std::string& args) {
   std::remove(out.c_str());
   std::remove(err.c_str());
 #else
+  (void)prefix;
   (void)args;
 #endif
   return r;
 }
+
+// Runs `attn <args>` through the shell; args are passed as written (quote them yourself).
+inline CliResult run_cli(const std::string& args) { return run_cli_after("", args); }
 
 // run_cli under a memory cap for the tests of hostile input (issue 46): the
 // `attn` child gets `ulimit -v` (RLIMIT_AS, its address space) of
@@ -74,24 +79,7 @@ inline CliResult run_cli_capped(const std::string& args, uint64_t max_bytes = ui
   (void)max_bytes;
   return run_cli(args);
 #else
-  // run_cli's command line starts with the binary's path; the cap goes in front.
-  CliResult r;
-#ifdef ATTN_CLI_PATH
-  const std::string out = temp_path("stdout"), err = temp_path("stderr");
-  const std::string command = "ulimit -v " + std::to_string(max_bytes >> 10) + " && '" +
-                              std::string(ATTN_CLI_PATH) + "' " + args + " >'" + out + "' 2>'" +
-                              err + "'";
-  const int status = std::system(command.c_str());
-  if (status != -1 && WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
-  r.out = read_text(out);
-  r.err = read_text(err);
-  std::remove(out.c_str());
-  std::remove(err.c_str());
-#else
-  (void)args;
-  (void)max_bytes;
-#endif
-  return r;
+  return run_cli_after("ulimit -v " + std::to_string(max_bytes >> 10) + " && ", args);
 #endif
 }
 
