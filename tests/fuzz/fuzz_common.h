@@ -20,6 +20,16 @@ namespace attn::fuzz {
   std::abort();
 }
 
+// True when s is valid UTF-8.
+inline bool valid_utf8(const std::string& s) {
+  try {
+    attn::decode_utf8(s);
+  } catch (const std::invalid_argument&) {
+    return false;
+  }
+  return true;
+}
+
 // True when m is valid UTF-8 without C0 or C1 control characters.
 inline bool clean_message(const std::string& m) {
   try {

@@ -30,15 +30,7 @@ namespace {
 
 using attn::fuzz::clean_message;
 using attn::fuzz::finding;
-
-bool valid_utf8(const std::string& s) {
-  try {
-    attn::decode_utf8(s);
-  } catch (const std::invalid_argument&) {
-    return false;
-  }
-  return true;
-}
+using attn::fuzz::valid_utf8;
 
 constexpr const char* kTexts[] = {
     "Hello world! It's 2026: 12345 tokens, isn't it?",

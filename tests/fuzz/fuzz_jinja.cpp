@@ -27,17 +27,9 @@ namespace {
 
 using attn::fuzz::clean_message;
 using attn::fuzz::finding;
+using attn::fuzz::valid_utf8;
 
 using attn::text::jinja::Value;
-
-bool valid_utf8(const std::string& s) {
-  try {
-    attn::decode_utf8(s);
-  } catch (const std::invalid_argument&) {
-    return false;
-  }
-  return true;
-}
 
 Value message(const char* role, Value content) {
   return Value::dict({{Value("role"), Value(role)}, {Value("content"), std::move(content)}});
