@@ -1058,32 +1058,42 @@ HfTokenizer load_tokenizer_file(const std::string& path, const SentencePieceOpti
 }
 }  // namespace
 
-HfTokenizer HfTokenizer::from_directory(const std::string& dir) {
-  // tokenizer_config.json's "legacy" (a Llama tokenizer's; false when absent)
-  // and "add_bos_token" (true when absent), for a SentencePiece model.
+namespace {
+// A model directory's tokenizer_config.json, as a SentencePiece model reads
+// it: "legacy" (a Llama tokenizer's; false when absent) and "add_bos_token"
+// (true when absent); defaults when the directory has none.
+SentencePieceOptions sentencepiece_options(const std::string& dir) {
   SentencePieceOptions options;
   const std::string config = dir + "/tokenizer_config.json";
-  if (std::ifstream(config, std::ios::binary)) {
-    Json j;
-    try {
-      j = Json::parse(read_file(config));
-    } catch (const Json::exception& e) {
-      throw std::invalid_argument(
-          fmt::format("{}: not JSON ({})", named(config), printable(e.what(), 200)));
-    }
-    for (auto [key, flag] : {std::pair{"legacy", &options.legacy},
-                             std::pair{"add_bos_token", &options.add_bos_token}}) {
-      if (!j.is_object() || !j.contains(key) || j[key].is_null()) continue;
-      if (!j[key].is_boolean())
-        throw std::invalid_argument(
-            fmt::format("{}: \"{}\" must be true or false", named(config), key));
-      *flag = j[key].get<bool>();
-    }
+  if (!std::ifstream(config, std::ios::binary)) return options;
+  Json j;
+  try {
+    j = Json::parse(read_file(config));
+  } catch (const Json::exception& e) {
+    throw std::invalid_argument(
+        fmt::format("{}: not JSON ({})", named(config), printable(e.what(), 200)));
   }
+  for (auto [key, flag] :
+       {std::pair{"legacy", &options.legacy}, std::pair{"add_bos_token", &options.add_bos_token}}) {
+    if (!j.is_object() || !j.contains(key) || j[key].is_null()) continue;
+    if (!j[key].is_boolean())
+      throw std::invalid_argument(
+          fmt::format("{}: \"{}\" must be true or false", named(config), key));
+    *flag = j[key].get<bool>();
+  }
+  return options;
+}
+}  // namespace
+
+HfTokenizer HfTokenizer::from_directory(const std::string& dir) {
+  // (tokenizer_config.json is read for a tokenizer.model only: a tokenizer.json
+  // holds its whole pipeline.)
   for (const char* name : {"tokenizer.json", "tokenizer.model", "original/tokenizer.model"}) {
     const std::string path = dir + "/" + name;
     std::ifstream probe(path, std::ios::binary);
-    if (probe) return load_tokenizer_file(path, options);
+    if (!probe) continue;
+    if (name == std::string_view("tokenizer.json")) return from_file(path);
+    return load_tokenizer_file(path, sentencepiece_options(dir));
   }
   throw std::invalid_argument(fmt::format(
       "{} has no tokenizer.json, tokenizer.model or original/tokenizer.model", named(dir)));

@@ -117,6 +117,14 @@ TEST(TokenizerModel, DummyPrefixFollowsTheLegacyFlag) {
         << e.what();
   }
   std::filesystem::remove_all(dir);
+  // A tokenizer.json holds its whole pipeline: the config beside it is not read.
+  const std::string json_dir = temp_path("json_config");
+  std::filesystem::create_directories(json_dir);
+  std::filesystem::copy_file(fixture_file("llama3"), json_dir + "/tokenizer.json");
+  std::ofstream(json_dir + "/tokenizer_config.json") << "{not json";
+  EXPECT_EQ(text::HfTokenizer::from_directory(json_dir).encode("Hello", false),
+            text::HfTokenizer::from_file(fixture_file("llama3")).encode("Hello", false));
+  std::filesystem::remove_all(json_dir);
 }
 
 TEST(TokenizerModel, TiktokenRanksAreLlama3sTokenizerJson) {
