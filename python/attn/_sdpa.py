@@ -245,9 +245,7 @@ def _kernel_mask(attn_mask: torch.Tensor, q: torch.Tensor, lead, Hq, L, S, B) ->
             raise RuntimeError(
                 f"attn.scaled_dot_product_attention: attn_mask of shape {tuple(m.shape)} is not "
                 f"broadcastable to the attention weights of shape {full}")
-    if m.dtype == torch.bool:
-        pass
-    elif m.dtype in (torch.float32, torch.bfloat16):
+    if m.dtype in (torch.float32, torch.bfloat16):
         if m.dtype != torch.float32 and m.dtype != q.dtype:
             raise RuntimeError(
                 f"attn.scaled_dot_product_attention: Expected attn_mask dtype to be bool or "
@@ -258,7 +256,7 @@ def _kernel_mask(attn_mask: torch.Tensor, q: torch.Tensor, lead, Hq, L, S, B) ->
             raise ValueError("attn.scaled_dot_product_attention: a float attn_mask must hold "
                              "finite values or -inf (NaN or +inf would make a row NaN)")
         m = m.to(torch.float32)  # no copy when already float32
-    else:
+    elif m.dtype != torch.bool:  # a bool mask goes as it is
         raise RuntimeError(
             f"attn.scaled_dot_product_attention: Expected attn_mask dtype to be bool or float "
             f"or to match query dtype, but got attn_mask.dtype: {m.dtype} and "
